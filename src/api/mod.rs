@@ -1,0 +1,1 @@
+//! CRD types only.
