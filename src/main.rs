@@ -1,1 +1,211 @@
-fn main() {}
+//! The `stackd` command line: wiring only; the work happens in the library.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use stackd::api::stacks::PermissionScope;
+
+/// stackd serves stacks (packaged controllers) and on-prem cluster pools to many tenant Kubernetes
+/// API servers from one host cluster.
+#[derive(Parser, Debug)]
+#[command(name = "stackd", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the daemon: one host client, one client per tenant kubeconfig.
+    Run(RunArgs),
+    /// Start embedded host and tenant API servers on loopback, with the daemon and samples.
+    Dev(DevArgs),
+    /// Turn a stack package's `.registry` directory into the YAML stream the daemon applies (the
+    /// install Job's main container).
+    Unpack(UnpackArgs),
+    /// Print the CustomResourceDefinitions generated from the Rust types.
+    Crds(CrdsArgs),
+    /// Manage tenants on the host cluster.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+    /// Measure scale, speed and fault tolerance against embedded API servers.
+    Bench(BenchArgs),
+    /// Print the version.
+    Version,
+}
+
+#[derive(Args, Debug)]
+struct HostArgs {
+    /// Kubeconfig of the host cluster. Without it: in-cluster config, then $KUBECONFIG.
+    #[arg(long, value_name = "FILE")]
+    host_kubeconfig: Option<PathBuf>,
+    /// Name of each tenant's namespace on the host; `{tenant}` is replaced by the tenant name.
+    #[arg(long, default_value = "tenant-{tenant}-controllers", value_name = "TEMPLATE")]
+    tenant_namespace_template: String,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    host: HostArgs,
+    /// Directory of tenant kubeconfigs, one `<tenant>.yaml|.yml|.kubeconfig` file per tenant;
+    /// watched for changes.
+    #[arg(long, default_value = "kubeconfigs/tenants", value_name = "DIR")]
+    tenants_dir: PathBuf,
+    /// Image of the install Job's `unpack` container; defaults to the daemon's own image.
+    #[arg(long, value_name = "IMAGE")]
+    stackd_image: Option<String>,
+    /// Let host pods reach a tenant over plain http (only for local development).
+    #[arg(long)]
+    allow_insecure_tenant_endpoint: bool,
+    /// Let stacks request permissions on core `*.k8s.io` groups and non-resource URLs.
+    #[arg(long)]
+    insecure_allow_all_apigroups: bool,
+    /// Pass a stack's controller Deployment spec through without the pod-safety checks.
+    #[arg(long)]
+    insecure_pass_full_deployment: bool,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080", value_name = "ADDR")]
+    metrics_addr: SocketAddr,
+    /// Run controllers only while holding a coordination.k8s.io Lease on the host.
+    #[arg(long)]
+    leader_elect: bool,
+    /// Namespace of the leader-election Lease.
+    #[arg(long, default_value = "stackd-system", value_name = "NAMESPACE")]
+    leader_elect_namespace: String,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Reconciles running at once per tenant.
+    #[arg(long, default_value_t = 4, value_name = "N")]
+    max_concurrent_reconciles: u16,
+    /// Age after which a lease on a ClusterDeploymentCustomization or BareMetalAsset whose
+    /// ClusterDeployment never appeared is released.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    lease_min_age: Duration,
+    /// Interval of the orphan sweep over host objects.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    sweep_interval: Duration,
+    /// First retry delay after a failed reconcile; doubles per failure.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    backoff_base: Duration,
+    /// Quiet time after a change in the tenants directory before it is read.
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    debounce: Duration,
+    /// Full rescan of the tenants directory, a backstop for missed file events.
+    #[arg(long, default_value = "1m", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    rescan_interval: Duration,
+}
+
+#[derive(Args, Debug)]
+struct DevArgs {
+    /// Number of tenant API servers.
+    #[arg(long, default_value_t = 2, value_name = "N")]
+    tenants: u16,
+    /// Serve the API servers only; run no daemon.
+    #[arg(long)]
+    no_daemon: bool,
+    /// Where to write `host.yaml` and `tenants/<name>.yaml`.
+    #[arg(long, default_value = "kubeconfigs", value_name = "DIR")]
+    kubeconfig_dir: PathBuf,
+}
+
+#[derive(Args, Debug)]
+struct UnpackArgs {
+    /// The package's `.registry` directory.
+    #[arg(long, value_name = "DIR")]
+    content_dir: PathBuf,
+    /// The permission scope the install allows; a package declaring another scope is refused.
+    #[arg(long, value_name = "SCOPE")]
+    permission_scope: PermissionScope,
+}
+
+#[derive(Args, Debug)]
+struct CrdsArgs {
+    /// Write one file per CRD into this directory instead of printing one stream.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+}
+
+#[derive(Subcommand, Debug)]
+enum TenantCommand {
+    /// Decommission a tenant: delete its host objects and its host namespace.
+    Purge {
+        /// The tenant's name (its kubeconfig file stem).
+        name: String,
+        #[command(flatten)]
+        host: HostArgs,
+    },
+}
+
+#[derive(Args, Debug)]
+struct BenchArgs {
+    /// CI-sized run (under a minute).
+    #[arg(long)]
+    quick: bool,
+    /// Print the figures as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Compare against the JSON of an earlier run.
+    #[arg(long, value_name = "FILE")]
+    compare: Option<PathBuf>,
+    /// Also run the chaos scenario.
+    #[arg(long)]
+    chaos: bool,
+    /// Random seed of the chaos scenario.
+    #[arg(long, value_name = "N")]
+    seed: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Crds(args) => print_crds(args),
+        Command::Version => {
+            println!("stackd {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        Command::Run(_) => not_yet("stackd run", "the multi-tenant daemon (issue 6)"),
+        Command::Dev(_) => not_yet(
+            "stackd dev",
+            "the embedded API servers (issues 3-5) and the daemon (issue 6); once they land it \
+             starts one host and --tenants tenant API servers on loopback, writes their kubeconfigs, \
+             installs a sample stack and pool and prints their progress",
+        ),
+        Command::Unpack(_) => not_yet("stackd unpack", "stack installs (issue 7)"),
+        Command::Tenant(TenantCommand::Purge { .. }) => {
+            not_yet("stackd tenant purge", "the multi-tenant daemon (issue 6)")
+        }
+        Command::Bench(_) => not_yet("stackd bench", "the benchmarks (issue 11)"),
+    }
+}
+
+fn print_crds(args: CrdsArgs) -> ExitCode {
+    let crds = stackd::api::crds::all();
+    let result = match args.out {
+        Some(dir) => stackd::api::crds::write_files(&crds, &dir),
+        None => stackd::api::crds::to_yaml_stream(&crds).map(|yaml| print!("{yaml}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("stackd crds: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn not_yet(command: &str, owner: &str) -> ExitCode {
+    eprintln!("{command} is not available yet: it arrives with {owner}.");
+    ExitCode::from(2)
+}

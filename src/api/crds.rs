@@ -1,0 +1,116 @@
+//! The CustomResourceDefinitions generated from the types, as `stackd crds` prints them.
+
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+use serde_json::{Value, json};
+
+use super::inventory::BareMetalAsset;
+use super::pools::{ClusterClaim, ClusterDeployment, ClusterDeploymentCustomization, ClusterPool};
+use super::stacks::{ClusterStackInstall, Stack, StackInstall};
+
+/// Longest ClusterPool name: the pool name plus `-` and a 5-character suffix names each cluster's
+/// namespace, which must stay a DNS label of at most 63 characters.
+pub const CLUSTER_POOL_NAME_MAX: usize = 57;
+
+/// Every CRD stackd serves, in a stable order.
+pub fn all() -> Vec<CustomResourceDefinition> {
+    [
+        StackInstall::crd(),
+        ClusterStackInstall::crd(),
+        Stack::crd(),
+        with_max_name_length(ClusterPool::crd(), CLUSTER_POOL_NAME_MAX),
+        ClusterDeploymentCustomization::crd(),
+        ClusterDeployment::crd(),
+        ClusterClaim::crd(),
+        BareMetalAsset::crd(),
+    ]
+    .into_iter()
+    .map(without_null_enum_values)
+    .collect()
+}
+
+/// Why CRDs could not be written out.
+#[derive(Debug, thiserror::Error)]
+pub enum CrdError {
+    #[error("cannot render a CRD as YAML: {0}")]
+    Yaml(#[from] serde_saphyr::ser::Error),
+    #[error("cannot write {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+/// The CRDs as one YAML stream, each document starting with `---`.
+pub fn to_yaml_stream(crds: &[CustomResourceDefinition]) -> Result<String, CrdError> {
+    let mut out = String::new();
+    for crd in crds {
+        out.push_str("---\n");
+        out.push_str(&to_yaml(crd)?);
+    }
+    Ok(out)
+}
+
+/// One CRD as YAML.
+pub fn to_yaml(crd: &CustomResourceDefinition) -> Result<String, CrdError> {
+    Ok(serde_saphyr::to_string(crd)?)
+}
+
+/// Writes one file per CRD into `dir` (created if missing), named by [`file_name`].
+pub fn write_files(crds: &[CustomResourceDefinition], dir: &Path) -> Result<(), CrdError> {
+    std::fs::create_dir_all(dir).map_err(|source| CrdError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    for crd in crds {
+        let path = dir.join(file_name(crd));
+        std::fs::write(&path, to_yaml(crd)?).map_err(|source| CrdError::Io { path, source })?;
+    }
+    Ok(())
+}
+
+/// The file name `stackd crds --out` writes a CRD to: `<group>_<plural>.yaml`.
+pub fn file_name(crd: &CustomResourceDefinition) -> String {
+    format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural)
+}
+
+/// Drops the `null` that optional enums add to `enum`: `nullable: true` already admits null, and a
+/// null enum value is not of the schema's type.
+fn without_null_enum_values(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    fn visit(node: &mut Value) {
+        match node {
+            Value::Object(map) => {
+                if let Some(Value::Array(values)) = map.get_mut("enum") {
+                    values.retain(|v| !v.is_null());
+                }
+                map.values_mut().for_each(visit);
+            }
+            Value::Array(items) => items.iter_mut().for_each(visit),
+            _ => {}
+        }
+    }
+    let Ok(mut value) = serde_json::to_value(&crd) else {
+        return crd;
+    };
+    visit(&mut value);
+    serde_json::from_value(value).unwrap_or(crd)
+}
+
+/// Restricts `metadata.name` length in the schema; the only metadata constraint a CRD may declare.
+fn with_max_name_length(mut crd: CustomResourceDefinition, max: usize) -> CustomResourceDefinition {
+    for version in &mut crd.spec.versions {
+        let Some(schema) = version.schema.as_mut().and_then(|s| s.open_api_v3_schema.as_mut()) else {
+            continue;
+        };
+        let metadata = json!({
+            "type": "object",
+            "properties": { "name": { "type": "string", "maxLength": max } },
+        });
+        if let Ok(metadata) = serde_json::from_value(metadata) {
+            schema
+                .properties
+                .get_or_insert_with(Default::default)
+                .insert("metadata".to_string(), metadata);
+        }
+    }
+    crd
+}
