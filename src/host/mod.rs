@@ -1,0 +1,9 @@
+//! Host-side conventions (DESIGN.md §2): how tenant objects are named, labelled and proven ours on the
+//! host cluster, and which host objects the orphan sweep may delete.
+
+pub mod labels;
+pub mod names;
+pub mod ownership;
+pub mod sweep;
+
+pub use labels::Parent;

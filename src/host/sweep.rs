@@ -1,0 +1,182 @@
+//! Orphan sweep decisions: which host objects of a tenant have lost their tenant parent.
+//!
+//! Deleting is only ever decided from a [`TenantSnapshot`], which can only be built from lists that
+//! succeeded, so an unreachable tenant never causes a deletion.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::labels::{PARENT_KIND_LABEL, TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_UID_ANNOTATION};
+use super::ownership::belongs_to_tenant;
+
+/// The tenant objects that exist, per kind, from successful lists. A kind that was not listed is
+/// absent: its host objects are never judged.
+#[derive(Clone, Debug, Default)]
+pub struct TenantSnapshot {
+    uids: BTreeMap<String, BTreeSet<String>>,
+}
+
+impl TenantSnapshot {
+    /// Records a successful list of `kind`, by the uids it returned.
+    pub fn listed(&mut self, kind: &str, uids: impl IntoIterator<Item = String>) {
+        self.uids.entry(kind.to_string()).or_default().extend(uids);
+    }
+
+    /// Builds a snapshot from list results; any failed list leaves its kind out.
+    pub fn from_lists<E>(lists: impl IntoIterator<Item = (String, Result<Vec<String>, E>)>) -> Self {
+        let mut snapshot = TenantSnapshot::default();
+        for (kind, result) in lists {
+            if let Ok(uids) = result {
+                snapshot.listed(&kind, uids);
+            }
+        }
+        snapshot
+    }
+
+    fn judges(&self, kind: &str) -> bool {
+        self.uids.contains_key(kind)
+    }
+
+    fn has(&self, kind: &str, uid: &str) -> bool {
+        self.uids.get(kind).is_some_and(|uids| uids.contains(uid))
+    }
+}
+
+/// A host object as the sweep sees it.
+#[derive(Clone, Debug)]
+pub struct HostObject {
+    /// Kind of the host object itself, e.g. `Job`.
+    pub kind: String,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// Why a host object is kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Keep {
+    ParentExists,
+    NotThisTenants,
+    NoParentLabel,
+    KindNotListed,
+    IdentityIncomplete,
+    Namespace,
+}
+
+/// Decides whether one host object is an orphan (`Ok(())`) or must be kept.
+pub fn judge(object: &HostObject, tenant: &str, snapshot: &TenantSnapshot) -> Result<(), Keep> {
+    if object.kind == "Namespace" {
+        return Err(Keep::Namespace);
+    }
+    if !belongs_to_tenant(&object.labels, tenant) {
+        return Err(Keep::NotThisTenants);
+    }
+    if !object.labels.contains_key(PARENT_KIND_LABEL) {
+        return Err(Keep::NoParentLabel);
+    }
+    let annotation = |key: &str| {
+        object
+            .annotations
+            .get(key)
+            .map(String::as_str)
+            .filter(|v| !v.is_empty())
+    };
+    let (Some(kind), Some(_name), Some(uid)) = (
+        annotation(TENANT_KIND_ANNOTATION),
+        annotation(TENANT_NAME_ANNOTATION),
+        annotation(TENANT_UID_ANNOTATION),
+    ) else {
+        return Err(Keep::IdentityIncomplete);
+    };
+    if !snapshot.judges(kind) {
+        return Err(Keep::KindNotListed);
+    }
+    if snapshot.has(kind, uid) {
+        Err(Keep::ParentExists)
+    } else {
+        Ok(())
+    }
+}
+
+/// The host objects to delete: this tenant's, with a parent label, whose parent is gone.
+pub fn orphans<'a>(objects: &'a [HostObject], tenant: &str, snapshot: &TenantSnapshot) -> Vec<&'a HostObject> {
+    objects
+        .iter()
+        .filter(|object| judge(object, tenant, snapshot).is_ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::Parent;
+
+    fn object_of(parent: &Parent, tenant: &str) -> HostObject {
+        HostObject {
+            kind: "Job".into(),
+            name: "x".into(),
+            labels: parent.labels(tenant),
+            annotations: parent.annotations(),
+        }
+    }
+
+    #[test]
+    fn object_of_a_vanished_parent_is_an_orphan() {
+        let gone = Parent::new("StackInstall", Some("ns"), "gone", "uid-gone");
+        let mut snapshot = TenantSnapshot::default();
+        snapshot.listed("StackInstall", ["uid-other".to_string()]);
+        let objects = [object_of(&gone, "t")];
+        assert_eq!(orphans(&objects, "t", &snapshot).len(), 1);
+    }
+
+    #[test]
+    fn object_of_a_live_parent_is_kept() {
+        let live = Parent::new("StackInstall", Some("ns"), "live", "uid-live");
+        let mut snapshot = TenantSnapshot::default();
+        snapshot.listed("StackInstall", ["uid-live".to_string()]);
+        assert_eq!(judge(&object_of(&live, "t"), "t", &snapshot), Err(Keep::ParentExists));
+    }
+
+    #[test]
+    fn no_deletion_without_a_successful_list() {
+        let gone = Parent::new("StackInstall", Some("ns"), "gone", "uid-gone");
+        let lists: Vec<(String, Result<Vec<String>, &str>)> = vec![("StackInstall".into(), Err("connection refused"))];
+        let snapshot = TenantSnapshot::from_lists(lists);
+        assert_eq!(judge(&object_of(&gone, "t"), "t", &snapshot), Err(Keep::KindNotListed));
+        assert!(orphans(&[object_of(&gone, "t")], "t", &TenantSnapshot::default()).is_empty());
+    }
+
+    #[test]
+    fn an_empty_successful_list_orphans_everything_of_that_kind() {
+        let gone = Parent::new("Stack", Some("ns"), "s", "u");
+        let lists: Vec<(String, Result<Vec<String>, ()>)> = vec![("Stack".into(), Ok(vec![]))];
+        assert!(judge(&object_of(&gone, "t"), "t", &TenantSnapshot::from_lists(lists)).is_ok());
+    }
+
+    #[test]
+    fn recreated_parent_orphans_the_old_incarnation() {
+        let old = Parent::new("Stack", Some("ns"), "s", "uid-old");
+        let mut snapshot = TenantSnapshot::default();
+        snapshot.listed("Stack", ["uid-new".to_string()]);
+        assert!(judge(&object_of(&old, "t"), "t", &snapshot).is_ok());
+    }
+
+    #[test]
+    fn namespaces_other_tenants_and_unlabelled_objects_are_never_swept() {
+        let gone = Parent::new("Stack", Some("ns"), "s", "u");
+        let mut snapshot = TenantSnapshot::default();
+        snapshot.listed("Stack", Vec::<String>::new());
+        let mut namespace = object_of(&gone, "t");
+        namespace.kind = "Namespace".into();
+        assert_eq!(judge(&namespace, "t", &snapshot), Err(Keep::Namespace));
+        assert_eq!(
+            judge(&object_of(&gone, "other"), "t", &snapshot),
+            Err(Keep::NotThisTenants)
+        );
+        let mut unparented = object_of(&gone, "t");
+        unparented.labels.remove(PARENT_KIND_LABEL);
+        assert_eq!(judge(&unparented, "t", &snapshot), Err(Keep::NoParentLabel));
+        let mut anonymous = object_of(&gone, "t");
+        anonymous.annotations.remove(TENANT_UID_ANNOTATION);
+        assert_eq!(judge(&anonymous, "t", &snapshot), Err(Keep::IdentityIncomplete));
+    }
+}

@@ -1,0 +1,4 @@
+//! Tenants: their names, their host namespaces, and how host pods reach their API servers.
+
+pub mod endpoint;
+pub mod namespace;
