@@ -1,4 +1,5 @@
 //! stackd: one daemon serving stacks and cluster pools to many tenant API servers.
 pub mod api;
 pub mod host;
+pub mod stacks;
 pub mod tenancy;

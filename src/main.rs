@@ -122,6 +122,10 @@ struct UnpackArgs {
     /// The permission scope the install allows; a package declaring another scope is refused.
     #[arg(long, value_name = "SCOPE")]
     permission_scope: PermissionScope,
+    /// The package image: the version when app.yaml has none, and the image of controller containers
+    /// that name none.
+    #[arg(long, env = "STACK_IMAGE", value_name = "IMAGE")]
+    package_image: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -182,7 +186,7 @@ fn main() -> ExitCode {
              starts one host and --tenants tenant API servers on loopback, writes their kubeconfigs, \
              installs a sample stack and pool and prints their progress",
         ),
-        Command::Unpack(_) => not_yet("stackd unpack", "stack installs (issue 7)"),
+        Command::Unpack(args) => unpack(args),
         Command::Tenant(TenantCommand::Purge { .. }) => {
             not_yet("stackd tenant purge", "the multi-tenant daemon (issue 6)")
         }
@@ -200,6 +204,22 @@ fn print_crds(args: CrdsArgs) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("stackd crds: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn unpack(args: UnpackArgs) -> ExitCode {
+    let options = stackd::stacks::unpack::UnpackOptions {
+        content_dir: args.content_dir,
+        permission_scope: args.permission_scope,
+        package_image: args.package_image,
+    };
+    // Only the stream goes to stdout: the daemon reads it back from the pod log.
+    match stackd::stacks::unpack::run(&options, &mut std::io::stdout().lock()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("stackd unpack: {err}");
             ExitCode::FAILURE
         }
     }

@@ -18,6 +18,7 @@ pub const MAC_ADDRESS_PATTERN: &str = "^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$";
     version = "v1alpha1",
     kind = "BareMetalAsset",
     namespaced,
+    derive = "PartialEq",
     status = "BareMetalAssetStatus",
     shortname = "bma",
     category = "stackd",

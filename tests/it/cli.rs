@@ -39,7 +39,7 @@ fn version_prints_the_package_version() {
 
 #[test]
 fn unfinished_commands_say_what_they_wait_for() {
-    let out = stackd(&["bench", "--quick"]);
+    let out = stackd(&["tenant", "purge", "acme"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not available yet"));
 }
@@ -49,4 +49,132 @@ fn bad_flags_are_refused_with_usage() {
     let out = stackd(&["unpack", "--content-dir", "x", "--permission-scope", "Everything"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("Namespaced or Cluster"));
+}
+
+fn examples(path: &str) -> String {
+    format!("{}/examples/packages/{path}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn unpack_prints_crds_then_one_stack_with_a_valid_trailer() {
+    let out = stackd(&[
+        "unpack",
+        "--content-dir",
+        &examples("sample-stack/.registry"),
+        "--permission-scope",
+        "Namespaced",
+        "--package-image",
+        "stackd-examples/sample-stack:v0.1.0",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let contents =
+        stackd::stacks::stream::decode(&String::from_utf8(out.stdout).expect("utf-8")).expect("valid stream");
+    assert_eq!(contents.crds.len(), 1);
+    assert_eq!(contents.crds[0].spec.names.kind, "Widget");
+    let spec = &contents.stack.spec;
+    assert_eq!(spec.version.as_deref(), Some("0.1.0"));
+    assert_eq!(
+        spec.customresourcedefinitions[0].api_version,
+        "samples.stackd.dev/v1alpha1"
+    );
+    let rules = &spec.permissions.rules;
+    assert_eq!(
+        rules[0].resources.as_deref(),
+        Some(&["configmaps".to_string(), "events".into(), "secrets".into()][..])
+    );
+    assert!(
+        rules[1]
+            .resources
+            .as_deref()
+            .unwrap_or_default()
+            .contains(&"widgets/finalizers".to_string())
+    );
+    let deployment = spec.controller.deployment.as_ref().expect("controller");
+    assert_eq!(
+        deployment.spec["template"]["spec"]["containers"][0]["image"],
+        "stackd-examples/sample-stack:v0.1.0"
+    );
+    assert!(deployment.spec["template"]["spec"].get("initContainers").is_none());
+}
+
+#[test]
+fn unpack_of_a_cluster_package_generates_scale_and_dependency_rules() {
+    let out = stackd(&[
+        "unpack",
+        "--content-dir",
+        &examples("cluster-stack/.registry"),
+        "--permission-scope",
+        "Cluster",
+        "--package-image",
+        "stackd-examples/cluster-stack:v0.2.0",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let contents =
+        stackd::stacks::stream::decode(&String::from_utf8(out.stdout).expect("utf-8")).expect("valid stream");
+    let rules = &contents.stack.spec.permissions.rules;
+    assert!(
+        rules[1]
+            .resources
+            .as_deref()
+            .unwrap_or_default()
+            .contains(&"gadgets/scale".to_string())
+    );
+    assert_eq!(
+        rules[2].resources.as_deref(),
+        Some(&["widgets".to_string()][..]),
+        "dependsOn grants the dependency"
+    );
+}
+
+#[test]
+fn unpack_refuses_a_package_of_another_scope() {
+    let out = stackd(&[
+        "unpack",
+        "--content-dir",
+        &examples("cluster-stack/.registry"),
+        "--permission-scope",
+        "Namespaced",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty(), "nothing is printed for the daemon to apply");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("use a ClusterStackInstall"));
+}
+
+#[test]
+fn unpack_refuses_a_package_without_app_yaml() {
+    let empty = tempfile::tempdir().expect("temp dir");
+    let out = stackd(&[
+        "unpack",
+        "--content-dir",
+        empty.path().to_str().expect("path"),
+        "--permission-scope",
+        "Namespaced",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no app.yaml"));
+}
+
+#[test]
+fn unpack_refuses_v1beta1_crds_and_non_deployments() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("app.yaml"), "title: x\n").expect("write");
+    std::fs::write(
+        dir.path().join("old.crd.yaml"),
+        "apiVersion: apiextensions.k8s.io/v1beta1\nkind: CustomResourceDefinition\n",
+    )
+    .expect("write");
+    let args = [
+        "unpack",
+        "--content-dir",
+        dir.path().to_str().expect("path"),
+        "--permission-scope",
+        "Namespaced",
+    ];
+    let out = stackd(&args);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("v1beta1 CRDs were removed"));
+    std::fs::remove_file(dir.path().join("old.crd.yaml")).expect("remove");
+    std::fs::write(dir.path().join("install.yaml"), "apiVersion: batch/v1\nkind: Job\n").expect("write");
+    let out = stackd(&args);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must hold one apps/v1 Deployment, found batch/v1 Job"));
 }
