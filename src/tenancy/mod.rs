@@ -1,4 +1,5 @@
 //! Tenants: their names, their host namespaces, and how host pods reach their API servers.
 
+pub mod directory;
 pub mod endpoint;
 pub mod namespace;
