@@ -8,6 +8,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use stackd::api::stacks::PermissionScope;
+use stackd::host::namespace::ServiceAccountRef;
+use stackd::tenancy::namespace::NamespaceTemplate;
+use tokio_util::sync::CancellationToken;
 
 /// stackd serves stacks (packaged controllers) and on-prem cluster pools to many tenant Kubernetes
 /// API servers from one host cluster.
@@ -21,7 +24,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the daemon: one host client, one client per tenant kubeconfig.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Start embedded host and tenant API servers on loopback, with the daemon and samples.
     Dev(DevArgs),
     /// Turn a stack package's `.registry` directory into the YAML stream the daemon applies (the
@@ -77,6 +80,18 @@ struct RunArgs {
     /// Namespace of the leader-election Lease.
     #[arg(long, default_value = "stackd-system", value_name = "NAMESPACE")]
     leader_elect_namespace: String,
+    /// Seconds the leader lease stays valid without renewal; a standby takes over after that.
+    #[arg(long, default_value_t = 15, value_name = "SECONDS")]
+    leader_elect_lease_duration: u64,
+    /// The daemon's ServiceAccount on the host, bound to the stackd-tenant-namespace ClusterRole in
+    /// every tenant namespace.
+    #[arg(
+        long,
+        env = "STACKD_SERVICE_ACCOUNT",
+        default_value = "stackd-system/stackd",
+        value_name = "NAMESPACE/NAME"
+    )]
+    service_account: ServiceAccountRef,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -179,7 +194,7 @@ fn main() -> ExitCode {
             println!("stackd {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
-        Command::Run(_) => not_yet("stackd run", "the multi-tenant daemon (issue 6)"),
+        Command::Run(args) => block_on(run(*args)),
         Command::Dev(_) => not_yet(
             "stackd dev",
             "the embedded API servers (issues 3-5) and the daemon (issue 6); once they land it \
@@ -187,11 +202,156 @@ fn main() -> ExitCode {
              installs a sample stack and pool and prints their progress",
         ),
         Command::Unpack(args) => unpack(args),
-        Command::Tenant(TenantCommand::Purge { .. }) => {
-            not_yet("stackd tenant purge", "the multi-tenant daemon (issue 6)")
-        }
+        Command::Tenant(TenantCommand::Purge { name, host }) => block_on(purge(name, host)),
         Command::Bench(_) => not_yet("stackd bench", "the benchmarks (issue 11)"),
     }
+}
+
+fn block_on(future: impl std::future::Future<Output = ExitCode>) -> ExitCode {
+    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime.block_on(future),
+        Err(err) => {
+            eprintln!("stackd: cannot start the async runtime: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_runtime=warn,kube_client=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+/// The host client: `--host-kubeconfig`, else in-cluster config, else `$KUBECONFIG` (or ~/.kube/config).
+async fn host_client(path: Option<&PathBuf>) -> Result<kube::Client, String> {
+    let config = match path {
+        Some(path) => {
+            let kubeconfig =
+                kube::config::Kubeconfig::read_from(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => match kube::Config::incluster() {
+            Ok(config) => config,
+            Err(_) => kube::Config::from_kubeconfig(&Default::default())
+                .await
+                .map_err(|e| format!("no --host-kubeconfig, no in-cluster config, and no usable $KUBECONFIG: {e}"))?,
+        },
+    };
+    kube::Client::try_from(config).map_err(|e| e.to_string())
+}
+
+/// Cancels the token on the first SIGTERM or Ctrl-C; a second one exits at once.
+fn shutdown_on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down: finishing in-flight reconciles (signal again to force)");
+        cancel.cancel();
+        wait_for_signal().await;
+        tracing::warn!("second signal: exiting now");
+        std::process::exit(130);
+    });
+    token
+}
+
+async fn wait_for_signal() {
+    let mut terminate = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(signal) => signal,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = terminate.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+async fn run(args: RunArgs) -> ExitCode {
+    init_logging(args.log_format);
+    let template = match NamespaceTemplate::new(&args.host.tenant_namespace_template) {
+        Ok(template) => template,
+        Err(err) => return fail("stackd run", err),
+    };
+    let host = match host_client(args.host.host_kubeconfig.as_ref()).await {
+        Ok(client) => client,
+        Err(err) => return fail("stackd run", err),
+    };
+    let identity = format!(
+        "{}-{}",
+        std::env::var("POD_NAME").unwrap_or_else(|_| "stackd".to_string()),
+        rand::random::<u32>()
+    );
+    let settings = stackd::daemon::DaemonSettings {
+        tenants_dir: args.tenants_dir,
+        namespace_template: template,
+        stackd_image: args.stackd_image,
+        allow_insecure_tenant_endpoint: args.allow_insecure_tenant_endpoint,
+        insecure_allow_all_apigroups: args.insecure_allow_all_apigroups,
+        insecure_pass_full_deployment: args.insecure_pass_full_deployment,
+        metrics_addr: args.metrics_addr,
+        leader_election: args
+            .leader_elect
+            .then(|| stackd::runtime::leader::LeaderElectionSettings {
+                namespace: args.leader_elect_namespace.clone(),
+                lease_name: "stackd-leader".to_string(),
+                identity,
+                duration_seconds: args.leader_elect_lease_duration,
+            }),
+        rbac_subject: args.service_account,
+        max_concurrent_reconciles: usize::from(args.max_concurrent_reconciles),
+        lease_min_age: args.lease_min_age,
+        sweep_interval: args.sweep_interval,
+        backoff: stackd::runtime::backoff::Backoff::new(args.backoff_base, Duration::from_secs(300)),
+        debounce: args.debounce,
+        rescan_interval: args.rescan_interval,
+    };
+    match stackd::daemon::run(host, settings, shutdown_on_signals()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => fail("stackd run", err),
+    }
+}
+
+async fn purge(tenant: String, host_args: HostArgs) -> ExitCode {
+    let namespace =
+        match NamespaceTemplate::new(&host_args.tenant_namespace_template).and_then(|t| t.namespace_for(&tenant)) {
+            Ok(namespace) => namespace,
+            Err(err) => return fail("stackd tenant purge", err),
+        };
+    let host = match host_client(host_args.host_kubeconfig.as_ref()).await {
+        Ok(client) => client,
+        Err(err) => return fail("stackd tenant purge", err),
+    };
+    match stackd::host::purge::purge(&host, &tenant, &namespace).await {
+        Ok(report) => {
+            for object in &report.deleted {
+                println!("deleted {object}");
+            }
+            if report.namespace_deleted {
+                println!("deleted namespace {namespace}");
+            } else if report.deleted.is_empty() {
+                println!("nothing to purge for tenant {tenant} in {namespace}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(err) => fail("stackd tenant purge", err),
+    }
+}
+
+fn fail(command: &str, err: impl std::fmt::Display) -> ExitCode {
+    eprintln!("{command}: {err}");
+    ExitCode::FAILURE
 }
 
 fn print_crds(args: CrdsArgs) -> ExitCode {

@@ -3,7 +3,9 @@
 
 pub mod labels;
 pub mod names;
+pub mod namespace;
 pub mod ownership;
+pub mod purge;
 pub mod sweep;
 
 pub use labels::Parent;

@@ -3,3 +3,5 @@
 pub mod directory;
 pub mod endpoint;
 pub mod namespace;
+pub mod supervisor;
+pub mod tenant;

@@ -1,0 +1,154 @@
+//! `stackd run`: one host client, one task tree per tenant kubeconfig, until told to stop.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+use crate::host::namespace::ServiceAccountRef;
+use crate::runtime::admin;
+use crate::runtime::backoff::Backoff;
+use crate::runtime::health::Health;
+use crate::runtime::leader::{self, LeaderElectionSettings};
+use crate::runtime::metrics::Metrics;
+use crate::tenancy::directory::{self, TenantDirectory, WatchTiming};
+use crate::tenancy::namespace::NamespaceTemplate;
+use crate::tenancy::supervisor::Registry;
+
+/// Everything `stackd run` is configured with.
+#[derive(Clone, Debug)]
+pub struct DaemonSettings {
+    pub tenants_dir: PathBuf,
+    pub namespace_template: NamespaceTemplate,
+    /// Image of the install Job's unpack container.
+    pub stackd_image: Option<String>,
+    pub allow_insecure_tenant_endpoint: bool,
+    pub insecure_allow_all_apigroups: bool,
+    pub insecure_pass_full_deployment: bool,
+    pub metrics_addr: SocketAddr,
+    pub leader_election: Option<LeaderElectionSettings>,
+    /// The daemon's ServiceAccount, bound in every tenant namespace.
+    pub rbac_subject: ServiceAccountRef,
+    pub max_concurrent_reconciles: usize,
+    pub lease_min_age: Duration,
+    pub sweep_interval: Duration,
+    pub backoff: Backoff,
+    pub debounce: Duration,
+    pub rescan_interval: Duration,
+}
+
+/// What every tenant shares.
+pub struct Shared {
+    pub host: Client,
+    pub settings: DaemonSettings,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("cannot serve {addr}: {source}")]
+    Admin { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Leader(#[from] leader::LeaderError),
+    #[error("lost the leader lease; exiting so that another replica takes over")]
+    LostLease,
+}
+
+/// Runs until `shutdown` fires: then readiness goes false, no new reconciles start, in-flight ones
+/// finish, and the function returns.
+pub async fn run(host: Client, settings: DaemonSettings, shutdown: CancellationToken) -> Result<(), DaemonError> {
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::default());
+    let admin_cancel = CancellationToken::new();
+    let (admin_addr, admin_task) = admin::serve(
+        settings.metrics_addr,
+        metrics.clone(),
+        health.clone(),
+        admin_cancel.clone(),
+    )
+    .await
+    .map_err(|source| DaemonError::Admin {
+        addr: settings.metrics_addr,
+        source,
+    })?;
+    info!(%admin_addr, tenants_dir = %settings.tenants_dir.display(), "stackd running");
+    health.set_ready(true);
+
+    let result = run_controllers(host, settings, metrics, health.clone(), &shutdown).await;
+
+    health.set_ready(false);
+    admin_cancel.cancel();
+    let _ = admin_task.await;
+    info!("stackd stopped");
+    result
+}
+
+async fn run_controllers(
+    host: Client,
+    settings: DaemonSettings,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    shutdown: &CancellationToken,
+) -> Result<(), DaemonError> {
+    let mut leadership = match &settings.leader_election {
+        None => None,
+        Some(election) => {
+            info!(lease = %election.lease_name, namespace = %election.namespace, identity = %election.identity, "waiting for the leader lease");
+            match leader::acquire(host.clone(), election, shutdown).await? {
+                Some(leadership) => {
+                    info!("acquired the leader lease; starting controllers");
+                    Some(leadership)
+                }
+                None => return Ok(()),
+            }
+        }
+    };
+    let directory = TenantDirectory::new(settings.tenants_dir.clone(), settings.namespace_template.clone());
+    let timing = WatchTiming {
+        debounce: settings.debounce,
+        rescan: settings.rescan_interval,
+    };
+    let shared = Arc::new(Shared {
+        host,
+        settings,
+        metrics,
+        health,
+    });
+    let mut registry = Registry::new(shared);
+    let (changes_tx, mut changes) = mpsc::channel(16);
+    let watch_cancel = shutdown.child_token();
+    let watch = tokio::spawn(directory::watch(directory, timing, changes_tx, watch_cancel.clone()));
+
+    let outcome = loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break Ok(()),
+            _ = lost(&mut leadership) => {
+                error!("lost the leader lease; stopping controllers");
+                break Err(DaemonError::LostLease);
+            }
+            batch = changes.recv() => match batch {
+                Some(batch) => for change in batch { registry.apply(change).await },
+                None => break Ok(()),
+            },
+        }
+    };
+    watch_cancel.cancel();
+    let _ = watch.await;
+    registry.stop_all().await;
+    // Dropping the leadership releases the lease, so a standby takes over at once.
+    drop(leadership);
+    outcome
+}
+
+async fn lost(leadership: &mut Option<leader::Leadership>) {
+    match leadership {
+        Some(leadership) => leadership.lost().await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,7 @@
+//! What every controller shares: metrics, health, the admin server, backoff, leader election.
+
+pub mod admin;
+pub mod backoff;
+pub mod health;
+pub mod leader;
+pub mod metrics;

@@ -1,0 +1,154 @@
+//! Tenant supervision: each tenant runs in its own task tree, restarted with backoff after an error
+//! or a panic, and never able to stall another tenant.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use super::directory::{TenantChange, TenantFile};
+use super::tenant;
+use crate::daemon::Shared;
+use crate::runtime::health::TenantHealth;
+use crate::runtime::metrics::Metrics;
+
+/// How long a stopping tenant may take to finish its in-flight reconciles.
+const STOP_GRACE: Duration = Duration::from_secs(20);
+
+struct RunningTenant {
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+/// The running tenants.
+pub struct Registry {
+    shared: Arc<Shared>,
+    tenants: BTreeMap<String, RunningTenant>,
+}
+
+impl Registry {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Registry {
+            shared,
+            tenants: BTreeMap::new(),
+        }
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.tenants.keys().cloned().collect()
+    }
+
+    /// Applies one change from the tenants directory.
+    pub async fn apply(&mut self, change: TenantChange) {
+        match change {
+            TenantChange::Start(file) => {
+                info!(tenant = %file.name, path = %file.path.display(), "starting tenant");
+                self.stop(&file.name).await;
+                self.start(*file);
+            }
+            TenantChange::Restart(file) => {
+                info!(tenant = %file.name, "tenant kubeconfig changed; restarting tenant");
+                self.stop(&file.name).await;
+                self.start(*file);
+            }
+            TenantChange::Suspend(name) => {
+                info!(tenant = %name, "tenant kubeconfig removed; suspending tenant (its host objects stay)");
+                self.stop(&name).await;
+                self.shared.health.remove_tenant(&name);
+                self.shared.metrics.tenant_up.remove(&Metrics::tenant(&name));
+            }
+            TenantChange::Invalid {
+                name,
+                error,
+                kept_running,
+            } => {
+                if kept_running {
+                    warn!(tenant = %name, %error, "tenant kubeconfig is invalid; the tenant keeps running on the previous one");
+                } else {
+                    warn!(tenant = %name, %error, "tenant kubeconfig is invalid; the tenant is not started");
+                    self.shared
+                        .health
+                        .set_tenant(&name, TenantHealth::Invalid(error.to_string()));
+                }
+            }
+        }
+    }
+
+    fn start(&mut self, file: TenantFile) {
+        let cancel = CancellationToken::new();
+        let name = file.name.clone();
+        self.shared.health.set_tenant(&name, TenantHealth::Starting);
+        let task = tokio::spawn(supervise(file, self.shared.clone(), cancel.clone()));
+        self.tenants.insert(name, RunningTenant { cancel, task });
+    }
+
+    async fn stop(&mut self, name: &str) {
+        if let Some(running) = self.tenants.remove(name) {
+            stop_running(name, running).await;
+        }
+    }
+
+    /// Stops every tenant, letting in-flight reconciles finish.
+    pub async fn stop_all(&mut self) {
+        let tenants = std::mem::take(&mut self.tenants);
+        for running in tenants.values() {
+            running.cancel.cancel();
+        }
+        futures::future::join_all(tenants.into_iter().map(|(name, running)| async move {
+            stop_running(&name, running).await;
+        }))
+        .await;
+    }
+}
+
+async fn stop_running(name: &str, running: RunningTenant) {
+    running.cancel.cancel();
+    let abort = running.task.abort_handle();
+    if tokio::time::timeout(STOP_GRACE, running.task).await.is_err() {
+        warn!(tenant = %name, "tenant did not stop in time; aborting it");
+        abort.abort();
+    }
+}
+
+/// Runs the tenant, restarting it with exponential backoff when it fails or panics.
+async fn supervise(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToken) {
+    let name = file.name.clone();
+    let labels = Metrics::tenant(&name);
+    let mut failures = 0u32;
+    loop {
+        let run = tokio::spawn(tenant::run(file.clone(), shared.clone(), cancel.child_token()));
+        let outcome = std::panic::AssertUnwindSafe(run).catch_unwind().await;
+        if cancel.is_cancelled() {
+            return;
+        }
+        let reason = match outcome {
+            Ok(Ok(Ok(()))) => "its controllers stopped".to_string(),
+            Ok(Ok(Err(err))) => err.to_string(),
+            Ok(Err(join)) if join.is_panic() => format!("panicked: {}", panic_message(join.into_panic())),
+            Ok(Err(join)) => join.to_string(),
+            Err(_) => "panicked".to_string(),
+        };
+        failures += 1;
+        shared.metrics.tenant_up.get_or_create(&labels).set(0);
+        shared.metrics.tenant_restarts.get_or_create(&labels).inc();
+        shared.health.set_tenant(&name, TenantHealth::Down(reason.clone()));
+        let delay = shared.settings.backoff.delay(failures);
+        error!(tenant = %name, %reason, retry_in = ?delay, "tenant failed; restarting it");
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string())
+}

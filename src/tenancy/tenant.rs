@@ -1,0 +1,267 @@
+//! One tenant's task tree: its client, its host namespace, and its controllers.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Config};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::directory::TenantFile;
+use super::endpoint::{EndpointError, TenantEndpoint};
+use crate::daemon::Shared;
+use crate::host::labels::tenant_selector;
+use crate::host::namespace::{self, NamespaceError};
+use crate::runtime::health::TenantHealth;
+use crate::runtime::metrics::Metrics;
+
+/// Everything a tenant's controllers need.
+pub struct TenantContext {
+    pub name: String,
+    /// Client of the tenant API server.
+    pub client: Client,
+    /// Client of the host cluster (shared by all tenants).
+    pub host: Client,
+    pub host_namespace: String,
+    pub endpoint: Result<TenantEndpoint, EndpointError>,
+    pub shared: Arc<Shared>,
+    /// Bounds the reconciles running at once for this tenant.
+    pub reconcile_permits: Arc<Semaphore>,
+}
+
+/// Why a tenant's task tree stopped; the supervisor restarts it with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum TenantError {
+    #[error("the kubeconfig cannot be used: {0}")]
+    Config(String),
+    #[error("the tenant API server does not answer: {0}")]
+    Unreachable(String),
+    #[error("cannot prepare the host namespace: {0}")]
+    HostNamespace(#[from] NamespaceError),
+    #[error("a controller stopped: {0}")]
+    Controller(String),
+}
+
+/// The CRDs every tenant must serve for stackd to work there.
+fn required_crds() -> BTreeSet<String> {
+    crate::api::crds::all()
+        .into_iter()
+        .filter_map(|crd| crd.metadata.name)
+        .collect()
+}
+
+/// Runs a tenant until `cancel` fires (Ok) or something fails (Err).
+pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToken) -> Result<(), TenantError> {
+    let name = file.name.clone();
+    let client = tenant_client(&file).await?;
+    let version = tokio::select! {
+        _ = cancel.cancelled() => return Ok(()),
+        version = client.apiserver_version() => version.map_err(|e| TenantError::Unreachable(e.to_string()))?,
+    };
+    info!(tenant = %name, version = %version.git_version, "tenant API server reached");
+    let context = Arc::new(TenantContext {
+        name: name.clone(),
+        client,
+        host: shared.host.clone(),
+        host_namespace: file.host_namespace.clone(),
+        endpoint: file.endpoint.clone(),
+        reconcile_permits: Arc::new(Semaphore::new(shared.settings.max_concurrent_reconciles.max(1))),
+        shared,
+    });
+    if let Err(err) = &context.endpoint {
+        warn!(tenant = %name, error = %err, "host pods cannot reach this tenant; stacks will not become ready");
+    }
+    let mut controllers = tokio::task::JoinSet::new();
+    controllers.spawn(host_namespace_controller(context.clone(), cancel.clone()));
+    controllers.spawn(crd_monitor(context.clone(), cancel.clone()));
+    while let Some(result) = controllers.join_next().await {
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => return Err(err),
+            Err(join) => return Err(TenantError::Controller(join.to_string())),
+        }
+    }
+    Ok(())
+}
+
+async fn tenant_client(file: &TenantFile) -> Result<Client, TenantError> {
+    let options = kube::config::KubeConfigOptions::default();
+    let mut config = Config::from_custom_kubeconfig(file.kubeconfig.clone(), &options)
+        .await
+        .map_err(|e| TenantError::Config(e.to_string()))?;
+    // A dead tenant must fail fast instead of holding its task for minutes.
+    config.connect_timeout = Some(Duration::from_secs(5));
+    Client::try_from(config).map_err(|e| TenantError::Config(e.to_string()))
+}
+
+/// Keeps the tenant's host namespace and RoleBinding as they should be, repairing them when they are
+/// edited or deleted: both are watched (filtered to this tenant), never polled.
+async fn host_namespace_controller(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
+    let ns_name = context.host_namespace.clone();
+    let namespaces: Api<Namespace> = Api::all(context.host.clone());
+    let bindings: Api<RoleBinding> = Api::namespaced(context.host.clone(), &ns_name);
+    let (ns_store, ns_writer) = reflector::store();
+    let (rb_store, rb_writer) = reflector::store();
+    let ns_events = reflector(
+        ns_writer,
+        watcher(
+            namespaces,
+            watcher::Config::default().fields(&format!("metadata.name={ns_name}")),
+        ),
+    )
+    .default_backoff()
+    .map_ok(|_| ());
+    let rb_events = reflector(
+        rb_writer,
+        watcher(
+            bindings,
+            watcher::Config::default().labels(&tenant_selector(&context.name)),
+        ),
+    )
+    .default_backoff()
+    .map_ok(|_| ());
+    let mut events = futures::stream::select(ns_events, rb_events).boxed();
+    let subject = context.shared.settings.rbac_subject.clone();
+    let labels = Metrics::controller(&context.name, "host-namespace");
+    let mut failures = 0u32;
+    // API errors announce no event, so a failed reconcile schedules its own retry.
+    let mut retry: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            _ = sleep_until(retry), if retry.is_some() => {}
+            event = events.next() => match event {
+                None => return Err(TenantError::Controller("host namespace watch ended".into())),
+                Some(Err(err)) => {
+                    warn!(tenant = %context.name, error = %err, "host watch failed; retrying");
+                    continue;
+                }
+                Some(Ok(())) => {}
+            },
+        }
+        if !(store_ready(&ns_store) && store_ready(&rb_store)) {
+            continue;
+        }
+        let observed_ns = ns_store
+            .state()
+            .into_iter()
+            .find(|ns| ns.metadata.name.as_deref() == Some(&ns_name));
+        let observed_rb = rb_store
+            .state()
+            .into_iter()
+            .find(|rb| rb.metadata.name.as_deref() == Some(namespace::TENANT_NAMESPACE_ROLE));
+        context.shared.metrics.reconciles.get_or_create(&labels).inc();
+        let result = namespace::ensure(
+            &context.host,
+            &context.name,
+            &ns_name,
+            &subject,
+            observed_ns.as_deref(),
+            observed_rb.as_deref(),
+        )
+        .await;
+        match result {
+            Ok(writes) => {
+                failures = 0;
+                retry = None;
+                if writes > 0 {
+                    info!(tenant = %context.name, namespace = %ns_name, writes, "host namespace reconciled");
+                }
+            }
+            Err(err) => {
+                failures += 1;
+                context.shared.metrics.reconcile_errors.get_or_create(&labels).inc();
+                let delay = context.shared.settings.backoff.delay(failures);
+                warn!(tenant = %context.name, namespace = %ns_name, error = %err, retry_in = ?delay, "host namespace not ready");
+                retry = Some(tokio::time::Instant::now() + delay);
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    if let Some(deadline) = deadline {
+        tokio::time::sleep_until(deadline).await;
+    }
+}
+
+fn store_ready<K: kube::Resource + Clone + 'static>(store: &Store<K>) -> bool
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    // A reflector store is readable once its first list completed.
+    futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
+}
+
+/// Watches the tenant's CRDs: reports the tenant up or down from the watch itself, and degraded
+/// while stackd's own CRDs are not served there.
+async fn crd_monitor(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
+    let api: Api<CustomResourceDefinition> = Api::all(context.client.clone());
+    let (store, writer) = reflector::store();
+    let mut events = reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .boxed();
+    let required = required_crds();
+    let tenant_labels = Metrics::tenant(&context.name);
+    let shared = &context.shared;
+    loop {
+        let event = tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            event = events.next() => event,
+        };
+        match event {
+            None => return Err(TenantError::Controller("tenant CRD watch ended".into())),
+            Some(Err(err)) => {
+                shared.metrics.tenant_up.get_or_create(&tenant_labels).set(0);
+                shared
+                    .health
+                    .set_tenant(&context.name, TenantHealth::Down(err.to_string()));
+                warn!(tenant = %context.name, error = %err, "tenant API server unreachable; retrying");
+            }
+            Some(Ok(_)) => {
+                if !store_ready(&store) {
+                    continue;
+                }
+                shared.metrics.tenant_up.get_or_create(&tenant_labels).set(1);
+                let served: BTreeSet<String> = store
+                    .state()
+                    .iter()
+                    .filter(|crd| is_established(crd))
+                    .filter_map(|crd| crd.metadata.name.clone())
+                    .collect();
+                let missing: Vec<&String> = required.difference(&served).collect();
+                let health = if missing.is_empty() {
+                    TenantHealth::Up
+                } else {
+                    TenantHealth::Degraded(format!(
+                        "stackd's CRDs are not installed: {}; install them with `stackd crds | kubectl apply -f -` or the stackd-types chart",
+                        missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                    ))
+                };
+                if shared.health.tenant(&context.name) != Some(health.clone()) {
+                    info!(tenant = %context.name, ?health, "tenant state");
+                    shared.health.set_tenant(&context.name, health);
+                }
+            }
+        }
+    }
+}
+
+fn is_established(crd: &CustomResourceDefinition) -> bool {
+    crd.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        })
+}
