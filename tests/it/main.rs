@@ -1,0 +1,6 @@
+//! All integration tests, as one binary (linking kube once).
+
+mod embedded_core;
+mod embedded_crd;
+mod embedded_watch;
+mod harness;
