@@ -2,7 +2,7 @@
 //! documents built from it.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
@@ -332,16 +332,52 @@ fn version_priority(version: &str) -> (u8, u32, u32, String) {
     (0, 0, 0, version.to_string())
 }
 
-/// The resource table of one server at this moment.
+fn crd_key() -> GroupResource {
+    GroupResource::new("apiextensions.k8s.io", "customresourcedefinitions")
+}
+
+/// The resource table of one server, rebuilt only when a CRD changes (CRDs can be large, and every
+/// request needs the table).
+pub struct ResourceTable {
+    store: Arc<Store>,
+    cached: Mutex<Option<(u64, Arc<Resources>)>>,
+}
+
+impl ResourceTable {
+    pub fn new(store: Arc<Store>) -> ResourceTable {
+        ResourceTable {
+            store,
+            cached: Mutex::new(None),
+        }
+    }
+
+    pub fn current(&self) -> Arc<Resources> {
+        let version = self.store.last_change(&crd_key());
+        let mut cached = self
+            .cached
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((built_at, resources)) = cached.as_ref()
+            && *built_at == version
+        {
+            return resources.clone();
+        }
+        let resources = Arc::new(Resources::current(&self.store));
+        *cached = Some((version, resources.clone()));
+        resources
+    }
+}
+
+/// The resource table of one server at one moment.
 pub struct Resources {
     pub all: Vec<ResourceInfo>,
 }
 
 impl Resources {
+    /// Builds the table from the built-in kinds and the stored CRDs.
     pub fn current(store: &Store) -> Resources {
         let mut all: Vec<ResourceInfo> = BUILTINS.iter().map(builtin_info).collect();
-        let crds = GroupResource::new("apiextensions.k8s.io", "customresourcedefinitions");
-        for crd in store.list(&crds, None).0 {
+        for crd in store.list(&crd_key(), None).0 {
             all.extend(crd_resources(&crd));
         }
         Resources { all }

@@ -66,7 +66,7 @@ struct Target {
 async fn serve(shared: &Arc<Shared>, request: Request) -> Result<Response, ApiError> {
     let path = request.uri().path().trim_matches('/').to_string();
     let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    let resources = Resources::current(&shared.store);
+    let resources = shared.resources.current();
     let ok = |body: Value| Ok(json_response(StatusCode::OK, &body));
     let only_get = |request: &Request| {
         if request.method() == Method::GET {
@@ -173,6 +173,9 @@ impl Target {
         match self.subresource.as_deref() {
             None => Ok(Subresource::Main),
             Some("status") if self.info.status_subresource => Ok(Subresource::Status),
+            Some("finalize") if self.info.plural == "namespaces" && self.info.group.is_empty() => {
+                Ok(Subresource::Finalize)
+            }
             _ => Err(ApiError::path_not_found()),
         }
     }
@@ -253,7 +256,7 @@ async fn dispatch(
                 ScaleChange::Patch(patch_type, &body),
             )?)
         }
-        (Method::GET, _) => {
+        (Method::GET, None | Some("status")) => {
             target.write_part()?;
             ok(verbs::get(store, &target.info, &ns, &name)?)
         }

@@ -31,6 +31,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use discovery::ResourceTable;
 use store::Store;
 
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +64,7 @@ impl Default for ServerOptions {
 /// State every request handler and in-process loop shares.
 pub(crate) struct Shared {
     store: Arc<Store>,
+    resources: Arc<ResourceTable>,
     token: Option<String>,
     /// `host:port`, reported in `/api` discovery.
     address: String,
@@ -99,8 +101,10 @@ impl ApiServer {
     pub async fn start(options: ServerOptions) -> Result<ApiServer, Error> {
         let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
         let address = listener.local_addr()?.to_string();
+        let store = Arc::new(Store::new());
         let shared = Arc::new(Shared {
-            store: Arc::new(Store::new()),
+            resources: Arc::new(ResourceTable::new(store.clone())),
+            store,
             token: options.token.clone(),
             address: address.clone(),
             shutdown: CancellationToken::new(),
@@ -134,6 +138,7 @@ impl ApiServer {
         };
         let namespace_loop = tokio::spawn(namespaces::run(
             shared.store.clone(),
+            shared.resources.clone(),
             shared.shutdown.clone(),
         ));
         Ok(ApiServer {
@@ -152,6 +157,11 @@ impl ApiServer {
     /// The store, for in-process controllers and test setup.
     pub fn store(&self) -> Arc<Store> {
         self.shared.store.clone()
+    }
+
+    /// The resource table (built-ins plus served CRD versions) as of now.
+    pub fn resources(&self) -> Arc<discovery::Resources> {
+        self.shared.resources.current()
     }
 
     /// Makes `GET .../pods/<pod>/log?container=<container>` return `text`.

@@ -7,14 +7,14 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::discovery::Resources;
+use super::discovery::{ResourceTable, Resources};
 use super::store::{GroupResource, Store, Write};
 use super::verbs::{self, DeleteOptions};
 
 /// Safety-net rescan, for content whose finalizers were removed without a namespace event.
 const RESCAN: Duration = Duration::from_millis(250);
 
-pub async fn run(store: Arc<Store>, shutdown: CancellationToken) {
+pub async fn run(store: Arc<Store>, resources: Arc<ResourceTable>, shutdown: CancellationToken) {
     let mut events = store.subscribe();
     loop {
         tokio::select! {
@@ -24,7 +24,7 @@ pub async fn run(store: Arc<Store>, shutdown: CancellationToken) {
         }
         // Drain a burst of events so one pass covers them all.
         while events.try_recv().is_ok() {}
-        finish_terminating_namespaces(&store);
+        finish_terminating_namespaces(&store, &resources.current());
     }
 }
 
@@ -39,18 +39,17 @@ fn terminating(store: &Store) -> Vec<String> {
         .collect()
 }
 
-pub fn finish_terminating_namespaces(store: &Store) {
+pub fn finish_terminating_namespaces(store: &Store, resources: &Resources) {
     for namespace in terminating(store) {
         if store.namespace_is_empty(&namespace) {
             finalize(store, &namespace);
         } else {
-            delete_contents(store, &namespace);
+            delete_contents(store, resources, &namespace);
         }
     }
 }
 
-fn delete_contents(store: &Store, namespace: &str) {
-    let resources = Resources::current(store);
+fn delete_contents(store: &Store, resources: &Resources, namespace: &str) {
     for (resource, name) in store.resources_in_namespace(namespace) {
         let info = resources.all.iter().find(|r| r.storage_key() == resource);
         let Some(info) = info else {

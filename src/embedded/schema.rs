@@ -50,11 +50,15 @@ fn prune_object(schema: &Value, map: &mut Map<String, Value>) {
     let additional = schema.get("additionalProperties").filter(|a| a.is_object());
     let preserve =
         preserves_unknown(schema) || schema["additionalProperties"].as_bool() == Some(true);
+    // An embedded object keeps its own type and metadata, whatever its schema lists.
+    let embedded = schema["x-kubernetes-embedded-resource"].as_bool() == Some(true);
     map.retain(|key, child| {
         let child_schema = properties.and_then(|p| p.get(key)).or(additional);
         match child_schema {
             Some(s) => !(child.is_null() && s["nullable"].as_bool() != Some(true)),
-            None => preserve,
+            None => {
+                preserve || (embedded && matches!(key.as_str(), "apiVersion" | "kind" | "metadata"))
+            }
         }
     });
     for (key, child) in map.iter_mut() {
@@ -463,6 +467,18 @@ mod tests {
         assert_eq!(causes[0].field, "spec.size");
         assert_eq!(causes[1].reason, "FieldValueDuplicate");
         assert_eq!(causes[1].field, "spec.items[1]");
+    }
+
+    #[test]
+    fn embedded_resources_keep_their_type_and_metadata() {
+        let s = json!({"type": "object", "properties": {"template": {"type": "object",
+            "x-kubernetes-embedded-resource": true, "properties": {"spec": {"type": "object"}}}}});
+        let mut obj = json!({"template": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}, "junk": 1}});
+        prune_and_default(&s, &mut obj);
+        assert_eq!(
+            obj["template"],
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}})
+        );
     }
 
     #[test]

@@ -81,6 +81,8 @@ struct Inner {
     history: VecDeque<Arc<StoreEvent>>,
     /// Highest resourceVersion whose event has fallen out of `history`.
     history_floor: u64,
+    /// resourceVersion of the latest write per resource, so derived views know when to rebuild.
+    last_change: HashMap<GroupResource, u64>,
     pod_logs: HashMap<(String, String, String), String>,
 }
 
@@ -114,6 +116,7 @@ impl Store {
                 objects: HashMap::new(),
                 history: VecDeque::new(),
                 history_floor: 0,
+                last_change: HashMap::new(),
                 pod_logs: HashMap::new(),
             }),
             events,
@@ -130,6 +133,11 @@ impl Store {
 
     pub fn resource_version(&self) -> u64 {
         self.lock().resource_version
+    }
+
+    /// The resourceVersion of the latest write to `resource` (0: never written).
+    pub fn last_change(&self, resource: &GroupResource) -> u64 {
+        self.lock().last_change.get(resource).copied().unwrap_or(0)
     }
 
     pub fn get(&self, resource: &GroupResource, namespace: &str, name: &str) -> Option<Value> {
@@ -259,6 +267,9 @@ impl Store {
             object,
             previous,
         });
+        inner
+            .last_change
+            .insert(resource.clone(), inner.resource_version);
         inner.history.push_back(event.clone());
         while inner.history.len() > HISTORY_WINDOW {
             if let Some(old) = inner.history.pop_front() {

@@ -19,6 +19,8 @@ use super::validation::{
 pub enum Subresource {
     Main,
     Status,
+    /// A Namespace's `/finalize`: only `spec.finalizers` changes.
+    Finalize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -325,6 +327,25 @@ fn establish_crd(crd: &mut Value) {
     });
 }
 
+/// A changed CRD gets fresh accepted names; `storedVersions` only ever grows.
+fn reestablish_crd(old: &Value, new: &mut Value) {
+    establish_crd(new);
+    let mut stored: Vec<Value> = old["status"]["storedVersions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for version in new["status"]["storedVersions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+    {
+        if !stored.contains(&version) {
+            stored.push(version);
+        }
+    }
+    new["status"]["storedVersions"] = json!(stored);
+}
+
 pub fn create(
     store: &Store,
     info: &ResourceInfo,
@@ -434,6 +455,11 @@ fn prepare_update(
             }
             new
         }
+        Subresource::Finalize => {
+            let mut new = old.clone();
+            new["spec"]["finalizers"] = requested["spec"]["finalizers"].clone();
+            new
+        }
     };
     if let Some(map) = new.as_object_mut()
         && map.get("status").is_some_and(Value::is_null)
@@ -455,6 +481,9 @@ fn prepare_update(
     if info.tracks_generation && spec_part(info, &old) != spec_part(info, &new) {
         let generation = old["metadata"]["generation"].as_i64().unwrap_or(0);
         new["metadata"]["generation"] = json!(generation + 1);
+        if is_crd(info) {
+            reestablish_crd(&old, &mut new);
+        }
     }
     if same_content(&old, &new) {
         return Ok(Write::Unchanged(old));

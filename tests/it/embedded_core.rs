@@ -647,3 +647,82 @@ async fn tls_and_token_kubeconfig_works_and_a_wrong_token_is_unauthorized() {
     assert_eq!(api_error(err).code, 401, "discovery needs the token too");
     t.server.shutdown().await;
 }
+
+#[tokio::test]
+async fn all_namespaces_list_spans_namespaces() {
+    let t = harness::start().await;
+    t.namespace("a").await;
+    t.namespace("b").await;
+    t.configmaps("a")
+        .create(&PostParams::default(), &configmap("x", json!({})))
+        .await
+        .unwrap();
+    t.configmaps("b")
+        .create(&PostParams::default(), &configmap("y", json!({})))
+        .await
+        .unwrap();
+    let all: Api<ConfigMap> = Api::all(t.client.clone());
+    let listed: Vec<(String, String)> = all
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|c| (c.metadata.namespace.unwrap(), c.metadata.name.unwrap()))
+        .collect();
+    assert_eq!(
+        listed,
+        vec![("a".into(), "x".into()), ("b".into(), "y".into())]
+    );
+}
+
+#[tokio::test]
+async fn discovery_lists_built_in_resources_with_subresources() {
+    let t = harness::start().await;
+    let core = t.client.list_core_api_resources("v1").await.unwrap();
+    let names: Vec<&str> = core.resources.iter().map(|r| r.name.as_str()).collect();
+    for expected in [
+        "namespaces",
+        "configmaps",
+        "secrets",
+        "serviceaccounts",
+        "services",
+        "pods",
+        "pods/log",
+        "events",
+    ] {
+        assert!(names.contains(&expected), "{expected} in {names:?}");
+    }
+    let apps = t.client.list_api_group_resources("apps/v1").await.unwrap();
+    let scale = apps
+        .resources
+        .iter()
+        .find(|r| r.name == "deployments/scale")
+        .unwrap();
+    assert_eq!(
+        (scale.kind.as_str(), scale.group.as_deref()),
+        ("Scale", Some("autoscaling"))
+    );
+    let jobs = t.client.list_api_group_resources("batch/v1").await.unwrap();
+    assert!(jobs.resources.iter().any(|r| r.name == "jobs/status"));
+    let groups: Vec<String> = t
+        .client
+        .list_api_groups()
+        .await
+        .unwrap()
+        .groups
+        .into_iter()
+        .map(|g| g.name)
+        .collect();
+    for group in [
+        "apps",
+        "batch",
+        "rbac.authorization.k8s.io",
+        "apiextensions.k8s.io",
+        "coordination.k8s.io",
+        "events.k8s.io",
+    ] {
+        assert!(groups.contains(&group.to_string()), "{group}");
+    }
+    assert_eq!(t.client.apiserver_version().await.unwrap().minor, "24");
+}
