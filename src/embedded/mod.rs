@@ -4,9 +4,11 @@
 //! - [`store`]: objects, the resourceVersion counter and the watch history;
 //! - [`verbs`]: get/list/create/update/patch/delete with kube-apiserver semantics on that store;
 //! - [`watch`]: watch streams; [`http`]: the request pipeline; [`discovery`]: the resource table;
-//! - [`validation`], [`schema`], [`selectors`]: pure rules; [`namespaces`]: the namespace deletion loop.
+//! - [`validation`], [`schema`], [`selectors`]: pure rules;
+//! - [`namespaces`], [`gc`]: the namespace deletion and garbage collection loops.
 
 pub mod discovery;
+pub mod gc;
 mod http;
 pub mod namespaces;
 pub mod schema;
@@ -141,12 +143,17 @@ impl ApiServer {
             shared.resources.clone(),
             shared.shutdown.clone(),
         ));
+        let gc_loop = tokio::spawn(gc::run(
+            shared.store.clone(),
+            shared.resources.clone(),
+            shared.shutdown.clone(),
+        ));
         Ok(ApiServer {
             options,
             shared,
             url,
             ca_pem,
-            tasks: vec![server, namespace_loop],
+            tasks: vec![server, namespace_loop, gc_loop],
         })
     }
 

@@ -60,7 +60,11 @@ fn delete_contents(store: &Store, resources: &Resources, namespace: &str) {
             continue;
         };
         // Gone already or held by finalizers: both settle on a later pass.
-        let _ = verbs::delete(store, info, namespace, &name, &DeleteOptions::default());
+        let background = DeleteOptions {
+            propagation_policy: Some("Background".into()),
+            ..Default::default()
+        };
+        let _ = verbs::delete(store, info, namespace, &name, &background);
     }
 }
 

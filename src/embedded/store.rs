@@ -178,6 +178,16 @@ impl Store {
             .all(|map| map.keys().all(|(ns, _)| ns != namespace))
     }
 
+    /// Every stored object with its resource (for the garbage collector's ownership index).
+    pub fn all_objects(&self) -> Vec<(GroupResource, Value)> {
+        let inner = self.lock();
+        let mut all = Vec::new();
+        for (resource, map) in &inner.objects {
+            all.extend(map.values().map(|obj| (resource.clone(), obj.clone())));
+        }
+        all
+    }
+
     /// All resources with objects in a namespace (for namespace deletion).
     pub fn resources_in_namespace(&self, namespace: &str) -> Vec<(GroupResource, String)> {
         let inner = self.lock();

@@ -675,6 +675,7 @@ pub fn delete(
     name: &str,
     options: &DeleteOptions,
 ) -> Result<Value, ApiError> {
+    let gc_finalizer = propagation_finalizer(info, options.propagation_policy.as_deref())?;
     write_existing(store, info, namespace, name, |current| {
         check_preconditions(info, current, options)?;
         if is_deleting(current) {
@@ -683,6 +684,9 @@ pub fn delete(
         let mut deleting = current.clone();
         deleting["metadata"]["deletionTimestamp"] = json!(now_timestamp());
         deleting["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+        if let Some(gc_finalizer) = gc_finalizer {
+            add_finalizer(&mut deleting, gc_finalizer);
+        }
         if info.storage_key() == namespace_resource() {
             deleting["status"]["phase"] = json!("Terminating");
         }
@@ -691,6 +695,77 @@ pub fn delete(
         } else {
             Ok(Write::Remove(current.clone()))
         }
+    })
+}
+
+/// Finalizer the garbage collector handles for Orphan and Foreground deletions.
+pub const ORPHAN_FINALIZER: &str = "orphan";
+pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
+
+/// The finalizer a deletion's propagation policy asks for. batch/v1 Jobs orphan by default, as on
+/// the real server; everything else here deletes dependents in the background.
+fn propagation_finalizer(
+    info: &ResourceInfo,
+    policy: Option<&str>,
+) -> Result<Option<&'static str>, ApiError> {
+    let default = if (info.group.as_str(), info.plural.as_str()) == ("batch", "jobs") {
+        "Orphan"
+    } else {
+        "Background"
+    };
+    match policy.unwrap_or(default) {
+        "Orphan" => Ok(Some(ORPHAN_FINALIZER)),
+        "Foreground" => Ok(Some(FOREGROUND_FINALIZER)),
+        "Background" => Ok(None),
+        other => {
+            let message = format!(
+                "Unsupported value: \"{other}\": supported values: \"Foreground\", \"Background\", \"Orphan\""
+            );
+            let causes = vec![Cause::other(
+                "FieldValueNotSupported",
+                "propagationPolicy",
+                message,
+            )];
+            Err(ApiError::invalid(
+                "meta.k8s.io",
+                "DeleteOptions",
+                "",
+                causes,
+            ))
+        }
+    }
+}
+
+fn add_finalizer(object: &mut Value, finalizer: &str) {
+    let mut list = finalizers(object);
+    if !list.iter().any(|f| f == finalizer) {
+        list.push(finalizer.to_string());
+        object["metadata"]["finalizers"] = json!(list);
+    }
+}
+
+/// Removes one finalizer; a deleting object with none left is removed, as after an update.
+pub fn remove_finalizer(
+    store: &Store,
+    info: &ResourceInfo,
+    namespace: &str,
+    name: &str,
+    finalizer: &str,
+) -> Result<Value, ApiError> {
+    write_existing(store, info, namespace, name, |current| {
+        let mut new = current.clone();
+        let kept: Vec<String> = finalizers(current)
+            .into_iter()
+            .filter(|f| f != finalizer)
+            .collect();
+        if kept.is_empty() {
+            if let Some(meta) = new["metadata"].as_object_mut() {
+                meta.remove("finalizers");
+            }
+        } else {
+            new["metadata"]["finalizers"] = json!(kept);
+        }
+        prepare_update(info, current, new, Subresource::Main)
     })
 }
 

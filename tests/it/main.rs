@@ -2,5 +2,6 @@
 
 mod embedded_core;
 mod embedded_crd;
+mod embedded_gc;
 mod embedded_watch;
 mod harness;
