@@ -188,8 +188,58 @@ pub fn validate_object(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
     causes
 }
 
+/// Rules that compare an update with the stored object.
+pub fn validate_update(info: &ResourceInfo, old: &Value, new: &Value) -> Vec<Cause> {
+    let mut causes = validate_finalizers_on_deleting(old, new);
+    let immutable: &[&str] = match (info.group.as_str(), info.plural.as_str()) {
+        ("batch", "jobs") => &["spec.selector", "spec.template", "spec.completions"],
+        ("apps", "deployments") | ("apps", "replicasets") => &["spec.selector"],
+        ("rbac.authorization.k8s.io", "rolebindings" | "clusterrolebindings") => &["roleRef"],
+        ("", "secrets") => &["type"],
+        _ => &[],
+    };
+    for path in immutable {
+        let before = path.split('.').fold(old, |v, k| &v[k]);
+        let after = path.split('.').fold(new, |v, k| &v[k]);
+        if before != after {
+            let detail = if *path == "roleRef" {
+                "cannot change roleRef"
+            } else {
+                "field is immutable"
+            };
+            causes.push(Cause::invalid(path, after, detail));
+        }
+    }
+    if matches!(
+        (info.group.as_str(), info.plural.as_str()),
+        ("", "secrets" | "configmaps")
+    ) {
+        causes.extend(validate_immutable_data(old, new));
+    }
+    causes
+}
+
+/// ConfigMaps and Secrets marked `immutable: true` keep their data and the flag.
+fn validate_immutable_data(old: &Value, new: &Value) -> Vec<Cause> {
+    if old["immutable"].as_bool() != Some(true) {
+        return Vec::new();
+    }
+    let mut causes = Vec::new();
+    for field in ["data", "binaryData"] {
+        if old[field] != new[field] {
+            let message = "Forbidden: field is immutable when `immutable` is set".to_string();
+            causes.push(Cause::other("FieldValueForbidden", field, message));
+        }
+    }
+    if new["immutable"].as_bool() != Some(true) {
+        let message = "Forbidden: field is immutable when `immutable` is set".to_string();
+        causes.push(Cause::other("FieldValueForbidden", "immutable", message));
+    }
+    causes
+}
+
 /// The deleting-object rule: finalizers may only be removed once deletion started.
-pub fn validate_finalizers_on_deleting(old: &Value, new: &Value) -> Vec<Cause> {
+fn validate_finalizers_on_deleting(old: &Value, new: &Value) -> Vec<Cause> {
     if old["metadata"]["deletionTimestamp"].is_null() {
         return Vec::new();
     }
@@ -247,7 +297,10 @@ fn default_at(root: &mut Value, path: &[&str], key: &str, value: Value) {
 /// Defaults applied on create (and kept on update) that clients of the real server observe.
 pub fn apply_builtin_defaults(info: &ResourceInfo, object: &mut Value, uid: &str) {
     match (info.group.as_str(), info.plural.as_str()) {
-        ("", "secrets") => default_at(object, &[], "type", json!("Opaque")),
+        ("", "secrets") => {
+            default_at(object, &[], "type", json!("Opaque"));
+            merge_string_data(object);
+        }
         ("", "namespaces") => {
             default_at(object, &["spec"], "finalizers", json!(["kubernetes"]));
             default_at(object, &["status"], "phase", json!("Active"));
@@ -258,6 +311,25 @@ pub fn apply_builtin_defaults(info: &ResourceInfo, object: &mut Value, uid: &str
         }
         ("batch", "jobs") => default_job(object, uid),
         _ => {}
+    }
+}
+
+/// `stringData` is write-only: the server folds it into `data`, base64-encoded.
+fn merge_string_data(secret: &mut Value) {
+    use base64::Engine;
+    let Some(string_data) = secret.as_object_mut().and_then(|m| m.remove("stringData")) else {
+        return;
+    };
+    let Some(entries) = string_data.as_object() else {
+        return;
+    };
+    for (key, value) in entries {
+        let text = value.as_str().unwrap_or_default();
+        let encoded = base64::engine::general_purpose::STANDARD.encode(text);
+        default_at(secret, &[], "data", json!({}));
+        if let Some(data) = secret["data"].as_object_mut() {
+            data.insert(key.clone(), json!(encoded));
+        }
     }
 }
 
@@ -348,5 +420,36 @@ mod tests {
         let old = json!({"metadata": {"deletionTimestamp": "t", "finalizers": ["a"]}});
         let new = json!({"metadata": {"deletionTimestamp": "t", "finalizers": ["a", "b"]}});
         assert_eq!(validate_finalizers_on_deleting(&old, &new).len(), 1);
+    }
+
+    #[test]
+    fn role_binding_role_ref_cannot_change() {
+        let binding = info("rbac.authorization.k8s.io", "rolebindings");
+        let old = json!({"roleRef": {"kind": "ClusterRole", "name": "a"}});
+        let new = json!({"roleRef": {"kind": "ClusterRole", "name": "b"}});
+        assert_eq!(validate_update(&binding, &old, &new)[0].field, "roleRef");
+    }
+
+    #[test]
+    fn immutable_configmap_data_cannot_change() {
+        let cm = info("", "configmaps");
+        let old = json!({"immutable": true, "data": {"k": "v"}});
+        assert!(validate_update(&cm, &old, &old).is_empty());
+        assert_eq!(
+            validate_update(&cm, &old, &json!({"immutable": true, "data": {}})).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn secret_string_data_is_folded_into_base64_data() {
+        let secret = info("", "secrets");
+        let mut obj =
+            json!({"metadata": {"name": "s"}, "data": {"a": "YQ=="}, "stringData": {"b": "b"}});
+        apply_builtin_defaults(&secret, &mut obj, "u");
+        assert_eq!(
+            obj,
+            json!({"metadata": {"name": "s"}, "type": "Opaque", "data": {"a": "YQ==", "b": "Yg=="}})
+        );
     }
 }

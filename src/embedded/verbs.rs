@@ -10,9 +10,7 @@ use super::schema;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, Cause};
 use super::store::{GroupResource, Store, Write};
-use super::validation::{
-    apply_builtin_defaults, finalizers, validate_finalizers_on_deleting, validate_object,
-};
+use super::validation::{apply_builtin_defaults, finalizers, validate_object, validate_update};
 
 /// Which part of an object a write addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -440,6 +438,16 @@ fn prepare_update(
     {
         return Err(ApiError::stale(&info.group, &info.plural, &name));
     }
+    // A uid in the body is a precondition: the object must not have been replaced meanwhile.
+    let old_uid = meta_str(old, "uid").unwrap_or("");
+    if let Some(uid) = meta_str(&requested, "uid")
+        && uid != old_uid
+    {
+        let why = format!(
+            "Precondition failed: UID in precondition: {uid}, UID in object meta: {old_uid}"
+        );
+        return Err(ApiError::conflict(&info.group, &info.plural, &name, &why));
+    }
     let old = present(info, old.clone());
     let mut new = match sub {
         // Only status moves through /status; everything else stays as stored.
@@ -469,14 +477,9 @@ fn prepare_update(
     keep_server_metadata(&old, &mut new);
     let uid = meta_str(&old, "uid").unwrap_or("").to_string();
     admit(info, &mut new, &uid)?;
-    let mut causes = validate_finalizers_on_deleting(&old, &new);
+    let causes = validate_update(info, &old, &new);
     if !causes.is_empty() {
-        return Err(ApiError::invalid(
-            &info.group,
-            &info.kind,
-            &name,
-            std::mem::take(&mut causes),
-        ));
+        return Err(ApiError::invalid(&info.group, &info.kind, &name, causes));
     }
     if info.tracks_generation && spec_part(info, &old) != spec_part(info, &new) {
         let generation = old["metadata"]["generation"].as_i64().unwrap_or(0);

@@ -726,3 +726,53 @@ async fn discovery_lists_built_in_resources_with_subresources() {
     }
     assert_eq!(t.client.apiserver_version().await.unwrap().minor, "24");
 }
+
+#[tokio::test]
+async fn update_with_another_uid_is_a_conflict() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api = t.configmaps("ns");
+    let mut stale = api
+        .create(&PostParams::default(), &configmap("c", json!({})))
+        .await
+        .unwrap();
+    api.delete("c", &DeleteParams::default()).await.unwrap();
+    api.create(&PostParams::default(), &configmap("c", json!({})))
+        .await
+        .unwrap();
+    stale.metadata.resource_version = None;
+    let err = api_error(
+        api.replace("c", &PostParams::default(), &stale)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
+    assert!(
+        err.message
+            .contains("Precondition failed: UID in precondition"),
+        "{}",
+        err.message
+    );
+}
+
+#[tokio::test]
+async fn job_pod_template_is_immutable() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let jobs: Api<Job> = Api::namespaced(t.client.clone(), "ns");
+    let job: Job = serde_json::from_value(
+        json!({"metadata": {"name": "j"}, "spec": {"template": {"spec": {
+        "restartPolicy": "Never", "containers": [{"name": "c", "image": "one"}]}}}}),
+    )
+    .unwrap();
+    jobs.create(&PostParams::default(), &job).await.unwrap();
+    let new_image =
+        json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "two"}]}}}});
+    let err = api_error(
+        jobs.patch("j", &PatchParams::default(), &Patch::Merge(new_image))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+    assert_eq!(err.details.unwrap().causes[0].field, "spec.template");
+}
