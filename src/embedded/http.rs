@@ -13,9 +13,11 @@ use serde_json::Value;
 
 use super::Shared;
 use super::discovery::{ResourceInfo, Resources, core_versions, version_info};
+use super::patch::PatchType;
 use super::selectors::{FieldSelector, LabelSelector, supported_fields};
 use super::status::{ApiError, json_response};
-use super::verbs::{self, DeleteOptions, ListOptions, PatchType, ScaleChange, Subresource};
+use super::subresources::{self, ScaleChange};
+use super::verbs::{self, DeleteOptions, ListOptions, Subresource};
 use super::watch::{self, WatchOptions};
 
 /// Largest request body accepted (the real server's limit is 3 MiB; CRDs and logs can be larger here).
@@ -235,10 +237,12 @@ async fn dispatch(
         (Method::GET, Some("log")) if target.info.log_subresource => {
             pod_log(shared, &target, &name, &query)
         }
-        (Method::GET, Some("scale")) => ok(verbs::get_scale(store, &target.info, &ns, &name)?),
+        (Method::GET, Some("scale")) => {
+            ok(subresources::get_scale(store, &target.info, &ns, &name)?)
+        }
         (Method::PUT, Some("scale")) => {
             let scale = parse_json(&body)?;
-            ok(verbs::write_scale(
+            ok(subresources::write_scale(
                 store,
                 &target.info,
                 &ns,
@@ -248,7 +252,7 @@ async fn dispatch(
         }
         (Method::PATCH, Some("scale")) => {
             let patch_type = patch_type(&content_type)?;
-            ok(verbs::write_scale(
+            ok(subresources::write_scale(
                 store,
                 &target.info,
                 &ns,
@@ -423,7 +427,7 @@ fn pod_log(
         None => None,
     };
     let container = query.get("container").map(String::as_str);
-    let text = verbs::pod_log(
+    let text = subresources::pod_log(
         &shared.store,
         &target.info,
         target.namespace(),

@@ -2,19 +2,23 @@
 //! integration test run against.
 //!
 //! - [`store`]: objects, the resourceVersion counter and the watch history;
-//! - [`verbs`]: get/list/create/update/patch/delete with kube-apiserver semantics on that store;
+//! - [`verbs`]: get/list/create/update/patch/delete with kube-apiserver semantics on that store,
+//!   with [`patch`], [`subresources`] (scale, log) and [`crd`] (CRD lifecycle);
 //! - [`watch`]: watch streams; [`http`]: the request pipeline; [`discovery`]: the resource table;
 //! - [`validation`], [`schema`], [`selectors`]: pure rules;
 //! - [`namespaces`], [`gc`]: the namespace deletion and garbage collection loops.
 
+pub mod crd;
 pub mod discovery;
 pub mod gc;
 mod http;
 pub mod namespaces;
+pub mod patch;
 pub mod schema;
 pub mod selectors;
 pub mod status;
 pub mod store;
+pub mod subresources;
 mod tls;
 pub mod validation;
 pub mod verbs;

@@ -5,7 +5,9 @@ use base64::Engine;
 use rand::Rng;
 use serde_json::{Value, json};
 
-use super::discovery::{ResourceInfo, crd_resources};
+use super::crd::{establish_crd, is_crd, reestablish_crd, remove_custom_resources, validate_crd};
+use super::discovery::ResourceInfo;
+use super::patch::{PatchType, apply_patch};
 use super::schema;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, Cause};
@@ -19,12 +21,6 @@ pub enum Subresource {
     Status,
     /// A Namespace's `/finalize`: only `spec.finalizers` changes.
     Finalize,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PatchType {
-    Merge,
-    Json,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -76,22 +72,14 @@ fn namespace_resource() -> GroupResource {
     GroupResource::new("", "namespaces")
 }
 
-fn crd_resource() -> GroupResource {
-    GroupResource::new("apiextensions.k8s.io", "customresourcedefinitions")
-}
-
-fn is_crd(info: &ResourceInfo) -> bool {
-    info.storage_key() == crd_resource()
-}
-
 /// The object as served in this version.
-fn present(info: &ResourceInfo, mut object: Value) -> Value {
+pub(super) fn present(info: &ResourceInfo, mut object: Value) -> Value {
     object["apiVersion"] = json!(info.api_version());
     object["kind"] = json!(info.kind);
     object
 }
 
-fn meta_str<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
+pub(super) fn meta_str<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
     object["metadata"][field].as_str().filter(|s| !s.is_empty())
 }
 
@@ -260,90 +248,6 @@ fn admit(info: &ResourceInfo, object: &mut Value, uid: &str) -> Result<(), ApiEr
     }
 }
 
-fn validate_crd(crd: &Value) -> Vec<Cause> {
-    let spec = &crd["spec"];
-    let expected = format!(
-        "{}.{}",
-        spec["names"]["plural"].as_str().unwrap_or(""),
-        spec["group"].as_str().unwrap_or("")
-    );
-    let name = meta_str(crd, "name").unwrap_or("");
-    let mut causes = Vec::new();
-    if name != expected {
-        causes.push(Cause::invalid(
-            "metadata.name",
-            &json!(name),
-            "must be spec.names.plural+\".\"+spec.group",
-        ));
-    }
-    let versions = spec["versions"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    if versions
-        .iter()
-        .filter(|v| v["storage"].as_bool() == Some(true))
-        .count()
-        != 1
-    {
-        causes.push(Cause::invalid(
-            "spec.versions",
-            &json!(versions.len()),
-            "must have exactly one version marked as storage version",
-        ));
-    }
-    causes
-}
-
-/// What a real server's CRD controllers write to status within milliseconds of a create.
-fn establish_crd(crd: &mut Value) {
-    let now = now_timestamp();
-    let condition = |type_: &str, reason: &str, message: &str| json!({"type": type_, "status": "True", "lastTransitionTime": now, "reason": reason, "message": message});
-    let storage: Vec<Value> = crd["spec"]["versions"]
-        .as_array()
-        .map(|vs| {
-            vs.iter()
-                .filter(|v| v["storage"].as_bool() == Some(true))
-                .map(|v| v["name"].clone())
-                .collect()
-        })
-        .unwrap_or_default();
-    let mut accepted = crd["spec"]["names"].clone();
-    if accepted["listKind"].is_null() {
-        accepted["listKind"] = json!(format!("{}List", accepted["kind"].as_str().unwrap_or("")));
-    }
-    if accepted["singular"].is_null() {
-        accepted["singular"] = json!(accepted["kind"].as_str().unwrap_or("").to_lowercase());
-    }
-    crd["status"] = json!({
-        "acceptedNames": accepted,
-        "conditions": [
-            condition("NamesAccepted", "NoConflicts", "no conflicts found"),
-            condition("Established", "InitialNamesAccepted", "the initial names have been accepted"),
-        ],
-        "storedVersions": storage,
-    });
-}
-
-/// A changed CRD gets fresh accepted names; `storedVersions` only ever grows.
-fn reestablish_crd(old: &Value, new: &mut Value) {
-    establish_crd(new);
-    let mut stored: Vec<Value> = old["status"]["storedVersions"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    for version in new["status"]["storedVersions"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-    {
-        if !stored.contains(&version) {
-            stored.push(version);
-        }
-    }
-    new["status"]["storedVersions"] = json!(stored);
-}
-
 pub fn create(
     store: &Store,
     info: &ResourceInfo,
@@ -426,7 +330,7 @@ fn same_content(a: &Value, b: &Value) -> bool {
 }
 
 /// Turns a requested new state into the write to make, with kube-apiserver's update rules.
-fn prepare_update(
+pub(super) fn prepare_update(
     info: &ResourceInfo,
     old: &Value,
     requested: Value,
@@ -558,7 +462,7 @@ pub fn update(
 }
 
 /// A write to an object that must exist, with post-removal cleanup.
-fn write_existing<F>(
+pub(super) fn write_existing<F>(
     store: &Store,
     info: &ResourceInfo,
     namespace: &str,
@@ -587,72 +491,6 @@ fn after_removal(store: &Store, info: &ResourceInfo, object: &Value) {
     if is_crd(info) {
         remove_custom_resources(store, object);
     }
-}
-
-/// A deleted CRD takes its custom resources with it.
-fn remove_custom_resources(store: &Store, crd: &Value) {
-    let Some(info) = crd_resources(crd).into_iter().next() else {
-        return;
-    };
-    let key = info.storage_key();
-    for object in store.list(&key, None).0 {
-        let ns = meta_str(&object, "namespace").unwrap_or("").to_string();
-        let name = meta_str(&object, "name").unwrap_or("").to_string();
-        // Already gone is fine: someone else removed it meanwhile.
-        let _ = store.write(&key, &ns, &name, |current| {
-            Ok(Write::Remove(current.cloned().unwrap_or_default()))
-        });
-    }
-}
-
-/// Applies a merge or JSON patch to `target` with apiserver semantics.
-pub fn apply_patch(
-    target: &mut Value,
-    patch_type: PatchType,
-    patch: &[u8],
-) -> Result<(), ApiError> {
-    match patch_type {
-        PatchType::Merge => {
-            let patch: Value = serde_json::from_slice(patch)
-                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-            json_patch::merge(target, &patch);
-            Ok(())
-        }
-        PatchType::Json => {
-            let patch: json_patch::Patch = serde_json::from_slice(patch)
-                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
-            for operation in &patch.0 {
-                apply_json_operation(target, operation)?;
-            }
-            Ok(())
-        }
-    }
-}
-
-/// One JSON-patch operation; `test` of a missing path compares against null, as Go's library does.
-fn apply_json_operation(
-    target: &mut Value,
-    operation: &json_patch::PatchOperation,
-) -> Result<(), ApiError> {
-    let invalid = |message: String| ApiError::new(422, "Invalid", message);
-    if let json_patch::PatchOperation::Test(test) = operation {
-        let actual = target
-            .pointer(test.path.as_str())
-            .cloned()
-            .unwrap_or(Value::Null);
-        if actual != test.value {
-            return Err(invalid(format!(
-                "the server rejected our request due to an error in our request: testing value {} failed",
-                test.path
-            )));
-        }
-        return Ok(());
-    }
-    json_patch::patch(target, std::slice::from_ref(operation)).map_err(|e| {
-        invalid(format!(
-            "the server rejected our request due to an error in our request: {e}"
-        ))
-    })
 }
 
 pub fn patch(
@@ -836,221 +674,14 @@ pub fn delete_collection(
     }))
 }
 
-fn path_segments(path: &str) -> Vec<&str> {
-    path.split('.').filter(|s| !s.is_empty()).collect()
-}
-
-fn value_at<'a>(object: &'a Value, path: &str) -> &'a Value {
-    path_segments(path).iter().fold(object, |v, key| &v[*key])
-}
-
-fn set_at(object: &mut Value, path: &str, value: Value) {
-    let mut current = object;
-    for key in path_segments(path) {
-        if !current.is_object() {
-            *current = json!({});
-        }
-        current = &mut current[key];
-    }
-    *current = value;
-}
-
-/// The autoscaling/v1 Scale view of an object.
-fn scale_of(info: &ResourceInfo, object: &Value) -> Result<Value, ApiError> {
-    let paths = info.scale.as_ref().ok_or_else(ApiError::path_not_found)?;
-    let metadata = &object["metadata"];
-    let selector = match &paths.label_selector {
-        Some(path) => value_at(object, path).clone(),
-        None => json!(selector_string(&object["spec"]["selector"])),
-    };
-    let mut scale = json!({
-        "kind": "Scale",
-        "apiVersion": "autoscaling/v1",
-        "metadata": {
-            "name": metadata["name"], "namespace": metadata["namespace"], "uid": metadata["uid"],
-            "resourceVersion": metadata["resourceVersion"], "creationTimestamp": metadata["creationTimestamp"],
-        },
-        "spec": {"replicas": value_at(object, &paths.spec_replicas).as_i64().unwrap_or(0)},
-        "status": {"replicas": value_at(object, &paths.status_replicas).as_i64().unwrap_or(0)},
-    });
-    if selector.is_string() && selector != json!("") {
-        scale["status"]["selector"] = selector;
-    }
-    Ok(scale)
-}
-
-/// A LabelSelector object as the `a=b,c in (d)` string Scale reports.
-fn selector_string(selector: &Value) -> String {
-    let mut terms: Vec<String> = selector["matchLabels"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                .collect()
-        })
-        .unwrap_or_default();
-    for expr in selector["matchExpressions"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-    {
-        let key = expr["key"].as_str().unwrap_or("");
-        let values: Vec<&str> = expr["values"]
-            .as_array()
-            .map(|v| v.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
-        terms.push(match expr["operator"].as_str() {
-            Some("In") => format!("{key} in ({})", values.join(",")),
-            Some("NotIn") => format!("{key} notin ({})", values.join(",")),
-            Some("DoesNotExist") => format!("!{key}"),
-            _ => key.to_string(),
-        });
-    }
-    terms.join(",")
-}
-
-pub fn get_scale(
-    store: &Store,
-    info: &ResourceInfo,
-    namespace: &str,
-    name: &str,
-) -> Result<Value, ApiError> {
-    scale_of(info, &get(store, info, namespace, name)?)
-}
-
-/// Writes a Scale (given directly or as a patch of the current one) into the object's spec.
-pub fn write_scale(
-    store: &Store,
-    info: &ResourceInfo,
-    namespace: &str,
-    name: &str,
-    change: ScaleChange<'_>,
-) -> Result<Value, ApiError> {
-    let paths = info.scale.clone().ok_or_else(ApiError::path_not_found)?;
-    let written = write_existing(store, info, namespace, name, |old| {
-        let current = present(info, old.clone());
-        let scale = match change {
-            ScaleChange::Replace(scale) => scale.clone(),
-            ScaleChange::Patch(patch_type, patch) => {
-                let mut scale = scale_of(info, &current)?;
-                apply_patch(&mut scale, patch_type, patch)?;
-                scale
-            }
-        };
-        let Some(replicas) = scale["spec"]["replicas"].as_i64() else {
-            let causes = vec![Cause::invalid(
-                "spec.replicas",
-                &scale["spec"]["replicas"],
-                "must be an integer",
-            )];
-            return Err(ApiError::invalid("autoscaling", "Scale", name, causes));
-        };
-        if replicas < 0 {
-            let causes = vec![Cause::invalid(
-                "spec.replicas",
-                &json!(replicas),
-                "must be greater than or equal to 0",
-            )];
-            return Err(ApiError::invalid("autoscaling", "Scale", name, causes));
-        }
-        let mut new = current;
-        set_at(&mut new, &paths.spec_replicas, json!(replicas));
-        match meta_str(&scale, "resourceVersion") {
-            Some(rv) => new["metadata"]["resourceVersion"] = json!(rv),
-            None => {
-                if let Some(meta) = new["metadata"].as_object_mut() {
-                    meta.remove("resourceVersion");
-                }
-            }
-        }
-        prepare_update(info, old, new, Subresource::Main)
-    })?;
-    scale_of(info, &written)
-}
-
-pub enum ScaleChange<'a> {
-    Replace(&'a Value),
-    Patch(PatchType, &'a [u8]),
-}
-
-/// Text of a pod's container log, honouring `container` and `limitBytes`.
-pub fn pod_log(
-    store: &Store,
-    info: &ResourceInfo,
-    namespace: &str,
-    name: &str,
-    container: Option<&str>,
-    limit_bytes: Option<usize>,
-) -> Result<String, ApiError> {
-    let pod = get(store, info, namespace, name)?;
-    let containers: Vec<&str> = pod["spec"]["containers"]
-        .as_array()
-        .map(|c| c.iter().filter_map(|c| c["name"].as_str()).collect())
-        .unwrap_or_default();
-    let container = match (container, containers.as_slice()) {
-        (Some(c), _) if containers.contains(&c) => c,
-        (Some(c), _) => {
-            return Err(ApiError::bad_request(format!(
-                "container {c} is not valid for pod {name}"
-            )));
-        }
-        (None, [only]) => only,
-        (None, all) => {
-            return Err(ApiError::bad_request(format!(
-                "a container name must be specified for pod {name}, choose one of: [{}]",
-                all.join(" ")
-            )));
-        }
-    };
-    let mut text = store
-        .pod_log(namespace, name, container)
-        .unwrap_or_default();
-    if let Some(limit) = limit_bytes
-        && text.len() > limit
-    {
-        let mut cut = limit;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
-    }
-    Ok(text)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn json_patch_test_of_a_missing_path_compares_with_null() {
-        let mut target = json!({"metadata": {}});
-        let patch = br#"[{"op":"test","path":"/metadata/finalizers","value":null},{"op":"add","path":"/metadata/finalizers","value":["x"]}]"#;
-        apply_patch(&mut target, PatchType::Json, patch).unwrap();
-        assert_eq!(target["metadata"]["finalizers"], json!(["x"]));
-    }
-
-    #[test]
-    fn failing_json_patch_test_is_invalid() {
-        let mut target = json!({"data": {"k": "v2"}});
-        let patch = br#"[{"op":"test","path":"/data/k","value":"nope"}]"#;
-        assert_eq!(
-            apply_patch(&mut target, PatchType::Json, patch)
-                .unwrap_err()
-                .code,
-            422
-        );
-    }
 
     #[test]
     fn uids_look_like_uuid_v4() {
         let uid = new_uid();
         assert_eq!(uid.len(), 36);
         assert_eq!(&uid[14..15], "4");
-    }
-
-    #[test]
-    fn selector_objects_render_as_selector_strings() {
-        let sel = json!({"matchLabels": {"app": "x"}, "matchExpressions": [{"key": "t", "operator": "In", "values": ["a", "b"]}]});
-        assert_eq!(selector_string(&sel), "app=x,t in (a,b)");
     }
 }
