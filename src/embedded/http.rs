@@ -183,118 +183,167 @@ impl Target {
     }
 }
 
+/// The Kubernetes verb of a resource request; fault injection and per-verb counters match on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Get,
+    List,
+    Watch,
+    Create,
+    Update,
+    Patch,
+    Delete,
+    DeleteCollection,
+}
+
+impl Verb {
+    fn of(method: &Method, named: bool, query: &Query) -> Result<Verb, ApiError> {
+        Ok(match (method, named) {
+            (&Method::GET, false) if is_watch(query) => Verb::Watch,
+            (&Method::GET, false) => Verb::List,
+            (&Method::POST, false) => Verb::Create,
+            (&Method::DELETE, false) => Verb::DeleteCollection,
+            (&Method::GET, true) => Verb::Get,
+            (&Method::PUT, true) => Verb::Update,
+            (&Method::PATCH, true) => Verb::Patch,
+            (&Method::DELETE, true) => Verb::Delete,
+            _ => return Err(ApiError::method_not_allowed()),
+        })
+    }
+}
+
+/// A fully read resource request.
+struct ApiRequest {
+    verb: Verb,
+    target: Target,
+    query: Query,
+    /// The media type without parameters.
+    content_type: String,
+    body: bytes::Bytes,
+}
+
 async fn dispatch(
     shared: &Arc<Shared>,
     target: Target,
     request: Request,
 ) -> Result<Response, ApiError> {
     let query = parse_query(&request);
-    let method = request.method().clone();
+    let verb = Verb::of(request.method(), target.name.is_some(), &query)?;
     let content_type = request
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .split(';')
-        .next()
+        .and_then(|v| v.split(';').next())
         .unwrap_or("")
         .trim()
         .to_string();
     let body = axum::body::to_bytes(request.into_body(), MAX_BODY)
         .await
         .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
-    let store = &shared.store;
-    let ns = target.namespace().to_string();
-    let ok = |value: Value| Ok(json_response(StatusCode::OK, &value));
-    let Some(name) = target.name.clone() else {
-        return match method {
-            Method::GET if is_watch(&query) => watch_response(shared, &target, &query),
-            Method::GET => ok(verbs::list(
-                store,
-                &target.info,
-                target.namespace.as_deref(),
-                &list_options(&target.info, &query)?,
-            )?),
-            Method::POST => {
-                let created = verbs::create(store, &target.info, &ns, parse_json(&body)?)?;
-                Ok(json_response(StatusCode::CREATED, &created))
-            }
-            Method::DELETE => {
-                let options = list_options(&target.info, &query)?;
-                let delete_options = delete_options(&query, &body)?;
-                ok(verbs::delete_collection(
-                    store,
-                    &target.info,
-                    target.namespace.as_deref(),
-                    &options,
-                    &delete_options,
-                )?)
-            }
-            _ => Err(ApiError::method_not_allowed()),
-        };
+    let request = ApiRequest {
+        verb,
+        target,
+        query,
+        content_type,
+        body,
     };
-    match (method, target.subresource.as_deref()) {
-        (Method::GET, Some("log")) if target.info.log_subresource => {
-            pod_log(shared, &target, &name, &query)
+    match request.target.name.clone() {
+        None => collection(shared, &request),
+        Some(name) => object(shared, &request, &name),
+    }
+}
+
+fn ok(value: Value) -> Result<Response, ApiError> {
+    Ok(json_response(StatusCode::OK, &value))
+}
+
+fn collection(shared: &Arc<Shared>, request: &ApiRequest) -> Result<Response, ApiError> {
+    let (store, target) = (&shared.store, &request.target);
+    let namespace = target.namespace.as_deref();
+    match request.verb {
+        Verb::Watch => watch_response(shared, target, &request.query),
+        Verb::List => {
+            let options = list_options(&target.info, &request.query)?;
+            ok(verbs::list(store, &target.info, namespace, &options)?)
         }
-        (Method::GET, Some("scale")) => {
-            ok(subresources::get_scale(store, &target.info, &ns, &name)?)
+        Verb::Create => {
+            let body = parse_json(&request.body)?;
+            let created = verbs::create(store, &target.info, target.namespace(), body)?;
+            Ok(json_response(StatusCode::CREATED, &created))
         }
-        (Method::PUT, Some("scale")) => {
-            let scale = parse_json(&body)?;
-            ok(subresources::write_scale(
+        Verb::DeleteCollection => {
+            let options = list_options(&target.info, &request.query)?;
+            let delete = delete_options(&request.query, &request.body)?;
+            ok(verbs::delete_collection(
                 store,
                 &target.info,
-                &ns,
-                &name,
-                ScaleChange::Replace(&scale),
+                namespace,
+                &options,
+                &delete,
             )?)
         }
-        (Method::PATCH, Some("scale")) => {
-            let patch_type = patch_type(&content_type)?;
-            ok(subresources::write_scale(
-                store,
-                &target.info,
-                &ns,
-                &name,
-                ScaleChange::Patch(patch_type, &body),
-            )?)
+        _ => Err(ApiError::method_not_allowed()),
+    }
+}
+
+fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Response, ApiError> {
+    let (store, target) = (&shared.store, &request.target);
+    let (info, ns) = (&target.info, target.namespace());
+    match (request.verb, target.subresource.as_deref()) {
+        (Verb::Get, Some("log")) if info.log_subresource => {
+            pod_log(shared, target, name, &request.query)
         }
-        (Method::GET, None | Some("status")) => {
+        (_, Some("scale")) => scale(shared, request, name),
+        (Verb::Get, None | Some("status")) => {
             target.write_part()?;
-            ok(verbs::get(store, &target.info, &ns, &name)?)
+            ok(verbs::get(store, info, ns, name)?)
         }
-        (Method::PUT, _) => {
+        (Verb::Update, _) => {
             let part = target.write_part()?;
             ok(verbs::update(
                 store,
-                &target.info,
-                &ns,
-                &name,
-                parse_json(&body)?,
+                info,
+                ns,
+                name,
+                parse_json(&request.body)?,
                 part,
             )?)
         }
-        (Method::PATCH, _) => {
+        (Verb::Patch, _) => {
             let part = target.write_part()?;
-            let patch_type = patch_type(&content_type)?;
+            let patch_type = patch_type(&request.content_type)?;
             ok(verbs::patch(
                 store,
-                &target.info,
-                &ns,
-                &name,
+                info,
+                ns,
+                name,
                 patch_type,
-                &body,
+                &request.body,
                 part,
             )?)
         }
-        (Method::DELETE, None) => ok(verbs::delete(
-            store,
-            &target.info,
-            &ns,
-            &name,
-            &delete_options(&query, &body)?,
-        )?),
+        (Verb::Delete, None) => {
+            let options = delete_options(&request.query, &request.body)?;
+            ok(verbs::delete(store, info, ns, name, &options)?)
+        }
+        _ => Err(ApiError::method_not_allowed()),
+    }
+}
+
+fn scale(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Response, ApiError> {
+    let (store, target) = (&shared.store, &request.target);
+    let (info, ns) = (&target.info, target.namespace());
+    match request.verb {
+        Verb::Get => ok(subresources::get_scale(store, info, ns, name)?),
+        Verb::Update => {
+            let scale = parse_json(&request.body)?;
+            let change = ScaleChange::Replace(&scale);
+            ok(subresources::write_scale(store, info, ns, name, change)?)
+        }
+        Verb::Patch => {
+            let change = ScaleChange::Patch(patch_type(&request.content_type)?, &request.body);
+            ok(subresources::write_scale(store, info, ns, name, change)?)
+        }
         _ => Err(ApiError::method_not_allowed()),
     }
 }
