@@ -2,4 +2,9 @@
 
 mod cli;
 mod crds;
+mod embedded_core;
+mod embedded_crd;
+mod embedded_gc;
+mod embedded_watch;
 mod examples;
+mod harness;

@@ -1,0 +1,188 @@
+//! The garbage collector's loop: owner references across one server's objects.
+//!
+//! - an object whose owners are all gone is deleted (background propagation);
+//! - an owner deleting with the `orphan` finalizer has its dependents' references to it removed, then
+//!   the finalizer;
+//! - an owner deleting with `foregroundDeletion` has its dependents deleted, and loses the finalizer
+//!   once none is left.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::discovery::{ResourceTable, Resources};
+use super::store::{GroupResource, Store, Write};
+use super::validation::finalizers;
+use super::verbs::{self, DeleteOptions, FOREGROUND_FINALIZER, ORPHAN_FINALIZER};
+
+/// Safety-net rescan interval, for changes that raced a pass.
+const RESCAN: Duration = Duration::from_secs(1);
+
+pub async fn run(store: Arc<Store>, resources: Arc<ResourceTable>, shutdown: CancellationToken) {
+    let mut events = store.subscribe();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = events.recv() => {}
+            _ = tokio::time::sleep(RESCAN) => {}
+        }
+        while events.try_recv().is_ok() {}
+        collect(&store, &resources.current());
+    }
+}
+
+/// One stored object, located.
+struct Located {
+    resource: GroupResource,
+    namespace: String,
+    name: String,
+    object: Value,
+}
+
+impl Located {
+    fn new(resource: GroupResource, object: Value) -> Located {
+        let text = |field: &str| object["metadata"][field].as_str().unwrap_or("").to_string();
+        Located {
+            resource,
+            namespace: text("namespace"),
+            name: text("name"),
+            object,
+        }
+    }
+
+    fn owner_uids(&self) -> Vec<String> {
+        self.object["metadata"]["ownerReferences"]
+            .as_array()
+            .map(|refs| {
+                refs.iter()
+                    .filter_map(|r| r["uid"].as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn uid(&self) -> &str {
+        self.object["metadata"]["uid"].as_str().unwrap_or("")
+    }
+
+    fn is_deleting(&self) -> bool {
+        self.object["metadata"]["deletionTimestamp"].is_string()
+    }
+}
+
+/// One pass over all objects. Errors (an object changed or vanished meanwhile) are settled by the
+/// next pass, which the resulting events trigger.
+pub fn collect(store: &Store, resources: &Resources) {
+    let objects: Vec<Located> = store
+        .all_objects()
+        .into_iter()
+        .map(|(r, o)| Located::new(r, o))
+        .collect();
+    let existing: HashSet<&str> = objects.iter().map(Located::uid).collect();
+    let mut dependents: HashMap<&str, Vec<&Located>> = HashMap::new();
+    for object in &objects {
+        for owner in object.owner_uids() {
+            if let Some(owner) = existing.get(owner.as_str()) {
+                dependents.entry(owner).or_default().push(object);
+            }
+        }
+    }
+    let info_of =
+        |resource: &GroupResource| resources.all.iter().find(|r| r.storage_key() == *resource);
+    let background = DeleteOptions {
+        propagation_policy: Some("Background".into()),
+        ..Default::default()
+    };
+    for object in &objects {
+        let Some(info) = info_of(&object.resource) else {
+            continue;
+        };
+        let owners = object.owner_uids();
+        if !owners.is_empty()
+            && !object.is_deleting()
+            && owners.iter().all(|uid| !existing.contains(uid.as_str()))
+        {
+            let _ = verbs::delete(store, info, &object.namespace, &object.name, &background);
+            continue;
+        }
+        if !object.is_deleting() {
+            continue;
+        }
+        let mine = dependents
+            .get(object.uid())
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let held_by = finalizers(&object.object);
+        if held_by.iter().any(|f| f == ORPHAN_FINALIZER) {
+            for dependent in mine {
+                drop_owner_reference(store, dependent, object.uid());
+            }
+            let _ = verbs::remove_finalizer(
+                store,
+                info,
+                &object.namespace,
+                &object.name,
+                ORPHAN_FINALIZER,
+            );
+        } else if held_by.iter().any(|f| f == FOREGROUND_FINALIZER) {
+            for dependent in mine.iter().filter(|d| !d.is_deleting()) {
+                if let Some(dep_info) = info_of(&dependent.resource) {
+                    let _ = verbs::delete(
+                        store,
+                        dep_info,
+                        &dependent.namespace,
+                        &dependent.name,
+                        &background,
+                    );
+                }
+            }
+            if mine.is_empty() {
+                let _ = verbs::remove_finalizer(
+                    store,
+                    info,
+                    &object.namespace,
+                    &object.name,
+                    FOREGROUND_FINALIZER,
+                );
+            }
+        }
+    }
+}
+
+fn drop_owner_reference(store: &Store, dependent: &Located, owner_uid: &str) {
+    let _ = store.write(
+        &dependent.resource,
+        &dependent.namespace,
+        &dependent.name,
+        |current| {
+            let Some(current) = current else {
+                return Ok(Write::Unchanged(Value::Null));
+            };
+            let mut updated = current.clone();
+            let kept: Vec<Value> = current["metadata"]["ownerReferences"]
+                .as_array()
+                .map(|refs| {
+                    refs.iter()
+                        .filter(|r| r["uid"].as_str() != Some(owner_uid))
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            if kept.is_empty() {
+                if let Some(meta) = updated["metadata"].as_object_mut() {
+                    meta.remove("ownerReferences");
+                }
+            } else {
+                updated["metadata"]["ownerReferences"] = json!(kept);
+            }
+            Ok(if updated == *current {
+                Write::Unchanged(updated)
+            } else {
+                Write::Put(updated)
+            })
+        },
+    );
+}

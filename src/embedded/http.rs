@@ -1,0 +1,488 @@
+//! The request pipeline: authenticate, count, route, dispatch to a verb, render a `Status` on error.
+//! Fault injection and per-verb counters will hook into [`handle`], which every request passes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+
+use super::Shared;
+use super::discovery::{ResourceInfo, Resources, core_versions, version_info};
+use super::patch::PatchType;
+use super::selectors::{FieldSelector, LabelSelector, supported_fields};
+use super::status::{ApiError, json_response};
+use super::subresources::{self, ScaleChange};
+use super::verbs::{self, DeleteOptions, ListOptions, Subresource};
+use super::watch::{self, WatchOptions};
+
+/// Largest request body accepted (the real server's limit is 3 MiB; CRDs and logs can be larger here).
+const MAX_BODY: usize = 16 * 1024 * 1024;
+
+pub async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+    shared.count_request();
+    let path = request.uri().path().to_string();
+    if matches!(path.as_str(), "/healthz" | "/readyz" | "/livez") {
+        return (StatusCode::OK, "ok").into_response();
+    }
+    if !shared.authorized(request.headers()) {
+        return ApiError::unauthorized().into_response();
+    }
+    match serve(&shared, request).await {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    }
+}
+
+/// Query parameters (last value wins, as for Go's `Get`).
+type Query = HashMap<String, String>;
+
+fn parse_query(request: &Request) -> Query {
+    let raw = request.uri().query().unwrap_or("");
+    raw.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let decode = |s: &str| {
+                urlencoding::decode(&s.replace('+', " "))
+                    .map(|c| c.into_owned())
+                    .unwrap_or_default()
+            };
+            (decode(k), decode(v))
+        })
+        .collect()
+}
+
+/// A request for a resource, a collection, or a subresource.
+struct Target {
+    info: ResourceInfo,
+    namespace: Option<String>,
+    name: Option<String>,
+    subresource: Option<String>,
+}
+
+async fn serve(shared: &Arc<Shared>, request: Request) -> Result<Response, ApiError> {
+    let path = request.uri().path().trim_matches('/').to_string();
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let resources = shared.resources.current();
+    let ok = |body: Value| Ok(json_response(StatusCode::OK, &body));
+    let only_get = |request: &Request| {
+        if request.method() == Method::GET {
+            Ok(())
+        } else {
+            Err(ApiError::method_not_allowed())
+        }
+    };
+    match segments.as_slice() {
+        ["version"] => only_get(&request).and_then(|_| ok(version_info())),
+        ["api"] => only_get(&request).and_then(|_| ok(core_versions(&shared.address))),
+        ["apis"] => only_get(&request).and_then(|_| ok(resources.api_group_list())),
+        ["api", "v1"] => {
+            only_get(&request).and_then(|_| ok(discovery(resources.resource_list("", "v1"))?))
+        }
+        ["apis", group] => {
+            only_get(&request).and_then(|_| ok(discovery(resources.api_group(group))?))
+        }
+        ["apis", group, version] => {
+            only_get(&request).and_then(|_| ok(discovery(resources.resource_list(group, version))?))
+        }
+        ["api", "v1", rest @ ..] => {
+            let target = resolve(&resources, "", "v1", rest)?;
+            dispatch(shared, target, request).await
+        }
+        ["apis", group, version, rest @ ..] => {
+            let target = resolve(&resources, group, version, rest)?;
+            dispatch(shared, target, request).await
+        }
+        _ => Err(ApiError::path_not_found()),
+    }
+}
+
+fn discovery(document: Option<Value>) -> Result<Value, ApiError> {
+    document.ok_or_else(ApiError::path_not_found)
+}
+
+fn resolve(
+    resources: &Resources,
+    group: &str,
+    version: &str,
+    rest: &[&str],
+) -> Result<Target, ApiError> {
+    let find = |plural: &str| {
+        resources
+            .find(group, version, plural)
+            .ok_or_else(ApiError::path_not_found)
+    };
+    let owned = |s: &&str| s.to_string();
+    let target = match rest {
+        // namespaces/<ns>/status and /finalize are the Namespace's own subresources.
+        ["namespaces", ns, sub @ ("status" | "finalize")] if group.is_empty() => Target {
+            info: find("namespaces")?,
+            namespace: None,
+            name: Some(ns.to_string()),
+            subresource: Some(sub.to_string()),
+        },
+        ["namespaces", ns, plural, tail @ ..] => {
+            let info = find(plural)?;
+            if !info.namespaced {
+                return Err(ApiError::path_not_found());
+            }
+            Target {
+                info,
+                namespace: Some(ns.to_string()),
+                name: tail.first().map(owned),
+                subresource: tail.get(1).map(owned),
+            }
+            .limited(tail.len())?
+        }
+        [plural, tail @ ..] => {
+            let info = find(plural)?;
+            if info.namespaced && !tail.is_empty() {
+                return Err(ApiError::path_not_found());
+            }
+            Target {
+                info,
+                namespace: None,
+                name: tail.first().map(owned),
+                subresource: tail.get(1).map(owned),
+            }
+            .limited(tail.len())?
+        }
+        [] => return Err(ApiError::path_not_found()),
+    };
+    Ok(target)
+}
+
+impl Target {
+    fn limited(self, tail: usize) -> Result<Target, ApiError> {
+        if tail > 2 {
+            Err(ApiError::path_not_found())
+        } else {
+            Ok(self)
+        }
+    }
+
+    fn namespace(&self) -> &str {
+        self.namespace.as_deref().unwrap_or("")
+    }
+
+    /// The subresource as a write target; unknown ones are 404 as on the real server.
+    fn write_part(&self) -> Result<Subresource, ApiError> {
+        match self.subresource.as_deref() {
+            None => Ok(Subresource::Main),
+            Some("status") if self.info.status_subresource => Ok(Subresource::Status),
+            Some("finalize") if self.info.plural == "namespaces" && self.info.group.is_empty() => {
+                Ok(Subresource::Finalize)
+            }
+            _ => Err(ApiError::path_not_found()),
+        }
+    }
+}
+
+/// The Kubernetes verb of a resource request; fault injection and per-verb counters match on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Get,
+    List,
+    Watch,
+    Create,
+    Update,
+    Patch,
+    Delete,
+    DeleteCollection,
+}
+
+impl Verb {
+    fn of(method: &Method, named: bool, query: &Query) -> Result<Verb, ApiError> {
+        Ok(match (method, named) {
+            (&Method::GET, false) if is_watch(query) => Verb::Watch,
+            (&Method::GET, false) => Verb::List,
+            (&Method::POST, false) => Verb::Create,
+            (&Method::DELETE, false) => Verb::DeleteCollection,
+            (&Method::GET, true) => Verb::Get,
+            (&Method::PUT, true) => Verb::Update,
+            (&Method::PATCH, true) => Verb::Patch,
+            (&Method::DELETE, true) => Verb::Delete,
+            _ => return Err(ApiError::method_not_allowed()),
+        })
+    }
+}
+
+/// A fully read resource request.
+struct ApiRequest {
+    verb: Verb,
+    target: Target,
+    query: Query,
+    /// The media type without parameters.
+    content_type: String,
+    body: bytes::Bytes,
+}
+
+async fn dispatch(
+    shared: &Arc<Shared>,
+    target: Target,
+    request: Request,
+) -> Result<Response, ApiError> {
+    let query = parse_query(&request);
+    let verb = Verb::of(request.method(), target.name.is_some(), &query)?;
+    let content_type = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    let body = axum::body::to_bytes(request.into_body(), MAX_BODY)
+        .await
+        .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+    let request = ApiRequest {
+        verb,
+        target,
+        query,
+        content_type,
+        body,
+    };
+    match request.target.name.clone() {
+        None => collection(shared, &request),
+        Some(name) => object(shared, &request, &name),
+    }
+}
+
+fn ok(value: Value) -> Result<Response, ApiError> {
+    Ok(json_response(StatusCode::OK, &value))
+}
+
+fn collection(shared: &Arc<Shared>, request: &ApiRequest) -> Result<Response, ApiError> {
+    let (store, target) = (&shared.store, &request.target);
+    let namespace = target.namespace.as_deref();
+    match request.verb {
+        Verb::Watch => watch_response(shared, target, &request.query),
+        Verb::List => {
+            let options = list_options(&target.info, &request.query)?;
+            ok(verbs::list(store, &target.info, namespace, &options)?)
+        }
+        Verb::Create => {
+            let body = parse_json(&request.body)?;
+            let created = verbs::create(store, &target.info, target.namespace(), body)?;
+            Ok(json_response(StatusCode::CREATED, &created))
+        }
+        Verb::DeleteCollection => {
+            let options = list_options(&target.info, &request.query)?;
+            let delete = delete_options(&request.query, &request.body)?;
+            ok(verbs::delete_collection(
+                store,
+                &target.info,
+                namespace,
+                &options,
+                &delete,
+            )?)
+        }
+        _ => Err(ApiError::method_not_allowed()),
+    }
+}
+
+fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Response, ApiError> {
+    let (store, target) = (&shared.store, &request.target);
+    let (info, ns) = (&target.info, target.namespace());
+    match (request.verb, target.subresource.as_deref()) {
+        (Verb::Get, Some("log")) if info.log_subresource => {
+            pod_log(shared, target, name, &request.query)
+        }
+        (_, Some("scale")) => scale(shared, request, name),
+        (Verb::Get, None | Some("status")) => {
+            target.write_part()?;
+            ok(verbs::get(store, info, ns, name)?)
+        }
+        (Verb::Update, _) => {
+            let part = target.write_part()?;
+            ok(verbs::update(
+                store,
+                info,
+                ns,
+                name,
+                parse_json(&request.body)?,
+                part,
+            )?)
+        }
+        (Verb::Patch, _) => {
+            let part = target.write_part()?;
+            let patch_type = patch_type(&request.content_type)?;
+            ok(verbs::patch(
+                store,
+                info,
+                ns,
+                name,
+                patch_type,
+                &request.body,
+                part,
+            )?)
+        }
+        (Verb::Delete, None) => {
+            let options = delete_options(&request.query, &request.body)?;
+            ok(verbs::delete(store, info, ns, name, &options)?)
+        }
+        _ => Err(ApiError::method_not_allowed()),
+    }
+}
+
+fn scale(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Response, ApiError> {
+    let (store, target) = (&shared.store, &request.target);
+    let (info, ns) = (&target.info, target.namespace());
+    match request.verb {
+        Verb::Get => ok(subresources::get_scale(store, info, ns, name)?),
+        Verb::Update => {
+            let scale = parse_json(&request.body)?;
+            let change = ScaleChange::Replace(&scale);
+            ok(subresources::write_scale(store, info, ns, name, change)?)
+        }
+        Verb::Patch => {
+            let change = ScaleChange::Patch(patch_type(&request.content_type)?, &request.body);
+            ok(subresources::write_scale(store, info, ns, name, change)?)
+        }
+        _ => Err(ApiError::method_not_allowed()),
+    }
+}
+
+fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
+}
+
+fn patch_type(content_type: &str) -> Result<PatchType, ApiError> {
+    match content_type {
+        "application/merge-patch+json" => Ok(PatchType::Merge),
+        "application/json-patch+json" => Ok(PatchType::Json),
+        "application/strategic-merge-patch+json" | "application/apply-patch+yaml" => {
+            Err(ApiError::unsupported_media_type(format!(
+                "{content_type} is not supported by this embedded API server yet; use application/merge-patch+json or application/json-patch+json"
+            )))
+        }
+        other => Err(ApiError::unsupported_media_type(format!(
+            "the body of the request was in an unknown format ({other}) - accepted media types include: application/json-patch+json, application/merge-patch+json"
+        ))),
+    }
+}
+
+fn is_watch(query: &Query) -> bool {
+    matches!(query.get("watch").map(String::as_str), Some("true" | "1"))
+}
+
+fn selectors(
+    info: &ResourceInfo,
+    query: &Query,
+) -> Result<(LabelSelector, FieldSelector), ApiError> {
+    let labels = LabelSelector::parse(query.get("labelSelector").map_or("", String::as_str))?;
+    let fields = FieldSelector::parse(
+        query.get("fieldSelector").map_or("", String::as_str),
+        supported_fields(&info.group, &info.plural),
+    )?;
+    Ok((labels, fields))
+}
+
+fn list_options(info: &ResourceInfo, query: &Query) -> Result<ListOptions, ApiError> {
+    let (label_selector, field_selector) = selectors(info, query)?;
+    let limit = match query.get("limit") {
+        Some(l) => Some(
+            l.parse()
+                .map_err(|_| ApiError::bad_request(format!("invalid limit: {l}")))?,
+        ),
+        None => None,
+    };
+    let continue_token = query.get("continue").filter(|c| !c.is_empty()).cloned();
+    Ok(ListOptions {
+        label_selector,
+        field_selector,
+        limit,
+        continue_token,
+    })
+}
+
+fn delete_options(query: &Query, body: &[u8]) -> Result<DeleteOptions, ApiError> {
+    let body: Value = if body.is_empty() {
+        Value::Null
+    } else {
+        parse_json(body)?
+    };
+    let text = |v: &Value| v.as_str().map(String::from);
+    Ok(DeleteOptions {
+        precondition_uid: text(&body["preconditions"]["uid"]),
+        precondition_resource_version: text(&body["preconditions"]["resourceVersion"]),
+        propagation_policy: text(&body["propagationPolicy"])
+            .or_else(|| query.get("propagationPolicy").cloned()),
+    })
+}
+
+fn watch_response(
+    shared: &Arc<Shared>,
+    target: &Target,
+    query: &Query,
+) -> Result<Response, ApiError> {
+    if query.contains_key("sendInitialEvents") {
+        return Err(ApiError::bad_request(
+            "sendInitialEvents is not supported by this server (Kubernetes 1.24)",
+        ));
+    }
+    let (label_selector, field_selector) = selectors(&target.info, query)?;
+    let resource_version = match query.get("resourceVersion").map(String::as_str) {
+        None | Some("") | Some("0") => None,
+        Some(rv) => Some(
+            rv.parse()
+                .map_err(|_| ApiError::bad_request(format!("invalid resource version: {rv}")))?,
+        ),
+    };
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse().ok())
+        .map(Duration::from_secs);
+    let options = WatchOptions {
+        namespace: target.namespace.clone(),
+        label_selector,
+        field_selector,
+        resource_version,
+        bookmarks: query
+            .get("allowWatchBookmarks")
+            .is_some_and(|b| b == "true" || b == "1"),
+        timeout,
+    };
+    let events = watch::stream(
+        shared.store.clone(),
+        target.info.clone(),
+        options,
+        shared.shutdown.clone(),
+    );
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(events))
+        .map_err(|e| ApiError::internal(e.to_string()))
+}
+
+fn pod_log(
+    shared: &Arc<Shared>,
+    target: &Target,
+    name: &str,
+    query: &Query,
+) -> Result<Response, ApiError> {
+    let limit = match query.get("limitBytes") {
+        Some(l) => Some(
+            l.parse()
+                .map_err(|_| ApiError::bad_request(format!("invalid limitBytes: {l}")))?,
+        ),
+        None => None,
+    };
+    let container = query.get("container").map(String::as_str);
+    let text = subresources::pod_log(
+        &shared.store,
+        &target.info,
+        target.namespace(),
+        name,
+        container,
+        limit,
+    )?;
+    Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], text).into_response())
+}

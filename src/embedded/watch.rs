@@ -1,0 +1,190 @@
+//! Watch streams: replay from a resourceVersion (or a synthetic ADDED snapshot), then live events,
+//! filtered by namespace and selectors, with bookmarks, timeouts and the in-stream 410.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use super::discovery::ResourceInfo;
+use super::selectors::{FieldSelector, LabelSelector};
+use super::status::ApiError;
+use super::store::{EventType, Store, StoreEvent, Subscription};
+
+/// How often an idle watch with `allowWatchBookmarks` gets a BOOKMARK.
+pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, Default)]
+pub struct WatchOptions {
+    pub namespace: Option<String>,
+    pub label_selector: LabelSelector,
+    pub field_selector: FieldSelector,
+    /// `None` (absent, "" or "0"): start with ADDED for every current object.
+    pub resource_version: Option<u64>,
+    pub bookmarks: bool,
+    pub timeout: Option<Duration>,
+}
+
+/// One watch connection: what it shows and where it stands.
+struct Watcher {
+    info: ResourceInfo,
+    options: WatchOptions,
+    sink: mpsc::Sender<Result<Bytes, Infallible>>,
+    /// The newest store version this watcher has seen (bookmarks report it).
+    seen: u64,
+}
+
+/// The response body of a watch: one JSON event per line until timeout, shutdown or disconnect.
+pub fn stream(
+    store: Arc<Store>,
+    info: ResourceInfo,
+    options: WatchOptions,
+    shutdown: CancellationToken,
+) -> ReceiverStream<Result<Bytes, Infallible>> {
+    let (sink, body) = mpsc::channel(64);
+    let subscription = match options.resource_version {
+        None => {
+            Ok(store.subscribe_with_snapshot(&info.storage_key(), options.namespace.as_deref()))
+        }
+        Some(since) => store.subscribe_since(since).map_err(|floor| (since, floor)),
+    };
+    let watcher = Watcher {
+        info,
+        options,
+        sink,
+        seen: 0,
+    };
+    tokio::spawn(async move {
+        match subscription {
+            Ok(subscription) => watcher.run(subscription, shutdown).await,
+            Err((since, floor)) => {
+                let message = format!("too old resource version: {since} ({floor})");
+                watcher.send_error(&ApiError::expired(message)).await;
+            }
+        }
+    });
+    ReceiverStream::new(body)
+}
+
+impl Watcher {
+    async fn run(mut self, subscription: Subscription, shutdown: CancellationToken) {
+        let Subscription {
+            backlog,
+            snapshot,
+            mut live,
+            resource_version,
+        } = subscription;
+        self.seen = resource_version;
+        for object in snapshot {
+            if self.matches(&object) && !self.send(EventType::Added.as_str(), object).await {
+                return;
+            }
+        }
+        for event in backlog {
+            if !self.deliver(&event).await {
+                return;
+            }
+        }
+        let deadline = self
+            .options
+            .timeout
+            .map(|t| tokio::time::Instant::now() + t);
+        let mut bookmarks = tokio::time::interval(BOOKMARK_INTERVAL);
+        bookmarks.tick().await;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = sleep_until(deadline) => return,
+                _ = bookmarks.tick(), if self.options.bookmarks => {
+                    if !self.send_bookmark().await {
+                        return;
+                    }
+                }
+                received = live.recv() => match received {
+                    Ok(event) => {
+                        if event.resource_version > self.seen && !self.deliver(&event).await {
+                            return;
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        // Events were lost for this slow watcher: make it relist rather than lie.
+                        let message = format!("too old resource version: {} (watch fell behind)", self.seen);
+                        self.send_error(&ApiError::expired(message)).await;
+                        return;
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                },
+            }
+        }
+    }
+
+    fn matches(&self, object: &Value) -> bool {
+        let namespace = object["metadata"]["namespace"].as_str().unwrap_or("");
+        self.options
+            .namespace
+            .as_deref()
+            .is_none_or(|ns| ns == namespace)
+            && self.options.label_selector.matches(object)
+            && self.options.field_selector.matches(object)
+    }
+
+    /// Sends the event as this watcher sees it; false when the client is gone.
+    async fn deliver(&mut self, event: &StoreEvent) -> bool {
+        self.seen = event.resource_version;
+        if event.resource != self.info.storage_key() {
+            return true;
+        }
+        let now = self.matches(&event.object);
+        let before = event.previous.as_ref().is_some_and(|p| self.matches(p));
+        let shown = match (event.event_type, before, now) {
+            (EventType::Added, _, true) => EventType::Added,
+            (EventType::Deleted, _, true) => EventType::Deleted,
+            (EventType::Modified, true, true) => EventType::Modified,
+            // Entering or leaving the selection looks like creation or deletion to this watcher.
+            (EventType::Modified, false, true) => EventType::Added,
+            (EventType::Modified, true, false) => EventType::Deleted,
+            _ => return true,
+        };
+        self.send(shown.as_str(), event.object.clone()).await
+    }
+
+    async fn send(&self, event_type: &str, mut object: Value) -> bool {
+        object["apiVersion"] = json!(self.info.api_version());
+        object["kind"] = json!(self.info.kind);
+        self.send_line(json!({"type": event_type, "object": object}))
+            .await
+    }
+
+    async fn send_bookmark(&self) -> bool {
+        let object = json!({
+            "kind": self.info.kind,
+            "apiVersion": self.info.api_version(),
+            "metadata": {"resourceVersion": self.seen.to_string()},
+        });
+        self.send_line(json!({"type": "BOOKMARK", "object": object}))
+            .await
+    }
+
+    async fn send_error(&self, error: &ApiError) {
+        self.send_line(json!({"type": "ERROR", "object": error.to_status()}))
+            .await;
+    }
+
+    async fn send_line(&self, line: Value) -> bool {
+        let mut text = line.to_string();
+        text.push('\n');
+        self.sink.send(Ok(Bytes::from(text))).await.is_ok()
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}

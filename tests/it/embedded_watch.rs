@@ -1,0 +1,328 @@
+//! Watches on the embedded API server, including what kube-runtime's watcher and Controller rely on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher::{self, Event};
+use serde_json::json;
+use stackd::embedded::discovery::Resources;
+use stackd::embedded::verbs;
+use tokio::time::timeout;
+
+use crate::harness::{self, configmap, eventually, resource_version};
+
+const WAIT: Duration = Duration::from_secs(5);
+
+fn summary(event: &WatchEvent<ConfigMap>) -> (String, String) {
+    match event {
+        WatchEvent::Added(c) => ("ADDED".into(), c.metadata.name.clone().unwrap_or_default()),
+        WatchEvent::Modified(c) => (
+            "MODIFIED".into(),
+            c.metadata.name.clone().unwrap_or_default(),
+        ),
+        WatchEvent::Deleted(c) => (
+            "DELETED".into(),
+            c.metadata.name.clone().unwrap_or_default(),
+        ),
+        WatchEvent::Bookmark(_) => ("BOOKMARK".into(), String::new()),
+        WatchEvent::Error(e) => ("ERROR".into(), e.reason.clone()),
+    }
+}
+
+#[tokio::test]
+async fn watch_resumed_from_a_resource_version_sees_only_later_events() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api = t.configmaps("ns");
+    api.create(&PostParams::default(), &configmap("before", json!({})))
+        .await
+        .unwrap();
+    let marker = api
+        .create(&PostParams::default(), &configmap("marker", json!({})))
+        .await
+        .unwrap();
+    api.create(&PostParams::default(), &configmap("after", json!({})))
+        .await
+        .unwrap();
+    let params = WatchParams::default().disable_bookmarks().timeout(2);
+    let stream = api
+        .watch(&params, &resource_version(&marker))
+        .await
+        .unwrap();
+    let events: Vec<(String, String)> = stream.map_ok(|e| summary(&e)).try_collect().await.unwrap();
+    assert_eq!(events, vec![("ADDED".to_string(), "after".to_string())]);
+}
+
+#[tokio::test]
+async fn noop_writes_produce_no_watch_event() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api = t.configmaps("ns");
+    let created = api
+        .create(&PostParams::default(), &configmap("c", json!({})))
+        .await
+        .unwrap();
+    api.replace("c", &PostParams::default(), &created)
+        .await
+        .unwrap();
+    api.patch(
+        "c",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "v"}})),
+    )
+    .await
+    .unwrap();
+    api.patch(
+        "c",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "w"}})),
+    )
+    .await
+    .unwrap();
+    let params = WatchParams::default().disable_bookmarks().timeout(1);
+    let stream = api
+        .watch(&params, &resource_version(&created))
+        .await
+        .unwrap();
+    let events: Vec<(String, String)> = stream.map_ok(|e| summary(&e)).try_collect().await.unwrap();
+    assert_eq!(events, vec![("MODIFIED".to_string(), "c".to_string())]);
+}
+
+#[tokio::test]
+async fn object_leaving_a_label_selector_arrives_as_deleted_and_reentering_as_added() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api = t.configmaps("ns");
+    let start = api
+        .create(&PostParams::default(), &configmap("other", json!({})))
+        .await
+        .unwrap();
+    api.create(&PostParams::default(), &configmap("c", json!({"sel": "1"})))
+        .await
+        .unwrap();
+    for value in ["2", "1"] {
+        let relabel = Patch::Merge(json!({"metadata": {"labels": {"sel": value}}}));
+        api.patch("c", &PatchParams::default(), &relabel)
+            .await
+            .unwrap();
+    }
+    let params = WatchParams::default()
+        .disable_bookmarks()
+        .labels("sel=1")
+        .timeout(1);
+    let stream = api.watch(&params, &resource_version(&start)).await.unwrap();
+    let events: Vec<String> = stream
+        .map_ok(|e| summary(&e).0)
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(events, vec!["ADDED", "DELETED", "ADDED"]);
+}
+
+#[tokio::test]
+async fn watch_without_resource_version_starts_with_current_objects_and_bookmarks_arrive() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api = t.configmaps("ns");
+    api.create(&PostParams::default(), &configmap("c", json!({})))
+        .await
+        .unwrap();
+    let params = WatchParams::default().timeout(3);
+    let events: Vec<(String, String)> = api
+        .watch(&params, "0")
+        .await
+        .unwrap()
+        .map_ok(|e| summary(&e))
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(events[0], ("ADDED".to_string(), "c".to_string()));
+    assert!(
+        events.iter().any(|(kind, _)| kind == "BOOKMARK"),
+        "{events:?}"
+    );
+}
+
+/// Writes many configmaps in-process so a watch on secrets falls out of the history window.
+fn flood_configmaps(t: &harness::TestServer, count: usize) {
+    let store = t.server.store();
+    let info = Resources::current(&store)
+        .find("", "v1", "configmaps")
+        .unwrap();
+    for i in 0..count {
+        let cm = json!({"metadata": {"name": format!("flood-{i}")}});
+        verbs::create(&store, &info, "ns", cm).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn too_old_resource_version_gets_an_in_stream_410() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let secrets: Api<Secret> = Api::namespaced(t.client.clone(), "ns");
+    let old = secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "s"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    flood_configmaps(&t, stackd::embedded::store::HISTORY_WINDOW + 10);
+    let mut stream = secrets
+        .watch(&WatchParams::default(), &resource_version(&old))
+        .await
+        .unwrap()
+        .boxed();
+    match timeout(WAIT, stream.next()).await.unwrap() {
+        Some(Ok(WatchEvent::Error(status))) => {
+            assert_eq!((status.code, status.reason.as_str()), (410, "Expired"))
+        }
+        other => panic!("expected an in-stream 410, got {other:?}"),
+    }
+    assert!(
+        timeout(WAIT, stream.next()).await.unwrap().is_none(),
+        "the stream ends after the 410"
+    );
+}
+
+#[tokio::test]
+async fn kube_runtime_watcher_relists_after_a_410_and_recovers() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let secrets: Api<Secret> = Api::namespaced(t.client.clone(), "ns");
+    let secret = |name: &str| -> Secret {
+        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+    };
+    secrets
+        .create(&PostParams::default(), &secret("first"))
+        .await
+        .unwrap();
+    // Short server-side timeouts make the watcher re-watch from its last (now too old) version.
+    let config = watcher::Config::default().disable_bookmarks().timeout(1);
+    let mut events = watcher::watcher(secrets.clone(), config).boxed();
+    let mut inits = 0;
+    while inits < 1 {
+        if let Event::InitDone = timeout(WAIT, events.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+        {
+            inits += 1;
+        }
+    }
+    flood_configmaps(&t, stackd::embedded::store::HISTORY_WINDOW + 10);
+    let mut relisted = Vec::new();
+    loop {
+        match timeout(WAIT, events.next())
+            .await
+            .expect("watcher keeps going")
+            .unwrap()
+        {
+            Ok(Event::InitApply(s)) => relisted.push(s.metadata.name.unwrap()),
+            Ok(Event::InitDone) => break,
+            Ok(Event::Apply(_)) | Ok(Event::Delete(_)) => panic!("no secret changed"),
+            Ok(Event::Init) | Err(_) => {}
+        }
+    }
+    assert_eq!(relisted, vec!["first"]);
+    secrets
+        .create(&PostParams::default(), &secret("second"))
+        .await
+        .unwrap();
+    loop {
+        if let Ok(Event::Apply(s)) = timeout(WAIT, events.next()).await.unwrap().unwrap() {
+            assert_eq!(s.metadata.name.as_deref(), Some("second"));
+            break;
+        }
+    }
+}
+
+#[tokio::test]
+async fn idle_watcher_issues_no_requests_beyond_its_open_watch() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let mut events = watcher::watcher(t.configmaps("ns"), watcher::Config::default()).boxed();
+    while !matches!(
+        timeout(WAIT, events.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap(),
+        Event::InitDone
+    ) {}
+    let drive = tokio::spawn(async move { while events.next().await.is_some() {} });
+    // Let the watch request itself arrive before counting.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = t.server.request_count();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        t.server.request_count(),
+        before,
+        "an idle watcher only holds its watch open"
+    );
+    drive.abort();
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+struct ReconcileError(#[from] kube::Error);
+
+async fn mark_seen(cm: Arc<ConfigMap>, api: Arc<Api<ConfigMap>>) -> Result<Action, ReconcileError> {
+    let name = cm.metadata.name.clone().unwrap_or_default();
+    let seen = Patch::Merge(json!({"metadata": {"annotations": {"test.stackd.dev/seen": "yes"}}}));
+    api.patch(&name, &PatchParams::default(), &seen).await?;
+    Ok(Action::await_change())
+}
+
+#[tokio::test]
+async fn kube_runtime_controller_reconciles_against_the_embedded_server() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api = t.configmaps("ns");
+    let controller = Controller::new(api.clone(), watcher::Config::default())
+        .run(
+            mark_seen,
+            |_, _, _| Action::requeue(Duration::from_secs(1)),
+            Arc::new(api.clone()),
+        )
+        .for_each(|_| async {});
+    let running = tokio::spawn(controller);
+    api.create(&PostParams::default(), &configmap("c", json!({})))
+        .await
+        .unwrap();
+    eventually("configmap reconciled", || async {
+        let cm = api.get("c").await.unwrap();
+        cm.metadata
+            .annotations
+            .is_some_and(|a| a.contains_key("test.stackd.dev/seen"))
+    })
+    .await;
+    running.abort();
+}
+
+#[tokio::test]
+async fn shutdown_closes_open_watches() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let mut stream = t
+        .configmaps("ns")
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    let harness::TestServer { server, .. } = t;
+    timeout(WAIT, server.shutdown()).await.unwrap();
+    let ended = timeout(WAIT, async {
+        while let Some(Ok(_)) = stream.next().await {}
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "watch stream ends when the server shuts down"
+    );
+}
