@@ -32,16 +32,8 @@ pub fn validate_crd(crd: &Value) -> Vec<Cause> {
             "must be spec.names.plural+\".\"+spec.group",
         ));
     }
-    let versions = spec["versions"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    if versions
-        .iter()
-        .filter(|v| v["storage"].as_bool() == Some(true))
-        .count()
-        != 1
-    {
+    let versions = spec["versions"].as_array().map(Vec::as_slice).unwrap_or_default();
+    if versions.iter().filter(|v| v["storage"].as_bool() == Some(true)).count() != 1 {
         causes.push(Cause::invalid(
             "spec.versions",
             &json!(versions.len()),
@@ -84,15 +76,8 @@ pub fn establish_crd(crd: &mut Value) {
 /// A changed CRD gets fresh accepted names; `storedVersions` only ever grows.
 pub fn reestablish_crd(old: &Value, new: &mut Value) {
     establish_crd(new);
-    let mut stored: Vec<Value> = old["status"]["storedVersions"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    for version in new["status"]["storedVersions"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-    {
+    let mut stored: Vec<Value> = old["status"]["storedVersions"].as_array().cloned().unwrap_or_default();
+    for version in new["status"]["storedVersions"].as_array().cloned().unwrap_or_default() {
         if !stored.contains(&version) {
             stored.push(version);
         }

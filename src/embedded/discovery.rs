@@ -50,9 +50,7 @@ impl ResourceInfo {
     }
 
     fn verbs(&self) -> Vec<&'static str> {
-        let mut verbs = vec![
-            "create", "delete", "get", "list", "patch", "update", "watch",
-        ];
+        let mut verbs = vec!["create", "delete", "get", "list", "patch", "update", "watch"];
         if self.plural != "namespaces" {
             verbs.insert(1, "deletecollection");
         }
@@ -161,9 +159,7 @@ const BUILTINS: &[Builtin] = &[
     builtin("", "v1", "services", "Service", true, &["svc"])
         .in_all()
         .with_status(),
-    builtin("", "v1", "pods", "Pod", true, &["po"])
-        .in_all()
-        .with_status(),
+    builtin("", "v1", "pods", "Pod", true, &["po"]).in_all().with_status(),
     builtin("", "v1", "events", "Event", true, &["ev"]),
     builtin("events.k8s.io", "v1", "events", "Event", true, &["ev"]),
     builtin("batch", "v1", "jobs", "Job", true, &[])
@@ -180,14 +176,7 @@ const BUILTINS: &[Builtin] = &[
         .with_status()
         .with_scale()
         .with_generation(),
-    builtin(
-        "rbac.authorization.k8s.io",
-        "v1",
-        "roles",
-        "Role",
-        true,
-        &[],
-    ),
+    builtin("rbac.authorization.k8s.io", "v1", "roles", "Role", true, &[]),
     builtin(
         "rbac.authorization.k8s.io",
         "v1",
@@ -239,11 +228,7 @@ fn builtin_info(b: &Builtin) -> ResourceInfo {
         kind: b.kind.into(),
         namespaced: b.namespaced,
         short_names: b.short_names.iter().map(|s| s.to_string()).collect(),
-        categories: if b.all_category {
-            vec!["all".into()]
-        } else {
-            vec![]
-        },
+        categories: if b.all_category { vec!["all".into()] } else { vec![] },
         status_subresource: b.status,
         scale,
         log_subresource: b.plural == "pods",
@@ -255,11 +240,7 @@ fn builtin_info(b: &Builtin) -> ResourceInfo {
 fn strings(value: &Value) -> Vec<String> {
     value
         .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|s| s.as_str().map(String::from))
-                .collect()
-        })
+        .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
         .unwrap_or_default()
 }
 
@@ -267,11 +248,9 @@ fn strings(value: &Value) -> Vec<String> {
 pub fn crd_resources(crd: &Value) -> Vec<ResourceInfo> {
     let spec = &crd["spec"];
     let names = &spec["names"];
-    let (Some(group), Some(plural), Some(kind)) = (
-        spec["group"].as_str(),
-        names["plural"].as_str(),
-        names["kind"].as_str(),
-    ) else {
+    let (Some(group), Some(plural), Some(kind)) =
+        (spec["group"].as_str(), names["plural"].as_str(), names["kind"].as_str())
+    else {
         return Vec::new();
     };
     let versions = spec["versions"].as_array().cloned().unwrap_or_default();
@@ -281,14 +260,8 @@ pub fn crd_resources(crd: &Value) -> Vec<ResourceInfo> {
         .filter_map(|v| {
             let subresources = &v["subresources"];
             let scale = subresources.get("scale").map(|s| ScalePaths {
-                spec_replicas: s["specReplicasPath"]
-                    .as_str()
-                    .unwrap_or(".spec.replicas")
-                    .into(),
-                status_replicas: s["statusReplicasPath"]
-                    .as_str()
-                    .unwrap_or(".status.replicas")
-                    .into(),
+                spec_replicas: s["specReplicasPath"].as_str().unwrap_or(".spec.replicas").into(),
+                status_replicas: s["statusReplicasPath"].as_str().unwrap_or(".status.replicas").into(),
                 label_selector: s["labelSelectorPath"].as_str().map(String::from),
             });
             let schema = v["schema"].get("openAPIV3Schema").cloned().map(Arc::new);
@@ -318,10 +291,7 @@ fn version_priority(version: &str) -> (u8, u32, u32, String) {
     let re = regex::Regex::new(r"^v(\d+)(?:(alpha|beta)(\d+))?$");
     if let Some(caps) = re.ok().and_then(|re| re.captures(version)) {
         let major: u32 = caps[1].parse().unwrap_or(0);
-        let minor: u32 = caps
-            .get(3)
-            .and_then(|m| m.as_str().parse().ok())
-            .unwrap_or(0);
+        let minor: u32 = caps.get(3).and_then(|m| m.as_str().parse().ok()).unwrap_or(0);
         let stage = match caps.get(2).map(|m| m.as_str()) {
             None => 3,
             Some("beta") => 2,
@@ -353,10 +323,7 @@ impl ResourceTable {
 
     pub fn current(&self) -> Arc<Resources> {
         let version = self.store.last_change(&crd_key());
-        let mut cached = self
-            .cached
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut cached = self.cached.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some((built_at, resources)) = cached.as_ref()
             && *built_at == version
         {
@@ -478,10 +445,7 @@ mod tests {
     fn ga_versions_are_preferred_over_beta_and_alpha() {
         let mut versions = vec!["v1alpha1", "v2beta1", "v1", "v1beta2", "foo"];
         versions.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
-        assert_eq!(
-            versions,
-            vec!["v1", "v2beta1", "v1beta2", "v1alpha1", "foo"]
-        );
+        assert_eq!(versions, vec!["v1", "v2beta1", "v1beta2", "v1alpha1", "foo"]);
     }
 
     #[test]

@@ -90,8 +90,7 @@ pub fn collect(store: &Store, resources: &Resources) {
             }
         }
     }
-    let info_of =
-        |resource: &GroupResource| resources.all.iter().find(|r| r.storage_key() == *resource);
+    let info_of = |resource: &GroupResource| resources.all.iter().find(|r| r.storage_key() == *resource);
     let background = DeleteOptions {
         propagation_policy: Some("Background".into()),
         ..Default::default()
@@ -101,88 +100,59 @@ pub fn collect(store: &Store, resources: &Resources) {
             continue;
         };
         let owners = object.owner_uids();
-        if !owners.is_empty()
-            && !object.is_deleting()
-            && owners.iter().all(|uid| !existing.contains(uid.as_str()))
-        {
+        if !owners.is_empty() && !object.is_deleting() && owners.iter().all(|uid| !existing.contains(uid.as_str())) {
             let _ = verbs::delete(store, info, &object.namespace, &object.name, &background);
             continue;
         }
         if !object.is_deleting() {
             continue;
         }
-        let mine = dependents
-            .get(object.uid())
-            .map(Vec::as_slice)
-            .unwrap_or_default();
+        let mine = dependents.get(object.uid()).map(Vec::as_slice).unwrap_or_default();
         let held_by = finalizers(&object.object);
         if held_by.iter().any(|f| f == ORPHAN_FINALIZER) {
             for dependent in mine {
                 drop_owner_reference(store, dependent, object.uid());
             }
-            let _ = verbs::remove_finalizer(
-                store,
-                info,
-                &object.namespace,
-                &object.name,
-                ORPHAN_FINALIZER,
-            );
+            let _ = verbs::remove_finalizer(store, info, &object.namespace, &object.name, ORPHAN_FINALIZER);
         } else if held_by.iter().any(|f| f == FOREGROUND_FINALIZER) {
             for dependent in mine.iter().filter(|d| !d.is_deleting()) {
                 if let Some(dep_info) = info_of(&dependent.resource) {
-                    let _ = verbs::delete(
-                        store,
-                        dep_info,
-                        &dependent.namespace,
-                        &dependent.name,
-                        &background,
-                    );
+                    let _ = verbs::delete(store, dep_info, &dependent.namespace, &dependent.name, &background);
                 }
             }
             if mine.is_empty() {
-                let _ = verbs::remove_finalizer(
-                    store,
-                    info,
-                    &object.namespace,
-                    &object.name,
-                    FOREGROUND_FINALIZER,
-                );
+                let _ = verbs::remove_finalizer(store, info, &object.namespace, &object.name, FOREGROUND_FINALIZER);
             }
         }
     }
 }
 
 fn drop_owner_reference(store: &Store, dependent: &Located, owner_uid: &str) {
-    let _ = store.write(
-        &dependent.resource,
-        &dependent.namespace,
-        &dependent.name,
-        |current| {
-            let Some(current) = current else {
-                return Ok(Write::Unchanged(Value::Null));
-            };
-            let mut updated = current.clone();
-            let kept: Vec<Value> = current["metadata"]["ownerReferences"]
-                .as_array()
-                .map(|refs| {
-                    refs.iter()
-                        .filter(|r| r["uid"].as_str() != Some(owner_uid))
-                        .cloned()
-                        .collect()
-                })
-                .unwrap_or_default();
-            if kept.is_empty() {
-                if let Some(meta) = updated["metadata"].as_object_mut() {
-                    meta.remove("ownerReferences");
-                }
-            } else {
-                updated["metadata"]["ownerReferences"] = json!(kept);
-            }
-            Ok(if updated == *current {
-                Write::Unchanged(updated)
-            } else {
-                Write::Put(updated)
+    let _ = store.write(&dependent.resource, &dependent.namespace, &dependent.name, |current| {
+        let Some(current) = current else {
+            return Ok(Write::Unchanged(Value::Null));
+        };
+        let mut updated = current.clone();
+        let kept: Vec<Value> = current["metadata"]["ownerReferences"]
+            .as_array()
+            .map(|refs| {
+                refs.iter()
+                    .filter(|r| r["uid"].as_str() != Some(owner_uid))
+                    .cloned()
+                    .collect()
             })
-        },
-    );
+            .unwrap_or_default();
+        if kept.is_empty() {
+            if let Some(meta) = updated["metadata"].as_object_mut() {
+                meta.remove("ownerReferences");
+            }
+        } else {
+            updated["metadata"]["ownerReferences"] = json!(kept);
+        }
+        Ok(if updated == *current {
+            Write::Unchanged(updated)
+        } else {
+            Write::Put(updated)
+        })
+    });
 }

@@ -81,12 +81,8 @@ async fn serve(shared: &Arc<Shared>, request: Request) -> Result<Response, ApiEr
         ["version"] => only_get(&request).and_then(|_| ok(version_info())),
         ["api"] => only_get(&request).and_then(|_| ok(core_versions(&shared.address))),
         ["apis"] => only_get(&request).and_then(|_| ok(resources.api_group_list())),
-        ["api", "v1"] => {
-            only_get(&request).and_then(|_| ok(discovery(resources.resource_list("", "v1"))?))
-        }
-        ["apis", group] => {
-            only_get(&request).and_then(|_| ok(discovery(resources.api_group(group))?))
-        }
+        ["api", "v1"] => only_get(&request).and_then(|_| ok(discovery(resources.resource_list("", "v1"))?)),
+        ["apis", group] => only_get(&request).and_then(|_| ok(discovery(resources.api_group(group))?)),
         ["apis", group, version] => {
             only_get(&request).and_then(|_| ok(discovery(resources.resource_list(group, version))?))
         }
@@ -106,12 +102,7 @@ fn discovery(document: Option<Value>) -> Result<Value, ApiError> {
     document.ok_or_else(ApiError::path_not_found)
 }
 
-fn resolve(
-    resources: &Resources,
-    group: &str,
-    version: &str,
-    rest: &[&str],
-) -> Result<Target, ApiError> {
+fn resolve(resources: &Resources, group: &str, version: &str, rest: &[&str]) -> Result<Target, ApiError> {
     let find = |plural: &str| {
         resources
             .find(group, version, plural)
@@ -222,11 +213,7 @@ struct ApiRequest {
     body: bytes::Bytes,
 }
 
-async fn dispatch(
-    shared: &Arc<Shared>,
-    target: Target,
-    request: Request,
-) -> Result<Response, ApiError> {
+async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Result<Response, ApiError> {
     let query = parse_query(&request);
     let verb = Verb::of(request.method(), target.name.is_some(), &query)?;
     let content_type = request
@@ -290,9 +277,7 @@ fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Resp
     let (store, target) = (&shared.store, &request.target);
     let (info, ns) = (&target.info, target.namespace());
     match (request.verb, target.subresource.as_deref()) {
-        (Verb::Get, Some("log")) if info.log_subresource => {
-            pod_log(shared, target, name, &request.query)
-        }
+        (Verb::Get, Some("log")) if info.log_subresource => pod_log(shared, target, name, &request.query),
         (_, Some("scale")) => scale(shared, request, name),
         (Verb::Get, None | Some("status")) => {
             target.write_part()?;
@@ -300,27 +285,12 @@ fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Resp
         }
         (Verb::Update, _) => {
             let part = target.write_part()?;
-            ok(verbs::update(
-                store,
-                info,
-                ns,
-                name,
-                parse_json(&request.body)?,
-                part,
-            )?)
+            ok(verbs::update(store, info, ns, name, parse_json(&request.body)?, part)?)
         }
         (Verb::Patch, _) => {
             let part = target.write_part()?;
             let patch_type = patch_type(&request.content_type)?;
-            ok(verbs::patch(
-                store,
-                info,
-                ns,
-                name,
-                patch_type,
-                &request.body,
-                part,
-            )?)
+            ok(verbs::patch(store, info, ns, name, patch_type, &request.body, part)?)
         }
         (Verb::Delete, None) => {
             let options = delete_options(&request.query, &request.body)?;
@@ -349,8 +319,7 @@ fn scale(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Respo
 }
 
 fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
 }
 
 fn patch_type(content_type: &str) -> Result<PatchType, ApiError> {
@@ -372,10 +341,7 @@ fn is_watch(query: &Query) -> bool {
     matches!(query.get("watch").map(String::as_str), Some("true" | "1"))
 }
 
-fn selectors(
-    info: &ResourceInfo,
-    query: &Query,
-) -> Result<(LabelSelector, FieldSelector), ApiError> {
+fn selectors(info: &ResourceInfo, query: &Query) -> Result<(LabelSelector, FieldSelector), ApiError> {
     let labels = LabelSelector::parse(query.get("labelSelector").map_or("", String::as_str))?;
     let fields = FieldSelector::parse(
         query.get("fieldSelector").map_or("", String::as_str),
@@ -412,16 +378,11 @@ fn delete_options(query: &Query, body: &[u8]) -> Result<DeleteOptions, ApiError>
     Ok(DeleteOptions {
         precondition_uid: text(&body["preconditions"]["uid"]),
         precondition_resource_version: text(&body["preconditions"]["resourceVersion"]),
-        propagation_policy: text(&body["propagationPolicy"])
-            .or_else(|| query.get("propagationPolicy").cloned()),
+        propagation_policy: text(&body["propagationPolicy"]).or_else(|| query.get("propagationPolicy").cloned()),
     })
 }
 
-fn watch_response(
-    shared: &Arc<Shared>,
-    target: &Target,
-    query: &Query,
-) -> Result<Response, ApiError> {
+fn watch_response(shared: &Arc<Shared>, target: &Target, query: &Query) -> Result<Response, ApiError> {
     if query.contains_key("sendInitialEvents") {
         return Err(ApiError::bad_request(
             "sendInitialEvents is not supported by this server (Kubernetes 1.24)",
@@ -462,12 +423,7 @@ fn watch_response(
         .map_err(|e| ApiError::internal(e.to_string()))
 }
 
-fn pod_log(
-    shared: &Arc<Shared>,
-    target: &Target,
-    name: &str,
-    query: &Query,
-) -> Result<Response, ApiError> {
+fn pod_log(shared: &Arc<Shared>, target: &Target, name: &str, query: &Query) -> Result<Response, ApiError> {
     let limit = match query.get("limitBytes") {
         Some(l) => Some(
             l.parse()
@@ -476,13 +432,6 @@ fn pod_log(
         None => None,
     };
     let container = query.get("container").map(String::as_str);
-    let text = subresources::pod_log(
-        &shared.store,
-        &target.info,
-        target.namespace(),
-        name,
-        container,
-        limit,
-    )?;
+    let text = subresources::pod_log(&shared.store, &target.info, target.namespace(), name, container, limit)?;
     Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], text).into_response())
 }

@@ -30,9 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::http::HeaderMap;
-use kube::config::{
-    AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
-};
+use kube::config::{AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -116,9 +114,7 @@ impl ApiServer {
             shutdown: CancellationToken::new(),
             requests: AtomicU64::new(0),
         });
-        let router = axum::Router::new()
-            .fallback(http::handle)
-            .with_state(shared.clone());
+        let router = axum::Router::new().fallback(http::handle).with_state(shared.clone());
         let stop = shared.shutdown.clone();
         let (server, url, ca_pem) = if options.tls {
             let cert = tls::generate(&options.name).map_err(Error::Certificate)?;
@@ -126,16 +122,14 @@ impl ApiServer {
                 listener,
                 acceptor: tokio_rustls::TlsAcceptor::from(cert.config),
             };
-            let serve =
-                axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned());
+            let serve = axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned());
             (
                 tokio::spawn(async move { log_exit(serve.await) }),
                 format!("https://{address}"),
                 Some(cert.ca_pem),
             )
         } else {
-            let serve =
-                axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned());
+            let serve = axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned());
             (
                 tokio::spawn(async move { log_exit(serve.await) }),
                 format!("http://{address}"),
@@ -177,9 +171,7 @@ impl ApiServer {
 
     /// Makes `GET .../pods/<pod>/log?container=<container>` return `text`.
     pub fn set_pod_log(&self, namespace: &str, pod: &str, container: &str, text: &str) {
-        self.shared
-            .store
-            .set_pod_log(namespace, pod, container, text);
+        self.shared.store.set_pod_log(namespace, pod, container, text);
     }
 
     /// HTTP requests received so far (every path, including health and refused ones).
@@ -241,8 +233,7 @@ impl ApiServer {
         let config = kube::Config::from_custom_kubeconfig(self.kubeconfig(), &options)
             .await
             .unwrap_or_else(|e| panic!("the embedded server's own kubeconfig is unusable: {e}"));
-        kube::Client::try_from(config)
-            .unwrap_or_else(|e| panic!("building a client for the embedded server: {e}"))
+        kube::Client::try_from(config).unwrap_or_else(|e| panic!("building a client for the embedded server: {e}"))
     }
 
     /// Stops serving: open watches end, connections close.

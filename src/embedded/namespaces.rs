@@ -77,9 +77,7 @@ fn finalize(store: &Store, namespace: &str) {
         };
         let mut done = current.clone();
         done["spec"]["finalizers"] = json!([]);
-        let held = done["metadata"]["finalizers"]
-            .as_array()
-            .is_some_and(|f| !f.is_empty());
+        let held = done["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty());
         Ok(match held {
             false => Write::Remove(done),
             true if done == *current => Write::Unchanged(done),

@@ -12,11 +12,7 @@ pub enum PatchType {
 }
 
 /// Applies a merge or JSON patch to `target` with apiserver semantics.
-pub fn apply_patch(
-    target: &mut Value,
-    patch_type: PatchType,
-    patch: &[u8],
-) -> Result<(), ApiError> {
+pub fn apply_patch(target: &mut Value, patch_type: PatchType, patch: &[u8]) -> Result<(), ApiError> {
     match patch_type {
         PatchType::Merge => {
             let patch: Value = serde_json::from_slice(patch)
@@ -36,16 +32,10 @@ pub fn apply_patch(
 }
 
 /// One JSON-patch operation; `test` of a missing path compares against null, as Go's library does.
-fn apply_json_operation(
-    target: &mut Value,
-    operation: &json_patch::PatchOperation,
-) -> Result<(), ApiError> {
+fn apply_json_operation(target: &mut Value, operation: &json_patch::PatchOperation) -> Result<(), ApiError> {
     let invalid = |message: String| ApiError::new(422, "Invalid", message);
     if let json_patch::PatchOperation::Test(test) = operation {
-        let actual = target
-            .pointer(test.path.as_str())
-            .cloned()
-            .unwrap_or(Value::Null);
+        let actual = target.pointer(test.path.as_str()).cloned().unwrap_or(Value::Null);
         if actual != test.value {
             return Err(invalid(format!(
                 "the server rejected our request due to an error in our request: testing value {} failed",
@@ -78,11 +68,6 @@ mod tests {
     fn failing_json_patch_test_is_invalid() {
         let mut target = json!({"data": {"k": "v2"}});
         let patch = br#"[{"op":"test","path":"/data/k","value":"nope"}]"#;
-        assert_eq!(
-            apply_patch(&mut target, PatchType::Json, patch)
-                .unwrap_err()
-                .code,
-            422
-        );
+        assert_eq!(apply_patch(&mut target, PatchType::Json, patch).unwrap_err().code, 422);
     }
 }

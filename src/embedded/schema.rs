@@ -36,9 +36,7 @@ fn prune_value(schema: &Value, value: &mut Value) {
         Value::Object(map) => prune_object(schema, map),
         Value::Array(items) => {
             if let Some(item_schema) = schema.get("items") {
-                items
-                    .iter_mut()
-                    .for_each(|item| prune_value(item_schema, item));
+                items.iter_mut().for_each(|item| prune_value(item_schema, item));
             }
         }
         _ => {}
@@ -48,17 +46,14 @@ fn prune_value(schema: &Value, value: &mut Value) {
 fn prune_object(schema: &Value, map: &mut Map<String, Value>) {
     let properties = schema["properties"].as_object();
     let additional = schema.get("additionalProperties").filter(|a| a.is_object());
-    let preserve =
-        preserves_unknown(schema) || schema["additionalProperties"].as_bool() == Some(true);
+    let preserve = preserves_unknown(schema) || schema["additionalProperties"].as_bool() == Some(true);
     // An embedded object keeps its own type and metadata, whatever its schema lists.
     let embedded = schema["x-kubernetes-embedded-resource"].as_bool() == Some(true);
     map.retain(|key, child| {
         let child_schema = properties.and_then(|p| p.get(key)).or(additional);
         match child_schema {
             Some(s) => !(child.is_null() && s["nullable"].as_bool() != Some(true)),
-            None => {
-                preserve || (embedded && matches!(key.as_str(), "apiVersion" | "kind" | "metadata"))
-            }
+            None => preserve || (embedded && matches!(key.as_str(), "apiVersion" | "kind" | "metadata")),
         }
     });
     for (key, child) in map.iter_mut() {
@@ -86,15 +81,12 @@ fn default_value(schema: &Value, value: &mut Value) {
                 }
             }
             if let Some(additional) = schema.get("additionalProperties").filter(|a| a.is_object()) {
-                map.values_mut()
-                    .for_each(|child| default_value(additional, child));
+                map.values_mut().for_each(|child| default_value(additional, child));
             }
         }
         Value::Array(items) => {
             if let Some(item_schema) = schema.get("items") {
-                items
-                    .iter_mut()
-                    .for_each(|item| default_value(item_schema, item));
+                items.iter_mut().for_each(|item| default_value(item_schema, item));
             }
         }
         _ => {}
@@ -368,21 +360,14 @@ fn validate_list_type(schema: &Value, items: &[Value], path: &str, causes: &mut 
             _ => item.clone(),
         }
     };
-    if !matches!(
-        schema["x-kubernetes-list-type"].as_str(),
-        Some("map") | Some("set")
-    ) {
+    if !matches!(schema["x-kubernetes-list-type"].as_str(), Some("map") | Some("set")) {
         return;
     }
     let mut seen: Vec<Value> = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let id = identity(item);
         if seen.contains(&id) {
-            let shown = if keys.len() == 1 {
-                id[0].clone()
-            } else {
-                id.clone()
-            };
+            let shown = if keys.len() == 1 { id[0].clone() } else { id.clone() };
             causes.push(Cause::other(
                 "FieldValueDuplicate",
                 &format!("{path}[{i}]"),
@@ -437,10 +422,7 @@ mod tests {
     fn enum_pattern_minimum_and_type_violations_are_reported() {
         let obj = json!({"spec": {"size": 0, "mode": "c", "mac": "zz", "port": 1.5}});
         let causes = validate(&schema(), &obj);
-        let fields: Vec<(&str, &str)> = causes
-            .iter()
-            .map(|c| (c.field.as_str(), c.reason))
-            .collect();
+        let fields: Vec<(&str, &str)> = causes.iter().map(|c| (c.field.as_str(), c.reason)).collect();
         assert_eq!(
             fields,
             vec![
@@ -473,7 +455,8 @@ mod tests {
     fn embedded_resources_keep_their_type_and_metadata() {
         let s = json!({"type": "object", "properties": {"template": {"type": "object",
             "x-kubernetes-embedded-resource": true, "properties": {"spec": {"type": "object"}}}}});
-        let mut obj = json!({"template": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}, "junk": 1}});
+        let mut obj =
+            json!({"template": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}, "junk": 1}});
         prune_and_default(&s, &mut obj);
         assert_eq!(
             obj["template"],

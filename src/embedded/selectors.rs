@@ -30,12 +30,10 @@ pub struct LabelSelector {
     requirements: Vec<Requirement>,
 }
 
-static SET_TERM: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^([^\s!=(),]+)\s+(in|notin)\s*\(([^()]*)\)$").unwrap_or_else(|e| panic!("{e}"))
-});
-static KEY: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$").unwrap_or_else(|e| panic!("{e}"))
-});
+static SET_TERM: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^([^\s!=(),]+)\s+(in|notin)\s*\(([^()]*)\)$").unwrap_or_else(|e| panic!("{e}")));
+static KEY: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$").unwrap_or_else(|e| panic!("{e}")));
 
 /// Splits on commas that are not inside parentheses (`app in (a,b),tier`).
 fn split_terms(selector: &str) -> Vec<String> {
@@ -120,11 +118,7 @@ impl LabelSelector {
             if let Some((key, value)) = term.split_once(token) {
                 let key = checked_key(key, term)?;
                 let values = vec![value.trim().to_string()];
-                return Ok(Requirement {
-                    key,
-                    operator,
-                    values,
-                });
+                return Ok(Requirement { key, operator, values });
             }
         }
         let key = checked_key(term, term)?;
@@ -182,9 +176,7 @@ impl FieldSelector {
             let field = field.trim();
             let known = field == "metadata.name" || field == "metadata.namespace";
             if !known && !supported.contains(&field) {
-                return Err(ApiError::bad_request(format!(
-                    "field label not supported: {field}"
-                )));
+                return Err(ApiError::bad_request(format!("field label not supported: {field}")));
             }
             requirements.push((field.to_string(), equal, value.trim().to_string()));
         }

@@ -98,18 +98,13 @@ impl ApiError {
     /// `configmaps "x" not found`; `qualified` is `resource[.group]`.
     pub fn not_found(group: &str, resource: &str, name: &str) -> ApiError {
         let qualified = qualified(group, resource);
-        ApiError::new(404, "NotFound", format!("{qualified} \"{name}\" not found"))
-            .with_details(name, group, resource)
+        ApiError::new(404, "NotFound", format!("{qualified} \"{name}\" not found")).with_details(name, group, resource)
     }
 
     pub fn already_exists(group: &str, resource: &str, name: &str) -> ApiError {
         let qualified = qualified(group, resource);
-        ApiError::new(
-            409,
-            "AlreadyExists",
-            format!("{qualified} \"{name}\" already exists"),
-        )
-        .with_details(name, group, resource)
+        ApiError::new(409, "AlreadyExists", format!("{qualified} \"{name}\" already exists"))
+            .with_details(name, group, resource)
     }
 
     pub fn conflict(group: &str, resource: &str, name: &str, why: &str) -> ApiError {
@@ -133,12 +128,8 @@ impl ApiError {
 
     pub fn forbidden(group: &str, resource: &str, name: &str, why: &str) -> ApiError {
         let qualified = qualified(group, resource);
-        ApiError::new(
-            403,
-            "Forbidden",
-            format!("{qualified} \"{name}\" is forbidden: {why}"),
-        )
-        .with_details(name, group, resource)
+        ApiError::new(403, "Forbidden", format!("{qualified} \"{name}\" is forbidden: {why}"))
+            .with_details(name, group, resource)
     }
 
     /// 422 with field causes; `kind` is the object's Kind, as the real server reports it.
@@ -148,12 +139,8 @@ impl ApiError {
             [one] => one.clone(),
             many => format!("[{}]", many.join(", ")),
         };
-        let mut err = ApiError::new(
-            422,
-            "Invalid",
-            format!("{kind} \"{name}\" is invalid: {summary}"),
-        )
-        .with_details(name, group, kind);
+        let mut err = ApiError::new(422, "Invalid", format!("{kind} \"{name}\" is invalid: {summary}"))
+            .with_details(name, group, kind);
         err.details["causes"] = causes
             .iter()
             .map(|c| json!({ "reason": c.reason, "message": c.message, "field": c.field }))
@@ -166,11 +153,7 @@ impl ApiError {
     }
 
     pub fn path_not_found() -> ApiError {
-        ApiError::new(
-            404,
-            "NotFound",
-            "the server could not find the requested resource",
-        )
+        ApiError::new(404, "NotFound", "the server could not find the requested resource")
     }
 
     pub fn method_not_allowed() -> ApiError {

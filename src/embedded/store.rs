@@ -126,9 +126,7 @@ impl Store {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave a map half-written (all writes are single
         // inserts), so a poisoned lock is still consistent.
-        self.inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     pub fn resource_version(&self) -> u64 {
@@ -153,10 +151,7 @@ impl Store {
     /// with the resourceVersion the list is consistent at.
     pub fn list(&self, resource: &GroupResource, namespace: Option<&str>) -> (Vec<Value>, u64) {
         let inner = self.lock();
-        (
-            Self::select(&inner, resource, namespace),
-            inner.resource_version,
-        )
+        (Self::select(&inner, resource, namespace), inner.resource_version)
     }
 
     fn select(inner: &Inner, resource: &GroupResource, namespace: Option<&str>) -> Vec<Value> {
@@ -216,11 +211,7 @@ impl Store {
     {
         let mut inner = self.lock();
         let key = (namespace.to_string(), name.to_string());
-        let current = inner
-            .objects
-            .get(resource)
-            .and_then(|m| m.get(&key))
-            .cloned();
+        let current = inner.objects.get(resource).and_then(|m| m.get(&key)).cloned();
         match decide(current.as_ref())? {
             Write::Unchanged(obj) => Ok((obj, false)),
             Write::Put(mut obj) => {
@@ -242,17 +233,9 @@ impl Store {
             }
             Write::Remove(mut obj) => {
                 if current.is_none() {
-                    return Err(ApiError::not_found(
-                        &resource.group,
-                        &resource.resource,
-                        name,
-                    ));
+                    return Err(ApiError::not_found(&resource.group, &resource.resource, name));
                 }
-                inner
-                    .objects
-                    .entry(resource.clone())
-                    .or_default()
-                    .remove(&key);
+                inner.objects.entry(resource.clone()).or_default().remove(&key);
                 inner.resource_version += 1;
                 let rv = inner.resource_version;
                 obj["metadata"]["resourceVersion"] = Value::String(rv.to_string());
@@ -277,9 +260,7 @@ impl Store {
             object,
             previous,
         });
-        inner
-            .last_change
-            .insert(resource.clone(), inner.resource_version);
+        inner.last_change.insert(resource.clone(), inner.resource_version);
         inner.history.push_back(event.clone());
         while inner.history.len() > HISTORY_WINDOW {
             if let Some(old) = inner.history.pop_front() {
@@ -312,11 +293,7 @@ impl Store {
     }
 
     /// Subscribe with a snapshot of the current objects (watch without a resourceVersion).
-    pub fn subscribe_with_snapshot(
-        &self,
-        resource: &GroupResource,
-        namespace: Option<&str>,
-    ) -> Subscription {
+    pub fn subscribe_with_snapshot(&self, resource: &GroupResource, namespace: Option<&str>) -> Subscription {
         let inner = self.lock();
         Subscription {
             backlog: Vec::new(),
@@ -332,20 +309,12 @@ impl Store {
     }
 
     pub fn set_pod_log(&self, namespace: &str, pod: &str, container: &str, text: &str) {
-        let key = (
-            namespace.to_string(),
-            pod.to_string(),
-            container.to_string(),
-        );
+        let key = (namespace.to_string(), pod.to_string(), container.to_string());
         self.lock().pod_logs.insert(key, text.to_string());
     }
 
     pub fn pod_log(&self, namespace: &str, pod: &str, container: &str) -> Option<String> {
-        let key = (
-            namespace.to_string(),
-            pod.to_string(),
-            container.to_string(),
-        );
+        let key = (namespace.to_string(), pod.to_string(), container.to_string());
         self.lock().pod_logs.get(&key).cloned()
     }
 }
@@ -360,22 +329,15 @@ mod tests {
         let store = Store::new();
         let cm = GroupResource::new("", "configmaps");
         let (created, _) = store
-            .write(&cm, "ns", "a", |_| {
-                Ok(Write::Put(json!({"metadata": {"name": "a"}})))
-            })
+            .write(&cm, "ns", "a", |_| Ok(Write::Put(json!({"metadata": {"name": "a"}}))))
             .unwrap();
         let before = store.resource_version();
         let (_, changed) = store
-            .write(&cm, "ns", "a", |cur| {
-                Ok(Write::Unchanged(cur.unwrap().clone()))
-            })
+            .write(&cm, "ns", "a", |cur| Ok(Write::Unchanged(cur.unwrap().clone())))
             .unwrap();
         assert!(!changed);
         assert_eq!(store.resource_version(), before);
-        assert_eq!(
-            created["metadata"]["resourceVersion"],
-            json!(before.to_string())
-        );
+        assert_eq!(created["metadata"]["resourceVersion"], json!(before.to_string()));
     }
 
     #[test]
@@ -385,9 +347,7 @@ mod tests {
         for i in 0..HISTORY_WINDOW + 5 {
             let name = format!("c{i}");
             store
-                .write(&cm, "ns", &name, |_| {
-                    Ok(Write::Put(json!({"metadata": {}})))
-                })
+                .write(&cm, "ns", &name, |_| Ok(Write::Put(json!({"metadata": {}}))))
                 .unwrap();
         }
         assert!(store.subscribe_since(1).is_err());

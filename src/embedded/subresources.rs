@@ -81,12 +81,7 @@ fn selector_string(selector: &Value) -> String {
     terms.join(",")
 }
 
-pub fn get_scale(
-    store: &Store,
-    info: &ResourceInfo,
-    namespace: &str,
-    name: &str,
-) -> Result<Value, ApiError> {
+pub fn get_scale(store: &Store, info: &ResourceInfo, namespace: &str, name: &str) -> Result<Value, ApiError> {
     scale_of(info, &get(store, info, namespace, name)?)
 }
 
@@ -174,9 +169,7 @@ pub fn pod_log(
             )));
         }
     };
-    let mut text = store
-        .pod_log(namespace, name, container)
-        .unwrap_or_default();
+    let mut text = store.pod_log(namespace, name, container).unwrap_or_default();
     if let Some(limit) = limit_bytes
         && text.len() > limit
     {

@@ -26,8 +26,8 @@ pub fn generate(name: &str) -> Result<ServingCert, String> {
     let issuer = Issuer::new(ca_params, ca_key);
 
     let key = KeyPair::generate().map_err(|e| err(&e))?;
-    let mut params = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-        .map_err(|e| err(&e))?;
+    let mut params =
+        CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).map_err(|e| err(&e))?;
     params.distinguished_name.push(DnType::CommonName, name);
     let cert = params.signed_by(&key, &issuer).map_err(|e| err(&e))?;
 

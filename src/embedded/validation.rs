@@ -22,8 +22,7 @@ fn regex(pattern: &str) -> Regex {
 static DNS1123_SUBDOMAIN: LazyLock<Regex> =
     LazyLock::new(|| regex(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"));
 static DNS1123_LABEL: LazyLock<Regex> = LazyLock::new(|| regex(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"));
-static QUALIFIED_NAME: LazyLock<Regex> =
-    LazyLock::new(|| regex(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"));
+static QUALIFIED_NAME: LazyLock<Regex> = LazyLock::new(|| regex(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"));
 
 pub fn is_dns1123_subdomain(s: &str) -> bool {
     s.len() <= 253 && DNS1123_SUBDOMAIN.is_match(s)
@@ -55,11 +54,7 @@ fn validate_name(info: &ResourceInfo, name: &str) -> Vec<Cause> {
         NameRule::Subdomain => {
             let mut causes = Vec::new();
             if name.len() > 253 {
-                causes.push(Cause::invalid(
-                    field,
-                    &value,
-                    "must be no more than 253 characters",
-                ));
+                causes.push(Cause::invalid(field, &value, "must be no more than 253 characters"));
             }
             if !DNS1123_SUBDOMAIN.is_match(name) {
                 causes.push(Cause::invalid(field, &value, DNS1123_SUBDOMAIN_MSG));
@@ -69,11 +64,7 @@ fn validate_name(info: &ResourceInfo, name: &str) -> Vec<Cause> {
         NameRule::Label => {
             let mut causes = Vec::new();
             if name.len() > 63 {
-                causes.push(Cause::invalid(
-                    field,
-                    &value,
-                    "must be no more than 63 characters",
-                ));
+                causes.push(Cause::invalid(field, &value, "must be no more than 63 characters"));
             }
             if !DNS1123_LABEL.is_match(name) {
                 causes.push(Cause::invalid(field, &value, DNS1123_LABEL_MSG));
@@ -82,11 +73,7 @@ fn validate_name(info: &ResourceInfo, name: &str) -> Vec<Cause> {
         }
         NameRule::PathSegment => {
             if name == "." || name == ".." {
-                return vec![Cause::invalid(
-                    field,
-                    &value,
-                    &format!("may not be '{name}'"),
-                )];
+                return vec![Cause::invalid(field, &value, &format!("may not be '{name}'"))];
             }
             ["/", "%"]
                 .iter()
@@ -134,11 +121,7 @@ pub fn validate_labels(field: &str, labels: &Value) -> Vec<Cause> {
         causes.extend(validate_key(field, key));
         let text = value.as_str().unwrap_or_default();
         if text.len() > 63 {
-            causes.push(Cause::invalid(
-                field,
-                value,
-                "must be no more than 63 characters",
-            ));
+            causes.push(Cause::invalid(field, value, "must be no more than 63 characters"));
         }
         if !text.is_empty() && !QUALIFIED_NAME.is_match(text) {
             causes.push(Cause::invalid(field, value, LABEL_VALUE_MSG));
@@ -158,10 +141,7 @@ fn validate_annotations(annotations: &Value) -> Vec<Cause> {
         total += key.len() + value.as_str().map_or(0, str::len);
     }
     if total > TOTAL_ANNOTATION_BYTES {
-        causes.push(Cause::too_long(
-            "metadata.annotations",
-            TOTAL_ANNOTATION_BYTES,
-        ));
+        causes.push(Cause::too_long("metadata.annotations", TOTAL_ANNOTATION_BYTES));
     }
     causes
 }
@@ -172,10 +152,7 @@ pub fn validate_object(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
     let mut causes = Vec::new();
     match metadata["name"].as_str() {
         Some(name) if !name.is_empty() => causes.extend(validate_name(info, name)),
-        _ => causes.push(Cause::required(
-            "metadata.name",
-            "name or generateName is required",
-        )),
+        _ => causes.push(Cause::required("metadata.name", "name or generateName is required")),
     }
     causes.extend(validate_labels("metadata.labels", &metadata["labels"]));
     causes.extend(validate_annotations(&metadata["annotations"]));
@@ -244,10 +221,7 @@ fn validate_finalizers_on_deleting(old: &Value, new: &Value) -> Vec<Cause> {
         return Vec::new();
     }
     let old_set = finalizers(old);
-    let added: Vec<String> = finalizers(new)
-        .into_iter()
-        .filter(|f| !old_set.contains(f))
-        .collect();
+    let added: Vec<String> = finalizers(new).into_iter().filter(|f| !old_set.contains(f)).collect();
     if added.is_empty() {
         return Vec::new();
     }
@@ -263,11 +237,7 @@ fn validate_finalizers_on_deleting(old: &Value, new: &Value) -> Vec<Cause> {
 pub fn finalizers(object: &Value) -> Vec<String> {
     object["metadata"]["finalizers"]
         .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|f| f.as_str().map(String::from))
-                .collect()
-        })
+        .map(|a| a.iter().filter_map(|f| f.as_str().map(String::from)).collect())
         .unwrap_or_default()
 }
 
@@ -306,9 +276,7 @@ pub fn apply_builtin_defaults(info: &ResourceInfo, object: &mut Value, uid: &str
             default_at(object, &["status"], "phase", json!("Active"));
         }
         ("", "pods") => default_at(object, &["status"], "phase", json!("Pending")),
-        ("apps", "deployments") | ("apps", "replicasets") => {
-            default_at(object, &["spec"], "replicas", json!(1))
-        }
+        ("apps", "deployments") | ("apps", "replicasets") => default_at(object, &["spec"], "replicas", json!(1)),
         ("batch", "jobs") => default_job(object, uid),
         _ => {}
     }
@@ -335,10 +303,7 @@ fn merge_string_data(secret: &mut Value) {
 
 /// Job defaults: the `controller-uid`/`job-name` labels and the selector pinned to this Job's uid.
 fn default_job(job: &mut Value, uid: &str) {
-    let name = job["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let name = job["metadata"]["name"].as_str().unwrap_or_default().to_string();
     default_at(job, &["spec"], "backoffLimit", json!(6));
     default_at(job, &["spec"], "completions", json!(1));
     default_at(job, &["spec"], "parallelism", json!(1));
@@ -362,9 +327,7 @@ mod tests {
     use crate::embedded::store::Store;
 
     fn info(group: &str, plural: &str) -> ResourceInfo {
-        Resources::current(&Store::new())
-            .find(group, "v1", plural)
-            .unwrap()
+        Resources::current(&Store::new()).find(group, "v1", plural).unwrap()
     }
 
     #[test]
@@ -378,9 +341,7 @@ mod tests {
     #[test]
     fn rbac_names_may_contain_colons() {
         let role = info("rbac.authorization.k8s.io", "clusterroles");
-        assert!(
-            validate_object(&role, &json!({"metadata": {"name": "stackd:ns:x:system"}})).is_empty()
-        );
+        assert!(validate_object(&role, &json!({"metadata": {"name": "stackd:ns:x:system"}})).is_empty());
         assert!(!validate_object(&role, &json!({"metadata": {"name": "a/b"}})).is_empty());
     }
 
@@ -400,18 +361,9 @@ mod tests {
         let job_info = info("batch", "jobs");
         let mut job = json!({"metadata": {"name": "j"}, "spec": {"template": {"spec": {}}}});
         apply_builtin_defaults(&job_info, &mut job, "u-1");
-        assert_eq!(
-            job["spec"]["template"]["metadata"]["labels"]["controller-uid"],
-            "u-1"
-        );
-        assert_eq!(
-            job["spec"]["template"]["metadata"]["labels"]["job-name"],
-            "j"
-        );
-        assert_eq!(
-            job["spec"]["selector"]["matchLabels"]["controller-uid"],
-            "u-1"
-        );
+        assert_eq!(job["spec"]["template"]["metadata"]["labels"]["controller-uid"], "u-1");
+        assert_eq!(job["spec"]["template"]["metadata"]["labels"]["job-name"], "j");
+        assert_eq!(job["spec"]["selector"]["matchLabels"]["controller-uid"], "u-1");
         assert_eq!(job["spec"]["backoffLimit"], 6);
     }
 
@@ -444,8 +396,7 @@ mod tests {
     #[test]
     fn secret_string_data_is_folded_into_base64_data() {
         let secret = info("", "secrets");
-        let mut obj =
-            json!({"metadata": {"name": "s"}, "data": {"a": "YQ=="}, "stringData": {"b": "b"}});
+        let mut obj = json!({"metadata": {"name": "s"}, "data": {"a": "YQ=="}, "stringData": {"b": "b"}});
         apply_builtin_defaults(&secret, &mut obj, "u");
         assert_eq!(
             obj,

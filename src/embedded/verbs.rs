@@ -39,9 +39,7 @@ pub struct DeleteOptions {
 }
 
 pub fn now_timestamp() -> String {
-    jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
+    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 pub fn new_uid() -> String {
@@ -83,12 +81,7 @@ pub(super) fn meta_str<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
     object["metadata"][field].as_str().filter(|s| !s.is_empty())
 }
 
-pub fn get(
-    store: &Store,
-    info: &ResourceInfo,
-    namespace: &str,
-    name: &str,
-) -> Result<Value, ApiError> {
+pub fn get(store: &Store, info: &ResourceInfo, namespace: &str, name: &str) -> Result<Value, ApiError> {
     store
         .get(&info.storage_key(), namespace, name)
         .map(|o| present(info, o))
@@ -108,11 +101,7 @@ pub fn list(
     options: &ListOptions,
 ) -> Result<Value, ApiError> {
     let (objects, current_rv) = store.list(&info.storage_key(), namespace);
-    let token = options
-        .continue_token
-        .as_deref()
-        .map(decode_continue)
-        .transpose()?;
+    let token = options.continue_token.as_deref().map(decode_continue).transpose()?;
     let list_rv = token.as_ref().map_or(current_rv, |t| t.rv);
     let key = |o: &Value| {
         (
@@ -126,11 +115,7 @@ pub fn list(
             && token.as_ref().is_none_or(|t| key(o) > t.start)
     });
     let limit = options.limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
-    let items: Vec<Value> = matching
-        .by_ref()
-        .take(limit)
-        .map(|o| present(info, o))
-        .collect();
+    let items: Vec<Value> = matching.by_ref().take(limit).map(|o| present(info, o)).collect();
     let remaining = matching.count();
     let mut metadata = json!({"resourceVersion": list_rv.to_string()});
     if remaining > 0
@@ -157,9 +142,7 @@ fn encode_continue(token: &ContinueToken) -> String {
 }
 
 fn decode_continue(token: &str) -> Result<ContinueToken, ApiError> {
-    let bad = || {
-        ApiError::bad_request("continue key is not valid: incorrect encoded start resourceVersion")
-    };
+    let bad = || ApiError::bad_request("continue key is not valid: incorrect encoded start resourceVersion");
     let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(token)
         .map_err(|_| bad())?;
@@ -169,9 +152,7 @@ fn decode_continue(token: &str) -> Result<ContinueToken, ApiError> {
 /// Checks `kind`/`apiVersion` in a request body against the URL.
 fn check_type(info: &ResourceInfo, body: &Value) -> Result<(), ApiError> {
     if !body.is_object() {
-        return Err(ApiError::bad_request(
-            "the body of the request must be a JSON object",
-        ));
+        return Err(ApiError::bad_request("the body of the request must be a JSON object"));
     }
     let kind = body["kind"].as_str().unwrap_or(&info.kind);
     let api_version = body["apiVersion"]
@@ -207,12 +188,7 @@ fn check_namespace(info: &ResourceInfo, body: &mut Value, namespace: &str) -> Re
 }
 
 /// Creates need an existing namespace that is not terminating.
-fn check_namespace_accepts(
-    store: &Store,
-    info: &ResourceInfo,
-    namespace: &str,
-    name: &str,
-) -> Result<(), ApiError> {
+fn check_namespace_accepts(store: &Store, info: &ResourceInfo, namespace: &str, name: &str) -> Result<(), ApiError> {
     if !info.namespaced {
         return Ok(());
     }
@@ -220,9 +196,7 @@ fn check_namespace_accepts(
         return Err(ApiError::not_found("", "namespaces", namespace));
     };
     if ns["metadata"]["deletionTimestamp"].is_string() {
-        let why = format!(
-            "unable to create new content in namespace {namespace} because it is being terminated"
-        );
+        let why = format!("unable to create new content in namespace {namespace} because it is being terminated");
         return Err(ApiError::forbidden(&info.group, &info.plural, name, &why));
     }
     Ok(())
@@ -248,12 +222,7 @@ fn admit(info: &ResourceInfo, object: &mut Value, uid: &str) -> Result<(), ApiEr
     }
 }
 
-pub fn create(
-    store: &Store,
-    info: &ResourceInfo,
-    namespace: &str,
-    mut body: Value,
-) -> Result<Value, ApiError> {
+pub fn create(store: &Store, info: &ResourceInfo, namespace: &str, mut body: Value) -> Result<Value, ApiError> {
     check_type(info, &body)?;
     check_namespace(info, &mut body, namespace)?;
     if meta_str(&body, "name").is_none()
@@ -290,15 +259,10 @@ pub fn create(
     if is_crd(info) {
         establish_crd(&mut object);
     }
-    let (created, _) = store.write(
-        &info.storage_key(),
-        namespace,
-        &name,
-        |current| match current {
-            Some(_) => Err(ApiError::already_exists(&info.group, &info.plural, &name)),
-            None => Ok(Write::Put(object)),
-        },
-    )?;
+    let (created, _) = store.write(&info.storage_key(), namespace, &name, |current| match current {
+        Some(_) => Err(ApiError::already_exists(&info.group, &info.plural, &name)),
+        None => Ok(Write::Put(object)),
+    })?;
     Ok(present(info, created))
 }
 
@@ -347,9 +311,7 @@ pub(super) fn prepare_update(
     if let Some(uid) = meta_str(&requested, "uid")
         && uid != old_uid
     {
-        let why = format!(
-            "Precondition failed: UID in precondition: {uid}, UID in object meta: {old_uid}"
-        );
+        let why = format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {old_uid}");
         return Err(ApiError::conflict(&info.group, &info.plural, &name, &why));
     }
     let old = present(info, old.clone());
@@ -434,9 +396,7 @@ fn is_deleting(object: &Value) -> bool {
 /// Finalizers that keep a deleting object stored (namespaces also wait for `spec.finalizers`).
 fn holds_deletion(info: &ResourceInfo, object: &Value) -> bool {
     let spec_finalizers = info.storage_key() == namespace_resource()
-        && object["spec"]["finalizers"]
-            .as_array()
-            .is_some_and(|f| !f.is_empty());
+        && object["spec"]["finalizers"].as_array().is_some_and(|f| !f.is_empty());
     !finalizers(object).is_empty() || spec_finalizers
 }
 
@@ -456,9 +416,7 @@ pub fn update(
             "the name of the object ({body_name}) does not match the name on the URL ({name})"
         )));
     }
-    write_existing(store, info, namespace, name, |old| {
-        prepare_update(info, old, body, sub)
-    })
+    write_existing(store, info, namespace, name, |old| prepare_update(info, old, body, sub))
 }
 
 /// A write to an object that must exist, with post-removal cleanup.
@@ -474,8 +432,7 @@ where
 {
     let mut removed = false;
     let (object, _) = store.write(&info.storage_key(), namespace, name, |current| {
-        let current =
-            current.ok_or_else(|| ApiError::not_found(&info.group, &info.plural, name))?;
+        let current = current.ok_or_else(|| ApiError::not_found(&info.group, &info.plural, name))?;
         let write = decide(current)?;
         removed = matches!(write, Write::Remove(_));
         Ok(write)
@@ -545,10 +502,7 @@ pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
 
 /// The finalizer a deletion's propagation policy asks for. batch/v1 Jobs orphan by default, as on
 /// the real server; everything else here deletes dependents in the background.
-fn propagation_finalizer(
-    info: &ResourceInfo,
-    policy: Option<&str>,
-) -> Result<Option<&'static str>, ApiError> {
+fn propagation_finalizer(info: &ResourceInfo, policy: Option<&str>) -> Result<Option<&'static str>, ApiError> {
     let default = if (info.group.as_str(), info.plural.as_str()) == ("batch", "jobs") {
         "Orphan"
     } else {
@@ -559,20 +513,10 @@ fn propagation_finalizer(
         "Foreground" => Ok(Some(FOREGROUND_FINALIZER)),
         "Background" => Ok(None),
         other => {
-            let message = format!(
-                "Unsupported value: \"{other}\": supported values: \"Foreground\", \"Background\", \"Orphan\""
-            );
-            let causes = vec![Cause::other(
-                "FieldValueNotSupported",
-                "propagationPolicy",
-                message,
-            )];
-            Err(ApiError::invalid(
-                "meta.k8s.io",
-                "DeleteOptions",
-                "",
-                causes,
-            ))
+            let message =
+                format!("Unsupported value: \"{other}\": supported values: \"Foreground\", \"Background\", \"Orphan\"");
+            let causes = vec![Cause::other("FieldValueNotSupported", "propagationPolicy", message)];
+            Err(ApiError::invalid("meta.k8s.io", "DeleteOptions", "", causes))
         }
     }
 }
@@ -595,10 +539,7 @@ pub fn remove_finalizer(
 ) -> Result<Value, ApiError> {
     write_existing(store, info, namespace, name, |current| {
         let mut new = current.clone();
-        let kept: Vec<String> = finalizers(current)
-            .into_iter()
-            .filter(|f| f != finalizer)
-            .collect();
+        let kept: Vec<String> = finalizers(current).into_iter().filter(|f| f != finalizer).collect();
         if kept.is_empty() {
             if let Some(meta) = new["metadata"].as_object_mut() {
                 meta.remove("finalizers");
@@ -610,11 +551,7 @@ pub fn remove_finalizer(
     })
 }
 
-fn check_preconditions(
-    info: &ResourceInfo,
-    current: &Value,
-    options: &DeleteOptions,
-) -> Result<(), ApiError> {
+fn check_preconditions(info: &ResourceInfo, current: &Value, options: &DeleteOptions) -> Result<(), ApiError> {
     let name = meta_str(current, "name").unwrap_or("");
     let checks = [
         ("UID", "uid", &options.precondition_uid),
@@ -629,9 +566,8 @@ fn check_preconditions(
         if let Some(wanted) = wanted
             && wanted != actual
         {
-            let why = format!(
-                "Precondition failed: {label} in precondition: {wanted}, {label} in object meta: {actual}"
-            );
+            let why =
+                format!("Precondition failed: {label} in precondition: {wanted}, {label} in object meta: {actual}");
             return Err(ApiError::conflict(&info.group, &info.plural, name, &why));
         }
     }
@@ -652,11 +588,7 @@ pub fn delete_collection(
     };
     let listed = list(store, info, namespace, &listing)?;
     let mut deleted = Vec::new();
-    for object in listed["items"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-    {
+    for object in listed["items"].as_array().map(Vec::as_slice).unwrap_or_default() {
         let ns = meta_str(object, "namespace").unwrap_or("");
         let name = meta_str(object, "name").unwrap_or("");
         match delete(store, info, ns, name, delete_options) {

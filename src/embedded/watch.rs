@@ -48,9 +48,7 @@ pub fn stream(
 ) -> ReceiverStream<Result<Bytes, Infallible>> {
     let (sink, body) = mpsc::channel(64);
     let subscription = match options.resource_version {
-        None => {
-            Ok(store.subscribe_with_snapshot(&info.storage_key(), options.namespace.as_deref()))
-        }
+        None => Ok(store.subscribe_with_snapshot(&info.storage_key(), options.namespace.as_deref())),
         Some(since) => store.subscribe_since(since).map_err(|floor| (since, floor)),
     };
     let watcher = Watcher {
@@ -90,10 +88,7 @@ impl Watcher {
                 return;
             }
         }
-        let deadline = self
-            .options
-            .timeout
-            .map(|t| tokio::time::Instant::now() + t);
+        let deadline = self.options.timeout.map(|t| tokio::time::Instant::now() + t);
         let mut bookmarks = tokio::time::interval(BOOKMARK_INTERVAL);
         bookmarks.tick().await;
         loop {
@@ -125,10 +120,7 @@ impl Watcher {
 
     fn matches(&self, object: &Value) -> bool {
         let namespace = object["metadata"]["namespace"].as_str().unwrap_or("");
-        self.options
-            .namespace
-            .as_deref()
-            .is_none_or(|ns| ns == namespace)
+        self.options.namespace.as_deref().is_none_or(|ns| ns == namespace)
             && self.options.label_selector.matches(object)
             && self.options.field_selector.matches(object)
     }
@@ -156,8 +148,7 @@ impl Watcher {
     async fn send(&self, event_type: &str, mut object: Value) -> bool {
         object["apiVersion"] = json!(self.info.api_version());
         object["kind"] = json!(self.info.kind);
-        self.send_line(json!({"type": event_type, "object": object}))
-            .await
+        self.send_line(json!({"type": event_type, "object": object})).await
     }
 
     async fn send_bookmark(&self) -> bool {
@@ -166,8 +157,7 @@ impl Watcher {
             "apiVersion": self.info.api_version(),
             "metadata": {"resourceVersion": self.seen.to_string()},
         });
-        self.send_line(json!({"type": "BOOKMARK", "object": object}))
-            .await
+        self.send_line(json!({"type": "BOOKMARK", "object": object})).await
     }
 
     async fn send_error(&self, error: &ApiError) {

@@ -20,14 +20,8 @@ async fn stale_update_is_a_conflict() {
         .unwrap();
     let mut changed = first.clone();
     changed.data = Some([("k".to_string(), "v2".to_string())].into());
-    api.replace("c", &PostParams::default(), &changed)
-        .await
-        .unwrap();
-    let err = api_error(
-        api.replace("c", &PostParams::default(), &changed)
-            .await
-            .unwrap_err(),
-    );
+    api.replace("c", &PostParams::default(), &changed).await.unwrap();
+    let err = api_error(api.replace("c", &PostParams::default(), &changed).await.unwrap_err());
     assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
     assert_eq!(
         err.message,
@@ -59,12 +53,7 @@ async fn errors_are_status_objects_with_kube_apiserver_messages() {
     );
     let namespaces: Api<Namespace> = Api::all(t.client.clone());
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "ns"}})).unwrap();
-    let err = api_error(
-        namespaces
-            .create(&PostParams::default(), &ns)
-            .await
-            .unwrap_err(),
-    );
+    let err = api_error(namespaces.create(&PostParams::default(), &ns).await.unwrap_err());
     assert_eq!((err.code, err.reason.as_str()), (409, "AlreadyExists"));
 }
 
@@ -81,26 +70,16 @@ async fn names_are_validated_per_kind() {
     assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
     assert_eq!(err.details.unwrap().causes[0].field, "metadata.name");
     let err = api_error(
-        api.create(
-            &PostParams::default(),
-            &configmap(&"a".repeat(254), json!({})),
-        )
-        .await
-        .unwrap_err(),
-    );
-    assert_eq!(err.code, 422);
-    api.create(
-        &PostParams::default(),
-        &configmap(&"a".repeat(253), json!({})),
-    )
-    .await
-    .unwrap();
-    let nameless: ConfigMap = serde_json::from_value(json!({"metadata": {}})).unwrap();
-    let err = api_error(
-        api.create(&PostParams::default(), &nameless)
+        api.create(&PostParams::default(), &configmap(&"a".repeat(254), json!({})))
             .await
             .unwrap_err(),
     );
+    assert_eq!(err.code, 422);
+    api.create(&PostParams::default(), &configmap(&"a".repeat(253), json!({})))
+        .await
+        .unwrap();
+    let nameless: ConfigMap = serde_json::from_value(json!({"metadata": {}})).unwrap();
+    let err = api_error(api.create(&PostParams::default(), &nameless).await.unwrap_err());
     assert_eq!(err.details.unwrap().causes[0].reason, "FieldValueRequired");
 }
 
@@ -109,29 +88,21 @@ async fn label_value_and_job_name_over_63_characters_are_invalid() {
     let t = harness::start().await;
     t.namespace("ns").await;
     let api = t.configmaps("ns");
-    api.create(
-        &PostParams::default(),
-        &configmap("ok", json!({"k": "v".repeat(63)})),
-    )
-    .await
-    .unwrap();
-    let err = api_error(
-        api.create(
-            &PostParams::default(),
-            &configmap("long", json!({"k": "v".repeat(64)})),
-        )
+    api.create(&PostParams::default(), &configmap("ok", json!({"k": "v".repeat(63)})))
         .await
-        .unwrap_err(),
+        .unwrap();
+    let err = api_error(
+        api.create(&PostParams::default(), &configmap("long", json!({"k": "v".repeat(64)})))
+            .await
+            .unwrap_err(),
     );
     assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
     assert_eq!(err.details.unwrap().causes[0].field, "metadata.labels");
 
     let jobs: Api<Job> = Api::namespaced(t.client.clone(), "ns");
     let job = |name: &str| -> Job {
-        serde_json::from_value(
-            json!({"metadata": {"name": name}, "spec": {"template": {"spec": {
-            "restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}),
-        )
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"template": {"spec": {
+            "restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox"}]}}}}))
         .unwrap()
     };
     let created = jobs
@@ -152,13 +123,7 @@ async fn label_value_and_job_name_over_63_characters_are_invalid() {
         .unwrap();
     assert_eq!(labels["controller-uid"], uid);
     assert_eq!(labels["job-name"], "j".repeat(63));
-    let selector = created
-        .spec
-        .unwrap()
-        .selector
-        .unwrap()
-        .match_labels
-        .unwrap();
+    let selector = created.spec.unwrap().selector.unwrap().match_labels.unwrap();
     assert_eq!(selector["controller-uid"], uid);
     let err = api_error(
         jobs.create(&PostParams::default(), &job(&"j".repeat(64)))
@@ -192,26 +157,15 @@ async fn noop_update_and_noop_merge_patch_keep_the_resource_version() {
         .create(&PostParams::default(), &configmap("c", json!({"a": "b"})))
         .await
         .unwrap();
-    let replaced = api
-        .replace("c", &PostParams::default(), &created)
-        .await
-        .unwrap();
+    let replaced = api.replace("c", &PostParams::default(), &created).await.unwrap();
     assert_eq!(resource_version(&replaced), resource_version(&created));
     let patched = api
-        .patch(
-            "c",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"data": {"k": "v"}})),
-        )
+        .patch("c", &PatchParams::default(), &Patch::Merge(json!({"data": {"k": "v"}})))
         .await
         .unwrap();
     assert_eq!(resource_version(&patched), resource_version(&created));
     let changed = api
-        .patch(
-            "c",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"data": {"m": "n"}})),
-        )
+        .patch("c", &PatchParams::default(), &Patch::Merge(json!({"data": {"m": "n"}})))
         .await
         .unwrap();
     assert_ne!(resource_version(&changed), resource_version(&created));
@@ -233,20 +187,12 @@ async fn json_patch_tests_missing_paths_as_null_and_refuses_failed_tests() {
     ]))
     .unwrap();
     let patched = api
-        .patch(
-            "c",
-            &PatchParams::default(),
-            &Patch::<()>::Json(add_finalizer),
-        )
+        .patch("c", &PatchParams::default(), &Patch::<()>::Json(add_finalizer))
         .await
         .unwrap();
-    assert_eq!(
-        patched.metadata.finalizers,
-        Some(vec!["x.dev/f".to_string()])
-    );
+    assert_eq!(patched.metadata.finalizers, Some(vec!["x.dev/f".to_string()]));
     let failing: json_patch::Patch =
-        serde_json::from_value(json!([{"op": "test", "path": "/data/k", "value": "nope"}]))
-            .unwrap();
+        serde_json::from_value(json!([{"op": "test", "path": "/data/k", "value": "nope"}])).unwrap();
     let err = api_error(
         api.patch("c", &PatchParams::default(), &Patch::<()>::Json(failing))
             .await
@@ -274,10 +220,7 @@ async fn strategic_merge_and_apply_patches_are_unsupported_media_types_for_now()
             .await
             .unwrap_err(),
     );
-    assert_eq!(
-        (err.code, err.reason.as_str()),
-        (415, "UnsupportedMediaType")
-    );
+    assert_eq!((err.code, err.reason.as_str()), (415, "UnsupportedMediaType"));
 }
 
 #[tokio::test]
@@ -288,12 +231,7 @@ async fn finalizer_holds_a_delete_until_removed_then_the_object_is_gone() {
     let mut cm = configmap("c", json!({}));
     cm.metadata.finalizers = Some(vec!["x.dev/hold".into()]);
     api.create(&PostParams::default(), &cm).await.unwrap();
-    let deleted = api
-        .delete("c", &DeleteParams::default())
-        .await
-        .unwrap()
-        .left()
-        .unwrap();
+    let deleted = api.delete("c", &DeleteParams::default()).await.unwrap().left().unwrap();
     assert!(deleted.metadata.deletion_timestamp.is_some());
     let still = api.get("c").await.unwrap();
     assert!(still.metadata.deletion_timestamp.is_some());
@@ -331,10 +269,7 @@ async fn delete_preconditions_that_do_not_match_are_a_conflict() {
         }),
         ..DeleteParams::default()
     };
-    assert_eq!(
-        api_error(api.delete("c", &params).await.unwrap_err()).code,
-        409
-    );
+    assert_eq!(api_error(api.delete("c", &params).await.unwrap_err()).code, 409);
     api.delete("c", &DeleteParams::default()).await.unwrap();
 }
 
@@ -342,13 +277,8 @@ async fn delete_preconditions_that_do_not_match_are_a_conflict() {
 async fn generate_name_appends_five_random_characters() {
     let t = harness::start().await;
     t.namespace("ns").await;
-    let cm: ConfigMap =
-        serde_json::from_value(json!({"metadata": {"generateName": "gen-"}})).unwrap();
-    let created = t
-        .configmaps("ns")
-        .create(&PostParams::default(), &cm)
-        .await
-        .unwrap();
+    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"generateName": "gen-"}})).unwrap();
+    let created = t.configmaps("ns").create(&PostParams::default(), &cm).await.unwrap();
     let name = created.metadata.name.unwrap();
     assert!(name.starts_with("gen-") && name.len() == 9, "{name}");
     assert_eq!(created.metadata.uid.unwrap().len(), 36);
@@ -360,12 +290,9 @@ async fn list_pages_with_limit_and_continue() {
     t.namespace("ns").await;
     let api = t.configmaps("ns");
     for i in 0..5 {
-        api.create(
-            &PostParams::default(),
-            &configmap(&format!("c{i}"), json!({})),
-        )
-        .await
-        .unwrap();
+        api.create(&PostParams::default(), &configmap(&format!("c{i}"), json!({})))
+            .await
+            .unwrap();
     }
     let mut names = Vec::new();
     let mut params = ListParams::default().limit(2);
@@ -398,10 +325,7 @@ async fn label_and_field_selectors_select_like_kube_apiserver() {
             .unwrap();
     }
     let names = |list: kube::core::ObjectList<ConfigMap>| -> Vec<String> {
-        list.items
-            .into_iter()
-            .map(|c| c.metadata.name.unwrap())
-            .collect()
+        list.items.into_iter().map(|c| c.metadata.name.unwrap()).collect()
     };
     assert_eq!(
         names(
@@ -412,11 +336,7 @@ async fn label_and_field_selectors_select_like_kube_apiserver() {
         vec!["c2"]
     );
     assert_eq!(
-        names(
-            api.list(&ListParams::default().labels("app!=x"))
-                .await
-                .unwrap()
-        ),
+        names(api.list(&ListParams::default().labels("app!=x")).await.unwrap()),
         vec!["c2", "c3"]
     );
     assert_eq!(
@@ -427,11 +347,7 @@ async fn label_and_field_selectors_select_like_kube_apiserver() {
         ),
         vec!["c2"]
     );
-    let err = api_error(
-        api.list(&ListParams::default().fields("data.k=v"))
-            .await
-            .unwrap_err(),
-    );
+    let err = api_error(api.list(&ListParams::default().fields("data.k=v")).await.unwrap_err());
     assert_eq!((err.code, err.reason.as_str()), (400, "BadRequest"));
 }
 
@@ -440,27 +356,18 @@ async fn deletecollection_deletes_only_the_selected_objects() {
     let t = harness::start().await;
     t.namespace("ns").await;
     let api = t.configmaps("ns");
-    api.create(
-        &PostParams::default(),
-        &configmap("a1", json!({"app": "a"})),
-    )
-    .await
-    .unwrap();
-    api.create(
-        &PostParams::default(),
-        &configmap("a2", json!({"app": "b"})),
-    )
-    .await
-    .unwrap();
+    api.create(&PostParams::default(), &configmap("a1", json!({"app": "a"})))
+        .await
+        .unwrap();
+    api.create(&PostParams::default(), &configmap("a2", json!({"app": "b"})))
+        .await
+        .unwrap();
     api.create(&PostParams::default(), &configmap("other", json!({})))
         .await
         .unwrap();
-    api.delete_collection(
-        &DeleteParams::default(),
-        &ListParams::default().labels("app"),
-    )
-    .await
-    .unwrap();
+    api.delete_collection(&DeleteParams::default(), &ListParams::default().labels("app"))
+        .await
+        .unwrap();
     let left: Vec<String> = api
         .list(&ListParams::default())
         .await
@@ -491,8 +398,7 @@ async fn status_subresource_ignores_spec_changes_and_main_resource_ignores_statu
         "status is not settable on create"
     );
     assert_eq!(created.metadata.generation, Some(1));
-    let status_write =
-        json!({"spec": {"replicas": 5}, "status": {"replicas": 1, "availableReplicas": 1}});
+    let status_write = json!({"spec": {"replicas": 5}, "status": {"replicas": 1, "availableReplicas": 1}});
     let after = api
         .patch_status("d", &PatchParams::default(), &Patch::Merge(status_write))
         .await
@@ -546,10 +452,9 @@ async fn pod_log_honours_container_and_limit_bytes() {
     let t = harness::start().await;
     t.namespace("ns").await;
     let pods: Api<Pod> = Api::namespaced(t.client.clone(), "ns");
-    let pod: Pod =
-        serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {"containers": [
+    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {"containers": [
         {"name": "init", "image": "i"}, {"name": "unpack", "image": "i"}]}}))
-        .unwrap();
+    .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
     t.server.set_pod_log("ns", "p", "unpack", "hello world");
     let params = kube::api::LogParams {
@@ -558,11 +463,7 @@ async fn pod_log_honours_container_and_limit_bytes() {
         ..Default::default()
     };
     assert_eq!(pods.logs("p", &params).await.unwrap(), "hello");
-    let err = api_error(
-        pods.logs("p", &kube::api::LogParams::default())
-            .await
-            .unwrap_err(),
-    );
+    let err = api_error(pods.logs("p", &kube::api::LogParams::default()).await.unwrap_err());
     assert_eq!(err.code, 400, "two containers need a container name");
 }
 
@@ -578,10 +479,7 @@ async fn terminating_namespace_refuses_creates_and_goes_once_empty() {
         .await
         .unwrap();
     let namespaces: Api<Namespace> = Api::all(t.client.clone());
-    namespaces
-        .delete("ns", &DeleteParams::default())
-        .await
-        .unwrap();
+    namespaces.delete("ns", &DeleteParams::default()).await.unwrap();
     let ns = namespaces.get("ns").await.unwrap();
     assert_eq!(ns.status.unwrap().phase.as_deref(), Some("Terminating"));
     let err = api_error(
@@ -622,9 +520,7 @@ async fn tls_and_token_kubeconfig_works_and_a_wrong_token_is_unauthorized() {
     assert!(t.server.url().starts_with("https://127.0.0.1:"));
     let yaml = t.server.kubeconfig_yaml();
     assert!(
-        yaml.contains("tenant-a")
-            && yaml.contains("s3cret")
-            && yaml.contains("certificate-authority-data"),
+        yaml.contains("tenant-a") && yaml.contains("s3cret") && yaml.contains("certificate-authority-data"),
         "{yaml}"
     );
     let namespaces: Api<Namespace> = Api::all(t.client.clone());
@@ -670,10 +566,7 @@ async fn all_namespaces_list_spans_namespaces() {
         .into_iter()
         .map(|c| (c.metadata.namespace.unwrap(), c.metadata.name.unwrap()))
         .collect();
-    assert_eq!(
-        listed,
-        vec![("a".into(), "x".into()), ("b".into(), "y".into())]
-    );
+    assert_eq!(listed, vec![("a".into(), "x".into()), ("b".into(), "y".into())]);
 }
 
 #[tokio::test]
@@ -694,11 +587,7 @@ async fn discovery_lists_built_in_resources_with_subresources() {
         assert!(names.contains(&expected), "{expected} in {names:?}");
     }
     let apps = t.client.list_api_group_resources("apps/v1").await.unwrap();
-    let scale = apps
-        .resources
-        .iter()
-        .find(|r| r.name == "deployments/scale")
-        .unwrap();
+    let scale = apps.resources.iter().find(|r| r.name == "deployments/scale").unwrap();
     assert_eq!(
         (scale.kind.as_str(), scale.group.as_deref()),
         ("Scale", Some("autoscaling"))
@@ -741,15 +630,10 @@ async fn update_with_another_uid_is_a_conflict() {
         .await
         .unwrap();
     stale.metadata.resource_version = None;
-    let err = api_error(
-        api.replace("c", &PostParams::default(), &stale)
-            .await
-            .unwrap_err(),
-    );
+    let err = api_error(api.replace("c", &PostParams::default(), &stale).await.unwrap_err());
     assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
     assert!(
-        err.message
-            .contains("Precondition failed: UID in precondition"),
+        err.message.contains("Precondition failed: UID in precondition"),
         "{}",
         err.message
     );
@@ -760,14 +644,11 @@ async fn job_pod_template_is_immutable() {
     let t = harness::start().await;
     t.namespace("ns").await;
     let jobs: Api<Job> = Api::namespaced(t.client.clone(), "ns");
-    let job: Job = serde_json::from_value(
-        json!({"metadata": {"name": "j"}, "spec": {"template": {"spec": {
-        "restartPolicy": "Never", "containers": [{"name": "c", "image": "one"}]}}}}),
-    )
+    let job: Job = serde_json::from_value(json!({"metadata": {"name": "j"}, "spec": {"template": {"spec": {
+        "restartPolicy": "Never", "containers": [{"name": "c", "image": "one"}]}}}}))
     .unwrap();
     jobs.create(&PostParams::default(), &job).await.unwrap();
-    let new_image =
-        json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "two"}]}}}});
+    let new_image = json!({"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "two"}]}}}});
     let err = api_error(
         jobs.patch("j", &PatchParams::default(), &Patch::Merge(new_image))
             .await

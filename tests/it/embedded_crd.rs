@@ -3,8 +3,7 @@
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
-    PatchParams, PostParams,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
 use kube::discovery::Discovery;
 use serde_json::{Value, json};
@@ -53,9 +52,7 @@ fn widget(name: &str, spec: Value) -> DynamicObject {
 
 async fn install_crd(t: &TestServer) -> CustomResourceDefinition {
     let crds: Api<CustomResourceDefinition> = Api::all(t.client.clone());
-    crds.create(&PostParams::default(), &widget_crd())
-        .await
-        .unwrap()
+    crds.create(&PostParams::default(), &widget_crd()).await.unwrap()
 }
 
 #[tokio::test]
@@ -81,12 +78,7 @@ async fn crd_is_established_and_listable_right_after_creation() {
         .find(|(r, _)| r.kind == "Widget")
         .expect("Widget discovered");
     assert_eq!(resource.plural, "widgets");
-    assert!(
-        capabilities
-            .subresources
-            .iter()
-            .any(|(s, _)| s.plural == "status")
-    );
+    assert!(capabilities.subresources.iter().any(|(s, _)| s.plural == "status"));
     let listed = Api::<DynamicObject>::namespaced_with(t.client.clone(), "ns", &resource)
         .list(&ListParams::default())
         .await
@@ -106,11 +98,7 @@ async fn custom_resources_violating_enum_pattern_or_minimum_are_invalid() {
             "spec.role",
             "FieldValueNotSupported",
         ),
-        (
-            json!({"size": 1, "mac": "not-a-mac"}),
-            "spec.mac",
-            "FieldValueInvalid",
-        ),
+        (json!({"size": 1, "mac": "not-a-mac"}), "spec.mac", "FieldValueInvalid"),
         (json!({"size": -1}), "spec.size", "FieldValueInvalid"),
         (json!({"size": "one"}), "spec.size", "FieldValueTypeInvalid"),
         (json!({}), "spec.size", "FieldValueRequired"),
@@ -122,11 +110,7 @@ async fn custom_resources_violating_enum_pattern_or_minimum_are_invalid() {
         );
         assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"), "{spec}");
         let cause = &err.details.unwrap().causes[0];
-        assert_eq!(
-            (cause.field.as_str(), cause.reason.as_str()),
-            (field, reason),
-            "{spec}"
-        );
+        assert_eq!((cause.field.as_str(), cause.reason.as_str()), (field, reason), "{spec}");
     }
 }
 
@@ -137,10 +121,7 @@ async fn unknown_fields_are_pruned_and_defaults_applied() {
     install_crd(&t).await;
     let api = widgets(&t, "ns");
     let spec = json!({"size": 1, "bogus": true, "free": {"anything": [1, 2]}});
-    let created = api
-        .create(&PostParams::default(), &widget("w", spec))
-        .await
-        .unwrap();
+    let created = api.create(&PostParams::default(), &widget("w", spec)).await.unwrap();
     assert_eq!(
         created.data["spec"],
         json!({"size": 1, "mode": "fast", "free": {"anything": [1, 2]}})
@@ -166,10 +147,7 @@ async fn custom_resource_status_and_scale_subresources() {
         .await
         .unwrap();
     assert_eq!(
-        (
-            after.data["spec"]["size"].clone(),
-            after.data["status"]["size"].clone()
-        ),
+        (after.data["spec"]["size"].clone(), after.data["status"]["size"].clone()),
         (json!(1), json!(1))
     );
     let after = api
@@ -209,10 +187,7 @@ async fn deleting_a_crd_removes_its_resources_from_discovery_and_its_objects() {
         .await
         .unwrap();
     eventually("CRD gone", || async {
-        crds.get_opt("widgets.test.stackd.dev")
-            .await
-            .unwrap()
-            .is_none()
+        crds.get_opt("widgets.test.stackd.dev").await.unwrap().is_none()
     })
     .await;
     let discovery = Discovery::new(t.client.clone()).run().await.unwrap();

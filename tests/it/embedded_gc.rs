@@ -8,21 +8,12 @@ use serde_json::json;
 use crate::harness::{self, TestServer, api_error, configmap, eventually};
 
 /// A ConfigMap owned by `owner` (any object in the same namespace).
-async fn dependent(
-    t: &TestServer,
-    name: &str,
-    owner_kind: &str,
-    owner_name: &str,
-    owner_uid: &str,
-) {
+async fn dependent(t: &TestServer, name: &str, owner_kind: &str, owner_name: &str, owner_uid: &str) {
     let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": name, "ownerReferences": [{
         "apiVersion": "v1", "kind": owner_kind, "name": owner_name, "uid": owner_uid, "blockOwnerDeletion": true
     }]}}))
     .unwrap();
-    t.configmaps("ns")
-        .create(&PostParams::default(), &cm)
-        .await
-        .unwrap();
+    t.configmaps("ns").create(&PostParams::default(), &cm).await.unwrap();
 }
 
 async fn owner(t: &TestServer) -> String {
@@ -41,9 +32,7 @@ async fn deleting_an_owner_deletes_its_dependents_in_the_background() {
     let uid = owner(&t).await;
     dependent(&t, "child", "ConfigMap", "owner", &uid).await;
     let api = t.configmaps("ns");
-    api.delete("owner", &DeleteParams::background())
-        .await
-        .unwrap();
+    api.delete("owner", &DeleteParams::background()).await.unwrap();
     assert_eq!(
         api_error(api.get("owner").await.unwrap_err()).code,
         404,
@@ -71,9 +60,7 @@ async fn foreground_deletion_removes_dependents_before_the_owner() {
         .unwrap(),
     ]);
     api.create(&PostParams::default(), &held).await.unwrap();
-    api.delete("owner", &DeleteParams::foreground())
-        .await
-        .unwrap();
+    api.delete("owner", &DeleteParams::foreground()).await.unwrap();
     eventually("unheld dependent collected", || async {
         api.get_opt("child").await.unwrap().is_none()
     })
@@ -104,10 +91,8 @@ async fn jobs_orphan_their_dependents_by_default_as_batch_v1_does() {
     let t = harness::start().await;
     t.namespace("ns").await;
     let jobs: Api<Job> = Api::namespaced(t.client.clone(), "ns");
-    let job: Job = serde_json::from_value(
-        json!({"metadata": {"name": "j"}, "spec": {"template": {"spec": {
-        "restartPolicy": "Never", "containers": [{"name": "c", "image": "i"}]}}}}),
-    )
+    let job: Job = serde_json::from_value(json!({"metadata": {"name": "j"}, "spec": {"template": {"spec": {
+        "restartPolicy": "Never", "containers": [{"name": "c", "image": "i"}]}}}}))
     .unwrap();
     let uid = jobs
         .create(&PostParams::default(), &job)
@@ -118,10 +103,7 @@ async fn jobs_orphan_their_dependents_by_default_as_batch_v1_does() {
         .unwrap();
     dependent(&t, "pod-like", "Job", "j", &uid).await;
     jobs.delete("j", &DeleteParams::default()).await.unwrap();
-    eventually("job gone", || async {
-        jobs.get_opt("j").await.unwrap().is_none()
-    })
-    .await;
+    eventually("job gone", || async { jobs.get_opt("j").await.unwrap().is_none() }).await;
     let orphan = t.configmaps("ns").get("pod-like").await.unwrap();
     assert_eq!(
         orphan.metadata.owner_references, None,

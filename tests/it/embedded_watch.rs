@@ -20,14 +20,8 @@ const WAIT: Duration = Duration::from_secs(5);
 fn summary(event: &WatchEvent<ConfigMap>) -> (String, String) {
     match event {
         WatchEvent::Added(c) => ("ADDED".into(), c.metadata.name.clone().unwrap_or_default()),
-        WatchEvent::Modified(c) => (
-            "MODIFIED".into(),
-            c.metadata.name.clone().unwrap_or_default(),
-        ),
-        WatchEvent::Deleted(c) => (
-            "DELETED".into(),
-            c.metadata.name.clone().unwrap_or_default(),
-        ),
+        WatchEvent::Modified(c) => ("MODIFIED".into(), c.metadata.name.clone().unwrap_or_default()),
+        WatchEvent::Deleted(c) => ("DELETED".into(), c.metadata.name.clone().unwrap_or_default()),
         WatchEvent::Bookmark(_) => ("BOOKMARK".into(), String::new()),
         WatchEvent::Error(e) => ("ERROR".into(), e.reason.clone()),
     }
@@ -49,10 +43,7 @@ async fn watch_resumed_from_a_resource_version_sees_only_later_events() {
         .await
         .unwrap();
     let params = WatchParams::default().disable_bookmarks().timeout(2);
-    let stream = api
-        .watch(&params, &resource_version(&marker))
-        .await
-        .unwrap();
+    let stream = api.watch(&params, &resource_version(&marker)).await.unwrap();
     let events: Vec<(String, String)> = stream.map_ok(|e| summary(&e)).try_collect().await.unwrap();
     assert_eq!(events, vec![("ADDED".to_string(), "after".to_string())]);
 }
@@ -66,28 +57,15 @@ async fn noop_writes_produce_no_watch_event() {
         .create(&PostParams::default(), &configmap("c", json!({})))
         .await
         .unwrap();
-    api.replace("c", &PostParams::default(), &created)
+    api.replace("c", &PostParams::default(), &created).await.unwrap();
+    api.patch("c", &PatchParams::default(), &Patch::Merge(json!({"data": {"k": "v"}})))
         .await
         .unwrap();
-    api.patch(
-        "c",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"data": {"k": "v"}})),
-    )
-    .await
-    .unwrap();
-    api.patch(
-        "c",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"data": {"k": "w"}})),
-    )
-    .await
-    .unwrap();
+    api.patch("c", &PatchParams::default(), &Patch::Merge(json!({"data": {"k": "w"}})))
+        .await
+        .unwrap();
     let params = WatchParams::default().disable_bookmarks().timeout(1);
-    let stream = api
-        .watch(&params, &resource_version(&created))
-        .await
-        .unwrap();
+    let stream = api.watch(&params, &resource_version(&created)).await.unwrap();
     let events: Vec<(String, String)> = stream.map_ok(|e| summary(&e)).try_collect().await.unwrap();
     assert_eq!(events, vec![("MODIFIED".to_string(), "c".to_string())]);
 }
@@ -106,20 +84,11 @@ async fn object_leaving_a_label_selector_arrives_as_deleted_and_reentering_as_ad
         .unwrap();
     for value in ["2", "1"] {
         let relabel = Patch::Merge(json!({"metadata": {"labels": {"sel": value}}}));
-        api.patch("c", &PatchParams::default(), &relabel)
-            .await
-            .unwrap();
+        api.patch("c", &PatchParams::default(), &relabel).await.unwrap();
     }
-    let params = WatchParams::default()
-        .disable_bookmarks()
-        .labels("sel=1")
-        .timeout(1);
+    let params = WatchParams::default().disable_bookmarks().labels("sel=1").timeout(1);
     let stream = api.watch(&params, &resource_version(&start)).await.unwrap();
-    let events: Vec<String> = stream
-        .map_ok(|e| summary(&e).0)
-        .try_collect()
-        .await
-        .unwrap();
+    let events: Vec<String> = stream.map_ok(|e| summary(&e).0).try_collect().await.unwrap();
     assert_eq!(events, vec!["ADDED", "DELETED", "ADDED"]);
 }
 
@@ -141,18 +110,13 @@ async fn watch_without_resource_version_starts_with_current_objects_and_bookmark
         .await
         .unwrap();
     assert_eq!(events[0], ("ADDED".to_string(), "c".to_string()));
-    assert!(
-        events.iter().any(|(kind, _)| kind == "BOOKMARK"),
-        "{events:?}"
-    );
+    assert!(events.iter().any(|(kind, _)| kind == "BOOKMARK"), "{events:?}");
 }
 
 /// Writes many configmaps in-process so a watch on secrets falls out of the history window.
 fn flood_configmaps(t: &harness::TestServer, count: usize) {
     let store = t.server.store();
-    let info = Resources::current(&store)
-        .find("", "v1", "configmaps")
-        .unwrap();
+    let info = Resources::current(&store).find("", "v1", "configmaps").unwrap();
     for i in 0..count {
         let cm = json!({"metadata": {"name": format!("flood-{i}")}});
         verbs::create(&store, &info, "ns", cm).unwrap();
@@ -194,24 +158,14 @@ async fn kube_runtime_watcher_relists_after_a_410_and_recovers() {
     let t = harness::start().await;
     t.namespace("ns").await;
     let secrets: Api<Secret> = Api::namespaced(t.client.clone(), "ns");
-    let secret = |name: &str| -> Secret {
-        serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
-    };
-    secrets
-        .create(&PostParams::default(), &secret("first"))
-        .await
-        .unwrap();
+    let secret = |name: &str| -> Secret { serde_json::from_value(json!({"metadata": {"name": name}})).unwrap() };
+    secrets.create(&PostParams::default(), &secret("first")).await.unwrap();
     // Short server-side timeouts make the watcher re-watch from its last (now too old) version.
     let config = watcher::Config::default().disable_bookmarks().timeout(1);
     let mut events = watcher::watcher(secrets.clone(), config).boxed();
     let mut inits = 0;
     while inits < 1 {
-        if let Event::InitDone = timeout(WAIT, events.next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap()
-        {
+        if let Event::InitDone = timeout(WAIT, events.next()).await.unwrap().unwrap().unwrap() {
             inits += 1;
         }
     }
@@ -230,10 +184,7 @@ async fn kube_runtime_watcher_relists_after_a_410_and_recovers() {
         }
     }
     assert_eq!(relisted, vec!["first"]);
-    secrets
-        .create(&PostParams::default(), &secret("second"))
-        .await
-        .unwrap();
+    secrets.create(&PostParams::default(), &secret("second")).await.unwrap();
     loop {
         if let Ok(Event::Apply(s)) = timeout(WAIT, events.next()).await.unwrap().unwrap() {
             assert_eq!(s.metadata.name.as_deref(), Some("second"));
@@ -248,11 +199,7 @@ async fn idle_watcher_issues_no_requests_beyond_its_open_watch() {
     t.namespace("ns").await;
     let mut events = watcher::watcher(t.configmaps("ns"), watcher::Config::default()).boxed();
     while !matches!(
-        timeout(WAIT, events.next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap(),
+        timeout(WAIT, events.next()).await.unwrap().unwrap().unwrap(),
         Event::InitDone
     ) {}
     let drive = tokio::spawn(async move { while events.next().await.is_some() {} });
@@ -317,12 +264,6 @@ async fn shutdown_closes_open_watches() {
         .boxed();
     let harness::TestServer { server, .. } = t;
     timeout(WAIT, server.shutdown()).await.unwrap();
-    let ended = timeout(WAIT, async {
-        while let Some(Ok(_)) = stream.next().await {}
-    })
-    .await;
-    assert!(
-        ended.is_ok(),
-        "watch stream ends when the server shuts down"
-    );
+    let ended = timeout(WAIT, async { while let Some(Ok(_)) = stream.next().await {} }).await;
+    assert!(ended.is_ok(), "watch stream ends when the server shuts down");
 }

@@ -18,9 +18,7 @@ pub async fn start() -> TestServer {
 }
 
 pub async fn start_with(options: ServerOptions) -> TestServer {
-    let server = ApiServer::start(options)
-        .await
-        .expect("embedded server starts");
+    let server = ApiServer::start(options).await.expect("embedded server starts");
     let client = server.client().await;
     TestServer { server, client }
 }
@@ -40,10 +38,7 @@ impl TestServer {
 }
 
 pub fn configmap(name: &str, labels: serde_json::Value) -> ConfigMap {
-    serde_json::from_value(
-        json!({"metadata": {"name": name, "labels": labels}, "data": {"k": "v"}}),
-    )
-    .unwrap()
+    serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "data": {"k": "v"}})).unwrap()
 }
 
 pub fn resource_version<K: Resource>(object: &K) -> String {
