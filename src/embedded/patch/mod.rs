@@ -2,7 +2,7 @@
 //!
 //! - [`merge_patch`]: JSON merge patch (RFC 7386);
 //! - [`json_patch`]: JSON patch (RFC 6902) with kube-apiserver's `test` semantics;
-//! - `strategic_merge_patch`: strategic merge patch for built-in kinds;
+//! - [`strategic_merge_patch`]: strategic merge patch for built-in kinds;
 //! - `apply` / `record_update`: server-side apply and `managedFields` bookkeeping.
 
 mod json;
@@ -10,3 +10,11 @@ mod merge;
 
 pub use json::{JsonPatchError, json_patch};
 pub use merge::merge_patch;
+mod builtin;
+mod schema;
+
+pub use builtin::{BuiltinSchema, ListStrategy, list_strategy, supports_strategic};
+pub use schema::{CrdSchema, ListSemantics, ListType, PathElem};
+mod strategic;
+
+pub use strategic::{StrategicPatchError, strategic_merge_patch};
