@@ -18,3 +18,6 @@ pub use schema::{CrdSchema, ListSemantics, ListType, PathElem};
 mod strategic;
 
 pub use strategic::{StrategicPatchError, strategic_merge_patch};
+mod fieldset;
+
+pub use fieldset::{Element, FieldPath, FieldSet, path_string};
