@@ -21,3 +21,8 @@ pub use strategic::{StrategicPatchError, strategic_merge_patch};
 mod fieldset;
 
 pub use fieldset::{Element, FieldPath, FieldSet, path_string};
+mod apply;
+mod managed;
+mod typed;
+
+pub use apply::{ApplyError, ConflictCause, apply, record_update};
