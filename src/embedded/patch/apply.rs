@@ -323,9 +323,10 @@ fn prune(
     entries: &[ManagedEntry],
     schema: &dyn ListSemantics,
 ) {
-    let owned_now = entries
-        .iter()
-        .fold(FieldSet::new(), |all, entry| all.union(&entry.fields));
+    let mut owned_now = FieldSet::new();
+    for entry in entries {
+        owned_now.extend(entry.fields.clone());
+    }
     let unowned: FieldSet = last_applied
         .iter()
         .filter(|path| !owned_now.touches(path) && !is_key_field(path))

@@ -54,6 +54,11 @@ impl FieldSet {
         }
     }
 
+    /// Adds every path of `other`, without copying this set.
+    pub fn extend(&mut self, other: FieldSet) {
+        self.paths.extend(other.paths);
+    }
+
     pub fn difference(&self, other: &FieldSet) -> FieldSet {
         FieldSet {
             paths: self.paths.difference(&other.paths).cloned().collect(),

@@ -258,12 +258,12 @@ impl Comparer<'_> {
             (None, None) => Ok(()),
             (None, Some(new)) => {
                 let added = collect(new, self.schema, true, &mut cursor.clone())?;
-                self.comparison.added = self.comparison.added.union(&added);
+                self.comparison.added.extend(added);
                 Ok(())
             }
             (Some(old), None) => {
                 let removed = collect(old, self.schema, true, &mut cursor.clone())?;
-                self.comparison.removed = self.comparison.removed.union(&removed);
+                self.comparison.removed.extend(removed);
                 Ok(())
             }
             (Some(Value::Object(old)), Some(Value::Object(new)))
@@ -376,7 +376,7 @@ impl Comparer<'_> {
         } else {
             &mut self.comparison.removed
         };
-        *target = target.union(&paths);
+        target.extend(paths);
         Ok(())
     }
 }
@@ -430,7 +430,8 @@ fn merge_objects(
     Ok(Value::Object(merged))
 }
 
-/// Live items keep their order and are merged with the applied ones; new items go last.
+/// Items the configuration names come out in its order, merged with their live versions; live
+/// items it does not name keep their place among them (structured-merge-diff's interleaving).
 fn merge_lists(
     live: &[Value],
     config: &[Value],
@@ -438,23 +439,65 @@ fn merge_lists(
     schema: &dyn ListSemantics,
     cursor: &mut Cursor,
 ) -> Result<Value, String> {
-    let live_elements: Vec<Element> = keyed_items(schema, cursor, list_type, live)?
-        .into_iter()
-        .map(|(element, _)| element)
-        .collect();
-    let mut merged = live.to_vec();
-    for (element, item) in keyed_items(schema, cursor, list_type, config)? {
-        match live_elements.iter().position(|live| *live == element) {
-            Some(index) => {
-                cursor.push_item(element);
-                let item = merge_values(&merged[index], item, schema, cursor);
-                cursor.pop();
-                merged[index] = item?;
+    let live = keyed_items(schema, cursor, list_type, live)?;
+    let config = keyed_items(schema, cursor, list_type, config)?;
+    let live_value = |wanted: &Element| live.iter().find(|(e, _)| e == wanted).map(|(_, v)| *v);
+    let in_config = |wanted: &Element| config.iter().any(|(e, _)| e == wanted);
+    let mut shared = config
+        .iter()
+        .map(|(e, _)| e)
+        .filter(|e| live_value(e).is_some());
+    let mut next_shared = shared.next();
+    let mut emitted = HashSet::new();
+    let mut merged = Vec::with_capacity(live.len() + config.len());
+    let (mut l, mut c) = (0, 0);
+    while l < live.len() || c < config.len() {
+        if let Some((element, value)) = live.get(l) {
+            let config_here = config.get(c).is_some_and(|(e, _)| e == element);
+            let wanted_later = in_config(element) && next_shared != Some(element);
+            if !in_config(element) {
+                merged.push((*value).clone());
+                l += 1;
+                continue;
             }
-            None => merged.push(item.clone()),
+            if emitted.contains(element) || (!config_here && wanted_later) {
+                l += 1;
+                continue;
+            }
         }
+        let Some((element, value)) = config.get(c) else {
+            break;
+        };
+        merged.push(merge_item(
+            live_value(element),
+            element,
+            value,
+            schema,
+            cursor,
+        )?);
+        emitted.insert(element.clone());
+        if next_shared == Some(element) {
+            next_shared = shared.next();
+        }
+        c += 1;
     }
     Ok(Value::Array(merged))
+}
+
+fn merge_item(
+    live: Option<&Value>,
+    element: &Element,
+    config: &Value,
+    schema: &dyn ListSemantics,
+    cursor: &mut Cursor,
+) -> Result<Value, String> {
+    let Some(live) = live else {
+        return Ok(config.clone());
+    };
+    cursor.push_item(element.clone());
+    let merged = merge_values(live, config, schema, cursor);
+    cursor.pop();
+    merged
 }
 
 /// The value at `path`, if there is one.
@@ -604,6 +647,21 @@ mod tests {
         ];
         remove(&mut pod, &path, &schema);
         assert_eq!(pod, json!({"spec": {"containers": [{"name": "b"}]}}));
+    }
+
+    #[test]
+    fn applied_order_wins_and_live_only_items_keep_their_place() {
+        let schema = BuiltinSchema::for_kind("Pod");
+        let containers = |names: &[&str]| -> Value {
+            let items: Vec<Value> = names.iter().map(|n| json!({"name": n})).collect();
+            json!({"spec": {"containers": items}})
+        };
+        let merged = merge(
+            &containers(&["x", "a", "b", "y"]),
+            &containers(&["b", "a", "n"]),
+            &schema,
+        );
+        assert_eq!(merged, Ok(containers(&["x", "b", "y", "a", "n"])));
     }
 
     #[test]
