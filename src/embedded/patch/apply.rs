@@ -721,7 +721,9 @@ mod tests {
                 "tags": {"type": "array", "x-kubernetes-list-type": "set",
                          "items": {"type": "string"}},
                 "selector": {"type": "object", "x-kubernetes-map-type": "atomic",
-                             "additionalProperties": {"type": "string"}}
+                             "additionalProperties": {"type": "string"}},
+                "zones": {"type": "object", "additionalProperties": {
+                    "type": "object", "properties": {"hosts": {"type": "string"}}}}
             }
         }}}))
     }
@@ -794,6 +796,40 @@ mod tests {
         assert_eq!(
             fields_of(&second, "m"),
             json!({"f:spec": {"f:selector": {}}})
+        );
+    }
+
+    #[test]
+    fn map_keys_are_owned_themselves_and_go_whole() {
+        let zones = json!({"zones": {"eu": {"hosts": "a"}, "us": {"hosts": "b"}}});
+        let first = apply_widget(None, zones, "m", false);
+        let Ok(first) = first else {
+            panic!("first apply failed: {first:?}")
+        };
+        assert_eq!(
+            fields_of(&first, "m"),
+            json!({"f:spec": {"f:zones": {
+                "f:eu": {".": {}, "f:hosts": {}}, "f:us": {".": {}, "f:hosts": {}}
+            }}})
+        );
+        let second = apply_widget(
+            Some(&first),
+            json!({"zones": {"us": {"hosts": "b"}}}),
+            "m",
+            false,
+        );
+        assert_eq!(
+            second.map(|w| w["spec"].clone()),
+            Ok(json!({"zones": {"us": {"hosts": "b"}}}))
+        );
+    }
+
+    #[test]
+    fn an_empty_struct_is_owned_by_nobody() {
+        let created = apply_widget(None, json!({}), "m", false);
+        assert_eq!(
+            created.map(|w| w["metadata"].get("managedFields").cloned()),
+            Ok(None)
         );
     }
 

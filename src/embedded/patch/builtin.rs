@@ -5,7 +5,9 @@
 
 use serde_json::Value;
 
-use super::schema::{ListSemantics, ListType, PathElem, object_meta_list_type, render};
+use super::schema::{
+    ListSemantics, ListType, PathElem, object_meta_is_map, object_meta_list_type, render,
+};
 
 /// How a list of a built-in kind merges.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,6 +166,30 @@ fn map_is_atomic(kind: &str, path: &[PathElem]) -> bool {
     )
 }
 
+/// Maps (as opposed to structs) of the built-in kinds; only their keys' ownership depends on it.
+fn is_map(kind: &str, path: &[PathElem]) -> bool {
+    if let Some(meta) = object_meta_is_map(path) {
+        return meta;
+    }
+    let Some(PathElem::Field(last)) = path.last() else {
+        return false;
+    };
+    let rendered = render(path);
+    match last.as_str() {
+        "labels" | "annotations" => {
+            rendered.ends_with("metadata.labels") || rendered.ends_with("metadata.annotations")
+        }
+        "data" | "binaryData" | "stringData" => path.len() == 1,
+        "nodeSelector" | "matchLabels" | "limits" | "requests" => true,
+        "selector" => kind == "Service",
+        // JSONSchemaProps maps inside a CRD's validation schema.
+        "properties" | "patternProperties" | "definitions" | "dependencies" => {
+            kind == "CustomResourceDefinition" && rendered.contains(".schema.openAPIV3Schema")
+        }
+        _ => false,
+    }
+}
+
 /// List semantics of a built-in kind for server-side apply, from the table above.
 #[derive(Debug, Clone)]
 pub struct BuiltinSchema {
@@ -191,6 +217,10 @@ impl ListSemantics for BuiltinSchema {
 
     fn map_is_atomic(&self, path: &[PathElem]) -> bool {
         map_is_atomic(&self.kind, path)
+    }
+
+    fn is_map(&self, path: &[PathElem]) -> bool {
+        is_map(&self.kind, path)
     }
 
     /// The API server defaults a port's protocol to TCP, so an applied port without one is the
@@ -249,6 +279,16 @@ mod tests {
         let schema = BuiltinSchema::for_kind("Deployment");
         assert!(schema.map_is_atomic(&path("spec.selector")));
         assert!(!schema.map_is_atomic(&path("spec.template.metadata.labels")));
+    }
+
+    #[test]
+    fn crd_validation_properties_are_maps() {
+        let schema = BuiltinSchema::for_kind("CustomResourceDefinition");
+        assert!(schema.is_map(&path(
+            "spec.versions[].schema.openAPIV3Schema.properties.spec.properties"
+        )));
+        assert!(!schema.is_map(&path("spec.versions[].schema.openAPIV3Schema")));
+        assert!(BuiltinSchema::for_kind("ConfigMap").is_map(&path("data")));
     }
 
     #[test]

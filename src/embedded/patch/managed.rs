@@ -160,7 +160,7 @@ pub(crate) fn without_managed_fields(object: &Value) -> Value {
 
 /// Fields nobody owns: identity and server-set metadata.
 pub(crate) fn is_unowned(path: &[Element]) -> bool {
-    const SERVER_METADATA: [&str; 8] = [
+    const SERVER_METADATA: [&str; 9] = [
         "name",
         "namespace",
         "uid",
@@ -169,6 +169,7 @@ pub(crate) fn is_unowned(path: &[Element]) -> bool {
         "creationTimestamp",
         "managedFields",
         "selfLink",
+        "clusterName",
     ];
     match path {
         [Element::Field(top)] => matches!(top.as_str(), "apiVersion" | "kind" | "metadata"),

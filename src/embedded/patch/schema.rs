@@ -30,6 +30,11 @@ pub trait ListSemantics {
     fn list_type(&self, path: &[PathElem]) -> ListType;
     /// Whether the object at `path` is replaced whole (`x-kubernetes-map-type: atomic`).
     fn map_is_atomic(&self, path: &[PathElem]) -> bool;
+    /// Whether the object at `path` is a map (`additionalProperties`, labels, data) rather than
+    /// a struct with named fields: server-side apply owns a map's keys themselves.
+    fn is_map(&self, _path: &[PathElem]) -> bool {
+        false
+    }
     /// The value a missing list-map key field of an item of the list at `list` stands for
     /// (`protocol` of a container port is `TCP` when left out).
     fn key_default(&self, _list: &[PathElem], _key: &str) -> Option<Value> {
@@ -64,6 +69,19 @@ pub(crate) fn object_meta_list_type(path: &[PathElem]) -> Option<ListType> {
                 _ => None,
             }
         }
+        _ => None,
+    }
+}
+
+/// Whether an object under `metadata` is a map: labels and annotations are, the rest of
+/// ObjectMeta is structs; `None` for paths outside `metadata`.
+pub(crate) fn object_meta_is_map(path: &[PathElem]) -> Option<bool> {
+    match path {
+        [] => Some(false),
+        [PathElem::Field(meta), rest @ ..] if meta == "metadata" => Some(matches!(
+            rest,
+            [PathElem::Field(map)] if map == "labels" || map == "annotations"
+        )),
         _ => None,
     }
 }
@@ -123,6 +141,16 @@ impl ListSemantics for CrdSchema {
             .and_then(|node| node.get("x-kubernetes-map-type"))
             .and_then(Value::as_str)
             == Some("atomic")
+    }
+
+    /// Objects without `properties` (`additionalProperties`, preserved unknown fields) are maps,
+    /// as structured-merge-diff deduces; `metadata` follows ObjectMeta.
+    fn is_map(&self, path: &[PathElem]) -> bool {
+        if let Some(meta) = object_meta_is_map(path) {
+            return meta;
+        }
+        self.node(path)
+            .is_none_or(|node| node.get("properties").is_none())
     }
 
     fn key_default(&self, list: &[PathElem], key: &str) -> Option<Value> {
@@ -223,6 +251,16 @@ mod tests {
             schema.key_default(&path("spec.ports"), "protocol"),
             Some(json!("TCP"))
         );
+    }
+
+    #[test]
+    fn objects_without_properties_are_maps() {
+        let schema = widget_schema();
+        assert!(schema.is_map(&path("spec.byZone")));
+        assert!(schema.is_map(&path("metadata.labels")));
+        assert!(!schema.is_map(&path("spec")));
+        assert!(!schema.is_map(&path("metadata")));
+        assert!(!schema.is_map(&[]));
     }
 
     #[test]

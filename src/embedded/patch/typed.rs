@@ -99,7 +99,7 @@ fn keyed_items<'v>(
 
 /// Collects the paths of a value. With `include_nodes`, every object and list on the way is
 /// in the set too (what an Update changes); without, only what an applier owns: leaves, list
-/// items, atomic lists and maps, empty objects and lists.
+/// items, map keys, atomic lists and maps.
 struct Collector<'a> {
     schema: &'a dyn ListSemantics,
     include_nodes: bool,
@@ -129,23 +129,29 @@ impl Collector<'_> {
         fields: &Map<String, Value>,
         cursor: &mut Cursor,
     ) -> Result<(), String> {
-        let whole = fields.is_empty() || self.schema.map_is_atomic(&cursor.schema);
-        if whole || self.include_nodes {
+        let atomic = !cursor.is_root() && self.schema.map_is_atomic(&cursor.schema);
+        if atomic || self.include_nodes {
             self.insert(cursor);
         }
-        if whole && !cursor.is_root() {
+        if atomic {
             return Ok(());
         }
         self.walk_fields(fields, cursor)
     }
 
+    /// Named fields of a struct are owned through their leaves only, but the keys of a map are
+    /// owned themselves, whatever their values (so an empty struct is owned by nobody).
     fn walk_fields(
         &mut self,
         fields: &Map<String, Value>,
         cursor: &mut Cursor,
     ) -> Result<(), String> {
+        let keys_are_owned = self.schema.is_map(&cursor.schema);
         for (name, value) in fields.iter().filter(|(_, value)| !value.is_null()) {
             cursor.push_field(name);
+            if keys_are_owned {
+                self.insert(cursor);
+            }
             let walked = self.walk(value, cursor);
             cursor.pop();
             walked?;
@@ -155,7 +161,7 @@ impl Collector<'_> {
 
     fn walk_list(&mut self, items: &[Value], cursor: &mut Cursor) -> Result<(), String> {
         let list_type = self.schema.list_type(&cursor.schema);
-        if list_type == ListType::Atomic || items.is_empty() || self.include_nodes {
+        if list_type == ListType::Atomic || self.include_nodes {
             self.insert(cursor);
         }
         if list_type == ListType::Atomic {
