@@ -36,7 +36,10 @@ pub enum ApplyError {
     /// 409 Conflict, one Status cause per field.
     #[error("{}", conflict_message(.causes))]
     Conflict { causes: Vec<ConflictCause> },
-    /// 422 Invalid (400 for a body that is not an object).
+    /// 400 BadRequest: not an object, no apiVersion or kind, `managedFields` set.
+    #[error("{0}")]
+    BadRequest(String),
+    /// 422 Invalid: the configuration breaks its list semantics (duplicate or missing keys).
     #[error("{0}")]
     Invalid(String),
     /// 404: an apply to a subresource needs the object to exist.
@@ -207,11 +210,11 @@ fn entries_for_update(old: &Value, new: &Value) -> Vec<ManagedEntry> {
     read_entries(source).unwrap_or_default()
 }
 
-/// The applied configuration as merged: nulls dropped (applying `null` sets nothing), the
-/// client's `managedFields` ignored, and only `.status` kept for the status subresource.
+/// The applied configuration as merged: nulls dropped (applying `null` sets nothing) and only
+/// `.status` kept for the status subresource.
 fn applied_config(applied: &Value, subresource: Option<&str>) -> Result<Value, ApplyError> {
     let Some(object) = applied.as_object() else {
-        return Err(ApplyError::Invalid(
+        return Err(ApplyError::BadRequest(
             "an apply patch must be a JSON object".to_string(),
         ));
     };
@@ -221,19 +224,26 @@ fn applied_config(applied: &Value, subresource: Option<&str>) -> Result<Value, A
             .and_then(Value::as_str)
             .is_none_or(str::is_empty)
         {
-            return Err(ApplyError::Invalid(format!(
-                "{required}: Required value: an apply patch must set {required}"
+            return Err(ApplyError::BadRequest(format!(
+                "Object '{required}' is missing in the apply patch"
             )));
         }
     }
-    let mut config = without_nulls(applied);
-    if let Some(metadata) = config.get_mut("metadata").and_then(Value::as_object_mut) {
-        metadata.remove("managedFields");
+    let sent_managed_fields = object
+        .get("metadata")
+        .and_then(|metadata| metadata.get("managedFields"))
+        .and_then(Value::as_array)
+        .is_some_and(|entries| !entries.is_empty());
+    if sent_managed_fields {
+        return Err(ApplyError::BadRequest(
+            "metadata.managedFields must be nil".to_string(),
+        ));
     }
+    let config = without_managed_fields(&without_nulls(applied));
     match subresource {
         None => Ok(config),
         Some("status") => Ok(status_only(&config)),
-        Some(other) => Err(ApplyError::Invalid(format!(
+        Some(other) => Err(ApplyError::BadRequest(format!(
             "apply to the {other} subresource is not supported"
         ))),
     }
@@ -888,7 +898,15 @@ mod tests {
             None,
             T1,
         );
-        assert!(matches!(result, Err(ApplyError::Invalid(_))));
+        assert!(matches!(result, Err(ApplyError::BadRequest(_))));
+    }
+
+    #[test]
+    fn apply_with_managed_fields_is_a_bad_request() {
+        let mut config = config_map(json!({"a": "1"}));
+        config["metadata"]["managedFields"] = json!([{"manager": "x"}]);
+        let result = apply(None, &config, "m", false, &config_maps(), None, T1);
+        assert!(matches!(result, Err(ApplyError::BadRequest(_))));
     }
 
     #[test]
