@@ -508,6 +508,7 @@ mod tests {
             .unwrap_or(Value::Null)
     }
 
+    /// Fixture `apply-create` of kube-apiserver-1.24-answers.md.
     #[test]
     fn apply_create_builds_the_object_and_records_the_manager() {
         let created = applied(None, &config_map(json!({"a": "1"})), "fid", false, T1);
@@ -520,6 +521,7 @@ mod tests {
         );
     }
 
+    /// Fixture `noop-apply` of kube-apiserver-1.24-answers.md.
     #[test]
     fn second_identical_apply_is_a_noop() {
         let config = config_map(json!({"a": "1"}));
@@ -528,6 +530,7 @@ mod tests {
         assert_eq!(second, first);
     }
 
+    /// Fixture `apply-update-drops-unowned` of kube-apiserver-1.24-answers.md.
     #[test]
     fn field_dropped_from_apply_is_removed() {
         let first = applied(None, &config_map(json!({"a": "1"})), "fid", false, T1);
@@ -587,6 +590,7 @@ mod tests {
         assert_eq!(fields_of(&dropped, "other"), json!({"f:data": {"f:b": {}}}));
     }
 
+    /// Fixture `apply-conflict` of kube-apiserver-1.24-answers.md.
     #[test]
     fn two_managers_conflict_without_force() {
         let first = applied(None, &config_map(json!({"a": "1"})), "first", false, T1);
@@ -870,6 +874,49 @@ mod tests {
             status_entry["fieldsV1"],
             json!({"f:status": {"f:phase": {}}})
         );
+    }
+
+    #[test]
+    fn conditions_applied_to_status_by_two_controllers_merge_by_type() {
+        let schema = BuiltinSchema::for_kind("Pod");
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                         "spec": {"containers": [{"name": "app", "image": "app:1"}]}});
+        let condition = |kind: &str| -> Value {
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                   "status": {"conditions": [{"type": kind, "status": "True"}]}})
+        };
+        let status = Some("status");
+        let steps = apply(None, &pod, "creator", false, &schema, None, T1)
+            .and_then(|p| {
+                apply(
+                    Some(&p),
+                    &condition("Ready"),
+                    "kubelet",
+                    false,
+                    &schema,
+                    status,
+                    T2,
+                )
+            })
+            .and_then(|p| {
+                apply(
+                    Some(&p),
+                    &condition("Scheduled"),
+                    "scheduler",
+                    false,
+                    &schema,
+                    status,
+                    T3,
+                )
+            });
+        let Ok(updated) = steps else {
+            panic!("applies failed: {steps:?}")
+        };
+        assert_eq!(
+            updated["status"]["conditions"],
+            json!([{"type": "Ready", "status": "True"}, {"type": "Scheduled", "status": "True"}])
+        );
+        assert_eq!(updated["spec"]["containers"][0]["image"], json!("app:1"));
     }
 
     #[test]

@@ -9,22 +9,24 @@ use super::schema::{
     ListSemantics, ListType, PathElem, object_meta_is_map, object_meta_list_type, render,
 };
 
-/// How a list of a built-in kind merges.
+/// How a list of a built-in kind merges. The two mechanisms read different tags of the Go
+/// types, which mostly agree: strategic merge patch `patchMergeKey`, apply `listMapKey`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ListStrategy {
-    /// Objects matched by `patch_key` in strategic merge patch; `apply_keys` are the
-    /// `x-kubernetes-list-map-keys` server-side apply uses (a superset, e.g. port + protocol).
+    /// Objects matched by `patch_key` in strategic merge patch (replaced whole when `None`)
+    /// and by `apply_keys` in server-side apply (atomic when empty).
     MergeByKey {
-        patch_key: &'static str,
+        patch_key: Option<&'static str>,
         apply_keys: &'static [&'static str],
     },
     /// Scalars merged as a set (`patchStrategy: merge` on a list of strings).
     MergeValues,
 }
 
+/// Merged by `key` in a strategic merge patch and by `apply_keys` in an apply.
 const fn by(key: &'static str, apply_keys: &'static [&'static str]) -> Option<ListStrategy> {
     Some(ListStrategy::MergeByKey {
-        patch_key: key,
+        patch_key: Some(key),
         apply_keys,
     })
 }
@@ -71,8 +73,11 @@ fn pod_spec_prefix(kind: &str) -> Option<&'static str> {
     }
 }
 
-fn pod_template_metadata_prefix(kind: &str) -> Option<&'static str> {
-    pod_spec_prefix(kind).and_then(|spec| spec.strip_suffix("spec."))
+/// Where a workload keeps its pod template (`spec.template.`); a Pod has none.
+fn pod_template_prefix(kind: &str) -> Option<&'static str> {
+    pod_spec_prefix(kind)
+        .and_then(|spec| spec.strip_suffix("spec."))
+        .filter(|template| !template.is_empty())
 }
 
 /// The merge strategy of the list at `path` of `kind`, `None` for an atomic list.
@@ -84,9 +89,7 @@ pub fn list_strategy(kind: &str, path: &[PathElem]) -> Option<ListStrategy> {
     if let Some(rest) = pod_spec_prefix(kind).and_then(|prefix| rendered.strip_prefix(prefix)) {
         return pod_spec_list(rest);
     }
-    if let Some(rest) =
-        pod_template_metadata_prefix(kind).and_then(|prefix| rendered.strip_prefix(prefix))
-    {
+    if let Some(rest) = pod_template_prefix(kind).and_then(|prefix| rendered.strip_prefix(prefix)) {
         return match rest {
             "metadata.ownerReferences" => by("uid", &["uid"]),
             "metadata.finalizers" => Some(ListStrategy::MergeValues),
@@ -136,17 +139,17 @@ fn kind_list(kind: &str, rendered: &str) -> Option<ListStrategy> {
         ("Service", "spec.ports") => by("port", &["port", "protocol"]),
         ("ServiceAccount", "secrets") => by("name", &["name"]),
         (
-            "Pod"
-            | "Deployment"
-            | "ReplicaSet"
-            | "StatefulSet"
-            | "DaemonSet"
-            | "Job"
-            | "Namespace"
-            | "Service"
-            | "CustomResourceDefinition",
+            "Pod" | "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet" | "Namespace"
+            | "Service",
             "status.conditions",
         ) => by("type", &["type"]),
+        // `patchStrategy: merge` but `listType: atomic`.
+        ("Job", "status.conditions") => by("type", &[]),
+        // `listType: map` without a patch strategy.
+        ("CustomResourceDefinition", "status.conditions") => Some(ListStrategy::MergeByKey {
+            patch_key: None,
+            apply_keys: &["type"],
+        }),
         _ => None,
     }
 }
@@ -207,11 +210,11 @@ impl BuiltinSchema {
 impl ListSemantics for BuiltinSchema {
     fn list_type(&self, path: &[PathElem]) -> ListType {
         match list_strategy(&self.kind, path) {
-            Some(ListStrategy::MergeByKey { apply_keys, .. }) => {
+            Some(ListStrategy::MergeByKey { apply_keys, .. }) if !apply_keys.is_empty() => {
                 ListType::Map(apply_keys.iter().map(|key| key.to_string()).collect())
             }
             Some(ListStrategy::MergeValues) => ListType::Set,
-            None => ListType::Atomic,
+            _ => ListType::Atomic,
         }
     }
 
@@ -263,6 +266,35 @@ mod tests {
     fn tolerations_and_rbac_rules_are_atomic() {
         assert_eq!(list_strategy("Pod", &path("spec.tolerations")), None);
         assert_eq!(list_strategy("ClusterRole", &path("rules")), None);
+    }
+
+    #[test]
+    fn status_conditions_merge_by_type() {
+        for kind in ["Pod", "Deployment", "ReplicaSet", "Namespace", "Service"] {
+            assert_eq!(
+                list_strategy(kind, &path("status.conditions")),
+                by("type", &["type"]),
+                "{kind}"
+            );
+        }
+    }
+
+    #[test]
+    fn patch_and_apply_can_disagree_on_conditions() {
+        let job = BuiltinSchema::for_kind("Job");
+        assert_eq!(job.list_type(&path("status.conditions")), ListType::Atomic);
+        let crd = BuiltinSchema::for_kind("CustomResourceDefinition");
+        assert_eq!(
+            crd.list_type(&path("status.conditions")),
+            ListType::Map(vec!["type".into()])
+        );
+        assert_eq!(
+            list_strategy("CustomResourceDefinition", &path("status.conditions")),
+            Some(ListStrategy::MergeByKey {
+                patch_key: None,
+                apply_keys: &["type"]
+            })
+        );
     }
 
     #[test]

@@ -80,6 +80,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Fixture `json-patch-test-missing-is-null` of kube-apiserver-1.24-answers.md.
     #[test]
     fn json_patch_test_of_missing_path_equals_null() {
         let live = json!({"metadata": {"name": "a"}});
@@ -94,6 +95,7 @@ mod tests {
         );
     }
 
+    /// Fixture `json-patch-test-fails` of kube-apiserver-1.24-answers.md.
     #[test]
     fn failing_json_patch_is_an_error() {
         let live = json!({"data": {"k": "v2"}});

@@ -15,6 +15,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// Fixture `merge-patch` of kube-apiserver-1.24-answers.md.
     #[test]
     fn merge_patch_adds_a_data_key() {
         let live = json!({"data": {"k": "v"}});
@@ -22,6 +23,7 @@ mod tests {
         assert_eq!(merged, json!({"data": {"k": "v", "m": "n"}}));
     }
 
+    /// Fixture `remove-finalizer` of kube-apiserver-1.24-answers.md.
     #[test]
     fn null_in_merge_patch_removes_finalizers() {
         let live = json!({"metadata": {"name": "a", "finalizers": ["x"]}});

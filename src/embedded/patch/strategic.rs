@@ -121,11 +121,12 @@ impl Merger<'_> {
             return self.fresh_items(&replacement, path);
         }
         match list_strategy(self.kind, path) {
-            Some(ListStrategy::MergeByKey { patch_key, .. }) => {
-                self.merge_keyed_list(original, patch, patch_key, path)
-            }
+            Some(ListStrategy::MergeByKey {
+                patch_key: Some(patch_key),
+                ..
+            }) => self.merge_keyed_list(original, patch, patch_key, path),
             Some(ListStrategy::MergeValues) => Ok(union(original, patch)),
-            None => self.fresh_items(patch, path),
+            _ => self.fresh_items(patch, path),
         }
     }
 
@@ -236,7 +237,7 @@ impl Merger<'_> {
             };
             path.push(PathElem::Field(field.to_string()));
             let key = match list_strategy(self.kind, path) {
-                Some(ListStrategy::MergeByKey { patch_key, .. }) => Some(patch_key),
+                Some(ListStrategy::MergeByKey { patch_key, .. }) => patch_key,
                 _ => None,
             };
             path.pop();
@@ -463,6 +464,7 @@ mod tests {
         );
     }
 
+    /// Fixture `strategic-merge-builtin` of kube-apiserver-1.24-answers.md.
     #[test]
     fn strategic_merge_of_a_config_map_adds_data() {
         let live = json!({"kind": "ConfigMap", "data": {"k": "v"}});
