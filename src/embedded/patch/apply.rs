@@ -1114,6 +1114,22 @@ mod tests {
     }
 
     #[test]
+    fn duplicate_keys_in_the_applied_config_are_invalid() {
+        let containers = json!([{"name": "app", "image": "a"}, {"name": "app", "image": "b"}]);
+        let schema = BuiltinSchema::for_kind("Deployment");
+        let result = apply(None, &deployment(containers), "m", false, &schema, None, T1);
+        assert!(
+            matches!(result, Err(ApplyError::Invalid(ref message)) if message.contains("duplicate"))
+        );
+    }
+
+    #[test]
+    fn objects_in_a_set_are_invalid() {
+        let result = apply_widget(None, json!({"tags": [{"a": 1}]}), "m", false);
+        assert!(matches!(result, Err(ApplyError::Invalid(_))));
+    }
+
+    #[test]
     fn null_in_an_applied_config_sets_nothing() {
         let created = applied(
             None,
