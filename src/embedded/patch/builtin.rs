@@ -158,7 +158,10 @@ fn kind_list(kind: &str, rendered: &str) -> Option<ListStrategy> {
 fn map_is_atomic(kind: &str, path: &[PathElem]) -> bool {
     let rendered = render(path);
     if let Some(rest) = pod_spec_prefix(kind).and_then(|prefix| rendered.strip_prefix(prefix)) {
-        return rest == "nodeSelector";
+        // Label selectors of affinity terms and spread constraints are atomic structs too.
+        return rest == "nodeSelector"
+            || rest.ends_with(".labelSelector")
+            || rest.ends_with(".namespaceSelector");
     }
     matches!(
         (kind, rendered.as_str()),
@@ -311,6 +314,9 @@ mod tests {
         let schema = BuiltinSchema::for_kind("Deployment");
         assert!(schema.map_is_atomic(&path("spec.selector")));
         assert!(!schema.map_is_atomic(&path("spec.template.metadata.labels")));
+        assert!(schema.map_is_atomic(&path(
+            "spec.template.spec.topologySpreadConstraints[].labelSelector"
+        )));
     }
 
     #[test]

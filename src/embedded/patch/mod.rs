@@ -14,6 +14,15 @@
 //!
 //! An apply or update that changes nothing returns the stored object unchanged, so the caller
 //! can compare and keep its `resourceVersion`.
+//!
+//! Known differences from kube-apiserver 1.24 (structured-merge-diff v4):
+//! - the built-in schemas are a hand-written table of merge keys and atomic maps, not the
+//!   OpenAPI models: lists it does not name are atomic, objects are structs unless listed;
+//! - no cap of ten Update entries (`ancient-changes`), no version conversion of field sets;
+//! - a struct emptied by pruning is removed; structured-merge-diff keeps it when it still holds
+//!   fields nobody owns (those are removed with it here only if the struct became empty);
+//! - strategic merge patch: `$setElementOrder` reorders the named items within the slots they
+//!   occupy; errors are one [`StrategicPatchError`] where kube answers 400, 422 or 500.
 
 mod apply;
 mod builtin;
