@@ -19,8 +19,10 @@
 //! - the built-in schemas are a hand-written table of merge keys and atomic maps, not the
 //!   OpenAPI models: lists it does not name are atomic, objects are structs unless listed;
 //! - no cap of ten Update entries (`ancient-changes`), no version conversion of field sets;
-//! - a struct emptied by pruning is removed; structured-merge-diff keeps it when it still holds
-//!   fields nobody owns (those are removed with it here only if the struct became empty);
+//! - after pruning, any object or list left empty (and owned by nobody) is removed, map values
+//!   included; structured-merge-diff removes struct fields that way, and keeps empty map values;
+//! - the status stanza of an apply to the main resource is not dropped here: the caller removes
+//!   it for kinds with a status subresource, as kube-apiserver's reset fields do;
 //! - strategic merge patch: `$setElementOrder` reorders the named items within the slots they
 //!   occupy; errors are one [`StrategicPatchError`] where kube answers 400, 422 or 500.
 
