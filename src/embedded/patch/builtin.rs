@@ -188,10 +188,6 @@ fn is_map(kind: &str, path: &[PathElem]) -> bool {
         "data" | "binaryData" | "stringData" => path.len() == 1,
         "nodeSelector" | "matchLabels" | "limits" | "requests" => true,
         "selector" => kind == "Service",
-        // JSONSchemaProps maps inside a CRD's validation schema.
-        "properties" | "patternProperties" | "definitions" | "dependencies" => {
-            kind == "CustomResourceDefinition" && rendered.contains(".schema.openAPIV3Schema")
-        }
         _ => false,
     }
 }
@@ -320,13 +316,9 @@ mod tests {
     }
 
     #[test]
-    fn crd_validation_properties_are_maps() {
-        let schema = BuiltinSchema::for_kind("CustomResourceDefinition");
-        assert!(schema.is_map(&path(
-            "spec.versions[].schema.openAPIV3Schema.properties.spec.properties"
-        )));
-        assert!(!schema.is_map(&path("spec.versions[].schema.openAPIV3Schema")));
+    fn config_map_data_is_a_map() {
         assert!(BuiltinSchema::for_kind("ConfigMap").is_map(&path("data")));
+        assert!(!BuiltinSchema::for_kind("Pod").is_map(&path("spec")));
     }
 
     #[test]
