@@ -1,5 +1,7 @@
 //! `metadata.managedFields` entries: reading, writing, ordering and naming them.
 
+use std::collections::HashMap;
+
 use serde_json::{Map, Value, json};
 
 use super::fieldset::{Element, FieldSet};
@@ -113,25 +115,13 @@ pub(crate) fn read_entries(object: &Value) -> Option<Vec<ManagedEntry>> {
 }
 
 /// Writes entries into `metadata.managedFields` in kube-apiserver's order (Apply before Update,
-/// then oldest first, then by manager), dropping entries that own nothing.
+/// then oldest first, then by manager), dropping entries that own nothing and folding old
+/// Update entries beyond the tenth.
 pub(crate) fn write_entries(object: &mut Value, mut entries: Vec<ManagedEntry>) {
     entries.retain(|entry| !entry.fields.is_empty());
-    entries.sort_by(|a, b| {
-        (
-            a.operation,
-            &a.time,
-            &a.manager,
-            &a.api_version,
-            &a.subresource,
-        )
-            .cmp(&(
-                b.operation,
-                &b.time,
-                &b.manager,
-                &b.api_version,
-                &b.subresource,
-            ))
-    });
+    sort_entries(&mut entries);
+    let mut entries = cap_update_entries(entries);
+    sort_entries(&mut entries);
     let Some(object) = object.as_object_mut() else {
         return;
     };
@@ -147,6 +137,78 @@ pub(crate) fn write_entries(object: &mut Value, mut entries: Vec<ManagedEntry>) 
         let encoded = entries.iter().map(ManagedEntry::to_json).collect();
         metadata.insert("managedFields".to_string(), Value::Array(encoded));
     }
+}
+
+fn sort_entries(entries: &mut [ManagedEntry]) {
+    entries.sort_by(|a, b| {
+        let key = |e: &ManagedEntry| {
+            (
+                e.operation,
+                e.time.clone(),
+                e.manager.clone(),
+                e.api_version.clone(),
+                e.subresource.clone(),
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+}
+
+/// kube-apiserver keeps at most this many Update entries.
+const MAX_UPDATE_ENTRIES: usize = 10;
+/// The entry the oldest Update entries beyond the cap are folded into, one per API version.
+const ANCIENT_CHANGES: &str = "ancient-changes";
+
+/// Folds the oldest Update entries into `ancient-changes` until ten remain: the oldest entry of
+/// each API version becomes the bucket and takes the fields and time of the next ones.
+/// `entries` must be sorted (Apply first, then Update oldest first).
+fn cap_update_entries(entries: Vec<ManagedEntry>) -> Vec<ManagedEntry> {
+    let updates = entries
+        .iter()
+        .filter(|entry| entry.operation == Operation::Update)
+        .count();
+    let mut excess = updates.saturating_sub(MAX_UPDATE_ENTRIES);
+    if excess == 0 {
+        return entries;
+    }
+    let mut kept: Vec<ManagedEntry> = Vec::with_capacity(entries.len());
+    let mut bucket_of_version: HashMap<String, usize> = HashMap::new();
+    for entry in entries {
+        if entry.operation == Operation::Apply || excess == 0 {
+            kept.push(entry);
+            continue;
+        }
+        match bucket_of_version.get(&entry.api_version).copied() {
+            Some(index) => {
+                let bucket = &mut kept[index];
+                bucket.manager = ANCIENT_CHANGES.to_string();
+                bucket.subresource = None;
+                bucket.fields.extend(entry.fields);
+                bucket.time = entry.time;
+                excess -= 1;
+            }
+            None => {
+                bucket_of_version.insert(entry.api_version.clone(), kept.len());
+                kept.push(entry);
+            }
+        }
+    }
+    merge_same_writers(kept)
+}
+
+/// Joins entries of one writer (a fresh bucket meeting an older `ancient-changes`).
+fn merge_same_writers(entries: Vec<ManagedEntry>) -> Vec<ManagedEntry> {
+    let mut merged: Vec<ManagedEntry> = Vec::with_capacity(entries.len());
+    for entry in entries {
+        match merged.iter_mut().find(|kept| kept.is_same_writer(&entry)) {
+            Some(kept) => {
+                kept.fields.extend(entry.fields);
+                kept.time = kept.time.clone().max(entry.time);
+            }
+            None => merged.push(entry),
+        }
+    }
+    merged
 }
 
 /// A copy of `object` without `metadata.managedFields`, for comparing contents.
@@ -218,6 +280,38 @@ mod tests {
             })
             .unwrap_or_default();
         assert_eq!(managers, vec!["b", "a", "u"]);
+    }
+
+    #[test]
+    fn update_entries_beyond_ten_are_folded_into_ancient_changes() {
+        let entries: Vec<ManagedEntry> = (0..12)
+            .map(|i| {
+                entry(
+                    &format!("writer-{i:02}"),
+                    Operation::Update,
+                    &format!("2024-01-01T00:00:{i:02}Z"),
+                )
+            })
+            .collect();
+        let mut object = json!({});
+        write_entries(&mut object, entries);
+        let managers: Vec<&str> = object["metadata"]["managedFields"]
+            .as_array()
+            .map(|entries| {
+                entries
+                    .iter()
+                    .filter_map(|e| e["manager"].as_str())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert_eq!(managers.len(), 10);
+        assert_eq!(managers[..2], ["ancient-changes", "writer-03"]);
+        let ancient = read_entries(&object)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|e| e.manager == "ancient-changes")
+            .map(|e| e.time);
+        assert_eq!(ancient, Some(Some("2024-01-01T00:00:02Z".to_string())));
     }
 
     #[test]

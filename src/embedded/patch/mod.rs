@@ -18,7 +18,7 @@
 //! Known differences from kube-apiserver 1.24 (structured-merge-diff v4):
 //! - the built-in schemas are a hand-written table of merge keys and atomic maps, not the
 //!   OpenAPI models: lists it does not name are atomic, objects are structs unless listed;
-//! - no cap of ten Update entries (`ancient-changes`), no version conversion of field sets;
+//! - no conversion of field sets between API versions (each entry keeps the version it had);
 //! - after pruning, any object or list left empty (and owned by nobody) is removed, map values
 //!   included; structured-merge-diff removes struct fields that way, and keeps empty map values;
 //! - the status stanza of an apply to the main resource is not dropped here: the caller removes
