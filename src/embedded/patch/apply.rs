@@ -935,7 +935,7 @@ mod tests {
     }
 
     #[test]
-    fn apply_without_kind_is_invalid() {
+    fn apply_without_kind_is_a_bad_request() {
         let result = apply(
             None,
             &json!({"apiVersion": "v1"}),
