@@ -5,7 +5,8 @@
 //! - [`verbs`]: get/list/create/update/patch/delete with kube-apiserver semantics on that store,
 //!   with [`patch`], [`subresources`] (scale, log) and [`crd`] (CRD lifecycle);
 //! - [`watch`]: watch streams; [`http`]: the request pipeline; [`discovery`]: the resource table;
-//! - [`validation`], [`schema`], [`selectors`]: pure rules;
+//! - [`validation`], [`schema`], [`selectors`]: pure rules; [`patch_engine`]: merge, JSON, strategic
+//!   merge patch and server-side apply as pure functions;
 //! - [`namespaces`], [`gc`]: the namespace deletion and garbage collection loops.
 
 pub mod crd;
@@ -14,6 +15,7 @@ pub mod gc;
 mod http;
 pub mod namespaces;
 pub mod patch;
+pub mod patch_engine;
 pub mod schema;
 pub mod selectors;
 pub mod status;
