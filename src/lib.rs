@@ -1,6 +1,7 @@
 //! stackd: one daemon serving stacks and cluster pools to many tenant API servers.
 pub mod api;
 pub mod daemon;
+pub mod dev;
 pub mod embedded;
 pub mod host;
 pub mod runtime;

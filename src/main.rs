@@ -195,12 +195,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Run(args) => block_on(run(*args)),
-        Command::Dev(_) => not_yet(
-            "stackd dev",
-            "the embedded API servers (issues 3-5) and the daemon (issue 6); once they land it \
-             starts one host and --tenants tenant API servers on loopback, writes their kubeconfigs, \
-             installs a sample stack and pool and prints their progress",
-        ),
+        Command::Dev(args) => block_on(dev(args)),
         Command::Unpack(args) => unpack(args),
         Command::Tenant(TenantCommand::Purge { name, host }) => block_on(purge(name, host)),
         Command::Bench(_) => not_yet("stackd bench", "the benchmarks (issue 11)"),
@@ -320,6 +315,19 @@ async fn run(args: RunArgs) -> ExitCode {
     match stackd::daemon::run(host, settings, shutdown_on_signals()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => fail("stackd run", err),
+    }
+}
+
+async fn dev(args: DevArgs) -> ExitCode {
+    init_logging(LogFormat::Text);
+    let options = stackd::dev::DevOptions {
+        tenants: args.tenants,
+        no_daemon: args.no_daemon,
+        kubeconfig_dir: args.kubeconfig_dir,
+    };
+    match stackd::dev::run(options, shutdown_on_signals()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => fail("stackd dev", err),
     }
 }
 

@@ -255,7 +255,10 @@ type Debouncer = notify_debouncer_full::Debouncer<notify::RecommendedWatcher, no
 /// A debounced watch of the directory itself; `None` (retried at the next rescan) if it cannot start.
 fn start_watcher(dir: &Path, debounce: Duration, wake: mpsc::Sender<()>) -> Option<Debouncer> {
     let handler = move |result: notify_debouncer_full::DebounceEventResult| {
-        if result.is_ok() {
+        // Reading the files on a rescan produces access events; only changes may wake us, or each
+        // rescan would trigger the next.
+        let changed = result.is_ok_and(|events| events.iter().any(|e| !matches!(e.kind, notify::EventKind::Access(_))));
+        if changed {
             // A full channel already holds a wake-up; one is enough.
             let _ = wake.try_send(());
         }

@@ -2,6 +2,7 @@
 
 mod cli;
 mod crds;
+mod daemon;
 mod embedded_core;
 mod embedded_crd;
 mod embedded_gc;

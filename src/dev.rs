@@ -1,0 +1,201 @@
+//! `stackd dev`: embedded host and tenant API servers on loopback, their kubeconfigs on disk, the
+//! stackd CRDs installed in every tenant, and (unless `--no-daemon`) the daemon serving them.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio_util::sync::CancellationToken;
+
+use crate::daemon::{self, DaemonSettings};
+use crate::embedded::{ApiServer, ServerOptions};
+use crate::host::labels::{MANAGED_BY, MANAGED_BY_LABEL, TENANT_LABEL};
+use crate::host::namespace::ServiceAccountRef;
+use crate::runtime::backoff::Backoff;
+use crate::tenancy::namespace::NamespaceTemplate;
+
+/// Names given to the first tenants; later ones are `tenant-<n>`.
+const TENANT_NAMES: [&str; 6] = ["acme", "globex", "initech", "umbrella", "hooli", "stark"];
+
+#[derive(Clone, Debug)]
+pub struct DevOptions {
+    pub tenants: u16,
+    pub no_daemon: bool,
+    pub kubeconfig_dir: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DevError {
+    #[error("cannot start an embedded API server: {0}")]
+    Server(#[from] crate::embedded::Error),
+    #[error("cannot write {path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error("cannot install the CRDs into tenant {tenant}: {source}")]
+    Crds { tenant: String, source: kube::Error },
+    #[error(transparent)]
+    Daemon(#[from] daemon::DaemonError),
+}
+
+/// The name of the `index`th tenant (from 0).
+pub fn tenant_name(index: usize) -> String {
+    TENANT_NAMES
+        .get(index)
+        .map_or_else(|| format!("tenant-{}", index + 1), |name| name.to_string())
+}
+
+/// Runs until `shutdown` fires.
+pub async fn run(options: DevOptions, shutdown: CancellationToken) -> Result<(), DevError> {
+    let host = ApiServer::start(ServerOptions {
+        name: "host".into(),
+        ..Default::default()
+    })
+    .await?;
+    let tenants_dir = options.kubeconfig_dir.join("tenants");
+    prepare_tenants_dir(&tenants_dir)?;
+    write(&options.kubeconfig_dir.join("host.yaml"), &host.kubeconfig_yaml())?;
+    let mut tenants = Vec::new();
+    for index in 0..usize::from(options.tenants) {
+        let name = tenant_name(index);
+        let server = ApiServer::start(ServerOptions {
+            name: name.clone(),
+            ..Default::default()
+        })
+        .await?;
+        install_crds(&server, &name).await?;
+        write(&tenants_dir.join(format!("{name}.yaml")), &server.kubeconfig_yaml())?;
+        tenants.push((name, server));
+    }
+    print_usage(&options, &host, &tenants);
+
+    let result = if options.no_daemon {
+        println!("\nServing the API servers only (--no-daemon). Ctrl-C stops them.");
+        shutdown.cancelled().await;
+        Ok(())
+    } else {
+        run_daemon(&host, &tenants_dir, shutdown).await
+    };
+    for (_, server) in tenants {
+        server.shutdown().await;
+    }
+    host.shutdown().await;
+    result
+}
+
+/// Tenant files of an earlier run with more tenants would start tenants whose servers are gone.
+fn prepare_tenants_dir(dir: &Path) -> Result<(), DevError> {
+    std::fs::create_dir_all(dir).map_err(|source| DevError::Write {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let entries = std::fs::read_dir(dir).map_err(|source| DevError::Write {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            std::fs::remove_file(&path).map_err(|source| DevError::Write { path, source })?;
+        }
+    }
+    Ok(())
+}
+
+fn write(path: &Path, content: &str) -> Result<(), DevError> {
+    std::fs::write(path, content).map_err(|source| DevError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+async fn install_crds(server: &ApiServer, tenant: &str) -> Result<(), DevError> {
+    let api: Api<CustomResourceDefinition> = Api::all(server.client().await);
+    for crd in crate::api::crds::all() {
+        api.create(&PostParams::default(), &crd)
+            .await
+            .map_err(|source| DevError::Crds {
+                tenant: tenant.to_string(),
+                source,
+            })?;
+    }
+    Ok(())
+}
+
+fn print_usage(options: &DevOptions, host: &ApiServer, tenants: &[(String, ApiServer)]) {
+    let dir = options.kubeconfig_dir.display();
+    println!("stackd dev: embedded API servers on loopback\n");
+    println!("  host     {}   kubeconfig {dir}/host.yaml", host.url());
+    for (name, server) in tenants {
+        println!(
+            "  {name:<8} {}   kubeconfig {dir}/tenants/{name}.yaml (stackd CRDs installed)",
+            server.url()
+        );
+    }
+    if let Some((name, _)) = tenants.first() {
+        println!("\nTry:");
+        println!("  kubectl --kubeconfig {dir}/tenants/{name}.yaml get crds");
+        println!("  kubectl --kubeconfig {dir}/tenants/{name}.yaml apply -f examples/pools/clusterpool-vsphere.yaml");
+        println!("  kubectl --kubeconfig {dir}/host.yaml get namespaces -l app.kubernetes.io/managed-by=stackd");
+    }
+}
+
+async fn run_daemon(host: &ApiServer, tenants_dir: &Path, shutdown: CancellationToken) -> Result<(), DevError> {
+    let settings = DaemonSettings {
+        tenants_dir: tenants_dir.to_path_buf(),
+        namespace_template: NamespaceTemplate::default(),
+        stackd_image: Some("stackd:dev".to_string()),
+        allow_insecure_tenant_endpoint: true,
+        insecure_allow_all_apigroups: false,
+        insecure_pass_full_deployment: false,
+        metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        leader_election: None,
+        rbac_subject: ServiceAccountRef {
+            namespace: "stackd-system".into(),
+            name: "stackd".into(),
+        },
+        max_concurrent_reconciles: 4,
+        lease_min_age: Duration::from_secs(10),
+        sweep_interval: Duration::from_secs(60),
+        backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30)),
+        debounce: Duration::from_millis(200),
+        rescan_interval: Duration::from_secs(30),
+    };
+    println!("\nThe daemon is serving every tenant; progress follows. Ctrl-C stops everything.\n");
+    let progress = tokio::spawn(print_progress(host.client().await, shutdown.clone()));
+    let result = daemon::run(host.client().await, settings, shutdown).await;
+    progress.abort();
+    Ok(result?)
+}
+
+/// Prints each tenant's host namespace as the daemon creates it.
+async fn print_progress(host: kube::Client, shutdown: CancellationToken) {
+    let namespaces: Api<Namespace> = Api::all(host);
+    let config = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+    let mut events = watcher(namespaces, config).default_backoff().applied_objects().boxed();
+    let mut seen = std::collections::BTreeSet::new();
+    loop {
+        let namespace = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            event = events.next() => match event {
+                Some(Ok(namespace)) => namespace,
+                Some(Err(_)) => continue,
+                None => return,
+            },
+        };
+        let name = namespace.metadata.name.clone().unwrap_or_default();
+        let tenant = namespace
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(TENANT_LABEL))
+            .cloned()
+            .unwrap_or_default();
+        if seen.insert(name.clone()) {
+            println!("  [{tenant}] host namespace {name} ready");
+        }
+    }
+}

@@ -1,0 +1,458 @@
+//! The daemon binary against embedded host and tenant API servers (DESIGN.md §1, issue 6).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::{Api, DeleteParams};
+use stackd::embedded::{ApiServer, ServerOptions};
+
+/// One host, some tenants, their kubeconfigs in a temp dir, and daemon processes.
+struct Fleet {
+    host: ApiServer,
+    host_client: kube::Client,
+    tenants: Vec<(String, Option<ApiServer>)>,
+    dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    async fn start(tenants: &[&str]) -> Fleet {
+        let host = ApiServer::start(ServerOptions {
+            name: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("host");
+        let host_client = host.client().await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::create_dir(dir.path().join("tenants")).expect("tenants dir");
+        std::fs::write(dir.path().join("host.yaml"), host.kubeconfig_yaml()).expect("host kubeconfig");
+        let mut fleet = Fleet {
+            host,
+            host_client,
+            tenants: Vec::new(),
+            dir,
+        };
+        for name in tenants {
+            fleet.add_tenant(name).await;
+        }
+        fleet
+    }
+
+    async fn add_tenant(&mut self, name: &str) {
+        let server = ApiServer::start(ServerOptions {
+            name: name.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("tenant");
+        std::fs::write(self.tenant_file(name), server.kubeconfig_yaml()).expect("tenant kubeconfig");
+        self.tenants.push((name.to_string(), Some(server)));
+    }
+
+    fn tenant_file(&self, name: &str) -> PathBuf {
+        self.dir.path().join("tenants").join(format!("{name}.yaml"))
+    }
+
+    async fn stop_tenant_server(&mut self, name: &str) {
+        let slot = self.tenants.iter_mut().find(|(n, _)| n == name).expect("known tenant");
+        if let Some(server) = slot.1.take() {
+            server.shutdown().await;
+        }
+    }
+
+    fn daemon(&self, extra: &[&str]) -> Daemon {
+        Daemon::spawn(self.dir.path(), extra)
+    }
+
+    fn namespaces(&self) -> Api<Namespace> {
+        Api::all(self.host_client.clone())
+    }
+
+    async fn namespace(&self, tenant: &str) -> Option<Namespace> {
+        self.namespaces()
+            .get_opt(&format!("tenant-{tenant}-controllers"))
+            .await
+            .expect("get namespace")
+    }
+
+    async fn binding(&self, tenant: &str) -> Option<RoleBinding> {
+        let api: Api<RoleBinding> = Api::namespaced(self.host_client.clone(), &format!("tenant-{tenant}-controllers"));
+        api.get_opt("stackd-tenant-namespace").await.expect("get binding")
+    }
+
+    async fn wait_for_namespace(&self, tenant: &str, within: Duration) -> Namespace {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(ns) = self.namespace(tenant).await
+                && ns.metadata.deletion_timestamp.is_none()
+                && self.binding(tenant).await.is_some()
+            {
+                return ns;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "host namespace of {tenant} did not appear within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// A `stackd run` child process, killed when dropped.
+struct Daemon {
+    child: Child,
+    admin: SocketAddr,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn spawn(dir: &Path, extra: &[&str]) -> Daemon {
+        let admin = free_port();
+        let log = dir.join(format!("daemon-{}.log", admin.port()));
+        let log_file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_stackd"))
+            .args(["run", "--host-kubeconfig"])
+            .arg(dir.join("host.yaml"))
+            .arg("--tenants-dir")
+            .arg(dir.join("tenants"))
+            .args(["--metrics-addr", &admin.to_string()])
+            .args([
+                "--backoff-base",
+                "100ms",
+                "--debounce",
+                "50ms",
+                "--rescan-interval",
+                "2s",
+            ])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("spawn stackd run");
+        Daemon { child, admin, log }
+    }
+
+    fn http_get(&self, path: &str) -> Option<String> {
+        let mut stream = TcpStream::connect_timeout(&self.admin, Duration::from_secs(1)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        Some(response)
+    }
+
+    /// Waits until `/readyz?verbose` (or `/metrics`) contains `needle`.
+    async fn wait_for(&self, path: &str, needle: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let body = self.http_get(path).unwrap_or_default();
+            if body.contains(needle) {
+                return body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{path} never showed {needle:?}; last:\n{body}\nlog:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn terminate(&self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+    }
+
+    /// Waits for the process to exit; `None` if it is still running after `within`.
+    async fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr")
+}
+
+const SOON: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_namespaces_appear_with_their_labels_and_role_binding() {
+    let fleet = Fleet::start(&["acme", "globex", "initech"]).await;
+    let daemon = fleet.daemon(&["--service-account", "stackd-system/stackd"]);
+    for tenant in ["acme", "globex", "initech"] {
+        let ns = fleet.wait_for_namespace(tenant, SOON).await;
+        let labels = ns.metadata.labels.unwrap_or_default();
+        assert_eq!(labels.get("stackd.dev/tenant").map(String::as_str), Some(tenant));
+        assert_eq!(
+            labels.get("app.kubernetes.io/managed-by").map(String::as_str),
+            Some("stackd")
+        );
+        assert_eq!(
+            labels.get("pod-security.kubernetes.io/enforce").map(String::as_str),
+            Some("restricted")
+        );
+        let binding = fleet.binding(tenant).await.expect("binding");
+        assert_eq!(binding.role_ref.kind, "ClusterRole");
+        assert_eq!(binding.role_ref.name, "stackd-tenant-namespace");
+        let subject = &binding.subjects.unwrap_or_default()[0];
+        assert_eq!(
+            (subject.kind.as_str(), subject.name.as_str()),
+            ("ServiceAccount", "stackd")
+        );
+        assert_eq!(subject.namespace.as_deref(), Some("stackd-system"));
+    }
+    let ready = daemon.wait_for("/readyz?verbose", "[+]tenant initech", SOON).await;
+    assert!(
+        ready.starts_with("HTTP/1.0 200") || ready.starts_with("HTTP/1.1 200"),
+        "{ready}"
+    );
+    // The tenants have stackd's CRDs? Not installed here, so each is degraded and says how to fix it.
+    assert!(ready.contains("stackd crds | kubectl apply -f -"), "{ready}");
+    daemon
+        .wait_for("/metrics", "stackd_tenant_up{tenant=\"acme\"} 1", SOON)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_file_added_at_runtime_starts_that_tenant() {
+    let mut fleet = Fleet::start(&["acme"]).await;
+    let _daemon = fleet.daemon(&[]);
+    fleet.wait_for_namespace("acme", SOON).await;
+    fleet.add_tenant("latecomer").await;
+    fleet.wait_for_namespace("latecomer", Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_tenant_file_suspends_the_tenant_and_keeps_its_namespace() {
+    let fleet = Fleet::start(&["acme", "globex"]).await;
+    let daemon = fleet.daemon(&[]);
+    fleet.wait_for_namespace("acme", SOON).await;
+    fleet.wait_for_namespace("globex", SOON).await;
+    daemon.wait_for("/readyz?verbose", "tenant globex", SOON).await;
+    std::fs::remove_file(fleet.tenant_file("globex")).expect("remove");
+    let deadline = Instant::now() + SOON;
+    while daemon
+        .http_get("/readyz?verbose")
+        .unwrap_or_default()
+        .contains("tenant globex")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "globex still running:\n{}",
+            daemon.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Suspended: its namespace stays, and nothing repairs it any more.
+    assert!(
+        fleet.namespace("globex").await.is_some(),
+        "a removed file never deletes host objects"
+    );
+    let bindings: Api<RoleBinding> = Api::namespaced(fleet.host_client.clone(), "tenant-globex-controllers");
+    bindings
+        .delete("stackd-tenant-namespace", &DeleteParams::default())
+        .await
+        .expect("delete binding");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        fleet.binding("globex").await.is_none(),
+        "a suspended tenant is not reconciled"
+    );
+    assert!(fleet.binding("acme").await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_purge_removes_the_tenants_host_objects() {
+    let fleet = Fleet::start(&["acme"]).await;
+    let daemon = fleet.daemon(&[]);
+    fleet.wait_for_namespace("acme", SOON).await;
+    drop(daemon);
+    // The host API server runs in this process: the purge must not block its runtime.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_stackd"))
+        .args(["tenant", "purge", "acme", "--host-kubeconfig"])
+        .arg(fleet.dir.path().join("host.yaml"))
+        .output()
+        .await
+        .expect("run purge");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("deleted RoleBinding/stackd-tenant-namespace"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("deleted namespace tenant-acme-controllers"), "{stdout}");
+    let ns = fleet.namespace("acme").await;
+    assert!(
+        ns.is_none_or(|ns| ns.metadata.deletion_timestamp.is_some()),
+        "the namespace is gone or going"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_tenant_is_reported_while_the_others_keep_being_reconciled() {
+    let mut fleet = Fleet::start(&["acme", "globex", "initech"]).await;
+    let daemon = fleet.daemon(&[]);
+    for tenant in ["acme", "globex", "initech"] {
+        fleet.wait_for_namespace(tenant, SOON).await;
+    }
+    fleet.stop_tenant_server("globex").await;
+    daemon.wait_for("/readyz?verbose", "[-]tenant globex", SOON).await;
+    daemon
+        .wait_for("/metrics", "stackd_tenant_up{tenant=\"globex\"} 0", SOON)
+        .await;
+    // The others are untouched: delete acme's namespace and it comes back.
+    fleet
+        .namespaces()
+        .delete("tenant-acme-controllers", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let deadline = Instant::now() + SOON;
+    loop {
+        let ns = fleet.namespace("acme").await;
+        let fresh = ns.as_ref().is_some_and(|ns| ns.metadata.deletion_timestamp.is_none());
+        if fresh && fleet.binding("acme").await.is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "acme's namespace was not repaired:\n{}",
+            daemon.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ready = daemon.http_get("/readyz?verbose").unwrap_or_default();
+    assert!(ready.contains("[+]tenant initech"), "{ready}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_that_cannot_be_reached_at_start_is_retried_with_backoff() {
+    let fleet = Fleet::start(&[]).await;
+    // A kubeconfig pointing at a port nobody listens on.
+    let dead = free_port();
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts:\n- name: c\n  context: {{cluster: k, user: u}}\nclusters:\n- name: k\n  cluster: {{server: \"http://{dead}\"}}\nusers:\n- name: u\n  user: {{token: t}}\n"
+    );
+    std::fs::write(fleet.tenant_file("ghost"), kubeconfig).expect("write");
+    let daemon = fleet.daemon(&[]);
+    daemon.wait_for("/readyz?verbose", "[-]tenant ghost down", SOON).await;
+    let metrics = daemon
+        .wait_for("/metrics", "stackd_tenant_restarts_total{tenant=\"ghost\"}", SOON)
+        .await;
+    assert!(metrics.contains("stackd_tenant_up{tenant=\"ghost\"} 0"), "{metrics}");
+    assert!(
+        fleet.namespace("ghost").await.is_none(),
+        "nothing is created for a tenant that never answered"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_tenant_file_is_reported_and_a_running_tenant_keeps_running() {
+    let fleet = Fleet::start(&["acme"]).await;
+    std::fs::write(fleet.tenant_file("Bad_Name"), "apiVersion: v1\nkind: Config\n").expect("write");
+    let daemon = fleet.daemon(&[]);
+    fleet.wait_for_namespace("acme", SOON).await;
+    daemon
+        .wait_for("/readyz?verbose", "[-]tenant Bad_Name invalid", SOON)
+        .await;
+    std::fs::write(fleet.tenant_file("acme"), "not: [a kubeconfig").expect("write");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        daemon.log_text().contains("keeps running on the previous one"),
+        "{}",
+        daemon.log_text()
+    );
+    // Still reconciled: delete the binding and it comes back.
+    let bindings: Api<RoleBinding> = Api::namespaced(fleet.host_client.clone(), "tenant-acme-controllers");
+    bindings
+        .delete("stackd-tenant-namespace", &DeleteParams::default())
+        .await
+        .expect("delete binding");
+    fleet.wait_for_namespace("acme", SOON).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_the_daemon_with_exit_code_zero() {
+    let fleet = Fleet::start(&["acme"]).await;
+    let mut daemon = fleet.daemon(&[]);
+    fleet.wait_for_namespace("acme", SOON).await;
+    let started = Instant::now();
+    daemon.terminate();
+    let Some(status) = daemon.wait_exit(Duration::from_secs(5)).await else {
+        panic!("still running 5 s after SIGTERM:\n{}", daemon.log_text());
+    };
+    assert!(status.success(), "exit status {status:?}\n{}", daemon.log_text());
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(daemon.log_text().contains("stackd stopped"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "kube-lease-manager needs server-side apply in the embedded server (issue 4)"]
+async fn of_two_daemons_with_leader_election_only_one_reconciles_until_it_exits() {
+    let fleet = Fleet::start(&["acme"]).await;
+    let namespaces: Api<Namespace> = Api::all(fleet.host_client.clone());
+    let system: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "stackd-system"}})).expect("ns");
+    namespaces
+        .create(&Default::default(), &system)
+        .await
+        .expect("create stackd-system");
+    let args = ["--leader-elect", "--leader-elect-lease-duration", "3"];
+    let mut first = fleet.daemon(&args);
+    fleet.wait_for_namespace("acme", SOON).await;
+    let second = fleet.daemon(&args);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        second.log_text().contains("waiting for the leader lease"),
+        "{}",
+        second.log_text()
+    );
+    assert!(
+        !second.log_text().contains("acquired the leader lease"),
+        "only one leader:\n{}",
+        second.log_text()
+    );
+    first.terminate();
+    first.wait_exit(Duration::from_secs(5)).await.expect("first exits");
+    let deadline = Instant::now() + SOON;
+    while !second.log_text().contains("acquired the leader lease") {
+        assert!(
+            Instant::now() < deadline,
+            "the standby never took over:\n{}",
+            second.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The new leader reconciles: delete the binding and it comes back.
+    let bindings: Api<RoleBinding> = Api::namespaced(fleet.host_client.clone(), "tenant-acme-controllers");
+    bindings
+        .delete("stackd-tenant-namespace", &DeleteParams::default())
+        .await
+        .expect("delete binding");
+    fleet.wait_for_namespace("acme", SOON).await;
+}
