@@ -5,6 +5,7 @@ mod crds;
 mod embedded_core;
 mod embedded_crd;
 mod embedded_gc;
+mod embedded_loops;
 mod embedded_watch;
 mod examples;
 mod harness;
