@@ -4,6 +4,7 @@ mod cli;
 mod crds;
 mod embedded_core;
 mod embedded_crd;
+mod embedded_faults;
 mod embedded_gc;
 mod embedded_loops;
 mod embedded_watch;
