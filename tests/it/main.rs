@@ -7,6 +7,7 @@ mod embedded_crd;
 mod embedded_faults;
 mod embedded_gc;
 mod embedded_loops;
+mod embedded_samples;
 mod embedded_watch;
 mod examples;
 mod harness;
