@@ -10,4 +10,5 @@ mod embedded_loops;
 mod embedded_samples;
 mod embedded_watch;
 mod examples;
+mod fidelity;
 mod harness;
