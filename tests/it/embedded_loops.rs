@@ -492,6 +492,15 @@ async fn deployment_becomes_available_and_rolls_a_new_replica_set_when_its_templ
     })
     .await;
 
+    let revisions: Vec<String> = sets
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|rs| rs.metadata.annotations.as_ref().unwrap()["deployment.kubernetes.io/revision"].clone())
+        .collect();
+    assert_eq!(revisions.iter().filter(|r| *r == "2").count(), 1, "{revisions:?}");
     deployments
         .patch(
             "web",

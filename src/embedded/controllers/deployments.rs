@@ -76,7 +76,8 @@ fn sync_deployments(store: &Store, resources: &ResourceTable) {
         let desired = replicas(&deployment);
         let mine = owned(&all_sets, &deployment);
         if !mine.iter().any(|rs| text(rs, "name") == current) {
-            let rs = new_replica_set(&deployment, &current, &hash, desired);
+            let revision = mine.iter().filter_map(|rs| revision(rs)).max().unwrap_or(0) + 1;
+            let rs = new_replica_set(&deployment, &current, &hash, desired, revision);
             let created = info(resources, "apps", "v1", "replicasets")
                 .and_then(|info| verbs::create(store, &info, namespace, rs));
             if let Err(e) = created {
@@ -96,7 +97,13 @@ fn sync_deployments(store: &Store, resources: &ResourceTable) {
     }
 }
 
-fn new_replica_set(deployment: &Value, name: &str, hash: &str, replicas: i64) -> Value {
+const REVISION: &str = "deployment.kubernetes.io/revision";
+
+fn revision(rs: &Value) -> Option<u64> {
+    rs["metadata"]["annotations"][REVISION].as_str()?.parse().ok()
+}
+
+fn new_replica_set(deployment: &Value, name: &str, hash: &str, replicas: i64, revision: u64) -> Value {
     let mut template = deployment["spec"]["template"].clone();
     template["metadata"]["labels"][POD_TEMPLATE_HASH] = json!(hash);
     let mut selector = deployment["spec"]["selector"].clone();
@@ -106,7 +113,7 @@ fn new_replica_set(deployment: &Value, name: &str, hash: &str, replicas: i64) ->
         "metadata": {
             "name": name,
             "labels": template["metadata"]["labels"],
-            "annotations": {"deployment.kubernetes.io/revision": "1"},
+            "annotations": {REVISION: revision.to_string()},
             "ownerReferences": [controller_ref("apps/v1", "Deployment", deployment)],
         },
         "spec": {"replicas": replicas, "selector": selector, "template": template},
