@@ -319,3 +319,19 @@ async fn counters_match_the_requests_made() {
     assert_eq!(count(Verb::Watch, None), 1, "a watch counts once, when opened");
     assert_eq!(made.total(), 8, "{made:?}");
 }
+
+#[tokio::test]
+async fn restart_over_tls_serves_the_same_certificate_and_token() {
+    let mut t = harness::start_with(stackd::embedded::ServerOptions {
+        tls: true,
+        token: Some("secret-token".into()),
+        ..Default::default()
+    })
+    .await;
+    t.namespace("ns").await;
+    t.server.restart(RestartState::Keep).await.unwrap();
+    t.configmaps("ns")
+        .create(&PostParams::default(), &configmap("after", json!({})))
+        .await
+        .expect("the old client trusts the restarted server");
+}

@@ -32,11 +32,17 @@ fn pods() -> GroupResource {
 
 pub async fn run(store: Arc<Store>, resources: Arc<ResourceTable>, runners: Arc<Runners>, shutdown: CancellationToken) {
     let pass_store = store.clone();
-    run_loop(store, shutdown, RESCAN, move || {
-        sync_deployments(&pass_store, &resources);
-        sync_replica_sets(&pass_store, &resources, &runners);
-        sync_deployment_status(&pass_store);
-    })
+    run_loop(
+        store,
+        shutdown,
+        RESCAN,
+        &["deployments", "replicasets", "pods"],
+        move || {
+            sync_deployments(&pass_store, &resources);
+            sync_replica_sets(&pass_store, &resources, &runners);
+            sync_deployment_status(&pass_store);
+        },
+    )
     .await;
 }
 

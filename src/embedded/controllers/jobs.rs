@@ -47,7 +47,7 @@ pub async fn run(store: Arc<Store>, resources: Arc<ResourceTable>, runners: Arc<
         runners,
         running: Arc::default(),
     };
-    run_loop(store, shutdown, RESCAN, move || controller.pass()).await;
+    run_loop(store, shutdown, RESCAN, &["jobs", "pods"], move || controller.pass()).await;
 }
 
 fn phase(pod: &Value) -> &str {

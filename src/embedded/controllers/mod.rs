@@ -255,20 +255,29 @@ pub(crate) fn controller_ref(api_version: &str, kind: &str, owner: &Value) -> Va
     })
 }
 
-/// Runs `pass` on every burst of store events and every `rescan`, until shutdown.
+/// Runs `pass` on every burst of store events about the `watched` resources (plurals) and every
+/// `rescan`, until shutdown.
 pub(crate) async fn run_loop(
     store: Arc<Store>,
     shutdown: CancellationToken,
     rescan: Duration,
+    watched: &'static [&'static str],
     mut pass: impl FnMut() + Send,
 ) {
     let mut events = store.subscribe();
     loop {
         pass();
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = events.recv() => {}
-            _ = tokio::time::sleep(rescan) => {}
+        let next_rescan = tokio::time::Instant::now() + rescan;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                received = events.recv() => match received {
+                    Ok(event) if !watched.contains(&event.resource.resource.as_str()) => continue,
+                    // Relevant, or events were missed: a pass settles both.
+                    _ => break,
+                },
+                _ = tokio::time::sleep_until(next_rescan) => break,
+            }
         }
         while events.try_recv().is_ok() {}
     }

@@ -56,7 +56,7 @@ pub async fn run(
 ) {
     let ca = ca_pem.unwrap_or_else(|| PLACEHOLDER_CA.to_string());
     let pass_store = store.clone();
-    run_loop(store, shutdown, RESCAN, move || {
+    run_loop(store, shutdown, RESCAN, &["secrets", "serviceaccounts"], move || {
         let tokens = sync_token_secrets(&pass_store, &resources, &ca);
         registry.replace(tokens);
     })
