@@ -1,5 +1,5 @@
 //! The request pipeline: authenticate, count, route, dispatch to a verb, render a `Status` on error.
-//! Fault injection and per-verb counters will hook into [`handle`], which every request passes.
+//! Resource requests are counted and pass fault injection in `dispatch`, once their verb is known.
 
 use std::collections::HashMap;
 use std::sync::Arc;

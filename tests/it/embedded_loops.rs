@@ -538,3 +538,32 @@ async fn deployment_whose_pods_never_become_ready_is_not_available() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn token_written_into_a_secret_by_a_client_is_never_accepted() {
+    let t = harness::start_with(ServerOptions {
+        token: Some("admin-token".into()),
+        ..ServerOptions::default()
+    })
+    .await;
+    t.namespace("ns").await;
+    service_account(&t, "robot").await;
+    let secrets: Api<Secret> = Api::namespaced(t.client.clone(), "ns");
+    let preset = object(json!({
+        "metadata": {"name": "preset", "annotations": {"kubernetes.io/service-account.name": "robot"}},
+        "type": "kubernetes.io/service-account-token",
+        "stringData": {"token": "chosen-by-the-client"},
+    }));
+    secrets.create(&PostParams::default(), &preset).await.unwrap();
+    eventually("the preset secret completed", || async {
+        filled(&secrets, "preset").await.is_some()
+    })
+    .await;
+    let mut kubeconfig = t.server.kubeconfig();
+    kubeconfig.auth_infos[0].auth_info.as_mut().unwrap().token = Some("chosen-by-the-client".to_string().into());
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(kube::Client::try_from(config).unwrap(), "ns");
+    assert_eq!(api_error(api.list(&ListParams::default()).await.unwrap_err()).code, 401);
+}

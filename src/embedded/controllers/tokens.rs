@@ -1,7 +1,8 @@
 //! The token controller: a Secret of type `kubernetes.io/service-account-token` annotated with an
 //! existing ServiceAccount's name gets `token`, `ca.crt`, `namespace` and the account's uid; one whose
-//! ServiceAccount is missing (or was recreated with another uid) is deleted. Filled tokens are valid
-//! bearer tokens on this server for as long as their Secret exists.
+//! ServiceAccount is missing (or was recreated with another uid) is deleted. Tokens this controller
+//! minted are valid bearer tokens on this server for as long as their Secret exists; a token written
+//! into a Secret by a client is never accepted (on a real server its signature would not verify).
 
 use std::collections::HashSet;
 use std::sync::{Arc, RwLock};
@@ -32,6 +33,7 @@ const RESCAN: Duration = Duration::from_millis(500);
 #[derive(Default)]
 pub struct TokenRegistry {
     tokens: RwLock<HashSet<String>>,
+    minted: RwLock<HashSet<String>>,
 }
 
 impl TokenRegistry {
@@ -45,6 +47,20 @@ impl TokenRegistry {
     fn replace(&self, tokens: HashSet<String>) {
         *self.tokens.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = tokens;
     }
+
+    fn minted(&self, token: &str) -> bool {
+        self.minted
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .contains(token)
+    }
+
+    fn mint(&self, token: &str) {
+        self.minted
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(token.to_string());
+    }
 }
 
 pub async fn run(
@@ -57,14 +73,19 @@ pub async fn run(
     let ca = ca_pem.unwrap_or_else(|| PLACEHOLDER_CA.to_string());
     let pass_store = store.clone();
     run_loop(store, shutdown, RESCAN, &["secrets", "serviceaccounts"], move || {
-        let tokens = sync_token_secrets(&pass_store, &resources, &ca);
+        let tokens = sync_token_secrets(&pass_store, &resources, &ca, &registry);
         registry.replace(tokens);
     })
     .await;
 }
 
 /// One pass; returns the tokens now valid.
-pub fn sync_token_secrets(store: &Store, resources: &ResourceTable, ca_pem: &str) -> HashSet<String> {
+pub fn sync_token_secrets(
+    store: &Store,
+    resources: &ResourceTable,
+    ca_pem: &str,
+    registry: &TokenRegistry,
+) -> HashSet<String> {
     let secrets = GroupResource::new("", "secrets");
     let accounts = GroupResource::new("", "serviceaccounts");
     let mut valid = HashSet::new();
@@ -88,12 +109,18 @@ pub fn sync_token_secrets(store: &Store, resources: &ResourceTable, ca_pem: &str
             }
         };
         if let Some(token) = decoded(&secret["data"]["token"]) {
-            valid.insert(token);
+            if registry.minted(&token) {
+                valid.insert(token);
+            }
             if secret["data"]["ca.crt"].is_string() && secret["data"]["namespace"].is_string() {
                 continue;
             }
         }
-        let token = decoded(&secret["data"]["token"]).unwrap_or_else(|| new_token(&namespace, &name, &account));
+        let token = decoded(&secret["data"]["token"]).unwrap_or_else(|| {
+            let token = new_token(&namespace, &name, &account);
+            registry.mint(&token);
+            token
+        });
         let filled = modify(store, &secrets, &namespace, &name, |secret| {
             if !secret["data"].is_object() {
                 secret["data"] = json!({});
@@ -103,7 +130,7 @@ pub fn sync_token_secrets(store: &Store, resources: &ResourceTable, ca_pem: &str
             secret["data"]["namespace"] = json!(STANDARD.encode(&namespace));
             secret["metadata"]["annotations"][SERVICE_ACCOUNT_UID] = json!(text(&account, "uid"));
         });
-        if filled.is_ok() {
+        if filled.is_ok() && registry.minted(&token) {
             valid.insert(token);
         }
     }
