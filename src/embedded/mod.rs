@@ -118,7 +118,7 @@ pub struct ApiServer {
     ca_pem: Option<String>,
     tasks: Vec<JoinHandle<()>>,
     runners: Arc<Runners>,
-    serving: Serving,
+    serving: tokio::sync::Mutex<Serving>,
 }
 
 /// Whether [`ApiServer::restart`] keeps the stored objects.
@@ -233,7 +233,7 @@ impl ApiServer {
             ca_pem,
             tasks: vec![namespace_loop, gc_loop, token_loop, job_loop, deployment_loop],
             runners,
-            serving,
+            serving: tokio::sync::Mutex::new(serving),
         })
     }
 
@@ -278,18 +278,19 @@ impl ApiServer {
 
     /// Stops serving (open watches and connections end), optionally empties the store, and serves
     /// again on the same address. The in-process loops keep running throughout.
-    pub async fn restart(&mut self, state: RestartState) -> Result<(), Error> {
+    pub async fn restart(&self, state: RestartState) -> Result<(), Error> {
+        let mut serving = self.serving.lock().await;
         self.shared.faults.drop_watches();
-        self.serving.stop.cancel();
-        let task = std::mem::replace(&mut self.serving.task, tokio::spawn(async {}));
+        serving.stop.cancel();
+        let task = std::mem::replace(&mut serving.task, tokio::spawn(async {}));
         if tokio::time::timeout(Duration::from_secs(5), task).await.is_err() {
             tracing::warn!("the embedded API server did not stop within 5s; rebinding anyway");
         }
         if state == RestartState::Lose {
             self.shared.store.reset();
         }
-        let listener = bind_again(self.serving.address).await?;
-        self.serving = Serving::start(listener, &self.shared, self.serving.tls.clone())?;
+        let listener = bind_again(serving.address).await?;
+        *serving = Serving::start(listener, &self.shared, serving.tls.clone())?;
         Ok(())
     }
 
@@ -353,7 +354,7 @@ impl ApiServer {
     /// Stops serving: open watches end, connections close.
     pub async fn shutdown(self) {
         self.shared.shutdown.cancel();
-        for task in self.tasks.into_iter().chain([self.serving.task]) {
+        for task in self.tasks.into_iter().chain([self.serving.into_inner().task]) {
             // A connection that refuses to close must not hang the caller forever.
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         }

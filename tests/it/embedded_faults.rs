@@ -216,7 +216,7 @@ async fn dropped_watches_make_the_kube_runtime_watcher_reconnect_without_relisti
 
 #[tokio::test]
 async fn restart_keeping_state_lets_the_watcher_resume() {
-    let mut t = harness::start().await;
+    let t = harness::start().await;
     t.namespace("ns").await;
     t.configmaps("ns")
         .create(&PostParams::default(), &configmap("before", json!({})))
@@ -241,7 +241,7 @@ async fn restart_keeping_state_lets_the_watcher_resume() {
 
 #[tokio::test]
 async fn restart_losing_state_makes_the_watcher_relist_after_a_410() {
-    let mut t = harness::start().await;
+    let t = harness::start().await;
     t.namespace("ns").await;
     for i in 0..5 {
         t.configmaps("ns")
@@ -322,7 +322,7 @@ async fn counters_match_the_requests_made() {
 
 #[tokio::test]
 async fn restart_over_tls_serves_the_same_certificate_and_token() {
-    let mut t = harness::start_with(stackd::embedded::ServerOptions {
+    let t = harness::start_with(stackd::embedded::ServerOptions {
         tls: true,
         token: Some("secret-token".into()),
         ..Default::default()
