@@ -203,6 +203,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn tail_lines_keeps_the_last_lines_and_limits_cut_on_character_boundaries() {
+        assert_eq!(tail_lines("a\nb\nc\n", 2), "b\nc\n");
+        assert_eq!(tail_lines("a\nb", 5), "a\nb");
+        assert_eq!(tail_lines("a\nb\n", 0), "");
+        assert_eq!(truncate_bytes("héllo".to_string(), 2), "h");
+    }
+
+    #[test]
     fn selector_objects_render_as_selector_strings() {
         let sel = json!({"matchLabels": {"app": "x"}, "matchExpressions": [{"key": "t", "operator": "In", "values": ["a", "b"]}]});
         assert_eq!(selector_string(&sel), "app=x,t in (a,b)");

@@ -567,3 +567,51 @@ async fn token_written_into_a_secret_by_a_client_is_never_accepted() {
     let api: Api<ConfigMap> = Api::namespaced(kube::Client::try_from(config).unwrap(), "ns");
     assert_eq!(api_error(api.list(&ListParams::default()).await.unwrap_err()).code, 401);
 }
+
+#[tokio::test]
+async fn job_with_two_completions_runs_two_pods_one_after_the_other() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    t.server
+        .runners()
+        .register(ImageMatch::Exact("example/ok:1".into()), |_: &JobContext| {
+            JobOutcome::success("ok\n")
+        });
+    let jobs: Api<Job> = Api::namespaced(t.client.clone(), "ns");
+    let mut twice = job("twice", "example/ok:1", 0);
+    twice.spec.as_mut().unwrap().completions = Some(2);
+    jobs.create(&PostParams::default(), &twice).await.unwrap();
+    let done = wait_for_condition(&jobs, "twice", "Complete").await;
+    assert_eq!(done.status.as_ref().unwrap().succeeded, Some(2));
+    assert_eq!(job_pods(&t, &done).await.len(), 2);
+}
+
+#[tokio::test]
+async fn running_job_pod_reports_running_containers_until_its_runner_finishes() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    t.server
+        .runners()
+        .register(ImageMatch::Exact("example/slow:1".into()), |_: &JobContext| {
+            JobOutcome::success("late\n").after(Duration::from_millis(500))
+        });
+    let jobs: Api<Job> = Api::namespaced(t.client.clone(), "ns");
+    let created = jobs
+        .create(&PostParams::default(), &job("slow", "example/slow:1", 0))
+        .await
+        .unwrap();
+    eventually("the pod running", || async {
+        job_pods(&t, &created).await.first().is_some_and(|p| {
+            let status = p.status.clone().unwrap_or_default();
+            status.phase.as_deref() == Some("Running")
+                && status.container_statuses.unwrap_or_default()[0]
+                    .state
+                    .as_ref()
+                    .is_some_and(|s| s.running.is_some())
+        })
+    })
+    .await;
+    let active = jobs.get("slow").await.unwrap().status.unwrap().active;
+    assert_eq!(active, Some(1));
+    wait_for_condition(&jobs, "slow", "Complete").await;
+}

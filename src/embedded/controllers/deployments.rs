@@ -317,3 +317,21 @@ fn condition(previous: &Value, kind: &str, status: &str, reason: &str, message: 
         "lastUpdateTime": keep("lastUpdateTime"), "lastTransitionTime": keep("lastTransitionTime"),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_hash_is_stable_safe_and_changes_with_the_template() {
+        let a = json!({"spec": {"containers": [{"name": "c", "image": "x:1"}]}});
+        let b = json!({"spec": {"containers": [{"name": "c", "image": "x:2"}]}});
+        assert_eq!(template_hash(&a), template_hash(&a.clone()));
+        assert_ne!(template_hash(&a), template_hash(&b));
+        assert!(
+            template_hash(&a)
+                .chars()
+                .all(|c| "bcdfghjklmnpqrstvwxz2456789".contains(c))
+        );
+    }
+}

@@ -275,10 +275,21 @@ fn strings(value: &Value) -> Vec<String> {
 async fn run_pod(store: &Arc<Store>, resources: &Arc<ResourceTable>, runners: &Runners, job: Value, pod: Value) {
     let (namespace, name) = (text(&pod, "namespace").to_string(), text(&pod, "name").to_string());
     let started = now_timestamp();
+    let running: Vec<Value> = containers(&pod)
+        .iter()
+        .filter(|c| !c.init)
+        .map(|c| {
+            json!({
+                "name": c.name, "image": c.image, "imageID": "", "ready": true, "started": true,
+                "restartCount": 0, "state": {"running": {"startedAt": started}},
+            })
+        })
+        .collect();
     let _ = modify(store, &pods(), &namespace, &name, |pod| {
         if phase(pod) == "Pending" {
             pod["status"]["phase"] = json!("Running");
             pod["status"]["startTime"] = json!(started);
+            pod["status"]["containerStatuses"] = json!(running);
         }
     });
     let mut init_statuses = Vec::new();
