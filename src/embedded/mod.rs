@@ -7,11 +7,11 @@
 //! - [`watch`]: watch streams; [`http`]: the request pipeline; [`discovery`]: the resource table;
 //! - [`validation`], [`schema`], [`selectors`]: pure rules; [`patch_engine`]: merge, JSON, strategic
 //!   merge patch and server-side apply as pure functions;
-//! - [`namespaces`], [`gc`]: the namespace deletion and garbage collection loops; [`controllers`]: the
-//!   token, Job and Deployment loops, with the per-image [`controllers::JobRunner`] hooks;
+//! - [`namespaces`], [`gc`]: the namespace deletion and garbage collection loops; [`controller_manager`]: the
+//!   token, Job and Deployment loops, with the per-image [`controller_manager::JobRunner`] hooks;
 //! - [`faults`], [`counters`]: fault injection and request counters for tests.
 
-pub mod controllers;
+pub mod controller_manager;
 pub mod counters;
 pub mod crd;
 pub mod discovery;
@@ -43,13 +43,13 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use controllers::Runners;
-use controllers::tokens::TokenRegistry;
+use controller_manager::tokens::TokenRegistry;
 use counters::{Counters, RequestCounts};
 use discovery::ResourceTable;
 use faults::Faults;
 use store::Store;
 
+pub use controller_manager::{ImageMatch, JobContext, JobOutcome, JobRunner, Runners};
 pub use http::Verb;
 
 #[derive(Debug, thiserror::Error)]
@@ -207,20 +207,20 @@ impl ApiServer {
         ));
         let runners = Arc::new(Runners::default());
         let (store, resources, stop) = (&shared.store, &shared.resources, &shared.shutdown);
-        let token_loop = tokio::spawn(controllers::tokens::run(
+        let token_loop = tokio::spawn(controller_manager::tokens::run(
             store.clone(),
             resources.clone(),
             shared.service_account_tokens.clone(),
             ca_pem.clone(),
             stop.clone(),
         ));
-        let job_loop = tokio::spawn(controllers::jobs::run(
+        let job_loop = tokio::spawn(controller_manager::jobs::run(
             store.clone(),
             resources.clone(),
             runners.clone(),
             stop.clone(),
         ));
-        let deployment_loop = tokio::spawn(controllers::deployments::run(
+        let deployment_loop = tokio::spawn(controller_manager::deployments::run(
             store.clone(),
             resources.clone(),
             runners.clone(),

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use rand::Rng;
 use serde_json::json;
 
-use super::controllers::{ImageMatch, JobContext, JobOutcome, JobRunner, Runners};
+use super::controller_manager::{ImageMatch, JobContext, JobOutcome, JobRunner, Runners};
 use super::store::GroupResource;
 use crate::api::stacks::PermissionScope;
 use crate::stacks::{stream, unpack};
@@ -188,9 +188,26 @@ fn create_cluster(ctx: &JobContext) -> JobOutcome {
     let base: String = cluster.chars().take(21).collect();
     let infra_id = format!("{}-{suffix}", base.trim_end_matches(['-', '.']));
     let metadata = json!({"clusterName": cluster, "clusterID": crate::embedded::verbs::new_uid(), "infraID": infra_id});
-    let kubeconfig = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: {infra_id}\n  cluster:\n    server: https://api.{infra_id}.example:6443\ncontexts:\n- name: admin\n  context:\n    cluster: {infra_id}\n    user: admin\ncurrent-context: admin\nusers:\n- name: admin\n  user:\n    token: sample-admin-token\n"
-    );
+    let kubeconfig = [
+        "apiVersion: v1",
+        "kind: Config",
+        "clusters:",
+        &format!("- name: {infra_id}"),
+        "  cluster:",
+        &format!("    server: https://api.{infra_id}.example:6443"),
+        "contexts:",
+        "- name: admin",
+        "  context:",
+        &format!("    cluster: {infra_id}"),
+        "    user: admin",
+        "current-context: admin",
+        "users:",
+        "- name: admin",
+        "  user:",
+        "    token: sample-admin-token",
+        "",
+    ]
+    .join("\n");
     let data = BTreeMap::from([
         ("kubeconfig".to_string(), kubeconfig),
         ("metadata.json".to_string(), metadata.to_string()),

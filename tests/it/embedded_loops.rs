@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, ServiceAccou
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use stackd::embedded::ServerOptions;
-use stackd::embedded::controllers::{ImageMatch, JobContext, JobOutcome};
+use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
 
 use crate::harness::{self, TestServer, api_error, eventually};
 
