@@ -615,3 +615,24 @@ async fn running_job_pod_reports_running_containers_until_its_runner_finishes() 
     assert_eq!(active, Some(1));
     wait_for_condition(&jobs, "slow", "Complete").await;
 }
+
+#[tokio::test]
+async fn default_runner_answers_images_no_runner_matches() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    t.server
+        .runners()
+        .set_default(|ctx: &JobContext| JobOutcome::success(format!("default ran {}\n", ctx.image)));
+    let jobs: Api<Job> = Api::namespaced(t.client.clone(), "ns");
+    jobs.create(&PostParams::default(), &job("any", "example/any:1", 0))
+        .await
+        .unwrap();
+    let done = wait_for_condition(&jobs, "any", "Complete").await;
+    let pod = job_pods(&t, &done).await.remove(0);
+    let pods_api: Api<Pod> = Api::namespaced(t.client.clone(), "ns");
+    let log = pods_api
+        .logs(&pod.metadata.name.unwrap(), &LogParams::default())
+        .await
+        .unwrap();
+    assert_eq!(log, "default ran example/any:1\n");
+}

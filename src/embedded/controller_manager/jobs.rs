@@ -319,7 +319,12 @@ async fn run_pod(store: &Arc<Store>, resources: &Arc<ResourceTable>, runners: &R
             store: store.clone(),
             resources: resources.clone(),
         };
-        let outcome = match runners.runner_for(&container.image) {
+        let runner = match runners.runner_for(&container.image) {
+            Some(runner) => Some(runner),
+            None if container.init => None,
+            None => runners.default_runner(),
+        };
+        let outcome = match runner {
             Some(runner) => tokio::task::spawn_blocking(move || runner.run(&ctx))
                 .await
                 .unwrap_or_else(|e| JobOutcome::failure(2, format!("the runner for this image panicked: {e}\n"))),

@@ -153,9 +153,14 @@ where
 }
 
 /// The per-image hooks of one server: Job runners and Deployment pod readiness.
+///
+/// A main container whose image no runner matches runs the default runner if one is set, else it
+/// fails with exit code 1 and the log `no runner for image X`; an init container without a runner
+/// succeeds silently.
 #[derive(Default)]
 pub struct Runners {
     runners: RwLock<Vec<(ImageMatch, Arc<dyn JobRunner>)>>,
+    fallback: RwLock<Option<Arc<dyn JobRunner>>>,
     never_ready: RwLock<Vec<ImageMatch>>,
 }
 
@@ -169,13 +174,22 @@ impl Runners {
         write(&self.runners).push((images, runner));
     }
 
-    /// The runner for an image, if any was registered.
+    /// The runner for images no registered runner matches.
+    pub fn set_default(&self, runner: impl JobRunner + 'static) {
+        *write(&self.fallback) = Some(Arc::new(runner));
+    }
+
+    /// The runner registered for an image, if any (the default runner not included).
     pub fn runner_for(&self, image: &str) -> Option<Arc<dyn JobRunner>> {
         read(&self.runners)
             .iter()
             .rev()
             .find(|(images, _)| images.matches(image))
             .map(|(_, runner)| runner.clone())
+    }
+
+    pub fn default_runner(&self) -> Option<Arc<dyn JobRunner>> {
+        read(&self.fallback).clone()
     }
 
     /// Deployment pods whose containers use a matching image stay Running but never Ready.
