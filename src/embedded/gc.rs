@@ -3,8 +3,9 @@
 //! - an object whose owners are all gone is deleted (background propagation);
 //! - an owner deleting with the `orphan` finalizer has its dependents' references to it removed, then
 //!   the finalizer;
-//! - an owner deleting with `foregroundDeletion` has its dependents deleted, and loses the finalizer
-//!   once none is left.
+//! - an owner deleting with `foregroundDeletion` has its dependents deleted (in the foreground too,
+//!   as kube-controller-manager does), and loses the finalizer once no dependent whose reference has
+//!   `blockOwnerDeletion: true` is left.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -64,6 +65,16 @@ impl Located {
             .unwrap_or_default()
     }
 
+    /// Whether this object's reference to `owner_uid` blocks the owner's foreground deletion.
+    fn blocks(&self, owner_uid: &str) -> bool {
+        self.object["metadata"]["ownerReferences"]
+            .as_array()
+            .is_some_and(|refs| {
+                refs.iter()
+                    .any(|r| r["uid"].as_str() == Some(owner_uid) && r["blockOwnerDeletion"] == json!(true))
+            })
+    }
+
     fn uid(&self) -> &str {
         self.object["metadata"]["uid"].as_str().unwrap_or("")
     }
@@ -115,12 +126,16 @@ pub fn collect(store: &Store, resources: &Resources) {
             }
             let _ = verbs::remove_finalizer(store, info, &object.namespace, &object.name, ORPHAN_FINALIZER);
         } else if held_by.iter().any(|f| f == FOREGROUND_FINALIZER) {
+            let foreground = DeleteOptions {
+                propagation_policy: Some("Foreground".into()),
+                ..Default::default()
+            };
             for dependent in mine.iter().filter(|d| !d.is_deleting()) {
                 if let Some(dep_info) = info_of(&dependent.resource) {
-                    let _ = verbs::delete(store, dep_info, &dependent.namespace, &dependent.name, &background);
+                    let _ = verbs::delete(store, dep_info, &dependent.namespace, &dependent.name, &foreground);
                 }
             }
-            if mine.is_empty() {
+            if !mine.iter().any(|d| d.blocks(object.uid())) {
                 let _ = verbs::remove_finalizer(store, info, &object.namespace, &object.name, FOREGROUND_FINALIZER);
             }
         }

@@ -1,5 +1,5 @@
 //! The request pipeline: authenticate, count, route, dispatch to a verb, render a `Status` on error.
-//! Fault injection and per-verb counters will hook into [`handle`], which every request passes.
+//! Resource requests are counted and pass fault injection in `dispatch`, once their verb is known.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -216,6 +216,10 @@ struct ApiRequest {
 async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Result<Response, ApiError> {
     let query = parse_query(&request);
     let verb = Verb::of(request.method(), target.name.is_some(), &query)?;
+    shared.counters.record(counted(verb, &target));
+    if let Some(injected) = shared.faults.intercept(verb, &target.info, target.namespace()).await {
+        return Ok(injected);
+    }
     let content_type = request
         .headers()
         .get(header::CONTENT_TYPE)
@@ -237,6 +241,18 @@ async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Res
     match request.target.name.clone() {
         None => collection(shared, &request),
         Some(name) => object(shared, &request, &name),
+    }
+}
+
+fn counted(verb: Verb, target: &Target) -> crate::embedded::counters::RequestKey {
+    let mut resource = super::status::qualified(&target.info.group, &target.info.plural);
+    if let Some(sub) = &target.subresource {
+        resource = format!("{resource}/{sub}");
+    }
+    crate::embedded::counters::RequestKey {
+        verb,
+        resource,
+        namespace: target.namespace().to_string(),
     }
 }
 
@@ -414,7 +430,7 @@ fn watch_response(shared: &Arc<Shared>, target: &Target, query: &Query) -> Resul
         shared.store.clone(),
         target.info.clone(),
         options,
-        shared.shutdown.clone(),
+        shared.faults.watch_token(),
     );
     Response::builder()
         .status(StatusCode::OK)
@@ -432,6 +448,15 @@ fn pod_log(shared: &Arc<Shared>, target: &Target, name: &str, query: &Query) -> 
         None => None,
     };
     let container = query.get("container").map(String::as_str);
-    let text = subresources::pod_log(&shared.store, &target.info, target.namespace(), name, container, limit)?;
+    let mut text = subresources::pod_log(&shared.store, &target.info, target.namespace(), name, container, None)?;
+    if let Some(tail) = query.get("tailLines") {
+        let tail: usize = tail
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("invalid tailLines: {tail}")))?;
+        text = subresources::tail_lines(&text, tail);
+    }
+    if let Some(limit) = limit {
+        text = subresources::truncate_bytes(text, limit);
+    }
     Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], text).into_response())
 }

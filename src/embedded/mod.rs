@@ -7,15 +7,21 @@
 //! - [`watch`]: watch streams; [`http`]: the request pipeline; [`discovery`]: the resource table;
 //! - [`validation`], [`schema`], [`selectors`]: pure rules; [`patch_engine`]: merge, JSON, strategic
 //!   merge patch and server-side apply as pure functions;
-//! - [`namespaces`], [`gc`]: the namespace deletion and garbage collection loops.
+//! - [`namespaces`], [`gc`]: the namespace deletion and garbage collection loops; [`controller_manager`]: the
+//!   token, Job and Deployment loops, with the per-image [`controller_manager::JobRunner`] hooks;
+//! - [`faults`], [`counters`]: fault injection and request counters for tests.
 
+pub mod controller_manager;
+pub mod counters;
 pub mod crd;
 pub mod discovery;
+pub mod faults;
 pub mod gc;
 mod http;
 pub mod namespaces;
 pub mod patch;
 pub mod patch_engine;
+pub mod samples;
 pub mod schema;
 pub mod selectors;
 pub mod status;
@@ -37,8 +43,14 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use controller_manager::tokens::TokenRegistry;
+use counters::{Counters, RequestCounts};
 use discovery::ResourceTable;
+use faults::Faults;
 use store::Store;
+
+pub use controller_manager::{ImageMatch, JobContext, JobOutcome, JobRunner, Runners};
+pub use http::Verb;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -76,6 +88,10 @@ pub(crate) struct Shared {
     address: String,
     shutdown: CancellationToken,
     requests: AtomicU64,
+    counters: Counters,
+    faults: Faults,
+    /// Tokens of filled service-account token Secrets, also accepted as bearer tokens.
+    service_account_tokens: Arc<TokenRegistry>,
 }
 
 impl Shared {
@@ -90,7 +106,8 @@ impl Shared {
         let presented = headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok());
-        presented.and_then(|v| v.strip_prefix("Bearer ")) == Some(token.as_str())
+        let presented = presented.and_then(|v| v.strip_prefix("Bearer "));
+        presented == Some(token.as_str()) || presented.is_some_and(|t| self.service_account_tokens.contains(t))
     }
 }
 
@@ -100,6 +117,57 @@ pub struct ApiServer {
     url: String,
     ca_pem: Option<String>,
     tasks: Vec<JoinHandle<()>>,
+    runners: Arc<Runners>,
+    serving: tokio::sync::Mutex<Serving>,
+}
+
+/// Whether [`ApiServer::restart`] keeps the stored objects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartState {
+    Keep,
+    /// Empty store, resourceVersions start over (clients resuming from an old one get 410).
+    Lose,
+}
+
+/// The HTTP listener task and what stops it alone (for restarts).
+struct Serving {
+    address: SocketAddr,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Serving {
+    fn start(
+        listener: TcpListener,
+        shared: &Arc<Shared>,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> Result<Serving, Error> {
+        let address = listener.local_addr()?;
+        let router = axum::Router::new().fallback(http::handle).with_state(shared.clone());
+        let stop = shared.shutdown.child_token();
+        let graceful = stop.clone().cancelled_owned();
+        let task = match tls.clone() {
+            Some(config) => {
+                let listener = tls::TlsListener {
+                    listener,
+                    acceptor: tokio_rustls::TlsAcceptor::from(config),
+                };
+                let serve = axum::serve(listener, router).with_graceful_shutdown(graceful);
+                tokio::spawn(async move { log_exit(serve.await) })
+            }
+            None => {
+                let serve = axum::serve(listener, router).with_graceful_shutdown(graceful);
+                tokio::spawn(async move { log_exit(serve.await) })
+            }
+        };
+        Ok(Serving {
+            address,
+            tls,
+            stop,
+            task,
+        })
+    }
 }
 
 impl ApiServer {
@@ -108,36 +176,25 @@ impl ApiServer {
         let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
         let address = listener.local_addr()?.to_string();
         let store = Arc::new(Store::new());
+        let shutdown = CancellationToken::new();
         let shared = Arc::new(Shared {
             resources: Arc::new(ResourceTable::new(store.clone())),
             store,
             token: options.token.clone(),
             address: address.clone(),
-            shutdown: CancellationToken::new(),
+            faults: Faults::new(&shutdown),
+            shutdown,
             requests: AtomicU64::new(0),
+            counters: Counters::default(),
+            service_account_tokens: Arc::default(),
         });
-        let router = axum::Router::new().fallback(http::handle).with_state(shared.clone());
-        let stop = shared.shutdown.clone();
-        let (server, url, ca_pem) = if options.tls {
+        let (tls_config, url, ca_pem) = if options.tls {
             let cert = tls::generate(&options.name).map_err(Error::Certificate)?;
-            let listener = tls::TlsListener {
-                listener,
-                acceptor: tokio_rustls::TlsAcceptor::from(cert.config),
-            };
-            let serve = axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned());
-            (
-                tokio::spawn(async move { log_exit(serve.await) }),
-                format!("https://{address}"),
-                Some(cert.ca_pem),
-            )
+            (Some(cert.config), format!("https://{address}"), Some(cert.ca_pem))
         } else {
-            let serve = axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned());
-            (
-                tokio::spawn(async move { log_exit(serve.await) }),
-                format!("http://{address}"),
-                None,
-            )
+            (None, format!("http://{address}"), None)
         };
+        let serving = Serving::start(listener, &shared, tls_config)?;
         let namespace_loop = tokio::spawn(namespaces::run(
             shared.store.clone(),
             shared.resources.clone(),
@@ -148,12 +205,35 @@ impl ApiServer {
             shared.resources.clone(),
             shared.shutdown.clone(),
         ));
+        let runners = Arc::new(Runners::default());
+        let (store, resources, stop) = (&shared.store, &shared.resources, &shared.shutdown);
+        let token_loop = tokio::spawn(controller_manager::tokens::run(
+            store.clone(),
+            resources.clone(),
+            shared.service_account_tokens.clone(),
+            ca_pem.clone(),
+            stop.clone(),
+        ));
+        let job_loop = tokio::spawn(controller_manager::jobs::run(
+            store.clone(),
+            resources.clone(),
+            runners.clone(),
+            stop.clone(),
+        ));
+        let deployment_loop = tokio::spawn(controller_manager::deployments::run(
+            store.clone(),
+            resources.clone(),
+            runners.clone(),
+            stop.clone(),
+        ));
         Ok(ApiServer {
             options,
             shared,
             url,
             ca_pem,
-            tasks: vec![server, namespace_loop, gc_loop],
+            tasks: vec![namespace_loop, gc_loop, token_loop, job_loop, deployment_loop],
+            runners,
+            serving: tokio::sync::Mutex::new(serving),
         })
     }
 
@@ -179,6 +259,39 @@ impl ApiServer {
     /// HTTP requests received so far (every path, including health and refused ones).
     pub fn request_count(&self) -> u64 {
         self.shared.requests.load(Ordering::Relaxed)
+    }
+
+    /// Resource requests so far, per verb, resource and namespace.
+    pub fn counters(&self) -> RequestCounts {
+        self.shared.counters.snapshot()
+    }
+
+    /// Fault injection on this server.
+    pub fn faults(&self) -> &Faults {
+        &self.shared.faults
+    }
+
+    /// The per-image Job runners and Deployment readiness rules.
+    pub fn runners(&self) -> Arc<Runners> {
+        self.runners.clone()
+    }
+
+    /// Stops serving (open watches and connections end), optionally empties the store, and serves
+    /// again on the same address. The in-process loops keep running throughout.
+    pub async fn restart(&self, state: RestartState) -> Result<(), Error> {
+        let mut serving = self.serving.lock().await;
+        self.shared.faults.drop_watches();
+        serving.stop.cancel();
+        let task = std::mem::replace(&mut serving.task, tokio::spawn(async {}));
+        if tokio::time::timeout(Duration::from_secs(5), task).await.is_err() {
+            tracing::warn!("the embedded API server did not stop within 5s; rebinding anyway");
+        }
+        if state == RestartState::Lose {
+            self.shared.store.reset();
+        }
+        let listener = bind_again(serving.address).await?;
+        *serving = Serving::start(listener, &self.shared, serving.tls.clone())?;
+        Ok(())
     }
 
     pub fn kubeconfig(&self) -> Kubeconfig {
@@ -241,9 +354,25 @@ impl ApiServer {
     /// Stops serving: open watches end, connections close.
     pub async fn shutdown(self) {
         self.shared.shutdown.cancel();
-        for task in self.tasks {
+        for task in self.tasks.into_iter().chain([self.serving.into_inner().task]) {
             // A connection that refuses to close must not hang the caller forever.
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
+    }
+}
+
+/// Binds the address a stopped server used, retrying briefly while the old socket is released.
+async fn bind_again(address: SocketAddr) -> Result<TcpListener, Error> {
+    let mut attempts = 0;
+    loop {
+        match TcpListener::bind(address).await {
+            Ok(listener) => return Ok(listener),
+            Err(e) if attempts < 50 => {
+                attempts += 1;
+                tracing::debug!(error = %e, "rebinding the embedded API server");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(Error::Bind(e)),
         }
     }
 }

@@ -271,11 +271,24 @@ impl Store {
         let _ = self.events.send(event);
     }
 
+    /// Forgets every object, log and event, and starts the resourceVersion counter over — what a
+    /// server whose storage was lost looks like (see [`Store::subscribe_since`]).
+    pub fn reset(&self) {
+        let mut inner = self.lock();
+        inner.resource_version = 1;
+        inner.objects.clear();
+        inner.history.clear();
+        inner.history_floor = 0;
+        inner.last_change.clear();
+        inner.pod_logs.clear();
+    }
+
     /// Subscribe to changes after `since`. `Err` carries the oldest resumable version when `since`
-    /// has fallen out of the history window.
+    /// has fallen out of the history window, or lies ahead of the counter (a version from before
+    /// [`Store::reset`]).
     pub fn subscribe_since(&self, since: u64) -> Result<Subscription, u64> {
         let inner = self.lock();
-        if since < inner.history_floor {
+        if since < inner.history_floor || since > inner.resource_version {
             return Err(inner.history_floor);
         }
         let backlog = inner

@@ -150,12 +150,16 @@ pub fn pod_log(
     limit_bytes: Option<usize>,
 ) -> Result<String, ApiError> {
     let pod = get(store, info, namespace, name)?;
-    let containers: Vec<&str> = pod["spec"]["containers"]
-        .as_array()
-        .map(|c| c.iter().filter_map(|c| c["name"].as_str()).collect())
-        .unwrap_or_default();
+    let names = |field: &str| -> Vec<&str> {
+        pod["spec"][field]
+            .as_array()
+            .map(|c| c.iter().filter_map(|c| c["name"].as_str()).collect())
+            .unwrap_or_default()
+    };
+    let containers = names("containers");
+    let init_containers = names("initContainers");
     let container = match (container, containers.as_slice()) {
-        (Some(c), _) if containers.contains(&c) => c,
+        (Some(c), _) if containers.contains(&c) || init_containers.contains(&c) => c,
         (Some(c), _) => {
             return Err(ApiError::bad_request(format!(
                 "container {c} is not valid for pod {name}"
@@ -169,22 +173,42 @@ pub fn pod_log(
             )));
         }
     };
-    let mut text = store.pod_log(namespace, name, container).unwrap_or_default();
-    if let Some(limit) = limit_bytes
-        && text.len() > limit
-    {
+    let text = store.pod_log(namespace, name, container).unwrap_or_default();
+    Ok(match limit_bytes {
+        Some(limit) => truncate_bytes(text, limit),
+        None => text,
+    })
+}
+
+/// The first `limit` bytes (kube cuts bytes; here the cut backs off to a character boundary).
+pub fn truncate_bytes(mut text: String, limit: usize) -> String {
+    if text.len() > limit {
         let mut cut = limit;
         while !text.is_char_boundary(cut) {
             cut -= 1;
         }
         text.truncate(cut);
     }
-    Ok(text)
+    text
+}
+
+/// The last `lines` lines of a log.
+pub fn tail_lines(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.split_inclusive('\n').collect();
+    all[all.len().saturating_sub(lines)..].concat()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tail_lines_keeps_the_last_lines_and_limits_cut_on_character_boundaries() {
+        assert_eq!(tail_lines("a\nb\nc\n", 2), "b\nc\n");
+        assert_eq!(tail_lines("a\nb", 5), "a\nb");
+        assert_eq!(tail_lines("a\nb\n", 0), "");
+        assert_eq!(truncate_bytes("héllo".to_string(), 2), "h");
+    }
 
     #[test]
     fn selector_objects_render_as_selector_strings() {

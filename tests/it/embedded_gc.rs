@@ -55,7 +55,7 @@ async fn foreground_deletion_removes_dependents_before_the_owner() {
     held.metadata.finalizers = Some(vec!["x.dev/hold".into()]);
     held.metadata.owner_references = Some(vec![
         serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": uid
+            "apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": uid, "blockOwnerDeletion": true
         }))
         .unwrap(),
     ]);
@@ -127,4 +127,31 @@ async fn unknown_propagation_policy_is_invalid() {
         .unwrap();
     let err = api_error(t.client.request_text(raw).await.unwrap_err());
     assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
+}
+
+#[tokio::test]
+async fn foreground_deletion_waits_only_for_dependents_that_block_owner_deletion() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let uid = owner(&t).await;
+    let api = t.configmaps("ns");
+    let mut loose = configmap("loose", json!({}));
+    loose.metadata.finalizers = Some(vec!["x.dev/hold".into()]);
+    loose.metadata.owner_references = Some(vec![
+        serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": uid, "blockOwnerDeletion": false
+        }))
+        .unwrap(),
+    ]);
+    api.create(&PostParams::default(), &loose).await.unwrap();
+    api.delete("owner", &DeleteParams::foreground()).await.unwrap();
+    eventually("owner gone though a non-blocking dependent remains", || async {
+        api.get_opt("owner").await.unwrap().is_none()
+    })
+    .await;
+    let loose = api.get("loose").await.unwrap();
+    assert!(
+        loose.metadata.deletion_timestamp.is_some(),
+        "the dependent is being deleted too"
+    );
 }

@@ -1,0 +1,362 @@
+//! The Job controller, scripted: a Job gets a Pod (`<job>-<5 random>`, labels `controller-uid` and
+//! `job-name`, controller owner reference), whose containers are "run" by the [`JobRunner`] registered
+//! for their image — init containers first (an init container without a runner succeeds), then the
+//! main ones (one without a runner fails with "no runner for image X"). The Pod then ends Succeeded or
+//! Failed with terminated container statuses and the scripted logs, and the Job gets `succeeded`/
+//! `failed` counts and a `Complete` or `Failed` condition, retrying up to `backoffLimit` and stopping
+//! at `activeDeadlineSeconds`.
+//!
+//! Simplifications: one pod at a time (`parallelism` is ignored; `completions` are run one after
+//! another), `restartPolicy: OnFailure` behaves like `Never` (a new pod per retry), no pod backoff delay.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::{JobContext, JobOutcome, Runners, controller_ref, info, is_deleting, modify, owned_by, run_loop, text};
+use crate::embedded::discovery::ResourceTable;
+use crate::embedded::store::{GroupResource, Store};
+use crate::embedded::verbs::{self, now_timestamp};
+
+const RESCAN: Duration = Duration::from_millis(200);
+const DEFAULT_BACKOFF_LIMIT: i64 = 6;
+
+fn jobs() -> GroupResource {
+    GroupResource::new("batch", "jobs")
+}
+
+fn pods() -> GroupResource {
+    GroupResource::new("", "pods")
+}
+
+struct JobController {
+    store: Arc<Store>,
+    resources: Arc<ResourceTable>,
+    runners: Arc<Runners>,
+    /// Pods (by uid) whose containers are being run now.
+    running: Arc<Mutex<HashSet<String>>>,
+}
+
+pub async fn run(store: Arc<Store>, resources: Arc<ResourceTable>, runners: Arc<Runners>, shutdown: CancellationToken) {
+    let controller = JobController {
+        store: store.clone(),
+        resources,
+        runners,
+        running: Arc::default(),
+    };
+    run_loop(store, shutdown, RESCAN, &["jobs", "pods"], move || controller.pass()).await;
+}
+
+fn phase(pod: &Value) -> &str {
+    pod["status"]["phase"].as_str().unwrap_or("Pending")
+}
+
+fn is_finished(job: &Value) -> bool {
+    job["status"]["conditions"].as_array().is_some_and(|conditions| {
+        conditions
+            .iter()
+            .any(|c| matches!(c["type"].as_str(), Some("Complete" | "Failed")) && c["status"] == "True")
+    })
+}
+
+fn seconds_since(timestamp: &str) -> Option<i64> {
+    let then: jiff::Timestamp = timestamp.parse().ok()?;
+    Some(jiff::Timestamp::now().duration_since(then).as_secs())
+}
+
+impl JobController {
+    fn pass(&self) {
+        let all_pods = self.store.list(&pods(), None).0;
+        for job in self.store.list(&jobs(), None).0 {
+            if is_deleting(&job) || is_finished(&job) {
+                continue;
+            }
+            let uid = text(&job, "uid");
+            let mine: Vec<&Value> = all_pods.iter().filter(|p| owned_by(p, uid)).collect();
+            self.reconcile(&job, &mine);
+        }
+    }
+
+    fn reconcile(&self, job: &Value, pods: &[&Value]) {
+        let (namespace, name) = (text(job, "namespace"), text(job, "name"));
+        let count = |wanted: &str| pods.iter().filter(|p| phase(p) == wanted).count() as i64;
+        let (succeeded, failed) = (count("Succeeded"), count("Failed"));
+        let active: Vec<&Value> = pods
+            .iter()
+            .copied()
+            .filter(|p| !matches!(phase(p), "Succeeded" | "Failed") && !is_deleting(p))
+            .collect();
+        let completions = job["spec"]["completions"].as_i64().unwrap_or(1).max(1);
+        let backoff_limit = job["spec"]["backoffLimit"].as_i64().unwrap_or(DEFAULT_BACKOFF_LIMIT);
+        let start_time = job["status"]["startTime"]
+            .as_str()
+            .map(String::from)
+            .unwrap_or_else(now_timestamp);
+        let past_deadline = job["spec"]["activeDeadlineSeconds"]
+            .as_i64()
+            .is_some_and(|deadline| seconds_since(&start_time).is_some_and(|elapsed| elapsed >= deadline));
+
+        let mut outcome: Option<(&str, &str, &str)> = None;
+        let mut active_count = active.len() as i64;
+        if succeeded >= completions {
+            outcome = Some(("Complete", "", ""));
+        } else if failed > backoff_limit {
+            outcome = Some((
+                "Failed",
+                "BackoffLimitExceeded",
+                "Job has reached the specified backoff limit",
+            ));
+        } else if past_deadline {
+            outcome = Some((
+                "Failed",
+                "DeadlineExceeded",
+                "Job was active longer than specified deadline",
+            ));
+        } else if active.is_empty() {
+            match self.create_pod(job) {
+                Ok(pod) => {
+                    active_count = 1;
+                    self.launch(job.clone(), pod);
+                }
+                Err(e) => tracing::warn!(namespace, job = name, error = %e.message, "creating the Job's pod"),
+            }
+        }
+        if let Some(("Failed", _, _)) = outcome {
+            for pod in &active {
+                kill(&self.store, pod, outcome.map_or("", |o| o.1));
+            }
+            active_count = 0;
+        }
+        let (failed_now, succeeded_now) = (
+            failed
+                + if outcome.is_some_and(|o| o.0 == "Failed") {
+                    active.len() as i64
+                } else {
+                    0
+                },
+            succeeded,
+        );
+        let _ = modify(&self.store, &jobs(), namespace, name, |job| {
+            let status = &mut job["status"];
+            if !status.is_object() {
+                *status = json!({});
+            }
+            status["startTime"] = json!(start_time);
+            set_count(status, "active", active_count);
+            set_count(status, "succeeded", succeeded_now);
+            set_count(status, "failed", failed_now);
+            if let Some((kind, reason, message)) = outcome {
+                let now = now_timestamp();
+                let mut condition = json!({
+                    "type": kind, "status": "True", "lastProbeTime": now, "lastTransitionTime": now,
+                });
+                if !reason.is_empty() {
+                    condition["reason"] = json!(reason);
+                    condition["message"] = json!(message);
+                }
+                status["conditions"] = json!([condition]);
+                if kind == "Complete" {
+                    status["completionTime"] = json!(now);
+                }
+            }
+        });
+    }
+
+    fn create_pod(&self, job: &Value) -> Result<Value, crate::embedded::status::ApiError> {
+        let template = &job["spec"]["template"];
+        let mut labels = template["metadata"]["labels"].as_object().cloned().unwrap_or_default();
+        labels.insert("controller-uid".into(), json!(text(job, "uid")));
+        labels.insert("job-name".into(), json!(text(job, "name")));
+        let mut metadata = json!({
+            "generateName": format!("{}-", text(job, "name")),
+            "labels": labels,
+            "ownerReferences": [controller_ref("batch/v1", "Job", job)],
+        });
+        if template["metadata"]["annotations"].is_object() {
+            metadata["annotations"] = template["metadata"]["annotations"].clone();
+        }
+        let body = json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"],
+            "status": {"phase": "Pending"},
+        });
+        let info = info(&self.resources, "", "v1", "pods")?;
+        let pod = verbs::create(&self.store, &info, text(job, "namespace"), body)?;
+        let (pod, _) = modify(
+            &self.store,
+            &pods(),
+            text(&pod, "namespace"),
+            text(&pod, "name"),
+            |pod| {
+                pod["status"] = json!({"phase": "Pending"});
+            },
+        )?;
+        Ok(pod)
+    }
+
+    /// Runs the pod's containers on a task of its own.
+    fn launch(&self, job: Value, pod: Value) {
+        let uid = text(&pod, "uid").to_string();
+        {
+            let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+            if !running.insert(uid.clone()) {
+                return;
+            }
+        }
+        let (store, resources, runners, running) = (
+            self.store.clone(),
+            self.resources.clone(),
+            self.runners.clone(),
+            self.running.clone(),
+        );
+        tokio::spawn(async move {
+            run_pod(&store, &resources, &runners, job, pod).await;
+            running.lock().unwrap_or_else(|p| p.into_inner()).remove(&uid);
+        });
+    }
+}
+
+fn set_count(status: &mut Value, field: &str, count: i64) {
+    if count > 0 {
+        status[field] = json!(count);
+    } else if let Some(map) = status.as_object_mut() {
+        map.remove(field);
+    }
+}
+
+/// Ends a still-running pod as Failed (deadline or a failed Job).
+fn kill(store: &Store, pod: &Value, reason: &str) {
+    let _ = modify(store, &pods(), text(pod, "namespace"), text(pod, "name"), |pod| {
+        if matches!(phase(pod), "Succeeded" | "Failed") {
+            return;
+        }
+        pod["status"]["phase"] = json!("Failed");
+        pod["status"]["reason"] = json!(reason);
+    });
+}
+
+struct Container {
+    name: String,
+    image: String,
+    init: bool,
+    spec: Value,
+}
+
+fn containers(pod: &Value) -> Vec<Container> {
+    let list = |field: &str, init: bool| -> Vec<Container> {
+        pod["spec"][field]
+            .as_array()
+            .map(|all| {
+                all.iter()
+                    .map(|c| Container {
+                        name: c["name"].as_str().unwrap_or("").to_string(),
+                        image: c["image"].as_str().unwrap_or("").to_string(),
+                        init,
+                        spec: c.clone(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut all = list("initContainers", true);
+    all.extend(list("containers", false));
+    all
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+        .unwrap_or_default()
+}
+
+async fn run_pod(store: &Arc<Store>, resources: &Arc<ResourceTable>, runners: &Runners, job: Value, pod: Value) {
+    let (namespace, name) = (text(&pod, "namespace").to_string(), text(&pod, "name").to_string());
+    let started = now_timestamp();
+    let running: Vec<Value> = containers(&pod)
+        .iter()
+        .filter(|c| !c.init)
+        .map(|c| {
+            json!({
+                "name": c.name, "image": c.image, "imageID": "", "ready": true, "started": true,
+                "restartCount": 0, "state": {"running": {"startedAt": started}},
+            })
+        })
+        .collect();
+    let _ = modify(store, &pods(), &namespace, &name, |pod| {
+        if phase(pod) == "Pending" {
+            pod["status"]["phase"] = json!("Running");
+            pod["status"]["startTime"] = json!(started);
+            pod["status"]["containerStatuses"] = json!(running);
+        }
+    });
+    let mut init_statuses = Vec::new();
+    let mut statuses = Vec::new();
+    let mut failed = false;
+    for container in containers(&pod) {
+        if failed {
+            break;
+        }
+        let ctx = JobContext {
+            job: job.clone(),
+            pod: pod.clone(),
+            namespace: namespace.clone(),
+            container: container.name.clone(),
+            init_container: container.init,
+            image: container.image.clone(),
+            command: strings(&container.spec["command"]),
+            args: strings(&container.spec["args"]),
+            env: container.spec["env"]
+                .as_array()
+                .map(|env| {
+                    env.iter()
+                        .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
+                        .collect::<BTreeMap<_, _>>()
+                })
+                .unwrap_or_default(),
+            store: store.clone(),
+            resources: resources.clone(),
+        };
+        let runner = match runners.runner_for(&container.image) {
+            Some(runner) => Some(runner),
+            None if container.init => None,
+            None => runners.default_runner(),
+        };
+        let outcome = match runner {
+            Some(runner) => tokio::task::spawn_blocking(move || runner.run(&ctx))
+                .await
+                .unwrap_or_else(|e| JobOutcome::failure(2, format!("the runner for this image panicked: {e}\n"))),
+            None if container.init => JobOutcome::success(""),
+            None => JobOutcome::failure(1, format!("no runner for image {}\n", container.image)),
+        };
+        tokio::time::sleep(outcome.delay).await;
+        store.set_pod_log(&namespace, &name, &container.name, &outcome.log);
+        failed = outcome.exit_code != 0;
+        let finished = now_timestamp();
+        let status = json!({
+            "name": container.name, "image": container.image, "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"terminated": {
+                "exitCode": outcome.exit_code,
+                "reason": if failed { "Error" } else { "Completed" },
+                "startedAt": started, "finishedAt": finished,
+            }},
+        });
+        if container.init {
+            init_statuses.push(status);
+        } else {
+            statuses.push(status);
+        }
+    }
+    let _ = modify(store, &pods(), &namespace, &name, |pod| {
+        if matches!(phase(pod), "Succeeded" | "Failed") {
+            return;
+        }
+        pod["status"]["phase"] = json!(if failed { "Failed" } else { "Succeeded" });
+        if !init_statuses.is_empty() {
+            pod["status"]["initContainerStatuses"] = json!(init_statuses);
+        }
+        pod["status"]["containerStatuses"] = json!(statuses);
+    });
+}

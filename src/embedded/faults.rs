@@ -1,0 +1,197 @@
+//! Fault injection for tests: fail the next N requests matching verb/resource/namespace with a status
+//! code (and a proper `Status` body), add latency to matching requests, drop every open watch.
+//! Restarting the server (keeping or losing its state) is [`super::ApiServer::restart`].
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use axum::http::HeaderValue;
+use axum::response::{IntoResponse, Response};
+use tokio_util::sync::CancellationToken;
+
+use super::discovery::ResourceInfo;
+use super::http::Verb;
+use super::status::ApiError;
+
+/// Which requests a fault applies to; every field left `None` matches anything.
+#[derive(Debug, Clone, Default)]
+pub struct RequestMatch {
+    pub verb: Option<Verb>,
+    /// The resource's plural (`configmaps`), kind (`ConfigMap`) or `plural.group`, case-insensitive.
+    pub resource: Option<String>,
+    pub namespace: Option<String>,
+}
+
+impl RequestMatch {
+    pub fn any() -> RequestMatch {
+        RequestMatch::default()
+    }
+
+    pub fn verb(mut self, verb: Verb) -> RequestMatch {
+        self.verb = Some(verb);
+        self
+    }
+
+    pub fn resource(mut self, resource: &str) -> RequestMatch {
+        self.resource = Some(resource.to_string());
+        self
+    }
+
+    pub fn namespace(mut self, namespace: &str) -> RequestMatch {
+        self.namespace = Some(namespace.to_string());
+        self
+    }
+
+    fn matches(&self, verb: Verb, info: &ResourceInfo, namespace: &str) -> bool {
+        let resource_matches = |wanted: &str| {
+            let qualified = format!("{}.{}", info.plural, info.group);
+            [info.plural.as_str(), info.kind.as_str(), qualified.as_str()]
+                .iter()
+                .any(|name| name.eq_ignore_ascii_case(wanted))
+        };
+        self.verb.is_none_or(|v| v == verb)
+            && self.resource.as_deref().is_none_or(resource_matches)
+            && self.namespace.as_deref().is_none_or(|ns| ns == namespace)
+    }
+}
+
+struct Failure {
+    matching: RequestMatch,
+    remaining: usize,
+    code: u16,
+}
+
+struct Latency {
+    matching: RequestMatch,
+    delay: Duration,
+}
+
+/// The faults armed on one server.
+pub struct Faults {
+    failures: Mutex<Vec<Failure>>,
+    latencies: Mutex<Vec<Latency>>,
+    /// Cancelled (and replaced) to end every open watch.
+    watches: Mutex<CancellationToken>,
+    parent: CancellationToken,
+    /// `Retry-After` seconds sent with injected 429s.
+    retry_after: Mutex<u64>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Faults {
+    pub(crate) fn new(shutdown: &CancellationToken) -> Faults {
+        Faults {
+            failures: Mutex::default(),
+            latencies: Mutex::default(),
+            watches: Mutex::new(shutdown.child_token()),
+            parent: shutdown.clone(),
+            retry_after: Mutex::new(1),
+        }
+    }
+
+    /// The next `count` requests matching `matching` fail with `code` (409, 429, 500, 503, or any
+    /// other 4xx/5xx) and a `Status` body; a 429 carries `Retry-After`.
+    pub fn fail_next(&self, count: usize, matching: RequestMatch, code: u16) {
+        lock(&self.failures).push(Failure {
+            matching,
+            remaining: count,
+            code,
+        });
+    }
+
+    /// Seconds sent in `Retry-After` with injected 429s (default 1).
+    pub fn set_retry_after(&self, seconds: u64) {
+        *lock(&self.retry_after) = seconds;
+    }
+
+    /// Every matching request waits `delay` before it is served.
+    pub fn add_latency(&self, matching: RequestMatch, delay: Duration) {
+        lock(&self.latencies).push(Latency { matching, delay });
+    }
+
+    /// Disarms every failure and latency.
+    pub fn clear(&self) {
+        lock(&self.failures).clear();
+        lock(&self.latencies).clear();
+    }
+
+    /// Ends every open watch stream (new watches are unaffected).
+    pub fn drop_watches(&self) {
+        let mut current = lock(&self.watches);
+        current.cancel();
+        *current = self.parent.child_token();
+    }
+
+    /// What ends the watches opened now.
+    pub(crate) fn watch_token(&self) -> CancellationToken {
+        lock(&self.watches).clone()
+    }
+
+    /// Applies latency, then answers the injected failure if one matches.
+    pub(crate) async fn intercept(&self, verb: Verb, info: &ResourceInfo, namespace: &str) -> Option<Response> {
+        let delay: Duration = lock(&self.latencies)
+            .iter()
+            .filter(|l| l.matching.matches(verb, info, namespace))
+            .map(|l| l.delay)
+            .sum();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let code = {
+            let mut failures = lock(&self.failures);
+            let hit = failures
+                .iter_mut()
+                .find(|f| f.remaining > 0 && f.matching.matches(verb, info, namespace))?;
+            hit.remaining -= 1;
+            let code = hit.code;
+            failures.retain(|f| f.remaining > 0);
+            code
+        };
+        let retry_after = *lock(&self.retry_after);
+        Some(injected(code, retry_after, info))
+    }
+}
+
+fn injected(code: u16, retry_after: u64, info: &ResourceInfo) -> Response {
+    let qualified = super::status::qualified(&info.group, &info.plural);
+    let (reason, message) = match code {
+        409 => (
+            "Conflict",
+            format!("Operation cannot be fulfilled on {qualified}: injected conflict"),
+        ),
+        429 => (
+            "TooManyRequests",
+            "Too many requests, please try again later.".to_string(),
+        ),
+        500 => ("InternalError", "Internal error occurred: injected fault".to_string()),
+        503 => (
+            "ServiceUnavailable",
+            "the server is currently unable to handle the request".to_string(),
+        ),
+        504 => (
+            "Timeout",
+            "the server was unable to return a response in the time allotted".to_string(),
+        ),
+        404 => (
+            "NotFound",
+            "the server could not find the requested resource".to_string(),
+        ),
+        403 => ("Forbidden", "injected: forbidden".to_string()),
+        400 => ("BadRequest", "injected: bad request".to_string()),
+        _ => ("", format!("injected fault {code}")),
+    };
+    let mut error = ApiError::new(code, reason, message);
+    if code == 429 {
+        error.details = serde_json::json!({"retryAfterSeconds": retry_after});
+    }
+    let mut response = error.into_response();
+    if (code == 429 || code == 503)
+        && let Ok(value) = HeaderValue::from_str(&retry_after.to_string())
+    {
+        response.headers_mut().insert(axum::http::header::RETRY_AFTER, value);
+    }
+    response
+}

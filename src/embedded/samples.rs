@@ -1,0 +1,231 @@
+//! Job runners for the sample images `stackd dev` serves (DESIGN §3.2, §4.2), so install and
+//! provisioning Jobs complete without a container runtime.
+//!
+//! The mapping from images to behaviour:
+//! - **Stack package images** — an image whose repository's last path segment names a directory of
+//!   the packages directory (`stackd-examples/sample-stack:v0.1.0` → `examples/packages/sample-stack`):
+//!   the init container that copies `/.registry` succeeds with an empty log.
+//! - **The stackd image** (the daemon's `--stackd-image`) run as `unpack --content-dir DIR
+//!   --permission-scope S`: the package is the first init container image of the pod that maps to a
+//!   package directory (else the container's `STACKD_PACKAGE_IMAGE` env); `DIR` inside the container is
+//!   ignored and the package's `.registry` is unpacked with [`crate::stacks::unpack`]. The log is the
+//!   stream the real container prints (exit 0), or the error it would print (exit 1).
+//! - **Installer images** — by default an image whose repository's last segment is `installer`
+//!   (`quay.io/example/installer:4.14`, as in `examples/pools`): `create cluster --dir /installer` writes
+//!   `kubeconfig` and `metadata.json` (with `infraID`) into the existing Secret named by
+//!   `STACKD_OUTPUT_SECRET` in `STACKD_OUTPUT_NAMESPACE` and exits 0; `destroy cluster` exits 0.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rand::Rng;
+use serde_json::json;
+
+use super::controller_manager::{ImageMatch, JobContext, JobOutcome, JobRunner, Runners};
+use super::store::GroupResource;
+use crate::api::stacks::PermissionScope;
+use crate::stacks::{stream, unpack};
+
+/// Which images the sample runners answer, and where the packages are.
+#[derive(Clone)]
+pub struct SampleImages {
+    /// Directory holding one package directory (with its `.registry`) per package name.
+    pub packages_dir: PathBuf,
+    /// The image of the install Job's `unpack` container.
+    pub stackd_image: String,
+    pub installer_images: ImageMatch,
+}
+
+impl SampleImages {
+    /// The repository's `examples/packages`, the given stackd image, and `.../installer:<tag>` images.
+    pub fn new(stackd_image: &str) -> SampleImages {
+        SampleImages {
+            packages_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join("packages"),
+            stackd_image: stackd_image.to_string(),
+            installer_images: ImageMatch::Predicate(Arc::new(|image| repository_name(image) == "installer")),
+        }
+    }
+}
+
+/// `registry:5000/org/name:tag@sha256:…` → `name`.
+pub fn repository_name(image: &str) -> &str {
+    let without_digest = image.split('@').next().unwrap_or(image);
+    let last = without_digest.rsplit('/').next().unwrap_or(without_digest);
+    last.split(':').next().unwrap_or(last)
+}
+
+/// The runners for the sample images, most specific last (as [`Runners::register`] wants them).
+pub fn sample_runners(images: &SampleImages) -> Vec<(ImageMatch, Arc<dyn JobRunner>)> {
+    let dir = images.packages_dir.clone();
+    let is_package = ImageMatch::Predicate(Arc::new(move |image| package_dir(&dir, image).is_some()));
+    vec![
+        (is_package, Arc::new(PackageCopy)),
+        (images.installer_images.clone(), Arc::new(Installer)),
+        (
+            ImageMatch::Exact(images.stackd_image.clone()),
+            Arc::new(Unpack {
+                packages_dir: images.packages_dir.clone(),
+            }),
+        ),
+    ]
+}
+
+/// Registers [`sample_runners`] on a server's runners.
+pub fn register_sample_runners(runners: &Runners, images: &SampleImages) {
+    for (matching, runner) in sample_runners(images) {
+        runners.register_arc(matching, runner);
+    }
+}
+
+fn package_dir(packages_dir: &Path, image: &str) -> Option<PathBuf> {
+    let name = repository_name(image);
+    if name.is_empty() || name.starts_with('.') {
+        return None;
+    }
+    let dir = packages_dir.join(name).join(".registry");
+    dir.is_dir().then_some(dir)
+}
+
+/// The package image's init container: copying `/.registry` always works here.
+struct PackageCopy;
+
+impl JobRunner for PackageCopy {
+    fn run(&self, _ctx: &JobContext) -> JobOutcome {
+        JobOutcome::success("")
+    }
+}
+
+struct Unpack {
+    packages_dir: PathBuf,
+}
+
+fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    let at = args.iter().position(|a| a == name)?;
+    args.get(at + 1).map(String::as_str)
+}
+
+impl JobRunner for Unpack {
+    fn run(&self, ctx: &JobContext) -> JobOutcome {
+        let args: Vec<String> = ctx.command.iter().chain(&ctx.args).cloned().collect();
+        if !args.iter().any(|a| a == "unpack") {
+            return JobOutcome::failure(2, format!("the sample stackd image only runs `unpack`, not {args:?}\n"));
+        }
+        let scope = match flag(&args, "--permission-scope").map(str::parse::<PermissionScope>) {
+            Some(Ok(scope)) => scope,
+            Some(Err(e)) => return JobOutcome::failure(2, format!("error: invalid --permission-scope: {e}\n")),
+            None => return JobOutcome::failure(2, "error: --permission-scope is required\n"),
+        };
+        let init_images = ctx.pod["spec"]["initContainers"]
+            .as_array()
+            .map(|all| all.iter().filter_map(|c| c["image"].as_str()).collect::<Vec<_>>())
+            .unwrap_or_default();
+        let package = init_images
+            .into_iter()
+            .chain(ctx.env("STACKD_PACKAGE_IMAGE"))
+            .find_map(|image| Some((image.to_string(), package_dir(&self.packages_dir, image)?)));
+        let Some((image, content_dir)) = package else {
+            return JobOutcome::failure(
+                1,
+                format!(
+                    "error: no sample package for this pod's images under {}\n",
+                    self.packages_dir.display()
+                ),
+            );
+        };
+        let options = unpack::UnpackOptions {
+            content_dir,
+            permission_scope: scope,
+            package_image: Some(image),
+        };
+        match unpack::unpack(&options)
+            .map_err(|e| e.to_string())
+            .and_then(|contents| stream::encode(&contents).map_err(|e| e.to_string()))
+        {
+            Ok(log) => JobOutcome::success(log),
+            Err(e) => JobOutcome::failure(1, format!("error: {e}\n")),
+        }
+    }
+}
+
+struct Installer;
+
+impl JobRunner for Installer {
+    fn run(&self, ctx: &JobContext) -> JobOutcome {
+        let args: Vec<&str> = ctx.args.iter().map(String::as_str).collect();
+        match args.as_slice() {
+            ["create", "cluster", ..] => create_cluster(ctx),
+            ["destroy", "cluster", ..] => JobOutcome::success("level=info msg=\"Uninstallation complete!\"\n"),
+            other => JobOutcome::failure(2, format!("unknown installer command {other:?}\n")),
+        }
+    }
+}
+
+fn create_cluster(ctx: &JobContext) -> JobOutcome {
+    let (Some(namespace), Some(secret)) = (ctx.env("STACKD_OUTPUT_NAMESPACE"), ctx.env("STACKD_OUTPUT_SECRET")) else {
+        return JobOutcome::failure(
+            1,
+            "error: STACKD_OUTPUT_SECRET and STACKD_OUTPUT_NAMESPACE must be set\n",
+        );
+    };
+    // The installer may only update its pre-created output Secret (DESIGN §4.2), never create one.
+    if ctx
+        .store
+        .get(&GroupResource::new("", "secrets"), namespace, secret)
+        .is_none()
+    {
+        return JobOutcome::failure(1, format!("error: secrets \"{secret}\" not found in {namespace}\n"));
+    }
+    let cluster = ctx
+        .env("STACKD_CLUSTER_NAME")
+        .unwrap_or_else(|| ctx.job["metadata"]["name"].as_str().unwrap_or("cluster"))
+        .to_string();
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::rng();
+    let suffix: String = (0..5)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect();
+    let base: String = cluster.chars().take(21).collect();
+    let infra_id = format!("{}-{suffix}", base.trim_end_matches(['-', '.']));
+    let metadata = json!({"clusterName": cluster, "clusterID": crate::embedded::verbs::new_uid(), "infraID": infra_id});
+    let kubeconfig = [
+        "apiVersion: v1",
+        "kind: Config",
+        "clusters:",
+        &format!("- name: {infra_id}"),
+        "  cluster:",
+        &format!("    server: https://api.{infra_id}.example:6443"),
+        "contexts:",
+        "- name: admin",
+        "  context:",
+        &format!("    cluster: {infra_id}"),
+        "    user: admin",
+        "current-context: admin",
+        "users:",
+        "- name: admin",
+        "  user:",
+        "    token: sample-admin-token",
+        "",
+    ]
+    .join("\n");
+    let data = BTreeMap::from([
+        ("kubeconfig".to_string(), kubeconfig),
+        ("metadata.json".to_string(), metadata.to_string()),
+    ]);
+    match ctx.write_secret_data(namespace, secret, &data) {
+        Ok(_) => JobOutcome::success(format!("level=info msg=\"Install complete!\" infraID={infra_id}\n")),
+        Err(e) => JobOutcome::failure(1, format!("error: writing the output Secret: {}\n", e.message)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repository_name_drops_registry_tag_and_digest() {
+        assert_eq!(repository_name("stackd-examples/sample-stack:v0.1.0"), "sample-stack");
+        assert_eq!(repository_name("localhost:5000/x/installer@sha256:ab"), "installer");
+        assert_eq!(repository_name("cluster-stack"), "cluster-stack");
+    }
+}

@@ -1,0 +1,337 @@
+//! Fault injection and request counters on the embedded API server, as a kube-rs client sees them.
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use serde_json::json;
+use stackd::embedded::faults::RequestMatch;
+use stackd::embedded::{RestartState, Verb};
+use tokio::time::timeout;
+
+use crate::harness::{self, TestServer, api_error, configmap};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn create_configmaps() -> RequestMatch {
+    RequestMatch::any().verb(Verb::Create).resource("ConfigMap")
+}
+
+/// A client without kube's default retry of 429/503/504, so each injected answer is seen as it is.
+async fn client_without_retries(t: &TestServer) -> kube::Client {
+    let mut config = kube::Config::from_custom_kubeconfig(t.server.kubeconfig(), &Default::default())
+        .await
+        .unwrap();
+    config.default_retry = false;
+    kube::Client::try_from(config).unwrap()
+}
+
+#[tokio::test]
+async fn injected_failures_reach_a_kube_client_with_their_code_and_reason_then_stop() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api: Api<ConfigMap> = Api::namespaced(client_without_retries(&t).await, "ns");
+    for (code, reason) in [
+        (409, "Conflict"),
+        (500, "InternalError"),
+        (503, "ServiceUnavailable"),
+        (429, "TooManyRequests"),
+    ] {
+        t.server
+            .faults()
+            .fail_next(1, create_configmaps().namespace("ns"), code);
+        let name = format!("c{code}");
+        let error = api_error(
+            api.create(&PostParams::default(), &configmap(&name, json!({})))
+                .await
+                .unwrap_err(),
+        );
+        assert_eq!((error.code, error.reason.as_str()), (code, reason));
+        api.create(&PostParams::default(), &configmap(&name, json!({})))
+            .await
+            .expect("only the next request fails");
+    }
+}
+
+#[tokio::test]
+async fn kube_clients_retry_an_injected_503_by_default() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    t.server.faults().set_retry_after(0);
+    t.server.faults().fail_next(2, create_configmaps(), 503);
+    let before = t.server.counters();
+    t.configmaps("ns")
+        .create(&PostParams::default(), &configmap("a", json!({})))
+        .await
+        .expect("retried past the injected failures");
+    let made = t.server.counters().since(&before);
+    assert_eq!(made.get(Verb::Create, "configmaps", Some("ns")), 3);
+}
+
+#[tokio::test]
+async fn injected_failures_match_verb_resource_and_namespace() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    t.namespace("other").await;
+    t.server.faults().fail_next(2, create_configmaps().namespace("ns"), 500);
+    let secrets: Api<Secret> = Api::namespaced(t.client.clone(), "ns");
+    let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "s"}})).unwrap();
+    secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("another kind passes");
+    t.configmaps("other")
+        .create(&PostParams::default(), &configmap("a", json!({})))
+        .await
+        .expect("another namespace passes");
+    t.configmaps("ns")
+        .list(&ListParams::default())
+        .await
+        .expect("another verb passes");
+    for _ in 0..2 {
+        let error = t
+            .configmaps("ns")
+            .create(&PostParams::default(), &configmap("a", json!({})))
+            .await
+            .unwrap_err();
+        assert_eq!(api_error(error).code, 500);
+    }
+    t.configmaps("ns")
+        .create(&PostParams::default(), &configmap("a", json!({})))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn injected_429_carries_retry_after_and_a_status_body() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    t.server.faults().set_retry_after(7);
+    t.server
+        .faults()
+        .fail_next(1, RequestMatch::any().verb(Verb::List).resource("configmaps"), 429);
+    let request = http::Request::get("/api/v1/namespaces/ns/configmaps")
+        .body(Vec::new())
+        .unwrap();
+    let client = client_without_retries(&t).await;
+    let response = client.send(request.map(Into::into)).await.unwrap();
+    assert_eq!(response.status().as_u16(), 429);
+    assert_eq!(response.headers()["retry-after"], "7");
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let status: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(status["kind"], "Status");
+    assert_eq!(status["reason"], "TooManyRequests");
+    assert_eq!(status["details"]["retryAfterSeconds"], 7);
+}
+
+#[tokio::test]
+async fn latency_is_added_to_matching_requests_only() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api = t.configmaps("ns");
+    api.create(&PostParams::default(), &configmap("a", json!({})))
+        .await
+        .unwrap();
+    t.server.faults().add_latency(
+        RequestMatch::any().verb(Verb::Get).resource("configmaps"),
+        Duration::from_millis(300),
+    );
+    let started = Instant::now();
+    api.get("a").await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    api.list(&ListParams::default()).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        started.elapsed()
+    );
+    t.server.faults().clear();
+    let started = Instant::now();
+    api.get("a").await.unwrap();
+    assert!(started.elapsed() < Duration::from_millis(300));
+}
+
+/// A kube-runtime watcher on the namespace's ConfigMaps, past its first InitDone.
+async fn started_watcher(
+    t: &TestServer,
+) -> futures::stream::BoxStream<'static, Result<Event<ConfigMap>, watcher::Error>> {
+    let config = watcher::Config::default().disable_bookmarks();
+    let mut events = watcher::watcher(t.configmaps("ns"), config).default_backoff().boxed();
+    loop {
+        if let Ok(Event::InitDone) = timeout(WAIT, events.next()).await.unwrap().unwrap() {
+            return events;
+        }
+    }
+}
+
+/// Waits for `name` to be applied; returns whether a relist (Init) happened on the way.
+async fn applied(
+    events: &mut futures::stream::BoxStream<'static, Result<Event<ConfigMap>, watcher::Error>>,
+    name: &str,
+) -> bool {
+    let mut relisted = false;
+    loop {
+        match timeout(WAIT, events.next())
+            .await
+            .expect("the watcher keeps going")
+            .unwrap()
+        {
+            Ok(Event::Init) => relisted = true,
+            Ok(Event::Apply(cm) | Event::InitApply(cm)) if cm.metadata.name.as_deref() == Some(name) => {
+                return relisted;
+            }
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn dropped_watches_make_the_kube_runtime_watcher_reconnect_without_relisting() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let mut events = started_watcher(&t).await;
+    let before = t.server.counters();
+    t.server.faults().drop_watches();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    t.configmaps("ns")
+        .create(&PostParams::default(), &configmap("after", json!({})))
+        .await
+        .unwrap();
+    assert!(!applied(&mut events, "after").await, "resumed, not relisted");
+    let made = t.server.counters().since(&before);
+    assert!(made.get(Verb::Watch, "configmaps", Some("ns")) >= 1, "{made:?}");
+    assert_eq!(made.get(Verb::List, "configmaps", Some("ns")), 0, "{made:?}");
+}
+
+#[tokio::test]
+async fn restart_keeping_state_lets_the_watcher_resume() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    t.configmaps("ns")
+        .create(&PostParams::default(), &configmap("before", json!({})))
+        .await
+        .unwrap();
+    let mut events = started_watcher(&t).await;
+    let url = t.server.url();
+    let lists_before = t.server.counters().get(Verb::List, "configmaps", Some("ns"));
+    t.server.restart(RestartState::Keep).await.unwrap();
+    assert_eq!(t.server.url(), url, "same address");
+    assert!(t.configmaps("ns").get("before").await.is_ok(), "state kept");
+    t.configmaps("ns")
+        .create(&PostParams::default(), &configmap("after", json!({})))
+        .await
+        .unwrap();
+    assert!(!applied(&mut events, "after").await, "resumed from its resourceVersion");
+    assert_eq!(
+        t.server.counters().get(Verb::List, "configmaps", Some("ns")),
+        lists_before
+    );
+}
+
+#[tokio::test]
+async fn restart_losing_state_makes_the_watcher_relist_after_a_410() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    for i in 0..5 {
+        t.configmaps("ns")
+            .create(&PostParams::default(), &configmap(&format!("old{i}"), json!({})))
+            .await
+            .unwrap();
+    }
+    let old_version = t
+        .configmaps("ns")
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    let mut events = started_watcher(&t).await;
+    t.server.restart(RestartState::Lose).await.unwrap();
+    let namespaces: Api<Namespace> = Api::all(t.client.clone());
+    assert!(namespaces.get_opt("ns").await.unwrap().is_none(), "state lost");
+
+    let raw: Api<ConfigMap> = Api::all(t.client.clone());
+    let mut stale = raw
+        .watch(&WatchParams::default(), old_version.as_deref().unwrap_or("1"))
+        .await
+        .unwrap()
+        .boxed();
+    match timeout(WAIT, stale.next()).await.unwrap() {
+        Some(Err(kube::Error::Api(status))) => assert_eq!(status.code, 410),
+        Some(Ok(kube::api::WatchEvent::Error(status))) => assert_eq!(status.code, 410),
+        other => panic!("expected a 410 for a version from before the restart, got {other:?}"),
+    }
+
+    t.namespace("ns").await;
+    t.configmaps("ns")
+        .create(&PostParams::default(), &configmap("fresh", json!({})))
+        .await
+        .unwrap();
+    assert!(applied(&mut events, "fresh").await, "relisted after the 410");
+}
+
+#[tokio::test]
+async fn counters_match_the_requests_made() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api = t.configmaps("ns");
+    let before = t.server.counters();
+    api.create(&PostParams::default(), &configmap("a", json!({})))
+        .await
+        .unwrap();
+    api.create(&PostParams::default(), &configmap("b", json!({})))
+        .await
+        .unwrap();
+    api.get("a").await.unwrap();
+    api.list(&ListParams::default()).await.unwrap();
+    api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"data": {"x": "y"}})))
+        .await
+        .unwrap();
+    api.delete("b", &DeleteParams::default()).await.unwrap();
+    let all: Api<ConfigMap> = Api::all(t.client.clone());
+    all.list(&ListParams::default()).await.unwrap();
+    let mut stream = all
+        .watch(&WatchParams::default().timeout(1), "0")
+        .await
+        .unwrap()
+        .boxed();
+    while timeout(WAIT, stream.next()).await.unwrap().is_some() {}
+    let made = t.server.counters().since(&before);
+    let count = |verb, namespace| made.get(verb, "configmaps", namespace);
+    assert_eq!(count(Verb::Create, Some("ns")), 2);
+    assert_eq!(count(Verb::Get, Some("ns")), 1);
+    assert_eq!(count(Verb::List, Some("ns")), 1);
+    assert_eq!(count(Verb::List, Some("")), 1, "the cluster-wide list");
+    assert_eq!(count(Verb::List, None), 2);
+    assert_eq!(count(Verb::Patch, Some("ns")), 1);
+    assert_eq!(count(Verb::Delete, Some("ns")), 1);
+    assert_eq!(count(Verb::Watch, None), 1, "a watch counts once, when opened");
+    assert_eq!(made.total(), 8, "{made:?}");
+}
+
+#[tokio::test]
+async fn restart_over_tls_serves_the_same_certificate_and_token() {
+    let t = harness::start_with(stackd::embedded::ServerOptions {
+        tls: true,
+        token: Some("secret-token".into()),
+        ..Default::default()
+    })
+    .await;
+    t.namespace("ns").await;
+    t.server.restart(RestartState::Keep).await.unwrap();
+    t.configmaps("ns")
+        .create(&PostParams::default(), &configmap("after", json!({})))
+        .await
+        .expect("the old client trusts the restarted server");
+}
