@@ -13,7 +13,8 @@ use stackd::embedded::{ApiServer, ServerOptions};
 
 /// One host, some tenants, their kubeconfigs in a temp dir, and daemon processes.
 struct Fleet {
-    host: ApiServer,
+    /// Kept so the host server lives as long as the fleet.
+    _host: ApiServer,
     host_client: kube::Client,
     tenants: Vec<(String, Option<ApiServer>)>,
     dir: tempfile::TempDir,
@@ -32,7 +33,7 @@ impl Fleet {
         std::fs::create_dir(dir.path().join("tenants")).expect("tenants dir");
         std::fs::write(dir.path().join("host.yaml"), host.kubeconfig_yaml()).expect("host kubeconfig");
         let mut fleet = Fleet {
-            host,
+            _host: host,
             host_client,
             tenants: Vec::new(),
             dir,
