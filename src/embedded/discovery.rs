@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
+use super::convert;
 use super::store::{GroupResource, Store};
 
 /// Where a scale subresource finds its numbers (JSON paths like `.spec.replicas`).
@@ -38,7 +39,7 @@ pub struct ResourceInfo {
 
 impl ResourceInfo {
     pub fn storage_key(&self) -> GroupResource {
-        GroupResource::new(&self.group, &self.plural)
+        convert::storage_key(&self.group, &self.plural)
     }
 
     pub fn api_version(&self) -> String {

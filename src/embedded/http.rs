@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use super::Shared;
+use super::convert;
 use super::discovery::{ResourceInfo, Resources, core_versions, version_info};
 use super::patch::PatchType;
 use super::selectors::{FieldSelector, LabelSelector, supported_fields};
@@ -380,7 +381,8 @@ fn selectors(
     let fields = FieldSelector::parse(
         query.get("fieldSelector").map_or("", String::as_str),
         supported_fields(&info.group, &info.plural),
-    )?;
+    )?
+    .renamed(|field| convert::field_to_storage(&info.group, &info.plural, field));
     Ok((labels, fields))
 }
 

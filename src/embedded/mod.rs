@@ -8,6 +8,7 @@
 //! - [`validation`], [`schema`], [`selectors`]: pure rules;
 //! - [`namespaces`], [`gc`]: the namespace deletion and garbage collection loops.
 
+pub mod convert;
 pub mod crd;
 pub mod discovery;
 pub mod gc;

@@ -5,6 +5,7 @@ use base64::Engine;
 use rand::Rng;
 use serde_json::{Value, json};
 
+use super::convert;
 use super::crd::{establish_crd, is_crd, reestablish_crd, remove_custom_resources, validate_crd};
 use super::discovery::ResourceInfo;
 use super::patch::{PatchType, apply_patch};
@@ -72,11 +73,24 @@ fn namespace_resource() -> GroupResource {
     GroupResource::new("", "namespaces")
 }
 
-/// The object as served in this version.
-pub(super) fn present(info: &ResourceInfo, mut object: Value) -> Value {
+/// A stored object as served in this version.
+pub fn present(info: &ResourceInfo, object: Value) -> Value {
+    stamp(
+        info,
+        convert::from_storage(&info.group, &info.plural, object),
+    )
+}
+
+/// Sets this version's `apiVersion` and `kind` on an object already in its form.
+fn stamp(info: &ResourceInfo, mut object: Value) -> Value {
     object["apiVersion"] = json!(info.api_version());
     object["kind"] = json!(info.kind);
     object
+}
+
+/// A request-version object as stored.
+fn stored(info: &ResourceInfo, object: Value) -> Value {
+    convert::to_storage(&info.group, &info.plural, object)
 }
 
 pub(super) fn meta_str<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
@@ -264,7 +278,7 @@ pub fn create(
     let name = meta_str(&body, "name").unwrap_or("").to_string();
     check_namespace_accepts(store, info, namespace, &name)?;
     let uid = new_uid();
-    let mut object = present(info, body);
+    let mut object = stamp(info, body);
     if let Some(meta) = object["metadata"].as_object_mut() {
         for server_owned in [
             "resourceVersion",
@@ -296,7 +310,7 @@ pub fn create(
         &name,
         |current| match current {
             Some(_) => Err(ApiError::already_exists(&info.group, &info.plural, &name)),
-            None => Ok(Write::Put(object)),
+            None => Ok(Write::Put(stored(info, object))),
         },
     )?;
     Ok(present(info, created))
@@ -352,6 +366,7 @@ pub(super) fn prepare_update(
         );
         return Err(ApiError::conflict(&info.group, &info.plural, &name, &why));
     }
+    let unchanged = old.clone();
     let old = present(info, old.clone());
     let mut new = match sub {
         // Only status moves through /status; everything else stays as stored.
@@ -361,7 +376,7 @@ pub(super) fn prepare_update(
             new
         }
         Subresource::Main => {
-            let mut new = present(info, requested);
+            let mut new = stamp(info, requested);
             if info.status_subresource {
                 new["status"] = old["status"].clone();
             }
@@ -393,12 +408,12 @@ pub(super) fn prepare_update(
         }
     }
     if same_content(&old, &new) {
-        return Ok(Write::Unchanged(old));
+        return Ok(Write::Unchanged(unchanged));
     }
     if is_deleting(&new) && !holds_deletion(info, &new) {
-        return Ok(Write::Remove(new));
+        return Ok(Write::Remove(stored(info, new)));
     }
-    Ok(Write::Put(new))
+    Ok(Write::Put(stored(info, new)))
 }
 
 /// Metadata only the server writes.

@@ -776,3 +776,45 @@ async fn job_pod_template_is_immutable() {
     assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
     assert_eq!(err.details.unwrap().causes[0].field, "spec.template");
 }
+
+#[tokio::test]
+async fn events_written_through_events_api_are_read_through_core_with_field_selectors() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event;
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let events: Api<Event> = Api::namespaced(t.client.clone(), "ns");
+    let event: Event = serde_json::from_value(json!({
+        "metadata": {"name": "e1"},
+        "eventTime": "2026-01-01T00:00:00.000000Z",
+        "regarding": {"kind": "ConfigMap", "name": "c", "namespace": "ns"},
+        "note": "something happened", "reason": "Happened", "type": "Normal", "action": "Reconcile",
+        "reportingController": "stackd", "reportingInstance": "stackd-1"
+    }))
+    .unwrap();
+    events.create(&PostParams::default(), &event).await.unwrap();
+    let core: Api<CoreEvent> = Api::namespaced(t.client.clone(), "ns");
+    let listed = core
+        .list(&ListParams::default().fields("involvedObject.name=c,reason=Happened"))
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(
+        listed.items[0].message.as_deref(),
+        Some("something happened")
+    );
+    assert_eq!(
+        listed.items[0].involved_object.kind.as_deref(),
+        Some("ConfigMap")
+    );
+    let none = core
+        .list(&ListParams::default().fields("involvedObject.name=other"))
+        .await
+        .unwrap();
+    assert!(none.items.is_empty());
+    let back = events
+        .list(&ListParams::default().fields("regarding.name=c"))
+        .await
+        .unwrap();
+    assert_eq!(back.items[0].note.as_deref(), Some("something happened"));
+}
