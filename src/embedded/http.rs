@@ -230,6 +230,12 @@ async fn dispatch(
 ) -> Result<Response, ApiError> {
     let query = parse_query(&request);
     let verb = Verb::of(request.method(), target.name.is_some(), &query)?;
+    if query.get("dryRun").is_some_and(|d| !d.is_empty()) {
+        // Failing loudly beats writing what the client meant only to try.
+        return Err(ApiError::bad_request(
+            "dryRun is not supported by the embedded API server",
+        ));
+    }
     let content_type = request
         .headers()
         .get(header::CONTENT_TYPE)

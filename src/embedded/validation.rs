@@ -423,6 +423,18 @@ mod tests {
     }
 
     #[test]
+    fn annotations_are_limited_to_256_kib_in_total() {
+        let cm = info("", "configmaps");
+        let half = "x".repeat(130 * 1024);
+        let big = json!({"metadata": {"name": "c", "annotations": {"a": half, "b": half}}});
+        let causes = validate_object(&cm, &big);
+        assert_eq!(
+            (causes[0].field.as_str(), causes[0].reason),
+            ("metadata.annotations", "FieldValueTooLong")
+        );
+    }
+
+    #[test]
     fn role_binding_role_ref_cannot_change() {
         let binding = info("rbac.authorization.k8s.io", "rolebindings");
         let old = json!({"roleRef": {"kind": "ClusterRole", "name": "a"}});

@@ -29,6 +29,20 @@ async fn stale_update_is_a_conflict() {
             .unwrap_err(),
     );
     assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
+    let mut absent = changed.clone();
+    absent.metadata.name = Some("absent".into());
+    absent.metadata.resource_version = None;
+    let err = api_error(
+        api.replace("absent", &PostParams::default(), &absent)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 404, "PUT does not create");
+    let err = api_error(
+        api.replace("c", &PostParams::default(), &changed)
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(
         err.message,
         "Operation cannot be fulfilled on configmaps \"c\": the object has been modified; please apply your changes to the latest version and try again"
