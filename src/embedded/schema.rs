@@ -265,6 +265,15 @@ fn validate_string(schema: &Value, s: &str, value: &Value, path: &str, causes: &
             &format!("{shown} in body should be at least {min} chars long"),
         ));
     }
+    if let Some(format) = schema["format"].as_str()
+        && !format_matches(format, s)
+    {
+        let detail = format!(
+            "{shown} in body must be of type {format}: {}",
+            go_value(value)
+        );
+        causes.push(Cause::invalid(path, value, &detail));
+    }
     if let Some(pattern) = schema["pattern"].as_str() {
         match regex::Regex::new(pattern) {
             Ok(re) if re.is_match(s) => {}
@@ -274,6 +283,18 @@ fn validate_string(schema: &Value, s: &str, value: &Value, path: &str, causes: &
                 &format!("{shown} in body should match '{pattern}'"),
             )),
         }
+    }
+}
+
+/// The string formats kube-apiserver checks that Rust-generated schemas use; others pass.
+fn format_matches(format: &str, s: &str) -> bool {
+    use base64::Engine;
+    match format {
+        "date-time" => s.parse::<jiff::Timestamp>().is_ok(),
+        "date" => s.parse::<jiff::civil::Date>().is_ok(),
+        "byte" => base64::engine::general_purpose::STANDARD.decode(s).is_ok(),
+        "uuid" => s.len() == 36 && s.chars().all(|c| c.is_ascii_hexdigit() || c == '-'),
+        _ => true,
     }
 }
 
@@ -478,6 +499,18 @@ mod tests {
         assert_eq!(
             obj["template"],
             json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}})
+        );
+    }
+
+    #[test]
+    fn date_time_and_byte_formats_are_checked() {
+        let s = json!({"type": "object", "properties": {
+            "at": {"type": "string", "format": "date-time"},
+            "raw": {"type": "string", "format": "byte"}}});
+        assert!(validate(&s, &json!({"at": "2026-01-01T00:00:00Z", "raw": "YQ=="})).is_empty());
+        assert_eq!(
+            validate(&s, &json!({"at": "yesterday", "raw": "!!"})).len(),
+            2
         );
     }
 
