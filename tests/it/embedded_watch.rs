@@ -326,3 +326,44 @@ async fn shutdown_closes_open_watches() {
         "watch stream ends when the server shuts down"
     );
 }
+
+#[tokio::test]
+async fn kube_runtime_recorder_publishes_and_updates_a_series() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use kube::Resource;
+    use kube::api::ListParams;
+    use kube::runtime::events::{Event as RecordedEvent, EventType, Recorder, Reporter};
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let cm = t
+        .configmaps("ns")
+        .create(&PostParams::default(), &configmap("c", json!({})))
+        .await
+        .unwrap();
+    let reporter = Reporter {
+        controller: "stackd".into(),
+        instance: Some("test".into()),
+    };
+    let recorder = Recorder::new(t.client.clone(), reporter);
+    let event = RecordedEvent {
+        type_: EventType::Normal,
+        reason: "Reconciled".into(),
+        note: Some("all good".into()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    let reference = cm.object_ref(&());
+    recorder.publish(&event, &reference).await.unwrap();
+    recorder.publish(&event, &reference).await.unwrap();
+    let core: Api<CoreEvent> = Api::namespaced(t.client.clone(), "ns");
+    let listed = core
+        .list(&ListParams::default().fields("involvedObject.name=c"))
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 1, "the repeat joins a series");
+    assert_eq!(listed.items[0].reason.as_deref(), Some("Reconciled"));
+    assert_eq!(
+        listed.items[0].series.as_ref().and_then(|s| s.count),
+        Some(2)
+    );
+}
