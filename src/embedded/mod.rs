@@ -5,7 +5,7 @@
 //! - [`verbs`]: get/list/create/update/patch/delete with kube-apiserver semantics on that store,
 //!   with [`patch`], [`subresources`] (scale, log) and [`crd`] (CRD lifecycle);
 //! - [`watch`]: watch streams; [`http`]: the request pipeline; [`discovery`]: the resource table;
-//! - [`validation`], [`schema`], [`selectors`]: pure rules;
+//! - [`validation`], [`kinds`], [`schema`], [`selectors`]: pure rules;
 //! - [`namespaces`], [`gc`]: the namespace deletion and garbage collection loops.
 
 pub mod convert;
@@ -13,6 +13,7 @@ pub mod crd;
 pub mod discovery;
 pub mod gc;
 mod http;
+pub mod kinds;
 pub mod namespaces;
 pub mod patch;
 pub mod schema;

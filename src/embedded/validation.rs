@@ -7,6 +7,7 @@ use regex::Regex;
 use serde_json::{Map, Value, json};
 
 use super::discovery::ResourceInfo;
+use super::kinds;
 use super::status::Cause;
 
 const DNS1123_SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
@@ -179,12 +180,7 @@ pub fn validate_object(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
     }
     causes.extend(validate_labels("metadata.labels", &metadata["labels"]));
     causes.extend(validate_annotations(&metadata["annotations"]));
-    if (info.group.as_str(), info.plural.as_str()) == ("batch", "jobs") {
-        causes.extend(validate_labels(
-            "spec.template.labels",
-            &object["spec"]["template"]["metadata"]["labels"],
-        ));
-    }
+    causes.extend(kinds::validate_spec(info, object));
     causes
 }
 

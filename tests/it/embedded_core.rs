@@ -832,3 +832,46 @@ async fn events_written_through_events_api_are_read_through_core_with_field_sele
         .unwrap();
     assert_eq!(back.items[0].note.as_deref(), Some("something happened"));
 }
+
+#[tokio::test]
+async fn built_in_specs_are_validated_like_kube_apiserver() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let jobs: Api<Job> = Api::namespaced(t.client.clone(), "ns");
+    let job: Job = serde_json::from_value(
+        json!({"metadata": {"name": "j"}, "spec": {"template": {"spec": {
+        "containers": [{"name": "c", "image": "i"}]}}}}),
+    )
+    .unwrap();
+    let err = api_error(jobs.create(&PostParams::default(), &job).await.unwrap_err());
+    assert_eq!(
+        err.details.unwrap().causes[0].field,
+        "spec.template.spec.restartPolicy"
+    );
+
+    let deployments: Api<Deployment> = Api::namespaced(t.client.clone(), "ns");
+    let deploy: Deployment = serde_json::from_value(json!({"metadata": {"name": "d"}, "spec": {
+        "selector": {"matchLabels": {"app": "d"}},
+        "template": {"metadata": {"labels": {"app": "other"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}}))
+    .unwrap();
+    let err = api_error(
+        deployments
+            .create(&PostParams::default(), &deploy)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        err.details.unwrap().causes[0].field,
+        "spec.template.metadata.labels"
+    );
+
+    let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(t.client.clone());
+    let binding = serde_json::from_value(json!({"metadata": {"name": "stackd:ns:x"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "stackd:ns:x:system"},
+        "subjects": [{"kind": "ServiceAccount", "name": "x", "namespace": "ns"}]}))
+    .unwrap();
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+}
