@@ -5,11 +5,12 @@
 //! - [`verbs`]: get/list/create/update/patch/delete with kube-apiserver semantics on that store,
 //!   with [`patch`], [`subresources`] (scale, log) and [`crd`] (CRD lifecycle);
 //! - [`watch`]: watch streams; [`http`]: the request pipeline; [`discovery`]: the resource table;
-//! - [`validation`], [`kinds`], [`schema`], [`selectors`]: pure rules;
+//! - [`validation`], [`kinds`], [`defaults`], [`schema`], [`selectors`]: pure rules;
 //! - [`namespaces`], [`gc`]: the namespace deletion and garbage collection loops.
 
 pub mod convert;
 pub mod crd;
+pub mod defaults;
 pub mod discovery;
 pub mod gc;
 mod http;

@@ -7,13 +7,14 @@ use serde_json::{Value, json};
 
 use super::convert;
 use super::crd::{establish_crd, is_crd, reestablish_crd, remove_custom_resources, validate_crd};
+use super::defaults::apply_builtin_defaults;
 use super::discovery::ResourceInfo;
 use super::patch::{PatchType, apply_patch};
 use super::schema;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, Cause};
 use super::store::{GroupResource, Store, Write};
-use super::validation::{apply_builtin_defaults, finalizers, validate_object, validate_update};
+use super::validation::{finalizers, validate_object, validate_update};
 
 /// Which part of an object a write addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
