@@ -21,8 +21,8 @@ use super::subresources::{self, ScaleChange};
 use super::verbs::{self, DeleteOptions, ListOptions, Subresource};
 use super::watch::{self, WatchOptions};
 
-/// Largest request body accepted (the real server's limit is 3 MiB; CRDs and logs can be larger here).
-const MAX_BODY: usize = 16 * 1024 * 1024;
+/// Largest request body accepted: kube-apiserver's limit, so oversized objects fail here too.
+const MAX_BODY: usize = 3 * 1024 * 1024;
 
 pub async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     shared.count_request();
@@ -39,23 +39,22 @@ pub async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Resp
     }
 }
 
-/// Query parameters (last value wins, as for Go's `Get`).
+/// Query parameters (the first value of a repeated one wins, as with Go's `url.Values.Get`).
 type Query = HashMap<String, String>;
 
 fn parse_query(request: &Request) -> Query {
+    let decode = |s: &str| {
+        urlencoding::decode(&s.replace('+', " "))
+            .map(|c| c.into_owned())
+            .unwrap_or_default()
+    };
+    let mut query = Query::new();
     let raw = request.uri().query().unwrap_or("");
-    raw.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let decode = |s: &str| {
-                urlencoding::decode(&s.replace('+', " "))
-                    .map(|c| c.into_owned())
-                    .unwrap_or_default()
-            };
-            (decode(k), decode(v))
-        })
-        .collect()
+    for pair in raw.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        query.entry(decode(k)).or_insert_with(|| decode(v));
+    }
+    query
 }
 
 /// A request for a resource, a collection, or a subresource.
@@ -246,7 +245,10 @@ async fn dispatch(
         .to_string();
     let body = axum::body::to_bytes(request.into_body(), MAX_BODY)
         .await
-        .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+        .map_err(|_| {
+            let message = format!("Request entity too large: limit is {MAX_BODY}");
+            ApiError::new(413, "RequestEntityTooLarge", message)
+        })?;
     let request = ApiRequest {
         verb,
         target,

@@ -119,32 +119,7 @@ impl ApiServer {
             shutdown: CancellationToken::new(),
             requests: AtomicU64::new(0),
         });
-        let router = axum::Router::new()
-            .fallback(http::handle)
-            .with_state(shared.clone());
-        let stop = shared.shutdown.clone();
-        let (server, url, ca_pem) = if options.tls {
-            let cert = tls::generate(&options.name).map_err(Error::Certificate)?;
-            let listener = tls::TlsListener {
-                listener,
-                acceptor: tokio_rustls::TlsAcceptor::from(cert.config),
-            };
-            let serve =
-                axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned());
-            (
-                tokio::spawn(async move { log_exit(serve.await) }),
-                format!("https://{address}"),
-                Some(cert.ca_pem),
-            )
-        } else {
-            let serve =
-                axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned());
-            (
-                tokio::spawn(async move { log_exit(serve.await) }),
-                format!("http://{address}"),
-                None,
-            )
-        };
+        let (server, url, ca_pem) = serve(listener, &options, shared.clone())?;
         let namespace_loop = tokio::spawn(namespaces::run(
             shared.store.clone(),
             shared.resources.clone(),
@@ -249,12 +224,44 @@ impl ApiServer {
     }
 
     /// Stops serving: open watches end, connections close.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         self.shared.shutdown.cancel();
-        for task in self.tasks {
+        for task in std::mem::take(&mut self.tasks) {
             // A connection that refuses to close must not hang the caller forever.
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         }
+    }
+}
+
+/// Serves the API on `listener` (TLS when asked) until the shutdown token fires. Returns the task,
+/// the server URL and, with TLS, the CA certificate (PEM).
+fn serve(
+    listener: TcpListener,
+    options: &ServerOptions,
+    shared: Arc<Shared>,
+) -> Result<(JoinHandle<()>, String, Option<String>), Error> {
+    let address = shared.address.clone();
+    let stop = shared.shutdown.clone();
+    let router = axum::Router::new()
+        .fallback(http::handle)
+        .with_state(shared);
+    if !options.tls {
+        let serve = axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned());
+        let task = tokio::spawn(async move { log_exit(serve.await) });
+        return Ok((task, format!("http://{address}"), None));
+    }
+    let cert = tls::generate(&options.name).map_err(Error::Certificate)?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(cert.config);
+    let listener = tls::TlsListener { listener, acceptor };
+    let serve = axum::serve(listener, router).with_graceful_shutdown(stop.cancelled_owned());
+    let task = tokio::spawn(async move { log_exit(serve.await) });
+    Ok((task, format!("https://{address}"), Some(cert.ca_pem)))
+}
+
+/// A dropped server stops too (without waiting for its connections to close).
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.shared.shutdown.cancel();
     }
 }
 
