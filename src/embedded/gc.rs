@@ -7,32 +7,13 @@
 //!   once none is left.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-use super::discovery::{ResourceTable, Resources};
+use super::discovery::Resources;
 use super::store::{GroupResource, Store, Write};
 use super::validation::finalizers;
 use super::verbs::{self, DeleteOptions, FOREGROUND_FINALIZER, ORPHAN_FINALIZER};
-
-/// Safety-net rescan interval, for changes that raced a pass.
-const RESCAN: Duration = Duration::from_secs(1);
-
-pub async fn run(store: Arc<Store>, resources: Arc<ResourceTable>, shutdown: CancellationToken) {
-    let mut events = store.subscribe();
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = events.recv() => {}
-            _ = tokio::time::sleep(RESCAN) => {}
-        }
-        while events.try_recv().is_ok() {}
-        collect(&store, &resources.current());
-    }
-}
 
 /// One stored object, located.
 struct Located {

@@ -6,8 +6,9 @@
 //!   with [`patch`], [`subresources`] (scale, log) and [`crd`] (CRD lifecycle);
 //! - [`watch`]: watch streams; [`http`]: the request pipeline; [`discovery`]: the resource table;
 //! - [`validation`], [`kinds`], [`defaults`], [`schema`], [`selectors`]: pure rules;
-//! - [`namespaces`], [`gc`]: the namespace deletion and garbage collection loops.
+//! - [`controllers`]: the in-process loops ([`namespaces`] deletion, [`crd`] cleanup, [`gc`]).
 
+pub mod controllers;
 pub mod convert;
 pub mod crd;
 pub mod defaults;
@@ -120,12 +121,7 @@ impl ApiServer {
             requests: AtomicU64::new(0),
         });
         let (server, url, ca_pem) = serve(listener, &options, shared.clone())?;
-        let namespace_loop = tokio::spawn(namespaces::run(
-            shared.store.clone(),
-            shared.resources.clone(),
-            shared.shutdown.clone(),
-        ));
-        let gc_loop = tokio::spawn(gc::run(
+        let controllers = tokio::spawn(controllers::run(
             shared.store.clone(),
             shared.resources.clone(),
             shared.shutdown.clone(),
@@ -135,7 +131,7 @@ impl ApiServer {
             shared,
             url,
             ca_pem,
-            tasks: vec![server, namespace_loop, gc_loop],
+            tasks: vec![server, controllers],
         })
     }
 

@@ -6,7 +6,10 @@ use rand::Rng;
 use serde_json::{Value, json};
 
 use super::convert;
-use super::crd::{establish_crd, is_crd, reestablish_crd, remove_custom_resources, validate_crd};
+use super::crd::{
+    CLEANUP_FINALIZER, check_accepts_creates, establish_crd, is_crd, reestablish_crd,
+    remove_custom_resources, validate_crd,
+};
 use super::defaults::apply_builtin_defaults;
 use super::discovery::ResourceInfo;
 use super::patch::{PatchType, apply_patch};
@@ -278,6 +281,7 @@ pub fn create(
     }
     let name = meta_str(&body, "name").unwrap_or("").to_string();
     check_namespace_accepts(store, info, namespace, &name)?;
+    check_accepts_creates(store, info)?;
     let uid = new_uid();
     let mut object = stamp(info, body);
     if let Some(meta) = object["metadata"].as_object_mut() {
@@ -304,6 +308,7 @@ pub fn create(
     admit(info, &mut object, &uid)?;
     if is_crd(info) {
         establish_crd(&mut object);
+        add_finalizer(&mut object, CLEANUP_FINALIZER);
     }
     let (created, _) = store.write(
         &info.storage_key(),

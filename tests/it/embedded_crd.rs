@@ -239,3 +239,60 @@ async fn deleting_a_crd_removes_its_resources_from_discovery_and_its_objects() {
             .is_empty()
     );
 }
+
+#[tokio::test]
+async fn a_deleted_crd_waits_for_its_custom_resources_finalizers() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let crd = install_crd(&t).await;
+    assert!(
+        crd.metadata
+            .finalizers
+            .unwrap()
+            .contains(&"customresourcecleanup.apiextensions.k8s.io".to_string())
+    );
+    let api = widgets(&t, "ns");
+    let mut held = widget("held", json!({"size": 1}));
+    held.metadata.finalizers = Some(vec!["x.dev/hold".into()]);
+    api.create(&PostParams::default(), &held).await.unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(t.client.clone());
+    crds.delete("widgets.test.stackd.dev", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("custom resource marked for deletion", || async {
+        api.get("held")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    })
+    .await;
+    assert!(
+        crds.get_opt("widgets.test.stackd.dev")
+            .await
+            .unwrap()
+            .is_some(),
+        "the CRD waits"
+    );
+    let err = api_error(
+        api.create(&PostParams::default(), &widget("new", json!({"size": 1})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (405, "MethodNotAllowed"));
+    api.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    eventually("CRD gone", || async {
+        crds.get_opt("widgets.test.stackd.dev")
+            .await
+            .unwrap()
+            .is_none()
+    })
+    .await;
+}
