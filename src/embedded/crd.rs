@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 use super::discovery::{ResourceInfo, Resources, crd_resources};
 use super::status::{ApiError, Cause};
 use super::store::{GroupResource, Store, Write};
+use super::validation::finalizers;
 use super::verbs::{self, DeleteOptions, meta_str, now_timestamp};
 
 /// Holds a deleted CRD until its custom resources are gone.
@@ -151,9 +152,7 @@ pub fn finish_terminating_crds(store: &Store, resources: &Resources) {
         return;
     };
     for crd in store.list(&crd_resource(), None).0 {
-        let held = crate::embedded::validation::finalizers(&crd)
-            .iter()
-            .any(|f| f == CLEANUP_FINALIZER);
+        let held = finalizers(&crd).iter().any(|f| f == CLEANUP_FINALIZER);
         if !crd["metadata"]["deletionTimestamp"].is_string() || !held {
             continue;
         }

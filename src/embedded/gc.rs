@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 
 use serde_json::{Value, json};
 
-use super::discovery::Resources;
+use super::discovery::{ResourceInfo, Resources};
 use super::store::{GroupResource, Store, Write};
 use super::validation::finalizers;
 use super::verbs::{self, DeleteOptions, FOREGROUND_FINALIZER, ORPHAN_FINALIZER};
@@ -71,22 +71,13 @@ pub fn collect(store: &Store, resources: &Resources) {
             }
         }
     }
-    let info_of =
-        |resource: &GroupResource| resources.all.iter().find(|r| r.storage_key() == *resource);
-    let background = DeleteOptions {
-        propagation_policy: Some("Background".into()),
-        ..Default::default()
-    };
+    let gc = Collector { store, resources };
     for object in &objects {
-        let Some(info) = info_of(&object.resource) else {
-            continue;
-        };
         let owners = object.owner_uids();
-        if !owners.is_empty()
-            && !object.is_deleting()
-            && owners.iter().all(|uid| !existing.contains(uid.as_str()))
-        {
-            let _ = verbs::delete(store, info, &object.namespace, &object.name, &background);
+        let orphaned =
+            !owners.is_empty() && owners.iter().all(|uid| !existing.contains(uid.as_str()));
+        if orphaned && !object.is_deleting() {
+            gc.delete(object);
             continue;
         }
         if !object.is_deleting() {
@@ -98,38 +89,58 @@ pub fn collect(store: &Store, resources: &Resources) {
             .unwrap_or_default();
         let held_by = finalizers(&object.object);
         if held_by.iter().any(|f| f == ORPHAN_FINALIZER) {
-            for dependent in mine {
-                drop_owner_reference(store, dependent, object.uid());
-            }
-            let _ = verbs::remove_finalizer(
-                store,
-                info,
-                &object.namespace,
-                &object.name,
-                ORPHAN_FINALIZER,
-            );
+            mine.iter()
+                .for_each(|d| drop_owner_reference(store, d, object.uid()));
+            gc.remove_finalizer(object, ORPHAN_FINALIZER);
         } else if held_by.iter().any(|f| f == FOREGROUND_FINALIZER) {
-            for dependent in mine.iter().filter(|d| !d.is_deleting()) {
-                if let Some(dep_info) = info_of(&dependent.resource) {
-                    let _ = verbs::delete(
-                        store,
-                        dep_info,
-                        &dependent.namespace,
-                        &dependent.name,
-                        &background,
-                    );
-                }
-            }
+            mine.iter()
+                .filter(|d| !d.is_deleting())
+                .for_each(|d| gc.delete(d));
             if mine.is_empty() {
-                let _ = verbs::remove_finalizer(
-                    store,
-                    info,
-                    &object.namespace,
-                    &object.name,
-                    FOREGROUND_FINALIZER,
-                );
+                gc.remove_finalizer(object, FOREGROUND_FINALIZER);
             }
         }
+    }
+}
+
+/// Writes through the verbs, so finalizers and events behave as for any client.
+struct Collector<'a> {
+    store: &'a Store,
+    resources: &'a Resources,
+}
+
+impl Collector<'_> {
+    fn info(&self, object: &Located) -> Option<&ResourceInfo> {
+        self.resources
+            .all
+            .iter()
+            .find(|r| r.storage_key() == object.resource)
+    }
+
+    fn delete(&self, object: &Located) {
+        let Some(info) = self.info(object) else {
+            return;
+        };
+        let background = DeleteOptions {
+            propagation_policy: Some("Background".into()),
+            ..Default::default()
+        };
+        // Gone meanwhile or held by finalizers: the next pass sees it.
+        let _ = verbs::delete(
+            self.store,
+            info,
+            &object.namespace,
+            &object.name,
+            &background,
+        );
+    }
+
+    fn remove_finalizer(&self, object: &Located, finalizer: &str) {
+        let Some(info) = self.info(object) else {
+            return;
+        };
+        let _ =
+            verbs::remove_finalizer(self.store, info, &object.namespace, &object.name, finalizer);
     }
 }
 
