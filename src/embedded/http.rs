@@ -276,13 +276,13 @@ fn collection(shared: &Arc<Shared>, request: &ApiRequest) -> Result<Response, Ap
             ok(verbs::list(store, &target.info, namespace, &options)?)
         }
         Verb::Create => {
-            let body = parse_json(&request.body)?;
+            let body = body_json(request)?;
             let created = verbs::create(store, &target.info, target.namespace(), body)?;
             Ok(json_response(StatusCode::CREATED, &created))
         }
         Verb::DeleteCollection => {
             let options = list_options(&target.info, &request.query)?;
-            let delete = delete_options(&request.query, &request.body)?;
+            let delete = delete_options(request)?;
             ok(verbs::delete_collection(
                 store,
                 &target.info,
@@ -314,7 +314,7 @@ fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Resp
                 info,
                 ns,
                 name,
-                parse_json(&request.body)?,
+                body_json(request)?,
                 part,
             )?)
         }
@@ -332,7 +332,7 @@ fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Resp
             )?)
         }
         (Verb::Delete, None) => {
-            let options = delete_options(&request.query, &request.body)?;
+            let options = delete_options(request)?;
             ok(verbs::delete(store, info, ns, name, &options)?)
         }
         _ => Err(ApiError::method_not_allowed()),
@@ -345,7 +345,7 @@ fn scale(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Respo
     match request.verb {
         Verb::Get => ok(subresources::get_scale(store, info, ns, name)?),
         Verb::Update => {
-            let scale = parse_json(&request.body)?;
+            let scale = body_json(request)?;
             let change = ScaleChange::Replace(&scale);
             ok(subresources::write_scale(store, info, ns, name, change)?)
         }
@@ -355,6 +355,21 @@ fn scale(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Respo
         }
         _ => Err(ApiError::method_not_allowed()),
     }
+}
+
+/// The JSON body of a create, update or delete. Protobuf (kubectl's default for built-ins) gets a
+/// 415, on which client-go falls back to JSON.
+fn body_json(request: &ApiRequest) -> Result<Value, ApiError> {
+    if !matches!(
+        request.content_type.as_str(),
+        "" | "application/json" | "*/*"
+    ) {
+        return Err(ApiError::unsupported_media_type(format!(
+            "the body of the request was in an unknown format ({}) - accepted media types include: application/json",
+            request.content_type
+        )));
+    }
+    parse_json(&request.body)
 }
 
 fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
@@ -412,11 +427,12 @@ fn list_options(info: &ResourceInfo, query: &Query) -> Result<ListOptions, ApiEr
     })
 }
 
-fn delete_options(query: &Query, body: &[u8]) -> Result<DeleteOptions, ApiError> {
-    let body: Value = if body.is_empty() {
+fn delete_options(request: &ApiRequest) -> Result<DeleteOptions, ApiError> {
+    let query = &request.query;
+    let body: Value = if request.body.is_empty() {
         Value::Null
     } else {
-        parse_json(body)?
+        body_json(request)?
     };
     let text = |v: &Value| v.as_str().map(String::from);
     Ok(DeleteOptions {
