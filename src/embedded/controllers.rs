@@ -13,7 +13,7 @@ use super::{crd, gc, namespaces};
 /// Safety-net rescan, for changes that raced a pass.
 const RESCAN: Duration = Duration::from_millis(250);
 
-/// Runs a pass after every burst of store events (and every [`RESCAN`]) until shutdown. Each pass
+/// Runs a pass after every burst of store events (and every `RESCAN`) until shutdown. Each pass
 /// is idempotent and writes nothing when nothing is pending, so the loop settles.
 pub async fn run(store: Arc<Store>, resources: Arc<ResourceTable>, shutdown: CancellationToken) {
     let mut events = store.subscribe();

@@ -4,7 +4,7 @@
 //! - [`store`]: objects, the resourceVersion counter and the watch history;
 //! - [`verbs`]: get/list/create/update/patch/delete with kube-apiserver semantics on that store,
 //!   with [`patch`], [`subresources`] (scale, log) and [`crd`] (CRD lifecycle);
-//! - [`watch`]: watch streams; [`http`]: the request pipeline; [`discovery`]: the resource table;
+//! - [`watch`]: watch streams; `http`: the request pipeline; [`discovery`]: the resource table;
 //! - [`validation`], [`kinds`], [`defaults`], [`schema`], [`selectors`]: pure rules;
 //! - [`controllers`]: the in-process loops ([`namespaces`] deletion, [`crd`] cleanup, [`gc`]).
 //!
