@@ -296,3 +296,38 @@ async fn a_deleted_crd_waits_for_its_custom_resources_finalizers() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn cluster_scoped_custom_resources_live_outside_namespaces() {
+    let t = harness::start().await;
+    let mut crd = widget_crd();
+    crd.metadata.name = Some("gizmos.test.stackd.dev".into());
+    crd.spec.scope = "Cluster".into();
+    crd.spec.names.plural = "gizmos".into();
+    crd.spec.names.singular = Some("gizmo".into());
+    crd.spec.names.kind = "Gizmo".into();
+    crd.spec.names.short_names = None;
+    let crds: Api<CustomResourceDefinition> = Api::all(t.client.clone());
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    let gvk = GroupVersionKind::gvk("test.stackd.dev", "v1alpha1", "Gizmo");
+    let gizmos: Api<DynamicObject> = Api::all_with(
+        t.client.clone(),
+        &ApiResource::from_gvk_with_plural(&gvk, "gizmos"),
+    );
+    let gizmo: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "test.stackd.dev/v1alpha1", "kind": "Gizmo",
+        "metadata": {"name": "g", "namespace": "ignored"}, "spec": {"size": 1}
+    }))
+    .unwrap();
+    let created = gizmos.create(&PostParams::default(), &gizmo).await.unwrap();
+    assert_eq!(created.metadata.namespace, None);
+    assert_eq!(
+        gizmos
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
+}

@@ -367,3 +367,24 @@ async fn kube_runtime_recorder_publishes_and_updates_a_series() {
         Some(2)
     );
 }
+
+#[tokio::test]
+async fn all_namespaces_watch_sees_every_namespace() {
+    let t = harness::start().await;
+    t.namespace("a").await;
+    t.namespace("b").await;
+    let all: Api<ConfigMap> = Api::all(t.client.clone());
+    let start = t
+        .configmaps("a")
+        .create(&PostParams::default(), &configmap("first", json!({})))
+        .await
+        .unwrap();
+    t.configmaps("b")
+        .create(&PostParams::default(), &configmap("second", json!({})))
+        .await
+        .unwrap();
+    let params = WatchParams::default().disable_bookmarks().timeout(1);
+    let stream = all.watch(&params, &resource_version(&start)).await.unwrap();
+    let events: Vec<(String, String)> = stream.map_ok(|e| summary(&e)).try_collect().await.unwrap();
+    assert_eq!(events, vec![("ADDED".to_string(), "second".to_string())]);
+}
