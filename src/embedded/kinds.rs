@@ -7,7 +7,7 @@ use regex::Regex;
 use serde_json::{Value, json};
 
 use super::discovery::ResourceInfo;
-use super::status::{Cause, go_value};
+use super::status::{ApiError, Cause, go_value};
 use super::validation::{is_dns1123_label, validate_labels};
 
 static CONFIG_KEY: LazyLock<Regex> =
@@ -29,6 +29,31 @@ pub fn validate_spec(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
         (RBAC_GROUP, "clusterrolebindings") => validate_binding(object, &["ClusterRole"], false),
         _ => Vec::new(),
     }
+}
+
+/// Fields the real server decodes as bytes: invalid base64 there is a 400 before any validation.
+pub fn check_decodable(info: &ResourceInfo, object: &Value) -> Result<(), ApiError> {
+    use base64::Engine;
+    let fields: &[&str] = match (info.group.as_str(), info.plural.as_str()) {
+        ("", "secrets") => &["data"],
+        ("", "configmaps") => &["binaryData"],
+        _ => return Ok(()),
+    };
+    for field in fields {
+        for (key, value) in object[*field].as_object().into_iter().flatten() {
+            let text = value.as_str().unwrap_or_default();
+            if base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .is_err()
+            {
+                return Err(ApiError::bad_request(format!(
+                    "{} in version \"{}\" cannot be handled as a {}: illegal base64 data in {field}[{key}]",
+                    info.kind, info.version, info.kind
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn items(value: &Value) -> &[Value] {
@@ -292,6 +317,21 @@ mod tests {
             .collect();
         assert_eq!(fields, vec!["roleRef.kind", "subjects[0].namespace"]);
         assert!(validate_binding(&binding, &["Role", "ClusterRole"], true).is_empty());
+    }
+
+    #[test]
+    fn secret_data_must_be_base64() {
+        let secrets =
+            crate::embedded::discovery::Resources::current(&crate::embedded::store::Store::new())
+                .find("", "v1", "secrets")
+                .unwrap();
+        assert!(check_decodable(&secrets, &json!({"data": {"a": "YQ=="}})).is_ok());
+        assert_eq!(
+            check_decodable(&secrets, &json!({"data": {"a": "not base64!"}}))
+                .unwrap_err()
+                .code,
+            400
+        );
     }
 
     #[test]

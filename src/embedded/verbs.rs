@@ -12,6 +12,7 @@ use super::crd::{
 };
 use super::defaults::apply_builtin_defaults;
 use super::discovery::ResourceInfo;
+use super::kinds;
 use super::patch::{PatchType, apply_patch};
 use super::schema;
 use super::selectors::{FieldSelector, LabelSelector};
@@ -249,6 +250,7 @@ fn check_namespace_accepts(
 /// Defaulting, pruning and validation shared by create and update.
 fn admit(info: &ResourceInfo, object: &mut Value, uid: &str) -> Result<(), ApiError> {
     apply_builtin_defaults(info, object, uid);
+    kinds::check_decodable(info, object)?;
     let mut causes = Vec::new();
     if let Some(schema) = &info.schema {
         schema::prune_and_default(schema, object);
