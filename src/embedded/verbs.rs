@@ -285,6 +285,27 @@ pub fn create(
     check_namespace_accepts(store, info, namespace, &name)?;
     check_accepts_creates(store, info)?;
     let uid = new_uid();
+    let mut object = new_object(info, body, &uid);
+    admit(info, &mut object, &uid)?;
+    if is_crd(info) {
+        establish_crd(&mut object);
+        add_finalizer(&mut object, CLEANUP_FINALIZER);
+    }
+    let (created, _) = store.write(
+        &info.storage_key(),
+        namespace,
+        &name,
+        |current| match current {
+            Some(_) => Err(ApiError::already_exists(&info.group, &info.plural, &name)),
+            None => Ok(Write::Put(stored(info, object))),
+        },
+    )?;
+    Ok(present(info, created))
+}
+
+/// A create's body with the server-owned metadata set and any status dropped (status is written
+/// through its own endpoint).
+fn new_object(info: &ResourceInfo, body: Value, uid: &str) -> Value {
     let mut object = stamp(info, body);
     if let Some(meta) = object["metadata"].as_object_mut() {
         for server_owned in [
@@ -307,21 +328,7 @@ pub fn create(
     {
         map.remove("status");
     }
-    admit(info, &mut object, &uid)?;
-    if is_crd(info) {
-        establish_crd(&mut object);
-        add_finalizer(&mut object, CLEANUP_FINALIZER);
-    }
-    let (created, _) = store.write(
-        &info.storage_key(),
-        namespace,
-        &name,
-        |current| match current {
-            Some(_) => Err(ApiError::already_exists(&info.group, &info.plural, &name)),
-            None => Ok(Write::Put(stored(info, object))),
-        },
-    )?;
-    Ok(present(info, created))
+    object
 }
 
 /// Everything outside `metadata` (and `status` when it has its own endpoint): what `generation` tracks.
@@ -359,25 +366,62 @@ pub(super) fn prepare_update(
     sub: Subresource,
 ) -> Result<Write, ApiError> {
     let name = meta_str(old, "name").unwrap_or("").to_string();
-    if let Some(rv) = meta_str(&requested, "resourceVersion")
+    check_update_preconditions(info, old, &requested, &name)?;
+    let unchanged = old.clone();
+    let old = present(info, old.clone());
+    let mut new = requested_state(info, &old, requested, sub);
+    keep_server_metadata(&old, &mut new);
+    let uid = meta_str(&old, "uid").unwrap_or("").to_string();
+    admit(info, &mut new, &uid)?;
+    let causes = validate_update(info, &old, &new);
+    if !causes.is_empty() {
+        return Err(ApiError::invalid(&info.group, &info.kind, &name, causes));
+    }
+    if info.tracks_generation && spec_part(info, &old) != spec_part(info, &new) {
+        let generation = old["metadata"]["generation"].as_i64().unwrap_or(0);
+        new["metadata"]["generation"] = json!(generation + 1);
+        if is_crd(info) {
+            reestablish_crd(&old, &mut new);
+        }
+    }
+    if same_content(&old, &new) {
+        return Ok(Write::Unchanged(unchanged));
+    }
+    if is_deleting(&new) && !holds_deletion(info, &new) {
+        return Ok(Write::Remove(stored(info, new)));
+    }
+    Ok(Write::Put(stored(info, new)))
+}
+
+/// A resourceVersion or uid in the body must match the stored object.
+fn check_update_preconditions(
+    info: &ResourceInfo,
+    old: &Value,
+    requested: &Value,
+    name: &str,
+) -> Result<(), ApiError> {
+    if let Some(rv) = meta_str(requested, "resourceVersion")
         && Some(rv) != meta_str(old, "resourceVersion")
     {
-        return Err(ApiError::stale(&info.group, &info.plural, &name));
+        return Err(ApiError::stale(&info.group, &info.plural, name));
     }
-    // A uid in the body is a precondition: the object must not have been replaced meanwhile.
+    // A uid in the body guards against writing to an object deleted and recreated meanwhile.
     let old_uid = meta_str(old, "uid").unwrap_or("");
-    if let Some(uid) = meta_str(&requested, "uid")
+    if let Some(uid) = meta_str(requested, "uid")
         && uid != old_uid
     {
         let why = format!(
             "Precondition failed: UID in precondition: {uid}, UID in object meta: {old_uid}"
         );
-        return Err(ApiError::conflict(&info.group, &info.plural, &name, &why));
+        return Err(ApiError::conflict(&info.group, &info.plural, name, &why));
     }
-    let unchanged = old.clone();
-    let old = present(info, old.clone());
+    Ok(())
+}
+
+/// The object a write asks for, before server metadata and defaults: each endpoint changes only
+/// its own part.
+fn requested_state(info: &ResourceInfo, old: &Value, requested: Value, sub: Subresource) -> Value {
     let mut new = match sub {
-        // Only status moves through /status; everything else stays as stored.
         Subresource::Status => {
             let mut new = old.clone();
             new["status"] = requested["status"].clone();
@@ -401,27 +445,7 @@ pub(super) fn prepare_update(
     {
         map.remove("status");
     }
-    keep_server_metadata(&old, &mut new);
-    let uid = meta_str(&old, "uid").unwrap_or("").to_string();
-    admit(info, &mut new, &uid)?;
-    let causes = validate_update(info, &old, &new);
-    if !causes.is_empty() {
-        return Err(ApiError::invalid(&info.group, &info.kind, &name, causes));
-    }
-    if info.tracks_generation && spec_part(info, &old) != spec_part(info, &new) {
-        let generation = old["metadata"]["generation"].as_i64().unwrap_or(0);
-        new["metadata"]["generation"] = json!(generation + 1);
-        if is_crd(info) {
-            reestablish_crd(&old, &mut new);
-        }
-    }
-    if same_content(&old, &new) {
-        return Ok(Write::Unchanged(unchanged));
-    }
-    if is_deleting(&new) && !holds_deletion(info, &new) {
-        return Ok(Write::Remove(stored(info, new)));
-    }
-    Ok(Write::Put(stored(info, new)))
+    new
 }
 
 /// Metadata only the server writes.
