@@ -66,8 +66,16 @@ struct Target {
 }
 
 async fn serve(shared: &Arc<Shared>, request: Request) -> Result<Response, ApiError> {
-    let path = request.uri().path().trim_matches('/').to_string();
-    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    // Segments are percent-decoded one by one, so an encoded '/' cannot split a name.
+    let decoded: Vec<String> = request
+        .uri()
+        .path()
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(|s| urlencoding::decode(s).map(|d| d.into_owned()))
+        .collect::<Result<_, _>>()
+        .map_err(|_| ApiError::bad_request("the request path is not valid UTF-8"))?;
+    let segments: Vec<&str> = decoded.iter().map(String::as_str).collect();
     let resources = shared.resources.current();
     let ok = |body: Value| Ok(json_response(StatusCode::OK, &body));
     let only_get = |request: &Request| {

@@ -880,4 +880,14 @@ async fn built_in_specs_are_validated_like_kube_apiserver() {
         .create(&PostParams::default(), &binding)
         .await
         .unwrap();
+    let fetched = bindings.get("stackd:ns:x").await.unwrap();
+    assert_eq!(
+        fetched.metadata.name.as_deref(),
+        Some("stackd:ns:x"),
+        "names with ':' work in paths"
+    );
+    bindings
+        .delete("stackd:ns:x", &DeleteParams::default())
+        .await
+        .unwrap();
 }
