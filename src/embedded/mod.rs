@@ -9,7 +9,7 @@
 //! - [`controllers`]: the in-process loops ([`namespaces`] deletion, [`crd`] cleanup, [`gc`]).
 //!
 //! Known differences from kube-apiserver (each is a place a real cluster may behave otherwise):
-//! - JSON only: protobuf bodies get 415; `dryRun` gets 400; strategic merge patch and server-side
+//! - JSON only: protobuf bodies get 415; strategic merge patch and server-side
 //!   apply get 415 (coming); no Table output, `/openapi`, or `fieldValidation` yet.
 //! - Built-in kinds keep unknown fields (the real server drops them when decoding into Go types)
 //!   and get only the commonly observed defaults ([`defaults`]) and spec checks ([`kinds`]).

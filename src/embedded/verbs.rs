@@ -13,7 +13,7 @@ use super::crd::{
 use super::defaults::apply_builtin_defaults;
 use super::discovery::ResourceInfo;
 use super::kinds;
-use super::patch::{PatchType, apply_patch};
+use super::patch::{PatchBody, apply_patch};
 use super::schema;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, Cause};
@@ -37,8 +37,16 @@ pub struct ListOptions {
     pub continue_token: Option<String>,
 }
 
+/// Options every write takes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WriteOptions {
+    /// Run every check and return the result, but store nothing (`dryRun=All`).
+    pub dry_run: bool,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct DeleteOptions {
+    pub write: WriteOptions,
     pub precondition_uid: Option<String>,
     pub precondition_resource_version: Option<String>,
     pub propagation_policy: Option<String>,
@@ -273,6 +281,7 @@ pub fn create(
     info: &ResourceInfo,
     namespace: &str,
     mut body: Value,
+    options: WriteOptions,
 ) -> Result<Value, ApiError> {
     check_type(info, &body)?;
     check_namespace(info, &mut body, namespace)?;
@@ -291,15 +300,16 @@ pub fn create(
         establish_crd(&mut object);
         add_finalizer(&mut object, CLEANUP_FINALIZER);
     }
-    let (created, _) = store.write(
-        &info.storage_key(),
-        namespace,
-        &name,
-        |current| match current {
-            Some(_) => Err(ApiError::already_exists(&info.group, &info.plural, &name)),
-            None => Ok(Write::Put(stored(info, object))),
-        },
-    )?;
+    let key = info.storage_key();
+    let decide = |current: Option<&Value>| match current {
+        Some(_) => Err(ApiError::already_exists(&info.group, &info.plural, &name)),
+        None => Ok(Write::Put(stored(info, object))),
+    };
+    let (created, _) = if options.dry_run {
+        store.preview(&key, namespace, &name, decide)?
+    } else {
+        store.write(&key, namespace, &name, decide)?
+    };
     Ok(present(info, created))
 }
 
@@ -494,6 +504,7 @@ pub fn update(
     name: &str,
     mut body: Value,
     sub: Subresource,
+    options: WriteOptions,
 ) -> Result<Value, ApiError> {
     check_type(info, &body)?;
     check_namespace(info, &mut body, namespace)?;
@@ -503,7 +514,7 @@ pub fn update(
             "the name of the object ({body_name}) does not match the name on the URL ({name})"
         )));
     }
-    write_existing(store, info, namespace, name, |old| {
+    write_existing(store, info, namespace, name, options, |old| {
         prepare_update(info, old, body, sub)
     })
 }
@@ -514,20 +525,27 @@ pub(super) fn write_existing<F>(
     info: &ResourceInfo,
     namespace: &str,
     name: &str,
+    options: WriteOptions,
     decide: F,
 ) -> Result<Value, ApiError>
 where
     F: FnOnce(&Value) -> Result<Write, ApiError>,
 {
     let mut removed = false;
-    let (object, _) = store.write(&info.storage_key(), namespace, name, |current| {
+    let existing = |current: Option<&Value>| {
         let current =
             current.ok_or_else(|| ApiError::not_found(&info.group, &info.plural, name))?;
         let write = decide(current)?;
         removed = matches!(write, Write::Remove(_));
         Ok(write)
-    })?;
-    if removed {
+    };
+    let key = info.storage_key();
+    let (object, _) = if options.dry_run {
+        store.preview(&key, namespace, name, existing)?
+    } else {
+        store.write(&key, namespace, name, existing)?
+    };
+    if removed && !options.dry_run {
         after_removal(store, info, &object);
     }
     Ok(present(info, object))
@@ -545,13 +563,13 @@ pub fn patch(
     info: &ResourceInfo,
     namespace: &str,
     name: &str,
-    patch_type: PatchType,
-    patch: &[u8],
+    patch: PatchBody<'_>,
     sub: Subresource,
+    options: WriteOptions,
 ) -> Result<Value, ApiError> {
-    write_existing(store, info, namespace, name, |old| {
+    write_existing(store, info, namespace, name, options, |old| {
         let mut target = present(info, old.clone());
-        apply_patch(&mut target, patch_type, patch)?;
+        apply_patch(&mut target, patch)?;
         prepare_update(info, old, target, sub)
     })
 }
@@ -564,7 +582,7 @@ pub fn delete(
     options: &DeleteOptions,
 ) -> Result<Value, ApiError> {
     let gc_finalizer = propagation_finalizer(info, options.propagation_policy.as_deref())?;
-    write_existing(store, info, namespace, name, |current| {
+    write_existing(store, info, namespace, name, options.write, |current| {
         check_preconditions(info, current, options)?;
         if is_deleting(current) {
             return Ok(Write::Unchanged(current.clone()));
@@ -640,21 +658,28 @@ pub fn remove_finalizer(
     name: &str,
     finalizer: &str,
 ) -> Result<Value, ApiError> {
-    write_existing(store, info, namespace, name, |current| {
-        let mut new = current.clone();
-        let kept: Vec<String> = finalizers(current)
-            .into_iter()
-            .filter(|f| f != finalizer)
-            .collect();
-        if kept.is_empty() {
-            if let Some(meta) = new["metadata"].as_object_mut() {
-                meta.remove("finalizers");
+    write_existing(
+        store,
+        info,
+        namespace,
+        name,
+        WriteOptions::default(),
+        |current| {
+            let mut new = current.clone();
+            let kept: Vec<String> = finalizers(current)
+                .into_iter()
+                .filter(|f| f != finalizer)
+                .collect();
+            if kept.is_empty() {
+                if let Some(meta) = new["metadata"].as_object_mut() {
+                    meta.remove("finalizers");
+                }
+            } else {
+                new["metadata"]["finalizers"] = json!(kept);
             }
-        } else {
-            new["metadata"]["finalizers"] = json!(kept);
-        }
-        prepare_update(info, current, new, Subresource::Main)
-    })
+            prepare_update(info, current, new, Subresource::Main)
+        },
+    )
 }
 
 fn check_preconditions(

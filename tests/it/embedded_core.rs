@@ -891,3 +891,48 @@ async fn built_in_specs_are_validated_like_kube_apiserver() {
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn dry_run_writes_are_checked_but_change_nothing() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api = t.configmaps("ns");
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let answered = api.create(&dry, &configmap("c", json!({}))).await.unwrap();
+    assert!(answered.metadata.uid.is_some());
+    assert!(
+        api.get_opt("c").await.unwrap().is_none(),
+        "a dry-run create stores nothing"
+    );
+    let err = api_error(
+        api.create(&dry, &configmap("Bad_Name", json!({})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 422, "a dry run still validates");
+
+    let created = api
+        .create(&PostParams::default(), &configmap("c", json!({})))
+        .await
+        .unwrap();
+    let patch = Patch::Merge(json!({"data": {"k": "changed"}}));
+    let answered = api
+        .patch("c", &PatchParams::default().dry_run(), &patch)
+        .await
+        .unwrap();
+    assert_eq!(answered.data.unwrap()["k"], "changed");
+    let stored = api.get("c").await.unwrap();
+    assert_eq!(resource_version(&stored), resource_version(&created));
+    let params = DeleteParams {
+        dry_run: true,
+        ..DeleteParams::default()
+    };
+    api.delete("c", &params).await.unwrap();
+    assert!(
+        api.get_opt("c").await.unwrap().is_some(),
+        "a dry-run delete keeps the object"
+    );
+}

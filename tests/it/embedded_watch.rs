@@ -155,7 +155,7 @@ fn flood_configmaps(t: &harness::TestServer, count: usize) {
         .unwrap();
     for i in 0..count {
         let cm = json!({"metadata": {"name": format!("flood-{i}")}});
-        verbs::create(&store, &info, "ns", cm).unwrap();
+        verbs::create(&store, &info, "ns", cm, Default::default()).unwrap();
     }
 }
 
