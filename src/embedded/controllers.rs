@@ -15,7 +15,8 @@ use super::{crd, gc, namespaces};
 const RESCAN: Duration = Duration::from_secs(1);
 
 /// Which passes a burst of store events calls for. Most writes (a ConfigMap created, a status
-/// updated) call for none, which keeps bulk writes from paying for whole-store scans.
+/// updated) call for none, which keeps bulk writes from paying for whole-store scans. A new loop
+/// adds a flag here and says in [`Work::note`] which events wake it.
 #[derive(Debug, Default)]
 struct Work {
     deletions: bool,

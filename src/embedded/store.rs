@@ -169,7 +169,7 @@ impl Store {
             .collect()
     }
 
-    /// Namespaces that hold at least one object of any resource.
+    /// Whether no object of any resource is left in `namespace`.
     pub fn namespace_is_empty(&self, namespace: &str) -> bool {
         let inner = self.lock();
         inner
