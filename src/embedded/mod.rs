@@ -133,6 +133,7 @@ impl ApiServer {
             shutdown: CancellationToken::new(),
             requests: AtomicU64::new(0),
         });
+        bootstrap(&shared);
         let (server, url, ca_pem) = serve(listener, &options, shared.clone())?;
         let controllers = tokio::spawn(controllers::run(
             shared.store.clone(),
@@ -239,6 +240,28 @@ impl ApiServer {
             // A connection that refuses to close must not hang the caller forever.
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         }
+    }
+}
+
+/// The namespaces every cluster starts with.
+const SYSTEM_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
+
+/// Creates what a fresh cluster already has.
+fn bootstrap(shared: &Shared) {
+    let resources = shared.resources.current();
+    let Some(namespaces) = resources.find("", "v1", "namespaces") else {
+        return;
+    };
+    for name in SYSTEM_NAMESPACES {
+        let namespace = serde_json::json!({"metadata": {"name": name}});
+        // A fresh store holds nothing, so this cannot conflict.
+        let _ = verbs::create(
+            &shared.store,
+            &namespaces,
+            "",
+            namespace,
+            Default::default(),
+        );
     }
 }
 

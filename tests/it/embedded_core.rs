@@ -936,3 +936,21 @@ async fn dry_run_writes_are_checked_but_change_nothing() {
         "a dry-run delete keeps the object"
     );
 }
+
+#[tokio::test]
+async fn a_fresh_server_has_the_system_namespaces() {
+    let t = harness::start().await;
+    let namespaces: Api<Namespace> = Api::all(t.client.clone());
+    let names: Vec<String> = namespaces
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|n| n.metadata.name.unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["default", "kube-node-lease", "kube-public", "kube-system"]
+    );
+}
