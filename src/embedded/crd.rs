@@ -70,6 +70,9 @@ pub fn establish_crd(crd: &mut Value) {
         })
         .unwrap_or_default();
     let mut accepted = crd["spec"]["names"].clone();
+    if !accepted.is_object() {
+        accepted = json!({});
+    }
     if accepted["listKind"].is_null() {
         accepted["listKind"] = json!(format!("{}List", accepted["kind"].as_str().unwrap_or("")));
     }

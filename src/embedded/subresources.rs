@@ -7,7 +7,7 @@ use super::patch::{PatchBody, apply_patch};
 use super::status::{ApiError, Cause};
 use super::store::Store;
 use super::verbs::{
-    Subresource, WriteOptions, get, meta_str, prepare_update, present, write_existing,
+    Subresource, WriteOptions, check_shape, get, meta_str, prepare_update, present, write_existing,
 };
 
 fn path_segments(path: &str) -> Vec<&str> {
@@ -109,6 +109,7 @@ pub fn write_scale(
             ScaleChange::Patch(patch) => {
                 let mut scale = scale_of(info, &current)?;
                 apply_patch(&mut scale, patch)?;
+                check_shape(&scale)?;
                 scale
             }
         };

@@ -194,12 +194,21 @@ fn decode_continue(token: &str) -> Result<ContinueToken, ApiError> {
 }
 
 /// Checks `kind`/`apiVersion` in a request body against the URL.
-fn check_type(info: &ResourceInfo, body: &Value) -> Result<(), ApiError> {
-    if !body.is_object() {
-        return Err(ApiError::bad_request(
-            "the body of the request must be a JSON object",
-        ));
+/// An object the server can work on: a JSON object whose `metadata`, when present, is an object.
+/// Everything downstream relies on this shape.
+pub(super) fn check_shape(object: &Value) -> Result<(), ApiError> {
+    let metadata = &object["metadata"];
+    if object.is_object() && (metadata.is_null() || metadata.is_object()) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(
+            "the object must be a JSON object with an object `metadata`",
+        ))
     }
+}
+
+fn check_type(info: &ResourceInfo, body: &Value) -> Result<(), ApiError> {
+    check_shape(body)?;
     let kind = body["kind"].as_str().unwrap_or(&info.kind);
     let api_version = body["apiVersion"]
         .as_str()
@@ -570,6 +579,7 @@ pub fn patch(
     write_existing(store, info, namespace, name, options, |old| {
         let mut target = present(info, old.clone());
         apply_patch(&mut target, patch)?;
+        check_shape(&target)?;
         prepare_update(info, old, target, sub)
     })
 }

@@ -954,3 +954,90 @@ async fn a_fresh_server_has_the_system_namespaces() {
         vec!["default", "kube-node-lease", "kube-public", "kube-system"]
     );
 }
+
+#[tokio::test]
+async fn malformed_bodies_and_patches_are_refused_without_harming_the_server() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    t.configmaps("ns")
+        .create(&PostParams::default(), &configmap("c", json!({})))
+        .await
+        .unwrap();
+    let send = |method: &str, path: &str, content_type: &str, body: &str| {
+        http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", content_type)
+            .body(body.as_bytes().to_vec())
+            .unwrap()
+    };
+    let cm = "/api/v1/namespaces/ns/configmaps";
+    let crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+    let requests = [
+        send("POST", cm, "application/json", "5"),
+        send("POST", cm, "application/json", r#"{"metadata": "x"}"#),
+        send("POST", cm, "application/json", "{not json"),
+        send(
+            "PUT",
+            &format!("{cm}/c"),
+            "application/json",
+            r#"{"metadata": []}"#,
+        ),
+        send(
+            "PATCH",
+            &format!("{cm}/c"),
+            "application/merge-patch+json",
+            "5",
+        ),
+        send(
+            "PATCH",
+            &format!("{cm}/c"),
+            "application/merge-patch+json",
+            r#"{"metadata": 1}"#,
+        ),
+        send(
+            "PATCH",
+            &format!("{cm}/c"),
+            "application/json-patch+json",
+            r#"[{"op":"replace","path":"","value":5}]"#,
+        ),
+        send(
+            "PATCH",
+            &format!("{cm}/c"),
+            "application/json-patch+json",
+            r#"{"op":"add"}"#,
+        ),
+        send(
+            "POST",
+            crds,
+            "application/json",
+            r#"{"metadata": {"name": "a.b"}, "spec": {"names": "x", "versions": 3}}"#,
+        ),
+        send(
+            "GET",
+            &format!("{cm}?labelSelector=a%20in%20(&limit=x"),
+            "application/json",
+            "",
+        ),
+        send(
+            "GET",
+            &format!("{cm}?watch=1&resourceVersion=abc"),
+            "application/json",
+            "",
+        ),
+    ];
+    for request in requests {
+        let description = format!("{} {}", request.method(), request.uri());
+        let err = api_error(t.client.request_text(request).await.unwrap_err());
+        assert!(
+            (400..500).contains(&err.code),
+            "{description}: {} {}",
+            err.code,
+            err.message
+        );
+    }
+    assert!(
+        t.configmaps("ns").get("c").await.is_ok(),
+        "the server still answers"
+    );
+}
