@@ -5,6 +5,7 @@
 use serde_json::{Value, json};
 
 use super::discovery::{ResourceInfo, Resources, crd_resources};
+use super::schema;
 use super::status::{ApiError, Cause};
 use super::store::{GroupResource, Store, Write};
 use super::validation::finalizers;
@@ -52,6 +53,13 @@ pub fn validate_crd(crd: &Value) -> Vec<Cause> {
             &json!(versions.len()),
             "must have exactly one version marked as storage version",
         ));
+    }
+    for (i, version) in versions.iter().enumerate() {
+        let path = format!("spec.versions[{i}].schema.openAPIV3Schema");
+        match version["schema"].get("openAPIV3Schema") {
+            Some(schema) => causes.extend(schema::structural_errors(schema, &path)),
+            None => causes.push(Cause::required(&path, "schemas are required")),
+        }
     }
     causes
 }

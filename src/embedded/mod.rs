@@ -16,7 +16,11 @@
 //! - `continue` tokens resume after the last key at the current state, not at a snapshot.
 //! - Watches resume from the last [`store::HISTORY_WINDOW`] events of the whole server;
 //!   bookmarks come every [`watch::BOOKMARK_INTERVAL`].
-//! - No kubelet: pods are deleted at once; Services get no cluster IP.
+//! - No kubelet: pods are deleted at once; Services get no cluster IP. No `kube-root-ca.crt`
+//!   ConfigMaps, `default` ServiceAccounts or bootstrap RBAC roles (later controller loops).
+//! - CRD schemas are checked for the structural rules generated schemas break (typed fields,
+//!   `properties` xor `additionalProperties`), not all of them; custom resources are defaulted on
+//!   write only, not also on read.
 //! - The garbage collector ignores `blockOwnerDeletion` (foreground deletion waits for every
 //!   dependent). A CRD whose cleanup finalizer is removed by hand takes its objects with it.
 //! - CRD versions are served with the `None` conversion strategy only.

@@ -101,6 +101,39 @@ fn default_value(schema: &Value, value: &mut Value) {
     }
 }
 
+/// Where a CRD schema is not structural in the ways a generated schema can go wrong: a field without
+/// `type` (unless int-or-string or preserving unknown fields), or both `properties` and
+/// `additionalProperties`. `path` is the field path of `schema` in the CRD.
+pub fn structural_errors(schema: &Value, path: &str) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let untyped = schema["type"].as_str().is_none_or(str::is_empty);
+    if untyped && !is_int_or_string(schema) && !preserves_unknown(schema) {
+        let detail = "must not be empty for specified object fields";
+        causes.push(Cause::required(&format!("{path}.type"), detail));
+    }
+    if schema.get("properties").is_some() && schema["additionalProperties"].is_object() {
+        let message =
+            "Forbidden: additionalProperties and properties are mutual exclusive".to_string();
+        causes.push(Cause::other(
+            "FieldValueForbidden",
+            &format!("{path}.additionalProperties"),
+            message,
+        ));
+    }
+    for (name, property) in schema["properties"].as_object().into_iter().flatten() {
+        causes.extend(structural_errors(
+            property,
+            &format!("{path}.properties[{name}]"),
+        ));
+    }
+    for key in ["items", "additionalProperties"] {
+        if let Some(child) = schema.get(key).filter(|c| c.is_object()) {
+            causes.extend(structural_errors(child, &format!("{path}.{key}")));
+        }
+    }
+    causes
+}
+
 /// All violations of `schema` in `value`, with paths like `spec.replicas` and `spec.items[1]`.
 pub fn validate(schema: &Value, value: &Value) -> Vec<Cause> {
     let mut causes = Vec::new();
@@ -512,6 +545,15 @@ mod tests {
             validate(&s, &json!({"at": "yesterday", "raw": "!!"})).len(),
             2
         );
+    }
+
+    #[test]
+    fn untyped_fields_make_a_schema_non_structural() {
+        let s = json!({"type": "object", "properties": {"spec": {"properties": {"a": {"type": "string"}}},
+            "free": {"x-kubernetes-preserve-unknown-fields": true}, "port": {"x-kubernetes-int-or-string": true}}});
+        let causes = structural_errors(&s, "schema");
+        assert_eq!(causes.len(), 1);
+        assert_eq!(causes[0].field, "schema.properties[spec].type");
     }
 
     #[test]
