@@ -19,8 +19,7 @@
 //! - No kubelet: pods are deleted at once; Services get no cluster IP. No `kube-root-ca.crt`
 //!   ConfigMaps, `default` ServiceAccounts or bootstrap RBAC roles (later controller loops).
 //! - CRD schemas are checked for the structural rules generated schemas break (typed fields,
-//!   `properties` xor `additionalProperties`), not all of them; custom resources are defaulted on
-//!   write only, not also on read.
+//!   `properties` xor `additionalProperties`), not all of them.
 //! - The garbage collector ignores `blockOwnerDeletion` (foreground deletion waits for every
 //!   dependent). A CRD whose cleanup finalizer is removed by hand takes its objects with it.
 //! - CRD versions are served with the `None` conversion strategy only.

@@ -17,6 +17,21 @@ fn is_int_or_string(schema: &Value) -> bool {
 /// Prune, drop nulls and default a whole custom resource. `apiVersion`, `kind` and `metadata` at the
 /// root are the server's business and never pruned.
 pub fn prune_and_default(schema: &Value, object: &mut Value) {
+    outside_type_and_metadata(object, |body| {
+        prune_value(schema, body);
+        default_value(schema, body);
+    });
+}
+
+/// Defaults only, as the real server applies them to stored objects on every read (so a default
+/// added to a CRD later shows on existing objects).
+pub fn apply_defaults(schema: &Value, object: &mut Value) {
+    outside_type_and_metadata(object, |body| default_value(schema, body));
+}
+
+/// Runs `change` on the object without its root `apiVersion`, `kind` and `metadata`, which are
+/// the server's business whatever the schema says.
+fn outside_type_and_metadata(object: &mut Value, change: impl FnOnce(&mut Value)) {
     let Some(map) = object.as_object_mut() else {
         return;
     };
@@ -24,8 +39,7 @@ pub fn prune_and_default(schema: &Value, object: &mut Value) {
         .iter()
         .filter_map(|k| map.remove(*k).map(|v| (k.to_string(), v)))
         .collect();
-    prune_value(schema, object);
-    default_value(schema, object);
+    change(object);
     if let Some(map) = object.as_object_mut() {
         map.extend(kept);
     }

@@ -88,10 +88,14 @@ fn namespace_resource() -> GroupResource {
 
 /// A stored object as served in this version.
 pub fn present(info: &ResourceInfo, object: Value) -> Value {
-    stamp(
+    let mut object = stamp(
         info,
         convert::from_storage(&info.group, &info.plural, object),
-    )
+    );
+    if let Some(schema) = &info.schema {
+        schema::apply_defaults(schema, &mut object);
+    }
+    object
 }
 
 /// Sets this version's `apiVersion` and `kind` on an object already in its form.

@@ -331,3 +331,27 @@ async fn cluster_scoped_custom_resources_live_outside_namespaces() {
         1
     );
 }
+
+#[tokio::test]
+async fn a_default_added_to_a_crd_later_shows_on_existing_objects() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    install_crd(&t).await;
+    let api = widgets(&t, "ns");
+    api.create(&PostParams::default(), &widget("w", json!({"size": 1})))
+        .await
+        .unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(t.client.clone());
+    let mut crd = crds.get("widgets.test.stackd.dev").await.unwrap();
+    let mut schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+    schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["color"] =
+        json!({"type": "string", "default": "blue"});
+    crd.spec.versions[0].schema = Some(serde_json::from_value(schema).unwrap());
+    crds.replace("widgets.test.stackd.dev", &PostParams::default(), &crd)
+        .await
+        .unwrap();
+    assert_eq!(
+        api.get("w").await.unwrap().data["spec"]["color"],
+        json!("blue")
+    );
+}
