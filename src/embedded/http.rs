@@ -1,5 +1,6 @@
 //! The request pipeline: authenticate, count, route, dispatch to a verb, render a `Status` on error.
-//! Fault injection and per-verb counters will hook into [`handle`], which every request passes.
+//! Every request passes [`handle`]; resource requests then pass `dispatch`, where their verb and
+//! target are known (the hook point for fault injection and per-verb/kind counters).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -261,6 +262,8 @@ async fn dispatch(
         content_type,
         body,
     };
+    // Every resource request passes here with its verb, resource and namespace known: the place
+    // for per-verb/kind counters and fault injection.
     match request.target.name.clone() {
         None => collection(shared, &request),
         Some(name) => object(shared, &request, &name),
