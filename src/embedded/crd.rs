@@ -1,12 +1,18 @@
 //! What kube-apiserver's apiextensions controllers do for CustomResourceDefinitions: checks, the
-//! `Established` status, and removing a deleted CRD's objects.
+//! `Established` status, and the cleanup finalizer that deletes a deleted CRD's objects (waiting for
+//! their finalizers) before the CRD goes.
 
 use serde_json::{Value, json};
 
-use super::discovery::{ResourceInfo, crd_resources};
-use super::status::Cause;
+use super::discovery::{ResourceInfo, Resources, crd_resources};
+use super::schema;
+use super::status::{ApiError, Cause};
 use super::store::{GroupResource, Store, Write};
-use super::verbs::{meta_str, now_timestamp};
+use super::validation::finalizers;
+use super::verbs::{self, DeleteOptions, meta_str, now_timestamp};
+
+/// Holds a deleted CRD until its custom resources are gone.
+pub const CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
 
 pub fn crd_resource() -> GroupResource {
     GroupResource::new("apiextensions.k8s.io", "customresourcedefinitions")
@@ -40,6 +46,13 @@ pub fn validate_crd(crd: &Value) -> Vec<Cause> {
             "must have exactly one version marked as storage version",
         ));
     }
+    for (i, version) in versions.iter().enumerate() {
+        let path = format!("spec.versions[{i}].schema.openAPIV3Schema");
+        match version["schema"].get("openAPIV3Schema") {
+            Some(schema) => causes.extend(schema::structural_errors(schema, &path)),
+            None => causes.push(Cause::required(&path, "schemas are required")),
+        }
+    }
     causes
 }
 
@@ -57,6 +70,9 @@ pub fn establish_crd(crd: &mut Value) {
         })
         .unwrap_or_default();
     let mut accepted = crd["spec"]["names"].clone();
+    if !accepted.is_object() {
+        accepted = json!({});
+    }
     if accepted["listKind"].is_null() {
         accepted["listKind"] = json!(format!("{}List", accepted["kind"].as_str().unwrap_or("")));
     }
@@ -98,5 +114,60 @@ pub fn remove_custom_resources(store: &Store, crd: &Value) {
         let _ = store.write(&key, &ns, &name, |current| {
             Ok(Write::Remove(current.cloned().unwrap_or_default()))
         });
+    }
+}
+
+/// The CRD serving `info`, when it is a custom resource.
+fn definition_of(store: &Store, info: &ResourceInfo) -> Option<Value> {
+    info.schema.as_ref()?;
+    store.get(&crd_resource(), "", &format!("{}.{}", info.plural, info.group))
+}
+
+/// A terminating CRD accepts no new objects (everything else still works, so finalizers can run).
+pub fn check_accepts_creates(store: &Store, info: &ResourceInfo) -> Result<(), ApiError> {
+    let terminating = definition_of(store, info).is_some_and(|crd| crd["metadata"]["deletionTimestamp"].is_string());
+    if terminating {
+        return Err(ApiError::new(
+            405,
+            "MethodNotAllowed",
+            "create not allowed while custom resource definition is terminating",
+        ));
+    }
+    Ok(())
+}
+
+/// One pass of the cleanup controller: terminating CRDs have their objects deleted, then lose the
+/// cleanup finalizer once none is left.
+pub fn finish_terminating_crds(store: &Store, resources: &Resources) {
+    let Some(crd_info) = resources.all.iter().find(|r| is_crd(r)) else {
+        return;
+    };
+    for crd in store.list(&crd_resource(), None).0 {
+        let held = finalizers(&crd).iter().any(|f| f == CLEANUP_FINALIZER);
+        if !crd["metadata"]["deletionTimestamp"].is_string() || !held {
+            continue;
+        }
+        let Some(info) = crd_resources(&crd).into_iter().next() else {
+            continue;
+        };
+        let objects = store.list(&info.storage_key(), None).0;
+        if objects.is_empty() {
+            let name = meta_str(&crd, "name").unwrap_or("");
+            let _ = verbs::remove_finalizer(store, crd_info, "", name, CLEANUP_FINALIZER);
+            continue;
+        }
+        let background = DeleteOptions {
+            propagation_policy: Some("Background".into()),
+            ..Default::default()
+        };
+        for object in objects
+            .iter()
+            .filter(|o| !o["metadata"]["deletionTimestamp"].is_string())
+        {
+            let ns = meta_str(object, "namespace").unwrap_or("");
+            let name = meta_str(object, "name").unwrap_or("");
+            // Gone meanwhile or held by finalizers: the next pass looks again.
+            let _ = verbs::delete(store, &info, ns, name, &background);
+        }
     }
 }

@@ -2,10 +2,12 @@
 //! documents built from it.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use serde_json::{Value, json};
 
+use super::convert;
+use super::crd;
 use super::store::{GroupResource, Store};
 
 /// Where a scale subresource finds its numbers (JSON paths like `.spec.replicas`).
@@ -38,7 +40,7 @@ pub struct ResourceInfo {
 
 impl ResourceInfo {
     pub fn storage_key(&self) -> GroupResource {
-        GroupResource::new(&self.group, &self.plural)
+        convert::storage_key(&self.group, &self.plural)
     }
 
     pub fn api_version(&self) -> String {
@@ -286,24 +288,22 @@ pub fn crd_resources(crd: &Value) -> Vec<ResourceInfo> {
         .collect()
 }
 
+static VERSION: LazyLock<regex::Regex> =
+    LazyLock::new(|| regex::Regex::new(r"^v(\d+)(?:(alpha|beta)(\d+))?$").unwrap_or_else(|e| panic!("{e}")));
+
 /// Kubernetes version priority: GA > beta > alpha, higher numbers first, others last by name.
 fn version_priority(version: &str) -> (u8, u32, u32, String) {
-    let re = regex::Regex::new(r"^v(\d+)(?:(alpha|beta)(\d+))?$");
-    if let Some(caps) = re.ok().and_then(|re| re.captures(version)) {
-        let major: u32 = caps[1].parse().unwrap_or(0);
-        let minor: u32 = caps.get(3).and_then(|m| m.as_str().parse().ok()).unwrap_or(0);
-        let stage = match caps.get(2).map(|m| m.as_str()) {
-            None => 3,
-            Some("beta") => 2,
-            _ => 1,
-        };
-        return (stage, major, minor, String::new());
-    }
-    (0, 0, 0, version.to_string())
-}
-
-fn crd_key() -> GroupResource {
-    GroupResource::new("apiextensions.k8s.io", "customresourcedefinitions")
+    let Some(caps) = VERSION.captures(version) else {
+        return (0, 0, 0, version.to_string());
+    };
+    let major: u32 = caps[1].parse().unwrap_or(0);
+    let minor: u32 = caps.get(3).and_then(|m| m.as_str().parse().ok()).unwrap_or(0);
+    let stage = match caps.get(2).map(|m| m.as_str()) {
+        None => 3,
+        Some("beta") => 2,
+        _ => 1,
+    };
+    (stage, major, minor, String::new())
 }
 
 /// The resource table of one server, rebuilt only when a CRD changes (CRDs can be large, and every
@@ -322,7 +322,7 @@ impl ResourceTable {
     }
 
     pub fn current(&self) -> Arc<Resources> {
-        let version = self.store.last_change(&crd_key());
+        let version = self.store.last_change(&crd::crd_resource());
         let mut cached = self.cached.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some((built_at, resources)) = cached.as_ref()
             && *built_at == version
@@ -344,7 +344,7 @@ impl Resources {
     /// Builds the table from the built-in kinds and the stored CRDs.
     pub fn current(store: &Store) -> Resources {
         let mut all: Vec<ResourceInfo> = BUILTINS.iter().map(builtin_info).collect();
-        for crd in store.list(&crd_key(), None).0 {
+        for crd in store.list(&crd::crd_resource(), None).0 {
             all.extend(crd_resources(&crd));
         }
         Resources { all }

@@ -8,32 +8,13 @@
 //!   `blockOwnerDeletion: true` is left.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-use super::discovery::{ResourceTable, Resources};
+use super::discovery::{ResourceInfo, Resources};
 use super::store::{GroupResource, Store, Write};
 use super::validation::finalizers;
 use super::verbs::{self, DeleteOptions, FOREGROUND_FINALIZER, ORPHAN_FINALIZER};
-
-/// Safety-net rescan interval, for changes that raced a pass.
-const RESCAN: Duration = Duration::from_secs(1);
-
-pub async fn run(store: Arc<Store>, resources: Arc<ResourceTable>, shutdown: CancellationToken) {
-    let mut events = store.subscribe();
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = events.recv() => {}
-            _ = tokio::time::sleep(RESCAN) => {}
-        }
-        while events.try_recv().is_ok() {}
-        collect(&store, &resources.current());
-    }
-}
 
 /// One stored object, located.
 struct Located {
@@ -101,18 +82,12 @@ pub fn collect(store: &Store, resources: &Resources) {
             }
         }
     }
-    let info_of = |resource: &GroupResource| resources.all.iter().find(|r| r.storage_key() == *resource);
-    let background = DeleteOptions {
-        propagation_policy: Some("Background".into()),
-        ..Default::default()
-    };
+    let gc = Collector { store, resources };
     for object in &objects {
-        let Some(info) = info_of(&object.resource) else {
-            continue;
-        };
         let owners = object.owner_uids();
-        if !owners.is_empty() && !object.is_deleting() && owners.iter().all(|uid| !existing.contains(uid.as_str())) {
-            let _ = verbs::delete(store, info, &object.namespace, &object.name, &background);
+        let orphaned = !owners.is_empty() && owners.iter().all(|uid| !existing.contains(uid.as_str()));
+        if orphaned && !object.is_deleting() {
+            gc.delete(object, "Background");
             continue;
         }
         if !object.is_deleting() {
@@ -121,24 +96,48 @@ pub fn collect(store: &Store, resources: &Resources) {
         let mine = dependents.get(object.uid()).map(Vec::as_slice).unwrap_or_default();
         let held_by = finalizers(&object.object);
         if held_by.iter().any(|f| f == ORPHAN_FINALIZER) {
-            for dependent in mine {
-                drop_owner_reference(store, dependent, object.uid());
-            }
-            let _ = verbs::remove_finalizer(store, info, &object.namespace, &object.name, ORPHAN_FINALIZER);
+            mine.iter().for_each(|d| drop_owner_reference(store, d, object.uid()));
+            gc.remove_finalizer(object, ORPHAN_FINALIZER);
         } else if held_by.iter().any(|f| f == FOREGROUND_FINALIZER) {
-            let foreground = DeleteOptions {
-                propagation_policy: Some("Foreground".into()),
-                ..Default::default()
-            };
-            for dependent in mine.iter().filter(|d| !d.is_deleting()) {
-                if let Some(dep_info) = info_of(&dependent.resource) {
-                    let _ = verbs::delete(store, dep_info, &dependent.namespace, &dependent.name, &foreground);
-                }
-            }
+            // Dependents go in the foreground too; the owner waits only for those that block it.
+            mine.iter()
+                .filter(|d| !d.is_deleting())
+                .for_each(|d| gc.delete(d, "Foreground"));
             if !mine.iter().any(|d| d.blocks(object.uid())) {
-                let _ = verbs::remove_finalizer(store, info, &object.namespace, &object.name, FOREGROUND_FINALIZER);
+                gc.remove_finalizer(object, FOREGROUND_FINALIZER);
             }
         }
+    }
+}
+
+/// Writes through the verbs, so finalizers and events behave as for any client.
+struct Collector<'a> {
+    store: &'a Store,
+    resources: &'a Resources,
+}
+
+impl Collector<'_> {
+    fn info(&self, object: &Located) -> Option<&ResourceInfo> {
+        self.resources.all.iter().find(|r| r.storage_key() == object.resource)
+    }
+
+    fn delete(&self, object: &Located, propagation: &str) {
+        let Some(info) = self.info(object) else {
+            return;
+        };
+        let options = DeleteOptions {
+            propagation_policy: Some(propagation.into()),
+            ..Default::default()
+        };
+        // Gone meanwhile or held by finalizers: the next pass sees it.
+        let _ = verbs::delete(self.store, info, &object.namespace, &object.name, &options);
+    }
+
+    fn remove_finalizer(&self, object: &Located, finalizer: &str) {
+        let Some(info) = self.info(object) else {
+            return;
+        };
+        let _ = verbs::remove_finalizer(self.store, info, &object.namespace, &object.name, finalizer);
     }
 }
 

@@ -4,20 +4,40 @@
 //! - [`store`]: objects, the resourceVersion counter and the watch history;
 //! - [`verbs`]: get/list/create/update/patch/delete with kube-apiserver semantics on that store,
 //!   with [`patch`], [`subresources`] (scale, log) and [`crd`] (CRD lifecycle);
-//! - [`watch`]: watch streams; [`http`]: the request pipeline; [`discovery`]: the resource table;
-//! - [`validation`], [`schema`], [`selectors`]: pure rules; [`patch_engine`]: merge, JSON, strategic
-//!   merge patch and server-side apply as pure functions;
-//! - [`namespaces`], [`gc`]: the namespace deletion and garbage collection loops; [`controller_manager`]: the
-//!   token, Job and Deployment loops, with the per-image [`controller_manager::JobRunner`] hooks;
+//! - [`watch`]: watch streams; `http`: the request pipeline; [`discovery`]: the resource table;
+//! - [`validation`], [`kinds`], [`defaults`], [`schema`], [`selectors`]: pure rules;
+//!   [`patch_engine`]: merge, JSON, strategic merge patch and server-side apply as pure functions;
+//! - [`controllers`]: the in-process loops ([`namespaces`] deletion, [`crd`] cleanup, [`gc`]);
+//!   [`controller_manager`]: the token, Job and Deployment loops, with the per-image
+//!   [`controller_manager::JobRunner`] hooks;
 //! - [`faults`], [`counters`]: fault injection and request counters for tests.
+//!
+//! Known differences from kube-apiserver (each is a place a real cluster may behave otherwise):
+//! - JSON only: protobuf bodies get 415; strategic merge patch and server-side
+//!   apply get 415 (coming); no Table output, `/openapi`, or `fieldValidation` yet.
+//! - Built-in kinds keep unknown fields (the real server drops them when decoding into Go types)
+//!   and get only the commonly observed defaults ([`defaults`]) and spec checks ([`kinds`]).
+//! - `continue` tokens resume after the last key at the current state, not at a snapshot.
+//! - Watches resume from the last [`store::HISTORY_WINDOW`] events of the whole server;
+//!   bookmarks come every [`watch::BOOKMARK_INTERVAL`].
+//! - No kubelet: pods run only through the Job and Deployment loops; Services get no cluster IP.
+//!   No `kube-root-ca.crt` ConfigMaps, `default` ServiceAccounts or bootstrap RBAC roles.
+//! - CRD schemas are checked for the structural rules generated schemas break (typed fields,
+//!   `properties` xor `additionalProperties`), not all of them.
+//! - A CRD whose cleanup finalizer is removed by hand takes its objects with it.
+//! - CRD versions are served with the `None` conversion strategy only.
 
 pub mod controller_manager;
+pub mod controllers;
+pub mod convert;
 pub mod counters;
 pub mod crd;
+pub mod defaults;
 pub mod discovery;
 pub mod faults;
 pub mod gc;
 mod http;
+pub mod kinds;
 pub mod namespaces;
 pub mod patch;
 pub mod patch_engine;
@@ -194,13 +214,9 @@ impl ApiServer {
         } else {
             (None, format!("http://{address}"), None)
         };
+        bootstrap(&shared);
         let serving = Serving::start(listener, &shared, tls_config)?;
-        let namespace_loop = tokio::spawn(namespaces::run(
-            shared.store.clone(),
-            shared.resources.clone(),
-            shared.shutdown.clone(),
-        ));
-        let gc_loop = tokio::spawn(gc::run(
+        let controllers = tokio::spawn(controllers::run(
             shared.store.clone(),
             shared.resources.clone(),
             shared.shutdown.clone(),
@@ -231,7 +247,7 @@ impl ApiServer {
             shared,
             url,
             ca_pem,
-            tasks: vec![namespace_loop, gc_loop, token_loop, job_loop, deployment_loop],
+            tasks: vec![controllers, token_loop, job_loop, deployment_loop],
             runners,
             serving: tokio::sync::Mutex::new(serving),
         })
@@ -352,9 +368,10 @@ impl ApiServer {
     }
 
     /// Stops serving: open watches end, connections close.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         self.shared.shutdown.cancel();
-        for task in self.tasks.into_iter().chain([self.serving.into_inner().task]) {
+        let serving = std::mem::replace(&mut self.serving.get_mut().task, tokio::spawn(async {}));
+        for task in std::mem::take(&mut self.tasks).into_iter().chain([serving]) {
             // A connection that refuses to close must not hang the caller forever.
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         }
@@ -374,6 +391,29 @@ async fn bind_again(address: SocketAddr) -> Result<TcpListener, Error> {
             }
             Err(e) => return Err(Error::Bind(e)),
         }
+    }
+}
+
+/// The namespaces every cluster starts with.
+const SYSTEM_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "kube-node-lease"];
+
+/// Creates what a fresh cluster already has.
+fn bootstrap(shared: &Shared) {
+    let resources = shared.resources.current();
+    let Some(namespaces) = resources.find("", "v1", "namespaces") else {
+        return;
+    };
+    for name in SYSTEM_NAMESPACES {
+        let namespace = serde_json::json!({"metadata": {"name": name}});
+        // A fresh store holds nothing, so this cannot conflict.
+        let _ = verbs::create(&shared.store, &namespaces, "", namespace, Default::default());
+    }
+}
+
+/// A dropped server stops too (without waiting for its connections to close).
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.shared.shutdown.cancel();
     }
 }
 

@@ -1,32 +1,11 @@
 //! The namespace controller's deletion loop: a terminating namespace has its contents deleted (objects
 //! with finalizers wait for them), then its `kubernetes` finalizer cleared, which removes it.
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-use super::discovery::{ResourceTable, Resources};
+use super::discovery::Resources;
 use super::store::{GroupResource, Store, Write};
 use super::verbs::{self, DeleteOptions};
-
-/// Safety-net rescan, for content whose finalizers were removed without a namespace event.
-const RESCAN: Duration = Duration::from_millis(250);
-
-pub async fn run(store: Arc<Store>, resources: Arc<ResourceTable>, shutdown: CancellationToken) {
-    let mut events = store.subscribe();
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = events.recv() => {}
-            _ = tokio::time::sleep(RESCAN) => {}
-        }
-        // Drain a burst of events so one pass covers them all.
-        while events.try_recv().is_ok() {}
-        finish_terminating_namespaces(&store, &resources.current());
-    }
-}
 
 fn terminating(store: &Store) -> Vec<String> {
     let namespaces = GroupResource::new("", "namespaces");

@@ -5,6 +5,13 @@ use serde_json::Value;
 
 use super::status::ApiError;
 
+/// A patch as sent: its media type and body.
+#[derive(Debug, Clone, Copy)]
+pub struct PatchBody<'a> {
+    pub patch_type: PatchType,
+    pub body: &'a [u8],
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PatchType {
     Merge,
@@ -12,7 +19,11 @@ pub enum PatchType {
 }
 
 /// Applies a merge or JSON patch to `target` with apiserver semantics.
-pub fn apply_patch(target: &mut Value, patch_type: PatchType, patch: &[u8]) -> Result<(), ApiError> {
+pub fn apply_patch(target: &mut Value, patch: PatchBody<'_>) -> Result<(), ApiError> {
+    let PatchBody {
+        patch_type,
+        body: patch,
+    } = patch;
     match patch_type {
         PatchType::Merge => {
             let patch: Value = serde_json::from_slice(patch)
@@ -60,7 +71,14 @@ mod tests {
     fn json_patch_test_of_a_missing_path_compares_with_null() {
         let mut target = json!({"metadata": {}});
         let patch = br#"[{"op":"test","path":"/metadata/finalizers","value":null},{"op":"add","path":"/metadata/finalizers","value":["x"]}]"#;
-        apply_patch(&mut target, PatchType::Json, patch).unwrap();
+        apply_patch(
+            &mut target,
+            PatchBody {
+                patch_type: PatchType::Json,
+                body: patch,
+            },
+        )
+        .unwrap();
         assert_eq!(target["metadata"]["finalizers"], json!(["x"]));
     }
 
@@ -68,6 +86,17 @@ mod tests {
     fn failing_json_patch_test_is_invalid() {
         let mut target = json!({"data": {"k": "v2"}});
         let patch = br#"[{"op":"test","path":"/data/k","value":"nope"}]"#;
-        assert_eq!(apply_patch(&mut target, PatchType::Json, patch).unwrap_err().code, 422);
+        assert_eq!(
+            apply_patch(
+                &mut target,
+                PatchBody {
+                    patch_type: PatchType::Json,
+                    body: patch
+                }
+            )
+            .unwrap_err()
+            .code,
+            422
+        );
     }
 }

@@ -17,6 +17,21 @@ fn is_int_or_string(schema: &Value) -> bool {
 /// Prune, drop nulls and default a whole custom resource. `apiVersion`, `kind` and `metadata` at the
 /// root are the server's business and never pruned.
 pub fn prune_and_default(schema: &Value, object: &mut Value) {
+    outside_type_and_metadata(object, |body| {
+        prune_value(schema, body);
+        default_value(schema, body);
+    });
+}
+
+/// Defaults only, as the real server applies them to stored objects on every read (so a default
+/// added to a CRD later shows on existing objects).
+pub fn apply_defaults(schema: &Value, object: &mut Value) {
+    outside_type_and_metadata(object, |body| default_value(schema, body));
+}
+
+/// Runs `change` on the object without its root `apiVersion`, `kind` and `metadata`, which are
+/// the server's business whatever the schema says.
+fn outside_type_and_metadata(object: &mut Value, change: impl FnOnce(&mut Value)) {
     let Some(map) = object.as_object_mut() else {
         return;
     };
@@ -24,8 +39,7 @@ pub fn prune_and_default(schema: &Value, object: &mut Value) {
         .iter()
         .filter_map(|k| map.remove(*k).map(|v| (k.to_string(), v)))
         .collect();
-    prune_value(schema, object);
-    default_value(schema, object);
+    change(object);
     if let Some(map) = object.as_object_mut() {
         map.extend(kept);
     }
@@ -91,6 +105,35 @@ fn default_value(schema: &Value, value: &mut Value) {
         }
         _ => {}
     }
+}
+
+/// Where a CRD schema is not structural in the ways a generated schema can go wrong: a field without
+/// `type` (unless int-or-string or preserving unknown fields), or both `properties` and
+/// `additionalProperties`. `path` is the field path of `schema` in the CRD.
+pub fn structural_errors(schema: &Value, path: &str) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let untyped = schema["type"].as_str().is_none_or(str::is_empty);
+    if untyped && !is_int_or_string(schema) && !preserves_unknown(schema) {
+        let detail = "must not be empty for specified object fields";
+        causes.push(Cause::required(&format!("{path}.type"), detail));
+    }
+    if schema.get("properties").is_some() && schema["additionalProperties"].is_object() {
+        let message = "Forbidden: additionalProperties and properties are mutual exclusive".to_string();
+        causes.push(Cause::other(
+            "FieldValueForbidden",
+            &format!("{path}.additionalProperties"),
+            message,
+        ));
+    }
+    for (name, property) in schema["properties"].as_object().into_iter().flatten() {
+        causes.extend(structural_errors(property, &format!("{path}.properties[{name}]")));
+    }
+    for key in ["items", "additionalProperties"] {
+        if let Some(child) = schema.get(key).filter(|c| c.is_object()) {
+            causes.extend(structural_errors(child, &format!("{path}.{key}")));
+        }
+    }
+    causes
 }
 
 /// All violations of `schema` in `value`, with paths like `spec.replicas` and `spec.items[1]`.
@@ -257,6 +300,12 @@ fn validate_string(schema: &Value, s: &str, value: &Value, path: &str, causes: &
             &format!("{shown} in body should be at least {min} chars long"),
         ));
     }
+    if let Some(format) = schema["format"].as_str()
+        && !format_matches(format, s)
+    {
+        let detail = format!("{shown} in body must be of type {format}: {}", go_value(value));
+        causes.push(Cause::invalid(path, value, &detail));
+    }
     if let Some(pattern) = schema["pattern"].as_str() {
         match regex::Regex::new(pattern) {
             Ok(re) if re.is_match(s) => {}
@@ -266,6 +315,18 @@ fn validate_string(schema: &Value, s: &str, value: &Value, path: &str, causes: &
                 &format!("{shown} in body should match '{pattern}'"),
             )),
         }
+    }
+}
+
+/// The string formats kube-apiserver checks that Rust-generated schemas use; others pass.
+fn format_matches(format: &str, s: &str) -> bool {
+    use base64::Engine;
+    match format {
+        "date-time" => s.parse::<jiff::Timestamp>().is_ok(),
+        "date" => s.parse::<jiff::civil::Date>().is_ok(),
+        "byte" => base64::engine::general_purpose::STANDARD.decode(s).is_ok(),
+        "uuid" => s.len() == 36 && s.chars().all(|c| c.is_ascii_hexdigit() || c == '-'),
+        _ => true,
     }
 }
 
@@ -462,6 +523,24 @@ mod tests {
             obj["template"],
             json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}})
         );
+    }
+
+    #[test]
+    fn date_time_and_byte_formats_are_checked() {
+        let s = json!({"type": "object", "properties": {
+            "at": {"type": "string", "format": "date-time"},
+            "raw": {"type": "string", "format": "byte"}}});
+        assert!(validate(&s, &json!({"at": "2026-01-01T00:00:00Z", "raw": "YQ=="})).is_empty());
+        assert_eq!(validate(&s, &json!({"at": "yesterday", "raw": "!!"})).len(), 2);
+    }
+
+    #[test]
+    fn untyped_fields_make_a_schema_non_structural() {
+        let s = json!({"type": "object", "properties": {"spec": {"properties": {"a": {"type": "string"}}},
+            "free": {"x-kubernetes-preserve-unknown-fields": true}, "port": {"x-kubernetes-int-or-string": true}}});
+        let causes = structural_errors(&s, "schema");
+        assert_eq!(causes.len(), 1);
+        assert_eq!(causes[0].field, "schema.properties[spec].type");
     }
 
     #[test]

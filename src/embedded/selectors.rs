@@ -187,6 +187,14 @@ impl FieldSelector {
         self.requirements.is_empty()
     }
 
+    /// The same selector with fields renamed (to their names in storage).
+    pub fn renamed(mut self, rename: impl Fn(&str) -> String) -> FieldSelector {
+        for (field, _, _) in &mut self.requirements {
+            *field = rename(field);
+        }
+        self
+    }
+
     pub fn matches(&self, object: &Value) -> bool {
         self.requirements.iter().all(|(field, equal, want)| {
             let actual = field_value(object, field);

@@ -164,7 +164,7 @@ impl Store {
             .collect()
     }
 
-    /// Namespaces that hold at least one object of any resource.
+    /// Whether no object of any resource is left in `namespace`.
     pub fn namespace_is_empty(&self, namespace: &str) -> bool {
         let inner = self.lock();
         inner
@@ -209,11 +209,40 @@ impl Store {
     where
         F: FnOnce(Option<&Value>) -> Result<Write, ApiError>,
     {
+        self.transact(resource, namespace, name, true, decide)
+    }
+
+    /// Like [`Store::write`], but nothing is stored: what a dry-run request answers.
+    pub fn preview<F>(
+        &self,
+        resource: &GroupResource,
+        namespace: &str,
+        name: &str,
+        decide: F,
+    ) -> Result<(Value, bool), ApiError>
+    where
+        F: FnOnce(Option<&Value>) -> Result<Write, ApiError>,
+    {
+        self.transact(resource, namespace, name, false, decide)
+    }
+
+    fn transact<F>(
+        &self,
+        resource: &GroupResource,
+        namespace: &str,
+        name: &str,
+        commit: bool,
+        decide: F,
+    ) -> Result<(Value, bool), ApiError>
+    where
+        F: FnOnce(Option<&Value>) -> Result<Write, ApiError>,
+    {
         let mut inner = self.lock();
         let key = (namespace.to_string(), name.to_string());
         let current = inner.objects.get(resource).and_then(|m| m.get(&key)).cloned();
         match decide(current.as_ref())? {
             Write::Unchanged(obj) => Ok((obj, false)),
+            Write::Put(obj) if !commit => Ok((obj, true)),
             Write::Put(mut obj) => {
                 inner.resource_version += 1;
                 let rv = inner.resource_version;
@@ -231,10 +260,11 @@ impl Store {
                 self.publish(&mut inner, event_type, resource, obj.clone(), current);
                 Ok((obj, true))
             }
+            Write::Remove(_) if current.is_none() => {
+                Err(ApiError::not_found(&resource.group, &resource.resource, name))
+            }
+            Write::Remove(obj) if !commit => Ok((obj, true)),
             Write::Remove(mut obj) => {
-                if current.is_none() {
-                    return Err(ApiError::not_found(&resource.group, &resource.resource, name));
-                }
                 inner.objects.entry(resource.clone()).or_default().remove(&key);
                 inner.resource_version += 1;
                 let rv = inner.resource_version;

@@ -3,10 +3,10 @@
 use serde_json::{Value, json};
 
 use super::discovery::ResourceInfo;
-use super::patch::{PatchType, apply_patch};
+use super::patch::{PatchBody, apply_patch};
 use super::status::{ApiError, Cause};
 use super::store::Store;
-use super::verbs::{Subresource, get, meta_str, prepare_update, present, write_existing};
+use super::verbs::{Subresource, WriteOptions, check_shape, get, meta_str, prepare_update, present, write_existing};
 
 fn path_segments(path: &str) -> Vec<&str> {
     path.split('.').filter(|s| !s.is_empty()).collect()
@@ -92,15 +92,17 @@ pub fn write_scale(
     namespace: &str,
     name: &str,
     change: ScaleChange<'_>,
+    options: WriteOptions,
 ) -> Result<Value, ApiError> {
     let paths = info.scale.clone().ok_or_else(ApiError::path_not_found)?;
-    let written = write_existing(store, info, namespace, name, |old| {
+    let written = write_existing(store, info, namespace, name, options, |old| {
         let current = present(info, old.clone());
         let scale = match change {
             ScaleChange::Replace(scale) => scale.clone(),
-            ScaleChange::Patch(patch_type, patch) => {
+            ScaleChange::Patch(patch) => {
                 let mut scale = scale_of(info, &current)?;
-                apply_patch(&mut scale, patch_type, patch)?;
+                apply_patch(&mut scale, patch)?;
+                check_shape(&scale)?;
                 scale
             }
         };
@@ -137,7 +139,7 @@ pub fn write_scale(
 
 pub enum ScaleChange<'a> {
     Replace(&'a Value),
-    Patch(PatchType, &'a [u8]),
+    Patch(PatchBody<'a>),
 }
 
 /// Text of a pod's container log, honouring `container` and `limitBytes`.

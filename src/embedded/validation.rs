@@ -4,9 +4,10 @@
 use std::sync::LazyLock;
 
 use regex::Regex;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::discovery::ResourceInfo;
+use super::kinds;
 use super::status::Cause;
 
 const DNS1123_SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
@@ -156,12 +157,7 @@ pub fn validate_object(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
     }
     causes.extend(validate_labels("metadata.labels", &metadata["labels"]));
     causes.extend(validate_annotations(&metadata["annotations"]));
-    if (info.group.as_str(), info.plural.as_str()) == ("batch", "jobs") {
-        causes.extend(validate_labels(
-            "spec.template.labels",
-            &object["spec"]["template"]["metadata"]["labels"],
-        ));
-    }
+    causes.extend(kinds::validate_spec(info, object));
     causes
 }
 
@@ -241,85 +237,6 @@ pub fn finalizers(object: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The object at `path` below `root`, created (replacing non-objects) on the way.
-fn object_at<'a>(root: &'a mut Value, path: &[&str]) -> Option<&'a mut Map<String, Value>> {
-    let mut current = root;
-    for key in path {
-        let map = current.as_object_mut()?;
-        let child = map.entry(key.to_string()).or_insert_with(|| json!({}));
-        if !child.is_object() {
-            *child = json!({});
-        }
-        current = child;
-    }
-    current.as_object_mut()
-}
-
-fn default_at(root: &mut Value, path: &[&str], key: &str, value: Value) {
-    if let Some(map) = object_at(root, path) {
-        let slot = map.entry(key.to_string()).or_insert(Value::Null);
-        if slot.is_null() {
-            *slot = value;
-        }
-    }
-}
-
-/// Defaults applied on create (and kept on update) that clients of the real server observe.
-pub fn apply_builtin_defaults(info: &ResourceInfo, object: &mut Value, uid: &str) {
-    match (info.group.as_str(), info.plural.as_str()) {
-        ("", "secrets") => {
-            default_at(object, &[], "type", json!("Opaque"));
-            merge_string_data(object);
-        }
-        ("", "namespaces") => {
-            default_at(object, &["spec"], "finalizers", json!(["kubernetes"]));
-            default_at(object, &["status"], "phase", json!("Active"));
-        }
-        ("", "pods") => default_at(object, &["status"], "phase", json!("Pending")),
-        ("apps", "deployments") | ("apps", "replicasets") => default_at(object, &["spec"], "replicas", json!(1)),
-        ("batch", "jobs") => default_job(object, uid),
-        _ => {}
-    }
-}
-
-/// `stringData` is write-only: the server folds it into `data`, base64-encoded.
-fn merge_string_data(secret: &mut Value) {
-    use base64::Engine;
-    let Some(string_data) = secret.as_object_mut().and_then(|m| m.remove("stringData")) else {
-        return;
-    };
-    let Some(entries) = string_data.as_object() else {
-        return;
-    };
-    for (key, value) in entries {
-        let text = value.as_str().unwrap_or_default();
-        let encoded = base64::engine::general_purpose::STANDARD.encode(text);
-        default_at(secret, &[], "data", json!({}));
-        if let Some(data) = secret["data"].as_object_mut() {
-            data.insert(key.clone(), json!(encoded));
-        }
-    }
-}
-
-/// Job defaults: the `controller-uid`/`job-name` labels and the selector pinned to this Job's uid.
-fn default_job(job: &mut Value, uid: &str) {
-    let name = job["metadata"]["name"].as_str().unwrap_or_default().to_string();
-    default_at(job, &["spec"], "backoffLimit", json!(6));
-    default_at(job, &["spec"], "completions", json!(1));
-    default_at(job, &["spec"], "parallelism", json!(1));
-    if job["spec"]["selector"].is_null() {
-        default_at(
-            job,
-            &["spec"],
-            "selector",
-            json!({"matchLabels": {"controller-uid": uid}}),
-        );
-    }
-    let labels = ["spec", "template", "metadata", "labels"];
-    default_at(job, &labels, "controller-uid", json!(uid));
-    default_at(job, &labels, "job-name", json!(name));
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -357,21 +274,22 @@ mod tests {
     }
 
     #[test]
-    fn job_defaults_label_the_pod_template_with_the_uid() {
-        let job_info = info("batch", "jobs");
-        let mut job = json!({"metadata": {"name": "j"}, "spec": {"template": {"spec": {}}}});
-        apply_builtin_defaults(&job_info, &mut job, "u-1");
-        assert_eq!(job["spec"]["template"]["metadata"]["labels"]["controller-uid"], "u-1");
-        assert_eq!(job["spec"]["template"]["metadata"]["labels"]["job-name"], "j");
-        assert_eq!(job["spec"]["selector"]["matchLabels"]["controller-uid"], "u-1");
-        assert_eq!(job["spec"]["backoffLimit"], 6);
-    }
-
-    #[test]
     fn finalizers_cannot_be_added_to_a_deleting_object() {
         let old = json!({"metadata": {"deletionTimestamp": "t", "finalizers": ["a"]}});
         let new = json!({"metadata": {"deletionTimestamp": "t", "finalizers": ["a", "b"]}});
         assert_eq!(validate_finalizers_on_deleting(&old, &new).len(), 1);
+    }
+
+    #[test]
+    fn annotations_are_limited_to_256_kib_in_total() {
+        let cm = info("", "configmaps");
+        let half = "x".repeat(130 * 1024);
+        let big = json!({"metadata": {"name": "c", "annotations": {"a": half, "b": half}}});
+        let causes = validate_object(&cm, &big);
+        assert_eq!(
+            (causes[0].field.as_str(), causes[0].reason),
+            ("metadata.annotations", "FieldValueTooLong")
+        );
     }
 
     #[test]
@@ -390,17 +308,6 @@ mod tests {
         assert_eq!(
             validate_update(&cm, &old, &json!({"immutable": true, "data": {}})).len(),
             1
-        );
-    }
-
-    #[test]
-    fn secret_string_data_is_folded_into_base64_data() {
-        let secret = info("", "secrets");
-        let mut obj = json!({"metadata": {"name": "s"}, "data": {"a": "YQ=="}, "stringData": {"b": "b"}});
-        apply_builtin_defaults(&secret, &mut obj, "u");
-        assert_eq!(
-            obj,
-            json!({"metadata": {"name": "s"}, "type": "Opaque", "data": {"a": "YQ==", "b": "Yg=="}})
         );
     }
 }

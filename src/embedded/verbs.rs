@@ -5,14 +5,20 @@ use base64::Engine;
 use rand::Rng;
 use serde_json::{Value, json};
 
-use super::crd::{establish_crd, is_crd, reestablish_crd, remove_custom_resources, validate_crd};
+use super::convert;
+use super::crd::{
+    CLEANUP_FINALIZER, check_accepts_creates, establish_crd, is_crd, reestablish_crd, remove_custom_resources,
+    validate_crd,
+};
+use super::defaults::apply_builtin_defaults;
 use super::discovery::ResourceInfo;
-use super::patch::{PatchType, apply_patch};
+use super::kinds;
+use super::patch::{PatchBody, apply_patch};
 use super::schema;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, Cause};
 use super::store::{GroupResource, Store, Write};
-use super::validation::{apply_builtin_defaults, finalizers, validate_object, validate_update};
+use super::validation::{finalizers, validate_object, validate_update};
 
 /// Which part of an object a write addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,8 +37,16 @@ pub struct ListOptions {
     pub continue_token: Option<String>,
 }
 
+/// Options every write takes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WriteOptions {
+    /// Run every check and return the result, but store nothing (`dryRun=All`).
+    pub dry_run: bool,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct DeleteOptions {
+    pub write: WriteOptions,
     pub precondition_uid: Option<String>,
     pub precondition_resource_version: Option<String>,
     pub propagation_policy: Option<String>,
@@ -70,11 +84,25 @@ fn namespace_resource() -> GroupResource {
     GroupResource::new("", "namespaces")
 }
 
-/// The object as served in this version.
-pub(super) fn present(info: &ResourceInfo, mut object: Value) -> Value {
+/// A stored object as served in this version.
+pub fn present(info: &ResourceInfo, object: Value) -> Value {
+    let mut object = stamp(info, convert::from_storage(&info.group, &info.plural, object));
+    if let Some(schema) = &info.schema {
+        schema::apply_defaults(schema, &mut object);
+    }
+    object
+}
+
+/// Sets this version's `apiVersion` and `kind` on an object already in its form.
+fn stamp(info: &ResourceInfo, mut object: Value) -> Value {
     object["apiVersion"] = json!(info.api_version());
     object["kind"] = json!(info.kind);
     object
+}
+
+/// A request-version object as stored.
+fn stored(info: &ResourceInfo, object: Value) -> Value {
+    convert::to_storage(&info.group, &info.plural, object)
 }
 
 pub(super) fn meta_str<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
@@ -150,10 +178,21 @@ fn decode_continue(token: &str) -> Result<ContinueToken, ApiError> {
 }
 
 /// Checks `kind`/`apiVersion` in a request body against the URL.
-fn check_type(info: &ResourceInfo, body: &Value) -> Result<(), ApiError> {
-    if !body.is_object() {
-        return Err(ApiError::bad_request("the body of the request must be a JSON object"));
+/// An object the server can work on: a JSON object whose `metadata`, when present, is an object.
+/// Everything downstream relies on this shape.
+pub(super) fn check_shape(object: &Value) -> Result<(), ApiError> {
+    let metadata = &object["metadata"];
+    if object.is_object() && (metadata.is_null() || metadata.is_object()) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(
+            "the object must be a JSON object with an object `metadata`",
+        ))
     }
+}
+
+fn check_type(info: &ResourceInfo, body: &Value) -> Result<(), ApiError> {
+    check_shape(body)?;
     let kind = body["kind"].as_str().unwrap_or(&info.kind);
     let api_version = body["apiVersion"]
         .as_str()
@@ -205,6 +244,7 @@ fn check_namespace_accepts(store: &Store, info: &ResourceInfo, namespace: &str, 
 /// Defaulting, pruning and validation shared by create and update.
 fn admit(info: &ResourceInfo, object: &mut Value, uid: &str) -> Result<(), ApiError> {
     apply_builtin_defaults(info, object, uid);
+    kinds::check_decodable(info, object)?;
     let mut causes = Vec::new();
     if let Some(schema) = &info.schema {
         schema::prune_and_default(schema, object);
@@ -222,7 +262,13 @@ fn admit(info: &ResourceInfo, object: &mut Value, uid: &str) -> Result<(), ApiEr
     }
 }
 
-pub fn create(store: &Store, info: &ResourceInfo, namespace: &str, mut body: Value) -> Result<Value, ApiError> {
+pub fn create(
+    store: &Store,
+    info: &ResourceInfo,
+    namespace: &str,
+    mut body: Value,
+    options: WriteOptions,
+) -> Result<Value, ApiError> {
     check_type(info, &body)?;
     check_namespace(info, &mut body, namespace)?;
     if meta_str(&body, "name").is_none()
@@ -232,8 +278,31 @@ pub fn create(store: &Store, info: &ResourceInfo, namespace: &str, mut body: Val
     }
     let name = meta_str(&body, "name").unwrap_or("").to_string();
     check_namespace_accepts(store, info, namespace, &name)?;
+    check_accepts_creates(store, info)?;
     let uid = new_uid();
-    let mut object = present(info, body);
+    let mut object = new_object(info, body, &uid);
+    admit(info, &mut object, &uid)?;
+    if is_crd(info) {
+        establish_crd(&mut object);
+        add_finalizer(&mut object, CLEANUP_FINALIZER);
+    }
+    let key = info.storage_key();
+    let decide = |current: Option<&Value>| match current {
+        Some(_) => Err(ApiError::already_exists(&info.group, &info.plural, &name)),
+        None => Ok(Write::Put(stored(info, object))),
+    };
+    let (created, _) = if options.dry_run {
+        store.preview(&key, namespace, &name, decide)?
+    } else {
+        store.write(&key, namespace, &name, decide)?
+    };
+    Ok(present(info, created))
+}
+
+/// A create's body with the server-owned metadata set and any status dropped (status is written
+/// through its own endpoint).
+fn new_object(info: &ResourceInfo, body: Value, uid: &str) -> Value {
+    let mut object = stamp(info, body);
     if let Some(meta) = object["metadata"].as_object_mut() {
         for server_owned in [
             "resourceVersion",
@@ -255,15 +324,7 @@ pub fn create(store: &Store, info: &ResourceInfo, namespace: &str, mut body: Val
     {
         map.remove("status");
     }
-    admit(info, &mut object, &uid)?;
-    if is_crd(info) {
-        establish_crd(&mut object);
-    }
-    let (created, _) = store.write(&info.storage_key(), namespace, &name, |current| match current {
-        Some(_) => Err(ApiError::already_exists(&info.group, &info.plural, &name)),
-        None => Ok(Write::Put(object)),
-    })?;
-    Ok(present(info, created))
+    object
 }
 
 /// Everything outside `metadata` (and `status` when it has its own endpoint): what `generation` tracks.
@@ -301,29 +362,62 @@ pub(super) fn prepare_update(
     sub: Subresource,
 ) -> Result<Write, ApiError> {
     let name = meta_str(old, "name").unwrap_or("").to_string();
-    if let Some(rv) = meta_str(&requested, "resourceVersion")
+    check_update_preconditions(info, old, &requested, &name)?;
+    let unchanged = old.clone();
+    let old = present(info, old.clone());
+    let mut new = requested_state(info, &old, requested, sub);
+    keep_server_metadata(&old, &mut new);
+    let uid = meta_str(&old, "uid").unwrap_or("").to_string();
+    admit(info, &mut new, &uid)?;
+    let causes = validate_update(info, &old, &new);
+    if !causes.is_empty() {
+        return Err(ApiError::invalid(&info.group, &info.kind, &name, causes));
+    }
+    if info.tracks_generation && spec_part(info, &old) != spec_part(info, &new) {
+        let generation = old["metadata"]["generation"].as_i64().unwrap_or(0);
+        new["metadata"]["generation"] = json!(generation + 1);
+        if is_crd(info) {
+            reestablish_crd(&old, &mut new);
+        }
+    }
+    if same_content(&old, &new) {
+        return Ok(Write::Unchanged(unchanged));
+    }
+    if is_deleting(&new) && !holds_deletion(info, &new) {
+        return Ok(Write::Remove(stored(info, new)));
+    }
+    Ok(Write::Put(stored(info, new)))
+}
+
+/// A resourceVersion or uid in the body must match the stored object.
+fn check_update_preconditions(info: &ResourceInfo, old: &Value, requested: &Value, name: &str) -> Result<(), ApiError> {
+    if let Some(rv) = meta_str(requested, "resourceVersion")
         && Some(rv) != meta_str(old, "resourceVersion")
     {
-        return Err(ApiError::stale(&info.group, &info.plural, &name));
+        return Err(ApiError::stale(&info.group, &info.plural, name));
     }
-    // A uid in the body is a precondition: the object must not have been replaced meanwhile.
+    // A uid in the body guards against writing to an object deleted and recreated meanwhile.
     let old_uid = meta_str(old, "uid").unwrap_or("");
-    if let Some(uid) = meta_str(&requested, "uid")
+    if let Some(uid) = meta_str(requested, "uid")
         && uid != old_uid
     {
         let why = format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {old_uid}");
-        return Err(ApiError::conflict(&info.group, &info.plural, &name, &why));
+        return Err(ApiError::conflict(&info.group, &info.plural, name, &why));
     }
-    let old = present(info, old.clone());
+    Ok(())
+}
+
+/// The object a write asks for, before server metadata and defaults: each endpoint changes only
+/// its own part.
+fn requested_state(info: &ResourceInfo, old: &Value, requested: Value, sub: Subresource) -> Value {
     let mut new = match sub {
-        // Only status moves through /status; everything else stays as stored.
         Subresource::Status => {
             let mut new = old.clone();
             new["status"] = requested["status"].clone();
             new
         }
         Subresource::Main => {
-            let mut new = present(info, requested);
+            let mut new = stamp(info, requested);
             if info.status_subresource {
                 new["status"] = old["status"].clone();
             }
@@ -340,27 +434,7 @@ pub(super) fn prepare_update(
     {
         map.remove("status");
     }
-    keep_server_metadata(&old, &mut new);
-    let uid = meta_str(&old, "uid").unwrap_or("").to_string();
-    admit(info, &mut new, &uid)?;
-    let causes = validate_update(info, &old, &new);
-    if !causes.is_empty() {
-        return Err(ApiError::invalid(&info.group, &info.kind, &name, causes));
-    }
-    if info.tracks_generation && spec_part(info, &old) != spec_part(info, &new) {
-        let generation = old["metadata"]["generation"].as_i64().unwrap_or(0);
-        new["metadata"]["generation"] = json!(generation + 1);
-        if is_crd(info) {
-            reestablish_crd(&old, &mut new);
-        }
-    }
-    if same_content(&old, &new) {
-        return Ok(Write::Unchanged(old));
-    }
-    if is_deleting(&new) && !holds_deletion(info, &new) {
-        return Ok(Write::Remove(new));
-    }
-    Ok(Write::Put(new))
+    new
 }
 
 /// Metadata only the server writes.
@@ -407,6 +481,7 @@ pub fn update(
     name: &str,
     mut body: Value,
     sub: Subresource,
+    options: WriteOptions,
 ) -> Result<Value, ApiError> {
     check_type(info, &body)?;
     check_namespace(info, &mut body, namespace)?;
@@ -416,7 +491,9 @@ pub fn update(
             "the name of the object ({body_name}) does not match the name on the URL ({name})"
         )));
     }
-    write_existing(store, info, namespace, name, |old| prepare_update(info, old, body, sub))
+    write_existing(store, info, namespace, name, options, |old| {
+        prepare_update(info, old, body, sub)
+    })
 }
 
 /// A write to an object that must exist, with post-removal cleanup.
@@ -425,19 +502,26 @@ pub(super) fn write_existing<F>(
     info: &ResourceInfo,
     namespace: &str,
     name: &str,
+    options: WriteOptions,
     decide: F,
 ) -> Result<Value, ApiError>
 where
     F: FnOnce(&Value) -> Result<Write, ApiError>,
 {
     let mut removed = false;
-    let (object, _) = store.write(&info.storage_key(), namespace, name, |current| {
+    let existing = |current: Option<&Value>| {
         let current = current.ok_or_else(|| ApiError::not_found(&info.group, &info.plural, name))?;
         let write = decide(current)?;
         removed = matches!(write, Write::Remove(_));
         Ok(write)
-    })?;
-    if removed {
+    };
+    let key = info.storage_key();
+    let (object, _) = if options.dry_run {
+        store.preview(&key, namespace, name, existing)?
+    } else {
+        store.write(&key, namespace, name, existing)?
+    };
+    if removed && !options.dry_run {
         after_removal(store, info, &object);
     }
     Ok(present(info, object))
@@ -455,13 +539,14 @@ pub fn patch(
     info: &ResourceInfo,
     namespace: &str,
     name: &str,
-    patch_type: PatchType,
-    patch: &[u8],
+    patch: PatchBody<'_>,
     sub: Subresource,
+    options: WriteOptions,
 ) -> Result<Value, ApiError> {
-    write_existing(store, info, namespace, name, |old| {
+    write_existing(store, info, namespace, name, options, |old| {
         let mut target = present(info, old.clone());
-        apply_patch(&mut target, patch_type, patch)?;
+        apply_patch(&mut target, patch)?;
+        check_shape(&target)?;
         prepare_update(info, old, target, sub)
     })
 }
@@ -474,7 +559,7 @@ pub fn delete(
     options: &DeleteOptions,
 ) -> Result<Value, ApiError> {
     let gc_finalizer = propagation_finalizer(info, options.propagation_policy.as_deref())?;
-    write_existing(store, info, namespace, name, |current| {
+    write_existing(store, info, namespace, name, options.write, |current| {
         check_preconditions(info, current, options)?;
         if is_deleting(current) {
             return Ok(Write::Unchanged(current.clone()));
@@ -537,7 +622,7 @@ pub fn remove_finalizer(
     name: &str,
     finalizer: &str,
 ) -> Result<Value, ApiError> {
-    write_existing(store, info, namespace, name, |current| {
+    write_existing(store, info, namespace, name, WriteOptions::default(), |current| {
         let mut new = current.clone();
         let kept: Vec<String> = finalizers(current).into_iter().filter(|f| f != finalizer).collect();
         if kept.is_empty() {

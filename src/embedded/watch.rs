@@ -15,6 +15,7 @@ use super::discovery::ResourceInfo;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::ApiError;
 use super::store::{EventType, Store, StoreEvent, Subscription};
+use super::verbs;
 
 /// How often an idle watch with `allowWatchBookmarks` gets a BOOKMARK.
 pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(2);
@@ -145,9 +146,8 @@ impl Watcher {
         self.send(shown.as_str(), event.object.clone()).await
     }
 
-    async fn send(&self, event_type: &str, mut object: Value) -> bool {
-        object["apiVersion"] = json!(self.info.api_version());
-        object["kind"] = json!(self.info.kind);
+    async fn send(&self, event_type: &str, object: Value) -> bool {
+        let object = verbs::present(&self.info, object);
         self.send_line(json!({"type": event_type, "object": object})).await
     }
 

@@ -23,6 +23,16 @@ async fn stale_update_is_a_conflict() {
     api.replace("c", &PostParams::default(), &changed).await.unwrap();
     let err = api_error(api.replace("c", &PostParams::default(), &changed).await.unwrap_err());
     assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
+    let mut absent = changed.clone();
+    absent.metadata.name = Some("absent".into());
+    absent.metadata.resource_version = None;
+    let err = api_error(
+        api.replace("absent", &PostParams::default(), &absent)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(err.code, 404, "PUT does not create");
+    let err = api_error(api.replace("c", &PostParams::default(), &changed).await.unwrap_err());
     assert_eq!(
         err.message,
         "Operation cannot be fulfilled on configmaps \"c\": the object has been modified; please apply your changes to the latest version and try again"
@@ -208,7 +218,7 @@ async fn json_patch_tests_missing_paths_as_null_and_refuses_failed_tests() {
 }
 
 #[tokio::test]
-async fn strategic_merge_and_apply_patches_are_unsupported_media_types_for_now() {
+async fn strategic_merge_apply_and_protobuf_are_unsupported_media_types_for_now() {
     let t = harness::start().await;
     t.namespace("ns").await;
     let api = t.configmaps("ns");
@@ -221,6 +231,12 @@ async fn strategic_merge_and_apply_patches_are_unsupported_media_types_for_now()
             .unwrap_err(),
     );
     assert_eq!((err.code, err.reason.as_str()), (415, "UnsupportedMediaType"));
+    let protobuf = http::Request::post("/api/v1/namespaces/ns/configmaps")
+        .header("content-type", "application/vnd.kubernetes.protobuf")
+        .body(vec![0x6b, 0x38, 0x73, 0x00])
+        .unwrap();
+    let err = api_error(t.client.request_text(protobuf).await.unwrap_err());
+    assert_eq!(err.code, 415, "protobuf bodies are refused, not misread");
 }
 
 #[tokio::test]
@@ -656,4 +672,201 @@ async fn job_pod_template_is_immutable() {
     );
     assert_eq!((err.code, err.reason.as_str()), (422, "Invalid"));
     assert_eq!(err.details.unwrap().causes[0].field, "spec.template");
+}
+
+#[tokio::test]
+async fn events_written_through_events_api_are_read_through_core_with_field_selectors() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event;
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let events: Api<Event> = Api::namespaced(t.client.clone(), "ns");
+    let event: Event = serde_json::from_value(json!({
+        "metadata": {"name": "e1"},
+        "eventTime": "2026-01-01T00:00:00.000000Z",
+        "regarding": {"kind": "ConfigMap", "name": "c", "namespace": "ns"},
+        "note": "something happened", "reason": "Happened", "type": "Normal", "action": "Reconcile",
+        "reportingController": "stackd", "reportingInstance": "stackd-1"
+    }))
+    .unwrap();
+    events.create(&PostParams::default(), &event).await.unwrap();
+    let core: Api<CoreEvent> = Api::namespaced(t.client.clone(), "ns");
+    let listed = core
+        .list(&ListParams::default().fields("involvedObject.name=c,reason=Happened"))
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(listed.items[0].message.as_deref(), Some("something happened"));
+    assert_eq!(listed.items[0].involved_object.kind.as_deref(), Some("ConfigMap"));
+    let none = core
+        .list(&ListParams::default().fields("involvedObject.name=other"))
+        .await
+        .unwrap();
+    assert!(none.items.is_empty());
+    let back = events
+        .list(&ListParams::default().fields("regarding.name=c"))
+        .await
+        .unwrap();
+    assert_eq!(back.items[0].note.as_deref(), Some("something happened"));
+}
+
+#[tokio::test]
+async fn built_in_specs_are_validated_like_kube_apiserver() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let jobs: Api<Job> = Api::namespaced(t.client.clone(), "ns");
+    let job: Job = serde_json::from_value(json!({"metadata": {"name": "j"}, "spec": {"template": {"spec": {
+        "containers": [{"name": "c", "image": "i"}]}}}}))
+    .unwrap();
+    let err = api_error(jobs.create(&PostParams::default(), &job).await.unwrap_err());
+    assert_eq!(err.details.unwrap().causes[0].field, "spec.template.spec.restartPolicy");
+
+    let deployments: Api<Deployment> = Api::namespaced(t.client.clone(), "ns");
+    let deploy: Deployment = serde_json::from_value(json!({"metadata": {"name": "d"}, "spec": {
+        "selector": {"matchLabels": {"app": "d"}},
+        "template": {"metadata": {"labels": {"app": "other"}}, "spec": {"containers": [{"name": "c", "image": "i"}]}}}}))
+    .unwrap();
+    let err = api_error(deployments.create(&PostParams::default(), &deploy).await.unwrap_err());
+    assert_eq!(err.details.unwrap().causes[0].field, "spec.template.metadata.labels");
+
+    let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(t.client.clone());
+    let binding = serde_json::from_value(json!({"metadata": {"name": "stackd:ns:x"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "stackd:ns:x:system"},
+        "subjects": [{"kind": "ServiceAccount", "name": "x", "namespace": "ns"}]}))
+    .unwrap();
+    bindings.create(&PostParams::default(), &binding).await.unwrap();
+    let fetched = bindings.get("stackd:ns:x").await.unwrap();
+    assert_eq!(
+        fetched.metadata.name.as_deref(),
+        Some("stackd:ns:x"),
+        "names with ':' work in paths"
+    );
+    bindings.delete("stackd:ns:x", &DeleteParams::default()).await.unwrap();
+}
+
+#[tokio::test]
+async fn dry_run_writes_are_checked_but_change_nothing() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api = t.configmaps("ns");
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let answered = api.create(&dry, &configmap("c", json!({}))).await.unwrap();
+    assert!(answered.metadata.uid.is_some());
+    assert!(
+        api.get_opt("c").await.unwrap().is_none(),
+        "a dry-run create stores nothing"
+    );
+    let err = api_error(api.create(&dry, &configmap("Bad_Name", json!({}))).await.unwrap_err());
+    assert_eq!(err.code, 422, "a dry run still validates");
+
+    let created = api
+        .create(&PostParams::default(), &configmap("c", json!({})))
+        .await
+        .unwrap();
+    let patch = Patch::Merge(json!({"data": {"k": "changed"}}));
+    let answered = api.patch("c", &PatchParams::default().dry_run(), &patch).await.unwrap();
+    assert_eq!(answered.data.unwrap()["k"], "changed");
+    let stored = api.get("c").await.unwrap();
+    assert_eq!(resource_version(&stored), resource_version(&created));
+    let params = DeleteParams {
+        dry_run: true,
+        ..DeleteParams::default()
+    };
+    api.delete("c", &params).await.unwrap();
+    assert!(
+        api.get_opt("c").await.unwrap().is_some(),
+        "a dry-run delete keeps the object"
+    );
+}
+
+#[tokio::test]
+async fn a_fresh_server_has_the_system_namespaces() {
+    let t = harness::start().await;
+    let namespaces: Api<Namespace> = Api::all(t.client.clone());
+    let names: Vec<String> = namespaces
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|n| n.metadata.name.unwrap())
+        .collect();
+    assert_eq!(names, vec!["default", "kube-node-lease", "kube-public", "kube-system"]);
+}
+
+#[tokio::test]
+async fn malformed_bodies_and_patches_are_refused_without_harming_the_server() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    t.configmaps("ns")
+        .create(&PostParams::default(), &configmap("c", json!({})))
+        .await
+        .unwrap();
+    let send = |method: &str, path: &str, content_type: &str, body: &str| {
+        http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", content_type)
+            .body(body.as_bytes().to_vec())
+            .unwrap()
+    };
+    let cm = "/api/v1/namespaces/ns/configmaps";
+    let crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+    let requests = [
+        send("POST", cm, "application/json", "5"),
+        send("POST", cm, "application/json", r#"{"metadata": "x"}"#),
+        send("POST", cm, "application/json", "{not json"),
+        send("PUT", &format!("{cm}/c"), "application/json", r#"{"metadata": []}"#),
+        send("PATCH", &format!("{cm}/c"), "application/merge-patch+json", "5"),
+        send(
+            "PATCH",
+            &format!("{cm}/c"),
+            "application/merge-patch+json",
+            r#"{"metadata": 1}"#,
+        ),
+        send(
+            "PATCH",
+            &format!("{cm}/c"),
+            "application/json-patch+json",
+            r#"[{"op":"replace","path":"","value":5}]"#,
+        ),
+        send(
+            "PATCH",
+            &format!("{cm}/c"),
+            "application/json-patch+json",
+            r#"{"op":"add"}"#,
+        ),
+        send(
+            "POST",
+            crds,
+            "application/json",
+            r#"{"metadata": {"name": "a.b"}, "spec": {"names": "x", "versions": 3}}"#,
+        ),
+        send(
+            "GET",
+            &format!("{cm}?labelSelector=a%20in%20(&limit=x"),
+            "application/json",
+            "",
+        ),
+        send(
+            "GET",
+            &format!("{cm}?watch=1&resourceVersion=abc"),
+            "application/json",
+            "",
+        ),
+    ];
+    for request in requests {
+        let description = format!("{} {}", request.method(), request.uri());
+        let err = api_error(t.client.request_text(request).await.unwrap_err());
+        assert!(
+            (400..500).contains(&err.code),
+            "{description}: {} {}",
+            err.code,
+            err.message
+        );
+    }
+    assert!(t.configmaps("ns").get("c").await.is_ok(), "the server still answers");
 }

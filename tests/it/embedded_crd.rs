@@ -214,3 +214,95 @@ async fn deleting_a_crd_removes_its_resources_from_discovery_and_its_objects() {
             .is_empty()
     );
 }
+
+#[tokio::test]
+async fn a_deleted_crd_waits_for_its_custom_resources_finalizers() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let crd = install_crd(&t).await;
+    assert!(
+        crd.metadata
+            .finalizers
+            .unwrap()
+            .contains(&"customresourcecleanup.apiextensions.k8s.io".to_string())
+    );
+    let api = widgets(&t, "ns");
+    let mut held = widget("held", json!({"size": 1}));
+    held.metadata.finalizers = Some(vec!["x.dev/hold".into()]);
+    api.create(&PostParams::default(), &held).await.unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(t.client.clone());
+    crds.delete("widgets.test.stackd.dev", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("custom resource marked for deletion", || async {
+        api.get("held").await.unwrap().metadata.deletion_timestamp.is_some()
+    })
+    .await;
+    assert!(
+        crds.get_opt("widgets.test.stackd.dev").await.unwrap().is_some(),
+        "the CRD waits"
+    );
+    let err = api_error(
+        api.create(&PostParams::default(), &widget("new", json!({"size": 1})))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (405, "MethodNotAllowed"));
+    api.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    eventually("CRD gone", || async {
+        crds.get_opt("widgets.test.stackd.dev").await.unwrap().is_none()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn cluster_scoped_custom_resources_live_outside_namespaces() {
+    let t = harness::start().await;
+    let mut crd = widget_crd();
+    crd.metadata.name = Some("gizmos.test.stackd.dev".into());
+    crd.spec.scope = "Cluster".into();
+    crd.spec.names.plural = "gizmos".into();
+    crd.spec.names.singular = Some("gizmo".into());
+    crd.spec.names.kind = "Gizmo".into();
+    crd.spec.names.short_names = None;
+    let crds: Api<CustomResourceDefinition> = Api::all(t.client.clone());
+    crds.create(&PostParams::default(), &crd).await.unwrap();
+    let gvk = GroupVersionKind::gvk("test.stackd.dev", "v1alpha1", "Gizmo");
+    let gizmos: Api<DynamicObject> =
+        Api::all_with(t.client.clone(), &ApiResource::from_gvk_with_plural(&gvk, "gizmos"));
+    let gizmo: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "test.stackd.dev/v1alpha1", "kind": "Gizmo",
+        "metadata": {"name": "g", "namespace": "ignored"}, "spec": {"size": 1}
+    }))
+    .unwrap();
+    let created = gizmos.create(&PostParams::default(), &gizmo).await.unwrap();
+    assert_eq!(created.metadata.namespace, None);
+    assert_eq!(gizmos.list(&ListParams::default()).await.unwrap().items.len(), 1);
+}
+
+#[tokio::test]
+async fn a_default_added_to_a_crd_later_shows_on_existing_objects() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    install_crd(&t).await;
+    let api = widgets(&t, "ns");
+    api.create(&PostParams::default(), &widget("w", json!({"size": 1})))
+        .await
+        .unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(t.client.clone());
+    let mut crd = crds.get("widgets.test.stackd.dev").await.unwrap();
+    let mut schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+    schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["color"] =
+        json!({"type": "string", "default": "blue"});
+    crd.spec.versions[0].schema = Some(serde_json::from_value(schema).unwrap());
+    crds.replace("widgets.test.stackd.dev", &PostParams::default(), &crd)
+        .await
+        .unwrap();
+    assert_eq!(api.get("w").await.unwrap().data["spec"]["color"], json!("blue"));
+}

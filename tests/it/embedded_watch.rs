@@ -119,7 +119,7 @@ fn flood_configmaps(t: &harness::TestServer, count: usize) {
     let info = Resources::current(&store).find("", "v1", "configmaps").unwrap();
     for i in 0..count {
         let cm = json!({"metadata": {"name": format!("flood-{i}")}});
-        verbs::create(&store, &info, "ns", cm).unwrap();
+        verbs::create(&store, &info, "ns", cm, Default::default()).unwrap();
     }
 }
 
@@ -266,4 +266,63 @@ async fn shutdown_closes_open_watches() {
     timeout(WAIT, server.shutdown()).await.unwrap();
     let ended = timeout(WAIT, async { while let Some(Ok(_)) = stream.next().await {} }).await;
     assert!(ended.is_ok(), "watch stream ends when the server shuts down");
+}
+
+#[tokio::test]
+async fn kube_runtime_recorder_publishes_and_updates_a_series() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use kube::Resource;
+    use kube::api::ListParams;
+    use kube::runtime::events::{Event as RecordedEvent, EventType, Recorder, Reporter};
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let cm = t
+        .configmaps("ns")
+        .create(&PostParams::default(), &configmap("c", json!({})))
+        .await
+        .unwrap();
+    let reporter = Reporter {
+        controller: "stackd".into(),
+        instance: Some("test".into()),
+    };
+    let recorder = Recorder::new(t.client.clone(), reporter);
+    let event = RecordedEvent {
+        type_: EventType::Normal,
+        reason: "Reconciled".into(),
+        note: Some("all good".into()),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    let reference = cm.object_ref(&());
+    recorder.publish(&event, &reference).await.unwrap();
+    recorder.publish(&event, &reference).await.unwrap();
+    let core: Api<CoreEvent> = Api::namespaced(t.client.clone(), "ns");
+    let listed = core
+        .list(&ListParams::default().fields("involvedObject.name=c"))
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 1, "the repeat joins a series");
+    assert_eq!(listed.items[0].reason.as_deref(), Some("Reconciled"));
+    assert_eq!(listed.items[0].series.as_ref().and_then(|s| s.count), Some(2));
+}
+
+#[tokio::test]
+async fn all_namespaces_watch_sees_every_namespace() {
+    let t = harness::start().await;
+    t.namespace("a").await;
+    t.namespace("b").await;
+    let all: Api<ConfigMap> = Api::all(t.client.clone());
+    let start = t
+        .configmaps("a")
+        .create(&PostParams::default(), &configmap("first", json!({})))
+        .await
+        .unwrap();
+    t.configmaps("b")
+        .create(&PostParams::default(), &configmap("second", json!({})))
+        .await
+        .unwrap();
+    let params = WatchParams::default().disable_bookmarks().timeout(1);
+    let stream = all.watch(&params, &resource_version(&start)).await.unwrap();
+    let events: Vec<(String, String)> = stream.map_ok(|e| summary(&e)).try_collect().await.unwrap();
+    assert_eq!(events, vec![("ADDED".to_string(), "second".to_string())]);
 }

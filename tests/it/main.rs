@@ -5,6 +5,7 @@ mod crds;
 mod daemon;
 mod embedded_core;
 mod embedded_crd;
+mod embedded_derive;
 mod embedded_faults;
 mod embedded_gc;
 mod embedded_loops;

@@ -85,7 +85,7 @@ fn sync_deployments(store: &Store, resources: &ResourceTable) {
             let revision = mine.iter().filter_map(|rs| revision(rs)).max().unwrap_or(0) + 1;
             let rs = new_replica_set(&deployment, &current, &hash, desired, revision);
             let created = info(resources, "apps", "v1", "replicasets")
-                .and_then(|info| verbs::create(store, &info, namespace, rs));
+                .and_then(|info| verbs::create(store, &info, namespace, rs, Default::default()));
             if let Err(e) = created {
                 tracing::warn!(namespace, deployment = name, error = %e.message, "creating the ReplicaSet");
             }
@@ -190,7 +190,13 @@ fn create_pod(
         metadata["annotations"] = template["metadata"]["annotations"].clone();
     }
     let body = json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]});
-    let pod = verbs::create(store, &info(resources, "", "v1", "pods")?, text(rs, "namespace"), body)?;
+    let pod = verbs::create(
+        store,
+        &info(resources, "", "v1", "pods")?,
+        text(rs, "namespace"),
+        body,
+        Default::default(),
+    )?;
     let images: Vec<(String, String)> = pod["spec"]["containers"]
         .as_array()
         .map(|c| {

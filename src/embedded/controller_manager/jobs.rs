@@ -183,7 +183,7 @@ impl JobController {
             "status": {"phase": "Pending"},
         });
         let info = info(&self.resources, "", "v1", "pods")?;
-        let pod = verbs::create(&self.store, &info, text(job, "namespace"), body)?;
+        let pod = verbs::create(&self.store, &info, text(job, "namespace"), body, Default::default())?;
         let (pod, _) = modify(
             &self.store,
             &pods(),

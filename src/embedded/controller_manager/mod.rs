@@ -93,7 +93,7 @@ impl JobContext {
                 "type": "Opaque",
                 "data": data.iter().map(|(k, v)| (k.clone(), encode(v))).collect::<serde_json::Map<_, _>>(),
             });
-            return super::verbs::create(&self.store, &info, namespace, body);
+            return super::verbs::create(&self.store, &info, namespace, body, Default::default());
         }
         modify(&self.store, &secrets, namespace, name, |secret| {
             for (key, value) in data {
