@@ -13,11 +13,15 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio_util::sync::CancellationToken;
 
 use crate::daemon::{self, DaemonSettings};
+use crate::embedded::samples::{SampleImages, register_sample_runners};
 use crate::embedded::{ApiServer, ServerOptions};
 use crate::host::labels::{MANAGED_BY, MANAGED_BY_LABEL, TENANT_LABEL};
 use crate::host::namespace::ServiceAccountRef;
 use crate::runtime::backoff::Backoff;
 use crate::tenancy::namespace::NamespaceTemplate;
+
+/// The image `stackd dev` gives install Jobs for their unpack container.
+const STACKD_DEV_IMAGE: &str = "stackd:dev";
 
 /// Names given to the first tenants; later ones are `tenant-<n>`.
 const TENANT_NAMES: [&str; 6] = ["acme", "globex", "initech", "umbrella", "hooli", "stark"];
@@ -55,6 +59,8 @@ pub async fn run(options: DevOptions, shutdown: CancellationToken) -> Result<(),
         ..Default::default()
     })
     .await?;
+    // The host "runs" install and installer Jobs through scripted runners for the sample images.
+    register_sample_runners(&host.runners(), &SampleImages::new(STACKD_DEV_IMAGE));
     let tenants_dir = options.kubeconfig_dir.join("tenants");
     prepare_tenants_dir(&tenants_dir)?;
     write(&options.kubeconfig_dir.join("host.yaml"), &host.kubeconfig_yaml())?;
@@ -147,7 +153,7 @@ async fn run_daemon(host: &ApiServer, tenants_dir: &Path, shutdown: Cancellation
     let settings = DaemonSettings {
         tenants_dir: tenants_dir.to_path_buf(),
         namespace_template: NamespaceTemplate::default(),
-        stackd_image: Some("stackd:dev".to_string()),
+        stackd_image: Some(STACKD_DEV_IMAGE.to_string()),
         allow_insecure_tenant_endpoint: true,
         insecure_allow_all_apigroups: false,
         insecure_pass_full_deployment: false,

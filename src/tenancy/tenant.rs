@@ -201,8 +201,9 @@ where
     futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
 }
 
-/// Watches the tenant's CRDs: reports the tenant up or down from the watch itself, and degraded
-/// while stackd's own CRDs are not served there.
+/// Watches the tenant's CRDs: reports the tenant down when the watch fails and degraded while
+/// stackd's own CRDs are not served there. A resumed watch yields nothing until something changes,
+/// so while the tenant is down its `/version` is probed (with backoff) to notice it is back.
 async fn crd_monitor(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
     let api: Api<CustomResourceDefinition> = Api::all(context.client.clone());
     let (store, writer) = reflector::store();
@@ -212,46 +213,60 @@ async fn crd_monitor(context: Arc<TenantContext>, cancel: CancellationToken) -> 
     let required = required_crds();
     let tenant_labels = Metrics::tenant(&context.name);
     let shared = &context.shared;
+    let mut failures = 0u32;
+    let mut probe: Option<tokio::time::Instant> = None;
     loop {
-        let event = tokio::select! {
+        tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
-            event = events.next() => event,
-        };
-        match event {
-            None => return Err(TenantError::Controller("tenant CRD watch ended".into())),
-            Some(Err(err)) => {
-                shared.metrics.tenant_up.get_or_create(&tenant_labels).set(0);
-                shared
-                    .health
-                    .set_tenant(&context.name, TenantHealth::Down(err.to_string()));
-                warn!(tenant = %context.name, error = %err, "tenant API server unreachable; retrying");
-            }
-            Some(Ok(_)) => {
-                if !store_ready(&store) {
+            _ = sleep_until(probe), if probe.is_some() => {
+                if context.client.apiserver_version().await.is_err() {
+                    failures += 1;
+                    probe = Some(tokio::time::Instant::now() + shared.settings.backoff.delay(failures));
                     continue;
                 }
-                shared.metrics.tenant_up.get_or_create(&tenant_labels).set(1);
-                let served: BTreeSet<String> = store
-                    .state()
-                    .iter()
-                    .filter(|crd| is_established(crd))
-                    .filter_map(|crd| crd.metadata.name.clone())
-                    .collect();
-                let missing: Vec<&String> = required.difference(&served).collect();
-                let health = if missing.is_empty() {
-                    TenantHealth::Up
-                } else {
-                    TenantHealth::Degraded(format!(
-                        "stackd's CRDs are not installed: {}; install them with `stackd crds | kubectl apply -f -` or the stackd-types chart",
-                        missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
-                    ))
-                };
-                if shared.health.tenant(&context.name) != Some(health.clone()) {
-                    info!(tenant = %context.name, ?health, "tenant state");
-                    shared.health.set_tenant(&context.name, health);
-                }
             }
+            event = events.next() => match event {
+                None => return Err(TenantError::Controller("tenant CRD watch ended".into())),
+                Some(Err(err)) => {
+                    shared.metrics.tenant_up.get_or_create(&tenant_labels).set(0);
+                    shared.health.set_tenant(&context.name, TenantHealth::Down(err.to_string()));
+                    warn!(tenant = %context.name, error = %err, "tenant API server unreachable; retrying");
+                    failures += 1;
+                    probe = Some(tokio::time::Instant::now() + shared.settings.backoff.delay(failures));
+                    continue;
+                }
+                Some(Ok(_)) => {}
+            },
         }
+        if !store_ready(&store) {
+            continue;
+        }
+        failures = 0;
+        probe = None;
+        shared.metrics.tenant_up.get_or_create(&tenant_labels).set(1);
+        let health = crd_health(&store.state(), &required);
+        if shared.health.tenant(&context.name) != Some(health.clone()) {
+            info!(tenant = %context.name, ?health, "tenant state");
+            shared.health.set_tenant(&context.name, health);
+        }
+    }
+}
+
+/// Up when every stackd CRD is established on the tenant, degraded (saying how to fix it) otherwise.
+fn crd_health(crds: &[Arc<CustomResourceDefinition>], required: &BTreeSet<String>) -> TenantHealth {
+    let served: BTreeSet<String> = crds
+        .iter()
+        .filter(|crd| is_established(crd))
+        .filter_map(|crd| crd.metadata.name.clone())
+        .collect();
+    let missing: Vec<&str> = required.difference(&served).map(String::as_str).collect();
+    if missing.is_empty() {
+        TenantHealth::Up
+    } else {
+        TenantHealth::Degraded(format!(
+            "stackd's CRDs are not installed: {}; install them with `stackd crds | kubectl apply -f -` or the stackd-types chart",
+            missing.join(", ")
+        ))
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams};
+use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::{ApiServer, ServerOptions};
 
 /// One host, some tenants, their kubeconfigs in a temp dir, and daemon processes.
@@ -131,7 +132,10 @@ impl Daemon {
                 "2s",
             ])
             .args(extra)
-            .env("RUST_LOG", "info")
+            .env(
+                "RUST_LOG",
+                std::env::var("STACKD_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdout(Stdio::null())
             .stderr(log_file)
             .spawn()
@@ -349,6 +353,37 @@ async fn an_unreachable_tenant_is_reported_while_the_others_keep_being_reconcile
     }
     let ready = daemon.http_get("/readyz?verbose").unwrap_or_default();
     assert!(ready.contains("[+]tenant initech"), "{ready}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_failing_every_request_is_reported_and_recovers_when_the_faults_stop() {
+    let fleet = Fleet::start(&["acme", "globex"]).await;
+    let daemon = fleet.daemon(&[]);
+    fleet.wait_for_namespace("acme", SOON).await;
+    fleet.wait_for_namespace("globex", SOON).await;
+    let globex = fleet
+        .tenants
+        .iter()
+        .find(|(n, _)| n == "globex")
+        .and_then(|(_, s)| s.as_ref())
+        .expect("server");
+    globex.faults().fail_next(usize::MAX, RequestMatch::any(), 500);
+    globex.faults().drop_watches();
+    daemon.wait_for("/readyz?verbose", "[-]tenant globex", SOON).await;
+    daemon
+        .wait_for("/metrics", "stackd_tenant_up{tenant=\"globex\"} 0", SOON)
+        .await;
+    // acme is unaffected.
+    let bindings: Api<RoleBinding> = Api::namespaced(fleet.host_client.clone(), "tenant-acme-controllers");
+    bindings
+        .delete("stackd-tenant-namespace", &DeleteParams::default())
+        .await
+        .expect("delete binding");
+    fleet.wait_for_namespace("acme", SOON).await;
+    globex.faults().clear();
+    daemon
+        .wait_for("/readyz?verbose", "tenant globex degraded", Duration::from_secs(20))
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

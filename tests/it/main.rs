@@ -3,6 +3,7 @@
 mod cli;
 mod crds;
 mod daemon;
+mod dev;
 mod embedded_core;
 mod embedded_crd;
 mod embedded_derive;
