@@ -1,5 +1,7 @@
 //! Exponential backoff with a cap and jitter, for tenant restarts and per-object retries.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use rand::Rng;
@@ -25,9 +27,54 @@ impl Backoff {
     }
 }
 
+/// Consecutive failures per object, so each object backs off on its own (kube-runtime keeps none).
+#[derive(Debug)]
+pub struct ObjectBackoff {
+    backoff: Backoff,
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl ObjectBackoff {
+    pub fn new(backoff: Backoff) -> Self {
+        ObjectBackoff {
+            backoff,
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Records a failure of `key` and returns how long to wait before retrying it.
+    pub fn failed(&self, key: &str) -> Duration {
+        let mut failures = self.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let count = failures.entry(key.to_string()).or_insert(0);
+        *count = count.saturating_add(1);
+        self.backoff.delay(*count)
+    }
+
+    /// Forgets the failures of `key` after it succeeded.
+    pub fn succeeded(&self, key: &str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(key);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_object_backs_off_on_its_own_and_resets_on_success() {
+        let objects = ObjectBackoff::new(Backoff::new(Duration::from_secs(1), Duration::from_secs(60)));
+        objects.failed("a");
+        objects.failed("a");
+        let third = objects.failed("a");
+        assert!(third >= Duration::from_millis(3600), "{third:?}");
+        let first_of_b = objects.failed("b");
+        assert!(first_of_b <= Duration::from_millis(1100), "{first_of_b:?}");
+        objects.succeeded("a");
+        assert!(objects.failed("a") <= Duration::from_millis(1100));
+    }
 
     #[test]
     fn delay_doubles_and_is_capped() {

@@ -8,6 +8,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Config};
@@ -20,6 +21,7 @@ use super::endpoint::{EndpointError, TenantEndpoint};
 use crate::daemon::Shared;
 use crate::host::labels::tenant_selector;
 use crate::host::namespace::{self, NamespaceError};
+use crate::runtime::backoff::ObjectBackoff;
 use crate::runtime::health::TenantHealth;
 use crate::runtime::metrics::Metrics;
 
@@ -35,6 +37,17 @@ pub struct TenantContext {
     pub shared: Arc<Shared>,
     /// Bounds the reconciles running at once for this tenant.
     pub reconcile_permits: Arc<Semaphore>,
+    /// Publishes Events on tenant objects.
+    pub recorder: Recorder,
+    /// Retry delays of failed reconciles, per object.
+    pub object_backoff: ObjectBackoff,
+}
+
+impl TenantContext {
+    /// Watches of host objects see only this tenant's (label selector), never another tenant's.
+    pub fn host_watch_config(&self) -> watcher::Config {
+        watcher::Config::default().labels(&tenant_selector(&self.name))
+    }
 }
 
 /// Why a tenant's task tree stopped; the supervisor restarts it with backoff.
@@ -69,11 +82,19 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
     info!(tenant = %name, version = %version.git_version, "tenant API server reached");
     let context = Arc::new(TenantContext {
         name: name.clone(),
-        client,
+        client: client.clone(),
         host: shared.host.clone(),
         host_namespace: file.host_namespace.clone(),
         endpoint: file.endpoint.clone(),
         reconcile_permits: Arc::new(Semaphore::new(shared.settings.max_concurrent_reconciles.max(1))),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "stackd".into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        ),
+        object_backoff: ObjectBackoff::new(shared.settings.backoff),
         shared,
     });
     if let Err(err) = &context.endpoint {
@@ -159,6 +180,9 @@ async fn host_namespace_controller(context: Arc<TenantContext>, cancel: Cancella
             .into_iter()
             .find(|rb| rb.metadata.name.as_deref() == Some(namespace::TENANT_NAMESPACE_ROLE));
         context.shared.metrics.reconciles.get_or_create(&labels).inc();
+        let Ok(_permit) = context.reconcile_permits.acquire().await else {
+            return Ok(());
+        };
         let result = namespace::ensure(
             &context.host,
             &context.name,
