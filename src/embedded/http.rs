@@ -13,12 +13,15 @@ use serde_json::Value;
 
 use super::Shared;
 use super::discovery::{ResourceInfo, Resources, core_versions, version_info};
+use super::field_manager;
 use super::patch::PatchType;
 use super::selectors::{FieldSelector, LabelSelector, supported_fields};
 use super::status::{ApiError, json_response};
 use super::subresources::{self, ScaleChange};
 use super::verbs::{self, DeleteOptions, ListOptions, Subresource};
 use super::watch::{self, WatchOptions};
+
+const APPLY_PATCH: &str = "application/apply-patch+yaml";
 
 /// Largest request body accepted (the real server's limit is 3 MiB; CRDs and logs can be larger here).
 const MAX_BODY: usize = 16 * 1024 * 1024;
@@ -210,6 +213,11 @@ struct ApiRequest {
     query: Query,
     /// The media type without parameters.
     content_type: String,
+    /// `fieldManager`, else the User-Agent's product, as kube-apiserver defaults it.
+    field_manager: String,
+    /// The `Accept` header, for Table output.
+    #[allow(dead_code)]
+    accept: String,
     body: bytes::Bytes,
 }
 
@@ -224,6 +232,16 @@ async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Res
         .unwrap_or("")
         .trim()
         .to_string();
+    let accept = header_text(&request, header::ACCEPT);
+    let user_agent = header_text(&request, header::USER_AGENT);
+    let field_manager = query.get("fieldManager").cloned().unwrap_or_else(|| {
+        let product = user_agent.split('/').next().unwrap_or("");
+        if product.is_empty() {
+            field_manager::DEFAULT_MANAGER.to_string()
+        } else {
+            product.to_string()
+        }
+    });
     let body = axum::body::to_bytes(request.into_body(), MAX_BODY)
         .await
         .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
@@ -232,12 +250,23 @@ async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Res
         target,
         query,
         content_type,
+        field_manager,
+        accept,
         body,
     };
     match request.target.name.clone() {
         None => collection(shared, &request),
         Some(name) => object(shared, &request, &name),
     }
+}
+
+fn header_text(request: &Request, name: header::HeaderName) -> String {
+    request
+        .headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
 }
 
 fn ok(value: Value) -> Result<Response, ApiError> {
@@ -255,7 +284,8 @@ fn collection(shared: &Arc<Shared>, request: &ApiRequest) -> Result<Response, Ap
         }
         Verb::Create => {
             let body = parse_json(&request.body)?;
-            let created = verbs::create(store, &target.info, target.namespace(), body)?;
+            let manager = Some(request.field_manager.as_str());
+            let created = verbs::create_recorded(store, &target.info, target.namespace(), body, manager)?;
             Ok(json_response(StatusCode::CREATED, &created))
         }
         Verb::DeleteCollection => {
@@ -285,12 +315,42 @@ fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Resp
         }
         (Verb::Update, _) => {
             let part = target.write_part()?;
-            ok(verbs::update(store, info, ns, name, parse_json(&request.body)?, part)?)
+            let body = parse_json(&request.body)?;
+            ok(verbs::update_by(
+                store,
+                info,
+                ns,
+                name,
+                body,
+                part,
+                &request.field_manager,
+            )?)
+        }
+        (Verb::Patch, _) if request.content_type == APPLY_PATCH => {
+            let part = target.write_part()?;
+            let apply = field_manager::ApplyRequest {
+                manager: request.query.get("fieldManager").map_or("", String::as_str),
+                force: request.query.get("force").is_some_and(|f| f == "true" || f == "1"),
+                body: &request.body,
+            };
+            let (object, created) = field_manager::server_side_apply(store, info, ns, name, &apply, part)?;
+            let code = if created { StatusCode::CREATED } else { StatusCode::OK };
+            Ok(json_response(code, &object))
         }
         (Verb::Patch, _) => {
             let part = target.write_part()?;
             let patch_type = patch_type(&request.content_type)?;
-            ok(verbs::patch(store, info, ns, name, patch_type, &request.body, part)?)
+            let manager = &request.field_manager;
+            ok(verbs::patch_by(
+                store,
+                info,
+                ns,
+                name,
+                patch_type,
+                &request.body,
+                part,
+                manager,
+            )?)
         }
         (Verb::Delete, None) => {
             let options = delete_options(&request.query, &request.body)?;
@@ -326,13 +386,9 @@ fn patch_type(content_type: &str) -> Result<PatchType, ApiError> {
     match content_type {
         "application/merge-patch+json" => Ok(PatchType::Merge),
         "application/json-patch+json" => Ok(PatchType::Json),
-        "application/strategic-merge-patch+json" | "application/apply-patch+yaml" => {
-            Err(ApiError::unsupported_media_type(format!(
-                "{content_type} is not supported by this embedded API server yet; use application/merge-patch+json or application/json-patch+json"
-            )))
-        }
+        "application/strategic-merge-patch+json" => Ok(PatchType::Strategic),
         other => Err(ApiError::unsupported_media_type(format!(
-            "the body of the request was in an unknown format ({other}) - accepted media types include: application/json-patch+json, application/merge-patch+json"
+            "the body of the request was in an unknown format ({other}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json"
         ))),
     }
 }

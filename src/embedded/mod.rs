@@ -11,6 +11,7 @@
 
 pub mod crd;
 pub mod discovery;
+pub mod field_manager;
 pub mod gc;
 mod http;
 pub mod namespaces;

@@ -1,14 +1,28 @@
-//! Patch application. Merge patch and JSON patch now; strategic merge and server-side apply plug in
-//! here as further [`PatchType`]s.
+//! Patch application: merge patch, JSON patch and strategic merge patch. Server-side apply is
+//! [`field_manager::server_side_apply`](super::field_manager::server_side_apply).
 
 use serde_json::Value;
 
+use super::discovery::ResourceInfo;
+use super::patch_engine::{strategic_merge_patch, supports_strategic};
 use super::status::ApiError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PatchType {
     Merge,
     Json,
+    /// Built-in kinds only; `apply_patch` reads the kind from the target.
+    Strategic,
+}
+
+/// Custom resources have no strategic merge keys: kube-apiserver answers 415 for them.
+pub fn check_patch_type(info: &ResourceInfo, patch_type: PatchType) -> Result<(), ApiError> {
+    if patch_type == PatchType::Strategic && (info.schema.is_some() || !supports_strategic(&info.group, &info.kind)) {
+        return Err(ApiError::unsupported_media_type(
+            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+        ));
+    }
+    Ok(())
 }
 
 /// Applies a merge or JSON patch to `target` with apiserver semantics.
@@ -26,6 +40,14 @@ pub fn apply_patch(target: &mut Value, patch_type: PatchType, patch: &[u8]) -> R
             for operation in &patch.0 {
                 apply_json_operation(target, operation)?;
             }
+            Ok(())
+        }
+        PatchType::Strategic => {
+            let patch: Value = serde_json::from_slice(patch)
+                .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+            let kind = target["kind"].as_str().unwrap_or("").to_string();
+            *target = strategic_merge_patch(&kind, target, &patch)
+                .map_err(|e| ApiError::new(422, "Invalid", format!("error applying strategic merge patch: {e}")))?;
             Ok(())
         }
     }

@@ -7,7 +7,8 @@ use serde_json::{Value, json};
 
 use super::crd::{establish_crd, is_crd, reestablish_crd, remove_custom_resources, validate_crd};
 use super::discovery::ResourceInfo;
-use super::patch::{PatchType, apply_patch};
+use super::field_manager::{self, DEFAULT_MANAGER};
+use super::patch::{PatchType, apply_patch, check_patch_type};
 use super::schema;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, Cause};
@@ -222,7 +223,18 @@ fn admit(info: &ResourceInfo, object: &mut Value, uid: &str) -> Result<(), ApiEr
     }
 }
 
-pub fn create(store: &Store, info: &ResourceInfo, namespace: &str, mut body: Value) -> Result<Value, ApiError> {
+pub fn create(store: &Store, info: &ResourceInfo, namespace: &str, body: Value) -> Result<Value, ApiError> {
+    create_recorded(store, info, namespace, body, Some(DEFAULT_MANAGER))
+}
+
+/// A create crediting `manager` in `managedFields` (`None`: the body's `managedFields` are final).
+pub fn create_recorded(
+    store: &Store,
+    info: &ResourceInfo,
+    namespace: &str,
+    mut body: Value,
+    manager: Option<&str>,
+) -> Result<Value, ApiError> {
     check_type(info, &body)?;
     check_namespace(info, &mut body, namespace)?;
     if meta_str(&body, "name").is_none()
@@ -256,6 +268,9 @@ pub fn create(store: &Store, info: &ResourceInfo, namespace: &str, mut body: Val
         map.remove("status");
     }
     admit(info, &mut object, &uid)?;
+    if let Some(manager) = manager {
+        object = field_manager::record(info, None, object, manager, Subresource::Main);
+    }
     if is_crd(info) {
         establish_crd(&mut object);
     }
@@ -286,7 +301,6 @@ fn same_content(a: &Value, b: &Value) -> bool {
         let mut v = v.clone();
         if let Some(meta) = v["metadata"].as_object_mut() {
             meta.remove("resourceVersion");
-            meta.remove("managedFields");
         }
         v
     };
@@ -300,6 +314,19 @@ pub(super) fn prepare_update(
     requested: Value,
     sub: Subresource,
 ) -> Result<Write, ApiError> {
+    prepare_update_recorded(info, old, requested, sub, Some(DEFAULT_MANAGER))
+}
+
+/// [`prepare_update`] crediting `manager` in `managedFields` (`None`: the requested
+/// `managedFields` are final, as after a server-side apply).
+pub(super) fn prepare_update_recorded(
+    info: &ResourceInfo,
+    old: &Value,
+    requested: Value,
+    sub: Subresource,
+    manager: Option<&str>,
+) -> Result<Write, ApiError> {
+    let applied_fields = requested["metadata"].get("managedFields").cloned();
     let name = meta_str(old, "name").unwrap_or("").to_string();
     if let Some(rv) = meta_str(&requested, "resourceVersion")
         && Some(rv) != meta_str(old, "resourceVersion")
@@ -354,6 +381,11 @@ pub(super) fn prepare_update(
             reestablish_crd(&old, &mut new);
         }
     }
+    match (manager, applied_fields) {
+        (Some(manager), _) => new = field_manager::record(info, Some(&old), new, manager, sub),
+        (None, Some(fields)) => new["metadata"]["managedFields"] = fields,
+        (None, None) => {}
+    }
     if same_content(&old, &new) {
         return Ok(Write::Unchanged(old));
     }
@@ -405,8 +437,21 @@ pub fn update(
     info: &ResourceInfo,
     namespace: &str,
     name: &str,
+    body: Value,
+    sub: Subresource,
+) -> Result<Value, ApiError> {
+    update_by(store, info, namespace, name, body, sub, DEFAULT_MANAGER)
+}
+
+/// An update crediting `manager` in `managedFields`.
+pub fn update_by(
+    store: &Store,
+    info: &ResourceInfo,
+    namespace: &str,
+    name: &str,
     mut body: Value,
     sub: Subresource,
+    manager: &str,
 ) -> Result<Value, ApiError> {
     check_type(info, &body)?;
     check_namespace(info, &mut body, namespace)?;
@@ -416,7 +461,9 @@ pub fn update(
             "the name of the object ({body_name}) does not match the name on the URL ({name})"
         )));
     }
-    write_existing(store, info, namespace, name, |old| prepare_update(info, old, body, sub))
+    write_existing(store, info, namespace, name, |old| {
+        prepare_update_recorded(info, old, body, sub, Some(manager))
+    })
 }
 
 /// A write to an object that must exist, with post-removal cleanup.
@@ -459,10 +506,26 @@ pub fn patch(
     patch: &[u8],
     sub: Subresource,
 ) -> Result<Value, ApiError> {
+    patch_by(store, info, namespace, name, patch_type, patch, sub, DEFAULT_MANAGER)
+}
+
+/// A merge, JSON or strategic merge patch crediting `manager` in `managedFields`.
+#[allow(clippy::too_many_arguments)]
+pub fn patch_by(
+    store: &Store,
+    info: &ResourceInfo,
+    namespace: &str,
+    name: &str,
+    patch_type: PatchType,
+    patch: &[u8],
+    sub: Subresource,
+    manager: &str,
+) -> Result<Value, ApiError> {
+    check_patch_type(info, patch_type)?;
     write_existing(store, info, namespace, name, |old| {
         let mut target = present(info, old.clone());
         apply_patch(&mut target, patch_type, patch)?;
-        prepare_update(info, old, target, sub)
+        prepare_update_recorded(info, old, target, sub, Some(manager))
     })
 }
 

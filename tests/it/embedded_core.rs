@@ -208,22 +208,6 @@ async fn json_patch_tests_missing_paths_as_null_and_refuses_failed_tests() {
 }
 
 #[tokio::test]
-async fn strategic_merge_and_apply_patches_are_unsupported_media_types_for_now() {
-    let t = harness::start().await;
-    t.namespace("ns").await;
-    let api = t.configmaps("ns");
-    api.create(&PostParams::default(), &configmap("c", json!({})))
-        .await
-        .unwrap();
-    let err = api_error(
-        api.patch("c", &PatchParams::default(), &Patch::Strategic(json!({})))
-            .await
-            .unwrap_err(),
-    );
-    assert_eq!((err.code, err.reason.as_str()), (415, "UnsupportedMediaType"));
-}
-
-#[tokio::test]
 async fn finalizer_holds_a_delete_until_removed_then_the_object_is_gone() {
     let t = harness::start().await;
     t.namespace("ns").await;

@@ -5,6 +5,7 @@ mod crds;
 mod embedded_core;
 mod embedded_crd;
 mod embedded_gc;
+mod embedded_patch;
 mod embedded_watch;
 mod examples;
 mod harness;
