@@ -14,10 +14,12 @@ use serde_json::Value;
 use super::Shared;
 use super::discovery::{ResourceInfo, Resources, core_versions, version_info};
 use super::field_manager;
+use super::openapi;
 use super::patch::PatchType;
 use super::selectors::{FieldSelector, LabelSelector, supported_fields};
 use super::status::{ApiError, json_response};
 use super::subresources::{self, ScaleChange};
+use super::table::{self, IncludeObject, TableView};
 use super::verbs::{self, DeleteOptions, ListOptions, Subresource};
 use super::watch::{self, WatchOptions};
 
@@ -82,6 +84,10 @@ async fn serve(shared: &Arc<Shared>, request: Request) -> Result<Response, ApiEr
     };
     match segments.as_slice() {
         ["version"] => only_get(&request).and_then(|_| ok(version_info())),
+        ["openapi", "v3"] => only_get(&request).and_then(|_| ok(openapi::index(&resources))),
+        ["openapi", "v3", rest @ ..] => {
+            only_get(&request).and_then(|_| ok(discovery(openapi::document_at(&resources, rest))?))
+        }
         ["api"] => only_get(&request).and_then(|_| ok(core_versions(&shared.address))),
         ["apis"] => only_get(&request).and_then(|_| ok(resources.api_group_list())),
         ["api", "v1"] => only_get(&request).and_then(|_| ok(discovery(resources.resource_list("", "v1"))?)),
@@ -216,7 +222,6 @@ struct ApiRequest {
     /// `fieldManager`, else the User-Agent's product, as kube-apiserver defaults it.
     field_manager: String,
     /// The `Accept` header, for Table output.
-    #[allow(dead_code)]
     accept: String,
     body: bytes::Bytes,
 }
@@ -277,10 +282,11 @@ fn collection(shared: &Arc<Shared>, request: &ApiRequest) -> Result<Response, Ap
     let (store, target) = (&shared.store, &request.target);
     let namespace = target.namespace.as_deref();
     match request.verb {
-        Verb::Watch => watch_response(shared, target, &request.query),
+        Verb::Watch => watch_response(shared, target, &request.query, table_view(shared, request)),
         Verb::List => {
             let options = list_options(&target.info, &request.query)?;
-            ok(verbs::list(store, &target.info, namespace, &options)?)
+            let list = verbs::list(store, &target.info, namespace, &options)?;
+            ok(table_view(shared, request).map_or(list.clone(), |view| view.list(&list)))
         }
         Verb::Create => {
             let body = parse_json(&request.body)?;
@@ -311,7 +317,8 @@ fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Resp
         (_, Some("scale")) => scale(shared, request, name),
         (Verb::Get, None | Some("status")) => {
             target.write_part()?;
-            ok(verbs::get(store, info, ns, name)?)
+            let object = verbs::get(store, info, ns, name)?;
+            ok(table_view(shared, request).map_or(object.clone(), |view| view.object(&object)))
         }
         (Verb::Update, _) => {
             let part = target.write_part()?;
@@ -438,7 +445,19 @@ fn delete_options(query: &Query, body: &[u8]) -> Result<DeleteOptions, ApiError>
     })
 }
 
-fn watch_response(shared: &Arc<Shared>, target: &Target, query: &Query) -> Result<Response, ApiError> {
+/// The Table a request asks for with its `Accept` header, if any.
+fn table_view(shared: &Shared, request: &ApiRequest) -> Option<TableView> {
+    let version = table::negotiate(&request.accept)?;
+    let include = IncludeObject::parse(request.query.get("includeObject").map(String::as_str));
+    Some(table::view(&shared.store, &request.target.info, version, include))
+}
+
+fn watch_response(
+    shared: &Arc<Shared>,
+    target: &Target,
+    query: &Query,
+    table: Option<TableView>,
+) -> Result<Response, ApiError> {
     if query.contains_key("sendInitialEvents") {
         return Err(ApiError::bad_request(
             "sendInitialEvents is not supported by this server (Kubernetes 1.24)",
@@ -475,7 +494,12 @@ fn watch_response(shared: &Arc<Shared>, target: &Target, query: &Query) -> Resul
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from_stream(events))
+        .body(match table {
+            None => Body::from_stream(events),
+            Some(view) => Body::from_stream(tokio_stream::StreamExt::map(events, move |chunk| {
+                chunk.map(|line| bytes::Bytes::from(view.watch_event(&line)))
+            })),
+        })
         .map_err(|e| ApiError::internal(e.to_string()))
 }
 

@@ -9,3 +9,4 @@ mod embedded_patch;
 mod embedded_watch;
 mod examples;
 mod harness;
+mod kubectl;

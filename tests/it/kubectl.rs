@@ -1,0 +1,446 @@
+//! kubectl 1.33 against an embedded API server with stackd's CRDs installed: the commands users
+//! and the Helm tests run, on built-in kinds and on our custom resources.
+
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+use crate::harness::{self, TestServer};
+
+fn kubectl_binary() -> PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .map(|paths| {
+            std::env::split_paths(&paths)
+                .map(|p| p.join("kubectl"))
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/bin/kubectl");
+    on_path
+        .into_iter()
+        .chain([bundled])
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("kubectl not found on PATH or in .tools/bin: run the tests with scripts/test"))
+}
+
+struct Kubectl {
+    t: TestServer,
+    dir: tempfile::TempDir,
+    binary: PathBuf,
+}
+
+/// An embedded server with the `default` and `my-project` namespaces and stackd's CRDs.
+async fn start() -> Kubectl {
+    let t = harness::start().await;
+    t.namespace("default").await;
+    t.namespace("my-project").await;
+    let crds: Api<CustomResourceDefinition> = Api::all(t.client.clone());
+    for crd in stackd::api::crds::all() {
+        crds.create(&PostParams::default(), &crd).await.expect("CRD created");
+    }
+    let dir = tempfile::tempdir().expect("temporary directory");
+    std::fs::write(dir.path().join("kubeconfig"), t.server.kubeconfig_yaml()).expect("kubeconfig written");
+    Kubectl {
+        t,
+        dir,
+        binary: kubectl_binary(),
+    }
+}
+
+impl Kubectl {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(&self.binary);
+        command
+            .arg("--kubeconfig")
+            .arg(self.dir.path().join("kubeconfig"))
+            .arg("--cache-dir")
+            .arg(self.dir.path().join("cache"))
+            .args(args)
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        command
+    }
+
+    async fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().await.expect("kubectl runs")
+    }
+
+    /// Runs kubectl, requires success and returns its stdout.
+    async fn ok(&self, args: &[&str]) -> String {
+        let output = self.run(args).await;
+        assert!(
+            output.status.success(),
+            "kubectl {} failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// Runs kubectl with `manifest` on stdin (for `-f -`), requiring success.
+    async fn ok_with(&self, args: &[&str], manifest: &str) -> String {
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl starts");
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(manifest.as_bytes()).await.expect("manifest written");
+        }
+        let output = child.wait_with_output().await.expect("kubectl runs");
+        assert!(
+            output.status.success(),
+            "kubectl {} failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    fn example(&self, relative: &str) -> String {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples")
+            .join(relative)
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+/// The header and the cells of row `name` of `kubectl get` output, cut at the header's column
+/// starts (cells may be empty).
+fn header_and_row(table: &str, name: &str) -> (Vec<String>, Vec<String>) {
+    let mut lines = table.lines();
+    let header_line = lines.next().unwrap_or("");
+    let header: Vec<String> = header_line.split_whitespace().map(String::from).collect();
+    let mut starts = Vec::new();
+    let mut previous = ' ';
+    for (i, c) in header_line.char_indices() {
+        if c != ' ' && previous == ' ' {
+            starts.push(i);
+        }
+        previous = c;
+    }
+    let line = lines
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no row {name} in:\n{table}"));
+    let row = starts
+        .iter()
+        .enumerate()
+        .map(|(i, start)| {
+            let end = starts.get(i + 1).copied().unwrap_or(line.len()).min(line.len());
+            line.get((*start).min(end)..end).unwrap_or("").trim().to_string()
+        })
+        .collect();
+    (header, row)
+}
+
+#[tokio::test]
+async fn kubectl_get_shows_printer_columns_of_a_cluster_pool() {
+    let k = start().await;
+    k.ok(&["create", "-f", &k.example("pools/clusterpool-vsphere.yaml")])
+        .await;
+    let table = k.ok(&["get", "clusterpools", "-n", "my-project"]).await;
+    let (header, row) = header_and_row(&table, "vsphere-pool");
+    assert_eq!(
+        header,
+        ["NAME", "SIZE", "STANDBY", "READY", "BASEDOMAIN", "AGE"],
+        "{table}"
+    );
+    assert_eq!(&row[..2], ["vsphere-pool", "2"], "{table}");
+    assert_eq!(row[4], "vsphere.example.com", "{table}");
+
+    let wide = k.ok(&["get", "clusterpools", "-n", "my-project", "-o", "wide"]).await;
+    assert!(wide.lines().next().unwrap_or("").contains("PLATFORM"), "{wide}");
+}
+
+#[tokio::test]
+async fn kubectl_get_shows_the_usual_columns_of_built_in_kinds() {
+    let k = start().await;
+    let settings = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: settings\ndata:\n  a: \"1\"\n  b: \"2\"\n";
+    k.ok_with(&["create", "-f", "-"], settings).await;
+    let table = k.ok(&["get", "configmaps"]).await;
+    let (header, row) = header_and_row(&table, "settings");
+    assert_eq!(header, ["NAME", "DATA", "AGE"]);
+    assert_eq!(row[1], "2");
+
+    let namespaces = k.ok(&["get", "namespaces"]).await;
+    let (header, row) = header_and_row(&namespaces, "my-project");
+    assert_eq!(header, ["NAME", "STATUS", "AGE"]);
+    assert_eq!(row[1], "Active");
+}
+
+#[tokio::test]
+async fn kubectl_get_o_yaml_prints_the_stored_object() {
+    let k = start().await;
+    k.ok(&["create", "-f", &k.example("pools/clusterdeploymentcustomization.yaml")])
+        .await;
+    let yaml = k
+        .ok(&[
+            "get",
+            "cdc",
+            "foo-cluster-deployment-customization",
+            "-n",
+            "my-project",
+            "-o",
+            "yaml",
+        ])
+        .await;
+    assert!(yaml.contains("kind: ClusterDeploymentCustomization"), "{yaml}");
+    assert!(yaml.contains("path: /metadata/name"), "{yaml}");
+    assert!(yaml.contains("resourceVersion:"), "{yaml}");
+}
+
+const CONFIGMAP: &str = "apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: app
+data:
+  mode: fast
+";
+
+#[tokio::test]
+async fn kubectl_apply_twice_client_side_then_server_side_on_a_configmap() {
+    let k = start().await;
+    let first = k.ok_with(&["apply", "-f", "-"], CONFIGMAP).await;
+    assert!(first.contains("configmap/app created"), "{first}");
+    let second = k.ok_with(&["apply", "-f", "-"], CONFIGMAP).await;
+    assert!(second.contains("configmap/app unchanged"), "{second}");
+    let changed = CONFIGMAP.replace("mode: fast", "mode: slow");
+    let third = k.ok_with(&["apply", "-f", "-"], &changed).await;
+    assert!(third.contains("configmap/app configured"), "{third}");
+
+    let server_side = k
+        .ok_with(&["apply", "--server-side", "--force-conflicts", "-f", "-"], &changed)
+        .await;
+    assert!(
+        server_side.contains("configmap/app serverside-applied"),
+        "{server_side}"
+    );
+    let managers = k
+        .ok(&["get", "configmap", "app", "--show-managed-fields", "-o", "yaml"])
+        .await;
+    assert!(managers.contains("manager: kubectl"), "{managers}");
+    assert!(managers.contains("operation: Apply"), "{managers}");
+}
+
+#[tokio::test]
+async fn kubectl_apply_twice_and_server_side_on_a_cluster_pool() {
+    let k = start().await;
+    let pool = k.example("pools/clusterpool-vsphere.yaml");
+    let first = k.ok(&["apply", "-f", &pool]).await;
+    assert!(
+        first.contains("clusterpool.pools.stackd.dev/vsphere-pool created"),
+        "{first}"
+    );
+    let second = k.ok(&["apply", "-f", &pool]).await;
+    assert!(second.contains("unchanged"), "{second}");
+    let server_side = k
+        .ok(&["apply", "--server-side", "--force-conflicts", "-f", &pool])
+        .await;
+    assert!(server_side.contains("serverside-applied"), "{server_side}");
+}
+
+#[tokio::test]
+async fn kubectl_patch_merges_and_strategic_merges() {
+    let k = start().await;
+    k.ok_with(&["create", "-f", "-"], CONFIGMAP).await;
+    k.ok(&[
+        "patch",
+        "configmap",
+        "app",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"extra":"1"}}"#,
+    ])
+    .await;
+    k.ok(&["patch", "configmap", "app", "-p", r#"{"data":{"more":"2"}}"#])
+        .await;
+    let data = k.ok(&["get", "configmap", "app", "-o", "jsonpath={.data}"]).await;
+    assert!(
+        data.contains("\"extra\":\"1\"") && data.contains("\"more\":\"2\""),
+        "{data}"
+    );
+
+    k.ok(&["create", "-f", &k.example("pools/clusterpool-vsphere.yaml")])
+        .await;
+    k.ok(&[
+        "patch",
+        "clusterpool",
+        "vsphere-pool",
+        "-n",
+        "my-project",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"size":3}}"#,
+    ])
+    .await;
+    let size = k
+        .ok(&[
+            "get",
+            "clusterpool",
+            "vsphere-pool",
+            "-n",
+            "my-project",
+            "-o",
+            "jsonpath={.spec.size}",
+        ])
+        .await;
+    assert_eq!(size, "3");
+    let strategic = k
+        .run(&[
+            "patch",
+            "clusterpool",
+            "vsphere-pool",
+            "-n",
+            "my-project",
+            "-p",
+            r#"{"spec":{"size":1}}"#,
+        ])
+        .await;
+    assert!(
+        !strategic.status.success(),
+        "strategic merge on a custom resource must fail"
+    );
+}
+
+#[tokio::test]
+async fn kubectl_delete_removes_built_in_and_custom_objects() {
+    let k = start().await;
+    k.ok_with(&["create", "-f", "-"], CONFIGMAP).await;
+    k.ok(&["create", "-f", &k.example("pools/clusterpool-vsphere.yaml")])
+        .await;
+    let deleted = k.ok(&["delete", "configmap", "app"]).await;
+    assert!(deleted.contains("configmap \"app\" deleted"), "{deleted}");
+    k.ok(&["delete", "-f", &k.example("pools/clusterpool-vsphere.yaml")])
+        .await;
+    let left = k.run(&["get", "clusterpool", "vsphere-pool", "-n", "my-project"]).await;
+    assert!(!left.status.success());
+    assert!(String::from_utf8_lossy(&left.stderr).contains("NotFound"));
+}
+
+#[tokio::test]
+async fn kubectl_get_watch_picks_up_a_change() {
+    let k = start().await;
+    k.ok(&["create", "-f", &k.example("pools/clusterpool-vsphere.yaml")])
+        .await;
+    let mut watch = k
+        .command(&["get", "clusterpools", "-n", "my-project", "-w", "--output-watch-events"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl starts");
+    // Let the watch list and start before changing the pool.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    k.ok(&[
+        "patch",
+        "clusterpool",
+        "vsphere-pool",
+        "-n",
+        "my-project",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"size":7}}"#,
+    ])
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let _ = watch.start_kill();
+    let output = watch.wait_with_output().await.expect("kubectl watch ends");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let modified = text.lines().find(|l| l.starts_with("MODIFIED")).unwrap_or_else(|| {
+        panic!(
+            "no MODIFIED event in:\n{text}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    assert_eq!(modified.split_whitespace().nth(2), Some("7"), "{text}");
+}
+
+#[tokio::test]
+async fn kubectl_explain_shows_the_description_of_a_crd_field() {
+    let k = start().await;
+    let text = k
+        .ok(&[
+            "explain",
+            "clusterdeploymentcustomizations.spec.installConfigPatches.path",
+        ])
+        .await;
+    assert!(text.contains("/metadata/name"), "{text}");
+}
+
+#[tokio::test]
+async fn kubectl_describe_shows_events_of_a_configmap_and_a_cluster_pool() {
+    let k = start().await;
+    k.ok_with(&["create", "-f", "-"], CONFIGMAP).await;
+    k.ok(&["create", "-f", &k.example("pools/clusterpool-vsphere.yaml")])
+        .await;
+    let uid = k
+        .ok(&[
+            "get",
+            "clusterpool",
+            "vsphere-pool",
+            "-n",
+            "my-project",
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ])
+        .await;
+    let cm_uid = k
+        .ok(&["get", "configmap", "app", "-o", "jsonpath={.metadata.uid}"])
+        .await;
+    let event = |name: &str, namespace: &str, kind: &str, api_version: &str, object: &str, uid: &str, reason: &str| {
+        format!(
+            "apiVersion: v1
+kind: Event
+metadata:
+  name: {name}
+  namespace: {namespace}
+involvedObject:
+  apiVersion: {api_version}
+  kind: {kind}
+  name: {object}
+  namespace: {namespace}
+  uid: {uid}
+reason: {reason}
+message: Something {reason} happened
+type: Normal
+source:
+  component: stackd
+firstTimestamp: \"2026-01-01T00:00:00Z\"
+lastTimestamp: \"2026-01-01T00:00:00Z\"
+count: 1
+"
+        )
+    };
+    let pool_event = event(
+        "pool-event",
+        "my-project",
+        "ClusterPool",
+        "pools.stackd.dev/v1alpha1",
+        "vsphere-pool",
+        &uid,
+        "PoolResized",
+    );
+    k.ok_with(&["create", "-f", "-"], &pool_event).await;
+    let cm_event = event("cm-event", "default", "ConfigMap", "v1", "app", &cm_uid, "Configured");
+    k.ok_with(&["create", "-f", "-"], &cm_event).await;
+
+    let pool = k
+        .ok(&["describe", "clusterpool", "vsphere-pool", "-n", "my-project"])
+        .await;
+    assert!(pool.contains("Events:") && pool.contains("PoolResized"), "{pool}");
+    let cm = k.ok(&["describe", "configmap", "app"]).await;
+    assert!(cm.contains("Events:") && cm.contains("Configured"), "{cm}");
+    drop(k.t);
+}
