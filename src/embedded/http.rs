@@ -14,6 +14,7 @@ use serde_json::Value;
 use super::Shared;
 use super::discovery::{ResourceInfo, Resources, core_versions, version_info};
 use super::field_manager;
+use super::field_validation::{self, FieldValidation};
 use super::openapi;
 use super::patch::PatchType;
 use super::selectors::{FieldSelector, LabelSelector, supported_fields};
@@ -259,10 +260,37 @@ async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Res
         accept,
         body,
     };
-    match request.target.name.clone() {
+    let warnings = field_warnings(&request)?;
+    let mut response = match request.target.name.clone() {
         None => collection(shared, &request),
         Some(name) => object(shared, &request, &name),
+    }?;
+    for warning in warnings {
+        if let Ok(value) = header::HeaderValue::from_str(&warning) {
+            response.headers_mut().append(header::WARNING, value);
+        }
     }
+    Ok(response)
+}
+
+/// `fieldValidation` of a create, update or (non-JSON) patch: the warnings to answer with.
+fn field_warnings(request: &ApiRequest) -> Result<Vec<String>, ApiError> {
+    let validation = FieldValidation::parse(request.query.get("fieldValidation").map(String::as_str))?;
+    let writes_object = matches!(request.verb, Verb::Create | Verb::Update | Verb::Patch)
+        && matches!(request.target.subresource.as_deref(), None | Some("status"))
+        && request.content_type != "application/json-patch+json";
+    if validation == FieldValidation::Ignore || !writes_object {
+        return Ok(Vec::new());
+    }
+    let body: Value = if request.content_type == APPLY_PATCH {
+        let text = String::from_utf8_lossy(&request.body);
+        serde_json::from_str(&text)
+            .or_else(|_| serde_saphyr::from_str(&text))
+            .unwrap_or(Value::Null)
+    } else {
+        serde_json::from_slice(&request.body).unwrap_or(Value::Null)
+    };
+    validation.check(&request.target.info, &body)
 }
 
 fn header_text(request: &Request, name: header::HeaderName) -> String {
@@ -289,7 +317,8 @@ fn collection(shared: &Arc<Shared>, request: &ApiRequest) -> Result<Response, Ap
             ok(table_view(shared, request).map_or(list.clone(), |view| view.list(&list)))
         }
         Verb::Create => {
-            let body = parse_json(&request.body)?;
+            let mut body = parse_json(&request.body)?;
+            field_validation::prune_builtin(&target.info, &mut body);
             let manager = Some(request.field_manager.as_str());
             let created = verbs::create_recorded(store, &target.info, target.namespace(), body, manager)?;
             Ok(json_response(StatusCode::CREATED, &created))
@@ -322,7 +351,8 @@ fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Resp
         }
         (Verb::Update, _) => {
             let part = target.write_part()?;
-            let body = parse_json(&request.body)?;
+            let mut body = parse_json(&request.body)?;
+            field_validation::prune_builtin(info, &mut body);
             ok(verbs::update_by(
                 store,
                 info,

@@ -12,6 +12,7 @@
 pub mod crd;
 pub mod discovery;
 pub mod field_manager;
+pub mod field_validation;
 pub mod gc;
 mod http;
 pub mod namespaces;

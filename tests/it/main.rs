@@ -6,6 +6,7 @@ mod embedded_core;
 mod embedded_crd;
 mod embedded_gc;
 mod embedded_patch;
+mod embedded_surface;
 mod embedded_watch;
 mod examples;
 mod harness;
