@@ -61,18 +61,14 @@ fn apply_error(info: &ResourceInfo, name: &str, error: ApplyError) -> ApiError {
     match error {
         ApplyError::Conflict { causes } => {
             let message = ApplyError::Conflict { causes: causes.clone() }.to_string();
+            // kube-apiserver's apply conflicts carry only the causes in their details.
             let mut err = ApiError::new(409, "Conflict", message);
             err.details = json!({
-                "name": name,
-                "kind": info.plural,
                 "causes": causes
                     .iter()
                     .map(|c| json!({"reason": "FieldManagerConflict", "message": c.message(), "field": c.field}))
                     .collect::<Vec<_>>(),
             });
-            if !info.group.is_empty() {
-                err.details["group"] = json!(info.group);
-            }
             err
         }
         ApplyError::BadRequest(message) => ApiError::bad_request(message),
@@ -114,6 +110,14 @@ pub fn server_side_apply(
         return Err(ApiError::bad_request(
             "the namespace of the provided object does not match the namespace sent on the request",
         ));
+    }
+    let api_version = applied["apiVersion"].as_str().unwrap_or("");
+    let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+    if applied["kind"].as_str().is_some_and(|k| k != info.kind) || (!api_version.is_empty() && group != info.group) {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({api_version}) does not match the expected API version ({})",
+            info.api_version()
+        )));
     }
     if sub == Subresource::Main
         && info.status_subresource

@@ -4,11 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use serde_json::{Value, json};
@@ -406,4 +409,70 @@ async fn fixture_apply_cases_answer_as_kube_apiserver_1_24() {
         noop["metadata"]["resourceVersion"],
         patched["metadata"]["resourceVersion"]
     );
+}
+
+#[tokio::test]
+async fn noop_apply_patch_and_update_emit_no_watch_event() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api = t.configmaps("ns");
+    let config = Patch::Apply(cm_config("c", json!({"a": "1"})));
+    let applied = api.patch("c", &apply("fid"), &config).await.unwrap();
+    let params = WatchParams::default().disable_bookmarks().timeout(2);
+    let watch = api.watch(&params, &resource_version(&applied)).await.unwrap();
+
+    api.patch("c", &apply("fid"), &config).await.unwrap();
+    api.patch(
+        "c",
+        &PatchParams::default(),
+        &Patch::Strategic(json!({"data": {"a": "1"}})),
+    )
+    .await
+    .unwrap();
+    api.patch("c", &PatchParams::default(), &Patch::Merge(json!({"data": {"a": "1"}})))
+        .await
+        .unwrap();
+    let current = api.get("c").await.unwrap();
+    let unchanged = api.replace("c", &PostParams::default(), &current).await.unwrap();
+    assert_eq!(resource_version(&unchanged), resource_version(&applied));
+    api.patch("c", &apply("fid"), &Patch::Apply(cm_config("c", json!({"a": "2"}))))
+        .await
+        .unwrap();
+
+    let events: Vec<String> = watch
+        .map_ok(|event| match event {
+            WatchEvent::Modified(cm) => format!("MODIFIED {}", cm.data.unwrap_or_default()["a"]),
+            other => format!("{other:?}"),
+        })
+        .take(1)
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(events, ["MODIFIED 2"]);
+}
+
+#[tokio::test]
+async fn protobuf_bodies_are_unsupported_media_types_and_dry_runs_are_refused() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let (code, status) = raw(
+        &t,
+        "POST",
+        "/api/v1/namespaces/ns/configmaps",
+        "application/vnd.kubernetes.protobuf",
+        "k8s\u{0}",
+    )
+    .await;
+    assert_eq!((code, status["reason"].as_str()), (415, Some("UnsupportedMediaType")));
+    let body = cm_config("c", json!({})).to_string();
+    let (code, _) = raw(
+        &t,
+        "POST",
+        "/api/v1/namespaces/ns/configmaps?dryRun=All",
+        "application/json",
+        &body,
+    )
+    .await;
+    assert_eq!(code, 400);
+    assert!(t.configmaps("ns").get_opt("c").await.unwrap().is_none());
 }

@@ -444,3 +444,33 @@ count: 1
     assert!(cm.contains("Events:") && cm.contains("Configured"), "{cm}");
     drop(k.t);
 }
+
+#[tokio::test]
+async fn kubectl_create_refuses_an_unknown_field_of_a_custom_resource() {
+    let k = start().await;
+    let manifest = "apiVersion: pools.stackd.dev/v1alpha1
+kind: ClusterDeploymentCustomization
+metadata:
+  name: typo
+  namespace: my-project
+spec:
+  installConfigPatchez: []
+";
+    let mut child = k
+        .command(&["create", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl starts");
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(manifest.as_bytes()).await.expect("manifest written");
+    }
+    let output = child.wait_with_output().await.expect("kubectl runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("unknown field \"spec.installConfigPatchez\""),
+        "{stderr}"
+    );
+}
