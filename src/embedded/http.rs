@@ -503,11 +503,11 @@ fn delete_options(query: &Query, body: &[u8]) -> Result<DeleteOptions, ApiError>
     })
 }
 
-/// The Table a request asks for with its `Accept` header, if any.
+/// The Table (or metadata-only view) a request asks for with its `Accept` header, if any.
 fn table_view(shared: &Shared, request: &ApiRequest) -> Option<TableView> {
-    let version = table::negotiate(&request.accept)?;
+    let shape = table::negotiate(&request.accept)?;
     let include = IncludeObject::parse(request.query.get("includeObject").map(String::as_str));
-    Some(table::view(&shared.store, &request.target.info, version, include))
+    Some(table::view(&shared.store, &request.target.info, shape, include))
 }
 
 fn watch_response(

@@ -1,14 +1,23 @@
 //! Server-side printing: `Accept: application/json;as=Table;v=v1;g=meta.k8s.io` turns a get, list or
 //! watch answer into a `meta.k8s.io` Table, as `kubectl get` asks. Custom resources use their CRD
 //! version's `additionalPrinterColumns`; built-ins the columns kube-apiserver prints for them.
+//! `as=PartialObjectMetadata[List]` (metadata-only clients) is the same kind of transformation.
 
 use serde_json::{Value, json};
 
 use super::discovery::ResourceInfo;
 use super::store::{GroupResource, Store};
 
-/// The Table version a client accepts, if its first supported media type is a Table.
-pub fn negotiate(accept: &str) -> Option<&'static str> {
+/// What a client asked the objects to be turned into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    Table,
+    /// `PartialObjectMetadata` per object, `PartialObjectMetadataList` for a list.
+    Metadata,
+}
+
+/// The shape and its `meta.k8s.io` version, if the client's first supported media type asks for one.
+pub fn negotiate(accept: &str) -> Option<(Shape, &'static str)> {
     for entry in accept.split(',') {
         let mut parts = entry.split(';').map(str::trim);
         let media = parts.next().unwrap_or("");
@@ -17,10 +26,19 @@ pub fn negotiate(accept: &str) -> Option<&'static str> {
         if !matches!(media, "application/json" | "application/*" | "*/*" | "application/yaml") {
             continue;
         }
-        match (param("as"), param("g"), param("v")) {
-            (None, _, _) => return None,
-            (Some("Table"), Some("meta.k8s.io"), Some("v1")) => return Some("meta.k8s.io/v1"),
-            (Some("Table"), Some("meta.k8s.io"), Some("v1beta1")) => return Some("meta.k8s.io/v1beta1"),
+        let version = match param("v") {
+            Some("v1") => "meta.k8s.io/v1",
+            Some("v1beta1") => "meta.k8s.io/v1beta1",
+            _ => "",
+        };
+        match (param("as"), param("g")) {
+            (None, _) => return None,
+            (Some("Table"), Some("meta.k8s.io")) if !version.is_empty() => return Some((Shape::Table, version)),
+            (Some("PartialObjectMetadata" | "PartialObjectMetadataList"), Some("meta.k8s.io"))
+                if !version.is_empty() =>
+            {
+                return Some((Shape::Metadata, version));
+            }
             _ => continue,
         }
     }
@@ -436,18 +454,30 @@ fn crd_printer_columns(store: &Store, info: &ResourceInfo) -> Option<Value> {
     version.get("additionalPrinterColumns").cloned()
 }
 
-/// How `info` prints as a Table of `api_version`.
-pub fn view(store: &Store, info: &ResourceInfo, api_version: &'static str, include: IncludeObject) -> TableView {
-    let crd_columns = if info.schema.is_some() {
+/// How `info` prints as `shape` of `api_version`.
+pub fn view(
+    store: &Store,
+    info: &ResourceInfo,
+    (shape, api_version): (Shape, &'static str),
+    include: IncludeObject,
+) -> TableView {
+    let crd_columns = if info.schema.is_some() && shape == Shape::Table {
         crd_printer_columns(store, info)
     } else {
         None
     };
-    TableView::new(info, crd_columns.as_ref(), api_version, include)
+    let mut view = TableView::new(info, crd_columns.as_ref(), api_version, include);
+    view.shape = shape;
+    view
+}
+
+fn partial_metadata(object: &Value, api_version: &str) -> Value {
+    json!({"kind": "PartialObjectMetadata", "apiVersion": api_version, "metadata": object["metadata"]})
 }
 
 /// How one resource prints.
 pub struct TableView {
+    shape: Shape,
     api_version: &'static str,
     columns: Vec<Column>,
     include: IncludeObject,
@@ -462,6 +492,7 @@ impl TableView {
         include: IncludeObject,
     ) -> TableView {
         TableView {
+            shape: Shape::Table,
             api_version,
             columns: columns(info, crd_columns),
             include,
@@ -485,6 +516,9 @@ impl TableView {
 
     /// A Table of one object (a get, or one watch event).
     pub fn object(&self, object: &Value) -> Value {
+        if self.shape == Shape::Metadata {
+            return partial_metadata(object, self.api_version);
+        }
         json!({
             "kind": "Table",
             "apiVersion": self.api_version,
@@ -496,6 +530,18 @@ impl TableView {
 
     /// A Table of a list answer, keeping its list metadata (resourceVersion, continue).
     pub fn list(&self, list: &Value) -> Value {
+        if self.shape == Shape::Metadata {
+            let items: Vec<Value> = list["items"]
+                .as_array()
+                .map(|items| items.iter().map(|o| partial_metadata(o, self.api_version)).collect())
+                .unwrap_or_default();
+            return json!({
+                "kind": "PartialObjectMetadataList",
+                "apiVersion": self.api_version,
+                "metadata": list["metadata"],
+                "items": items,
+            });
+        }
         let rows: Vec<Value> = list["items"]
             .as_array()
             .map(|items| items.iter().map(|o| row(&self.columns, o, self.include)).collect())
@@ -530,7 +576,9 @@ mod tests {
     #[test]
     fn the_first_supported_accepted_type_wins() {
         let kubectl = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
-        assert_eq!(negotiate(kubectl), Some("meta.k8s.io/v1"));
+        assert_eq!(negotiate(kubectl), Some((Shape::Table, "meta.k8s.io/v1")));
+        let metadata = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
+        assert_eq!(negotiate(metadata), Some((Shape::Metadata, "meta.k8s.io/v1")));
         assert_eq!(negotiate("application/json"), None);
         assert_eq!(
             negotiate("application/json, application/json;as=Table;v=v1;g=meta.k8s.io"),

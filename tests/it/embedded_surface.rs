@@ -237,3 +237,30 @@ async fn built_in_tables_show_job_and_deployment_columns() {
     let pods = request(&t, "GET", "/api/v1/namespaces/ns/pods", &[TABLE], "").await;
     assert_eq!(columns(&pods.body), ["Name", "Ready", "Status", "Restarts", "Age"]);
 }
+
+#[tokio::test]
+async fn metadata_only_lists_answer_partial_object_metadata() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api = t.configmaps("ns");
+    api.create(&PostParams::default(), &harness::configmap("c", json!({"app": "x"})))
+        .await
+        .unwrap();
+    let listed = api.list_metadata(&Default::default()).await.unwrap();
+    assert_eq!(listed.items.len(), 1);
+    assert_eq!(listed.items[0].metadata.name.as_deref(), Some("c"));
+    let raw = request(
+        &t,
+        "GET",
+        "/api/v1/namespaces/ns/configmaps",
+        &[(
+            "accept",
+            "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+        )],
+        "",
+    )
+    .await;
+    assert_eq!(raw.body["kind"], "PartialObjectMetadataList");
+    assert_eq!(raw.body["items"][0]["kind"], "PartialObjectMetadata");
+    assert!(raw.body["items"][0]["data"].is_null());
+}

@@ -474,3 +474,57 @@ spec:
         "{stderr}"
     );
 }
+
+fn deployment(image: &str) -> String {
+    format!(
+        "apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: web
+spec:
+  replicas: 2
+  selector:
+    matchLabels:
+      app: web
+  template:
+    metadata:
+      labels:
+        app: web
+    spec:
+      containers:
+      - name: web
+        image: {image}
+        env:
+        - name: MODE
+          value: fast
+      - name: sidecar
+        image: sidecar:1
+"
+    )
+}
+
+#[tokio::test]
+async fn kubectl_apply_updates_a_deployment_container_by_strategic_merge() {
+    let k = start().await;
+    let first = k.ok_with(&["apply", "-f", "-"], &deployment("web:1")).await;
+    assert!(first.contains("deployment.apps/web created"), "{first}");
+    let unchanged = k.ok_with(&["apply", "-f", "-"], &deployment("web:1")).await;
+    assert!(unchanged.contains("deployment.apps/web unchanged"), "{unchanged}");
+    let configured = k.ok_with(&["apply", "-f", "-"], &deployment("web:2")).await;
+    assert!(configured.contains("deployment.apps/web configured"), "{configured}");
+    let images = k
+        .ok(&[
+            "get",
+            "deployment",
+            "web",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[*].image}",
+        ])
+        .await;
+    assert_eq!(images, "web:2 sidecar:1");
+    let table = k.ok(&["get", "deployments"]).await;
+    let (header, _) = header_and_row(&table, "web");
+    assert_eq!(header, ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]);
+    let explained = k.ok(&["explain", "deployments"]).await;
+    assert!(explained.contains("Deployment"), "{explained}");
+}
