@@ -7,6 +7,9 @@
 //! - [`watch`]: watch streams; [`http`]: the request pipeline; [`discovery`]: the resource table;
 //! - [`validation`], [`schema`], [`selectors`]: pure rules; [`patch_engine`]: merge, JSON, strategic
 //!   merge patch and server-side apply as pure functions;
+//! - [`field_manager`]: `managedFields` on every write and server-side apply;
+//! - [`openapi`], [`field_validation`], [`table`]: what kubectl needs beyond the verbs
+//!   (`/openapi/v3`, `fieldValidation`, `as=Table` and metadata-only answers);
 //! - [`namespaces`], [`gc`]: the namespace deletion and garbage collection loops.
 
 pub mod crd;

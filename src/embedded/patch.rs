@@ -25,7 +25,7 @@ pub fn check_patch_type(info: &ResourceInfo, patch_type: PatchType) -> Result<()
     Ok(())
 }
 
-/// Applies a merge or JSON patch to `target` with apiserver semantics.
+/// Applies a merge, JSON or strategic merge patch to `target` with apiserver semantics.
 pub fn apply_patch(target: &mut Value, patch_type: PatchType, patch: &[u8]) -> Result<(), ApiError> {
     match patch_type {
         PatchType::Merge => {

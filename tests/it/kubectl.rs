@@ -29,7 +29,8 @@ fn kubectl_binary() -> PathBuf {
 }
 
 struct Kubectl {
-    t: TestServer,
+    /// Kept alive for as long as kubectl talks to it.
+    _server: TestServer,
     dir: tempfile::TempDir,
     binary: PathBuf,
 }
@@ -46,7 +47,7 @@ async fn start() -> Kubectl {
     let dir = tempfile::tempdir().expect("temporary directory");
     std::fs::write(dir.path().join("kubeconfig"), t.server.kubeconfig_yaml()).expect("kubeconfig written");
     Kubectl {
-        t,
+        _server: t,
         dir,
         binary: kubectl_binary(),
     }
@@ -83,8 +84,8 @@ impl Kubectl {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
-    /// Runs kubectl with `manifest` on stdin (for `-f -`), requiring success.
-    async fn ok_with(&self, args: &[&str], manifest: &str) -> String {
+    /// Runs kubectl with `manifest` on stdin (for `-f -`).
+    async fn run_with(&self, args: &[&str], manifest: &str) -> Output {
         let mut child = self
             .command(args)
             .stdin(Stdio::piped())
@@ -95,7 +96,12 @@ impl Kubectl {
         if let Some(mut stdin) = child.stdin.take() {
             stdin.write_all(manifest.as_bytes()).await.expect("manifest written");
         }
-        let output = child.wait_with_output().await.expect("kubectl runs");
+        child.wait_with_output().await.expect("kubectl runs")
+    }
+
+    /// Runs kubectl with `manifest` on stdin, requiring success; returns its stdout.
+    async fn ok_with(&self, args: &[&str], manifest: &str) -> String {
+        let output = self.run_with(args, manifest).await;
         assert!(
             output.status.success(),
             "kubectl {} failed: {}{}",
@@ -442,7 +448,6 @@ count: 1
     assert!(pool.contains("Events:") && pool.contains("PoolResized"), "{pool}");
     let cm = k.ok(&["describe", "configmap", "app"]).await;
     assert!(cm.contains("Events:") && cm.contains("Configured"), "{cm}");
-    drop(k.t);
 }
 
 #[tokio::test]
@@ -456,17 +461,7 @@ metadata:
 spec:
   installConfigPatchez: []
 ";
-    let mut child = k
-        .command(&["create", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl starts");
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(manifest.as_bytes()).await.expect("manifest written");
-    }
-    let output = child.wait_with_output().await.expect("kubectl runs");
+    let output = k.run_with(&["create", "-f", "-"], manifest).await;
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -527,4 +522,26 @@ async fn kubectl_apply_updates_a_deployment_container_by_strategic_merge() {
     assert_eq!(header, ["NAME", "READY", "UP-TO-DATE", "AVAILABLE", "AGE"]);
     let explained = k.ok(&["explain", "deployments"]).await;
     assert!(explained.contains("Deployment"), "{explained}");
+}
+
+#[tokio::test]
+async fn kubectl_server_side_apply_reports_a_conflict_with_a_client_side_apply() {
+    let k = start().await;
+    k.ok_with(&["apply", "-f", "-"], CONFIGMAP).await;
+    // Same values: the server-side applier shares the fields, no conflict.
+    let shared = k.ok_with(&["apply", "--server-side", "-f", "-"], CONFIGMAP).await;
+    assert!(shared.contains("serverside-applied"), "{shared}");
+    let changed = CONFIGMAP.replace("mode: fast", "mode: slow");
+    let output = k
+        .run_with(
+            &["apply", "--server-side", "--field-manager", "other", "-f", "-"],
+            &changed,
+        )
+        .await;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("Apply failed with") && stderr.contains(".data.mode"),
+        "{stderr}"
+    );
 }
