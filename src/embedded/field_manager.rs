@@ -4,6 +4,7 @@
 use serde_json::{Value, json};
 
 use super::discovery::ResourceInfo;
+use super::patch::check_object_shape;
 use super::patch_engine::{self, ApplyError, BuiltinSchema, CrdSchema, ListSemantics};
 use super::status::ApiError;
 use super::store::{Store, Write};
@@ -93,9 +94,7 @@ pub fn server_side_apply(
         return Err(ApiError::bad_request("fieldManager is required for apply requests"));
     }
     let mut applied = parse_applied(request.body)?;
-    if !applied.is_object() {
-        return Err(ApiError::bad_request("the body of an apply request must be an object"));
-    }
+    check_object_shape(&applied)?;
     if let Some(body_name) = meta_str(&applied, "name")
         && body_name != name
     {

@@ -16,7 +16,7 @@ use super::discovery::{ResourceInfo, Resources, core_versions, version_info};
 use super::field_manager;
 use super::field_validation::{self, FieldValidation};
 use super::openapi;
-use super::patch::PatchType;
+use super::patch::{PatchType, check_object_shape};
 use super::selectors::{FieldSelector, LabelSelector, supported_fields};
 use super::status::{ApiError, json_response};
 use super::subresources::{self, ScaleChange};
@@ -345,7 +345,7 @@ fn collection(shared: &Arc<Shared>, request: &ApiRequest) -> Result<Response, Ap
             ok(table_view(shared, request).map_or(list.clone(), |view| view.list(&list)))
         }
         Verb::Create => {
-            let mut body = parse_json(&request.body)?;
+            let mut body = parse_object(&request.body)?;
             field_validation::prune_builtin(&target.info, &mut body);
             let manager = Some(request.field_manager.as_str());
             let created = verbs::create_recorded(store, &target.info, target.namespace(), body, manager)?;
@@ -379,7 +379,7 @@ fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Resp
         }
         (Verb::Update, _) => {
             let part = target.write_part()?;
-            let mut body = parse_json(&request.body)?;
+            let mut body = parse_object(&request.body)?;
             field_validation::prune_builtin(info, &mut body);
             ok(verbs::update_by(
                 store,
@@ -445,6 +445,13 @@ fn scale(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Respo
 
 fn parse_json(body: &[u8]) -> Result<Value, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
+}
+
+/// A create or update body: a JSON object with an object `metadata`.
+fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
+    let object = parse_json(body)?;
+    check_object_shape(&object)?;
+    Ok(object)
 }
 
 fn patch_type(content_type: &str) -> Result<PatchType, ApiError> {

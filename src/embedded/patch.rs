@@ -25,8 +25,49 @@ pub fn check_patch_type(info: &ResourceInfo, patch_type: PatchType) -> Result<()
     Ok(())
 }
 
+/// An object body must be a JSON object whose `metadata`, if any, is an object too: what decoding
+/// into a Go type guarantees kube-apiserver, and what the verbs index into.
+pub fn check_object_shape(object: &Value) -> Result<(), ApiError> {
+    let Some(map) = object.as_object() else {
+        return Err(ApiError::bad_request("the object must be a JSON object"));
+    };
+    let meta = match map.get("metadata") {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::Object(meta)) => meta,
+        Some(_) => return Err(ApiError::bad_request("metadata must be an object")),
+    };
+    let string_map = |v: &Value| v.is_null() || v.as_object().is_some_and(|m| m.values().all(Value::is_string));
+    let list = |v: &Value| v.is_null() || v.is_array();
+    for (field, fits) in [
+        ("labels", string_map(&meta.get("labels").cloned().unwrap_or_default())),
+        (
+            "annotations",
+            string_map(&meta.get("annotations").cloned().unwrap_or_default()),
+        ),
+        ("finalizers", list(&meta.get("finalizers").cloned().unwrap_or_default())),
+        (
+            "ownerReferences",
+            list(&meta.get("ownerReferences").cloned().unwrap_or_default()),
+        ),
+        (
+            "managedFields",
+            list(&meta.get("managedFields").cloned().unwrap_or_default()),
+        ),
+    ] {
+        if !fits {
+            return Err(ApiError::bad_request(format!("metadata.{field} has the wrong type")));
+        }
+    }
+    Ok(())
+}
+
 /// Applies a merge, JSON or strategic merge patch to `target` with apiserver semantics.
 pub fn apply_patch(target: &mut Value, patch_type: PatchType, patch: &[u8]) -> Result<(), ApiError> {
+    apply_patch_unchecked(target, patch_type, patch)?;
+    check_object_shape(target)
+}
+
+fn apply_patch_unchecked(target: &mut Value, patch_type: PatchType, patch: &[u8]) -> Result<(), ApiError> {
     match patch_type {
         PatchType::Merge => {
             let patch: Value = serde_json::from_slice(patch)

@@ -476,3 +476,88 @@ async fn protobuf_bodies_are_unsupported_media_types_and_dry_runs_are_refused() 
     assert_eq!(code, 400);
     assert!(t.configmaps("ns").get_opt("c").await.unwrap().is_none());
 }
+
+#[tokio::test]
+async fn malformed_patches_and_bodies_get_answers_not_crashes() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    t.configmaps("ns")
+        .create(&PostParams::default(), &configmap("c", json!({})))
+        .await
+        .unwrap();
+    let object = "/api/v1/namespaces/ns/configmaps/c";
+    let cases = [
+        ("PATCH", object, "application/merge-patch+json", r#""scalar""#),
+        ("PATCH", object, "application/merge-patch+json", r#"{"metadata":"x"}"#),
+        (
+            "PATCH",
+            object,
+            "application/json-patch+json",
+            r#"[{"op":"replace","path":"","value":[1]}]"#,
+        ),
+        ("PATCH", object, "application/strategic-merge-patch+json", "[]"),
+        (
+            "PATCH",
+            object,
+            "application/strategic-merge-patch+json",
+            r#"{"metadata":7}"#,
+        ),
+        (
+            "PATCH",
+            &format!("{object}?fieldManager=m"),
+            APPLY,
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: x\n",
+        ),
+        (
+            "PATCH",
+            "/api/v1/namespaces/ns/configmaps/d?fieldManager=m",
+            APPLY,
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: [1]\n",
+        ),
+        (
+            "PATCH",
+            &format!("{object}?fieldManager=m"),
+            APPLY,
+            "- just\n- a list\n",
+        ),
+        (
+            "POST",
+            "/api/v1/namespaces/ns/configmaps",
+            "application/json",
+            r#"{"metadata":"x"}"#,
+        ),
+        ("PUT", object, "application/json", r#"{"metadata":[],"data":{}}"#),
+        (
+            "POST",
+            "/api/v1/namespaces/ns/configmaps",
+            "application/json",
+            r#"{"metadata":{"name":"l","labels":"x"}}"#,
+        ),
+    ];
+    for (method, path, content_type, body) in cases {
+        let (code, status) = raw(&t, method, path, content_type, body).await;
+        assert!((400..500).contains(&code), "{method} {path} {body}: {code} {status}");
+        assert_eq!(status["kind"], "Status", "{method} {path} {body}");
+    }
+    // Wrongly typed specs are the validation's business; here they must only get an answer.
+    let typed = [
+        ("/api/v1/namespaces/ns/pods", r#"{"metadata":{"name":"p"},"spec":"x"}"#),
+        (
+            "/apis/apps/v1/namespaces/ns/deployments",
+            r#"{"metadata":{"name":"d"},"spec":[]}"#,
+        ),
+        (
+            "/apis/batch/v1/namespaces/ns/jobs",
+            r#"{"metadata":{"name":"j"},"spec":{"template":"x"}}"#,
+        ),
+        (
+            "/api/v1/namespaces/ns/secrets",
+            r#"{"metadata":{"name":"s"},"data":[1]}"#,
+        ),
+    ];
+    for (path, body) in typed {
+        let (code, answer) = raw(&t, "POST", path, "application/json", body).await;
+        assert!(code < 500 && answer.is_object(), "POST {path} {body}: {code} {answer}");
+    }
+    assert!(t.configmaps("ns").get("c").await.is_ok());
+}
