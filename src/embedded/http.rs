@@ -274,8 +274,9 @@ async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Res
     Ok(response)
 }
 
-/// Requests this server refuses before dispatch. Protobuf and CBOR bodies are not decoded here: 415, as kube-apiserver answers for a media
-/// type it does not serve (kubectl's typed `create configmap` sends protobuf; `create -f` JSON).
+/// Requests this server refuses before dispatch. Protobuf and CBOR bodies are not decoded here:
+/// 415, as kube-apiserver answers for a media type it does not serve (kubectl's typed
+/// `create configmap` sends protobuf; `create -f` sends JSON).
 fn refuse_unsupported(request: &ApiRequest) -> Result<(), ApiError> {
     if matches!(request.verb, Verb::Create | Verb::Update)
         && matches!(
@@ -342,7 +343,10 @@ fn collection(shared: &Arc<Shared>, request: &ApiRequest) -> Result<Response, Ap
         Verb::List => {
             let options = list_options(&target.info, &request.query)?;
             let list = verbs::list(store, &target.info, namespace, &options)?;
-            ok(table_view(shared, request).map_or(list.clone(), |view| view.list(&list)))
+            ok(match table_view(shared, request) {
+                Some(view) => view.list(&list),
+                None => list,
+            })
         }
         Verb::Create => {
             let mut body = parse_object(&request.body)?;
@@ -375,7 +379,10 @@ fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Resp
         (Verb::Get, None | Some("status")) => {
             target.write_part()?;
             let object = verbs::get(store, info, ns, name)?;
-            ok(table_view(shared, request).map_or(object.clone(), |view| view.object(&object)))
+            ok(match table_view(shared, request) {
+                Some(view) => view.object(&object),
+                None => object,
+            })
         }
         (Verb::Update, _) => {
             let part = target.write_part()?;
