@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::Shared;
 use super::discovery::{ResourceInfo, Resources, core_versions, version_info};
+use super::dry_run;
 use super::field_manager;
 use super::field_validation::{self, FieldValidation};
 use super::openapi;
@@ -225,6 +226,15 @@ struct ApiRequest {
     /// The `Accept` header, for Table output.
     accept: String,
     body: bytes::Bytes,
+    /// For `dryRun=All` writes: the scratch store the write goes to instead.
+    scratch: Option<super::store::Store>,
+}
+
+impl ApiRequest {
+    /// The store this request reads and writes.
+    fn store<'a>(&'a self, shared: &'a Shared) -> &'a super::store::Store {
+        self.scratch.as_ref().unwrap_or(&shared.store)
+    }
 }
 
 async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Result<Response, ApiError> {
@@ -251,7 +261,7 @@ async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Res
     let body = axum::body::to_bytes(request.into_body(), MAX_BODY)
         .await
         .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
-    let request = ApiRequest {
+    let mut request = ApiRequest {
         verb,
         target,
         query,
@@ -259,13 +269,18 @@ async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Res
         field_manager,
         accept,
         body,
+        scratch: None,
     };
     refuse_unsupported(&request)?;
     let warnings = field_warnings(&request)?;
+    let dry_run = prepare_dry_run(shared, &mut request)?;
     let mut response = match request.target.name.clone() {
         None => collection(shared, &request),
         Some(name) => object(shared, &request, &name),
     }?;
+    if let Some(dry_run) = dry_run {
+        response = dry_run_answer(response, dry_run.current.as_ref()).await?;
+    }
     for warning in warnings {
         if let Ok(value) = header::HeaderValue::from_str(&warning) {
             response.headers_mut().append(header::WARNING, value);
@@ -274,9 +289,56 @@ async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Res
     Ok(response)
 }
 
-/// Requests this server refuses before dispatch. Protobuf and CBOR bodies are not decoded here:
-/// 415, as kube-apiserver answers for a media type it does not serve (kubectl's typed
-/// `create configmap` sends protobuf; `create -f` sends JSON).
+/// For a `dryRun=All` write: points the request at a scratch store; `None` for everything else.
+fn prepare_dry_run(shared: &Shared, request: &mut ApiRequest) -> Result<Option<dry_run::DryRun>, ApiError> {
+    let writes = matches!(
+        request.verb,
+        Verb::Create | Verb::Update | Verb::Patch | Verb::Delete | Verb::DeleteCollection
+    );
+    match request.query.get("dryRun").map(String::as_str) {
+        None | Some("") => return Ok(None),
+        Some("All") if writes => {}
+        Some("All") => return Ok(None),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "Unsupported value: \"{other}\": supported values: \"All\""
+            )));
+        }
+    }
+    let target = &request.target;
+    let current = target
+        .name
+        .as_deref()
+        .and_then(|name| shared.store.get(&target.info.storage_key(), target.namespace(), name));
+    let name = target.name.as_deref().unwrap_or("");
+    let body = dry_run::check_and_strip_precondition(&request.body, current.as_ref(), &target.info, name)?;
+    request.body = bytes::Bytes::from(body);
+    request.scratch = Some(dry_run::scratch(
+        &shared.store,
+        &target.info,
+        target.namespace.as_deref(),
+    ));
+    Ok(Some(dry_run::DryRun { current }))
+}
+
+/// A dry run's answer with the real resourceVersion.
+async fn dry_run_answer(response: Response, current: Option<&Value>) -> Result<Response, ApiError> {
+    let (parts, body) = response.into_parts();
+    let bytes = axum::body::to_bytes(body, MAX_BODY)
+        .await
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let Ok(answer) = serde_json::from_slice::<Value>(&bytes) else {
+        return Ok(Response::from_parts(parts, Body::from(bytes)));
+    };
+    let answer = dry_run::restore_resource_version(answer, current);
+    let mut response = json_response(parts.status, &answer);
+    *response.headers_mut() = parts.headers;
+    response.headers_mut().remove(header::CONTENT_LENGTH);
+    Ok(response)
+}
+
+/// Protobuf and CBOR bodies are not decoded here: 415, as kube-apiserver answers for a media type
+/// it does not serve (kubectl's typed `create configmap` sends protobuf; `create -f` sends JSON).
 fn refuse_unsupported(request: &ApiRequest) -> Result<(), ApiError> {
     if matches!(request.verb, Verb::Create | Verb::Update)
         && matches!(
@@ -288,16 +350,6 @@ fn refuse_unsupported(request: &ApiRequest) -> Result<(), ApiError> {
             "the body of the request was in an unknown format ({}) - accepted media types include: application/json",
             request.content_type
         )));
-    }
-    // Writing what the client meant only to try would be worse than refusing it.
-    let writes = matches!(
-        request.verb,
-        Verb::Create | Verb::Update | Verb::Patch | Verb::Delete | Verb::DeleteCollection
-    );
-    if writes && request.query.get("dryRun").is_some_and(|d| !d.is_empty()) {
-        return Err(ApiError::bad_request(
-            "dryRun is not supported by this embedded API server",
-        ));
     }
     Ok(())
 }
@@ -336,7 +388,7 @@ fn ok(value: Value) -> Result<Response, ApiError> {
 }
 
 fn collection(shared: &Arc<Shared>, request: &ApiRequest) -> Result<Response, ApiError> {
-    let (store, target) = (&shared.store, &request.target);
+    let (store, target) = (request.store(shared), &request.target);
     let namespace = target.namespace.as_deref();
     match request.verb {
         Verb::Watch => watch_response(shared, target, &request.query, table_view(shared, request)),
@@ -371,7 +423,7 @@ fn collection(shared: &Arc<Shared>, request: &ApiRequest) -> Result<Response, Ap
 }
 
 fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Response, ApiError> {
-    let (store, target) = (&shared.store, &request.target);
+    let (store, target) = (request.store(shared), &request.target);
     let (info, ns) = (&target.info, target.namespace());
     match (request.verb, target.subresource.as_deref()) {
         (Verb::Get, Some("log")) if info.log_subresource => pod_log(shared, target, name, &request.query),
@@ -433,7 +485,7 @@ fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Resp
 }
 
 fn scale(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Response, ApiError> {
-    let (store, target) = (&shared.store, &request.target);
+    let (store, target) = (request.store(shared), &request.target);
     let (info, ns) = (&target.info, target.namespace());
     match request.verb {
         Verb::Get => ok(subresources::get_scale(store, info, ns, name)?),

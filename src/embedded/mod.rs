@@ -14,6 +14,7 @@
 
 pub mod crd;
 pub mod discovery;
+pub mod dry_run;
 pub mod field_manager;
 pub mod field_validation;
 pub mod gc;

@@ -177,6 +177,7 @@ fn resource_paths(info: &ResourceInfo, schema_name: &str) -> Vec<(String, Value)
     let response =
         json!({"200": {"description": "OK", "content": {"application/json": {"schema": reference.clone()}}}});
     let write_parameters = json!([
+        query_parameter("dryRun", "string"),
         query_parameter("fieldManager", "string"),
         query_parameter("fieldValidation", "string"),
     ]);

@@ -452,7 +452,7 @@ async fn noop_apply_patch_and_update_emit_no_watch_event() {
 }
 
 #[tokio::test]
-async fn protobuf_bodies_are_unsupported_media_types_and_dry_runs_are_refused() {
+async fn protobuf_bodies_are_unsupported_media_types() {
     let t = harness::start().await;
     t.namespace("ns").await;
     let (code, status) = raw(
@@ -464,8 +464,24 @@ async fn protobuf_bodies_are_unsupported_media_types_and_dry_runs_are_refused() 
     )
     .await;
     assert_eq!((code, status["reason"].as_str()), (415, Some("UnsupportedMediaType")));
-    let body = cm_config("c", json!({})).to_string();
-    let (code, _) = raw(
+}
+
+#[tokio::test]
+async fn dry_runs_answer_like_the_write_but_store_and_announce_nothing() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api = t.configmaps("ns");
+    let created = api
+        .create(&PostParams::default(), &configmap("c", json!({})))
+        .await
+        .unwrap();
+    let watch = api
+        .watch(&WatchParams::default().disable_bookmarks(), &resource_version(&created))
+        .await
+        .unwrap();
+
+    let body = cm_config("d", json!({"a": "1"})).to_string();
+    let (code, answer) = raw(
         &t,
         "POST",
         "/api/v1/namespaces/ns/configmaps?dryRun=All",
@@ -473,8 +489,65 @@ async fn protobuf_bodies_are_unsupported_media_types_and_dry_runs_are_refused() 
         &body,
     )
     .await;
-    assert_eq!(code, 400);
-    assert!(t.configmaps("ns").get_opt("c").await.unwrap().is_none());
+    assert_eq!(code, 201, "{answer}");
+    assert_eq!(answer["data"]["a"], "1");
+    assert!(answer["metadata"]["uid"].is_string());
+    assert!(api.get_opt("d").await.unwrap().is_none());
+
+    let object = "/api/v1/namespaces/ns/configmaps/c";
+    let (code, answer) = raw(
+        &t,
+        "PATCH",
+        &format!("{object}?dryRun=All"),
+        "application/merge-patch+json",
+        r#"{"data":{"k":"dry"}}"#,
+    )
+    .await;
+    assert_eq!((code, answer["data"]["k"].as_str()), (200, Some("dry")));
+    assert_eq!(answer["metadata"]["resourceVersion"], json!(resource_version(&created)));
+    let stale = json!({"metadata": {"resourceVersion": "1"}, "data": {"k": "x"}}).to_string();
+    let (code, _) = raw(
+        &t,
+        "PATCH",
+        &format!("{object}?dryRun=All"),
+        "application/merge-patch+json",
+        &stale,
+    )
+    .await;
+    assert_eq!(code, 409);
+    let (code, _) = raw(&t, "DELETE", &format!("{object}?dryRun=All"), "application/json", "").await;
+    assert_eq!(code, 200);
+    let apply_url = format!("{object}?dryRun=All&fieldManager=m&force=true");
+    let (code, answer) = raw(
+        &t,
+        "PATCH",
+        &apply_url,
+        APPLY,
+        &cm_config("c", json!({"k": "applied"})).to_string(),
+    )
+    .await;
+    assert_eq!((code, answer["data"]["k"].as_str()), (200, Some("applied")));
+
+    let stored = api.get("c").await.unwrap();
+    assert_eq!(stored.data.clone().unwrap_or_default()["k"], "v");
+    assert_eq!(resource_version(&stored), resource_version(&created));
+    api.patch(
+        "c",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "real"}})),
+    )
+    .await
+    .unwrap();
+    let first: Vec<String> = watch
+        .map_ok(|event| match event {
+            WatchEvent::Modified(cm) => format!("MODIFIED {}", cm.data.unwrap_or_default()["k"]),
+            other => format!("{other:?}"),
+        })
+        .take(1)
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(first, ["MODIFIED real"]);
 }
 
 #[tokio::test]

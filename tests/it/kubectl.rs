@@ -545,3 +545,44 @@ async fn kubectl_server_side_apply_reports_a_conflict_with_a_client_side_apply()
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn kubectl_diff_and_server_dry_run_change_nothing() {
+    let k = start().await;
+    let pool = k.example("pools/clusterpool-vsphere.yaml");
+    let dry = k.ok(&["apply", "--dry-run=server", "-f", &pool]).await;
+    assert!(dry.contains("created (server dry run)"), "{dry}");
+    assert!(
+        !k.run(&["get", "clusterpool", "vsphere-pool", "-n", "my-project"])
+            .await
+            .status
+            .success()
+    );
+    k.ok(&["apply", "-f", &pool]).await;
+    let same = k.run(&["diff", "-f", &pool]).await;
+    assert_eq!(same.status.code(), Some(0), "{}", String::from_utf8_lossy(&same.stderr));
+    let changed = std::fs::read_to_string(&pool)
+        .expect("example")
+        .replace("size: 2", "size: 5");
+    let different = k.run_with(&["diff", "-f", "-"], &changed).await;
+    let diff = String::from_utf8_lossy(&different.stdout);
+    assert_eq!(
+        different.status.code(),
+        Some(1),
+        "{diff}{}",
+        String::from_utf8_lossy(&different.stderr)
+    );
+    assert!(diff.contains("+  size: 5"), "{diff}");
+    let size = k
+        .ok(&[
+            "get",
+            "clusterpool",
+            "vsphere-pool",
+            "-n",
+            "my-project",
+            "-o",
+            "jsonpath={.spec.size}",
+        ])
+        .await;
+    assert_eq!(size, "2");
+}
