@@ -18,6 +18,7 @@ use super::field_manager;
 use super::field_validation::{self, FieldValidation};
 use super::openapi;
 use super::patch::{PatchType, check_object_shape};
+use super::protobuf::{self, ProtobufError};
 use super::selectors::{FieldSelector, LabelSelector, supported_fields};
 use super::status::{ApiError, json_response};
 use super::subresources::{self, ScaleChange};
@@ -271,7 +272,7 @@ async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Res
         body,
         scratch: None,
     };
-    refuse_unsupported(&request)?;
+    decode_binary_body(&mut request)?;
     let warnings = field_warnings(&request)?;
     let dry_run = prepare_dry_run(shared, &mut request)?;
     let mut response = match request.target.name.clone() {
@@ -337,21 +338,37 @@ async fn dry_run_answer(response: Response, current: Option<&Value>) -> Result<R
     Ok(response)
 }
 
-/// Protobuf and CBOR bodies are not decoded here: 415, as kube-apiserver answers for a media type
-/// it does not serve (kubectl's typed `create configmap` sends protobuf; `create -f` sends JSON).
-fn refuse_unsupported(request: &ApiRequest) -> Result<(), ApiError> {
-    if matches!(request.verb, Verb::Create | Verb::Update)
-        && matches!(
-            request.content_type.as_str(),
-            "application/vnd.kubernetes.protobuf" | "application/cbor"
-        )
-    {
-        return Err(ApiError::unsupported_media_type(format!(
-            "the body of the request was in an unknown format ({}) - accepted media types include: application/json",
-            request.content_type
-        )));
+/// Protobuf bodies of the kinds [`protobuf`] decodes become JSON; other protobuf and CBOR
+/// bodies are 415, as kube-apiserver answers for a media type it does not serve.
+fn decode_binary_body(request: &mut ApiRequest) -> Result<(), ApiError> {
+    let binary = matches!(
+        request.content_type.as_str(),
+        "application/vnd.kubernetes.protobuf" | "application/cbor"
+    );
+    let with_body = matches!(
+        request.verb,
+        Verb::Create | Verb::Update | Verb::Delete | Verb::DeleteCollection
+    );
+    if !binary || !with_body || request.body.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    let unsupported = |what: &str| {
+        ApiError::unsupported_media_type(format!(
+            "the body of the request was in an unknown format ({what}) - accepted media types include: application/json"
+        ))
+    };
+    if request.content_type == "application/cbor" {
+        return Err(unsupported("application/cbor"));
+    }
+    match protobuf::decode(&request.body) {
+        Ok(object) => {
+            request.body = bytes::Bytes::from(object.to_string());
+            request.content_type = "application/json".to_string();
+            Ok(())
+        }
+        Err(ProtobufError::Unsupported(kind)) => Err(unsupported(&format!("protobuf {kind}"))),
+        Err(ProtobufError::Malformed) => Err(ApiError::bad_request("the protobuf request body is malformed")),
+    }
 }
 
 /// `fieldValidation` of a create, update or (non-JSON) patch: the warnings to answer with.

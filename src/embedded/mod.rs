@@ -23,6 +23,7 @@ pub mod namespaces;
 pub mod openapi;
 pub mod patch;
 pub mod patch_engine;
+pub mod protobuf;
 pub mod schema;
 pub mod selectors;
 pub mod status;

@@ -452,7 +452,7 @@ async fn noop_apply_patch_and_update_emit_no_watch_event() {
 }
 
 #[tokio::test]
-async fn protobuf_bodies_are_unsupported_media_types() {
+async fn protobuf_bodies_of_other_kinds_are_unsupported_media_types() {
     let t = harness::start().await;
     t.namespace("ns").await;
     let (code, status) = raw(

@@ -586,3 +586,107 @@ async fn kubectl_diff_and_server_dry_run_change_nothing() {
         .await;
     assert_eq!(size, "2");
 }
+
+#[tokio::test]
+async fn kubectl_typed_creates_send_protobuf_that_the_server_decodes() {
+    let k = start().await;
+    k.ok(&["create", "namespace", "typed"]).await;
+    k.ok(&["create", "configmap", "settings", "-n", "typed", "--from-literal=a=1"])
+        .await;
+    k.ok(&[
+        "create",
+        "secret",
+        "generic",
+        "token",
+        "-n",
+        "typed",
+        "--from-literal=t=s3cr3t",
+    ])
+    .await;
+    let data = k
+        .ok(&[
+            "get",
+            "configmap",
+            "settings",
+            "-n",
+            "typed",
+            "-o",
+            "jsonpath={.data.a}",
+        ])
+        .await;
+    assert_eq!(data, "1");
+    let secret = k
+        .ok(&["get", "secret", "token", "-n", "typed", "-o", "jsonpath={.data.t}"])
+        .await;
+    assert_eq!(secret, "czNjcjN0");
+    let deleted = k.ok(&["delete", "secret", "token", "-n", "typed"]).await;
+    assert!(deleted.contains("deleted"), "{deleted}");
+}
+
+const CHART: &str = "apiVersion: v2
+name: probe
+version: 0.1.0
+";
+
+const CHART_TEMPLATE: &str = "apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: probe
+data:
+  value: {{ .Values.value | quote }}
+---
+apiVersion: pools.stackd.dev/v1alpha1
+kind: ClusterDeploymentCustomization
+metadata:
+  name: probe
+spec:
+  installConfigPatches:
+  - op: add
+    path: /x
+    value: {{ .Values.value | quote }}
+";
+
+#[tokio::test]
+async fn helm_installs_upgrades_and_uninstalls_a_chart_with_releases_in_secrets() {
+    let k = start().await;
+    let chart = k.dir.path().join("chart");
+    std::fs::create_dir_all(chart.join("templates")).expect("chart directory");
+    std::fs::write(chart.join("Chart.yaml"), CHART).expect("Chart.yaml");
+    std::fs::write(chart.join("values.yaml"), "value: one\n").expect("values.yaml");
+    std::fs::write(chart.join("templates/objects.yaml"), CHART_TEMPLATE).expect("template");
+    let helm_binary = kubectl_binary().with_file_name("helm");
+    let helm = |args: &[&str]| {
+        let mut command = Command::new(&helm_binary);
+        command
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(k.dir.path().join("kubeconfig"))
+            .env("HELM_CACHE_HOME", k.dir.path().join("helm-cache"))
+            .env("HELM_CONFIG_HOME", k.dir.path().join("helm-config"))
+            .env("HELM_DATA_HOME", k.dir.path().join("helm-data"))
+            .kill_on_drop(true);
+        command
+    };
+    let chart_path = chart.to_string_lossy().into_owned();
+    for args in [
+        vec!["install", "probe", chart_path.as_str()],
+        vec!["upgrade", "probe", chart_path.as_str(), "--set", "value=two"],
+    ] {
+        let output = helm(&args).output().await.expect("helm runs");
+        assert!(
+            output.status.success(),
+            "helm {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let value = k
+        .ok(&["get", "configmap", "probe", "-o", "jsonpath={.data.value}"])
+        .await;
+    assert_eq!(value, "two");
+    let releases = k.ok(&["get", "secrets", "-l", "owner=helm", "-o", "name"]).await;
+    assert_eq!(releases.lines().count(), 2, "{releases}");
+    let output = helm(&["uninstall", "probe"]).output().await.expect("helm runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let left = k.ok(&["get", "secrets,configmaps,cdc", "-o", "name"]).await;
+    assert!(left.trim().is_empty(), "{left}");
+}
