@@ -6,20 +6,69 @@
 //! against the real objects first and then dropped from the request; the answer carries the real
 //! resourceVersion (none for a create), as kube-apiserver's dry runs do.
 
+use axum::body::Body;
+use axum::http::header;
+use axum::response::Response;
 use serde_json::Value;
 
 use super::discovery::ResourceInfo;
-use super::status::ApiError;
+use super::status::{ApiError, json_response};
 use super::store::{GroupResource, Store, Write};
+
+/// Largest answer re-read to restore its resourceVersion.
+const MAX_ANSWER: usize = 64 * 1024 * 1024;
+
+/// Whether the `dryRun` parameter asks for a dry run of this request (only `All` exists).
+pub fn requested(parameter: Option<&str>, writes: bool) -> Result<bool, ApiError> {
+    match parameter {
+        None | Some("") => Ok(false),
+        Some("All") => Ok(writes),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "Unsupported value: \"{other}\": supported values: \"All\""
+        ))),
+    }
+}
 
 /// A dry run under way.
 pub struct DryRun {
     /// The real object the write addresses, if it exists.
-    pub current: Option<Value>,
+    current: Option<Value>,
+}
+
+/// Starts a dry run of a write to `name` (none for a collection): the request body to use and
+/// the scratch store to write to.
+pub fn prepare(
+    store: &Store,
+    info: &ResourceInfo,
+    namespace: Option<&str>,
+    name: Option<&str>,
+    body: &[u8],
+) -> Result<(DryRun, Vec<u8>, Store), ApiError> {
+    let current = name.and_then(|name| store.get(&info.storage_key(), namespace.unwrap_or(""), name));
+    let body = check_and_strip_precondition(body, current.as_ref(), info, name.unwrap_or(""))?;
+    Ok((DryRun { current }, body, scratch(store, info, namespace)))
+}
+
+impl DryRun {
+    /// The write's answer with the real resourceVersion.
+    pub async fn answer(&self, response: Response) -> Result<Response, ApiError> {
+        let (parts, body) = response.into_parts();
+        let bytes = axum::body::to_bytes(body, MAX_ANSWER)
+            .await
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let Ok(answer) = serde_json::from_slice::<Value>(&bytes) else {
+            return Ok(Response::from_parts(parts, Body::from(bytes)));
+        };
+        let answer = restore_resource_version(answer, self.current.as_ref());
+        let mut response = json_response(parts.status, &answer);
+        *response.headers_mut() = parts.headers;
+        response.headers_mut().remove(header::CONTENT_LENGTH);
+        Ok(response)
+    }
 }
 
 /// A scratch copy of the objects a write to `info` in `namespace` can read or change.
-pub fn scratch(store: &Store, info: &ResourceInfo, namespace: Option<&str>) -> Store {
+fn scratch(store: &Store, info: &ResourceInfo, namespace: Option<&str>) -> Store {
     let copy = Store::new();
     let put = |resource: &GroupResource, object: Value| {
         let ns = object["metadata"]["namespace"].as_str().unwrap_or("").to_string();
@@ -42,7 +91,7 @@ pub fn scratch(store: &Store, info: &ResourceInfo, namespace: Option<&str>) -> S
 
 /// Checks a `metadata.resourceVersion` (or `preconditions.resourceVersion` of DeleteOptions) in a
 /// JSON body against the real object, then removes it so the scratch copy does not refuse it.
-pub fn check_and_strip_precondition(
+fn check_and_strip_precondition(
     body: &[u8],
     current: Option<&Value>,
     info: &ResourceInfo,
@@ -73,7 +122,7 @@ pub fn check_and_strip_precondition(
 }
 
 /// The answer of a dry run with the real object's resourceVersion (none for a would-be create).
-pub fn restore_resource_version(mut answer: Value, current: Option<&Value>) -> Value {
+fn restore_resource_version(mut answer: Value, current: Option<&Value>) -> Value {
     if answer["kind"] == "Status" || answer["items"].is_array() {
         return answer;
     }

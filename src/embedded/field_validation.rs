@@ -50,6 +50,25 @@ impl FieldValidation {
     }
 }
 
+impl FieldValidation {
+    /// [`check`](Self::check) on a request body: JSON, or YAML for an apply. A body that does not
+    /// parse is left to the verb to refuse.
+    pub fn check_body(self, info: &ResourceInfo, yaml: bool, body: &[u8]) -> Result<Vec<String>, ApiError> {
+        if self == FieldValidation::Ignore {
+            return Ok(Vec::new());
+        }
+        let text = String::from_utf8_lossy(body);
+        let parsed: Value = if yaml {
+            serde_json::from_str(&text)
+                .or_else(|_| serde_saphyr::from_str(&text))
+                .unwrap_or(Value::Null)
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::Null)
+        };
+        self.check(info, &parsed)
+    }
+}
+
 /// A `Warning` header value: `299 - "<text>"` with the text quoted as Go's `%q` does.
 fn warning(text: &str) -> String {
     format!("299 - {}", Value::String(text.to_string()))

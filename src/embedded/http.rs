@@ -18,7 +18,7 @@ use super::field_manager;
 use super::field_validation::{self, FieldValidation};
 use super::openapi;
 use super::patch::{PatchType, check_object_shape};
-use super::protobuf::{self, ProtobufError};
+use super::protobuf;
 use super::selectors::{FieldSelector, LabelSelector, supported_fields};
 use super::status::{ApiError, json_response};
 use super::subresources::{self, ScaleChange};
@@ -280,7 +280,7 @@ async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Res
         Some(name) => object(shared, &request, &name),
     }?;
     if let Some(dry_run) = dry_run {
-        response = dry_run_answer(response, dry_run.current.as_ref()).await?;
+        response = dry_run.answer(response).await?;
     }
     for warning in warnings {
         if let Ok(value) = header::HeaderValue::from_str(&warning) {
@@ -296,79 +296,34 @@ fn prepare_dry_run(shared: &Shared, request: &mut ApiRequest) -> Result<Option<d
         request.verb,
         Verb::Create | Verb::Update | Verb::Patch | Verb::Delete | Verb::DeleteCollection
     );
-    match request.query.get("dryRun").map(String::as_str) {
-        None | Some("") => return Ok(None),
-        Some("All") if writes => {}
-        Some("All") => return Ok(None),
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "Unsupported value: \"{other}\": supported values: \"All\""
-            )));
-        }
+    if !dry_run::requested(request.query.get("dryRun").map(String::as_str), writes)? {
+        return Ok(None);
     }
     let target = &request.target;
-    let current = target
-        .name
-        .as_deref()
-        .and_then(|name| shared.store.get(&target.info.storage_key(), target.namespace(), name));
-    let name = target.name.as_deref().unwrap_or("");
-    let body = dry_run::check_and_strip_precondition(&request.body, current.as_ref(), &target.info, name)?;
-    request.body = bytes::Bytes::from(body);
-    request.scratch = Some(dry_run::scratch(
+    let namespace = target.namespace.as_deref();
+    let (dry_run, body, scratch) = dry_run::prepare(
         &shared.store,
         &target.info,
-        target.namespace.as_deref(),
-    ));
-    Ok(Some(dry_run::DryRun { current }))
+        namespace,
+        target.name.as_deref(),
+        &request.body,
+    )?;
+    request.body = body.into();
+    request.scratch = Some(scratch);
+    Ok(Some(dry_run))
 }
 
-/// A dry run's answer with the real resourceVersion.
-async fn dry_run_answer(response: Response, current: Option<&Value>) -> Result<Response, ApiError> {
-    let (parts, body) = response.into_parts();
-    let bytes = axum::body::to_bytes(body, MAX_BODY)
-        .await
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    let Ok(answer) = serde_json::from_slice::<Value>(&bytes) else {
-        return Ok(Response::from_parts(parts, Body::from(bytes)));
-    };
-    let answer = dry_run::restore_resource_version(answer, current);
-    let mut response = json_response(parts.status, &answer);
-    *response.headers_mut() = parts.headers;
-    response.headers_mut().remove(header::CONTENT_LENGTH);
-    Ok(response)
-}
-
-/// Protobuf bodies of the kinds [`protobuf`] decodes become JSON; other protobuf and CBOR
-/// bodies are 415, as kube-apiserver answers for a media type it does not serve.
+/// Protobuf bodies of the kinds [`protobuf`] decodes become JSON; others are 415.
 fn decode_binary_body(request: &mut ApiRequest) -> Result<(), ApiError> {
-    let binary = matches!(
-        request.content_type.as_str(),
-        "application/vnd.kubernetes.protobuf" | "application/cbor"
-    );
     let with_body = matches!(
         request.verb,
         Verb::Create | Verb::Update | Verb::Delete | Verb::DeleteCollection
     );
-    if !binary || !with_body || request.body.is_empty() {
-        return Ok(());
+    if with_body && let Some(json) = protobuf::json_body(&request.content_type, &request.body)? {
+        request.body = json.into();
+        request.content_type = "application/json".to_string();
     }
-    let unsupported = |what: &str| {
-        ApiError::unsupported_media_type(format!(
-            "the body of the request was in an unknown format ({what}) - accepted media types include: application/json"
-        ))
-    };
-    if request.content_type == "application/cbor" {
-        return Err(unsupported("application/cbor"));
-    }
-    match protobuf::decode(&request.body) {
-        Ok(object) => {
-            request.body = bytes::Bytes::from(object.to_string());
-            request.content_type = "application/json".to_string();
-            Ok(())
-        }
-        Err(ProtobufError::Unsupported(kind)) => Err(unsupported(&format!("protobuf {kind}"))),
-        Err(ProtobufError::Malformed) => Err(ApiError::bad_request("the protobuf request body is malformed")),
-    }
+    Ok(())
 }
 
 /// `fieldValidation` of a create, update or (non-JSON) patch: the warnings to answer with.
@@ -377,18 +332,10 @@ fn field_warnings(request: &ApiRequest) -> Result<Vec<String>, ApiError> {
     let writes_object = matches!(request.verb, Verb::Create | Verb::Update | Verb::Patch)
         && matches!(request.target.subresource.as_deref(), None | Some("status"))
         && request.content_type != "application/json-patch+json";
-    if validation == FieldValidation::Ignore || !writes_object {
+    if !writes_object {
         return Ok(Vec::new());
     }
-    let body: Value = if request.content_type == APPLY_PATCH {
-        let text = String::from_utf8_lossy(&request.body);
-        serde_json::from_str(&text)
-            .or_else(|_| serde_saphyr::from_str(&text))
-            .unwrap_or(Value::Null)
-    } else {
-        serde_json::from_slice(&request.body).unwrap_or(Value::Null)
-    };
-    validation.check(&request.target.info, &body)
+    validation.check_body(&request.target.info, request.content_type == APPLY_PATCH, &request.body)
 }
 
 fn header_text(request: &Request, name: header::HeaderName) -> String {

@@ -10,6 +10,8 @@
 use base64::Engine;
 use serde_json::{Map, Value, json};
 
+use super::status::ApiError;
+
 const MAGIC: &[u8] = b"k8s\0";
 
 /// One field of a protobuf message.
@@ -310,6 +312,26 @@ pub fn decode(body: &[u8]) -> Result<Value, ProtobufError> {
     };
     decoded.ok_or(ProtobufError::Malformed)?;
     Ok(Value::Object(object))
+}
+
+/// The JSON for a protobuf request body (`None` when the body is not binary); other protobuf
+/// kinds and CBOR are 415, as kube-apiserver answers for a media type it does not serve.
+pub fn json_body(content_type: &str, body: &[u8]) -> Result<Option<Vec<u8>>, ApiError> {
+    let unsupported = |what: &str| {
+        ApiError::unsupported_media_type(format!(
+            "the body of the request was in an unknown format ({what}) - accepted media types include: application/json"
+        ))
+    };
+    match content_type {
+        _ if body.is_empty() => Ok(None),
+        "application/cbor" => Err(unsupported(content_type)),
+        "application/vnd.kubernetes.protobuf" => match decode(body) {
+            Ok(object) => Ok(Some(object.to_string().into_bytes())),
+            Err(ProtobufError::Unsupported(kind)) => Err(unsupported(&format!("protobuf {kind}"))),
+            Err(ProtobufError::Malformed) => Err(ApiError::bad_request("the protobuf request body is malformed")),
+        },
+        _ => Ok(None),
+    }
 }
 
 #[cfg(test)]
