@@ -1,6 +1,6 @@
 //! Protobuf request bodies for the few kinds client-go's typed clients write with them: Helm keeps
 //! its releases in Secrets (and deletes them with protobuf DeleteOptions), and
-//! `kubectl create namespace|configmap|secret` use typed clients,
+//! `kubectl create namespace|configmap|secret|serviceaccount|role|rolebinding|...` use typed clients,
 //! which send `application/vnd.kubernetes.protobuf` and do not fall back to JSON. The body becomes
 //! the JSON object it stands for; answers stay JSON (those clients accept it). Other kinds are 415.
 //!
@@ -242,6 +242,96 @@ fn namespace(bytes: &[u8], object: &mut Map<String, Value>) -> Option<()> {
     Some(())
 }
 
+/// How one field of a message maps to JSON, for the plain messages below.
+enum Shape {
+    Text,
+    Texts,
+    Flag,
+    Message(&'static [(u64, &'static str, Shape)]),
+    Messages(&'static [(u64, &'static str, Shape)]),
+}
+
+const POLICY_RULE: &[(u64, &str, Shape)] = &[
+    (1, "verbs", Shape::Texts),
+    (2, "apiGroups", Shape::Texts),
+    (3, "resources", Shape::Texts),
+    (4, "resourceNames", Shape::Texts),
+    (5, "nonResourceURLs", Shape::Texts),
+];
+const SUBJECT: &[(u64, &str, Shape)] = &[
+    (1, "kind", Shape::Text),
+    (2, "apiGroup", Shape::Text),
+    (3, "name", Shape::Text),
+    (4, "namespace", Shape::Text),
+];
+const ROLE_REF: &[(u64, &str, Shape)] = &[
+    (1, "apiGroup", Shape::Text),
+    (2, "kind", Shape::Text),
+    (3, "name", Shape::Text),
+];
+const OBJECT_REFERENCE: &[(u64, &str, Shape)] = &[
+    (1, "kind", Shape::Text),
+    (2, "namespace", Shape::Text),
+    (3, "name", Shape::Text),
+    (4, "uid", Shape::Text),
+    (5, "apiVersion", Shape::Text),
+];
+const LOCAL_OBJECT_REFERENCE: &[(u64, &str, Shape)] = &[(1, "name", Shape::Text)];
+const ROLE: &[(u64, &str, Shape)] = &[(2, "rules", Shape::Messages(POLICY_RULE))];
+const ROLE_BINDING: &[(u64, &str, Shape)] = &[
+    (2, "subjects", Shape::Messages(SUBJECT)),
+    (3, "roleRef", Shape::Message(ROLE_REF)),
+];
+const SERVICE_ACCOUNT: &[(u64, &str, Shape)] = &[
+    (2, "secrets", Shape::Messages(OBJECT_REFERENCE)),
+    (3, "imagePullSecrets", Shape::Messages(LOCAL_OBJECT_REFERENCE)),
+    (4, "automountServiceAccountToken", Shape::Flag),
+];
+
+/// An object whose `metadata` is field 1 and whose other fields `table` describes.
+fn with_metadata(bytes: &[u8], table: &[(u64, &str, Shape)], object: &mut Map<String, Value>) -> Option<()> {
+    for (number, field) in fields(bytes)? {
+        if let (1, Field::Bytes(b)) = (number, field) {
+            object.insert("metadata".into(), object_meta(b)?);
+        }
+    }
+    plain(bytes, table, object)
+}
+
+/// A message whose fields `table` describes; empty strings are left out, as JSON's `omitempty`
+/// does.
+fn plain(bytes: &[u8], table: &[(u64, &str, Shape)], object: &mut Map<String, Value>) -> Option<()> {
+    for (number, field) in fields(bytes)? {
+        let Some((_, name, shape)) = table.iter().find(|(n, _, _)| *n == number) else {
+            continue;
+        };
+        match (shape, field) {
+            (Shape::Text, Field::Bytes(b)) => {
+                let value = text(b)?;
+                if !value.is_empty() {
+                    object.insert(name.to_string(), json!(value));
+                }
+            }
+            (Shape::Texts, Field::Bytes(b)) => push(object, name, json!(text(b)?)),
+            (Shape::Flag, Field::Varint(v)) => {
+                object.insert(name.to_string(), json!(v != 0));
+            }
+            (Shape::Message(inner), Field::Bytes(b)) => {
+                let mut child = Map::new();
+                plain(b, inner, &mut child)?;
+                object.insert(name.to_string(), Value::Object(child));
+            }
+            (Shape::Messages(inner), Field::Bytes(b)) => {
+                let mut child = Map::new();
+                plain(b, inner, &mut child)?;
+                push(object, name, Value::Object(child));
+            }
+            _ => {}
+        }
+    }
+    Some(())
+}
+
 /// `metav1.DeleteOptions`, which typed clients send with their deletes.
 fn delete_options(bytes: &[u8], object: &mut Map<String, Value>) -> Option<()> {
     for (number, field) in fields(bytes)? {
@@ -307,6 +397,11 @@ pub fn decode(body: &[u8]) -> Result<Value, ProtobufError> {
         ("v1", "Secret") => secret(raw, &mut object),
         ("v1", "ConfigMap") => config_map(raw, &mut object),
         ("v1", "Namespace") => namespace(raw, &mut object),
+        ("v1", "ServiceAccount") => with_metadata(raw, SERVICE_ACCOUNT, &mut object),
+        ("rbac.authorization.k8s.io/v1", "Role" | "ClusterRole") => with_metadata(raw, ROLE, &mut object),
+        ("rbac.authorization.k8s.io/v1", "RoleBinding" | "ClusterRoleBinding") => {
+            with_metadata(raw, ROLE_BINDING, &mut object)
+        }
         (_, "DeleteOptions") => delete_options(raw, &mut object),
         _ => return Err(ProtobufError::Unsupported(format!("{api_version} {kind}"))),
     };

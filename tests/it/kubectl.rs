@@ -621,6 +621,70 @@ async fn kubectl_typed_creates_send_protobuf_that_the_server_decodes() {
     assert_eq!(secret, "czNjcjN0");
     let deleted = k.ok(&["delete", "secret", "token", "-n", "typed"]).await;
     assert!(deleted.contains("deleted"), "{deleted}");
+
+    k.ok(&["create", "serviceaccount", "robot", "-n", "typed"]).await;
+    k.ok(&[
+        "create",
+        "role",
+        "reader",
+        "-n",
+        "typed",
+        "--verb=get,list",
+        "--resource=configmaps",
+    ])
+    .await;
+    k.ok(&[
+        "create",
+        "rolebinding",
+        "robot-reads",
+        "-n",
+        "typed",
+        "--role=reader",
+        "--serviceaccount=typed:robot",
+    ])
+    .await;
+    k.ok(&[
+        "create",
+        "clusterrole",
+        "pool-reader",
+        "--verb=get",
+        "--resource=clusterpools.pools.stackd.dev",
+    ])
+    .await;
+    let rule = k
+        .ok(&[
+            "get",
+            "role",
+            "reader",
+            "-n",
+            "typed",
+            "-o",
+            "jsonpath={.rules[0].verbs}",
+        ])
+        .await;
+    assert_eq!(rule, r#"["get","list"]"#);
+    let binding = k
+        .ok(&[
+            "get",
+            "rolebinding",
+            "robot-reads",
+            "-n",
+            "typed",
+            "-o",
+            "jsonpath={.roleRef.name} {.subjects[0].kind} {.subjects[0].name}",
+        ])
+        .await;
+    assert_eq!(binding, "reader ServiceAccount robot");
+    let resources = k
+        .ok(&[
+            "get",
+            "clusterrole",
+            "pool-reader",
+            "-o",
+            "jsonpath={.rules[0].apiGroups[0]} {.rules[0].resources[0]}",
+        ])
+        .await;
+    assert_eq!(resources, "pools.stackd.dev clusterpools");
 }
 
 const CHART: &str = "apiVersion: v2
