@@ -634,3 +634,35 @@ async fn malformed_patches_and_bodies_get_answers_not_crashes() {
     }
     assert!(t.configmaps("ns").get("c").await.is_ok());
 }
+
+#[tokio::test]
+async fn a_released_lease_is_taken_by_the_next_contender_at_once() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let manager = |identity: &str| {
+        kube_lease_manager::LeaseManagerBuilder::new(t.client.clone(), "leader")
+            .with_namespace("ns")
+            .with_parameters(kube_lease_manager::LeaseParams::new(identity, 30, 10))
+            .build()
+    };
+    let first = manager("first").await.unwrap();
+    assert!(
+        first.changed().await.unwrap(),
+        "the first contender takes the free lease"
+    );
+    first.release().await.unwrap();
+    // The release drops the first holder's fields (a strategic merge of nulls), so the next
+    // contender's server-side apply without force meets no conflict; with a 30 s lease, only
+    // that lets it in within seconds.
+    let second = manager("second").await.unwrap();
+    let taken = tokio::time::timeout(Duration::from_secs(5), second.changed()).await;
+    assert!(
+        matches!(taken, Ok(Ok(true))),
+        "the released lease is taken at once: {taken:?}"
+    );
+    let leases: Api<Lease> = Api::namespaced(t.client.clone(), "ns");
+    let lease = leases.get("leader").await.unwrap();
+    let spec = lease.spec.unwrap_or_default();
+    assert_eq!(spec.holder_identity.as_deref(), Some("second"));
+    assert_eq!(spec.lease_transitions, Some(2));
+}
