@@ -15,12 +15,20 @@ use serde_json::Value;
 use super::Shared;
 use super::convert;
 use super::discovery::{ResourceInfo, Resources, core_versions, version_info};
-use super::patch::{PatchBody, PatchType};
+use super::dry_run;
+use super::field_manager;
+use super::field_validation::{self, FieldValidation};
+use super::openapi;
+use super::patch::{PatchBody, PatchType, check_object_shape};
+use super::protobuf;
 use super::selectors::{FieldSelector, LabelSelector, supported_fields};
 use super::status::{ApiError, json_response};
 use super::subresources::{self, ScaleChange};
+use super::table::{self, IncludeObject, TableView};
 use super::verbs::{self, DeleteOptions, ListOptions, Subresource, WriteOptions};
 use super::watch::{self, WatchOptions};
+
+const APPLY_PATCH: &str = "application/apply-patch+yaml";
 
 /// Largest request body accepted: kube-apiserver's limit, so oversized objects fail here too.
 const MAX_BODY: usize = 3 * 1024 * 1024;
@@ -88,6 +96,10 @@ async fn serve(shared: &Arc<Shared>, request: Request) -> Result<Response, ApiEr
     };
     match segments.as_slice() {
         ["version"] => only_get(&request).and_then(|_| ok(version_info())),
+        ["openapi", "v3"] => only_get(&request).and_then(|_| ok(openapi::index(&resources))),
+        ["openapi", "v3", rest @ ..] => {
+            only_get(&request).and_then(|_| ok(discovery(openapi::document_at(&resources, rest))?))
+        }
         ["api"] => only_get(&request).and_then(|_| ok(core_versions(&shared.address))),
         ["apis"] => only_get(&request).and_then(|_| ok(resources.api_group_list())),
         ["api", "v1"] => only_get(&request).and_then(|_| ok(discovery(resources.resource_list("", "v1"))?)),
@@ -220,7 +232,20 @@ struct ApiRequest {
     write: WriteOptions,
     /// The media type without parameters.
     content_type: String,
+    /// `fieldManager`, else the User-Agent's product, as kube-apiserver defaults it.
+    field_manager: String,
+    /// The `Accept` header, for Table output.
+    accept: String,
     body: bytes::Bytes,
+    /// For `dryRun=All` writes: the scratch store the write goes to instead.
+    scratch: Option<super::store::Store>,
+}
+
+impl ApiRequest {
+    /// The store this request reads and writes.
+    fn store<'a>(&'a self, shared: &'a Shared) -> &'a super::store::Store {
+        self.scratch.as_ref().unwrap_or(&shared.store)
+    }
 }
 
 async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Result<Response, ApiError> {
@@ -239,24 +264,104 @@ async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Res
         .unwrap_or("")
         .trim()
         .to_string();
+    let accept = header_text(&request, header::ACCEPT);
+    let user_agent = header_text(&request, header::USER_AGENT);
+    let field_manager = query.get("fieldManager").cloned().unwrap_or_else(|| {
+        let product = user_agent.split('/').next().unwrap_or("");
+        if product.is_empty() {
+            field_manager::DEFAULT_MANAGER.to_string()
+        } else {
+            product.to_string()
+        }
+    });
     let body = axum::body::to_bytes(request.into_body(), MAX_BODY).await.map_err(|_| {
         let message = format!("Request entity too large: limit is {MAX_BODY}");
         ApiError::new(413, "RequestEntityTooLarge", message)
     })?;
-    let request = ApiRequest {
+    let mut request = ApiRequest {
         verb,
         target,
         write,
         query,
         content_type,
+        field_manager,
+        accept,
         body,
+        scratch: None,
     };
-    // Every resource request passes here with its verb, resource and namespace known: the place
-    // for per-verb/kind counters and fault injection.
-    match request.target.name.clone() {
+    decode_binary_body(&mut request)?;
+    let warnings = field_warnings(&request)?;
+    let dry_run = prepare_dry_run(shared, &mut request)?;
+    let mut response = match request.target.name.clone() {
         None => collection(shared, &request),
         Some(name) => object(shared, &request, &name),
+    }?;
+    if let Some(dry_run) = dry_run {
+        response = dry_run.answer(response).await?;
     }
+    for warning in warnings {
+        if let Ok(value) = header::HeaderValue::from_str(&warning) {
+            response.headers_mut().append(header::WARNING, value);
+        }
+    }
+    Ok(response)
+}
+
+/// For a `dryRun=All` write: points the request at a scratch store; `None` for everything else.
+fn prepare_dry_run(shared: &Shared, request: &mut ApiRequest) -> Result<Option<dry_run::DryRun>, ApiError> {
+    let writes = matches!(
+        request.verb,
+        Verb::Create | Verb::Update | Verb::Patch | Verb::Delete | Verb::DeleteCollection
+    );
+    if !dry_run::requested(request.query.get("dryRun").map(String::as_str), writes)? {
+        return Ok(None);
+    }
+    let target = &request.target;
+    let namespace = target.namespace.as_deref();
+    let (dry_run, body, scratch) = dry_run::prepare(
+        &shared.store,
+        &target.info,
+        namespace,
+        target.name.as_deref(),
+        &request.body,
+    )?;
+    request.body = body.into();
+    request.scratch = Some(scratch);
+    Ok(Some(dry_run))
+}
+
+/// Protobuf bodies of the kinds [`protobuf`] decodes become JSON; others are 415.
+fn decode_binary_body(request: &mut ApiRequest) -> Result<(), ApiError> {
+    let with_body = matches!(
+        request.verb,
+        Verb::Create | Verb::Update | Verb::Delete | Verb::DeleteCollection
+    );
+    if with_body && let Some(json) = protobuf::json_body(&request.content_type, &request.body)? {
+        request.body = json.into();
+        request.content_type = "application/json".to_string();
+    }
+    Ok(())
+}
+
+/// `fieldValidation` of a create, update or (non-JSON) patch: the warnings to answer with.
+fn field_warnings(request: &ApiRequest) -> Result<Vec<String>, ApiError> {
+    let validation = FieldValidation::parse(request.query.get("fieldValidation").map(String::as_str))?;
+    let writes_object = matches!(request.verb, Verb::Create | Verb::Update | Verb::Patch)
+        && matches!(request.target.subresource.as_deref(), None | Some("status"))
+        && request.content_type != "application/json-patch+json";
+    if !writes_object {
+        return Ok(Vec::new());
+    }
+    validation.check_body(&request.target.info, request.content_type == APPLY_PATCH, &request.body)
+}
+
+fn header_text(request: &Request, name: header::HeaderName) -> String {
+    request
+        .headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string()
 }
 
 fn counted(verb: Verb, target: &Target) -> crate::embedded::counters::RequestKey {
@@ -276,17 +381,24 @@ fn ok(value: Value) -> Result<Response, ApiError> {
 }
 
 fn collection(shared: &Arc<Shared>, request: &ApiRequest) -> Result<Response, ApiError> {
-    let (store, target) = (&shared.store, &request.target);
+    let (store, target) = (request.store(shared), &request.target);
     let namespace = target.namespace.as_deref();
     match request.verb {
-        Verb::Watch => watch_response(shared, target, &request.query),
+        Verb::Watch => watch_response(shared, target, &request.query, table_view(shared, request)),
         Verb::List => {
             let options = list_options(&target.info, &request.query)?;
-            ok(verbs::list(store, &target.info, namespace, &options)?)
+            let list = verbs::list(store, &target.info, namespace, &options)?;
+            ok(match table_view(shared, request) {
+                Some(view) => view.list(&list),
+                None => list,
+            })
         }
         Verb::Create => {
-            let body = body_json(request)?;
-            let created = verbs::create(store, &target.info, target.namespace(), body, request.write)?;
+            let mut body = parse_object(request)?;
+            field_validation::prune_builtin(&target.info, &mut body);
+            let manager = Some(request.field_manager.as_str());
+            let created =
+                verbs::create_recorded(store, &target.info, target.namespace(), body, manager, request.write)?;
             Ok(json_response(StatusCode::CREATED, &created))
         }
         Verb::DeleteCollection => {
@@ -305,24 +417,61 @@ fn collection(shared: &Arc<Shared>, request: &ApiRequest) -> Result<Response, Ap
 }
 
 fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Response, ApiError> {
-    let (store, target) = (&shared.store, &request.target);
+    let (store, target) = (request.store(shared), &request.target);
     let (info, ns) = (&target.info, target.namespace());
     match (request.verb, target.subresource.as_deref()) {
         (Verb::Get, Some("log")) if info.log_subresource => pod_log(shared, target, name, &request.query),
         (_, Some("scale")) => scale(shared, request, name),
         (Verb::Get, None | Some("status")) => {
             target.write_part()?;
-            ok(verbs::get(store, info, ns, name)?)
+            let object = verbs::get(store, info, ns, name)?;
+            ok(match table_view(shared, request) {
+                Some(view) => view.object(&object),
+                None => object,
+            })
         }
         (Verb::Update, _) => {
             let part = target.write_part()?;
-            let body = body_json(request)?;
-            ok(verbs::update(store, info, ns, name, body, part, request.write)?)
+            let mut body = parse_object(request)?;
+            field_validation::prune_builtin(info, &mut body);
+            let manager = &request.field_manager;
+            ok(verbs::update_by(
+                store,
+                info,
+                ns,
+                name,
+                body,
+                part,
+                manager,
+                request.write,
+            )?)
+        }
+        (Verb::Patch, _) if request.content_type == APPLY_PATCH => {
+            let part = target.write_part()?;
+            let apply = field_manager::ApplyRequest {
+                manager: request.query.get("fieldManager").map_or("", String::as_str),
+                force: request.query.get("force").is_some_and(|f| f == "true" || f == "1"),
+                body: &request.body,
+            };
+            let (object, created) =
+                field_manager::server_side_apply(store, info, ns, name, &apply, part, request.write)?;
+            let code = if created { StatusCode::CREATED } else { StatusCode::OK };
+            Ok(json_response(code, &object))
         }
         (Verb::Patch, _) => {
             let part = target.write_part()?;
             let patch = patch_body(request)?;
-            ok(verbs::patch(store, info, ns, name, patch, part, request.write)?)
+            let manager = &request.field_manager;
+            ok(verbs::patch_by(
+                store,
+                info,
+                ns,
+                name,
+                patch,
+                part,
+                manager,
+                request.write,
+            )?)
         }
         (Verb::Delete, None) => {
             let options = delete_options(request)?;
@@ -333,7 +482,7 @@ fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Resp
 }
 
 fn scale(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Response, ApiError> {
-    let (store, target) = (&shared.store, &request.target);
+    let (store, target) = (request.store(shared), &request.target);
     let (info, ns) = (&target.info, target.namespace());
     match request.verb {
         Verb::Get => ok(subresources::get_scale(store, info, ns, name)?),
@@ -385,17 +534,21 @@ fn write_options(query: &Query) -> Result<WriteOptions, ApiError> {
     }
 }
 
+/// A create or update body: a JSON object (protobuf bodies were decoded before) with an object
+/// `metadata` whose labels, annotations and lists have their types.
+fn parse_object(request: &ApiRequest) -> Result<Value, ApiError> {
+    let object = body_json(request)?;
+    check_object_shape(&object)?;
+    Ok(object)
+}
+
 fn patch_type(content_type: &str) -> Result<PatchType, ApiError> {
     match content_type {
         "application/merge-patch+json" => Ok(PatchType::Merge),
         "application/json-patch+json" => Ok(PatchType::Json),
-        "application/strategic-merge-patch+json" | "application/apply-patch+yaml" => {
-            Err(ApiError::unsupported_media_type(format!(
-                "{content_type} is not supported by this embedded API server yet; use application/merge-patch+json or application/json-patch+json"
-            )))
-        }
+        "application/strategic-merge-patch+json" => Ok(PatchType::Strategic),
         other => Err(ApiError::unsupported_media_type(format!(
-            "the body of the request was in an unknown format ({other}) - accepted media types include: application/json-patch+json, application/merge-patch+json"
+            "the body of the request was in an unknown format ({other}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json"
         ))),
     }
 }
@@ -453,7 +606,19 @@ fn delete_options(request: &ApiRequest) -> Result<DeleteOptions, ApiError> {
     })
 }
 
-fn watch_response(shared: &Arc<Shared>, target: &Target, query: &Query) -> Result<Response, ApiError> {
+/// The Table (or metadata-only view) a request asks for with its `Accept` header, if any.
+fn table_view(shared: &Shared, request: &ApiRequest) -> Option<TableView> {
+    let shape = table::negotiate(&request.accept)?;
+    let include = IncludeObject::parse(request.query.get("includeObject").map(String::as_str));
+    Some(table::view(&shared.store, &request.target.info, shape, include))
+}
+
+fn watch_response(
+    shared: &Arc<Shared>,
+    target: &Target,
+    query: &Query,
+    table: Option<TableView>,
+) -> Result<Response, ApiError> {
     if query.contains_key("sendInitialEvents") {
         return Err(ApiError::bad_request(
             "sendInitialEvents is not supported by this server (Kubernetes 1.24)",
@@ -490,7 +655,12 @@ fn watch_response(shared: &Arc<Shared>, target: &Target, query: &Query) -> Resul
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from_stream(events))
+        .body(match table {
+            None => Body::from_stream(events),
+            Some(view) => Body::from_stream(tokio_stream::StreamExt::map(events, move |chunk| {
+                chunk.map(|line| bytes::Bytes::from(view.watch_event(&line)))
+            })),
+        })
         .map_err(|e| ApiError::internal(e.to_string()))
 }
 

@@ -7,16 +7,20 @@
 //! - [`watch`]: watch streams; `http`: the request pipeline; [`discovery`]: the resource table;
 //! - [`validation`], [`kinds`], [`defaults`], [`schema`], [`selectors`]: pure rules;
 //!   [`patch_engine`]: merge, JSON, strategic merge patch and server-side apply as pure functions;
+//! - [`field_manager`]: `managedFields` on every write and server-side apply; [`dry_run`];
+//!   [`protobuf`]: the few protobuf bodies kubectl and Helm insist on sending;
+//! - [`openapi`], [`field_validation`], [`table`]: what kubectl needs beyond the verbs
+//!   (`/openapi/v3`, `fieldValidation`, `as=Table` and metadata-only answers);
 //! - [`controllers`]: the in-process loops ([`namespaces`] deletion, [`crd`] cleanup, [`gc`]);
 //!   [`controller_manager`]: the token, Job and Deployment loops, with the per-image
 //!   [`controller_manager::JobRunner`] hooks;
 //! - [`faults`], [`counters`]: fault injection and request counters for tests.
 //!
 //! Known differences from kube-apiserver (each is a place a real cluster may behave otherwise):
-//! - JSON only: protobuf bodies get 415; strategic merge patch and server-side
-//!   apply get 415 (coming); no Table output, `/openapi`, or `fieldValidation` yet.
-//! - Built-in kinds keep unknown fields (the real server drops them when decoding into Go types)
-//!   and get only the commonly observed defaults ([`defaults`]) and spec checks ([`kinds`]).
+//! - Answers are JSON only; protobuf request bodies are decoded for a few kinds ([`protobuf`]).
+//! - Built-in kinds keep unknown fields unless `fieldValidation` asks otherwise, built-in OpenAPI
+//!   schemas are permissive, and built-ins get only the commonly observed defaults ([`defaults`])
+//!   and spec checks ([`kinds`]).
 //! - `continue` tokens resume after the last key at the current state, not at a snapshot.
 //! - Watches resume from the last [`store::HISTORY_WINDOW`] events of the whole server;
 //!   bookmarks come every [`watch::BOOKMARK_INTERVAL`].
@@ -34,19 +38,25 @@ pub mod counters;
 pub mod crd;
 pub mod defaults;
 pub mod discovery;
+pub mod dry_run;
 pub mod faults;
+pub mod field_manager;
+pub mod field_validation;
 pub mod gc;
 mod http;
 pub mod kinds;
 pub mod namespaces;
+pub mod openapi;
 pub mod patch;
 pub mod patch_engine;
+pub mod protobuf;
 pub mod samples;
 pub mod schema;
 pub mod selectors;
 pub mod status;
 pub mod store;
 pub mod subresources;
+pub mod table;
 mod tls;
 pub mod validation;
 pub mod verbs;

@@ -12,8 +12,9 @@ use super::crd::{
 };
 use super::defaults::apply_builtin_defaults;
 use super::discovery::ResourceInfo;
+use super::field_manager::{self, DEFAULT_MANAGER};
 use super::kinds;
-use super::patch::{PatchBody, apply_patch};
+use super::patch::{PatchBody, apply_patch, check_patch_type};
 use super::schema;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, Cause};
@@ -266,7 +267,19 @@ pub fn create(
     store: &Store,
     info: &ResourceInfo,
     namespace: &str,
+    body: Value,
+    options: WriteOptions,
+) -> Result<Value, ApiError> {
+    create_recorded(store, info, namespace, body, Some(DEFAULT_MANAGER), options)
+}
+
+/// A create crediting `manager` in `managedFields` (`None`: the body's `managedFields` are final).
+pub fn create_recorded(
+    store: &Store,
+    info: &ResourceInfo,
+    namespace: &str,
     mut body: Value,
+    manager: Option<&str>,
     options: WriteOptions,
 ) -> Result<Value, ApiError> {
     check_type(info, &body)?;
@@ -282,6 +295,9 @@ pub fn create(
     let uid = new_uid();
     let mut object = new_object(info, body, &uid);
     admit(info, &mut object, &uid)?;
+    if let Some(manager) = manager {
+        object = field_manager::record(info, None, object, manager, Subresource::Main);
+    }
     if is_crd(info) {
         establish_crd(&mut object);
         add_finalizer(&mut object, CLEANUP_FINALIZER);
@@ -347,7 +363,6 @@ fn same_content(a: &Value, b: &Value) -> bool {
         let mut v = v.clone();
         if let Some(meta) = v["metadata"].as_object_mut() {
             meta.remove("resourceVersion");
-            meta.remove("managedFields");
         }
         v
     };
@@ -361,6 +376,19 @@ pub(super) fn prepare_update(
     requested: Value,
     sub: Subresource,
 ) -> Result<Write, ApiError> {
+    prepare_update_recorded(info, old, requested, sub, Some(DEFAULT_MANAGER))
+}
+
+/// [`prepare_update`] crediting `manager` in `managedFields` (`None`: the requested
+/// `managedFields` are final, as after a server-side apply).
+pub(super) fn prepare_update_recorded(
+    info: &ResourceInfo,
+    old: &Value,
+    requested: Value,
+    sub: Subresource,
+    manager: Option<&str>,
+) -> Result<Write, ApiError> {
+    let applied_fields = requested["metadata"].get("managedFields").cloned();
     let name = meta_str(old, "name").unwrap_or("").to_string();
     check_update_preconditions(info, old, &requested, &name)?;
     let unchanged = old.clone();
@@ -379,6 +407,11 @@ pub(super) fn prepare_update(
         if is_crd(info) {
             reestablish_crd(&old, &mut new);
         }
+    }
+    match (manager, applied_fields) {
+        (Some(manager), _) => new = field_manager::record(info, Some(&old), new, manager, sub),
+        (None, Some(fields)) => new["metadata"]["managedFields"] = fields,
+        (None, None) => {}
     }
     if same_content(&old, &new) {
         return Ok(Write::Unchanged(unchanged));
@@ -479,8 +512,23 @@ pub fn update(
     info: &ResourceInfo,
     namespace: &str,
     name: &str,
+    body: Value,
+    sub: Subresource,
+    options: WriteOptions,
+) -> Result<Value, ApiError> {
+    update_by(store, info, namespace, name, body, sub, DEFAULT_MANAGER, options)
+}
+
+/// An update crediting `manager` in `managedFields`.
+#[allow(clippy::too_many_arguments)]
+pub fn update_by(
+    store: &Store,
+    info: &ResourceInfo,
+    namespace: &str,
+    name: &str,
     mut body: Value,
     sub: Subresource,
+    manager: &str,
     options: WriteOptions,
 ) -> Result<Value, ApiError> {
     check_type(info, &body)?;
@@ -492,7 +540,7 @@ pub fn update(
         )));
     }
     write_existing(store, info, namespace, name, options, |old| {
-        prepare_update(info, old, body, sub)
+        prepare_update_recorded(info, old, body, sub, Some(manager))
     })
 }
 
@@ -543,11 +591,27 @@ pub fn patch(
     sub: Subresource,
     options: WriteOptions,
 ) -> Result<Value, ApiError> {
+    patch_by(store, info, namespace, name, patch, sub, DEFAULT_MANAGER, options)
+}
+
+/// A merge, JSON or strategic merge patch crediting `manager` in `managedFields`.
+#[allow(clippy::too_many_arguments)]
+pub fn patch_by(
+    store: &Store,
+    info: &ResourceInfo,
+    namespace: &str,
+    name: &str,
+    patch: PatchBody<'_>,
+    sub: Subresource,
+    manager: &str,
+    options: WriteOptions,
+) -> Result<Value, ApiError> {
+    check_patch_type(info, patch.patch_type)?;
     write_existing(store, info, namespace, name, options, |old| {
         let mut target = present(info, old.clone());
         apply_patch(&mut target, patch)?;
         check_shape(&target)?;
-        prepare_update(info, old, target, sub)
+        prepare_update_recorded(info, old, target, sub, Some(manager))
     })
 }
 

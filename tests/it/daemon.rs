@@ -448,7 +448,6 @@ async fn sigterm_stops_the_daemon_with_exit_code_zero() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "kube-lease-manager needs server-side apply in the embedded server (issue 4)"]
 async fn of_two_daemons_with_leader_election_only_one_reconciles_until_it_exits() {
     let fleet = Fleet::start(&["acme"]).await;
     let namespaces: Api<Namespace> = Api::all(fleet.host_client.clone());

@@ -218,28 +218,6 @@ async fn json_patch_tests_missing_paths_as_null_and_refuses_failed_tests() {
 }
 
 #[tokio::test]
-async fn strategic_merge_apply_and_protobuf_are_unsupported_media_types_for_now() {
-    let t = harness::start().await;
-    t.namespace("ns").await;
-    let api = t.configmaps("ns");
-    api.create(&PostParams::default(), &configmap("c", json!({})))
-        .await
-        .unwrap();
-    let err = api_error(
-        api.patch("c", &PatchParams::default(), &Patch::Strategic(json!({})))
-            .await
-            .unwrap_err(),
-    );
-    assert_eq!((err.code, err.reason.as_str()), (415, "UnsupportedMediaType"));
-    let protobuf = http::Request::post("/api/v1/namespaces/ns/configmaps")
-        .header("content-type", "application/vnd.kubernetes.protobuf")
-        .body(vec![0x6b, 0x38, 0x73, 0x00])
-        .unwrap();
-    let err = api_error(t.client.request_text(protobuf).await.unwrap_err());
-    assert_eq!(err.code, 415, "protobuf bodies are refused, not misread");
-}
-
-#[tokio::test]
 async fn finalizer_holds_a_delete_until_removed_then_the_object_is_gone() {
     let t = harness::start().await;
     t.namespace("ns").await;

@@ -243,7 +243,6 @@ fn apply_path(manager: &str, force: bool) -> String {
 }
 
 #[tokio::test]
-#[ignore = "needs issue 4's server-side apply (this branch answers 415 for apply patches)"]
 async fn fixture_apply_create_and_apply_update_drops_unowned() {
     let raw = Raw::start().await;
     raw.patch(&apply_path("fid", false), APPLY, applied(json!({"a": "1"})))
@@ -270,7 +269,6 @@ async fn fixture_noop_patch_and_noop_update() {
 }
 
 #[tokio::test]
-#[ignore = "needs issue 4's server-side apply (this branch answers 415 for apply patches)"]
 async fn fixture_noop_apply() {
     let raw = Raw::start().await;
     let first = raw
@@ -284,7 +282,6 @@ async fn fixture_noop_apply() {
 }
 
 #[tokio::test]
-#[ignore = "needs issue 4's server-side apply (this branch answers 415 for apply patches)"]
 async fn fixture_apply_conflict() {
     let raw = Raw::start().await;
     raw.patch(&apply_path("fid", false), APPLY, applied(json!({"a": "1"})))
@@ -296,7 +293,6 @@ async fn fixture_apply_conflict() {
 }
 
 #[tokio::test]
-#[ignore = "needs issue 4's strategic merge patch (this branch answers 415 for strategic merge patches)"]
 async fn fixture_strategic_merge_builtin() {
     let raw = Raw::start().await;
     raw.configmap("c", json!({})).await;
