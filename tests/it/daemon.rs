@@ -433,6 +433,24 @@ async fn an_invalid_tenant_file_is_reported_and_a_running_tenant_keeps_running()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_are_one_object_per_line_with_tenant_fields() {
+    let fleet = Fleet::start(&["acme"]).await;
+    let daemon = fleet.daemon(&["--log-format", "json"]);
+    fleet.wait_for_namespace("acme", SOON).await;
+    let log = daemon.log_text();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["message"] == "starting tenant" && l["tenant"] == "acme"),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_the_daemon_with_exit_code_zero() {
     let fleet = Fleet::start(&["acme"]).await;
     let mut daemon = fleet.daemon(&[]);
