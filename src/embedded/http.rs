@@ -15,7 +15,6 @@ use serde_json::Value;
 use super::Shared;
 use super::convert;
 use super::discovery::{ResourceInfo, Resources, core_versions, version_info};
-use super::dry_run;
 use super::field_manager;
 use super::field_validation::{self, FieldValidation};
 use super::openapi;
@@ -237,15 +236,6 @@ struct ApiRequest {
     /// The `Accept` header, for Table output.
     accept: String,
     body: bytes::Bytes,
-    /// For `dryRun=All` writes: the scratch store the write goes to instead.
-    scratch: Option<super::store::Store>,
-}
-
-impl ApiRequest {
-    /// The store this request reads and writes.
-    fn store<'a>(&'a self, shared: &'a Shared) -> &'a super::store::Store {
-        self.scratch.as_ref().unwrap_or(&shared.store)
-    }
 }
 
 async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Result<Response, ApiError> {
@@ -287,47 +277,19 @@ async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Res
         field_manager,
         accept,
         body,
-        scratch: None,
     };
     decode_binary_body(&mut request)?;
     let warnings = field_warnings(&request)?;
-    let dry_run = prepare_dry_run(shared, &mut request)?;
     let mut response = match request.target.name.clone() {
         None => collection(shared, &request),
         Some(name) => object(shared, &request, &name),
     }?;
-    if let Some(dry_run) = dry_run {
-        response = dry_run.answer(response).await?;
-    }
     for warning in warnings {
         if let Ok(value) = header::HeaderValue::from_str(&warning) {
             response.headers_mut().append(header::WARNING, value);
         }
     }
     Ok(response)
-}
-
-/// For a `dryRun=All` write: points the request at a scratch store; `None` for everything else.
-fn prepare_dry_run(shared: &Shared, request: &mut ApiRequest) -> Result<Option<dry_run::DryRun>, ApiError> {
-    let writes = matches!(
-        request.verb,
-        Verb::Create | Verb::Update | Verb::Patch | Verb::Delete | Verb::DeleteCollection
-    );
-    if !dry_run::requested(request.query.get("dryRun").map(String::as_str), writes)? {
-        return Ok(None);
-    }
-    let target = &request.target;
-    let namespace = target.namespace.as_deref();
-    let (dry_run, body, scratch) = dry_run::prepare(
-        &shared.store,
-        &target.info,
-        namespace,
-        target.name.as_deref(),
-        &request.body,
-    )?;
-    request.body = body.into();
-    request.scratch = Some(scratch);
-    Ok(Some(dry_run))
 }
 
 /// Protobuf bodies of the kinds [`protobuf`] decodes become JSON; others are 415.
@@ -381,7 +343,7 @@ fn ok(value: Value) -> Result<Response, ApiError> {
 }
 
 fn collection(shared: &Arc<Shared>, request: &ApiRequest) -> Result<Response, ApiError> {
-    let (store, target) = (request.store(shared), &request.target);
+    let (store, target) = (&shared.store, &request.target);
     let namespace = target.namespace.as_deref();
     match request.verb {
         Verb::Watch => watch_response(shared, target, &request.query, table_view(shared, request)),
@@ -417,7 +379,7 @@ fn collection(shared: &Arc<Shared>, request: &ApiRequest) -> Result<Response, Ap
 }
 
 fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Response, ApiError> {
-    let (store, target) = (request.store(shared), &request.target);
+    let (store, target) = (&shared.store, &request.target);
     let (info, ns) = (&target.info, target.namespace());
     match (request.verb, target.subresource.as_deref()) {
         (Verb::Get, Some("log")) if info.log_subresource => pod_log(shared, target, name, &request.query),
@@ -482,7 +444,7 @@ fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Resp
 }
 
 fn scale(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Response, ApiError> {
-    let (store, target) = (request.store(shared), &request.target);
+    let (store, target) = (&shared.store, &request.target);
     let (info, ns) = (&target.info, target.namespace());
     match request.verb {
         Verb::Get => ok(subresources::get_scale(store, info, ns, name)?),

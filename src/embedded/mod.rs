@@ -7,7 +7,7 @@
 //! - [`watch`]: watch streams; `http`: the request pipeline; [`discovery`]: the resource table;
 //! - [`validation`], [`kinds`], [`defaults`], [`schema`], [`selectors`]: pure rules;
 //!   [`patch_engine`]: merge, JSON, strategic merge patch and server-side apply as pure functions;
-//! - [`field_manager`]: `managedFields` on every write and server-side apply; [`dry_run`];
+//! - [`field_manager`]: `managedFields` on every write and server-side apply;
 //!   [`protobuf`]: the few protobuf bodies kubectl and Helm insist on sending;
 //! - [`openapi`], [`field_validation`], [`table`]: what kubectl needs beyond the verbs
 //!   (`/openapi/v3`, `fieldValidation`, `as=Table` and metadata-only answers);
@@ -38,7 +38,6 @@ pub mod counters;
 pub mod crd;
 pub mod defaults;
 pub mod discovery;
-pub mod dry_run;
 pub mod faults;
 pub mod field_manager;
 pub mod field_validation;
