@@ -180,3 +180,97 @@ mod tests {
         assert_eq!(judge(&anonymous, "t", &snapshot), Err(Keep::IdentityIncomplete));
     }
 }
+
+/// Running the sweep against the API servers.
+pub mod run {
+    use std::collections::BTreeMap;
+
+    use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Preconditions, PropagationPolicy};
+    use kube::{Client, ResourceExt};
+    use tracing::{info, warn};
+
+    use super::{HostObject, TenantSnapshot, orphans};
+    use crate::host::labels::{PARENT_KIND_LABEL, tenant_selector};
+
+    /// What one sweep deleted, as `Kind/name`.
+    #[derive(Debug, Default, PartialEq, Eq)]
+    pub struct SweepReport {
+        pub deleted: Vec<String>,
+        /// Parent kinds that could not be listed on the tenant: nothing of theirs was judged.
+        pub unlisted_kinds: Vec<String>,
+    }
+
+    /// Lists each parent kind on the tenant (a failed list leaves its kind out of the snapshot, so
+    /// none of its host objects can be deleted), then deletes this tenant's host objects in
+    /// `host_namespace` whose parent is gone. Never deletes the namespace itself.
+    pub async fn sweep_once(
+        host: &Client,
+        tenant: &Client,
+        tenant_name: &str,
+        host_namespace: &str,
+        parent_kinds: &[ApiResource],
+        host_kinds: &[ApiResource],
+    ) -> Result<SweepReport, kube::Error> {
+        let mut report = SweepReport::default();
+        let mut lists = Vec::new();
+        for kind in parent_kinds {
+            let api: Api<DynamicObject> = Api::all_with(tenant.clone(), kind);
+            let result = api.list_metadata(&ListParams::default()).await;
+            if let Err(err) = &result {
+                warn!(tenant = %tenant_name, kind = %kind.kind, error = %err, "sweep: cannot list tenant parents; skipping their host objects");
+                report.unlisted_kinds.push(kind.kind.clone());
+            }
+            let uids = result.map(|list| {
+                list.items
+                    .into_iter()
+                    .filter_map(|o| o.metadata.uid)
+                    .collect::<Vec<_>>()
+            });
+            lists.push((kind.kind.clone(), uids));
+        }
+        let snapshot = TenantSnapshot::from_lists(lists);
+        let selector = format!("{},{PARENT_KIND_LABEL}", tenant_selector(tenant_name));
+        for kind in host_kinds {
+            let api: Api<DynamicObject> = Api::namespaced_with(host.clone(), host_namespace, kind);
+            let objects: Vec<(HostObject, Option<String>)> = api
+                .list_metadata(&ListParams::default().labels(&selector))
+                .await?
+                .items
+                .into_iter()
+                .map(|o| {
+                    let uid = o.metadata.uid.clone();
+                    let object = HostObject {
+                        kind: kind.kind.clone(),
+                        name: o.name_any(),
+                        labels: o.metadata.labels.clone().unwrap_or_default(),
+                        annotations: o.metadata.annotations.clone().unwrap_or_default(),
+                    };
+                    (object, uid)
+                })
+                .collect();
+            let uids: BTreeMap<String, Option<String>> =
+                objects.iter().map(|(o, uid)| (o.name.clone(), uid.clone())).collect();
+            let candidates: Vec<HostObject> = objects.into_iter().map(|(o, _)| o).collect();
+            for orphan in orphans(&candidates, tenant_name, &snapshot) {
+                let params = DeleteParams {
+                    propagation_policy: Some(PropagationPolicy::Background),
+                    preconditions: Some(Preconditions {
+                        uid: uids.get(&orphan.name).cloned().flatten(),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                match api.delete(&orphan.name, &params).await {
+                    Ok(_) => {
+                        info!(tenant = %tenant_name, kind = %orphan.kind, name = %orphan.name, "sweep: deleted a host object whose tenant parent is gone");
+                        report.deleted.push(format!("{}/{}", orphan.kind, orphan.name));
+                    }
+                    // Gone or replaced meanwhile: nothing to do.
+                    Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
+                    Err(err) => return Err(err),
+                }
+            }
+        }
+        Ok(report)
+    }
+}

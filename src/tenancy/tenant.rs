@@ -8,6 +8,7 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::ApiResource;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -21,6 +22,7 @@ use super::endpoint::{EndpointError, TenantEndpoint};
 use crate::daemon::Shared;
 use crate::host::labels::tenant_selector;
 use crate::host::namespace::{self, NamespaceError};
+use crate::host::sweep::run::sweep_once;
 use crate::runtime::backoff::ObjectBackoff;
 use crate::runtime::health::TenantHealth;
 use crate::runtime::metrics::Metrics;
@@ -103,6 +105,7 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
     let mut controllers = tokio::task::JoinSet::new();
     controllers.spawn(host_namespace_controller(context.clone(), cancel.clone()));
     controllers.spawn(crd_monitor(context.clone(), cancel.clone()));
+    controllers.spawn(orphan_sweeper(context.clone(), cancel.clone()));
     while let Some(result) = controllers.join_next().await {
         match result {
             Ok(Ok(())) => {}
@@ -223,6 +226,60 @@ where
 {
     // A reflector store is readable once its first list completed.
     futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
+}
+
+/// Tenant kinds that own host objects.
+fn parent_kinds() -> Vec<ApiResource> {
+    use crate::api::{inventory::*, pools::*, stacks::*};
+    vec![
+        ApiResource::erase::<StackInstall>(&()),
+        ApiResource::erase::<ClusterStackInstall>(&()),
+        ApiResource::erase::<Stack>(&()),
+        ApiResource::erase::<ClusterPool>(&()),
+        ApiResource::erase::<ClusterDeploymentCustomization>(&()),
+        ApiResource::erase::<ClusterDeployment>(&()),
+        ApiResource::erase::<ClusterClaim>(&()),
+        ApiResource::erase::<BareMetalAsset>(&()),
+    ]
+}
+
+/// Host kinds stackd creates for tenant objects.
+fn host_kinds() -> Vec<ApiResource> {
+    use k8s_openapi::api::{apps::v1::Deployment, batch::v1::Job, core::v1::*, rbac::v1::Role};
+    vec![
+        ApiResource::erase::<Deployment>(&()),
+        ApiResource::erase::<Job>(&()),
+        ApiResource::erase::<Secret>(&()),
+        ApiResource::erase::<ConfigMap>(&()),
+        ApiResource::erase::<ServiceAccount>(&()),
+        ApiResource::erase::<Role>(&()),
+        ApiResource::erase::<RoleBinding>(&()),
+    ]
+}
+
+/// Deletes host objects whose tenant parent is gone, when the tenant starts and every
+/// `--sweep-interval` after: the backstop for deletions the daemon missed while it was down.
+async fn orphan_sweeper(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
+    let (parents, hosts) = (parent_kinds(), host_kinds());
+    let mut interval = tokio::time::interval(context.shared.settings.sweep_interval);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            _ = interval.tick() => {}
+        }
+        let sweep = sweep_once(
+            &context.host,
+            &context.client,
+            &context.name,
+            &context.host_namespace,
+            &parents,
+            &hosts,
+        );
+        if let Err(err) = sweep.await {
+            warn!(tenant = %context.name, error = %err, "orphan sweep failed; retrying at the next interval");
+        }
+    }
 }
 
 /// Watches the tenant's CRDs: reports the tenant down when the watch fails and degraded while

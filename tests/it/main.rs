@@ -18,3 +18,4 @@ mod examples;
 mod fidelity;
 mod harness;
 mod kubectl;
+mod sweep;
