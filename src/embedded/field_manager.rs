@@ -8,7 +8,7 @@ use super::patch::check_object_shape;
 use super::patch_engine::{self, ApplyError, BuiltinSchema, CrdSchema, ListSemantics};
 use super::status::ApiError;
 use super::store::{Store, Write};
-use super::verbs::{self, Subresource, WriteOptions, meta_str, present};
+use super::verbs::{self, Recording, Subresource, WriteOptions, meta_str, present};
 
 /// The manager credited with writes that name none (in-process controllers, test setup).
 pub const DEFAULT_MANAGER: &str = "stackd-embedded";
@@ -142,20 +142,20 @@ pub fn server_side_apply(
     if store.get(&info.storage_key(), namespace, name).is_none() && sub == Subresource::Main {
         let mut object = merge(None)?;
         object["metadata"]["name"] = json!(name);
-        match verbs::create_recorded(store, info, namespace, object, None, options) {
+        match verbs::create_with(store, info, namespace, object, Recording::AsGiven, &options) {
             Ok(created) => return Ok((created, true)),
             // Created meanwhile: apply to what is there now.
             Err(e) if e.code == 409 && e.reason == "AlreadyExists" => {}
             Err(e) => return Err(e),
         }
     }
-    let updated = verbs::write_existing(store, info, namespace, name, options, |old| {
+    let updated = verbs::write_existing(store, info, namespace, name, &options, |old| {
         let live = present(info, old.clone());
         let merged = merge(Some(&live))?;
         if merged == live {
             return Ok(Write::Unchanged(live));
         }
-        verbs::prepare_update_recorded(info, old, merged, sub, None)
+        verbs::prepare_update_with(info, old, merged, sub, Recording::AsGiven)
     })?;
     Ok((updated, false))
 }

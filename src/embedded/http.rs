@@ -231,8 +231,6 @@ struct ApiRequest {
     write: WriteOptions,
     /// The media type without parameters.
     content_type: String,
-    /// `fieldManager`, else the User-Agent's product, as kube-apiserver defaults it.
-    field_manager: String,
     /// The `Accept` header, for Table output.
     accept: String,
     body: bytes::Bytes,
@@ -268,13 +266,16 @@ async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Res
         let message = format!("Request entity too large: limit is {MAX_BODY}");
         ApiError::new(413, "RequestEntityTooLarge", message)
     })?;
+    let write = WriteOptions {
+        field_manager: Some(field_manager.clone()),
+        ..write
+    };
     let mut request = ApiRequest {
         verb,
         target,
         write,
         query,
         content_type,
-        field_manager,
         accept,
         body,
     };
@@ -358,9 +359,7 @@ fn collection(shared: &Arc<Shared>, request: &ApiRequest) -> Result<Response, Ap
         Verb::Create => {
             let mut body = parse_object(request)?;
             field_validation::prune_builtin(&target.info, &mut body);
-            let manager = Some(request.field_manager.as_str());
-            let created =
-                verbs::create_recorded(store, &target.info, target.namespace(), body, manager, request.write)?;
+            let created = verbs::create(store, &target.info, target.namespace(), body, request.write.clone())?;
             Ok(json_response(StatusCode::CREATED, &created))
         }
         Verb::DeleteCollection => {
@@ -396,17 +395,7 @@ fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Resp
             let part = target.write_part()?;
             let mut body = parse_object(request)?;
             field_validation::prune_builtin(info, &mut body);
-            let manager = &request.field_manager;
-            ok(verbs::update_by(
-                store,
-                info,
-                ns,
-                name,
-                body,
-                part,
-                manager,
-                request.write,
-            )?)
+            ok(verbs::update(store, info, ns, name, body, part, request.write.clone())?)
         }
         (Verb::Patch, _) if request.content_type == APPLY_PATCH => {
             let part = target.write_part()?;
@@ -416,24 +405,14 @@ fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Resp
                 body: &request.body,
             };
             let (object, created) =
-                field_manager::server_side_apply(store, info, ns, name, &apply, part, request.write)?;
+                field_manager::server_side_apply(store, info, ns, name, &apply, part, request.write.clone())?;
             let code = if created { StatusCode::CREATED } else { StatusCode::OK };
             Ok(json_response(code, &object))
         }
         (Verb::Patch, _) => {
             let part = target.write_part()?;
             let patch = patch_body(request)?;
-            let manager = &request.field_manager;
-            ok(verbs::patch_by(
-                store,
-                info,
-                ns,
-                name,
-                patch,
-                part,
-                manager,
-                request.write,
-            )?)
+            ok(verbs::patch(store, info, ns, name, patch, part, request.write.clone())?)
         }
         (Verb::Delete, None) => {
             let options = delete_options(request)?;
@@ -451,11 +430,25 @@ fn scale(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Respo
         Verb::Update => {
             let scale = body_json(request)?;
             let change = ScaleChange::Replace(&scale);
-            ok(subresources::write_scale(store, info, ns, name, change, request.write)?)
+            ok(subresources::write_scale(
+                store,
+                info,
+                ns,
+                name,
+                change,
+                request.write.clone(),
+            )?)
         }
         Verb::Patch => {
             let change = ScaleChange::Patch(patch_body(request)?);
-            ok(subresources::write_scale(store, info, ns, name, change, request.write)?)
+            ok(subresources::write_scale(
+                store,
+                info,
+                ns,
+                name,
+                change,
+                request.write.clone(),
+            )?)
         }
         _ => Err(ApiError::method_not_allowed()),
     }
@@ -489,7 +482,10 @@ fn patch_body(request: &ApiRequest) -> Result<PatchBody<'_>, ApiError> {
 fn write_options(query: &Query) -> Result<WriteOptions, ApiError> {
     match query.get("dryRun").map(String::as_str) {
         None | Some("") => Ok(WriteOptions::default()),
-        Some("All") => Ok(WriteOptions { dry_run: true }),
+        Some("All") => Ok(WriteOptions {
+            dry_run: true,
+            field_manager: None,
+        }),
         Some(other) => Err(ApiError::bad_request(format!(
             "Invalid dryRun value: {other:?}: supported values: \"All\""
         ))),
@@ -559,6 +555,7 @@ fn delete_options(request: &ApiRequest) -> Result<DeleteOptions, ApiError> {
     let dry_run_in_body = body["dryRun"].as_array().is_some_and(|d| d.iter().any(|v| v == "All"));
     let write = WriteOptions {
         dry_run: request.write.dry_run || dry_run_in_body,
+        ..request.write.clone()
     };
     Ok(DeleteOptions {
         write,

@@ -95,7 +95,7 @@ pub fn write_scale(
     options: WriteOptions,
 ) -> Result<Value, ApiError> {
     let paths = info.scale.clone().ok_or_else(ApiError::path_not_found)?;
-    let written = write_existing(store, info, namespace, name, options, |old| {
+    let written = write_existing(store, info, namespace, name, &options, |old| {
         let current = present(info, old.clone());
         let scale = match change {
             ScaleChange::Replace(scale) => scale.clone(),

@@ -39,10 +39,27 @@ pub struct ListOptions {
 }
 
 /// Options every write takes.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct WriteOptions {
     /// Run every check and return the result, but store nothing (`dryRun=All`).
     pub dry_run: bool,
+    /// Who `managedFields` credit with the write; `None` credits [`DEFAULT_MANAGER`].
+    pub field_manager: Option<String>,
+}
+
+impl WriteOptions {
+    fn recording(&self) -> Recording<'_> {
+        Recording::Manager(self.field_manager.as_deref().unwrap_or(DEFAULT_MANAGER))
+    }
+}
+
+/// How a write treats `managedFields`.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Recording<'a> {
+    /// Credit the changed fields to this manager.
+    Manager(&'a str),
+    /// Keep the `managedFields` the caller computed (a server-side apply).
+    AsGiven,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -270,17 +287,17 @@ pub fn create(
     body: Value,
     options: WriteOptions,
 ) -> Result<Value, ApiError> {
-    create_recorded(store, info, namespace, body, Some(DEFAULT_MANAGER), options)
+    create_with(store, info, namespace, body, options.recording(), &options)
 }
 
-/// A create crediting `manager` in `managedFields` (`None`: the body's `managedFields` are final).
-pub fn create_recorded(
+/// A create recording `managedFields` as `recording` says.
+pub(super) fn create_with(
     store: &Store,
     info: &ResourceInfo,
     namespace: &str,
     mut body: Value,
-    manager: Option<&str>,
-    options: WriteOptions,
+    recording: Recording<'_>,
+    options: &WriteOptions,
 ) -> Result<Value, ApiError> {
     check_type(info, &body)?;
     check_namespace(info, &mut body, namespace)?;
@@ -295,7 +312,7 @@ pub fn create_recorded(
     let uid = new_uid();
     let mut object = new_object(info, body, &uid);
     admit(info, &mut object, &uid)?;
-    if let Some(manager) = manager {
+    if let Recording::Manager(manager) = recording {
         object = field_manager::record(info, None, object, manager, Subresource::Main);
     }
     if is_crd(info) {
@@ -376,17 +393,16 @@ pub(super) fn prepare_update(
     requested: Value,
     sub: Subresource,
 ) -> Result<Write, ApiError> {
-    prepare_update_recorded(info, old, requested, sub, Some(DEFAULT_MANAGER))
+    prepare_update_with(info, old, requested, sub, Recording::Manager(DEFAULT_MANAGER))
 }
 
-/// [`prepare_update`] crediting `manager` in `managedFields` (`None`: the requested
-/// `managedFields` are final, as after a server-side apply).
-pub(super) fn prepare_update_recorded(
+/// [`prepare_update`] recording `managedFields` as `recording` says.
+pub(super) fn prepare_update_with(
     info: &ResourceInfo,
     old: &Value,
     requested: Value,
     sub: Subresource,
-    manager: Option<&str>,
+    recording: Recording<'_>,
 ) -> Result<Write, ApiError> {
     let applied_fields = requested["metadata"].get("managedFields").cloned();
     let name = meta_str(old, "name").unwrap_or("").to_string();
@@ -408,10 +424,10 @@ pub(super) fn prepare_update_recorded(
             reestablish_crd(&old, &mut new);
         }
     }
-    match (manager, applied_fields) {
-        (Some(manager), _) => new = field_manager::record(info, Some(&old), new, manager, sub),
-        (None, Some(fields)) => new["metadata"]["managedFields"] = fields,
-        (None, None) => {}
+    match (recording, applied_fields) {
+        (Recording::Manager(manager), _) => new = field_manager::record(info, Some(&old), new, manager, sub),
+        (Recording::AsGiven, Some(fields)) => new["metadata"]["managedFields"] = fields,
+        (Recording::AsGiven, None) => {}
     }
     if same_content(&old, &new) {
         return Ok(Write::Unchanged(unchanged));
@@ -512,23 +528,8 @@ pub fn update(
     info: &ResourceInfo,
     namespace: &str,
     name: &str,
-    body: Value,
-    sub: Subresource,
-    options: WriteOptions,
-) -> Result<Value, ApiError> {
-    update_by(store, info, namespace, name, body, sub, DEFAULT_MANAGER, options)
-}
-
-/// An update crediting `manager` in `managedFields`.
-#[allow(clippy::too_many_arguments)]
-pub fn update_by(
-    store: &Store,
-    info: &ResourceInfo,
-    namespace: &str,
-    name: &str,
     mut body: Value,
     sub: Subresource,
-    manager: &str,
     options: WriteOptions,
 ) -> Result<Value, ApiError> {
     check_type(info, &body)?;
@@ -539,8 +540,8 @@ pub fn update_by(
             "the name of the object ({body_name}) does not match the name on the URL ({name})"
         )));
     }
-    write_existing(store, info, namespace, name, options, |old| {
-        prepare_update_recorded(info, old, body, sub, Some(manager))
+    write_existing(store, info, namespace, name, &options, |old| {
+        prepare_update_with(info, old, body, sub, options.recording())
     })
 }
 
@@ -550,7 +551,7 @@ pub(super) fn write_existing<F>(
     info: &ResourceInfo,
     namespace: &str,
     name: &str,
-    options: WriteOptions,
+    options: &WriteOptions,
     decide: F,
 ) -> Result<Value, ApiError>
 where
@@ -591,27 +592,12 @@ pub fn patch(
     sub: Subresource,
     options: WriteOptions,
 ) -> Result<Value, ApiError> {
-    patch_by(store, info, namespace, name, patch, sub, DEFAULT_MANAGER, options)
-}
-
-/// A merge, JSON or strategic merge patch crediting `manager` in `managedFields`.
-#[allow(clippy::too_many_arguments)]
-pub fn patch_by(
-    store: &Store,
-    info: &ResourceInfo,
-    namespace: &str,
-    name: &str,
-    patch: PatchBody<'_>,
-    sub: Subresource,
-    manager: &str,
-    options: WriteOptions,
-) -> Result<Value, ApiError> {
     check_patch_type(info, patch.patch_type)?;
-    write_existing(store, info, namespace, name, options, |old| {
+    write_existing(store, info, namespace, name, &options, |old| {
         let mut target = present(info, old.clone());
         apply_patch(&mut target, patch)?;
         check_shape(&target)?;
-        prepare_update_recorded(info, old, target, sub, Some(manager))
+        prepare_update_with(info, old, target, sub, options.recording())
     })
 }
 
@@ -623,7 +609,7 @@ pub fn delete(
     options: &DeleteOptions,
 ) -> Result<Value, ApiError> {
     let gc_finalizer = propagation_finalizer(info, options.propagation_policy.as_deref())?;
-    write_existing(store, info, namespace, name, options.write, |current| {
+    write_existing(store, info, namespace, name, &options.write, |current| {
         check_preconditions(info, current, options)?;
         if is_deleting(current) {
             return Ok(Write::Unchanged(current.clone()));
@@ -686,7 +672,7 @@ pub fn remove_finalizer(
     name: &str,
     finalizer: &str,
 ) -> Result<Value, ApiError> {
-    write_existing(store, info, namespace, name, WriteOptions::default(), |current| {
+    write_existing(store, info, namespace, name, &WriteOptions::default(), |current| {
         let mut new = current.clone();
         let kept: Vec<String> = finalizers(current).into_iter().filter(|f| f != finalizer).collect();
         if kept.is_empty() {
