@@ -6,7 +6,7 @@ use super::discovery::ResourceInfo;
 use super::patch::{PatchBody, apply_patch};
 use super::status::{ApiError, Cause};
 use super::store::Store;
-use super::verbs::{Subresource, WriteOptions, check_shape, get, meta_str, prepare_update, present, write_existing};
+use super::verbs::{Subresource, WriteOptions, get, meta_str, prepare_update, present, write_existing};
 
 fn path_segments(path: &str) -> Vec<&str> {
     path.split('.').filter(|s| !s.is_empty()).collect()
@@ -102,7 +102,7 @@ pub fn write_scale(
             ScaleChange::Patch(patch) => {
                 let mut scale = scale_of(info, &current)?;
                 apply_patch(&mut scale, patch)?;
-                check_shape(&scale)?;
+                super::patch::check_object_shape(&scale)?;
                 scale
             }
         };

@@ -14,7 +14,7 @@ use super::defaults::apply_builtin_defaults;
 use super::discovery::ResourceInfo;
 use super::field_manager::{self, DEFAULT_MANAGER};
 use super::kinds;
-use super::patch::{PatchBody, apply_patch, check_patch_type};
+use super::patch::{PatchBody, apply_patch, check_object_shape, check_patch_type};
 use super::schema;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::{ApiError, Cause};
@@ -196,21 +196,8 @@ fn decode_continue(token: &str) -> Result<ContinueToken, ApiError> {
 }
 
 /// Checks `kind`/`apiVersion` in a request body against the URL.
-/// An object the server can work on: a JSON object whose `metadata`, when present, is an object.
-/// Everything downstream relies on this shape.
-pub(super) fn check_shape(object: &Value) -> Result<(), ApiError> {
-    let metadata = &object["metadata"];
-    if object.is_object() && (metadata.is_null() || metadata.is_object()) {
-        Ok(())
-    } else {
-        Err(ApiError::bad_request(
-            "the object must be a JSON object with an object `metadata`",
-        ))
-    }
-}
-
 fn check_type(info: &ResourceInfo, body: &Value) -> Result<(), ApiError> {
-    check_shape(body)?;
+    check_object_shape(body)?;
     let kind = body["kind"].as_str().unwrap_or(&info.kind);
     let api_version = body["apiVersion"]
         .as_str()
@@ -596,7 +583,7 @@ pub fn patch(
     write_existing(store, info, namespace, name, &options, |old| {
         let mut target = present(info, old.clone());
         apply_patch(&mut target, patch)?;
-        check_shape(&target)?;
+        check_object_shape(&target)?;
         prepare_update_with(info, old, target, sub, options.recording())
     })
 }
