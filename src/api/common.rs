@@ -49,8 +49,3 @@ pub fn string_set_schema(_: &mut SchemaGenerator) -> Schema {
         "x-kubernetes-list-type": "set",
     })
 }
-
-/// Looks up a condition by type.
-pub fn find_condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
-    conditions.iter().find(|c| c.type_ == type_)
-}

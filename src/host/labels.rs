@@ -38,17 +38,6 @@ impl Parent {
         }
     }
 
-    /// From a kube resource; `None` when it has no name or uid yet (not stored by the API server).
-    pub fn of<K: kube::Resource<DynamicType = ()>>(object: &K) -> Option<Self> {
-        let meta = object.meta();
-        Some(Parent {
-            kind: K::kind(&()).into_owned(),
-            namespace: meta.namespace.clone(),
-            name: meta.name.clone()?,
-            uid: meta.uid.clone()?,
-        })
-    }
-
     /// The labels every host object of this parent carries.
     pub fn labels(&self, tenant: &str) -> BTreeMap<String, String> {
         BTreeMap::from([

@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -36,10 +35,6 @@ impl Registry {
             shared,
             tenants: BTreeMap::new(),
         }
-    }
-
-    pub fn names(&self) -> Vec<String> {
-        self.tenants.keys().cloned().collect()
     }
 
     /// Applies one change from the tenants directory.
@@ -120,17 +115,16 @@ async fn supervise(file: TenantFile, shared: Arc<Shared>, cancel: CancellationTo
     let labels = Metrics::tenant(&name);
     let mut failures = 0u32;
     loop {
-        let run = tokio::spawn(tenant::run(file.clone(), shared.clone(), cancel.child_token()));
-        let outcome = std::panic::AssertUnwindSafe(run).catch_unwind().await;
+        // A panic in the tenant's task surfaces as a JoinError here: it fails this tenant only.
+        let outcome = tokio::spawn(tenant::run(file.clone(), shared.clone(), cancel.child_token())).await;
         if cancel.is_cancelled() {
             return;
         }
         let reason = match outcome {
-            Ok(Ok(Ok(()))) => "its controllers stopped".to_string(),
-            Ok(Ok(Err(err))) => err.to_string(),
-            Ok(Err(join)) if join.is_panic() => format!("panicked: {}", panic_message(join.into_panic())),
-            Ok(Err(join)) => join.to_string(),
-            Err(_) => "panicked".to_string(),
+            Ok(Ok(())) => "its controllers stopped".to_string(),
+            Ok(Err(err)) => err.to_string(),
+            Err(join) if join.is_panic() => format!("panicked: {}", panic_message(join.into_panic())),
+            Err(join) => join.to_string(),
         };
         failures += 1;
         shared.metrics.tenant_up.get_or_create(&labels).set(0);
