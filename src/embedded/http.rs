@@ -427,20 +427,14 @@ fn scale(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Respo
     let (info, ns) = (&target.info, target.namespace());
     match request.verb {
         Verb::Get => ok(subresources::get_scale(store, info, ns, name)?),
-        Verb::Update => {
-            let scale = body_json(request)?;
-            let change = ScaleChange::Replace(&scale);
-            ok(subresources::write_scale(
-                store,
-                info,
-                ns,
-                name,
-                change,
-                request.write.clone(),
-            )?)
-        }
-        Verb::Patch => {
-            let change = ScaleChange::Patch(patch_body(request)?);
+        Verb::Update | Verb::Patch => {
+            let replacement;
+            let change = if request.verb == Verb::Update {
+                replacement = body_json(request)?;
+                ScaleChange::Replace(&replacement)
+            } else {
+                ScaleChange::Patch(patch_body(request)?)
+            };
             ok(subresources::write_scale(
                 store,
                 info,
