@@ -1,6 +1,7 @@
 //! Host-side conventions (DESIGN.md §2): how tenant objects are named, labelled and proven ours on the
 //! host cluster, and which host objects the orphan sweep may delete.
 
+pub mod apply;
 pub mod labels;
 pub mod names;
 pub mod namespace;

@@ -1,0 +1,276 @@
+//! Writing host objects with the ownership proof of DESIGN.md §2: create with POST; on a name already
+//! taken, check whose the object is; update only our own, with its uid and resourceVersion as
+//! preconditions; replace one left by a previous incarnation of the parent; never touch a stranger's.
+
+use std::fmt::Debug;
+
+use kube::api::{DeleteParams, PostParams, Preconditions, PropagationPolicy};
+use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::labels::Parent;
+use super::ownership::{self, Ownership};
+
+/// What a write did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    Created,
+    Updated,
+    /// The object already was as desired: no request was sent.
+    Unchanged,
+}
+
+impl Applied {
+    /// True when a request changed the host.
+    pub fn wrote(self) -> bool {
+        self != Applied::Unchanged
+    }
+}
+
+/// How an existing object of ours is brought to the desired state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Update {
+    /// Replace it (PUT with uid and resourceVersion preconditions) when a field stackd sets differs.
+    WhenDifferent,
+    /// Never update in place (e.g. a Job, whose template is immutable): the caller deletes and
+    /// recreates it when it needs a different one.
+    Never,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostWriteError {
+    /// The name is taken by an object stackd must not touch.
+    #[error(
+        "host {kind} {namespace}/{name} already exists and is not this object's ({reason}); stackd leaves it alone: delete or rename it on the host"
+    )]
+    Conflict {
+        kind: String,
+        namespace: String,
+        name: String,
+        reason: String,
+    },
+    #[error("host API request failed: {0}")]
+    Api(#[from] kube::Error),
+}
+
+impl HostWriteError {
+    /// The condition reason a parent reports for this error.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            HostWriteError::Conflict { .. } => "HostObjectConflict",
+            HostWriteError::Api(_) => "HostUnavailable",
+        }
+    }
+}
+
+/// Adds the tenant/parent labels and annotations of DESIGN.md §2 to `object`.
+pub fn stamp<K: Resource>(object: &mut K, tenant: &str, parent: &Parent) {
+    let meta = object.meta_mut();
+    meta.labels.get_or_insert_default().extend(parent.labels(tenant));
+    meta.annotations.get_or_insert_default().extend(parent.annotations());
+}
+
+/// Brings the host object named by `desired` to the desired state. `observed` is the cached copy
+/// (from a reflector) when there is one; without it the object is created, and a name already taken
+/// is read once to decide whose it is.
+pub async fn ensure<K>(
+    api: &Api<K>,
+    desired: &K,
+    observed: Option<&K>,
+    tenant: &str,
+    parent: &Parent,
+    update: Update,
+) -> Result<Applied, HostWriteError>
+where
+    K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+    K::DynamicType: Default,
+{
+    let name = desired.name_any();
+    let existing = match observed {
+        Some(observed) => observed.clone(),
+        None => match api.create(&PostParams::default(), desired).await {
+            Ok(_) => return Ok(Applied::Created),
+            Err(kube::Error::Api(status)) if status.code == 409 => api.get(&name).await?,
+            Err(err) => return Err(err.into()),
+        },
+    };
+    match ownership::check(existing.labels(), existing.annotations(), tenant, parent) {
+        Ownership::Foreign { reason } => Err(conflict::<K>(&existing, reason)),
+        Ownership::PreviousIncarnation { .. } => {
+            // Left by a deleted parent of the same name: remove it (only that very object) and start anew.
+            delete(api, &existing).await?;
+            match api.create(&PostParams::default(), desired).await {
+                Ok(_) => Ok(Applied::Created),
+                // The old object is still finalizing; the next event retries.
+                Err(err) => Err(err.into()),
+            }
+        }
+        Ownership::Ours if update == Update::Never || contains(&existing, desired) => Ok(Applied::Unchanged),
+        Ownership::Ours => {
+            let mut replacement = desired.clone();
+            replacement.meta_mut().uid = existing.meta().uid.clone();
+            replacement.meta_mut().resource_version = existing.meta().resource_version.clone();
+            api.replace(&name, &PostParams::default(), &replacement).await?;
+            Ok(Applied::Updated)
+        }
+    }
+}
+
+/// Deletes exactly the object observed (uid precondition), in the background so a Job's pods or a
+/// Deployment's ReplicaSets go with it. An object already gone is not an error.
+pub async fn delete<K>(api: &Api<K>, observed: &K) -> Result<(), kube::Error>
+where
+    K: Resource + Clone + Debug + DeserializeOwned,
+{
+    let params = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        preconditions: Some(Preconditions {
+            uid: observed.meta().uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&observed.name_any(), &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        // A uid mismatch means the object was replaced by someone else meanwhile: not ours to delete.
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
+/// Deletes every object in `observed` that carries this tenant's and this parent's labels.
+pub async fn delete_all<K>(api: &Api<K>, observed: &[K], tenant: &str, parent: &Parent) -> Result<usize, kube::Error>
+where
+    K: Resource + Clone + Debug + DeserializeOwned,
+{
+    let wanted = parent.labels(tenant);
+    let mut deleted = 0;
+    for object in observed {
+        let labels = object.labels();
+        let matches = wanted.iter().all(|(k, v)| labels.get(k) == Some(v));
+        if matches && object.meta().deletion_timestamp.is_none() {
+            delete(api, object).await?;
+            deleted += 1;
+        }
+    }
+    Ok(deleted)
+}
+
+fn conflict<K: Resource>(existing: &K, reason: String) -> HostWriteError
+where
+    K::DynamicType: Default,
+{
+    HostWriteError::Conflict {
+        kind: K::kind(&K::DynamicType::default()).into_owned(),
+        namespace: existing.namespace().unwrap_or_default(),
+        name: existing.name_any(),
+        reason,
+    }
+}
+
+/// True when every field `desired` sets has the same value in `existing`. Fields the server defaults
+/// (or other controllers add) are ignored; a list must have the same length, so an added container or
+/// volume counts as drift.
+pub fn contains<K: Serialize>(existing: &K, desired: &K) -> bool {
+    let (Ok(mut existing), Ok(mut desired)) = (serde_json::to_value(existing), serde_json::to_value(desired)) else {
+        return false;
+    };
+    for value in [&mut existing, &mut desired] {
+        if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
+            for key in [
+                "uid",
+                "resourceVersion",
+                "creationTimestamp",
+                "generation",
+                "managedFields",
+            ] {
+                meta.remove(key);
+            }
+        }
+        if let Some(object) = value.as_object_mut() {
+            object.remove("status");
+        }
+    }
+    subset(&desired, &existing)
+}
+
+fn subset(desired: &Value, existing: &Value) -> bool {
+    match (desired, existing) {
+        (Value::Object(want), Value::Object(have)) => want.iter().all(|(key, value)| match have.get(key) {
+            Some(found) => subset(value, found),
+            // An empty map or list we set is the same as the field left out.
+            None => is_empty(value),
+        }),
+        (Value::Array(want), Value::Array(have)) => {
+            want.len() == have.len() && want.iter().zip(have).all(|(w, h)| subset(w, h))
+        }
+        (want, Value::Null) => is_empty(want),
+        (want, have) => want == have,
+    }
+}
+
+fn is_empty(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Object(map) => map.is_empty(),
+        Value::Array(list) => list.is_empty(),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use serde_json::json;
+
+    fn config_map(value: Value) -> ConfigMap {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn server_added_fields_are_not_drift() {
+        let desired = config_map(json!({"metadata": {"name": "a", "labels": {"x": "1"}}, "data": {"k": "v"}}));
+        let existing = config_map(json!({
+            "metadata": {"name": "a", "uid": "u", "resourceVersion": "7", "labels": {"x": "1", "added": "y"}},
+            "data": {"k": "v"}
+        }));
+        assert!(contains(&existing, &desired));
+    }
+
+    #[test]
+    fn a_changed_or_missing_field_is_drift() {
+        let desired = config_map(json!({"metadata": {"name": "a"}, "data": {"k": "v"}}));
+        assert!(!contains(
+            &config_map(json!({"metadata": {"name": "a"}, "data": {"k": "w"}})),
+            &desired
+        ));
+        assert!(!contains(&config_map(json!({"metadata": {"name": "a"}})), &desired));
+    }
+
+    #[test]
+    fn list_length_counts() {
+        assert!(!subset(&json!([{"a": 1}]), &json!([{"a": 1}, {"b": 2}])));
+        assert!(subset(&json!([{"a": 1}]), &json!([{"a": 1, "b": 2}])));
+    }
+
+    #[test]
+    fn empty_collections_equal_absent() {
+        assert!(subset(&json!({"a": {}, "b": []}), &json!({})));
+        assert!(!subset(&json!({"a": {"k": 1}}), &json!({})));
+    }
+
+    #[test]
+    fn stamp_adds_identity() {
+        let mut cm = ConfigMap::default();
+        let parent = Parent::new("Stack", Some("ns"), "s", "u1");
+        stamp(&mut cm, "acme", &parent);
+        assert_eq!(
+            ownership::check(cm.labels(), cm.annotations(), "acme", &parent),
+            Ownership::Ours
+        );
+    }
+}
