@@ -52,9 +52,13 @@ impl PackageError {
         }
     }
 
-    /// A terminating CRD clears up by itself; the rest needs a new package or a user's hand.
+    /// The tenant's CRDs change without an event this install hears of (a CRD finishing its deletion,
+    /// a user fixing one by hand): look again later. The rest needs a new package (an event).
     pub fn retry_later(&self) -> bool {
-        matches!(self, PackageError::CrdTerminating(_))
+        matches!(
+            self,
+            PackageError::CrdTerminating(_) | PackageError::DropsServedVersion { .. }
+        )
     }
 }
 
