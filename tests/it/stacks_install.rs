@@ -174,6 +174,10 @@ fn unpack_runner(packages: &Path, ctx: &JobContext) -> JobOutcome {
         unpack::unpack(&options).expect("sample unpacks")
     };
     match repository_name(&package) {
+        // The sample, but the install pod takes a while: room to kill the daemon mid-install.
+        "slow-stack" => {
+            JobOutcome::success(stream::encode(&sample()).expect("encode")).after(Duration::from_millis(1500))
+        }
         "fails" => JobOutcome::failure(1, "error: /.registry/app.yaml: no such file or directory\n"),
         "truncated" => {
             let full = stream::encode(&sample()).expect("encode");
@@ -835,5 +839,233 @@ async fn uninstall_removes_host_and_tenant_objects_and_shared_crds_go_with_the_l
             }
         },
     )
+    .await;
+}
+
+/// Writes (not reads or watches) a server saw.
+pub(crate) fn writes(counts: &stackd::embedded::counters::RequestCounts) -> Vec<String> {
+    use stackd::embedded::Verb;
+    counts
+        .counts
+        .iter()
+        .filter(|(key, n)| {
+            **n > 0
+                && matches!(
+                    key.verb,
+                    Verb::Create | Verb::Update | Verb::Patch | Verb::Delete | Verb::DeleteCollection
+                )
+        })
+        .map(|(key, n)| format!("{} {} in {:?} x{n}", key.verb.as_str(), key.resource, key.namespace))
+        .collect()
+}
+
+async fn objects_of_kind(fleet: &StackFleet, kind: &str) -> (Vec<Job>, Vec<Secret>) {
+    let params = ListParams::default().labels(&format!("stackd.dev/parent-kind={kind}"));
+    let jobs = fleet.host_jobs("acme").list(&params).await.expect("jobs").items;
+    let secrets = fleet.host_secrets("acme").list(&params).await.expect("secrets").items;
+    (jobs, secrets)
+}
+
+async fn pull_secret(tenant: &Client, namespace: &str) {
+    create_namespace(tenant, namespace).await;
+    let pull: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "creds"},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": "{\"auths\":{}}"}
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(tenant.clone(), namespace)
+        .create(&PostParams::default(), &pull)
+        .await
+        .expect("pull secret");
+}
+
+async fn wait_synced(tenant: &Client, namespace: &str, daemon: &Daemon) -> StackInstall {
+    let installs: Api<StackInstall> = Api::namespaced(tenant.clone(), namespace);
+    wait_until("Synced=True", Duration::from_secs(20), daemon, || {
+        let installs = installs.clone();
+        async move {
+            let install = installs.get("sample").await.ok()?;
+            (condition(&install, "Synced")?.0 == "True").then_some(install)
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_daemon_killed_mid_install_converges_without_duplicates() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let tenant = fleet.tenant("acme");
+    pull_secret(&tenant, "team-a").await;
+    let first = fleet.daemon(&[]);
+    create_install(
+        &tenant,
+        "team-a",
+        "sample",
+        json!({"package": "examples/slow-stack:v1", "imagePullSecrets": [{"name": "creds"}]}),
+    )
+    .await;
+    // Killed while its Job runs.
+    let jobs = fleet.host_jobs("acme");
+    let job = wait_until("the install Job", Duration::from_secs(20), &first, || {
+        let jobs = jobs.clone();
+        async move { jobs.get_opt("team-a.sample-install").await.ok().flatten() }
+    })
+    .await;
+    drop(first);
+    let second = fleet.daemon(&[]);
+    // Killed right after the CRDs appear.
+    let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
+    wait_until("the CRD", Duration::from_secs(20), &second, || {
+        let crds = crds.clone();
+        async move { crds.get_opt(WIDGETS).await.ok().flatten() }
+    })
+    .await;
+    drop(second);
+    let third = fleet.daemon(&[]);
+    wait_synced(&tenant, "team-a", &third).await;
+    let (jobs, secrets) = objects_of_kind(&fleet, "StackInstall").await;
+    assert_eq!(jobs.len(), 1, "duplicate Jobs");
+    assert_eq!(
+        jobs[0].uid(),
+        job.uid(),
+        "the running Job was replaced instead of awaited"
+    );
+    assert_eq!(
+        secrets.len(),
+        1,
+        "duplicate pull-secret copies: {:?}",
+        secrets.iter().map(|s| s.name_any()).collect::<Vec<_>>()
+    );
+    assert_eq!(stacks_on(&tenant).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_reconcile_of_an_unchanged_install_writes_nothing() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let tenant = fleet.tenant("acme");
+    let daemon = fleet.daemon(&[]);
+    create_install(
+        &tenant,
+        "team-a",
+        "sample",
+        json!({"package": "examples/sample-stack:v1"}),
+    )
+    .await;
+    wait_synced(&tenant, "team-a", &daemon).await;
+    // Let the last status write and Events land.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (host_before, tenant_before) = (fleet._host.counters(), fleet.tenants["acme"].0.counters());
+    // A label on the install is an event (a reconcile) that changes nothing stackd cares about.
+    Api::<StackInstall>::namespaced(tenant.clone(), "team-a")
+        .patch(
+            "sample",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+        )
+        .await
+        .expect("label");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let host_writes = writes(&fleet._host.counters().since(&host_before));
+    let tenant_writes = writes(&fleet.tenants["acme"].0.counters().since(&tenant_before));
+    assert!(
+        host_writes.is_empty(),
+        "host writes: {host_writes:?}\n{}",
+        daemon.log_text()
+    );
+    assert_eq!(
+        tenant_writes,
+        ["patch stackinstalls.stacks.stackd.dev in \"team-a\" x1"],
+        "tenant writes besides the test's own"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_uninstall_waits_out_an_unreachable_tenant_and_then_completes() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let tenant = fleet.tenant("acme");
+    let daemon = fleet.daemon(&[]);
+    create_install(
+        &tenant,
+        "team-a",
+        "sample",
+        json!({"package": "examples/sample-stack:v1"}),
+    )
+    .await;
+    wait_synced(&tenant, "team-a", &daemon).await;
+    drop(daemon);
+    let installs: Api<StackInstall> = Api::namespaced(tenant.clone(), "team-a");
+    installs
+        .delete("sample", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let server = &fleet.tenants["acme"].0;
+    server
+        .faults()
+        .fail_next(1_000_000, stackd::embedded::faults::RequestMatch::any(), 503);
+    let daemon = fleet.daemon(&[]);
+    daemon
+        .wait_for("/readyz?verbose", "acme", Duration::from_secs(10))
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (jobs, _) = objects_of_kind(&fleet, "StackInstall").await;
+    assert_eq!(
+        jobs.len(),
+        1,
+        "host objects were deleted while the tenant could not be read"
+    );
+    server.faults().clear();
+    wait_until("the install gone", Duration::from_secs(30), &daemon, || {
+        let installs = installs.clone();
+        async move { installs.get_opt("sample").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    let (jobs, secrets) = objects_of_kind(&fleet, "StackInstall").await;
+    assert!(jobs.is_empty() && secrets.is_empty());
+    assert!(
+        Api::<CustomResourceDefinition>::all(tenant.clone())
+            .get_opt(WIDGETS)
+            .await
+            .expect("get")
+            .is_none()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_sweep_removes_host_objects_of_an_install_deleted_while_the_daemon_was_down() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let tenant = fleet.tenant("acme");
+    pull_secret(&tenant, "team-a").await;
+    let daemon = fleet.daemon(&[]);
+    create_install(
+        &tenant,
+        "team-a",
+        "sample",
+        json!({"package": "examples/sample-stack:v1", "imagePullSecrets": [{"name": "creds"}]}),
+    )
+    .await;
+    wait_synced(&tenant, "team-a", &daemon).await;
+    drop(daemon);
+    // The install vanishes without stackd's help (its finalizer stripped by hand).
+    let installs: Api<StackInstall> = Api::namespaced(tenant.clone(), "team-a");
+    installs
+        .patch(
+            "sample",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("strip finalizer");
+    installs
+        .delete("sample", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let (jobs, secrets) = objects_of_kind(&fleet, "StackInstall").await;
+    assert_eq!((jobs.len(), secrets.len()), (1, 1));
+    let daemon = fleet.daemon(&[]);
+    wait_until("the sweep", Duration::from_secs(20), &daemon, || async {
+        let (jobs, secrets) = objects_of_kind(&fleet, "StackInstall").await;
+        (jobs.is_empty() && secrets.is_empty()).then_some(())
+    })
     .await;
 }
