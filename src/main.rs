@@ -322,8 +322,8 @@ async fn run(args: RunArgs) -> ExitCode {
 }
 
 async fn bench(args: BenchArgs) -> ExitCode {
-    if args.chaos || args.seed.is_some() {
-        return not_yet("stackd bench --chaos", "the chaos scenario");
+    if args.chaos {
+        return chaos(&args).await;
     }
     let baseline = match args.compare.as_ref().map(stackd::bench::load).transpose() {
         Ok(baseline) => baseline,
@@ -346,6 +346,40 @@ async fn bench(args: BenchArgs) -> ExitCode {
         print!("{}", stackd::bench::table(&report, baseline.as_ref()));
     }
     ExitCode::SUCCESS
+}
+
+/// `stackd bench --chaos`: exits non-zero when an invariant fails.
+async fn chaos(args: &BenchArgs) -> ExitCode {
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    });
+    eprintln!("chaos: seed {seed} (repeat with --seed {seed})");
+    let options = stackd::bench::chaos::ChaosOptions::new(seed, args.quick);
+    let report = match stackd::bench::chaos::run(&options).await {
+        Ok(report) => report,
+        Err(err) => return fail("stackd bench --chaos", err),
+    };
+    let json = serde_json::to_string_pretty(&report).unwrap_or_default();
+    if let Some(path) = &args.out
+        && let Err(err) = std::fs::write(path, &json)
+    {
+        return fail(
+            "stackd bench --chaos",
+            format!("cannot write {}: {err}", path.display()),
+        );
+    }
+    if args.json {
+        println!("{json}");
+    } else {
+        print!("{}", stackd::bench::chaos::table(&report));
+    }
+    if report.passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 async fn dev(args: DevArgs) -> ExitCode {
@@ -421,9 +455,4 @@ fn unpack(args: UnpackArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn not_yet(command: &str, owner: &str) -> ExitCode {
-    eprintln!("{command} is not available yet: it arrives with {owner}.");
-    ExitCode::from(2)
 }

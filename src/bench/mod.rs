@@ -2,6 +2,7 @@
 //! measured against embedded API servers in this process and the daemon as a child process. Every
 //! figure that depends on the machine is also given as a ratio to a floor measured in the same run.
 
+pub mod chaos;
 pub mod fleet;
 mod idle;
 mod latency;
