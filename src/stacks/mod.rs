@@ -1,5 +1,6 @@
 //! Stacks (DESIGN.md §3): the package format, the install controller and the stack controller.
 
+pub mod stack;
 pub mod stream;
 pub mod unpack;
 
