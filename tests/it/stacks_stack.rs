@@ -852,7 +852,7 @@ async fn a_rotated_tenant_token_is_copied_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unchanged_stack_reconciles_again_with_zero_writes() {
-    let env = Env::start(INSECURE).await;
+    let mut env = Env::start(INSECURE).await;
     env.create_stack("widgets", default_spec()).await;
     env.wait_ready("widgets", "True", "Available").await;
     // Let the last events of the first reconciles settle.
@@ -871,6 +871,23 @@ async fn an_unchanged_stack_reconciles_again_with_zero_writes() {
     let tenant_writes = writes(&env.tenant.counters().since(&tenant_before));
     assert!(host_writes.is_empty(), "host writes: {host_writes:?}");
     assert!(tenant_writes.is_empty(), "tenant writes: {tenant_writes:?}");
+
+    // A restarted daemon reconciles every Stack from scratch, and still writes nothing.
+    env.stop_daemon();
+    let (host_before, tenant_before) = (env.host.counters(), env.tenant.counters());
+    env.start_daemon(INSECURE);
+    env.until("the restarted daemon's first reconcile", || async {
+        env.reconciles() > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let host_writes = writes(&env.host.counters().since(&host_before));
+    let tenant_writes = writes(&env.tenant.counters().since(&tenant_before));
+    assert!(host_writes.is_empty(), "host writes after a restart: {host_writes:?}");
+    assert!(
+        tenant_writes.is_empty(),
+        "tenant writes after a restart: {tenant_writes:?}"
+    );
 }
 
 /// Marks the Widget CRD as used by the Stack, as the install controller does.
@@ -1045,4 +1062,87 @@ async fn a_daemon_killed_midway_converges_without_duplicates() {
         .expect("list");
     assert_eq!(tokens.items.len(), 1);
     assert_eq!(tenant_rbac_left(&env).await.len(), 4, "system and 3 personas");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_drift_is_repaired_and_a_recreated_account_gets_its_new_token_copied() {
+    let env = Env::start(INSECURE).await;
+    env.create_stack("widgets", default_spec()).await;
+    env.wait_ready("widgets", "True", "Available").await;
+    let t = env.tenant_client.clone();
+    let roles: Api<ClusterRole> = Api::all(t.clone());
+
+    // Edited rules and a deleted persona role come back.
+    let patch = json!({"rules": []});
+    roles
+        .patch(
+            "stackd:team-a:widgets:system",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .expect("edit");
+    roles
+        .delete("stackd:team-a:widgets:view", &DeleteParams::default())
+        .await
+        .expect("delete");
+    env.until("the tenant roles to be repaired", || async {
+        let system = roles.get("stackd:team-a:widgets:system").await.ok();
+        let view = roles.get_opt("stackd:team-a:widgets:view").await.ok().flatten();
+        system.and_then(|r| r.rules).is_some_and(|r| r.len() == 2) && view.is_some()
+    })
+    .await;
+
+    // A deleted ServiceAccount is recreated; its old token dies with it, and the new one is copied.
+    let secrets: Api<Secret> = Api::namespaced(t.clone(), NS);
+    let old_token = secrets.get("widgets-token").await.expect("token").data.expect("data")["token"].clone();
+    Api::<ServiceAccount>::namespaced(t.clone(), NS)
+        .delete("widgets", &DeleteParams::default())
+        .await
+        .expect("delete sa");
+    env.until("a new token on tenant and host", || async {
+        let tenant_token = secrets
+            .get_opt("widgets-token")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|s| s.data)
+            .and_then(|d| d.get("token").cloned());
+        let host_token = env
+            .host_secrets()
+            .get_opt("team-a.widgets-token")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|s| s.data)
+            .and_then(|d| d.get("token").cloned());
+        tenant_token.is_some() && tenant_token != Some(old_token.clone()) && host_token == tenant_token
+    })
+    .await;
+
+    // A scope change swaps the RoleBinding for a ClusterRoleBinding.
+    let patch = json!({"spec": {"permissionScope": "Cluster"}});
+    env.stacks()
+        .patch("widgets", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("scope");
+    env.until("the binding to follow the scope", || async {
+        let cluster = Api::<ClusterRoleBinding>::all(t.clone())
+            .get_opt("stackd:team-a:widgets")
+            .await
+            .ok()
+            .flatten();
+        let namespaced = Api::<RoleBinding>::namespaced(t.clone(), NS)
+            .get_opt("stackd:team-a:widgets")
+            .await
+            .ok()
+            .flatten();
+        cluster.is_some() && namespaced.is_none()
+    })
+    .await;
+    let stack = env.wait_ready("widgets", "True", "Available").await;
+    assert_eq!(
+        stack.status.and_then(|s| s.observed_generation),
+        stack.metadata.generation
+    );
 }

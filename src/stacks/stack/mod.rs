@@ -22,7 +22,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
+use kube::runtime::finalizer::{Error as FinalizerError, Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
@@ -245,11 +245,18 @@ async fn reconcile(stack: Arc<Stack>, ctx: Arc<StackContext>) -> Result<Action, 
             FinalizerEvent::Cleanup(stack) => cleanup(&stack, &ctx).await,
         }
     })
-    .await
-    .map_err(|err| match err {
-        kube::runtime::finalizer::Error::ApplyFailed(err) | kube::runtime::finalizer::Error::CleanupFailed(err) => err,
-        other => StackError::Finalizer(other.to_string()),
-    })?;
+    .await;
+    let action = match action {
+        Ok(action) => action,
+        Err(FinalizerError::ApplyFailed(err) | FinalizerError::CleanupFailed(err)) => return Err(err),
+        // Our cached Stack was older than our own last write (its finalizers changed): that write's
+        // watch event brings the current copy and another reconcile.
+        Err(
+            FinalizerError::AddFinalizer(kube::Error::Api(status))
+            | FinalizerError::RemoveFinalizer(kube::Error::Api(status)),
+        ) if status.code == 409 || status.code == 422 => Action::await_change(),
+        Err(other) => return Err(StackError::Finalizer(other.to_string())),
+    };
     tenant.object_backoff.succeeded(&key);
     Ok(action)
 }
@@ -464,12 +471,21 @@ async fn write_tenant_objects(
         let binding = rbac::cluster_role_binding(&identity);
         let applied = ensure_cluster_scoped(client, &identity, &binding, &caches.cluster_role_bindings).await?;
         writes.record(format!("ClusterRoleBinding {}", binding.name_any()), applied);
+        // A stack whose scope changed keeps no binding of the other kind.
+        let stale = caches.role_bindings.get(&in_namespace(&binding.name_any(), ns));
+        if stale.is_some_and(|b| identity.owns(b.as_ref())) {
+            delete_tenant(&Api::<RoleBinding>::namespaced(client.clone(), ns), &binding.name_any()).await?;
+        }
     } else {
         let binding = rbac::role_binding(&identity, &owner);
         let observed = caches.role_bindings.get(&in_namespace(&binding.name_any(), ns));
         let api = Api::namespaced(client.clone(), ns);
         let applied = tenant::ensure(&api, &identity, &binding, observed.as_deref()).await?;
         writes.record(format!("RoleBinding {}", binding.name_any()), applied);
+        let stale = caches.cluster_role_bindings.get(&ObjectRef::new(&binding.name_any()));
+        if stale.is_some_and(|b| identity.owns(b.as_ref())) {
+            delete_tenant(&Api::<ClusterRoleBinding>::all(client.clone()), &binding.name_any()).await?;
+        }
     }
     let roles = match rbac::persona_roles(stack, &identity, &caches.crds.state()) {
         Ok(roles) => roles,
