@@ -1146,3 +1146,30 @@ async fn tenant_drift_is_repaired_and_a_recreated_account_gets_its_new_token_cop
         stack.metadata.generation
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_dropped_from_the_spec_stops_running_on_the_host() {
+    let env = Env::start(INSECURE).await;
+    env.create_stack("widgets", default_spec()).await;
+    env.wait_ready("widgets", "True", "Available").await;
+    let patch = json!({"spec": {"controller": {"deployment": null}}});
+    env.stacks()
+        .patch("widgets", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("drop the controller");
+    let stack = env.wait_ready("widgets", "True", "NoController").await;
+    let status = stack.status.expect("status");
+    assert_eq!((status.controller_ref, status.token_secret_ref), (None, None));
+    env.until("the host objects to go", || async {
+        env.parented_host_objects().await.is_empty()
+    })
+    .await;
+    assert!(
+        Api::<ClusterRole>::all(env.tenant_client.clone())
+            .get_opt("stackd:team-a:widgets:system")
+            .await
+            .expect("get")
+            .is_some(),
+        "the permissions stay with the stack"
+    );
+}

@@ -343,6 +343,11 @@ async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Resul
         Err(waiting) => return Ok(waiting),
     };
     let Some((spec, endpoint)) = controller else {
+        // A controller dropped from the spec does not keep running on the host.
+        let host = HostNames::of(stack, &ctx.tenant);
+        delete_host_objects(ctx, &host.parent).await?;
+        notes.controller_ref = None;
+        notes.token_secret_ref = None;
         return Ok(Outcome {
             ready: true,
             reason: "NoController",
@@ -762,25 +767,22 @@ async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes:
             notes.events.push((type_, outcome.reason, outcome.message.clone()));
         }
     }
-    let reference = stack.object_ref(&());
     for (type_, reason, note) in notes.events {
-        let event = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(err) = tenant.recorder.publish(&event, &reference).await {
-            debug!(tenant = %tenant.name, error = %err, "cannot publish an Event on the Stack");
-        }
+        publish(tenant, stack, type_, reason, note).await;
     }
     if status != old {
         let api: Api<Stack> = Api::namespaced(tenant.client.clone(), &stack.namespace().unwrap_or_default());
+        let mut body = serde_json::to_value(&status).map_err(kube::Error::SerdeError)?;
+        // A merge patch keeps fields it leaves out: a reference that no longer applies is nulled.
+        for key in ["controllerRef", "tokenSecretRef"] {
+            if let Some(fields) = body.as_object_mut() {
+                fields.entry(key).or_insert(serde_json::Value::Null);
+            }
+        }
         api.patch_status(
             &stack.name_any(),
             &PatchParams::default(),
-            &Patch::Merge(json!({ "status": status })),
+            &Patch::Merge(json!({ "status": body })),
         )
         .await?;
         if ready_changed {
@@ -790,6 +792,39 @@ async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes:
     Ok(())
 }
 
+/// Publishes an Event on the Stack; one that cannot be published is only logged.
+async fn publish(tenant: &TenantContext, stack: &Stack, type_: EventType, reason: &str, note: String) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(err) = tenant.recorder.publish(&event, &stack.object_ref(&())).await {
+        debug!(tenant = %tenant.name, error = %err, "cannot publish an Event on the Stack");
+    }
+}
+
+/// Deletes the Stack's host Deployment (in the background, so its ReplicaSets go too), then its host
+/// Secrets: every cached object carrying the Stack's labels, never one stackd did not label.
+async fn delete_host_objects(ctx: &StackContext, parent: &Parent) -> Result<usize, StackError> {
+    let tenant = &ctx.tenant;
+    let host_ns = tenant.host_namespace.as_str();
+    let deployments: Vec<Deployment> = ctx.caches.deployments.state().iter().map(|d| (**d).clone()).collect();
+    let api = Api::namespaced(tenant.host.clone(), host_ns);
+    let removed = apply::delete_all(&api, &deployments, &tenant.name, parent)
+        .await
+        .map_err(HostWriteError::from)?;
+    let secrets: Vec<Secret> = ctx.caches.host_secrets.state().iter().map(|s| (**s).clone()).collect();
+    let api = Api::namespaced(tenant.host.clone(), host_ns);
+    let removed = removed
+        + apply::delete_all(&api, &secrets, &tenant.name, parent)
+            .await
+            .map_err(HostWriteError::from)?;
+    Ok(removed)
+}
+
 /// §3.4, the Stack's half: host Deployment, host Secrets, tenant RBAC and persona roles, then this
 /// Stack's label on its CRDs. The ServiceAccount, RoleBinding and token Secret go with the Stack by
 /// their owner references.
@@ -797,32 +832,14 @@ async fn cleanup(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError
     let tenant = &ctx.tenant;
     let caches = &ctx.caches;
     let identity = TenantIdentity::of(stack);
-    let parent = Parent::new(
-        KIND,
-        Some(&identity.namespace),
-        &identity.name,
-        stack.meta().uid.as_deref().unwrap_or_default(),
-    );
-    let host_ns = tenant.host_namespace.as_str();
-    let deployments: Vec<Deployment> = caches.deployments.state().iter().map(|d| (**d).clone()).collect();
-    let removed = apply::delete_all(
-        &Api::namespaced(tenant.host.clone(), host_ns),
-        &deployments,
-        &tenant.name,
-        &parent,
-    )
-    .await
-    .map_err(HostWriteError::from)?;
-    let secrets: Vec<Secret> = caches.host_secrets.state().iter().map(|s| (**s).clone()).collect();
-    let removed = removed
-        + apply::delete_all(
-            &Api::namespaced(tenant.host.clone(), host_ns),
-            &secrets,
-            &tenant.name,
-            &parent,
-        )
-        .await
-        .map_err(HostWriteError::from)?;
+    let removed = delete_host_objects(ctx, &HostNames::of(stack, tenant).parent).await?;
+    if removed > 0 {
+        let note = format!(
+            "deleted the controller Deployment and token copy from the host namespace {}",
+            tenant.host_namespace
+        );
+        publish(tenant, stack, EventType::Normal, "DeletedHostObjects", note).await;
+    }
     for role in caches
         .cluster_roles
         .state()
