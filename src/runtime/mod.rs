@@ -6,3 +6,4 @@ pub mod conditions;
 pub mod health;
 pub mod leader;
 pub mod metrics;
+pub mod readiness;

@@ -2,6 +2,7 @@
 
 pub mod install;
 pub mod pod_policy;
+pub mod stack;
 pub mod stream;
 pub mod unpack;
 

@@ -19,4 +19,5 @@ mod fidelity;
 mod harness;
 mod kubectl;
 mod stacks_install;
+mod stacks_stack;
 mod sweep;

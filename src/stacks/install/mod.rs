@@ -27,6 +27,7 @@ use tracing::{debug, warn};
 use crate::api::stacks::{ClusterStackInstall, InstallSpec, PermissionScope, Stack, StackInstall, StackInstallStatus};
 use crate::host::labels::{TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION};
 use crate::runtime::metrics::Metrics;
+use crate::runtime::readiness::Readiness;
 use crate::stacks::crd_parent_label;
 use crate::tenancy::tenant::{TenantContext, TenantError};
 
@@ -72,6 +73,8 @@ pub struct InstallContext {
     pub jobs: Store<Job>,
     pub crds: Store<CustomResourceDefinition>,
     pub stacks: Store<Stack>,
+    /// Resolves once the three caches above are filled.
+    pub caches_filled: Readiness,
     pub stackd_image: String,
 }
 
@@ -130,11 +133,23 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
     let installs: Api<K> = Api::all(context.client.clone());
     let controller = Controller::new(installs, watcher::Config::default());
     let install_store = controller.store();
+    let caches_filled = {
+        let (jobs, crds, stacks) = (jobs.clone(), crds.clone(), stacks.clone());
+        Readiness::after(async move {
+            let filled = futures::future::try_join3(
+                jobs.wait_until_ready(),
+                crds.wait_until_ready(),
+                stacks.wait_until_ready(),
+            );
+            filled.await.is_ok()
+        })
+    };
     let ctx = Arc::new(InstallContext {
         tenant: context.clone(),
         jobs,
         crds,
         stacks,
+        caches_filled,
         stackd_image,
     });
     let concurrency = context.shared.settings.max_concurrent_reconciles.max(1) as u16;

@@ -1,0 +1,359 @@
+//! The stack's controller Deployment on the host (DESIGN.md §3.3 step 4): checked for anything that
+//! could reach beyond its namespace, then rebuilt to talk to the tenant with the copied token and
+//! nothing of the host's. Pure: the controller writes what [`build`] returns.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EnvVar, PodSecurityContext, PodSpec, SeccompProfile, SecretVolumeSource, SecurityContext,
+    Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::ObjectMeta;
+use serde_json::Value;
+
+use crate::host::labels::{PARENT_KIND_LABEL, PARENT_NAME_LABEL, PARENT_NAMESPACE_LABEL, Parent, TENANT_LABEL};
+use crate::tenancy::endpoint::TenantEndpoint;
+
+/// Where in-cluster clients look for their token, CA and namespace.
+pub const SERVICE_ACCOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// The volume holding the copied tenant token.
+pub const TOKEN_VOLUME: &str = "stackd-tenant-token";
+
+/// Why a controller Deployment spec is not run.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// `controller.deployment.spec` is not a DeploymentSpec.
+    #[error("controller.deployment.spec is not a valid apps/v1 DeploymentSpec: {0}")]
+    Invalid(String),
+    /// The pod could reach beyond its namespace on the host.
+    #[error(
+        "the controller's pod spec is refused because {0}; stackd runs stack controllers without host access (run stackd with --insecure-pass-full-deployment to allow it)"
+    )]
+    Unsafe(String),
+}
+
+impl SpecError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SpecError::Invalid(_) => "InvalidDeploymentSpec",
+            SpecError::Unsafe(_) => "PodSpecRefused",
+        }
+    }
+}
+
+/// Reads `controller.deployment.spec`. The selector may be left out: stackd sets its own.
+pub fn parse(spec: &Value) -> Result<DeploymentSpec, SpecError> {
+    let mut spec = spec.clone();
+    let Some(object) = spec.as_object_mut() else {
+        return Err(SpecError::Invalid("it is not an object".into()));
+    };
+    object.entry("selector").or_insert_with(|| serde_json::json!({}));
+    if !object.contains_key("template") {
+        return Err(SpecError::Invalid("it has no template".into()));
+    }
+    let parsed: DeploymentSpec = serde_json::from_value(spec).map_err(|e| SpecError::Invalid(e.to_string()))?;
+    let containers = parsed.template.spec.as_ref().map(|p| p.containers.len()).unwrap_or(0);
+    if containers == 0 {
+        return Err(SpecError::Invalid("the pod template has no containers".into()));
+    }
+    Ok(parsed)
+}
+
+/// Refuses host access: hostPath volumes, host namespaces, privileged containers, added
+/// capabilities, and projected service-account tokens (which would be the host's).
+pub fn check_safe(spec: &DeploymentSpec) -> Result<(), SpecError> {
+    let Some(pod) = spec.template.spec.as_ref() else {
+        return Ok(());
+    };
+    let mut problems = Vec::new();
+    for (flag, set) in [
+        ("hostNetwork", pod.host_network),
+        ("hostPID", pod.host_pid),
+        ("hostIPC", pod.host_ipc),
+    ] {
+        if set == Some(true) {
+            problems.push(format!("it sets {flag}"));
+        }
+    }
+    for volume in pod.volumes.iter().flatten() {
+        if volume.host_path.is_some() {
+            problems.push(format!("volume {:?} is a hostPath", volume.name));
+        }
+        let projects_token = volume
+            .projected
+            .as_ref()
+            .and_then(|p| p.sources.as_ref())
+            .is_some_and(|sources| sources.iter().any(|s| s.service_account_token.is_some()));
+        if projects_token {
+            problems.push(format!("volume {:?} projects a serviceAccountToken", volume.name));
+        }
+    }
+    for container in all_containers(pod) {
+        let context = container.security_context.as_ref();
+        if context.and_then(|c| c.privileged) == Some(true) {
+            problems.push(format!("container {:?} is privileged", container.name));
+        }
+        let added = context
+            .and_then(|c| c.capabilities.as_ref())
+            .and_then(|c| c.add.as_ref())
+            .filter(|add| !add.is_empty());
+        if let Some(added) = added {
+            problems.push(format!(
+                "container {:?} adds capabilities {}",
+                container.name,
+                added.join(", ")
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(SpecError::Unsafe(problems.join(", ")))
+    }
+}
+
+fn all_containers(pod: &PodSpec) -> impl Iterator<Item = &Container> {
+    pod.containers.iter().chain(pod.init_containers.iter().flatten())
+}
+
+/// The labels selecting the stack's pods: unique per tenant and Stack.
+pub fn selector_labels(tenant: &str, parent: &Parent) -> BTreeMap<String, String> {
+    let mut labels = parent.labels(tenant);
+    labels.retain(|key, _| {
+        [
+            TENANT_LABEL,
+            PARENT_KIND_LABEL,
+            PARENT_NAMESPACE_LABEL,
+            PARENT_NAME_LABEL,
+        ]
+        .contains(&key.as_str())
+    });
+    labels
+}
+
+/// What the host Deployment is built from.
+pub struct Inputs<'a> {
+    pub name: &'a str,
+    pub host_namespace: &'a str,
+    pub tenant: &'a str,
+    pub parent: &'a Parent,
+    /// The Stack's namespace on the tenant (`POD_NAMESPACE`).
+    pub tenant_namespace: &'a str,
+    pub endpoint: &'a TenantEndpoint,
+    pub token_secret: &'a str,
+    /// Leave the security context as the package wrote it (`--insecure-pass-full-deployment`).
+    pub pass_full: bool,
+}
+
+/// The host Deployment for a checked spec; the caller stamps it with the parent's labels.
+pub fn build(spec: &DeploymentSpec, inputs: &Inputs<'_>) -> Deployment {
+    let mut spec = spec.clone();
+    let selector = selector_labels(inputs.tenant, inputs.parent);
+    spec.selector = LabelSelector {
+        match_labels: Some(selector.clone()),
+        match_expressions: None,
+    };
+    let template_meta = spec.template.metadata.get_or_insert_with(ObjectMeta::default);
+    template_meta.labels.get_or_insert_default().extend(selector);
+    template_meta.name = None;
+    template_meta.namespace = None;
+    let pod = spec.template.spec.get_or_insert_with(PodSpec::default);
+    pod.automount_service_account_token = Some(false);
+    pod.service_account_name = None;
+    #[allow(deprecated)]
+    {
+        pod.service_account = None;
+    }
+    let volumes = pod.volumes.get_or_insert_default();
+    volumes.retain(|v| v.name != TOKEN_VOLUME);
+    volumes.push(Volume {
+        name: TOKEN_VOLUME.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(inputs.token_secret.into()),
+            default_mode: Some(0o440),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    if !inputs.pass_full {
+        let context = pod.security_context.get_or_insert_with(PodSecurityContext::default);
+        context.run_as_non_root = Some(true);
+        context.seccomp_profile = Some(runtime_default());
+    }
+    let env = [
+        ("KUBERNETES_SERVICE_HOST", inputs.endpoint.host.clone()),
+        ("KUBERNETES_SERVICE_PORT", inputs.endpoint.port.to_string()),
+        ("POD_NAMESPACE", inputs.tenant_namespace.to_string()),
+    ];
+    let init = pod.init_containers.iter_mut().flatten();
+    for container in pod.containers.iter_mut().chain(init) {
+        connect_to_tenant(container, &env);
+        if !inputs.pass_full {
+            restrict(container);
+        }
+    }
+    Deployment {
+        metadata: ObjectMeta {
+            name: Some(inputs.name.into()),
+            namespace: Some(inputs.host_namespace.into()),
+            ..Default::default()
+        },
+        spec: Some(spec),
+        status: None,
+    }
+}
+
+/// Mounts the tenant token where in-cluster clients read it and points them at the tenant.
+fn connect_to_tenant(container: &mut Container, env: &[(&str, String)]) {
+    let mounts = container.volume_mounts.get_or_insert_default();
+    mounts.retain(|m| m.name != TOKEN_VOLUME && m.mount_path.trim_end_matches('/') != SERVICE_ACCOUNT_PATH);
+    mounts.push(VolumeMount {
+        name: TOKEN_VOLUME.into(),
+        mount_path: SERVICE_ACCOUNT_PATH.into(),
+        read_only: Some(true),
+        ..Default::default()
+    });
+    let vars = container.env.get_or_insert_default();
+    vars.retain(|v| !env.iter().any(|(name, _)| v.name == *name));
+    vars.extend(env.iter().map(|(name, value)| EnvVar {
+        name: (*name).into(),
+        value: Some(value.clone()),
+        value_from: None,
+    }));
+}
+
+/// The restricted Pod Security Standard, set explicitly so an edit on the host shows as drift.
+fn restrict(container: &mut Container) {
+    let context = container.security_context.get_or_insert_with(SecurityContext::default);
+    context.allow_privilege_escalation = Some(false);
+    context.privileged = None;
+    context.run_as_non_root = Some(true);
+    context.seccomp_profile = Some(runtime_default());
+    context.capabilities = Some(Capabilities {
+        add: None,
+        drop: Some(vec!["ALL".into()]),
+    });
+}
+
+fn runtime_default() -> SeccompProfile {
+    SeccompProfile {
+        type_: "RuntimeDefault".into(),
+        localhost_profile: None,
+    }
+}
+
+/// True when the Deployment has an available replica.
+pub fn is_available(deployment: &Deployment) -> bool {
+    deployment
+        .status
+        .as_ref()
+        .and_then(|s| s.available_replicas)
+        .is_some_and(|n| n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tenancy::endpoint::EndpointSource;
+    use serde_json::json;
+
+    fn spec(pod: Value) -> Value {
+        json!({"replicas": 1, "template": {"metadata": {"labels": {"app": "c"}}, "spec": pod}})
+    }
+
+    fn container() -> Value {
+        json!({"name": "c", "image": "example/c:1"})
+    }
+
+    #[test]
+    fn a_spec_that_is_not_a_deployment_spec_is_invalid() {
+        assert!(matches!(parse(&json!("text")), Err(SpecError::Invalid(_))));
+        assert!(matches!(parse(&json!({"replicas": 1})), Err(SpecError::Invalid(_))));
+        assert!(matches!(
+            parse(&json!({"replicas": "many", "template": {}})),
+            Err(SpecError::Invalid(_))
+        ));
+        assert!(matches!(
+            parse(&spec(json!({"containers": []}))),
+            Err(SpecError::Invalid(_))
+        ));
+        assert!(parse(&spec(json!({"containers": [container()]}))).is_ok());
+    }
+
+    #[test]
+    fn host_access_is_refused_each_way() {
+        let cases = [
+            json!({"containers": [container()], "hostNetwork": true}),
+            json!({"containers": [container()], "hostPID": true}),
+            json!({"containers": [container()], "hostIPC": true}),
+            json!({"containers": [container()], "volumes": [{"name": "h", "hostPath": {"path": "/"}}]}),
+            json!({"containers": [container()], "volumes": [{"name": "p", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]}),
+            json!({"containers": [{"name": "c", "image": "i", "securityContext": {"privileged": true}}]}),
+            json!({"containers": [container()], "initContainers": [{"name": "i", "image": "i", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}]}),
+        ];
+        for pod in cases {
+            let parsed = parse(&spec(pod.clone())).expect("parses");
+            let err = check_safe(&parsed).expect_err(&pod.to_string());
+            assert!(err.to_string().contains("--insecure-pass-full-deployment"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_built_pod_talks_to_the_tenant_with_the_copied_token_only() {
+        let parsed = parse(&spec(json!({
+            "serviceAccountName": "host-sa",
+            "initContainers": [{"name": "i", "image": "i"}],
+            "containers": [{"name": "c", "image": "i", "env": [{"name": "POD_NAMESPACE", "value": "wrong"}]}],
+        })))
+        .expect("parses");
+        let parent = Parent::new("Stack", Some("team-a"), "s", "u");
+        let endpoint = TenantEndpoint::parse("https://t.example:6443", EndpointSource::ServerUrl).expect("endpoint");
+        let deployment = build(
+            &parsed,
+            &Inputs {
+                name: "team-a.s",
+                host_namespace: "tenant-acme-controllers",
+                tenant: "acme",
+                parent: &parent,
+                tenant_namespace: "team-a",
+                endpoint: &endpoint,
+                token_secret: "team-a.s-token",
+                pass_full: false,
+            },
+        );
+        let spec = deployment.spec.expect("spec");
+        let pod = spec.template.spec.expect("pod");
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        assert_eq!(pod.service_account_name, None);
+        assert_eq!(
+            spec.selector.match_labels.clone().expect("labels")[TENANT_LABEL],
+            "acme"
+        );
+        let template_labels = spec.template.metadata.and_then(|m| m.labels).expect("labels");
+        assert_eq!(template_labels["app"], "c");
+        for (k, v) in spec.selector.match_labels.expect("labels") {
+            assert_eq!(template_labels.get(&k), Some(&v));
+        }
+        for container in pod.containers.iter().chain(pod.init_containers.iter().flatten()) {
+            let mount = container.volume_mounts.as_ref().expect("mounts");
+            assert!(
+                mount
+                    .iter()
+                    .any(|m| m.mount_path == SERVICE_ACCOUNT_PATH && m.read_only == Some(true))
+            );
+            let env: BTreeMap<_, _> = container
+                .env
+                .iter()
+                .flatten()
+                .map(|e| (e.name.as_str(), e.value.clone().unwrap_or_default()))
+                .collect();
+            assert_eq!(env["KUBERNETES_SERVICE_HOST"], "t.example");
+            assert_eq!(env["KUBERNETES_SERVICE_PORT"], "6443");
+            assert_eq!(env["POD_NAMESPACE"], "team-a");
+            let context = container.security_context.as_ref().expect("context");
+            assert_eq!(context.allow_privilege_escalation, Some(false));
+        }
+    }
+}

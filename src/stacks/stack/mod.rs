@@ -1,0 +1,889 @@
+//! The Stack controller (DESIGN.md §3.3, and the Stack half of §3.4): per tenant, it gives each Stack
+//! its identity and permissions on the tenant, copies the controller's token to the host and runs the
+//! controller Deployment there, repairing drift on either side as the watches report it.
+
+pub mod deployment;
+pub mod rbac;
+pub mod tenant;
+pub mod token;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::finalizer::{Error as FinalizerError, Event as FinalizerEvent, finalizer};
+use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use self::tenant::{TenantIdentity, TenantWriteError, stack_of};
+use super::{STACK_FINALIZER, crd_parent_label};
+use crate::api::common::HostObjectRef;
+use crate::api::stacks::Stack;
+use crate::host::apply::{self, Applied, HostWriteError, Update, stamp};
+use crate::host::labels::{
+    MANAGED_BY, MANAGED_BY_LABEL, Parent, TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION,
+};
+use crate::host::names::{NameKind, host_name};
+use crate::runtime::conditions::{DesiredCondition, set_condition};
+use crate::runtime::metrics::Metrics;
+use crate::tenancy::endpoint::TenantEndpoint;
+use crate::tenancy::tenant::{TenantContext, TenantError};
+
+/// The controller's name in metrics and logs.
+pub const CONTROLLER: &str = "stack";
+/// The tenant kind named in host objects' parent labels.
+pub const KIND: &str = "Stack";
+/// How long a reconcile waits for the watches' first lists before retrying with backoff.
+const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Cached copies of everything the controller writes, kept current by the watches that also
+/// trigger reconciles: a write is decided from these, never from a fresh GET.
+struct Caches {
+    service_accounts: Store<ServiceAccount>,
+    tenant_secrets: Store<Secret>,
+    cluster_roles: Store<ClusterRole>,
+    role_bindings: Store<RoleBinding>,
+    cluster_role_bindings: Store<ClusterRoleBinding>,
+    crds: Store<CustomResourceDefinition>,
+    deployments: Store<Deployment>,
+    host_secrets: Store<Secret>,
+}
+
+impl Caches {
+    async fn ready(&self) -> Result<(), StackError> {
+        let all = async {
+            let _ = tokio::join!(
+                self.service_accounts.wait_until_ready(),
+                self.tenant_secrets.wait_until_ready(),
+                self.cluster_roles.wait_until_ready(),
+                self.role_bindings.wait_until_ready(),
+                self.cluster_role_bindings.wait_until_ready(),
+                self.crds.wait_until_ready(),
+                self.deployments.wait_until_ready(),
+                self.host_secrets.wait_until_ready(),
+            );
+        };
+        tokio::time::timeout(CACHE_SYNC_TIMEOUT, all)
+            .await
+            .map_err(|_| StackError::NotSynced)
+    }
+}
+
+struct StackContext {
+    tenant: Arc<TenantContext>,
+    caches: Caches,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StackError {
+    #[error(transparent)]
+    Host(#[from] HostWriteError),
+    #[error(transparent)]
+    Tenant(#[from] TenantWriteError),
+    #[error("the watches of the tenant or the host have not listed yet; is an API server unreachable?")]
+    NotSynced,
+    #[error("{0}")]
+    Finalizer(String),
+    #[error("the daemon is stopping")]
+    Stopping,
+}
+
+impl StackError {
+    fn reason(&self) -> &'static str {
+        match self {
+            StackError::Host(err) => err.reason(),
+            StackError::Tenant(TenantWriteError::Conflict { .. }) => "TenantObjectConflict",
+            StackError::Tenant(TenantWriteError::Api(_)) => "TenantUnavailable",
+            StackError::NotSynced => "WatchNotSynced",
+            StackError::Finalizer(_) => "ReconcileError",
+            StackError::Stopping => "Stopping",
+        }
+    }
+}
+
+impl From<kube::Error> for StackError {
+    fn from(err: kube::Error) -> Self {
+        StackError::Tenant(TenantWriteError::Api(err))
+    }
+}
+
+/// Runs the Stack controller of one tenant until `cancel` fires.
+pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
+    let (tenant, host, host_ns) = (
+        context.client.clone(),
+        context.host.clone(),
+        context.host_namespace.clone(),
+    );
+    let ours = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
+    let (service_accounts, sa_events) = watch(Api::all(tenant.clone()), ours.clone());
+    let (tenant_secrets, ts_events) = watch(Api::all(tenant.clone()), ours.clone());
+    let (cluster_roles, cr_events) = watch(Api::all(tenant.clone()), ours.clone());
+    let (role_bindings, rb_events) = watch(Api::all(tenant.clone()), ours.clone());
+    let (cluster_role_bindings, crb_events) = watch(Api::all(tenant.clone()), ours);
+    let (crds, crd_events) = watch(Api::all(tenant.clone()), watcher::Config::default());
+    let (deployments, dep_events) = watch(Api::namespaced(host.clone(), &host_ns), context.host_watch_config());
+    let (host_secrets, hs_events) = watch(Api::namespaced(host, &host_ns), context.host_watch_config());
+
+    let controller = Controller::new(Api::<Stack>::all(tenant), watcher::Config::default());
+    let stacks = controller.store();
+    let concurrency = u16::try_from(context.shared.settings.max_concurrent_reconciles).unwrap_or(u16::MAX);
+    let controller = controller
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .watches_stream(sa_events, |o| stack_of(&o))
+        .watches_stream(ts_events, |o| stack_of(&o))
+        .watches_stream(cr_events, |o| stack_of(&o))
+        .watches_stream(rb_events, |o| stack_of(&o))
+        .watches_stream(crb_events, |o| stack_of(&o))
+        .watches_stream(crd_events, move |crd| stacks_using(&stacks, &crd))
+        .watches_stream(dep_events, |o| host_parent(&o))
+        .watches_stream(hs_events, |o| host_parent(&o));
+    let ctx = Arc::new(StackContext {
+        tenant: context.clone(),
+        caches: Caches {
+            service_accounts,
+            tenant_secrets,
+            cluster_roles,
+            role_bindings,
+            cluster_role_bindings,
+            crds,
+            deployments,
+            host_secrets,
+        },
+    });
+    let name = context.name.clone();
+    let runs = controller.run(reconcile, error_policy, ctx).for_each(|result| {
+        if let Err(err) = result {
+            debug!(tenant = %name, error = %err, "stack controller event");
+        }
+        std::future::ready(())
+    });
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        _ = runs => {}
+    }
+    Ok(())
+}
+
+/// A reflector-backed watch: the store the reconciler reads, and the events that trigger it.
+fn watch<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, impl Stream<Item = Result<K, watcher::Error>> + Send)
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let events = reflector(writer, watcher(api, config))
+        .default_backoff()
+        .touched_objects();
+    (store, events)
+}
+
+/// The Stack a host object belongs to, from its identity annotations.
+fn host_parent<K: Resource>(object: &K) -> Option<ObjectRef<Stack>> {
+    let annotations = object.annotations();
+    if annotations.get(TENANT_KIND_ANNOTATION).map(String::as_str) != Some(KIND) {
+        return None;
+    }
+    let namespace = annotations.get(TENANT_NAMESPACE_ANNOTATION)?;
+    let name = annotations.get(TENANT_NAME_ANNOTATION)?;
+    Some(ObjectRef::new(name).within(namespace))
+}
+
+/// The Stacks that own a CRD (by group and kind), or carry its parent label.
+fn stacks_using(stacks: &Store<Stack>, crd: &CustomResourceDefinition) -> Vec<ObjectRef<Stack>> {
+    let labels = crd.labels();
+    stacks
+        .state()
+        .iter()
+        .filter(|stack| {
+            let owns = stack.spec.customresourcedefinitions.iter().any(|r| {
+                r.kind == crd.spec.names.kind && r.api_version.split('/').next() == Some(crd.spec.group.as_str())
+            });
+            owns || labels.contains_key(&crd_parent_label(
+                &stack.namespace().unwrap_or_default(),
+                &stack.name_any(),
+            ))
+        })
+        .map(|stack| ObjectRef::from(stack.as_ref()))
+        .collect()
+}
+
+fn backoff_key(stack: &Stack) -> String {
+    format!("stack/{}/{}", stack.namespace().unwrap_or_default(), stack.name_any())
+}
+
+async fn reconcile(stack: Arc<Stack>, ctx: Arc<StackContext>) -> Result<Action, StackError> {
+    let tenant = &ctx.tenant;
+    let _permit = tenant
+        .reconcile_permits
+        .acquire()
+        .await
+        .map_err(|_| StackError::Stopping)?;
+    let labels = Metrics::controller(&tenant.name, CONTROLLER);
+    tenant.shared.metrics.reconciles.get_or_create(&labels).inc();
+    ctx.caches.ready().await?;
+    let key = backoff_key(&stack);
+    let api: Api<Stack> = Api::namespaced(tenant.client.clone(), &stack.namespace().unwrap_or_default());
+    let action = finalizer(&api, STACK_FINALIZER, stack, |event| async {
+        match event {
+            FinalizerEvent::Apply(stack) => apply(&stack, &ctx).await,
+            FinalizerEvent::Cleanup(stack) => cleanup(&stack, &ctx).await,
+        }
+    })
+    .await;
+    let action = match action {
+        Ok(action) => action,
+        Err(FinalizerError::ApplyFailed(err) | FinalizerError::CleanupFailed(err)) => return Err(err),
+        // Our cached Stack was older than our own last write (its finalizers changed): that write's
+        // watch event brings the current copy and another reconcile.
+        Err(
+            FinalizerError::AddFinalizer(kube::Error::Api(status))
+            | FinalizerError::RemoveFinalizer(kube::Error::Api(status)),
+        ) if status.code == 409 || status.code == 422 => Action::await_change(),
+        Err(other) => return Err(StackError::Finalizer(other.to_string())),
+    };
+    tenant.object_backoff.succeeded(&key);
+    Ok(action)
+}
+
+fn error_policy(stack: Arc<Stack>, err: &StackError, ctx: Arc<StackContext>) -> Action {
+    let tenant = &ctx.tenant;
+    let labels = Metrics::controller(&tenant.name, CONTROLLER);
+    tenant.shared.metrics.reconcile_errors.get_or_create(&labels).inc();
+    let delay = tenant.object_backoff.failed(&backoff_key(&stack));
+    warn!(tenant = %tenant.name, stack = %backoff_key(&stack), error = %err, retry_in = ?delay, "stack reconcile failed");
+    Action::requeue(delay)
+}
+
+/// What a reconcile found, for the Stack's status.
+#[derive(Clone)]
+struct Outcome {
+    ready: bool,
+    reason: &'static str,
+    message: String,
+    /// False when the spec could not be applied (refused, or an error).
+    synced: bool,
+}
+
+impl Outcome {
+    fn refused(reason: &'static str, message: String) -> Self {
+        Outcome {
+            ready: false,
+            reason,
+            message,
+            synced: false,
+        }
+    }
+
+    fn waiting(reason: &'static str, message: String) -> Self {
+        Outcome {
+            ready: false,
+            reason,
+            message,
+            synced: true,
+        }
+    }
+}
+
+/// Notes gathered during a reconcile, published as Events on the Stack at its end.
+#[derive(Default)]
+struct Notes {
+    events: Vec<(EventType, &'static str, String)>,
+    controller_ref: Option<HostObjectRef>,
+    token_secret_ref: Option<HostObjectRef>,
+}
+
+impl Notes {
+    fn normal(&mut self, reason: &'static str, note: String) {
+        self.events.push((EventType::Normal, reason, note));
+    }
+}
+
+async fn apply(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError> {
+    let mut notes = Notes {
+        controller_ref: stack.status.as_ref().and_then(|s| s.controller_ref.clone()),
+        token_secret_ref: stack.status.as_ref().and_then(|s| s.token_secret_ref.clone()),
+        ..Notes::default()
+    };
+    let result = converge(stack, ctx, &mut notes).await;
+    let outcome = match &result {
+        Ok(outcome) => outcome.clone(),
+        Err(err) => Outcome::refused(err.reason(), err.to_string()),
+    };
+    report(stack, ctx, &outcome, notes).await?;
+    result.map(|_| Action::await_change())
+}
+
+/// §3.3 in order: validate, the tenant identity and permissions, wait for the token, the host
+/// Deployment, the host token copy, readiness.
+async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Result<Outcome, StackError> {
+    // 1. Validate everything before writing anything.
+    let controller = match validate(stack, &ctx.tenant) {
+        Ok(controller) => controller,
+        Err(refused) => return Ok(refused),
+    };
+    // 2. The controller's identity and permissions on the tenant, and its filled token.
+    let token_data = match ensure_tenant_objects(stack, ctx, notes).await? {
+        Ok(data) => data,
+        Err(waiting) => return Ok(waiting),
+    };
+    let Some((spec, endpoint)) = controller else {
+        // A controller dropped from the spec does not keep running on the host.
+        let host = HostNames::of(stack, &ctx.tenant);
+        delete_host_objects(ctx, &host.parent).await?;
+        notes.controller_ref = None;
+        notes.token_secret_ref = None;
+        return Ok(Outcome {
+            ready: true,
+            reason: "NoController",
+            message: "the stack has no controller Deployment; its CRDs and permissions are installed".into(),
+            synced: true,
+        });
+    };
+    // 3–4. The controller Deployment on the host, then the token copy it mounts (owned by it).
+    let host = HostNames::of(stack, &ctx.tenant);
+    let deployment = match ensure_deployment(ctx, &host, &spec, endpoint, notes).await? {
+        Ok(deployment) => deployment,
+        Err(waiting) => return Ok(waiting),
+    };
+    ensure_token_copy(ctx, &host, token_data, &deployment, notes).await?;
+    // 5. Ready when the Deployment has an available replica.
+    Ok(readiness(&host, &deployment))
+}
+
+/// Refuses what stackd will not run: permissions beyond the stack's API, a pod spec that is not a
+/// DeploymentSpec or reaches the host, an endpoint host pods cannot use. Returns the checked
+/// controller spec and its endpoint (none for a stack without a controller).
+fn validate<'a>(
+    stack: &Stack,
+    tenant: &'a TenantContext,
+) -> Result<Option<(DeploymentSpec, &'a TenantEndpoint)>, Outcome> {
+    let settings = &tenant.shared.settings;
+    if !settings.insecure_allow_all_apigroups
+        && let Err(message) = rbac::validate_permissions(&stack.spec.permissions.rules)
+    {
+        return Err(Outcome::refused("PermissionsRefused", message));
+    }
+    let Some(controller) = &stack.spec.controller.deployment else {
+        return Ok(None);
+    };
+    let spec = deployment::parse(&controller.spec)
+        .and_then(|spec| {
+            if !settings.insecure_pass_full_deployment {
+                deployment::check_safe(&spec)?;
+            }
+            Ok(spec)
+        })
+        .map_err(|err| Outcome::refused(err.reason(), err.to_string()))?;
+    let endpoint = tenant
+        .endpoint
+        .as_ref()
+        .map_err(|err| err.clone())
+        .and_then(|endpoint| {
+            endpoint
+                .check_usable_by_pods(settings.allow_insecure_tenant_endpoint)
+                .map(|()| endpoint)
+        })
+        .map_err(|err| Outcome::refused("TenantEndpointUnusable", err.to_string()))?;
+    Ok(Some((spec, endpoint)))
+}
+
+/// Tenant objects created or repaired in one reconcile, reported as one Event each.
+#[derive(Default)]
+struct TenantWrites {
+    created: Vec<String>,
+    repaired: Vec<String>,
+}
+
+impl TenantWrites {
+    fn record(&mut self, what: String, applied: Applied) {
+        match applied {
+            Applied::Created => self.created.push(what),
+            Applied::Updated => self.repaired.push(what),
+            Applied::Unchanged => {}
+        }
+    }
+
+    fn report(self, notes: &mut Notes) {
+        if !self.created.is_empty() {
+            notes.normal(
+                "CreatedTenantObjects",
+                format!("created on the tenant: {}", self.created.join(", ")),
+            );
+        }
+        if !self.repaired.is_empty() {
+            notes.normal(
+                "RepairedTenantObjects",
+                format!("brought back to the stack's spec: {}", self.repaired.join(", ")),
+            );
+        }
+    }
+}
+
+/// ServiceAccount, system ClusterRole and its binding, persona roles, token Secret; then the token's
+/// keys once the tenant's token controller filled them (the Secret watch brings the filled copy).
+async fn ensure_tenant_objects(
+    stack: &Stack,
+    ctx: &StackContext,
+    notes: &mut Notes,
+) -> Result<Result<BTreeMap<String, ByteString>, Outcome>, StackError> {
+    let mut writes = TenantWrites::default();
+    let result = write_tenant_objects(stack, ctx, &mut writes).await;
+    writes.report(notes);
+    result
+}
+
+async fn write_tenant_objects(
+    stack: &Stack,
+    ctx: &StackContext,
+    writes: &mut TenantWrites,
+) -> Result<Result<BTreeMap<String, ByteString>, Outcome>, StackError> {
+    let identity = TenantIdentity::of(stack);
+    let Some(owner) = stack.controller_owner_ref(&()) else {
+        return Ok(Err(Outcome::waiting("NotPersisted", "the Stack has no uid yet".into())));
+    };
+    let (client, caches) = (&ctx.tenant.client, &ctx.caches);
+    let ns = identity.namespace.as_str();
+    let sa = rbac::service_account(stack, &identity, &owner);
+    let observed = caches.service_accounts.get(&in_namespace(&identity.name, ns));
+    let applied = tenant::ensure(
+        &Api::namespaced(client.clone(), ns),
+        &identity,
+        &sa,
+        observed.as_deref(),
+    )
+    .await?;
+    writes.record(format!("ServiceAccount {}", identity.name), applied);
+    let role = rbac::system_role(stack, &identity);
+    let applied = ensure_cluster_scoped(client, &identity, &role, &caches.cluster_roles).await?;
+    writes.record(format!("ClusterRole {}", role.name_any()), applied);
+    if rbac::binds_cluster_wide(stack) {
+        let binding = rbac::cluster_role_binding(&identity);
+        let applied = ensure_cluster_scoped(client, &identity, &binding, &caches.cluster_role_bindings).await?;
+        writes.record(format!("ClusterRoleBinding {}", binding.name_any()), applied);
+        // A stack whose scope changed keeps no binding of the other kind.
+        let stale = caches.role_bindings.get(&in_namespace(&binding.name_any(), ns));
+        if stale.is_some_and(|b| identity.owns(b.as_ref())) {
+            delete_tenant(&Api::<RoleBinding>::namespaced(client.clone(), ns), &binding.name_any()).await?;
+        }
+    } else {
+        let binding = rbac::role_binding(&identity, &owner);
+        let observed = caches.role_bindings.get(&in_namespace(&binding.name_any(), ns));
+        let api = Api::namespaced(client.clone(), ns);
+        let applied = tenant::ensure(&api, &identity, &binding, observed.as_deref()).await?;
+        writes.record(format!("RoleBinding {}", binding.name_any()), applied);
+        let stale = caches.cluster_role_bindings.get(&ObjectRef::new(&binding.name_any()));
+        if stale.is_some_and(|b| identity.owns(b.as_ref())) {
+            delete_tenant(&Api::<ClusterRoleBinding>::all(client.clone()), &binding.name_any()).await?;
+        }
+    }
+    let roles = match rbac::persona_roles(stack, &identity, &caches.crds.state()) {
+        Ok(roles) => roles,
+        Err(missing) => {
+            return Ok(Err(Outcome::waiting(
+                "WaitingForCrds",
+                format!(
+                    "waiting for the stack's CRDs to be served on the tenant: {}",
+                    missing.join(", ")
+                ),
+            )));
+        }
+    };
+    for role in roles {
+        let applied = ensure_cluster_scoped(client, &identity, &role, &caches.cluster_roles).await?;
+        writes.record(format!("ClusterRole {}", role.name_any()), applied);
+    }
+    let secret = token::tenant_secret(&identity, &owner);
+    let observed = caches.tenant_secrets.get(&in_namespace(&secret.name_any(), ns));
+    let api = Api::namespaced(client.clone(), ns);
+    let applied = tenant::ensure(&api, &identity, &secret, observed.as_deref()).await?;
+    writes.record(format!("Secret {}", secret.name_any()), applied);
+    let filled = observed.as_deref().and_then(|s| token::filled_keys(s, &identity));
+    Ok(filled.ok_or_else(|| {
+        Outcome::waiting(
+            "WaitingForToken",
+            format!(
+                "waiting for the tenant's token controller to fill Secret {ns}/{}",
+                secret.name_any()
+            ),
+        )
+    }))
+}
+
+fn in_namespace<K: Resource<DynamicType = ()>>(name: &str, namespace: &str) -> ObjectRef<K> {
+    ObjectRef::new(name).within(namespace)
+}
+
+/// The Stack's host objects: their parent and mapped names.
+struct HostNames {
+    parent: Parent,
+    tenant: String,
+    namespace: String,
+    tenant_namespace: String,
+    deployment: String,
+    secret: String,
+}
+
+impl HostNames {
+    fn of(stack: &Stack, tenant: &TenantContext) -> Self {
+        let ns = stack.namespace().unwrap_or_default();
+        let name = stack.name_any();
+        HostNames {
+            parent: Parent::new(KIND, Some(&ns), &name, stack.meta().uid.as_deref().unwrap_or_default()),
+            tenant: tenant.name.clone(),
+            namespace: tenant.host_namespace.clone(),
+            deployment: host_name(Some(&ns), &name, "", NameKind::LabelBound),
+            secret: host_name(Some(&ns), &name, "-token", NameKind::Object),
+            tenant_namespace: ns,
+        }
+    }
+
+    fn deployment_ref(&self) -> HostObjectRef {
+        HostObjectRef {
+            namespace: self.namespace.clone(),
+            name: self.deployment.clone(),
+        }
+    }
+}
+
+/// Creates or repairs the host Deployment; returns the cached copy, whose uid the token copy's owner
+/// reference needs (after a create, the Deployment's watch event brings it).
+async fn ensure_deployment(
+    ctx: &StackContext,
+    host: &HostNames,
+    spec: &DeploymentSpec,
+    endpoint: &TenantEndpoint,
+    notes: &mut Notes,
+) -> Result<Result<Arc<Deployment>, Outcome>, StackError> {
+    let tenant = &ctx.tenant;
+    let mut desired = deployment::build(
+        spec,
+        &deployment::Inputs {
+            name: &host.deployment,
+            host_namespace: &host.namespace,
+            tenant: &host.tenant,
+            parent: &host.parent,
+            tenant_namespace: &host.tenant_namespace,
+            endpoint,
+            token_secret: &host.secret,
+            pass_full: tenant.shared.settings.insecure_pass_full_deployment,
+        },
+    );
+    stamp(&mut desired, &host.tenant, &host.parent);
+    let api: Api<Deployment> = Api::namespaced(tenant.host.clone(), &host.namespace);
+    let observed = ctx
+        .caches
+        .deployments
+        .get(&ObjectRef::new(&host.deployment).within(&host.namespace));
+    let applied = apply::ensure(
+        &api,
+        &desired,
+        observed.as_deref(),
+        &host.tenant,
+        &host.parent,
+        Update::WhenDifferent,
+    )
+    .await
+    .inspect_err(|err| conflict_note(notes, err))?;
+    notes.controller_ref = Some(host.deployment_ref());
+    let (namespace, name) = (&host.namespace, &host.deployment);
+    match applied {
+        Applied::Created => notes.normal(
+            "CreatedDeployment",
+            format!("created the controller Deployment {namespace}/{name} on the host"),
+        ),
+        Applied::Updated => notes.normal(
+            "UpdatedDeployment",
+            format!("brought the controller Deployment {namespace}/{name} on the host back to the stack's spec"),
+        ),
+        Applied::Unchanged => {}
+    }
+    match observed {
+        Some(current) if applied != Applied::Created => Ok(Ok(current)),
+        _ => Ok(Err(Outcome::waiting(
+            "WaitingForDeployment",
+            format!("waiting for the controller Deployment {namespace}/{name} to be observed"),
+        ))),
+    }
+}
+
+/// Copies the tenant token to the host Secret the Deployment mounts, again whenever it changes.
+async fn ensure_token_copy(
+    ctx: &StackContext,
+    host: &HostNames,
+    data: BTreeMap<String, ByteString>,
+    owner: &Deployment,
+    notes: &mut Notes,
+) -> Result<(), StackError> {
+    let mut copy = token::host_secret(&host.secret, &host.namespace, data, owner);
+    stamp(&mut copy, &host.tenant, &host.parent);
+    let api: Api<Secret> = Api::namespaced(ctx.tenant.host.clone(), &host.namespace);
+    let observed = ctx
+        .caches
+        .host_secrets
+        .get(&ObjectRef::new(&host.secret).within(&host.namespace));
+    let applied = apply::ensure(
+        &api,
+        &copy,
+        observed.as_deref(),
+        &host.tenant,
+        &host.parent,
+        Update::WhenDifferent,
+    )
+    .await
+    .inspect_err(|err| conflict_note(notes, err))?;
+    notes.token_secret_ref = Some(HostObjectRef {
+        namespace: host.namespace.clone(),
+        name: host.secret.clone(),
+    });
+    let (namespace, name) = (&host.namespace, &host.secret);
+    match applied {
+        Applied::Created => notes.normal(
+            "CopiedToken",
+            format!("copied the controller's token to the host Secret {namespace}/{name}"),
+        ),
+        Applied::Updated => notes.normal(
+            "RecopiedToken",
+            format!("copied the controller's changed token to the host Secret {namespace}/{name}"),
+        ),
+        Applied::Unchanged => {}
+    }
+    Ok(())
+}
+
+fn readiness(host: &HostNames, current: &Deployment) -> Outcome {
+    let (namespace, name) = (&host.namespace, &host.deployment);
+    if deployment::is_available(current) {
+        return Outcome {
+            ready: true,
+            reason: "Available",
+            message: format!("the controller Deployment {namespace}/{name} has an available replica"),
+            synced: true,
+        };
+    }
+    let why = current
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Available" || c.type_ == "Progressing"))
+        .and_then(|c| c.message.clone())
+        .unwrap_or_else(|| "no replica is available yet".into());
+    Outcome::waiting(
+        "DeploymentUnavailable",
+        format!("the controller Deployment {namespace}/{name} is not available: {why}"),
+    )
+}
+
+fn conflict_note(notes: &mut Notes, err: &HostWriteError) {
+    if let HostWriteError::Conflict { .. } = err {
+        notes
+            .events
+            .push((EventType::Warning, "HostObjectConflict", err.to_string()));
+    }
+}
+
+async fn ensure_cluster_scoped<K>(
+    client: &kube::Client,
+    identity: &TenantIdentity,
+    desired: &K,
+    cache: &Store<K>,
+) -> Result<Applied, TenantWriteError>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + Serialize
+        + DeserializeOwned,
+{
+    let observed = cache.get(&ObjectRef::new(&desired.name_any()));
+    tenant::ensure(&Api::all(client.clone()), identity, desired, observed.as_deref()).await
+}
+
+/// Writes the status when it changed, and publishes the reconcile's Events plus one for a change of
+/// the Ready condition.
+async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes: Notes) -> Result<(), StackError> {
+    let tenant = &ctx.tenant;
+    let old = stack.status.clone().unwrap_or_default();
+    let mut status = old.clone();
+    let generation = stack.metadata.generation;
+    let now = Time(jiff::Timestamp::now());
+    let previous_ready = old.conditions.iter().find(|c| c.type_ == "Ready").cloned();
+    set_condition(
+        &mut status.conditions,
+        DesiredCondition {
+            type_: "Ready",
+            status: outcome.ready,
+            reason: outcome.reason,
+            message: outcome.message.clone(),
+            observed_generation: generation,
+        },
+        now.clone(),
+    );
+    let (synced_reason, synced_message) = if outcome.synced {
+        ("ReconcileSuccess", "the stack's spec is applied".to_string())
+    } else {
+        (outcome.reason, outcome.message.clone())
+    };
+    set_condition(
+        &mut status.conditions,
+        DesiredCondition {
+            type_: "Synced",
+            status: outcome.synced,
+            reason: synced_reason,
+            message: synced_message,
+            observed_generation: generation,
+        },
+        now,
+    );
+    status.controller_ref = notes.controller_ref.take();
+    status.token_secret_ref = notes.token_secret_ref.take();
+    status.observed_generation = generation;
+    let ready_changed = previous_ready
+        .as_ref()
+        .is_none_or(|c| c.reason != outcome.reason || (c.status == "True") != outcome.ready);
+    if ready_changed {
+        let type_ = if outcome.ready || outcome.synced {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
+        // A conflict already has its own event with the host object named.
+        if outcome.reason != "HostObjectConflict" {
+            notes.events.push((type_, outcome.reason, outcome.message.clone()));
+        }
+    }
+    for (type_, reason, note) in notes.events {
+        publish(tenant, stack, type_, reason, note).await;
+    }
+    if status != old {
+        let api: Api<Stack> = Api::namespaced(tenant.client.clone(), &stack.namespace().unwrap_or_default());
+        let mut body = serde_json::to_value(&status).map_err(kube::Error::SerdeError)?;
+        // A merge patch keeps fields it leaves out: a reference that no longer applies is nulled.
+        for key in ["controllerRef", "tokenSecretRef"] {
+            if let Some(fields) = body.as_object_mut() {
+                fields.entry(key).or_insert(serde_json::Value::Null);
+            }
+        }
+        api.patch_status(
+            &stack.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": body })),
+        )
+        .await?;
+        if ready_changed {
+            info!(tenant = %tenant.name, stack = %backoff_key(stack), ready = outcome.ready, reason = outcome.reason, "stack status");
+        }
+    }
+    Ok(())
+}
+
+/// Publishes an Event on the Stack; one that cannot be published is only logged.
+async fn publish(tenant: &TenantContext, stack: &Stack, type_: EventType, reason: &str, note: String) {
+    let event = Event {
+        type_,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(err) = tenant.recorder.publish(&event, &stack.object_ref(&())).await {
+        debug!(tenant = %tenant.name, error = %err, "cannot publish an Event on the Stack");
+    }
+}
+
+/// Deletes the Stack's host Deployment (in the background, so its ReplicaSets go too), then its host
+/// Secrets: every cached object carrying the Stack's labels, never one stackd did not label.
+async fn delete_host_objects(ctx: &StackContext, parent: &Parent) -> Result<usize, StackError> {
+    let tenant = &ctx.tenant;
+    let host_ns = tenant.host_namespace.as_str();
+    let deployments: Vec<Deployment> = ctx.caches.deployments.state().iter().map(|d| (**d).clone()).collect();
+    let api = Api::namespaced(tenant.host.clone(), host_ns);
+    let removed = apply::delete_all(&api, &deployments, &tenant.name, parent)
+        .await
+        .map_err(HostWriteError::from)?;
+    let secrets: Vec<Secret> = ctx.caches.host_secrets.state().iter().map(|s| (**s).clone()).collect();
+    let api = Api::namespaced(tenant.host.clone(), host_ns);
+    let removed = removed
+        + apply::delete_all(&api, &secrets, &tenant.name, parent)
+            .await
+            .map_err(HostWriteError::from)?;
+    Ok(removed)
+}
+
+/// §3.4, the Stack's half: host Deployment, host Secrets, tenant RBAC and persona roles, then this
+/// Stack's label on its CRDs. The ServiceAccount, RoleBinding and token Secret go with the Stack by
+/// their owner references.
+async fn cleanup(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError> {
+    let tenant = &ctx.tenant;
+    let caches = &ctx.caches;
+    let identity = TenantIdentity::of(stack);
+    let removed = delete_host_objects(ctx, &HostNames::of(stack, tenant).parent).await?;
+    if removed > 0 {
+        let note = format!(
+            "deleted the controller Deployment and token copy from the host namespace {}",
+            tenant.host_namespace
+        );
+        publish(tenant, stack, EventType::Normal, "DeletedHostObjects", note).await;
+    }
+    for role in caches
+        .cluster_roles
+        .state()
+        .iter()
+        .filter(|r| identity.owns(r.as_ref()))
+    {
+        delete_tenant(&Api::<ClusterRole>::all(tenant.client.clone()), &role.name_any()).await?;
+    }
+    for binding in caches
+        .cluster_role_bindings
+        .state()
+        .iter()
+        .filter(|b| identity.owns(b.as_ref()))
+    {
+        delete_tenant(
+            &Api::<ClusterRoleBinding>::all(tenant.client.clone()),
+            &binding.name_any(),
+        )
+        .await?;
+    }
+    let label = crd_parent_label(&identity.namespace, &identity.name);
+    let crds: Api<CustomResourceDefinition> = Api::all(tenant.client.clone());
+    for crd in caches.crds.state().iter().filter(|c| c.labels().contains_key(&label)) {
+        let patch = json!({"metadata": {"labels": {label.clone(): null}}});
+        match crds
+            .patch(&crd.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+    info!(tenant = %tenant.name, stack = %backoff_key(stack), host_objects = removed, "stack uninstalled");
+    Ok(Action::await_change())
+}
+
+async fn delete_tenant<K>(api: &Api<K>, name: &str) -> Result<(), StackError>
+where
+    K: Resource + Clone + std::fmt::Debug + DeserializeOwned,
+{
+    match api.delete(name, &Default::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(err) => Err(err.into()),
+    }
+}
