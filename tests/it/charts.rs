@@ -1001,3 +1001,61 @@ async fn the_host_chart_alone_lets_the_daemon_bind_its_namespace_role_and_nothin
         assert!(!chart_only.allows(&request), "{request} allowed");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// kubeconfigs/examples
+
+#[test]
+fn the_kubeconfig_examples_are_tenant_files_naming_the_documented_endpoints() {
+    use stackd::tenancy::directory::scan;
+    use stackd::tenancy::endpoint::EndpointSource;
+    use stackd::tenancy::namespace::NamespaceTemplate;
+
+    let examples = repository().join("kubeconfigs/examples");
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (example, tenant) in [
+        ("token.yaml", "acme"),
+        ("client-certificate.yaml", "globex"),
+        ("direct.yaml", "initech"),
+    ] {
+        std::fs::copy(examples.join(example), dir.path().join(format!("{tenant}.yaml"))).expect("copied");
+    }
+    let secret: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(examples.join("tenants-secret.yaml")).expect("read"))
+            .expect("Secret YAML");
+    let in_secret = secret["stringData"]["acme.yaml"].as_str().expect("acme.yaml key");
+    std::fs::write(dir.path().join("umbrella.yaml"), in_secret).expect("written");
+
+    let tenants = scan(dir.path(), &NamespaceTemplate::default()).expect("scan");
+    let endpoint = |tenant: &str| {
+        let file = tenants[tenant].as_ref().unwrap_or_else(|e| panic!("{tenant}: {e}"));
+        let endpoint = file.endpoint.as_ref().unwrap_or_else(|e| panic!("{tenant}: {e}"));
+        (endpoint.host.clone(), endpoint.port, endpoint.https, endpoint.source)
+    };
+    assert_eq!(
+        endpoint("acme"),
+        (
+            "acme-apiserver.tenant-acme.svc".into(),
+            443,
+            true,
+            EndpointSource::InClusterExtension
+        )
+    );
+    assert_eq!(
+        endpoint("globex"),
+        (
+            "globex-apiserver.tenant-globex.svc".into(),
+            443,
+            true,
+            EndpointSource::InClusterExtension
+        )
+    );
+    assert_eq!(
+        endpoint("initech"),
+        ("initech-api.example.com".into(), 443, true, EndpointSource::ServerUrl)
+    );
+    assert_eq!(
+        endpoint("umbrella"),
+        ("acme.example.com".into(), 6443, true, EndpointSource::ServerUrl)
+    );
+}
