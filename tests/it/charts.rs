@@ -135,10 +135,13 @@ async fn apply(server: &ApiServer, yaml: &str) -> String {
     ok("kubectl", &args, Some(yaml)).await
 }
 
+/// An embedded server over https (kubectl sends tokens only there) that wants a bearer token: the
+/// admin's (in its kubeconfig), or a filled service-account token.
 async fn start_server(name: &str) -> ApiServer {
     let server = ApiServer::start(ServerOptions {
         name: name.into(),
-        ..Default::default()
+        tls: true,
+        token: Some(format!("admin-of-{name}")),
     })
     .await
     .expect("embedded server");
@@ -646,12 +649,21 @@ impl Installation {
         let (tenant_yaml, _) = render("stackd-types", "").await;
         apply(&host, &host_yaml).await;
         apply(&tenant, &tenant_yaml).await;
+        // On the host the daemon's pod would get its ServiceAccount's token mounted; here a token
+        // Secret stands in. On the tenant it uses the token Secret of the chart, as
+        // kubeconfigs/README.md says.
+        let host_token = json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+            "metadata": {"name": "stackd-token", "namespace": RELEASE_NAMESPACE,
+                "annotations": {"kubernetes.io/service-account.name": "stackd"}}});
+        apply(&host, &host_token.to_string()).await;
         let dir = tempfile::tempdir().expect("temp dir");
         std::fs::create_dir(dir.path().join("tenants")).expect("tenants dir");
-        std::fs::write(dir.path().join("host.yaml"), host.kubeconfig_yaml()).expect("host kubeconfig");
+        let host_kubeconfig = service_account_kubeconfig(&host, "stackd-token").await;
+        std::fs::write(dir.path().join("host.yaml"), host_kubeconfig).expect("host kubeconfig");
+        let tenant_kubeconfig = service_account_kubeconfig(&tenant, "stackd-token").await;
         for name in ["acme", "globex"] {
             let file = dir.path().join("tenants").join(format!("{name}.yaml"));
-            std::fs::write(file, tenant.kubeconfig_yaml()).expect("tenant kubeconfig");
+            std::fs::write(file, &tenant_kubeconfig).expect("tenant kubeconfig");
         }
         Installation {
             daemon_args: deployment_args(find(&host_objects, "Deployment", "stackd")),
@@ -689,6 +701,32 @@ impl Installation {
             .store()
             .get(&GroupResource::new(group, resource), namespace, name)
     }
+}
+
+/// A kubeconfig of `server` with the token of the service-account-token Secret `secret` in the
+/// release namespace, once the token controller has filled it.
+async fn service_account_kubeconfig(server: &ApiServer, secret: &str) -> String {
+    use base64::Engine;
+    let secrets = GroupResource::new("", "secrets");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let token = loop {
+        let filled = server.store().get(&secrets, RELEASE_NAMESPACE, secret);
+        if let Some(token) = filled.as_ref().and_then(|s| s["data"]["token"].as_str()) {
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(token)
+                .expect("base64 token");
+            break String::from_utf8(decoded).expect("UTF-8 token");
+        }
+        assert!(Instant::now() < deadline, "the token Secret {secret} was never filled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut kubeconfig = server.kubeconfig();
+    for user in &mut kubeconfig.auth_infos {
+        if let Some(auth) = user.auth_info.as_mut() {
+            auth.token = Some(token.clone().into());
+        }
+    }
+    serde_saphyr::to_string(&kubeconfig).expect("kubeconfig YAML")
 }
 
 /// The RBAC objects a server holds, and the ones written after `since` (a store resourceVersion).
