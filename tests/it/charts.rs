@@ -314,7 +314,9 @@ async fn the_controllers_chart_applied_to_a_host_is_what_the_values_say() {
     assert_eq!(spec["replicas"], 2);
     let pod = &spec["template"]["spec"];
     assert_eq!(pod["serviceAccountName"], "stackd-daemon");
+    // What the `restricted` Pod Security level asks of a pod.
     assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
     let container = &pod["containers"][0];
     assert_eq!(container["image"], "registry.example.com/stackd:1.2.3");
     assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
