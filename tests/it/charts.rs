@@ -193,6 +193,35 @@ async fn both_charts_render_with_their_default_values() {
 }
 
 #[tokio::test]
+async fn optional_parts_of_the_charts_can_be_left_out() {
+    let values = "crds: {install: false}\npersonas: {create: false}\ndaemon: {serviceAccount: {tokenSecret: false}}";
+    let (_, types) = render("stackd-types", values).await;
+    let kinds: BTreeSet<&str> = types.iter().filter_map(|o| o["kind"].as_str()).collect();
+    assert_eq!(
+        kinds,
+        BTreeSet::from(["ClusterRole", "ClusterRoleBinding", "ServiceAccount"])
+    );
+    assert_eq!(
+        types.iter().filter(|o| o["kind"] == "ClusterRole").count(),
+        1,
+        "only the daemon's"
+    );
+
+    let values = "tenants: {existingSecret: my-tenants, kubeconfigs: {\"a.yaml\": x}}\nmetrics: {service: false}";
+    let (_, controllers) = render("stackd-controllers", values).await;
+    assert!(
+        !controllers
+            .iter()
+            .any(|o| o["kind"] == "Secret" || o["kind"] == "Service")
+    );
+    let deployment = find(&controllers, "Deployment", "stackd");
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"],
+        "my-tenants"
+    );
+}
+
+#[tokio::test]
 async fn bad_values_fail_rendering_with_a_message_that_names_the_fix() {
     let no_subject = "daemon: {serviceAccount: {create: false}, subjects: []}";
     let err = template("stackd-types", no_subject).await.expect_err("no subject");
