@@ -1025,10 +1025,14 @@ fn check_least_privilege(
     );
 }
 
+/// Each scenario function plants what it needs, runs the daemon with the chart's arguments
+/// against `installation`, waits (reading the stores, never through the API) until the daemon has
+/// done its part, stops it and returns what each server saw. A stack install and a pool fill join
+/// the list as one function each, covering `StackInstall` and `PoolFill`; from then on every
+/// permission the tables name for them must be used.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_daemon_request_is_allowed_by_the_charts_and_every_permission_is_used() {
     let installation = Installation::new().await;
-    // One function per scenario; each adds what it covers.
     let runs = [daemon_startup_repair_sweep_and_leader_election(&installation).await];
     let covered: BTreeSet<Scenario> = runs.iter().flat_map(|r| r.covers.iter().copied()).collect();
     let host: Vec<&Observed> = runs.iter().map(|r| &r.host).collect();
