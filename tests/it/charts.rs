@@ -879,8 +879,8 @@ fn orphans(tenant: &str, namespace: &str) -> Vec<(&'static str, &'static str, Va
 
 /// Daemon startup with two tenants: `acme` gets a new host namespace; `globex` already has one
 /// (missing its Pod Security label), holding a RoleBinding whose subject someone edited and one
-/// orphan of every host kind the sweep judges. Two replicas' worth of leader election: the daemon
-/// takes the Lease and gives it back on SIGTERM.
+/// orphan of every host kind the sweep judges. Two replicas, as the chart runs them: the first
+/// takes the Lease, the second waits on it and takes over when the first stops.
 async fn daemon_startup_repair_sweep_and_leader_election(installation: &Installation) -> ScenarioRun {
     let globex = "tenant-globex-controllers";
     let client = installation.host.client().await;
@@ -922,7 +922,8 @@ async fn daemon_startup_repair_sweep_and_leader_election(installation: &Installa
     }
 
     let (host_window, tenant_window) = (Window::open(&installation.host), Window::open(&installation.tenant));
-    let mut daemon = installation.daemon(&["--sweep-interval", "300ms", "--leader-elect-lease-duration", "2"]);
+    let timing = ["--sweep-interval", "300ms", "--leader-elect-lease-duration", "2"];
+    let mut daemon = installation.daemon(&timing);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let namespaces_ready = ["acme", "globex"].iter().all(|tenant| {
@@ -949,6 +950,32 @@ async fn daemon_startup_repair_sweep_and_leader_election(installation: &Installa
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let mut standby = installation.daemon(&timing);
+    wait_for_log(&standby, "waiting for the leader lease").await;
+    stop(&mut daemon).await;
+    wait_for_log(&standby, "acquired the leader lease").await;
+    stop(&mut standby).await;
+    ScenarioRun {
+        covers: &[DaemonStartup, BindingRepair, OrphanSweep, LeaderElection],
+        host: host_window.close(&installation.host, &installation.host_subject),
+        tenant: tenant_window.close(&installation.tenant, &installation.tenant_subject),
+    }
+}
+
+async fn wait_for_log(daemon: &Daemon, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !daemon.log_text().contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "never logged {needle:?}:\n{}",
+            daemon.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// SIGTERM, and a clean exit.
+async fn stop(daemon: &mut Daemon) {
     daemon.terminate();
     let status = daemon.wait_exit(Duration::from_secs(15)).await;
     assert!(
@@ -956,11 +983,6 @@ async fn daemon_startup_repair_sweep_and_leader_election(installation: &Installa
         "daemon exits cleanly:\n{}",
         daemon.log_text()
     );
-    ScenarioRun {
-        covers: &[DaemonStartup, BindingRepair, OrphanSweep, LeaderElection],
-        host: host_window.close(&installation.host, &installation.host_subject),
-        tenant: tenant_window.close(&installation.tenant, &installation.tenant_subject),
-    }
 }
 
 /// Checks one server's requests across all runs against the RBAC its chart grants: every request
