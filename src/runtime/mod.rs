@@ -7,3 +7,4 @@ pub mod health;
 pub mod leader;
 pub mod metrics;
 pub mod readiness;
+pub mod shutdown;

@@ -28,6 +28,7 @@ use crate::api::stacks::{ClusterStackInstall, InstallSpec, PermissionScope, Stac
 use crate::host::labels::{TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::readiness::Readiness;
+use crate::runtime::shutdown::run_controller;
 use crate::stacks::crd_parent_label;
 use crate::tenancy::tenant::{TenantContext, TenantError};
 
@@ -76,6 +77,8 @@ pub struct InstallContext {
     /// Resolves once the three caches above are filled.
     pub caches_filled: Readiness,
     pub stackd_image: String,
+    /// Fires when the tenant stops.
+    pub cancel: CancellationToken,
 }
 
 /// Why a reconcile failed; it is retried with backoff.
@@ -151,25 +154,35 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
         stacks,
         caches_filled,
         stackd_image,
+        cancel: cancel.clone(),
     });
     let concurrency = context.shared.settings.max_concurrent_reconciles.max(1) as u16;
     let tenant = context.name.clone();
-    controller
+    let main_store = install_store.clone();
+    let run = controller
         .with_config(controller::Config::default().concurrency(concurrency))
         .watches_stream(job_events, |job: Job| install_of::<K>(&job))
         .owns_stream(stack_events)
         .watches_stream(crd_events, move |crd: CustomResourceDefinition| {
             installs_using(&install_store, &crd)
         })
-        .graceful_shutdown_on(cancel.cancelled_owned())
+        .graceful_shutdown_on(cancel.clone().cancelled_owned())
         .run(reconcile::reconcile::<K>, error_policy::<K>, ctx)
         .for_each(|result| {
             if let Err(err) = result {
                 debug!(tenant = %tenant, error = %err, "install reconcile failed");
             }
             futures::future::ready(())
-        })
-        .await;
+        });
+    run_controller(run, &cancel, || is_filled(&main_store)).await;
+}
+
+/// True once a store completed its first list.
+fn is_filled<K: kube::Resource + Clone + 'static>(store: &Store<K>) -> bool
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
 }
 
 /// The install a host object belongs to, from its identity annotations.

@@ -76,7 +76,12 @@ pub(super) async fn reconcile<K: InstallKind>(
     };
 
     // Decisions (above all, what to delete) need complete caches, not a half-finished first list.
-    if !ctx.caches_filled.wait().await {
+    let filled = tokio::select! {
+        // A cache that cannot fill (an unreachable tenant, a forbidden watch) must not hold up shutdown.
+        _ = ctx.cancel.cancelled() => false,
+        filled = ctx.caches_filled.wait() => filled,
+    };
+    if !filled {
         return Ok(Action::await_change());
     }
 
