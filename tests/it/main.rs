@@ -18,4 +18,5 @@ mod examples;
 mod fidelity;
 mod harness;
 mod kubectl;
+mod pools;
 mod sweep;

@@ -1,0 +1,141 @@
+//! ClusterClaims (DESIGN.md §4.3 item 10): the lifetime a claim gets, and its status writes. The
+//! pool controller assigns clusters to claims, oldest claim first.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use crate::api::pools::{ClusterClaim, ClusterClaimStatus, ClusterPoolSpec};
+use crate::runtime::conditions::{DesiredCondition, set_condition};
+
+/// Parses a Go duration (`8h`, `90m`, `1h30m`, `1.5h`).
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let re = regex::Regex::new(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)").ok()?;
+    let mut total = 0f64;
+    let mut consumed = 0;
+    for capture in re.captures_iter(text) {
+        let whole = capture.get(0)?;
+        if whole.start() != consumed {
+            return None;
+        }
+        consumed = whole.end();
+        let number: f64 = capture[1].parse().ok()?;
+        let unit = match &capture[2] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            _ => 3600.0,
+        };
+        total += number * unit;
+    }
+    (consumed == text.len() && consumed > 0).then(|| Duration::from_secs_f64(total))
+}
+
+/// The claim's lifetime: its own, else the pool's default, capped by the pool's maximum.
+pub fn lifetime(claim: &ClusterClaim, pool: &ClusterPoolSpec) -> Option<Duration> {
+    let limits = pool.claim_lifetime.clone().unwrap_or_default();
+    let wanted = claim
+        .spec
+        .lifetime
+        .as_deref()
+        .or(limits.default.as_deref())
+        .and_then(parse_duration);
+    let maximum = limits.maximum.as_deref().and_then(parse_duration);
+    match (wanted, maximum) {
+        (Some(w), Some(m)) => Some(w.min(m)),
+        (w, m) => w.or(m),
+    }
+}
+
+/// Time left before a claim assigned at `claimed` expires (zero when past).
+pub fn remaining(lifetime: Duration, claimed: &Time) -> Duration {
+    let elapsed = Duration::try_from(Timestamp::now().duration_since(claimed.0)).unwrap_or_default();
+    lifetime.saturating_sub(elapsed)
+}
+
+/// Writes the claim's status when it differs (merge patch of the status subresource).
+pub async fn set_status(
+    api: &Api<ClusterClaim>,
+    claim: &ClusterClaim,
+    namespace: Option<String>,
+    lifetime: Option<Duration>,
+    pending: bool,
+    reason: &str,
+    message: String,
+) -> Result<bool, kube::Error> {
+    let mut status: ClusterClaimStatus = claim.status.clone().unwrap_or_default();
+    let mut changed = set_condition(
+        &mut status.conditions,
+        DesiredCondition {
+            type_: "Pending",
+            status: pending,
+            reason,
+            message,
+            observed_generation: claim.metadata.generation,
+        },
+        Time(Timestamp::now()),
+    );
+    let lifetime = lifetime.map(|l| humantime::format_duration(l).to_string().replace(' ', ""));
+    if status.namespace != namespace || status.lifetime != lifetime {
+        status.namespace = namespace;
+        status.lifetime = lifetime;
+        changed = true;
+    }
+    if !changed {
+        return Ok(false);
+    }
+    api.patch_status(
+        &claim.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": status})),
+    )
+    .await?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::pools::{ClaimLifetime, ClusterClaimSpec};
+
+    #[test]
+    fn go_durations_parse() {
+        assert_eq!(parse_duration("8h"), Some(Duration::from_secs(8 * 3600)));
+        assert_eq!(parse_duration("1h30m"), Some(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("1500ms"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2x"), None);
+        assert_eq!(parse_duration(""), None);
+    }
+
+    #[test]
+    fn lifetime_defaults_and_is_capped() {
+        let claim = |lifetime: Option<&str>| {
+            ClusterClaim::new(
+                "c",
+                ClusterClaimSpec {
+                    cluster_pool_name: "p".into(),
+                    lifetime: lifetime.map(String::from),
+                },
+            )
+        };
+        let pool = ClusterPoolSpec {
+            claim_lifetime: Some(ClaimLifetime {
+                default: Some("1h".into()),
+                maximum: Some("2h".into()),
+            }),
+            ..Default::default()
+        };
+        assert_eq!(lifetime(&claim(None), &pool), Some(Duration::from_secs(3600)));
+        assert_eq!(lifetime(&claim(Some("5h")), &pool), Some(Duration::from_secs(7200)));
+        assert_eq!(
+            lifetime(&claim(Some("30m")), &ClusterPoolSpec::default()),
+            Some(Duration::from_secs(1800))
+        );
+    }
+}

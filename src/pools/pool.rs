@@ -1,0 +1,1583 @@
+//! The ClusterPool controller (DESIGN.md §4.3): keeps `size` unclaimed clusters (plus one per pending
+//! claim), each built from a leased ClusterDeploymentCustomization when the pool has an inventory;
+//! assigns clusters to claims; replaces broken and stale clusters; reports per-entry inventory
+//! status, conditions, Events and metrics. Hive's known bugs are fixed (see the research notes):
+//! broken and stale clusters are replaced even when the inventory cannot back `size`, failed patches
+//! leave nothing behind and do not stall the pool, only this pool's leases are repaired or released.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use rand::Rng;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::claim;
+use super::install_config;
+use super::inventory::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX, SUCCEEDED};
+use super::{
+    CDC_GENERATION_ANNOTATION, POOL_FINALIZER, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, POOL_VERSION_ANNOTATION,
+    cdc_finalizer, is_conflict, is_not_found, publish, reflect, set_finalizers,
+};
+use crate::api::common::LocalObjectReference;
+use crate::api::pools::{
+    ClusterClaim, ClusterDeployment, ClusterDeploymentCustomization, ClusterDeploymentSpec, ClusterPool,
+    ClusterPoolReference, ClusterPoolStatus, InventoryEntryState, InventoryEntryStatus, Provisioning,
+};
+use crate::runtime::conditions::{DesiredCondition, is_true, set_condition};
+use crate::runtime::metrics::{Metrics, PoolLabels};
+use crate::tenancy::tenant::TenantContext;
+
+type Cdc = ClusterDeploymentCustomization;
+
+/// How long a CD this controller created (or deleted) may be missing from (or still live in) the
+/// cache before the cache is believed again.
+const EXPECTATION_TTL: Duration = Duration::from_secs(60);
+/// A pool is looked at again at least this often (lease ages, backoffs and lifetimes also requeue).
+const RESYNC: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error("tenant API request failed: {0}")]
+    Tenant(#[from] kube::Error),
+}
+
+/// Creations and deletions not yet seen in the cache, per pool (Hive's "expectations").
+#[derive(Default)]
+struct Expectations {
+    created: HashMap<String, Instant>,
+    deleted: HashMap<String, Instant>,
+}
+
+struct Ctx {
+    tenant: Arc<TenantContext>,
+    cds: Store<ClusterDeployment>,
+    cdcs: Store<Cdc>,
+    claims: Store<ClusterClaim>,
+    namespaces: Store<Namespace>,
+    expectations: Mutex<HashMap<String, Expectations>>,
+}
+
+/// Runs the controller until `cancel` fires.
+pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
+    let client = context.client.clone();
+    let (pools, pool_stream) = reflect(Api::<ClusterPool>::all(client.clone()), Default::default());
+    let (cds, cd_stream) = reflect(Api::<ClusterDeployment>::all(client.clone()), Default::default());
+    let (cdcs, cdc_stream) = reflect(Api::<Cdc>::all(client.clone()), Default::default());
+    let (claims, claim_stream) = reflect(Api::<ClusterClaim>::all(client.clone()), Default::default());
+    let (namespaces, ns_stream) = reflect(
+        Api::<Namespace>::all(client),
+        watcher::Config::default().labels(POOL_NAME_LABEL),
+    );
+    let ctx = Arc::new(Ctx {
+        tenant: context,
+        cds,
+        cdcs,
+        claims,
+        namespaces,
+        expectations: Mutex::default(),
+    });
+    let pools_of_cdc = pools.clone();
+    let shutdown = cancel.clone();
+    Controller::for_stream(pool_stream, pools)
+        .watches_stream(cd_stream, |cd: ClusterDeployment| {
+            cd.spec
+                .cluster_pool_ref
+                .map(|r| ObjectRef::new(&r.pool_name).within(&r.namespace))
+        })
+        .watches_stream(claim_stream, |c: ClusterClaim| {
+            c.namespace()
+                .map(|ns| ObjectRef::new(&c.spec.cluster_pool_name).within(&ns))
+        })
+        .watches_stream(cdc_stream, move |cdc: Cdc| {
+            let ns = cdc.namespace().unwrap_or_default();
+            let holder = inventory::lease_holder(&cdc).and_then(|(pool, _)| pool);
+            pools_of_cdc
+                .state()
+                .into_iter()
+                .filter(|p| p.namespace().as_deref() == Some(ns.as_str()))
+                .filter(|p| {
+                    let name = p.name_any();
+                    let listed = p.spec.inventory.iter().flatten().any(|e| e.name == cdc.name_any());
+                    listed
+                        || holder.as_deref() == Some(name.as_str())
+                        || cdc.finalizers().contains(&cdc_finalizer(&name))
+                })
+                .map(|p| ObjectRef::from_obj(&*p))
+                .collect::<Vec<_>>()
+        })
+        .watches_stream(ns_stream, |ns: Namespace| {
+            let labels = ns.labels();
+            Some(ObjectRef::new(labels.get(POOL_NAME_LABEL)?).within(labels.get(POOL_NAMESPACE_LABEL)?))
+        })
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| std::future::ready(()))
+        .await;
+}
+
+fn error_policy(pool: Arc<ClusterPool>, err: &PoolError, ctx: Arc<Ctx>) -> Action {
+    let key = format!("pool/{}/{}", pool.namespace().unwrap_or_default(), pool.name_any());
+    let delay = ctx.tenant.object_backoff.failed(&key);
+    warn!(tenant = %ctx.tenant.name, pool = %pool.name_any(), error = %err, retry_in = ?delay, "cluster pool reconcile failed");
+    Action::requeue(delay)
+}
+
+/// The pool version of §4.3.8: a hash of what every cluster is built from, plus a marker when the
+/// pool has an inventory (so editing entries never changes it).
+pub fn pool_version(pool: &ClusterPool) -> String {
+    let s = &pool.spec;
+    let fields = json!([
+        s.platform,
+        s.base_domain,
+        s.installer_image,
+        s.install_config_secret_template_ref,
+        s.pull_secret_ref,
+        s.control_plane,
+        s.compute,
+        s.failure_domains,
+        s.availability_zones,
+        s.control_plane_availability_zones,
+        s.control_plane_omit_availability_zone,
+        s.host_selector,
+    ]);
+    let mut hasher = Sha256::new();
+    hasher.update(fields.to_string().as_bytes());
+    if s.inventory.is_some() {
+        hasher.update(b"hasInventory");
+    }
+    hex::encode(hasher.finalize())[..16].to_string()
+}
+
+/// Why an unclaimed cluster is stale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stale {
+    PoolVersion,
+    EntryRemoved,
+    EntryEdited,
+}
+
+/// Where one of the pool's clusters stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bucket {
+    Deleting,
+    /// Claimed, and its claim is gone: delete it.
+    Released,
+    Claimed,
+    Broken,
+    Ready,
+    Installing,
+}
+
+fn bucket(cd: &ClusterDeployment, claims: &BTreeMap<String, Arc<ClusterClaim>>, deleted: bool) -> Bucket {
+    let status = cd.status.clone().unwrap_or_default();
+    if cd.metadata.deletion_timestamp.is_some() || deleted {
+        return Bucket::Deleting;
+    }
+    if let Some(claim) = cd.spec.cluster_pool_ref.as_ref().and_then(|r| r.claim_name.as_ref()) {
+        let gone = claims
+            .get(claim)
+            .is_none_or(|c| c.metadata.deletion_timestamp.is_some());
+        return if gone { Bucket::Released } else { Bucket::Claimed };
+    }
+    if is_true(&status.conditions, "ProvisionStopped") {
+        Bucket::Broken
+    } else if status.installed {
+        Bucket::Ready
+    } else {
+        Bucket::Installing
+    }
+}
+
+fn cdc_of(cd: &ClusterDeployment) -> Option<String> {
+    cd.spec
+        .cluster_pool_ref
+        .as_ref()
+        .and_then(|r| r.cluster_deployment_customization.as_ref())
+        .map(|r| r.name.clone())
+}
+
+fn created(cd: &ClusterDeployment) -> Timestamp {
+    cd.metadata.creation_timestamp.as_ref().map(|t| t.0).unwrap_or_default()
+}
+
+/// Everything one reconcile found and decided, for the status at the end.
+struct Round {
+    requeue: Duration,
+    /// Entries whose attempts grow by one (a cluster built from it broke).
+    broken_entries: BTreeSet<String>,
+    /// Entries leased this round, with the generation applied.
+    leased: BTreeMap<String, i64>,
+    /// Fresh copies of CDCs written this round.
+    written: BTreeMap<String, Cdc>,
+    syntax_errors: BTreeMap<String, String>,
+    missing_dependencies: Vec<String>,
+}
+
+impl Round {
+    fn soon(&mut self, after: Duration) {
+        self.requeue = self.requeue.min(after.max(Duration::from_millis(100)));
+    }
+}
+
+async fn reconcile(pool: Arc<ClusterPool>, ctx: Arc<Ctx>) -> Result<Action, PoolError> {
+    let tenant = &ctx.tenant;
+    let labels = Metrics::controller(&tenant.name, "clusterpool");
+    tenant.shared.metrics.reconciles.get_or_create(&labels).inc();
+    for ready in [
+        ctx.cds.wait_until_ready().await.is_ok(),
+        ctx.cdcs.wait_until_ready().await.is_ok(),
+        ctx.claims.wait_until_ready().await.is_ok(),
+        ctx.namespaces.wait_until_ready().await.is_ok(),
+    ] {
+        if !ready {
+            return Ok(Action::await_change());
+        }
+    }
+    let Ok(_permit) = tenant.reconcile_permits.acquire().await else {
+        return Ok(Action::await_change());
+    };
+    let key = format!("pool/{}/{}", pool.namespace().unwrap_or_default(), pool.name_any());
+    let result = reconcile_pool(&pool, &ctx).await;
+    match &result {
+        Ok(_) => tenant.object_backoff.succeeded(&key),
+        Err(_) => {
+            tenant.shared.metrics.reconcile_errors.get_or_create(&labels).inc();
+        }
+    }
+    result
+}
+
+async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolError> {
+    let tenant = &ctx.tenant;
+    let ns = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    let key = format!("{ns}/{name}");
+    let pools = Api::<ClusterPool>::namespaced(tenant.client.clone(), &ns);
+    let cdc_api = Api::<Cdc>::namespaced(tenant.client.clone(), &ns);
+    let settings = &tenant.shared.settings;
+    let mut round = Round {
+        requeue: RESYNC,
+        broken_entries: BTreeSet::new(),
+        leased: BTreeMap::new(),
+        written: BTreeMap::new(),
+        syntax_errors: BTreeMap::new(),
+        missing_dependencies: Vec::new(),
+    };
+
+    if pool.metadata.deletion_timestamp.is_none() && !pool.finalizers().iter().any(|f| f == POOL_FINALIZER) {
+        let mut finalizers = pool.finalizers().to_vec();
+        finalizers.push(POOL_FINALIZER.into());
+        return match set_finalizers(&pools, pool, finalizers).await {
+            Ok(_) => Ok(Action::await_change()),
+            Err(err) if is_conflict(&err) => Ok(Action::requeue(Duration::from_millis(200))),
+            Err(err) => Err(err.into()),
+        };
+    }
+
+    // What the cache says, corrected by our own writes it has not shown yet.
+    let (expected_created, expected_deleted) = {
+        let mut all = ctx.expectations.lock().unwrap_or_else(|p| p.into_inner());
+        let mine = all.entry(key.clone()).or_default();
+        let now = Instant::now();
+        mine.created.retain(|cd, at| {
+            now.duration_since(*at) < EXPECTATION_TTL && ctx.cds.get(&ObjectRef::new(cd).within(cd)).is_none()
+        });
+        mine.deleted.retain(|cd, at| {
+            now.duration_since(*at) < EXPECTATION_TTL
+                && ctx
+                    .cds
+                    .get(&ObjectRef::new(cd).within(cd))
+                    .is_some_and(|c| c.metadata.deletion_timestamp.is_none())
+        });
+        (
+            mine.created.keys().cloned().collect::<BTreeSet<_>>(),
+            mine.deleted.keys().cloned().collect::<BTreeSet<_>>(),
+        )
+    };
+    let cds: Vec<Arc<ClusterDeployment>> = ctx
+        .cds
+        .state()
+        .into_iter()
+        .filter(|cd| {
+            cd.spec
+                .cluster_pool_ref
+                .as_ref()
+                .is_some_and(|r| r.namespace == ns && r.pool_name == name)
+        })
+        .collect();
+    let cd_names: BTreeSet<String> = cds.iter().map(|cd| cd.name_any()).collect();
+    let claims: BTreeMap<String, Arc<ClusterClaim>> = ctx
+        .claims
+        .state()
+        .into_iter()
+        .filter(|c| c.namespace().as_deref() == Some(ns.as_str()) && c.spec.cluster_pool_name == name)
+        .map(|c| (c.name_any(), c))
+        .collect();
+    let inventory: Vec<String> = {
+        let mut seen = BTreeSet::new();
+        pool.spec
+            .inventory
+            .iter()
+            .flatten()
+            .map(|e| e.name.clone())
+            .filter(|n| seen.insert(n.clone()))
+            .collect()
+    };
+    let listed: BTreeSet<&str> = inventory.iter().map(String::as_str).collect();
+    let cdcs: BTreeMap<String, Arc<Cdc>> = ctx
+        .cdcs
+        .state()
+        .into_iter()
+        .filter(|c| c.namespace().as_deref() == Some(ns.as_str()))
+        .map(|c| (c.name_any(), c))
+        .collect();
+    let finalizer = cdc_finalizer(&name);
+    let held_by_us = |cdc: &Cdc| inventory::lease_holder(cdc).is_some_and(|(p, _)| p.as_deref() == Some(name.as_str()));
+
+    // §4.3.9: our finalizer on every CDC we list; off every CDC we no longer hold and either no
+    // longer list or that is being deleted (a leased CDC's deletion waits for its release).
+    let deleting_pool = pool.metadata.deletion_timestamp.is_some();
+    for cdc in cdcs.values() {
+        let has = cdc.finalizers().contains(&finalizer);
+        let deleting = cdc.metadata.deletion_timestamp.is_some();
+        let want = !deleting_pool && listed.contains(cdc.name_any().as_str()) && !deleting || held_by_us(cdc);
+        if has != want {
+            let mut finalizers: Vec<String> = cdc.finalizers().iter().filter(|f| **f != finalizer).cloned().collect();
+            if want {
+                finalizers.push(finalizer.clone());
+            }
+            match set_finalizers(&cdc_api, cdc, finalizers).await {
+                Ok(_) => {}
+                Err(err) if is_conflict(&err) || is_not_found(&err) => round.soon(Duration::from_millis(200)),
+                Err(err) => return Err(err.into()),
+            }
+        }
+    }
+
+    // §4.3.2 repair: a lease of ours for a CD that does not exist, older than the minimum age (so a
+    // CD created moments ago and not yet in the cache is never mistaken for a leak).
+    for cdc in cdcs.values() {
+        let Some((Some(holder), cd)) = inventory::lease_holder(cdc) else {
+            continue;
+        };
+        if holder != name {
+            continue;
+        }
+        let exists = cd
+            .as_ref()
+            .is_some_and(|cd| cd_names.contains(cd) || expected_created.contains(cd));
+        if exists {
+            continue;
+        }
+        let age = inventory::lease_age(cdc).unwrap_or_default();
+        if age < settings.lease_min_age {
+            round.soon(settings.lease_min_age - age);
+            continue;
+        }
+        let cd = cd.unwrap_or_default();
+        match inventory::release(&cdc_api, cdc, &cd, &name).await {
+            Ok(true) => {
+                info!(tenant = %tenant.name, pool = %name, cdc = %cdc.name_any(), cluster = %cd, "released a lease whose cluster does not exist");
+                publish(
+                    tenant,
+                    &**cdc,
+                    false,
+                    "Released",
+                    format!("Released: ClusterDeployment {cd} it was reserved for does not exist"),
+                )
+                .await;
+            }
+            Ok(false) => {}
+            Err(err) if is_conflict(&err) => round.soon(Duration::from_millis(200)),
+            Err(err) => return Err(err.into()),
+        }
+    }
+
+    // Installed clusters mark their CDC Succeeded.
+    for cd in &cds {
+        let installed = cd.status.as_ref().is_some_and(|s| s.installed);
+        let Some(cdc) = cdc_of(cd).and_then(|n| cdcs.get(&n).cloned()) else {
+            continue;
+        };
+        let ours = inventory::lease_holder(&cdc) == Some((Some(name.clone()), Some(cd.name_any())));
+        if installed && ours && inventory::apply_reason(&cdc) != Some(SUCCEEDED) {
+            let message = format!("Patches applied and cluster {} installed successfully", cd.name_any());
+            match inventory::set_apply_result(&cdc_api, &cdc, SUCCEEDED, message).await {
+                Ok(Some(written)) => {
+                    round.written.insert(cdc.name_any(), written);
+                }
+                Ok(None) => {}
+                Err(err) if is_conflict(&err) => round.soon(Duration::from_millis(200)),
+                Err(err) => return Err(err.into()),
+            }
+        }
+    }
+
+    let version = pool_version(pool);
+    let mut buckets: BTreeMap<String, Bucket> = cds
+        .iter()
+        .map(|cd| {
+            (
+                cd.name_any(),
+                bucket(cd, &claims, expected_deleted.contains(&cd.name_any())),
+            )
+        })
+        .collect();
+    let stale_reason = |cd: &ClusterDeployment| -> Option<Stale> {
+        let annotations = cd.annotations();
+        if annotations.get(POOL_VERSION_ANNOTATION) != Some(&version) {
+            return Some(Stale::PoolVersion);
+        }
+        let entry = cdc_of(cd)?;
+        if !listed.contains(entry.as_str()) {
+            return Some(Stale::EntryRemoved);
+        }
+        let generation = cdcs.get(&entry).and_then(|c| c.metadata.generation);
+        let built_from = annotations
+            .get(CDC_GENERATION_ANNOTATION)
+            .and_then(|g| g.parse::<i64>().ok());
+        (generation.is_some() && built_from.is_some() && generation != built_from).then_some(Stale::EntryEdited)
+    };
+
+    if deleting_pool {
+        return reconcile_deleted(pool, ctx, &cds, &buckets, &cdcs, &finalizer).await;
+    }
+
+    // Claims (§4.3.10): oldest claim first gets the oldest ready cluster.
+    let claims_api = Api::<ClusterClaim>::namespaced(tenant.client.clone(), &ns);
+    let mut by_claim: BTreeMap<String, Arc<ClusterDeployment>> = BTreeMap::new();
+    for cd in &cds {
+        if let Some(claim) = cd.spec.cluster_pool_ref.as_ref().and_then(|r| r.claim_name.clone())
+            && buckets[&cd.name_any()] == Bucket::Claimed
+        {
+            by_claim.insert(claim, cd.clone());
+        }
+    }
+    let mut ready: Vec<Arc<ClusterDeployment>> = cds
+        .iter()
+        .filter(|cd| buckets[&cd.name_any()] == Bucket::Ready)
+        .cloned()
+        .collect();
+    ready.sort_by_key(|cd| (created(cd), cd.name_any()));
+    ready.reverse();
+    let mut waiting: Vec<&Arc<ClusterClaim>> = claims
+        .values()
+        .filter(|c| c.metadata.deletion_timestamp.is_none() && !by_claim.contains_key(&c.name_any()))
+        .collect();
+    waiting.sort_by_key(|c| (c.metadata.creation_timestamp.as_ref().map(|t| t.0), c.name_any()));
+    let mut pending_claims = 0;
+    for claim in waiting {
+        let Some(cd) = ready.pop() else {
+            pending_claims += 1;
+            let message = format!("No ready cluster in ClusterPool {name} yet; the pool adds one for this claim");
+            claim::set_status(
+                &claims_api,
+                claim,
+                None,
+                claim::lifetime(claim, &pool.spec),
+                true,
+                "NoClusters",
+                message,
+            )
+            .await?;
+            continue;
+        };
+        let mut assigned = (*cd).clone();
+        let pool_ref = assigned.spec.cluster_pool_ref.get_or_insert_with(Default::default);
+        pool_ref.claim_name = Some(claim.name_any());
+        pool_ref.claimed_timestamp = Some(Time(Timestamp::now()));
+        assigned.metadata.managed_fields = None;
+        let cd_api = Api::<ClusterDeployment>::namespaced(tenant.client.clone(), &cd.name_any());
+        match cd_api.replace(&cd.name_any(), &PostParams::default(), &assigned).await {
+            Ok(written) => {
+                buckets.insert(cd.name_any(), Bucket::Claimed);
+                by_claim.insert(claim.name_any(), Arc::new(written));
+                publish(
+                    tenant,
+                    &**claim,
+                    false,
+                    "ClusterClaimed",
+                    format!("Assigned ClusterDeployment {0} (namespace {0})", cd.name_any()),
+                )
+                .await;
+            }
+            Err(err) if is_conflict(&err) => {
+                pending_claims += 1;
+                round.soon(Duration::from_millis(200));
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+    for (claim_name, cd) in &by_claim {
+        let Some(claim) = claims.get(claim_name) else { continue };
+        if claim.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let lifetime = claim::lifetime(claim, &pool.spec);
+        let claimed = cd
+            .spec
+            .cluster_pool_ref
+            .as_ref()
+            .and_then(|r| r.claimed_timestamp.clone());
+        if let (Some(lifetime), Some(claimed)) = (lifetime, claimed) {
+            let left = claim::remaining(lifetime, &claimed);
+            if left.is_zero() {
+                info!(tenant = %tenant.name, pool = %name, claim = %claim_name, "claim lifetime expired; deleting the claim");
+                publish(
+                    tenant,
+                    pool,
+                    false,
+                    "ClaimExpired",
+                    format!("ClusterClaim {claim_name} passed its lifetime and was deleted"),
+                )
+                .await;
+                match claims_api.delete(claim_name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(err) if is_not_found(&err) => {}
+                    Err(err) => return Err(err.into()),
+                }
+                continue;
+            }
+            round.soon(left);
+        }
+        let message = format!(
+            "Cluster {0} assigned; its admin kubeconfig is in Secret {0}-admin-kubeconfig in namespace {0}",
+            cd.name_any()
+        );
+        claim::set_status(
+            &claims_api,
+            claim,
+            Some(cd.name_any()),
+            lifetime,
+            false,
+            "ClusterClaimed",
+            message,
+        )
+        .await?;
+    }
+
+    // Capacity (§4.3.5).
+    let count = |b: Bucket| buckets.values().filter(|x| **x == b).count() as i64;
+    let installing =
+        count(Bucket::Installing) + expected_created.iter().filter(|c| !buckets.contains_key(*c)).count() as i64;
+    let deleting = count(Bucket::Deleting);
+    let mut room = pool
+        .spec
+        .max_concurrent
+        .map_or(i64::MAX, |m| i64::from(m) - installing - deleting);
+    let cd_by_name: BTreeMap<String, Arc<ClusterDeployment>> =
+        cds.iter().map(|cd| (cd.name_any(), cd.clone())).collect();
+    let cd_api = |cd: &str| Api::<ClusterDeployment>::namespaced(tenant.client.clone(), cd);
+    let mut deleted_now: Vec<String> = Vec::new();
+
+    // Clusters whose claim was deleted go first, then broken ones.
+    for (wanted, why) in [
+        (Bucket::Released, "its claim was deleted"),
+        (Bucket::Broken, "its install failed installAttemptsLimit times"),
+    ] {
+        let mut victims: Vec<&Arc<ClusterDeployment>> =
+            cds.iter().filter(|cd| buckets[&cd.name_any()] == wanted).collect();
+        victims.sort_by_key(|cd| created(cd));
+        for cd in victims {
+            if room <= 0 {
+                break;
+            }
+            if wanted == Bucket::Broken
+                && let Some(entry) = cdc_of(cd)
+            {
+                round.broken_entries.insert(entry.clone());
+                if let Some(cdc) = cdcs.get(&entry)
+                    && inventory::lease_holder(cdc) == Some((Some(name.clone()), Some(cd.name_any())))
+                {
+                    let message = format!(
+                        "Cluster {} failed to install; this may or may not be the fault of the patches. It is retried after a backoff",
+                        cd.name_any()
+                    );
+                    match inventory::set_apply_result(&cdc_api, cdc, BROKEN_BY_CLOUD, message.clone()).await {
+                        Ok(written) => {
+                            if let Some(written) = written {
+                                round.written.insert(entry.clone(), written);
+                            }
+                            publish(tenant, &**cdc, true, BROKEN_BY_CLOUD, message).await;
+                        }
+                        Err(err) if is_conflict(&err) => {
+                            round.soon(Duration::from_millis(200));
+                            continue;
+                        }
+                        Err(err) => return Err(err.into()),
+                    }
+                }
+            }
+            delete_cd(&cd_api(&cd.name_any()), cd).await?;
+            publish(
+                tenant,
+                pool,
+                wanted == Bucket::Broken,
+                "ClusterDeleted",
+                format!("Deleted ClusterDeployment {}: {why}", cd.name_any()),
+            )
+            .await;
+            buckets.insert(cd.name_any(), Bucket::Deleting);
+            deleted_now.push(cd.name_any());
+            room -= 1;
+        }
+    }
+
+    // Which inventory entries could back a cluster, and which are free now.
+    let cdc_now = |written: &BTreeMap<String, Cdc>, entry: &str| -> Option<Cdc> {
+        written
+            .get(entry)
+            .cloned()
+            .or_else(|| cdcs.get(entry).map(|c| (**c).clone()))
+    };
+    let attempts_of = |entry: &str| -> i32 {
+        pool.status
+            .as_ref()
+            .and_then(|s| s.inventory.iter().find(|e| e.name == entry))
+            .map_or(0, |e| e.attempts)
+    };
+    let backoff = |attempts: i32| -> Duration {
+        let base = settings.backoff.base;
+        base.saturating_mul(1u32 << attempts.clamp(0, 16) as u32)
+            .min(settings.backoff.max)
+    };
+    let mut backing = 0i64;
+    let mut free: Vec<(inventory::Rank, String)> = Vec::new();
+    if pool.spec.inventory.is_some() {
+        for entry in &inventory {
+            let Some(cdc) = cdc_now(&round.written, entry) else {
+                continue;
+            };
+            if cdc.metadata.deletion_timestamp.is_some() && !held_by_us(&cdc) {
+                continue;
+            }
+            let holder = inventory::lease_holder(&cdc);
+            if let Some((pool_name, _)) = &holder
+                && pool_name.as_deref() != Some(name.as_str())
+            {
+                continue;
+            }
+            if holder.is_none() && inventory::apply_reason(&cdc) == Some(BROKEN_BY_SYNTAX) {
+                continue;
+            }
+            let attempts = attempts_of(entry) + i32::from(round.broken_entries.contains(entry));
+            let wait = backoff(attempts);
+            if holder.is_none() {
+                match inventory::rank(&cdc, || wait) {
+                    Some(rank) => free.push((rank, entry.clone())),
+                    None if inventory::apply_reason(&cdc) == Some(BROKEN_BY_CLOUD) => {
+                        let since = inventory::apply_since(&cdc).unwrap_or_default();
+                        round.soon(wait.saturating_sub(since));
+                    }
+                    None => {}
+                }
+            }
+            backing += 1;
+        }
+        free.sort();
+    }
+    // Entries held by clusters that are claimed or going away are not available to unclaimed ones.
+    let held_elsewhere = cds
+        .iter()
+        .filter(|cd| {
+            matches!(
+                buckets[&cd.name_any()],
+                Bucket::Claimed | Bucket::Released | Bucket::Deleting
+            )
+        })
+        .filter(|cd| cdc_of(cd).is_some_and(|e| listed.contains(e.as_str())))
+        .count() as i64;
+    let wanted = i64::from(pool.spec.size) + pending_claims;
+    let target = if pool.spec.inventory.is_some() {
+        wanted.min((backing - held_elsewhere).max(0))
+    } else {
+        wanted
+    };
+    let unclaimed: Vec<&Arc<ClusterDeployment>> = cds
+        .iter()
+        .filter(|cd| {
+            matches!(
+                buckets[&cd.name_any()],
+                Bucket::Installing | Bucket::Ready | Bucket::Broken
+            )
+        })
+        .collect();
+    let pending_created = expected_created.iter().filter(|c| !buckets.contains_key(*c)).count() as i64;
+    let drift = unclaimed.len() as i64 + pending_created - target;
+    let total_live = buckets.values().filter(|b| **b != Bucket::Deleting).count() as i64 + pending_created;
+    let size_room = pool.spec.max_size.map_or(i64::MAX, |m| i64::from(m) - total_live);
+    let stale: Vec<(&Arc<ClusterDeployment>, Stale)> = unclaimed
+        .iter()
+        .filter_map(|cd| stale_reason(cd).map(|why| (*cd, why)))
+        .collect();
+
+    if drift < 0 {
+        let to_add = (-drift).min(size_room).min(room);
+        if to_add > 0 {
+            add_clusters(pool, ctx, &version, to_add, free, &mut round).await?;
+        }
+    } else if drift > 0 && room > 0 {
+        // Excess: installing ones (newest first), then ready ones (newest first).
+        let mut excess: Vec<&Arc<ClusterDeployment>> = unclaimed.clone();
+        excess.sort_by_key(|cd| {
+            (
+                buckets[&cd.name_any()] != Bucket::Installing,
+                std::cmp::Reverse(created(cd)),
+            )
+        });
+        for cd in excess.into_iter().take(drift.min(room) as usize) {
+            delete_cd(&cd_api(&cd.name_any()), cd).await?;
+            publish(
+                tenant,
+                pool,
+                false,
+                "ClusterDeleted",
+                format!(
+                    "Deleted ClusterDeployment {}: the pool has more clusters than it needs",
+                    cd.name_any()
+                ),
+            )
+            .await;
+            deleted_now.push(cd.name_any());
+        }
+    } else if drift == 0 && installing == 0 && room > 0 && deleted_now.is_empty() {
+        // One stale cluster at a time, and only while the pool is otherwise steady (§4.3.8).
+        let mut oldest = stale.clone();
+        oldest.sort_by_key(|(cd, _)| created(cd));
+        if let Some((cd, why)) = oldest.first() {
+            delete_cd(&cd_api(&cd.name_any()), cd).await?;
+            let reason = match why {
+                Stale::PoolVersion => "the pool's configuration changed",
+                Stale::EntryRemoved => "its inventory entry was removed",
+                Stale::EntryEdited => "its ClusterDeploymentCustomization was edited",
+            };
+            publish(
+                tenant,
+                pool,
+                false,
+                "StaleClusterReplaced",
+                format!(
+                    "Deleted ClusterDeployment {}: {reason}; a current one replaces it",
+                    cd.name_any()
+                ),
+            )
+            .await;
+            deleted_now.push(cd.name_any());
+        }
+    }
+    if !deleted_now.is_empty() {
+        let mut all = ctx.expectations.lock().unwrap_or_else(|p| p.into_inner());
+        let mine = all.entry(key.clone()).or_default();
+        for cd in &deleted_now {
+            mine.deleted.insert(cd.clone(), Instant::now());
+        }
+    }
+
+    // Empty pool namespaces (a CD never created, or one deleted) are reaped after the minimum age.
+    reap_namespaces(ctx, &ns, &name, &cd_names, &expected_created, &mut round).await?;
+
+    // Status.
+    let unclaimed_now: Vec<&Arc<ClusterDeployment>> = cds
+        .iter()
+        .filter(|cd| !deleted_now.contains(&cd.name_any()))
+        .filter(|cd| {
+            matches!(
+                buckets[&cd.name_any()],
+                Bucket::Installing | Bucket::Ready | Bucket::Broken
+            )
+        })
+        .collect();
+    let mut status = pool.status.clone().unwrap_or_default();
+    let old_status = status.clone();
+    let ready_count = unclaimed_now
+        .iter()
+        .filter(|cd| buckets[&cd.name_any()] == Bucket::Ready)
+        .count() as i32;
+    let installing_now = unclaimed_now
+        .iter()
+        .filter(|cd| buckets[&cd.name_any()] == Bucket::Installing)
+        .count() as i32;
+    status.size = unclaimed_now.len() as i32;
+    status.ready = ready_count;
+    status.standby = installing_now;
+    status.platform = pool.spec.platform.name().map(String::from);
+    status.observed_generation = pool.metadata.generation;
+    status.inventory = entry_statuses(
+        pool,
+        &inventory,
+        &|e| cdc_now(&round.written, e),
+        &cd_by_name,
+        &round,
+        &stale,
+        &name,
+    );
+    let now = Time(Timestamp::now());
+    let generation = pool.metadata.generation;
+    let mut set = |type_: &'static str, ok: bool, reason: &'static str, message: String| {
+        set_condition(
+            &mut status.conditions,
+            DesiredCondition {
+                type_,
+                status: ok,
+                reason,
+                message,
+                observed_generation: generation,
+            },
+            now.clone(),
+        );
+    };
+    if round.missing_dependencies.is_empty() {
+        set(
+            "MissingDependencies",
+            false,
+            "DependenciesFound",
+            "Every Secret the pool refers to exists".into(),
+        );
+    } else {
+        set(
+            "MissingDependencies",
+            true,
+            "MissingDependencies",
+            format!(
+                "Create the missing Secrets in namespace {ns}: {}",
+                round.missing_dependencies.join(", ")
+            ),
+        );
+    }
+    if pool.spec.inventory.is_some() {
+        let mut problems: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for entry in &status.inventory {
+            let state = match entry.status {
+                InventoryEntryState::BrokenBySyntax => "BrokenBySyntax",
+                InventoryEntryState::BrokenByCloud => "BrokenByCloud",
+                InventoryEntryState::Missing => "Missing",
+                _ => continue,
+            };
+            let detail = round
+                .syntax_errors
+                .get(&entry.name)
+                .map_or_else(|| entry.name.clone(), |e| format!("{} ({e})", entry.name));
+            problems.entry(state).or_default().push(detail);
+        }
+        if problems.is_empty() {
+            set(
+                "InventoryValid",
+                true,
+                "Valid",
+                format!("All {} inventory entries are usable", inventory.len()),
+            );
+        } else {
+            let listing: Vec<String> = problems.iter().map(|(k, v)| format!("{k}: {}", v.join(", "))).collect();
+            set(
+                "InventoryValid",
+                false,
+                "Invalid",
+                format!(
+                    "Some inventory entries cannot be used ({}); fix the patches of BrokenBySyntax entries, create Missing ones, or remove them from spec.inventory",
+                    listing.join("; ")
+                ),
+            );
+        }
+    }
+    let at_max = pool.spec.max_size.is_some_and(|m| total_live >= i64::from(m));
+    if at_max {
+        set(
+            "CapacityAvailable",
+            false,
+            "MaxCapacity",
+            format!(
+                "The pool is at its maxSize of {} clusters, claimed and unclaimed",
+                pool.spec.max_size.unwrap_or_default()
+            ),
+        );
+    } else if pool.spec.inventory.is_some() && wanted > target {
+        set(
+            "CapacityAvailable",
+            false,
+            "InventoryExhausted",
+            format!(
+                "The pool needs {wanted} unclaimed clusters (size plus pending claims) but its inventory can back only {target}; add ClusterDeploymentCustomizations to spec.inventory or lower spec.size"
+            ),
+        );
+    } else {
+        set(
+            "CapacityAvailable",
+            true,
+            "Available",
+            "The pool can add clusters".into(),
+        );
+    }
+    if stale.is_empty() {
+        set(
+            "AllClustersCurrent",
+            true,
+            "ClusterDeploymentsCurrent",
+            "Every unclaimed cluster is current".into(),
+        );
+    } else {
+        let names: Vec<String> = stale.iter().map(|(cd, _)| cd.name_any()).collect();
+        set(
+            "AllClustersCurrent",
+            false,
+            "SomeClusterDeploymentsStale",
+            format!(
+                "{} unclaimed clusters were built from an older pool or inventory configuration and are replaced one at a time: {}",
+                names.len(),
+                names.join(", ")
+            ),
+        );
+    }
+    set(
+        "DeletionPossible",
+        true,
+        "DeletionPossible",
+        "Deleting the pool deletes its unclaimed clusters".into(),
+    );
+    if status != old_status {
+        pools
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+            .await?;
+    }
+    record_metrics(ctx, &ns, &name, &buckets, &stale, &status);
+    Ok(Action::requeue(round.requeue))
+}
+
+/// The per-entry inventory status of the status-revision seed.
+fn entry_statuses(
+    pool: &ClusterPool,
+    inventory: &[String],
+    cdc_now: &dyn Fn(&str) -> Option<Cdc>,
+    cds: &BTreeMap<String, Arc<ClusterDeployment>>,
+    round: &Round,
+    stale: &[(&Arc<ClusterDeployment>, Stale)],
+    pool_name: &str,
+) -> Vec<InventoryEntryStatus> {
+    let old: BTreeMap<String, InventoryEntryStatus> = pool
+        .status
+        .as_ref()
+        .map(|s| s.inventory.iter().map(|e| (e.name.clone(), e.clone())).collect())
+        .unwrap_or_default();
+    let built_from = |entry: &str| -> Option<&Arc<ClusterDeployment>> {
+        cds.values().find(|cd| cdc_of(cd).as_deref() == Some(entry))
+    };
+    let mut out = Vec::new();
+    for entry in inventory {
+        let previous = old.get(entry).cloned().unwrap_or_default();
+        let mut status = InventoryEntryStatus {
+            name: entry.clone(),
+            version: round.leased.get(entry).copied().or(previous.version),
+            attempts: previous.attempts + i32::from(round.broken_entries.contains(entry)),
+            ..Default::default()
+        };
+        let Some(cdc) = cdc_now(entry) else {
+            status.status = InventoryEntryState::Missing;
+            out.push(status);
+            continue;
+        };
+        let holder = inventory::lease_holder(&cdc);
+        let reason = inventory::apply_reason(&cdc);
+        if reason == Some(SUCCEEDED) {
+            status.attempts = 0;
+        }
+        let edited = status.version.is_some() && status.version != cdc.metadata.generation;
+        status.status = match &holder {
+            Some((Some(p), _)) if p != pool_name => InventoryEntryState::Unavailable,
+            Some((_, cd)) => {
+                status.cluster_deployment = cd.clone();
+                let stale_edit = stale
+                    .iter()
+                    .any(|(s, why)| *why == Stale::EntryEdited && cdc_of(s).as_deref() == Some(entry.as_str()));
+                if edited || stale_edit {
+                    InventoryEntryState::ToBeUpdated
+                } else {
+                    InventoryEntryState::Reserved
+                }
+            }
+            None => {
+                if edited {
+                    // Edited since its last use: its failures no longer count.
+                    status.attempts = 0;
+                }
+                match reason {
+                    Some(BROKEN_BY_SYNTAX) => InventoryEntryState::BrokenBySyntax,
+                    Some(BROKEN_BY_CLOUD) => InventoryEntryState::BrokenByCloud,
+                    _ => InventoryEntryState::Available,
+                }
+            }
+        };
+        out.push(status);
+    }
+    // Entries removed from the inventory stay listed while a cluster built from them exists.
+    for (entry, previous) in old {
+        if inventory.contains(&entry) {
+            continue;
+        }
+        if let Some(cd) = built_from(&entry) {
+            out.push(InventoryEntryStatus {
+                name: entry,
+                status: InventoryEntryState::ToBeDeleted,
+                cluster_deployment: Some(cd.name_any()),
+                ..previous
+            });
+        }
+    }
+    out
+}
+
+async fn delete_cd(api: &Api<ClusterDeployment>, cd: &ClusterDeployment) -> Result<(), PoolError> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: cd.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&cd.name_any(), &params).await {
+        Ok(_) => Ok(()),
+        Err(err) if is_not_found(&err) || is_conflict(&err) => Ok(()),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// A new cluster's name: `<pool>-<5 random characters>` (the pool name is at most 57 characters).
+fn cluster_name(pool: &str) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::rng();
+    let suffix: String = (0..5)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect();
+    format!("{pool}-{suffix}")
+}
+
+/// The Secrets every cluster is built from, read from the pool's namespace.
+struct Inputs {
+    template: Value,
+    pull: Option<Secret>,
+    credentials: Option<Secret>,
+}
+
+async fn read_inputs(pool: &ClusterPool, ctx: &Ctx, round: &mut Round) -> Result<Option<Inputs>, PoolError> {
+    let ns = pool.namespace().unwrap_or_default();
+    let secrets = Api::<Secret>::namespaced(ctx.tenant.client.clone(), &ns);
+    let spec = &pool.spec;
+    let credentials_name = spec
+        .platform
+        .vsphere
+        .as_ref()
+        .map(|v| v.credentials_secret_ref.name.clone())
+        .or_else(|| {
+            spec.platform
+                .openstack
+                .as_ref()
+                .map(|o| o.credentials_secret_ref.name.clone())
+        })
+        .or_else(|| {
+            spec.platform
+                .baremetal
+                .as_ref()
+                .map(|b| b.credentials_secret_ref.name.clone())
+        });
+    let mut get = async |what: &str, name: Option<String>| -> Result<Option<Secret>, PoolError> {
+        let Some(name) = name else { return Ok(None) };
+        let found = secrets.get_opt(&name).await?;
+        if found.is_none() {
+            round.missing_dependencies.push(format!("{what} Secret {name}"));
+        }
+        Ok(found)
+    };
+    let template_secret = get(
+        "install-config template",
+        spec.install_config_secret_template_ref.as_ref().map(|r| r.name.clone()),
+    )
+    .await?;
+    let pull = get("pull", spec.pull_secret_ref.as_ref().map(|r| r.name.clone())).await?;
+    let credentials = get("credentials", credentials_name).await?;
+    if !round.missing_dependencies.is_empty() {
+        return Ok(None);
+    }
+    let text = template_secret
+        .as_ref()
+        .and_then(|s| s.data.as_ref())
+        .and_then(|d| d.get("install-config.yaml"))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        .unwrap_or_default();
+    match install_config::parse_template(&text) {
+        Ok(template) => Ok(Some(Inputs {
+            template,
+            pull,
+            credentials,
+        })),
+        Err(err) => {
+            round
+                .missing_dependencies
+                .push(format!("a valid install-config.yaml in the template Secret ({err})"));
+            Ok(None)
+        }
+    }
+}
+
+/// Adds up to `count` clusters (§4.3.2 order: name → lease → namespace, Secrets, ClusterDeployment).
+async fn add_clusters(
+    pool: &ClusterPool,
+    ctx: &Ctx,
+    version: &str,
+    count: i64,
+    mut free: Vec<(inventory::Rank, String)>,
+    round: &mut Round,
+) -> Result<(), PoolError> {
+    let Some(inputs) = read_inputs(pool, ctx, round).await? else {
+        return Ok(());
+    };
+    let tenant = &ctx.tenant;
+    let ns = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    let cdc_api = Api::<Cdc>::namespaced(tenant.client.clone(), &ns);
+    free.reverse();
+    for _ in 0..count {
+        let cd_name = cluster_name(&name);
+        let mut config = install_config::generate(&inputs.template, &pool.spec, &cd_name);
+        let mut leased: Option<Cdc> = None;
+        if pool.spec.inventory.is_some() {
+            // Try entries in order until one applies and its lease write wins.
+            while let Some((_, entry)) = free.pop() {
+                let Some(cdc) = ctx.cdcs.get(&ObjectRef::new(&entry).within(&ns)) else {
+                    continue;
+                };
+                let mut patched = config.clone();
+                if let Err(error) = install_config::apply_patches(&mut patched, &cdc.spec.install_config_patches) {
+                    round.syntax_errors.insert(entry.clone(), error.clone());
+                    match inventory::set_apply_result(&cdc_api, &cdc, BROKEN_BY_SYNTAX, error.clone()).await {
+                        Ok(Some(written)) => {
+                            round.written.insert(entry.clone(), written);
+                            publish(
+                                tenant,
+                                &*cdc,
+                                true,
+                                BROKEN_BY_SYNTAX,
+                                format!("Patches do not apply: {error}"),
+                            )
+                            .await;
+                            publish(
+                                tenant,
+                                pool,
+                                true,
+                                "InventoryInvalid",
+                                format!("ClusterDeploymentCustomization {entry}: {error}"),
+                            )
+                            .await;
+                        }
+                        Ok(None) => {}
+                        Err(err) if is_conflict(&err) => {}
+                        Err(err) => return Err(err.into()),
+                    }
+                    continue;
+                }
+                match inventory::lease(&cdc_api, &cdc, &cd_name, &name).await {
+                    Ok(written) => {
+                        round
+                            .leased
+                            .insert(entry.clone(), cdc.metadata.generation.unwrap_or_default());
+                        round.written.insert(entry.clone(), written.clone());
+                        publish(
+                            tenant,
+                            &written,
+                            false,
+                            "Leased",
+                            format!("Leased for ClusterDeployment {cd_name} of ClusterPool {name}"),
+                        )
+                        .await;
+                        config = patched;
+                        leased = Some(written);
+                        break;
+                    }
+                    // Someone else leased it first: take the next one.
+                    Err(err) if is_conflict(&err) => {
+                        info!(tenant = %tenant.name, pool = %name, cdc = %entry, "lost the lease race; trying the next entry");
+                        continue;
+                    }
+                    Err(err) => return Err(err.into()),
+                }
+            }
+            if leased.is_none() {
+                return Ok(());
+            }
+        }
+        {
+            let mut all = ctx.expectations.lock().unwrap_or_else(|p| p.into_inner());
+            all.entry(format!("{ns}/{name}"))
+                .or_default()
+                .created
+                .insert(cd_name.clone(), Instant::now());
+        }
+        create_cluster(pool, ctx, &inputs, &cd_name, version, &config, leased.as_ref()).await?;
+        info!(tenant = %tenant.name, pool = %name, cluster = %cd_name, cdc = ?leased.as_ref().map(|c| c.name_any()), "cluster created");
+        publish(
+            tenant,
+            pool,
+            false,
+            "ClusterCreated",
+            match &leased {
+                Some(cdc) => format!(
+                    "Created ClusterDeployment {cd_name} from ClusterDeploymentCustomization {}",
+                    cdc.name_any()
+                ),
+                None => format!("Created ClusterDeployment {cd_name}"),
+            },
+        )
+        .await;
+    }
+    Ok(())
+}
+
+async fn create_cluster(
+    pool: &ClusterPool,
+    ctx: &Ctx,
+    inputs: &Inputs,
+    cd_name: &str,
+    version: &str,
+    config: &Value,
+    cdc: Option<&Cdc>,
+) -> Result<(), PoolError> {
+    let client = &ctx.tenant.client;
+    let ns = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(cd_name.into()),
+            labels: Some(BTreeMap::from([
+                (POOL_NAMESPACE_LABEL.to_string(), ns.clone()),
+                (POOL_NAME_LABEL.to_string(), name.clone()),
+            ])),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await?;
+    let secrets = Api::<Secret>::namespaced(client.clone(), cd_name);
+    let config_name = format!("{cd_name}-install-config");
+    let config_secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(config_name.clone()),
+            ..Default::default()
+        },
+        string_data: Some(BTreeMap::from([(
+            "install-config.yaml".to_string(),
+            install_config::to_yaml(config),
+        )])),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    };
+    secrets.create(&PostParams::default(), &config_secret).await?;
+    let copy = |source: &Secret, new_name: String| Secret {
+        metadata: ObjectMeta {
+            name: Some(new_name),
+            ..Default::default()
+        },
+        data: source.data.clone(),
+        type_: source.type_.clone(),
+        ..Default::default()
+    };
+    let mut pull_ref = None;
+    if let Some(pull) = &inputs.pull {
+        let copy_name = format!("{cd_name}-pull-secret");
+        secrets
+            .create(&PostParams::default(), &copy(pull, copy_name.clone()))
+            .await?;
+        pull_ref = Some(LocalObjectReference { name: copy_name });
+    }
+    let mut platform = pool.spec.platform.clone();
+    if let Some(credentials) = &inputs.credentials {
+        let copy_name = format!("{cd_name}-credentials");
+        secrets
+            .create(&PostParams::default(), &copy(credentials, copy_name.clone()))
+            .await?;
+        let reference = LocalObjectReference { name: copy_name };
+        if let Some(v) = platform.vsphere.as_mut() {
+            v.credentials_secret_ref = reference.clone();
+        }
+        if let Some(o) = platform.openstack.as_mut() {
+            o.credentials_secret_ref = reference.clone();
+        }
+        if let Some(b) = platform.baremetal.as_mut() {
+            b.credentials_secret_ref = reference;
+        }
+    }
+    let mut annotations = pool.spec.annotations.clone();
+    annotations.insert(POOL_VERSION_ANNOTATION.into(), version.into());
+    if let Some(generation) = cdc.and_then(|c| c.metadata.generation) {
+        annotations.insert(CDC_GENERATION_ANNOTATION.into(), generation.to_string());
+    }
+    let mut labels = pool.spec.labels.clone();
+    labels.insert(POOL_NAMESPACE_LABEL.into(), ns.clone());
+    labels.insert(POOL_NAME_LABEL.into(), name.clone());
+    let mut cd = ClusterDeployment::new(
+        cd_name,
+        ClusterDeploymentSpec {
+            cluster_name: cd_name.into(),
+            base_domain: pool.spec.base_domain.clone(),
+            platform,
+            pull_secret_ref: pull_ref,
+            provisioning: Some(Provisioning {
+                install_config_secret_ref: LocalObjectReference { name: config_name },
+                installer_image: pool.spec.installer_image.clone(),
+            }),
+            install_attempts_limit: pool.spec.install_attempts_limit,
+            cluster_pool_ref: Some(ClusterPoolReference {
+                namespace: ns,
+                pool_name: name,
+                claim_name: None,
+                claimed_timestamp: None,
+                cluster_deployment_customization: cdc.map(|c| LocalObjectReference { name: c.name_any() }),
+            }),
+            hosts: Vec::new(),
+        },
+    );
+    cd.metadata.namespace = Some(cd_name.into());
+    cd.metadata.annotations = Some(annotations);
+    cd.metadata.labels = Some(labels);
+    Api::<ClusterDeployment>::namespaced(client.clone(), cd_name)
+        .create(&PostParams::default(), &cd)
+        .await?;
+    Ok(())
+}
+
+async fn reap_namespaces(
+    ctx: &Ctx,
+    ns: &str,
+    name: &str,
+    cd_names: &BTreeSet<String>,
+    expected_created: &BTreeSet<String>,
+    round: &mut Round,
+) -> Result<(), PoolError> {
+    let min_age = ctx.tenant.shared.settings.lease_min_age;
+    let api = Api::<Namespace>::all(ctx.tenant.client.clone());
+    for namespace in ctx.namespaces.state() {
+        let labels = namespace.labels();
+        if labels.get(POOL_NAMESPACE_LABEL).map(String::as_str) != Some(ns)
+            || labels.get(POOL_NAME_LABEL).map(String::as_str) != Some(name)
+            || namespace.metadata.deletion_timestamp.is_some()
+        {
+            continue;
+        }
+        let ns_name = namespace.name_any();
+        if cd_names.contains(&ns_name) || expected_created.contains(&ns_name) {
+            continue;
+        }
+        let created = namespace
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0)
+            .unwrap_or_default();
+        let age = Duration::try_from(Timestamp::now().duration_since(created)).unwrap_or_default();
+        if age < min_age {
+            round.soon(min_age - age);
+            continue;
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: namespace.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&ns_name, &params).await {
+            Ok(_) => {
+                info!(tenant = %ctx.tenant.name, pool = %name, namespace = %ns_name, "reaped an empty pool namespace")
+            }
+            Err(err) if is_not_found(&err) || is_conflict(&err) => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Pool deletion (§4.3.9): delete the unclaimed clusters, keep the pool until every cluster is
+/// gone, and strip this pool's finalizer from every CDC that carries it.
+async fn reconcile_deleted(
+    pool: &ClusterPool,
+    ctx: &Ctx,
+    cds: &[Arc<ClusterDeployment>],
+    buckets: &BTreeMap<String, Bucket>,
+    cdcs: &BTreeMap<String, Arc<Cdc>>,
+    finalizer: &str,
+) -> Result<Action, PoolError> {
+    let tenant = &ctx.tenant;
+    let ns = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    if !pool.finalizers().iter().any(|f| f == POOL_FINALIZER) {
+        return Ok(Action::await_change());
+    }
+    for cd in cds {
+        if matches!(
+            buckets[&cd.name_any()],
+            Bucket::Installing | Bucket::Ready | Bucket::Broken | Bucket::Released
+        ) {
+            let api = Api::<ClusterDeployment>::namespaced(tenant.client.clone(), &cd.name_any());
+            delete_cd(&api, cd).await?;
+        }
+    }
+    let pools = Api::<ClusterPool>::namespaced(tenant.client.clone(), &ns);
+    if !cds.is_empty() {
+        let names: Vec<String> = cds.iter().map(|cd| cd.name_any()).collect();
+        let mut status: ClusterPoolStatus = pool.status.clone().unwrap_or_default();
+        let changed = set_condition(
+            &mut status.conditions,
+            DesiredCondition {
+                type_: "DeletionPossible",
+                status: false,
+                reason: "ClusterDeploymentsPendingCleanup",
+                message: format!(
+                    "Waiting for these clusters to be deleted (claimed ones go when their claims are deleted): {}",
+                    names.join(", ")
+                ),
+                observed_generation: pool.metadata.generation,
+            },
+            Time(Timestamp::now()),
+        );
+        if changed {
+            pools
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+                .await?;
+        }
+        return Ok(Action::requeue(RESYNC));
+    }
+    let cdc_api = Api::<Cdc>::namespaced(tenant.client.clone(), &ns);
+    for cdc in cdcs.values() {
+        if cdc.finalizers().iter().any(|f| f == finalizer) {
+            let rest: Vec<String> = cdc.finalizers().iter().filter(|f| *f != finalizer).cloned().collect();
+            match set_finalizers(&cdc_api, cdc, rest).await {
+                Ok(_) => {}
+                Err(err) if is_not_found(&err) => {}
+                Err(err) if is_conflict(&err) => return Ok(Action::requeue(Duration::from_millis(200))),
+                Err(err) => return Err(err.into()),
+            }
+        }
+    }
+    let rest: Vec<String> = pool
+        .finalizers()
+        .iter()
+        .filter(|f| *f != POOL_FINALIZER)
+        .cloned()
+        .collect();
+    match set_finalizers(&pools, pool, rest).await {
+        Ok(_) => {}
+        Err(err) if is_not_found(&err) => {}
+        Err(err) if is_conflict(&err) => return Ok(Action::requeue(Duration::from_millis(200))),
+        Err(err) => return Err(err.into()),
+    }
+    let labels = |state: &str| PoolLabels::new(&tenant.name, &ns, &name, state);
+    for state in [
+        "installing",
+        "ready",
+        "claimed",
+        "broken",
+        "stale",
+        "deleting",
+        "available",
+        "reserved",
+        "cdc_broken",
+    ] {
+        tenant.shared.metrics.pool_clusters.remove(&labels(state));
+    }
+    Ok(Action::await_change())
+}
+
+fn record_metrics(
+    ctx: &Ctx,
+    ns: &str,
+    name: &str,
+    buckets: &BTreeMap<String, Bucket>,
+    stale: &[(&Arc<ClusterDeployment>, Stale)],
+    status: &ClusterPoolStatus,
+) {
+    let metrics = &ctx.tenant.shared.metrics;
+    let count = |b: &[Bucket]| buckets.values().filter(|x| b.contains(x)).count() as i64;
+    let entries = |s: &[InventoryEntryState]| status.inventory.iter().filter(|e| s.contains(&e.status)).count() as i64;
+    let values = [
+        ("installing", count(&[Bucket::Installing])),
+        ("ready", count(&[Bucket::Ready])),
+        ("claimed", count(&[Bucket::Claimed, Bucket::Released])),
+        ("broken", count(&[Bucket::Broken])),
+        ("deleting", count(&[Bucket::Deleting])),
+        ("stale", stale.len() as i64),
+        ("available", entries(&[InventoryEntryState::Available])),
+        (
+            "reserved",
+            entries(&[
+                InventoryEntryState::Reserved,
+                InventoryEntryState::ToBeUpdated,
+                InventoryEntryState::ToBeDeleted,
+            ]),
+        ),
+        (
+            "cdc_broken",
+            entries(&[InventoryEntryState::BrokenByCloud, InventoryEntryState::BrokenBySyntax]),
+        ),
+    ];
+    for (state, value) in values {
+        metrics
+            .pool_clusters
+            .get_or_create(&PoolLabels::new(&ctx.tenant.name, ns, name, state))
+            .set(value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::pools::{ClusterPoolSpec, InventoryEntry};
+
+    fn pool(spec: ClusterPoolSpec) -> ClusterPool {
+        ClusterPool::new("p", spec)
+    }
+
+    #[test]
+    fn the_version_changes_with_the_inventory_marker_but_not_with_its_entries() {
+        let base = ClusterPoolSpec {
+            base_domain: "example.com".into(),
+            installer_image: "installer:1".into(),
+            ..Default::default()
+        };
+        let without = pool_version(&pool(base.clone()));
+        let entry = |n: &str| InventoryEntry {
+            name: n.into(),
+            ..Default::default()
+        };
+        let one = pool_version(&pool(ClusterPoolSpec {
+            inventory: Some(vec![entry("a")]),
+            ..base.clone()
+        }));
+        let two = pool_version(&pool(ClusterPoolSpec {
+            inventory: Some(vec![entry("b"), entry("a")]),
+            ..base.clone()
+        }));
+        assert_ne!(without, one);
+        assert_eq!(one, two);
+        let resized = pool_version(&pool(ClusterPoolSpec {
+            size: 7,
+            ..base.clone()
+        }));
+        assert_eq!(without, resized, "size is not part of the version");
+        let other = pool_version(&pool(ClusterPoolSpec {
+            base_domain: "other.com".into(),
+            ..base
+        }));
+        assert_ne!(without, other);
+    }
+}

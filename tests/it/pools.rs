@@ -1,0 +1,403 @@
+//! Cluster pools with an inventory (DESIGN.md §4.3 items 1–11, issue 8), through the daemon binary
+//! against embedded host and tenant servers; the host's JobRunner plays the installer.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Event, Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use stackd::api::pools::{
+    ClusterClaim, ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, InventoryEntryState,
+};
+use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
+use stackd::embedded::samples::{SampleImages, create_cluster, register_sample_runners};
+
+use crate::daemon::{Daemon, Fleet};
+
+const NS: &str = "team";
+const HOST_NS: &str = "tenant-acme-controllers";
+const INSTALLER: &str = "quay.io/example/installer:4.14";
+const WITHIN: Duration = Duration::from_secs(20);
+
+type Cdc = ClusterDeploymentCustomization;
+
+/// A host, tenant `acme` with the stackd CRDs, the pool's Secrets in namespace `team`.
+async fn setup() -> (Fleet, Client) {
+    let fleet = Fleet::start(&["acme"]).await;
+    register_sample_runners(&fleet.host().runners(), &SampleImages::new("stackd:dev"));
+    let tenant = fleet.tenants[0].1.as_ref().expect("tenant server").client().await;
+    let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
+    for crd in stackd::api::crds::all() {
+        crds.create(&PostParams::default(), &crd).await.expect("crd");
+    }
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).expect("ns");
+    Api::<Namespace>::all(tenant.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("namespace");
+    let secrets: Api<Secret> = Api::namespaced(tenant.clone(), NS);
+    for secret in [
+        json!({"metadata": {"name": "creds"}, "stringData": {"username": "u", "password": "p"}}),
+        json!({"metadata": {"name": "pull"}, "stringData": {".dockerconfigjson": "{}"}}),
+        json!({"metadata": {"name": "template"}, "stringData": {"install-config.yaml":
+            "apiVersion: v1\nplatform:\n  vsphere:\n    network: VM Network\n"}}),
+    ] {
+        let secret: Secret = serde_json::from_value(secret).expect("secret");
+        secrets.create(&PostParams::default(), &secret).await.expect("secret");
+    }
+    (fleet, tenant)
+}
+
+fn daemon(fleet: &Fleet, extra: &[&str]) -> Daemon {
+    let mut args = vec!["--lease-min-age", "2s", "--sweep-interval", "1h"];
+    args.extend_from_slice(extra);
+    fleet.daemon(&args)
+}
+
+fn pool_json(name: &str, size: i32, inventory: Option<&[&str]>) -> Value {
+    let mut pool = json!({
+        "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterPool",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "size": size,
+            "baseDomain": "example.com",
+            "installerImage": INSTALLER,
+            "installConfigSecretTemplateRef": {"name": "template"},
+            "pullSecretRef": {"name": "pull"},
+            "platform": {"vsphere": {"credentialsSecretRef": {"name": "creds"},
+                "vCenter": "vc.example.com", "datacenter": "dc1", "defaultDatastore": "ds1"}},
+        },
+    });
+    if let Some(entries) = inventory {
+        pool["spec"]["inventory"] = json!(entries.iter().map(|n| json!({"name": n})).collect::<Vec<_>>());
+    }
+    pool
+}
+
+async fn create_pool(tenant: &Client, pool: Value) -> ClusterPool {
+    let pool: ClusterPool = serde_json::from_value(pool).expect("pool");
+    pools(tenant)
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("create pool")
+}
+
+async fn create_cdc(tenant: &Client, name: &str, patches: Value) {
+    let cdc: Cdc = serde_json::from_value(json!({
+        "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterDeploymentCustomization",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"installConfigPatches": patches},
+    }))
+    .expect("cdc");
+    cdcs(tenant)
+        .create(&PostParams::default(), &cdc)
+        .await
+        .expect("create cdc");
+}
+
+/// A CDC naming its cluster `name` (the DNS name the inventory was made for).
+async fn named_cdc(tenant: &Client, name: &str) {
+    create_cdc(
+        tenant,
+        name,
+        json!([{"op": "replace", "path": "/metadata/name", "value": name}]),
+    )
+    .await;
+}
+
+fn pools(tenant: &Client) -> Api<ClusterPool> {
+    Api::namespaced(tenant.clone(), NS)
+}
+
+fn cdcs(tenant: &Client) -> Api<Cdc> {
+    Api::namespaced(tenant.clone(), NS)
+}
+
+fn claims(tenant: &Client) -> Api<ClusterClaim> {
+    Api::namespaced(tenant.clone(), NS)
+}
+
+async fn pool(tenant: &Client, name: &str) -> ClusterPool {
+    pools(tenant).get(name).await.expect("get pool")
+}
+
+async fn cdc(tenant: &Client, name: &str) -> Cdc {
+    cdcs(tenant).get(name).await.expect("get cdc")
+}
+
+/// The pool's ClusterDeployments, deleting ones included.
+async fn cds(tenant: &Client, pool: &str) -> Vec<ClusterDeployment> {
+    Api::<ClusterDeployment>::all(tenant.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list cds")
+        .items
+        .into_iter()
+        .filter(|cd| cd.spec.cluster_pool_ref.as_ref().is_some_and(|r| r.pool_name == pool))
+        .collect()
+}
+
+fn live(cds: &[ClusterDeployment]) -> Vec<&ClusterDeployment> {
+    cds.iter()
+        .filter(|cd| cd.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
+fn cdc_of(cd: &ClusterDeployment) -> Option<String> {
+    cd.spec
+        .cluster_pool_ref
+        .as_ref()
+        .and_then(|r| r.cluster_deployment_customization.as_ref())
+        .map(|r| r.name.clone())
+}
+
+fn condition<'a>(
+    conditions: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+fn pool_condition(pool: &ClusterPool, type_: &str) -> Option<(String, String, String)> {
+    let conditions = pool.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+    condition(&conditions, type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+fn cdc_condition(cdc: &Cdc, type_: &str) -> Option<(String, String, String)> {
+    let conditions = cdc.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+    condition(&conditions, type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+fn lease(cdc: &Cdc) -> Option<String> {
+    let reserved = cdc_condition(cdc, "Available").is_some_and(|(s, _, _)| s == "False");
+    reserved
+        .then(|| {
+            cdc.status
+                .as_ref()?
+                .cluster_deployment_ref
+                .as_ref()
+                .map(|r| r.name.clone())
+        })
+        .flatten()
+}
+
+fn entry(pool: &ClusterPool, name: &str) -> Option<stackd::api::pools::InventoryEntryStatus> {
+    pool.status.as_ref()?.inventory.iter().find(|e| e.name == name).cloned()
+}
+
+/// Polls `check` until it holds, failing with the daemon's log after `within`.
+async fn until<F, Fut>(what: &str, daemon: &Daemon, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; daemon log:\n{}",
+            daemon.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn ready(tenant: &Client, name: &str) -> i32 {
+    pools(tenant)
+        .get_opt(name)
+        .await
+        .expect("get pool")
+        .and_then(|p| p.status)
+        .map_or(0, |s| s.ready)
+}
+
+async fn install_config(tenant: &Client, cd: &str) -> String {
+    let secret = Api::<Secret>::namespaced(tenant.clone(), cd)
+        .get(&format!("{cd}-install-config"))
+        .await
+        .expect("install-config secret");
+    let data = secret.data.unwrap_or_default();
+    String::from_utf8(data["install-config.yaml"].0.clone()).expect("utf-8")
+}
+
+async fn events(tenant: &Client, namespace: &str, object: &str) -> Vec<(String, String)> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(tenant.clone(), namespace);
+    let core: Api<Event> = Api::namespaced(tenant.clone(), namespace);
+    let mut out: Vec<(String, String)> = api
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(object))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect();
+    out.extend(
+        core.list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(object))
+            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default())),
+    );
+    out
+}
+
+/// §4.3 items 1, 2 and 11, and the rendering of §4.2: a pool of 2 from an inventory of 3 fills
+/// through installer Jobs; each cluster's install config carries its CDC's patches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_fills_from_its_inventory_through_installer_jobs() {
+    let (fleet, tenant) = setup().await;
+    create_cdc(
+        &tenant,
+        "foo",
+        json!([
+            {"op": "replace", "path": "/metadata/name", "value": "foo"},
+            {"op": "add", "path": "/platform/vsphere/apiVIP", "value": "on"},
+            {"op": "add", "path": "/platform/vsphere/ingressVIP", "value": "no"},
+            {"op": "add", "path": "/networking", "value": {"clusterNetworkMTU": "1e3", "real": 1000}},
+        ]),
+    )
+    .await;
+    named_cdc(&tenant, "bar").await;
+    named_cdc(&tenant, "baz").await;
+    create_pool(&tenant, pool_json("vsphere", 2, Some(&["foo", "bar", "baz"]))).await;
+    let daemon = daemon(&fleet, &[]);
+    until("two ready clusters", &daemon, WITHIN, || async {
+        ready(&tenant, "vsphere").await == 2
+    })
+    .await;
+
+    let all = cds(&tenant, "vsphere").await;
+    assert_eq!(live(&all).len(), 2);
+    // `foo` is the first never-used entry by name after `bar` and `baz`: bar and baz are leased.
+    let mut used = BTreeSet::new();
+    for cd in &all {
+        let status = cd.status.clone().unwrap_or_default();
+        assert!(status.installed, "{cd:?}");
+        assert!(status.infra_id.is_some());
+        assert_eq!(
+            cd.namespace().as_deref(),
+            Some(cd.name_any().as_str()),
+            "name == namespace"
+        );
+        assert!(cd.name_any().starts_with("vsphere-") && cd.name_any().len() == "vsphere-".len() + 5);
+        let entry_name = cdc_of(cd).expect("built from a CDC");
+        used.insert(entry_name.clone());
+        // The install config has the CDC's cluster name, the pool's base domain and platform.
+        let config = install_config(&tenant, &cd.name_any()).await;
+        assert!(config.contains(&format!("name: {entry_name}")), "{config}");
+        assert!(config.contains("baseDomain: example.com"), "{config}");
+        assert!(config.contains("vCenter: vc.example.com"), "{config}");
+        assert!(
+            config.contains("network: \"VM Network\""),
+            "template fields stay: {config}"
+        );
+        // The admin kubeconfig was copied from the installer's output to the tenant.
+        let admin = status.admin_kubeconfig_secret_ref.expect("admin kubeconfig").name;
+        let secret = Api::<Secret>::namespaced(tenant.clone(), &cd.name_any())
+            .get(&admin)
+            .await
+            .expect("admin kubeconfig secret");
+        let kubeconfig = String::from_utf8(secret.data.unwrap_or_default()["kubeconfig"].0.clone()).unwrap();
+        assert!(kubeconfig.contains(&status.infra_id.clone().unwrap()), "{kubeconfig}");
+        // The lease names the CD, the pool and the configuration applied.
+        let leased = cdc(&tenant, &entry_name).await;
+        assert_eq!(lease(&leased).as_deref(), Some(cd.name_any().as_str()));
+        let leased_status = leased.status.clone().unwrap();
+        assert_eq!(leased_status.cluster_pool_ref.unwrap().name, "vsphere");
+        assert!(
+            leased_status
+                .last_applied_configuration
+                .unwrap()
+                .contains("/metadata/name")
+        );
+        assert_eq!(cdc_condition(&leased, "ApplySucceeded").unwrap().1, "Succeeded");
+        assert!(leased.finalizers().contains(&"pools.stackd.dev/vsphere".to_string()));
+        assert!(
+            events(&tenant, NS, &entry_name)
+                .await
+                .iter()
+                .any(|(r, _)| r == "Leased"),
+            "a Leased event on {entry_name}"
+        );
+    }
+    assert_eq!(used, BTreeSet::from(["bar".to_string(), "baz".to_string()]));
+    // The pool's per-entry status.
+    let pool = pool(&tenant, "vsphere").await;
+    let status = pool.status.clone().unwrap();
+    assert_eq!((status.size, status.ready), (2, 2));
+    assert_eq!(entry(&pool, "foo").unwrap().status, InventoryEntryState::Available);
+    for name in ["bar", "baz"] {
+        let e = entry(&pool, name).unwrap();
+        assert_eq!(e.status, InventoryEntryState::Reserved);
+        assert_eq!(e.version, Some(1));
+        assert!(e.cluster_deployment.is_some());
+    }
+    assert_eq!(pool_condition(&pool, "InventoryValid").unwrap().0, "True");
+    assert_eq!(pool_condition(&pool, "CapacityAvailable").unwrap().0, "True");
+    assert_eq!(pool_condition(&pool, "AllClustersCurrent").unwrap().0, "True");
+    assert_eq!(pool_condition(&pool, "MissingDependencies").unwrap().0, "False");
+    // On the host: the installer ran as its own ServiceAccount with its inputs and output Secret.
+    let cd = &all[0];
+    let prefix = format!("{0}.{0}", cd.name_any());
+    let jobs: Api<Job> = Api::namespaced(fleet.host_client.clone(), HOST_NS);
+    let job = jobs.get(&format!("{prefix}-install-0")).await.expect("install job");
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        Some(format!("{prefix}-installer").as_str())
+    );
+    let container = &pod.containers[0];
+    assert_eq!(
+        container.args.clone().unwrap(),
+        ["create", "cluster", "--dir", "/installer"]
+    );
+    let env: BTreeMap<String, String> = container
+        .env
+        .clone()
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.name, e.value.unwrap_or_default()))
+        .collect();
+    assert_eq!(env["STACKD_OUTPUT_SECRET"], format!("{prefix}-output"));
+    let host_secrets: Api<Secret> = Api::namespaced(fleet.host_client.clone(), HOST_NS);
+    let input = host_secrets
+        .get(&format!("{prefix}-install-config"))
+        .await
+        .expect("input");
+    let keys: BTreeSet<String> = input.data.unwrap().keys().cloned().collect();
+    for key in ["install-config.yaml", ".dockerconfigjson", "username", "password"] {
+        assert!(keys.contains(key), "{key} in {keys:?}");
+    }
+    let labels = input.metadata.labels.unwrap();
+    assert_eq!(labels["stackd.dev/tenant"], "acme");
+    assert_eq!(labels["stackd.dev/parent-kind"], "ClusterDeployment");
+    let role: Api<k8s_openapi::api::rbac::v1::Role> = Api::namespaced(fleet.host_client.clone(), HOST_NS);
+    let rule = &role
+        .get(&format!("{prefix}-installer"))
+        .await
+        .expect("role")
+        .rules
+        .unwrap()[0];
+    assert_eq!(rule.resource_names.clone().unwrap(), [format!("{prefix}-output")]);
+    assert_eq!(rule.verbs, ["get", "update", "patch"]);
+    daemon
+        .wait_for(
+            "/metrics",
+            "stackd_pool_clusters{tenant=\"acme\",namespace=\"team\",pool=\"vsphere\",state=\"ready\"} 2",
+            WITHIN,
+        )
+        .await;
+}
