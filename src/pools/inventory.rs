@@ -111,8 +111,12 @@ fn apply(
 }
 
 /// Leases `cdc` for the ClusterDeployment `cd` (not created yet) of `pool`. The write persists the
-/// intended CD name, the pool and the configuration applied, all at once.
-pub async fn lease(api: &Api<Cdc>, cdc: &Cdc, cd: &str, pool: &str) -> Result<Cdc, kube::Error> {
+/// intended CD name, the pool and the configuration applied, all at once. `Ok(None)` when the copy
+/// given is already leased or deleting: a newer cached copy must never be leased over.
+pub async fn lease(api: &Api<Cdc>, cdc: &Cdc, cd: &str, pool: &str) -> Result<Option<Cdc>, kube::Error> {
+    if lease_holder(cdc).is_some() || cdc.metadata.deletion_timestamp.is_some() {
+        return Ok(None);
+    }
     let generation = cdc.metadata.generation;
     let applied = serde_json::to_string(&cdc.spec).unwrap_or_default();
     let written = write_status(api, cdc, |status, now| {
@@ -141,7 +145,7 @@ pub async fn lease(api: &Api<Cdc>, cdc: &Cdc, cd: &str, pool: &str) -> Result<Cd
         true
     })
     .await?;
-    Ok(written.unwrap_or_else(|| cdc.clone()))
+    Ok(written)
 }
 
 /// Releases the lease, but only if it is still held by `cd` of `pool` (§4.3.6); a lease held by

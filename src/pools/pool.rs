@@ -68,6 +68,9 @@ struct Ctx {
     claims: Store<ClusterClaim>,
     namespaces: Store<Namespace>,
     expectations: Mutex<HashMap<String, Expectations>>,
+    /// The last status this controller wrote per pool, with the resourceVersion it produced: until
+    /// the cache shows that version, the cached status is older than what we know.
+    written: Mutex<HashMap<String, (u64, ClusterPoolStatus)>>,
 }
 
 /// Runs the controller until `cancel` fires.
@@ -88,6 +91,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
         claims,
         namespaces,
         expectations: Mutex::default(),
+        written: Mutex::default(),
     });
     let pools_of_cdc = pools.clone();
     let shutdown = cancel.clone();
@@ -268,6 +272,7 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
     let pools = Api::<ClusterPool>::namespaced(tenant.client.clone(), &ns);
     let cdc_api = Api::<Cdc>::namespaced(tenant.client.clone(), &ns);
     let settings = &tenant.shared.settings;
+    let base_status = last_status(ctx, &key, pool);
     let mut round = Round {
         requeue: RESYNC,
         broken_entries: BTreeSet::new(),
@@ -621,7 +626,7 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
                     }
                 }
             }
-            delete_cd(&cd_api(&cd.name_any()), cd).await?;
+            delete_cd(&cd_api(&cd.name_any()), cd, why).await?;
             publish(
                 tenant,
                 pool,
@@ -644,9 +649,10 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
             .or_else(|| cdcs.get(entry).map(|c| (**c).clone()))
     };
     let attempts_of = |entry: &str| -> i32 {
-        pool.status
-            .as_ref()
-            .and_then(|s| s.inventory.iter().find(|e| e.name == entry))
+        base_status
+            .inventory
+            .iter()
+            .find(|e| e.name == entry)
             .map_or(0, |e| e.attempts)
     };
     let backoff = |attempts: i32| -> Duration {
@@ -700,6 +706,13 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
         })
         .filter(|cd| cdc_of(cd).is_some_and(|e| listed.contains(e.as_str())))
         .count() as i64;
+    let held_by_claims = cds
+        .iter()
+        .filter(|cd| buckets[&cd.name_any()] == Bucket::Claimed)
+        .filter(|cd| cdc_of(cd).is_some_and(|e| listed.contains(e.as_str())))
+        .count() as i64;
+    // What the inventory can back for unclaimed clusters once deletions finish.
+    let capacity = (backing - held_by_claims).max(0);
     let wanted = i64::from(pool.spec.size) + pending_claims;
     let target = if pool.spec.inventory.is_some() {
         wanted.min((backing - held_elsewhere).max(0))
@@ -724,6 +737,7 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
         .filter_map(|cd| stale_reason(cd).map(|why| (*cd, why)))
         .collect();
 
+    tracing::debug!(pool = %name, unclaimed = unclaimed.len(), pending_created, target, backing, held_elsewhere, wanted, installing, room, "capacity");
     if drift < 0 {
         let to_add = (-drift).min(size_room).min(room);
         if to_add > 0 {
@@ -739,7 +753,7 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
             )
         });
         for cd in excess.into_iter().take(drift.min(room) as usize) {
-            delete_cd(&cd_api(&cd.name_any()), cd).await?;
+            delete_cd(&cd_api(&cd.name_any()), cd, "excess").await?;
             publish(
                 tenant,
                 pool,
@@ -758,7 +772,7 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
         let mut oldest = stale.clone();
         oldest.sort_by_key(|(cd, _)| created(cd));
         if let Some((cd, why)) = oldest.first() {
-            delete_cd(&cd_api(&cd.name_any()), cd).await?;
+            delete_cd(&cd_api(&cd.name_any()), cd, "stale").await?;
             let reason = match why {
                 Stale::PoolVersion => "the pool's configuration changed",
                 Stale::EntryRemoved => "its inventory entry was removed",
@@ -800,8 +814,8 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
             )
         })
         .collect();
-    let mut status = pool.status.clone().unwrap_or_default();
-    let old_status = status.clone();
+    let mut status = base_status.clone();
+    let old_status = pool.status.clone().unwrap_or_default();
     let ready_count = unclaimed_now
         .iter()
         .filter(|cd| buckets[&cd.name_any()] == Bucket::Ready)
@@ -816,7 +830,7 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
     status.platform = pool.spec.platform.name().map(String::from);
     status.observed_generation = pool.metadata.generation;
     status.inventory = entry_statuses(
-        pool,
+        &base_status,
         &inventory,
         &|e| cdc_now(&round.written, e),
         &cd_by_name,
@@ -903,13 +917,13 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
                 pool.spec.max_size.unwrap_or_default()
             ),
         );
-    } else if pool.spec.inventory.is_some() && wanted > target {
+    } else if pool.spec.inventory.is_some() && wanted > capacity {
         set(
             "CapacityAvailable",
             false,
             "InventoryExhausted",
             format!(
-                "The pool needs {wanted} unclaimed clusters (size plus pending claims) but its inventory can back only {target}; add ClusterDeploymentCustomizations to spec.inventory or lower spec.size"
+                "The pool needs {wanted} unclaimed clusters (size plus pending claims) but its inventory can back only {capacity}; add ClusterDeploymentCustomizations to spec.inventory or lower spec.size"
             ),
         );
     } else {
@@ -947,17 +961,36 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
         "Deleting the pool deletes its unclaimed clusters".into(),
     );
     if status != old_status {
-        pools
+        let written = pools
             .patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
             .await?;
+        if let Some(rv) = resource_version(&written) {
+            let mut all = ctx.written.lock().unwrap_or_else(|p| p.into_inner());
+            all.insert(key.clone(), (rv, status.clone()));
+        }
     }
     record_metrics(ctx, &ns, &name, &buckets, &stale, &status);
     Ok(Action::requeue(round.requeue))
 }
 
+fn resource_version(pool: &ClusterPool) -> Option<u64> {
+    pool.metadata.resource_version.as_deref()?.parse().ok()
+}
+
+/// The pool's status as last known: the cached one, unless this controller wrote a newer one the
+/// cache does not show yet (so counters such as `attempts` are never lost to a stale cache).
+fn last_status(ctx: &Ctx, key: &str, pool: &ClusterPool) -> ClusterPoolStatus {
+    let cached = pool.status.clone().unwrap_or_default();
+    let all = ctx.written.lock().unwrap_or_else(|p| p.into_inner());
+    match (all.get(key), resource_version(pool)) {
+        (Some((written, status)), Some(seen)) if *written > seen => status.clone(),
+        _ => cached,
+    }
+}
+
 /// The per-entry inventory status of the status-revision seed.
 fn entry_statuses(
-    pool: &ClusterPool,
+    base: &ClusterPoolStatus,
     inventory: &[String],
     cdc_now: &dyn Fn(&str) -> Option<Cdc>,
     cds: &BTreeMap<String, Arc<ClusterDeployment>>,
@@ -965,20 +998,21 @@ fn entry_statuses(
     stale: &[(&Arc<ClusterDeployment>, Stale)],
     pool_name: &str,
 ) -> Vec<InventoryEntryStatus> {
-    let old: BTreeMap<String, InventoryEntryStatus> = pool
-        .status
-        .as_ref()
-        .map(|s| s.inventory.iter().map(|e| (e.name.clone(), e.clone())).collect())
-        .unwrap_or_default();
+    let old: BTreeMap<String, InventoryEntryStatus> =
+        base.inventory.iter().map(|e| (e.name.clone(), e.clone())).collect();
     let built_from = |entry: &str| -> Option<&Arc<ClusterDeployment>> {
         cds.values().find(|cd| cdc_of(cd).as_deref() == Some(entry))
     };
     let mut out = Vec::new();
     for entry in inventory {
         let previous = old.get(entry).cloned().unwrap_or_default();
+        // The generation a live cluster was built from is the durable record of what was applied.
+        let built = built_from(entry)
+            .and_then(|cd| cd.annotations().get(CDC_GENERATION_ANNOTATION).cloned())
+            .and_then(|g| g.parse::<i64>().ok());
         let mut status = InventoryEntryStatus {
             name: entry.clone(),
-            version: round.leased.get(entry).copied().or(previous.version),
+            version: round.leased.get(entry).copied().or(built).or(previous.version),
             attempts: previous.attempts + i32::from(round.broken_entries.contains(entry)),
             ..Default::default()
         };
@@ -1037,7 +1071,8 @@ fn entry_statuses(
     out
 }
 
-async fn delete_cd(api: &Api<ClusterDeployment>, cd: &ClusterDeployment) -> Result<(), PoolError> {
+async fn delete_cd(api: &Api<ClusterDeployment>, cd: &ClusterDeployment, why: &str) -> Result<(), PoolError> {
+    info!(cluster = %cd.name_any(), reason = why, "deleting cluster");
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid: cd.metadata.uid.clone(),
@@ -1186,7 +1221,9 @@ async fn add_clusters(
                     continue;
                 }
                 match inventory::lease(&cdc_api, &cdc, &cd_name, &name).await {
-                    Ok(written) => {
+                    // Leased by someone else since this pass began.
+                    Ok(None) => continue,
+                    Ok(Some(written)) => {
                         round
                             .leased
                             .insert(entry.clone(), cdc.metadata.generation.unwrap_or_default());
@@ -1429,7 +1466,7 @@ async fn reconcile_deleted(
             Bucket::Installing | Bucket::Ready | Bucket::Broken | Bucket::Released
         ) {
             let api = Api::<ClusterDeployment>::namespaced(tenant.client.clone(), &cd.name_any());
-            delete_cd(&api, cd).await?;
+            delete_cd(&api, cd, "pool deleted").await?;
         }
     }
     let pools = Api::<ClusterPool>::namespaced(tenant.client.clone(), &ns);

@@ -401,3 +401,349 @@ async fn a_pool_fills_from_its_inventory_through_installer_jobs() {
         )
         .await;
 }
+
+/// Tenant namespaces the pool created for its clusters.
+async fn pool_namespaces(tenant: &Client, pool: &str) -> Vec<Namespace> {
+    Api::<Namespace>::all(tenant.clone())
+        .list(&ListParams::default().labels(&format!("pools.stackd.dev/clusterpool-name={pool}")))
+        .await
+        .expect("namespaces")
+        .items
+        .into_iter()
+        .filter(|ns| ns.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
+/// §4.3 item 4: a failing patch marks its CDC BrokenBySyntax and the pool InventoryValid=False,
+/// leaves nothing behind, and the pool fills from the other entries in the same pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_patch_marks_its_cdc_and_the_pool_fills_from_the_others() {
+    let (fleet, tenant) = setup().await;
+    // The seed's verbatim CDC (no leading `/`) is refused with the fix in the message.
+    let seed: Cdc = serde_json::from_value(json!({
+        "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterDeploymentCustomization",
+        "metadata": {"name": "seed", "namespace": NS},
+        "spec": {"installConfigPatches": [{"op": "replace", "path": "metadata/name", "value": "foo"}]},
+    }))
+    .unwrap();
+    let err = cdcs(&tenant).create(&PostParams::default(), &seed).await.unwrap_err();
+    assert!(err.to_string().contains("^/"), "{err}");
+    // Sorted first by name, so it is tried first.
+    create_cdc(
+        &tenant,
+        "aaa-broken",
+        json!([{"op": "replace", "path": "/broken/path", "value": "x"}]),
+    )
+    .await;
+    named_cdc(&tenant, "good1").await;
+    named_cdc(&tenant, "good2").await;
+    create_pool(&tenant, pool_json("p", 2, Some(&["aaa-broken", "good1", "good2"]))).await;
+    let daemon = daemon(&fleet, &[]);
+    until("two ready clusters", &daemon, WITHIN, || async {
+        ready(&tenant, "p").await == 2
+    })
+    .await;
+
+    let broken = cdc(&tenant, "aaa-broken").await;
+    let (status, reason, message) = cdc_condition(&broken, "ApplySucceeded").expect("ApplySucceeded");
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "BrokenBySyntax"));
+    assert!(message.contains("/broken/path"), "{message}");
+    assert_eq!(lease(&broken), None, "a broken CDC stays unleased");
+    assert!(broken.status.as_ref().unwrap().cluster_deployment_ref.is_none());
+    let pool = pool(&tenant, "p").await;
+    let (status, _, message) = pool_condition(&pool, "InventoryValid").unwrap();
+    assert_eq!(status, "False");
+    assert!(message.contains("BrokenBySyntax: aaa-broken"), "{message}");
+    assert_eq!(
+        entry(&pool, "aaa-broken").unwrap().status,
+        InventoryEntryState::BrokenBySyntax
+    );
+    let live_cds: BTreeSet<String> = live(&cds(&tenant, "p").await).iter().map(|cd| cd.name_any()).collect();
+    let namespaces: BTreeSet<String> = pool_namespaces(&tenant, "p")
+        .await
+        .iter()
+        .map(|ns| ns.name_any())
+        .collect();
+    assert_eq!(namespaces, live_cds, "no namespace without a cluster");
+    assert!(
+        events(&tenant, NS, "aaa-broken")
+            .await
+            .iter()
+            .any(|(r, _)| r == "BrokenBySyntax"),
+        "an Event on the CDC"
+    );
+    // Fixing the patch makes the entry usable again.
+    let fixed =
+        json!({"spec": {"installConfigPatches": [{"op": "replace", "path": "/metadata/name", "value": "fixed"}]}});
+    cdcs(&tenant)
+        .patch("aaa-broken", &PatchParams::default(), &Patch::Merge(&fixed))
+        .await
+        .expect("fix");
+    until("the fixed entry to be valid", &daemon, WITHIN, || async {
+        let pool = pools(&tenant).get("p").await.unwrap();
+        entry(&pool, "aaa-broken").is_some_and(|e| e.status == InventoryEntryState::Available)
+            && pool_condition(&pool, "InventoryValid").is_some_and(|c| c.0 == "True")
+    })
+    .await;
+}
+
+/// §4.3 item 1: two daemons fill one pool from one inventory at once; each CDC is leased once.
+/// Repeated, counting every observation of one CDC backing two live clusters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_daemons_racing_for_one_inventory_never_lease_a_cdc_twice() {
+    let (fleet, tenant) = setup().await;
+    let names: Vec<String> = (0..6).map(|i| format!("c{i}")).collect();
+    for name in &names {
+        named_cdc(&tenant, name).await;
+    }
+    let entries: Vec<&str> = names.iter().map(String::as_str).collect();
+    let first = daemon(&fleet, &[]);
+    let second = daemon(&fleet, &[]);
+    let mut double_leases = 0;
+    let mut observations = 0;
+    for round in 0..3 {
+        create_pool(&tenant, pool_json("race", 6, Some(&entries))).await;
+        let deadline = Instant::now() + WITHIN;
+        loop {
+            let all = cds(&tenant, "race").await;
+            let mut by_cdc: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for cd in live(&all) {
+                by_cdc
+                    .entry(cdc_of(cd).unwrap_or_default())
+                    .or_default()
+                    .push(cd.name_any());
+            }
+            double_leases += by_cdc.values().filter(|cds| cds.len() > 1).count();
+            observations += 1;
+            if ready(&tenant, "race").await == 6 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round} did not fill ({double_leases} double leases, {by_cdc:?}):\n{}\nSECOND:\n{}",
+                first.log_text(),
+                second.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Every lease names a live cluster built from that very CDC.
+        let all = cds(&tenant, "race").await;
+        let mut leases = BTreeMap::new();
+        for name in &names {
+            leases.insert(name.clone(), lease(&cdc(&tenant, name).await));
+        }
+        let summary: Vec<(String, Option<String>, bool, bool)> = all
+            .iter()
+            .map(|cd| {
+                let installed = cd.status.as_ref().is_some_and(|s| s.installed);
+                (
+                    cd.name_any(),
+                    cdc_of(cd),
+                    installed,
+                    cd.metadata.deletion_timestamp.is_some(),
+                )
+            })
+            .collect();
+        for name in &names {
+            let Some(holder) = leases[name].clone() else {
+                panic!(
+                    "{name} is not leased: leases {leases:?}, clusters {summary:?}\nFIRST:\n{}\nSECOND:\n{}",
+                    first.log_text(),
+                    second.log_text()
+                );
+            };
+            let cd = all
+                .iter()
+                .find(|cd| cd.name_any() == holder)
+                .expect("the lease names a cluster");
+            assert_eq!(cdc_of(cd).as_deref(), Some(name.as_str()));
+        }
+        assert_eq!(live(&all).len(), 6, "never more clusters than the inventory backs");
+        pools(&tenant)
+            .delete("race", &DeleteParams::default())
+            .await
+            .expect("delete pool");
+        until("the pool to go", &second, WITHIN, || async {
+            pools(&tenant).get_opt("race").await.unwrap().is_none() && cds(&tenant, "race").await.is_empty()
+        })
+        .await;
+    }
+    assert_eq!(double_leases, 0, "CDCs leased twice over {observations} observations");
+    // Every CDC was released and lost the deleted pool's finalizer.
+    for name in &names {
+        let cdc = cdc(&tenant, name).await;
+        assert_eq!(lease(&cdc), None);
+        assert!(cdc.finalizers().is_empty(), "{:?}", cdc.finalizers());
+    }
+}
+
+/// An installer image that fails `fail_first` times (then succeeds), with destroys taking `destroy_for`.
+fn scripted_installer(fleet: &Fleet, image: &str, fail_first: usize, destroy_for: Duration) -> Arc<AtomicUsize> {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    fleet
+        .host()
+        .runners()
+        .register(ImageMatch::Exact(image.into()), move |ctx: &JobContext| {
+            if ctx.args.first().map(String::as_str) == Some("destroy") {
+                return JobOutcome::success("destroyed\n").after(destroy_for);
+            }
+            if counter.fetch_add(1, Ordering::SeqCst) < fail_first {
+                return JobOutcome::failure(1, "level=error msg=\"cloud said no\"\n");
+            }
+            create_cluster(ctx)
+        });
+    runs
+}
+
+/// §4.3 items 5 and 7 and Hive's livelock: size 3 over an inventory of 2 whose clusters all break.
+/// The broken clusters are replaced after each entry's backoff, and the pool says it is exhausted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_clusters_are_replaced_after_a_backoff_when_the_inventory_is_exhausted() {
+    let (fleet, tenant) = setup().await;
+    let image = "quay.io/example/broken-installer:1";
+    scripted_installer(&fleet, image, usize::MAX, Duration::ZERO);
+    named_cdc(&tenant, "x").await;
+    named_cdc(&tenant, "y").await;
+    let mut spec = pool_json("p", 3, Some(&["x", "y"]));
+    spec["spec"]["installerImage"] = json!(image);
+    spec["spec"]["installAttemptsLimit"] = json!(1);
+    create_pool(&tenant, spec).await;
+    let daemon = daemon(&fleet, &[]);
+    let started = Instant::now();
+    let deadline = Instant::now() + WITHIN;
+    let (mut saw_invalid, mut saw_broken_entry) = (false, false);
+    loop {
+        let all = cds(&tenant, "p").await;
+        assert!(live(&all).len() <= 2, "never more clusters than entries");
+        let pool = pool(&tenant, "p").await;
+        saw_invalid |= pool_condition(&pool, "InventoryValid")
+            .is_some_and(|(status, _, message)| status == "False" && message.contains("BrokenByCloud"));
+        saw_broken_entry |= ["x", "y"]
+            .iter()
+            .any(|n| entry(&pool, n).is_some_and(|e| e.status == InventoryEntryState::BrokenByCloud));
+        let attempts = |name| entry(&pool, name).map_or(0, |e| e.attempts);
+        if attempts("x") >= 2 && attempts("y") >= 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "broken clusters were not replaced:\n{}",
+            daemon.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let elapsed = started.elapsed();
+    let pool = pool(&tenant, "p").await;
+    let (status, reason, message) = pool_condition(&pool, "CapacityAvailable").unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "InventoryExhausted"),
+        "{message}"
+    );
+    assert!(message.contains("can back only 2"), "{message}");
+    assert!(saw_invalid, "InventoryValid=False named the BrokenByCloud entries");
+    assert!(saw_broken_entry, "an entry showed BrokenByCloud between its attempts");
+    // No install storm: the per-entry backoff (from --backoff-base, doubling) spaces the retries.
+    let created = events(&tenant, NS, "p")
+        .await
+        .iter()
+        .filter(|(r, _)| r == "ClusterCreated")
+        .count();
+    let attempts: i32 = ["x", "y"].iter().map(|n| entry(&pool, n).unwrap().attempts).sum();
+    assert!(
+        created <= attempts as usize + 2,
+        "{created} clusters for {attempts} attempts in {elapsed:?}"
+    );
+    assert!(
+        attempts <= 8,
+        "{attempts} attempts in {elapsed:?}: the backoff did not hold"
+    );
+    let broken = cdc(&tenant, "x").await;
+    assert!(
+        events(&tenant, NS, "x").await.iter().any(|(r, _)| r == "BrokenByCloud"),
+        "{:?}",
+        broken.status
+    );
+}
+
+/// Sets a CDC's lease as if a pool had written it `age` ago for a cluster that never appeared.
+async fn reserve(tenant: &Client, name: &str, pool: &str, cd: &str, age: Duration) {
+    let mut cdc = cdc(tenant, name).await;
+    let at = jiff::Timestamp::now() - jiff::SignedDuration::try_from(age).unwrap();
+    cdc.status = Some(
+        serde_json::from_value(json!({
+            "clusterDeploymentRef": {"name": cd},
+            "clusterPoolRef": {"name": pool},
+            "conditions": [{"type": "Available", "status": "False", "reason": "Reserved", "message": "", "lastTransitionTime": at.to_string()}],
+        }))
+        .unwrap(),
+    );
+    cdcs(tenant)
+        .replace_status(name, &PostParams::default(), &cdc)
+        .await
+        .expect("reserve");
+}
+
+/// §4.3 item 2 repair: a CDC reserved for a CD that never got created is released once the lease is
+/// older than `--lease-min-age`, one reserved moments ago only later; a lease held by another pool
+/// is never touched; an empty pool namespace is reaped after the same age.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_without_a_cluster_are_released_after_the_minimum_age_and_empty_namespaces_reaped() {
+    let (fleet, tenant) = setup().await;
+    for name in ["old", "fresh", "other"] {
+        named_cdc(&tenant, name).await;
+    }
+    create_pool(&tenant, pool_json("p", 0, Some(&["old", "fresh", "other"]))).await;
+    let min_age = Duration::from_secs(3);
+    reserve(&tenant, "old", "p", "p-ghost1", Duration::from_secs(3600)).await;
+    reserve(&tenant, "other", "q", "q-ghost", Duration::from_secs(3600)).await;
+    let empty: Namespace = serde_json::from_value(json!({"metadata": {"name": "p-empty", "labels": {
+        "pools.stackd.dev/clusterpool-namespace": NS, "pools.stackd.dev/clusterpool-name": "p"}}}))
+    .unwrap();
+    Api::<Namespace>::all(tenant.clone())
+        .create(&PostParams::default(), &empty)
+        .await
+        .expect("namespace");
+    let daemon = fleet.daemon(&["--lease-min-age", "3s"]);
+    reserve(&tenant, "fresh", "p", "p-ghost2", Duration::ZERO).await;
+    let fresh_at = Instant::now();
+    until("the old lease to be released", &daemon, WITHIN, || async {
+        lease(&cdc(&tenant, "old").await).is_none()
+    })
+    .await;
+    assert!(fresh_at.elapsed() < min_age);
+    assert_eq!(
+        lease(&cdc(&tenant, "fresh").await).as_deref(),
+        Some("p-ghost2"),
+        "reserved moments ago"
+    );
+    assert!(
+        !pool_namespaces(&tenant, "p").await.is_empty(),
+        "the namespace is younger than the minimum age"
+    );
+    until("the fresh lease to be released", &daemon, WITHIN, || async {
+        lease(&cdc(&tenant, "fresh").await).is_none()
+    })
+    .await;
+    assert!(
+        fresh_at.elapsed() >= min_age - Duration::from_millis(500),
+        "{:?}",
+        fresh_at.elapsed()
+    );
+    until("the empty namespace to be reaped", &daemon, WITHIN, || async {
+        pool_namespaces(&tenant, "p").await.is_empty()
+    })
+    .await;
+    // Another pool's lease is never released by this one.
+    assert_eq!(lease(&cdc(&tenant, "other").await).as_deref(), Some("q-ghost"));
+    let pool = pool(&tenant, "p").await;
+    assert_eq!(entry(&pool, "other").unwrap().status, InventoryEntryState::Unavailable);
+    assert!(
+        events(&tenant, NS, "old")
+            .await
+            .iter()
+            .any(|(r, n)| r == "Released" && n.contains("p-ghost1")),
+        "a Released event"
+    );
+}
