@@ -747,3 +747,482 @@ async fn leases_without_a_cluster_are_released_after_the_minimum_age_and_empty_n
         "a Released event"
     );
 }
+
+async fn create_claim(tenant: &Client, name: &str, pool: &str, lifetime: Option<&str>) {
+    let mut claim = json!({
+        "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"clusterPoolName": pool},
+    });
+    if let Some(lifetime) = lifetime {
+        claim["spec"]["lifetime"] = json!(lifetime);
+    }
+    let claim: ClusterClaim = serde_json::from_value(claim).unwrap();
+    claims(tenant)
+        .create(&PostParams::default(), &claim)
+        .await
+        .expect("claim");
+}
+
+async fn claimed_namespace(tenant: &Client, claim: &str) -> Option<String> {
+    claims(tenant).get_opt(claim).await.unwrap()?.status?.namespace
+}
+
+/// §4.3 item 10 and item 6: the oldest claim gets the oldest ready cluster and its admin
+/// kubeconfig; pending claims grow the pool; deleting the claim deletes the cluster, whose CDC is
+/// released only after the destroy Job finished; a claim past its lifetime is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_get_the_oldest_ready_cluster_and_release_it_after_the_destroy_job() {
+    let (fleet, tenant) = setup().await;
+    let image = "quay.io/example/slow-destroy-installer:1";
+    scripted_installer(&fleet, image, 0, Duration::from_millis(1500));
+    for name in ["a", "b", "c", "d"] {
+        named_cdc(&tenant, name).await;
+    }
+    let mut spec = pool_json("p", 1, Some(&["a", "b", "c", "d"]));
+    spec["spec"]["installerImage"] = json!(image);
+    spec["spec"]["claimLifetime"] = json!({"maximum": "1h"});
+    create_pool(&tenant, spec).await;
+    let daemon = daemon(&fleet, &[]);
+    until("one ready cluster", &daemon, WITHIN, || async {
+        ready(&tenant, "p").await == 1
+    })
+    .await;
+    let oldest = live(&cds(&tenant, "p").await)[0].name_any();
+
+    // Two claims on a pool of one: the first (oldest) gets the ready cluster, the second makes the
+    // pool add one and gets that.
+    create_claim(&tenant, "first", "p", None).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    create_claim(&tenant, "second", "p", Some("3s")).await;
+    until("both claims assigned", &daemon, WITHIN, || async {
+        claimed_namespace(&tenant, "first").await.is_some() && claimed_namespace(&tenant, "second").await.is_some()
+    })
+    .await;
+    assert_eq!(
+        claimed_namespace(&tenant, "first").await.as_deref(),
+        Some(oldest.as_str())
+    );
+    let first = claims(&tenant).get("first").await.unwrap();
+    let pending = condition(&first.status.clone().unwrap().conditions, "Pending")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (pending.status.as_str(), pending.reason.as_str()),
+        ("False", "ClusterClaimed")
+    );
+    let admin = Api::<Secret>::namespaced(tenant.clone(), &oldest)
+        .get(&format!("{oldest}-admin-kubeconfig"))
+        .await
+        .expect("the claimed cluster's admin kubeconfig");
+    assert!(admin.data.unwrap().contains_key("kubeconfig"));
+    let second = claims(&tenant).get("second").await.unwrap();
+    assert_eq!(second.status.unwrap().lifetime.as_deref(), Some("3s"));
+    // The pool refills to one unclaimed cluster besides the two claimed ones.
+    until("the pool refilled", &daemon, WITHIN, || async {
+        ready(&tenant, "p").await == 1
+    })
+    .await;
+
+    // Deleting the claim deletes its cluster; the CDC stays leased while the destroy Job runs.
+    let cd = cds(&tenant, "p")
+        .await
+        .into_iter()
+        .find(|cd| cd.name_any() == oldest)
+        .unwrap();
+    let entry_name = cdc_of(&cd).unwrap();
+    claims(&tenant)
+        .delete("first", &DeleteParams::default())
+        .await
+        .expect("delete claim");
+    let destroy = format!("{oldest}.{oldest}-destroy");
+    let jobs: Api<Job> = Api::namespaced(fleet.host_client.clone(), HOST_NS);
+    until("the destroy Job", &daemon, WITHIN, || async {
+        jobs.get_opt(&destroy).await.unwrap().is_some()
+    })
+    .await;
+    assert_eq!(
+        lease(&cdc(&tenant, &entry_name).await).as_deref(),
+        Some(oldest.as_str()),
+        "still leased while the destroy Job runs"
+    );
+    let job = jobs.get(&destroy).await.unwrap();
+    assert_eq!(
+        job.spec.unwrap().template.spec.unwrap().containers[0]
+            .args
+            .clone()
+            .unwrap(),
+        ["destroy", "cluster", "--dir", "/installer"]
+    );
+    until("the CDC released", &daemon, WITHIN, || async {
+        lease(&cdc(&tenant, &entry_name).await) != Some(oldest.clone())
+    })
+    .await;
+    let cluster_gone = Api::<ClusterDeployment>::namespaced(tenant.clone(), &oldest)
+        .get_opt(&oldest)
+        .await
+        .unwrap();
+    assert!(cluster_gone.is_none_or(|cd| cd.metadata.deletion_timestamp.is_some()));
+    assert!(
+        events(&tenant, NS, &entry_name)
+            .await
+            .iter()
+            .any(|(r, n)| r == "Released" && n.contains("deprovision")),
+        "released after the deprovision"
+    );
+
+    // The second claim outlives its 3 s lifetime and is deleted with its cluster.
+    let second_cd = claimed_namespace(&tenant, "second").await.unwrap();
+    until("the expired claim deleted", &daemon, WITHIN, || async {
+        claims(&tenant).get_opt("second").await.unwrap().is_none()
+    })
+    .await;
+    until("its cluster deleted", &daemon, WITHIN, || async {
+        Api::<ClusterDeployment>::namespaced(tenant.clone(), &second_cd)
+            .get_opt(&second_cd)
+            .await
+            .unwrap()
+            .is_none_or(|cd| cd.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+}
+
+/// §4.3 item 8 with entries: reordering the inventory changes nothing; editing one CDC's patches or
+/// removing one entry replaces only the unclaimed cluster built from it; claimed ones are untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editing_or_removing_an_entry_replaces_only_its_unclaimed_cluster() {
+    let (fleet, tenant) = setup().await;
+    for name in ["a", "b", "c", "d", "e"] {
+        named_cdc(&tenant, name).await;
+    }
+    create_pool(&tenant, pool_json("p", 2, Some(&["a", "b", "c", "d", "e"]))).await;
+    let daemon = daemon(&fleet, &[]);
+    until("two ready clusters", &daemon, WITHIN, || async {
+        ready(&tenant, "p").await == 2
+    })
+    .await;
+    create_claim(&tenant, "mine", "p", None).await;
+    until("the claim assigned and the pool refilled", &daemon, WITHIN, || async {
+        claimed_namespace(&tenant, "mine").await.is_some() && ready(&tenant, "p").await == 2
+    })
+    .await;
+    let claimed = claimed_namespace(&tenant, "mine").await.unwrap();
+    let by_entry = |all: &[ClusterDeployment]| -> BTreeMap<String, String> {
+        live(all)
+            .iter()
+            .map(|cd| (cdc_of(cd).unwrap(), cd.name_any()))
+            .collect()
+    };
+    let before = by_entry(&cds(&tenant, "p").await);
+    assert_eq!(before.len(), 3);
+    let claimed_entry = before.iter().find(|(_, cd)| **cd == claimed).unwrap().0.clone();
+    let mut unclaimed: Vec<(String, String)> = before
+        .iter()
+        .filter(|(_, cd)| **cd != claimed)
+        .map(|(e, c)| (e.clone(), c.clone()))
+        .collect();
+    let (edited_entry, edited_cd) = unclaimed.remove(0);
+    let (removed_entry, removed_cd) = unclaimed.remove(0);
+
+    // Reordering: nothing becomes stale.
+    let reversed: Vec<Value> = ["e", "d", "c", "b", "a"].iter().map(|n| json!({"name": n})).collect();
+    pools(&tenant)
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"inventory": reversed}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        by_entry(&cds(&tenant, "p").await),
+        before,
+        "reordering replaces nothing"
+    );
+    assert_eq!(
+        pool_condition(&pool(&tenant, "p").await, "AllClustersCurrent")
+            .unwrap()
+            .0,
+        "True"
+    );
+
+    // Editing the claimed cluster's CDC leaves that cluster alone.
+    let edit = |name: &str| json!({"spec": {"installConfigPatches": [{"op": "replace", "path": "/metadata/name", "value": format!("{name}-v2")}]}});
+    cdcs(&tenant)
+        .patch(
+            &claimed_entry,
+            &PatchParams::default(),
+            &Patch::Merge(edit(&claimed_entry)),
+        )
+        .await
+        .unwrap();
+    // Editing an unclaimed cluster's CDC replaces that cluster only.
+    cdcs(&tenant)
+        .patch(
+            &edited_entry,
+            &PatchParams::default(),
+            &Patch::Merge(edit(&edited_entry)),
+        )
+        .await
+        .unwrap();
+    until("the edited entry's cluster replaced", &daemon, WITHIN, || async {
+        let now = by_entry(&cds(&tenant, "p").await);
+        !now.values().any(|cd| *cd == edited_cd) && ready(&tenant, "p").await == 2
+    })
+    .await;
+    let now = by_entry(&cds(&tenant, "p").await);
+    assert!(now.values().any(|cd| *cd == claimed), "the claimed cluster stays");
+    assert!(
+        now.values().any(|cd| *cd == removed_cd),
+        "the other unclaimed cluster stays"
+    );
+    let pool_now = pool(&tenant, "p").await;
+    assert_eq!(
+        entry(&pool_now, &claimed_entry).unwrap().status,
+        InventoryEntryState::ToBeUpdated
+    );
+
+    // Removing an entry replaces its unclaimed cluster.
+    let remaining: Vec<Value> = ["a", "b", "c", "d", "e"]
+        .iter()
+        .filter(|n| **n != removed_entry)
+        .map(|n| json!({"name": n}))
+        .collect();
+    pools(&tenant)
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"inventory": remaining}})),
+        )
+        .await
+        .unwrap();
+    until("the removed entry's cluster replaced", &daemon, WITHIN, || async {
+        let now = by_entry(&cds(&tenant, "p").await);
+        !now.values().any(|cd| *cd == removed_cd) && ready(&tenant, "p").await == 2
+    })
+    .await;
+    let now = by_entry(&cds(&tenant, "p").await);
+    assert!(now.values().any(|cd| *cd == claimed), "the claimed cluster stays");
+    assert!(!now.contains_key(&removed_entry));
+    assert!(
+        cdc(&tenant, &removed_entry).await.finalizers().is_empty(),
+        "a CDC no longer listed and no longer leased loses the pool's finalizer"
+    );
+}
+
+/// §4.3 item 8: adding or removing the inventory makes every unclaimed cluster stale; they are
+/// replaced one at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_or_removing_the_inventory_replaces_unclaimed_clusters_one_at_a_time() {
+    let (fleet, tenant) = setup().await;
+    for name in ["a", "b", "c"] {
+        named_cdc(&tenant, name).await;
+    }
+    create_pool(&tenant, pool_json("p", 2, None)).await;
+    let daemon = daemon(&fleet, &[]);
+    until("two ready clusters", &daemon, WITHIN, || async {
+        ready(&tenant, "p").await == 2
+    })
+    .await;
+    assert!(live(&cds(&tenant, "p").await).iter().all(|cd| cdc_of(cd).is_none()));
+    let entries: Vec<Value> = ["a", "b", "c"].iter().map(|n| json!({"name": n})).collect();
+    pools(&tenant)
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"inventory": entries}})),
+        )
+        .await
+        .unwrap();
+    let mut saw_stale = false;
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let all = cds(&tenant, "p").await;
+        let deleting = all.iter().filter(|cd| cd.metadata.deletion_timestamp.is_some()).count();
+        assert!(deleting <= 1, "stale clusters are replaced one at a time");
+        saw_stale |= pool_condition(&pool(&tenant, "p").await, "AllClustersCurrent").is_some_and(|c| c.0 == "False");
+        let current = live(&all).iter().filter(|cd| cdc_of(cd).is_some()).count();
+        if current == 2 && live(&all).len() == 2 && ready(&tenant, "p").await == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not replaced:\n{}", daemon.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(saw_stale, "AllClustersCurrent=False while stale clusters remained");
+    // Removing the inventory makes them stale again.
+    pools(&tenant)
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"inventory": null}})),
+        )
+        .await
+        .unwrap();
+    until("clusters without an inventory", &daemon, WITHIN, || async {
+        let all = cds(&tenant, "p").await;
+        live(&all).len() == 2 && live(&all).iter().all(|cd| cdc_of(cd).is_none()) && ready(&tenant, "p").await == 2
+    })
+    .await;
+    until("every CDC released", &daemon, WITHIN, || async {
+        let mut free = true;
+        for name in ["a", "b", "c"] {
+            free &= lease(&cdc(&tenant, name).await).is_none();
+        }
+        free
+    })
+    .await;
+}
+
+/// §4.3 item 3 and Hive's bug 9: a CDC listed by two pools is only ever used and released by the
+/// pool holding it; the other shows it Unavailable and fills from its own entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cdc_listed_by_two_pools_is_never_released_by_the_pool_not_holding_it() {
+    let (fleet, tenant) = setup().await;
+    named_cdc(&tenant, "shared").await;
+    named_cdc(&tenant, "own").await;
+    create_pool(&tenant, pool_json("alpha", 1, Some(&["shared"]))).await;
+    let daemon = daemon(&fleet, &[]);
+    until("alpha ready", &daemon, WITHIN, || async {
+        ready(&tenant, "alpha").await == 1
+    })
+    .await;
+    let holder = lease(&cdc(&tenant, "shared").await).expect("alpha holds it");
+    create_pool(&tenant, pool_json("beta", 1, Some(&["shared", "own"]))).await;
+    until("beta ready", &daemon, WITHIN, || async {
+        ready(&tenant, "beta").await == 1
+    })
+    .await;
+    let beta = live(&cds(&tenant, "beta").await)
+        .iter()
+        .map(|cd| cdc_of(cd))
+        .collect::<Vec<_>>();
+    assert_eq!(beta, [Some("own".to_string())]);
+    // Longer than --lease-min-age: beta's repair pass never touches alpha's lease.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let shared = cdc(&tenant, "shared").await;
+    assert_eq!(lease(&shared).as_deref(), Some(holder.as_str()));
+    assert_eq!(shared.status.unwrap().cluster_pool_ref.unwrap().name, "alpha");
+    let beta_pool = pool(&tenant, "beta").await;
+    assert_eq!(
+        entry(&beta_pool, "shared").unwrap().status,
+        InventoryEntryState::Unavailable
+    );
+    // Deleting beta removes only beta's finalizer from the shared CDC.
+    pools(&tenant).delete("beta", &DeleteParams::default()).await.unwrap();
+    until("beta gone", &daemon, WITHIN, || async {
+        pools(&tenant).get_opt("beta").await.unwrap().is_none()
+    })
+    .await;
+    let shared = cdc(&tenant, "shared").await;
+    assert_eq!(lease(&shared).as_deref(), Some(holder.as_str()));
+    assert_eq!(shared.finalizers(), ["pools.stackd.dev/alpha"]);
+    assert!(cdc(&tenant, "own").await.finalizers().is_empty());
+}
+
+/// §4.3 item 9: deleting a leased CDC waits for its release; deleting the pool strips the pool's
+/// finalizer from every CDC that has it, listed or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_cdc_is_deleted_only_after_its_release_and_pool_deletion_strips_finalizers() {
+    let (fleet, tenant) = setup().await;
+    for name in ["x", "y", "z"] {
+        named_cdc(&tenant, name).await;
+    }
+    create_pool(&tenant, pool_json("p", 1, Some(&["x", "y", "z"]))).await;
+    let daemon = daemon(&fleet, &[]);
+    until("one ready cluster", &daemon, WITHIN, || async {
+        ready(&tenant, "p").await == 1
+    })
+    .await;
+    let leased = cdc_of(live(&cds(&tenant, "p").await)[0]).unwrap();
+    // Drop `z` from the inventory: it loses the finalizer (Hive kept it dangling).
+    let entries: Vec<Value> = ["x", "y"].iter().map(|n| json!({"name": n})).collect();
+    pools(&tenant)
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"inventory": entries}})),
+        )
+        .await
+        .unwrap();
+    cdcs(&tenant).delete(&leased, &DeleteParams::default()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let held = cdc(&tenant, &leased).await;
+    assert!(held.metadata.deletion_timestamp.is_some());
+    assert!(lease(&held).is_some(), "still leased, so still there");
+    pools(&tenant).delete("p", &DeleteParams::default()).await.unwrap();
+    until(
+        "the pool, its clusters and the deleted CDC gone",
+        &daemon,
+        WITHIN,
+        || async {
+            pools(&tenant).get_opt("p").await.unwrap().is_none()
+                && cds(&tenant, "p").await.is_empty()
+                && cdcs(&tenant).get_opt(&leased).await.unwrap().is_none()
+        },
+    )
+    .await;
+    for name in ["x", "y", "z"] {
+        if let Some(cdc) = cdcs(&tenant).get_opt(name).await.unwrap() {
+            assert!(cdc.finalizers().is_empty(), "{name}: {:?}", cdc.finalizers());
+        }
+    }
+}
+
+/// §4.3 items 7 and 11: a failing installer is retried up to `installAttemptsLimit`; past it the
+/// cluster is broken, deleted and replaced, and its CDC is BrokenByCloud with one attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_installer_is_retried_up_to_the_limit_then_the_cluster_is_replaced() {
+    let (fleet, tenant) = setup().await;
+    let flaky = "quay.io/example/flaky-installer:1";
+    scripted_installer(&fleet, flaky, 2, Duration::ZERO);
+    named_cdc(&tenant, "a").await;
+    let mut spec = pool_json("flaky", 1, Some(&["a"]));
+    spec["spec"]["installerImage"] = json!(flaky);
+    spec["spec"]["installAttemptsLimit"] = json!(3);
+    create_pool(&tenant, spec).await;
+    let daemon = daemon(&fleet, &[]);
+    until(
+        "the cluster installed on its third attempt",
+        &daemon,
+        WITHIN,
+        || async { ready(&tenant, "flaky").await == 1 },
+    )
+    .await;
+    let cd = live(&cds(&tenant, "flaky").await)[0].clone();
+    assert_eq!(cd.status.clone().unwrap().install_restarts, 2);
+    let failures = events(&tenant, &cd.name_any(), &cd.name_any()).await;
+    assert_eq!(
+        failures.iter().filter(|(r, _)| r == "InstallFailed").count(),
+        2,
+        "{failures:?}"
+    );
+
+    // A limit of 2 with an installer that always fails: broken, replaced, CDC BrokenByCloud.
+    let broken = "quay.io/example/failing-installer:1";
+    scripted_installer(&fleet, broken, usize::MAX, Duration::ZERO);
+    named_cdc(&tenant, "b").await;
+    let mut spec = pool_json("broken", 1, Some(&["b"]));
+    spec["spec"]["installerImage"] = json!(broken);
+    spec["spec"]["installAttemptsLimit"] = json!(2);
+    create_pool(&tenant, spec).await;
+    until("the first cluster", &daemon, WITHIN, || async {
+        !cds(&tenant, "broken").await.is_empty()
+    })
+    .await;
+    let first = cds(&tenant, "broken").await[0].name_any();
+    until("the broken cluster replaced", &daemon, WITHIN, || async {
+        let all = cds(&tenant, "broken").await;
+        let pool = pools(&tenant).get("broken").await.unwrap();
+        entry(&pool, "b").is_some_and(|e| e.attempts >= 1) && all.iter().any(|cd| cd.name_any() != first)
+    })
+    .await;
+    let pool_events = events(&tenant, NS, "broken").await;
+    assert!(
+        pool_events
+            .iter()
+            .any(|(r, n)| r == "ClusterDeleted" && n.contains(&first) && n.contains("installAttemptsLimit")),
+        "{pool_events:?}"
+    );
+    assert!(events(&tenant, NS, "b").await.iter().any(|(r, _)| r == "BrokenByCloud"));
+}
