@@ -74,3 +74,40 @@ pub async fn install(tenant: &Client) -> Result<(), kube::Error> {
             .map(|_| ()),
     )
 }
+
+/// Prints the sample pool's progress (`stackd dev`) each time its counts change, until `shutdown`.
+pub async fn print_progress(tenant_name: String, tenant: Client, shutdown: tokio_util::sync::CancellationToken) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let api = Api::<ClusterPool>::namespaced(tenant, NAMESPACE);
+    let config = watcher::Config::default().fields(&format!("metadata.name={POOL}"));
+    let mut events = watcher(api, config).default_backoff().applied_objects().boxed();
+    let mut last = None;
+    loop {
+        let pool = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            event = events.next() => match event {
+                Some(Ok(pool)) => pool,
+                Some(Err(_)) => continue,
+                None => return,
+            },
+        };
+        let status = pool.status.unwrap_or_default();
+        let reserved = status
+            .inventory
+            .iter()
+            .filter(|e| e.status == crate::api::pools::InventoryEntryState::Reserved)
+            .count();
+        let line = format!(
+            "  [{tenant_name}] pool {NAMESPACE}/{POOL}: {} of {} ready, {} installing, {reserved} of {} customizations leased",
+            status.ready,
+            pool.spec.size,
+            status.standby,
+            status.inventory.len()
+        );
+        if last.as_ref() != Some(&line) {
+            println!("{line}");
+            last = Some(line);
+        }
+    }
+}

@@ -1226,3 +1226,59 @@ async fn a_failing_installer_is_retried_up_to_the_limit_then_the_cluster_is_repl
     );
     assert!(events(&tenant, NS, "b").await.iter().any(|(r, _)| r == "BrokenByCloud"));
 }
+
+/// `stackd dev` creates a sample pool of size 2 with three CDCs in its first tenant, and prints
+/// it filling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stackd_dev_fills_a_sample_pool_and_shows_its_progress() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stackd"))
+        .args(["dev", "--tenants", "1", "--kubeconfig-dir"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn stackd dev");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    let found = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            seen.push(line.clone());
+            if line.contains("pool pools-demo/vsphere-pool: 2 of 2 ready") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert!(matches!(found, Ok(true)), "no progress line in:\n{}", seen.join("\n"));
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("Sample pool pools-demo/vsphere-pool created in tenant acme"))
+    );
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("of 2 ready") && !l.contains("2 of 2 ready")),
+        "progress is shown while it fills:\n{}",
+        seen.join("\n")
+    );
+    let kubeconfig = kube::config::Kubeconfig::read_from(dir.path().join("tenants/acme.yaml")).expect("kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .expect("config");
+    let tenant = Client::try_from(config).expect("client");
+    let cdcs: Api<Cdc> = Api::namespaced(tenant, "pools-demo");
+    assert_eq!(cdcs.list(&ListParams::default()).await.expect("list").items.len(), 3);
+    let pid = child.id().expect("pid").to_string();
+    let _ = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await;
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("exits")
+        .expect("wait");
+    assert!(status.success());
+}
