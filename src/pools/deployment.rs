@@ -599,7 +599,7 @@ async fn install_failed(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, Dep
     } else {
         format!("The installer failed (attempt {attempts} of {limit}); retrying")
     };
-    set_status(cd, ctx, |status, now| {
+    let counted = set_status(cd, ctx, |status, now| {
         status.install_restarts = attempts;
         let generation = cd.metadata.generation;
         set_condition(
@@ -629,6 +629,10 @@ async fn install_failed(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, Dep
         true
     })
     .await?;
+    if !counted {
+        // A newer copy exists; its watch event brings this attempt back to be counted once.
+        return Ok(Action::await_change());
+    }
     publish(
         &ctx.tenant,
         cd,

@@ -1141,6 +1141,9 @@ async fn read_inputs(pool: &ClusterPool, ctx: &Ctx, round: &mut Round) -> Result
     let pull = get("pull", spec.pull_secret_ref.as_ref().map(|r| r.name.clone())).await?;
     let credentials = get("credentials", credentials_name).await?;
     if !round.missing_dependencies.is_empty() {
+        // Tenant Secrets are not watched (too many); look again soon.
+        let settings = &ctx.tenant.shared.settings;
+        round.soon(settings.backoff.base.saturating_mul(10).min(Duration::from_secs(30)));
         return Ok(None);
     }
     let text = template_secret
@@ -1159,6 +1162,8 @@ async fn read_inputs(pool: &ClusterPool, ctx: &Ctx, round: &mut Round) -> Result
             round
                 .missing_dependencies
                 .push(format!("a valid install-config.yaml in the template Secret ({err})"));
+            let settings = &ctx.tenant.shared.settings;
+            round.soon(settings.backoff.base.saturating_mul(10).min(Duration::from_secs(30)));
             Ok(None)
         }
     }

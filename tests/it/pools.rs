@@ -1282,3 +1282,63 @@ async fn stackd_dev_fills_a_sample_pool_and_shows_its_progress() {
         .expect("wait");
     assert!(status.success());
 }
+
+/// §4.3 item 5 bounds and dependencies: a missing Secret stops the pool with MissingDependencies
+/// naming it; once it exists the pool adds clusters one at a time (`maxConcurrent: 1`) up to
+/// `maxSize`, and says it is at capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_waits_for_its_secrets_then_fills_within_max_concurrent_and_max_size() {
+    let (fleet, tenant) = setup().await;
+    let image = "quay.io/example/slow-installer:1";
+    fleet
+        .host()
+        .runners()
+        .register(ImageMatch::Exact(image.into()), |ctx: &JobContext| {
+            if ctx.args.first().map(String::as_str) == Some("destroy") {
+                return JobOutcome::success("");
+            }
+            create_cluster(ctx).after(Duration::from_millis(300))
+        });
+    let mut spec = pool_json("p", 3, None);
+    spec["spec"]["installerImage"] = json!(image);
+    spec["spec"]["pullSecretRef"] = json!({"name": "late-pull"});
+    spec["spec"]["maxSize"] = json!(2);
+    spec["spec"]["maxConcurrent"] = json!(1);
+    create_pool(&tenant, spec).await;
+    let daemon = daemon(&fleet, &[]);
+    until("MissingDependencies", &daemon, WITHIN, || async {
+        pool_condition(&pool(&tenant, "p").await, "MissingDependencies")
+            .is_some_and(|(status, _, message)| status == "True" && message.contains("pull Secret late-pull"))
+    })
+    .await;
+    assert!(cds(&tenant, "p").await.is_empty());
+    assert!(pool_namespaces(&tenant, "p").await.is_empty());
+    let secret: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "late-pull"}, "stringData": {".dockerconfigjson": "{}"}}))
+            .unwrap();
+    Api::<Secret>::namespaced(tenant.clone(), NS)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let all = cds(&tenant, "p").await;
+        let installing = all
+            .iter()
+            .filter(|cd| !cd.status.as_ref().is_some_and(|s| s.installed))
+            .count();
+        assert!(installing <= 1, "maxConcurrent 1: {installing} installing at once");
+        assert!(all.len() <= 2, "maxSize 2: {} clusters", all.len());
+        if ready(&tenant, "p").await == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "did not fill:\n{}", daemon.log_text());
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    until("MaxCapacity", &daemon, WITHIN, || async {
+        let pool = pool(&tenant, "p").await;
+        pool_condition(&pool, "CapacityAvailable").is_some_and(|(s, r, _)| s == "False" && r == "MaxCapacity")
+            && pool_condition(&pool, "MissingDependencies").is_some_and(|(s, _, _)| s == "False")
+    })
+    .await;
+}
