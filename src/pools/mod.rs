@@ -47,13 +47,32 @@ pub fn cdc_finalizer(pool: &str) -> String {
 /// Starts the ClusterPool and ClusterDeployment controllers of one tenant and runs them until
 /// `cancel` fires.
 pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
-    let pools = tokio::spawn(pool::run(context.clone(), cancel.clone()));
-    let deployments = tokio::spawn(deployment::run(context.clone(), cancel.clone()));
-    for task in [pools, deployments] {
-        task.await.map_err(|e| TenantError::Controller(e.to_string()))?;
+    let mut controllers = tokio::task::JoinSet::new();
+    controllers.spawn(pool::run(context.clone(), cancel.clone()));
+    controllers.spawn(deployment::run(context.clone(), cancel.clone()));
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        Some(result) = controllers.join_next() => {
+            result.map_err(|e| TenantError::Controller(e.to_string()))?;
+            if !cancel.is_cancelled() {
+                return Err(TenantError::Controller("a pool controller stopped".into()));
+            }
+        }
+    }
+    // In-flight reconciles get a moment to finish; one waiting on a watch that never becomes ready
+    // (the tenant lacks the CRDs) must not hold the tenant's shutdown.
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while controllers.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        controllers.abort_all();
     }
     Ok(())
 }
+
+/// How long in-flight reconciles may take to finish once the tenant stops.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A reflector over `api` and the stream of objects it saw change (deletions included): the store
 /// is filled as the stream is polled, so give the stream to a controller.
