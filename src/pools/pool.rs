@@ -411,6 +411,48 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
         }
     }
 
+    // Link repair: a live cluster whose CDC shows no lease (status lost or edited) leases it again
+    // before anyone else can, so one CDC never backs two clusters.
+    let mut relinked: BTreeMap<String, Cdc> = BTreeMap::new();
+    for cd in &cds {
+        if cd.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let Some(cdc) = cdc_of(cd).and_then(|n| cdcs.get(&n).cloned()) else {
+            continue;
+        };
+        if inventory::lease_holder(&cdc).is_some() {
+            continue;
+        }
+        match inventory::lease(&cdc_api, &cdc, &cd.name_any(), &name).await {
+            Ok(Some(written)) => {
+                warn!(tenant = %tenant.name, pool = %name, cdc = %cdc.name_any(), cluster = %cd.name_any(), "restored the lease of a live cluster");
+                publish(
+                    tenant,
+                    &written,
+                    true,
+                    "LeaseRestored",
+                    format!(
+                        "ClusterDeployment {} still uses this customization; its lease was restored",
+                        cd.name_any()
+                    ),
+                )
+                .await;
+                relinked.insert(cdc.name_any(), written);
+            }
+            Ok(None) => {}
+            Err(err) if is_conflict(&err) => round.soon(Duration::from_millis(200)),
+            Err(err) => return Err(err.into()),
+        }
+    }
+    let cdcs: BTreeMap<String, Arc<Cdc>> = cdcs
+        .into_iter()
+        .map(|(n, c)| match relinked.remove(&n) {
+            Some(written) => (n, Arc::new(written)),
+            None => (n, c),
+        })
+        .collect();
+
     // Installed clusters mark their CDC Succeeded.
     for cd in &cds {
         let installed = cd.status.as_ref().is_some_and(|s| s.installed);
