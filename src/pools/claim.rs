@@ -1,16 +1,87 @@
 //! ClusterClaims (DESIGN.md §4.3 item 10): the lifetime a claim gets, and its status writes. The
 //! pool controller assigns clusters to claims, oldest claim first.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
-use crate::api::pools::{ClusterClaim, ClusterClaimStatus, ClusterPoolSpec};
+use super::{publish, reflect};
+use crate::api::pools::{ClusterClaim, ClusterClaimStatus, ClusterPool, ClusterPoolSpec};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
+use crate::tenancy::tenant::TenantContext;
+
+struct Ctx {
+    tenant: Arc<TenantContext>,
+    pools: Store<ClusterPool>,
+}
+
+/// Reports claims whose pool does not exist (the pool controller handles every other claim).
+pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
+    let (pools, pool_stream) = reflect(Api::<ClusterPool>::all(context.client.clone()), Default::default());
+    let (claims, claim_stream) = reflect(Api::<ClusterClaim>::all(context.client.clone()), Default::default());
+    let claims_of_pool = claims.clone();
+    let ctx = Arc::new(Ctx { tenant: context, pools });
+    let shutdown = cancel.clone();
+    Controller::for_stream(claim_stream, claims)
+        .watches_stream(pool_stream, move |pool: ClusterPool| {
+            let ns = pool.namespace();
+            claims_of_pool
+                .state()
+                .into_iter()
+                .filter(|c| c.namespace() == ns && c.spec.cluster_pool_name == pool.name_any())
+                .map(|c| ObjectRef::from_obj(&*c))
+                .collect::<Vec<_>>()
+        })
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| std::future::ready(()))
+        .await;
+}
+
+fn error_policy(claim: Arc<ClusterClaim>, err: &kube::Error, ctx: Arc<Ctx>) -> Action {
+    let delay = ctx.tenant.object_backoff.failed(&format!("claim/{}", claim.name_any()));
+    warn!(tenant = %ctx.tenant.name, claim = %claim.name_any(), error = %err, retry_in = ?delay, "cluster claim reconcile failed");
+    Action::requeue(delay)
+}
+
+async fn reconcile(claim: Arc<ClusterClaim>, ctx: Arc<Ctx>) -> Result<Action, kube::Error> {
+    if ctx.pools.wait_until_ready().await.is_err() || claim.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let ns = claim.namespace().unwrap_or_default();
+    let pool = &claim.spec.cluster_pool_name;
+    if ctx.pools.get(&ObjectRef::new(pool).within(&ns)).is_some() {
+        return Ok(Action::await_change());
+    }
+    let api = Api::<ClusterClaim>::namespaced(ctx.tenant.client.clone(), &ns);
+    let message = format!("ClusterPool {pool} does not exist in namespace {ns}; create it or fix spec.clusterPoolName");
+    let status = claim.status.clone().unwrap_or_default();
+    let lifetime = status.lifetime.as_deref().and_then(parse_duration);
+    if set_status(
+        &api,
+        &claim,
+        status.namespace,
+        lifetime,
+        true,
+        "ClusterPoolNotFound",
+        message.clone(),
+    )
+    .await?
+    {
+        publish(&ctx.tenant, &*claim, true, "ClusterPoolNotFound", message).await;
+    }
+    Ok(Action::await_change())
+}
 
 /// Parses a Go duration (`8h`, `90m`, `1h30m`, `1.5h`).
 pub fn parse_duration(text: &str) -> Option<Duration> {

@@ -1,5 +1,6 @@
 //! Cluster pools (DESIGN.md §4): per tenant, a ClusterPool controller (inventory leasing, capacity,
-//! claims, staleness) and a ClusterDeployment controller (installer and destroy Jobs on the host).
+//! claims, staleness), a ClusterDeployment controller (installer and destroy Jobs on the host) and a
+//! ClusterClaim controller (claims naming a pool that does not exist).
 
 pub mod claim;
 pub mod deployment;
@@ -50,6 +51,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
     let mut controllers = tokio::task::JoinSet::new();
     controllers.spawn(pool::run(context.clone(), cancel.clone()));
     controllers.spawn(deployment::run(context.clone(), cancel.clone()));
+    controllers.spawn(claim::run(context.clone(), cancel.clone()));
     tokio::select! {
         _ = cancel.cancelled() => {}
         Some(result) = controllers.join_next() => {

@@ -139,6 +139,37 @@ fn error_policy(pool: Arc<ClusterPool>, err: &PoolError, ctx: Arc<Ctx>) -> Actio
     Action::requeue(delay)
 }
 
+/// Longest pool name: its clusters are named `<pool>-<5 characters>`, a namespace name (63).
+const MAX_POOL_NAME: usize = 57;
+
+/// A pool whose name is too long for its clusters' names gets no cluster, and says why.
+async fn refuse_long_name(pool: &ClusterPool, ctx: &Ctx, pools: &Api<ClusterPool>) -> Result<Action, PoolError> {
+    let name = pool.name_any();
+    let message = format!(
+        "The pool name is {} characters long; at most {MAX_POOL_NAME} leave room for the cluster names <pool>-<5 characters>: recreate the pool with a shorter name",
+        name.len()
+    );
+    let mut status = pool.status.clone().unwrap_or_default();
+    let changed = set_condition(
+        &mut status.conditions,
+        DesiredCondition {
+            type_: "CapacityAvailable",
+            status: false,
+            reason: "InvalidName",
+            message: message.clone(),
+            observed_generation: pool.metadata.generation,
+        },
+        Time(Timestamp::now()),
+    );
+    if changed {
+        pools
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+            .await?;
+        publish(&ctx.tenant, pool, true, "InvalidName", message).await;
+    }
+    Ok(Action::await_change())
+}
+
 /// The pool version of §4.3.8: a hash of what every cluster is built from, plus a marker when the
 /// pool has an inventory (so editing entries never changes it).
 pub fn pool_version(pool: &ClusterPool) -> String {
@@ -282,6 +313,9 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
         missing_dependencies: Vec::new(),
     };
 
+    if name.len() > MAX_POOL_NAME && pool.metadata.deletion_timestamp.is_none() {
+        return refuse_long_name(pool, ctx, &pools).await;
+    }
     if pool.metadata.deletion_timestamp.is_none() && !pool.finalizers().iter().any(|f| f == POOL_FINALIZER) {
         let mut finalizers = pool.finalizers().to_vec();
         finalizers.push(POOL_FINALIZER.into());

@@ -893,13 +893,13 @@ async fn claims_get_the_oldest_ready_cluster_and_release_it_after_the_destroy_jo
         .await
         .unwrap();
     assert!(cluster_gone.is_none_or(|cd| cd.metadata.deletion_timestamp.is_some()));
-    assert!(
+    until("a Released event naming the deprovision", &daemon, WITHIN, || async {
         events(&tenant, NS, &entry_name)
             .await
             .iter()
-            .any(|(r, n)| r == "Released" && n.contains("deprovision")),
-        "released after the deprovision"
-    );
+            .any(|(r, n)| r == "Released" && n.contains("deprovision"))
+    })
+    .await;
 
     // The second claim outlives its 3 s lifetime and is deleted with its cluster.
     let second_cd = claimed_namespace(&tenant, "second").await.unwrap();
@@ -1369,6 +1369,46 @@ async fn a_pool_waits_for_its_secrets_then_fills_within_max_concurrent_and_max_s
         let pool = pool(&tenant, "p").await;
         pool_condition(&pool, "CapacityAvailable").is_some_and(|(s, r, _)| s == "False" && r == "MaxCapacity")
             && pool_condition(&pool, "MissingDependencies").is_some_and(|(s, _, _)| s == "False")
+    })
+    .await;
+}
+
+/// Bad input is reported, not acted on: a claim naming a pool that does not exist, and a pool whose
+/// name leaves no room for its clusters' names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_without_a_pool_and_a_pool_with_a_too_long_name_are_reported() {
+    let (fleet, tenant) = setup().await;
+    create_claim(&tenant, "orphan", "nowhere", None).await;
+    let long = "p".repeat(58);
+    create_pool(&tenant, pool_json(&long, 1, None)).await;
+    let daemon = daemon(&fleet, &[]);
+    until("the claim reported", &daemon, WITHIN, || async {
+        let claim = claims(&tenant).get("orphan").await.unwrap();
+        let conditions = claim.status.map(|s| s.conditions).unwrap_or_default();
+        condition(&conditions, "Pending").is_some_and(|c| {
+            c.status == "True"
+                && c.reason == "ClusterPoolNotFound"
+                && c.message.contains("ClusterPool nowhere does not exist")
+        })
+    })
+    .await;
+    until("an Event on the claim", &daemon, WITHIN, || async {
+        events(&tenant, NS, "orphan")
+            .await
+            .iter()
+            .any(|(r, _)| r == "ClusterPoolNotFound")
+    })
+    .await;
+    until("the long name reported", &daemon, WITHIN, || async {
+        pool_condition(&pool(&tenant, &long).await, "CapacityAvailable")
+            .is_some_and(|(s, r, m)| s == "False" && r == "InvalidName" && m.contains("at most 57"))
+    })
+    .await;
+    assert!(cds(&tenant, &long).await.is_empty());
+    // Once the pool exists, the claim is served by it.
+    create_pool(&tenant, pool_json("nowhere", 0, None)).await;
+    until("the claim served", &daemon, WITHIN, || async {
+        claimed_namespace(&tenant, "orphan").await.is_some()
     })
     .await;
 }
