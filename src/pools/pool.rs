@@ -399,7 +399,10 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
                 finalizers.push(finalizer.clone());
             }
             match set_finalizers(&cdc_api, cdc, finalizers).await {
-                Ok(_) => {}
+                // Later writes in this pass must start from this copy, not the older cached one.
+                Ok(written) => {
+                    round.written.insert(cdc.name_any(), written);
+                }
                 Err(err) if is_conflict(&err) || is_not_found(&err) => round.soon(Duration::from_millis(200)),
                 Err(err) => return Err(err.into()),
             }
@@ -1049,6 +1052,21 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
     Ok(Action::requeue(round.requeue))
 }
 
+/// The newer of a copy this pass wrote and the cached one (by resourceVersion).
+fn newest(written: Option<Cdc>, cached: Option<Arc<Cdc>>) -> Option<Arc<Cdc>> {
+    let version = |c: &Cdc| {
+        c.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    match (written, cached) {
+        (Some(w), Some(c)) if version(&c) > version(&w) => Some(c),
+        (Some(w), _) => Some(Arc::new(w)),
+        (None, c) => c,
+    }
+}
+
 fn resource_version(pool: &ClusterPool) -> Option<u64> {
     pool.metadata.resource_version.as_deref()?.parse().ok()
 }
@@ -1269,7 +1287,8 @@ async fn add_clusters(
         if pool.spec.inventory.is_some() {
             // Try entries in order until one applies and its lease write wins.
             while let Some((_, entry)) = free.pop() {
-                let Some(cdc) = ctx.cdcs.get(&ObjectRef::new(&entry).within(&ns)) else {
+                let cached = ctx.cdcs.get(&ObjectRef::new(&entry).within(&ns));
+                let Some(cdc) = newest(round.written.get(&entry).cloned(), cached) else {
                     continue;
                 };
                 let mut patched = config.clone();
@@ -1340,7 +1359,14 @@ async fn add_clusters(
                 .created
                 .insert(cd_name.clone(), Instant::now());
         }
-        create_cluster(pool, ctx, &inputs, &cd_name, version, &config, leased.as_ref()).await?;
+        if let Err(err) = create_cluster(pool, ctx, &inputs, &cd_name, version, &config, leased.as_ref()).await {
+            // Not coming: stop counting it. Its lease and namespace are repaired after the minimum age.
+            let mut all = ctx.expectations.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(mine) = all.get_mut(&format!("{ns}/{name}")) {
+                mine.created.remove(&cd_name);
+            }
+            return Err(err);
+        }
         info!(tenant = %tenant.name, pool = %name, cluster = %cd_name, cdc = ?leased.as_ref().map(|c| c.name_any()), "cluster created");
         publish(
             tenant,

@@ -400,6 +400,21 @@ async fn a_pool_fills_from_its_inventory_through_installer_jobs() {
             WITHIN,
         )
         .await;
+    let metrics = daemon
+        .wait_for(
+            "/metrics",
+            "stackd_pool_clusters{tenant=\"acme\",namespace=\"team\",pool=\"vsphere\",state=\"reserved\"} 2",
+            WITHIN,
+        )
+        .await;
+    for line in [
+        "state=\"available\"} 1",
+        "state=\"installing\"} 0",
+        "state=\"stale\"} 0",
+        "state=\"cdc_broken\"} 0",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
     // A lease wiped while its cluster lives is restored for that cluster, never handed to another.
     let holder = lease(&cdc(&tenant, "bar").await).unwrap();
     let mut wiped = cdc(&tenant, "bar").await;
