@@ -1050,9 +1050,39 @@ async fn editing_or_removing_an_entry_replaces_only_its_unclaimed_cluster() {
     let now = by_entry(&cds(&tenant, "p").await);
     assert!(now.values().any(|cd| *cd == claimed), "the claimed cluster stays");
     assert!(!now.contains_key(&removed_entry));
+    // A CDC no longer listed and no longer leased loses the pool's finalizer.
+    until("the removed entry's finalizer gone", &daemon, WITHIN, || async {
+        cdc(&tenant, &removed_entry).await.finalizers().is_empty()
+    })
+    .await;
+
+    // Removing the claimed cluster's entry leaves that cluster alone; the entry shows ToBeDeleted.
+    let remaining: Vec<Value> = ["a", "b", "c", "d", "e"]
+        .iter()
+        .filter(|n| **n != removed_entry && **n != claimed_entry)
+        .map(|n| json!({"name": n}))
+        .collect();
+    pools(&tenant)
+        .patch(
+            "p",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"inventory": remaining}})),
+        )
+        .await
+        .unwrap();
+    until("the claimed entry ToBeDeleted", &daemon, WITHIN, || async {
+        let pool = pools(&tenant).get("p").await.unwrap();
+        entry(&pool, &claimed_entry).is_some_and(|e| e.status == InventoryEntryState::ToBeDeleted)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(
-        cdc(&tenant, &removed_entry).await.finalizers().is_empty(),
-        "a CDC no longer listed and no longer leased loses the pool's finalizer"
+        by_entry(&cds(&tenant, "p").await).values().any(|cd| *cd == claimed),
+        "the claimed cluster stays"
+    );
+    assert_eq!(
+        lease(&cdc(&tenant, &claimed_entry).await).as_deref(),
+        Some(claimed.as_str())
     );
 }
 
