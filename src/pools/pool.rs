@@ -1567,14 +1567,29 @@ async fn reconcile_deleted(
     if !pool.finalizers().iter().any(|f| f == POOL_FINALIZER) {
         return Ok(Action::await_change());
     }
+    // Unclaimed clusters go, within maxConcurrent (installing and deleting ones count).
+    let busy = buckets
+        .values()
+        .filter(|b| matches!(b, Bucket::Installing | Bucket::Deleting))
+        .count() as i64;
+    let mut room = pool.spec.max_concurrent.map_or(i64::MAX, |m| i64::from(m) - busy);
     for cd in cds {
-        if matches!(
-            buckets[&cd.name_any()],
+        let bucket = buckets[&cd.name_any()];
+        if !matches!(
+            bucket,
             Bucket::Installing | Bucket::Ready | Bucket::Broken | Bucket::Released
         ) {
-            let api = Api::<ClusterDeployment>::namespaced(tenant.client.clone(), &cd.name_any());
-            delete_cd(&api, cd, "pool deleted").await?;
+            continue;
         }
+        // Deleting an installing cluster frees an installing slot as it takes a deleting one.
+        if bucket != Bucket::Installing {
+            if room <= 0 {
+                continue;
+            }
+            room -= 1;
+        }
+        let api = Api::<ClusterDeployment>::namespaced(tenant.client.clone(), &cd.name_any());
+        delete_cd(&api, cd, "pool deleted").await?;
     }
     let pools = Api::<ClusterPool>::namespaced(tenant.client.clone(), &ns);
     if !cds.is_empty() {
