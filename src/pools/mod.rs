@@ -3,11 +3,13 @@
 //! ClusterClaim controller (claims naming a pool that does not exist).
 
 pub mod claim;
+mod create;
 pub mod deployment;
 pub mod install_config;
 pub mod inventory;
 pub mod pool;
 pub mod sample;
+mod status;
 
 use std::fmt::Debug;
 use std::sync::Arc;

@@ -11,30 +11,30 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use rand::Rng;
-use serde_json::{Value, json};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::claim;
+use super::create::{cluster_name, create_cluster, read_inputs};
 use super::install_config;
 use super::inventory::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX, SUCCEEDED};
+use super::status::{entry_statuses, record_metrics};
 use super::{
     CDC_GENERATION_ANNOTATION, POOL_FINALIZER, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, POOL_VERSION_ANNOTATION,
     cdc_finalizer, is_conflict, is_not_found, publish, reflect, set_finalizers,
 };
-use crate::api::common::LocalObjectReference;
 use crate::api::pools::{
-    ClusterClaim, ClusterDeployment, ClusterDeploymentCustomization, ClusterDeploymentSpec, ClusterPool,
-    ClusterPoolReference, ClusterPoolStatus, InventoryEntryState, InventoryEntryStatus, Provisioning,
+    ClusterClaim, ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus,
+    InventoryEntryState,
 };
 use crate::runtime::conditions::{DesiredCondition, is_true, set_condition};
 use crate::runtime::metrics::{Metrics, PoolLabels};
@@ -61,8 +61,8 @@ struct Expectations {
     deleted: HashMap<String, Instant>,
 }
 
-struct Ctx {
-    tenant: Arc<TenantContext>,
+pub(super) struct Ctx {
+    pub(super) tenant: Arc<TenantContext>,
     cds: Store<ClusterDeployment>,
     cdcs: Store<Cdc>,
     claims: Store<ClusterClaim>,
@@ -70,7 +70,7 @@ struct Ctx {
     expectations: Mutex<HashMap<String, Expectations>>,
     /// The last status this controller wrote per pool, with the resourceVersion it produced: until
     /// the cache shows that version, the cached status is older than what we know.
-    written: Mutex<HashMap<String, (u64, ClusterPoolStatus)>>,
+    pub(super) written: Mutex<HashMap<String, (u64, ClusterPoolStatus)>>,
 }
 
 /// Runs the controller until `cancel` fires.
@@ -198,7 +198,7 @@ pub fn pool_version(pool: &ClusterPool) -> String {
 
 /// Why an unclaimed cluster is stale.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Stale {
+pub(super) enum Stale {
     PoolVersion,
     EntryRemoved,
     EntryEdited,
@@ -206,7 +206,7 @@ enum Stale {
 
 /// Where one of the pool's clusters stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Bucket {
+pub(super) enum Bucket {
     Deleting,
     /// Claimed, and its claim is gone: delete it.
     Released,
@@ -236,7 +236,7 @@ fn bucket(cd: &ClusterDeployment, claims: &BTreeMap<String, Arc<ClusterClaim>>, 
     }
 }
 
-fn cdc_of(cd: &ClusterDeployment) -> Option<String> {
+pub(super) fn cdc_of(cd: &ClusterDeployment) -> Option<String> {
     cd.spec
         .cluster_pool_ref
         .as_ref()
@@ -249,20 +249,20 @@ fn created(cd: &ClusterDeployment) -> Timestamp {
 }
 
 /// Everything one reconcile found and decided, for the status at the end.
-struct Round {
+pub(super) struct Round {
     requeue: Duration,
     /// Entries whose attempts grow by one (a cluster built from it broke).
-    broken_entries: BTreeSet<String>,
+    pub(super) broken_entries: BTreeSet<String>,
     /// Entries leased this round, with the generation applied.
-    leased: BTreeMap<String, i64>,
+    pub(super) leased: BTreeMap<String, i64>,
     /// Fresh copies of CDCs written this round.
     written: BTreeMap<String, Cdc>,
-    syntax_errors: BTreeMap<String, String>,
-    missing_dependencies: Vec<String>,
+    pub(super) syntax_errors: BTreeMap<String, String>,
+    pub(super) missing_dependencies: Vec<String>,
 }
 
 impl Round {
-    fn soon(&mut self, after: Duration) {
+    pub(super) fn soon(&mut self, after: Duration) {
         self.requeue = self.requeue.min(after.max(Duration::from_millis(100)));
     }
 }
@@ -1082,89 +1082,6 @@ fn last_status(ctx: &Ctx, key: &str, pool: &ClusterPool) -> ClusterPoolStatus {
     }
 }
 
-/// The per-entry inventory status of the status-revision seed.
-fn entry_statuses(
-    base: &ClusterPoolStatus,
-    inventory: &[String],
-    cdc_now: &dyn Fn(&str) -> Option<Cdc>,
-    cds: &BTreeMap<String, Arc<ClusterDeployment>>,
-    round: &Round,
-    stale: &[(&Arc<ClusterDeployment>, Stale)],
-    pool_name: &str,
-) -> Vec<InventoryEntryStatus> {
-    let old: BTreeMap<String, InventoryEntryStatus> =
-        base.inventory.iter().map(|e| (e.name.clone(), e.clone())).collect();
-    let built_from = |entry: &str| -> Option<&Arc<ClusterDeployment>> {
-        cds.values().find(|cd| cdc_of(cd).as_deref() == Some(entry))
-    };
-    let mut out = Vec::new();
-    for entry in inventory {
-        let previous = old.get(entry).cloned().unwrap_or_default();
-        // The generation a live cluster was built from is the durable record of what was applied.
-        let built = built_from(entry)
-            .and_then(|cd| cd.annotations().get(CDC_GENERATION_ANNOTATION).cloned())
-            .and_then(|g| g.parse::<i64>().ok());
-        let mut status = InventoryEntryStatus {
-            name: entry.clone(),
-            version: round.leased.get(entry).copied().or(built).or(previous.version),
-            attempts: previous.attempts + i32::from(round.broken_entries.contains(entry)),
-            ..Default::default()
-        };
-        let Some(cdc) = cdc_now(entry) else {
-            status.status = InventoryEntryState::Missing;
-            out.push(status);
-            continue;
-        };
-        let holder = inventory::lease_holder(&cdc);
-        let reason = inventory::apply_reason(&cdc);
-        if reason == Some(SUCCEEDED) {
-            status.attempts = 0;
-        }
-        let edited = status.version.is_some() && status.version != cdc.metadata.generation;
-        status.status = match &holder {
-            Some((Some(p), _)) if p != pool_name => InventoryEntryState::Unavailable,
-            Some((_, cd)) => {
-                status.cluster_deployment = cd.clone();
-                let stale_edit = stale
-                    .iter()
-                    .any(|(s, why)| *why == Stale::EntryEdited && cdc_of(s).as_deref() == Some(entry.as_str()));
-                if edited || stale_edit {
-                    InventoryEntryState::ToBeUpdated
-                } else {
-                    InventoryEntryState::Reserved
-                }
-            }
-            None => {
-                if edited {
-                    // Edited since its last use: its failures no longer count.
-                    status.attempts = 0;
-                }
-                match reason {
-                    Some(BROKEN_BY_SYNTAX) => InventoryEntryState::BrokenBySyntax,
-                    Some(BROKEN_BY_CLOUD) => InventoryEntryState::BrokenByCloud,
-                    _ => InventoryEntryState::Available,
-                }
-            }
-        };
-        out.push(status);
-    }
-    // Entries removed from the inventory stay listed while a cluster built from them exists.
-    for (entry, previous) in old {
-        if inventory.contains(&entry) {
-            continue;
-        }
-        if let Some(cd) = built_from(&entry) {
-            out.push(InventoryEntryStatus {
-                name: entry,
-                status: InventoryEntryState::ToBeDeleted,
-                cluster_deployment: Some(cd.name_any()),
-                ..previous
-            });
-        }
-    }
-    out
-}
-
 async fn delete_cd(api: &Api<ClusterDeployment>, cd: &ClusterDeployment, why: &str) -> Result<(), PoolError> {
     info!(cluster = %cd.name_any(), reason = why, "deleting cluster");
     let params = DeleteParams {
@@ -1178,88 +1095,6 @@ async fn delete_cd(api: &Api<ClusterDeployment>, cd: &ClusterDeployment, why: &s
         Ok(_) => Ok(()),
         Err(err) if is_not_found(&err) || is_conflict(&err) => Ok(()),
         Err(err) => Err(err.into()),
-    }
-}
-
-/// A new cluster's name: `<pool>-<5 random characters>` (the pool name is at most 57 characters).
-fn cluster_name(pool: &str) -> String {
-    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    let mut rng = rand::rng();
-    let suffix: String = (0..5)
-        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
-        .collect();
-    format!("{pool}-{suffix}")
-}
-
-/// The Secrets every cluster is built from, read from the pool's namespace.
-struct Inputs {
-    template: Value,
-    pull: Option<Secret>,
-    credentials: Option<Secret>,
-}
-
-async fn read_inputs(pool: &ClusterPool, ctx: &Ctx, round: &mut Round) -> Result<Option<Inputs>, PoolError> {
-    let ns = pool.namespace().unwrap_or_default();
-    let secrets = Api::<Secret>::namespaced(ctx.tenant.client.clone(), &ns);
-    let spec = &pool.spec;
-    let credentials_name = spec
-        .platform
-        .vsphere
-        .as_ref()
-        .map(|v| v.credentials_secret_ref.name.clone())
-        .or_else(|| {
-            spec.platform
-                .openstack
-                .as_ref()
-                .map(|o| o.credentials_secret_ref.name.clone())
-        })
-        .or_else(|| {
-            spec.platform
-                .baremetal
-                .as_ref()
-                .map(|b| b.credentials_secret_ref.name.clone())
-        });
-    let mut get = async |what: &str, name: Option<String>| -> Result<Option<Secret>, PoolError> {
-        let Some(name) = name else { return Ok(None) };
-        let found = secrets.get_opt(&name).await?;
-        if found.is_none() {
-            round.missing_dependencies.push(format!("{what} Secret {name}"));
-        }
-        Ok(found)
-    };
-    let template_secret = get(
-        "install-config template",
-        spec.install_config_secret_template_ref.as_ref().map(|r| r.name.clone()),
-    )
-    .await?;
-    let pull = get("pull", spec.pull_secret_ref.as_ref().map(|r| r.name.clone())).await?;
-    let credentials = get("credentials", credentials_name).await?;
-    if !round.missing_dependencies.is_empty() {
-        // Tenant Secrets are not watched (too many); look again soon.
-        let settings = &ctx.tenant.shared.settings;
-        round.soon(settings.backoff.base.saturating_mul(10).min(Duration::from_secs(30)));
-        return Ok(None);
-    }
-    let text = template_secret
-        .as_ref()
-        .and_then(|s| s.data.as_ref())
-        .and_then(|d| d.get("install-config.yaml"))
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-        .unwrap_or_default();
-    match install_config::parse_template(&text) {
-        Ok(template) => Ok(Some(Inputs {
-            template,
-            pull,
-            credentials,
-        })),
-        Err(err) => {
-            round
-                .missing_dependencies
-                .push(format!("a valid install-config.yaml in the template Secret ({err})"));
-            let settings = &ctx.tenant.shared.settings;
-            round.soon(settings.backoff.base.saturating_mul(10).min(Duration::from_secs(30)));
-            Ok(None)
-        }
     }
 }
 
@@ -1383,120 +1218,6 @@ async fn add_clusters(
         )
         .await;
     }
-    Ok(())
-}
-
-async fn create_cluster(
-    pool: &ClusterPool,
-    ctx: &Ctx,
-    inputs: &Inputs,
-    cd_name: &str,
-    version: &str,
-    config: &Value,
-    cdc: Option<&Cdc>,
-) -> Result<(), PoolError> {
-    let client = &ctx.tenant.client;
-    let ns = pool.namespace().unwrap_or_default();
-    let name = pool.name_any();
-    let namespace = Namespace {
-        metadata: ObjectMeta {
-            name: Some(cd_name.into()),
-            labels: Some(BTreeMap::from([
-                (POOL_NAMESPACE_LABEL.to_string(), ns.clone()),
-                (POOL_NAME_LABEL.to_string(), name.clone()),
-            ])),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
-        .await?;
-    let secrets = Api::<Secret>::namespaced(client.clone(), cd_name);
-    let config_name = format!("{cd_name}-install-config");
-    let config_secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(config_name.clone()),
-            ..Default::default()
-        },
-        string_data: Some(BTreeMap::from([(
-            "install-config.yaml".to_string(),
-            install_config::to_yaml(config),
-        )])),
-        type_: Some("Opaque".into()),
-        ..Default::default()
-    };
-    secrets.create(&PostParams::default(), &config_secret).await?;
-    let copy = |source: &Secret, new_name: String| Secret {
-        metadata: ObjectMeta {
-            name: Some(new_name),
-            ..Default::default()
-        },
-        data: source.data.clone(),
-        type_: source.type_.clone(),
-        ..Default::default()
-    };
-    let mut pull_ref = None;
-    if let Some(pull) = &inputs.pull {
-        let copy_name = format!("{cd_name}-pull-secret");
-        secrets
-            .create(&PostParams::default(), &copy(pull, copy_name.clone()))
-            .await?;
-        pull_ref = Some(LocalObjectReference { name: copy_name });
-    }
-    let mut platform = pool.spec.platform.clone();
-    if let Some(credentials) = &inputs.credentials {
-        let copy_name = format!("{cd_name}-credentials");
-        secrets
-            .create(&PostParams::default(), &copy(credentials, copy_name.clone()))
-            .await?;
-        let reference = LocalObjectReference { name: copy_name };
-        if let Some(v) = platform.vsphere.as_mut() {
-            v.credentials_secret_ref = reference.clone();
-        }
-        if let Some(o) = platform.openstack.as_mut() {
-            o.credentials_secret_ref = reference.clone();
-        }
-        if let Some(b) = platform.baremetal.as_mut() {
-            b.credentials_secret_ref = reference;
-        }
-    }
-    let mut annotations = pool.spec.annotations.clone();
-    annotations.insert(POOL_VERSION_ANNOTATION.into(), version.into());
-    if let Some(generation) = cdc.and_then(|c| c.metadata.generation) {
-        annotations.insert(CDC_GENERATION_ANNOTATION.into(), generation.to_string());
-    }
-    let mut labels = pool.spec.labels.clone();
-    labels.insert(POOL_NAMESPACE_LABEL.into(), ns.clone());
-    labels.insert(POOL_NAME_LABEL.into(), name.clone());
-    let mut cd = ClusterDeployment::new(
-        cd_name,
-        ClusterDeploymentSpec {
-            cluster_name: cd_name.into(),
-            base_domain: pool.spec.base_domain.clone(),
-            platform,
-            pull_secret_ref: pull_ref,
-            provisioning: Some(Provisioning {
-                install_config_secret_ref: LocalObjectReference { name: config_name },
-                installer_image: pool.spec.installer_image.clone(),
-            }),
-            install_attempts_limit: pool.spec.install_attempts_limit,
-            cluster_pool_ref: Some(ClusterPoolReference {
-                namespace: ns,
-                pool_name: name,
-                claim_name: None,
-                claimed_timestamp: None,
-                cluster_deployment_customization: cdc.map(|c| LocalObjectReference { name: c.name_any() }),
-            }),
-            hosts: Vec::new(),
-        },
-    );
-    cd.metadata.namespace = Some(cd_name.into());
-    cd.metadata.annotations = Some(annotations);
-    cd.metadata.labels = Some(labels);
-    Api::<ClusterDeployment>::namespaced(client.clone(), cd_name)
-        .create(&PostParams::default(), &cd)
-        .await?;
     Ok(())
 }
 
@@ -1655,46 +1376,6 @@ async fn reconcile_deleted(
         tenant.shared.metrics.pool_clusters.remove(&labels(state));
     }
     Ok(Action::await_change())
-}
-
-fn record_metrics(
-    ctx: &Ctx,
-    ns: &str,
-    name: &str,
-    buckets: &BTreeMap<String, Bucket>,
-    stale: &[(&Arc<ClusterDeployment>, Stale)],
-    status: &ClusterPoolStatus,
-) {
-    let metrics = &ctx.tenant.shared.metrics;
-    let count = |b: &[Bucket]| buckets.values().filter(|x| b.contains(x)).count() as i64;
-    let entries = |s: &[InventoryEntryState]| status.inventory.iter().filter(|e| s.contains(&e.status)).count() as i64;
-    let values = [
-        ("installing", count(&[Bucket::Installing])),
-        ("ready", count(&[Bucket::Ready])),
-        ("claimed", count(&[Bucket::Claimed, Bucket::Released])),
-        ("broken", count(&[Bucket::Broken])),
-        ("deleting", count(&[Bucket::Deleting])),
-        ("stale", stale.len() as i64),
-        ("available", entries(&[InventoryEntryState::Available])),
-        (
-            "reserved",
-            entries(&[
-                InventoryEntryState::Reserved,
-                InventoryEntryState::ToBeUpdated,
-                InventoryEntryState::ToBeDeleted,
-            ]),
-        ),
-        (
-            "cdc_broken",
-            entries(&[InventoryEntryState::BrokenByCloud, InventoryEntryState::BrokenBySyntax]),
-        ),
-    ];
-    for (state, value) in values {
-        metrics
-            .pool_clusters
-            .get_or_create(&PoolLabels::new(&ctx.tenant.name, ns, name, state))
-            .set(value);
-    }
 }
 
 #[cfg(test)]
