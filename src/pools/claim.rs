@@ -1,22 +1,24 @@
 //! ClusterClaims (DESIGN.md §4.3 item 10): the lifetime a claim gets, and its status writes. The
 //! pool controller assigns clusters to claims, oldest claim first.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{info, warn};
 
-use super::{publish, reflect};
-use crate::api::pools::{ClusterClaim, ClusterClaimStatus, ClusterPool, ClusterPoolSpec};
+use super::pool::{Bucket, PoolError, Round, created};
+use super::{is_conflict, is_not_found, publish, reflect};
+use crate::api::pools::{ClusterClaim, ClusterClaimStatus, ClusterDeployment, ClusterPool, ClusterPoolSpec};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::tenancy::tenant::TenantContext;
 
@@ -168,6 +170,134 @@ pub async fn set_status(
     )
     .await?;
     Ok(true)
+}
+
+/// Assigns ready clusters to waiting claims, oldest claim first and oldest cluster first; keeps
+/// each assigned claim's status; deletes claims past their lifetime. Returns how many claims still
+/// wait (the pool adds a cluster for each).
+pub(super) async fn assign(
+    tenant: &TenantContext,
+    pool: &ClusterPool,
+    cds: &[Arc<ClusterDeployment>],
+    claims: &BTreeMap<String, Arc<ClusterClaim>>,
+    buckets: &mut BTreeMap<String, Bucket>,
+    round: &mut Round,
+) -> Result<i64, PoolError> {
+    let ns = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    let claims_api = Api::<ClusterClaim>::namespaced(tenant.client.clone(), &ns);
+    let mut by_claim: BTreeMap<String, Arc<ClusterDeployment>> = BTreeMap::new();
+    for cd in cds {
+        if let Some(claim) = cd.spec.cluster_pool_ref.as_ref().and_then(|r| r.claim_name.clone())
+            && buckets[&cd.name_any()] == Bucket::Claimed
+        {
+            by_claim.insert(claim, cd.clone());
+        }
+    }
+    let mut ready: Vec<Arc<ClusterDeployment>> = cds
+        .iter()
+        .filter(|cd| buckets[&cd.name_any()] == Bucket::Ready)
+        .cloned()
+        .collect();
+    ready.sort_by_key(|cd| (created(cd), cd.name_any()));
+    ready.reverse();
+    let mut waiting: Vec<&Arc<ClusterClaim>> = claims
+        .values()
+        .filter(|c| c.metadata.deletion_timestamp.is_none() && !by_claim.contains_key(&c.name_any()))
+        .collect();
+    waiting.sort_by_key(|c| (c.metadata.creation_timestamp.as_ref().map(|t| t.0), c.name_any()));
+    let mut pending_claims = 0;
+    for claim in waiting {
+        let Some(cd) = ready.pop() else {
+            pending_claims += 1;
+            let message = format!("No ready cluster in ClusterPool {name} yet; the pool adds one for this claim");
+            set_status(
+                &claims_api,
+                claim,
+                None,
+                lifetime(claim, &pool.spec),
+                true,
+                "NoClusters",
+                message,
+            )
+            .await?;
+            continue;
+        };
+        let mut assigned = (*cd).clone();
+        let pool_ref = assigned.spec.cluster_pool_ref.get_or_insert_with(Default::default);
+        pool_ref.claim_name = Some(claim.name_any());
+        pool_ref.claimed_timestamp = Some(Time(Timestamp::now()));
+        assigned.metadata.managed_fields = None;
+        let cd_api = Api::<ClusterDeployment>::namespaced(tenant.client.clone(), &cd.name_any());
+        match cd_api.replace(&cd.name_any(), &PostParams::default(), &assigned).await {
+            Ok(written) => {
+                buckets.insert(cd.name_any(), Bucket::Claimed);
+                by_claim.insert(claim.name_any(), Arc::new(written));
+                publish(
+                    tenant,
+                    &**claim,
+                    false,
+                    "ClusterClaimed",
+                    format!("Assigned ClusterDeployment {0} (namespace {0})", cd.name_any()),
+                )
+                .await;
+            }
+            Err(err) if is_conflict(&err) => {
+                pending_claims += 1;
+                round.soon(Duration::from_millis(200));
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+    for (claim_name, cd) in &by_claim {
+        let Some(claim) = claims.get(claim_name) else { continue };
+        if claim.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let lifetime = lifetime(claim, &pool.spec);
+        let claimed = cd
+            .spec
+            .cluster_pool_ref
+            .as_ref()
+            .and_then(|r| r.claimed_timestamp.clone());
+        if let (Some(lifetime), Some(claimed)) = (lifetime, claimed) {
+            let left = remaining(lifetime, &claimed);
+            if left.is_zero() {
+                info!(tenant = %tenant.name, pool = %name, claim = %claim_name, "claim lifetime expired; deleting the claim");
+                publish(
+                    tenant,
+                    pool,
+                    false,
+                    "ClaimExpired",
+                    format!("ClusterClaim {claim_name} passed its lifetime and was deleted"),
+                )
+                .await;
+                match claims_api.delete(claim_name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(err) if is_not_found(&err) => {}
+                    Err(err) => return Err(err.into()),
+                }
+                continue;
+            }
+            round.soon(left);
+        }
+        let message = format!(
+            "Cluster {0} assigned; its admin kubeconfig is in Secret {0}-admin-kubeconfig in namespace {0}",
+            cd.name_any()
+        );
+        set_status(
+            &claims_api,
+            claim,
+            Some(cd.name_any()),
+            lifetime,
+            false,
+            "ClusterClaimed",
+            message,
+        )
+        .await?;
+    }
+
+    Ok(pending_claims)
 }
 
 #[cfg(test)]

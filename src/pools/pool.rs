@@ -13,7 +13,7 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -244,7 +244,7 @@ pub(super) fn cdc_of(cd: &ClusterDeployment) -> Option<String> {
         .map(|r| r.name.clone())
 }
 
-fn created(cd: &ClusterDeployment) -> Timestamp {
+pub(super) fn created(cd: &ClusterDeployment) -> Timestamp {
     cd.metadata.creation_timestamp.as_ref().map(|t| t.0).unwrap_or_default()
 }
 
@@ -541,117 +541,7 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
     }
 
     // Claims (§4.3.10): oldest claim first gets the oldest ready cluster.
-    let claims_api = Api::<ClusterClaim>::namespaced(tenant.client.clone(), &ns);
-    let mut by_claim: BTreeMap<String, Arc<ClusterDeployment>> = BTreeMap::new();
-    for cd in &cds {
-        if let Some(claim) = cd.spec.cluster_pool_ref.as_ref().and_then(|r| r.claim_name.clone())
-            && buckets[&cd.name_any()] == Bucket::Claimed
-        {
-            by_claim.insert(claim, cd.clone());
-        }
-    }
-    let mut ready: Vec<Arc<ClusterDeployment>> = cds
-        .iter()
-        .filter(|cd| buckets[&cd.name_any()] == Bucket::Ready)
-        .cloned()
-        .collect();
-    ready.sort_by_key(|cd| (created(cd), cd.name_any()));
-    ready.reverse();
-    let mut waiting: Vec<&Arc<ClusterClaim>> = claims
-        .values()
-        .filter(|c| c.metadata.deletion_timestamp.is_none() && !by_claim.contains_key(&c.name_any()))
-        .collect();
-    waiting.sort_by_key(|c| (c.metadata.creation_timestamp.as_ref().map(|t| t.0), c.name_any()));
-    let mut pending_claims = 0;
-    for claim in waiting {
-        let Some(cd) = ready.pop() else {
-            pending_claims += 1;
-            let message = format!("No ready cluster in ClusterPool {name} yet; the pool adds one for this claim");
-            claim::set_status(
-                &claims_api,
-                claim,
-                None,
-                claim::lifetime(claim, &pool.spec),
-                true,
-                "NoClusters",
-                message,
-            )
-            .await?;
-            continue;
-        };
-        let mut assigned = (*cd).clone();
-        let pool_ref = assigned.spec.cluster_pool_ref.get_or_insert_with(Default::default);
-        pool_ref.claim_name = Some(claim.name_any());
-        pool_ref.claimed_timestamp = Some(Time(Timestamp::now()));
-        assigned.metadata.managed_fields = None;
-        let cd_api = Api::<ClusterDeployment>::namespaced(tenant.client.clone(), &cd.name_any());
-        match cd_api.replace(&cd.name_any(), &PostParams::default(), &assigned).await {
-            Ok(written) => {
-                buckets.insert(cd.name_any(), Bucket::Claimed);
-                by_claim.insert(claim.name_any(), Arc::new(written));
-                publish(
-                    tenant,
-                    &**claim,
-                    false,
-                    "ClusterClaimed",
-                    format!("Assigned ClusterDeployment {0} (namespace {0})", cd.name_any()),
-                )
-                .await;
-            }
-            Err(err) if is_conflict(&err) => {
-                pending_claims += 1;
-                round.soon(Duration::from_millis(200));
-            }
-            Err(err) => return Err(err.into()),
-        }
-    }
-    for (claim_name, cd) in &by_claim {
-        let Some(claim) = claims.get(claim_name) else { continue };
-        if claim.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let lifetime = claim::lifetime(claim, &pool.spec);
-        let claimed = cd
-            .spec
-            .cluster_pool_ref
-            .as_ref()
-            .and_then(|r| r.claimed_timestamp.clone());
-        if let (Some(lifetime), Some(claimed)) = (lifetime, claimed) {
-            let left = claim::remaining(lifetime, &claimed);
-            if left.is_zero() {
-                info!(tenant = %tenant.name, pool = %name, claim = %claim_name, "claim lifetime expired; deleting the claim");
-                publish(
-                    tenant,
-                    pool,
-                    false,
-                    "ClaimExpired",
-                    format!("ClusterClaim {claim_name} passed its lifetime and was deleted"),
-                )
-                .await;
-                match claims_api.delete(claim_name, &DeleteParams::default()).await {
-                    Ok(_) => {}
-                    Err(err) if is_not_found(&err) => {}
-                    Err(err) => return Err(err.into()),
-                }
-                continue;
-            }
-            round.soon(left);
-        }
-        let message = format!(
-            "Cluster {0} assigned; its admin kubeconfig is in Secret {0}-admin-kubeconfig in namespace {0}",
-            cd.name_any()
-        );
-        claim::set_status(
-            &claims_api,
-            claim,
-            Some(cd.name_any()),
-            lifetime,
-            false,
-            "ClusterClaimed",
-            message,
-        )
-        .await?;
-    }
+    let pending_claims = claim::assign(tenant, pool, &cds, &claims, &mut buckets, &mut round).await?;
 
     // Capacity (§4.3.5).
     let count = |b: Bucket| buckets.values().filter(|x| **x == b).count() as i64;
