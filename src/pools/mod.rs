@@ -8,6 +8,7 @@ pub mod deployment;
 pub mod install_config;
 pub mod inventory;
 pub mod pool;
+mod repair;
 pub mod sample;
 mod status;
 
