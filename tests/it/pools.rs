@@ -271,8 +271,8 @@ async fn a_pool_fills_from_its_inventory_through_installer_jobs() {
     )
     .await;
     named_cdc(&tenant, "bar").await;
-    named_cdc(&tenant, "baz").await;
-    create_pool(&tenant, pool_json("vsphere", 2, Some(&["foo", "bar", "baz"]))).await;
+    named_cdc(&tenant, "zed").await;
+    create_pool(&tenant, pool_json("vsphere", 2, Some(&["foo", "bar", "zed"]))).await;
     let daemon = daemon(&fleet, &[]);
     until("two ready clusters", &daemon, WITHIN, || async {
         ready(&tenant, "vsphere").await == 2
@@ -281,7 +281,6 @@ async fn a_pool_fills_from_its_inventory_through_installer_jobs() {
 
     let all = cds(&tenant, "vsphere").await;
     assert_eq!(live(&all).len(), 2);
-    // `foo` is the first never-used entry by name after `bar` and `baz`: bar and baz are leased.
     let mut used = BTreeSet::new();
     for cd in &all {
         let status = cd.status.clone().unwrap_or_default();
@@ -298,6 +297,17 @@ async fn a_pool_fills_from_its_inventory_through_installer_jobs() {
         // The install config has the CDC's cluster name, the pool's base domain and platform.
         let config = install_config(&tenant, &cd.name_any()).await;
         assert!(config.contains(&format!("name: {entry_name}")), "{config}");
+        if entry_name == "foo" {
+            // YAML 1.1 readers must read these back as the strings they are.
+            for quoted in [
+                "apiVIP: \"on\"",
+                "ingressVIP: \"no\"",
+                "clusterNetworkMTU: \"1e3\"",
+                "real: 1000\n",
+            ] {
+                assert!(config.contains(quoted), "{quoted} in\n{config}");
+            }
+        }
         assert!(config.contains("baseDomain: example.com"), "{config}");
         assert!(config.contains("vCenter: vc.example.com"), "{config}");
         assert!(
@@ -333,13 +343,14 @@ async fn a_pool_fills_from_its_inventory_through_installer_jobs() {
             "a Leased event on {entry_name}"
         );
     }
-    assert_eq!(used, BTreeSet::from(["bar".to_string(), "baz".to_string()]));
+    // Never-used entries go by name: bar, then foo.
+    assert_eq!(used, BTreeSet::from(["bar".to_string(), "foo".to_string()]));
     // The pool's per-entry status.
     let pool = pool(&tenant, "vsphere").await;
     let status = pool.status.clone().unwrap();
     assert_eq!((status.size, status.ready), (2, 2));
-    assert_eq!(entry(&pool, "foo").unwrap().status, InventoryEntryState::Available);
-    for name in ["bar", "baz"] {
+    assert_eq!(entry(&pool, "zed").unwrap().status, InventoryEntryState::Available);
+    for name in ["bar", "foo"] {
         let e = entry(&pool, name).unwrap();
         assert_eq!(e.status, InventoryEntryState::Reserved);
         assert_eq!(e.version, Some(1));
