@@ -14,7 +14,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::PostParams;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
@@ -30,6 +30,7 @@ use crate::host::Parent;
 use crate::host::apply::{self, HostWriteError, Update, ensure, stamp};
 use crate::host::labels::{TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION};
 use crate::host::names::{NameKind, host_name};
+use crate::host::ownership::{self, Ownership};
 use crate::runtime::conditions::{DesiredCondition, is_true, set_condition};
 use crate::runtime::metrics::Metrics;
 use crate::tenancy::tenant::TenantContext;
@@ -667,6 +668,25 @@ async fn set_status(
     }
 }
 
+/// Deletes the host object `name` if it is this cluster's (ownership proof, uid precondition).
+async fn delete_owned<K>(
+    api: &Api<K>,
+    name: &str,
+    tenant: &TenantContext,
+    parent: &Parent,
+) -> Result<(), DeploymentError>
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let Some(object) = api.get_opt(name).await.map_err(DeploymentError::HostApi)? else {
+        return Ok(());
+    };
+    if ownership::check(object.labels(), object.annotations(), &tenant.name, parent) == Ownership::Ours {
+        apply::delete(api, &object).await.map_err(DeploymentError::HostApi)?;
+    }
+    Ok(())
+}
+
 /// Deletion (§4.3.11): stop the installer, run the destroy Job when there is something to destroy,
 /// then release the CDC, clean up the host, and let the ClusterDeployment go.
 async fn deprovision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, DeploymentError> {
@@ -765,28 +785,28 @@ async fn deprovision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, Deploy
     )
     .await
     .map_err(DeploymentError::HostApi)?;
-    let selector = ListParams::default().labels(&parent.selector(&tenant.name));
-    let params = DeleteParams::background();
-    for result in [
-        Api::<ServiceAccount>::namespaced(tenant.host.clone(), host_ns)
-            .delete_collection(&params, &selector)
-            .await
-            .map(|_| ()),
-        Api::<Role>::namespaced(tenant.host.clone(), host_ns)
-            .delete_collection(&params, &selector)
-            .await
-            .map(|_| ()),
-        Api::<RoleBinding>::namespaced(tenant.host.clone(), host_ns)
-            .delete_collection(&params, &selector)
-            .await
-            .map(|_| ()),
-    ] {
-        if let Err(err) = result
-            && !is_not_found(&err)
-        {
-            return Err(DeploymentError::HostApi(err));
-        }
-    }
+    let host = &tenant.host;
+    delete_owned(
+        &Api::<ServiceAccount>::namespaced(host.clone(), host_ns),
+        &names.installer,
+        tenant,
+        &parent,
+    )
+    .await?;
+    delete_owned(
+        &Api::<Role>::namespaced(host.clone(), host_ns),
+        &names.installer,
+        tenant,
+        &parent,
+    )
+    .await?;
+    delete_owned(
+        &Api::<RoleBinding>::namespaced(host.clone(), host_ns),
+        &names.installer,
+        tenant,
+        &parent,
+    )
+    .await?;
     let finalizers: Vec<String> = cd
         .finalizers()
         .iter()

@@ -919,6 +919,18 @@ async fn claims_get_the_oldest_ready_cluster_and_release_it_after_the_destroy_jo
         .await
         .unwrap();
     assert!(cluster_gone.is_none_or(|cd| cd.metadata.deletion_timestamp.is_some()));
+    // The cluster's host objects go with it.
+    let prefix = format!("{oldest}.{oldest}");
+    until("the cluster's host objects deleted", &daemon, WITHIN, || async {
+        let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(fleet.host_client.clone(), HOST_NS);
+        let role: Api<k8s_openapi::api::rbac::v1::Role> = Api::namespaced(fleet.host_client.clone(), HOST_NS);
+        let secrets: Api<Secret> = Api::namespaced(fleet.host_client.clone(), HOST_NS);
+        sa.get_opt(&format!("{prefix}-installer")).await.unwrap().is_none()
+            && role.get_opt(&format!("{prefix}-installer")).await.unwrap().is_none()
+            && secrets.get_opt(&format!("{prefix}-output")).await.unwrap().is_none()
+            && jobs.get_opt(&destroy).await.unwrap().is_none()
+    })
+    .await;
     until("a Released event naming the deprovision", &daemon, WITHIN, || async {
         events(&tenant, NS, &entry_name)
             .await
