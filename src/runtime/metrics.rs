@@ -1,4 +1,5 @@
-//! Prometheus metrics. Labels stay bounded: tenant and controller, never an object.
+//! Prometheus metrics. Labels stay bounded: tenant and controller, never an object, except pools
+//! (one small set of series per ClusterPool, removed when the pool goes).
 
 use std::sync::Mutex;
 
