@@ -95,3 +95,44 @@ async fn dev_runs_the_daemon_which_creates_each_tenants_host_namespace() {
     }
     assert!(stop(child).await.success());
 }
+
+#[tokio::test]
+async fn dev_installs_the_sample_stack_and_prints_it_becoming_ready() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stackd"))
+        .args(["dev", "--tenants", "1", "--kubeconfig-dir"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn stackd dev");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    let ready = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let done = line.contains("StackInstall team-a/sample-stack: Ready=True");
+            seen.push(line);
+            if done {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(
+        ready,
+        Ok(true),
+        "the sample stack never showed Ready; output:\n{}",
+        seen.join("\n")
+    );
+    let progress = seen.join("\n");
+    for step in [
+        "created StackInstall team-a/sample-stack",
+        "InstallJobRunning",
+        "Stack team-a/sample-stack: Ready=True",
+    ] {
+        assert!(progress.contains(step), "no {step:?} in:\n{progress}");
+    }
+    assert!(stop(child).await.success());
+}
