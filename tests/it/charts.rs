@@ -522,6 +522,11 @@ enum Scenario {
     /// StackInstall and ClusterStackInstall → install Job and its pod log → CRDs and Stack → stack
     /// RBAC, token, host Deployment; uninstall.
     StackInstall,
+    /// A pool's clusters claimed, expired, replaced or deprovisioned and its empty namespaces
+    /// reaped: tested in tests/it/pools.rs, not run here.
+    PoolLifecycle,
+    /// The bare-metal asset controller: not built yet (issue 9).
+    BareMetal,
     /// Paths no run here takes, each tested with its controller (tests/it/stacks_*.rs): tenant
     /// objects edited by hand and replaced, upgrades that change a CRD or a Stack, a stack changing
     /// its permission scope (its old binding deleted), and `<owner>/finalizers` updates that only
@@ -590,10 +595,16 @@ const HOST_USES: &[Use] = &[
     uses(NAMESPACE_ROLE, "", &["secrets"], &["watch", "create"], StackInstall),
     uses(NAMESPACE_ROLE, "", &["secrets"], &["update"], HostDriftRepair),
     uses(NAMESPACE_ROLE, "", &["secrets"], &["get"], CreateRace),
+    uses(NAMESPACE_ROLE, "", &["secrets"], &["patch"], PoolFill),
     uses(NAMESPACE_ROLE, "", &["serviceaccounts"], &["list", "delete"], OrphanSweep),
-    uses(NAMESPACE_ROLE, "", &["serviceaccounts"], &["get", "watch", "create", "update"], PoolFill),
+    uses(NAMESPACE_ROLE, "", &["serviceaccounts"], &["create"], PoolFill),
+    uses(NAMESPACE_ROLE, "", &["serviceaccounts"], &["get"], CreateRace),
+    uses(NAMESPACE_ROLE, "", &["serviceaccounts"], &["update"], RarePaths),
     uses(NAMESPACE_ROLE, RBAC, &["roles", "rolebindings"], &["list", "delete"], OrphanSweep),
-    uses(NAMESPACE_ROLE, RBAC, &["roles", "rolebindings"], &["get", "watch", "create", "update"], PoolFill),
+    uses(NAMESPACE_ROLE, RBAC, &["roles", "rolebindings"], &["create"], PoolFill),
+    uses(NAMESPACE_ROLE, RBAC, &["rolebindings"], &["watch", "update"], PoolFill),
+    uses(NAMESPACE_ROLE, RBAC, &["roles", "rolebindings"], &["get"], CreateRace),
+    uses(NAMESPACE_ROLE, RBAC, &["roles"], &["update"], RarePaths),
     uses(NAMESPACE_ROLE, "", &["configmaps"], &["list", "delete"], OrphanSweep),
 ];
 
@@ -603,12 +614,6 @@ const STACK_FINALIZERS: &[&str] = &[
     "stackinstalls/finalizers",
     "clusterstackinstalls/finalizers",
     "stacks/finalizers",
-];
-const POOL_STATUS: &[&str] = &[
-    "clusterpools/status",
-    "clusterdeploymentcustomizations/status",
-    "clusterdeployments/status",
-    "clusterclaims/status",
 ];
 const POOL_KINDS: &[&str] = &[
     "clusterpools",
@@ -630,15 +635,21 @@ const TENANT_USES: &[Use] = &[
     uses(DAEMON_ROLE, "stacks.stackd.dev", STACK_STATUS, &["patch"], StackInstall),
     uses(DAEMON_ROLE, "stacks.stackd.dev", STACK_FINALIZERS, &["update"], RarePaths),
     uses(DAEMON_ROLE, "pools.stackd.dev", POOL_KINDS, &["list"], OrphanSweep),
-    uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterpools", "clusterdeploymentcustomizations"],
-        &["get", "watch", "update", "patch"], PoolFill),
-    uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterdeployments", "clusterclaims"],
-        &["get", "watch", "create", "update", "patch", "delete"], PoolFill),
-    uses(DAEMON_ROLE, "pools.stackd.dev", POOL_STATUS, &["update", "patch"], PoolFill),
+    uses(DAEMON_ROLE, "pools.stackd.dev", POOL_KINDS, &["watch"], PoolFill),
+    uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterpools", "clusterdeploymentcustomizations", "clusterdeployments"], &["patch"], PoolFill),
+    uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterclaims"], &["patch"], PoolLifecycle),
+    uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterdeployments"], &["create"], PoolFill),
+    uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterdeployments"], &["update", "delete"], PoolLifecycle),
+    uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterclaims"], &["delete"], PoolLifecycle),
+    uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterdeploymentcustomizations"], &["get"], PoolLifecycle),
+    uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterpools/status"], &["patch"], PoolFill),
+    uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterclaims/status"], &["patch"], PoolLifecycle),
+    uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterdeploymentcustomizations/status", "clusterdeployments/status"], &["update"], PoolFill),
     uses(DAEMON_ROLE, "inventory.stackd.dev", &["baremetalassets"], &["list"], OrphanSweep),
-    uses(DAEMON_ROLE, "inventory.stackd.dev", &["baremetalassets"], &["get", "watch", "update", "patch"], PoolFill),
-    uses(DAEMON_ROLE, "inventory.stackd.dev", &["baremetalassets/status"], &["update", "patch"], PoolFill),
-    uses(DAEMON_ROLE, "", &["namespaces"], &["get", "list", "watch", "create", "delete"], PoolFill),
+    uses(DAEMON_ROLE, "inventory.stackd.dev", &["baremetalassets"], &["get", "watch", "update", "patch"], BareMetal),
+    uses(DAEMON_ROLE, "inventory.stackd.dev", &["baremetalassets/status"], &["update", "patch"], BareMetal),
+    uses(DAEMON_ROLE, "", &["namespaces"], &["list", "watch", "create"], PoolFill),
+    uses(DAEMON_ROLE, "", &["namespaces"], &["delete"], PoolLifecycle),
     uses(DAEMON_ROLE, "", &["secrets", "serviceaccounts"], &["list", "watch", "create"], StackInstall),
     uses(DAEMON_ROLE, "", &["secrets", "serviceaccounts"], &["get"], CreateRace),
     uses(DAEMON_ROLE, "", &["secrets", "serviceaccounts"], &["update"], RarePaths),
@@ -1229,6 +1240,39 @@ async fn stack_install_and_uninstall(installation: &Installation) -> Vec<Scenari
     vec![install_run, drift_run, uninstall_run]
 }
 
+/// The sample pool (size 2, three ClusterDeploymentCustomizations) fills in tenant `acme`:
+/// leases, cluster namespaces, ClusterDeployments, installer Jobs with their output
+/// ServiceAccount, Role and RoleBinding, and the admin kubeconfigs copied back. Runs after the
+/// stack scenario, which registered the sample runners (the installer among them).
+async fn pool_fill(installation: &Installation) -> ScenarioRun {
+    let tenant = installation.tenant.client().await;
+    stackd::pools::sample::install(&tenant).await.expect("sample pool");
+    let pools = GroupResource::new("pools.stackd.dev", "clusterpools");
+    let filled = |server: &ApiServer| {
+        server
+            .store()
+            .get(&pools, stackd::pools::sample::NAMESPACE, stackd::pools::sample::POOL)
+            .is_some_and(|pool| pool["status"]["ready"] == json!(2))
+    };
+    let (host_window, tenant_window) = (Window::open(&installation.host), Window::open(&installation.tenant));
+    let mut daemon = installation.daemon(&[]);
+    let deadline = Instant::now() + Duration::from_secs(45);
+    while !filled(&installation.tenant) {
+        assert!(
+            Instant::now() < deadline,
+            "the pool never filled:\n{}",
+            daemon.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop(&mut daemon).await;
+    ScenarioRun {
+        covers: &[PoolFill],
+        host: host_window.close(&installation.host, &installation.host_subject),
+        tenant: tenant_window.close(&installation.tenant, &installation.tenant_subject),
+    }
+}
+
 /// Each scenario function plants what it needs, runs the daemon with the chart's arguments
 /// against `installation`, waits (reading the stores, never through the API) until the daemon has
 /// done its part, stops it and returns what each server saw. A stack install and a pool fill join
@@ -1239,6 +1283,7 @@ async fn every_daemon_request_is_allowed_by_the_charts_and_every_permission_is_u
     let installation = Installation::new().await;
     let mut runs = vec![daemon_startup_repair_sweep_and_leader_election(&installation).await];
     runs.extend(stack_install_and_uninstall(&installation).await);
+    runs.push(pool_fill(&installation).await);
     let covered: BTreeSet<Scenario> = runs.iter().flat_map(|r| r.covers.iter().copied()).collect();
     let host: Vec<&Observed> = runs.iter().map(|r| &r.host).collect();
     let tenant: Vec<&Observed> = runs.iter().map(|r| &r.tenant).collect();

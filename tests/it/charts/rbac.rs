@@ -352,11 +352,13 @@ pub fn escalation_checks(objects: &[Value], written: &[Value], subject: &Subject
         match kind(object) {
             "Role" | "ClusterRole" => {
                 let holder = Authorizer::for_subject(objects, subject);
-                let exceeds = rules_of(object)
-                    .iter()
-                    .flat_map(|rule| rule.requests(scope))
-                    .any(|request| !holder.allows(&request));
-                if exceeds {
+                let granted: Vec<Request> = rules_of(object).iter().flat_map(|rule| rule.requests(scope)).collect();
+                let exceeds = granted.iter().any(|request| !holder.allows(request));
+                if !exceeds {
+                    // Kubernetes checks that the writer holds every permission the role grants:
+                    // holding them is what lets the write through, so each counts as used.
+                    checks.extend(granted);
+                } else {
                     let resource = if kind(object) == "Role" {
                         "roles"
                     } else {
@@ -373,13 +375,13 @@ pub fn escalation_checks(objects: &[Value], written: &[Value], subject: &Subject
                     .collect();
                 let holder = Authorizer::for_subject(&others, subject);
                 let role = referenced_role(objects, object);
-                let holds_all = role.is_some_and(|role| {
-                    rules_of(role)
-                        .iter()
-                        .flat_map(|rule| rule.requests(scope))
-                        .all(|request| holder.allows(&request))
-                });
-                if !holds_all {
+                let granted: Vec<Request> = role
+                    .map(|role| rules_of(role).iter().flat_map(|rule| rule.requests(scope)).collect())
+                    .unwrap_or_default();
+                let holds_all = role.is_some() && granted.iter().all(|request| holder.allows(request));
+                if holds_all {
+                    checks.extend(granted);
+                } else {
                     let resource = if object["roleRef"]["kind"] == "Role" {
                         "roles"
                     } else {
@@ -468,7 +470,17 @@ mod tests {
             json!({"kind": "RoleBinding", "metadata": {"name": "jobs", "namespace": "t1"},
             "roleRef": {"kind": "Role", "name": "jobs"}, "subjects": [{"kind": "User", "name": "u"}]}),
         );
-        assert!(escalation_checks(&more, &more[4..], &daemon()).is_empty());
+        // Writing a role and binding within what the writer holds needs neither escalate nor
+        // bind; the permissions it holds are what Kubernetes checks instead.
+        let checks = escalation_checks(&more, &more[4..], &daemon());
+        assert!(
+            checks.iter().all(|c| c.verb != "bind" && c.verb != "escalate"),
+            "{checks:?}"
+        );
+        assert!(
+            checks.contains(&Request::new("get", "batch", "jobs", "t1")),
+            "{checks:?}"
+        );
     }
 
     #[test]
