@@ -62,7 +62,7 @@ pub fn parse(spec: &Value) -> Result<DeploymentSpec, SpecError> {
 }
 
 /// Refuses host access: hostPath volumes, host namespaces, privileged containers, added
-/// capabilities, and projected service-account tokens (which would be the host's).
+/// capabilities, host ports, and projected service-account tokens (which would be the host's).
 pub fn check_safe(spec: &DeploymentSpec) -> Result<(), SpecError> {
     let Some(pod) = spec.template.spec.as_ref() else {
         return Ok(());
@@ -99,6 +99,13 @@ pub fn check_safe(spec: &DeploymentSpec) -> Result<(), SpecError> {
             .and_then(|c| c.capabilities.as_ref())
             .and_then(|c| c.add.as_ref())
             .filter(|add| !add.is_empty());
+        for port in container.ports.iter().flatten().filter(|p| p.host_port.is_some()) {
+            problems.push(format!(
+                "container {:?} binds host port {}",
+                container.name,
+                port.host_port.unwrap_or_default()
+            ));
+        }
         if let Some(added) = added {
             problems.push(format!(
                 "container {:?} adds capabilities {}",
@@ -292,6 +299,7 @@ mod tests {
             json!({"containers": [container()], "volumes": [{"name": "p", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]}),
             json!({"containers": [{"name": "c", "image": "i", "securityContext": {"privileged": true}}]}),
             json!({"containers": [container()], "initContainers": [{"name": "i", "image": "i", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}]}),
+            json!({"containers": [{"name": "c", "image": "i", "ports": [{"containerPort": 80, "hostPort": 80}]}]}),
         ];
         for pod in cases {
             let parsed = parse(&spec(pod.clone())).expect("parses");

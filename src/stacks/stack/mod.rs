@@ -7,12 +7,11 @@ pub mod rbac;
 pub mod tenant;
 pub mod token;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use std::collections::BTreeMap;
-
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
@@ -325,8 +324,11 @@ async fn apply(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError> 
         Ok(outcome) => outcome.clone(),
         Err(err) => Outcome::refused(err.reason(), err.to_string()),
     };
-    report(stack, ctx, &outcome, notes).await?;
-    result.map(|_| Action::await_change())
+    let reported = report(stack, ctx, &outcome, notes).await;
+    // The reconcile's own error says more than a status write that failed for the same reason.
+    result?;
+    reported?;
+    Ok(Action::await_change())
 }
 
 /// §3.3 in order: validate, the tenant identity and permissions, wait for the token, the host
