@@ -13,6 +13,8 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio_util::sync::CancellationToken;
 
 use crate::daemon::{self, DaemonSettings};
+
+mod sample_stack;
 use crate::embedded::samples::{SampleImages, register_sample_runners};
 use crate::embedded::{ApiServer, ServerOptions};
 use crate::host::labels::{MANAGED_BY, MANAGED_BY_LABEL, TENANT_LABEL};
@@ -83,7 +85,7 @@ pub async fn run(options: DevOptions, shutdown: CancellationToken) -> Result<(),
         shutdown.cancelled().await;
         Ok(())
     } else {
-        run_daemon(&host, &tenants_dir, shutdown).await
+        run_daemon(&host, &tenants, &tenants_dir, shutdown).await
     };
     for (_, server) in tenants {
         server.shutdown().await;
@@ -149,7 +151,12 @@ fn print_usage(options: &DevOptions, host: &ApiServer, tenants: &[(String, ApiSe
     }
 }
 
-async fn run_daemon(host: &ApiServer, tenants_dir: &Path, shutdown: CancellationToken) -> Result<(), DevError> {
+async fn run_daemon(
+    host: &ApiServer,
+    tenants: &[(String, ApiServer)],
+    tenants_dir: &Path,
+    shutdown: CancellationToken,
+) -> Result<(), DevError> {
     let settings = DaemonSettings {
         tenants_dir: tenants_dir.to_path_buf(),
         namespace_template: NamespaceTemplate::default(),
@@ -172,8 +179,19 @@ async fn run_daemon(host: &ApiServer, tenants_dir: &Path, shutdown: Cancellation
     };
     println!("\nThe daemon is serving every tenant; progress follows. Ctrl-C stops everything.\n");
     let progress = tokio::spawn(print_progress(host.client().await, shutdown.clone()));
+    let mut samples = Vec::new();
+    if let Some((name, server)) = tenants.first() {
+        samples.push(tokio::spawn(sample_stack::run(
+            name.clone(),
+            server.client().await,
+            shutdown.clone(),
+        )));
+    }
     let result = daemon::run(host.client().await, settings, shutdown).await;
     progress.abort();
+    for sample in samples {
+        sample.abort();
+    }
     Ok(result?)
 }
 

@@ -1,5 +1,6 @@
 //! stackd: one daemon serving stacks and cluster pools to many tenant API servers.
 pub mod api;
+pub mod bench;
 pub mod daemon;
 pub mod dev;
 pub mod embedded;

@@ -178,6 +178,9 @@ struct BenchArgs {
     /// Random seed of the chaos scenario.
     #[arg(long, value_name = "N")]
     seed: Option<u64>,
+    /// Also write the JSON report to this file (for a later --compare).
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -198,7 +201,7 @@ fn main() -> ExitCode {
         Command::Dev(args) => block_on(dev(args)),
         Command::Unpack(args) => unpack(args),
         Command::Tenant(TenantCommand::Purge { name, host }) => block_on(purge(name, host)),
-        Command::Bench(_) => not_yet("stackd bench", "the benchmarks (issue 11)"),
+        Command::Bench(args) => block_on(bench(args)),
     }
 }
 
@@ -318,6 +321,67 @@ async fn run(args: RunArgs) -> ExitCode {
     }
 }
 
+async fn bench(args: BenchArgs) -> ExitCode {
+    if args.chaos {
+        return chaos(&args).await;
+    }
+    let baseline = match args.compare.as_ref().map(stackd::bench::load).transpose() {
+        Ok(baseline) => baseline,
+        Err(err) => return fail("stackd bench", err),
+    };
+    let options = stackd::bench::BenchOptions { quick: args.quick };
+    let report = match stackd::bench::run(&options).await {
+        Ok(report) => report,
+        Err(err) => return fail("stackd bench", err),
+    };
+    let json = serde_json::to_string_pretty(&report).unwrap_or_default();
+    if let Some(path) = &args.out
+        && let Err(err) = std::fs::write(path, &json)
+    {
+        return fail("stackd bench", format!("cannot write {}: {err}", path.display()));
+    }
+    if args.json {
+        println!("{json}");
+    } else {
+        print!("{}", stackd::bench::table(&report, baseline.as_ref()));
+    }
+    ExitCode::SUCCESS
+}
+
+/// `stackd bench --chaos`: exits non-zero when an invariant fails.
+async fn chaos(args: &BenchArgs) -> ExitCode {
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    });
+    eprintln!("chaos: seed {seed} (repeat with --seed {seed})");
+    let options = stackd::bench::chaos::ChaosOptions::new(seed, args.quick);
+    let report = match stackd::bench::chaos::run(&options).await {
+        Ok(report) => report,
+        Err(err) => return fail("stackd bench --chaos", err),
+    };
+    let json = serde_json::to_string_pretty(&report).unwrap_or_default();
+    if let Some(path) = &args.out
+        && let Err(err) = std::fs::write(path, &json)
+    {
+        return fail(
+            "stackd bench --chaos",
+            format!("cannot write {}: {err}", path.display()),
+        );
+    }
+    if args.json {
+        println!("{json}");
+    } else {
+        print!("{}", stackd::bench::chaos::table(&report));
+    }
+    if report.passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
 async fn dev(args: DevArgs) -> ExitCode {
     init_logging(LogFormat::Text);
     let options = stackd::dev::DevOptions {
@@ -391,9 +455,4 @@ fn unpack(args: UnpackArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn not_yet(command: &str, owner: &str) -> ExitCode {
-    eprintln!("{command} is not available yet: it arrives with {owner}.");
-    ExitCode::from(2)
 }

@@ -605,6 +605,12 @@ fn watch_response(
         options,
         shared.faults.watch_token(),
     );
+    // Counted while the response body lives: it ends with the watch or the connection.
+    let open = OpenWatch::new(shared.open_watches.clone());
+    let events = tokio_stream::StreamExt::map(events, move |chunk| {
+        let _open = &open;
+        chunk
+    });
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "application/json")
@@ -637,4 +643,20 @@ fn pod_log(shared: &Arc<Shared>, target: &Target, name: &str, query: &Query) -> 
         text = subresources::truncate_bytes(text, limit);
     }
     Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], text).into_response())
+}
+
+/// One open watch, counted until dropped.
+struct OpenWatch(Arc<std::sync::atomic::AtomicU64>);
+
+impl OpenWatch {
+    fn new(counter: Arc<std::sync::atomic::AtomicU64>) -> OpenWatch {
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        OpenWatch(counter)
+    }
+}
+
+impl Drop for OpenWatch {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }

@@ -118,6 +118,8 @@ pub(crate) struct Shared {
     shutdown: CancellationToken,
     requests: AtomicU64,
     counters: Counters,
+    /// Watch connections open right now.
+    open_watches: Arc<AtomicU64>,
     faults: Faults,
     /// Tokens of filled service-account token Secrets, also accepted as bearer tokens.
     service_account_tokens: Arc<TokenRegistry>,
@@ -215,6 +217,7 @@ impl ApiServer {
             shutdown,
             requests: AtomicU64::new(0),
             counters: Counters::default(),
+            open_watches: Arc::default(),
             service_account_tokens: Arc::default(),
         });
         let (tls_config, url, ca_pem) = if options.tls {
@@ -289,6 +292,11 @@ impl ApiServer {
     /// Resource requests so far, per verb, resource and namespace.
     pub fn counters(&self) -> RequestCounts {
         self.shared.counters.snapshot()
+    }
+
+    /// Watch connections open right now (a benchmark's "watches per tenant").
+    pub fn open_watches(&self) -> u64 {
+        self.shared.open_watches.load(Ordering::Relaxed)
     }
 
     /// Fault injection on this server.

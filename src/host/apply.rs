@@ -118,6 +118,37 @@ where
     }
 }
 
+/// Like [`ensure`] with [`Update::Never`], but returns the object as it is on the host (created now,
+/// or found and proven ours), for callers that need its uid, e.g. to own other objects by it.
+pub async fn ensure_created<K>(
+    api: &Api<K>,
+    desired: &K,
+    observed: Option<&K>,
+    tenant: &str,
+    parent: &Parent,
+) -> Result<(Applied, K), HostWriteError>
+where
+    K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+    K::DynamicType: Default,
+{
+    let existing = match observed {
+        Some(observed) => observed.clone(),
+        None => match api.create(&PostParams::default(), desired).await {
+            Ok(created) => return Ok((Applied::Created, created)),
+            Err(kube::Error::Api(status)) if status.code == 409 => api.get(&desired.name_any()).await?,
+            Err(err) => return Err(err.into()),
+        },
+    };
+    match ownership::check(existing.labels(), existing.annotations(), tenant, parent) {
+        Ownership::Foreign { reason } => Err(conflict::<K>(&existing, reason)),
+        Ownership::PreviousIncarnation { .. } => {
+            delete(api, &existing).await?;
+            Ok((Applied::Created, api.create(&PostParams::default(), desired).await?))
+        }
+        Ownership::Ours => Ok((Applied::Unchanged, existing)),
+    }
+}
+
 /// Deletes exactly the object observed (uid precondition), in the background so a Job's pods or a
 /// Deployment's ReplicaSets go with it. An object already gone is not an error.
 pub async fn delete<K>(api: &Api<K>, observed: &K) -> Result<(), kube::Error>

@@ -1,5 +1,7 @@
 //! Stacks (DESIGN.md §3): the package format, the install controller and the stack controller.
 
+pub mod install;
+pub mod pod_policy;
 pub mod stack;
 pub mod stream;
 pub mod unpack;

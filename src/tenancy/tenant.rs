@@ -106,6 +106,7 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
     controllers.spawn(host_namespace_controller(context.clone(), cancel.clone()));
     controllers.spawn(crd_monitor(context.clone(), cancel.clone()));
     controllers.spawn(orphan_sweeper(context.clone(), cancel.clone()));
+    controllers.spawn(crate::stacks::install::run(context.clone(), cancel.clone()));
     controllers.spawn(crate::stacks::stack::run(context.clone(), cancel.clone()));
     while let Some(result) = controllers.join_next().await {
         match result {

@@ -106,14 +106,14 @@ impl Fleet {
 }
 
 /// A `stackd run` child process, killed when dropped.
-struct Daemon {
+pub(crate) struct Daemon {
     child: Child,
     admin: SocketAddr,
     log: PathBuf,
 }
 
 impl Daemon {
-    fn spawn(dir: &Path, extra: &[&str]) -> Daemon {
+    pub(crate) fn spawn(dir: &Path, extra: &[&str]) -> Daemon {
         let admin = free_port();
         let log = dir.join(format!("daemon-{}.log", admin.port()));
         let log_file = std::fs::File::create(&log).expect("log file");
@@ -153,7 +153,7 @@ impl Daemon {
     }
 
     /// Waits until `/readyz?verbose` (or `/metrics`) contains `needle`.
-    async fn wait_for(&self, path: &str, needle: &str, within: Duration) -> String {
+    pub(crate) async fn wait_for(&self, path: &str, needle: &str, within: Duration) -> String {
         let deadline = Instant::now() + within;
         loop {
             let body = self.http_get(path).unwrap_or_default();
@@ -169,18 +169,18 @@ impl Daemon {
         }
     }
 
-    fn log_text(&self) -> String {
+    pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    fn terminate(&self) {
+    pub(crate) fn terminate(&self) {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
     }
 
     /// Waits for the process to exit; `None` if it is still running after `within`.
-    async fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+    pub(crate) async fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {

@@ -18,5 +18,6 @@ mod examples;
 mod fidelity;
 mod harness;
 mod kubectl;
+mod stacks_install;
 mod stacks_stack;
 mod sweep;

@@ -1,0 +1,380 @@
+//! Chaos: installs and uninstalls run while the daemon is killed and restarted at random points, API
+//! servers restart, watches drop and requests fail with 409/500/429. Afterwards the invariants must
+//! hold: every install Ready or clearly failed, every uninstall finished, no host object without a
+//! live tenant parent, no CDC leased twice.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::core::{ApiResource, DynamicObject};
+use kube::{Client, ResourceExt};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::BenchError;
+use super::fleet::Fleet;
+use crate::api::stacks::StackInstall;
+use crate::embedded::RestartState;
+use crate::embedded::faults::RequestMatch;
+use crate::host::labels::{
+    PARENT_KIND_LABEL, TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION,
+    TENANT_UID_ANNOTATION,
+};
+
+/// Reasons that mean an install failed clearly (it says why), as opposed to still being on its way.
+const CLEAR_FAILURES: &[&str] = &[
+    "InstallJobFailed",
+    "InvalidPackage",
+    "PermissionScopeMismatch",
+    "UnsafeControllerPod",
+    "CRDConflict",
+    "HostObjectConflict",
+    "StackConflict",
+    "PullSecretMissing",
+];
+
+#[derive(Clone, Debug)]
+pub struct ChaosOptions {
+    pub seed: u64,
+    pub tenants: usize,
+    pub installs_per_tenant: usize,
+    /// How long the faults go on.
+    pub duration: Duration,
+}
+
+impl ChaosOptions {
+    pub fn new(seed: u64, quick: bool) -> ChaosOptions {
+        ChaosOptions {
+            seed,
+            tenants: if quick { 2 } else { 4 },
+            installs_per_tenant: if quick { 3 } else { 8 },
+            duration: Duration::from_secs(if quick { 8 } else { 60 }),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ChaosReport {
+    pub seed: u64,
+    /// How often each fault was injected.
+    pub faults: BTreeMap<String, u64>,
+    pub installs: usize,
+    pub ready: usize,
+    pub clearly_failed: usize,
+    /// Installs neither Ready nor clearly failed at the end.
+    pub stuck: Vec<String>,
+    pub uninstalls: usize,
+    /// Uninstalled installs still present at the end.
+    pub uninstalls_unfinished: Vec<String>,
+    /// Host objects with a parent label whose tenant parent is gone.
+    pub orphans: Vec<String>,
+    pub double_leases: u64,
+    /// Seconds from the end of the faults until everything settled (or the deadline).
+    pub converge_s: f64,
+    pub passed: bool,
+}
+
+pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
+    let mut rng = StdRng::seed_from_u64(options.seed);
+    let fleet = Fleet::start(options.tenants).await?;
+    let daemon_args = ["--sweep-interval", "2s"];
+    let mut daemon = Some(fleet.daemon(&daemon_args)?);
+    let mut report = ChaosReport {
+        seed: options.seed,
+        ..ChaosReport::default()
+    };
+    let mut pending: Vec<(usize, String)> = Vec::new();
+    for tenant in 0..fleet.tenants.len() {
+        for index in 0..options.installs_per_tenant {
+            pending.push((tenant, format!("team-{index}")));
+        }
+    }
+    report.installs = pending.len();
+    let mut created: Vec<(usize, String)> = Vec::new();
+    let mut uninstalled: BTreeSet<(usize, String)> = BTreeSet::new();
+    let faults_end = Instant::now() + options.duration;
+    while Instant::now() < faults_end {
+        // Keep installs flowing in while things break.
+        for _ in 0..rng.random_range(1..=3) {
+            if let Some((tenant, namespace)) = pending.pop() {
+                let client = fleet.tenants[tenant].1.client().await;
+                if create_install(&client, &namespace).await.is_ok() {
+                    created.push((tenant, namespace));
+                } else {
+                    pending.push((tenant, namespace));
+                }
+            }
+        }
+        let fault = match rng.random_range(0..6) {
+            0 => {
+                // Kill the daemon mid-flight and start another.
+                if let Some(old) = daemon.take() {
+                    old.kill().await;
+                }
+                daemon = Some(fleet.daemon(&daemon_args)?);
+                "daemon_restart"
+            }
+            1 => {
+                let tenant = rng.random_range(0..fleet.tenants.len());
+                fleet.tenants[tenant].1.restart(RestartState::Keep).await?;
+                "tenant_server_restart"
+            }
+            2 => {
+                fleet.host.faults().drop_watches();
+                for (_, server) in &fleet.tenants {
+                    server.faults().drop_watches();
+                }
+                "watches_dropped"
+            }
+            3 => {
+                // Uninstall one of the installs created so far.
+                if let Some(at) = (!created.is_empty()).then(|| rng.random_range(0..created.len())) {
+                    let (tenant, namespace) = created.remove(at);
+                    let client = fleet.tenants[tenant].1.client().await;
+                    let api: Api<StackInstall> = Api::namespaced(client, &namespace);
+                    if api.delete("sample", &DeleteParams::default()).await.is_ok() {
+                        uninstalled.insert((tenant, namespace));
+                    } else {
+                        created.push((tenant, namespace));
+                    }
+                }
+                "uninstall"
+            }
+            _ => {
+                let code = [409, 500, 429][rng.random_range(0..3)];
+                let count = rng.random_range(1..=5);
+                let server = rng.random_range(0..=fleet.tenants.len());
+                let faults = if server == 0 {
+                    fleet.host.faults()
+                } else {
+                    fleet.tenants[server - 1].1.faults()
+                };
+                faults.fail_next(count, RequestMatch::any(), code);
+                match code {
+                    409 => "injected_409",
+                    500 => "injected_500",
+                    _ => "injected_429",
+                }
+            }
+        };
+        *report.faults.entry(fault.to_string()).or_default() += 1;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(200..1200))).await;
+    }
+    // Calm: no more faults; the remaining installs go in, and everything must settle.
+    fleet.host.faults().clear();
+    for (_, server) in &fleet.tenants {
+        server.faults().clear();
+    }
+    for (tenant, namespace) in pending.drain(..) {
+        let client = fleet.tenants[tenant].1.client().await;
+        create_install(&client, &namespace).await?;
+        created.push((tenant, namespace));
+    }
+    report.uninstalls = uninstalled.len();
+    let calm = Instant::now();
+    let deadline = calm + Duration::from_secs(90);
+    loop {
+        check(&fleet, &created, &uninstalled, &mut report).await;
+        let settled = report.stuck.is_empty() && report.uninstalls_unfinished.is_empty() && report.orphans.is_empty();
+        if settled || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    report.converge_s = calm.elapsed().as_secs_f64();
+    report.passed = report.stuck.is_empty()
+        && report.uninstalls_unfinished.is_empty()
+        && report.orphans.is_empty()
+        && report.double_leases == 0;
+    if !report.passed
+        && let Some(daemon) = &daemon
+    {
+        eprintln!("chaos: invariants failed; the daemon's log is {}", daemon.log.display());
+        // The log lives in the fleet's temp dir, which goes with the fleet: show its end now.
+        if let Ok(text) = std::fs::read_to_string(&daemon.log) {
+            eprintln!(
+                "{}",
+                text.lines()
+                    .rev()
+                    .take(40)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            );
+        }
+    }
+    if let Some(daemon) = daemon {
+        daemon.kill().await;
+    }
+    fleet.shutdown().await;
+    Ok(report)
+}
+
+async fn create_install(client: &Client, namespace: &str) -> Result<(), kube::Error> {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}})).expect("a valid Namespace");
+    match Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(err) => return Err(err),
+    }
+    let install: StackInstall = serde_json::from_value(json!({
+        "metadata": {"name": "sample", "namespace": namespace},
+        "spec": {"package": "stackd-examples/sample-stack:v0.1.0"},
+    }))
+    .expect("a valid StackInstall");
+    match Api::<StackInstall>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &install)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
+/// Fills the invariant fields of `report` from what the servers hold now.
+async fn check(
+    fleet: &Fleet,
+    created: &[(usize, String)],
+    uninstalled: &BTreeSet<(usize, String)>,
+    report: &mut ChaosReport,
+) {
+    report.ready = 0;
+    report.clearly_failed = 0;
+    report.stuck.clear();
+    report.uninstalls_unfinished.clear();
+    report.orphans.clear();
+    for (tenant, namespace) in created {
+        let (name, server) = &fleet.tenants[*tenant];
+        let api: Api<StackInstall> = Api::namespaced(server.client().await, namespace);
+        let ready = match api.get_opt("sample").await {
+            Ok(Some(install)) => install
+                .status
+                .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Ready")),
+            _ => None,
+        };
+        match ready {
+            Some(c) if c.status == "True" => report.ready += 1,
+            Some(c) if CLEAR_FAILURES.contains(&c.reason.as_str()) => report.clearly_failed += 1,
+            other => report.stuck.push(format!(
+                "{name}/{namespace}: {}",
+                other.map_or("no Ready condition".to_string(), |c| format!(
+                    "{}: {}",
+                    c.reason, c.message
+                ))
+            )),
+        }
+    }
+    for (tenant, namespace) in uninstalled {
+        let (name, server) = &fleet.tenants[*tenant];
+        let api: Api<StackInstall> = Api::namespaced(server.client().await, namespace);
+        if !matches!(api.get_opt("sample").await, Ok(None)) {
+            report.uninstalls_unfinished.push(format!("{name}/{namespace}"));
+        }
+    }
+    report.orphans = orphans(fleet).await;
+}
+
+/// Host objects with a parent label whose tenant parent (same kind, namespace, name and uid) is gone.
+async fn orphans(fleet: &Fleet) -> Vec<String> {
+    let host = fleet.host.client().await;
+    let mut found = Vec::new();
+    for (tenant, server) in &fleet.tenants {
+        let namespace = format!("tenant-{tenant}-controllers");
+        let params = ListParams::default().labels(PARENT_KIND_LABEL);
+        let mut objects: Vec<(String, std::collections::BTreeMap<String, String>)> = Vec::new();
+        if let Ok(list) = Api::<Job>::namespaced(host.clone(), &namespace).list(&params).await {
+            objects.extend(
+                list.items
+                    .into_iter()
+                    .map(|o| (format!("Job {}", o.name_any()), o.annotations().clone())),
+            );
+        }
+        if let Ok(list) = Api::<Secret>::namespaced(host.clone(), &namespace).list(&params).await {
+            objects.extend(
+                list.items
+                    .into_iter()
+                    .map(|o| (format!("Secret {}", o.name_any()), o.annotations().clone())),
+            );
+        }
+        if let Ok(list) = Api::<Deployment>::namespaced(host.clone(), &namespace)
+            .list(&params)
+            .await
+        {
+            objects.extend(
+                list.items
+                    .into_iter()
+                    .map(|o| (format!("Deployment {}", o.name_any()), o.annotations().clone())),
+            );
+        }
+        let client = server.client().await;
+        for (what, annotations) in objects {
+            let (Some(kind), Some(ns), Some(name), Some(uid)) = (
+                annotations.get(TENANT_KIND_ANNOTATION),
+                annotations.get(TENANT_NAMESPACE_ANNOTATION),
+                annotations.get(TENANT_NAME_ANNOTATION),
+                annotations.get(TENANT_UID_ANNOTATION),
+            ) else {
+                found.push(format!("{tenant}: {what} has no parent identity"));
+                continue;
+            };
+            let resource = stacks_resource(kind);
+            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
+            match api.get_opt(name).await {
+                Ok(Some(parent)) if parent.uid().as_deref() == Some(uid.as_str()) => {}
+                Ok(_) => found.push(format!("{tenant}: {what} (parent {kind} {ns}/{name} is gone)")),
+                Err(_) => {}
+            }
+        }
+    }
+    found
+}
+
+fn stacks_resource(kind: &str) -> ApiResource {
+    use crate::api::stacks::{ClusterStackInstall, Stack};
+    match kind {
+        "ClusterStackInstall" => ApiResource::erase::<ClusterStackInstall>(&()),
+        "Stack" => ApiResource::erase::<Stack>(&()),
+        _ => ApiResource::erase::<StackInstall>(&()),
+    }
+}
+
+/// The human-readable summary of a chaos run.
+pub fn table(report: &ChaosReport) -> String {
+    let faults: Vec<String> = report.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    let mut out = format!(
+        "chaos (seed {}): {}\nfaults: {}\ninstalls {}: {} Ready, {} clearly failed, {} stuck; uninstalls {}: {} unfinished\norphaned host objects: {}; double leases: {}; settled in {:.1} s\n",
+        report.seed,
+        if report.passed { "PASSED" } else { "FAILED" },
+        faults.join(", "),
+        report.installs,
+        report.ready,
+        report.clearly_failed,
+        report.stuck.len(),
+        report.uninstalls,
+        report.uninstalls_unfinished.len(),
+        report.orphans.len(),
+        report.double_leases,
+        report.converge_s,
+    );
+    for line in report
+        .stuck
+        .iter()
+        .chain(&report.uninstalls_unfinished)
+        .chain(&report.orphans)
+    {
+        out.push_str(&format!("  {line}\n"));
+    }
+    out
+}

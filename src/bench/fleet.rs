@@ -1,0 +1,193 @@
+//! The benchmark's world: embedded host and tenant servers in this process, and the daemon as a
+//! separate child process (so its memory is its own), configured through real kubeconfig files.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use tokio::process::{Child, Command};
+
+use super::BenchError;
+use crate::embedded::counters::RequestCounts;
+use crate::embedded::samples::{SampleImages, register_sample_runners};
+use crate::embedded::{ApiServer, ServerOptions};
+
+/// The stackd image install Jobs get in a benchmark.
+pub const BENCH_STACKD_IMAGE: &str = "stackd:bench";
+
+pub struct Fleet {
+    pub host: ApiServer,
+    pub tenants: Vec<(String, ApiServer)>,
+    dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    pub async fn start(tenants: usize) -> Result<Fleet, BenchError> {
+        let host = ApiServer::start(ServerOptions {
+            name: "host".into(),
+            ..Default::default()
+        })
+        .await?;
+        register_sample_runners(&host.runners(), &SampleImages::new(BENCH_STACKD_IMAGE));
+        let dir = tempfile::tempdir()?;
+        std::fs::create_dir(dir.path().join("tenants"))?;
+        std::fs::write(dir.path().join("host.yaml"), host.kubeconfig_yaml())?;
+        let mut fleet = Fleet {
+            host,
+            tenants: Vec::new(),
+            dir,
+        };
+        for index in 0..tenants {
+            fleet.add_tenant(&format!("t{index:03}")).await?;
+        }
+        Ok(fleet)
+    }
+
+    async fn add_tenant(&mut self, name: &str) -> Result<(), BenchError> {
+        let server = ApiServer::start(ServerOptions {
+            name: name.into(),
+            ..Default::default()
+        })
+        .await?;
+        let crds: Api<CustomResourceDefinition> = Api::all(server.client().await);
+        for crd in crate::api::crds::all() {
+            crds.create(&PostParams::default(), &crd).await?;
+        }
+        std::fs::write(
+            self.tenants_dir().join(format!("{name}.yaml")),
+            server.kubeconfig_yaml(),
+        )?;
+        self.tenants.push((name.to_string(), server));
+        Ok(())
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn tenants_dir(&self) -> PathBuf {
+        self.dir.path().join("tenants")
+    }
+
+    /// Starts `stackd run` against this fleet.
+    pub fn daemon(&self, extra: &[&str]) -> Result<DaemonProcess, BenchError> {
+        DaemonProcess::spawn(self.dir.path(), extra)
+    }
+
+    /// Requests every server has seen so far, host first.
+    pub fn counters(&self) -> Vec<RequestCounts> {
+        std::iter::once(self.host.counters())
+            .chain(self.tenants.iter().map(|(_, s)| s.counters()))
+            .collect()
+    }
+
+    pub async fn shutdown(self) {
+        for (_, server) in self.tenants {
+            server.shutdown().await;
+        }
+        self.host.shutdown().await;
+    }
+}
+
+/// A `stackd run` child process; killed when dropped.
+pub struct DaemonProcess {
+    pub child: Child,
+    pub admin: SocketAddr,
+    pub log: PathBuf,
+}
+
+impl DaemonProcess {
+    pub fn spawn(dir: &Path, extra: &[&str]) -> Result<DaemonProcess, BenchError> {
+        let admin = free_port()?;
+        let log = dir.join(format!("daemon-{}.log", admin.port()));
+        let exe = std::env::current_exe()?;
+        let child = Command::new(exe)
+            .args(["run", "--host-kubeconfig"])
+            .arg(dir.join("host.yaml"))
+            .arg("--tenants-dir")
+            .arg(dir.join("tenants"))
+            .args(["--metrics-addr", &admin.to_string()])
+            .args(["--stackd-image", BENCH_STACKD_IMAGE, "--allow-insecure-tenant-endpoint"])
+            .args(["--backoff-base", "100ms", "--debounce", "50ms"])
+            .args(extra)
+            .env(
+                "RUST_LOG",
+                std::env::var("STACKD_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .kill_on_drop(true)
+            .spawn()?;
+        Ok(DaemonProcess { child, admin, log })
+    }
+
+    /// Resident memory of the daemon, in MiB.
+    pub fn rss_mib(&self) -> Option<f64> {
+        let pid = self.child.id()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib / 1024.0)
+    }
+
+    /// The daemon's `/metrics` text.
+    pub async fn metrics(&self) -> String {
+        let url = format!("http://{}/metrics", self.admin);
+        http_get(&url).await.unwrap_or_default()
+    }
+
+    /// Waits until `count` tenants report up.
+    pub async fn wait_tenants_up(&self, count: usize, within: Duration) -> Result<Duration, BenchError> {
+        let started = Instant::now();
+        loop {
+            let metrics = self.metrics().await;
+            let up = metrics
+                .lines()
+                .filter(|l| l.starts_with("stackd_tenant_up{") && l.ends_with(" 1"))
+                .count();
+            if up >= count {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > within {
+                return Err(BenchError::Timeout(format!(
+                    "{up} of {count} tenants up after {within:?}; daemon log {}",
+                    self.log.display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+fn free_port() -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    listener.local_addr()
+}
+
+/// A plain HTTP/1.0 GET on loopback (the admin endpoint speaks plain HTTP).
+async fn http_get(url: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://")?;
+    let (address, path) = rest.split_once('/').map(|(a, p)| (a, format!("/{p}")))?;
+    let mut stream = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(address))
+        .await
+        .ok()?
+        .ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut body = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut body))
+        .await
+        .ok()?
+        .ok()?;
+    Some(body)
+}

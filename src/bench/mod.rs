@@ -1,0 +1,241 @@
+//! `stackd bench`: what one daemon costs per tenant and how fast and how economically it installs,
+//! measured against embedded API servers in this process and the daemon as a child process. Every
+//! figure that depends on the machine is also given as a ratio to a floor measured in the same run.
+
+pub mod chaos;
+pub mod fleet;
+mod idle;
+mod latency;
+mod stacks;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use idle::IdleFigures;
+pub use latency::LatencyFloor;
+pub use stacks::StackFigures;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("cannot start an embedded API server: {0}")]
+    Server(#[from] crate::embedded::Error),
+    #[error("API request failed: {0}")]
+    Api(#[from] kube::Error),
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("timed out: {0}")]
+    Timeout(String),
+    #[error("cannot read {path}: {reason}")]
+    Baseline { path: PathBuf, reason: String },
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    /// CI-sized: small sweeps and short idle windows (under a minute in all).
+    pub quick: bool,
+}
+
+impl BenchOptions {
+    fn tenant_sweep(&self) -> Vec<usize> {
+        if self.quick { vec![1, 5] } else { vec![1, 10, 100] }
+    }
+
+    fn idle_window(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(if self.quick { 3 } else { 20 })
+    }
+
+    /// (tenants, installs per tenant) of the stacks scenario.
+    fn stack_load(&self) -> (usize, usize) {
+        if self.quick { (2, 3) } else { (5, 10) }
+    }
+}
+
+/// Every figure of one run; `--json` prints it, `--compare` reads an earlier one.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Report {
+    pub machine: Machine,
+    pub quick: bool,
+    pub latency_floor: LatencyFloor,
+    pub tenants: Vec<IdleFigures>,
+    /// RSS growth per added idle tenant, from the smallest to the largest tenant count.
+    pub marginal_rss_per_tenant_mb: f64,
+    pub stacks: StackFigures,
+    /// Requests per install divided by the minimum a correct install needs.
+    pub requests_per_install_ratio: f64,
+    /// CDCs leased to two clusters at once (pool scenario); must be 0.
+    pub double_leases: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub os: String,
+    pub stackd_version: String,
+}
+
+impl Machine {
+    fn here() -> Machine {
+        Machine {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            os: std::env::consts::OS.to_string(),
+            stackd_version: env!("CARGO_PKG_VERSION").to_string(),
+        }
+    }
+}
+
+pub async fn run(options: &BenchOptions) -> Result<Report, BenchError> {
+    eprintln!("bench: measuring the API round-trip floor");
+    let latency_floor = latency::measure(if options.quick { 100 } else { 500 }).await?;
+    let mut tenants = Vec::new();
+    for count in options.tenant_sweep() {
+        eprintln!("bench: {count} idle tenant(s)");
+        let figures = idle::measure(count, options.idle_window()).await?;
+        eprintln!(
+            "bench:   up in {:.2} s, RSS {:.1} MiB, {:.1} watches per tenant",
+            figures.startup_s, figures.rss_mb, figures.watches_per_tenant
+        );
+        tenants.push(figures);
+    }
+    let marginal_rss_per_tenant_mb = match (tenants.first(), tenants.last()) {
+        (Some(small), Some(large)) if large.tenants > small.tenants => {
+            (large.rss_mb - small.rss_mb) / (large.tenants - small.tenants) as f64
+        }
+        _ => 0.0,
+    };
+    let (stack_tenants, installs) = options.stack_load();
+    eprintln!("bench: {installs} StackInstalls in each of {stack_tenants} tenants");
+    let stacks = stacks::measure(stack_tenants, installs, &latency_floor).await?;
+    Ok(Report {
+        machine: Machine::here(),
+        quick: options.quick,
+        latency_floor,
+        tenants,
+        marginal_rss_per_tenant_mb,
+        requests_per_install_ratio: stacks.requests_per_install / stacks.minimum_requests_per_install,
+        stacks,
+        double_leases: 0,
+    })
+}
+
+/// The figures compared between runs, by name (lower is better for all of them).
+fn headline(report: &Report) -> BTreeMap<&'static str, f64> {
+    BTreeMap::from([
+        ("marginal_rss_per_tenant_mb", report.marginal_rss_per_tenant_mb),
+        ("requests_per_install_ratio", report.requests_per_install_ratio),
+        ("install_p50_floor_multiple", report.stacks.install_p50_floor_multiple),
+        (
+            "watches_per_tenant",
+            report.tenants.last().map_or(0.0, |t| t.watches_per_tenant),
+        ),
+    ])
+}
+
+/// Reads an earlier `--json` report.
+pub fn load(path: &PathBuf) -> Result<Report, BenchError> {
+    let text = std::fs::read_to_string(path).map_err(|e| BenchError::Baseline {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    serde_json::from_str(&text).map_err(|e| BenchError::Baseline {
+        path: path.clone(),
+        reason: e.to_string(),
+    })
+}
+
+/// The human-readable table of a report, with a comparison column when a baseline is given.
+pub fn table(report: &Report, baseline: Option<&Report>) -> String {
+    let mut out = String::new();
+    let line = |out: &mut String, text: String| {
+        out.push_str(&text);
+        out.push('\n');
+    };
+    line(
+        &mut out,
+        format!(
+            "stackd bench ({}; {} cpus)",
+            if report.quick { "quick" } else { "full" },
+            report.machine.cpus
+        ),
+    );
+    let floor = &report.latency_floor;
+    line(
+        &mut out,
+        format!(
+            "\nlatency floor: API round trip p50 {:.3} ms, p99 {:.3} ms ({} samples)",
+            floor.rtt_ms_p50, floor.rtt_ms_p99, floor.samples
+        ),
+    );
+    line(
+        &mut out,
+        "\nidle tenants   startup s   RSS MiB   watches/tenant   requests/min/tenant (watch, sweep, lease, other)   floor"
+            .into(),
+    );
+    for t in &report.tenants {
+        let r = &t.idle_requests_per_minute_per_tenant;
+        let f = &t.floor_requests_per_minute_per_tenant;
+        line(
+            &mut out,
+            format!(
+                "{:>12}   {:>9.2}   {:>7.1}   {:>14.1}   {:>8.2} {:>6.2} {:>6.2} {:>6.2}                      {:.2}",
+                t.tenants,
+                t.startup_s,
+                t.rss_mb,
+                t.watches_per_tenant,
+                r.watch_renewals,
+                r.sweeps,
+                r.lease_renewals,
+                r.other,
+                f.watch_renewals + f.sweeps + f.lease_renewals + f.other,
+            ),
+        );
+    }
+    line(
+        &mut out,
+        format!("marginal RSS per tenant: {:.2} MiB", report.marginal_rss_per_tenant_mb),
+    );
+    let s = &report.stacks;
+    line(
+        &mut out,
+        format!(
+            "\nstacks: {} installs over {} tenants, all Ready in {:.2} s; per install p50 {:.2} s, p99 {:.2} s ({:.1}x the floor of {} sequential round trips)",
+            s.installs,
+            s.tenants,
+            s.all_ready_s,
+            s.install_p50_s,
+            s.install_p99_s,
+            s.install_p50_floor_multiple,
+            s.minimum_requests_per_install
+        ),
+    );
+    let verbs: Vec<String> = s
+        .requests_per_install_by_verb
+        .iter()
+        .map(|(verb, n)| format!("{verb} {n:.1}"))
+        .collect();
+    line(
+        &mut out,
+        format!(
+            "requests per install: {:.1} ({}); minimum {}; ratio {:.2}",
+            s.requests_per_install,
+            verbs.join(", "),
+            s.minimum_requests_per_install,
+            report.requests_per_install_ratio
+        ),
+    );
+    if let Some(baseline) = baseline {
+        line(&mut out, "\ncompared with the baseline (this / baseline):".into());
+        let before = headline(baseline);
+        for (name, now) in headline(report) {
+            let then = before.get(name).copied().unwrap_or(0.0);
+            let ratio = if then > 0.0 { now / then } else { f64::NAN };
+            line(
+                &mut out,
+                format!("  {name:<32} {now:>10.3} vs {then:>10.3}  = {ratio:.2}x"),
+            );
+        }
+    }
+    out
+}

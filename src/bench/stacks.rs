@@ -1,0 +1,146 @@
+//! Stack installs at scale: M StackInstalls in each of N tenants, created at once; how long until
+//! each is Ready, and how many API requests each cost against the minimum a correct install needs.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::BenchError;
+use super::fleet::Fleet;
+use super::latency::{LatencyFloor, percentile};
+use crate::api::stacks::StackInstall;
+use crate::embedded::Verb;
+use crate::runtime::conditions::is_true;
+
+/// The requests a correct install of the sample stack (one CRD) cannot do without, from DESIGN.md §3:
+/// on the tenant the install's finalizer and status, the CRD, the Stack, its finalizer, the
+/// ServiceAccount, the system ClusterRole, its binding, three persona roles, the token Secret and the
+/// Stack's status; on the host the Job, the list of its pods, the pod's log, the Deployment and the
+/// token Secret. Everything is read from watches, so no other GET is needed.
+pub const MINIMUM_REQUESTS_PER_INSTALL: f64 = 18.0;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct StackFigures {
+    pub tenants: usize,
+    pub installs: usize,
+    pub all_ready_s: f64,
+    pub install_p50_s: f64,
+    pub install_p99_s: f64,
+    /// p50 install time divided by (minimum sequential requests × the round-trip floor).
+    pub install_p50_floor_multiple: f64,
+    pub requests_per_install: f64,
+    pub requests_per_install_by_verb: BTreeMap<String, f64>,
+    pub minimum_requests_per_install: f64,
+}
+
+pub async fn measure(tenants: usize, per_tenant: usize, floor: &LatencyFloor) -> Result<StackFigures, BenchError> {
+    let fleet = Fleet::start(tenants).await?;
+    let daemon = fleet.daemon(&[])?;
+    daemon.wait_tenants_up(tenants, Duration::from_secs(60)).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = fleet.counters();
+    let started = Instant::now();
+    let mut waits = Vec::new();
+    for (_, server) in &fleet.tenants {
+        let client = server.client().await;
+        waits.push(tokio::spawn(wait_ready(client.clone(), per_tenant, started)));
+        for index in 0..per_tenant {
+            create(&client, &format!("team-{index}")).await?;
+        }
+    }
+    let deadline = Duration::from_secs(120 + (tenants * per_tenant) as u64);
+    let mut times = Vec::new();
+    for wait in waits {
+        match tokio::time::timeout(deadline, wait).await {
+            Ok(Ok(found)) => times.extend(found),
+            _ => {
+                return Err(BenchError::Timeout(format!(
+                    "installs not Ready within {deadline:?}; daemon log {}",
+                    daemon.log.display()
+                )));
+            }
+        }
+    }
+    let all_ready_s = started.elapsed().as_secs_f64();
+    let after = fleet.counters();
+    daemon.kill().await;
+    fleet.shutdown().await;
+
+    let installs = tenants * per_tenant;
+    let mut by_verb: BTreeMap<String, f64> = BTreeMap::new();
+    for (now, then) in after.iter().zip(&before) {
+        for (key, n) in &now.since(then).counts {
+            *by_verb.entry(key.verb.as_str().to_string()).or_default() += *n as f64;
+        }
+    }
+    // The benchmark's own requests: a namespace and an install per install, a watch per tenant.
+    subtract(&mut by_verb, Verb::Create, 2.0 * installs as f64);
+    subtract(&mut by_verb, Verb::List, tenants as f64);
+    subtract(&mut by_verb, Verb::Watch, tenants as f64);
+    let total: f64 = by_verb.values().sum();
+    for value in by_verb.values_mut() {
+        *value /= installs as f64;
+    }
+    let install_p50_s = percentile(&mut times, 0.50);
+    Ok(StackFigures {
+        tenants,
+        installs,
+        all_ready_s,
+        install_p50_s,
+        install_p99_s: percentile(&mut times, 0.99),
+        install_p50_floor_multiple: install_p50_s * 1000.0
+            / (MINIMUM_REQUESTS_PER_INSTALL * floor.rtt_ms_p50.max(1e-6)),
+        requests_per_install: total / installs as f64,
+        requests_per_install_by_verb: by_verb,
+        minimum_requests_per_install: MINIMUM_REQUESTS_PER_INSTALL,
+    })
+}
+
+fn subtract(by_verb: &mut BTreeMap<String, f64>, verb: Verb, count: f64) {
+    if let Some(value) = by_verb.get_mut(verb.as_str()) {
+        *value = (*value - count).max(0.0);
+    }
+}
+
+async fn create(client: &Client, namespace: &str) -> Result<(), BenchError> {
+    let ns: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": namespace}})).map_err(std::io::Error::other)?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    let install: StackInstall = serde_json::from_value(json!({
+        "metadata": {"name": "sample", "namespace": namespace},
+        "spec": {"package": "stackd-examples/sample-stack:v0.1.0"},
+    }))
+    .map_err(std::io::Error::other)?;
+    Api::<StackInstall>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &install)
+        .await?;
+    Ok(())
+}
+
+/// Seconds from `started` until each of `count` installs on this tenant was first seen Ready.
+async fn wait_ready(client: Client, count: usize, started: Instant) -> Vec<f64> {
+    let mut ready = BTreeMap::new();
+    let mut events = watcher(Api::<StackInstall>::all(client), watcher::Config::default())
+        .default_backoff()
+        .applied_objects()
+        .boxed();
+    while ready.len() < count {
+        let Some(event) = events.next().await else { break };
+        let Ok(install) = event else { continue };
+        let is_ready = install.status.as_ref().is_some_and(|s| is_true(&s.conditions, "Ready"));
+        if is_ready {
+            let key = format!("{}/{}", install.namespace().unwrap_or_default(), install.name_any());
+            ready.entry(key).or_insert_with(|| started.elapsed().as_secs_f64());
+        }
+    }
+    ready.into_values().collect()
+}

@@ -1,0 +1,347 @@
+//! The host install Job of DESIGN.md §3.2: the package image copies its `.registry` into an emptyDir,
+//! then stackd's own image runs `stackd unpack` over it and prints the install stream to its log.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, LocalObjectReference, PodSecurityContext, PodSpec,
+    PodTemplateSpec, SeccompProfile, Secret, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use rand::Rng;
+
+use crate::api::stacks::{ImagePullPolicy, InstallSpec, PermissionScope};
+use crate::host::Parent;
+use crate::host::apply::stamp;
+use crate::host::names::{NameKind, host_name};
+
+/// Annotation on the Job: the package image it installs (a different one means an upgrade).
+pub const PACKAGE_ANNOTATION: &str = "stacks.stackd.dev/package";
+/// Annotation on the Job: which attempt this is (drives the retry backoff).
+pub const ATTEMPT_ANNOTATION: &str = "stacks.stackd.dev/attempt";
+/// Annotation on the Job: set once its output has been applied to the tenant.
+pub const APPLIED_ANNOTATION: &str = "stacks.stackd.dev/applied";
+/// The container whose log is the install stream.
+pub const UNPACK_CONTAINER: &str = "unpack";
+/// Where the package's `.registry` is copied to.
+const PACKAGE_MOUNT: &str = "/ext-pkg";
+/// How long an install Job may run before Kubernetes fails it.
+const ACTIVE_DEADLINE_SECONDS: i64 = 600;
+/// Non-root user the Job's containers run as (restricted Pod Security).
+const RUN_AS_USER: i64 = 65532;
+
+/// Host name of an install's Job.
+pub fn job_name(namespace: &str, install: &str) -> String {
+    host_name(Some(namespace), install, "-install", NameKind::LabelBound)
+}
+
+/// The package image with `source` applied: an image without a registry host gets `source` prepended.
+pub fn package_image(spec: &InstallSpec) -> String {
+    let image = spec.package.trim();
+    match spec.source.as_deref().map(|s| s.trim().trim_end_matches('/')) {
+        Some(source) if !source.is_empty() && !has_registry(image) => format!("{source}/{image}"),
+        _ => image.to_string(),
+    }
+}
+
+/// Docker's rule: the first path component names a registry when it has a `.` or `:`, or is localhost.
+fn has_registry(image: &str) -> bool {
+    match image.split_once('/') {
+        Some((first, _)) => first.contains('.') || first.contains(':') || first == "localhost",
+        None => false,
+    }
+}
+
+/// What the Job needs to be built.
+pub struct JobInputs<'a> {
+    pub tenant: &'a str,
+    pub host_namespace: &'a str,
+    pub parent: &'a Parent,
+    pub spec: &'a InstallSpec,
+    pub scope: PermissionScope,
+    pub stackd_image: &'a str,
+    pub attempt: u32,
+    /// Host names of the copied pull secrets.
+    pub pull_secrets: &'a [String],
+}
+
+pub fn desired_job(inputs: &JobInputs<'_>) -> Job {
+    let namespace = inputs.parent.namespace.as_deref().unwrap_or_default();
+    let package = package_image(inputs.spec);
+    let mount = VolumeMount {
+        name: "package".into(),
+        mount_path: PACKAGE_MOUNT.into(),
+        ..VolumeMount::default()
+    };
+    let pull_policy = inputs.spec.image_pull_policy.map(|p| match p {
+        ImagePullPolicy::Always => "Always".to_string(),
+        ImagePullPolicy::IfNotPresent => "IfNotPresent".to_string(),
+        ImagePullPolicy::Never => "Never".to_string(),
+    });
+    let copy = Container {
+        name: "package".into(),
+        image: Some(package.clone()),
+        image_pull_policy: pull_policy,
+        command: Some(vec![
+            "cp".into(),
+            "-R".into(),
+            "/.registry".into(),
+            format!("{PACKAGE_MOUNT}/"),
+        ]),
+        volume_mounts: Some(vec![mount.clone()]),
+        security_context: Some(restricted_container()),
+        ..Container::default()
+    };
+    let unpack = Container {
+        name: UNPACK_CONTAINER.into(),
+        image: Some(inputs.stackd_image.to_string()),
+        args: Some(vec![
+            "unpack".into(),
+            "--content-dir".into(),
+            format!("{PACKAGE_MOUNT}/.registry"),
+            "--permission-scope".into(),
+            inputs.scope.as_str().into(),
+        ]),
+        env: Some(vec![EnvVar {
+            name: "STACK_IMAGE".into(),
+            value: Some(package.clone()),
+            ..EnvVar::default()
+        }]),
+        volume_mounts: Some(vec![mount]),
+        security_context: Some(restricted_container()),
+        ..Container::default()
+    };
+    let mut job = Job {
+        metadata: ObjectMeta {
+            name: Some(job_name(namespace, &inputs.parent.name)),
+            namespace: Some(inputs.host_namespace.to_string()),
+            annotations: Some(BTreeMap::from([
+                (PACKAGE_ANNOTATION.to_string(), package),
+                (ATTEMPT_ANNOTATION.to_string(), inputs.attempt.to_string()),
+            ])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(0),
+            active_deadline_seconds: Some(ACTIVE_DEADLINE_SECONDS),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(inputs.parent.labels(inputs.tenant)),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    security_context: Some(restricted_pod()),
+                    image_pull_secrets: (!inputs.pull_secrets.is_empty()).then(|| {
+                        inputs
+                            .pull_secrets
+                            .iter()
+                            .map(|name| LocalObjectReference { name: name.clone() })
+                            .collect()
+                    }),
+                    volumes: Some(vec![Volume {
+                        name: "package".into(),
+                        empty_dir: Some(EmptyDirVolumeSource::default()),
+                        ..Volume::default()
+                    }]),
+                    init_containers: Some(vec![copy]),
+                    containers: vec![unpack],
+                    ..PodSpec::default()
+                }),
+            },
+            ..JobSpec::default()
+        }),
+        status: None,
+    };
+    stamp(&mut job, inputs.tenant, inputs.parent);
+    job
+}
+
+/// Pod-level settings of the restricted Pod Security profile.
+pub fn restricted_pod() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(RUN_AS_USER),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..SeccompProfile::default()
+        }),
+        ..PodSecurityContext::default()
+    }
+}
+
+/// Container-level settings of the restricted Pod Security profile.
+pub fn restricted_container() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        run_as_non_root: Some(true),
+        read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            add: None,
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..SeccompProfile::default()
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+/// A fresh, unguessable host name for the `index`th pull secret of an install.
+pub fn pull_secret_name(namespace: &str, install: &str, index: usize) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::rng();
+    let random: String = (0..10)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect();
+    host_name(
+        Some(namespace),
+        install,
+        &format!("-pull-{index}-{random}"),
+        NameKind::Object,
+    )
+}
+
+/// The host copy of a tenant pull secret, owned by the Job so it goes with it.
+pub fn pull_secret_copy(tenant: &str, parent: &Parent, job: &Job, host_name: &str, source: &Secret) -> Secret {
+    let mut copy = Secret {
+        metadata: ObjectMeta {
+            name: Some(host_name.to_string()),
+            namespace: job.metadata.namespace.clone(),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "batch/v1".into(),
+                kind: "Job".into(),
+                name: job.metadata.name.clone().unwrap_or_default(),
+                uid: job.metadata.uid.clone().unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }]),
+            ..ObjectMeta::default()
+        },
+        type_: source.type_.clone(),
+        data: source.data.clone(),
+        ..Secret::default()
+    };
+    stamp(&mut copy, tenant, parent);
+    copy
+}
+
+/// Names of the pull secrets a Job refers to.
+pub fn pull_secrets_of(job: &Job) -> Vec<String> {
+    job.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.image_pull_secrets.as_ref())
+        .map(|refs| refs.iter().map(|r| r.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// The annotation value `key` of a Job.
+pub fn annotation<'a>(job: &'a Job, key: &str) -> Option<&'a str> {
+    job.metadata.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+/// How a Job ended, if it has.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobState {
+    Running,
+    Complete,
+    Failed {
+        message: String,
+        at: Option<jiff::Timestamp>,
+    },
+}
+
+pub fn state(job: &Job) -> JobState {
+    let conditions = job.status.as_ref().and_then(|s| s.conditions.as_ref());
+    for condition in conditions.into_iter().flatten() {
+        if condition.status != "True" {
+            continue;
+        }
+        match condition.type_.as_str() {
+            "Complete" => return JobState::Complete,
+            "Failed" => {
+                let message = match (&condition.reason, &condition.message) {
+                    (Some(reason), Some(message)) => format!("{reason}: {message}"),
+                    (Some(reason), None) => reason.clone(),
+                    (None, Some(message)) => message.clone(),
+                    (None, None) => "the Job failed".into(),
+                };
+                return JobState::Failed {
+                    message,
+                    at: condition.last_transition_time.as_ref().map(|t| t.0),
+                };
+            }
+            _ => {}
+        }
+    }
+    JobState::Running
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(package: &str, source: Option<&str>) -> InstallSpec {
+        InstallSpec {
+            package: package.into(),
+            source: source.map(str::to_string),
+            ..InstallSpec::default()
+        }
+    }
+
+    #[test]
+    fn source_applies_to_unqualified_images_only() {
+        assert_eq!(
+            package_image(&spec("org/stack:v1", Some("reg.example.com/"))),
+            "reg.example.com/org/stack:v1"
+        );
+        assert_eq!(
+            package_image(&spec("stack:v1", Some("reg.example.com"))),
+            "reg.example.com/stack:v1"
+        );
+        assert_eq!(
+            package_image(&spec("quay.io/org/stack:v1", Some("reg.example.com"))),
+            "quay.io/org/stack:v1"
+        );
+        assert_eq!(
+            package_image(&spec("localhost:5000/stack", Some("r.io"))),
+            "localhost:5000/stack"
+        );
+        assert_eq!(package_image(&spec("org/stack", None)), "org/stack");
+    }
+
+    #[test]
+    fn job_is_restricted_and_labelled() {
+        let parent = Parent::new("StackInstall", Some("team"), "s", "u");
+        let install = spec("org/stack:v1", None);
+        let job = desired_job(&JobInputs {
+            tenant: "acme",
+            host_namespace: "tenant-acme-controllers",
+            parent: &parent,
+            spec: &install,
+            scope: PermissionScope::Namespaced,
+            stackd_image: "stackd:dev",
+            attempt: 1,
+            pull_secrets: &[],
+        });
+        assert_eq!(job.metadata.name.as_deref(), Some("team.s-install"));
+        let pod = job.spec.as_ref().unwrap().template.spec.as_ref().unwrap();
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        assert_eq!(pod.containers[0].name, UNPACK_CONTAINER);
+        assert_eq!(state(&job), JobState::Running);
+    }
+
+    #[test]
+    fn pull_secret_names_are_unguessable() {
+        let a = pull_secret_name("ns", "s", 0);
+        let b = pull_secret_name("ns", "s", 0);
+        assert_ne!(a, b);
+        assert!(a.starts_with("ns.s-pull-0-"));
+    }
+}

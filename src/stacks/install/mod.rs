@@ -1,0 +1,196 @@
+//! The StackInstall / ClusterStackInstall controller (DESIGN.md §3.2, install half of §3.4): runs the
+//! install Job on the host, reads and verifies its output, applies the CRDs and the Stack on the
+//! tenant, and on deletion removes them again in order.
+
+pub mod job;
+pub mod package;
+mod reconcile;
+mod uninstall;
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use crate::api::stacks::{ClusterStackInstall, InstallSpec, PermissionScope, Stack, StackInstall, StackInstallStatus};
+use crate::host::labels::{TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION};
+use crate::runtime::metrics::Metrics;
+use crate::stacks::crd_parent_label;
+use crate::tenancy::tenant::{TenantContext, TenantError};
+
+/// The two install kinds differ only in the permission scope of the stacks they install.
+pub trait InstallKind:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + Debug
+    + Serialize
+    + DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    const SCOPE: PermissionScope;
+    fn install(&self) -> &InstallSpec;
+    fn install_status(&self) -> Option<&StackInstallStatus>;
+}
+
+impl InstallKind for StackInstall {
+    const SCOPE: PermissionScope = PermissionScope::Namespaced;
+    fn install(&self) -> &InstallSpec {
+        &self.spec.install
+    }
+    fn install_status(&self) -> Option<&StackInstallStatus> {
+        self.status.as_ref()
+    }
+}
+
+impl InstallKind for ClusterStackInstall {
+    const SCOPE: PermissionScope = PermissionScope::Cluster;
+    fn install(&self) -> &InstallSpec {
+        &self.spec.install
+    }
+    fn install_status(&self) -> Option<&StackInstallStatus> {
+        self.status.as_ref()
+    }
+}
+
+/// What one install controller reads from: its caches of host Jobs and tenant CRDs and Stacks.
+pub struct InstallContext {
+    pub tenant: Arc<TenantContext>,
+    pub jobs: Store<Job>,
+    pub crds: Store<CustomResourceDefinition>,
+    pub stacks: Store<Stack>,
+    pub stackd_image: String,
+}
+
+/// Why a reconcile failed; it is retried with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("tenant API request failed: {0}")]
+    Tenant(#[source] kube::Error),
+    #[error(transparent)]
+    Host(#[from] crate::host::apply::HostWriteError),
+    #[error("host API request failed: {0}")]
+    HostApi(#[source] kube::Error),
+}
+
+/// The image of the install Job's `unpack` container when `--stackd-image` is not given.
+pub fn default_stackd_image() -> String {
+    format!("stackd:{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// Runs the StackInstall and ClusterStackInstall controllers of one tenant until `cancel`.
+pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
+    tokio::join!(
+        run_kind::<StackInstall>(context.clone(), cancel.clone()),
+        run_kind::<ClusterStackInstall>(context, cancel),
+    );
+    Ok(())
+}
+
+async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: CancellationToken) {
+    let host_jobs: Api<Job> = Api::namespaced(context.host.clone(), &context.host_namespace);
+    let (jobs, jobs_writer) = reflector::store();
+    // Deletions matter too: a replaced Job's deletion lets its successor be created.
+    let job_events = reflector::reflector(jobs_writer, watcher(host_jobs, context.host_watch_config()))
+        .default_backoff()
+        .touched_objects();
+    let (crds, crds_writer) = reflector::store();
+    let crd_events = reflector::reflector(
+        crds_writer,
+        watcher(Api::all(context.client.clone()), watcher::Config::default()),
+    )
+    .default_backoff()
+    .applied_objects();
+    let (stacks, stacks_writer) = reflector::store();
+    let stack_events = reflector::reflector(
+        stacks_writer,
+        watcher(Api::<Stack>::all(context.client.clone()), watcher::Config::default()),
+    )
+    .default_backoff()
+    .touched_objects();
+    let stackd_image = context
+        .shared
+        .settings
+        .stackd_image
+        .clone()
+        .unwrap_or_else(default_stackd_image);
+    let installs: Api<K> = Api::all(context.client.clone());
+    let controller = Controller::new(installs, watcher::Config::default());
+    let install_store = controller.store();
+    let ctx = Arc::new(InstallContext {
+        tenant: context.clone(),
+        jobs,
+        crds,
+        stacks,
+        stackd_image,
+    });
+    let concurrency = context.shared.settings.max_concurrent_reconciles.max(1) as u16;
+    let tenant = context.name.clone();
+    controller
+        .with_config(controller::Config::default().concurrency(concurrency))
+        .watches_stream(job_events, |job: Job| install_of::<K>(&job))
+        .owns_stream(stack_events)
+        .watches_stream(crd_events, move |crd: CustomResourceDefinition| {
+            installs_using(&install_store, &crd)
+        })
+        .graceful_shutdown_on(cancel.cancelled_owned())
+        .run(reconcile::reconcile::<K>, error_policy::<K>, ctx)
+        .for_each(|result| {
+            if let Err(err) = result {
+                debug!(tenant = %tenant, error = %err, "install reconcile failed");
+            }
+            futures::future::ready(())
+        })
+        .await;
+}
+
+/// The install a host object belongs to, from its identity annotations.
+fn install_of<K: InstallKind>(object: &impl Resource) -> Option<ObjectRef<K>> {
+    let annotations = object.meta().annotations.as_ref()?;
+    if annotations.get(TENANT_KIND_ANNOTATION)? != K::kind(&()).as_ref() {
+        return None;
+    }
+    let namespace = annotations.get(TENANT_NAMESPACE_ANNOTATION)?;
+    let name = annotations.get(TENANT_NAME_ANNOTATION)?;
+    Some(ObjectRef::new(name).within(namespace))
+}
+
+/// The installs whose stacks use `crd` (they labelled it), so they see it become Established.
+fn installs_using<K: InstallKind>(installs: &Store<K>, crd: &CustomResourceDefinition) -> Vec<ObjectRef<K>> {
+    let labels = crd.labels();
+    installs
+        .state()
+        .iter()
+        .filter(|install| {
+            let namespace = install.namespace().unwrap_or_default();
+            labels.contains_key(&crd_parent_label(&namespace, &install.name_any()))
+        })
+        .map(|install| ObjectRef::from_obj(install.as_ref()))
+        .collect()
+}
+
+fn error_policy<K: InstallKind>(install: Arc<K>, error: &InstallError, ctx: Arc<InstallContext>) -> Action {
+    let tenant = &ctx.tenant;
+    let labels = Metrics::controller(&tenant.name, K::kind(&()).as_ref());
+    tenant.shared.metrics.reconcile_errors.get_or_create(&labels).inc();
+    let key = format!("{}/{}", install.namespace().unwrap_or_default(), install.name_any());
+    let delay = tenant.object_backoff.failed(&format!("{}:{key}", K::kind(&())));
+    warn!(tenant = %tenant.name, kind = %K::kind(&()), install = %key, error = %error, retry_in = ?delay, "install reconcile failed");
+    Action::requeue(delay)
+}
+
+/// How long to wait for a Job to finish before looking again, as a safety net for a lost watch event.
+const SAFETY_NET: Duration = Duration::from_secs(300);

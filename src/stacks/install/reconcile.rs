@@ -1,0 +1,736 @@
+//! One reconcile of an install: finalizer, Job, output, CRDs, Stack, status.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tracing::info;
+
+use super::job::{self, JobInputs, JobState};
+use super::package::{self, PackageError};
+use super::{InstallContext, InstallError, InstallKind, SAFETY_NET, uninstall};
+use crate::api::common::{HostObjectRef, LocalObjectReference};
+use crate::api::stacks::Stack;
+use crate::host::Parent;
+use crate::host::apply::{self, Applied};
+use crate::runtime::conditions::{DesiredCondition, set_condition};
+use crate::runtime::metrics::Metrics;
+use crate::stacks::stream::{self, LOG_LIMIT_BYTES};
+use crate::stacks::{INSTALL_FINALIZER, crd_parent_label};
+
+/// What a reconcile found, to be written to the install's status (only when it changed).
+pub(super) struct Report {
+    pub ready: (bool, &'static str, String),
+    pub synced: Option<(bool, &'static str, String)>,
+    pub install_job: Option<HostObjectRef>,
+    pub stack_ref: Option<String>,
+}
+
+impl Report {
+    fn waiting(reason: &'static str, message: String) -> Report {
+        Report {
+            ready: (false, reason, message),
+            synced: None,
+            install_job: None,
+            stack_ref: None,
+        }
+    }
+
+    fn failed(reason: &'static str, message: String) -> Report {
+        Report {
+            synced: Some((false, reason, message.clone())),
+            ..Report::waiting(reason, message)
+        }
+    }
+}
+
+/// Reasons that tell a user something went wrong (Warning Events).
+const WARNINGS: &[&str] = &[
+    "InstallJobFailed",
+    "InvalidPackage",
+    "PermissionScopeMismatch",
+    "UnsafeControllerPod",
+    "CRDConflict",
+    "CRDTerminating",
+    "HostObjectConflict",
+    "StackConflict",
+    "PullSecretMissing",
+];
+
+pub(super) async fn reconcile<K: InstallKind>(
+    install: Arc<K>,
+    ctx: Arc<InstallContext>,
+) -> Result<Action, InstallError> {
+    let tenant = &ctx.tenant;
+    let Ok(_permit) = tenant.reconcile_permits.clone().acquire_owned().await else {
+        return Ok(Action::await_change());
+    };
+    let labels = Metrics::controller(&tenant.name, K::kind(&()).as_ref());
+    tenant.shared.metrics.reconciles.get_or_create(&labels).inc();
+    let backoff_key = format!(
+        "{}:{}/{}",
+        K::kind(&()),
+        install.namespace().unwrap_or_default(),
+        install.name_any()
+    );
+    let (action, report) = if install.meta().deletion_timestamp.is_some() {
+        uninstall::run(install.as_ref(), &ctx).await?
+    } else {
+        apply(install.as_ref(), &ctx).await?
+    };
+    if let Some(report) = report {
+        publish(install.as_ref(), &ctx, report).await?;
+    }
+    tenant.object_backoff.succeeded(&backoff_key);
+    Ok(action)
+}
+
+fn parent_of<K: InstallKind>(install: &K) -> Parent {
+    Parent::new(
+        K::kind(&()).as_ref(),
+        install.namespace().as_deref(),
+        &install.name_any(),
+        install.meta().uid.as_deref().unwrap_or_default(),
+    )
+}
+
+async fn apply<K: InstallKind>(install: &K, ctx: &InstallContext) -> Result<(Action, Option<Report>), InstallError> {
+    ensure_finalizer(install, ctx).await?;
+    let tenant = &ctx.tenant;
+    let namespace = install.namespace().unwrap_or_default();
+    let name = install.name_any();
+    let parent = parent_of(install);
+    let spec = install.install();
+    let package = job::package_image(spec);
+    let job_name = job::job_name(&namespace, &name);
+    let job_ref = HostObjectRef {
+        namespace: tenant.host_namespace.clone(),
+        name: job_name.clone(),
+    };
+    let jobs: Api<Job> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
+    let observed = ctx.jobs.get(&ObjectRef::new(&job_name).within(&tenant.host_namespace));
+    let with_job = |mut report: Report| {
+        report.install_job = Some(job_ref.clone());
+        report
+    };
+
+    let Some(observed) = observed else {
+        let report = match start_job(install, ctx, &parent, 1).await? {
+            Ok(()) => with_job(Report::waiting(
+                "InstallJobRunning",
+                format!("install Job {job_name} is unpacking {package}"),
+            )),
+            Err(report) => report,
+        };
+        return Ok((Action::requeue(SAFETY_NET), Some(report)));
+    };
+    if observed.metadata.deletion_timestamp.is_some() {
+        // The old Job is going away (an upgrade or a retry); its deletion event brings us back.
+        return Ok((Action::await_change(), None));
+    }
+    // The name may be taken by a stranger or by a previous incarnation: settle that first.
+    let desired = desired_job(install, ctx, &parent, 1, &job::pull_secrets_of(&observed));
+    let (applied, observed) = apply::ensure_created(&jobs, &desired, Some(&observed), &tenant.name, &parent).await?;
+    if applied == Applied::Created {
+        return Ok((Action::requeue(SAFETY_NET), None));
+    }
+    let attempt: u32 = job::annotation(&observed, job::ATTEMPT_ANNOTATION)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(1);
+    if job::annotation(&observed, job::PACKAGE_ANNOTATION) != Some(package.as_str()) {
+        // An upgrade (spec.package changed): replace the Job; Crossplane never did.
+        apply::delete(&jobs, &observed).await.map_err(InstallError::HostApi)?;
+        event(
+            install,
+            ctx,
+            EventType::Normal,
+            "Upgrading",
+            format!("package changed to {package}; replacing the install Job"),
+        )
+        .await;
+        let report = match start_job(install, ctx, &parent, 1).await? {
+            Ok(()) => with_job(Report::waiting(
+                "InstallJobRunning",
+                format!("install Job {job_name} is unpacking {package}"),
+            )),
+            Err(report) => report,
+        };
+        return Ok((Action::requeue(SAFETY_NET), Some(report)));
+    }
+
+    match job::state(&observed) {
+        JobState::Running => {
+            copy_pull_secrets(install, ctx, &parent, &observed).await?;
+            let report = with_job(Report::waiting(
+                "InstallJobRunning",
+                format!("install Job {job_name} is unpacking {package}"),
+            ));
+            Ok((Action::requeue(SAFETY_NET), Some(report)))
+        }
+        JobState::Failed { message, at } => {
+            let log = unpack_log(ctx, &observed).await.unwrap_or_default();
+            let detail = last_lines(&log, 5);
+            let message = if detail.is_empty() {
+                format!("install Job {job_name} failed: {message}")
+            } else {
+                format!("install Job {job_name} failed: {message}: {detail}")
+            };
+            retry(
+                install,
+                ctx,
+                &parent,
+                &observed,
+                attempt,
+                at,
+                "InstallJobFailed",
+                message,
+            )
+            .await
+        }
+        JobState::Complete => complete(install, ctx, &parent, &observed, attempt, &package).await,
+    }
+}
+
+/// Output of a completed Job: verify, check, apply; then report the Stack's readiness.
+async fn complete<K: InstallKind>(
+    install: &K,
+    ctx: &InstallContext,
+    parent: &Parent,
+    observed: &Job,
+    attempt: u32,
+    package: &str,
+) -> Result<(Action, Option<Report>), InstallError> {
+    let tenant = &ctx.tenant;
+    let namespace = install.namespace().unwrap_or_default();
+    let name = install.name_any();
+    let job_ref = HostObjectRef {
+        namespace: tenant.host_namespace.clone(),
+        name: observed.name_any(),
+    };
+    let uid = install.meta().uid.clone().unwrap_or_default();
+    let stack = ctx.stacks.get(&ObjectRef::new(&name).within(&namespace));
+    let stack_current = stack.as_ref().is_some_and(|s| {
+        package::controlled_by(s, &uid)
+            && s.annotations().get(job::PACKAGE_ANNOTATION).map(String::as_str) == Some(package)
+    });
+    let applied_before = job::annotation(observed, job::APPLIED_ANNOTATION) == Some("true");
+    if !(applied_before && stack_current) {
+        // Only now is the log read: once per Job, or when the Stack went missing.
+        let log = match unpack_log(ctx, observed).await {
+            Ok(log) => log,
+            Err(message) => {
+                let at = completion_time(observed);
+                return retry(install, ctx, parent, observed, attempt, at, "InvalidPackage", message).await;
+            }
+        };
+        let contents = match stream::decode(&log) {
+            Ok(contents) => contents,
+            Err(err) => {
+                let at = completion_time(observed);
+                let message = format!("install Job {} output refused: {err}", observed.name_any());
+                return retry(install, ctx, parent, observed, attempt, at, "InvalidPackage", message).await;
+            }
+        };
+        let all_crds = ctx.crds.state();
+        let existing: BTreeMap<String, _> = all_crds.iter().map(|c| (c.name_any(), c.as_ref())).collect();
+        let settings = &tenant.shared.settings;
+        if let Err(err) = package::check(
+            &contents,
+            K::SCOPE,
+            K::kind(&()).as_ref(),
+            &existing,
+            settings.insecure_pass_full_deployment,
+        ) {
+            return Ok(refused(err, job_ref, tenant.shared.settings.backoff.delay(attempt)));
+        }
+        let crd_api = Api::all(tenant.client.clone());
+        let writes = package::apply_crds(&crd_api, &contents, &existing, &namespace, &name)
+            .await
+            .map_err(InstallError::Tenant)?;
+        if writes > 0 {
+            event(
+                install,
+                ctx,
+                EventType::Normal,
+                "CRDsApplied",
+                format!("applied {writes} CustomResourceDefinition(s) of {package}"),
+            )
+            .await;
+        }
+        let waiting = package::not_established(&contents, &existing);
+        if writes > 0 || !waiting.is_empty() {
+            let names = if waiting.is_empty() {
+                contents
+                    .crds
+                    .iter()
+                    .map(|c| c.name_any())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            } else {
+                waiting.join(", ")
+            };
+            let mut report = Report::waiting(
+                "WaitingForCRDs",
+                format!("waiting for CustomResourceDefinition(s) {names} to be Established"),
+            );
+            report.install_job = Some(job_ref);
+            // Each CRD carries our label now, so its Established update wakes this install.
+            return Ok((Action::requeue(SAFETY_NET), Some(report)));
+        }
+        let desired = package::desired_stack(&contents, install, package);
+        let stacks: Api<Stack> = Api::namespaced(tenant.client.clone(), &namespace);
+        match &stack {
+            Some(existing) if !package::controlled_by(existing, &uid) => {
+                let message = format!(
+                    "a Stack named {name} already exists in namespace {namespace} and is not this install's; delete it or install under another name"
+                );
+                let mut report = Report::failed("StackConflict", message);
+                report.install_job = Some(job_ref);
+                return Ok((Action::await_change(), Some(report)));
+            }
+            Some(existing) if stack_matches(existing, &desired) => {}
+            Some(existing) => {
+                let mut replacement = desired.clone();
+                replacement.metadata.resource_version = existing.metadata.resource_version.clone();
+                replacement.metadata.uid = existing.metadata.uid.clone();
+                replacement.metadata.finalizers = existing.metadata.finalizers.clone();
+                replacement.status = None;
+                stacks
+                    .replace(&name, &PostParams::default(), &replacement)
+                    .await
+                    .map_err(InstallError::Tenant)?;
+                event(
+                    install,
+                    ctx,
+                    EventType::Normal,
+                    "StackUpdated",
+                    format!("updated Stack {name} to {package}"),
+                )
+                .await;
+            }
+            None => match stacks.create(&PostParams::default(), &desired).await {
+                Ok(_) => {
+                    event(
+                        install,
+                        ctx,
+                        EventType::Normal,
+                        "StackCreated",
+                        format!("created Stack {name} from {package}"),
+                    )
+                    .await;
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 => {}
+                Err(err) => return Err(InstallError::Tenant(err)),
+            },
+        }
+        if !applied_before {
+            mark_applied(ctx, observed).await?;
+        }
+    }
+    let mut report = match stack.as_ref().filter(|_| stack_current) {
+        Some(stack) => stack_readiness(stack),
+        None => Report::waiting(
+            "WaitingForStack",
+            format!("Stack {name} has not reported readiness yet"),
+        ),
+    };
+    report.synced = Some((
+        true,
+        "PackageApplied",
+        format!("{package} is applied: its CRDs and Stack {name}"),
+    ));
+    report.install_job = Some(job_ref);
+    report.stack_ref = Some(name);
+    Ok((Action::requeue(SAFETY_NET), Some(report)))
+}
+
+fn stack_matches(existing: &Stack, desired: &Stack) -> bool {
+    existing.spec == desired.spec
+        && existing.annotations().get(job::PACKAGE_ANNOTATION) == desired.annotations().get(job::PACKAGE_ANNOTATION)
+}
+
+fn stack_readiness(stack: &Stack) -> Report {
+    let ready = stack
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+    match ready {
+        Some(c) if c.status == "True" => Report {
+            ready: (true, "Available", format!("Stack {} is ready", stack.name_any())),
+            ..Report::waiting("", String::new())
+        },
+        Some(c) => Report::waiting(
+            "WaitingForStack",
+            format!("Stack {} is not ready: {}", stack.name_any(), c.message),
+        ),
+        None => Report::waiting(
+            "WaitingForStack",
+            format!("Stack {} has not reported readiness yet", stack.name_any()),
+        ),
+    }
+}
+
+fn refused(err: PackageError, job_ref: HostObjectRef, delay: Duration) -> (Action, Option<Report>) {
+    let action = if err.retry_later() {
+        Action::requeue(delay)
+    } else {
+        // Nothing but a new package (an edit of the install, which is an event) changes the outcome.
+        Action::await_change()
+    };
+    let mut report = Report::failed(err.reason(), err.to_string());
+    report.install_job = Some(job_ref);
+    (action, Some(report))
+}
+
+/// A failed attempt: report it, and once the backoff for this attempt has passed, replace the Job.
+#[allow(clippy::too_many_arguments)]
+async fn retry<K: InstallKind>(
+    install: &K,
+    ctx: &InstallContext,
+    parent: &Parent,
+    observed: &Job,
+    attempt: u32,
+    failed_at: Option<jiff::Timestamp>,
+    reason: &'static str,
+    message: String,
+) -> Result<(Action, Option<Report>), InstallError> {
+    let tenant = &ctx.tenant;
+    let delay = tenant.shared.settings.backoff.delay(attempt);
+    let elapsed = failed_at
+        .map(|at| jiff::Timestamp::now().duration_since(at).unsigned_abs())
+        .unwrap_or(Duration::MAX);
+    let job_ref = HostObjectRef {
+        namespace: tenant.host_namespace.clone(),
+        name: observed.name_any(),
+    };
+    if elapsed < delay {
+        let mut report = Report::failed(
+            reason,
+            format!("{message}; retrying in {}s", (delay - elapsed).as_secs().max(1)),
+        );
+        report.install_job = Some(job_ref);
+        return Ok((Action::requeue(delay - elapsed), Some(report)));
+    }
+    let jobs: Api<Job> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
+    apply::delete(&jobs, observed).await.map_err(InstallError::HostApi)?;
+    info!(tenant = %tenant.name, install = %install.name_any(), attempt = attempt + 1, "retrying the install Job");
+    let report = match start_job(install, ctx, parent, attempt + 1).await? {
+        Ok(()) => {
+            let mut report = Report::failed(reason, format!("{message}; retrying (attempt {})", attempt + 1));
+            report.install_job = Some(job_ref);
+            report
+        }
+        Err(report) => report,
+    };
+    Ok((Action::requeue(SAFETY_NET), Some(report)))
+}
+
+fn completion_time(job: &Job) -> Option<jiff::Timestamp> {
+    job.status.as_ref()?.completion_time.as_ref().map(|t| t.0)
+}
+
+fn desired_job<K: InstallKind>(
+    install: &K,
+    ctx: &InstallContext,
+    parent: &Parent,
+    attempt: u32,
+    pull: &[String],
+) -> Job {
+    job::desired_job(&JobInputs {
+        tenant: &ctx.tenant.name,
+        host_namespace: &ctx.tenant.host_namespace,
+        parent,
+        spec: install.install(),
+        scope: K::SCOPE,
+        stackd_image: &ctx.stackd_image,
+        attempt,
+        pull_secrets: pull,
+    })
+}
+
+/// Creates the install Job and its pull-secret copies. `Ok(Err(report))` when the install cannot
+/// start for a reason the user must fix.
+async fn start_job<K: InstallKind>(
+    install: &K,
+    ctx: &InstallContext,
+    parent: &Parent,
+    attempt: u32,
+) -> Result<Result<(), Report>, InstallError> {
+    let tenant = &ctx.tenant;
+    let namespace = install.namespace().unwrap_or_default();
+    let name = install.name_any();
+    let sources = match pull_secret_sources(install, ctx).await? {
+        Ok(sources) => sources,
+        Err(report) => return Ok(Err(report)),
+    };
+    let pull: Vec<String> = (0..sources.len())
+        .map(|i| job::pull_secret_name(&namespace, &name, i))
+        .collect();
+    let desired = desired_job(install, ctx, parent, attempt, &pull);
+    let jobs: Api<Job> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
+    let created = match apply::ensure_created(&jobs, &desired, None, &tenant.name, parent).await {
+        Ok((_, job)) => job,
+        Err(err @ apply::HostWriteError::Conflict { .. }) => {
+            return Ok(Err(Report::failed(err.reason(), err.to_string())));
+        }
+        Err(err) => return Err(err.into()),
+    };
+    let secrets: Api<Secret> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
+    for (host_name, source) in job::pull_secrets_of(&created).iter().zip(&sources) {
+        let copy = job::pull_secret_copy(&tenant.name, parent, &created, host_name, source);
+        apply::ensure(&secrets, &copy, None, &tenant.name, parent, apply::Update::Never).await?;
+    }
+    event(
+        install,
+        ctx,
+        EventType::Normal,
+        "InstallJobCreated",
+        format!(
+            "created install Job {}/{} for {} (attempt {attempt})",
+            tenant.host_namespace,
+            created.name_any(),
+            job::package_image(install.install())
+        ),
+    )
+    .await;
+    Ok(Ok(()))
+}
+
+/// The tenant pull secrets the install names, or a report naming the missing ones.
+async fn pull_secret_sources<K: InstallKind>(
+    install: &K,
+    ctx: &InstallContext,
+) -> Result<Result<Vec<Secret>, Report>, InstallError> {
+    let namespace = install.namespace().unwrap_or_default();
+    let api: Api<Secret> = Api::namespaced(ctx.tenant.client.clone(), &namespace);
+    let mut sources = Vec::new();
+    let mut missing = Vec::new();
+    for LocalObjectReference { name } in &install.install().image_pull_secrets {
+        match api.get_opt(name).await.map_err(InstallError::Tenant)? {
+            Some(secret) => sources.push(secret),
+            None => missing.push(name.clone()),
+        }
+    }
+    if missing.is_empty() {
+        Ok(Ok(sources))
+    } else {
+        Ok(Err(Report::failed(
+            "PullSecretMissing",
+            format!(
+                "imagePullSecret(s) {} not found in namespace {namespace}; create them or remove them from spec.imagePullSecrets",
+                missing.join(", ")
+            ),
+        )))
+    }
+}
+
+/// Makes sure every pull secret a running Job refers to was copied (the daemon may have stopped
+/// between creating the Job and copying them).
+async fn copy_pull_secrets<K: InstallKind>(
+    install: &K,
+    ctx: &InstallContext,
+    parent: &Parent,
+    observed: &Job,
+) -> Result<(), InstallError> {
+    let names = job::pull_secrets_of(observed);
+    if names.is_empty() {
+        return Ok(());
+    }
+    let tenant = &ctx.tenant;
+    let secrets: Api<Secret> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
+    let mut absent = Vec::new();
+    for name in &names {
+        if secrets.get_opt(name).await.map_err(InstallError::HostApi)?.is_none() {
+            absent.push(name);
+        }
+    }
+    if absent.is_empty() {
+        return Ok(());
+    }
+    let Ok(sources) = pull_secret_sources(install, ctx).await? else {
+        return Ok(());
+    };
+    for (host_name, source) in names.iter().zip(&sources) {
+        if absent.contains(&host_name) {
+            let copy = job::pull_secret_copy(&tenant.name, parent, observed, host_name, source);
+            apply::ensure(&secrets, &copy, None, &tenant.name, parent, apply::Update::Never).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The log of the Job's `unpack` container, found through the Job's `controller-uid` label.
+async fn unpack_log(ctx: &InstallContext, job: &Job) -> Result<String, String> {
+    let tenant = &ctx.tenant;
+    let pods: Api<Pod> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
+    let uid = job.metadata.uid.clone().unwrap_or_default();
+    let list = pods
+        .list(&ListParams::default().labels(&format!("controller-uid={uid}")))
+        .await
+        .map_err(|e| format!("cannot list the install Job's pods: {e}"))?;
+    let mut candidates: Vec<&Pod> = list.items.iter().collect();
+    // The succeeded pod when there is one, else the newest.
+    candidates.sort_by_key(|p| {
+        let succeeded = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded");
+        (succeeded, p.metadata.creation_timestamp.clone().map(|t| t.0))
+    });
+    let Some(pod) = candidates.last() else {
+        return Err(format!(
+            "the pod of install Job {} is gone, so its output cannot be read; the Job will be retried",
+            job.name_any()
+        ));
+    };
+    let params = LogParams {
+        container: Some(job::UNPACK_CONTAINER.into()),
+        limit_bytes: Some(LOG_LIMIT_BYTES),
+        ..LogParams::default()
+    };
+    pods.logs(&pod.name_any(), &params)
+        .await
+        .map_err(|e| format!("cannot read the log of install pod {}: {e}", pod.name_any()))
+}
+
+fn last_lines(log: &str, count: usize) -> String {
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(count)..].join(" | ")
+}
+
+async fn mark_applied(ctx: &InstallContext, job: &Job) -> Result<(), InstallError> {
+    let jobs: Api<Job> = Api::namespaced(ctx.tenant.host.clone(), &ctx.tenant.host_namespace);
+    let patch = json!({"metadata": {
+        "uid": job.metadata.uid,
+        "annotations": {job::APPLIED_ANNOTATION: "true"},
+    }});
+    jobs.patch(&job.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(InstallError::HostApi)?;
+    Ok(())
+}
+
+async fn ensure_finalizer<K: InstallKind>(install: &K, ctx: &InstallContext) -> Result<(), InstallError> {
+    if install.finalizers().iter().any(|f| f == INSTALL_FINALIZER) {
+        return Ok(());
+    }
+    let mut finalizers = install.finalizers().to_vec();
+    finalizers.push(INSTALL_FINALIZER.to_string());
+    patch_finalizers(install, ctx, finalizers).await
+}
+
+/// Sets the finalizer list, guarded by the resourceVersion so a concurrent change is not lost.
+pub(super) async fn patch_finalizers<K: InstallKind>(
+    install: &K,
+    ctx: &InstallContext,
+    finalizers: Vec<String>,
+) -> Result<(), InstallError> {
+    let api: Api<K> = Api::namespaced(ctx.tenant.client.clone(), &install.namespace().unwrap_or_default());
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": install.resource_version(),
+    }});
+    match api
+        .patch(&install.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(err) => Err(InstallError::Tenant(err)),
+    }
+}
+
+/// Writes the status when it changed, with an Event for each condition that changed reason.
+pub(super) async fn publish<K: InstallKind>(
+    install: &K,
+    ctx: &InstallContext,
+    report: Report,
+) -> Result<(), InstallError> {
+    let old = install.install_status().cloned().unwrap_or_default();
+    let mut status = old.clone();
+    let generation = install.meta().generation;
+    let now = Time(jiff::Timestamp::now());
+    let mut changed = Vec::new();
+    let mut conditions = vec![("Ready", report.ready)];
+    conditions.extend(report.synced.map(|synced| ("Synced", synced)));
+    for (type_, (ok, reason, message)) in conditions {
+        let before = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .map(|c| (c.status.clone(), c.reason.clone()));
+        let desired = DesiredCondition {
+            type_,
+            status: ok,
+            reason,
+            message: message.clone(),
+            observed_generation: generation,
+        };
+        if set_condition(&mut status.conditions, desired, now.clone()) {
+            let status_word = if ok { "True" } else { "False" }.to_string();
+            if before != Some((status_word, reason.to_string())) && type_ == "Ready" {
+                changed.push((reason, message));
+            }
+        }
+    }
+    if report.install_job.is_some() {
+        status.install_job = report.install_job;
+    }
+    if let Some(stack) = report.stack_ref {
+        status.stack_ref = Some(LocalObjectReference { name: stack });
+    }
+    status.observed_generation = generation;
+    if status == old {
+        return Ok(());
+    }
+    let api: Api<K> = Api::namespaced(ctx.tenant.client.clone(), &install.namespace().unwrap_or_default());
+    let patch = json!({"status": status});
+    match api
+        .patch_status(&install.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+        Err(err) => return Err(InstallError::Tenant(err)),
+    }
+    for (reason, message) in changed {
+        let type_ = if WARNINGS.contains(&reason) {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        event(install, ctx, type_, reason, message).await;
+    }
+    Ok(())
+}
+
+/// Publishes an Event on the install; a failure to publish is logged, never fatal.
+pub(super) async fn event<K: InstallKind>(
+    install: &K,
+    ctx: &InstallContext,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note),
+        action: "Install".into(),
+        secondary: None,
+    };
+    if let Err(err) = ctx.tenant.recorder.publish(&event, &install.object_ref(&())).await {
+        tracing::debug!(tenant = %ctx.tenant.name, error = %err, "cannot publish an Event");
+    }
+}
+
+/// The CRD label of this install's Stack.
+pub(super) fn own_crd_label<K: InstallKind>(install: &K) -> String {
+    crd_parent_label(&install.namespace().unwrap_or_default(), &install.name_any())
+}
