@@ -1173,3 +1173,66 @@ async fn a_controller_dropped_from_the_spec_stops_running_on_the_host() {
         "the permissions stay with the stack"
     );
 }
+
+/// The whole of issue 7's first promise, through both controllers: a StackInstall of the sample
+/// package ends with its controller running on the host, and its deletion leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stack_install_ends_with_its_controller_available_on_the_host_and_uninstalls_cleanly() {
+    use crate::stacks_install::{StackFleet, create_install, wait_for_reason};
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    let daemon = fleet.daemon(&[]);
+    create_install(&tenant, NS, "sample", json!({"package": "examples/sample-stack:v1"})).await;
+    let (status, _, message) = wait_for_reason(&tenant, NS, "sample", &daemon, "Available").await;
+    assert_eq!(status, "True", "{message}");
+    let stack = Api::<Stack>::namespaced(tenant.clone(), NS)
+        .get("sample")
+        .await
+        .expect("stack");
+    assert_eq!(condition(&stack, "Ready").expect("ready")["status"], "True");
+    let deployments: Api<Deployment> = Api::namespaced(fleet.host_client.clone(), HOST_NS);
+    let deployment = deployments.get("team-a.sample").await.expect("controller deployment");
+    let pod = deployment.spec.and_then(|s| s.template.spec).expect("pod");
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let secrets = fleet.host_secrets(TENANT);
+    secrets.get("team-a.sample-token").await.expect("token copy");
+
+    Api::<stackd::api::stacks::StackInstall>::namespaced(tenant.clone(), NS)
+        .delete("sample", &DeleteParams::default())
+        .await
+        .expect("delete install");
+    let stacks: Api<Stack> = Api::namespaced(tenant.clone(), NS);
+    let host = fleet.host_client.clone();
+    crate::stacks_install::wait_until("everything gone", SOON, &daemon, || {
+        let (stacks, host) = (stacks.clone(), host.clone());
+        async move {
+            let params = ListParams::default().labels(&format!("stackd.dev/tenant={TENANT},stackd.dev/parent-kind"));
+            let left_deployments = Api::<Deployment>::namespaced(host.clone(), HOST_NS)
+                .list(&params)
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .filter(|d| d.metadata.deletion_timestamp.is_none())
+                .count();
+            let left_secrets = Api::<Secret>::namespaced(host, HOST_NS)
+                .list(&params)
+                .await
+                .ok()?
+                .items
+                .len();
+            let stack_gone = stacks.get_opt("sample").await.ok()?.is_none();
+            (stack_gone && left_deployments == 0 && left_secrets == 0).then_some(())
+        }
+    })
+    .await;
+    let roles = Api::<ClusterRole>::all(tenant.clone())
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=stackd"))
+        .await
+        .expect("roles");
+    assert!(
+        roles.items.is_empty(),
+        "{:?}",
+        roles.items.iter().map(|r| r.name_any()).collect::<Vec<_>>()
+    );
+}
