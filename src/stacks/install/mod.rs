@@ -139,22 +139,24 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
     });
     let concurrency = context.shared.settings.max_concurrent_reconciles.max(1) as u16;
     let tenant = context.name.clone();
-    controller
+    let runs = controller
         .with_config(controller::Config::default().concurrency(concurrency))
         .watches_stream(job_events, |job: Job| install_of::<K>(&job))
         .owns_stream(stack_events)
         .watches_stream(crd_events, move |crd: CustomResourceDefinition| {
             installs_using(&install_store, &crd)
         })
-        .graceful_shutdown_on(cancel.cancelled_owned())
         .run(reconcile::reconcile::<K>, error_policy::<K>, ctx)
         .for_each(|result| {
             if let Err(err) = result {
                 debug!(tenant = %tenant, error = %err, "install reconcile failed");
             }
             futures::future::ready(())
-        })
-        .await;
+        });
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        _ = runs => {}
+    }
 }
 
 /// The install a host object belongs to, from its identity annotations.
