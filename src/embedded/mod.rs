@@ -180,10 +180,8 @@ impl Serving {
         let graceful = stop.clone().cancelled_owned();
         let task = match tls.clone() {
             Some(config) => {
-                let listener = tls::TlsListener {
-                    listener,
-                    acceptor: tokio_rustls::TlsAcceptor::from(config),
-                };
+                let acceptor = tokio_rustls::TlsAcceptor::from(config);
+                let listener = tls::TlsListener::new(listener, acceptor, stop.clone())?;
                 let serve = axum::serve(listener, router).with_graceful_shutdown(graceful);
                 tokio::spawn(async move { log_exit(serve.await) })
             }

@@ -46,10 +46,47 @@ pub fn generate(name: &str) -> Result<ServingCert, String> {
     })
 }
 
-/// A listener that completes the TLS handshake before handing the connection to axum.
+/// A listener that hands axum connections whose TLS handshake completed. Handshakes run
+/// concurrently, each on its own task, so one slow or stalled client never holds up the others.
 pub struct TlsListener {
-    pub listener: TcpListener,
-    pub acceptor: TlsAcceptor,
+    address: std::net::SocketAddr,
+    ready: tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, std::net::SocketAddr)>,
+}
+
+/// How long a client may take to complete its handshake.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl TlsListener {
+    /// Accepts on `listener` until `stop` fires (which also closes the socket).
+    pub fn new(
+        listener: TcpListener,
+        acceptor: TlsAcceptor,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> io::Result<TlsListener> {
+        let address = listener.local_addr()?;
+        let (sender, ready) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    accepted = listener.accept() => accepted,
+                };
+                let Ok((stream, addr)) = accepted else {
+                    // Transient accept errors (e.g. out of descriptors): back off briefly and retry.
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    continue;
+                };
+                let (acceptor, sender) = (acceptor.clone(), sender.clone());
+                tokio::spawn(async move {
+                    // A failed or stalled handshake is that client's problem.
+                    if let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                        let _ = sender.send((tls, addr)).await;
+                    }
+                });
+            }
+        });
+        Ok(TlsListener { address, ready })
+    }
 }
 
 impl axum::serve::Listener for TlsListener {
@@ -57,20 +94,14 @@ impl axum::serve::Listener for TlsListener {
     type Addr = std::net::SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            let Ok((stream, addr)) = self.listener.accept().await else {
-                // Transient accept errors (e.g. out of descriptors): back off briefly and retry.
-                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                continue;
-            };
-            // A failed handshake is that client's problem; keep serving others.
-            if let Ok(tls) = self.acceptor.accept(stream).await {
-                return (tls, addr);
-            }
+        match self.ready.recv().await {
+            Some(connection) => connection,
+            // The accept loop stopped: serving is shutting down, so wait for that to finish.
+            None => std::future::pending().await,
         }
     }
 
     fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.listener.local_addr()
+        Ok(self.address)
     }
 }

@@ -6,3 +6,5 @@ pub mod conditions;
 pub mod health;
 pub mod leader;
 pub mod metrics;
+pub mod readiness;
+pub mod shutdown;

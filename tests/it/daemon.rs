@@ -113,6 +113,7 @@ pub(crate) struct Daemon {
 }
 
 impl Daemon {
+    /// `stackd run` with `dir/host.yaml` and `dir/tenants`, fast timing flags and `extra`.
     pub(crate) fn spawn(dir: &Path, extra: &[&str]) -> Daemon {
         let admin = free_port();
         let log = dir.join(format!("daemon-{}.log", admin.port()));

@@ -1,5 +1,6 @@
 //! All integration tests, as one binary: linking kube dominates build time on small machines.
 
+mod charts;
 mod cli;
 mod crds;
 mod daemon;

@@ -282,19 +282,28 @@ pub(crate) async fn wait_for_reason(
     reason: &str,
 ) -> (String, String, String) {
     let api: Api<StackInstall> = Api::namespaced(client.clone(), namespace);
-    wait_until(
-        &format!("{namespace}/{name} Ready reason {reason}"),
-        Duration::from_secs(20),
-        daemon,
-        || {
-            let api = api.clone();
-            async move {
-                let install = api.get_opt(name).await.ok()??;
-                condition(&install, "Ready").filter(|(_, r, _)| r == reason)
+    let last = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let what = format!("{namespace}/{name} Ready reason {reason}");
+    let found = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            if let Ok(Some(install)) = api.get_opt(name).await {
+                let ready = condition(&install, "Ready");
+                *last.lock().unwrap() = ready.clone();
+                if let Some(ready) = ready.filter(|(_, r, _)| r == reason) {
+                    return ready;
+                }
             }
-        },
-    )
-    .await
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    found.unwrap_or_else(|_| {
+        panic!(
+            "{what}: not within 20s; last Ready: {:?}; daemon log:\n{}",
+            last.lock().unwrap(),
+            daemon.log_text()
+        )
+    })
 }
 
 async fn events_of(client: &Client, namespace: &str, name: &str) -> Vec<(String, String)> {
@@ -496,17 +505,37 @@ async fn install_runs_a_restricted_job_then_applies_crds_before_the_stack() {
     );
     assert_eq!(status.stack_ref.as_ref().unwrap().name, "sample");
     assert!(synced.finalizers().contains(&"stacks.stackd.dev/install".to_string()));
-    let reasons: Vec<String> = events_of(&tenant, "team-a", "sample")
-        .await
-        .into_iter()
-        .map(|e| e.0)
-        .collect();
     for reason in ["InstallJobCreated", "CRDsApplied", "StackCreated"] {
-        assert!(
-            reasons.contains(&reason.to_string()),
-            "no {reason} Event in {reasons:?}"
-        );
+        wait_until(&format!("a {reason} Event"), Duration::from_secs(10), &daemon, || {
+            let tenant = tenant.clone();
+            async move {
+                let events = events_of(&tenant, "team-a", "sample").await;
+                events.iter().any(|(r, _)| r == reason).then_some(())
+            }
+        })
+        .await;
     }
+
+    // End to end: the Stack's controller runs on the host, and the install reports Ready.
+    let ready = wait_until("Ready=True", Duration::from_secs(20), &daemon, || {
+        let installs = installs.clone();
+        async move {
+            let install = installs.get("sample").await.ok()?;
+            (condition(&install, "Ready")?.0 == "True").then_some(install)
+        }
+    })
+    .await;
+    assert_eq!(condition(&ready, "Ready").unwrap().1, "Available");
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(fleet.host_client.clone(), "tenant-acme-controllers");
+    let deployment = deployments.get("team-a.sample").await.expect("host Deployment");
+    assert_eq!(deployment.labels()["stackd.dev/parent-kind"], "Stack");
+    let token = fleet
+        .host_secrets("acme")
+        .get("team-a.sample-token")
+        .await
+        .expect("host token Secret");
+    assert_eq!(token.type_.as_deref(), Some("Opaque"));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -586,11 +615,20 @@ async fn install_failures_are_clear_and_create_nothing() {
         let (status, _, message) = wait_for_reason(&tenant, name, name, &daemon, reason).await;
         assert_eq!(status, "False");
         assert!(message.contains(fragment), "{name}: {message:?} lacks {fragment:?}");
-        let events = events_of(&tenant, name, name).await;
-        assert!(
-            events.iter().any(|(r, _)| r == reason),
-            "{name}: no {reason} Event in {events:?}"
-        );
+        // The Event follows the status write.
+        wait_until(
+            &format!("{name}: a {reason} Event"),
+            Duration::from_secs(10),
+            &daemon,
+            || {
+                let tenant = tenant.clone();
+                async move {
+                    let events = events_of(&tenant, name, name).await;
+                    events.iter().any(|(r, _)| r == reason).then_some(())
+                }
+            },
+        )
+        .await;
     }
     assert!(stacks_on(&tenant).await.is_empty(), "a refused install created a Stack");
     assert!(crd_names(&tenant).await.is_empty(), "a refused install created a CRD");

@@ -27,6 +27,8 @@ use tracing::{debug, warn};
 use crate::api::stacks::{ClusterStackInstall, InstallSpec, PermissionScope, Stack, StackInstall, StackInstallStatus};
 use crate::host::labels::{TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION};
 use crate::runtime::metrics::Metrics;
+use crate::runtime::readiness::Readiness;
+use crate::runtime::shutdown::run_controller;
 use crate::stacks::crd_parent_label;
 use crate::tenancy::tenant::{TenantContext, TenantError};
 
@@ -72,7 +74,11 @@ pub struct InstallContext {
     pub jobs: Store<Job>,
     pub crds: Store<CustomResourceDefinition>,
     pub stacks: Store<Stack>,
+    /// Resolves once the three caches above are filled.
+    pub caches_filled: Readiness,
     pub stackd_image: String,
+    /// Fires when the tenant stops.
+    pub cancel: CancellationToken,
 }
 
 /// Why a reconcile failed; it is retried with backoff.
@@ -130,22 +136,37 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
     let installs: Api<K> = Api::all(context.client.clone());
     let controller = Controller::new(installs, watcher::Config::default());
     let install_store = controller.store();
+    let caches_filled = {
+        let (jobs, crds, stacks) = (jobs.clone(), crds.clone(), stacks.clone());
+        Readiness::after(async move {
+            let filled = futures::future::try_join3(
+                jobs.wait_until_ready(),
+                crds.wait_until_ready(),
+                stacks.wait_until_ready(),
+            );
+            filled.await.is_ok()
+        })
+    };
     let ctx = Arc::new(InstallContext {
         tenant: context.clone(),
         jobs,
         crds,
         stacks,
+        caches_filled,
         stackd_image,
+        cancel: cancel.clone(),
     });
     let concurrency = context.shared.settings.max_concurrent_reconciles.max(1) as u16;
     let tenant = context.name.clone();
-    let runs = controller
+    let main_store = install_store.clone();
+    let run = controller
         .with_config(controller::Config::default().concurrency(concurrency))
         .watches_stream(job_events, |job: Job| install_of::<K>(&job))
         .owns_stream(stack_events)
         .watches_stream(crd_events, move |crd: CustomResourceDefinition| {
             installs_using(&install_store, &crd)
         })
+        .graceful_shutdown_on(cancel.clone().cancelled_owned())
         .run(reconcile::reconcile::<K>, error_policy::<K>, ctx)
         .for_each(|result| {
             if let Err(err) = result {
@@ -153,10 +174,15 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
             }
             futures::future::ready(())
         });
-    tokio::select! {
-        _ = cancel.cancelled() => {}
-        _ = runs => {}
-    }
+    run_controller(run, &cancel, || is_filled(&main_store)).await;
+}
+
+/// True once a store completed its first list.
+fn is_filled<K: kube::Resource + Clone + 'static>(store: &Store<K>) -> bool
+where
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
 }
 
 /// The install a host object belongs to, from its identity annotations.

@@ -169,34 +169,42 @@ pub fn crd_up_to_date(existing: &CustomResourceDefinition, desired: &CustomResou
     crate::host::apply::contains(existing, desired)
 }
 
-/// Creates or updates the CRDs; returns how many writes were made.
+/// What applying the CRDs did.
+#[derive(Debug, Default)]
+pub struct CrdWrites {
+    pub writes: usize,
+    /// A CRD was created by someone else between our cache and our create: it does not carry our
+    /// label yet, so its events will not wake us; look again soon.
+    pub raced: bool,
+}
+
+/// Creates or updates the CRDs.
 pub async fn apply_crds(
     api: &Api<CustomResourceDefinition>,
     contents: &PackageContents,
     existing_crds: &BTreeMap<String, &CustomResourceDefinition>,
     namespace: &str,
     stack: &str,
-) -> Result<usize, kube::Error> {
-    let mut writes = 0;
+) -> Result<CrdWrites, kube::Error> {
+    let mut done = CrdWrites::default();
     for crd in &contents.crds {
         let name = crd.name_any();
         let existing = existing_crds.get(&name).copied();
         let desired = desired_crd(crd, existing, namespace, stack);
         match existing {
             None => match api.create(&PostParams::default(), &desired).await {
-                Ok(_) => writes += 1,
-                // Created meanwhile (another install, or our cache is behind): the watch brings it.
-                Err(kube::Error::Api(status)) if status.code == 409 => {}
+                Ok(_) => done.writes += 1,
+                Err(kube::Error::Api(status)) if status.code == 409 => done.raced = true,
                 Err(err) => return Err(err),
             },
             Some(existing) if crd_up_to_date(existing, &desired) => {}
             Some(_) => {
                 api.replace(&name, &PostParams::default(), &desired).await?;
-                writes += 1;
+                done.writes += 1;
             }
         }
     }
-    Ok(writes)
+    Ok(done)
 }
 
 /// CRD names of the package that are not yet Established on the tenant.

@@ -74,6 +74,17 @@ pub(super) async fn reconcile<K: InstallKind>(
     let Ok(_permit) = tenant.reconcile_permits.clone().acquire_owned().await else {
         return Ok(Action::await_change());
     };
+
+    // Decisions (above all, what to delete) need complete caches, not a half-finished first list.
+    let filled = tokio::select! {
+        // A cache that cannot fill (an unreachable tenant, a forbidden watch) must not hold up shutdown.
+        _ = ctx.cancel.cancelled() => false,
+        filled = ctx.caches_filled.wait() => filled,
+    };
+    if !filled {
+        return Ok(Action::await_change());
+    }
+
     let labels = Metrics::controller(&tenant.name, K::kind(&()).as_ref());
     tenant.shared.metrics.reconciles.get_or_create(&labels).inc();
     let backoff_key = format!(
@@ -253,9 +264,10 @@ async fn complete<K: InstallKind>(
             return Ok(refused(err, job_ref, tenant.shared.settings.backoff.delay(attempt)));
         }
         let crd_api = Api::all(tenant.client.clone());
-        let writes = package::apply_crds(&crd_api, &contents, &existing, &namespace, &name)
+        let applied = package::apply_crds(&crd_api, &contents, &existing, &namespace, &name)
             .await
             .map_err(InstallError::Tenant)?;
+        let writes = applied.writes;
         if writes > 0 {
             event(
                 install,
@@ -267,7 +279,7 @@ async fn complete<K: InstallKind>(
             .await;
         }
         let waiting = package::not_established(&contents, &existing);
-        if writes > 0 || !waiting.is_empty() {
+        if writes > 0 || applied.raced || !waiting.is_empty() {
             let names = if waiting.is_empty() {
                 contents
                     .crds
@@ -283,8 +295,14 @@ async fn complete<K: InstallKind>(
                 format!("waiting for CustomResourceDefinition(s) {names} to be Established"),
             );
             report.install_job = Some(job_ref);
-            // Each CRD carries our label now, so its Established update wakes this install.
-            return Ok((Action::requeue(SAFETY_NET), Some(report)));
+            // Each CRD carries our label now, so its Established update wakes this install; one
+            // created by another install meanwhile does not, so that case looks again soon.
+            let wait = if applied.raced {
+                tenant.shared.settings.backoff.base
+            } else {
+                SAFETY_NET
+            };
+            return Ok((Action::requeue(wait), Some(report)));
         }
         let desired = package::desired_stack(&contents, install, package);
         let stacks: Api<Stack> = Api::namespaced(tenant.client.clone(), &namespace);

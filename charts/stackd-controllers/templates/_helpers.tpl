@@ -1,0 +1,34 @@
+{{/* Name of the release's objects. */}}
+{{- define "stackd.fullname" -}}
+{{- .Values.fullnameOverride | default .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end }}
+
+{{- define "stackd.selectorLabels" -}}
+app.kubernetes.io/name: stackd
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels on every object of this chart. */}}
+{{- define "stackd.labels" -}}
+{{ include "stackd.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: stackd
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "stackd.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end }}
+
+{{/* Leader election runs with more than one replica, or when asked for. */}}
+{{- define "stackd.leaderElect" -}}
+{{- if or .Values.leaderElection.enabled (gt (int .Values.replicas) 1) }}true{{ end -}}
+{{- end }}
+
+{{- define "stackd.tenantsSecret" -}}
+{{- .Values.tenants.existingSecret | default (printf "%s-tenants" (include "stackd.fullname" .)) -}}
+{{- end }}

@@ -1,0 +1,1156 @@
+//! The Helm charts (issue 10): `stackd-types` for every tenant API server and `stackd-controllers`
+//! for the host. helm lints and renders them, kubectl applies them server-side to embedded servers,
+//! and the daemon's real requests are checked against the RBAC they grant: each request allowed,
+//! and each permission used by the scenario that needs it.
+
+mod rbac;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+use stackd::embedded::store::GroupResource;
+use stackd::embedded::{ApiServer, ServerOptions};
+use stackd::host::Parent;
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+use crate::daemon::Daemon;
+use rbac::{Authorizer, Permission, Request, Subject};
+
+/// The release namespace in the host and in each tenant.
+const RELEASE_NAMESPACE: &str = "stackd-system";
+
+fn repository() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn chart(name: &str) -> String {
+    repository().join("charts").join(name).display().to_string()
+}
+
+/// kubectl or helm: from PATH (scripts/test puts .tools/bin there), else from .tools/bin.
+fn tool(name: &str) -> PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).map(|p| p.join(name)).collect::<Vec<_>>())
+        .unwrap_or_default();
+    on_path
+        .into_iter()
+        .chain([repository().join(".tools/bin").join(name)])
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{name} not found on PATH or in .tools/bin: run the tests with scripts/test"))
+}
+
+/// Runs a tool; `Ok(stdout)` on success, `Err(stdout + stderr)` otherwise.
+async fn run(name: &str, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+    let mut child = Command::new(tool(name))
+        .args(args)
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{name} runs: {e}"));
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(text.as_bytes()).await.expect("stdin written");
+    }
+    let output = child.wait_with_output().await.expect("tool finishes");
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    if output.status.success() {
+        Ok(stdout)
+    } else {
+        Err(format!("{stdout}{}", String::from_utf8_lossy(&output.stderr)))
+    }
+}
+
+async fn ok(name: &str, args: &[&str], stdin: Option<&str>) -> String {
+    run(name, args, stdin)
+        .await
+        .unwrap_or_else(|e| panic!("{name} {} failed:\n{e}", args.join(" ")))
+}
+
+/// `helm template` of one chart with a values file; the YAML stream.
+async fn template(chart_name: &str, values: &str) -> Result<String, String> {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("values.yaml");
+    std::fs::write(&file, values).expect("values written");
+    let file = file.display().to_string();
+    let path = chart(chart_name);
+    let args = [
+        "template",
+        "stackd",
+        &path,
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "-f",
+        &file,
+    ];
+    run("helm", &args, None).await
+}
+
+fn documents(yaml: &str) -> Vec<Value> {
+    let docs: Vec<Value> = serde_saphyr::from_multiple(yaml).expect("helm output is YAML");
+    docs.into_iter().filter(|d| d.is_object()).collect()
+}
+
+async fn render(chart_name: &str, values: &str) -> (String, Vec<Value>) {
+    let yaml = template(chart_name, values)
+        .await
+        .unwrap_or_else(|e| panic!("helm template {chart_name} failed:\n{e}"));
+    let objects = documents(&yaml);
+    (yaml, objects)
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+}
+
+/// `kubectl apply --server-side` of a YAML stream to an embedded server.
+async fn apply(server: &ApiServer, yaml: &str) -> String {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, server.kubeconfig_yaml()).expect("kubeconfig written");
+    let kubeconfig = kubeconfig.display().to_string();
+    let cache = dir.path().join("cache").display().to_string();
+    let args = [
+        "--kubeconfig",
+        &kubeconfig,
+        "--cache-dir",
+        &cache,
+        "apply",
+        "--server-side",
+        "-f",
+        "-",
+    ];
+    ok("kubectl", &args, Some(yaml)).await
+}
+
+/// An embedded server over https (kubectl sends tokens only there) that wants a bearer token: the
+/// admin's (in its kubeconfig), or a filled service-account token.
+async fn start_server(name: &str) -> ApiServer {
+    let server = ApiServer::start(ServerOptions {
+        name: name.into(),
+        tls: true,
+        token: Some(format!("admin-of-{name}")),
+    })
+    .await
+    .expect("embedded server");
+    let namespaces: Api<Namespace> = Api::all(server.client().await);
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": RELEASE_NAMESPACE}})).expect("namespace");
+    namespaces
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("release namespace");
+    server
+}
+
+// ---------------------------------------------------------------------------------------------
+// helm lint and template
+
+#[tokio::test]
+async fn both_charts_pass_helm_lint_strict() {
+    for name in ["stackd-types", "stackd-controllers"] {
+        let path = chart(name);
+        let output = ok("helm", &["lint", "--strict", &path], None).await;
+        assert!(output.contains("0 chart(s) failed"), "{output}");
+    }
+}
+
+#[tokio::test]
+async fn both_charts_render_with_their_default_values() {
+    let (_, types) = render("stackd-types", "").await;
+    assert_eq!(
+        types.iter().filter(|o| o["kind"] == "CustomResourceDefinition").count(),
+        8
+    );
+    find(&types, "ClusterRole", "stackd-daemon");
+    find(&types, "ClusterRoleBinding", "stackd-daemon");
+    let (_, controllers) = render("stackd-controllers", "").await;
+    let deployment = find(&controllers, "Deployment", "stackd");
+    let args = deployment_args(deployment);
+    assert!(
+        !args.iter().any(|a| a == "--leader-elect"),
+        "one replica, no election: {args:?}"
+    );
+    assert_eq!(
+        deployment["spec"]["strategy"]["type"], "Recreate",
+        "never two daemons at once"
+    );
+    assert!(
+        !controllers.iter().any(|o| o["kind"] == "Role"),
+        "no Lease permissions without leader election"
+    );
+}
+
+#[tokio::test]
+async fn optional_parts_of_the_charts_can_be_left_out() {
+    let values = "crds: {install: false}\npersonas: {create: false}\ndaemon: {serviceAccount: {tokenSecret: false}}";
+    let (_, types) = render("stackd-types", values).await;
+    let kinds: BTreeSet<&str> = types.iter().filter_map(|o| o["kind"].as_str()).collect();
+    assert_eq!(
+        kinds,
+        BTreeSet::from(["ClusterRole", "ClusterRoleBinding", "ServiceAccount"])
+    );
+    assert_eq!(
+        types.iter().filter(|o| o["kind"] == "ClusterRole").count(),
+        1,
+        "only the daemon's"
+    );
+
+    let values = "tenants: {existingSecret: my-tenants, kubeconfigs: {\"a.yaml\": x}}\nmetrics: {service: false}";
+    let (_, controllers) = render("stackd-controllers", values).await;
+    assert!(
+        !controllers
+            .iter()
+            .any(|o| o["kind"] == "Secret" || o["kind"] == "Service")
+    );
+    let deployment = find(&controllers, "Deployment", "stackd");
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["volumes"][0]["secret"]["secretName"],
+        "my-tenants"
+    );
+}
+
+#[tokio::test]
+async fn bad_values_fail_rendering_with_a_message_that_names_the_fix() {
+    let no_subject = "daemon: {serviceAccount: {create: false}, subjects: []}";
+    let err = template("stackd-types", no_subject).await.expect_err("no subject");
+    assert!(
+        err.contains("daemon.serviceAccount.create or list daemon.subjects"),
+        "{err}"
+    );
+    let bad_key = "tenants: {kubeconfigs: {\"Acme.json\": \"x\"}}";
+    let err = template("stackd-controllers", bad_key).await.expect_err("bad key");
+    assert!(err.contains("must be <tenant>.yaml"), "{err}");
+}
+
+/// The chart's CRDs without what the chart adds (its labels and the keep annotation).
+fn without_chart_metadata(mut crd: Value) -> Value {
+    let metadata = crd["metadata"].as_object_mut().expect("metadata");
+    metadata.remove("labels");
+    metadata.remove("annotations");
+    crd
+}
+
+/// Every number as a float: helm's YAML round trip writes `1.0` as `1`, the same JSON number to
+/// the API server.
+fn numbers_as_floats(value: Value) -> Value {
+    match value {
+        Value::Number(n) => n.as_f64().map_or(Value::Number(n), |f| json!(f)),
+        Value::Array(items) => Value::Array(items.into_iter().map(numbers_as_floats).collect()),
+        Value::Object(map) => Value::Object(map.into_iter().map(|(k, v)| (k, numbers_as_floats(v))).collect()),
+        other => other,
+    }
+}
+
+#[tokio::test]
+async fn the_types_chart_carries_exactly_the_crds_directory_kept_on_uninstall() {
+    let crds_dir = repository().join("crds");
+    let copies = repository().join("charts/stackd-types/files/crds");
+    let mut expected = BTreeMap::new();
+    for entry in std::fs::read_dir(&crds_dir).expect("crds/") {
+        let path = entry.expect("entry").path();
+        let text = std::fs::read_to_string(&path).expect("CRD file");
+        let name = path.file_name().expect("file name").to_owned();
+        let copy = std::fs::read_to_string(copies.join(&name)).unwrap_or_default();
+        assert_eq!(
+            copy,
+            text,
+            "charts/stackd-types/files/crds/{} differs from crds/: run `cp crds/*.yaml charts/stackd-types/files/crds/`",
+            name.to_string_lossy()
+        );
+        let crd: Value = serde_saphyr::from_str(&text).expect("CRD YAML");
+        let name = crd["metadata"]["name"].as_str().expect("name").to_string();
+        expected.insert(name, numbers_as_floats(crd));
+    }
+    assert_eq!(
+        std::fs::read_dir(&copies).expect("copies").count(),
+        expected.len(),
+        "files/crds/ holds a CRD that crds/ does not"
+    );
+    let (_, objects) = render("stackd-types", "").await;
+    let rendered: BTreeMap<String, Value> = objects
+        .into_iter()
+        .filter(|o| o["kind"] == "CustomResourceDefinition")
+        .map(|crd| {
+            assert_eq!(crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
+            let name = crd["metadata"]["name"].as_str().expect("name").to_string();
+            (name, numbers_as_floats(without_chart_metadata(crd)))
+        })
+        .collect();
+    assert_eq!(rendered.keys().collect::<Vec<_>>(), expected.keys().collect::<Vec<_>>());
+    for (name, crd) in &expected {
+        pretty_assertions::assert_eq!(&rendered[name], crd, "{name}");
+    }
+}
+
+fn deployment_args(deployment: &Value) -> Vec<String> {
+    deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("string arg").to_string())
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Applied to embedded servers
+
+const HOST_VALUES: &str = r#"
+image: {repository: registry.example.com/stackd, tag: "1.2.3"}
+replicas: 2
+leaderElection: {leaseDuration: 9}
+serviceAccount: {name: stackd-daemon, annotations: {team: platform}}
+tenants:
+  mountPath: /var/lib/stackd/tenants
+  namespaceTemplate: "t-{tenant}"
+  kubeconfigs:
+    acme.yaml: |
+      apiVersion: v1
+      kind: Config
+metrics: {port: 9090}
+resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {memory: 256Mi}}
+"#;
+
+const TENANT_VALUES: &str = r#"
+daemon:
+  serviceAccount: {name: stackd-daemon}
+  subjects:
+  - {kind: User, apiGroup: rbac.authorization.k8s.io, name: stackd-client-cert}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controllers_chart_applied_to_a_host_is_what_the_values_say() {
+    let host = start_server("host").await;
+    let (yaml, _) = render("stackd-controllers", HOST_VALUES).await;
+    let output = apply(&host, &yaml).await;
+    assert!(output.contains("deployment.apps/stackd serverside-applied"), "{output}");
+    let client = host.client().await;
+
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
+    let deployment = serde_json::to_value(deployments.get("stackd").await.expect("Deployment")).expect("JSON");
+    let spec = &deployment["spec"];
+    assert_eq!(spec["replicas"], 2);
+    let pod = &spec["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "stackd-daemon");
+    // What the `restricted` Pod Security level asks of a pod.
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+    let container = &pod["containers"][0];
+    assert_eq!(container["image"], "registry.example.com/stackd:1.2.3");
+    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(container["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(container["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(container["resources"]["limits"]["memory"], "256Mi");
+    assert_eq!(container["resources"]["requests"]["cpu"], "50m");
+    assert_eq!(container["ports"][0]["containerPort"], 9090);
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["port"], "metrics");
+    let args = deployment_args(&deployment);
+    for expected in [
+        "--tenants-dir=/var/lib/stackd/tenants",
+        "--tenant-namespace-template=t-{tenant}",
+        "--service-account=stackd-system/stackd-daemon",
+        "--metrics-addr=0.0.0.0:9090",
+        "--leader-elect",
+        "--leader-elect-namespace=stackd-system",
+        "--leader-elect-lease-duration=9",
+        "--stackd-image=registry.example.com/stackd:1.2.3",
+    ] {
+        assert!(args.iter().any(|a| a == expected), "{expected} missing from {args:?}");
+    }
+    let mount = &container["volumeMounts"][0];
+    assert_eq!(mount["mountPath"], "/var/lib/stackd/tenants");
+    assert_eq!(mount["readOnly"], true);
+    assert_eq!(pod["volumes"][0]["secret"]["secretName"], "stackd-tenants");
+    assert!(
+        mount.get("subPath").is_none(),
+        "a subPath mount never sees Secret updates"
+    );
+
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
+    let tenants = secrets.get("stackd-tenants").await.expect("tenants Secret");
+    let data = tenants.data.expect("data");
+    assert_eq!(
+        String::from_utf8_lossy(&data["acme.yaml"].0),
+        "apiVersion: v1\nkind: Config\n"
+    );
+
+    let cluster_roles: Api<ClusterRole> = Api::all(client.clone());
+    let tenant_role = cluster_roles
+        .get("stackd-tenant-namespace")
+        .await
+        .expect("fixed role name");
+    assert!(!tenant_role.rules.unwrap_or_default().is_empty());
+    let daemon_role = serde_json::to_value(cluster_roles.get("stackd").await.expect("daemon role")).expect("JSON");
+    let bind = daemon_role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .find(|r| r["verbs"] == json!(["bind"]))
+        .expect("a bind rule");
+    assert_eq!(bind["resourceNames"], json!(["stackd-tenant-namespace"]));
+    let bindings: Api<ClusterRoleBinding> = Api::all(client);
+    let binding = bindings.get("stackd").await.expect("binding");
+    let subject = &binding.subjects.expect("subjects")[0];
+    assert_eq!(
+        (
+            subject.kind.as_str(),
+            subject.name.as_str(),
+            subject.namespace.as_deref()
+        ),
+        ("ServiceAccount", "stackd-daemon", Some(RELEASE_NAMESPACE))
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_types_chart_applied_to_a_tenant_is_what_the_values_say() {
+    let tenant = start_server("acme").await;
+    let (yaml, _) = render("stackd-types", TENANT_VALUES).await;
+    apply(&tenant, &yaml).await;
+    let client = tenant.client().await;
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let established: BTreeSet<String> = crds
+        .list(&Default::default())
+        .await
+        .expect("CRDs")
+        .items
+        .into_iter()
+        .filter(|crd| {
+            crd.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| c.iter().any(|c| c.type_ == "Established" && c.status == "True"))
+        })
+        .filter_map(|crd| crd.metadata.name)
+        .collect();
+    let expected: BTreeSet<String> = stackd::api::crds::all()
+        .into_iter()
+        .filter_map(|crd| crd.metadata.name)
+        .collect();
+    assert_eq!(established, expected);
+
+    let bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+    let binding = bindings.get("stackd-daemon").await.expect("daemon binding");
+    assert_eq!(binding.role_ref.name, "stackd-daemon");
+    let subjects: Vec<(String, String)> = binding
+        .subjects
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| (s.kind, s.name))
+        .collect();
+    assert_eq!(
+        subjects,
+        [
+            ("User".to_string(), "stackd-client-cert".to_string()),
+            ("ServiceAccount".to_string(), "stackd-daemon".to_string())
+        ]
+    );
+
+    let roles: Api<ClusterRole> = Api::all(client.clone());
+    for persona in ["admin", "edit", "view"] {
+        let role = roles.get(&format!("stackd-{persona}")).await.expect("persona role");
+        let labels = role.metadata.labels.unwrap_or_default();
+        assert_eq!(
+            labels
+                .get(&format!("rbac.authorization.k8s.io/aggregate-to-{persona}"))
+                .map(String::as_str),
+            Some("true"),
+            "{persona}"
+        );
+    }
+    let role = roles.get("stackd-daemon").await.expect("daemon role");
+    let escalates = role.rules.unwrap_or_default().iter().any(|r| {
+        r.resources
+            .as_deref()
+            .unwrap_or_default()
+            .contains(&"clusterroles".to_string())
+            && r.verbs.contains(&"escalate".to_string())
+            && r.verbs.contains(&"bind".to_string())
+    });
+    assert!(escalates, "the daemon grants each stack its own rules");
+
+    // The token controller fills the daemon's long-lived token: what a token kubeconfig is made of.
+    let secrets: Api<Secret> = Api::namespaced(client, RELEASE_NAMESPACE);
+    let mut filled = false;
+    for _ in 0..100 {
+        let secret = secrets.get("stackd-daemon-token").await.expect("token Secret");
+        if secret.data.as_ref().is_some_and(|d| d.contains_key("token")) {
+            filled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(filled, "the token Secret was never filled");
+    tenant.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Least privilege: the daemon's requests against the rendered RBAC
+
+/// Situations in which the daemon uses a permission. Each permission the charts grant names the
+/// scenario that needs it (`HOST_USES`, `TENANT_USES`); the scenarios run below must use every
+/// permission they are named for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Scenario {
+    /// The daemon starts: it watches each tenant's CRDs and makes each tenant's host namespace
+    /// and the RoleBinding of `stackd-tenant-namespace` there.
+    DaemonStartup,
+    /// A tenant's RoleBinding whose subject was edited is put back.
+    BindingRepair,
+    /// Host objects whose tenant parent is gone are deleted.
+    OrphanSweep,
+    /// Replicas elect a leader on a Lease.
+    LeaderElection,
+    /// A create answered AlreadyExists reads the object instead (src/host/namespace.rs): another
+    /// writer was first, or the daemon's own earlier write had not reached its watch cache yet.
+    /// It happens in some startup runs and not others, so no run can require it.
+    CreateRace,
+    /// StackInstall → install Job and its pod log → CRDs and Stack → stack RBAC, token, host
+    /// Deployment; uninstall. Runs once the stack controllers land.
+    StackInstall,
+    /// A ClusterPool fills from its inventory: leases, namespaces, ClusterDeployments, installer
+    /// Jobs with their output ServiceAccount, Role and RoleBinding. Runs once the pool controllers
+    /// land.
+    PoolFill,
+}
+
+use Scenario::*;
+
+/// Some verbs on some resources of one role, and the scenario that uses them.
+struct Use {
+    role: &'static str,
+    group: &'static str,
+    resources: &'static [&'static str],
+    verbs: &'static [&'static str],
+    scenario: Scenario,
+}
+
+const fn uses(
+    role: &'static str,
+    group: &'static str,
+    resources: &'static [&'static str],
+    verbs: &'static [&'static str],
+    scenario: Scenario,
+) -> Use {
+    Use {
+        role,
+        group,
+        resources,
+        verbs,
+        scenario,
+    }
+}
+
+const HOST_ROLE: &str = "ClusterRole/stackd";
+const NAMESPACE_ROLE: &str = "ClusterRole/stackd-tenant-namespace";
+const LEADER_ROLE: &str = "Role/stackd-system/stackd-leader-election";
+const RBAC: &str = "rbac.authorization.k8s.io";
+
+/// Every permission of stackd-controllers, and who uses it.
+#[rustfmt::skip]
+const HOST_USES: &[Use] = &[
+    uses(HOST_ROLE, "", &["namespaces"], &["list", "watch", "create", "patch"], DaemonStartup),
+    uses(HOST_ROLE, "", &["namespaces"], &["get"], CreateRace),
+    uses(HOST_ROLE, RBAC, &["rolebindings"], &["list", "watch", "create"], DaemonStartup),
+    uses(HOST_ROLE, RBAC, &["rolebindings"], &["update"], BindingRepair),
+    uses(HOST_ROLE, RBAC, &["rolebindings"], &["get"], CreateRace),
+    uses(HOST_ROLE, RBAC, &["clusterroles"], &["bind"], DaemonStartup),
+    uses(LEADER_ROLE, "coordination.k8s.io", &["leases"], &["get", "create", "patch"], LeaderElection),
+    uses(NAMESPACE_ROLE, "batch", &["jobs"], &["list", "delete"], OrphanSweep),
+    uses(NAMESPACE_ROLE, "batch", &["jobs"], &["get", "watch", "create"], StackInstall),
+    uses(NAMESPACE_ROLE, "", &["pods"], &["get", "list", "watch"], StackInstall),
+    uses(NAMESPACE_ROLE, "", &["pods/log"], &["get"], StackInstall),
+    uses(NAMESPACE_ROLE, "apps", &["deployments"], &["list", "delete"], OrphanSweep),
+    uses(NAMESPACE_ROLE, "apps", &["deployments"], &["get", "watch", "create", "update", "patch"], StackInstall),
+    uses(NAMESPACE_ROLE, "", &["secrets"], &["list", "delete"], OrphanSweep),
+    uses(NAMESPACE_ROLE, "", &["secrets"], &["get", "watch", "create", "update", "patch"], StackInstall),
+    uses(NAMESPACE_ROLE, "", &["serviceaccounts"], &["list", "delete"], OrphanSweep),
+    uses(NAMESPACE_ROLE, "", &["serviceaccounts"], &["get", "watch", "create", "update"], PoolFill),
+    uses(NAMESPACE_ROLE, RBAC, &["roles", "rolebindings"], &["list", "delete"], OrphanSweep),
+    uses(NAMESPACE_ROLE, RBAC, &["roles", "rolebindings"], &["get", "watch", "create", "update"], PoolFill),
+    uses(NAMESPACE_ROLE, "", &["configmaps"], &["list", "delete"], OrphanSweep),
+    uses(NAMESPACE_ROLE, "", &["events"], &["get", "list", "watch"], StackInstall),
+];
+
+const DAEMON_ROLE: &str = "ClusterRole/stackd-daemon";
+const ALL_VERBS: &[&str] = &["get", "list", "watch", "create", "update", "patch", "delete"];
+const STACK_STATUS: &[&str] = &["stackinstalls/status", "clusterstackinstalls/status", "stacks/status"];
+const STACK_FINALIZERS: &[&str] = &[
+    "stackinstalls/finalizers",
+    "clusterstackinstalls/finalizers",
+    "stacks/finalizers",
+];
+const POOL_STATUS: &[&str] = &[
+    "clusterpools/status",
+    "clusterdeploymentcustomizations/status",
+    "clusterdeployments/status",
+    "clusterclaims/status",
+];
+const POOL_KINDS: &[&str] = &[
+    "clusterpools",
+    "clusterdeploymentcustomizations",
+    "clusterdeployments",
+    "clusterclaims",
+];
+
+/// Every permission of the daemon's tenant ClusterRole in stackd-types, and who uses it.
+#[rustfmt::skip]
+const TENANT_USES: &[Use] = &[
+    uses(DAEMON_ROLE, "apiextensions.k8s.io", &["customresourcedefinitions"], &["list", "watch"], DaemonStartup),
+    uses(DAEMON_ROLE, "apiextensions.k8s.io", &["customresourcedefinitions"],
+        &["get", "create", "update", "patch", "delete"], StackInstall),
+    uses(DAEMON_ROLE, "stacks.stackd.dev", &["stackinstalls", "clusterstackinstalls", "stacks"], &["list"], OrphanSweep),
+    uses(DAEMON_ROLE, "stacks.stackd.dev", &["stackinstalls", "clusterstackinstalls"],
+        &["get", "watch", "update", "patch"], StackInstall),
+    uses(DAEMON_ROLE, "stacks.stackd.dev", &["stacks"],
+        &["get", "watch", "create", "update", "patch", "delete"], StackInstall),
+    uses(DAEMON_ROLE, "stacks.stackd.dev", STACK_STATUS, &["update", "patch"], StackInstall),
+    uses(DAEMON_ROLE, "stacks.stackd.dev", STACK_FINALIZERS, &["update"], StackInstall),
+    uses(DAEMON_ROLE, "pools.stackd.dev", POOL_KINDS, &["list"], OrphanSweep),
+    uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterpools", "clusterdeploymentcustomizations"],
+        &["get", "watch", "update", "patch"], PoolFill),
+    uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterdeployments", "clusterclaims"],
+        &["get", "watch", "create", "update", "patch", "delete"], PoolFill),
+    uses(DAEMON_ROLE, "pools.stackd.dev", POOL_STATUS, &["update", "patch"], PoolFill),
+    uses(DAEMON_ROLE, "inventory.stackd.dev", &["baremetalassets"], &["list"], OrphanSweep),
+    uses(DAEMON_ROLE, "inventory.stackd.dev", &["baremetalassets"], &["get", "watch", "update", "patch"], PoolFill),
+    uses(DAEMON_ROLE, "inventory.stackd.dev", &["baremetalassets/status"], &["update", "patch"], PoolFill),
+    uses(DAEMON_ROLE, "", &["namespaces"], &["get", "list", "watch", "create", "delete"], PoolFill),
+    uses(DAEMON_ROLE, "", &["secrets", "serviceaccounts"], ALL_VERBS, StackInstall),
+    uses(DAEMON_ROLE, RBAC, &["clusterroles"], ALL_VERBS, StackInstall),
+    uses(DAEMON_ROLE, RBAC, &["clusterroles"], &["escalate", "bind"], StackInstall),
+    uses(DAEMON_ROLE, RBAC, &["clusterrolebindings", "rolebindings"], ALL_VERBS, StackInstall),
+    uses(DAEMON_ROLE, "events.k8s.io", &["events"], &["create", "patch"], StackInstall),
+];
+
+fn expand(table: &[Use]) -> BTreeMap<Permission, Scenario> {
+    let mut all = BTreeMap::new();
+    for entry in table {
+        for resource in entry.resources {
+            for verb in entry.verbs {
+                let permission = Permission {
+                    role: entry.role.to_string(),
+                    group: entry.group.to_string(),
+                    resource: resource.to_string(),
+                    verb: verb.to_string(),
+                };
+                assert!(
+                    all.insert(permission.clone(), entry.scenario).is_none(),
+                    "{permission} is listed twice"
+                );
+            }
+        }
+    }
+    all
+}
+
+/// A host, one tenant API server serving two tenants (`acme` and `globex` share it), both charts
+/// applied, and the daemon's directory (`host.yaml`, `tenants/`).
+struct Installation {
+    host: ApiServer,
+    tenant: ApiServer,
+    dir: tempfile::TempDir,
+    /// The rendered Deployment's `stackd run` arguments.
+    daemon_args: Vec<String>,
+    host_subject: Subject,
+    tenant_subject: Subject,
+}
+
+const LEAST_PRIVILEGE_HOST_VALUES: &str = "replicas: 2\n";
+
+impl Installation {
+    async fn new() -> Installation {
+        let host = start_server("host").await;
+        let tenant = start_server("tenant").await;
+        let (host_yaml, host_objects) = render("stackd-controllers", LEAST_PRIVILEGE_HOST_VALUES).await;
+        let (tenant_yaml, _) = render("stackd-types", "").await;
+        apply(&host, &host_yaml).await;
+        apply(&tenant, &tenant_yaml).await;
+        // On the host the daemon's pod would get its ServiceAccount's token mounted; here a token
+        // Secret stands in. On the tenant it uses the token Secret of the chart, as
+        // kubeconfigs/README.md says.
+        let host_token = json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+            "metadata": {"name": "stackd-token", "namespace": RELEASE_NAMESPACE,
+                "annotations": {"kubernetes.io/service-account.name": "stackd"}}});
+        apply(&host, &host_token.to_string()).await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::create_dir(dir.path().join("tenants")).expect("tenants dir");
+        let host_kubeconfig = service_account_kubeconfig(&host, "stackd-token").await;
+        std::fs::write(dir.path().join("host.yaml"), host_kubeconfig).expect("host kubeconfig");
+        let tenant_kubeconfig = service_account_kubeconfig(&tenant, "stackd-token").await;
+        for name in ["acme", "globex"] {
+            let file = dir.path().join("tenants").join(format!("{name}.yaml"));
+            std::fs::write(file, &tenant_kubeconfig).expect("tenant kubeconfig");
+        }
+        Installation {
+            daemon_args: deployment_args(find(&host_objects, "Deployment", "stackd")),
+            host,
+            tenant,
+            dir,
+            host_subject: Subject::service_account(RELEASE_NAMESPACE, "stackd"),
+            tenant_subject: Subject::service_account(RELEASE_NAMESPACE, "stackd"),
+        }
+    }
+
+    /// The chart's `stackd run` arguments, with fast timing and what the harness sets itself
+    /// (kubeconfigs, tenants directory, admin address) left out.
+    fn daemon(&self, timing: &[&str]) -> Daemon {
+        let harness_sets = [
+            "run",
+            "--tenants-dir",
+            "--metrics-addr",
+            "--backoff-base",
+            "--sweep-interval",
+            "--leader-elect-lease-duration",
+        ];
+        let mut args: Vec<&str> = self
+            .daemon_args
+            .iter()
+            .map(String::as_str)
+            .filter(|a| !harness_sets.iter().any(|h| a.split('=').next() == Some(h)))
+            .collect();
+        args.extend(timing);
+        Daemon::spawn(self.dir.path(), &args)
+    }
+
+    fn host_has(&self, group: &str, resource: &str, namespace: &str, name: &str) -> Option<Value> {
+        self.host
+            .store()
+            .get(&GroupResource::new(group, resource), namespace, name)
+    }
+}
+
+/// A kubeconfig of `server` with the token of the service-account-token Secret `secret` in the
+/// release namespace, once the token controller has filled it.
+async fn service_account_kubeconfig(server: &ApiServer, secret: &str) -> String {
+    use base64::Engine;
+    let secrets = GroupResource::new("", "secrets");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let token = loop {
+        let filled = server.store().get(&secrets, RELEASE_NAMESPACE, secret);
+        if let Some(token) = filled.as_ref().and_then(|s| s["data"]["token"].as_str()) {
+            let decoded = base64::engine::general_purpose::STANDARD
+                .decode(token)
+                .expect("base64 token");
+            break String::from_utf8(decoded).expect("UTF-8 token");
+        }
+        assert!(Instant::now() < deadline, "the token Secret {secret} was never filled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut kubeconfig = server.kubeconfig();
+    for user in &mut kubeconfig.auth_infos {
+        if let Some(auth) = user.auth_info.as_mut() {
+            auth.token = Some(token.clone().into());
+        }
+    }
+    serde_saphyr::to_string(&kubeconfig).expect("kubeconfig YAML")
+}
+
+/// The RBAC objects a server holds, and the ones written after `since` (a store resourceVersion).
+fn rbac_objects(server: &ApiServer, since: u64) -> (Vec<Value>, Vec<Value>) {
+    let kinds = [
+        ("roles", "Role"),
+        ("clusterroles", "ClusterRole"),
+        ("rolebindings", "RoleBinding"),
+        ("clusterrolebindings", "ClusterRoleBinding"),
+    ];
+    let mut all = Vec::new();
+    let mut written = Vec::new();
+    for (resource, kind) in kinds {
+        let (objects, _) = server.store().list(&GroupResource::new(RBAC, resource), None);
+        for mut object in objects {
+            object["kind"] = json!(kind);
+            let version: u64 = object["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            if version > since {
+                written.push(object.clone());
+            }
+            all.push(object);
+        }
+    }
+    (all, written)
+}
+
+/// What the daemon asked one server during a scenario (no other client talks to the servers
+/// meanwhile: the test reads the stores directly), including the escalation checks its writes of
+/// roles and bindings met, and the server's RBAC objects at the end.
+struct Observed {
+    requests: Vec<Request>,
+    rbac: Vec<Value>,
+}
+
+/// Counters and store position of a server at the start of a scenario.
+struct Window {
+    counts: stackd::embedded::counters::RequestCounts,
+    version: u64,
+}
+
+impl Window {
+    fn open(server: &ApiServer) -> Window {
+        Window {
+            counts: server.counters(),
+            version: server.store().resource_version(),
+        }
+    }
+
+    fn close(self, server: &ApiServer, subject: &Subject) -> Observed {
+        let mut requests = Request::from_counts(&server.counters().since(&self.counts));
+        let (rbac, written) = rbac_objects(server, self.version);
+        requests.extend(rbac::escalation_checks(&rbac, &written, subject));
+        Observed { requests, rbac }
+    }
+}
+
+/// What a scenario covered, per server.
+struct ScenarioRun {
+    covers: &'static [Scenario],
+    host: Observed,
+    tenant: Observed,
+}
+
+/// Labels of a host object left behind by a StackInstall of `tenant` that no longer exists.
+fn orphan_metadata(tenant: &str, name: &str, namespace: &str) -> Value {
+    let parent = Parent::new("StackInstall", Some("team-a"), "gone", "uid-of-a-deleted-install");
+    json!({"name": name, "namespace": namespace, "labels": parent.labels(tenant), "annotations": parent.annotations()})
+}
+
+/// The host kinds the sweep judges, as (group, plural, object).
+fn orphans(tenant: &str, namespace: &str) -> Vec<(&'static str, &'static str, Value)> {
+    let meta = |name: &str| orphan_metadata(tenant, name, namespace);
+    let pod = json!({"restartPolicy": "Never", "containers": [{"name": "c", "image": "example.com/orphan:1"}]});
+    vec![
+        (
+            "",
+            "configmaps",
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta("cm")}),
+        ),
+        (
+            "",
+            "secrets",
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": meta("secret")}),
+        ),
+        (
+            "",
+            "serviceaccounts",
+            json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta("sa")}),
+        ),
+        (
+            RBAC,
+            "roles",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta("role"), "rules": []}),
+        ),
+        (
+            RBAC,
+            "rolebindings",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta("binding"),
+                "roleRef": {"apiGroup": RBAC, "kind": "Role", "name": "role"}, "subjects": []}),
+        ),
+        (
+            "batch",
+            "jobs",
+            json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": meta("job"),
+                "spec": {"backoffLimit": 0, "template": {"spec": pod}}}),
+        ),
+        (
+            "apps",
+            "deployments",
+            json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta("deployment"), "spec": {
+                "selector": {"matchLabels": {"app": "orphan"}},
+                "template": {"metadata": {"labels": {"app": "orphan"}}, "spec": {"containers": [{"name": "c", "image": "example.com/orphan:1"}]}}}}),
+        ),
+    ]
+}
+
+/// Daemon startup with two tenants: `acme` gets a new host namespace; `globex` already has one
+/// (missing its Pod Security label), holding a RoleBinding whose subject someone edited and one
+/// orphan of every host kind the sweep judges. Two replicas, as the chart runs them: the first
+/// takes the Lease, the second waits on it and takes over when the first stops.
+async fn daemon_startup_repair_sweep_and_leader_election(installation: &Installation) -> ScenarioRun {
+    let globex = "tenant-globex-controllers";
+    let client = installation.host.client().await;
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespace = json!({"metadata": {"name": globex, "labels": {"app.kubernetes.io/managed-by": "stackd", "stackd.dev/tenant": "globex"}}});
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(namespace).expect("namespace"),
+        )
+        .await
+        .expect("globex namespace");
+    let mut planted = orphans("globex", globex);
+    planted.push((
+        RBAC,
+        "rolebindings",
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "stackd-tenant-namespace", "namespace": globex,
+                "labels": {"app.kubernetes.io/managed-by": "stackd", "stackd.dev/tenant": "globex"}},
+            "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": "stackd-tenant-namespace"},
+            "subjects": [{"kind": "ServiceAccount", "name": "someone-else", "namespace": RELEASE_NAMESPACE}]}),
+    ));
+    for (group, plural, object) in &planted {
+        let version = if group.is_empty() {
+            "v1".to_string()
+        } else {
+            format!("{group}/v1")
+        };
+        let resource = kube::api::ApiResource {
+            group: group.to_string(),
+            version: "v1".into(),
+            api_version: version,
+            kind: object["kind"].as_str().expect("kind").into(),
+            plural: plural.to_string(),
+        };
+        let api: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), globex, &resource);
+        let object: kube::api::DynamicObject = serde_json::from_value(object.clone()).expect("object");
+        api.create(&PostParams::default(), &object).await.expect("planted");
+    }
+
+    let (host_window, tenant_window) = (Window::open(&installation.host), Window::open(&installation.tenant));
+    let timing = ["--sweep-interval", "300ms", "--leader-elect-lease-duration", "2"];
+    let mut daemon = installation.daemon(&timing);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let namespaces_ready = ["acme", "globex"].iter().all(|tenant| {
+            let name = format!("tenant-{tenant}-controllers");
+            let ns = installation.host_has("", "namespaces", "", &name);
+            let binding = installation.host_has(RBAC, "rolebindings", &name, "stackd-tenant-namespace");
+            ns.is_some_and(|ns| ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted")
+                && binding.is_some_and(|b| b["subjects"][0]["name"] == "stackd")
+        });
+        let swept = orphans("globex", globex).iter().all(|(group, plural, object)| {
+            let name = object["metadata"]["name"].as_str().expect("name");
+            installation.host_has(group, plural, globex, name).is_none()
+        });
+        let leader = installation
+            .host_has("coordination.k8s.io", "leases", RELEASE_NAMESPACE, "stackd-leader")
+            .is_some();
+        if namespaces_ready && swept && leader {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "namespaces ready: {namespaces_ready}, orphans swept: {swept}, lease taken: {leader}\nlog:\n{}",
+            daemon.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut standby = installation.daemon(&timing);
+    wait_for_log(&standby, "waiting for the leader lease").await;
+    stop(&mut daemon).await;
+    wait_for_log(&standby, "acquired the leader lease").await;
+    stop(&mut standby).await;
+    ScenarioRun {
+        covers: &[DaemonStartup, BindingRepair, OrphanSweep, LeaderElection],
+        host: host_window.close(&installation.host, &installation.host_subject),
+        tenant: tenant_window.close(&installation.tenant, &installation.tenant_subject),
+    }
+}
+
+async fn wait_for_log(daemon: &Daemon, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !daemon.log_text().contains(needle) {
+        assert!(
+            Instant::now() < deadline,
+            "never logged {needle:?}:\n{}",
+            daemon.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// SIGTERM, and a clean exit.
+async fn stop(daemon: &mut Daemon) {
+    daemon.terminate();
+    let status = daemon.wait_exit(Duration::from_secs(15)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "daemon exits cleanly:\n{}",
+        daemon.log_text()
+    );
+}
+
+/// Checks one server's requests across all runs against the RBAC its chart grants: every request
+/// allowed; every permission explained by `table`; every permission of a scenario that ran, used.
+fn check_least_privilege(
+    server: &str,
+    runs: &[&Observed],
+    covered: &BTreeSet<Scenario>,
+    subject: &Subject,
+    table: &[Use],
+) {
+    let rbac = &runs.last().expect("a run").rbac;
+    let authorizer = Authorizer::for_subject(rbac, subject);
+    let roles = rbac::bound_roles(rbac, subject);
+    let granted = rbac::permissions(rbac, &roles);
+    let explained = expand(table);
+
+    let unexplained: Vec<String> = granted
+        .iter()
+        .filter(|p| !explained.contains_key(p))
+        .map(|p| p.to_string())
+        .collect();
+    assert!(
+        unexplained.is_empty(),
+        "{server}: granted but in no scenario of the table:\n  {}",
+        unexplained.join("\n  ")
+    );
+    let stale: Vec<String> = explained
+        .keys()
+        .filter(|p| !granted.contains(p))
+        .map(|p| p.to_string())
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "{server}: in the table but not granted (roles bound: {roles:?}):\n  {}",
+        stale.join("\n  ")
+    );
+
+    let mut denied = BTreeSet::new();
+    let mut used = BTreeSet::new();
+    for request in runs.iter().flat_map(|o| &o.requests) {
+        let through = authorizer.used_by(request);
+        if through.is_empty() {
+            denied.insert(request.to_string());
+        }
+        used.extend(through);
+    }
+    assert!(
+        denied.is_empty(),
+        "{server}: the daemon made requests its RBAC does not allow:\n  {}",
+        denied.into_iter().collect::<Vec<_>>().join("\n  ")
+    );
+    let unused: Vec<String> = explained
+        .iter()
+        .filter(|(p, scenario)| covered.contains(scenario) && !used.contains(*p))
+        .map(|(p, scenario)| format!("{p} ({scenario:?})"))
+        .collect();
+    assert!(
+        unused.is_empty(),
+        "{server}: granted for a scenario that ran, never used:\n  {}",
+        unused.join("\n  ")
+    );
+}
+
+/// Each scenario function plants what it needs, runs the daemon with the chart's arguments
+/// against `installation`, waits (reading the stores, never through the API) until the daemon has
+/// done its part, stops it and returns what each server saw. A stack install and a pool fill join
+/// the list as one function each, covering `StackInstall` and `PoolFill`; from then on every
+/// permission the tables name for them must be used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_daemon_request_is_allowed_by_the_charts_and_every_permission_is_used() {
+    let installation = Installation::new().await;
+    let runs = [daemon_startup_repair_sweep_and_leader_election(&installation).await];
+    let covered: BTreeSet<Scenario> = runs.iter().flat_map(|r| r.covers.iter().copied()).collect();
+    let host: Vec<&Observed> = runs.iter().map(|r| &r.host).collect();
+    let tenant: Vec<&Observed> = runs.iter().map(|r| &r.tenant).collect();
+    check_least_privilege("host", &host, &covered, &installation.host_subject, HOST_USES);
+    check_least_privilege("tenant", &tenant, &covered, &installation.tenant_subject, TENANT_USES);
+    installation.host.shutdown().await;
+    installation.tenant.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_host_chart_alone_lets_the_daemon_bind_its_namespace_role_and_nothing_more() {
+    let (_, objects) = render("stackd-controllers", "").await;
+    let daemon = Subject::service_account(RELEASE_NAMESPACE, "stackd");
+    let chart_only = Authorizer::for_subject(&objects, &daemon);
+    let ns = "tenant-new-controllers";
+    // What the host namespace controller needs before its RoleBinding exists.
+    for request in [
+        Request::new("list", "", "namespaces", ""),
+        Request::new("watch", "", "namespaces", ""),
+        Request::new("create", "", "namespaces", ""),
+        Request::new("patch", "", "namespaces", ""),
+        Request::new("list", RBAC, "rolebindings", ns),
+        Request::new("watch", RBAC, "rolebindings", ns),
+        Request::new("create", RBAC, "rolebindings", ns),
+        Request::new("update", RBAC, "rolebindings", ns),
+        Request::new("bind", RBAC, "clusterroles", ns).named("stackd-tenant-namespace"),
+    ] {
+        assert!(chart_only.allows(&request), "{request} denied");
+    }
+    for request in [
+        Request::new("bind", RBAC, "clusterroles", ns).named("cluster-admin"),
+        Request::new("delete", "", "namespaces", ""),
+        Request::new("delete", RBAC, "rolebindings", "kube-system"),
+        Request::new("list", "", "secrets", ""),
+        Request::new("create", "batch", "jobs", ns),
+        Request::new("escalate", RBAC, "clusterroles", ""),
+    ] {
+        assert!(!chart_only.allows(&request), "{request} allowed");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// kubeconfigs/examples
+
+#[test]
+fn the_kubeconfig_examples_are_tenant_files_naming_the_documented_endpoints() {
+    use stackd::tenancy::directory::scan;
+    use stackd::tenancy::endpoint::EndpointSource;
+    use stackd::tenancy::namespace::NamespaceTemplate;
+
+    let examples = repository().join("kubeconfigs/examples");
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (example, tenant) in [
+        ("token.yaml", "acme"),
+        ("client-certificate.yaml", "globex"),
+        ("direct.yaml", "initech"),
+    ] {
+        std::fs::copy(examples.join(example), dir.path().join(format!("{tenant}.yaml"))).expect("copied");
+    }
+    let secret: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(examples.join("tenants-secret.yaml")).expect("read"))
+            .expect("Secret YAML");
+    let in_secret = secret["stringData"]["acme.yaml"].as_str().expect("acme.yaml key");
+    std::fs::write(dir.path().join("umbrella.yaml"), in_secret).expect("written");
+
+    let tenants = scan(dir.path(), &NamespaceTemplate::default()).expect("scan");
+    let endpoint = |tenant: &str| {
+        let file = tenants[tenant].as_ref().unwrap_or_else(|e| panic!("{tenant}: {e}"));
+        let endpoint = file.endpoint.as_ref().unwrap_or_else(|e| panic!("{tenant}: {e}"));
+        (endpoint.host.clone(), endpoint.port, endpoint.https, endpoint.source)
+    };
+    assert_eq!(
+        endpoint("acme"),
+        (
+            "acme-apiserver.tenant-acme.svc".into(),
+            443,
+            true,
+            EndpointSource::InClusterExtension
+        )
+    );
+    assert_eq!(
+        endpoint("globex"),
+        (
+            "globex-apiserver.tenant-globex.svc".into(),
+            443,
+            true,
+            EndpointSource::InClusterExtension
+        )
+    );
+    assert_eq!(
+        endpoint("initech"),
+        ("initech-api.example.com".into(), 443, true, EndpointSource::ServerUrl)
+    );
+    assert_eq!(
+        endpoint("umbrella"),
+        ("acme.example.com".into(), 6443, true, EndpointSource::ServerUrl)
+    );
+}
