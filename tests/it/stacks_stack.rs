@@ -1236,3 +1236,23 @@ async fn a_stack_install_ends_with_its_controller_available_on_the_host_and_unin
         roles.items.iter().map(|r| r.name_any()).collect::<Vec<_>>()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stacks_waiting_together_for_a_starting_daemon_all_become_ready_promptly() {
+    let mut env = Env::servers().await;
+    let names: Vec<String> = (0..6).map(|i| format!("widgets-{i}")).collect();
+    for name in &names {
+        env.create_stack(name, default_spec()).await;
+    }
+    let started = Instant::now();
+    env.start_daemon(INSECURE);
+    for name in &names {
+        env.wait_ready(name, "True", "Available").await;
+    }
+    // Every first reconcile waits for the same watches to list; none may miss the wake-up.
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "took {:?}",
+        started.elapsed()
+    );
+}

@@ -263,7 +263,8 @@ async fn reconcile(stack: Arc<Stack>, ctx: Arc<StackContext>) -> Result<Action, 
     tenant.shared.metrics.reconciles.get_or_create(&labels).inc();
     match tokio::time::timeout(CACHE_SYNC_TIMEOUT, ctx.caches_filled.wait()).await {
         Ok(true) => {}
-        Ok(false) => return Err(StackError::Stopping),
+        // The watches stopped: the controller is shutting down.
+        Ok(false) => return Ok(Action::await_change()),
         Err(_) => return Err(StackError::NotSynced),
     }
     let key = backoff_key(&stack);
