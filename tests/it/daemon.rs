@@ -144,7 +144,7 @@ impl Daemon {
         Daemon { child, admin, log }
     }
 
-    fn http_get(&self, path: &str) -> Option<String> {
+    pub(crate) fn http_get(&self, path: &str) -> Option<String> {
         let mut stream = TcpStream::connect_timeout(&self.admin, Duration::from_secs(1)).ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
         write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;

@@ -2,9 +2,6 @@
 //! created directly on an embedded tenant, as the install controller would.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -20,6 +17,8 @@ use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::{ApiServer, ServerOptions, Verb};
 use stackd::host::names::{NameKind, host_name};
 use stackd::stacks::{STACK_FINALIZER, crd_parent_label};
+
+use super::daemon::Daemon;
 
 const TENANT: &str = "acme";
 const HOST_NS: &str = "tenant-acme-controllers";
@@ -37,23 +36,9 @@ struct Env {
     daemon: Option<Daemon>,
 }
 
-struct Daemon {
-    child: Child,
-    admin: SocketAddr,
-    log: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl Env {
     async fn start(flags: &[&str]) -> Env {
-        let env = Env::servers().await;
-        let mut env = env;
+        let mut env = Env::servers().await;
         env.start_daemon(flags);
         env
     }
@@ -99,27 +84,7 @@ impl Env {
     }
 
     fn start_daemon(&mut self, flags: &[&str]) {
-        let admin = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port");
-        let log = self.dir.path().join(format!("daemon-{}.log", admin.port()));
-        let child = Command::new(env!("CARGO_BIN_EXE_stackd"))
-            .args(["run", "--host-kubeconfig"])
-            .arg(self.dir.path().join("host.yaml"))
-            .arg("--tenants-dir")
-            .arg(self.dir.path().join("tenants"))
-            .args(["--metrics-addr", &admin.to_string()])
-            .args(["--backoff-base", "100ms", "--debounce", "50ms"])
-            .args(flags)
-            .env(
-                "RUST_LOG",
-                std::env::var("STACKD_TEST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("spawn stackd run");
-        self.daemon = Some(Daemon { child, admin, log });
+        self.daemon = Some(Daemon::spawn(self.dir.path(), flags));
     }
 
     fn stop_daemon(&mut self) {
@@ -127,25 +92,14 @@ impl Env {
     }
 
     fn log(&self) -> String {
-        self.daemon
-            .as_ref()
-            .and_then(|d| std::fs::read_to_string(&d.log).ok())
-            .unwrap_or_default()
+        self.daemon.as_ref().map(Daemon::log_text).unwrap_or_default()
     }
 
     fn metrics(&self) -> String {
-        use std::io::{Read, Write};
-        let Some(daemon) = &self.daemon else {
-            return String::new();
-        };
-        let Ok(mut stream) = TcpStream::connect_timeout(&daemon.admin, Duration::from_secs(1)) else {
-            return String::new();
-        };
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-        let _ = write!(stream, "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n");
-        let mut body = String::new();
-        let _ = stream.read_to_string(&mut body);
-        body
+        self.daemon
+            .as_ref()
+            .and_then(|d| d.http_get("/metrics"))
+            .unwrap_or_default()
     }
 
     fn reconciles(&self) -> u64 {
@@ -821,8 +775,13 @@ async fn host_drift_is_repaired() {
     })
     .await;
     env.wait_ready("widgets", "True", "Available").await;
-    let reasons = env.event_reasons("widgets").await;
-    assert!(reasons.iter().any(|r| r == "UpdatedDeployment"), "{reasons:?}");
+    env.until("an UpdatedDeployment event", || async {
+        env.event_reasons("widgets")
+            .await
+            .iter()
+            .any(|r| r == "UpdatedDeployment")
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -846,8 +805,10 @@ async fn a_rotated_tenant_token_is_copied_again() {
             .is_some_and(|d| d["token"].0 == b"rotated-token")
     })
     .await;
-    let reasons = env.event_reasons("widgets").await;
-    assert!(reasons.iter().any(|r| r == "RecopiedToken"), "{reasons:?}");
+    env.until("a RecopiedToken event", || async {
+        env.event_reasons("widgets").await.iter().any(|r| r == "RecopiedToken")
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1140,11 +1101,16 @@ async fn tenant_drift_is_repaired_and_a_recreated_account_gets_its_new_token_cop
         cluster.is_some() && namespaced.is_none()
     })
     .await;
-    let stack = env.wait_ready("widgets", "True", "Available").await;
-    assert_eq!(
-        stack.status.and_then(|s| s.observed_generation),
-        stack.metadata.generation
-    );
+    env.until("the status to describe the new generation", || async {
+        let Ok(stack) = env.stacks().get("widgets").await else {
+            return false;
+        };
+        let ready = condition(&stack, "Ready");
+        stack.status.as_ref().and_then(|s| s.observed_generation) == stack.metadata.generation
+            && ready
+                .is_some_and(|c| c["status"] == "True" && c["observedGeneration"] == json!(stack.metadata.generation))
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
