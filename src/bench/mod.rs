@@ -218,11 +218,12 @@ pub fn table(report: &Report, baseline: Option<&Report>) -> String {
     line(
         &mut out,
         format!(
-            "requests per install: {:.1} ({}); minimum {}; ratio {:.2}",
+            "requests per install: {:.1} ({}); minimum {}; ratio {:.2}; plus {:.1} Events",
             s.requests_per_install,
             verbs.join(", "),
             s.minimum_requests_per_install,
-            report.requests_per_install_ratio
+            report.requests_per_install_ratio,
+            s.events_per_install
         ),
     );
     if let Some(baseline) = baseline {
@@ -238,4 +239,56 @@ pub fn table(report: &Report, baseline: Option<&Report>) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(ratio: f64) -> Report {
+        Report {
+            machine: Machine::here(),
+            quick: true,
+            latency_floor: LatencyFloor {
+                rtt_ms_p50: 1.0,
+                rtt_ms_p99: 2.0,
+                samples: 10,
+            },
+            tenants: Vec::new(),
+            marginal_rss_per_tenant_mb: 2.0,
+            stacks: StackFigures {
+                tenants: 1,
+                installs: 1,
+                all_ready_s: 1.0,
+                install_p50_s: 1.0,
+                install_p99_s: 1.0,
+                install_p50_floor_multiple: 50.0,
+                requests_per_install: 18.0 * ratio,
+                requests_per_install_by_verb: BTreeMap::new(),
+                events_per_install: 5.0,
+                minimum_requests_per_install: 18.0,
+            },
+            requests_per_install_ratio: ratio,
+            double_leases: 0,
+        }
+    }
+
+    #[test]
+    fn a_comparison_prints_each_headline_as_a_ratio_to_the_baseline() {
+        let table = table(&report(3.0), Some(&report(1.5)));
+        let line = table
+            .lines()
+            .find(|l| l.contains("requests_per_install_ratio"))
+            .expect("the ratio is compared");
+        assert!(line.trim_end().ends_with("= 2.00x"), "{line}");
+    }
+
+    #[test]
+    fn a_saved_report_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.json");
+        std::fs::write(&path, serde_json::to_string(&report(1.2)).unwrap()).unwrap();
+        assert_eq!(load(&path).unwrap().requests_per_install_ratio, 1.2);
+        assert!(load(&dir.path().join("missing.json")).is_err());
+    }
 }

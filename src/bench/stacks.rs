@@ -35,8 +35,11 @@ pub struct StackFigures {
     pub install_p99_s: f64,
     /// p50 install time divided by (minimum sequential requests × the round-trip floor).
     pub install_p50_floor_multiple: f64,
+    /// API requests per install, Events not counted.
     pub requests_per_install: f64,
     pub requests_per_install_by_verb: BTreeMap<String, f64>,
+    /// Event writes per install (one per state change a user would want to see).
+    pub events_per_install: f64,
     pub minimum_requests_per_install: f64,
 }
 
@@ -75,9 +78,14 @@ pub async fn measure(tenants: usize, per_tenant: usize, floor: &LatencyFloor) ->
 
     let installs = tenants * per_tenant;
     let mut by_verb: BTreeMap<String, f64> = BTreeMap::new();
+    let mut events = 0.0;
     for (now, then) in after.iter().zip(&before) {
         for (key, n) in &now.since(then).counts {
-            *by_verb.entry(key.verb.as_str().to_string()).or_default() += *n as f64;
+            if key.resource.starts_with("events") {
+                events += *n as f64;
+            } else {
+                *by_verb.entry(key.verb.as_str().to_string()).or_default() += *n as f64;
+            }
         }
     }
     // The benchmark's own requests: a namespace and an install per install, a watch per tenant.
@@ -99,6 +107,7 @@ pub async fn measure(tenants: usize, per_tenant: usize, floor: &LatencyFloor) ->
             / (MINIMUM_REQUESTS_PER_INSTALL * floor.rtt_ms_p50.max(1e-6)),
         requests_per_install: total / installs as f64,
         requests_per_install_by_verb: by_verb,
+        events_per_install: events / installs as f64,
         minimum_requests_per_install: MINIMUM_REQUESTS_PER_INSTALL,
     })
 }

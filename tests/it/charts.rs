@@ -14,7 +14,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use stackd::embedded::store::GroupResource;
 use stackd::embedded::{ApiServer, ServerOptions};
@@ -519,9 +519,16 @@ enum Scenario {
     /// writer was first, or the daemon's own earlier write had not reached its watch cache yet.
     /// It happens in some startup runs and not others, so no run can require it.
     CreateRace,
-    /// StackInstall → install Job and its pod log → CRDs and Stack → stack RBAC, token, host
-    /// Deployment; uninstall. Runs once the stack controllers land.
+    /// StackInstall and ClusterStackInstall → install Job and its pod log → CRDs and Stack → stack
+    /// RBAC, token, host Deployment; uninstall.
     StackInstall,
+    /// Paths no run here takes, each tested with its controller (tests/it/stacks_*.rs): tenant
+    /// objects edited by hand and replaced, upgrades that change a CRD or a Stack, a stack changing
+    /// its permission scope (its old binding deleted), and `<owner>/finalizers` updates that only
+    /// the OwnerReferencesPermissionEnforcement admission plugin asks for.
+    RarePaths,
+    /// A stack's host Deployment and token Secret, edited by hand, are put back.
+    HostDriftRepair,
     /// A ClusterPool fills from its inventory: leases, namespaces, ClusterDeployments, installer
     /// Jobs with their output ServiceAccount, Role and RoleBinding. Runs once the pool controllers
     /// land.
@@ -571,23 +578,26 @@ const HOST_USES: &[Use] = &[
     uses(HOST_ROLE, RBAC, &["clusterroles"], &["bind"], DaemonStartup),
     uses(LEADER_ROLE, "coordination.k8s.io", &["leases"], &["get", "create", "patch"], LeaderElection),
     uses(NAMESPACE_ROLE, "batch", &["jobs"], &["list", "delete"], OrphanSweep),
-    uses(NAMESPACE_ROLE, "batch", &["jobs"], &["get", "watch", "create"], StackInstall),
-    uses(NAMESPACE_ROLE, "", &["pods"], &["get", "list", "watch"], StackInstall),
+    uses(NAMESPACE_ROLE, "batch", &["jobs"], &["watch", "create", "patch"], StackInstall),
+    uses(NAMESPACE_ROLE, "batch", &["jobs"], &["get"], CreateRace),
+    uses(NAMESPACE_ROLE, "", &["pods"], &["list"], StackInstall),
     uses(NAMESPACE_ROLE, "", &["pods/log"], &["get"], StackInstall),
     uses(NAMESPACE_ROLE, "apps", &["deployments"], &["list", "delete"], OrphanSweep),
-    uses(NAMESPACE_ROLE, "apps", &["deployments"], &["get", "watch", "create", "update", "patch"], StackInstall),
+    uses(NAMESPACE_ROLE, "apps", &["deployments"], &["watch", "create"], StackInstall),
+    uses(NAMESPACE_ROLE, "apps", &["deployments"], &["update"], HostDriftRepair),
+    uses(NAMESPACE_ROLE, "apps", &["deployments"], &["get"], CreateRace),
     uses(NAMESPACE_ROLE, "", &["secrets"], &["list", "delete"], OrphanSweep),
-    uses(NAMESPACE_ROLE, "", &["secrets"], &["get", "watch", "create", "update", "patch"], StackInstall),
+    uses(NAMESPACE_ROLE, "", &["secrets"], &["watch", "create"], StackInstall),
+    uses(NAMESPACE_ROLE, "", &["secrets"], &["update"], HostDriftRepair),
+    uses(NAMESPACE_ROLE, "", &["secrets"], &["get"], CreateRace),
     uses(NAMESPACE_ROLE, "", &["serviceaccounts"], &["list", "delete"], OrphanSweep),
     uses(NAMESPACE_ROLE, "", &["serviceaccounts"], &["get", "watch", "create", "update"], PoolFill),
     uses(NAMESPACE_ROLE, RBAC, &["roles", "rolebindings"], &["list", "delete"], OrphanSweep),
     uses(NAMESPACE_ROLE, RBAC, &["roles", "rolebindings"], &["get", "watch", "create", "update"], PoolFill),
     uses(NAMESPACE_ROLE, "", &["configmaps"], &["list", "delete"], OrphanSweep),
-    uses(NAMESPACE_ROLE, "", &["events"], &["get", "list", "watch"], StackInstall),
 ];
 
 const DAEMON_ROLE: &str = "ClusterRole/stackd-daemon";
-const ALL_VERBS: &[&str] = &["get", "list", "watch", "create", "update", "patch", "delete"];
 const STACK_STATUS: &[&str] = &["stackinstalls/status", "clusterstackinstalls/status", "stacks/status"];
 const STACK_FINALIZERS: &[&str] = &[
     "stackinstalls/finalizers",
@@ -611,15 +621,14 @@ const POOL_KINDS: &[&str] = &[
 #[rustfmt::skip]
 const TENANT_USES: &[Use] = &[
     uses(DAEMON_ROLE, "apiextensions.k8s.io", &["customresourcedefinitions"], &["list", "watch"], DaemonStartup),
-    uses(DAEMON_ROLE, "apiextensions.k8s.io", &["customresourcedefinitions"],
-        &["get", "create", "update", "patch", "delete"], StackInstall),
+    uses(DAEMON_ROLE, "apiextensions.k8s.io", &["customresourcedefinitions"], &["create", "patch", "delete"], StackInstall),
+    uses(DAEMON_ROLE, "apiextensions.k8s.io", &["customresourcedefinitions"], &["update"], RarePaths),
     uses(DAEMON_ROLE, "stacks.stackd.dev", &["stackinstalls", "clusterstackinstalls", "stacks"], &["list"], OrphanSweep),
-    uses(DAEMON_ROLE, "stacks.stackd.dev", &["stackinstalls", "clusterstackinstalls"],
-        &["get", "watch", "update", "patch"], StackInstall),
-    uses(DAEMON_ROLE, "stacks.stackd.dev", &["stacks"],
-        &["get", "watch", "create", "update", "patch", "delete"], StackInstall),
-    uses(DAEMON_ROLE, "stacks.stackd.dev", STACK_STATUS, &["update", "patch"], StackInstall),
-    uses(DAEMON_ROLE, "stacks.stackd.dev", STACK_FINALIZERS, &["update"], StackInstall),
+    uses(DAEMON_ROLE, "stacks.stackd.dev", &["stackinstalls", "clusterstackinstalls"], &["watch", "patch"], StackInstall),
+    uses(DAEMON_ROLE, "stacks.stackd.dev", &["stacks"], &["watch", "create", "patch", "delete"], StackInstall),
+    uses(DAEMON_ROLE, "stacks.stackd.dev", &["stacks"], &["update"], RarePaths),
+    uses(DAEMON_ROLE, "stacks.stackd.dev", STACK_STATUS, &["patch"], StackInstall),
+    uses(DAEMON_ROLE, "stacks.stackd.dev", STACK_FINALIZERS, &["update"], RarePaths),
     uses(DAEMON_ROLE, "pools.stackd.dev", POOL_KINDS, &["list"], OrphanSweep),
     uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterpools", "clusterdeploymentcustomizations"],
         &["get", "watch", "update", "patch"], PoolFill),
@@ -630,10 +639,16 @@ const TENANT_USES: &[Use] = &[
     uses(DAEMON_ROLE, "inventory.stackd.dev", &["baremetalassets"], &["get", "watch", "update", "patch"], PoolFill),
     uses(DAEMON_ROLE, "inventory.stackd.dev", &["baremetalassets/status"], &["update", "patch"], PoolFill),
     uses(DAEMON_ROLE, "", &["namespaces"], &["get", "list", "watch", "create", "delete"], PoolFill),
-    uses(DAEMON_ROLE, "", &["secrets", "serviceaccounts"], ALL_VERBS, StackInstall),
-    uses(DAEMON_ROLE, RBAC, &["clusterroles"], ALL_VERBS, StackInstall),
+    uses(DAEMON_ROLE, "", &["secrets", "serviceaccounts"], &["list", "watch", "create"], StackInstall),
+    uses(DAEMON_ROLE, "", &["secrets", "serviceaccounts"], &["get"], CreateRace),
+    uses(DAEMON_ROLE, "", &["secrets", "serviceaccounts"], &["update"], RarePaths),
+    uses(DAEMON_ROLE, RBAC, &["clusterroles"], &["list", "watch", "create", "delete"], StackInstall),
     uses(DAEMON_ROLE, RBAC, &["clusterroles"], &["escalate", "bind"], StackInstall),
-    uses(DAEMON_ROLE, RBAC, &["clusterrolebindings", "rolebindings"], ALL_VERBS, StackInstall),
+    uses(DAEMON_ROLE, RBAC, &["clusterroles", "clusterrolebindings", "rolebindings"], &["get"], CreateRace),
+    uses(DAEMON_ROLE, RBAC, &["clusterroles", "clusterrolebindings", "rolebindings"], &["update"], RarePaths),
+    uses(DAEMON_ROLE, RBAC, &["clusterrolebindings"], &["list", "watch", "create", "delete"], StackInstall),
+    uses(DAEMON_ROLE, RBAC, &["rolebindings"], &["list", "watch", "create"], StackInstall),
+    uses(DAEMON_ROLE, RBAC, &["rolebindings"], &["delete"], RarePaths),
     uses(DAEMON_ROLE, "events.k8s.io", &["events"], &["create", "patch"], StackInstall),
 ];
 
@@ -1047,6 +1062,173 @@ fn check_least_privilege(
     );
 }
 
+/// A StackInstall of the sample package in tenant `acme` becomes Ready (install Job and its log,
+/// CRDs, Stack, the stack's tenant RBAC and token, host Deployment), then is uninstalled. `globex`
+/// shares acme's API server here, so its file goes first: two tenants must not serve one server's
+/// installs. The install is created and deleted between windows, so only the daemon's requests
+/// are counted.
+async fn stack_install_and_uninstall(installation: &Installation) -> Vec<ScenarioRun> {
+    // The chart passes its own image as --stackd-image: the host "runs" install Jobs with it.
+    let image = installation
+        .daemon_args
+        .iter()
+        .find_map(|a| a.strip_prefix("--stackd-image="))
+        .expect("the chart sets --stackd-image")
+        .to_string();
+    stackd::embedded::samples::register_sample_runners(
+        &installation.host.runners(),
+        &stackd::embedded::samples::SampleImages::new(&image),
+    );
+    std::fs::remove_file(installation.dir.path().join("tenants/globex.yaml")).expect("remove globex");
+    let tenant = installation.tenant.client().await;
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": "team-a"}})).expect("namespace");
+    Api::<Namespace>::all(tenant.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("team-a");
+    let install: stackd::api::stacks::StackInstall = serde_json::from_value(json!({
+        "metadata": {"name": "sample", "namespace": "team-a"},
+        "spec": {"package": "stackd-examples/sample-stack:v0.1.0"},
+    }))
+    .expect("install");
+    let installs: Api<stackd::api::stacks::StackInstall> = Api::namespaced(tenant.clone(), "team-a");
+    installs
+        .create(&PostParams::default(), &install)
+        .await
+        .expect("install");
+    let cluster_install: stackd::api::stacks::ClusterStackInstall = serde_json::from_value(json!({
+        "metadata": {"name": "gadgets", "namespace": "team-a"},
+        "spec": {"package": "stackd-examples/cluster-stack:v0.1.0"},
+    }))
+    .expect("cluster install");
+    let cluster_installs: Api<stackd::api::stacks::ClusterStackInstall> = Api::namespaced(tenant.clone(), "team-a");
+    cluster_installs
+        .create(&PostParams::default(), &cluster_install)
+        .await
+        .expect("cluster install");
+    let installed = GroupResource::new("stacks.stackd.dev", "stackinstalls");
+    let cluster_installed = GroupResource::new("stacks.stackd.dev", "clusterstackinstalls");
+    let ready = |server: &ApiServer| {
+        [(&installed, "sample"), (&cluster_installed, "gadgets")]
+            .iter()
+            .all(|(kind, name)| {
+                server.store().get(kind, "team-a", name).is_some_and(|install| {
+                    install["status"]["conditions"]
+                        .as_array()
+                        .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+                })
+            })
+    };
+
+    let (host_window, tenant_window) = (Window::open(&installation.host), Window::open(&installation.tenant));
+    let mut daemon = installation.daemon(&[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready(&installation.tenant) {
+        assert!(
+            Instant::now() < deadline,
+            "the install never became Ready:\n{}",
+            daemon.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let install_run = ScenarioRun {
+        covers: &[StackInstall],
+        host: host_window.close(&installation.host, &installation.host_subject),
+        tenant: tenant_window.close(&installation.tenant, &installation.tenant_subject),
+    };
+    // While the daemon is down, someone edits the stack's host Deployment and token Secret; the
+    // next daemon puts both back.
+    stop(&mut daemon).await;
+    let host = installation.host.client().await;
+    let host_namespace = "tenant-acme-controllers";
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(host.clone(), host_namespace);
+    deployments
+        .patch(
+            "team-a.sample",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 7}})),
+        )
+        .await
+        .expect("edit the Deployment");
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(host, host_namespace);
+    secrets
+        .patch(
+            "team-a.sample-token",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"token": "forged"}})),
+        )
+        .await
+        .expect("edit the token Secret");
+    let (host_window, tenant_window) = (Window::open(&installation.host), Window::open(&installation.tenant));
+    let mut daemon = installation.daemon(&[]);
+    let deployed = GroupResource::new("apps", "deployments");
+    let tokens = GroupResource::new("", "secrets");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let replicas = installation
+            .host
+            .store()
+            .get(&deployed, host_namespace, "team-a.sample")
+            .map(|d| d["spec"]["replicas"].clone());
+        let token = installation
+            .host
+            .store()
+            .get(&tokens, host_namespace, "team-a.sample-token")
+            .map(|s| s["data"]["token"].clone());
+        let forged = json!(base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            "forged"
+        ));
+        if replicas.is_some_and(|r| r != json!(7)) && token.is_some_and(|t| t != forged) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the host drift was never repaired:\n{}",
+            daemon.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let drift_run = ScenarioRun {
+        covers: &[HostDriftRepair, StackInstall],
+        host: host_window.close(&installation.host, &installation.host_subject),
+        tenant: tenant_window.close(&installation.tenant, &installation.tenant_subject),
+    };
+
+    installs.delete("sample", &Default::default()).await.expect("uninstall");
+    cluster_installs
+        .delete("gadgets", &Default::default())
+        .await
+        .expect("uninstall");
+    let (host_window, tenant_window) = (Window::open(&installation.host), Window::open(&installation.tenant));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while installation
+        .tenant
+        .store()
+        .get(&installed, "team-a", "sample")
+        .is_some()
+        || installation
+            .tenant
+            .store()
+            .get(&cluster_installed, "team-a", "gadgets")
+            .is_some()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the uninstall never finished:\n{}",
+            daemon.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop(&mut daemon).await;
+    let uninstall_run = ScenarioRun {
+        covers: &[StackInstall],
+        host: host_window.close(&installation.host, &installation.host_subject),
+        tenant: tenant_window.close(&installation.tenant, &installation.tenant_subject),
+    };
+    vec![install_run, drift_run, uninstall_run]
+}
+
 /// Each scenario function plants what it needs, runs the daemon with the chart's arguments
 /// against `installation`, waits (reading the stores, never through the API) until the daemon has
 /// done its part, stops it and returns what each server saw. A stack install and a pool fill join
@@ -1055,7 +1237,8 @@ fn check_least_privilege(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_daemon_request_is_allowed_by_the_charts_and_every_permission_is_used() {
     let installation = Installation::new().await;
-    let runs = [daemon_startup_repair_sweep_and_leader_election(&installation).await];
+    let mut runs = vec![daemon_startup_repair_sweep_and_leader_election(&installation).await];
+    runs.extend(stack_install_and_uninstall(&installation).await);
     let covered: BTreeSet<Scenario> = runs.iter().flat_map(|r| r.covers.iter().copied()).collect();
     let host: Vec<&Observed> = runs.iter().map(|r| &r.host).collect();
     let tenant: Vec<&Observed> = runs.iter().map(|r| &r.tenant).collect();

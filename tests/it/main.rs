@@ -1,5 +1,6 @@
 //! All integration tests, as one binary: linking kube dominates build time on small machines.
 
+mod bench;
 mod charts;
 mod cli;
 mod crds;

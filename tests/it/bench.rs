@@ -1,0 +1,74 @@
+//! `stackd bench` end to end (issue 11): the CI-sized benchmark's JSON, and the chaos run's
+//! invariants on several seeds.
+
+use std::process::Command;
+
+fn stackd(args: &[&str]) -> (bool, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_stackd"))
+        .args(args)
+        .env("STACKD_BENCH_LOG", "warn")
+        .output()
+        .expect("run stackd bench");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_quick_benchmark_reports_its_figures_as_json() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let saved = dir.path().join("baseline.json");
+    let (ok, stdout, stderr) = stackd(&["bench", "--quick", "--json", "--out", saved.to_str().unwrap()]);
+    assert!(ok, "stackd bench failed:\n{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON on stdout");
+    for key in [
+        "marginal_rss_per_tenant_mb",
+        "requests_per_install_ratio",
+        "double_leases",
+    ] {
+        assert!(report[key].is_number(), "{key} missing in {report:#}");
+    }
+    assert_eq!(report["double_leases"], 0);
+    let ratio = report["requests_per_install_ratio"].as_f64().unwrap();
+    // Nothing installs with fewer requests than the design's minimum; far more means a reconcile
+    // started writing or reading what it should not.
+    assert!((1.0..3.0).contains(&ratio), "requests per install ratio {ratio}");
+    let idle = report["tenants"].as_array().expect("tenants");
+    assert!(idle.len() >= 2);
+    for figures in idle {
+        // Idle tenants cost no requests but watch renewals and sweeps: no polling.
+        let other = figures["idle_requests_per_minute_per_tenant"]["other"]
+            .as_f64()
+            .unwrap();
+        assert_eq!(other, 0.0, "idle tenants made requests: {figures:#}");
+        assert!(figures["watches_per_tenant"].as_f64().unwrap() > 0.0);
+    }
+    assert!(report["stacks"]["installs"].as_u64().unwrap() > 0);
+    assert!(report["latency_floor"]["rtt_ms_p50"].as_f64().unwrap() > 0.0);
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&saved).expect("--out file")).expect("saved JSON");
+    assert_eq!(written, report);
+}
+
+#[test]
+fn chaos_keeps_its_invariants_on_several_seeds() {
+    for seed in ["1", "2", "3"] {
+        let (ok, stdout, stderr) = stackd(&["bench", "--chaos", "--quick", "--json", "--seed", seed]);
+        let report: serde_json::Value =
+            serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("seed {seed}: no JSON ({e}):\n{stdout}\n{stderr}"));
+        assert!(ok, "seed {seed}: invariants failed: {report:#}\n{stderr}");
+        assert_eq!(report["passed"], true);
+        assert_eq!(report["orphans"].as_array().map(Vec::len), Some(0), "{report:#}");
+        assert_eq!(report["stuck"].as_array().map(Vec::len), Some(0), "{report:#}");
+        assert_eq!(report["double_leases"], 0);
+        let faults: u64 = report["faults"]
+            .as_object()
+            .unwrap()
+            .values()
+            .filter_map(|v| v.as_u64())
+            .sum();
+        assert!(faults > 0, "seed {seed}: no fault was injected");
+    }
+}
