@@ -1222,3 +1222,36 @@ async fn stacks_waiting_together_for_a_starting_daemon_all_become_ready_promptly
         started.elapsed()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stack_waits_for_its_crds_and_proceeds_when_they_appear() {
+    let env = Env::start(INSECURE).await;
+    let mut spec = default_spec();
+    spec["customresourcedefinitions"] = json!([{"apiVersion": "gadgets.example.org/v1", "kind": "Gadget"}]);
+    env.create_stack("gadgets", spec).await;
+    let stack = env.wait_ready("gadgets", "False", "WaitingForCrds").await;
+    let message = condition(&stack, "Ready").expect("ready")["message"].to_string();
+    assert!(message.contains("Gadget.gadgets.example.org"), "{message}");
+    let mut crd = serde_json::to_value(widget_crd()).expect("json");
+    crd["metadata"]["name"] = json!("gadgets.gadgets.example.org");
+    crd["spec"]["group"] = json!("gadgets.example.org");
+    crd["spec"]["names"] =
+        json!({"plural": "gadgets", "singular": "gadget", "kind": "Gadget", "listKind": "GadgetList"});
+    crd["spec"]["versions"][0]["name"] = json!("v1");
+    let crd: CustomResourceDefinition = serde_json::from_value(crd).expect("crd");
+    Api::<CustomResourceDefinition>::all(env.tenant_client.clone())
+        .create(&PostParams::default(), &crd)
+        .await
+        .expect("create CRD");
+    env.wait_ready("gadgets", "True", "Available").await;
+    let view = Api::<ClusterRole>::all(env.tenant_client.clone())
+        .get("stackd:team-a:gadgets:view")
+        .await
+        .expect("persona role");
+    let rule = &view.rules.expect("rules")[0];
+    assert_eq!(
+        rule.api_groups.as_deref(),
+        Some(&["gadgets.example.org".to_string()][..])
+    );
+    assert_eq!(rule.resources.as_deref(), Some(&["gadgets".to_string()][..]));
+}
