@@ -1255,3 +1255,29 @@ async fn a_stack_waits_for_its_crds_and_proceeds_when_they_appear() {
     );
     assert_eq!(rule.resources.as_deref(), Some(&["gadgets".to_string()][..]));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_object_stackd_did_not_create_is_never_taken_over() {
+    let env = Env::start(INSECURE).await;
+    let accounts: Api<ServiceAccount> = Api::namespaced(env.tenant_client.clone(), NS);
+    let theirs: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "widgets", "labels": {"team": "a"}}})).expect("sa");
+    let theirs = accounts.create(&PostParams::default(), &theirs).await.expect("sa");
+    env.create_stack("widgets", default_spec()).await;
+    let stack = env.wait_ready("widgets", "False", "TenantObjectConflict").await;
+    let message = condition(&stack, "Ready").expect("ready")["message"].to_string();
+    assert!(message.contains("ServiceAccount team-a/widgets"), "{message}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = accounts.get("widgets").await.expect("sa");
+    assert_eq!(
+        after.metadata.resource_version, theirs.metadata.resource_version,
+        "never written"
+    );
+    assert!(
+        env.host_deployments()
+            .get_opt("team-a.widgets")
+            .await
+            .expect("get")
+            .is_none()
+    );
+}
