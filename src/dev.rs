@@ -80,6 +80,26 @@ pub async fn run(options: DevOptions, shutdown: CancellationToken) -> Result<(),
     }
     print_usage(&options, &host, &tenants);
 
+    // A sample pool of size 2 over three ClusterDeploymentCustomizations fills in the first tenant.
+    let mut sample_progress = None;
+    if let Some((name, server)) = tenants.first().filter(|_| !options.no_daemon) {
+        let client = server.client().await;
+        match crate::pools::sample::install(&client).await {
+            Ok(()) => {
+                println!(
+                    "\nSample pool {}/{} created in tenant {name}.",
+                    crate::pools::sample::NAMESPACE,
+                    crate::pools::sample::POOL
+                );
+                sample_progress = Some(tokio::spawn(crate::pools::sample::print_progress(
+                    name.clone(),
+                    client,
+                    shutdown.clone(),
+                )));
+            }
+            Err(err) => eprintln!("cannot create the sample pool in tenant {name}: {err}"),
+        }
+    }
     let result = if options.no_daemon {
         println!("\nServing the API servers only (--no-daemon). Ctrl-C stops them.");
         shutdown.cancelled().await;
@@ -87,6 +107,9 @@ pub async fn run(options: DevOptions, shutdown: CancellationToken) -> Result<(),
     } else {
         run_daemon(&host, &tenants, &tenants_dir, shutdown).await
     };
+    if let Some(progress) = sample_progress {
+        progress.abort();
+    }
     for (_, server) in tenants {
         server.shutdown().await;
     }

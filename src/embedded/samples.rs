@@ -161,7 +161,8 @@ impl JobRunner for Installer {
     }
 }
 
-fn create_cluster(ctx: &JobContext) -> JobOutcome {
+/// What the sample installer's `create cluster` does; tests wrap it to script failures.
+pub fn create_cluster(ctx: &JobContext) -> JobOutcome {
     let (Some(namespace), Some(secret)) = (ctx.env("STACKD_OUTPUT_NAMESPACE"), ctx.env("STACKD_OUTPUT_SECRET")) else {
         return JobOutcome::failure(
             1,

@@ -1,4 +1,5 @@
-//! Prometheus metrics. Labels stay bounded: tenant and controller, never an object.
+//! Prometheus metrics. Labels stay bounded: tenant and controller, never an object, except pools
+//! (one small set of series per ClusterPool, removed when the pool goes).
 
 use std::sync::Mutex;
 
@@ -19,6 +20,27 @@ pub struct ControllerLabels {
     pub controller: String,
 }
 
+/// One pool's gauge: `state` is a cluster bucket (installing, ready, claimed, broken, deleting,
+/// stale) or an inventory state (available, reserved, cdc_broken).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub tenant: String,
+    pub namespace: String,
+    pub pool: String,
+    pub state: String,
+}
+
+impl PoolLabels {
+    pub fn new(tenant: &str, namespace: &str, pool: &str, state: &str) -> Self {
+        PoolLabels {
+            tenant: tenant.into(),
+            namespace: namespace.into(),
+            pool: pool.into(),
+            state: state.into(),
+        }
+    }
+}
+
 /// The daemon's metrics and their registry.
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -30,6 +52,8 @@ pub struct Metrics {
     pub reconciles: Family<ControllerLabels, Counter>,
     /// Reconciles that failed, per tenant and controller.
     pub reconcile_errors: Family<ControllerLabels, Counter>,
+    /// Per pool: clusters by state and inventory entries by state.
+    pub pool_clusters: Family<PoolLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -57,12 +81,19 @@ impl Metrics {
         );
         registry.register("reconciles", "Reconciles run", reconciles.clone());
         registry.register("reconcile_errors", "Reconciles that failed", reconcile_errors.clone());
+        let pool_clusters = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "pool_clusters",
+            "Clusters of a pool by state, and its inventory entries by state",
+            pool_clusters.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             tenant_up,
             tenant_restarts,
             reconciles,
             reconcile_errors,
+            pool_clusters,
         }
     }
 

@@ -38,10 +38,10 @@ fn version_prints_the_package_version() {
 }
 
 #[test]
-fn unfinished_commands_say_what_they_wait_for() {
-    let out = stackd(&["bench", "--quick"]);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not available yet"));
+fn bench_refuses_an_unreadable_baseline_before_measuring() {
+    let out = stackd(&["bench", "--quick", "--compare", "/nonexistent/baseline.json"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent/baseline.json"));
 }
 
 #[test]

@@ -13,16 +13,16 @@ use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::{ApiServer, ServerOptions};
 
 /// One host, some tenants, their kubeconfigs in a temp dir, and daemon processes.
-struct Fleet {
+pub(crate) struct Fleet {
     /// Kept so the host server lives as long as the fleet.
     _host: ApiServer,
-    host_client: kube::Client,
-    tenants: Vec<(String, Option<ApiServer>)>,
-    dir: tempfile::TempDir,
+    pub(crate) host_client: kube::Client,
+    pub(crate) tenants: Vec<(String, Option<ApiServer>)>,
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl Fleet {
-    async fn start(tenants: &[&str]) -> Fleet {
+    pub(crate) async fn start(tenants: &[&str]) -> Fleet {
         let host = ApiServer::start(ServerOptions {
             name: "host".into(),
             ..Default::default()
@@ -67,7 +67,12 @@ impl Fleet {
         }
     }
 
-    fn daemon(&self, extra: &[&str]) -> Daemon {
+    /// The host API server, e.g. to script its Job runners.
+    pub(crate) fn host(&self) -> &ApiServer {
+        &self._host
+    }
+
+    pub(crate) fn daemon(&self, extra: &[&str]) -> Daemon {
         Daemon::spawn(self.dir.path(), extra)
     }
 
@@ -87,7 +92,7 @@ impl Fleet {
         api.get_opt("stackd-tenant-namespace").await.expect("get binding")
     }
 
-    async fn wait_for_namespace(&self, tenant: &str, within: Duration) -> Namespace {
+    pub(crate) async fn wait_for_namespace(&self, tenant: &str, within: Duration) -> Namespace {
         let deadline = Instant::now() + within;
         loop {
             if let Some(ns) = self.namespace(tenant).await

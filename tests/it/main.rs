@@ -22,4 +22,5 @@ mod harness;
 mod kubectl;
 mod stacks_install;
 mod stacks_stack;
+mod pools;
 mod sweep;

@@ -1,0 +1,342 @@
+//! ClusterClaims (DESIGN.md §4.3 item 10): the lifetime a claim gets, and its status writes. The
+//! pool controller assigns clusters to claims, oldest claim first.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::pool::{Bucket, PoolError, Round, created};
+use super::{is_conflict, is_not_found, publish, reflect};
+use crate::api::pools::{ClusterClaim, ClusterClaimStatus, ClusterDeployment, ClusterPool, ClusterPoolSpec};
+use crate::runtime::conditions::{DesiredCondition, set_condition};
+use crate::tenancy::tenant::TenantContext;
+
+struct Ctx {
+    tenant: Arc<TenantContext>,
+    pools: Store<ClusterPool>,
+}
+
+/// Reports claims whose pool does not exist (the pool controller handles every other claim).
+pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
+    let (pools, pool_stream) = reflect(Api::<ClusterPool>::all(context.client.clone()), Default::default());
+    let (claims, claim_stream) = reflect(Api::<ClusterClaim>::all(context.client.clone()), Default::default());
+    let claims_of_pool = claims.clone();
+    let ctx = Arc::new(Ctx { tenant: context, pools });
+    let shutdown = cancel.clone();
+    Controller::for_stream(claim_stream, claims)
+        .watches_stream(pool_stream, move |pool: ClusterPool| {
+            let ns = pool.namespace();
+            claims_of_pool
+                .state()
+                .into_iter()
+                .filter(|c| c.namespace() == ns && c.spec.cluster_pool_name == pool.name_any())
+                .map(|c| ObjectRef::from_obj(&*c))
+                .collect::<Vec<_>>()
+        })
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| std::future::ready(()))
+        .await;
+}
+
+fn error_policy(claim: Arc<ClusterClaim>, err: &kube::Error, ctx: Arc<Ctx>) -> Action {
+    let delay = ctx.tenant.object_backoff.failed(&format!("claim/{}", claim.name_any()));
+    warn!(tenant = %ctx.tenant.name, claim = %claim.name_any(), error = %err, retry_in = ?delay, "cluster claim reconcile failed");
+    Action::requeue(delay)
+}
+
+async fn reconcile(claim: Arc<ClusterClaim>, ctx: Arc<Ctx>) -> Result<Action, kube::Error> {
+    if ctx.pools.wait_until_ready().await.is_err() || claim.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let ns = claim.namespace().unwrap_or_default();
+    let pool = &claim.spec.cluster_pool_name;
+    if ctx.pools.get(&ObjectRef::new(pool).within(&ns)).is_some() {
+        return Ok(Action::await_change());
+    }
+    let api = Api::<ClusterClaim>::namespaced(ctx.tenant.client.clone(), &ns);
+    let message = format!("ClusterPool {pool} does not exist in namespace {ns}; create it or fix spec.clusterPoolName");
+    let status = claim.status.clone().unwrap_or_default();
+    let lifetime = status.lifetime.as_deref().and_then(parse_duration);
+    if set_status(
+        &api,
+        &claim,
+        status.namespace,
+        lifetime,
+        true,
+        "ClusterPoolNotFound",
+        message.clone(),
+    )
+    .await?
+    {
+        publish(&ctx.tenant, &*claim, true, "ClusterPoolNotFound", message).await;
+    }
+    Ok(Action::await_change())
+}
+
+/// Parses a Go duration (`8h`, `90m`, `1h30m`, `1.5h`).
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let re = regex::Regex::new(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)").ok()?;
+    let mut total = 0f64;
+    let mut consumed = 0;
+    for capture in re.captures_iter(text) {
+        let whole = capture.get(0)?;
+        if whole.start() != consumed {
+            return None;
+        }
+        consumed = whole.end();
+        let number: f64 = capture[1].parse().ok()?;
+        let unit = match &capture[2] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            _ => 3600.0,
+        };
+        total += number * unit;
+    }
+    (consumed == text.len() && consumed > 0).then(|| Duration::from_secs_f64(total))
+}
+
+/// The claim's lifetime: its own, else the pool's default, capped by the pool's maximum.
+pub fn lifetime(claim: &ClusterClaim, pool: &ClusterPoolSpec) -> Option<Duration> {
+    let limits = pool.claim_lifetime.clone().unwrap_or_default();
+    let wanted = claim
+        .spec
+        .lifetime
+        .as_deref()
+        .or(limits.default.as_deref())
+        .and_then(parse_duration);
+    let maximum = limits.maximum.as_deref().and_then(parse_duration);
+    match (wanted, maximum) {
+        (Some(w), Some(m)) => Some(w.min(m)),
+        (w, m) => w.or(m),
+    }
+}
+
+/// Time left before a claim assigned at `claimed` expires (zero when past).
+pub fn remaining(lifetime: Duration, claimed: &Time) -> Duration {
+    let elapsed = Duration::try_from(Timestamp::now().duration_since(claimed.0)).unwrap_or_default();
+    lifetime.saturating_sub(elapsed)
+}
+
+/// Writes the claim's status when it differs (merge patch of the status subresource).
+pub async fn set_status(
+    api: &Api<ClusterClaim>,
+    claim: &ClusterClaim,
+    namespace: Option<String>,
+    lifetime: Option<Duration>,
+    pending: bool,
+    reason: &str,
+    message: String,
+) -> Result<bool, kube::Error> {
+    let mut status: ClusterClaimStatus = claim.status.clone().unwrap_or_default();
+    let mut changed = set_condition(
+        &mut status.conditions,
+        DesiredCondition {
+            type_: "Pending",
+            status: pending,
+            reason,
+            message,
+            observed_generation: claim.metadata.generation,
+        },
+        Time(Timestamp::now()),
+    );
+    let lifetime = lifetime.map(|l| humantime::format_duration(l).to_string().replace(' ', ""));
+    if status.namespace != namespace || status.lifetime != lifetime {
+        status.namespace = namespace;
+        status.lifetime = lifetime;
+        changed = true;
+    }
+    if !changed {
+        return Ok(false);
+    }
+    api.patch_status(
+        &claim.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": status})),
+    )
+    .await?;
+    Ok(true)
+}
+
+/// Assigns ready clusters to waiting claims, oldest claim first and oldest cluster first; keeps
+/// each assigned claim's status; deletes claims past their lifetime. Returns how many claims still
+/// wait (the pool adds a cluster for each).
+pub(super) async fn assign(
+    tenant: &TenantContext,
+    pool: &ClusterPool,
+    cds: &[Arc<ClusterDeployment>],
+    claims: &BTreeMap<String, Arc<ClusterClaim>>,
+    buckets: &mut BTreeMap<String, Bucket>,
+    round: &mut Round,
+) -> Result<i64, PoolError> {
+    let ns = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    let claims_api = Api::<ClusterClaim>::namespaced(tenant.client.clone(), &ns);
+    let mut by_claim: BTreeMap<String, Arc<ClusterDeployment>> = BTreeMap::new();
+    for cd in cds {
+        if let Some(claim) = cd.spec.cluster_pool_ref.as_ref().and_then(|r| r.claim_name.clone())
+            && buckets[&cd.name_any()] == Bucket::Claimed
+        {
+            by_claim.insert(claim, cd.clone());
+        }
+    }
+    let mut ready: Vec<Arc<ClusterDeployment>> = cds
+        .iter()
+        .filter(|cd| buckets[&cd.name_any()] == Bucket::Ready)
+        .cloned()
+        .collect();
+    ready.sort_by_key(|cd| (created(cd), cd.name_any()));
+    ready.reverse();
+    let mut waiting: Vec<&Arc<ClusterClaim>> = claims
+        .values()
+        .filter(|c| c.metadata.deletion_timestamp.is_none() && !by_claim.contains_key(&c.name_any()))
+        .collect();
+    waiting.sort_by_key(|c| (c.metadata.creation_timestamp.as_ref().map(|t| t.0), c.name_any()));
+    let mut pending_claims = 0;
+    for claim in waiting {
+        let Some(cd) = ready.pop() else {
+            pending_claims += 1;
+            let message = format!("No ready cluster in ClusterPool {name} yet; the pool adds one for this claim");
+            set_status(
+                &claims_api,
+                claim,
+                None,
+                lifetime(claim, &pool.spec),
+                true,
+                "NoClusters",
+                message,
+            )
+            .await?;
+            continue;
+        };
+        let mut assigned = (*cd).clone();
+        let pool_ref = assigned.spec.cluster_pool_ref.get_or_insert_with(Default::default);
+        pool_ref.claim_name = Some(claim.name_any());
+        pool_ref.claimed_timestamp = Some(Time(Timestamp::now()));
+        assigned.metadata.managed_fields = None;
+        let cd_api = Api::<ClusterDeployment>::namespaced(tenant.client.clone(), &cd.name_any());
+        match cd_api.replace(&cd.name_any(), &PostParams::default(), &assigned).await {
+            Ok(written) => {
+                buckets.insert(cd.name_any(), Bucket::Claimed);
+                by_claim.insert(claim.name_any(), Arc::new(written));
+                publish(
+                    tenant,
+                    &**claim,
+                    false,
+                    "ClusterClaimed",
+                    format!("Assigned ClusterDeployment {0} (namespace {0})", cd.name_any()),
+                )
+                .await;
+            }
+            Err(err) if is_conflict(&err) => {
+                pending_claims += 1;
+                round.soon(Duration::from_millis(200));
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+    for (claim_name, cd) in &by_claim {
+        let Some(claim) = claims.get(claim_name) else { continue };
+        if claim.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let lifetime = lifetime(claim, &pool.spec);
+        let claimed = cd
+            .spec
+            .cluster_pool_ref
+            .as_ref()
+            .and_then(|r| r.claimed_timestamp.clone());
+        if let (Some(lifetime), Some(claimed)) = (lifetime, claimed) {
+            let left = remaining(lifetime, &claimed);
+            if left.is_zero() {
+                info!(tenant = %tenant.name, pool = %name, claim = %claim_name, "claim lifetime expired; deleting the claim");
+                publish(
+                    tenant,
+                    pool,
+                    false,
+                    "ClaimExpired",
+                    format!("ClusterClaim {claim_name} passed its lifetime and was deleted"),
+                )
+                .await;
+                match claims_api.delete(claim_name, &DeleteParams::default()).await {
+                    Ok(_) => {}
+                    Err(err) if is_not_found(&err) => {}
+                    Err(err) => return Err(err.into()),
+                }
+                continue;
+            }
+            round.soon(left);
+        }
+        let message = format!(
+            "Cluster {0} assigned; its admin kubeconfig is in Secret {0}-admin-kubeconfig in namespace {0}",
+            cd.name_any()
+        );
+        set_status(
+            &claims_api,
+            claim,
+            Some(cd.name_any()),
+            lifetime,
+            false,
+            "ClusterClaimed",
+            message,
+        )
+        .await?;
+    }
+
+    Ok(pending_claims)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::pools::{ClaimLifetime, ClusterClaimSpec};
+
+    #[test]
+    fn go_durations_parse() {
+        assert_eq!(parse_duration("8h"), Some(Duration::from_secs(8 * 3600)));
+        assert_eq!(parse_duration("1h30m"), Some(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("1500ms"), Some(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("2x"), None);
+        assert_eq!(parse_duration(""), None);
+    }
+
+    #[test]
+    fn lifetime_defaults_and_is_capped() {
+        let claim = |lifetime: Option<&str>| {
+            ClusterClaim::new(
+                "c",
+                ClusterClaimSpec {
+                    cluster_pool_name: "p".into(),
+                    lifetime: lifetime.map(String::from),
+                },
+            )
+        };
+        let pool = ClusterPoolSpec {
+            claim_lifetime: Some(ClaimLifetime {
+                default: Some("1h".into()),
+                maximum: Some("2h".into()),
+            }),
+            ..Default::default()
+        };
+        assert_eq!(lifetime(&claim(None), &pool), Some(Duration::from_secs(3600)));
+        assert_eq!(lifetime(&claim(Some("5h")), &pool), Some(Duration::from_secs(7200)));
+        assert_eq!(
+            lifetime(&claim(Some("30m")), &ClusterPoolSpec::default()),
+            Some(Duration::from_secs(1800))
+        );
+    }
+}

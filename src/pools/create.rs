@@ -1,0 +1,218 @@
+//! Creating one pool cluster: its name, the Secrets it is built from, and its namespace, Secrets
+//! and ClusterDeployment in the tenant (DESIGN.md §4.3 item 2, after the lease).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, ResourceExt};
+use rand::Rng;
+use serde_json::Value;
+
+use super::install_config;
+use super::pool::{Ctx, PoolError, Round};
+use super::{CDC_GENERATION_ANNOTATION, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, POOL_VERSION_ANNOTATION};
+use crate::api::common::LocalObjectReference;
+use crate::api::pools::{
+    ClusterDeployment, ClusterDeploymentCustomization, ClusterDeploymentSpec, ClusterPool, ClusterPoolReference,
+    Provisioning,
+};
+
+type Cdc = ClusterDeploymentCustomization;
+
+/// A new cluster's name: `<pool>-<5 random characters>` (the pool name is at most 57 characters).
+pub(super) fn cluster_name(pool: &str) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = rand::rng();
+    let suffix: String = (0..5)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect();
+    format!("{pool}-{suffix}")
+}
+
+/// The Secrets every cluster is built from, read from the pool's namespace.
+pub(super) struct Inputs {
+    pub(super) template: Value,
+    pull: Option<Secret>,
+    credentials: Option<Secret>,
+}
+
+pub(super) async fn read_inputs(pool: &ClusterPool, ctx: &Ctx, round: &mut Round) -> Result<Option<Inputs>, PoolError> {
+    let ns = pool.namespace().unwrap_or_default();
+    let secrets = Api::<Secret>::namespaced(ctx.tenant.client.clone(), &ns);
+    let spec = &pool.spec;
+    let credentials_name = spec
+        .platform
+        .vsphere
+        .as_ref()
+        .map(|v| v.credentials_secret_ref.name.clone())
+        .or_else(|| {
+            spec.platform
+                .openstack
+                .as_ref()
+                .map(|o| o.credentials_secret_ref.name.clone())
+        })
+        .or_else(|| {
+            spec.platform
+                .baremetal
+                .as_ref()
+                .map(|b| b.credentials_secret_ref.name.clone())
+        });
+    let mut get = async |what: &str, name: Option<String>| -> Result<Option<Secret>, PoolError> {
+        let Some(name) = name else { return Ok(None) };
+        let found = secrets.get_opt(&name).await?;
+        if found.is_none() {
+            round.missing_dependencies.push(format!("{what} Secret {name}"));
+        }
+        Ok(found)
+    };
+    let template_secret = get(
+        "install-config template",
+        spec.install_config_secret_template_ref.as_ref().map(|r| r.name.clone()),
+    )
+    .await?;
+    let pull = get("pull", spec.pull_secret_ref.as_ref().map(|r| r.name.clone())).await?;
+    let credentials = get("credentials", credentials_name).await?;
+    if !round.missing_dependencies.is_empty() {
+        // Tenant Secrets are not watched (too many); look again soon.
+        let settings = &ctx.tenant.shared.settings;
+        round.soon(settings.backoff.base.saturating_mul(10).min(Duration::from_secs(30)));
+        return Ok(None);
+    }
+    let text = template_secret
+        .as_ref()
+        .and_then(|s| s.data.as_ref())
+        .and_then(|d| d.get("install-config.yaml"))
+        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+        .unwrap_or_default();
+    match install_config::parse_template(&text) {
+        Ok(template) => Ok(Some(Inputs {
+            template,
+            pull,
+            credentials,
+        })),
+        Err(err) => {
+            round
+                .missing_dependencies
+                .push(format!("a valid install-config.yaml in the template Secret ({err})"));
+            let settings = &ctx.tenant.shared.settings;
+            round.soon(settings.backoff.base.saturating_mul(10).min(Duration::from_secs(30)));
+            Ok(None)
+        }
+    }
+}
+
+pub(super) async fn create_cluster(
+    pool: &ClusterPool,
+    ctx: &Ctx,
+    inputs: &Inputs,
+    cd_name: &str,
+    version: &str,
+    config: &Value,
+    cdc: Option<&Cdc>,
+) -> Result<(), PoolError> {
+    let client = &ctx.tenant.client;
+    let ns = pool.namespace().unwrap_or_default();
+    let name = pool.name_any();
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(cd_name.into()),
+            labels: Some(BTreeMap::from([
+                (POOL_NAMESPACE_LABEL.to_string(), ns.clone()),
+                (POOL_NAME_LABEL.to_string(), name.clone()),
+            ])),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await?;
+    let secrets = Api::<Secret>::namespaced(client.clone(), cd_name);
+    let config_name = format!("{cd_name}-install-config");
+    let config_secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(config_name.clone()),
+            ..Default::default()
+        },
+        string_data: Some(BTreeMap::from([(
+            "install-config.yaml".to_string(),
+            install_config::to_yaml(config),
+        )])),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    };
+    secrets.create(&PostParams::default(), &config_secret).await?;
+    let copy = |source: &Secret, new_name: String| Secret {
+        metadata: ObjectMeta {
+            name: Some(new_name),
+            ..Default::default()
+        },
+        data: source.data.clone(),
+        type_: source.type_.clone(),
+        ..Default::default()
+    };
+    let mut pull_ref = None;
+    if let Some(pull) = &inputs.pull {
+        let copy_name = format!("{cd_name}-pull-secret");
+        secrets
+            .create(&PostParams::default(), &copy(pull, copy_name.clone()))
+            .await?;
+        pull_ref = Some(LocalObjectReference { name: copy_name });
+    }
+    let mut platform = pool.spec.platform.clone();
+    if let Some(credentials) = &inputs.credentials {
+        let copy_name = format!("{cd_name}-credentials");
+        secrets
+            .create(&PostParams::default(), &copy(credentials, copy_name.clone()))
+            .await?;
+        let reference = LocalObjectReference { name: copy_name };
+        if let Some(v) = platform.vsphere.as_mut() {
+            v.credentials_secret_ref = reference.clone();
+        }
+        if let Some(o) = platform.openstack.as_mut() {
+            o.credentials_secret_ref = reference.clone();
+        }
+        if let Some(b) = platform.baremetal.as_mut() {
+            b.credentials_secret_ref = reference;
+        }
+    }
+    let mut annotations = pool.spec.annotations.clone();
+    annotations.insert(POOL_VERSION_ANNOTATION.into(), version.into());
+    if let Some(generation) = cdc.and_then(|c| c.metadata.generation) {
+        annotations.insert(CDC_GENERATION_ANNOTATION.into(), generation.to_string());
+    }
+    let mut labels = pool.spec.labels.clone();
+    labels.insert(POOL_NAMESPACE_LABEL.into(), ns.clone());
+    labels.insert(POOL_NAME_LABEL.into(), name.clone());
+    let mut cd = ClusterDeployment::new(
+        cd_name,
+        ClusterDeploymentSpec {
+            cluster_name: cd_name.into(),
+            base_domain: pool.spec.base_domain.clone(),
+            platform,
+            pull_secret_ref: pull_ref,
+            provisioning: Some(Provisioning {
+                install_config_secret_ref: LocalObjectReference { name: config_name },
+                installer_image: pool.spec.installer_image.clone(),
+            }),
+            install_attempts_limit: pool.spec.install_attempts_limit,
+            cluster_pool_ref: Some(ClusterPoolReference {
+                namespace: ns,
+                pool_name: name,
+                claim_name: None,
+                claimed_timestamp: None,
+                cluster_deployment_customization: cdc.map(|c| LocalObjectReference { name: c.name_any() }),
+            }),
+            hosts: Vec::new(),
+        },
+    );
+    cd.metadata.namespace = Some(cd_name.into());
+    cd.metadata.annotations = Some(annotations);
+    cd.metadata.labels = Some(labels);
+    Api::<ClusterDeployment>::namespaced(client.clone(), cd_name)
+        .create(&PostParams::default(), &cd)
+        .await?;
+    Ok(())
+}

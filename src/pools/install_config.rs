@@ -1,0 +1,370 @@
+//! The install config of one cluster (DESIGN.md §4.2): the pool's template with `metadata.name`,
+//! `baseDomain` and the platform fields set, the CDC's RFC 6902 patches applied in order, rendered as
+//! YAML that YAML 1.1 readers (openshift-install) read back exactly: every scalar a 1.1 parser could
+//! take for a bool, null or number is quoted.
+
+use serde_json::{Map, Value, json};
+
+use crate::api::pools::{ClusterPoolSpec, PatchEntity, PatchOp, Platform};
+
+/// The template could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("the install-config template is not a YAML mapping: {0}")]
+pub struct TemplateError(String);
+
+/// Parses the template's `install-config.yaml` (empty means "no template").
+pub fn parse_template(text: &str) -> Result<Value, TemplateError> {
+    if text.trim().is_empty() {
+        return Ok(Value::Object(Map::new()));
+    }
+    let value: Value = serde_saphyr::from_str(text).map_err(|e| TemplateError(e.to_string()))?;
+    match value {
+        Value::Object(_) => Ok(value),
+        Value::Null => Ok(Value::Object(Map::new())),
+        other => Err(TemplateError(format!("found {}", kind(&other)))),
+    }
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a mapping",
+    }
+}
+
+/// The generated install config of cluster `name` before any CDC patch.
+pub fn generate(template: &Value, pool: &ClusterPoolSpec, name: &str) -> Value {
+    let mut config = template.clone();
+    let object = config.as_object_mut().expect("templates are mappings");
+    object.entry("apiVersion").or_insert_with(|| json!("v1"));
+    let metadata = object.entry("metadata").or_insert_with(|| json!({}));
+    if !metadata.is_object() {
+        *metadata = json!({});
+    }
+    metadata["name"] = json!(name);
+    object.insert("baseDomain".into(), json!(pool.base_domain));
+    if let Some(replicas) = pool.control_plane.as_ref().and_then(|c| c.replicas) {
+        object.insert("controlPlane".into(), json!({"name": "master", "replicas": replicas}));
+    }
+    if let Some(replicas) = pool.compute.as_ref().and_then(|c| c.replicas) {
+        object.insert("compute".into(), json!([{"name": "worker", "replicas": replicas}]));
+    }
+    let platform = object.entry("platform").or_insert_with(|| json!({}));
+    if !platform.is_object() {
+        *platform = json!({});
+    }
+    let (key, fields) = platform_fields(&pool.platform);
+    if let Some(key) = key {
+        let target = platform
+            .as_object_mut()
+            .expect("checked above")
+            .entry(key)
+            .or_insert_with(|| json!({}));
+        if !target.is_object() {
+            *target = json!({});
+        }
+        for (field, value) in fields {
+            target[field] = value;
+        }
+    }
+    config
+}
+
+/// The install-config fields of the pool's platform (credentials never go here).
+fn platform_fields(platform: &Platform) -> (Option<&'static str>, Vec<(&'static str, Value)>) {
+    let mut fields = Vec::new();
+    let mut put = |field: &'static str, value: Option<Value>| {
+        if let Some(value) = value {
+            fields.push((field, value));
+        }
+    };
+    if let Some(v) = &platform.vsphere {
+        put("vCenter", Some(json!(v.v_center)));
+        put("datacenter", Some(json!(v.datacenter)));
+        put("defaultDatastore", Some(json!(v.default_datastore)));
+        put("cluster", v.cluster.as_ref().map(|c| json!(c)));
+        put("folder", v.folder.as_ref().map(|c| json!(c)));
+        put("network", v.network.as_ref().map(|c| json!(c)));
+        return (Some("vsphere"), fields);
+    }
+    if let Some(o) = &platform.openstack {
+        put("cloud", Some(json!(o.cloud)));
+        put("externalNetwork", o.external_network.as_ref().map(|c| json!(c)));
+        put("computeFlavor", o.compute_flavor.as_ref().map(|c| json!(c)));
+        put("trunkSupport", o.trunk_support.map(|c| json!(c)));
+        return (Some("openstack"), fields);
+    }
+    if let Some(b) = &platform.baremetal {
+        if !b.api_vips.is_empty() {
+            put("apiVIPs", Some(json!(b.api_vips)));
+        }
+        if !b.ingress_vips.is_empty() {
+            put("ingressVIPs", Some(json!(b.ingress_vips)));
+        }
+        return (Some("baremetal"), fields);
+    }
+    (None, fields)
+}
+
+/// Applies `patches` in order. The error names the failing patch (1-based) and how to fix it.
+pub fn apply_patches(config: &mut Value, patches: &[PatchEntity]) -> Result<(), String> {
+    for (index, entity) in patches.iter().enumerate() {
+        let number = index + 1;
+        let op = to_operation(entity).map_err(|e| format!("patch {number}: {e}"))?;
+        json_patch::patch(config, &[op]).map_err(|e| format!("patch {number} ({}): {e}", describe(entity)))?;
+    }
+    Ok(())
+}
+
+fn describe(entity: &PatchEntity) -> String {
+    format!(
+        "{} {}",
+        serde_json::to_value(entity.op)
+            .ok()
+            .and_then(|v| v.as_str().map(String::from))
+            .unwrap_or_default(),
+        entity.path
+    )
+}
+
+fn to_operation(entity: &PatchEntity) -> Result<json_patch::PatchOperation, String> {
+    let pointer = |field: &str, value: &str| -> Result<(), String> {
+        if value.starts_with('/') || value.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{field} {value:?} is not a JSON pointer: it must start with '/' (write \"/{value}\")"
+            ))
+        }
+    };
+    pointer("path", &entity.path)?;
+    let mut op = json!({"path": entity.path});
+    let name = match entity.op {
+        PatchOp::Add => "add",
+        PatchOp::Remove => "remove",
+        PatchOp::Replace => "replace",
+        PatchOp::Move => "move",
+        PatchOp::Copy => "copy",
+        PatchOp::Test => "test",
+    };
+    op["op"] = json!(name);
+    match entity.op {
+        PatchOp::Add | PatchOp::Replace | PatchOp::Test => match &entity.value {
+            Some(value) => op["value"] = value.clone(),
+            None => return Err(format!("{name} {} needs a `value`; add one", entity.path)),
+        },
+        PatchOp::Move | PatchOp::Copy => match &entity.from {
+            Some(from) => {
+                pointer("from", from)?;
+                op["from"] = json!(from);
+            }
+            None => return Err(format!("{name} {} needs a `from` pointer; add one", entity.path)),
+        },
+        PatchOp::Remove => {}
+    }
+    serde_json::from_value(op).map_err(|e| format!("{name} {}: {e}", entity.path))
+}
+
+/// Block-style YAML equivalent to the JSON value; strings a YAML 1.1 reader could take for
+/// anything but a string are double-quoted.
+pub fn to_yaml(value: &Value) -> String {
+    let mut out = String::new();
+    match value {
+        Value::Object(map) if !map.is_empty() => write_map(&mut out, map, 0),
+        Value::Array(list) if !list.is_empty() => write_list(&mut out, list, 0),
+        scalar => {
+            out.push_str(&scalar_text(scalar));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn write_map(out: &mut String, map: &Map<String, Value>, indent: usize) {
+    for (key, value) in map {
+        out.push_str(&" ".repeat(indent));
+        out.push_str(&string_text(key));
+        out.push(':');
+        write_child(out, value, indent);
+    }
+}
+
+fn write_list(out: &mut String, list: &[Value], indent: usize) {
+    for item in list {
+        out.push_str(&" ".repeat(indent));
+        out.push('-');
+        match item {
+            Value::Object(map) if !map.is_empty() => {
+                // The first key goes on the dash's line; the rest align with it.
+                let mut nested = String::new();
+                write_map(&mut nested, map, indent + 2);
+                out.push(' ');
+                out.push_str(nested.trim_start());
+            }
+            _ => write_child(out, item, indent),
+        }
+    }
+}
+
+fn write_child(out: &mut String, value: &Value, indent: usize) {
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            out.push('\n');
+            write_map(out, map, indent + 2);
+        }
+        Value::Array(list) if !list.is_empty() => {
+            out.push('\n');
+            write_list(out, list, indent + 2);
+        }
+        scalar => {
+            out.push(' ');
+            out.push_str(&scalar_text(scalar));
+            out.push('\n');
+        }
+    }
+}
+
+fn scalar_text(value: &Value) -> String {
+    match value {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => string_text(s),
+        Value::Array(_) => "[]".into(),
+        Value::Object(_) => "{}".into(),
+    }
+}
+
+/// Words YAML 1.1 resolves to booleans or null when unquoted.
+const YAML11_WORDS: &[&str] = &["y", "yes", "n", "no", "true", "false", "on", "off", "null", "~"];
+
+/// A string written plain only when it cannot be read as anything else: it starts with a letter,
+/// uses a conservative character set, and is not a YAML 1.1 bool/null word. Everything else
+/// (numbers such as `1e3`, `0x1F`, `1_000`, times such as `1:30`, leading symbols) is quoted.
+fn string_text(s: &str) -> String {
+    let plain = s.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'))
+        && !YAML11_WORDS.contains(&s.to_ascii_lowercase().as_str())
+        && !s.contains(':');
+    if plain {
+        s.to_string()
+    } else {
+        serde_json::to_string(s).expect("strings serialize")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::pools::{ClusterPoolSpec, VSpherePlatform};
+
+    fn pool() -> ClusterPoolSpec {
+        ClusterPoolSpec {
+            base_domain: "example.com".into(),
+            installer_image: "quay.io/example/installer:4.14".into(),
+            platform: Platform {
+                vsphere: Some(VSpherePlatform {
+                    v_center: "vc.example.com".into(),
+                    datacenter: "dc1".into(),
+                    default_datastore: "ds1".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn patch(op: PatchOp, path: &str, value: Option<Value>) -> PatchEntity {
+        PatchEntity {
+            op,
+            path: path.into(),
+            from: None,
+            value,
+        }
+    }
+
+    #[test]
+    fn name_base_domain_and_platform_are_injected_into_the_template() {
+        let template =
+            parse_template("metadata:\n  name: ignored\nplatform:\n  vsphere:\n    apiVIP: 10.0.0.1\n").unwrap();
+        let config = generate(&template, &pool(), "pool-abcde");
+        assert_eq!(config["metadata"]["name"], "pool-abcde");
+        assert_eq!(config["baseDomain"], "example.com");
+        assert_eq!(config["platform"]["vsphere"]["vCenter"], "vc.example.com");
+        assert_eq!(
+            config["platform"]["vsphere"]["apiVIP"], "10.0.0.1",
+            "template fields stay"
+        );
+    }
+
+    #[test]
+    fn patches_apply_in_order() {
+        let mut config = generate(&Value::Object(Map::new()), &pool(), "pool-abcde");
+        apply_patches(
+            &mut config,
+            &[
+                patch(PatchOp::Replace, "/metadata/name", Some(json!("foo"))),
+                patch(
+                    PatchOp::Add,
+                    "/networking",
+                    Some(json!({"machineNetwork": [{"cidr": "10.0.0.0/24"}]})),
+                ),
+                patch(PatchOp::Test, "/metadata/name", Some(json!("foo"))),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config["metadata"]["name"], "foo");
+        assert_eq!(config["networking"]["machineNetwork"][0]["cidr"], "10.0.0.0/24");
+    }
+
+    #[test]
+    fn broken_patches_say_how_to_fix_them() {
+        let mut config = generate(&Value::Object(Map::new()), &pool(), "x");
+        let err = apply_patches(&mut config, &[patch(PatchOp::Add, "metadata/name", Some(json!("foo")))]).unwrap_err();
+        assert!(err.contains("write \"/metadata/name\""), "{err}");
+        let err = apply_patches(&mut config, &[patch(PatchOp::Replace, "/metadata/name", None)]).unwrap_err();
+        assert!(err.contains("needs a `value`"), "{err}");
+        let err = apply_patches(&mut config, &[patch(PatchOp::Replace, "/broken/path", Some(json!(1)))]).unwrap_err();
+        assert!(err.starts_with("patch 1 (replace /broken/path)"), "{err}");
+        let mut mv = patch(PatchOp::Move, "/a", None);
+        let err = apply_patches(&mut config, &[mv.clone()]).unwrap_err();
+        assert!(err.contains("needs a `from`"), "{err}");
+        mv.from = Some("metadata".into());
+        assert!(
+            apply_patches(&mut config, &[mv])
+                .unwrap_err()
+                .contains("must start with '/'")
+        );
+    }
+
+    #[test]
+    fn ambiguous_scalars_stay_strings_for_yaml_1_1_readers() {
+        let value = json!({
+            "on": "on", "no": "no", "y": "Y", "n": "1e3", "hex": "0x1F", "time": "1:30", "num": 1e3,
+            "plain": "vc.example.com", "empty": "", "null": null, "bool": true,
+            "list": [{"a": "off", "b": [1, "2"]}, "yes"],
+        });
+        let yaml = to_yaml(&value);
+        for quoted in [
+            "\"on\": \"on\"",
+            "\"no\": \"no\"",
+            "\"y\": \"Y\"",
+            "\"n\": \"1e3\"",
+            "\"0x1F\"",
+            "\"1:30\"",
+            "empty: \"\"",
+            "- \"yes\"",
+        ] {
+            assert!(yaml.contains(quoted), "{quoted} in\n{yaml}");
+        }
+        assert!(yaml.contains("plain: vc.example.com"), "{yaml}");
+        let back: Value = serde_saphyr::from_str(&yaml).unwrap();
+        assert_eq!(back, value, "{yaml}");
+    }
+}

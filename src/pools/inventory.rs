@@ -1,0 +1,308 @@
+//! Leasing ClusterDeploymentCustomizations (DESIGN.md §4.3 items 1, 3, 6): every CDC status write
+//! goes through [`write_status`], a status PUT carrying the cached `resourceVersion`, so of two
+//! writers racing for one CDC exactly one wins and the other gets 409.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::PostParams;
+use kube::{Api, Resource, ResourceExt};
+
+use crate::api::common::LocalObjectReference;
+use crate::api::pools::{ClusterDeploymentCustomization, ClusterDeploymentCustomizationStatus};
+use crate::runtime::conditions::{DesiredCondition, set_condition};
+
+pub const AVAILABLE: &str = "Available";
+pub const APPLY_SUCCEEDED: &str = "ApplySucceeded";
+
+pub const SUCCEEDED: &str = "Succeeded";
+pub const INSTALLATION_PENDING: &str = "InstallationPending";
+pub const BROKEN_BY_SYNTAX: &str = "BrokenBySyntax";
+pub const BROKEN_BY_CLOUD: &str = "BrokenByCloud";
+
+type Cdc = ClusterDeploymentCustomization;
+
+/// The one writer of CDC status: applies `change` to a copy of the cached object and PUTs its status
+/// with the cached resourceVersion. `Ok(None)` when `change` changed nothing (no request sent).
+pub async fn write_status(
+    api: &Api<Cdc>,
+    cached: &Cdc,
+    change: impl FnOnce(&mut ClusterDeploymentCustomizationStatus, Time) -> bool,
+) -> Result<Option<Cdc>, kube::Error> {
+    let mut updated = cached.clone();
+    let status = updated.status.get_or_insert_with(Default::default);
+    if !change(status, Time(Timestamp::now())) {
+        return Ok(None);
+    }
+    updated.meta_mut().managed_fields = None;
+    api.replace_status(&cached.name_any(), &PostParams::default(), &updated)
+        .await
+        .map(Some)
+}
+
+fn condition<'a>(cdc: &'a Cdc, type_: &str) -> Option<&'a Condition> {
+    cdc.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+}
+
+/// Who holds the lease, if anyone: `(pool, cluster deployment)`. A CDC is leased while its
+/// `Available` condition is False.
+pub fn lease_holder(cdc: &Cdc) -> Option<(Option<String>, Option<String>)> {
+    let reserved = condition(cdc, AVAILABLE).is_some_and(|c| c.status == "False");
+    reserved.then(|| {
+        let status = cdc.status.as_ref();
+        (
+            status.and_then(|s| s.cluster_pool_ref.as_ref()).map(|r| r.name.clone()),
+            status
+                .and_then(|s| s.cluster_deployment_ref.as_ref())
+                .map(|r| r.name.clone()),
+        )
+    })
+}
+
+/// How long the current lease has been held.
+pub fn lease_age(cdc: &Cdc) -> Option<Duration> {
+    let since = condition(cdc, AVAILABLE).filter(|c| c.status == "False")?;
+    Some(age(&since.last_transition_time))
+}
+
+fn age(time: &Time) -> Duration {
+    let elapsed = Timestamp::now().duration_since(time.0);
+    Duration::try_from(elapsed).unwrap_or_default()
+}
+
+/// The `ApplySucceeded` reason that applies to the CDC's current generation; a BrokenBySyntax
+/// verdict on an older generation no longer counts (the user edited the patches).
+pub fn apply_reason(cdc: &Cdc) -> Option<&str> {
+    let c = condition(cdc, APPLY_SUCCEEDED)?;
+    let current = c.observed_generation.is_none() || c.observed_generation == cdc.metadata.generation;
+    if !current && matches!(c.reason.as_str(), BROKEN_BY_SYNTAX | BROKEN_BY_CLOUD) {
+        return None;
+    }
+    Some(c.reason.as_str())
+}
+
+/// When the `ApplySucceeded` verdict was reached.
+pub fn apply_since(cdc: &Cdc) -> Option<Duration> {
+    condition(cdc, APPLY_SUCCEEDED).map(|c| age(&c.last_transition_time))
+}
+
+fn apply(
+    status: &mut ClusterDeploymentCustomizationStatus,
+    ok: bool,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: Time,
+) -> bool {
+    set_condition(
+        &mut status.conditions,
+        DesiredCondition {
+            type_: APPLY_SUCCEEDED,
+            status: ok,
+            reason,
+            message,
+            observed_generation: generation,
+        },
+        now,
+    )
+}
+
+/// Leases `cdc` for the ClusterDeployment `cd` (not created yet) of `pool`. The write persists the
+/// intended CD name, the pool and the configuration applied, all at once. `Ok(None)` when the copy
+/// given is already leased or deleting: a newer cached copy must never be leased over.
+pub async fn lease(api: &Api<Cdc>, cdc: &Cdc, cd: &str, pool: &str) -> Result<Option<Cdc>, kube::Error> {
+    if lease_holder(cdc).is_some() || cdc.metadata.deletion_timestamp.is_some() {
+        return Ok(None);
+    }
+    let generation = cdc.metadata.generation;
+    let applied = serde_json::to_string(&cdc.spec).unwrap_or_default();
+    let written = write_status(api, cdc, |status, now| {
+        set_condition(
+            &mut status.conditions,
+            DesiredCondition {
+                type_: AVAILABLE,
+                status: false,
+                reason: "Reserved",
+                message: format!("Leased by ClusterDeployment {cd} of ClusterPool {pool}"),
+                observed_generation: generation,
+            },
+            now.clone(),
+        );
+        status.cluster_deployment_ref = Some(LocalObjectReference { name: cd.into() });
+        status.cluster_pool_ref = Some(LocalObjectReference { name: pool.into() });
+        status.last_applied_configuration = Some(applied);
+        apply(
+            status,
+            false,
+            INSTALLATION_PENDING,
+            format!("Patches applied; cluster {cd} is installing"),
+            generation,
+            now,
+        );
+        true
+    })
+    .await?;
+    Ok(written)
+}
+
+/// Releases the lease, but only if it is still held by `cd` of `pool` (§4.3.6); a lease held by
+/// anyone else is left alone. Returns whether it released.
+pub async fn release(api: &Api<Cdc>, cdc: &Cdc, cd: &str, pool: &str) -> Result<bool, kube::Error> {
+    match lease_holder(cdc) {
+        Some((Some(p), Some(c))) if p == pool && c == cd => {}
+        _ => return Ok(false),
+    }
+    let generation = cdc.metadata.generation;
+    let written = write_status(api, cdc, |status, now| {
+        set_condition(
+            &mut status.conditions,
+            DesiredCondition {
+                type_: AVAILABLE,
+                status: true,
+                reason: "Available",
+                message: format!("Released by ClusterDeployment {cd} of ClusterPool {pool}"),
+                observed_generation: generation,
+            },
+            now,
+        );
+        status.cluster_deployment_ref = None;
+        status.cluster_pool_ref = None;
+        true
+    })
+    .await?;
+    Ok(written.is_some())
+}
+
+/// Records the outcome of applying the CDC: Succeeded, BrokenBySyntax (with the error) or
+/// BrokenByCloud. Returns the written object, if anything changed.
+pub async fn set_apply_result(
+    api: &Api<Cdc>,
+    cdc: &Cdc,
+    reason: &str,
+    message: String,
+) -> Result<Option<Cdc>, kube::Error> {
+    let generation = cdc.metadata.generation;
+    let ok = reason == SUCCEEDED;
+    write_status(api, cdc, |status, now| {
+        apply(status, ok, reason, message, generation, now)
+    })
+    .await
+}
+
+/// Where a free CDC stands in the order of §4.3.3.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Rank {
+    /// Succeeded before: least recently succeeded first (the key is the negated age in seconds).
+    PastSuccess(i64),
+    /// Never used (or edited since it broke): by name.
+    NeverUsed,
+    /// Broke on the cloud before: tried last, oldest verdict first.
+    Broken(i64),
+}
+
+/// The rank of a CDC that may be leased now, or `None` if it may not: deleting, leased, broken by
+/// syntax at this generation, or broken by cloud and still inside its backoff.
+pub fn rank(cdc: &Cdc, broken_backoff: impl Fn() -> Duration) -> Option<Rank> {
+    if cdc.metadata.deletion_timestamp.is_some() || lease_holder(cdc).is_some() {
+        return None;
+    }
+    let since = apply_since(cdc).unwrap_or_default();
+    match apply_reason(cdc) {
+        Some(SUCCEEDED) => Some(Rank::PastSuccess(-(since.as_secs() as i64))),
+        Some(BROKEN_BY_SYNTAX) => None,
+        Some(BROKEN_BY_CLOUD) => (since >= broken_backoff()).then_some(Rank::Broken(-(since.as_secs() as i64))),
+        _ => Some(Rank::NeverUsed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cdc(name: &str, conditions: serde_json::Value) -> Cdc {
+        serde_json::from_value(json!({
+            "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterDeploymentCustomization",
+            "metadata": {"name": name, "namespace": "ns", "generation": 2},
+            "spec": {"installConfigPatches": []},
+            "status": {"conditions": conditions},
+        }))
+        .unwrap()
+    }
+
+    fn cond(type_: &str, status: &str, reason: &str, at: &str, generation: i64) -> serde_json::Value {
+        json!({"type": type_, "status": status, "reason": reason, "message": "", "lastTransitionTime": at, "observedGeneration": generation})
+    }
+
+    #[test]
+    fn selection_prefers_least_recent_success_then_new_then_broken() {
+        let old = cdc(
+            "z-old",
+            json!([cond(APPLY_SUCCEEDED, "True", SUCCEEDED, "2020-01-01T00:00:00Z", 2)]),
+        );
+        let recent = cdc(
+            "a-recent",
+            json!([cond(APPLY_SUCCEEDED, "True", SUCCEEDED, "2024-01-01T00:00:00Z", 2)]),
+        );
+        let new = cdc("m-new", json!([]));
+        let broken = cdc(
+            "b-broken",
+            json!([cond(
+                APPLY_SUCCEEDED,
+                "False",
+                BROKEN_BY_CLOUD,
+                "2020-01-01T00:00:00Z",
+                2
+            )]),
+        );
+        let no_backoff = || Duration::ZERO;
+        let mut ranked: Vec<(Rank, String)> = [&recent, &broken, &new, &old]
+            .iter()
+            .map(|c| (rank(c, no_backoff).unwrap(), c.name_any()))
+            .collect();
+        ranked.sort();
+        let names: Vec<&str> = ranked.iter().map(|(_, n)| n.as_str()).collect();
+        assert_eq!(names, ["z-old", "a-recent", "m-new", "b-broken"]);
+    }
+
+    #[test]
+    fn leased_syntax_broken_and_backing_off_cdcs_are_not_leasable() {
+        let leased = cdc(
+            "l",
+            json!([cond(AVAILABLE, "False", "Reserved", "2020-01-01T00:00:00Z", 2)]),
+        );
+        assert_eq!(rank(&leased, || Duration::ZERO), None);
+        let syntax = cdc(
+            "s",
+            json!([cond(
+                APPLY_SUCCEEDED,
+                "False",
+                BROKEN_BY_SYNTAX,
+                "2020-01-01T00:00:00Z",
+                2
+            )]),
+        );
+        assert_eq!(rank(&syntax, || Duration::ZERO), None);
+        let edited = cdc(
+            "e",
+            json!([cond(
+                APPLY_SUCCEEDED,
+                "False",
+                BROKEN_BY_SYNTAX,
+                "2020-01-01T00:00:00Z",
+                1
+            )]),
+        );
+        assert_eq!(
+            rank(&edited, || Duration::ZERO),
+            Some(Rank::NeverUsed),
+            "edited since it broke"
+        );
+        let now = Timestamp::now().to_string();
+        let cloud = cdc("c", json!([cond(APPLY_SUCCEEDED, "False", BROKEN_BY_CLOUD, &now, 2)]));
+        assert_eq!(rank(&cloud, || Duration::from_secs(60)), None, "inside its backoff");
+    }
+}

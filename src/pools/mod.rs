@@ -1,0 +1,140 @@
+//! Cluster pools (DESIGN.md §4): per tenant, a ClusterPool controller (inventory leasing, capacity,
+//! claims, staleness), a ClusterDeployment controller (installer and destroy Jobs on the host) and a
+//! ClusterClaim controller (claims naming a pool that does not exist).
+
+pub mod claim;
+mod create;
+pub mod deployment;
+pub mod install_config;
+pub mod inventory;
+pub mod pool;
+mod repair;
+pub mod sample;
+mod status;
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use crate::tenancy::tenant::{TenantContext, TenantError};
+
+/// Group of every pool kind; finalizers and labels use it as their prefix.
+pub const GROUP: &str = "pools.stackd.dev";
+/// Finalizer on a ClusterDeployment until its destroy Job finished and its CDC was released.
+pub const DEPROVISION_FINALIZER: &str = "pools.stackd.dev/deprovision";
+/// Finalizer on a ClusterPool until its unclaimed clusters are gone.
+pub const POOL_FINALIZER: &str = "pools.stackd.dev/clusters";
+/// Labels on a pool cluster's namespace.
+pub const POOL_NAMESPACE_LABEL: &str = "pools.stackd.dev/clusterpool-namespace";
+pub const POOL_NAME_LABEL: &str = "pools.stackd.dev/clusterpool-name";
+/// Annotations on a pool's ClusterDeployment.
+pub const POOL_VERSION_ANNOTATION: &str = "pools.stackd.dev/pool-version";
+pub const CDC_GENERATION_ANNOTATION: &str = "pools.stackd.dev/customization-generation";
+
+/// The per-pool finalizer a pool puts on every CDC it has used (§4.3.9).
+pub fn cdc_finalizer(pool: &str) -> String {
+    format!("{GROUP}/{pool}")
+}
+
+/// Starts the ClusterPool and ClusterDeployment controllers of one tenant and runs them until
+/// `cancel` fires.
+pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
+    let mut controllers = tokio::task::JoinSet::new();
+    controllers.spawn(pool::run(context.clone(), cancel.clone()));
+    controllers.spawn(deployment::run(context.clone(), cancel.clone()));
+    controllers.spawn(claim::run(context.clone(), cancel.clone()));
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        Some(result) = controllers.join_next() => {
+            result.map_err(|e| TenantError::Controller(e.to_string()))?;
+            if !cancel.is_cancelled() {
+                return Err(TenantError::Controller("a pool controller stopped".into()));
+            }
+        }
+    }
+    // In-flight reconciles get a moment to finish; one waiting on a watch that never becomes ready
+    // (the tenant lacks the CRDs) must not hold the tenant's shutdown.
+    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while controllers.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        controllers.abort_all();
+    }
+    Ok(())
+}
+
+/// How long in-flight reconciles may take to finish once the tenant stops.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A reflector over `api` and the stream of objects it saw change (deletions included): the store
+/// is filled as the stream is polled, so give the stream to a controller.
+pub fn reflect<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (Store<K>, impl Stream<Item = Result<K, watcher::Error>> + Send + 'static)
+where
+    K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector(writer, watcher(api, config))
+        .default_backoff()
+        .touched_objects()
+        .boxed();
+    (store, stream)
+}
+
+/// Publishes an Event on a tenant object; a failure to publish never fails a reconcile.
+pub async fn publish<K>(context: &TenantContext, object: &K, warning: bool, reason: &str, note: String)
+where
+    K: Resource<DynamicType = ()>,
+{
+    let event = Event {
+        type_: if warning { EventType::Warning } else { EventType::Normal },
+        reason: reason.into(),
+        note: Some(note),
+        action: reason.into(),
+        secondary: None,
+    };
+    let reference: ObjectReference = object.object_ref(&());
+    if let Err(err) = context.recorder.publish(&event, &reference).await {
+        debug!(tenant = %context.name, error = %err, "cannot publish an event");
+    }
+}
+
+/// Sets the finalizers of `object` with a merge patch carrying its resourceVersion, so a stale copy
+/// gets 409 instead of overwriting someone else's finalizer change.
+pub async fn set_finalizers<K>(api: &Api<K>, object: &K, finalizers: Vec<String>) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + Debug + Serialize + DeserializeOwned,
+{
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": object.meta().resource_version,
+    }});
+    api.patch(&object.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
+/// True for 409 Conflict: someone else wrote first; retry with a fresh copy.
+pub fn is_conflict(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 409)
+}
+
+/// True for 404 Not Found.
+pub fn is_not_found(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 404)
+}

@@ -1,0 +1,113 @@
+//! The sample pool `stackd dev` creates: a vSphere pool of size 2 in namespace `pools-demo` with an
+//! inventory of three ClusterDeploymentCustomizations, one DNS name each.
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::Client;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+use crate::api::pools::{ClusterDeploymentCustomization, ClusterPool};
+
+pub const NAMESPACE: &str = "pools-demo";
+pub const POOL: &str = "vsphere-pool";
+
+/// Creates the sample objects (those that exist already are kept).
+pub async fn install(tenant: &Client) -> Result<(), kube::Error> {
+    let post = PostParams::default();
+    let ignore_exists = |r: Result<(), kube::Error>| match r {
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        other => other,
+    };
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).expect("static");
+    ignore_exists(
+        Api::<Namespace>::all(tenant.clone())
+            .create(&post, &ns)
+            .await
+            .map(|_| ()),
+    )?;
+    let secrets = Api::<Secret>::namespaced(tenant.clone(), NAMESPACE);
+    for secret in [
+        json!({"metadata": {"name": "vsphere-credentials"}, "stringData": {"username": "admin", "password": "sample"}}),
+        json!({"metadata": {"name": "pull-secret"}, "type": "kubernetes.io/dockerconfigjson",
+               "stringData": {".dockerconfigjson": "{\"auths\":{}}"}}),
+        json!({"metadata": {"name": "install-config-template"}, "stringData": {"install-config.yaml":
+            "apiVersion: v1\nnetworking:\n  networkType: OVNKubernetes\nplatform:\n  vsphere:\n    network: VM Network\n"}}),
+    ] {
+        let secret: Secret = serde_json::from_value(secret).expect("static");
+        ignore_exists(secrets.create(&post, &secret).await.map(|_| ()))?;
+    }
+    let cdcs = Api::<ClusterDeploymentCustomization>::namespaced(tenant.clone(), NAMESPACE);
+    for (index, name) in ["foo", "bar", "baz"].iter().enumerate() {
+        let cdc: ClusterDeploymentCustomization = serde_json::from_value(json!({
+            "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterDeploymentCustomization",
+            "metadata": {"name": name},
+            "spec": {"installConfigPatches": [
+                {"op": "replace", "path": "/metadata/name", "value": name},
+                {"op": "add", "path": "/platform/vsphere/apiVIP", "value": format!("192.168.10.{}", 10 + 2 * index)},
+                {"op": "add", "path": "/platform/vsphere/ingressVIP", "value": format!("192.168.10.{}", 11 + 2 * index)},
+            ]},
+        }))
+        .expect("static");
+        ignore_exists(cdcs.create(&post, &cdc).await.map(|_| ()))?;
+    }
+    let pool: ClusterPool = serde_json::from_value(json!({
+        "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterPool",
+        "metadata": {"name": POOL},
+        "spec": {
+            "size": 2,
+            "baseDomain": "vsphere.example.com",
+            "installerImage": "quay.io/example/installer:4.14",
+            "installConfigSecretTemplateRef": {"name": "install-config-template"},
+            "pullSecretRef": {"name": "pull-secret"},
+            "platform": {"vsphere": {
+                "credentialsSecretRef": {"name": "vsphere-credentials"},
+                "vCenter": "vcenter.example.com", "datacenter": "dc1", "defaultDatastore": "datastore1",
+            }},
+            "inventory": [{"name": "foo"}, {"name": "bar"}, {"name": "baz"}],
+        },
+    }))
+    .expect("static");
+    ignore_exists(
+        Api::<ClusterPool>::namespaced(tenant.clone(), NAMESPACE)
+            .create(&post, &pool)
+            .await
+            .map(|_| ()),
+    )
+}
+
+/// Prints the sample pool's progress (`stackd dev`) each time its counts change, until `shutdown`.
+pub async fn print_progress(tenant_name: String, tenant: Client, shutdown: tokio_util::sync::CancellationToken) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let api = Api::<ClusterPool>::namespaced(tenant, NAMESPACE);
+    let config = watcher::Config::default().fields(&format!("metadata.name={POOL}"));
+    let mut events = watcher(api, config).default_backoff().applied_objects().boxed();
+    let mut last = None;
+    loop {
+        let pool = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            event = events.next() => match event {
+                Some(Ok(pool)) => pool,
+                Some(Err(_)) => continue,
+                None => return,
+            },
+        };
+        let status = pool.status.unwrap_or_default();
+        let reserved = status
+            .inventory
+            .iter()
+            .filter(|e| e.status == crate::api::pools::InventoryEntryState::Reserved)
+            .count();
+        let line = format!(
+            "  [{tenant_name}] pool {NAMESPACE}/{POOL}: {} of {} ready, {} installing, {reserved} of {} customizations leased",
+            status.ready,
+            pool.spec.size,
+            status.standby,
+            status.inventory.len()
+        );
+        if last.as_ref() != Some(&line) {
+            println!("{line}");
+            last = Some(line);
+        }
+    }
+}
