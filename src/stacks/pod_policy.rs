@@ -36,7 +36,13 @@ pub fn violations(spec: &PodSpec) -> Vec<String> {
 }
 
 fn container_violations(container: &Container) -> Vec<String> {
-    let mut found = Vec::new();
+    let mut found: Vec<String> = container
+        .ports
+        .iter()
+        .flatten()
+        .filter_map(|p| p.host_port)
+        .map(|port| format!("container {:?} binds host port {port}", container.name))
+        .collect();
     let Some(security) = &container.security_context else {
         return found;
     };
@@ -87,9 +93,10 @@ mod tests {
             "volumes": [{"name": "root", "hostPath": {"path": "/"}},
                         {"name": "tok", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}],
             "initContainers": [{"name": "i", "securityContext": {"privileged": true}}],
-            "containers": [{"name": "c", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}]
+            "containers": [{"name": "c", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}},
+                            "ports": [{"containerPort": 80, "hostPort": 80}]}]
         })));
-        assert_eq!(found.len(), 5, "{found:?}");
+        assert_eq!(found.len(), 6, "{found:?}");
         assert!(found.iter().any(|f| f.contains("hostPath")));
         assert!(found.iter().any(|f| f.contains("NET_ADMIN")));
     }

@@ -2,9 +2,6 @@
 //! created directly on an embedded tenant, as the install controller would.
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -20,6 +17,8 @@ use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::{ApiServer, ServerOptions, Verb};
 use stackd::host::names::{NameKind, host_name};
 use stackd::stacks::{STACK_FINALIZER, crd_parent_label};
+
+use super::daemon::Daemon;
 
 const TENANT: &str = "acme";
 const HOST_NS: &str = "tenant-acme-controllers";
@@ -37,23 +36,9 @@ struct Env {
     daemon: Option<Daemon>,
 }
 
-struct Daemon {
-    child: Child,
-    admin: SocketAddr,
-    log: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl Env {
     async fn start(flags: &[&str]) -> Env {
-        let env = Env::servers().await;
-        let mut env = env;
+        let mut env = Env::servers().await;
         env.start_daemon(flags);
         env
     }
@@ -99,27 +84,7 @@ impl Env {
     }
 
     fn start_daemon(&mut self, flags: &[&str]) {
-        let admin = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port");
-        let log = self.dir.path().join(format!("daemon-{}.log", admin.port()));
-        let child = Command::new(env!("CARGO_BIN_EXE_stackd"))
-            .args(["run", "--host-kubeconfig"])
-            .arg(self.dir.path().join("host.yaml"))
-            .arg("--tenants-dir")
-            .arg(self.dir.path().join("tenants"))
-            .args(["--metrics-addr", &admin.to_string()])
-            .args(["--backoff-base", "100ms", "--debounce", "50ms"])
-            .args(flags)
-            .env(
-                "RUST_LOG",
-                std::env::var("STACKD_TEST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("spawn stackd run");
-        self.daemon = Some(Daemon { child, admin, log });
+        self.daemon = Some(Daemon::spawn(self.dir.path(), flags));
     }
 
     fn stop_daemon(&mut self) {
@@ -127,25 +92,14 @@ impl Env {
     }
 
     fn log(&self) -> String {
-        self.daemon
-            .as_ref()
-            .and_then(|d| std::fs::read_to_string(&d.log).ok())
-            .unwrap_or_default()
+        self.daemon.as_ref().map(Daemon::log_text).unwrap_or_default()
     }
 
     fn metrics(&self) -> String {
-        use std::io::{Read, Write};
-        let Some(daemon) = &self.daemon else {
-            return String::new();
-        };
-        let Ok(mut stream) = TcpStream::connect_timeout(&daemon.admin, Duration::from_secs(1)) else {
-            return String::new();
-        };
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-        let _ = write!(stream, "GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n");
-        let mut body = String::new();
-        let _ = stream.read_to_string(&mut body);
-        body
+        self.daemon
+            .as_ref()
+            .and_then(|d| d.http_get("/metrics"))
+            .unwrap_or_default()
     }
 
     fn reconciles(&self) -> u64 {
@@ -821,8 +775,13 @@ async fn host_drift_is_repaired() {
     })
     .await;
     env.wait_ready("widgets", "True", "Available").await;
-    let reasons = env.event_reasons("widgets").await;
-    assert!(reasons.iter().any(|r| r == "UpdatedDeployment"), "{reasons:?}");
+    env.until("an UpdatedDeployment event", || async {
+        env.event_reasons("widgets")
+            .await
+            .iter()
+            .any(|r| r == "UpdatedDeployment")
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -846,8 +805,10 @@ async fn a_rotated_tenant_token_is_copied_again() {
             .is_some_and(|d| d["token"].0 == b"rotated-token")
     })
     .await;
-    let reasons = env.event_reasons("widgets").await;
-    assert!(reasons.iter().any(|r| r == "RecopiedToken"), "{reasons:?}");
+    env.until("a RecopiedToken event", || async {
+        env.event_reasons("widgets").await.iter().any(|r| r == "RecopiedToken")
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1140,11 +1101,16 @@ async fn tenant_drift_is_repaired_and_a_recreated_account_gets_its_new_token_cop
         cluster.is_some() && namespaced.is_none()
     })
     .await;
-    let stack = env.wait_ready("widgets", "True", "Available").await;
-    assert_eq!(
-        stack.status.and_then(|s| s.observed_generation),
-        stack.metadata.generation
-    );
+    env.until("the status to describe the new generation", || async {
+        let Ok(stack) = env.stacks().get("widgets").await else {
+            return false;
+        };
+        let ready = condition(&stack, "Ready");
+        stack.status.as_ref().and_then(|s| s.observed_generation) == stack.metadata.generation
+            && ready
+                .is_some_and(|c| c["status"] == "True" && c["observedGeneration"] == json!(stack.metadata.generation))
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1171,5 +1137,147 @@ async fn a_controller_dropped_from_the_spec_stops_running_on_the_host() {
             .expect("get")
             .is_some(),
         "the permissions stay with the stack"
+    );
+}
+
+/// The whole of issue 7's first promise, through both controllers: a StackInstall of the sample
+/// package ends with its controller running on the host, and its deletion leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stack_install_ends_with_its_controller_available_on_the_host_and_uninstalls_cleanly() {
+    use crate::stacks_install::{StackFleet, create_install, wait_for_reason};
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    let daemon = fleet.daemon(&[]);
+    create_install(&tenant, NS, "sample", json!({"package": "examples/sample-stack:v1"})).await;
+    let (status, _, message) = wait_for_reason(&tenant, NS, "sample", &daemon, "Available").await;
+    assert_eq!(status, "True", "{message}");
+    let stack = Api::<Stack>::namespaced(tenant.clone(), NS)
+        .get("sample")
+        .await
+        .expect("stack");
+    assert_eq!(condition(&stack, "Ready").expect("ready")["status"], "True");
+    let deployments: Api<Deployment> = Api::namespaced(fleet.host_client.clone(), HOST_NS);
+    let deployment = deployments.get("team-a.sample").await.expect("controller deployment");
+    let pod = deployment.spec.and_then(|s| s.template.spec).expect("pod");
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let secrets = fleet.host_secrets(TENANT);
+    secrets.get("team-a.sample-token").await.expect("token copy");
+
+    Api::<stackd::api::stacks::StackInstall>::namespaced(tenant.clone(), NS)
+        .delete("sample", &DeleteParams::default())
+        .await
+        .expect("delete install");
+    let stacks: Api<Stack> = Api::namespaced(tenant.clone(), NS);
+    let host = fleet.host_client.clone();
+    crate::stacks_install::wait_until("everything gone", SOON, &daemon, || {
+        let (stacks, host) = (stacks.clone(), host.clone());
+        async move {
+            let params = ListParams::default().labels(&format!("stackd.dev/tenant={TENANT},stackd.dev/parent-kind"));
+            let left_deployments = Api::<Deployment>::namespaced(host.clone(), HOST_NS)
+                .list(&params)
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .filter(|d| d.metadata.deletion_timestamp.is_none())
+                .count();
+            let left_secrets = Api::<Secret>::namespaced(host, HOST_NS)
+                .list(&params)
+                .await
+                .ok()?
+                .items
+                .len();
+            let stack_gone = stacks.get_opt("sample").await.ok()?.is_none();
+            (stack_gone && left_deployments == 0 && left_secrets == 0).then_some(())
+        }
+    })
+    .await;
+    let roles = Api::<ClusterRole>::all(tenant.clone())
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=stackd"))
+        .await
+        .expect("roles");
+    assert!(
+        roles.items.is_empty(),
+        "{:?}",
+        roles.items.iter().map(|r| r.name_any()).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stacks_waiting_together_for_a_starting_daemon_all_become_ready_promptly() {
+    let mut env = Env::servers().await;
+    let names: Vec<String> = (0..6).map(|i| format!("widgets-{i}")).collect();
+    for name in &names {
+        env.create_stack(name, default_spec()).await;
+    }
+    let started = Instant::now();
+    env.start_daemon(INSECURE);
+    for name in &names {
+        env.wait_ready(name, "True", "Available").await;
+    }
+    // Every first reconcile waits for the same watches to list; none may miss the wake-up.
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stack_waits_for_its_crds_and_proceeds_when_they_appear() {
+    let env = Env::start(INSECURE).await;
+    let mut spec = default_spec();
+    spec["customresourcedefinitions"] = json!([{"apiVersion": "gadgets.example.org/v1", "kind": "Gadget"}]);
+    env.create_stack("gadgets", spec).await;
+    let stack = env.wait_ready("gadgets", "False", "WaitingForCrds").await;
+    let message = condition(&stack, "Ready").expect("ready")["message"].to_string();
+    assert!(message.contains("Gadget.gadgets.example.org"), "{message}");
+    let mut crd = serde_json::to_value(widget_crd()).expect("json");
+    crd["metadata"]["name"] = json!("gadgets.gadgets.example.org");
+    crd["spec"]["group"] = json!("gadgets.example.org");
+    crd["spec"]["names"] =
+        json!({"plural": "gadgets", "singular": "gadget", "kind": "Gadget", "listKind": "GadgetList"});
+    crd["spec"]["versions"][0]["name"] = json!("v1");
+    let crd: CustomResourceDefinition = serde_json::from_value(crd).expect("crd");
+    Api::<CustomResourceDefinition>::all(env.tenant_client.clone())
+        .create(&PostParams::default(), &crd)
+        .await
+        .expect("create CRD");
+    env.wait_ready("gadgets", "True", "Available").await;
+    let view = Api::<ClusterRole>::all(env.tenant_client.clone())
+        .get("stackd:team-a:gadgets:view")
+        .await
+        .expect("persona role");
+    let rule = &view.rules.expect("rules")[0];
+    assert_eq!(
+        rule.api_groups.as_deref(),
+        Some(&["gadgets.example.org".to_string()][..])
+    );
+    assert_eq!(rule.resources.as_deref(), Some(&["gadgets".to_string()][..]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_object_stackd_did_not_create_is_never_taken_over() {
+    let env = Env::start(INSECURE).await;
+    let accounts: Api<ServiceAccount> = Api::namespaced(env.tenant_client.clone(), NS);
+    let theirs: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "widgets", "labels": {"team": "a"}}})).expect("sa");
+    let theirs = accounts.create(&PostParams::default(), &theirs).await.expect("sa");
+    env.create_stack("widgets", default_spec()).await;
+    let stack = env.wait_ready("widgets", "False", "TenantObjectConflict").await;
+    let message = condition(&stack, "Ready").expect("ready")["message"].to_string();
+    assert!(message.contains("ServiceAccount team-a/widgets"), "{message}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = accounts.get("widgets").await.expect("sa");
+    assert_eq!(
+        after.metadata.resource_version, theirs.metadata.resource_version,
+        "never written"
+    );
+    assert!(
+        env.host_deployments()
+            .get_opt("team-a.widgets")
+            .await
+            .expect("get")
+            .is_none()
     );
 }

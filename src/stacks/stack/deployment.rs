@@ -1,5 +1,5 @@
-//! The stack's controller Deployment on the host (DESIGN.md §3.3 step 4): checked for anything that
-//! could reach beyond its namespace, then rebuilt to talk to the tenant with the copied token and
+//! The stack's controller Deployment on the host (DESIGN.md §3.3 step 4): checked against
+//! [`pod_policy`], then rebuilt to talk to the tenant with the copied token and
 //! nothing of the host's. Pure: the controller writes what [`build`] returns.
 
 use std::collections::BTreeMap;
@@ -14,6 +14,7 @@ use kube::api::ObjectMeta;
 use serde_json::Value;
 
 use crate::host::labels::{PARENT_KIND_LABEL, PARENT_NAME_LABEL, PARENT_NAMESPACE_LABEL, Parent, TENANT_LABEL};
+use crate::stacks::pod_policy;
 use crate::tenancy::endpoint::TenantEndpoint;
 
 /// Where in-cluster clients look for their token, CA and namespace.
@@ -28,9 +29,7 @@ pub enum SpecError {
     #[error("controller.deployment.spec is not a valid apps/v1 DeploymentSpec: {0}")]
     Invalid(String),
     /// The pod could reach beyond its namespace on the host.
-    #[error(
-        "the controller's pod spec is refused because {0}; stackd runs stack controllers without host access (run stackd with --insecure-pass-full-deployment to allow it)"
-    )]
+    #[error("{0}")]
     Unsafe(String),
 }
 
@@ -61,61 +60,19 @@ pub fn parse(spec: &Value) -> Result<DeploymentSpec, SpecError> {
     Ok(parsed)
 }
 
-/// Refuses host access: hostPath volumes, host namespaces, privileged containers, added
-/// capabilities, and projected service-account tokens (which would be the host's).
+/// Refuses a pod that could reach beyond its namespace (the rules of [`pod_policy`]).
 pub fn check_safe(spec: &DeploymentSpec) -> Result<(), SpecError> {
-    let Some(pod) = spec.template.spec.as_ref() else {
-        return Ok(());
-    };
-    let mut problems = Vec::new();
-    for (flag, set) in [
-        ("hostNetwork", pod.host_network),
-        ("hostPID", pod.host_pid),
-        ("hostIPC", pod.host_ipc),
-    ] {
-        if set == Some(true) {
-            problems.push(format!("it sets {flag}"));
-        }
-    }
-    for volume in pod.volumes.iter().flatten() {
-        if volume.host_path.is_some() {
-            problems.push(format!("volume {:?} is a hostPath", volume.name));
-        }
-        let projects_token = volume
-            .projected
-            .as_ref()
-            .and_then(|p| p.sources.as_ref())
-            .is_some_and(|sources| sources.iter().any(|s| s.service_account_token.is_some()));
-        if projects_token {
-            problems.push(format!("volume {:?} projects a serviceAccountToken", volume.name));
-        }
-    }
-    for container in all_containers(pod) {
-        let context = container.security_context.as_ref();
-        if context.and_then(|c| c.privileged) == Some(true) {
-            problems.push(format!("container {:?} is privileged", container.name));
-        }
-        let added = context
-            .and_then(|c| c.capabilities.as_ref())
-            .and_then(|c| c.add.as_ref())
-            .filter(|add| !add.is_empty());
-        if let Some(added) = added {
-            problems.push(format!(
-                "container {:?} adds capabilities {}",
-                container.name,
-                added.join(", ")
-            ));
-        }
-    }
-    if problems.is_empty() {
+    let violations = spec
+        .template
+        .spec
+        .as_ref()
+        .map(pod_policy::violations)
+        .unwrap_or_default();
+    if violations.is_empty() {
         Ok(())
     } else {
-        Err(SpecError::Unsafe(problems.join(", ")))
+        Err(SpecError::Unsafe(pod_policy::refusal(&violations)))
     }
-}
-
-fn all_containers(pod: &PodSpec) -> impl Iterator<Item = &Container> {
-    pod.containers.iter().chain(pod.init_containers.iter().flatten())
 }
 
 /// The labels selecting the stack's pods: unique per tenant and Stack.
@@ -292,6 +249,7 @@ mod tests {
             json!({"containers": [container()], "volumes": [{"name": "p", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]}),
             json!({"containers": [{"name": "c", "image": "i", "securityContext": {"privileged": true}}]}),
             json!({"containers": [container()], "initContainers": [{"name": "i", "image": "i", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}]}),
+            json!({"containers": [{"name": "c", "image": "i", "ports": [{"containerPort": 80, "hostPort": 80}]}]}),
         ];
         for pod in cases {
             let parsed = parse(&spec(pod.clone())).expect("parses");

@@ -7,12 +7,11 @@ pub mod rbac;
 pub mod tenant;
 pub mod token;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
-use std::collections::BTreeMap;
-
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
@@ -43,6 +42,7 @@ use crate::host::labels::{
 use crate::host::names::{NameKind, host_name};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::metrics::Metrics;
+use crate::runtime::readiness::Readiness;
 use crate::tenancy::endpoint::TenantEndpoint;
 use crate::tenancy::tenant::{TenantContext, TenantError};
 
@@ -67,28 +67,51 @@ struct Caches {
 }
 
 impl Caches {
-    async fn ready(&self) -> Result<(), StackError> {
-        let all = async {
-            let _ = tokio::join!(
-                self.service_accounts.wait_until_ready(),
-                self.tenant_secrets.wait_until_ready(),
-                self.cluster_roles.wait_until_ready(),
-                self.role_bindings.wait_until_ready(),
-                self.cluster_role_bindings.wait_until_ready(),
-                self.crds.wait_until_ready(),
-                self.deployments.wait_until_ready(),
-                self.host_secrets.wait_until_ready(),
+    /// Resolves once every watch has listed. `Store::wait_until_ready` wakes only its last waiter,
+    /// so one task awaits the stores and every reconcile waits on the shared [`Readiness`].
+    fn readiness(&self) -> Readiness {
+        let stores = (
+            self.service_accounts.clone(),
+            self.tenant_secrets.clone(),
+            self.cluster_roles.clone(),
+            self.role_bindings.clone(),
+            self.cluster_role_bindings.clone(),
+            self.crds.clone(),
+            self.deployments.clone(),
+            self.host_secrets.clone(),
+        );
+        Readiness::after(async move {
+            let (a, b, c, d, e, f, g, h) = stores;
+            let filled = tokio::join!(
+                a.wait_until_ready(),
+                b.wait_until_ready(),
+                c.wait_until_ready(),
+                d.wait_until_ready(),
+                e.wait_until_ready(),
+                f.wait_until_ready(),
+                g.wait_until_ready(),
+                h.wait_until_ready(),
             );
-        };
-        tokio::time::timeout(CACHE_SYNC_TIMEOUT, all)
-            .await
-            .map_err(|_| StackError::NotSynced)
+            [
+                filled.0.is_ok(),
+                filled.1.is_ok(),
+                filled.2.is_ok(),
+                filled.3.is_ok(),
+                filled.4.is_ok(),
+                filled.5.is_ok(),
+                filled.6.is_ok(),
+                filled.7.is_ok(),
+            ]
+            .iter()
+            .all(|ok| *ok)
+        })
     }
 }
 
 struct StackContext {
     tenant: Arc<TenantContext>,
     caches: Caches,
+    caches_filled: Readiness,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -154,18 +177,20 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
         .watches_stream(crd_events, move |crd| stacks_using(&stacks, &crd))
         .watches_stream(dep_events, |o| host_parent(&o))
         .watches_stream(hs_events, |o| host_parent(&o));
+    let caches = Caches {
+        service_accounts,
+        tenant_secrets,
+        cluster_roles,
+        role_bindings,
+        cluster_role_bindings,
+        crds,
+        deployments,
+        host_secrets,
+    };
     let ctx = Arc::new(StackContext {
         tenant: context.clone(),
-        caches: Caches {
-            service_accounts,
-            tenant_secrets,
-            cluster_roles,
-            role_bindings,
-            cluster_role_bindings,
-            crds,
-            deployments,
-            host_secrets,
-        },
+        caches_filled: caches.readiness(),
+        caches,
     });
     let name = context.name.clone();
     let runs = controller.run(reconcile, error_policy, ctx).for_each(|result| {
@@ -236,7 +261,12 @@ async fn reconcile(stack: Arc<Stack>, ctx: Arc<StackContext>) -> Result<Action, 
         .map_err(|_| StackError::Stopping)?;
     let labels = Metrics::controller(&tenant.name, CONTROLLER);
     tenant.shared.metrics.reconciles.get_or_create(&labels).inc();
-    ctx.caches.ready().await?;
+    match tokio::time::timeout(CACHE_SYNC_TIMEOUT, ctx.caches_filled.wait()).await {
+        Ok(true) => {}
+        // The watches stopped: the controller is shutting down.
+        Ok(false) => return Ok(Action::await_change()),
+        Err(_) => return Err(StackError::NotSynced),
+    }
     let key = backoff_key(&stack);
     let api: Api<Stack> = Api::namespaced(tenant.client.clone(), &stack.namespace().unwrap_or_default());
     let action = finalizer(&api, STACK_FINALIZER, stack, |event| async {
@@ -325,8 +355,11 @@ async fn apply(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError> 
         Ok(outcome) => outcome.clone(),
         Err(err) => Outcome::refused(err.reason(), err.to_string()),
     };
-    report(stack, ctx, &outcome, notes).await?;
-    result.map(|_| Action::await_change())
+    let reported = report(stack, ctx, &outcome, notes).await;
+    // The reconcile's own error says more than a status write that failed for the same reason.
+    result?;
+    reported?;
+    Ok(Action::await_change())
 }
 
 /// §3.3 in order: validate, the tenant identity and permissions, wait for the token, the host
