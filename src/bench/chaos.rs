@@ -75,6 +75,8 @@ pub struct ChaosReport {
     /// Host objects with a parent label whose tenant parent is gone.
     pub orphans: Vec<String>,
     pub double_leases: u64,
+    /// Whether the pool that filled during the faults ended full.
+    pub pool_filled: bool,
     /// Seconds from the end of the faults until everything settled (or the deadline).
     pub converge_s: f64,
     pub passed: bool,
@@ -96,6 +98,18 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
         }
     }
     report.installs = pending.len();
+    // A pool fills in the first tenant while everything else goes on.
+    const POOL_SIZE: usize = 3;
+    let pool_tenant = fleet.tenants[0].1.client().await;
+    crate::pools::sample::install_pool(
+        &pool_tenant,
+        "chaos-pool",
+        "pool",
+        POOL_SIZE as i32,
+        &["c0", "c1", "c2"],
+    )
+    .await?;
+    let cluster_deployments: Api<crate::api::pools::ClusterDeployment> = Api::all(pool_tenant.clone());
     let mut created: Vec<(usize, String)> = Vec::new();
     let mut uninstalled: BTreeSet<(usize, String)> = BTreeSet::new();
     let faults_end = Instant::now() + options.duration;
@@ -164,6 +178,9 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
             }
         };
         *report.faults.entry(fault.to_string()).or_default() += 1;
+        if let Ok(doubles) = super::pools::count_double_leases(&cluster_deployments).await {
+            report.double_leases += doubles;
+        }
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..1200))).await;
     }
     // Calm: no more faults; the remaining installs go in, and everything must settle.
@@ -179,9 +196,23 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
     report.uninstalls = uninstalled.len();
     let calm = Instant::now();
     let deadline = calm + Duration::from_secs(90);
+    let pools: Api<crate::api::pools::ClusterPool> = Api::namespaced(pool_tenant.clone(), "chaos-pool");
     loop {
         check(&fleet, &created, &uninstalled, &mut report).await;
-        let settled = report.stuck.is_empty() && report.uninstalls_unfinished.is_empty() && report.orphans.is_empty();
+        if let Ok(doubles) = super::pools::count_double_leases(&cluster_deployments).await {
+            report.double_leases += doubles;
+        }
+        report.pool_filled = pools
+            .get_opt("pool")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|p| p.status)
+            .is_some_and(|s| s.ready as usize >= POOL_SIZE);
+        let settled = report.stuck.is_empty()
+            && report.uninstalls_unfinished.is_empty()
+            && report.orphans.is_empty()
+            && report.pool_filled;
         if settled || Instant::now() > deadline {
             break;
         }
@@ -191,7 +222,8 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
     report.passed = report.stuck.is_empty()
         && report.uninstalls_unfinished.is_empty()
         && report.orphans.is_empty()
-        && report.double_leases == 0;
+        && report.double_leases == 0
+        && report.pool_filled;
     if !report.passed
         && let Some(daemon) = &daemon
     {
@@ -329,8 +361,15 @@ async fn orphans(fleet: &Fleet) -> Vec<String> {
                 found.push(format!("{tenant}: {what} has no parent identity"));
                 continue;
             };
-            let resource = stacks_resource(kind);
-            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
+            let Some(resource) = parent_resource(kind) else {
+                found.push(format!("{tenant}: {what} names an unknown parent kind {kind}"));
+                continue;
+            };
+            let api: Api<DynamicObject> = if ns.is_empty() {
+                Api::all_with(client.clone(), &resource)
+            } else {
+                Api::namespaced_with(client.clone(), ns, &resource)
+            };
             match api.get_opt(name).await {
                 Ok(Some(parent)) if parent.uid().as_deref() == Some(uid.as_str()) => {}
                 Ok(_) => found.push(format!("{tenant}: {what} (parent {kind} {ns}/{name} is gone)")),
@@ -341,20 +380,29 @@ async fn orphans(fleet: &Fleet) -> Vec<String> {
     found
 }
 
-fn stacks_resource(kind: &str) -> ApiResource {
+/// The tenant kind a host object's parent annotation names.
+fn parent_resource(kind: &str) -> Option<ApiResource> {
+    use crate::api::inventory::BareMetalAsset;
+    use crate::api::pools::{ClusterClaim, ClusterDeployment, ClusterDeploymentCustomization, ClusterPool};
     use crate::api::stacks::{ClusterStackInstall, Stack};
-    match kind {
+    Some(match kind {
+        "StackInstall" => ApiResource::erase::<StackInstall>(&()),
         "ClusterStackInstall" => ApiResource::erase::<ClusterStackInstall>(&()),
         "Stack" => ApiResource::erase::<Stack>(&()),
-        _ => ApiResource::erase::<StackInstall>(&()),
-    }
+        "ClusterPool" => ApiResource::erase::<ClusterPool>(&()),
+        "ClusterDeployment" => ApiResource::erase::<ClusterDeployment>(&()),
+        "ClusterClaim" => ApiResource::erase::<ClusterClaim>(&()),
+        "ClusterDeploymentCustomization" => ApiResource::erase::<ClusterDeploymentCustomization>(&()),
+        "BareMetalAsset" => ApiResource::erase::<BareMetalAsset>(&()),
+        _ => return None,
+    })
 }
 
 /// The human-readable summary of a chaos run.
 pub fn table(report: &ChaosReport) -> String {
     let faults: Vec<String> = report.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
     let mut out = format!(
-        "chaos (seed {}): {}\nfaults: {}\ninstalls {}: {} Ready, {} clearly failed, {} stuck; uninstalls {}: {} unfinished\norphaned host objects: {}; double leases: {}; settled in {:.1} s\n",
+        "chaos (seed {}): {}\nfaults: {}\ninstalls {}: {} Ready, {} clearly failed, {} stuck; uninstalls {}: {} unfinished\npool filled: {}; orphaned host objects: {}; double leases: {}; settled in {:.1} s\n",
         report.seed,
         if report.passed { "PASSED" } else { "FAILED" },
         faults.join(", "),
@@ -364,6 +412,7 @@ pub fn table(report: &ChaosReport) -> String {
         report.stuck.len(),
         report.uninstalls,
         report.uninstalls_unfinished.len(),
+        report.pool_filled,
         report.orphans.len(),
         report.double_leases,
         report.converge_s,

@@ -6,6 +6,7 @@ pub mod chaos;
 pub mod fleet;
 mod idle;
 mod latency;
+mod pools;
 mod stacks;
 
 use std::collections::BTreeMap;
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 pub use idle::IdleFigures;
 pub use latency::LatencyFloor;
+pub use pools::PoolFigures;
 pub use stacks::StackFigures;
 
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +49,10 @@ impl BenchOptions {
         std::time::Duration::from_secs(if self.quick { 3 } else { 20 })
     }
 
+    fn pool_size(&self) -> usize {
+        if self.quick { 4 } else { 20 }
+    }
+
     /// (tenants, installs per tenant) of the stacks scenario.
     fn stack_load(&self) -> (usize, usize) {
         if self.quick { (2, 3) } else { (5, 10) }
@@ -65,6 +71,7 @@ pub struct Report {
     pub stacks: StackFigures,
     /// Requests per install divided by the minimum a correct install needs.
     pub requests_per_install_ratio: f64,
+    pub pools: PoolFigures,
     /// CDCs leased to two clusters at once (pool scenario); must be 0.
     pub double_leases: u64,
 }
@@ -108,6 +115,8 @@ pub async fn run(options: &BenchOptions) -> Result<Report, BenchError> {
     let (stack_tenants, installs) = options.stack_load();
     eprintln!("bench: {installs} StackInstalls in each of {stack_tenants} tenants");
     let stacks = stacks::measure(stack_tenants, installs, &latency_floor).await?;
+    eprintln!("bench: a pool of {} filled by two racing daemons", options.pool_size());
+    let pools = pools::measure(options.pool_size()).await?;
     Ok(Report {
         machine: Machine::here(),
         quick: options.quick,
@@ -116,7 +125,8 @@ pub async fn run(options: &BenchOptions) -> Result<Report, BenchError> {
         marginal_rss_per_tenant_mb,
         requests_per_install_ratio: stacks.requests_per_install / stacks.minimum_requests_per_install,
         stacks,
-        double_leases: 0,
+        double_leases: pools.double_leases,
+        pools,
     })
 }
 
@@ -226,6 +236,14 @@ pub fn table(report: &Report, baseline: Option<&Report>) -> String {
             s.events_per_install
         ),
     );
+    let p = &report.pools;
+    line(
+        &mut out,
+        format!(
+            "\npools: size {} filled by {} racing daemons in {:.2} s; lease conflicts {}; double leases {}",
+            p.size, p.daemons, p.fill_s, p.lease_conflicts, p.double_leases
+        ),
+    );
     if let Some(baseline) = baseline {
         line(&mut out, "\ncompared with the baseline (this / baseline):".into());
         let before = headline(baseline);
@@ -269,6 +287,13 @@ mod tests {
                 minimum_requests_per_install: 18.0,
             },
             requests_per_install_ratio: ratio,
+            pools: PoolFigures {
+                size: 2,
+                daemons: 2,
+                fill_s: 1.0,
+                lease_conflicts: 0,
+                double_leases: 0,
+            },
             double_leases: 0,
         }
     }

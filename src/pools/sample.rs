@@ -13,19 +13,31 @@ pub const POOL: &str = "vsphere-pool";
 
 /// Creates the sample objects (those that exist already are kept).
 pub async fn install(tenant: &Client) -> Result<(), kube::Error> {
+    install_pool(tenant, NAMESPACE, POOL, 2, &["foo", "bar", "baz"]).await
+}
+
+/// A vSphere pool `pool` of `size` in `namespace` (created if missing) with its Secrets and one
+/// ClusterDeploymentCustomization per name as its inventory (the benchmark sizes it).
+pub async fn install_pool(
+    tenant: &Client,
+    namespace: &str,
+    pool: &str,
+    size: i32,
+    customizations: &[&str],
+) -> Result<(), kube::Error> {
     let post = PostParams::default();
     let ignore_exists = |r: Result<(), kube::Error>| match r {
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
         other => other,
     };
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).expect("static");
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}})).expect("static");
     ignore_exists(
         Api::<Namespace>::all(tenant.clone())
             .create(&post, &ns)
             .await
             .map(|_| ()),
     )?;
-    let secrets = Api::<Secret>::namespaced(tenant.clone(), NAMESPACE);
+    let secrets = Api::<Secret>::namespaced(tenant.clone(), namespace);
     for secret in [
         json!({"metadata": {"name": "vsphere-credentials"}, "stringData": {"username": "admin", "password": "sample"}}),
         json!({"metadata": {"name": "pull-secret"}, "type": "kubernetes.io/dockerconfigjson",
@@ -36,25 +48,26 @@ pub async fn install(tenant: &Client) -> Result<(), kube::Error> {
         let secret: Secret = serde_json::from_value(secret).expect("static");
         ignore_exists(secrets.create(&post, &secret).await.map(|_| ()))?;
     }
-    let cdcs = Api::<ClusterDeploymentCustomization>::namespaced(tenant.clone(), NAMESPACE);
-    for (index, name) in ["foo", "bar", "baz"].iter().enumerate() {
+    let cdcs = Api::<ClusterDeploymentCustomization>::namespaced(tenant.clone(), namespace);
+    for (index, name) in customizations.iter().enumerate() {
         let cdc: ClusterDeploymentCustomization = serde_json::from_value(json!({
             "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterDeploymentCustomization",
             "metadata": {"name": name},
             "spec": {"installConfigPatches": [
                 {"op": "replace", "path": "/metadata/name", "value": name},
-                {"op": "add", "path": "/platform/vsphere/apiVIP", "value": format!("192.168.10.{}", 10 + 2 * index)},
-                {"op": "add", "path": "/platform/vsphere/ingressVIP", "value": format!("192.168.10.{}", 11 + 2 * index)},
+                {"op": "add", "path": "/platform/vsphere/apiVIP", "value": format!("192.168.{}.{}", 10 + index / 100, 2 * (index % 100) + 10)},
+                {"op": "add", "path": "/platform/vsphere/ingressVIP", "value": format!("192.168.{}.{}", 10 + index / 100, 2 * (index % 100) + 11)},
             ]},
         }))
         .expect("static");
         ignore_exists(cdcs.create(&post, &cdc).await.map(|_| ()))?;
     }
+    let inventory: Vec<serde_json::Value> = customizations.iter().map(|name| json!({"name": name})).collect();
     let pool: ClusterPool = serde_json::from_value(json!({
         "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterPool",
-        "metadata": {"name": POOL},
+        "metadata": {"name": pool},
         "spec": {
-            "size": 2,
+            "size": size,
             "baseDomain": "vsphere.example.com",
             "installerImage": "quay.io/example/installer:4.14",
             "installConfigSecretTemplateRef": {"name": "install-config-template"},
@@ -63,12 +76,12 @@ pub async fn install(tenant: &Client) -> Result<(), kube::Error> {
                 "credentialsSecretRef": {"name": "vsphere-credentials"},
                 "vCenter": "vcenter.example.com", "datacenter": "dc1", "defaultDatastore": "datastore1",
             }},
-            "inventory": [{"name": "foo"}, {"name": "bar"}, {"name": "baz"}],
+            "inventory": inventory,
         },
     }))
     .expect("static");
     ignore_exists(
-        Api::<ClusterPool>::namespaced(tenant.clone(), NAMESPACE)
+        Api::<ClusterPool>::namespaced(tenant.clone(), namespace)
             .create(&post, &pool)
             .await
             .map(|_| ()),

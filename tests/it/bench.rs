@@ -46,6 +46,8 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
         assert!(figures["watches_per_tenant"].as_f64().unwrap() > 0.0);
     }
     assert!(report["stacks"]["installs"].as_u64().unwrap() > 0);
+    assert_eq!(report["pools"]["double_leases"], 0);
+    assert!(report["pools"]["fill_s"].as_f64().unwrap() > 0.0);
     assert!(report["latency_floor"]["rtt_ms_p50"].as_f64().unwrap() > 0.0);
     let written: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&saved).expect("--out file")).expect("saved JSON");
@@ -63,6 +65,7 @@ fn chaos_keeps_its_invariants_on_several_seeds() {
         assert_eq!(report["orphans"].as_array().map(Vec::len), Some(0), "{report:#}");
         assert_eq!(report["stuck"].as_array().map(Vec::len), Some(0), "{report:#}");
         assert_eq!(report["double_leases"], 0);
+        assert_eq!(report["pool_filled"], true, "{report:#}");
         let faults: u64 = report["faults"]
             .as_object()
             .unwrap()
