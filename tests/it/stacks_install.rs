@@ -142,7 +142,10 @@ fn write_packages(dir: &Path) {
         "  versions:\n  - name: v1beta1\n    served: true\n    storage: false\n    schema:\n      openAPIV3Schema:\n        type: object\n        x-kubernetes-preserve-unknown-fields: true\n",
     );
     assert_ne!(next, crd, "the sample CRD changed shape");
-    variant("sample-stack-next", &install, &next);
+    // ... and its controller runs with other arguments, so its Deployment rolls.
+    let next_install = install.replace("--sync=1h", "--sync=30m");
+    assert_ne!(next_install, install, "the sample install.yaml changed shape");
+    variant("sample-stack-next", &next_install, &next);
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -785,6 +788,18 @@ async fn changing_the_package_upgrades_job_crds_and_stack() {
         .expect("crd");
     let versions: Vec<&str> = crd.spec.versions.iter().map(|v| v.name.as_str()).collect();
     assert_eq!(versions, ["v1beta1", "v1alpha1"], "the CRD was not updated");
+    // The controller Deployment on the host rolls to the new package's spec.
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(fleet.host_client.clone(), "tenant-acme-controllers");
+    wait_until("the Deployment rolled", Duration::from_secs(20), &daemon, || {
+        let deployments = deployments.clone();
+        async move {
+            let deployment = deployments.get_opt("team-a.sample").await.ok()??;
+            let args = deployment.spec?.template.spec?.containers.first()?.args.clone()?;
+            args.contains(&"--sync=30m".to_string()).then_some(())
+        }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
