@@ -114,3 +114,15 @@ fn with_max_name_length(mut crd: CustomResourceDefinition, max: usize) -> Custom
     }
     crd
 }
+
+/// True once the API server serves a CRD (its `Established` condition is True).
+pub fn is_established(crd: &CustomResourceDefinition) -> bool {
+    crd.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        })
+}

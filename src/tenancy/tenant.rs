@@ -19,6 +19,7 @@ use tracing::{info, warn};
 
 use super::directory::TenantFile;
 use super::endpoint::{EndpointError, TenantEndpoint};
+use crate::api::crds::is_established;
 use crate::daemon::Shared;
 use crate::host::labels::tenant_selector;
 use crate::host::namespace::{self, NamespaceError};
@@ -352,15 +353,4 @@ fn crd_health(crds: &[Arc<CustomResourceDefinition>], required: &BTreeSet<String
             missing.join(", ")
         ))
     }
-}
-
-fn is_established(crd: &CustomResourceDefinition) -> bool {
-    crd.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-        })
 }

@@ -592,16 +592,11 @@ async fn install_failures_are_clear_and_create_nothing() {
         ),
         ("two-stacks", "examples/two-stacks:v1", "InvalidPackage", "2 Stacks"),
         ("unexpected", "examples/configmap:v1", "InvalidPackage", "ConfigMap"),
-        (
-            "hostpath",
-            "examples/hostpath-stack:v1",
-            "UnsafeControllerPod",
-            "hostPath",
-        ),
+        ("hostpath", "examples/hostpath-stack:v1", "PodSpecRefused", "hostPath"),
         (
             "privileged",
             "examples/privileged-stack:v1",
-            "UnsafeControllerPod",
+            "PodSpecRefused",
             "privileged",
         ),
         (

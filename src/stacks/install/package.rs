@@ -3,15 +3,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::apps::v1::DeploymentSpec;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::PostParams;
 use kube::{Api, Resource, ResourceExt};
 
+use crate::api::crds::is_established;
 use crate::api::stacks::{PermissionScope, Stack};
+use crate::stacks::crd_parent_label;
+use crate::stacks::stack::deployment as stack_deployment;
 use crate::stacks::stream::PackageContents;
-use crate::stacks::{crd_parent_label, pod_policy};
 
 /// Label on tenant CRDs that a stack install created: only these are ever deleted by stackd.
 pub const MANAGED_CRD_LABEL: &str = "stacks.stackd.dev/managed";
@@ -28,10 +29,8 @@ pub enum PackageError {
         kind: String,
         other: &'static str,
     },
-    #[error("the package's controller deployment spec is not a valid DeploymentSpec: {0}")]
-    BadDeployment(String),
-    #[error("{0}")]
-    UnsafePod(String),
+    #[error("the package's {0}")]
+    Controller(stack_deployment::SpecError),
     #[error(
         "the package's CRD {name} would stop serving version(s) {dropped} that the tenant's existing CRD serves; keep those versions in the package (or remove the old CRD by hand)"
     )]
@@ -46,7 +45,7 @@ impl PackageError {
     pub fn reason(&self) -> &'static str {
         match self {
             PackageError::WrongScope { .. } => "PermissionScopeMismatch",
-            PackageError::BadDeployment(_) | PackageError::UnsafePod(_) => "UnsafeControllerPod",
+            PackageError::Controller(err) => err.reason(),
             PackageError::DropsServedVersion { .. } => "CRDConflict",
             PackageError::CrdTerminating(_) => "CRDTerminating",
         }
@@ -83,18 +82,10 @@ pub fn check(
         });
     }
     if let Some(deployment) = &contents.stack.spec.controller.deployment {
-        let spec: DeploymentSpec =
-            serde_json::from_value(deployment.spec.clone()).map_err(|e| PackageError::BadDeployment(e.to_string()))?;
+        // The same rules the Stack controller applies, so a refused pod is refused before anything exists.
+        let spec = stack_deployment::parse(&deployment.spec).map_err(PackageError::Controller)?;
         if !pass_full_deployment {
-            let violations = spec
-                .template
-                .spec
-                .as_ref()
-                .map(pod_policy::violations)
-                .unwrap_or_default();
-            if !violations.is_empty() {
-                return Err(PackageError::UnsafePod(pod_policy::refusal(&violations)));
-            }
+            stack_deployment::check_safe(&spec).map_err(PackageError::Controller)?;
         }
     }
     for crd in &contents.crds {
@@ -218,17 +209,6 @@ pub fn not_established(
         .map(|crd| crd.name_any())
         .filter(|name| !existing_crds.get(name).is_some_and(|crd| is_established(crd)))
         .collect()
-}
-
-pub fn is_established(crd: &CustomResourceDefinition) -> bool {
-    crd.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-        })
 }
 
 /// The Stack as the install wants it: the package's, at the install's namespace and name, controlled

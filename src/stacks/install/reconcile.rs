@@ -58,7 +58,8 @@ const WARNINGS: &[&str] = &[
     "InstallJobFailed",
     "InvalidPackage",
     "PermissionScopeMismatch",
-    "UnsafeControllerPod",
+    "PodSpecRefused",
+    "InvalidDeploymentSpec",
     "CRDConflict",
     "CRDTerminating",
     "HostObjectConflict",
@@ -133,16 +134,19 @@ async fn apply<K: InstallKind>(install: &K, ctx: &InstallContext) -> Result<(Act
         report.install_job = Some(job_ref.clone());
         report
     };
+    let started = |outcome: Result<(), Report>| match outcome {
+        Ok(()) => with_job(Report::waiting(
+            "InstallJobRunning",
+            format!("install Job {job_name} is unpacking {package}"),
+        )),
+        Err(report) => report,
+    };
 
     let Some(observed) = observed else {
-        let report = match start_job(install, ctx, &parent, 1).await? {
-            Ok(()) => with_job(Report::waiting(
-                "InstallJobRunning",
-                format!("install Job {job_name} is unpacking {package}"),
-            )),
-            Err(report) => report,
-        };
-        return Ok((Action::requeue(SAFETY_NET), Some(report)));
+        return Ok((
+            Action::requeue(SAFETY_NET),
+            Some(started(start_job(install, ctx, &parent, 1).await?)),
+        ));
     };
     if observed.metadata.deletion_timestamp.is_some() {
         // The old Job is going away (an upgrade or a retry); its deletion event brings us back.
@@ -168,14 +172,10 @@ async fn apply<K: InstallKind>(install: &K, ctx: &InstallContext) -> Result<(Act
             format!("package changed to {package}; replacing the install Job"),
         )
         .await;
-        let report = match start_job(install, ctx, &parent, 1).await? {
-            Ok(()) => with_job(Report::waiting(
-                "InstallJobRunning",
-                format!("install Job {job_name} is unpacking {package}"),
-            )),
-            Err(report) => report,
-        };
-        return Ok((Action::requeue(SAFETY_NET), Some(report)));
+        return Ok((
+            Action::requeue(SAFETY_NET),
+            Some(started(start_job(install, ctx, &parent, 1).await?)),
+        ));
     }
 
     match job::state(&observed) {
