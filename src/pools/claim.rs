@@ -20,11 +20,14 @@ use super::pool::{Bucket, PoolError, Round, created};
 use super::{is_conflict, is_not_found, publish, reflect};
 use crate::api::pools::{ClusterClaim, ClusterClaimStatus, ClusterDeployment, ClusterPool, ClusterPoolSpec};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
+use crate::runtime::readiness::Readiness;
 use crate::tenancy::tenant::TenantContext;
 
 struct Ctx {
     tenant: Arc<TenantContext>,
     pools: Store<ClusterPool>,
+    /// Resolves once `pools` is filled.
+    pools_filled: Readiness,
 }
 
 /// Reports claims whose pool does not exist (the pool controller handles every other claim).
@@ -32,7 +35,15 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     let (pools, pool_stream) = reflect(Api::<ClusterPool>::all(context.client.clone()), Default::default());
     let (claims, claim_stream) = reflect(Api::<ClusterClaim>::all(context.client.clone()), Default::default());
     let claims_of_pool = claims.clone();
-    let ctx = Arc::new(Ctx { tenant: context, pools });
+    let pools_filled = {
+        let pools = pools.clone();
+        Readiness::after(async move { pools.wait_until_ready().await.is_ok() })
+    };
+    let ctx = Arc::new(Ctx {
+        tenant: context,
+        pools,
+        pools_filled,
+    });
     let shutdown = cancel.clone();
     Controller::for_stream(claim_stream, claims)
         .watches_stream(pool_stream, move |pool: ClusterPool| {
@@ -57,7 +68,7 @@ fn error_policy(claim: Arc<ClusterClaim>, err: &kube::Error, ctx: Arc<Ctx>) -> A
 }
 
 async fn reconcile(claim: Arc<ClusterClaim>, ctx: Arc<Ctx>) -> Result<Action, kube::Error> {
-    if ctx.pools.wait_until_ready().await.is_err() || claim.metadata.deletion_timestamp.is_some() {
+    if !ctx.pools_filled.wait().await || claim.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
     let ns = claim.namespace().unwrap_or_default();

@@ -39,6 +39,7 @@ use crate::api::pools::{
 };
 use crate::runtime::conditions::{DesiredCondition, is_true, set_condition};
 use crate::runtime::metrics::{Metrics, PoolLabels};
+use crate::runtime::readiness::Readiness;
 use crate::tenancy::tenant::TenantContext;
 
 type Cdc = ClusterDeploymentCustomization;
@@ -68,6 +69,8 @@ pub(super) struct Ctx {
     cdcs: Store<Cdc>,
     claims: Store<ClusterClaim>,
     namespaces: Store<Namespace>,
+    /// Resolves once the four caches above are filled.
+    caches_filled: Readiness,
     expectations: Mutex<HashMap<String, Expectations>>,
     /// The last status this controller wrote per pool, with the resourceVersion it produced: until
     /// the cache shows that version, the cached status is older than what we know.
@@ -85,12 +88,22 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
         Api::<Namespace>::all(client),
         watcher::Config::default().labels(POOL_NAME_LABEL),
     );
+    let caches_filled = {
+        let (cds, cdcs, claims, namespaces) = (cds.clone(), cdcs.clone(), claims.clone(), namespaces.clone());
+        Readiness::after(async move {
+            cds.wait_until_ready().await.is_ok()
+                && cdcs.wait_until_ready().await.is_ok()
+                && claims.wait_until_ready().await.is_ok()
+                && namespaces.wait_until_ready().await.is_ok()
+        })
+    };
     let ctx = Arc::new(Ctx {
         tenant: context,
         cds,
         cdcs,
         claims,
         namespaces,
+        caches_filled,
         expectations: Mutex::default(),
         written: Mutex::default(),
     });
@@ -272,15 +285,10 @@ async fn reconcile(pool: Arc<ClusterPool>, ctx: Arc<Ctx>) -> Result<Action, Pool
     let tenant = &ctx.tenant;
     let labels = Metrics::controller(&tenant.name, "clusterpool");
     tenant.shared.metrics.reconciles.get_or_create(&labels).inc();
-    for ready in [
-        ctx.cds.wait_until_ready().await.is_ok(),
-        ctx.cdcs.wait_until_ready().await.is_ok(),
-        ctx.claims.wait_until_ready().await.is_ok(),
-        ctx.namespaces.wait_until_ready().await.is_ok(),
-    ] {
-        if !ready {
-            return Ok(Action::await_change());
-        }
+    // Concurrent reconciles must not await `Store::wait_until_ready` themselves: it wakes only its
+    // last waiter (see runtime::readiness).
+    if !ctx.caches_filled.wait().await {
+        return Ok(Action::await_change());
     }
     let Ok(_permit) = tenant.reconcile_permits.acquire().await else {
         return Ok(Action::await_change());
