@@ -126,3 +126,27 @@ pub fn is_established(crd: &CustomResourceDefinition) -> bool {
                 .any(|c| c.type_ == "Established" && c.status == "True")
         })
 }
+
+/// Drops what a cached CRD does not need (per-version schemas, managed fields, kubectl's
+/// last-applied copy): they are most of its size, and every tenant caches every CRD it serves.
+/// Callers that compare specs use [`SPEC_HASH_ANNOTATION`] instead.
+pub fn slim(crd: &mut CustomResourceDefinition) {
+    for version in &mut crd.spec.versions {
+        version.schema = None;
+    }
+    crd.metadata.managed_fields = None;
+    if let Some(annotations) = crd.metadata.annotations.as_mut() {
+        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+/// Annotation on a CRD stackd wrote: the SHA-256 of the spec it wrote, so a slim cached copy can
+/// be compared with a package's CRD.
+pub const SPEC_HASH_ANNOTATION: &str = "stacks.stackd.dev/spec-sha256";
+
+/// The value of [`SPEC_HASH_ANNOTATION`] for `crd`'s spec.
+pub fn spec_hash(crd: &CustomResourceDefinition) -> String {
+    use sha2::{Digest, Sha256};
+    let bytes = serde_json::to_vec(&crd.spec).unwrap_or_default();
+    hex::encode(Sha256::digest(&bytes))
+}

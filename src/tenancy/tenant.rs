@@ -292,9 +292,8 @@ async fn orphan_sweeper(context: Arc<TenantContext>, cancel: CancellationToken) 
 async fn crd_monitor(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
     let api: Api<CustomResourceDefinition> = Api::all(context.client.clone());
     let (store, writer) = reflector::store();
-    let mut events = reflector(writer, watcher(api, watcher::Config::default()))
-        .default_backoff()
-        .boxed();
+    let crds = watcher(api, watcher::Config::default()).modify(crate::api::crds::slim);
+    let mut events = reflector(writer, crds).default_backoff().boxed();
     let required = required_crds();
     let tenant_labels = Metrics::tenant(&context.name);
     let shared = &context.shared;

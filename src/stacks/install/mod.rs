@@ -116,7 +116,7 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
     let (crds, crds_writer) = reflector::store();
     let crd_events = reflector::reflector(
         crds_writer,
-        watcher(Api::all(context.client.clone()), watcher::Config::default()),
+        watcher(Api::all(context.client.clone()), watcher::Config::default()).modify(crate::api::crds::slim),
     )
     .default_backoff()
     .applied_objects();

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::PostParams;
 use kube::{Api, Resource, ResourceExt};
 
-use crate::api::crds::is_established;
+use crate::api::crds::{SPEC_HASH_ANNOTATION, is_established, spec_hash};
 use crate::api::stacks::{PermissionScope, Stack};
 use crate::stacks::crd_parent_label;
 use crate::stacks::stack::deployment as stack_deployment;
@@ -151,13 +151,18 @@ pub fn desired_crd(
     }
     labels.insert(crd_parent_label(namespace, stack), "true".into());
     desired.metadata.labels = Some(labels);
-    desired.metadata.annotations = crd.metadata.annotations.clone();
+    let mut annotations = crd.metadata.annotations.clone().unwrap_or_default();
+    annotations.insert(SPEC_HASH_ANNOTATION.into(), spec_hash(crd));
+    desired.metadata.annotations = Some(annotations);
     desired
 }
 
-/// True when `existing` already is `desired` as far as stackd cares (spec and labels).
+/// True when `existing` (a slim cached copy) already is `desired` as far as stackd cares: the
+/// spec it wrote (by hash) and every label.
 pub fn crd_up_to_date(existing: &CustomResourceDefinition, desired: &CustomResourceDefinition) -> bool {
-    crate::host::apply::contains(existing, desired)
+    let same_spec = existing.annotations().get(SPEC_HASH_ANNOTATION) == desired.annotations().get(SPEC_HASH_ANNOTATION);
+    let labels = existing.labels();
+    same_spec && desired.labels().iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
 /// What applying the CRDs did.

@@ -160,7 +160,12 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
     let (cluster_roles, cr_events) = watch(Api::all(tenant.clone()), ours.clone());
     let (role_bindings, rb_events) = watch(Api::all(tenant.clone()), ours.clone());
     let (cluster_role_bindings, crb_events) = watch(Api::all(tenant.clone()), ours);
-    let (crds, crd_events) = watch(Api::all(tenant.clone()), watcher::Config::default());
+    let (crds, crd_events) = {
+        let (store, writer) = reflector::store();
+        let crds = watcher(Api::all(tenant.clone()), watcher::Config::default()).modify(crate::api::crds::slim);
+        let events = reflector(writer, crds).default_backoff().touched_objects();
+        (store, events)
+    };
     let (deployments, dep_events) = watch(Api::namespaced(host.clone(), &host_ns), context.host_watch_config());
     let (host_secrets, hs_events) = watch(Api::namespaced(host, &host_ns), context.host_watch_config());
 
