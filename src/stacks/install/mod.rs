@@ -177,7 +177,8 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
     run_controller(run, &cancel, || is_filled(&main_store)).await;
 }
 
-/// True once a store completed its first list.
+/// True once a store completed its first list. Only asked at shutdown: polling the store's ready
+/// future replaces the waker of anyone else awaiting it (see runtime::readiness).
 fn is_filled<K: kube::Resource + Clone + 'static>(store: &Store<K>) -> bool
 where
     K::DynamicType: std::hash::Hash + Eq + Clone,
