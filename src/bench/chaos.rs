@@ -327,29 +327,15 @@ async fn orphans(fleet: &Fleet) -> Vec<String> {
         let namespace = format!("tenant-{tenant}-controllers");
         let params = ListParams::default().labels(PARENT_KIND_LABEL);
         let mut objects: Vec<(String, std::collections::BTreeMap<String, String>)> = Vec::new();
-        if let Ok(list) = Api::<Job>::namespaced(host.clone(), &namespace).list(&params).await {
-            objects.extend(
-                list.items
-                    .into_iter()
-                    .map(|o| (format!("Job {}", o.name_any()), o.annotations().clone())),
-            );
-        }
-        if let Ok(list) = Api::<Secret>::namespaced(host.clone(), &namespace).list(&params).await {
-            objects.extend(
-                list.items
-                    .into_iter()
-                    .map(|o| (format!("Secret {}", o.name_any()), o.annotations().clone())),
-            );
-        }
-        if let Ok(list) = Api::<Deployment>::namespaced(host.clone(), &namespace)
-            .list(&params)
-            .await
-        {
-            objects.extend(
-                list.items
-                    .into_iter()
-                    .map(|o| (format!("Deployment {}", o.name_any()), o.annotations().clone())),
-            );
+        for kind in host_kinds() {
+            let api: Api<DynamicObject> = Api::namespaced_with(host.clone(), &namespace, &kind);
+            if let Ok(list) = api.list_metadata(&params).await {
+                objects.extend(
+                    list.items
+                        .into_iter()
+                        .map(|o| (format!("{} {}", kind.kind, o.name_any()), o.annotations().clone())),
+                );
+            }
         }
         let client = server.client().await;
         for (what, annotations) in objects {
@@ -379,6 +365,21 @@ async fn orphans(fleet: &Fleet) -> Vec<String> {
         }
     }
     found
+}
+
+/// Every host kind stackd creates for tenant objects.
+fn host_kinds() -> Vec<ApiResource> {
+    use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    vec![
+        ApiResource::erase::<Job>(&()),
+        ApiResource::erase::<Secret>(&()),
+        ApiResource::erase::<Deployment>(&()),
+        ApiResource::erase::<ServiceAccount>(&()),
+        ApiResource::erase::<Role>(&()),
+        ApiResource::erase::<RoleBinding>(&()),
+        ApiResource::erase::<ConfigMap>(&()),
+    ]
 }
 
 /// The tenant kind a host object's parent annotation names.
