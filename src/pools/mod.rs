@@ -5,6 +5,7 @@
 pub mod claim;
 mod create;
 pub mod deployment;
+pub mod failure_domains;
 pub mod install_config;
 pub mod inventory;
 pub mod pool;

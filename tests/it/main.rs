@@ -20,7 +20,7 @@ mod examples;
 mod fidelity;
 mod harness;
 mod kubectl;
+mod pools;
 mod stacks_install;
 mod stacks_stack;
-mod pools;
 mod sweep;
