@@ -165,14 +165,17 @@ pub fn record_hash(records: &[MachineFailureDomain]) -> String {
 /// storage zones in machine order.
 pub fn render_openstack(config: &mut Value, spec: &ClusterPoolSpec, records: &[MachineFailureDomain]) {
     let masters: Vec<&MachineFailureDomain> = records.iter().filter(|r| r.role == HostRole::Master).collect();
+    // Zones go by machine index: a list is rendered only when every machine has its zone.
     let compute: Vec<&str> = masters
         .iter()
-        .filter_map(|r| r.compute_availability_zone.as_deref())
-        .collect();
+        .map(|r| r.compute_availability_zone.as_deref())
+        .collect::<Option<_>>()
+        .unwrap_or_default();
     let storage: Vec<&str> = masters
         .iter()
-        .filter_map(|r| r.storage_availability_zone.as_deref())
-        .collect();
+        .map(|r| r.storage_availability_zone.as_deref())
+        .collect::<Option<_>>()
+        .unwrap_or_default();
     let root_volume = spec.control_plane.as_ref().and_then(|c| c.root_volume.as_ref());
     if compute.is_empty() && root_volume.is_none() {
         return;

@@ -18,7 +18,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use serde_json::json;
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -27,15 +27,17 @@ use super::claim;
 use super::create::{cluster_name, create_cluster, read_inputs};
 use super::install_config;
 use super::inventory::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX};
+use super::machines::{self, MachinePlan};
 use super::repair;
 use super::status::{entry_statuses, record_metrics};
 use super::{
     CDC_GENERATION_ANNOTATION, POOL_FINALIZER, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, POOL_VERSION_ANNOTATION,
     cdc_finalizer, is_conflict, is_not_found, publish, reflect, set_finalizers,
 };
+use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{
     ClusterClaim, ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus,
-    InventoryEntryState,
+    FailureDomainStatus, InventoryEntryState, MachineFailureDomain,
 };
 use crate::runtime::conditions::{DesiredCondition, is_true, set_condition};
 use crate::runtime::metrics::{Metrics, PoolLabels};
@@ -68,7 +70,10 @@ pub(super) struct Ctx {
     cdcs: Store<Cdc>,
     claims: Store<ClusterClaim>,
     namespaces: Store<Namespace>,
+    pub(super) assets: Store<BareMetalAsset>,
     expectations: Mutex<HashMap<String, Expectations>>,
+    /// Failure-domain records planned for new clusters, until their status shows them.
+    pub(super) records: Mutex<HashMap<String, Vec<MachineFailureDomain>>>,
     /// The last status this controller wrote per pool, with the resourceVersion it produced: until
     /// the cache shows that version, the cached status is older than what we know.
     pub(super) written: Mutex<HashMap<String, (u64, ClusterPoolStatus)>>,
@@ -82,19 +87,23 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     let (cdcs, cdc_stream) = reflect(Api::<Cdc>::all(client.clone()), Default::default());
     let (claims, claim_stream) = reflect(Api::<ClusterClaim>::all(client.clone()), Default::default());
     let (namespaces, ns_stream) = reflect(
-        Api::<Namespace>::all(client),
+        Api::<Namespace>::all(client.clone()),
         watcher::Config::default().labels(POOL_NAME_LABEL),
     );
+    let (assets, asset_stream) = reflect(Api::<BareMetalAsset>::all(client.clone()), Default::default());
     let ctx = Arc::new(Ctx {
         tenant: context,
         cds,
         cdcs,
         claims,
         namespaces,
+        assets,
         expectations: Mutex::default(),
+        records: Mutex::default(),
         written: Mutex::default(),
     });
     let pools_of_cdc = pools.clone();
+    let pools_of_asset = pools.clone();
     let shutdown = cancel.clone();
     Controller::for_stream(pool_stream, pools)
         .watches_stream(cd_stream, |cd: ClusterDeployment| {
@@ -120,6 +129,16 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
                         || holder.as_deref() == Some(name.as_str())
                         || cdc.finalizers().contains(&cdc_finalizer(&name))
                 })
+                .map(|p| ObjectRef::from_obj(&*p))
+                .collect::<Vec<_>>()
+        })
+        // Assets feed the failure domains and hosts of the baremetal pools in their namespace.
+        .watches_stream(asset_stream, move |asset: BareMetalAsset| {
+            let ns = asset.namespace().unwrap_or_default();
+            pools_of_asset
+                .state()
+                .into_iter()
+                .filter(|p| p.namespace().as_deref() == Some(ns.as_str()) && p.spec.platform.baremetal.is_some())
                 .map(|p| ObjectRef::from_obj(&*p))
                 .collect::<Vec<_>>()
         })
@@ -453,8 +472,12 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
         (Bucket::Released, "its claim was deleted"),
         (Bucket::Broken, "its install failed installAttemptsLimit times"),
     ] {
-        let mut victims: Vec<&Arc<ClusterDeployment>> =
-            cds.iter().filter(|cd| buckets[&cd.name_any()] == wanted).collect();
+        // A cluster stopped on its machine spec would be rebuilt identically: it stays (and says
+        // why) until the pool's configuration changes and makes it stale.
+        let mut victims: Vec<&Arc<ClusterDeployment>> = cds
+            .iter()
+            .filter(|cd| buckets[&cd.name_any()] == wanted && !invalid_machine_spec(cd))
+            .collect();
         victims.sort_by_key(|cd| created(cd));
         for cd in victims {
             if room <= 0 {
@@ -574,6 +597,9 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
     // What the inventory can back for unclaimed clusters once deletions finish.
     let capacity = (backing - held_by_claims).max(0);
     let wanted = i64::from(pool.spec.size) + pending_claims;
+    let assets = machines::pool_assets(pool, ctx);
+    let domains = machines::domains(pool, &assets);
+    let mut usage = machines::usage(ctx, &cds, &expected_created);
     let target = if pool.spec.inventory.is_some() {
         wanted.min((backing - held_elsewhere).max(0))
     } else {
@@ -601,7 +627,11 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
     if drift < 0 {
         let to_add = (-drift).min(size_room).min(room);
         if to_add > 0 {
-            add_clusters(pool, ctx, &version, to_add, free, &mut round).await?;
+            let placement = Placement {
+                domains: &domains,
+                usage: &mut usage,
+            };
+            add_clusters(pool, ctx, &version, to_add, free, placement, &mut round).await?;
         }
     } else if drift > 0 && room > 0 {
         // Excess: installing ones (newest first), then ready ones (newest first).
@@ -689,6 +719,7 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
     status.standby = installing_now;
     status.platform = pool.spec.platform.name().map(String::from);
     status.observed_generation = pool.metadata.generation;
+    status.failure_domains = domains.clone();
     status.inventory = entry_statuses(
         &base_status,
         &inventory,
@@ -794,6 +825,23 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
             "The pool can add clusters".into(),
         );
     }
+    if pool.spec.platform.vsphere.is_some() {
+        if domains.is_empty() {
+            set(
+                "FailureDomainsUnsupported",
+                false,
+                "NoFailureDomains",
+                "The pool defines no failure domains".into(),
+            );
+        } else {
+            set(
+                "FailureDomainsUnsupported",
+                true,
+                "FailureDomainsUnsupported",
+                "Failure domains are not supported on vSphere and are ignored; remove spec.failureDomains and spec.availabilityZones".into(),
+            );
+        }
+    }
     if stale.is_empty() {
         set(
             "AllClustersCurrent",
@@ -821,8 +869,15 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
         "Deleting the pool deletes its unclaimed clusters".into(),
     );
     if status != old_status {
+        let mut patch = json!({"status": status});
+        // A merge patch keeps map keys it does not mention: removed domains are sent as null.
+        for gone in old_status.failure_domains.keys() {
+            if !status.failure_domains.contains_key(gone) {
+                patch["status"]["failureDomains"][gone] = Value::Null;
+            }
+        }
         let written = pools
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
             .await?;
         if let Some(rv) = resource_version(&written) {
             let mut all = ctx.written.lock().unwrap_or_else(|p| p.into_inner());
@@ -880,12 +935,28 @@ async fn delete_cd(api: &Api<ClusterDeployment>, cd: &ClusterDeployment, why: &s
 }
 
 /// Adds up to `count` clusters (§4.3.2 order: name → lease → namespace, Secrets, ClusterDeployment).
+/// The pool's failure domains and their use so far, for placing new clusters' machines.
+pub(super) struct Placement<'a> {
+    pub(super) domains: &'a BTreeMap<String, FailureDomainStatus>,
+    pub(super) usage: &'a mut BTreeMap<String, usize>,
+}
+
+/// True when the cluster was stopped because its machines cannot be placed.
+fn invalid_machine_spec(cd: &ClusterDeployment) -> bool {
+    cd.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "ProvisionStopped" && c.status == "True" && c.reason == "InvalidMachineSpec")
+    })
+}
+
 async fn add_clusters(
     pool: &ClusterPool,
     ctx: &Ctx,
     version: &str,
     count: i64,
     mut free: Vec<(inventory::Rank, String)>,
+    placement: Placement<'_>,
     round: &mut Round,
 ) -> Result<(), PoolError> {
     let Some(inputs) = read_inputs(pool, ctx, round).await? else {
@@ -899,6 +970,8 @@ async fn add_clusters(
     for _ in 0..count {
         let cd_name = cluster_name(&name);
         let mut config = install_config::generate(&inputs.template, &pool.spec, &cd_name);
+        let mut usage = placement.usage.clone();
+        let plan: MachinePlan = machines::plan(pool, placement.domains, &mut usage, &mut config);
         let mut leased: Option<Cdc> = None;
         if pool.spec.inventory.is_some() {
             // Try entries in order until one applies and its lease write wins.
@@ -975,7 +1048,9 @@ async fn add_clusters(
                 .created
                 .insert(cd_name.clone(), Instant::now());
         }
-        if let Err(err) = create_cluster(pool, ctx, &inputs, &cd_name, version, &config, leased.as_ref()).await {
+        *placement.usage = usage;
+        machines::remember(ctx, &cd_name, &plan.records);
+        if let Err(err) = create_cluster(pool, ctx, &inputs, &cd_name, version, &config, leased.as_ref(), &plan).await {
             // Not coming: stop counting it. Its lease and namespace are repaired after the minimum age.
             let mut all = ctx.expectations.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(mine) = all.get_mut(&format!("{ns}/{name}")) {

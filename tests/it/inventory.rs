@@ -1,0 +1,405 @@
+//! Failure domains (DESIGN.md §6) and the bare-metal inventory (§5), issue 9, through the daemon
+//! binary against embedded host and tenant servers; the host's JobRunner plays the installer.
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Event, Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use stackd::api::inventory::BareMetalAsset;
+use stackd::api::pools::{ClusterDeployment, ClusterPool, MachineFailureDomain};
+use stackd::embedded::samples::{SampleImages, register_sample_runners};
+
+use crate::daemon::{Daemon, Fleet};
+
+const NS: &str = "team";
+const HOST_NS: &str = "tenant-acme-controllers";
+const INSTALLER: &str = "quay.io/example/installer:4.14";
+const WITHIN: Duration = Duration::from_secs(20);
+
+/// A host, tenant `acme` with the stackd CRDs, the pool's Secrets in namespace `team`.
+async fn setup() -> (Fleet, Client) {
+    let fleet = Fleet::start(&["acme"]).await;
+    register_sample_runners(&fleet.host().runners(), &SampleImages::new("stackd:dev"));
+    let tenant = fleet.tenants[0].1.as_ref().expect("tenant server").client().await;
+    let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
+    for crd in stackd::api::crds::all() {
+        crds.create(&PostParams::default(), &crd).await.expect("crd");
+    }
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).expect("ns");
+    Api::<Namespace>::all(tenant.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("namespace");
+    for secret in [
+        json!({"metadata": {"name": "creds"}, "stringData": {"clouds.yaml": "clouds: {}", "ssh-privatekey": "k"}}),
+        json!({"metadata": {"name": "pull"}, "stringData": {".dockerconfigjson": "{}"}}),
+    ] {
+        create_secret(&tenant, secret).await;
+    }
+    (fleet, tenant)
+}
+
+async fn create_secret(tenant: &Client, secret: Value) {
+    let secret: Secret = serde_json::from_value(secret).expect("secret");
+    Api::<Secret>::namespaced(tenant.clone(), NS)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("secret");
+}
+
+fn daemon(fleet: &Fleet) -> Daemon {
+    fleet.daemon(&["--lease-min-age", "2s", "--sweep-interval", "1h"])
+}
+
+fn pool_json(name: &str, size: i32, platform: Value) -> Value {
+    json!({
+        "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterPool",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "size": size,
+            "baseDomain": "example.com",
+            "installerImage": INSTALLER,
+            "pullSecretRef": {"name": "pull"},
+            "platform": platform,
+        },
+    })
+}
+
+fn openstack() -> Value {
+    json!({"openstack": {"credentialsSecretRef": {"name": "creds"}, "cloud": "mycloud"}})
+}
+
+async fn create_pool(tenant: &Client, pool: Value) {
+    let pool: ClusterPool = serde_json::from_value(pool).expect("pool");
+    pools(tenant)
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("create pool");
+}
+
+fn pools(tenant: &Client) -> Api<ClusterPool> {
+    Api::namespaced(tenant.clone(), NS)
+}
+
+async fn pool(tenant: &Client, name: &str) -> ClusterPool {
+    pools(tenant).get(name).await.expect("get pool")
+}
+
+/// The pool's ClusterDeployments, live ones only.
+async fn cds(tenant: &Client, pool: &str) -> Vec<ClusterDeployment> {
+    Api::<ClusterDeployment>::all(tenant.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("list cds")
+        .items
+        .into_iter()
+        .filter(|cd| cd.spec.cluster_pool_ref.as_ref().is_some_and(|r| r.pool_name == pool))
+        .filter(|cd| cd.metadata.deletion_timestamp.is_none())
+        .collect()
+}
+
+fn condition_of(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+    type_: &str,
+) -> Option<(String, String, String)> {
+    conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+fn pool_condition(pool: &ClusterPool, type_: &str) -> Option<(String, String, String)> {
+    condition_of(&pool.status.clone().unwrap_or_default().conditions, type_)
+}
+
+fn cd_condition(cd: &ClusterDeployment, type_: &str) -> Option<(String, String, String)> {
+    condition_of(&cd.status.clone().unwrap_or_default().conditions, type_)
+}
+
+fn records(cd: &ClusterDeployment) -> Vec<MachineFailureDomain> {
+    cd.status.clone().unwrap_or_default().failure_domains
+}
+
+fn domains_of(cd: &ClusterDeployment) -> Vec<String> {
+    records(cd).into_iter().map(|r| r.name).collect()
+}
+
+async fn install_config(tenant: &Client, cd: &str) -> Value {
+    let secret = Api::<Secret>::namespaced(tenant.clone(), cd)
+        .get(&format!("{cd}-install-config"))
+        .await
+        .expect("install-config secret");
+    let data = secret.data.unwrap_or_default();
+    serde_saphyr::from_str(&String::from_utf8(data["install-config.yaml"].0.clone()).expect("utf-8")).expect("yaml")
+}
+
+async fn events(tenant: &Client, namespace: &str, object: &str) -> Vec<(String, String)> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(tenant.clone(), namespace);
+    let core: Api<Event> = Api::namespaced(tenant.clone(), namespace);
+    let mut out: Vec<(String, String)> = api
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(object))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect();
+    out.extend(
+        core.list(&ListParams::default())
+            .await
+            .map(|l| l.items)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.involved_object.name.as_deref() == Some(object))
+            .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default())),
+    );
+    out
+}
+
+/// Polls `check` until it holds, failing with the daemon's log after `within`.
+async fn until<F, Fut>(what: &str, daemon: &Daemon, within: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; daemon log:\n{}",
+            daemon.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls `find` until it returns something, failing with the daemon's log after `within`.
+async fn found<T, F, Fut>(what: &str, daemon: &Daemon, within: Duration, mut find: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(value) = find().await {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; daemon log:\n{}",
+            daemon.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn openstack_domains_pool(name: &str, size: i32) -> Value {
+    let mut pool = pool_json(name, size, openstack());
+    pool["spec"]["availabilityZones"] = json!(["fd-a", "az9"]);
+    pool["spec"]["controlPlaneOmitAvailabilityZone"] = json!(true);
+    pool["spec"]["failureDomains"] = json!([
+        {"name": "fd-a", "computeAvailabilityZone": "nova-a", "storageAvailabilityZone": "cinder-a",
+         "ports": [{"tags": ["domain-a"]}]},
+        {"name": "fd-b", "computeAvailabilityZone": "nova-b", "storageAvailabilityZone": "cinder-b"},
+        {"name": "fd-c", "machinePlacement": "NoControlPlane", "computeAvailabilityZone": "nova-c"},
+    ]);
+    pool["spec"]["controlPlane"] = json!({"replicas": 3, "rootVolume": {"size": 50}, "ports": [{"tags": ["pool"]}]});
+    pool
+}
+
+/// §6: the pool's domains (discovered, omitted, overridden, NoControlPlane), three control-plane
+/// machines over two eligible domains as 2+1 with the second cluster leaning the other way, the
+/// records with domain ports first, the OpenStack zones in machine order, and the frozen record:
+/// unchanged by a pool edit, restored after a user edit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openstack_control_planes_spread_over_failure_domains_and_keep_their_record() {
+    let (fleet, tenant) = setup().await;
+    create_pool(&tenant, openstack_domains_pool("os", 2)).await;
+    let daemon = daemon(&fleet);
+    until("two clusters with their records", &daemon, WITHIN, || async {
+        let all = cds(&tenant, "os").await;
+        all.len() == 2 && all.iter().all(|cd| records(cd).len() == 3)
+    })
+    .await;
+
+    let status = pool(&tenant, "os").await.status.unwrap_or_default();
+    let domains: Vec<(String, bool, String)> = status
+        .failure_domains
+        .iter()
+        .map(|(n, d)| {
+            let kind = serde_json::to_value(d.domain_type).unwrap();
+            (n.clone(), d.control_plane, kind.as_str().unwrap().to_string())
+        })
+        .collect();
+    assert_eq!(
+        domains,
+        [
+            ("az9".to_string(), false, "AvailabilityZone".to_string()),
+            ("fd-a".to_string(), true, "Cluster".to_string()),
+            ("fd-b".to_string(), true, "Cluster".to_string()),
+            ("fd-c".to_string(), false, "Cluster".to_string()),
+        ],
+        "discovered az9 is omitted; the explicit fd-a overrides the discovered one, flag and type"
+    );
+
+    let all = cds(&tenant, "os").await;
+    let spreads: BTreeSet<Vec<String>> = all.iter().map(domains_of).collect();
+    let expected: BTreeSet<Vec<String>> = [["fd-a", "fd-b", "fd-a"], ["fd-b", "fd-a", "fd-b"]]
+        .iter()
+        .map(|s| s.iter().map(|x| x.to_string()).collect())
+        .collect();
+    assert_eq!(spreads, expected, "2+1, the second cluster toward the less used domain");
+    for cd in &all {
+        let recorded = records(cd);
+        let first = &recorded[0];
+        assert_eq!(first.machine, "master-0");
+        if first.name == "fd-a" {
+            let tags: Vec<String> = first.ports.iter().flat_map(|p| p.tags.clone()).collect();
+            assert_eq!(tags, ["domain-a", "pool"], "domain ports before the pool's");
+        }
+        let config = install_config(&tenant, &cd.name_any()).await;
+        let openstack = &config["controlPlane"]["platform"]["openstack"];
+        let zone = |prefix: &str| -> Value {
+            json!(
+                recorded
+                    .iter()
+                    .map(|r| format!("{prefix}-{}", &r.name[3..]))
+                    .collect::<Vec<_>>()
+            )
+        };
+        assert_eq!(openstack["zones"], zone("nova"), "{config}");
+        assert_eq!(openstack["rootVolume"]["zones"], zone("cinder"), "{config}");
+        assert!(cd.annotations().contains_key("pools.stackd.dev/failure-domains-hash"));
+    }
+
+    // Claim one cluster so a pool edit leaves it in place, then change the pool's definitions.
+    until("a ready cluster", &daemon, WITHIN, || async {
+        pool(&tenant, "os").await.status.is_some_and(|s| s.ready >= 1)
+    })
+    .await;
+    let claim: stackd::api::pools::ClusterClaim = serde_json::from_value(json!({
+        "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterClaim",
+        "metadata": {"name": "mine", "namespace": NS}, "spec": {"clusterPoolName": "os"},
+    }))
+    .unwrap();
+    Api::<stackd::api::pools::ClusterClaim>::namespaced(tenant.clone(), NS)
+        .create(&PostParams::default(), &claim)
+        .await
+        .expect("claim");
+    let claimed = found("the claim is assigned", &daemon, WITHIN, || async {
+        cds(&tenant, "os")
+            .await
+            .into_iter()
+            .find(|cd| cd.spec.cluster_pool_ref.as_ref().unwrap().claim_name.as_deref() == Some("mine"))
+    })
+    .await;
+    let before = records(&claimed);
+    pools(&tenant)
+        .patch(
+            "os",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"failureDomains": [
+                {"name": "fd-a", "computeAvailabilityZone": "nova-z", "ports": [{"tags": ["other"]}]},
+                {"name": "fd-b", "computeAvailabilityZone": "nova-b"},
+            ]}})),
+        )
+        .await
+        .expect("edit pool");
+    let cd_api = Api::<ClusterDeployment>::namespaced(tenant.clone(), &claimed.name_any());
+    until("the pool reports its new domains", &daemon, WITHIN, || async {
+        !pool(&tenant, "os")
+            .await
+            .status
+            .unwrap_or_default()
+            .failure_domains
+            .contains_key("fd-c")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        records(&cd_api.get(&claimed.name_any()).await.unwrap()),
+        before,
+        "the record is frozen"
+    );
+
+    // A user edit of the record is restored.
+    let mut edited = cd_api.get(&claimed.name_any()).await.unwrap();
+    edited.status.as_mut().unwrap().failure_domains.truncate(1);
+    edited.status.as_mut().unwrap().failure_domains[0].name = "elsewhere".into();
+    cd_api
+        .replace_status(&claimed.name_any(), &PostParams::default(), &edited)
+        .await
+        .expect("edit status");
+    until("the record is restored", &daemon, WITHIN, || async {
+        records(&cd_api.get(&claimed.name_any()).await.unwrap()) == before
+    })
+    .await;
+    let seen = events(&tenant, &claimed.name_any(), &claimed.name_any()).await;
+    assert!(seen.iter().any(|(r, _)| r == "FailureDomainsRestored"), "{seen:?}");
+}
+
+/// §6 merge rules: a domain storage zone with an explicit root-volume zone stops the cluster with
+/// `InvalidMachineSpec` (no installer Job, not replaced in a loop); vSphere pools with failure
+/// domains say `FailureDomainsUnsupported`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contradicting_storage_zones_stop_the_cluster_and_vsphere_refuses_failure_domains() {
+    let (fleet, tenant) = setup().await;
+    let mut pool_value = openstack_domains_pool("bad", 1);
+    pool_value["spec"]["controlPlane"]["rootVolume"]["availabilityZone"] = json!("cinder-x");
+    create_pool(&tenant, pool_value).await;
+    let mut vsphere = pool_json(
+        "vs",
+        0,
+        json!({"vsphere": {"credentialsSecretRef": {"name": "creds"},
+            "vCenter": "vc.example.com", "datacenter": "dc1", "defaultDatastore": "ds1"}}),
+    );
+    vsphere["spec"]["availabilityZones"] = json!(["az1"]);
+    create_pool(&tenant, vsphere).await;
+    let daemon = daemon(&fleet);
+    let stopped = found("the cluster stops with InvalidMachineSpec", &daemon, WITHIN, || async {
+        cds(&tenant, "bad").await.into_iter().find(|cd| {
+            cd_condition(cd, "ProvisionStopped").is_some_and(|(s, r, _)| s == "True" && r == "InvalidMachineSpec")
+        })
+    })
+    .await;
+    let (_, _, message) = cd_condition(&stopped, "ProvisionStopped").unwrap();
+    assert!(
+        message.contains("storageAvailabilityZone cinder-a") && message.contains("cinder-x"),
+        "{message}"
+    );
+    let seen = events(&tenant, &stopped.name_any(), &stopped.name_any()).await;
+    assert!(seen.iter().any(|(r, _)| r == "InvalidMachineSpec"), "{seen:?}");
+    until("vSphere refuses failure domains", &daemon, WITHIN, || async {
+        pool_condition(&pool(&tenant, "vs").await, "FailureDomainsUnsupported").is_some_and(|(s, _, _)| s == "True")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let now: Vec<String> = cds(&tenant, "bad").await.iter().map(|cd| cd.name_any()).collect();
+    assert_eq!(
+        now,
+        [stopped.name_any()],
+        "the stopped cluster is not replaced in a loop"
+    );
+    let jobs = Api::<Job>::namespaced(fleet.host().client().await, HOST_NS)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(
+        jobs.items.is_empty(),
+        "no installer Job: {:?}",
+        jobs.items.iter().map(|j| j.name_any()).collect::<Vec<_>>()
+    );
+}
+
+#[allow(dead_code)]
+fn unused(_: BareMetalAsset) {}
