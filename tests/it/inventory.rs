@@ -401,5 +401,134 @@ async fn contradicting_storage_zones_stop_the_cluster_and_vsphere_refuses_failur
     );
 }
 
-#[allow(dead_code)]
-fn unused(_: BareMetalAsset) {}
+fn assets(tenant: &Client) -> Api<BareMetalAsset> {
+    Api::namespaced(tenant.clone(), NS)
+}
+
+async fn create_asset(tenant: &Client, name: &str, spec: Value) {
+    let mut full = json!({"bmc": {"address": format!("ipmi://10.0.0.1/{name}"), "credentialsName": format!("bmc-{name}")},
+        "bootMACAddress": "00:1B:44:11:3A:B7"});
+    for (k, v) in spec.as_object().unwrap() {
+        full[k] = v.clone();
+    }
+    let asset: BareMetalAsset = serde_json::from_value(json!({
+        "apiVersion": "inventory.stackd.dev/v1alpha1", "kind": "BareMetalAsset",
+        "metadata": {"name": name, "namespace": NS}, "spec": full,
+    }))
+    .expect("asset");
+    assets(tenant)
+        .create(&PostParams::default(), &asset)
+        .await
+        .expect("create asset");
+}
+
+async fn bmc_secret(tenant: &Client, name: &str) {
+    create_secret(
+        tenant,
+        json!({"metadata": {"name": format!("bmc-{name}")}, "stringData": {"username": "admin", "password": "s3cret"}}),
+    )
+    .await;
+}
+
+fn asset_condition(asset: &BareMetalAsset, type_: &str) -> Option<(String, String, String)> {
+    condition_of(&asset.status.clone().unwrap_or_default().conditions, type_)
+}
+
+/// §5: labels follow role and cluster; a missing credentials Secret is named in
+/// `CredentialsFound=False` (with an Event) and recovers when it appears; the asset owns its
+/// Secret only when nobody else does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assets_mirror_labels_check_credentials_and_own_only_unowned_secrets() {
+    let (fleet, tenant) = setup().await;
+    create_asset(&tenant, "a1", json!({"role": "master"})).await;
+    create_asset(&tenant, "a2", json!({})).await;
+    // The Secret of a2 belongs to something else (a real object, or the garbage collector takes it).
+    let owner: k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "inventory-sync"}})).unwrap();
+    let owner = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(tenant.clone(), NS)
+        .create(&PostParams::default(), &owner)
+        .await
+        .expect("configmap");
+    create_secret(
+        &tenant,
+        json!({"metadata": {"name": "bmc-a2", "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap",
+            "name": "inventory-sync", "uid": owner.metadata.uid}]},
+            "stringData": {"username": "admin", "password": "s3cret"}}),
+    )
+    .await;
+    let daemon = daemon(&fleet);
+    until("a1 says its Secret is missing", &daemon, WITHIN, || async {
+        let a1 = assets(&tenant).get("a1").await.unwrap();
+        asset_condition(&a1, "CredentialsFound")
+            .is_some_and(|(s, r, m)| s == "False" && r == "SecretNotFound" && m.contains("bmc-a1"))
+    })
+    .await;
+    let a1 = assets(&tenant).get("a1").await.unwrap();
+    assert_eq!(
+        a1.labels().get("inventory.stackd.dev/role").map(String::as_str),
+        Some("master")
+    );
+    assert!(!a1.labels().contains_key("inventory.stackd.dev/cluster"));
+    assert_eq!(
+        asset_condition(&a1, "ClusterDeploymentFound").map(|c| c.1),
+        Some("NoneSpecified".to_string())
+    );
+    let seen = events(&tenant, NS, "a1").await;
+    assert!(
+        seen.iter()
+            .any(|(r, n)| r == "CredentialsNotFound" && n.contains("bmc-a1")),
+        "{seen:?}"
+    );
+
+    bmc_secret(&tenant, "a1").await;
+    until("a1 finds its Secret", &daemon, WITHIN, || async {
+        let a1 = assets(&tenant).get("a1").await.unwrap();
+        asset_condition(&a1, "CredentialsFound").is_some_and(|(s, _, _)| s == "True")
+    })
+    .await;
+    let secrets = Api::<Secret>::namespaced(tenant.clone(), NS);
+    until("a1 owns its Secret", &daemon, WITHIN, || async {
+        let owners = secrets.get("bmc-a1").await.unwrap().owner_references().to_vec();
+        owners.len() == 1 && owners[0].name == "a1" && owners[0].controller == Some(true)
+    })
+    .await;
+    until("a2 finds its Secret", &daemon, WITHIN, || async {
+        let a2 = assets(&tenant).get("a2").await.unwrap();
+        asset_condition(&a2, "CredentialsFound").is_some_and(|(s, _, _)| s == "True")
+    })
+    .await;
+    let owners = secrets.get("bmc-a2").await.unwrap().owner_references().to_vec();
+    assert_eq!(owners.len(), 1);
+    assert_eq!(owners[0].kind, "ConfigMap", "a Secret owned elsewhere is not re-owned");
+    let a2 = assets(&tenant).get("a2").await.unwrap();
+    assert_eq!(
+        a2.labels().get("inventory.stackd.dev/role").map(String::as_str),
+        Some("")
+    );
+
+    // Assigned, the cluster label follows (and says the ClusterDeployment is missing); unassigned
+    // it goes; a role change follows.
+    let set = |spec: Value| {
+        let api = assets(&tenant);
+        async move {
+            api.patch("a1", &PatchParams::default(), &Patch::Merge(json!({"spec": spec})))
+                .await
+                .expect("patch asset");
+        }
+    };
+    set(json!({"clusterName": "c1"})).await;
+    until("a1 carries its cluster label", &daemon, WITHIN, || async {
+        let a1 = assets(&tenant).get("a1").await.unwrap();
+        a1.labels().get("inventory.stackd.dev/cluster").map(String::as_str) == Some("c1")
+            && asset_condition(&a1, "ClusterDeploymentFound")
+                .is_some_and(|(s, r, _)| s == "False" && r == "ClusterDeploymentNotFound")
+    })
+    .await;
+    set(json!({"clusterName": "", "role": "worker"})).await;
+    until("a1's labels follow the spec", &daemon, WITHIN, || async {
+        let a1 = assets(&tenant).get("a1").await.unwrap();
+        !a1.labels().contains_key("inventory.stackd.dev/cluster")
+            && a1.labels().get("inventory.stackd.dev/role").map(String::as_str) == Some("worker")
+    })
+    .await;
+}

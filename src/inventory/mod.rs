@@ -1,0 +1,21 @@
+//! The bare-metal inventory (DESIGN.md §5): per tenant, the BareMetalAsset controller (labels,
+//! credentials, conditions, Events). Pools assign assets (`crate::pools::hosts`).
+
+pub mod asset;
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::tenancy::tenant::{TenantContext, TenantError};
+
+/// Label mirroring `spec.role` ("" for an asset without a role).
+pub const ROLE_LABEL: &str = "inventory.stackd.dev/role";
+/// Label mirroring `spec.clusterName`; absent while the asset is unassigned.
+pub const CLUSTER_LABEL: &str = "inventory.stackd.dev/cluster";
+
+/// Runs the inventory controllers of one tenant until `cancel` fires.
+pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
+    asset::run(context, cancel).await;
+    Ok(())
+}
