@@ -209,7 +209,7 @@ pub(super) async fn create_cluster(
                 claimed_timestamp: None,
                 cluster_deployment_customization: cdc.map(|c| LocalObjectReference { name: c.name_any() }),
             }),
-            hosts: Vec::new(),
+            hosts: plan.hosts.clone(),
         },
     );
     cd.metadata.namespace = Some(cd_name.into());

@@ -23,10 +23,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::failure_domains::INVALID_KEY;
+use super::hosts;
 use super::inventory;
 use super::record;
 use super::{DEPROVISION_FINALIZER, is_conflict, is_not_found, publish, reflect, set_finalizers};
 use crate::api::common::LocalObjectReference;
+use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{ClusterDeployment, ClusterDeploymentCustomization, ClusterDeploymentStatus};
 use crate::host::Parent;
 use crate::host::apply::{self, HostWriteError, Update, ensure, stamp};
@@ -849,6 +851,21 @@ async fn deprovision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, Deploy
                 Err(err) if is_conflict(&err) => return Ok(Action::requeue(Duration::from_millis(200))),
                 Err(err) => return Err(DeploymentError::Tenant(err)),
             }
+        }
+    }
+    // Its hosts go back to the inventory (the cluster they ran is gone or going).
+    if !cd.spec.hosts.is_empty() {
+        let ns = cd
+            .spec
+            .cluster_pool_ref
+            .as_ref()
+            .map_or_else(|| cd.namespace().unwrap_or_default(), |r| r.namespace.clone());
+        let assets = Api::<BareMetalAsset>::namespaced(tenant.client.clone(), &ns);
+        let released = hosts::release_all(&assets, &cd.name_any())
+            .await
+            .map_err(DeploymentError::Tenant)?;
+        if released > 0 {
+            info!(tenant = %tenant.name, cluster = %cd.name_any(), released, "bare-metal hosts released");
         }
     }
     let secrets = Api::<Secret>::namespaced(tenant.host.clone(), host_ns);

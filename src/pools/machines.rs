@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::failure_domains::{self, control_plane_records, pool_domains, render_openstack, spread};
 use super::pool::Ctx;
 use crate::api::inventory::BareMetalAsset;
-use crate::api::pools::{ClusterDeployment, ClusterPool, FailureDomainStatus, MachineFailureDomain};
+use crate::api::pools::{ClusterDeployment, ClusterHost, ClusterPool, FailureDomainStatus, MachineFailureDomain};
 
 /// Control-plane machines of a cluster when the pool does not say.
 pub const DEFAULT_CONTROL_PLANE: i32 = 3;
@@ -23,6 +23,8 @@ pub const DEFAULT_CONTROL_PLANE: i32 = 3;
 pub struct MachinePlan {
     pub records: Vec<MachineFailureDomain>,
     pub invalid: Option<String>,
+    /// Bare-metal hosts assigned to the cluster.
+    pub hosts: Vec<ClusterHost>,
 }
 
 /// The BareMetalAssets in the pool's namespace its `hostSelector` selects (none for other platforms).
@@ -104,11 +106,14 @@ pub(super) fn plan(
         Ok(records) => {
             render_openstack(config, spec, &records);
             commit(usage, &records);
-            MachinePlan { records, invalid: None }
+            MachinePlan {
+                records,
+                ..Default::default()
+            }
         }
         Err(message) => MachinePlan {
-            records: Vec::new(),
             invalid: Some(message),
+            ..Default::default()
         },
     }
 }

@@ -6,6 +6,7 @@ pub mod claim;
 mod create;
 pub mod deployment;
 pub mod failure_domains;
+pub mod hosts;
 pub mod install_config;
 pub mod inventory;
 pub mod machines;

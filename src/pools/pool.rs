@@ -25,6 +25,7 @@ use tracing::{info, warn};
 
 use super::claim;
 use super::create::{cluster_name, create_cluster, read_inputs};
+use super::hosts;
 use super::install_config;
 use super::inventory::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX};
 use super::machines::{self, MachinePlan};
@@ -279,6 +280,10 @@ pub(super) struct Round {
     pub(super) written: BTreeMap<String, Cdc>,
     pub(super) syntax_errors: BTreeMap<String, String>,
     pub(super) missing_dependencies: Vec<String>,
+    /// Assets assigned this round (the cache may not show them yet).
+    pub(super) hosts_taken: BTreeSet<String>,
+    /// Why a cluster could not get its bare-metal hosts.
+    pub(super) insufficient_hosts: Option<String>,
 }
 
 impl Round {
@@ -331,6 +336,8 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
         written: BTreeMap::new(),
         syntax_errors: BTreeMap::new(),
         missing_dependencies: Vec::new(),
+        hosts_taken: BTreeSet::new(),
+        insufficient_hosts: None,
     };
 
     if name.len() > MAX_POOL_NAME && pool.metadata.deletion_timestamp.is_none() {
@@ -690,6 +697,8 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
         }
     }
 
+    hosts::repair(pool, ctx, &assets, &cd_names, &expected_created, &mut round).await?;
+
     // Empty pool namespaces (a CD never created, or one deleted) are reaped after the minimum age.
     reap_namespaces(ctx, &ns, &name, &cd_names, &expected_created, &mut round).await?;
 
@@ -808,6 +817,8 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
                 pool.spec.max_size.unwrap_or_default()
             ),
         );
+    } else if let Some(message) = &round.insufficient_hosts {
+        set("CapacityAvailable", false, "InsufficientHosts", message.clone());
     } else if pool.spec.inventory.is_some() && wanted > capacity {
         set(
             "CapacityAvailable",
@@ -1040,6 +1051,26 @@ async fn add_clusters(
             if leased.is_none() {
                 return Ok(());
             }
+        }
+        let mut plan = plan;
+        if pool.spec.platform.baremetal.is_some() {
+            // §4.3.2 order: after the lease, before the namespace and the ClusterDeployment.
+            let Some(chosen) = hosts::take(pool, ctx, &cd_name, placement.domains, &usage, round).await? else {
+                if let Some(cdc) = &leased {
+                    match inventory::release(&cdc_api, cdc, &cd_name, &name).await {
+                        Ok(_) => {}
+                        // Left to the repair after the minimum age.
+                        Err(err) if is_conflict(&err) => {}
+                        Err(err) => return Err(err.into()),
+                    }
+                }
+                return Ok(());
+            };
+            let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(tenant.client.clone(), &ns);
+            hosts::render(&mut config, &chosen, &secrets).await?;
+            plan.records = hosts::records(&chosen);
+            plan.hosts = hosts::cluster_hosts(&chosen);
+            machines::commit(&mut usage, &plan.records);
         }
         {
             let mut all = ctx.expectations.lock().unwrap_or_else(|p| p.into_inner());

@@ -532,3 +532,210 @@ async fn assets_mirror_labels_check_credentials_and_own_only_unowned_secrets() {
     })
     .await;
 }
+
+fn baremetal_pool(name: &str, size: i32, masters: i32, workers: i32) -> Value {
+    let mut pool = pool_json(
+        name,
+        size,
+        json!({"baremetal": {"credentialsSecretRef": {"name": "creds"}, "apiVIPs": ["10.0.0.5"]}}),
+    );
+    pool["spec"]["controlPlane"] = json!({"replicas": masters});
+    pool["spec"]["compute"] = json!({"replicas": workers});
+    pool["spec"]["hostSelector"] = json!({"matchLabels": {"site": "lab"}});
+    pool
+}
+
+async fn lab_asset(tenant: &Client, name: &str, role: Option<&str>, domain: Option<&str>) {
+    let mut spec = json!({});
+    if let Some(role) = role {
+        spec["role"] = json!(role);
+    }
+    if let Some(domain) = domain {
+        spec["failureDomain"] = json!(domain);
+    }
+    create_asset(tenant, name, spec).await;
+    bmc_secret(tenant, name).await;
+    assets(tenant)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"site": "lab"}}})),
+        )
+        .await
+        .expect("label asset");
+}
+
+/// Asset name → the cluster it is assigned to.
+async fn assignments(tenant: &Client) -> std::collections::BTreeMap<String, String> {
+    assets(tenant)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|a| Some((a.name_any(), a.spec.assigned_cluster()?.to_string())))
+        .collect()
+}
+
+/// §5 selection and §6 rendering for baremetal: 3 masters and 2 workers from 3 master, 1 worker
+/// and 2 role-less assets (a role-less one only for the missing worker), spread over the assets'
+/// domains, rendered as `platform.baremetal.hosts`; scaling the pool to 0 deletes the cluster and
+/// its hosts go back to the inventory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_baremetal_pool_takes_hosts_by_role_and_releases_them_with_the_cluster() {
+    let (fleet, tenant) = setup().await;
+    for (name, role, domain) in [
+        ("m1", Some("master"), Some("rack-a")),
+        ("m2", Some("master"), Some("rack-b")),
+        ("m3", Some("master"), Some("rack-c")),
+        ("w1", Some("worker"), None),
+        ("x1", None, None),
+        ("x2", None, None),
+    ] {
+        lab_asset(&tenant, name, role, domain).await;
+    }
+    // Not selected by the pool.
+    create_asset(&tenant, "other", json!({"role": "worker"})).await;
+    create_pool(&tenant, baremetal_pool("metal", 1, 3, 2)).await;
+    let daemon = daemon(&fleet);
+    let cd = found("a cluster with its hosts", &daemon, WITHIN, || async {
+        cds(&tenant, "metal")
+            .await
+            .into_iter()
+            .find(|cd| records(cd).len() == 3)
+    })
+    .await;
+    let hosts: Vec<(String, String)> = cd
+        .spec
+        .hosts
+        .iter()
+        .map(|h| {
+            (
+                h.name.clone(),
+                serde_json::to_value(h.role).unwrap().as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String)> = [
+        ("m1", "master"),
+        ("m2", "master"),
+        ("m3", "master"),
+        ("w1", "worker"),
+        ("x1", "worker"),
+    ]
+    .iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert_eq!(hosts, expected);
+    let taken = assignments(&tenant).await;
+    assert_eq!(
+        taken.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["m1", "m2", "m3", "w1", "x1"]
+    );
+    assert!(taken.values().all(|c| *c == cd.name_any()));
+    let m1 = assets(&tenant).get("m1").await.unwrap();
+    assert_eq!(
+        m1.labels().get("inventory.stackd.dev/cluster"),
+        Some(&cd.name_any()),
+        "the assignment labels the asset"
+    );
+    let racks: Vec<String> = records(&cd).into_iter().map(|r| r.name).collect();
+    assert_eq!(racks, ["rack-a", "rack-b", "rack-c"]);
+    let status = pool(&tenant, "metal").await.status.unwrap_or_default();
+    assert_eq!(
+        status.failure_domains.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["rack-a", "rack-b", "rack-c"]
+    );
+    let config = install_config(&tenant, &cd.name_any()).await;
+    let rendered = config["platform"]["baremetal"]["hosts"]
+        .as_array()
+        .expect("hosts")
+        .clone();
+    assert_eq!(rendered.len(), 5, "{config}");
+    assert_eq!(rendered[0]["name"], "m1");
+    assert_eq!(rendered[0]["role"], "master");
+    assert_eq!(rendered[0]["bootMACAddress"], "00:1B:44:11:3A:B7");
+    assert_eq!(rendered[0]["bmc"]["address"], "ipmi://10.0.0.1/m1");
+    assert_eq!(rendered[4]["role"], "worker");
+    assert_eq!(config["platform"]["baremetal"]["apiVIPs"], json!(["10.0.0.5"]));
+
+    pools(&tenant)
+        .patch(
+            "metal",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 0}})),
+        )
+        .await
+        .unwrap();
+    until("the hosts are released with the cluster", &daemon, WITHIN, || async {
+        cds(&tenant, "metal").await.is_empty() && assignments(&tenant).await.is_empty()
+    })
+    .await;
+    let m1 = assets(&tenant).get("m1").await.unwrap();
+    assert!(!m1.labels().contains_key("inventory.stackd.dev/cluster"));
+}
+
+/// §5: with too few hosts no cluster is made, nothing stays assigned and the pool says
+/// `InsufficientHosts`; one more master lets it proceed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_few_hosts_leave_nothing_assigned_and_say_insufficient_hosts() {
+    let (fleet, tenant) = setup().await;
+    for (name, role) in [("m1", Some("master")), ("m2", Some("master")), ("w1", Some("worker"))] {
+        lab_asset(&tenant, name, role, None).await;
+    }
+    create_pool(&tenant, baremetal_pool("metal", 1, 3, 1)).await;
+    let daemon = daemon(&fleet);
+    until("the pool says InsufficientHosts", &daemon, WITHIN, || async {
+        pool_condition(&pool(&tenant, "metal").await, "CapacityAvailable")
+            .is_some_and(|(s, r, m)| s == "False" && r == "InsufficientHosts" && m.contains("only 2 and 1"))
+    })
+    .await;
+    assert!(assignments(&tenant).await.is_empty(), "nothing stays assigned");
+    assert!(cds(&tenant, "metal").await.is_empty());
+    lab_asset(&tenant, "x1", None, None).await;
+    until("a cluster once a role-less host fills in", &daemon, WITHIN, || async {
+        assignments(&tenant).await.len() == 4 && cds(&tenant, "metal").await.len() == 1
+    })
+    .await;
+}
+
+/// §5: two daemons filling one baremetal pool at once never assign one asset twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_racing_daemons_never_assign_one_asset_twice() {
+    let (fleet, tenant) = setup().await;
+    for i in 0..7 {
+        lab_asset(&tenant, &format!("h{i}"), None, None).await;
+    }
+    create_pool(&tenant, baremetal_pool("metal", 2, 3, 0)).await;
+    let first = daemon(&fleet);
+    let second = daemon(&fleet);
+    until("two ready clusters", &first, Duration::from_secs(40), || async {
+        let all = cds(&tenant, "metal").await;
+        all.len() == 2 && all.iter().all(|cd| cd.status.as_ref().is_some_and(|s| s.installed))
+    })
+    .await;
+    // Settle: a losing daemon's extra cluster (if any) is deleted and its hosts released.
+    until(
+        "every assignment belongs to a live cluster listing it",
+        &second,
+        WITHIN,
+        || async {
+            let all = cds(&tenant, "metal").await;
+            let taken = assignments(&tenant).await;
+            taken.len() == 6
+                && taken.iter().all(|(asset, cd)| {
+                    all.iter()
+                        .any(|c| c.name_any() == *cd && c.spec.hosts.iter().any(|h| h.name == *asset))
+                })
+        },
+    )
+    .await;
+    let all = cds(&tenant, "metal").await;
+    let mut seen = BTreeSet::new();
+    for cd in &all {
+        for host in &cd.spec.hosts {
+            assert!(seen.insert(host.name.clone()), "{} is in two clusters", host.name);
+        }
+    }
+    assert_eq!(seen.len(), 6);
+}
