@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
+use super::delivery;
 use super::{CLUSTER_LABEL, ROLE_LABEL};
 use crate::api::inventory::{AssetRole, BareMetalAsset, BareMetalAssetStatus};
 use crate::api::pools::ClusterDeployment;
@@ -119,6 +120,9 @@ async fn reconcile_asset(asset: &BareMetalAsset, ctx: &Ctx) -> Result<Action, As
     let ns = asset.namespace().unwrap_or_default();
     let name = asset.name_any();
     let assets = Api::<BareMetalAsset>::namespaced(tenant.client.clone(), &ns);
+    if let Some(action) = detach_if_needed(asset, ctx, &assets).await? {
+        return Ok(action);
+    }
     if asset.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -260,8 +264,123 @@ async fn reconcile_asset(asset: &BareMetalAsset, ctx: &Ctx) -> Result<Action, As
             message: cd_message,
             observed_generation: generation,
         },
-        now,
+        now.clone(),
     );
+
+    // Delivery to the installed cluster.
+    if let Some(cluster) = asset.spec.assigned_cluster()
+        && let Some(cd) = ctx.cds.get(&ObjectRef::new(cluster).within(cluster))
+    {
+        let installed = cd.status.as_ref().is_some_and(|s| s.installed) && cd.metadata.deletion_timestamp.is_none();
+        let outcome: Option<(bool, &'static str, String)> = if !installed {
+            Some((
+                false,
+                "WaitingForCluster",
+                format!("Cluster {cluster} is not installed yet"),
+            ))
+        } else if !found {
+            Some((false, "CredentialsNotFound", "The BMC credentials are missing".into()))
+        } else if asset.annotations().get(DELIVERED_TO_ANNOTATION).map(String::as_str) != Some(cluster)
+            || !asset.finalizers().iter().any(|f| f == DELIVERY_FINALIZER)
+        {
+            // The finalizer first, so the host is always removed from the cluster again.
+            let mut finalizers = asset.finalizers().to_vec();
+            if !finalizers.iter().any(|f| f == DELIVERY_FINALIZER) {
+                finalizers.push(DELIVERY_FINALIZER.into());
+            }
+            let patch = json!({"metadata": {
+                "finalizers": finalizers,
+                "annotations": {DELIVERED_TO_ANNOTATION: cluster},
+                "resourceVersion": asset.metadata.resource_version,
+            }});
+            return match assets
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => Ok(Action::await_change()),
+                Err(err) if is_conflict(&err) || is_not_found(&err) => Ok(Action::await_change()),
+                Err(err) => Err(err.into()),
+            };
+        } else {
+            let credentials = secret.as_ref().and_then(|s| s.data.clone()).unwrap_or_default();
+            let result = match delivery::cluster_client(&tenant.client, &cd).await {
+                Ok(remote) => delivery::deliver(&remote, asset, &credentials, cluster).await,
+                Err(err) => Err(err),
+            };
+            // Tenant Secrets are not watched: look at the credentials again now and then.
+            let settings = &tenant.shared.settings;
+            requeue = Some(settings.backoff.base.saturating_mul(10).min(Duration::from_secs(30)));
+            match result {
+                Ok(true) => Some((
+                    true,
+                    "HostCreated",
+                    format!(
+                        "BareMetalHost {name} and its Secret are on cluster {cluster} in namespace {}",
+                        delivery::MACHINE_API_NAMESPACE
+                    ),
+                )),
+                Ok(false) => {
+                    requeue = Some(Duration::from_millis(500));
+                    Some((
+                        false,
+                        "HostReplacing",
+                        format!("BareMetalHost {name} is being replaced on cluster {cluster}"),
+                    ))
+                }
+                Err(err) => Some((
+                    false,
+                    "DeliveryFailed",
+                    format!("Cannot deliver to cluster {cluster}: {err}"),
+                )),
+            }
+        };
+        if let Some((ok, reason, message)) = outcome {
+            let changed = set_condition(
+                &mut status.conditions,
+                DesiredCondition {
+                    type_: "HostCreated",
+                    status: ok,
+                    reason,
+                    message: message.clone(),
+                    observed_generation: generation,
+                },
+                now.clone(),
+            );
+            set_condition(
+                &mut status.conditions,
+                DesiredCondition {
+                    type_: "HostProvisioningInProgress",
+                    status: !ok && installed,
+                    reason,
+                    message: message.clone(),
+                    observed_generation: generation,
+                },
+                now,
+            );
+            if changed && installed {
+                events.push((!ok, reason, message));
+            }
+            if ok {
+                let reference = ObjectReference {
+                    api_version: Some("metal3.io/v1alpha1".into()),
+                    kind: Some("BareMetalHost".into()),
+                    name: Some(name.clone()),
+                    namespace: Some(delivery::MACHINE_API_NAMESPACE.into()),
+                    ..Default::default()
+                };
+                if !status.related_objects.contains(&reference) {
+                    status.related_objects.push(reference);
+                }
+            }
+        }
+    } else {
+        status
+            .conditions
+            .retain(|c| c.type_ != "HostCreated" && c.type_ != "HostProvisioningInProgress");
+        status
+            .related_objects
+            .retain(|r| r.kind.as_deref() != Some("BareMetalHost"));
+    }
 
     if status != old {
         match assets
@@ -304,6 +423,103 @@ async fn own_secret(asset: &BareMetalAsset, secret: &Secret, secrets: &Api<Secre
         Ok(_) => Ok(()),
         // Someone changed it meanwhile: look at it again next time.
         Err(err) if is_conflict(&err) || is_not_found(&err) => Ok(()),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// Finalizer on an asset delivered to a cluster, until it is removed from there again.
+pub const DELIVERY_FINALIZER: &str = "inventory.stackd.dev/delivery";
+/// The cluster an asset was delivered to (it may have been unassigned since).
+pub const DELIVERED_TO_ANNOTATION: &str = "inventory.stackd.dev/delivered-to";
+
+/// The one detach path (§5), for deletion and for unassignment or reassignment alike: remove the
+/// BareMetalHost and its Secret from the cluster the asset was delivered to and wait until they
+/// are gone, then drop the finalizer. A cluster being deleted or gone is skipped
+/// (`ClusterDestroyed`). `None` when there is nothing to detach.
+async fn detach_if_needed(
+    asset: &BareMetalAsset,
+    ctx: &Ctx,
+    assets: &Api<BareMetalAsset>,
+) -> Result<Option<Action>, AssetError> {
+    let has_finalizer = asset.finalizers().iter().any(|f| f == DELIVERY_FINALIZER);
+    let delivered_to = asset.annotations().get(DELIVERED_TO_ANNOTATION).cloned();
+    let deleting = asset.metadata.deletion_timestamp.is_some();
+    let Some(cluster) = delivered_to.clone().filter(|_| has_finalizer) else {
+        if has_finalizer && (deleting || asset.spec.assigned_cluster().is_none()) {
+            return finish_detach(asset, assets).await.map(Some);
+        }
+        return Ok(None);
+    };
+    if !deleting && asset.spec.assigned_cluster() == Some(cluster.as_str()) {
+        return Ok(None);
+    }
+    let tenant = &ctx.tenant;
+    let cd = ctx.cds.get(&ObjectRef::new(&cluster).within(&cluster));
+    let live = cd
+        .as_ref()
+        .filter(|cd| cd.metadata.deletion_timestamp.is_none() && cd.status.as_ref().is_some_and(|s| s.installed));
+    match live {
+        None => {
+            publish(
+                tenant,
+                asset,
+                false,
+                "ClusterDestroyed",
+                format!("Cluster {cluster} is being deleted or gone; its BareMetalHost is not removed there"),
+            )
+            .await;
+        }
+        Some(cd) => {
+            let remote = match delivery::cluster_client(&tenant.client, cd).await {
+                Ok(remote) => remote,
+                Err(err) => {
+                    publish(tenant, asset, true, "DetachFailed", err.to_string()).await;
+                    return Ok(Some(Action::requeue(Duration::from_secs(5))));
+                }
+            };
+            match delivery::detach(&remote, asset).await {
+                Ok(true) => {
+                    publish(
+                        tenant,
+                        asset,
+                        false,
+                        "HostRemoved",
+                        format!(
+                            "BareMetalHost {} and its Secret were removed from cluster {cluster}",
+                            asset.name_any()
+                        ),
+                    )
+                    .await;
+                }
+                Ok(false) => return Ok(Some(Action::requeue(Duration::from_millis(300)))),
+                Err(err) => {
+                    publish(tenant, asset, true, "DetachFailed", err.to_string()).await;
+                    return Ok(Some(Action::requeue(Duration::from_secs(5))));
+                }
+            }
+        }
+    }
+    finish_detach(asset, assets).await.map(Some)
+}
+
+async fn finish_detach(asset: &BareMetalAsset, assets: &Api<BareMetalAsset>) -> Result<Action, AssetError> {
+    let finalizers: Vec<String> = asset
+        .finalizers()
+        .iter()
+        .filter(|f| *f != DELIVERY_FINALIZER)
+        .cloned()
+        .collect();
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "annotations": {DELIVERED_TO_ANNOTATION: null},
+        "resourceVersion": asset.metadata.resource_version,
+    }});
+    match assets
+        .patch(&asset.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(Action::await_change()),
+        Err(err) if is_conflict(&err) || is_not_found(&err) => Ok(Action::await_change()),
         Err(err) => Err(err.into()),
     }
 }

@@ -739,3 +739,218 @@ async fn two_racing_daemons_never_assign_one_asset_twice() {
     }
     assert_eq!(seen.len(), 6);
 }
+
+/// The embedded "managed cluster" an installed cluster's kubeconfig points at, with the fixtures a
+/// real one has: a minimal BareMetalHost CRD and the `openshift-machine-api` namespace.
+async fn managed_cluster() -> (stackd::embedded::ApiServer, Client) {
+    let server = stackd::embedded::ApiServer::start(stackd::embedded::ServerOptions {
+        name: "managed".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("managed cluster");
+    let client = server.client().await;
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "metadata": {"name": "baremetalhosts.metal3.io"},
+        "spec": {
+            "group": "metal3.io",
+            "names": {"kind": "BareMetalHost", "listKind": "BareMetalHostList", "plural": "baremetalhosts",
+                "singular": "baremetalhost", "shortNames": ["bmh"]},
+            "scope": "Namespaced",
+            "versions": [{"name": "v1alpha1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}],
+        },
+    }))
+    .unwrap();
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .create(&PostParams::default(), &crd)
+        .await
+        .expect("bmh crd");
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "openshift-machine-api"}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("machine api namespace");
+    (server, client)
+}
+
+fn bmh_api(client: &Client) -> Api<kube::api::DynamicObject> {
+    let resource = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("metal3.io", "v1alpha1", "BareMetalHost"),
+        "baremetalhosts",
+    );
+    Api::namespaced_with(client.clone(), "openshift-machine-api", &resource)
+}
+
+async fn bmh(client: &Client, name: &str) -> Option<kube::api::DynamicObject> {
+    bmh_api(client).get_opt(name).await.expect("get bmh")
+}
+
+async fn remote_secret(client: &Client, name: &str) -> Option<Secret> {
+    Api::<Secret>::namespaced(client.clone(), "openshift-machine-api")
+        .get_opt(&format!("{name}-bmc-secret"))
+        .await
+        .expect("get secret")
+}
+
+/// §5 delivery: the installed cluster gets a BareMetalHost per asset with its Secret (one the
+/// installer made is adopted, its power state left alone); BMC address, credentials and a new boot
+/// MAC follow; unassigning or deleting an asset removes both there before the asset lets go; an
+/// asset assigned by hand is delivered; deleting the cluster releases its assets without touching
+/// the destroyed cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assets_are_delivered_to_the_installed_cluster_and_detached_from_it() {
+    let (fleet, tenant) = setup().await;
+    let (_managed, remote) = managed_cluster().await;
+    const IMAGE: &str = "quay.io/example/metal-installer:4.14";
+    let kubeconfig = _managed.kubeconfig_yaml();
+    fleet.host().runners().register(
+        stackd::embedded::controller_manager::ImageMatch::Exact(IMAGE.into()),
+        move |ctx: &stackd::embedded::controller_manager::JobContext| {
+            use stackd::embedded::controller_manager::JobOutcome;
+            if ctx.pod.to_string().contains("\"destroy\"") {
+                return JobOutcome::success("destroyed\n");
+            }
+            let (Some(ns), Some(secret)) = (ctx.env("STACKD_OUTPUT_NAMESPACE"), ctx.env("STACKD_OUTPUT_SECRET")) else {
+                return JobOutcome::failure(1, "no output secret\n");
+            };
+            let data = std::collections::BTreeMap::from([
+                ("kubeconfig".to_string(), kubeconfig.clone()),
+                ("metadata.json".to_string(), json!({"infraID": "metal-x1"}).to_string()),
+            ]);
+            match ctx.write_secret_data(ns, secret, &data) {
+                Ok(_) => JobOutcome::success("Install complete!\n"),
+                Err(e) => JobOutcome::failure(1, format!("{}\n", e.message)),
+            }
+        },
+    );
+    // The installer made m1's host already (not online); it is adopted, not recreated.
+    let made: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
+        "metadata": {"name": "m1", "namespace": "openshift-machine-api"},
+        "spec": {"bootMACAddress": "00:1B:44:11:3A:B7", "online": false, "bmc": {"address": "ipmi://old"}},
+    }))
+    .unwrap();
+    let made = bmh_api(&remote).create(&PostParams::default(), &made).await.unwrap();
+    lab_asset(&tenant, "m1", Some("master"), None).await;
+    lab_asset(&tenant, "w1", Some("worker"), None).await;
+    let mut pool_value = baremetal_pool("metal", 1, 1, 1);
+    pool_value["spec"]["installerImage"] = json!(IMAGE);
+    create_pool(&tenant, pool_value).await;
+    let daemon = daemon(&fleet);
+
+    until(
+        "both hosts are on the cluster with their Secrets",
+        &daemon,
+        WITHIN,
+        || async {
+            let m1 = bmh(&remote, "m1").await;
+            let w1 = bmh(&remote, "w1").await;
+            m1.is_some_and(|h| h.data["spec"]["bmc"]["credentialsName"] == "m1-bmc-secret")
+                && w1.is_some()
+                && remote_secret(&remote, "m1").await.is_some()
+                && remote_secret(&remote, "w1").await.is_some()
+        },
+    )
+    .await;
+    let cd = cds(&tenant, "metal").await.remove(0);
+    let m1 = bmh(&remote, "m1").await.unwrap();
+    assert_eq!(m1.metadata.uid, made.metadata.uid, "adopted, not recreated");
+    assert_eq!(m1.data["spec"]["online"], false, "the power state stays the cluster's");
+    assert_eq!(m1.data["spec"]["bmc"]["address"], "ipmi://10.0.0.1/m1");
+    assert_eq!(m1.labels().get("inventory.stackd.dev/cluster"), Some(&cd.name_any()));
+    let w1 = bmh(&remote, "w1").await.unwrap();
+    assert_eq!(w1.data["spec"]["online"], true, "online on create");
+    let secret = remote_secret(&remote, "w1").await.unwrap();
+    assert_eq!(secret.data.unwrap()["password"].0, b"s3cret");
+    until("w1 says HostCreated", &daemon, WITHIN, || async {
+        let w1 = assets(&tenant).get("w1").await.unwrap();
+        asset_condition(&w1, "HostCreated").is_some_and(|(s, _, _)| s == "True")
+            && w1.finalizers().iter().any(|f| f == "inventory.stackd.dev/delivery")
+    })
+    .await;
+
+    // Changes follow: BMC address, credentials; a new boot MAC replaces the host.
+    let patch_asset = |name: &'static str, spec: Value| {
+        let api = assets(&tenant);
+        async move {
+            api.patch(name, &PatchParams::default(), &Patch::Merge(json!({"spec": spec})))
+                .await
+                .expect("patch asset");
+        }
+    };
+    patch_asset("w1", json!({"bmc": {"address": "redfish://10.0.0.9/w1"}})).await;
+    Api::<Secret>::namespaced(tenant.clone(), NS)
+        .patch(
+            "bmc-w1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"password": "rotated"}})),
+        )
+        .await
+        .unwrap();
+    until("the address and credentials follow", &daemon, WITHIN, || async {
+        let address = bmh(&remote, "w1")
+            .await
+            .map(|h| h.data["spec"]["bmc"]["address"].clone());
+        let password = remote_secret(&remote, "w1")
+            .await
+            .and_then(|s| s.data)
+            .map(|d| d["password"].0.clone());
+        address == Some(json!("redfish://10.0.0.9/w1")) && password.as_deref() == Some(&b"rotated"[..])
+    })
+    .await;
+    patch_asset("w1", json!({"bootMACAddress": "00:1B:44:11:3A:C8"})).await;
+    until("a new boot MAC replaces the host", &daemon, WITHIN, || async {
+        bmh(&remote, "w1").await.is_some_and(|h| {
+            h.metadata.uid != w1.metadata.uid && h.data["spec"]["bootMACAddress"] == "00:1B:44:11:3A:C8"
+        })
+    })
+    .await;
+
+    // Unassigning detaches: gone from the cluster, then the asset lets go.
+    patch_asset("w1", json!({"clusterName": ""})).await;
+    until("w1 is detached", &daemon, WITHIN, || async {
+        let asset = assets(&tenant).get("w1").await.unwrap();
+        bmh(&remote, "w1").await.is_none()
+            && remote_secret(&remote, "w1").await.is_none()
+            && asset.finalizers().is_empty()
+            && !asset.labels().contains_key("inventory.stackd.dev/cluster")
+    })
+    .await;
+
+    // An asset assigned by hand to the installed cluster is delivered; deleting it detaches it.
+    lab_asset(&tenant, "h1", Some("worker"), None).await;
+    patch_asset("h1", json!({"clusterName": cd.name_any()})).await;
+    until("h1 is delivered", &daemon, WITHIN, || async {
+        bmh(&remote, "h1").await.is_some()
+    })
+    .await;
+    assets(&tenant).delete("h1", &Default::default()).await.unwrap();
+    until("h1 is gone from both sides", &daemon, WITHIN, || async {
+        bmh(&remote, "h1").await.is_none() && assets(&tenant).get_opt("h1").await.unwrap().is_none()
+    })
+    .await;
+
+    // Deleting the cluster releases its assets; the destroyed cluster is not touched.
+    pools(&tenant)
+        .patch(
+            "metal",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 0}})),
+        )
+        .await
+        .unwrap();
+    until("m1 is released", &daemon, WITHIN, || async {
+        let asset = assets(&tenant).get("m1").await.unwrap();
+        cds(&tenant, "metal").await.is_empty()
+            && asset.spec.assigned_cluster().is_none()
+            && asset.finalizers().is_empty()
+    })
+    .await;
+    assert!(
+        bmh(&remote, "m1").await.is_some(),
+        "removal on a destroyed cluster is skipped"
+    );
+    let seen = events(&tenant, NS, "m1").await;
+    assert!(seen.iter().any(|(r, _)| r == "ClusterDestroyed"), "{seen:?}");
+}
