@@ -81,11 +81,11 @@ async fn reconcile(asset: Arc<BareMetalAsset>, ctx: Arc<Ctx>) -> Result<Action, 
         Ok(Err(_)) => return Ok(Action::await_change()),
         Err(_) => return Ok(Action::requeue(Duration::from_millis(200))),
     }
-    let Ok(_permit) = tenant.reconcile_permits.acquire().await else {
+    let Ok(permit) = tenant.reconcile_permits.acquire().await else {
         return Ok(Action::await_change());
     };
     let key = format!("bma/{}/{}", asset.namespace().unwrap_or_default(), asset.name_any());
-    let result = reconcile_asset(&asset, &ctx).await;
+    let result = reconcile_asset(&asset, &ctx, permit).await;
     match &result {
         Ok(_) => tenant.object_backoff.succeeded(&key),
         Err(_) => {
@@ -115,13 +115,26 @@ fn wanted_labels(asset: &BareMetalAsset) -> BTreeMap<String, Option<String>> {
     ])
 }
 
-async fn reconcile_asset(asset: &BareMetalAsset, ctx: &Ctx) -> Result<Action, AssetError> {
+/// `permit` bounds tenant API load; it is given back before talking to a managed cluster, which
+/// may be slow or unreachable and must not starve the tenant's other controllers.
+async fn reconcile_asset(
+    asset: &BareMetalAsset,
+    ctx: &Ctx,
+    permit: tokio::sync::SemaphorePermit<'_>,
+) -> Result<Action, AssetError> {
     let tenant = &ctx.tenant;
     let ns = asset.namespace().unwrap_or_default();
     let name = asset.name_any();
     let assets = Api::<BareMetalAsset>::namespaced(tenant.client.clone(), &ns);
-    if let Some(action) = detach_if_needed(asset, ctx, &assets).await? {
-        return Ok(action);
+    let has_finalizer = asset.finalizers().iter().any(|f| f == DELIVERY_FINALIZER);
+    let delivered_to = asset.annotations().get(DELIVERED_TO_ANNOTATION).map(String::as_str);
+    let deleting = asset.metadata.deletion_timestamp.is_some();
+    if has_finalizer && (deleting || delivered_to != asset.spec.assigned_cluster()) {
+        // Detaching may talk to the managed cluster (see above).
+        drop(permit);
+        return Ok(detach_if_needed(asset, ctx, &assets)
+            .await?
+            .unwrap_or_else(Action::await_change));
     }
     if asset.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
@@ -302,6 +315,7 @@ async fn reconcile_asset(asset: &BareMetalAsset, ctx: &Ctx) -> Result<Action, As
                 Err(err) => Err(err.into()),
             };
         } else {
+            drop(permit);
             let credentials = secret.as_ref().and_then(|s| s.data.clone()).unwrap_or_default();
             let result = match delivery::cluster_client(&tenant.client, &cd).await {
                 Ok(remote) => delivery::deliver(&remote, asset, &credentials, cluster).await,
@@ -311,14 +325,17 @@ async fn reconcile_asset(asset: &BareMetalAsset, ctx: &Ctx) -> Result<Action, As
             let settings = &tenant.shared.settings;
             requeue = Some(settings.backoff.base.saturating_mul(10).min(Duration::from_secs(30)));
             match result {
-                Ok(true) => Some((
-                    true,
-                    "HostCreated",
-                    format!(
-                        "BareMetalHost {name} and its Secret are on cluster {cluster} in namespace {}",
-                        delivery::MACHINE_API_NAMESPACE
-                    ),
-                )),
+                Ok(true) => {
+                    tenant.object_backoff.succeeded(&format!("bma-delivery/{ns}/{name}"));
+                    Some((
+                        true,
+                        "HostCreated",
+                        format!(
+                            "BareMetalHost {name} and its Secret are on cluster {cluster} in namespace {}",
+                            delivery::MACHINE_API_NAMESPACE
+                        ),
+                    ))
+                }
                 Ok(false) => {
                     requeue = Some(Duration::from_millis(500));
                     Some((
@@ -327,11 +344,15 @@ async fn reconcile_asset(asset: &BareMetalAsset, ctx: &Ctx) -> Result<Action, As
                         format!("BareMetalHost {name} is being replaced on cluster {cluster}"),
                     ))
                 }
-                Err(err) => Some((
-                    false,
-                    "DeliveryFailed",
-                    format!("Cannot deliver to cluster {cluster}: {err}"),
-                )),
+                Err(err) => {
+                    // An unreachable cluster is retried with a growing delay.
+                    requeue = Some(tenant.object_backoff.failed(&format!("bma-delivery/{ns}/{name}")));
+                    Some((
+                        false,
+                        "DeliveryFailed",
+                        format!("Cannot deliver to cluster {cluster}: {err}"),
+                    ))
+                }
             }
         };
         if let Some((ok, reason, message)) = outcome {
@@ -445,7 +466,8 @@ async fn detach_if_needed(
     let delivered_to = asset.annotations().get(DELIVERED_TO_ANNOTATION).cloned();
     let deleting = asset.metadata.deletion_timestamp.is_some();
     let Some(cluster) = delivered_to.clone().filter(|_| has_finalizer) else {
-        if has_finalizer && (deleting || asset.spec.assigned_cluster().is_none()) {
+        // A finalizer without a record of where the host went: nothing to remove remotely.
+        if has_finalizer {
             return finish_detach(asset, assets).await.map(Some);
         }
         return Ok(None);

@@ -293,7 +293,7 @@ pub(super) async fn take(
         let mut done: Vec<BareMetalAsset> = Vec::new();
         let mut race = None;
         for (asset, _) in &chosen {
-            match assign(&api, asset, cd, &name).await {
+            match assign_fresh(&api, asset, cd, &name).await {
                 Ok(Some(written)) => done.push(written),
                 Ok(None) => {
                     race = Some(asset.name_any());
@@ -319,6 +319,27 @@ pub(super) async fn take(
     }
     round.insufficient_hosts = Some("Other writers kept taking the chosen BareMetalAssets; retrying".into());
     round.soon(Duration::from_millis(500));
+    Ok(None)
+}
+
+/// Assigns `asset`; a 409 from a write that did not take it (the asset controller mirroring
+/// labels, say) is retried with a fresh copy while the asset is still free. `None`: taken.
+async fn assign_fresh(
+    api: &Api<BareMetalAsset>,
+    asset: &BareMetalAsset,
+    cd: &str,
+    pool: &str,
+) -> Result<Option<BareMetalAsset>, kube::Error> {
+    let mut current = asset.clone();
+    for _ in 0..4 {
+        if let Some(written) = assign(api, &current, cd, pool).await? {
+            return Ok(Some(written));
+        }
+        match api.get_opt(&asset.name_any()).await? {
+            Some(fresh) if free(&fresh) => current = fresh,
+            _ => return Ok(None),
+        }
+    }
     Ok(None)
 }
 
