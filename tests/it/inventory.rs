@@ -954,3 +954,49 @@ async fn assets_are_delivered_to_the_installed_cluster_and_detached_from_it() {
     let seen = events(&tenant, NS, "m1").await;
     assert!(seen.iter().any(|(r, _)| r == "ClusterDestroyed"), "{seen:?}");
 }
+
+/// §4.3.2 repair for assets: one the pool assigned to a cluster that never appeared is released
+/// after the minimum lease age; one assigned by hand (not by the pool) is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assets_assigned_to_a_cluster_that_never_appeared_are_released() {
+    let (fleet, tenant) = setup().await;
+    lab_asset(&tenant, "g1", Some("worker"), None).await;
+    lab_asset(&tenant, "g2", Some("worker"), None).await;
+    for (name, annotations) in [
+        (
+            "g1",
+            json!({"pools.stackd.dev/assigned-by": "metal", "pools.stackd.dev/assigned-at": "2020-01-01T00:00:00Z"}),
+        ),
+        ("g2", json!({})),
+    ] {
+        assets(&tenant)
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": annotations}, "spec": {"clusterName": "metal-ghost"}}),
+                ),
+            )
+            .await
+            .unwrap();
+    }
+    // The pool needs more than it has, so it never assigns anything itself.
+    create_pool(&tenant, baremetal_pool("metal", 1, 3, 0)).await;
+    let daemon = daemon(&fleet);
+    until("g1 is released", &daemon, WITHIN, || async {
+        assets(&tenant)
+            .get("g1")
+            .await
+            .unwrap()
+            .spec
+            .assigned_cluster()
+            .is_none()
+    })
+    .await;
+    let g2 = assets(&tenant).get("g2").await.unwrap();
+    assert_eq!(
+        g2.spec.assigned_cluster(),
+        Some("metal-ghost"),
+        "a hand assignment is not the pool's"
+    );
+}
