@@ -5,6 +5,7 @@ pub mod daemon;
 pub mod dev;
 pub mod embedded;
 pub mod host;
+pub mod inventory;
 pub mod pools;
 pub mod runtime;
 pub mod stacks;

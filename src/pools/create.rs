@@ -10,7 +10,9 @@ use kube::{Api, ResourceExt};
 use rand::Rng;
 use serde_json::Value;
 
+use super::failure_domains::{HASH_ANNOTATION, INVALID_KEY, RECORD_KEY, record_hash};
 use super::install_config;
+use super::machines::MachinePlan;
 use super::pool::{Ctx, PoolError, Round};
 use super::{CDC_GENERATION_ANNOTATION, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, POOL_VERSION_ANNOTATION};
 use crate::api::common::LocalObjectReference;
@@ -103,6 +105,7 @@ pub(super) async fn read_inputs(pool: &ClusterPool, ctx: &Ctx, round: &mut Round
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn create_cluster(
     pool: &ClusterPool,
     ctx: &Ctx,
@@ -111,6 +114,7 @@ pub(super) async fn create_cluster(
     version: &str,
     config: &Value,
     cdc: Option<&Cdc>,
+    plan: &MachinePlan,
 ) -> Result<(), PoolError> {
     let client = &ctx.tenant.client;
     let ns = pool.namespace().unwrap_or_default();
@@ -136,10 +140,7 @@ pub(super) async fn create_cluster(
             name: Some(config_name.clone()),
             ..Default::default()
         },
-        string_data: Some(BTreeMap::from([(
-            "install-config.yaml".to_string(),
-            install_config::to_yaml(config),
-        )])),
+        string_data: Some(config_data(config, plan)),
         type_: Some("Opaque".into()),
         ..Default::default()
     };
@@ -179,6 +180,9 @@ pub(super) async fn create_cluster(
         }
     }
     let mut annotations = pool.spec.annotations.clone();
+    if plan.invalid.is_none() && !plan.records.is_empty() {
+        annotations.insert(HASH_ANNOTATION.into(), record_hash(&plan.records));
+    }
     annotations.insert(POOL_VERSION_ANNOTATION.into(), version.into());
     if let Some(generation) = cdc.and_then(|c| c.metadata.generation) {
         annotations.insert(CDC_GENERATION_ANNOTATION.into(), generation.to_string());
@@ -205,7 +209,7 @@ pub(super) async fn create_cluster(
                 claimed_timestamp: None,
                 cluster_deployment_customization: cdc.map(|c| LocalObjectReference { name: c.name_any() }),
             }),
-            hosts: Vec::new(),
+            hosts: plan.hosts.clone(),
         },
     );
     cd.metadata.namespace = Some(cd_name.into());
@@ -215,4 +219,17 @@ pub(super) async fn create_cluster(
         .create(&PostParams::default(), &cd)
         .await?;
     Ok(())
+}
+
+/// The install-config Secret's keys: the config, and the machines' failure-domain record (the
+/// source a user-edited record is restored from) or why the machines cannot be placed.
+fn config_data(config: &Value, plan: &MachinePlan) -> BTreeMap<String, String> {
+    let mut data = BTreeMap::from([("install-config.yaml".to_string(), install_config::to_yaml(config))]);
+    if let Some(invalid) = &plan.invalid {
+        data.insert(INVALID_KEY.into(), invalid.clone());
+    } else if !plan.records.is_empty() {
+        let record = serde_json::to_string(&plan.records).expect("records serialize");
+        data.insert(RECORD_KEY.into(), record);
+    }
+    data
 }

@@ -22,9 +22,13 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::failure_domains::INVALID_KEY;
+use super::hosts;
 use super::inventory;
+use super::record;
 use super::{DEPROVISION_FINALIZER, is_conflict, is_not_found, publish, reflect, set_finalizers};
 use crate::api::common::LocalObjectReference;
+use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{ClusterDeployment, ClusterDeploymentCustomization, ClusterDeploymentStatus};
 use crate::host::Parent;
 use crate::host::apply::{self, HostWriteError, Update, ensure, stamp};
@@ -216,13 +220,16 @@ async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, Deployme
             Err(err) => Err(DeploymentError::Tenant(err)),
         };
     }
+    let names = Names::of(cd);
+    if keep_record(cd, ctx, &names).await? {
+        return Ok(Action::await_change());
+    }
     let status = cd.status.clone().unwrap_or_default();
     if status.installed || is_true(&status.conditions, "ProvisionStopped") {
         return Ok(Action::await_change());
     }
     let tenant = &ctx.tenant;
     let parent = parent(cd);
-    let names = Names::of(cd);
     let ns = cd.namespace().unwrap_or_default();
     let attempt = status.install_restarts;
     let job_name = Names::install_job(cd, attempt);
@@ -269,6 +276,10 @@ async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, Deployme
     };
     if !missing.is_empty() {
         return stopped_on_inputs(cd, ctx, &missing).await;
+    }
+    if let Some(invalid) = input.get(INVALID_KEY) {
+        let message = String::from_utf8_lossy(&invalid.0).into_owned();
+        return stopped_on_machine_spec(cd, ctx, message).await;
     }
 
     let host = tenant.host.clone();
@@ -391,6 +402,75 @@ async fn stopped_on_inputs(cd: &ClusterDeployment, ctx: &Ctx, missing: &[String]
         publish(&ctx.tenant, cd, true, "MissingInputs", message).await;
     }
     Ok(Action::requeue(Duration::from_secs(10)))
+}
+
+/// Writes the failure-domain record into the status when it is missing or was edited (§6).
+/// Returns whether it wrote (the write's watch event brings the cluster back).
+async fn keep_record(cd: &ClusterDeployment, ctx: &Ctx, names: &Names) -> Result<bool, DeploymentError> {
+    let tenant = &ctx.tenant;
+    let host_input = ctx
+        .secrets
+        .get(&ObjectRef::new(&names.input).within(&tenant.host_namespace));
+    let secrets = Api::<Secret>::namespaced(tenant.client.clone(), &cd.namespace().unwrap_or_default());
+    let Some(wanted) = record::wanted(cd, host_input.as_deref(), &secrets)
+        .await
+        .map_err(DeploymentError::Tenant)?
+    else {
+        return Ok(false);
+    };
+    let edited = cd.status.as_ref().is_some_and(|s| !s.failure_domains.is_empty());
+    let written = set_status(cd, ctx, |status, _| {
+        status.failure_domains = wanted;
+        true
+    })
+    .await?;
+    if written && edited {
+        publish(
+            tenant,
+            cd,
+            true,
+            "FailureDomainsRestored",
+            "status.failureDomains was edited; it is recorded once when the cluster is created and was restored".into(),
+        )
+        .await;
+    }
+    Ok(written)
+}
+
+/// The machines cannot be placed as configured: stop for good, saying why (§6 merge rules).
+async fn stopped_on_machine_spec(cd: &ClusterDeployment, ctx: &Ctx, detail: String) -> Result<Action, DeploymentError> {
+    let message = format!("The machine configuration is invalid: {detail}");
+    let changed = set_status(cd, ctx, |status, now| {
+        let generation = cd.metadata.generation;
+        set_condition(
+            &mut status.conditions,
+            DesiredCondition {
+                type_: "Provisioned",
+                status: false,
+                reason: "InvalidMachineSpec",
+                message: message.clone(),
+                observed_generation: generation,
+            },
+            now.clone(),
+        );
+        set_condition(
+            &mut status.conditions,
+            DesiredCondition {
+                type_: "ProvisionStopped",
+                status: true,
+                reason: "InvalidMachineSpec",
+                message: message.clone(),
+                observed_generation: generation,
+            },
+            now,
+        );
+        true
+    })
+    .await?;
+    if changed {
+        publish(&ctx.tenant, cd, true, "InvalidMachineSpec", message).await;
+    }
+    Ok(Action::await_change())
 }
 
 /// The ServiceAccount the installer runs as, allowed only get/update/patch on its output Secret.
@@ -771,6 +851,21 @@ async fn deprovision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, Deploy
                 Err(err) if is_conflict(&err) => return Ok(Action::requeue(Duration::from_millis(200))),
                 Err(err) => return Err(DeploymentError::Tenant(err)),
             }
+        }
+    }
+    // Its hosts go back to the inventory (the cluster they ran is gone or going).
+    if !cd.spec.hosts.is_empty() {
+        let ns = cd
+            .spec
+            .cluster_pool_ref
+            .as_ref()
+            .map_or_else(|| cd.namespace().unwrap_or_default(), |r| r.namespace.clone());
+        let assets = Api::<BareMetalAsset>::namespaced(tenant.client.clone(), &ns);
+        let released = hosts::release_all(&assets, &cd.name_any())
+            .await
+            .map_err(DeploymentError::Tenant)?;
+        if released > 0 {
+            info!(tenant = %tenant.name, cluster = %cd.name_any(), released, "bare-metal hosts released");
         }
     }
     let secrets = Api::<Secret>::namespaced(tenant.host.clone(), host_ns);

@@ -5,9 +5,13 @@
 pub mod claim;
 mod create;
 pub mod deployment;
+pub mod failure_domains;
+pub mod hosts;
 pub mod install_config;
 pub mod inventory;
+pub mod machines;
 pub mod pool;
+mod record;
 mod repair;
 pub mod sample;
 mod status;

@@ -18,24 +18,27 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
-use serde_json::json;
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::claim;
 use super::create::{cluster_name, create_cluster, read_inputs};
+use super::hosts;
 use super::install_config;
 use super::inventory::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX};
+use super::machines::{self, MachinePlan};
 use super::repair;
 use super::status::{entry_statuses, record_metrics};
 use super::{
     CDC_GENERATION_ANNOTATION, POOL_FINALIZER, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, POOL_VERSION_ANNOTATION,
     cdc_finalizer, is_conflict, is_not_found, publish, reflect, set_finalizers,
 };
+use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{
     ClusterClaim, ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus,
-    InventoryEntryState,
+    FailureDomainStatus, InventoryEntryState, MachineFailureDomain,
 };
 use crate::runtime::conditions::{DesiredCondition, is_true, set_condition};
 use crate::runtime::metrics::{Metrics, PoolLabels};
@@ -69,9 +72,12 @@ pub(super) struct Ctx {
     cdcs: Store<Cdc>,
     claims: Store<ClusterClaim>,
     namespaces: Store<Namespace>,
-    /// Resolves once the four caches above are filled.
+    pub(super) assets: Store<BareMetalAsset>,
+    /// Resolves once the five caches above are filled.
     caches_filled: Readiness,
     expectations: Mutex<HashMap<String, Expectations>>,
+    /// Failure-domain records planned for new clusters, until their status shows them.
+    pub(super) records: Mutex<HashMap<String, Vec<MachineFailureDomain>>>,
     /// The last status this controller wrote per pool, with the resourceVersion it produced: until
     /// the cache shows that version, the cached status is older than what we know.
     pub(super) written: Mutex<HashMap<String, (u64, ClusterPoolStatus)>>,
@@ -85,16 +91,25 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     let (cdcs, cdc_stream) = reflect(Api::<Cdc>::all(client.clone()), Default::default());
     let (claims, claim_stream) = reflect(Api::<ClusterClaim>::all(client.clone()), Default::default());
     let (namespaces, ns_stream) = reflect(
-        Api::<Namespace>::all(client),
+        Api::<Namespace>::all(client.clone()),
         watcher::Config::default().labels(POOL_NAME_LABEL),
     );
+    let (assets, asset_stream) = reflect(Api::<BareMetalAsset>::all(client.clone()), Default::default());
     let caches_filled = {
-        let (cds, cdcs, claims, namespaces) = (cds.clone(), cdcs.clone(), claims.clone(), namespaces.clone());
+        let caches = (
+            cds.clone(),
+            cdcs.clone(),
+            claims.clone(),
+            namespaces.clone(),
+            assets.clone(),
+        );
         Readiness::after(async move {
+            let (cds, cdcs, claims, namespaces, assets) = caches;
             cds.wait_until_ready().await.is_ok()
                 && cdcs.wait_until_ready().await.is_ok()
                 && claims.wait_until_ready().await.is_ok()
                 && namespaces.wait_until_ready().await.is_ok()
+                && assets.wait_until_ready().await.is_ok()
         })
     };
     let ctx = Arc::new(Ctx {
@@ -103,11 +118,14 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
         cdcs,
         claims,
         namespaces,
+        assets,
         caches_filled,
         expectations: Mutex::default(),
+        records: Mutex::default(),
         written: Mutex::default(),
     });
     let pools_of_cdc = pools.clone();
+    let pools_of_asset = pools.clone();
     let shutdown = cancel.clone();
     Controller::for_stream(pool_stream, pools)
         .watches_stream(cd_stream, |cd: ClusterDeployment| {
@@ -133,6 +151,16 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
                         || holder.as_deref() == Some(name.as_str())
                         || cdc.finalizers().contains(&cdc_finalizer(&name))
                 })
+                .map(|p| ObjectRef::from_obj(&*p))
+                .collect::<Vec<_>>()
+        })
+        // Assets feed the failure domains and hosts of the baremetal pools in their namespace.
+        .watches_stream(asset_stream, move |asset: BareMetalAsset| {
+            let ns = asset.namespace().unwrap_or_default();
+            pools_of_asset
+                .state()
+                .into_iter()
+                .filter(|p| p.namespace().as_deref() == Some(ns.as_str()) && p.spec.platform.baremetal.is_some())
                 .map(|p| ObjectRef::from_obj(&*p))
                 .collect::<Vec<_>>()
         })
@@ -273,6 +301,10 @@ pub(super) struct Round {
     pub(super) written: BTreeMap<String, Cdc>,
     pub(super) syntax_errors: BTreeMap<String, String>,
     pub(super) missing_dependencies: Vec<String>,
+    /// Assets assigned this round (the cache may not show them yet).
+    pub(super) hosts_taken: BTreeSet<String>,
+    /// Why a cluster could not get its bare-metal hosts.
+    pub(super) insufficient_hosts: Option<String>,
 }
 
 impl Round {
@@ -320,6 +352,8 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
         written: BTreeMap::new(),
         syntax_errors: BTreeMap::new(),
         missing_dependencies: Vec::new(),
+        hosts_taken: BTreeSet::new(),
+        insufficient_hosts: None,
     };
 
     if name.len() > MAX_POOL_NAME && pool.metadata.deletion_timestamp.is_none() {
@@ -461,8 +495,12 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
         (Bucket::Released, "its claim was deleted"),
         (Bucket::Broken, "its install failed installAttemptsLimit times"),
     ] {
-        let mut victims: Vec<&Arc<ClusterDeployment>> =
-            cds.iter().filter(|cd| buckets[&cd.name_any()] == wanted).collect();
+        // A cluster stopped on its machine spec would be rebuilt identically: it stays (and says
+        // why) until the pool's configuration changes and makes it stale.
+        let mut victims: Vec<&Arc<ClusterDeployment>> = cds
+            .iter()
+            .filter(|cd| buckets[&cd.name_any()] == wanted && !invalid_machine_spec(cd))
+            .collect();
         victims.sort_by_key(|cd| created(cd));
         for cd in victims {
             if room <= 0 {
@@ -582,6 +620,9 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
     // What the inventory can back for unclaimed clusters once deletions finish.
     let capacity = (backing - held_by_claims).max(0);
     let wanted = i64::from(pool.spec.size) + pending_claims;
+    let assets = machines::pool_assets(pool, ctx);
+    let domains = machines::domains(pool, &assets);
+    let mut usage = machines::usage(ctx, &cds, &expected_created);
     let target = if pool.spec.inventory.is_some() {
         wanted.min((backing - held_elsewhere).max(0))
     } else {
@@ -609,7 +650,11 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
     if drift < 0 {
         let to_add = (-drift).min(size_room).min(room);
         if to_add > 0 {
-            add_clusters(pool, ctx, &version, to_add, free, &mut round).await?;
+            let placement = Placement {
+                domains: &domains,
+                usage: &mut usage,
+            };
+            add_clusters(pool, ctx, &version, to_add, free, placement, &mut round).await?;
         }
     } else if drift > 0 && room > 0 {
         // Excess: installing ones (newest first), then ready ones (newest first).
@@ -668,6 +713,8 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
         }
     }
 
+    hosts::repair(pool, ctx, &assets, &cd_names, &expected_created, &mut round).await?;
+
     // Empty pool namespaces (a CD never created, or one deleted) are reaped after the minimum age.
     reap_namespaces(ctx, &ns, &name, &cd_names, &expected_created, &mut round).await?;
 
@@ -697,6 +744,7 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
     status.standby = installing_now;
     status.platform = pool.spec.platform.name().map(String::from);
     status.observed_generation = pool.metadata.generation;
+    status.failure_domains = domains.clone();
     status.inventory = entry_statuses(
         &base_status,
         &inventory,
@@ -785,6 +833,8 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
                 pool.spec.max_size.unwrap_or_default()
             ),
         );
+    } else if let Some(message) = &round.insufficient_hosts {
+        set("CapacityAvailable", false, "InsufficientHosts", message.clone());
     } else if pool.spec.inventory.is_some() && wanted > capacity {
         set(
             "CapacityAvailable",
@@ -801,6 +851,23 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
             "Available",
             "The pool can add clusters".into(),
         );
+    }
+    if pool.spec.platform.vsphere.is_some() {
+        if domains.is_empty() {
+            set(
+                "FailureDomainsUnsupported",
+                false,
+                "NoFailureDomains",
+                "The pool defines no failure domains".into(),
+            );
+        } else {
+            set(
+                "FailureDomainsUnsupported",
+                true,
+                "FailureDomainsUnsupported",
+                "Failure domains are not supported on vSphere and are ignored; remove spec.failureDomains and spec.availabilityZones".into(),
+            );
+        }
     }
     if stale.is_empty() {
         set(
@@ -829,8 +896,15 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
         "Deleting the pool deletes its unclaimed clusters".into(),
     );
     if status != old_status {
+        let mut patch = json!({"status": status});
+        // A merge patch keeps map keys it does not mention: removed domains are sent as null.
+        for gone in old_status.failure_domains.keys() {
+            if !status.failure_domains.contains_key(gone) {
+                patch["status"]["failureDomains"][gone] = Value::Null;
+            }
+        }
         let written = pools
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
             .await?;
         if let Some(rv) = resource_version(&written) {
             let mut all = ctx.written.lock().unwrap_or_else(|p| p.into_inner());
@@ -888,12 +962,28 @@ async fn delete_cd(api: &Api<ClusterDeployment>, cd: &ClusterDeployment, why: &s
 }
 
 /// Adds up to `count` clusters (§4.3.2 order: name → lease → namespace, Secrets, ClusterDeployment).
+/// The pool's failure domains and their use so far, for placing new clusters' machines.
+pub(super) struct Placement<'a> {
+    pub(super) domains: &'a BTreeMap<String, FailureDomainStatus>,
+    pub(super) usage: &'a mut BTreeMap<String, usize>,
+}
+
+/// True when the cluster was stopped because its machines cannot be placed.
+fn invalid_machine_spec(cd: &ClusterDeployment) -> bool {
+    cd.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "ProvisionStopped" && c.status == "True" && c.reason == "InvalidMachineSpec")
+    })
+}
+
 async fn add_clusters(
     pool: &ClusterPool,
     ctx: &Ctx,
     version: &str,
     count: i64,
     mut free: Vec<(inventory::Rank, String)>,
+    placement: Placement<'_>,
     round: &mut Round,
 ) -> Result<(), PoolError> {
     let Some(inputs) = read_inputs(pool, ctx, round).await? else {
@@ -907,6 +997,8 @@ async fn add_clusters(
     for _ in 0..count {
         let cd_name = cluster_name(&name);
         let mut config = install_config::generate(&inputs.template, &pool.spec, &cd_name);
+        let mut usage = placement.usage.clone();
+        let plan: MachinePlan = machines::plan(pool, placement.domains, &mut usage, &mut config);
         let mut leased: Option<Cdc> = None;
         if pool.spec.inventory.is_some() {
             // Try entries in order until one applies and its lease write wins.
@@ -976,6 +1068,26 @@ async fn add_clusters(
                 return Ok(());
             }
         }
+        let mut plan = plan;
+        if pool.spec.platform.baremetal.is_some() {
+            // §4.3.2 order: after the lease, before the namespace and the ClusterDeployment.
+            let Some(chosen) = hosts::take(pool, ctx, &cd_name, placement.domains, &usage, round).await? else {
+                if let Some(cdc) = &leased {
+                    match inventory::release(&cdc_api, cdc, &cd_name, &name).await {
+                        Ok(_) => {}
+                        // Left to the repair after the minimum age.
+                        Err(err) if is_conflict(&err) => {}
+                        Err(err) => return Err(err.into()),
+                    }
+                }
+                return Ok(());
+            };
+            let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(tenant.client.clone(), &ns);
+            hosts::render(&mut config, &chosen, &secrets).await?;
+            plan.records = hosts::records(&chosen);
+            plan.hosts = hosts::cluster_hosts(&chosen);
+            machines::commit(&mut usage, &plan.records);
+        }
         {
             let mut all = ctx.expectations.lock().unwrap_or_else(|p| p.into_inner());
             all.entry(format!("{ns}/{name}"))
@@ -983,7 +1095,9 @@ async fn add_clusters(
                 .created
                 .insert(cd_name.clone(), Instant::now());
         }
-        if let Err(err) = create_cluster(pool, ctx, &inputs, &cd_name, version, &config, leased.as_ref()).await {
+        *placement.usage = usage;
+        machines::remember(ctx, &cd_name, &plan.records);
+        if let Err(err) = create_cluster(pool, ctx, &inputs, &cd_name, version, &config, leased.as_ref(), &plan).await {
             // Not coming: stop counting it. Its lease and namespace are repaired after the minimum age.
             let mut all = ctx.expectations.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(mine) = all.get_mut(&format!("{ns}/{name}")) {

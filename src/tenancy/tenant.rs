@@ -110,6 +110,7 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
     controllers.spawn(crate::stacks::install::run(context.clone(), cancel.clone()));
     controllers.spawn(crate::stacks::stack::run(context.clone(), cancel.clone()));
     controllers.spawn(crate::pools::run(context.clone(), cancel.clone()));
+    controllers.spawn(crate::inventory::run(context.clone(), cancel.clone()));
     while let Some(result) = controllers.join_next().await {
         match result {
             Ok(Ok(())) => {}

@@ -525,7 +525,8 @@ enum Scenario {
     /// A pool's clusters claimed, expired, replaced or deprovisioned and its empty namespaces
     /// reaped: tested in tests/it/pools.rs, not run here.
     PoolLifecycle,
-    /// The bare-metal asset controller: not built yet (issue 9).
+    /// The bare-metal asset controller and baremetal pools: tested in tests/it/inventory.rs, not run
+    /// here.
     BareMetal,
     /// Paths no run here takes, each tested with its controller (tests/it/stacks_*.rs): tenant
     /// objects edited by hand and replaced, upgrades that change a CRD or a Stack, a stack changing

@@ -19,6 +19,7 @@ mod embedded_watch;
 mod examples;
 mod fidelity;
 mod harness;
+mod inventory;
 mod kubectl;
 mod pools;
 mod stacks_install;
