@@ -78,6 +78,10 @@ pub struct ChaosReport {
     pub double_leases: u64,
     /// Whether the pool that filled during the faults ended full.
     pub pool_filled: bool,
+    /// Observations of one bare-metal asset backing two live clusters; must be 0.
+    pub double_assignments: u64,
+    /// Whether the baremetal pool ended full.
+    pub metal_pool_filled: bool,
     /// Seconds from the end of the faults until everything settled (or the deadline).
     pub converge_s: f64,
     pub passed: bool,
@@ -111,6 +115,9 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
     )
     .await?;
     let cluster_deployments: Api<crate::api::pools::ClusterDeployment> = Api::all(pool_tenant.clone());
+    // ... and a baremetal pool draws hosts from assets in the last tenant.
+    let metal_tenant = fleet.tenants[fleet.tenants.len() - 1].1.client().await;
+    super::metal::install(&metal_tenant).await?;
     let mut created: Vec<(usize, String)> = Vec::new();
     let mut uninstalled: BTreeSet<(usize, String)> = BTreeSet::new();
     let faults_end = Instant::now() + options.duration;
@@ -182,6 +189,9 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
         if let Ok(doubles) = super::pools::count_double_leases(&cluster_deployments).await {
             report.double_leases += doubles;
         }
+        if let Ok(doubles) = super::metal::double_assignments(&metal_tenant).await {
+            report.double_assignments += doubles;
+        }
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..1200))).await;
     }
     // Calm: no more faults; the remaining installs go in, and everything must settle.
@@ -203,6 +213,10 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
         if let Ok(doubles) = super::pools::count_double_leases(&cluster_deployments).await {
             report.double_leases += doubles;
         }
+        if let Ok(doubles) = super::metal::double_assignments(&metal_tenant).await {
+            report.double_assignments += doubles;
+        }
+        report.metal_pool_filled = super::metal::filled(&metal_tenant).await;
         report.pool_filled = pools
             .get_opt("pool")
             .await
@@ -213,7 +227,8 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
         let settled = report.stuck.is_empty()
             && report.uninstalls_unfinished.is_empty()
             && report.orphans.is_empty()
-            && report.pool_filled;
+            && report.pool_filled
+            && report.metal_pool_filled;
         if settled || Instant::now() > deadline {
             break;
         }
@@ -224,7 +239,9 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
         && report.uninstalls_unfinished.is_empty()
         && report.orphans.is_empty()
         && report.double_leases == 0
-        && report.pool_filled;
+        && report.double_assignments == 0
+        && report.pool_filled
+        && report.metal_pool_filled;
     if !report.passed
         && let Some(daemon) = &daemon
     {
@@ -404,7 +421,7 @@ fn parent_resource(kind: &str) -> Option<ApiResource> {
 pub fn table(report: &ChaosReport) -> String {
     let faults: Vec<String> = report.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
     let mut out = format!(
-        "chaos (seed {}): {}\nfaults: {}\ninstalls {}: {} Ready, {} clearly failed, {} stuck; uninstalls {}: {} unfinished\npool filled: {}; orphaned host objects: {}; double leases: {}; settled in {:.1} s\n",
+        "chaos (seed {}): {}\nfaults: {}\ninstalls {}: {} Ready, {} clearly failed, {} stuck; uninstalls {}: {} unfinished\npools filled: {} (vSphere), {} (baremetal); orphaned host objects: {}; double leases: {}; assets assigned twice: {}; settled in {:.1} s\n",
         report.seed,
         if report.passed { "PASSED" } else { "FAILED" },
         faults.join(", "),
@@ -415,8 +432,10 @@ pub fn table(report: &ChaosReport) -> String {
         report.uninstalls,
         report.uninstalls_unfinished.len(),
         report.pool_filled,
+        report.metal_pool_filled,
         report.orphans.len(),
         report.double_leases,
+        report.double_assignments,
         report.converge_s,
     );
     for line in report

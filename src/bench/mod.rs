@@ -6,6 +6,7 @@ pub mod chaos;
 pub mod fleet;
 mod idle;
 mod latency;
+mod metal;
 mod pools;
 mod stacks;
 

@@ -66,6 +66,8 @@ fn chaos_keeps_its_invariants_on_several_seeds() {
         assert_eq!(report["stuck"].as_array().map(Vec::len), Some(0), "{report:#}");
         assert_eq!(report["double_leases"], 0);
         assert_eq!(report["pool_filled"], true, "{report:#}");
+        assert_eq!(report["metal_pool_filled"], true, "{report:#}");
+        assert_eq!(report["double_assignments"], 0, "{report:#}");
         let faults: u64 = report["faults"]
             .as_object()
             .unwrap()
