@@ -41,6 +41,53 @@ fn free(asset: &BareMetalAsset) -> bool {
     asset.spec.assigned_cluster().is_none() && asset.metadata.deletion_timestamp.is_none()
 }
 
+/// What the pool's free assets can back: whole clusters, and how many control-plane and worker hosts
+/// the next cluster would get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HostCapacity {
+    pub clusters: usize,
+    pub next_masters: usize,
+    pub next_workers: usize,
+}
+
+/// How many more clusters the pool's free assets can back, each taking `needed(pool)` hosts by the
+/// same role rules as `choose`: the pool's capacity on bare metal.
+pub fn capacity(pool: &ClusterPool, assets: &[Arc<BareMetalAsset>]) -> HostCapacity {
+    let (masters, workers) = needed(pool);
+    let free_of = |role: AssetRole| {
+        assets
+            .iter()
+            .filter(|a| free(a) && a.spec.role.unwrap_or_default() == role)
+            .count()
+    };
+    let (mut m, mut w, mut any) = (
+        free_of(AssetRole::Master),
+        free_of(AssetRole::Worker),
+        free_of(AssetRole::Unspecified),
+    );
+    let mut clusters = 0;
+    loop {
+        let from_masters = m.min(masters);
+        let from_workers = w.min(workers);
+        let from_any = (masters - from_masters) + (workers - from_workers);
+        if from_any > any || masters + workers == 0 {
+            let next_masters = (from_masters + any).min(masters);
+            let spare = any.saturating_sub(masters - from_masters);
+            let next_workers = (from_workers + spare).min(workers);
+            let clusters = if masters + workers == 0 { usize::MAX } else { clusters };
+            return HostCapacity {
+                clusters,
+                next_masters,
+                next_workers,
+            };
+        }
+        m -= from_masters;
+        w -= from_workers;
+        any -= from_any;
+        clusters += 1;
+    }
+}
+
 /// Chooses `masters` control-plane and `workers` worker hosts among the free `assets`: each role
 /// takes assets of that role first, then role-less ones, never the other role. Control-plane hosts
 /// are spread like control-plane machines (§6): fewest of this cluster in the domain, then fewest
@@ -411,6 +458,31 @@ mod tests {
 
     fn names(chosen: &[(Arc<BareMetalAsset>, HostRole)]) -> Vec<(String, HostRole)> {
         chosen.iter().map(|(a, r)| (a.name_any(), *r)).collect()
+    }
+
+    #[test]
+    fn capacity_counts_the_clusters_the_free_assets_can_back() {
+        let pool: ClusterPool = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "team"},
+            "spec": {"size": 3, "baseDomain": "example.com", "installerImage": "i", "pullSecretRef": {"name": "pull"},
+                     "platform": {"baremetal": {"credentialsSecretRef": {"name": "creds"}}},
+                     "controlPlane": {"replicas": 1}, "compute": {"replicas": 1}}
+        }))
+        .unwrap();
+        let m = Some(AssetRole::Master);
+        let w = Some(AssetRole::Worker);
+        // Two masters, one worker, one role-less: two clusters (the second's worker is role-less).
+        let assets = vec![
+            asset("m1", m, None),
+            asset("m2", m, None),
+            asset("w1", w, None),
+            asset("x1", None, None),
+        ];
+        assert_eq!(capacity(&pool, &assets).clusters, 2);
+        // Workers never stand in for masters.
+        let workers = vec![asset("w1", w, None), asset("w2", w, None)];
+        let none = capacity(&pool, &workers);
+        assert_eq!((none.clusters, none.next_masters, none.next_workers), (0, 0, 1));
     }
 
     #[test]

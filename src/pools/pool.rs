@@ -648,7 +648,20 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
 
     tracing::debug!(pool = %name, unclaimed = unclaimed.len(), pending_created, target, backing, held_elsewhere, wanted, installing, room, "capacity");
     if drift < 0 {
-        let to_add = (-drift).min(size_room).min(room);
+        let mut to_add = (-drift).min(size_room).min(room);
+        if pool.spec.platform.baremetal.is_some() {
+            // Capacity on bare metal: only as many clusters as the free assets can back.
+            let capacity = hosts::capacity(pool, &assets);
+            let backable = capacity.clusters.min(i64::MAX as usize) as i64;
+            if backable < to_add {
+                let (masters, workers) = hosts::needed(pool);
+                round.insufficient_hosts = Some(format!(
+                    "The pool needs {} more clusters; its free BareMetalAssets back {backable}, and a cluster needs {masters} control-plane and {workers} worker hosts where the rest can fill only {} and {} (control-plane hosts have role master or none, workers role worker or none); add assets matching spec.hostSelector or lower spec.size",
+                    -drift, capacity.next_masters, capacity.next_workers
+                ));
+                to_add = backable;
+            }
+        }
         if to_add > 0 {
             let placement = Placement {
                 domains: &domains,
