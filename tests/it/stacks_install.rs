@@ -942,6 +942,7 @@ async fn wait_synced(tenant: &Client, namespace: &str, daemon: &Daemon) -> Stack
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_daemon_killed_mid_install_converges_without_duplicates() {
+    // Killed after the Job is created, after the CRDs, and after the token copy (DESIGN.md §3, issue 7).
     let fleet = StackFleet::start(&["acme"]).await;
     let tenant = fleet.tenant("acme");
     pull_secret(&tenant, "team-a").await;
@@ -970,8 +971,36 @@ async fn a_daemon_killed_mid_install_converges_without_duplicates() {
     })
     .await;
     drop(second);
+    // Killed right after the stack's token is copied to the host.
     let third = fleet.daemon(&[]);
-    wait_synced(&tenant, "team-a", &third).await;
+    let host_secrets = fleet.host_secrets("acme");
+    wait_until("the host token copy", Duration::from_secs(20), &third, || {
+        let host_secrets = host_secrets.clone();
+        async move { host_secrets.get_opt("team-a.sample-token").await.ok().flatten() }
+    })
+    .await;
+    drop(third);
+    let fourth = fleet.daemon(&[]);
+    let installs: Api<StackInstall> = Api::namespaced(tenant.clone(), "team-a");
+    wait_until("Ready=True", Duration::from_secs(20), &fourth, || {
+        let installs = installs.clone();
+        async move {
+            let install = installs.get("sample").await.ok()?;
+            (condition(&install, "Ready")?.0 == "True").then_some(())
+        }
+    })
+    .await;
+    let (stack_jobs, stack_secrets) = objects_of_kind(&fleet, "Stack").await;
+    assert!(stack_jobs.is_empty(), "a Stack owns no Jobs");
+    assert_eq!(stack_secrets.len(), 1, "duplicate host token copies");
+    let host_deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(fleet.host_client.clone(), "tenant-acme-controllers");
+    let params = ListParams::default().labels("stackd.dev/parent-kind=Stack");
+    assert_eq!(
+        host_deployments.list(&params).await.expect("list").items.len(),
+        1,
+        "duplicate Deployments"
+    );
     let (jobs, secrets) = objects_of_kind(&fleet, "StackInstall").await;
     assert_eq!(jobs.len(), 1, "duplicate Jobs");
     assert_eq!(
