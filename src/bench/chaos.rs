@@ -27,19 +27,6 @@ use crate::host::labels::{
     TENANT_UID_ANNOTATION,
 };
 
-/// Reasons that mean an install failed clearly (it says why), as opposed to still being on its way.
-const CLEAR_FAILURES: &[&str] = &[
-    "InstallJobFailed",
-    "InvalidPackage",
-    "PermissionScopeMismatch",
-    "PodSpecRefused",
-    "InvalidDeploymentSpec",
-    "CRDConflict",
-    "HostObjectConflict",
-    "StackConflict",
-    "PullSecretMissing",
-];
-
 #[derive(Clone, Debug)]
 pub struct ChaosOptions {
     pub seed: u64,
@@ -316,7 +303,9 @@ async fn check(
         };
         match ready {
             Some(c) if c.status == "True" => report.ready += 1,
-            Some(c) if CLEAR_FAILURES.contains(&c.reason.as_str()) => report.clearly_failed += 1,
+            Some(c) if crate::stacks::install::FAILURE_REASONS.contains(&c.reason.as_str()) => {
+                report.clearly_failed += 1
+            }
             other => report.stuck.push(format!(
                 "{name}/{namespace}: {}",
                 other.map_or("no Ready condition".to_string(), |c| format!(

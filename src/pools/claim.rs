@@ -17,8 +17,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::pool::{Bucket, PoolError, Round, created};
-use super::{is_conflict, is_not_found, publish, reflect};
+use super::{is_conflict, is_not_found, publish};
 use crate::api::pools::{ClusterClaim, ClusterClaimStatus, ClusterDeployment, ClusterPool, ClusterPoolSpec};
+use crate::runtime::cache::reflect;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::readiness::Readiness;
 use crate::tenancy::tenant::TenantContext;

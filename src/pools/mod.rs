@@ -19,12 +19,9 @@ mod status;
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::reflector::{self, Store, reflector};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -82,24 +79,6 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
 
 /// How long in-flight reconciles may take to finish once the tenant stops.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// A reflector over `api` and the stream of objects it saw change (deletions included): the store
-/// is filled as the stream is polled, so give the stream to a controller.
-pub fn reflect<K>(
-    api: Api<K>,
-    config: watcher::Config,
-) -> (Store<K>, impl Stream<Item = Result<K, watcher::Error>> + Send + 'static)
-where
-    K: Resource + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    let (store, writer) = reflector::store();
-    let stream = reflector(writer, watcher(api, config))
-        .default_backoff()
-        .touched_objects()
-        .boxed();
-    (store, stream)
-}
 
 /// Publishes an Event on a tenant object; a failure to publish never fails a reconcile.
 pub async fn publish<K>(context: &TenantContext, object: &K, warning: bool, reason: &str, note: String)

@@ -33,13 +33,14 @@ use super::repair;
 use super::status::{entry_statuses, record_metrics};
 use super::{
     CDC_GENERATION_ANNOTATION, POOL_FINALIZER, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, POOL_VERSION_ANNOTATION,
-    cdc_finalizer, is_conflict, is_not_found, publish, reflect, set_finalizers,
+    cdc_finalizer, is_conflict, is_not_found, publish, set_finalizers,
 };
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{
     ClusterClaim, ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus,
     FailureDomainStatus, InventoryEntryState, MachineFailureDomain,
 };
+use crate::runtime::cache::reflect;
 use crate::runtime::conditions::{DesiredCondition, is_true, set_condition};
 use crate::runtime::metrics::{Metrics, PoolLabels};
 use crate::runtime::readiness::Readiness;

@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod backoff;
+pub mod cache;
 pub mod conditions;
 pub mod health;
 pub mod leader;

@@ -10,7 +10,7 @@ use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::ApiResource;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::reflector::{self, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Config};
 use tokio::sync::Semaphore;
@@ -25,6 +25,7 @@ use crate::host::labels::tenant_selector;
 use crate::host::namespace::{self, NamespaceError};
 use crate::host::sweep::run::sweep_once;
 use crate::runtime::backoff::ObjectBackoff;
+use crate::runtime::cache::is_filled;
 use crate::runtime::health::TenantHealth;
 use crate::runtime::metrics::Metrics;
 
@@ -176,7 +177,7 @@ async fn host_namespace_controller(context: Arc<TenantContext>, cancel: Cancella
                 Some(Ok(())) => {}
             },
         }
-        if !(store_ready(&ns_store) && store_ready(&rb_store)) {
+        if !(is_filled(&ns_store) && is_filled(&rb_store)) {
             continue;
         }
         let observed_ns = ns_store
@@ -223,14 +224,6 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     if let Some(deadline) = deadline {
         tokio::time::sleep_until(deadline).await;
     }
-}
-
-fn store_ready<K: kube::Resource + Clone + 'static>(store: &Store<K>) -> bool
-where
-    K::DynamicType: std::hash::Hash + Eq + Clone,
-{
-    // A reflector store is readable once its first list completed.
-    futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
 }
 
 /// Tenant kinds that own host objects.
@@ -323,7 +316,7 @@ async fn crd_monitor(context: Arc<TenantContext>, cancel: CancellationToken) -> 
                 Some(Ok(_)) => {}
             },
         }
-        if !store_ready(&store) {
+        if !is_filled(&store) {
             continue;
         }
         failures = 0;

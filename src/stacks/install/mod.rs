@@ -16,8 +16,8 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::runtime::controller::{self, Action, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -26,6 +26,7 @@ use tracing::{debug, warn};
 
 use crate::api::stacks::{ClusterStackInstall, InstallSpec, PermissionScope, Stack, StackInstall, StackInstallStatus};
 use crate::host::labels::{TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION};
+use crate::runtime::cache::{is_filled, reflect, reflect_crds};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::readiness::Readiness;
 use crate::runtime::shutdown::run_controller;
@@ -68,6 +69,21 @@ impl InstallKind for ClusterStackInstall {
     }
 }
 
+/// `Ready=False` reasons that say an install failed and why (published as Warning Events), as
+/// opposed to one still on its way.
+pub const FAILURE_REASONS: &[&str] = &[
+    "InstallJobFailed",
+    "InvalidPackage",
+    "PermissionScopeMismatch",
+    "PodSpecRefused",
+    "InvalidDeploymentSpec",
+    "CRDConflict",
+    "CRDTerminating",
+    "HostObjectConflict",
+    "StackConflict",
+    "PullSecretMissing",
+];
+
 /// What one install controller reads from: its caches of host Jobs and tenant CRDs and Stacks.
 pub struct InstallContext {
     pub tenant: Arc<TenantContext>,
@@ -107,26 +123,14 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
 }
 
 async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: CancellationToken) {
-    let host_jobs: Api<Job> = Api::namespaced(context.host.clone(), &context.host_namespace);
-    let (jobs, jobs_writer) = reflector::store();
-    // Deletions matter too: a replaced Job's deletion lets its successor be created.
-    let job_events = reflector::reflector(jobs_writer, watcher(host_jobs, context.host_watch_config()))
-        .default_backoff()
-        .touched_objects();
-    let (crds, crds_writer) = reflector::store();
-    let crd_events = reflector::reflector(
-        crds_writer,
-        watcher(Api::all(context.client.clone()), watcher::Config::default()).modify(crate::api::crds::slim),
-    )
-    .default_backoff()
-    .applied_objects();
-    let (stacks, stacks_writer) = reflector::store();
-    let stack_events = reflector::reflector(
-        stacks_writer,
-        watcher(Api::<Stack>::all(context.client.clone()), watcher::Config::default()),
-    )
-    .default_backoff()
-    .touched_objects();
+    // Deletions matter too: a replaced Job's deletion lets its successor be created, a deleted
+    // Stack lets its install's uninstall go on.
+    let (jobs, job_events) = reflect(
+        Api::<Job>::namespaced(context.host.clone(), &context.host_namespace),
+        context.host_watch_config(),
+    );
+    let (crds, crd_events) = reflect_crds(Api::all(context.client.clone()));
+    let (stacks, stack_events) = reflect(Api::<Stack>::all(context.client.clone()), watcher::Config::default());
     let stackd_image = context
         .shared
         .settings
@@ -174,16 +178,8 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
             }
             futures::future::ready(())
         });
+    // Asked only at shutdown, when no one else awaits the store any more.
     run_controller(run, &cancel, || is_filled(&main_store)).await;
-}
-
-/// True once a store completed its first list. Only asked at shutdown: polling the store's ready
-/// future replaces the waker of anyone else awaiting it (see runtime::readiness).
-fn is_filled<K: kube::Resource + Clone + 'static>(store: &Store<K>) -> bool
-where
-    K::DynamicType: std::hash::Hash + Eq + Clone,
-{
-    futures::FutureExt::now_or_never(store.wait_until_ready()).is_some_and(|r| r.is_ok())
 }
 
 /// The install a host object belongs to, from its identity annotations.

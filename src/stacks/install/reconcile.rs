@@ -17,7 +17,7 @@ use tracing::info;
 
 use super::job::{self, JobInputs, JobState};
 use super::package::{self, PackageError};
-use super::{InstallContext, InstallError, InstallKind, SAFETY_NET, uninstall};
+use super::{FAILURE_REASONS, InstallContext, InstallError, InstallKind, SAFETY_NET, uninstall};
 use crate::api::common::{HostObjectRef, LocalObjectReference};
 use crate::api::stacks::Stack;
 use crate::host::Parent;
@@ -52,20 +52,6 @@ impl Report {
         }
     }
 }
-
-/// Reasons that tell a user something went wrong (Warning Events).
-const WARNINGS: &[&str] = &[
-    "InstallJobFailed",
-    "InvalidPackage",
-    "PermissionScopeMismatch",
-    "PodSpecRefused",
-    "InvalidDeploymentSpec",
-    "CRDConflict",
-    "CRDTerminating",
-    "HostObjectConflict",
-    "StackConflict",
-    "PullSecretMissing",
-];
 
 pub(super) async fn reconcile<K: InstallKind>(
     install: Arc<K>,
@@ -718,7 +704,7 @@ pub(super) async fn publish<K: InstallKind>(
         Err(err) => return Err(InstallError::Tenant(err)),
     }
     for (reason, message) in changed {
-        let type_ = if WARNINGS.contains(&reason) {
+        let type_ = if FAILURE_REASONS.contains(&reason) {
             EventType::Warning
         } else {
             EventType::Normal

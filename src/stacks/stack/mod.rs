@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
@@ -22,8 +22,8 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Error as FinalizerError, Event as FinalizerEvent, finalizer};
-use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -40,6 +40,7 @@ use crate::host::labels::{
     MANAGED_BY, MANAGED_BY_LABEL, Parent, TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION,
 };
 use crate::host::names::{NameKind, host_name};
+use crate::runtime::cache::{reflect, reflect_crds};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::readiness::Readiness;
@@ -155,19 +156,14 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
         context.host_namespace.clone(),
     );
     let ours = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
-    let (service_accounts, sa_events) = watch(Api::all(tenant.clone()), ours.clone());
-    let (tenant_secrets, ts_events) = watch(Api::all(tenant.clone()), ours.clone());
-    let (cluster_roles, cr_events) = watch(Api::all(tenant.clone()), ours.clone());
-    let (role_bindings, rb_events) = watch(Api::all(tenant.clone()), ours.clone());
-    let (cluster_role_bindings, crb_events) = watch(Api::all(tenant.clone()), ours);
-    let (crds, crd_events) = {
-        let (store, writer) = reflector::store();
-        let crds = watcher(Api::all(tenant.clone()), watcher::Config::default()).modify(crate::api::crds::slim);
-        let events = reflector(writer, crds).default_backoff().touched_objects();
-        (store, events)
-    };
-    let (deployments, dep_events) = watch(Api::namespaced(host.clone(), &host_ns), context.host_watch_config());
-    let (host_secrets, hs_events) = watch(Api::namespaced(host, &host_ns), context.host_watch_config());
+    let (service_accounts, sa_events) = reflect(Api::all(tenant.clone()), ours.clone());
+    let (tenant_secrets, ts_events) = reflect(Api::all(tenant.clone()), ours.clone());
+    let (cluster_roles, cr_events) = reflect(Api::all(tenant.clone()), ours.clone());
+    let (role_bindings, rb_events) = reflect(Api::all(tenant.clone()), ours.clone());
+    let (cluster_role_bindings, crb_events) = reflect(Api::all(tenant.clone()), ours);
+    let (crds, crd_events) = reflect_crds(Api::all(tenant.clone()));
+    let (deployments, dep_events) = reflect(Api::namespaced(host.clone(), &host_ns), context.host_watch_config());
+    let (host_secrets, hs_events) = reflect(Api::namespaced(host, &host_ns), context.host_watch_config());
 
     let controller = Controller::new(Api::<Stack>::all(tenant), watcher::Config::default());
     let stacks = controller.store();
@@ -209,18 +205,6 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
         _ = runs => {}
     }
     Ok(())
-}
-
-/// A reflector-backed watch: the store the reconciler reads, and the events that trigger it.
-fn watch<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, impl Stream<Item = Result<K, watcher::Error>> + Send)
-where
-    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + DeserializeOwned + Send + Sync + 'static,
-{
-    let (store, writer) = reflector::store();
-    let events = reflector(writer, watcher(api, config))
-        .default_backoff()
-        .touched_objects();
-    (store, events)
 }
 
 /// The Stack a host object belongs to, from its identity annotations.
