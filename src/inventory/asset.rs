@@ -23,10 +23,11 @@ use super::{CLUSTER_LABEL, ROLE_LABEL};
 use crate::api::inventory::{AssetRole, BareMetalAsset, BareMetalAssetStatus};
 use crate::api::pools::ClusterDeployment;
 use crate::pools::{is_conflict, is_not_found, publish};
-use crate::runtime::cache::reflect;
+use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::readiness::Readiness;
+use crate::runtime::shutdown::run_controller;
 use crate::tenancy::tenant::TenantContext;
 
 #[derive(Debug, thiserror::Error)]
@@ -58,7 +59,8 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     });
     let assets_of_cd = assets.clone();
     let shutdown = cancel.clone();
-    Controller::for_stream(asset_stream, assets)
+    let main_store = assets.clone();
+    let run = Controller::for_stream(asset_stream, assets)
         // A ClusterDeployment appearing or going changes `ClusterDeploymentFound` of its assets.
         .watches_stream(cd_stream, move |cd: ClusterDeployment| {
             let name = cd.name_any();
@@ -71,8 +73,8 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
         })
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(reconcile, error_policy, ctx)
-        .for_each(|_| std::future::ready(()))
-        .await;
+        .for_each(|_| std::future::ready(()));
+    run_controller(run, &cancel, || is_filled(&main_store)).await;
 }
 
 fn error_policy(asset: Arc<BareMetalAsset>, err: &AssetError, ctx: Arc<Ctx>) -> Action {

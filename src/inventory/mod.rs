@@ -17,24 +17,13 @@ pub const CLUSTER_LABEL: &str = "inventory.stackd.dev/cluster";
 
 /// Runs the inventory controllers of one tenant until `cancel` fires.
 pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
-    let mut task = tokio::spawn(asset::run(context, cancel.clone()));
-    tokio::select! {
-        _ = cancel.cancelled() => {}
-        result = &mut task => {
-            result.map_err(|e| TenantError::Controller(e.to_string()))?;
-            if !cancel.is_cancelled() {
-                return Err(TenantError::Controller("the BareMetalAsset controller stopped".into()));
-            }
-            return Ok(());
-        }
-    }
-    // In-flight reconciles get a moment; a controller waiting on a watch that never becomes ready
-    // (the tenant lacks the CRD) must not hold the tenant's shutdown.
-    if tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await.is_err() {
-        task.abort();
+    // The controller stops by itself on `cancel` (runtime::shutdown); stopping before that is a
+    // failure of the tenant.
+    tokio::spawn(asset::run(context, cancel.clone()))
+        .await
+        .map_err(|e| TenantError::Controller(e.to_string()))?;
+    if !cancel.is_cancelled() {
+        return Err(TenantError::Controller("the BareMetalAsset controller stopped".into()));
     }
     Ok(())
 }
-
-/// How long in-flight reconciles may take to finish once the tenant stops.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);

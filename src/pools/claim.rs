@@ -19,9 +19,10 @@ use tracing::{info, warn};
 use super::pool::{Bucket, PoolError, Round, created};
 use super::{is_conflict, is_not_found, publish};
 use crate::api::pools::{ClusterClaim, ClusterClaimStatus, ClusterDeployment, ClusterPool, ClusterPoolSpec};
-use crate::runtime::cache::reflect;
+use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::readiness::Readiness;
+use crate::runtime::shutdown::run_controller;
 use crate::tenancy::tenant::TenantContext;
 
 struct Ctx {
@@ -46,7 +47,8 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
         pools_filled,
     });
     let shutdown = cancel.clone();
-    Controller::for_stream(claim_stream, claims)
+    let main_store = claims.clone();
+    let run = Controller::for_stream(claim_stream, claims)
         .watches_stream(pool_stream, move |pool: ClusterPool| {
             let ns = pool.namespace();
             claims_of_pool
@@ -58,8 +60,8 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
         })
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(reconcile, error_policy, ctx)
-        .for_each(|_| std::future::ready(()))
-        .await;
+        .for_each(|_| std::future::ready(()));
+    run_controller(run, &cancel, || is_filled(&main_store)).await;
 }
 
 fn error_policy(claim: Arc<ClusterClaim>, err: &kube::Error, ctx: Arc<Ctx>) -> Action {

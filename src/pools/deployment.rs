@@ -35,9 +35,10 @@ use crate::host::apply::{self, HostWriteError, Update, ensure, stamp};
 use crate::host::labels::{TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION};
 use crate::host::names::{NameKind, host_name};
 use crate::host::ownership::{self, Ownership};
-use crate::runtime::cache::reflect;
+use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::conditions::{DesiredCondition, is_true, set_condition};
 use crate::runtime::metrics::Metrics;
+use crate::runtime::shutdown::run_controller;
 use crate::tenancy::tenant::TenantContext;
 
 const KIND: &str = "ClusterDeployment";
@@ -82,13 +83,14 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
         secrets,
     });
     let shutdown = cancel.clone();
-    Controller::for_stream(cd_stream, cds)
+    let main_store = cds.clone();
+    let run = Controller::for_stream(cd_stream, cds)
         .watches_stream(job_stream, owner_of)
         .watches_stream(secret_stream, owner_of)
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(reconcile, error_policy, ctx)
-        .for_each(|_| std::future::ready(()))
-        .await;
+        .for_each(|_| std::future::ready(()));
+    run_controller(run, &cancel, || is_filled(&main_store)).await;
 }
 
 /// The ClusterDeployment a host object was made for, from its identity annotations.

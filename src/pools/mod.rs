@@ -56,29 +56,16 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
     controllers.spawn(pool::run(context.clone(), cancel.clone()));
     controllers.spawn(deployment::run(context.clone(), cancel.clone()));
     controllers.spawn(claim::run(context.clone(), cancel.clone()));
-    tokio::select! {
-        _ = cancel.cancelled() => {}
-        Some(result) = controllers.join_next() => {
-            result.map_err(|e| TenantError::Controller(e.to_string()))?;
-            if !cancel.is_cancelled() {
-                return Err(TenantError::Controller("a pool controller stopped".into()));
-            }
+    // Each controller stops by itself on `cancel` (runtime::shutdown); one stopping before that is
+    // a failure of the tenant.
+    while let Some(result) = controllers.join_next().await {
+        result.map_err(|e| TenantError::Controller(e.to_string()))?;
+        if !cancel.is_cancelled() {
+            return Err(TenantError::Controller("a pool controller stopped".into()));
         }
-    }
-    // In-flight reconciles get a moment to finish; one waiting on a watch that never becomes ready
-    // (the tenant lacks the CRDs) must not hold the tenant's shutdown.
-    let drained = tokio::time::timeout(SHUTDOWN_GRACE, async {
-        while controllers.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
-        controllers.abort_all();
     }
     Ok(())
 }
-
-/// How long in-flight reconciles may take to finish once the tenant stops.
-const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Publishes an Event on a tenant object; a failure to publish never fails a reconcile.
 pub async fn publish<K>(context: &TenantContext, object: &K, warning: bool, reason: &str, note: String)

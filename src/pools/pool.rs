@@ -40,10 +40,11 @@ use crate::api::pools::{
     ClusterClaim, ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus,
     FailureDomainStatus, InventoryEntryState, MachineFailureDomain,
 };
-use crate::runtime::cache::reflect;
+use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::conditions::{DesiredCondition, is_true, set_condition};
 use crate::runtime::metrics::{Metrics, PoolLabels};
 use crate::runtime::readiness::Readiness;
+use crate::runtime::shutdown::run_controller;
 use crate::tenancy::tenant::TenantContext;
 
 type Cdc = ClusterDeploymentCustomization;
@@ -128,7 +129,8 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     let pools_of_cdc = pools.clone();
     let pools_of_asset = pools.clone();
     let shutdown = cancel.clone();
-    Controller::for_stream(pool_stream, pools)
+    let main_store = pools.clone();
+    let run = Controller::for_stream(pool_stream, pools)
         .watches_stream(cd_stream, |cd: ClusterDeployment| {
             cd.spec
                 .cluster_pool_ref
@@ -171,8 +173,8 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
         })
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
         .run(reconcile, error_policy, ctx)
-        .for_each(|_| std::future::ready(()))
-        .await;
+        .for_each(|_| std::future::ready(()));
+    run_controller(run, &cancel, || is_filled(&main_store)).await;
 }
 
 fn error_policy(pool: Arc<ClusterPool>, err: &PoolError, ctx: Arc<Ctx>) -> Action {
