@@ -87,39 +87,24 @@ where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
     K::DynamicType: Default,
 {
-    let name = desired.name_any();
-    let existing = match observed {
-        Some(observed) => observed.clone(),
-        None => match api.create(&PostParams::default(), desired).await {
-            Ok(_) => return Ok(Applied::Created),
-            Err(kube::Error::Api(status)) if status.code == 409 => api.get(&name).await?,
-            Err(err) => return Err(err.into()),
-        },
+    let existing = match ensure_created(api, desired, observed, tenant, parent).await? {
+        (Applied::Created, _) => return Ok(Applied::Created),
+        (_, existing) => existing,
     };
-    match ownership::check(existing.labels(), existing.annotations(), tenant, parent) {
-        Ownership::Foreign { reason } => Err(conflict::<K>(&existing, reason)),
-        Ownership::PreviousIncarnation { .. } => {
-            // Left by a deleted parent of the same name: remove it (only that very object) and start anew.
-            delete(api, &existing).await?;
-            match api.create(&PostParams::default(), desired).await {
-                Ok(_) => Ok(Applied::Created),
-                // The old object is still finalizing; the next event retries.
-                Err(err) => Err(err.into()),
-            }
-        }
-        Ownership::Ours if update == Update::Never || contains(&existing, desired) => Ok(Applied::Unchanged),
-        Ownership::Ours => {
-            let mut replacement = desired.clone();
-            replacement.meta_mut().uid = existing.meta().uid.clone();
-            replacement.meta_mut().resource_version = existing.meta().resource_version.clone();
-            api.replace(&name, &PostParams::default(), &replacement).await?;
-            Ok(Applied::Updated)
-        }
+    if update == Update::Never || contains(&existing, desired) {
+        return Ok(Applied::Unchanged);
     }
+    let mut replacement = desired.clone();
+    replacement.meta_mut().uid = existing.meta().uid.clone();
+    replacement.meta_mut().resource_version = existing.meta().resource_version.clone();
+    api.replace(&desired.name_any(), &PostParams::default(), &replacement)
+        .await?;
+    Ok(Applied::Updated)
 }
 
-/// Like [`ensure`] with [`Update::Never`], but returns the object as it is on the host (created now,
-/// or found and proven ours), for callers that need its uid, e.g. to own other objects by it.
+/// Makes sure an object of ours stands at `desired`'s name and returns it as it is on the host:
+/// created now, or found and proven ours (never updated). Callers that need its uid, e.g. to own
+/// other objects by it, use this directly.
 pub async fn ensure_created<K>(
     api: &Api<K>,
     desired: &K,
@@ -142,6 +127,8 @@ where
     match ownership::check(existing.labels(), existing.annotations(), tenant, parent) {
         Ownership::Foreign { reason } => Err(conflict::<K>(&existing, reason)),
         Ownership::PreviousIncarnation { .. } => {
+            // Left by a deleted parent of the same name: remove it (only that very object) and start
+            // anew; if the old one is still finalizing, the create fails and the next event retries.
             delete(api, &existing).await?;
             Ok((Applied::Created, api.create(&PostParams::default(), desired).await?))
         }
