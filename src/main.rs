@@ -181,6 +181,9 @@ struct BenchArgs {
     /// Also write the JSON report to this file (for a later --compare).
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    /// Keep every daemon's log of a chaos run in this directory (by default they go with the run).
+    #[arg(long, value_name = "DIR")]
+    keep_logs: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -356,7 +359,8 @@ async fn chaos(args: &BenchArgs) -> ExitCode {
             .map_or(0, |d| d.as_secs())
     });
     eprintln!("chaos: seed {seed} (repeat with --seed {seed})");
-    let options = stackd::bench::chaos::ChaosOptions::new(seed, args.quick);
+    let mut options = stackd::bench::chaos::ChaosOptions::new(seed, args.quick);
+    options.keep_logs = args.keep_logs.clone();
     let report = match stackd::bench::chaos::run(&options).await {
         Ok(report) => report,
         Err(err) => return fail("stackd bench --chaos", err),

@@ -4,6 +4,7 @@
 //! live tenant parent, no CDC leased twice.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -34,6 +35,8 @@ pub struct ChaosOptions {
     pub installs_per_tenant: usize,
     /// How long the faults go on.
     pub duration: Duration,
+    /// Keep every daemon's log here (`--keep-logs`).
+    pub keep_logs: Option<PathBuf>,
 }
 
 impl ChaosOptions {
@@ -43,6 +46,7 @@ impl ChaosOptions {
             tenants: if quick { 2 } else { 4 },
             installs_per_tenant: if quick { 3 } else { 8 },
             duration: Duration::from_secs(if quick { 8 } else { 60 }),
+            keep_logs: None,
         }
     }
 }
@@ -71,12 +75,18 @@ pub struct ChaosReport {
     pub metal_pool_filled: bool,
     /// Seconds from the end of the faults until everything settled (or the deadline).
     pub converge_s: f64,
+    /// When something did not settle: the status of each unsettled object (pools, their
+    /// ClusterDeployments, the host Jobs of their tenant).
+    pub unsettled: Vec<String>,
     pub passed: bool,
 }
 
 pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
     let mut rng = StdRng::seed_from_u64(options.seed);
-    let fleet = Fleet::start(options.tenants).await?;
+    let mut fleet = Fleet::start(options.tenants).await?;
+    if let Some(dir) = &options.keep_logs {
+        fleet.keep_logs(dir)?;
+    }
     let daemon_args = ["--sweep-interval", "2s"];
     let mut daemon = Some(fleet.daemon(&daemon_args)?);
     let mut report = ChaosReport {
@@ -130,8 +140,14 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
                 "daemon_restart"
             }
             1 => {
+                // As kube-apiserver restarts: refused connections for a while, then a fresh watch
+                // cache that answers resumed watches with 410.
                 let tenant = rng.random_range(0..fleet.tenants.len());
-                fleet.tenants[tenant].1.restart(RestartState::Keep).await?;
+                let downtime = Duration::from_millis(rng.random_range(0..2000));
+                fleet.tenants[tenant]
+                    .1
+                    .restart_after(RestartState::FreshWatchCache, downtime)
+                    .await?;
                 "tenant_server_restart"
             }
             2 => {
@@ -173,6 +189,11 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
             }
         };
         *report.faults.entry(fault.to_string()).or_default() += 1;
+        // The timeline, to read beside the daemons' logs (`--keep-logs`) when an invariant fails.
+        eprintln!(
+            "chaos: +{:.1}s {fault}",
+            options.duration.as_secs_f64() - faults_end.saturating_duration_since(Instant::now()).as_secs_f64()
+        );
         if let Ok(doubles) = super::pools::count_double_leases(&cluster_deployments).await {
             report.double_leases += doubles;
         }
@@ -229,10 +250,28 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
         && report.double_assignments == 0
         && report.pool_filled
         && report.metal_pool_filled;
+    if !report.pool_filled {
+        let host = fleet.host.client().await;
+        let (tenant, _) = &fleet.tenants[0];
+        report
+            .unsettled
+            .extend(describe_pool(&pool_tenant, &host, tenant, "chaos-pool", "pool").await);
+    }
+    if !report.metal_pool_filled {
+        let host = fleet.host.client().await;
+        let (tenant, _) = &fleet.tenants[fleet.tenants.len() - 1];
+        let (namespace, pool) = (super::metal::NAMESPACE, super::metal::POOL);
+        report
+            .unsettled
+            .extend(describe_pool(&metal_tenant, &host, tenant, namespace, pool).await);
+    }
     if !report.passed
         && let Some(daemon) = &daemon
     {
         eprintln!("chaos: invariants failed; the daemon's log is {}", daemon.log.display());
+        for line in &report.unsettled {
+            eprintln!("  {line}");
+        }
         // The log lives in the fleet's temp dir, which goes with the fleet: show its end now.
         if let Ok(text) = std::fs::read_to_string(&daemon.log) {
             eprintln!(
@@ -270,12 +309,14 @@ async fn create_install(client: &Client, namespace: &str) -> Result<(), kube::Er
         "spec": {"package": "stackd-examples/sample-stack:v0.1.0"},
     }))
     .expect("a valid StackInstall");
-    match Api::<StackInstall>::namespaced(client.clone(), namespace)
-        .create(&PostParams::default(), &install)
-        .await
-    {
+    let installs = Api::<StackInstall>::namespaced(client.clone(), namespace);
+    match installs.create(&PostParams::default(), &install).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        // An injected 409 is no AlreadyExists: count the install only if it is really there.
+        Err(kube::Error::Api(status)) if status.code == 409 => match installs.get_opt("sample").await? {
+            Some(_) => Ok(()),
+            None => Err(kube::Error::Api(status)),
+        },
         Err(err) => Err(err),
     }
 }
@@ -299,7 +340,13 @@ async fn check(
             Ok(Some(install)) => install
                 .status
                 .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "Ready")),
-            _ => None,
+            Ok(None) => {
+                report
+                    .stuck
+                    .push(format!("{name}/{namespace}: the StackInstall does not exist"));
+                continue;
+            }
+            Err(_) => None,
         };
         match ready {
             Some(c) if c.status == "True" => report.ready += 1,
@@ -373,6 +420,88 @@ async fn orphans(fleet: &Fleet) -> Vec<String> {
     found
 }
 
+/// What a pool that did not fill looks like: its status and conditions, each of its
+/// ClusterDeployments with theirs, and the host Jobs of its tenant.
+async fn describe_pool(
+    tenant_client: &Client,
+    host: &Client,
+    tenant: &str,
+    namespace: &str,
+    name: &str,
+) -> Vec<String> {
+    use crate::api::pools::{ClusterDeployment, ClusterPool};
+    let mut lines = Vec::new();
+    match Api::<ClusterPool>::namespaced(tenant_client.clone(), namespace)
+        .get_opt(name)
+        .await
+    {
+        Ok(Some(pool)) => {
+            let status = pool.status.unwrap_or_default();
+            lines.push(format!(
+                "{tenant}: ClusterPool {namespace}/{name}: size {}, ready {}, standby {}; {}",
+                pool.spec.size,
+                status.ready,
+                status.standby,
+                conditions_text(&status.conditions)
+            ));
+        }
+        Ok(None) => lines.push(format!("{tenant}: ClusterPool {namespace}/{name} is gone")),
+        Err(err) => lines.push(format!(
+            "{tenant}: ClusterPool {namespace}/{name}: cannot read it: {err}"
+        )),
+    }
+    if let Ok(cds) = Api::<ClusterDeployment>::all(tenant_client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        for cd in cds.items {
+            let status = cd.status.clone().unwrap_or_default();
+            lines.push(format!(
+                "{tenant}: ClusterDeployment {}/{}{}: installed {}, install restarts {}; {}",
+                cd.namespace().unwrap_or_default(),
+                cd.name_any(),
+                if cd.metadata.deletion_timestamp.is_some() {
+                    " (deleting)"
+                } else {
+                    ""
+                },
+                status.installed,
+                status.install_restarts,
+                conditions_text(&status.conditions)
+            ));
+        }
+    }
+    let jobs: Api<Job> = Api::namespaced(host.clone(), &format!("tenant-{tenant}-controllers"));
+    if let Ok(list) = jobs.list(&ListParams::default()).await {
+        for job in list.items {
+            let status = job.status.clone().unwrap_or_default();
+            let conditions: Vec<String> = status
+                .conditions
+                .iter()
+                .flatten()
+                .map(|c| format!("{}={}", c.type_, c.status))
+                .collect();
+            lines.push(format!(
+                "{tenant}: host Job {}: active {}, succeeded {}, failed {}, conditions [{}]",
+                job.name_any(),
+                status.active.unwrap_or(0),
+                status.succeeded.unwrap_or(0),
+                status.failed.unwrap_or(0),
+                conditions.join(", ")
+            ));
+        }
+    }
+    lines
+}
+
+fn conditions_text(conditions: &[crate::api::common::Condition]) -> String {
+    let parts: Vec<String> = conditions
+        .iter()
+        .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+        .collect();
+    format!("conditions [{}]", parts.join("; "))
+}
+
 /// Every host kind stackd creates for tenant objects.
 fn host_kinds() -> Vec<ApiResource> {
     use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
@@ -432,6 +561,7 @@ pub fn table(report: &ChaosReport) -> String {
         .iter()
         .chain(&report.uninstalls_unfinished)
         .chain(&report.orphans)
+        .chain(&report.unsettled)
     {
         out.push_str(&format!("  {line}\n"));
     }

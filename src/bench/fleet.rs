@@ -22,6 +22,8 @@ pub struct Fleet {
     pub host: ApiServer,
     pub tenants: Vec<(String, ApiServer)>,
     dir: tempfile::TempDir,
+    /// Where daemon logs go when they must outlive the fleet (`--keep-logs`).
+    log_dir: Option<PathBuf>,
 }
 
 impl Fleet {
@@ -39,6 +41,7 @@ impl Fleet {
             host,
             tenants: Vec::new(),
             dir,
+            log_dir: None,
         };
         for index in 0..tenants {
             fleet.add_tenant(&format!("t{index:03}")).await?;
@@ -72,9 +75,17 @@ impl Fleet {
         self.dir.path().join("tenants")
     }
 
+    /// Writes the logs of daemons started from now on into `dir` instead of the fleet's temp dir.
+    pub fn keep_logs(&mut self, dir: &Path) -> Result<(), BenchError> {
+        std::fs::create_dir_all(dir)?;
+        self.log_dir = Some(dir.to_path_buf());
+        Ok(())
+    }
+
     /// Starts `stackd run` against this fleet.
     pub fn daemon(&self, extra: &[&str]) -> Result<DaemonProcess, BenchError> {
-        DaemonProcess::spawn(self.dir.path(), extra)
+        let log_dir = self.log_dir.as_deref().unwrap_or(self.dir.path());
+        DaemonProcess::spawn(self.dir.path(), log_dir, extra)
     }
 
     /// Requests every server has seen so far, host first.
@@ -100,9 +111,9 @@ pub struct DaemonProcess {
 }
 
 impl DaemonProcess {
-    pub fn spawn(dir: &Path, extra: &[&str]) -> Result<DaemonProcess, BenchError> {
+    pub fn spawn(dir: &Path, log_dir: &Path, extra: &[&str]) -> Result<DaemonProcess, BenchError> {
         let admin = free_port()?;
-        let log = dir.join(format!("daemon-{}.log", admin.port()));
+        let log = log_dir.join(format!("daemon-{}.log", admin.port()));
         let exe = std::env::current_exe()?;
         let child = Command::new(exe)
             .args(["run", "--host-kubeconfig"])

@@ -8,6 +8,7 @@ mod idle;
 mod latency;
 mod metal;
 mod pools;
+mod recovery;
 mod stacks;
 
 use std::collections::BTreeMap;
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 pub use idle::IdleFigures;
 pub use latency::LatencyFloor;
 pub use pools::PoolFigures;
+pub use recovery::RecoveryFigures;
 pub use stacks::StackFigures;
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +56,11 @@ impl BenchOptions {
         if self.quick { 4 } else { 20 }
     }
 
+    /// Tenant server restarts in the recovery scenario.
+    fn restarts(&self) -> usize {
+        if self.quick { 2 } else { 5 }
+    }
+
     /// (tenants, installs per tenant) of the stacks scenario.
     fn stack_load(&self) -> (usize, usize) {
         if self.quick { (2, 3) } else { (5, 10) }
@@ -75,6 +82,8 @@ pub struct Report {
     pub pools: PoolFigures,
     /// CDCs leased to two clusters at once (pool scenario); must be 0.
     pub double_leases: u64,
+    /// Recovery after tenant API server restarts.
+    pub recovery: RecoveryFigures,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -118,6 +127,8 @@ pub async fn run(options: &BenchOptions) -> Result<Report, BenchError> {
     let stacks = stacks::measure(stack_tenants, installs, &latency_floor).await?;
     eprintln!("bench: a pool of {} filled by two racing daemons", options.pool_size());
     let pools = pools::measure(options.pool_size()).await?;
+    eprintln!("bench: {} tenant API server restarts", options.restarts());
+    let recovery = recovery::measure(options.restarts()).await?;
     Ok(Report {
         machine: Machine::here(),
         quick: options.quick,
@@ -128,6 +139,7 @@ pub async fn run(options: &BenchOptions) -> Result<Report, BenchError> {
         stacks,
         double_leases: pools.double_leases,
         pools,
+        recovery,
     })
 }
 
@@ -140,6 +152,10 @@ fn headline(report: &Report) -> BTreeMap<&'static str, f64> {
         (
             "watches_per_tenant",
             report.tenants.last().map_or(0.0, |t| t.watches_per_tenant),
+        ),
+        (
+            "install_after_restart_ratio",
+            report.recovery.install_after_restart_ratio,
         ),
     ])
 }
@@ -245,6 +261,20 @@ pub fn table(report: &Report, baseline: Option<&Report>) -> String {
             p.size, p.daemons, p.fill_s, p.lease_conflicts, p.double_leases
         ),
     );
+    let r = &report.recovery;
+    line(
+        &mut out,
+        format!(
+            "\nrecovery: {} tenant server restarts ({:.0} s down, fresh watch cache); tenant up {:.2} s (p50), {:.2} s (max) after the server answered; an install then Ready in {:.2} s vs {:.2} s without a restart ({:.2}x)",
+            r.restarts,
+            r.downtime_s,
+            r.up_after_restart_s_p50,
+            r.up_after_restart_s_max,
+            r.install_after_restart_s,
+            r.install_baseline_s,
+            r.install_after_restart_ratio
+        ),
+    );
     if let Some(baseline) = baseline {
         line(&mut out, "\ncompared with the baseline (this / baseline):".into());
         let before = headline(baseline);
@@ -296,6 +326,15 @@ mod tests {
                 double_leases: 0,
             },
             double_leases: 0,
+            recovery: RecoveryFigures {
+                restarts: 1,
+                downtime_s: 2.0,
+                up_after_restart_s_p50: 1.0,
+                up_after_restart_s_max: 1.0,
+                install_after_restart_s: 1.0,
+                install_baseline_s: 1.0,
+                install_after_restart_ratio: 1.0,
+            },
         }
     }
 

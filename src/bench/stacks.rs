@@ -118,7 +118,7 @@ fn subtract(by_verb: &mut BTreeMap<String, f64>, verb: Verb, count: f64) {
     }
 }
 
-async fn create(client: &Client, namespace: &str) -> Result<(), BenchError> {
+pub(super) async fn create(client: &Client, namespace: &str) -> Result<(), BenchError> {
     let ns: Namespace =
         serde_json::from_value(json!({"metadata": {"name": namespace}})).map_err(std::io::Error::other)?;
     Api::<Namespace>::all(client.clone())

@@ -142,9 +142,14 @@ fn validate_job(job: &Value) -> Vec<Cause> {
     causes
 }
 
-/// Deployments and ReplicaSets: a selector that selects their own pod template.
+/// Deployments and ReplicaSets: pods that restart `Always`, and a selector that selects their own
+/// pod template.
 fn validate_replicated(object: &Value) -> Vec<Cause> {
     let mut causes = validate_template(object);
+    let policy = &object["spec"]["template"]["spec"]["restartPolicy"];
+    if !policy.is_null() && policy.as_str() != Some("Always") {
+        causes.push(not_supported("spec.template.spec.restartPolicy", policy, &["Always"]));
+    }
     let selector = &object["spec"]["selector"];
     let match_labels = selector["matchLabels"].as_object();
     let has_expressions = !items(&selector["matchExpressions"]).is_empty();

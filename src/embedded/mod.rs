@@ -155,7 +155,11 @@ pub struct ApiServer {
 /// Whether [`ApiServer::restart`] keeps the stored objects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RestartState {
+    /// Objects and the watch history survive: resumed watches go on where they were.
     Keep,
+    /// Objects survive but the watch history does not, as with kube-apiserver, whose watch cache
+    /// starts empty after a restart: resuming a watch from an older resourceVersion gets 410 Expired.
+    FreshWatchCache,
     /// Empty store, resourceVersions start over (clients resuming from an old one get 410).
     Lose,
 }
@@ -310,6 +314,12 @@ impl ApiServer {
     /// Stops serving (open watches and connections end), optionally empties the store, and serves
     /// again on the same address. The in-process loops keep running throughout.
     pub async fn restart(&self, state: RestartState) -> Result<(), Error> {
+        self.restart_after(state, Duration::ZERO).await
+    }
+
+    /// [`ApiServer::restart`] with `downtime` between stopping and serving again, during which
+    /// connections to the address are refused, as while a real API server restarts.
+    pub async fn restart_after(&self, state: RestartState, downtime: Duration) -> Result<(), Error> {
         let mut serving = self.serving.lock().await;
         self.shared.faults.drop_watches();
         serving.stop.cancel();
@@ -317,9 +327,12 @@ impl ApiServer {
         if tokio::time::timeout(Duration::from_secs(5), task).await.is_err() {
             tracing::warn!("the embedded API server did not stop within 5s; rebinding anyway");
         }
-        if state == RestartState::Lose {
-            self.shared.store.reset();
+        match state {
+            RestartState::Keep => {}
+            RestartState::FreshWatchCache => self.shared.store.forget_history(),
+            RestartState::Lose => self.shared.store.reset(),
         }
+        tokio::time::sleep(downtime).await;
         let listener = bind_again(serving.address).await?;
         *serving = Serving::start(listener, &self.shared, serving.tls.clone())?;
         Ok(())

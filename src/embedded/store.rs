@@ -313,6 +313,14 @@ impl Store {
         inner.pod_logs.clear();
     }
 
+    /// Forgets the watch history but keeps the objects: watches resuming from any version older
+    /// than the current one get 410 Expired and must relist (kube-apiserver after a restart).
+    pub fn forget_history(&self) {
+        let mut inner = self.lock();
+        inner.history.clear();
+        inner.history_floor = inner.resource_version;
+    }
+
     /// Subscribe to changes after `since`. `Err` carries the oldest resumable version when `since`
     /// has fallen out of the history window, or lies ahead of the counter (a version from before
     /// [`Store::reset`]).
@@ -395,5 +403,21 @@ mod tests {
         }
         assert!(store.subscribe_since(1).is_err());
         assert!(store.subscribe_since(store.resource_version() - 10).is_ok());
+    }
+
+    #[test]
+    fn a_forgotten_history_expires_every_older_version_but_keeps_the_objects() {
+        let store = Store::new();
+        let cm = GroupResource::new("", "configmaps");
+        for name in ["a", "b"] {
+            store
+                .write(&cm, "ns", name, |_| Ok(Write::Put(json!({"metadata": {}}))))
+                .unwrap();
+        }
+        let now = store.resource_version();
+        store.forget_history();
+        assert!(store.subscribe_since(now - 1).is_err());
+        assert!(store.subscribe_since(now).is_ok());
+        assert_eq!(store.subscribe_with_snapshot(&cm, None).snapshot.len(), 2);
     }
 }

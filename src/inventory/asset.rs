@@ -16,7 +16,6 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
 
 use super::delivery;
 use super::{CLUSTER_LABEL, ROLE_LABEL};
@@ -27,6 +26,8 @@ use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::readiness::Readiness;
+use crate::runtime::recovery::NoTriggerBackoff;
+use crate::runtime::retry;
 use crate::runtime::shutdown::run_controller;
 use crate::tenancy::tenant::TenantContext;
 
@@ -61,6 +62,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     let shutdown = cancel.clone();
     let main_store = assets.clone();
     let run = Controller::for_stream(asset_stream, assets)
+        .trigger_backoff(NoTriggerBackoff)
         // A ClusterDeployment appearing or going changes `ClusterDeploymentFound` of its assets.
         .watches_stream(cd_stream, move |cd: ClusterDeployment| {
             let name = cd.name_any();
@@ -79,9 +81,8 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
 
 fn error_policy(asset: Arc<BareMetalAsset>, err: &AssetError, ctx: Arc<Ctx>) -> Action {
     let key = format!("bma/{}/{}", asset.namespace().unwrap_or_default(), asset.name_any());
-    let delay = ctx.tenant.object_backoff.failed(&key);
-    warn!(tenant = %ctx.tenant.name, asset = %asset.name_any(), error = %err, retry_in = ?delay, "bare-metal asset reconcile failed");
-    Action::requeue(delay)
+    let logged = (ctx.tenant.name.as_str(), "baremetalasset", key.as_str());
+    Action::requeue(retry::after_failure(&ctx.tenant.object_backoff, &key, logged, err))
 }
 
 async fn reconcile(asset: Arc<BareMetalAsset>, ctx: Arc<Ctx>) -> Result<Action, AssetError> {
@@ -356,8 +357,11 @@ async fn reconcile_asset(
                     ))
                 }
                 Err(err) => {
-                    // An unreachable cluster is retried with a growing delay.
-                    requeue = Some(tenant.object_backoff.failed(&format!("bma-delivery/{ns}/{name}")));
+                    // A cluster that does not answer is asked again on the probe interval, so
+                    // delivery resumes seconds after it is back; other failures back off.
+                    let key = format!("bma-delivery/{ns}/{name}");
+                    let logged = (tenant.name.as_str(), "baremetalasset-delivery", key.as_str());
+                    requeue = Some(retry::after_failure(&tenant.object_backoff, &key, logged, &err));
                     Some((
                         false,
                         "DeliveryFailed",

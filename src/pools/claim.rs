@@ -14,7 +14,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::pool::{Bucket, PoolError, Round, created};
 use super::{is_conflict, is_not_found, publish};
@@ -22,6 +22,8 @@ use crate::api::pools::{ClusterClaim, ClusterClaimStatus, ClusterDeployment, Clu
 use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::readiness::Readiness;
+use crate::runtime::recovery::NoTriggerBackoff;
+use crate::runtime::retry;
 use crate::runtime::shutdown::run_controller;
 use crate::tenancy::tenant::TenantContext;
 
@@ -49,6 +51,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     let shutdown = cancel.clone();
     let main_store = claims.clone();
     let run = Controller::for_stream(claim_stream, claims)
+        .trigger_backoff(NoTriggerBackoff)
         .watches_stream(pool_stream, move |pool: ClusterPool| {
             let ns = pool.namespace();
             claims_of_pool
@@ -65,9 +68,9 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
 }
 
 fn error_policy(claim: Arc<ClusterClaim>, err: &kube::Error, ctx: Arc<Ctx>) -> Action {
-    let delay = ctx.tenant.object_backoff.failed(&format!("claim/{}", claim.name_any()));
-    warn!(tenant = %ctx.tenant.name, claim = %claim.name_any(), error = %err, retry_in = ?delay, "cluster claim reconcile failed");
-    Action::requeue(delay)
+    let key = format!("claim/{}", claim.name_any());
+    let logged = (ctx.tenant.name.as_str(), "clusterclaim", key.as_str());
+    Action::requeue(retry::after_failure(&ctx.tenant.object_backoff, &key, logged, err))
 }
 
 async fn reconcile(claim: Arc<ClusterClaim>, ctx: Arc<Ctx>) -> Result<Action, kube::Error> {

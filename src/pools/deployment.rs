@@ -20,7 +20,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::failure_domains::INVALID_KEY;
 use super::hosts;
@@ -38,6 +38,8 @@ use crate::host::ownership::{self, Ownership};
 use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::conditions::{DesiredCondition, is_true, set_condition};
 use crate::runtime::metrics::Metrics;
+use crate::runtime::recovery::NoTriggerBackoff;
+use crate::runtime::retry;
 use crate::runtime::shutdown::run_controller;
 use crate::tenancy::tenant::TenantContext;
 
@@ -85,6 +87,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     let shutdown = cancel.clone();
     let main_store = cds.clone();
     let run = Controller::for_stream(cd_stream, cds)
+        .trigger_backoff(NoTriggerBackoff)
         .watches_stream(job_stream, owner_of)
         .watches_stream(secret_stream, owner_of)
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
@@ -106,9 +109,8 @@ fn owner_of<K: Resource>(object: K) -> Option<ObjectRef<ClusterDeployment>> {
 
 fn error_policy(cd: Arc<ClusterDeployment>, err: &DeploymentError, ctx: Arc<Ctx>) -> Action {
     let key = format!("cd/{}/{}", cd.namespace().unwrap_or_default(), cd.name_any());
-    let delay = ctx.tenant.object_backoff.failed(&key);
-    warn!(tenant = %ctx.tenant.name, cluster = %cd.name_any(), error = %err, retry_in = ?delay, "cluster deployment reconcile failed");
-    Action::requeue(delay)
+    let logged = (ctx.tenant.name.as_str(), "clusterdeployment", key.as_str());
+    Action::requeue(retry::after_failure(&ctx.tenant.object_backoff, &key, logged, err))
 }
 
 /// Host names of one cluster's objects.

@@ -21,7 +21,7 @@ use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::claim;
 use super::create::{cluster_name, create_cluster, read_inputs};
@@ -44,6 +44,8 @@ use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::conditions::{DesiredCondition, is_true, set_condition};
 use crate::runtime::metrics::{Metrics, PoolLabels};
 use crate::runtime::readiness::Readiness;
+use crate::runtime::recovery::NoTriggerBackoff;
+use crate::runtime::retry;
 use crate::runtime::shutdown::run_controller;
 use crate::tenancy::tenant::TenantContext;
 
@@ -131,6 +133,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     let shutdown = cancel.clone();
     let main_store = pools.clone();
     let run = Controller::for_stream(pool_stream, pools)
+        .trigger_backoff(NoTriggerBackoff)
         .watches_stream(cd_stream, |cd: ClusterDeployment| {
             cd.spec
                 .cluster_pool_ref
@@ -179,9 +182,8 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
 
 fn error_policy(pool: Arc<ClusterPool>, err: &PoolError, ctx: Arc<Ctx>) -> Action {
     let key = format!("pool/{}/{}", pool.namespace().unwrap_or_default(), pool.name_any());
-    let delay = ctx.tenant.object_backoff.failed(&key);
-    warn!(tenant = %ctx.tenant.name, pool = %pool.name_any(), error = %err, retry_in = ?delay, "cluster pool reconcile failed");
-    Action::requeue(delay)
+    let logged = (ctx.tenant.name.as_str(), "clusterpool", key.as_str());
+    Action::requeue(retry::after_failure(&ctx.tenant.object_backoff, &key, logged, err))
 }
 
 /// Longest pool name: its clusters are named `<pool>-<5 characters>`, a namespace name (63).

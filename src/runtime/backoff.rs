@@ -44,10 +44,15 @@ impl ObjectBackoff {
 
     /// Records a failure of `key` and returns how long to wait before retrying it.
     pub fn failed(&self, key: &str) -> Duration {
+        self.failed_counted(key).1
+    }
+
+    /// Records a failure of `key`: how many in a row so far, and how long to wait.
+    pub fn failed_counted(&self, key: &str) -> (u32, Duration) {
         let mut failures = self.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let count = failures.entry(key.to_string()).or_insert(0);
         *count = count.saturating_add(1);
-        self.backoff.delay(*count)
+        (*count, self.backoff.delay(*count))
     }
 
     /// Forgets the failures of `key` after it succeeded.

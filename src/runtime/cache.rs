@@ -3,6 +3,7 @@
 
 use std::fmt::Debug;
 
+use crate::runtime::recovery::WatchBackoff;
 use futures::{Stream, StreamExt};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::runtime::reflector::{self, Store, reflector};
@@ -22,7 +23,7 @@ where
 {
     let (store, writer) = reflector::store();
     let stream = reflector(writer, watcher(api, config))
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .touched_objects()
         .boxed();
     (store, stream)
@@ -37,7 +38,10 @@ pub fn reflect_crds(
 ) {
     let (store, writer) = reflector::store();
     let crds = watcher(api, watcher::Config::default()).modify(crate::api::crds::slim);
-    let stream = reflector(writer, crds).default_backoff().touched_objects().boxed();
+    let stream = reflector(writer, crds)
+        .backoff(WatchBackoff::default())
+        .touched_objects()
+        .boxed();
     (store, stream)
 }
 

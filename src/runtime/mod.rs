@@ -3,9 +3,12 @@
 pub mod admin;
 pub mod backoff;
 pub mod cache;
+pub mod cause;
 pub mod conditions;
 pub mod health;
 pub mod leader;
 pub mod metrics;
 pub mod readiness;
+pub mod recovery;
+pub mod retry;
 pub mod shutdown;

@@ -55,6 +55,10 @@ pub enum UnpackError {
     #[error("{path} must hold one apps/v1 Deployment, found {found}")]
     NotDeployment { path: PathBuf, found: String },
     #[error(
+        "{path}: container {container:?} names no image and no package image is known to fill it in: give the container an image, or run unpack with --package-image (env STACK_IMAGE; the install Job sets it)"
+    )]
+    MissingImage { path: PathBuf, container: String },
+    #[error(
         "{path} holds {found}, not an apiextensions.k8s.io/v1 CustomResourceDefinition (v1beta1 CRDs were removed in Kubernetes 1.22; convert them)"
     )]
     NotCrd { path: PathBuf, found: String },
@@ -237,7 +241,30 @@ fn read_deployment(path: &Path, package_image: Option<&str>) -> Result<Controlle
     if let Some(image) = package_image {
         fill_missing_images(&mut spec, image);
     }
+    // kube-apiserver refuses a container without an image (422): say so now, not on the host.
+    if let Some(container) = containers_without_image(&spec).into_iter().next() {
+        return Err(UnpackError::MissingImage {
+            path: path.to_path_buf(),
+            container,
+        });
+    }
     Ok(ControllerDeployment { name, spec })
+}
+
+/// Names of the pod template's containers (init containers too) that name no image.
+fn containers_without_image(spec: &Value) -> Vec<String> {
+    ["initContainers", "containers"]
+        .iter()
+        .filter_map(|list| spec.pointer(&format!("/template/spec/{list}")))
+        .filter_map(Value::as_array)
+        .flatten()
+        .filter(|c| {
+            c.get("image")
+                .and_then(Value::as_str)
+                .is_none_or(|i| i.trim().is_empty())
+        })
+        .map(|c| c["name"].as_str().unwrap_or("").to_string())
+        .collect()
 }
 
 /// Containers that name no image run the package image, as in Crossplane.

@@ -14,6 +14,7 @@ use super::tenant;
 use crate::daemon::Shared;
 use crate::runtime::health::TenantHealth;
 use crate::runtime::metrics::Metrics;
+use crate::runtime::recovery::probe_delay;
 
 /// How long a stopping tenant may take to finish its in-flight reconciles.
 const STOP_GRACE: Duration = Duration::from_secs(20);
@@ -109,32 +110,67 @@ async fn stop_running(name: &str, running: RunningTenant) {
     }
 }
 
-/// Runs the tenant, restarting it with exponential backoff when it fails or panics.
+/// A run this long counts as healthy: the restart backoff starts over after it.
+const HEALTHY_RUN: Duration = Duration::from_secs(60);
+
+/// Runs the tenant, restarting it when it fails or panics: with exponential backoff, or, when its
+/// API server merely does not answer, as soon as a probe finds it answering again.
 async fn supervise(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToken) {
     let name = file.name.clone();
     let labels = Metrics::tenant(&name);
     let mut failures = 0u32;
     loop {
+        let started = tokio::time::Instant::now();
         // A panic in the tenant's task surfaces as a JoinError here: it fails this tenant only.
         let outcome = tokio::spawn(tenant::run(file.clone(), shared.clone(), cancel.child_token())).await;
         if cancel.is_cancelled() {
             return;
         }
-        let reason = match outcome {
-            Ok(Ok(())) => "its controllers stopped".to_string(),
-            Ok(Err(err)) => err.to_string(),
-            Err(join) if join.is_panic() => format!("panicked: {}", panic_message(join.into_panic())),
-            Err(join) => join.to_string(),
+        let (reason, transient) = match outcome {
+            Ok(Ok(())) => ("its controllers stopped".to_string(), false),
+            Ok(Err(err)) => (err.to_string(), err.is_transient()),
+            Err(join) if join.is_panic() => (format!("panicked: {}", panic_message(join.into_panic())), false),
+            Err(join) => (join.to_string(), false),
         };
+        if started.elapsed() >= HEALTHY_RUN {
+            failures = 0;
+        }
         failures += 1;
         shared.metrics.tenant_up.get_or_create(&labels).set(0);
         shared.metrics.tenant_restarts.get_or_create(&labels).inc();
         shared.health.set_tenant(&name, TenantHealth::Down(reason.clone()));
         let delay = shared.settings.backoff.delay(failures);
-        error!(tenant = %name, %reason, retry_in = ?delay, "tenant failed; restarting it");
+        if transient {
+            warn!(tenant = %name, %reason, "tenant API server does not answer; restarting the tenant once it does");
+        } else {
+            error!(tenant = %name, %reason, retry_in = ?delay, "tenant failed; restarting it");
+        }
+        let wait = async {
+            if transient {
+                tokio::select! {
+                    _ = tokio::time::sleep(delay) => {}
+                    _ = answers_again(&file) => {}
+                }
+            } else {
+                tokio::time::sleep(delay).await;
+            }
+        };
         tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(delay) => {}
+            _ = wait => {}
+        }
+    }
+}
+
+/// Returns once the tenant's API server answers `/version`, probing it every few seconds.
+async fn answers_again(file: &TenantFile) {
+    let Ok(client) = tenant::tenant_client(file).await else {
+        return std::future::pending().await;
+    };
+    loop {
+        tokio::time::sleep(probe_delay()).await;
+        if client.apiserver_version().await.is_ok() {
+            return;
         }
     }
 }

@@ -15,7 +15,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Config};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::directory::TenantFile;
 use super::endpoint::{EndpointError, TenantEndpoint};
@@ -26,8 +26,10 @@ use crate::host::namespace::{self, NamespaceError};
 use crate::host::sweep::run::sweep_once;
 use crate::runtime::backoff::ObjectBackoff;
 use crate::runtime::cache::is_filled;
+use crate::runtime::cause::{Cause, CauseKind, diagnose};
 use crate::runtime::health::TenantHealth;
 use crate::runtime::metrics::Metrics;
+use crate::runtime::recovery::{WatchBackoff, probe_delay};
 
 /// Everything a tenant's controllers need.
 pub struct TenantContext {
@@ -60,11 +62,19 @@ pub enum TenantError {
     #[error("the kubeconfig cannot be used: {0}")]
     Config(String),
     #[error("the tenant API server does not answer: {0}")]
-    Unreachable(String),
+    Unreachable(Cause),
     #[error("cannot prepare the host namespace: {0}")]
     HostNamespace(#[from] NamespaceError),
     #[error("a controller stopped: {0}")]
     Controller(String),
+}
+
+impl TenantError {
+    /// True when waiting can help (the server is down or restarting): the supervisor then restarts
+    /// the tenant as soon as its server answers instead of after the restart backoff.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, TenantError::Unreachable(cause) if !cause.kind.is_permanent())
+    }
 }
 
 /// The CRDs every tenant must serve for stackd to work there.
@@ -81,7 +91,7 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
     let client = tenant_client(&file).await?;
     let version = tokio::select! {
         _ = cancel.cancelled() => return Ok(()),
-        version = client.apiserver_version() => version.map_err(|e| TenantError::Unreachable(e.to_string()))?,
+        version = client.apiserver_version() => version.map_err(|e| TenantError::Unreachable(diagnose(&e)))?,
     };
     info!(tenant = %name, version = %version.git_version, "tenant API server reached");
     let context = Arc::new(TenantContext {
@@ -105,8 +115,20 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
         warn!(tenant = %name, error = %err, "host pods cannot reach this tenant; stacks will not become ready");
     }
     let mut controllers = tokio::task::JoinSet::new();
-    controllers.spawn(host_namespace_controller(context.clone(), cancel.clone()));
+    let (host_ready, mut host_namespace_ready) = tokio::sync::watch::channel(false);
+    controllers.spawn(host_namespace_controller(context.clone(), cancel.clone(), host_ready));
     controllers.spawn(crd_monitor(context.clone(), cancel.clone()));
+    // Everything else watches or writes the host namespace: on a real cluster, requests made before
+    // the daemon's RoleBinding there takes effect are refused 403.
+    tokio::select! {
+        _ = cancel.cancelled() => return Ok(()),
+        _ = host_namespace_ready.wait_for(|ready| *ready) => {}
+        Some(result) = controllers.join_next() => return match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => Err(err),
+            Err(join) => Err(TenantError::Controller(join.to_string())),
+        },
+    }
     controllers.spawn(orphan_sweeper(context.clone(), cancel.clone()));
     controllers.spawn(crate::stacks::install::run(context.clone(), cancel.clone()));
     controllers.spawn(crate::stacks::stack::run(context.clone(), cancel.clone()));
@@ -122,7 +144,8 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
     Ok(())
 }
 
-async fn tenant_client(file: &TenantFile) -> Result<Client, TenantError> {
+/// A client of the tenant API server, as its kubeconfig file says.
+pub async fn tenant_client(file: &TenantFile) -> Result<Client, TenantError> {
     let options = kube::config::KubeConfigOptions::default();
     let mut config = Config::from_custom_kubeconfig(file.kubeconfig.clone(), &options)
         .await
@@ -133,8 +156,13 @@ async fn tenant_client(file: &TenantFile) -> Result<Client, TenantError> {
 }
 
 /// Keeps the tenant's host namespace and RoleBinding as they should be, repairing them when they are
-/// edited or deleted: both are watched (filtered to this tenant), never polled.
-async fn host_namespace_controller(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
+/// edited or deleted: both are watched (filtered to this tenant), never polled. `ready` turns true
+/// once both exist and the daemon's access through the RoleBinding works.
+async fn host_namespace_controller(
+    context: Arc<TenantContext>,
+    cancel: CancellationToken,
+    ready: tokio::sync::watch::Sender<bool>,
+) -> Result<(), TenantError> {
     let ns_name = context.host_namespace.clone();
     let namespaces: Api<Namespace> = Api::all(context.host.clone());
     let bindings: Api<RoleBinding> = Api::namespaced(context.host.clone(), &ns_name);
@@ -147,7 +175,7 @@ async fn host_namespace_controller(context: Arc<TenantContext>, cancel: Cancella
             watcher::Config::default().fields(&format!("metadata.name={ns_name}")),
         ),
     )
-    .default_backoff()
+    .backoff(WatchBackoff::default())
     .map_ok(|_| ());
     let rb_events = reflector(
         rb_writer,
@@ -156,7 +184,7 @@ async fn host_namespace_controller(context: Arc<TenantContext>, cancel: Cancella
             watcher::Config::default().labels(&tenant_selector(&context.name)),
         ),
     )
-    .default_backoff()
+    .backoff(WatchBackoff::default())
     .map_ok(|_| ());
     let mut events = futures::stream::select(ns_events, rb_events).boxed();
     let subject = context.shared.settings.rbac_subject.clone();
@@ -208,6 +236,10 @@ async fn host_namespace_controller(context: Arc<TenantContext>, cancel: Cancella
                 if writes > 0 {
                     info!(tenant = %context.name, namespace = %ns_name, writes, "host namespace reconciled");
                 }
+                if !*ready.borrow() {
+                    await_access(&context, &cancel).await;
+                    ready.send_replace(true);
+                }
             }
             Err(err) => {
                 failures += 1;
@@ -216,6 +248,37 @@ async fn host_namespace_controller(context: Arc<TenantContext>, cancel: Cancella
                 warn!(tenant = %context.name, namespace = %ns_name, error = %err, retry_in = ?delay, "host namespace not ready");
                 retry = Some(tokio::time::Instant::now() + delay);
             }
+        }
+    }
+}
+
+/// How long a 403 in a new host namespace is taken for RBAC that has not taken effect yet.
+const ACCESS_GRACE: Duration = Duration::from_secs(10);
+
+/// Waits (quietly, for at most [`ACCESS_GRACE`]) until the daemon may read in its host namespace:
+/// kube-apiserver's authorizer sees a new RoleBinding a moment after it is created.
+async fn await_access(context: &TenantContext, cancel: &CancellationToken) {
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(context.host.clone(), &context.host_namespace);
+    let probe = kube::api::ListParams::default()
+        .labels(&tenant_selector(&context.name))
+        .limit(1);
+    let deadline = tokio::time::Instant::now() + ACCESS_GRACE;
+    loop {
+        match secrets.list_metadata(&probe).await {
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                if tokio::time::Instant::now() > deadline {
+                    warn!(tenant = %context.name, namespace = %context.host_namespace, message = %status.message, "the daemon's RoleBinding in the host namespace does not grant access; check the stackd-tenant-namespace ClusterRole");
+                    return;
+                }
+                debug!(tenant = %context.name, "host namespace access not in effect yet; waiting");
+            }
+            // Anything else (access, or another trouble the controllers will report) ends the wait.
+            _ => return,
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
     }
 }
@@ -280,54 +343,88 @@ async fn orphan_sweeper(context: Arc<TenantContext>, cancel: CancellationToken) 
     }
 }
 
-/// Watches the tenant's CRDs: reports the tenant down when the watch fails and degraded while
-/// stackd's own CRDs are not served there. A resumed watch yields nothing until something changes,
-/// so while the tenant is down its `/version` is probed (with backoff) to notice it is back.
+/// Watches the tenant's CRDs: reports the tenant down when its server cannot be reached and
+/// degraded while stackd's own CRDs are not served there. A resumed watch yields nothing until
+/// something changes, so while the tenant is down its `/version` is probed every few seconds
+/// (jittered, never the growing restart backoff) to notice at once that it is back. A 410 is no
+/// outage: the server answered, and the watch relists.
 async fn crd_monitor(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
     let api: Api<CustomResourceDefinition> = Api::all(context.client.clone());
     let (store, writer) = reflector::store();
     let crds = watcher(api, watcher::Config::default()).modify(crate::api::crds::slim);
-    let mut events = reflector(writer, crds).default_backoff().boxed();
+    let mut events = reflector(writer, crds).backoff(WatchBackoff::default()).boxed();
     let required = required_crds();
-    let tenant_labels = Metrics::tenant(&context.name);
-    let shared = &context.shared;
-    let mut failures = 0u32;
+    let mut down: Option<Cause> = None;
     let mut probe: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
             _ = sleep_until(probe), if probe.is_some() => {
-                if context.client.apiserver_version().await.is_err() {
-                    failures += 1;
-                    probe = Some(tokio::time::Instant::now() + shared.settings.backoff.delay(failures));
-                    continue;
+                match context.client.apiserver_version().await {
+                    Ok(_) => {
+                        info!(tenant = %context.name, "tenant API server answers again");
+                        down = None;
+                        probe = None;
+                    }
+                    Err(err) => {
+                        report_down(&context, diagnose(&err), &mut down);
+                        probe = Some(tokio::time::Instant::now() + probe_delay());
+                        continue;
+                    }
                 }
             }
             event = events.next() => match event {
                 None => return Err(TenantError::Controller("tenant CRD watch ended".into())),
                 Some(Err(err)) => {
-                    shared.metrics.tenant_up.get_or_create(&tenant_labels).set(0);
-                    shared.health.set_tenant(&context.name, TenantHealth::Down(err.to_string()));
-                    warn!(tenant = %context.name, error = %err, "tenant API server unreachable; retrying");
-                    failures += 1;
-                    probe = Some(tokio::time::Instant::now() + shared.settings.backoff.delay(failures));
+                    let cause = diagnose(&err);
+                    if cause.kind == CauseKind::Expired {
+                        debug!(tenant = %context.name, %cause, "tenant CRD watch expired; relisting");
+                    } else if cause.kind.is_unreachable() || cause.kind.is_permanent() {
+                        report_down(&context, cause, &mut down);
+                        probe.get_or_insert_with(|| tokio::time::Instant::now() + probe_delay());
+                    } else {
+                        warn!(tenant = %context.name, %cause, "tenant CRD watch failed; retrying");
+                    }
                     continue;
                 }
-                Some(Ok(_)) => {}
+                Some(Ok(_)) => {
+                    down = None;
+                    probe = None;
+                }
             },
         }
-        if !is_filled(&store) {
+        if down.is_some() || !is_filled(&store) {
             continue;
         }
-        failures = 0;
-        probe = None;
-        shared.metrics.tenant_up.get_or_create(&tenant_labels).set(1);
+        context
+            .shared
+            .metrics
+            .tenant_up
+            .get_or_create(&Metrics::tenant(&context.name))
+            .set(1);
         let health = crd_health(&store.state(), &required);
-        if shared.health.tenant(&context.name) != Some(health.clone()) {
+        if context.shared.health.tenant(&context.name) != Some(health.clone()) {
             info!(tenant = %context.name, ?health, "tenant state");
-            shared.health.set_tenant(&context.name, health);
+            context.shared.health.set_tenant(&context.name, health);
         }
     }
+}
+
+/// Marks the tenant down with `cause` (log line, metric, readiness detail), logging only changes.
+fn report_down(context: &TenantContext, cause: Cause, down: &mut Option<Cause>) {
+    let shared = &context.shared;
+    shared
+        .metrics
+        .tenant_up
+        .get_or_create(&Metrics::tenant(&context.name))
+        .set(0);
+    if down.as_ref() != Some(&cause) {
+        warn!(tenant = %context.name, %cause, "tenant API server unreachable; probing it until it answers");
+        shared
+            .health
+            .set_tenant(&context.name, TenantHealth::Down(cause.message.clone()));
+    }
+    *down = Some(cause);
 }
 
 /// Up when every stackd CRD is established on the tenant, degraded (saying how to fix it) otherwise.

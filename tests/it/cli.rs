@@ -178,3 +178,20 @@ fn unpack_refuses_v1beta1_crds_and_non_deployments() {
     let out = stackd(&args);
     assert!(String::from_utf8_lossy(&out.stderr).contains("must hold one apps/v1 Deployment, found batch/v1 Job"));
 }
+
+#[test]
+fn unpack_refuses_a_controller_container_without_an_image_when_no_package_image_is_known() {
+    let registry = examples("sample-stack/.registry");
+    let args = ["unpack", "--content-dir", &registry, "--permission-scope", "Namespaced"];
+    let out = Command::new(env!("CARGO_BIN_EXE_stackd"))
+        .args(args)
+        .env_remove("STACK_IMAGE")
+        .output()
+        .expect("run stackd");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("container \"controller\" names no image") && stderr.contains("--package-image"),
+        "{stderr}"
+    );
+}

@@ -56,7 +56,7 @@ impl Fleet {
         self.tenants.push((name.to_string(), Some(server)));
     }
 
-    fn tenant_file(&self, name: &str) -> PathBuf {
+    pub(crate) fn tenant_file(&self, name: &str) -> PathBuf {
         self.dir.path().join("tenants").join(format!("{name}.yaml"))
     }
 
@@ -80,7 +80,7 @@ impl Fleet {
         Api::all(self.host_client.clone())
     }
 
-    async fn namespace(&self, tenant: &str) -> Option<Namespace> {
+    pub(crate) async fn namespace(&self, tenant: &str) -> Option<Namespace> {
         self.namespaces()
             .get_opt(&format!("tenant-{tenant}-controllers"))
             .await
@@ -129,14 +129,12 @@ impl Daemon {
             .arg("--tenants-dir")
             .arg(dir.join("tenants"))
             .args(["--metrics-addr", &admin.to_string()])
-            .args([
-                "--backoff-base",
-                "100ms",
-                "--debounce",
-                "50ms",
-                "--rescan-interval",
-                "2s",
-            ])
+            .args(if extra.contains(&"--backoff-base") {
+                &[][..]
+            } else {
+                &["--backoff-base", "100ms"][..]
+            })
+            .args(["--debounce", "50ms", "--rescan-interval", "2s"])
             .args(extra)
             .env(
                 "RUST_LOG",

@@ -707,6 +707,35 @@ async fn built_in_specs_are_validated_like_kube_apiserver() {
     let err = api_error(deployments.create(&PostParams::default(), &deploy).await.unwrap_err());
     assert_eq!(err.details.unwrap().causes[0].field, "spec.template.metadata.labels");
 
+    // What kube-apiserver 1.24 answered for a stack controller whose image was never filled in.
+    let no_image: Deployment = serde_json::from_value(json!({"metadata": {"name": "d"}, "spec": {
+        "selector": {"matchLabels": {"app": "d"}},
+        "template": {"metadata": {"labels": {"app": "d"}}, "spec": {"containers": [{"name": "c", "image": ""}]}}}}))
+    .unwrap();
+    let err = api_error(deployments.create(&PostParams::default(), &no_image).await.unwrap_err());
+    assert_eq!(err.code, 422);
+    assert!(
+        err.message
+            .contains("spec.template.spec.containers[0].image: Required value"),
+        "{}",
+        err.message
+    );
+    let never: Deployment = serde_json::from_value(json!({"metadata": {"name": "d"}, "spec": {
+        "selector": {"matchLabels": {"app": "d"}},
+        "template": {"metadata": {"labels": {"app": "d"}}, "spec": {"restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "i"}, {"name": "c", "image": "i"}]}}}}))
+    .unwrap();
+    let err = api_error(deployments.create(&PostParams::default(), &never).await.unwrap_err());
+    let fields: Vec<String> = err.details.unwrap().causes.into_iter().map(|c| c.field).collect();
+    assert!(
+        fields.contains(&"spec.template.spec.containers[1].name".to_string()),
+        "{fields:?}"
+    );
+    assert!(
+        fields.contains(&"spec.template.spec.restartPolicy".to_string()),
+        "{fields:?}"
+    );
+
     let bindings: Api<k8s_openapi::api::rbac::v1::ClusterRoleBinding> = Api::all(t.client.clone());
     let binding = serde_json::from_value(json!({"metadata": {"name": "stackd:ns:x"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "stackd:ns:x:system"},

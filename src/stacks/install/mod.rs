@@ -22,13 +22,15 @@ use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::api::stacks::{ClusterStackInstall, InstallSpec, PermissionScope, Stack, StackInstall, StackInstallStatus};
 use crate::host::labels::{TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION};
 use crate::runtime::cache::{is_filled, reflect, reflect_crds};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::readiness::Readiness;
+use crate::runtime::recovery::NoTriggerBackoff;
+use crate::runtime::retry;
 use crate::runtime::shutdown::run_controller;
 use crate::stacks::crd_parent_label;
 use crate::tenancy::tenant::{TenantContext, TenantError};
@@ -137,9 +139,8 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
         .stackd_image
         .clone()
         .unwrap_or_else(default_stackd_image);
-    let installs: Api<K> = Api::all(context.client.clone());
-    let controller = Controller::new(installs, watcher::Config::default());
-    let install_store = controller.store();
+    let (install_store, install_events) = reflect(Api::<K>::all(context.client.clone()), watcher::Config::default());
+    let controller = Controller::for_stream(install_events, install_store.clone()).trigger_backoff(NoTriggerBackoff);
     let caches_filled = {
         let (jobs, crds, stacks) = (jobs.clone(), crds.clone(), stacks.clone());
         Readiness::after(async move {
@@ -174,7 +175,7 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
         .run(reconcile::reconcile::<K>, error_policy::<K>, ctx)
         .for_each(|result| {
             if let Err(err) = result {
-                debug!(tenant = %tenant, error = %err, "install reconcile failed");
+                debug!(tenant = %tenant, error = %err, cause = %crate::runtime::cause::diagnose(&err), "install controller event");
             }
             futures::future::ready(())
         });
@@ -212,9 +213,15 @@ fn error_policy<K: InstallKind>(install: Arc<K>, error: &InstallError, ctx: Arc<
     let labels = Metrics::controller(&tenant.name, K::kind(&()).as_ref());
     tenant.shared.metrics.reconcile_errors.get_or_create(&labels).inc();
     let key = format!("{}/{}", install.namespace().unwrap_or_default(), install.name_any());
-    let delay = tenant.object_backoff.failed(&format!("{}:{key}", K::kind(&())));
-    warn!(tenant = %tenant.name, kind = %K::kind(&()), install = %key, error = %error, retry_in = ?delay, "install reconcile failed");
-    Action::requeue(delay)
+    let kind = K::kind(&());
+    let backoff_key = format!("{kind}:{key}");
+    let logged = (tenant.name.as_str(), kind.as_ref(), key.as_str());
+    Action::requeue(retry::after_failure(
+        &tenant.object_backoff,
+        &backoff_key,
+        logged,
+        error,
+    ))
 }
 
 /// How long to wait for a Job to finish before looking again, as a safety net for a lost watch event.

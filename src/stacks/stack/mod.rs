@@ -29,7 +29,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use self::tenant::{TenantIdentity, TenantWriteError, stack_of};
 use super::{STACK_FINALIZER, crd_parent_label};
@@ -44,6 +44,8 @@ use crate::runtime::cache::{reflect, reflect_crds};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::readiness::Readiness;
+use crate::runtime::recovery::NoTriggerBackoff;
+use crate::runtime::retry;
 use crate::tenancy::endpoint::TenantEndpoint;
 use crate::tenancy::tenant::{TenantContext, TenantError};
 
@@ -165,8 +167,8 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
     let (deployments, dep_events) = reflect(Api::namespaced(host.clone(), &host_ns), context.host_watch_config());
     let (host_secrets, hs_events) = reflect(Api::namespaced(host, &host_ns), context.host_watch_config());
 
-    let controller = Controller::new(Api::<Stack>::all(tenant), watcher::Config::default());
-    let stacks = controller.store();
+    let (stacks, stack_events) = reflect(Api::<Stack>::all(tenant), watcher::Config::default());
+    let controller = Controller::for_stream(stack_events, stacks.clone()).trigger_backoff(NoTriggerBackoff);
     let concurrency = u16::try_from(context.shared.settings.max_concurrent_reconciles).unwrap_or(u16::MAX);
     let controller = controller
         .with_config(ControllerConfig::default().concurrency(concurrency))
@@ -196,7 +198,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
     let name = context.name.clone();
     let runs = controller.run(reconcile, error_policy, ctx).for_each(|result| {
         if let Err(err) = result {
-            debug!(tenant = %name, error = %err, "stack controller event");
+            debug!(tenant = %name, error = %err, cause = %crate::runtime::cause::diagnose(&err), "stack controller event");
         }
         std::future::ready(())
     });
@@ -284,9 +286,9 @@ fn error_policy(stack: Arc<Stack>, err: &StackError, ctx: Arc<StackContext>) -> 
     let tenant = &ctx.tenant;
     let labels = Metrics::controller(&tenant.name, CONTROLLER);
     tenant.shared.metrics.reconcile_errors.get_or_create(&labels).inc();
-    let delay = tenant.object_backoff.failed(&backoff_key(&stack));
-    warn!(tenant = %tenant.name, stack = %backoff_key(&stack), error = %err, retry_in = ?delay, "stack reconcile failed");
-    Action::requeue(delay)
+    let key = backoff_key(&stack);
+    let logged = (tenant.name.as_str(), CONTROLLER, key.as_str());
+    Action::requeue(retry::after_failure(&tenant.object_backoff, &key, logged, err))
 }
 
 /// What a reconcile found, for the Stack's status.

@@ -1,0 +1,104 @@
+//! Recovery after a tenant API server restart (issue 15): the server goes away for a while and
+//! comes back with a fresh watch cache (resumed watches get 410), as kube-apiserver does after an
+//! upgrade. How long until the daemon reports the tenant up, and how long an install created at
+//! that moment takes, against the same install on a tenant that never went away (same run).
+
+use std::time::{Duration, Instant};
+
+use kube::Client;
+use kube::api::Api;
+use serde::{Deserialize, Serialize};
+
+use super::BenchError;
+use super::fleet::{DaemonProcess, Fleet};
+use super::latency::percentile;
+use crate::api::stacks::StackInstall;
+use crate::embedded::RestartState;
+use crate::runtime::conditions::is_true;
+
+/// How long each restarted server refuses connections.
+const DOWNTIME: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RecoveryFigures {
+    pub restarts: usize,
+    /// Seconds each restarted server refused connections.
+    pub downtime_s: f64,
+    /// Seconds from the restarted server answering until the daemon reports the tenant up.
+    pub up_after_restart_s_p50: f64,
+    pub up_after_restart_s_max: f64,
+    /// Seconds until an install created as the server answers again is Ready (slowest restart).
+    pub install_after_restart_s: f64,
+    /// Seconds until the same install is Ready on a tenant that did not restart.
+    pub install_baseline_s: f64,
+    /// `install_after_restart_s / install_baseline_s`.
+    pub install_after_restart_ratio: f64,
+}
+
+pub async fn measure(restarts: usize) -> Result<RecoveryFigures, BenchError> {
+    let fleet = Fleet::start(1).await?;
+    let daemon = fleet.daemon(&[])?;
+    daemon.wait_tenants_up(1, Duration::from_secs(60)).await?;
+    let (tenant, server) = &fleet.tenants[0];
+    let install_baseline_s = install_ready_s(&server.client().await, "baseline", &daemon).await?;
+    let mut up = Vec::new();
+    let mut installs = Vec::new();
+    for index in 0..restarts {
+        server.restart_after(RestartState::FreshWatchCache, DOWNTIME).await?;
+        let answered = Instant::now();
+        let client = server.client().await;
+        let namespace = format!("after-{index}");
+        let install = install_ready_s(&client, &namespace, &daemon);
+        let (install, up_s) = tokio::join!(install, tenant_up_s(&daemon, tenant, answered));
+        up.push(up_s?);
+        installs.push(install?);
+    }
+    daemon.kill().await;
+    fleet.shutdown().await;
+    let install_after_restart_s = installs.iter().copied().fold(0.0, f64::max);
+    Ok(RecoveryFigures {
+        restarts,
+        downtime_s: DOWNTIME.as_secs_f64(),
+        up_after_restart_s_p50: percentile(&mut up.clone(), 0.5),
+        up_after_restart_s_max: up.iter().copied().fold(0.0, f64::max),
+        install_after_restart_s,
+        install_baseline_s,
+        install_after_restart_ratio: install_after_restart_s / install_baseline_s.max(1e-6),
+    })
+}
+
+/// Seconds from `since` until the daemon's metrics say `tenant` is up.
+async fn tenant_up_s(daemon: &DaemonProcess, tenant: &str, since: Instant) -> Result<f64, BenchError> {
+    let up = format!("stackd_tenant_up{{tenant=\"{tenant}\"}} 1");
+    while since.elapsed() < Duration::from_secs(60) {
+        if daemon.metrics().await.lines().any(|line| line == up) {
+            return Ok(since.elapsed().as_secs_f64());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(BenchError::Timeout(format!(
+        "tenant {tenant} not up 60 s after its server answered; daemon log {}",
+        daemon.log.display()
+    )))
+}
+
+/// Creates an install in `namespace` and returns the seconds until it is Ready.
+async fn install_ready_s(client: &Client, namespace: &str, daemon: &DaemonProcess) -> Result<f64, BenchError> {
+    let started = Instant::now();
+    super::stacks::create(client, namespace).await?;
+    let installs: Api<StackInstall> = Api::namespaced(client.clone(), namespace);
+    while started.elapsed() < Duration::from_secs(60) {
+        let install = installs.get_opt("sample").await.ok().flatten();
+        if install
+            .and_then(|i| i.status)
+            .is_some_and(|s| is_true(&s.conditions, "Ready"))
+        {
+            return Ok(started.elapsed().as_secs_f64());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(BenchError::Timeout(format!(
+        "install {namespace}/sample not Ready within 60 s; daemon log {}",
+        daemon.log.display()
+    )))
+}
