@@ -210,12 +210,42 @@ async fn run_daemon(
             shutdown.clone(),
         )));
     }
-    let result = daemon::run(host.client().await, settings, shutdown).await;
+    let restart = restart_and_install(tenants.get(1), shutdown.clone());
+    let (result, ()) = tokio::join!(daemon::run(host.client().await, settings, shutdown), restart);
     progress.abort();
     for sample in samples {
         sample.abort();
     }
     Ok(result?)
+}
+
+/// How long after the start the second tenant's API server restarts.
+const RESTART_AFTER: Duration = Duration::from_secs(8);
+/// How long its restart refuses connections.
+const RESTART_DOWNTIME: Duration = Duration::from_secs(3);
+
+/// Shows recovery: restarts the second tenant's API server as an upgrade would (down a few seconds,
+/// then a fresh watch cache that answers resumed watches 410) and installs the sample stack there
+/// as soon as it answers; the daemon serves it again within seconds.
+async fn restart_and_install(tenant: Option<&(String, ApiServer)>, shutdown: CancellationToken) {
+    let Some((name, server)) = tenant else { return };
+    tokio::select! {
+        _ = shutdown.cancelled() => return,
+        _ = tokio::time::sleep(RESTART_AFTER) => {}
+    }
+    println!(
+        "  [{name}] restarting the API server: {} s down, then a fresh watch cache (resumed watches get 410 Expired)",
+        RESTART_DOWNTIME.as_secs()
+    );
+    if let Err(err) = server
+        .restart_after(crate::embedded::RestartState::FreshWatchCache, RESTART_DOWNTIME)
+        .await
+    {
+        println!("  [{name}] the API server did not come back: {err}");
+        return;
+    }
+    println!("  [{name}] API server answering again; installing the sample stack there");
+    sample_stack::run(name.clone(), server.client().await, shutdown).await;
 }
 
 /// Prints each tenant's host namespace as the daemon creates it.

@@ -33,6 +33,41 @@ pub enum CauseKind {
 }
 
 impl CauseKind {
+    /// Every [`CauseKind::label`], plus the words for failures that are no request's (`config`,
+    /// `controller`).
+    pub const LABELS: [&'static str; 13] = [
+        "refused",
+        "dns",
+        "timeout",
+        "reset",
+        "certificate",
+        "unauthorized",
+        "forbidden",
+        "conflict",
+        "expired",
+        "server_busy",
+        "other",
+        "config",
+        "controller",
+    ];
+
+    /// A stable word for metrics (`stackd_tenant_down_cause{cause}`).
+    pub fn label(self) -> &'static str {
+        match self {
+            CauseKind::Refused => "refused",
+            CauseKind::Dns => "dns",
+            CauseKind::Timeout => "timeout",
+            CauseKind::Reset => "reset",
+            CauseKind::Certificate => "certificate",
+            CauseKind::Unauthorized => "unauthorized",
+            CauseKind::Forbidden => "forbidden",
+            CauseKind::Conflict => "conflict",
+            CauseKind::Expired => "expired",
+            CauseKind::ServerBusy => "server_busy",
+            CauseKind::Other => "other",
+        }
+    }
+
     /// A kubeconfig with this trouble never works by waiting: back off instead of probing.
     pub fn is_permanent(self) -> bool {
         matches!(

@@ -14,6 +14,13 @@ pub struct TenantLabels {
     pub tenant: String,
 }
 
+/// Why a tenant is down: `cause` is one word of [`crate::runtime::cause::CauseKind::label`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantCauseLabels {
+    pub tenant: String,
+    pub cause: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
     pub tenant: String,
@@ -46,6 +53,8 @@ pub struct Metrics {
     registry: Mutex<Registry>,
     /// 1 while the tenant's API server answers, 0 otherwise.
     pub tenant_up: Family<TenantLabels, Gauge>,
+    /// 1 for the root cause of a tenant being down (one series at a time), none while it is up.
+    pub tenant_down_cause: Family<TenantCauseLabels, Gauge>,
     /// Restarts of a tenant's task tree after an error or panic.
     pub tenant_restarts: Family<TenantLabels, Counter>,
     /// Reconciles run, per tenant and controller.
@@ -66,6 +75,7 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("stackd");
         let tenant_up = Family::<TenantLabels, Gauge>::default();
+        let tenant_down_cause = Family::<TenantCauseLabels, Gauge>::default();
         let tenant_restarts = Family::<TenantLabels, Counter>::default();
         let reconciles = Family::<ControllerLabels, Counter>::default();
         let reconcile_errors = Family::<ControllerLabels, Counter>::default();
@@ -73,6 +83,11 @@ impl Metrics {
             "tenant_up",
             "Whether the tenant API server answers (1) or not (0)",
             tenant_up.clone(),
+        );
+        registry.register(
+            "tenant_down_cause",
+            "Why a tenant is down (1 for the root cause of the last failure; absent while it is up)",
+            tenant_down_cause.clone(),
         );
         registry.register(
             "tenant_restarts",
@@ -90,6 +105,7 @@ impl Metrics {
         Metrics {
             registry: Mutex::new(registry),
             tenant_up,
+            tenant_down_cause,
             tenant_restarts,
             reconciles,
             reconcile_errors,
@@ -107,6 +123,38 @@ impl Metrics {
         ControllerLabels {
             tenant: tenant.to_string(),
             controller: controller.to_string(),
+        }
+    }
+
+    /// The tenant answers: up, with no down cause.
+    pub fn set_tenant_up(&self, tenant: &str) {
+        self.tenant_up.get_or_create(&Metrics::tenant(tenant)).set(1);
+        self.clear_down_causes(tenant);
+    }
+
+    /// The tenant is down for `cause` (a [`crate::runtime::cause::CauseKind::label`]).
+    pub fn set_tenant_down(&self, tenant: &str, cause: &str) {
+        self.tenant_up.get_or_create(&Metrics::tenant(tenant)).set(0);
+        self.clear_down_causes(tenant);
+        let labels = TenantCauseLabels {
+            tenant: tenant.to_string(),
+            cause: cause.to_string(),
+        };
+        self.tenant_down_cause.get_or_create(&labels).set(1);
+    }
+
+    /// Forgets a tenant that is no longer served.
+    pub fn remove_tenant(&self, tenant: &str) {
+        self.tenant_up.remove(&Metrics::tenant(tenant));
+        self.clear_down_causes(tenant);
+    }
+
+    fn clear_down_causes(&self, tenant: &str) {
+        for cause in crate::runtime::cause::CauseKind::LABELS {
+            self.tenant_down_cause.remove(&TenantCauseLabels {
+                tenant: tenant.to_string(),
+                cause: cause.to_string(),
+            });
         }
     }
 
@@ -131,6 +179,17 @@ mod tests {
         metrics.tenant_restarts.get_or_create(&Metrics::tenant("acme")).inc();
         let text = metrics.encode();
         assert!(text.contains("stackd_tenant_up{tenant=\"acme\"} 1"), "{text}");
+        metrics.set_tenant_down("acme", "certificate");
+        let text = metrics.encode();
+        assert!(
+            text.contains("stackd_tenant_down_cause{tenant=\"acme\",cause=\"certificate\"} 1"),
+            "{text}"
+        );
+        metrics.set_tenant_up("acme");
+        assert!(
+            !metrics.encode().contains("stackd_tenant_down_cause{"),
+            "the cause goes when the tenant is up"
+        );
         assert!(
             text.contains("stackd_tenant_restarts_total{tenant=\"acme\"} 1"),
             "{text}"

@@ -55,7 +55,7 @@ impl Registry {
                 info!(tenant = %name, "tenant kubeconfig removed; suspending tenant (its host objects stay)");
                 self.stop(&name).await;
                 self.shared.health.remove_tenant(&name);
-                self.shared.metrics.tenant_up.remove(&Metrics::tenant(&name));
+                self.shared.metrics.remove_tenant(&name);
             }
             TenantChange::Invalid {
                 name,
@@ -126,17 +126,21 @@ async fn supervise(file: TenantFile, shared: Arc<Shared>, cancel: CancellationTo
         if cancel.is_cancelled() {
             return;
         }
-        let (reason, transient) = match outcome {
-            Ok(Ok(())) => ("its controllers stopped".to_string(), false),
-            Ok(Err(err)) => (err.to_string(), err.is_transient()),
-            Err(join) if join.is_panic() => (format!("panicked: {}", panic_message(join.into_panic())), false),
-            Err(join) => (join.to_string(), false),
+        let (reason, cause, transient) = match outcome {
+            Ok(Ok(())) => ("its controllers stopped".to_string(), "controller", false),
+            Ok(Err(err)) => (err.to_string(), err.cause_label(), err.is_transient()),
+            Err(join) if join.is_panic() => (
+                format!("panicked: {}", panic_message(join.into_panic())),
+                "controller",
+                false,
+            ),
+            Err(join) => (join.to_string(), "controller", false),
         };
         if started.elapsed() >= HEALTHY_RUN {
             failures = 0;
         }
         failures += 1;
-        shared.metrics.tenant_up.get_or_create(&labels).set(0);
+        shared.metrics.set_tenant_down(&name, cause);
         shared.metrics.tenant_restarts.get_or_create(&labels).inc();
         shared.health.set_tenant(&name, TenantHealth::Down(reason.clone()));
         let delay = shared.settings.backoff.delay(failures);

@@ -70,6 +70,15 @@ pub enum TenantError {
 }
 
 impl TenantError {
+    /// The word for `stackd_tenant_down_cause`.
+    pub fn cause_label(&self) -> &'static str {
+        match self {
+            TenantError::Config(_) => "config",
+            TenantError::Unreachable(cause) => cause.kind.label(),
+            TenantError::HostNamespace(_) | TenantError::Controller(_) => "controller",
+        }
+    }
+
     /// True when waiting can help (the server is down or restarting): the supervisor then restarts
     /// the tenant as soon as its server answers instead of after the restart backoff.
     pub fn is_transient(&self) -> bool {
@@ -343,13 +352,14 @@ async fn orphan_sweeper(context: Arc<TenantContext>, cancel: CancellationToken) 
     }
 }
 
-/// Watches the tenant's CRDs: reports the tenant down when its server cannot be reached and
-/// degraded while stackd's own CRDs are not served there. A resumed watch yields nothing until
-/// something changes, so while the tenant is down its `/version` is probed every few seconds
-/// (jittered, never the growing restart backoff) to notice at once that it is back. A 410 is no
-/// outage: the server answered, and the watch relists.
+/// Watches the tenant's CRDs: reports the tenant down (with the root cause) when its server does not
+/// answer or answers errors, and degraded while stackd's own CRDs are not served there. A resumed
+/// watch yields nothing until something changes, so while the tenant is down a one-item list of its
+/// CRDs probes it every few seconds (jittered, never the growing restart backoff) to notice at once
+/// that it serves again. A 410 is no outage: the server answered, and the watch relists.
 async fn crd_monitor(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
     let api: Api<CustomResourceDefinition> = Api::all(context.client.clone());
+    let (probe_api, probe_request) = (api.clone(), kube::api::ListParams::default().limit(1));
     let (store, writer) = reflector::store();
     let crds = watcher(api, watcher::Config::default()).modify(crate::api::crds::slim);
     let mut events = reflector(writer, crds).backoff(WatchBackoff::default()).boxed();
@@ -360,7 +370,8 @@ async fn crd_monitor(context: Arc<TenantContext>, cancel: CancellationToken) -> 
         tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
             _ = sleep_until(probe), if probe.is_some() => {
-                match context.client.apiserver_version().await {
+                // A resumed watch yields nothing until something changes: ask the server directly.
+                match probe_api.list_metadata(&probe_request).await {
                     Ok(_) => {
                         info!(tenant = %context.name, "tenant API server answers again");
                         down = None;
@@ -379,12 +390,10 @@ async fn crd_monitor(context: Arc<TenantContext>, cancel: CancellationToken) -> 
                     let cause = diagnose(&err);
                     if cause.kind == CauseKind::Expired {
                         debug!(tenant = %context.name, %cause, "tenant CRD watch expired; relisting");
-                    } else if cause.kind.is_unreachable() || cause.kind.is_permanent() {
-                        report_down(&context, cause, &mut down);
-                        probe.get_or_insert_with(|| tokio::time::Instant::now() + probe_delay());
-                    } else {
-                        warn!(tenant = %context.name, %cause, "tenant CRD watch failed; retrying");
+                        continue;
                     }
+                    probe.get_or_insert_with(|| tokio::time::Instant::now() + probe_delay());
+                    report_down(&context, cause, &mut down);
                     continue;
                 }
                 Some(Ok(_)) => {
@@ -396,12 +405,7 @@ async fn crd_monitor(context: Arc<TenantContext>, cancel: CancellationToken) -> 
         if down.is_some() || !is_filled(&store) {
             continue;
         }
-        context
-            .shared
-            .metrics
-            .tenant_up
-            .get_or_create(&Metrics::tenant(&context.name))
-            .set(1);
+        context.shared.metrics.set_tenant_up(&context.name);
         let health = crd_health(&store.state(), &required);
         if context.shared.health.tenant(&context.name) != Some(health.clone()) {
             info!(tenant = %context.name, ?health, "tenant state");
@@ -413,13 +417,9 @@ async fn crd_monitor(context: Arc<TenantContext>, cancel: CancellationToken) -> 
 /// Marks the tenant down with `cause` (log line, metric, readiness detail), logging only changes.
 fn report_down(context: &TenantContext, cause: Cause, down: &mut Option<Cause>) {
     let shared = &context.shared;
-    shared
-        .metrics
-        .tenant_up
-        .get_or_create(&Metrics::tenant(&context.name))
-        .set(0);
+    shared.metrics.set_tenant_down(&context.name, cause.kind.label());
     if down.as_ref() != Some(&cause) {
-        warn!(tenant = %context.name, %cause, "tenant API server unreachable; probing it until it answers");
+        warn!(tenant = %context.name, %cause, "tenant API server unavailable; retrying until it answers");
         shared
             .health
             .set_tenant(&context.name, TenantHealth::Down(cause.message.clone()));

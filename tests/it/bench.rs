@@ -49,6 +49,12 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
     assert_eq!(report["pools"]["double_leases"], 0);
     assert!(report["pools"]["fill_s"].as_f64().unwrap() > 0.0);
     assert!(report["latency_floor"]["rtt_ms_p50"].as_f64().unwrap() > 0.0);
+    let recovery = &report["recovery"];
+    assert!(
+        recovery["up_after_restart_s_max"].as_f64().unwrap() > 0.0,
+        "{recovery:#}"
+    );
+    assert!(recovery["install_after_restart_ratio"].is_number(), "{recovery:#}");
     let written: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&saved).expect("--out file")).expect("saved JSON");
     assert_eq!(written, report);
@@ -56,8 +62,20 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
 
 #[test]
 fn chaos_keeps_its_invariants_on_several_seeds() {
+    let logs = tempfile::tempdir().expect("temp dir");
+    let kept = logs.path().to_str().expect("a UTF-8 path");
     for seed in ["1", "2", "3"] {
-        let (ok, stdout, stderr) = stackd(&["bench", "--chaos", "--quick", "--json", "--seed", seed]);
+        let args = [
+            "bench",
+            "--chaos",
+            "--quick",
+            "--json",
+            "--seed",
+            seed,
+            "--keep-logs",
+            kept,
+        ];
+        let (ok, stdout, stderr) = stackd(&args);
         let report: serde_json::Value =
             serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("seed {seed}: no JSON ({e}):\n{stdout}\n{stderr}"));
         assert!(ok, "seed {seed}: invariants failed: {report:#}\n{stderr}");
@@ -75,5 +93,12 @@ fn chaos_keeps_its_invariants_on_several_seeds() {
             .filter_map(|v| v.as_u64())
             .sum();
         assert!(faults > 0, "seed {seed}: no fault was injected");
+        assert!(stderr.contains("chaos: +"), "seed {seed}: no fault timeline:\n{stderr}");
     }
+    let daemon_logs = std::fs::read_dir(logs.path())
+        .expect("the kept logs")
+        .filter_map(Result::ok)
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with("daemon-"))
+        .count();
+    assert!(daemon_logs >= 3, "--keep-logs kept {daemon_logs} daemon logs");
 }

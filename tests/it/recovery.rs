@@ -40,13 +40,21 @@ async fn a_tenant_down_at_start_is_served_within_seconds_of_answering_though_its
             "the root cause is named:\n{ready}"
         );
         daemon
+            .wait_for(
+                "/metrics",
+                "stackd_tenant_down_cause{tenant=\"acme\",cause=\"refused\"} 1",
+                SOON,
+            )
+            .await;
+        daemon
     };
     let (restarted, daemon) = tokio::join!(outage, observe);
     restarted.expect("the tenant server serves again");
     let answered = Instant::now();
-    daemon
+    let metrics = daemon
         .wait_for("/metrics", "stackd_tenant_up{tenant=\"acme\"} 1", BACK_WITHIN)
         .await;
+    assert!(!metrics.contains("stackd_tenant_down_cause{"), "{metrics}");
     fleet
         .wait_for_namespace("acme", BACK_WITHIN.saturating_sub(answered.elapsed()))
         .await;
@@ -99,7 +107,7 @@ async fn an_expired_watch_is_not_reported_as_an_outage() {
     );
     let log = daemon.log_text();
     assert!(
-        !log.contains("unreachable"),
+        !log.contains("tenant API server unavailable"),
         "a 410 was reported as unreachable:\n{log}"
     );
 }
@@ -142,6 +150,10 @@ async fn an_untrusted_tenant_certificate_is_named_in_readiness() {
     assert!(line.contains("not trusted") && line.contains("UnknownIssuer"), "{line}");
     let metrics = daemon.http_get("/metrics").unwrap_or_default();
     assert!(metrics.contains("stackd_tenant_up{tenant=\"acme\"} 0"), "{metrics}");
+    assert!(
+        metrics.contains("stackd_tenant_down_cause{tenant=\"acme\",cause=\"certificate\"} 1"),
+        "{metrics}"
+    );
     // A certificate never fixes itself: the tenant backs off instead of being probed.
     let log = daemon.log_text();
     assert!(log.contains("tenant failed; restarting it"), "{log}");
