@@ -40,6 +40,8 @@ pub struct DaemonSettings {
     pub backoff: Backoff,
     pub debounce: Duration,
     pub rescan_interval: Duration,
+    /// How long a stopping tenant may take to finish its in-flight reconciles.
+    pub tenant_stop_grace: Duration,
 }
 
 /// What every tenant shares.
@@ -138,6 +140,10 @@ async fn run_controllers(
             },
         }
     };
+    if matches!(outcome, Err(DaemonError::LostLease)) {
+        // Stop at once: a standby may take the lease soon, and it must find no one acting.
+        registry.abort_all().await;
+    }
     watch_cancel.cancel();
     let _ = watch.await;
     registry.stop_all().await;

@@ -199,6 +199,7 @@ async fn run_daemon(
         backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30)),
         debounce: Duration::from_millis(200),
         rescan_interval: Duration::from_secs(30),
+        tenant_stop_grace: Duration::from_secs(20),
     };
     println!("\nThe daemon is serving every tenant; progress follows. Ctrl-C stops everything.\n");
     let progress = tokio::spawn(print_progress(host.client().await, shutdown.clone()));

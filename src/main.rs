@@ -114,6 +114,10 @@ struct RunArgs {
     /// Full rescan of the tenants directory, a backstop for missed file events.
     #[arg(long, default_value = "1m", value_parser = humantime::parse_duration, value_name = "DURATION")]
     rescan_interval: Duration,
+    /// How long a stopping tenant (kubeconfig changed or removed, SIGTERM) may take to finish its
+    /// in-flight reconciles before they are aborted.
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    tenant_stop_grace: Duration,
 }
 
 #[derive(Args, Debug)]
@@ -317,6 +321,7 @@ async fn run(args: RunArgs) -> ExitCode {
         backoff: stackd::runtime::backoff::Backoff::new(args.backoff_base, Duration::from_secs(300)),
         debounce: args.debounce,
         rescan_interval: args.rescan_interval,
+        tenant_stop_grace: args.tenant_stop_grace,
     };
     match stackd::daemon::run(host, settings, shutdown_on_signals()).await {
         Ok(()) => ExitCode::SUCCESS,

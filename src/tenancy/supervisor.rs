@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{error, info, warn};
 
 use super::directory::{TenantChange, TenantFile};
@@ -15,9 +16,6 @@ use crate::daemon::Shared;
 use crate::runtime::health::TenantHealth;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::recovery::probe_delay;
-
-/// How long a stopping tenant may take to finish its in-flight reconciles.
-const STOP_GRACE: Duration = Duration::from_secs(20);
 
 struct RunningTenant {
     cancel: CancellationToken,
@@ -84,7 +82,20 @@ impl Registry {
 
     async fn stop(&mut self, name: &str) {
         if let Some(running) = self.tenants.remove(name) {
-            stop_running(name, running).await;
+            stop_running(name, running, self.shared.settings.tenant_stop_grace).await;
+        }
+    }
+
+    /// Stops every tenant at once, in-flight reconciles included: for a daemon that may no longer
+    /// act (its leader lease is running out), waiting for them would be acting.
+    pub async fn abort_all(&mut self) {
+        let tenants = std::mem::take(&mut self.tenants);
+        for running in tenants.values() {
+            running.cancel.cancel();
+            running.task.abort();
+        }
+        for (_, running) in tenants {
+            let _ = running.task.await;
         }
     }
 
@@ -94,19 +105,22 @@ impl Registry {
         for running in tenants.values() {
             running.cancel.cancel();
         }
+        let grace = self.shared.settings.tenant_stop_grace;
         futures::future::join_all(tenants.into_iter().map(|(name, running)| async move {
-            stop_running(&name, running).await;
+            stop_running(&name, running, grace).await;
         }))
         .await;
     }
 }
 
-async fn stop_running(name: &str, running: RunningTenant) {
+/// Stops a tenant, letting its in-flight reconciles finish within `grace`; returns once its task
+/// tree is gone, so a tenant started after it never runs beside it.
+async fn stop_running(name: &str, mut running: RunningTenant, grace: Duration) {
     running.cancel.cancel();
-    let abort = running.task.abort_handle();
-    if tokio::time::timeout(STOP_GRACE, running.task).await.is_err() {
-        warn!(tenant = %name, "tenant did not stop in time; aborting it");
-        abort.abort();
+    if tokio::time::timeout(grace, &mut running.task).await.is_err() {
+        warn!(tenant = %name, ?grace, "tenant did not stop in time; aborting it");
+        running.task.abort();
+        let _ = running.task.await;
     }
 }
 
@@ -122,7 +136,10 @@ async fn supervise(file: TenantFile, shared: Arc<Shared>, cancel: CancellationTo
     loop {
         let started = tokio::time::Instant::now();
         // A panic in the tenant's task surfaces as a JoinError here: it fails this tenant only.
-        let outcome = tokio::spawn(tenant::run(file.clone(), shared.clone(), cancel.child_token())).await;
+        // The handle aborts the tenant's task tree when this task is aborted: a detached tree
+        // would go on reconciling beside the one started after it.
+        let run = tokio::spawn(tenant::run(file.clone(), shared.clone(), cancel.child_token()));
+        let outcome = AbortOnDropHandle::new(run).await;
         if cancel.is_cancelled() {
             return;
         }

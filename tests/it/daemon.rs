@@ -120,12 +120,17 @@ pub(crate) struct Daemon {
 impl Daemon {
     /// `stackd run` with `dir/host.yaml` and `dir/tenants`, fast timing flags and `extra`.
     pub(crate) fn spawn(dir: &Path, extra: &[&str]) -> Daemon {
+        Daemon::spawn_with_host(dir, &dir.join("host.yaml"), extra)
+    }
+
+    /// Like [`Daemon::spawn`], with another host kubeconfig (e.g. one through a proxy).
+    pub(crate) fn spawn_with_host(dir: &Path, host_kubeconfig: &Path, extra: &[&str]) -> Daemon {
         let admin = free_port();
         let log = dir.join(format!("daemon-{}.log", admin.port()));
         let log_file = std::fs::File::create(&log).expect("log file");
         let child = Command::new(env!("CARGO_BIN_EXE_stackd"))
             .args(["run", "--host-kubeconfig"])
-            .arg(dir.join("host.yaml"))
+            .arg(host_kubeconfig)
             .arg("--tenants-dir")
             .arg(dir.join("tenants"))
             .args(["--metrics-addr", &admin.to_string()])

@@ -22,6 +22,7 @@ mod harness;
 mod inventory;
 mod kubectl;
 mod pools;
+mod races;
 mod recovery;
 mod stacks_install;
 mod stacks_stack;

@@ -1029,7 +1029,17 @@ async fn a_second_reconcile_of_an_unchanged_install_writes_nothing() {
         json!({"package": "examples/sample-stack:v1"}),
     )
     .await;
-    wait_synced(&tenant, "team-a", &daemon).await;
+    // Ready, not just Synced: until the Stack is Ready its controller is still copying the token
+    // and starting the Deployment, writes this test would wrongly count.
+    let installs: Api<StackInstall> = Api::namespaced(tenant.clone(), "team-a");
+    wait_until("Ready=True", Duration::from_secs(20), &daemon, || {
+        let installs = installs.clone();
+        async move {
+            let install = installs.get("sample").await.ok()?;
+            (condition(&install, "Ready")?.0 == "True").then_some(())
+        }
+    })
+    .await;
     // Let the last status write and Events land.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (host_before, tenant_before) = (fleet._host.counters(), fleet.tenants["acme"].0.counters());

@@ -1,0 +1,212 @@
+//! Races that could lose work or data (issue 17), each driven deterministically: a host partition
+//! of the leader, a tenant whose stop outlasts its grace.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::Api;
+use serde_json::json;
+use stackd::embedded::faults::RequestMatch;
+use stackd::embedded::{ApiServer, ServerOptions, Verb};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+use super::daemon::{Daemon, Fleet};
+use super::stacks_install::{STACKD_TEST_IMAGE, StackFleet, create_install};
+
+const SOON: Duration = Duration::from_secs(10);
+
+/// A TCP proxy in front of an API server: cutting it refuses new connections and ends open ones,
+/// as a network partition would.
+struct Partition {
+    addr: SocketAddr,
+    cut: CancellationToken,
+}
+
+impl Partition {
+    async fn start(upstream: SocketAddr) -> Partition {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        let cut = CancellationToken::new();
+        let serving = cut.clone();
+        tokio::spawn(async move {
+            loop {
+                let (mut client, _) = tokio::select! {
+                    _ = serving.cancelled() => return,
+                    accepted = listener.accept() => match accepted {
+                        Ok(accepted) => accepted,
+                        Err(_) => continue,
+                    },
+                };
+                let connection = serving.clone();
+                tokio::spawn(async move {
+                    let Ok(mut server) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = connection.cancelled() => {}
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                    }
+                });
+            }
+        });
+        Partition { addr, cut }
+    }
+
+    /// A copy of `kubeconfig` whose server is this proxy.
+    fn kubeconfig(&self, kubeconfig: &str, upstream: SocketAddr) -> String {
+        let proxied = kubeconfig.replace(&upstream.to_string(), &self.addr.to_string());
+        assert_ne!(proxied, kubeconfig, "the kubeconfig names {upstream}");
+        proxied
+    }
+
+    fn cut(&self) {
+        self.cut.cancel();
+    }
+}
+
+fn upstream_of(url: &str) -> SocketAddr {
+    url.trim_start_matches("http://")
+        .trim_start_matches("https://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("a loopback address in the server URL")
+}
+
+async fn leader_election_namespace(fleet: &Fleet) {
+    let namespaces: Api<Namespace> = Api::all(fleet.host_client.clone());
+    let system: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "stackd-system"}})).expect("ns");
+    namespaces
+        .create(&Default::default(), &system)
+        .await
+        .expect("create stackd-system");
+}
+
+/// Polls `check` until it is true; the time it first was.
+async fn when(what: &str, within: Duration, check: impl Fn() -> bool) -> Instant {
+    let deadline = Instant::now() + within;
+    loop {
+        if check() {
+            return Instant::now();
+        }
+        assert!(Instant::now() < deadline, "{what} did not happen within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_host_stops_before_a_standby_takes_over() {
+    let fleet = Fleet::start(&["acme"]).await;
+    leader_election_namespace(&fleet).await;
+    let upstream = upstream_of(&fleet.host().url());
+    let partition = Partition::start(upstream).await;
+    let proxied: PathBuf = fleet.dir.path().join("host-through-proxy.yaml");
+    let host_kubeconfig = std::fs::read_to_string(fleet.dir.path().join("host.yaml")).expect("host kubeconfig");
+    std::fs::write(&proxied, partition.kubeconfig(&host_kubeconfig, upstream)).expect("proxied kubeconfig");
+
+    let args = ["--leader-elect", "--leader-elect-lease-duration", "6"];
+    let leader = Daemon::spawn_with_host(fleet.dir.path(), &proxied, &args);
+    when("the first daemon's acquisition", SOON, || {
+        leader.log_text().contains("acquired the leader lease")
+    })
+    .await;
+    fleet.wait_for_namespace("acme", SOON).await;
+    let standby = fleet.daemon(&args);
+    when("the standby's wait", SOON, || {
+        standby.log_text().contains("waiting for the leader lease")
+    })
+    .await;
+
+    // The leader's host requests now fail while its tenants still answer: it must stop acting on
+    // them before its lease can run out for the standby.
+    partition.cut();
+    let (stopped, took_over) = tokio::join!(
+        when("the leader's stop", Duration::from_secs(20), || {
+            leader.log_text().contains("lost the leader lease")
+        }),
+        when("the standby's takeover", Duration::from_secs(20), || {
+            standby.log_text().contains("acquired the leader lease")
+        }),
+    );
+    assert!(
+        stopped < took_over,
+        "the standby took over {:?} before the cut-off leader stopped:\nleader:\n{}",
+        stopped - took_over,
+        leader.log_text()
+    );
+    assert!(
+        leader.log_text().contains("not renewed within its renew deadline"),
+        "{}",
+        leader.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_whose_stop_outlasts_its_grace_leaves_none_of_its_controllers_running() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let (first, _) = &fleet.tenants["acme"];
+    let second = ApiServer::start(ServerOptions {
+        name: "acme-moved".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("second tenant server");
+    // The install's reconcile hangs in its host Job creation, past the stop grace.
+    fleet._host.faults().add_latency(
+        RequestMatch::any().verb(Verb::Create).resource("jobs"),
+        Duration::from_secs(3),
+    );
+    let daemon = Daemon::spawn(
+        fleet.dir.path(),
+        &[
+            "--stackd-image",
+            STACKD_TEST_IMAGE,
+            "--allow-insecure-tenant-endpoint",
+            "--tenant-stop-grace",
+            "300ms",
+        ],
+    );
+    daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", SOON).await;
+    let before = fleet._host.counters();
+    create_install(
+        &fleet.tenant("acme"),
+        "team-a",
+        "sample",
+        json!({"package": "examples/sample-stack:v1"}),
+    )
+    .await;
+    when("the install Job's creation", SOON, || {
+        fleet
+            ._host
+            .counters()
+            .since(&before)
+            .get(Verb::Create, "jobs", Some("tenant-acme-controllers"))
+            > 0
+    })
+    .await;
+
+    // The tenant moves to another server while that reconcile is in flight.
+    std::fs::write(
+        fleet.dir.path().join("tenants").join("acme.yaml"),
+        second.kubeconfig_yaml(),
+    )
+    .expect("re-point the tenant");
+    when("the stop to run out of grace", SOON, || {
+        daemon.log_text().contains("tenant did not stop in time; aborting it")
+    })
+    .await;
+    let stopped = first.counters();
+    // Long enough for the hung Job creation to return: a controller of the stopped tenant still
+    // running would go on to write the install's status on the first server.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let after = first.counters().since(&stopped);
+    assert_eq!(
+        after.total(),
+        0,
+        "the first server was still called after its tenant stopped: {after:?}\n{}",
+        daemon.log_text()
+    );
+}
