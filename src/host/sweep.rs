@@ -185,12 +185,17 @@ mod tests {
 pub mod run {
     use std::collections::BTreeMap;
 
+    use jiff::{SignedDuration, Timestamp};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
     use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Preconditions, PropagationPolicy};
     use kube::{Client, ResourceExt};
     use tracing::{info, warn};
 
     use super::{HostObject, TenantSnapshot, orphans};
-    use crate::host::labels::{PARENT_KIND_LABEL, tenant_selector};
+    use crate::host::labels::{
+        PARENT_KIND_LABEL, TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION,
+        TENANT_UID_ANNOTATION, tenant_selector,
+    };
 
     /// What one sweep deleted, as `Kind/name`.
     #[derive(Debug, Default, PartialEq, Eq)]
@@ -203,6 +208,11 @@ pub mod run {
     /// Lists each parent kind on the tenant (a failed list leaves its kind out of the snapshot, so
     /// none of its host objects can be deleted), then deletes this tenant's host objects in
     /// `host_namespace` whose parent is gone. Never deletes the namespace itself.
+    ///
+    /// A parent created between the tenant lists and the host lists (a pool creating a
+    /// ClusterDeployment mid-sweep) must not lose its new host objects: objects younger than the
+    /// tenant lists are left to the next sweep, and each orphan's parent is asked for again by name
+    /// right before the delete.
     pub async fn sweep_once(
         host: &Client,
         tenant: &Client,
@@ -212,6 +222,7 @@ pub mod run {
         host_kinds: &[ApiResource],
     ) -> Result<SweepReport, kube::Error> {
         let mut report = SweepReport::default();
+        let listed_at = Timestamp::now();
         let mut lists = Vec::new();
         for kind in parent_kinds {
             let api: Api<DynamicObject> = Api::all_with(tenant.clone(), kind);
@@ -232,30 +243,30 @@ pub mod run {
         let selector = format!("{},{PARENT_KIND_LABEL}", tenant_selector(tenant_name));
         for kind in host_kinds {
             let api: Api<DynamicObject> = Api::namespaced_with(host.clone(), host_namespace, kind);
-            let objects: Vec<(HostObject, Option<String>)> = api
-                .list_metadata(&ListParams::default().labels(&selector))
-                .await?
+            let listed = api.list_metadata(&ListParams::default().labels(&selector)).await?;
+            let objects: BTreeMap<String, ObjectMeta> = listed
                 .items
                 .into_iter()
-                .map(|o| {
-                    let uid = o.metadata.uid.clone();
-                    let object = HostObject {
-                        kind: kind.kind.clone(),
-                        name: o.name_any(),
-                        labels: o.metadata.labels.clone().unwrap_or_default(),
-                        annotations: o.metadata.annotations.clone().unwrap_or_default(),
-                    };
-                    (object, uid)
+                .filter(|o| older_than_the_lists(o.metadata.creation_timestamp.as_ref(), listed_at))
+                .map(|o| (o.name_any(), o.metadata))
+                .collect();
+            let candidates: Vec<HostObject> = objects
+                .iter()
+                .map(|(name, meta)| HostObject {
+                    kind: kind.kind.clone(),
+                    name: name.clone(),
+                    labels: meta.labels.clone().unwrap_or_default(),
+                    annotations: meta.annotations.clone().unwrap_or_default(),
                 })
                 .collect();
-            let uids: BTreeMap<String, Option<String>> =
-                objects.iter().map(|(o, uid)| (o.name.clone(), uid.clone())).collect();
-            let candidates: Vec<HostObject> = objects.into_iter().map(|(o, _)| o).collect();
             for orphan in orphans(&candidates, tenant_name, &snapshot) {
+                if !parent_still_gone(tenant, parent_kinds, orphan).await {
+                    continue;
+                }
                 let params = DeleteParams {
                     propagation_policy: Some(PropagationPolicy::Background),
                     preconditions: Some(Preconditions {
-                        uid: uids.get(&orphan.name).cloned().flatten(),
+                        uid: objects.get(&orphan.name).and_then(|meta| meta.uid.clone()),
                         resource_version: None,
                     }),
                     ..Default::default()
@@ -272,5 +283,39 @@ pub mod run {
             }
         }
         Ok(report)
+    }
+
+    /// Whether a host object was created before the tenant lists began. Creation timestamps have
+    /// whole seconds and the host's clock: anything within a second of the lists counts as younger.
+    fn older_than_the_lists(created: Option<&Time>, listed_at: Timestamp) -> bool {
+        created.is_some_and(|created| {
+            created
+                .0
+                .checked_add(SignedDuration::from_secs(1))
+                .is_ok_and(|plus_one| plus_one < listed_at)
+        })
+    }
+
+    /// Asks the tenant for the orphan's parent by name: true only when the answer is that it is
+    /// gone (not found, or found with another uid). Any error keeps the object.
+    async fn parent_still_gone(tenant: &Client, parent_kinds: &[ApiResource], orphan: &HostObject) -> bool {
+        let annotation = |key: &str| orphan.annotations.get(key).map(String::as_str).unwrap_or("");
+        let Some(kind) = parent_kinds
+            .iter()
+            .find(|k| k.kind == annotation(TENANT_KIND_ANNOTATION))
+        else {
+            return false;
+        };
+        let namespace = annotation(TENANT_NAMESPACE_ANNOTATION);
+        let api: Api<DynamicObject> = if namespace.is_empty() {
+            Api::all_with(tenant.clone(), kind)
+        } else {
+            Api::namespaced_with(tenant.clone(), namespace, kind)
+        };
+        match api.get_metadata_opt(annotation(TENANT_NAME_ANNOTATION)).await {
+            Ok(None) => true,
+            Ok(Some(parent)) => parent.metadata.uid.as_deref() != Some(annotation(TENANT_UID_ANNOTATION)),
+            Err(_) => false,
+        }
     }
 }

@@ -1,12 +1,15 @@
 //! The orphan sweep against embedded host and tenant servers (DESIGN.md §2 "Orphan sweep").
 
+use std::time::Duration;
+
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, ObjectMeta, PostParams};
 use kube::{Client, CustomResourceExt, Resource};
 use stackd::api::stacks::{InstallSpec, StackInstall, StackInstallSpec};
-use stackd::embedded::{ApiServer, ServerOptions};
+use stackd::embedded::faults::RequestMatch;
+use stackd::embedded::{ApiServer, ServerOptions, Verb};
 use stackd::host::Parent;
 use stackd::host::sweep::run::sweep_once;
 
@@ -70,6 +73,12 @@ async fn exists(host: &Client, name: &str) -> bool {
         .is_some()
 }
 
+/// Creation timestamps have whole seconds: after this, objects made before it are older than the
+/// next sweep's lists.
+async fn older_than_a_sweep() {
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+}
+
 fn kinds() -> (Vec<ApiResource>, Vec<ApiResource>) {
     (
         vec![ApiResource::erase::<StackInstall>(&())],
@@ -106,6 +115,14 @@ async fn sweep_deletes_host_objects_whose_parent_is_gone_and_keeps_the_rest() {
     host_secret(&host, "gone-token", "acme", &gone).await;
     host_secret(&host, "other-tenant", "globex", &gone).await;
     let (parents, hosts) = kinds();
+    let report = sweep_once(&host, &tenant, "acme", HOST_NS, &parents, &hosts)
+        .await
+        .expect("sweep");
+    assert!(
+        report.deleted.is_empty(),
+        "objects younger than the sweep's lists wait for the next one"
+    );
+    older_than_a_sweep().await;
     let report = sweep_once(&host, &tenant, "acme", HOST_NS, &parents, &hosts)
         .await
         .expect("sweep");
@@ -182,5 +199,56 @@ async fn sweep_never_deletes_objects_without_a_parent_label_or_the_namespace() {
             .await
             .expect("get")
             .is_some()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_created_during_a_sweep_keeps_its_host_objects() {
+    let (host_server, _tenant, host, tenant) = servers(true).await;
+    let gone = Parent::new("StackInstall", Some("team-a"), "gone", "uid-gone");
+    host_secret(&host, "gone-token", "acme", &gone).await;
+    older_than_a_sweep().await;
+    // The sweep's list of host Secrets is slow: it answers after the tenant lists, and after a
+    // parent and its host Secret were created in between (a pool creating a ClusterDeployment).
+    host_server.faults().add_latency(
+        RequestMatch::any().verb(Verb::List).resource("secrets"),
+        Duration::from_secs(2),
+    );
+    let (parents, hosts) = kinds();
+    let counted = host_server.counters();
+    let sweep = tokio::spawn({
+        let (host, tenant) = (host.clone(), tenant.clone());
+        async move { sweep_once(&host, &tenant, "acme", HOST_NS, &parents, &hosts).await }
+    });
+    while host_server
+        .counters()
+        .since(&counted)
+        .get(Verb::List, "secrets", Some(HOST_NS))
+        == 0
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let spec = StackInstallSpec {
+        install: InstallSpec {
+            package: "p:1".into(),
+            ..Default::default()
+        },
+    };
+    let created = Api::<StackInstall>::namespaced(tenant.clone(), "team-a")
+        .create(&PostParams::default(), &StackInstall::new("mid-sweep", spec))
+        .await
+        .expect("install");
+    let mid_sweep = Parent::new(
+        "StackInstall",
+        Some("team-a"),
+        "mid-sweep",
+        created.meta().uid.as_deref().unwrap_or_default(),
+    );
+    host_secret(&host, "mid-sweep-token", "acme", &mid_sweep).await;
+    let report = sweep.await.expect("sweep task").expect("sweep");
+    assert_eq!(report.deleted, ["Secret/gone-token"], "only the old orphan goes");
+    assert!(
+        exists(&host, "mid-sweep-token").await,
+        "the host Secret of a parent created mid-sweep was deleted"
     );
 }
