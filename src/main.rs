@@ -9,6 +9,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use stackd::api::stacks::PermissionScope;
 use stackd::host::namespace::ServiceAccountRef;
+use stackd::runtime::parse_error::kubeconfig_error_message;
 use stackd::tenancy::namespace::NamespaceTemplate;
 use tokio_util::sync::CancellationToken;
 
@@ -71,8 +72,9 @@ struct RunArgs {
     /// Pass a stack's controller Deployment spec through without the pod-safety checks.
     #[arg(long)]
     insecure_pass_full_deployment: bool,
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, default_value = "0.0.0.0:8080", value_name = "ADDR")]
+    /// Address of /metrics, /healthz and /readyz (loopback unless told otherwise; the
+    /// `/readyz?verbose` tenant detail is answered to loopback clients only, on any address).
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
     metrics_addr: SocketAddr,
     /// Run controllers only while holding a coordination.k8s.io Lease on the host.
     #[arg(long)]
@@ -238,8 +240,8 @@ fn init_logging(format: LogFormat) {
 async fn host_client(path: Option<&PathBuf>) -> Result<kube::Client, String> {
     let config = match path {
         Some(path) => {
-            let kubeconfig =
-                kube::config::Kubeconfig::read_from(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| format!("{}: {}", path.display(), kubeconfig_error_message(&e)))?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
                 .await
                 .map_err(|e| format!("{}: {e}", path.display()))?

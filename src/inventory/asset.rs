@@ -364,7 +364,7 @@ async fn reconcile_asset(
                     requeue = Some(retry::after_failure(&tenant.object_backoff, &key, logged, &err));
                     Some((
                         false,
-                        "DeliveryFailed",
+                        err.reason(),
                         format!("Cannot deliver to cluster {cluster}: {err}"),
                     ))
                 }

@@ -9,8 +9,7 @@ use std::time::Duration;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
 use super::asset::role_label;
@@ -18,6 +17,7 @@ use super::{CLUSTER_LABEL, ROLE_LABEL};
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::ClusterDeployment;
 use crate::pools::{is_conflict, is_not_found};
+use crate::tenancy::untrusted_kubeconfig::{UntrustedKubeconfigError, config_from_untrusted};
 
 /// Namespace of BareMetalHosts on a managed cluster.
 pub const MACHINE_API_NAMESPACE: &str = "openshift-machine-api";
@@ -26,10 +26,28 @@ pub const MACHINE_API_NAMESPACE: &str = "openshift-machine-api";
 pub enum DeliveryError {
     #[error("the admin kubeconfig of cluster {0} is missing or unreadable: {1}")]
     Kubeconfig(String, String),
+    /// The tenant-writable admin kubeconfig asks for something stackd never does for a tenant.
+    #[error("the admin kubeconfig of cluster {cluster} in Secret {secret} was refused: {reason}")]
+    KubeconfigRefused {
+        cluster: String,
+        secret: String,
+        #[source]
+        reason: UntrustedKubeconfigError,
+    },
     #[error("managed cluster request failed: {0}")]
     Remote(#[source] kube::Error),
     #[error("tenant API request failed: {0}")]
     Tenant(#[source] kube::Error),
+}
+
+impl DeliveryError {
+    /// The condition and Event reason for this failure.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            DeliveryError::KubeconfigRefused { .. } => "AdminKubeconfigRefused",
+            _ => "DeliveryFailed",
+        }
+    }
 }
 
 fn bmh_resource() -> ApiResource {
@@ -44,7 +62,8 @@ pub fn remote_secret_name(asset: &BareMetalAsset) -> String {
     format!("{}-bmc-secret", asset.name_any())
 }
 
-/// A client for the cluster, from its admin kubeconfig Secret in the tenant.
+/// A client for the cluster, from its admin kubeconfig Secret in the tenant. The Secret is
+/// tenant-writable, so only the allow-listed inline data of the kubeconfig is used.
 pub async fn cluster_client(tenant: &Client, cd: &ClusterDeployment) -> Result<Client, DeliveryError> {
     let name = cd.name_any();
     let bad = |e: String| DeliveryError::Kubeconfig(name.clone(), e);
@@ -65,10 +84,11 @@ pub async fn cluster_client(tenant: &Client, cd: &ClusterDeployment) -> Result<C
         .and_then(|d| d.get("kubeconfig"))
         .map(|b| String::from_utf8_lossy(&b.0).into_owned())
         .ok_or_else(|| bad(format!("Secret {secret_name} has no key kubeconfig")))?;
-    let kubeconfig = Kubeconfig::from_yaml(&text).map_err(|e| bad(e.to_string()))?;
-    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| bad(e.to_string()))?;
+    let mut config = config_from_untrusted(&text).map_err(|reason| DeliveryError::KubeconfigRefused {
+        cluster: name.clone(),
+        secret: secret_name.clone(),
+        reason,
+    })?;
     config.connect_timeout = Some(Duration::from_secs(5));
     Client::try_from(config).map_err(|e| bad(e.to_string()))
 }

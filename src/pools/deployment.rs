@@ -20,7 +20,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::failure_domains::INVALID_KEY;
 use super::hosts;
@@ -32,7 +32,9 @@ use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{ClusterDeployment, ClusterDeploymentCustomization, ClusterDeploymentStatus};
 use crate::host::Parent;
 use crate::host::apply::{self, HostWriteError, Update, ensure, stamp};
-use crate::host::labels::{TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION};
+use crate::host::labels::{
+    MANAGED_BY, MANAGED_BY_LABEL, TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION,
+};
 use crate::host::names::{NameKind, host_name};
 use crate::host::ownership::{self, Ownership};
 use crate::runtime::cache::{is_filled, reflect};
@@ -42,11 +44,17 @@ use crate::runtime::recovery::NoTriggerBackoff;
 use crate::runtime::retry;
 use crate::runtime::shutdown::run_controller;
 use crate::tenancy::tenant::TenantContext;
+use crate::tenancy::untrusted_kubeconfig::{UntrustedKubeconfigError, config_from_untrusted};
 
 const KIND: &str = "ClusterDeployment";
 const DEFAULT_ATTEMPTS: i32 = 3;
 /// Where the installer finds its inputs and writes its state.
 const INSTALL_DIR: &str = "/installer";
+
+/// Label naming the ClusterDeployment on the admin kubeconfig Secret stackd creates.
+pub const CLUSTER_DEPLOYMENT_LABEL: &str = "pools.stackd.dev/cluster-deployment";
+/// The uid of that ClusterDeployment: with the labels, it proves stackd made the Secret for it.
+pub const CLUSTER_DEPLOYMENT_UID_ANNOTATION: &str = "pools.stackd.dev/cluster-deployment-uid";
 
 #[derive(Debug, thiserror::Error)]
 pub enum DeploymentError {
@@ -607,37 +615,17 @@ async fn installed(cd: &ClusterDeployment, ctx: &Ctx, names: &Names) -> Result<A
         // The cache may not have the installer's write yet; the Secret's watch event brings us back.
         return Ok(Action::requeue(Duration::from_secs(5)));
     };
+    let admin_name = format!("{}-admin-kubeconfig", cd.name_any());
+    // The installer image is the tenant's choice, so its kubeconfig is as untrusted as the tenant.
+    if let Err(refusal) = config_from_untrusted(&kubeconfig) {
+        return stopped_on_refused_kubeconfig(cd, ctx, &admin_name, &refusal).await;
+    }
     let infra_id = serde_json::from_str::<serde_json::Value>(&metadata)
         .ok()
         .and_then(|m| m["infraID"].as_str().map(String::from));
-    let ns = cd.namespace().unwrap_or_default();
-    let admin_name = format!("{}-admin-kubeconfig", cd.name_any());
-    let secrets = Api::<Secret>::namespaced(tenant.client.clone(), &ns);
-    let admin = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(admin_name.clone()),
-            namespace: Some(ns.clone()),
-            labels: Some(BTreeMap::from([(
-                "pools.stackd.dev/cluster-deployment".into(),
-                cd.name_any(),
-            )])),
-            ..Default::default()
-        },
-        string_data: Some(BTreeMap::from([("kubeconfig".into(), kubeconfig)])),
-        type_: Some("Opaque".into()),
-        ..Default::default()
-    };
-    match secrets.create(&PostParams::default(), &admin).await {
-        Ok(_) => {}
-        Err(err) if is_conflict(&err) => {
-            let mut existing = secrets.get(&admin_name).await.map_err(DeploymentError::Tenant)?;
-            existing.string_data = admin.string_data.clone();
-            secrets
-                .replace(&admin_name, &PostParams::default(), &existing)
-                .await
-                .map_err(DeploymentError::Tenant)?;
-        }
-        Err(err) => return Err(DeploymentError::Tenant(err)),
+    let secrets = Api::<Secret>::namespaced(tenant.client.clone(), &cd.namespace().unwrap_or_default());
+    if copy_admin_kubeconfig(cd, &secrets, &admin_name, kubeconfig).await? == AdminSecret::Foreign {
+        return admin_kubeconfig_conflict(cd, ctx, &admin_name).await;
     }
     let changed = set_status(cd, ctx, |status, now| {
         status.installed = true;
@@ -669,6 +657,148 @@ async fn installed(cd: &ClusterDeployment, ctx: &Ctx, names: &Names) -> Result<A
             format!("Cluster installed; admin kubeconfig in Secret {admin_name}"),
         )
         .await;
+    }
+    Ok(Action::await_change())
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum AdminSecret {
+    /// Created, updated, or already holding the kubeconfig.
+    Written,
+    /// A Secret of that name that stackd did not make for this ClusterDeployment.
+    Foreign,
+}
+
+fn admin_secret(cd: &ClusterDeployment, name: &str, kubeconfig: ByteString) -> Secret {
+    Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            namespace: cd.namespace(),
+            labels: Some(BTreeMap::from([
+                (MANAGED_BY_LABEL.into(), MANAGED_BY.into()),
+                (CLUSTER_DEPLOYMENT_LABEL.into(), cd.name_any()),
+            ])),
+            annotations: Some(BTreeMap::from([(
+                CLUSTER_DEPLOYMENT_UID_ANNOTATION.into(),
+                cd.metadata.uid.clone().unwrap_or_default(),
+            )])),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([("kubeconfig".into(), kubeconfig)])),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    }
+}
+
+/// True when stackd created `secret` for this very ClusterDeployment (not for an earlier one of
+/// the same name, and not someone else).
+fn made_for(secret: &Secret, cd: &ClusterDeployment) -> bool {
+    let labels = secret.labels();
+    let uid = secret.annotations().get(CLUSTER_DEPLOYMENT_UID_ANNOTATION);
+    labels.get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY)
+        && labels.get(CLUSTER_DEPLOYMENT_LABEL) == Some(&cd.name_any())
+        && uid.is_some()
+        && uid == cd.metadata.uid.as_ref()
+}
+
+/// Creates the tenant Secret `<cd>-admin-kubeconfig`, or updates the one stackd made for this
+/// cluster; any other Secret of that name is left untouched.
+async fn copy_admin_kubeconfig(
+    cd: &ClusterDeployment,
+    secrets: &Api<Secret>,
+    name: &str,
+    kubeconfig: String,
+) -> Result<AdminSecret, DeploymentError> {
+    let kubeconfig = ByteString(kubeconfig.into_bytes());
+    let wanted = admin_secret(cd, name, kubeconfig.clone());
+    let exists = match secrets.create(&PostParams::default(), &wanted).await {
+        Ok(_) => return Ok(AdminSecret::Written),
+        Err(err) if is_conflict(&err) => err,
+        Err(err) => return Err(DeploymentError::Tenant(err)),
+    };
+    // Gone again since: the error's retry creates it.
+    let Some(mut existing) = secrets.get_opt(name).await.map_err(DeploymentError::Tenant)? else {
+        return Err(DeploymentError::Tenant(exists));
+    };
+    if !made_for(&existing, cd) {
+        return Ok(AdminSecret::Foreign);
+    }
+    let data = existing.data.get_or_insert_with(Default::default);
+    if data.get("kubeconfig") == Some(&kubeconfig) {
+        return Ok(AdminSecret::Written);
+    }
+    data.insert("kubeconfig".into(), kubeconfig);
+    existing.metadata.managed_fields = None;
+    secrets
+        .replace(name, &PostParams::default(), &existing)
+        .await
+        .map_err(DeploymentError::Tenant)?;
+    Ok(AdminSecret::Written)
+}
+
+/// A Secret of the admin kubeconfig's name belongs to someone else: wait until it is gone.
+async fn admin_kubeconfig_conflict(cd: &ClusterDeployment, ctx: &Ctx, name: &str) -> Result<Action, DeploymentError> {
+    let message = format!(
+        "Secret {name} already exists and was not created by stackd for this ClusterDeployment, so the admin \
+         kubeconfig was not copied and the Secret is left untouched; delete or rename it and stackd copies the \
+         admin kubeconfig there"
+    );
+    let changed = set_status(cd, ctx, |status, now| {
+        set_condition(
+            &mut status.conditions,
+            DesiredCondition {
+                type_: "Provisioned",
+                status: false,
+                reason: "AdminKubeconfigConflict",
+                message: message.clone(),
+                observed_generation: cd.metadata.generation,
+            },
+            now,
+        )
+    })
+    .await?;
+    if changed {
+        publish(&ctx.tenant, cd, true, "AdminKubeconfigConflict", message).await;
+    }
+    // Tenant Secrets are not watched (there are too many); look again now and then.
+    let settings = &ctx.tenant.shared.settings;
+    Ok(Action::requeue(
+        settings.backoff.base.saturating_mul(10).min(Duration::from_secs(30)),
+    ))
+}
+
+/// The installer wrote a kubeconfig stackd will not use or hand on: stop for good, naming the field.
+async fn stopped_on_refused_kubeconfig(
+    cd: &ClusterDeployment,
+    ctx: &Ctx,
+    name: &str,
+    refusal: &UntrustedKubeconfigError,
+) -> Result<Action, DeploymentError> {
+    let message = format!(
+        "The installer's admin kubeconfig was refused and not copied to Secret {name}: {refusal}. \
+         The installer image must write a kubeconfig with inline credentials only"
+    );
+    let changed = set_status(cd, ctx, |status, now| {
+        let mut changed = false;
+        for type_ in ["Provisioned", "ProvisionStopped"] {
+            changed |= set_condition(
+                &mut status.conditions,
+                DesiredCondition {
+                    type_,
+                    status: type_ == "ProvisionStopped",
+                    reason: "AdminKubeconfigRefused",
+                    message: message.clone(),
+                    observed_generation: cd.metadata.generation,
+                },
+                now.clone(),
+            );
+        }
+        changed
+    })
+    .await?;
+    if changed {
+        warn!(tenant = %ctx.tenant.name, cluster = %cd.name_any(), %refusal, "installer kubeconfig refused");
+        publish(&ctx.tenant, cd, true, "AdminKubeconfigRefused", message).await;
     }
     Ok(Action::await_change())
 }

@@ -6,8 +6,10 @@
 use serde_json::{Map, Value, json};
 
 use crate::api::pools::{ClusterPoolSpec, PatchEntity, PatchOp, Platform};
+use crate::runtime::parse_error::LocatedParseError;
 
-/// The template could not be read.
+/// The template could not be read. It holds passwords and pull secrets, so the message says
+/// where, never what.
 #[derive(Debug, thiserror::Error)]
 #[error("the install-config template is not a YAML mapping: {0}")]
 pub struct TemplateError(String);
@@ -17,7 +19,8 @@ pub fn parse_template(text: &str) -> Result<Value, TemplateError> {
     if text.trim().is_empty() {
         return Ok(Value::Object(Map::new()));
     }
-    let value: Value = serde_saphyr::from_str(text).map_err(|e| TemplateError(e.to_string()))?;
+    let value: Value =
+        serde_saphyr::from_str(text).map_err(|e| TemplateError(LocatedParseError::yaml(&e).to_string()))?;
     match value {
         Value::Object(_) => Ok(value),
         Value::Null => Ok(Value::Object(Map::new())),
@@ -301,6 +304,14 @@ mod tests {
             config["platform"]["vsphere"]["apiVIP"], "10.0.0.1",
             "template fields stay"
         );
+    }
+
+    #[test]
+    fn a_malformed_template_names_the_line_and_never_the_password() {
+        let text = "platform:\n  vsphere:\n    password: \"hunter2-vsphere\n  pullSecret: '{\"auths\": 1}'\n";
+        let err = parse_template(text).unwrap_err().to_string();
+        assert!(!err.contains("hunter2"), "{err}");
+        assert!(err.contains("line"), "{err}");
     }
 
     #[test]

@@ -17,6 +17,7 @@ use tracing::{debug, warn};
 
 use super::endpoint::{EndpointError, TenantEndpoint};
 use super::namespace::NamespaceTemplate;
+use crate::runtime::parse_error::kubeconfig_error_message;
 
 /// File name extensions of tenant kubeconfigs.
 pub const EXTENSIONS: [&str; 3] = ["yaml", "yml", "kubeconfig"];
@@ -197,7 +198,7 @@ fn read_tenant_file(name: &str, path: &Path, template: &NamespaceTemplate) -> Re
     let text = String::from_utf8_lossy(&bytes);
     let kubeconfig = Kubeconfig::from_yaml(&text).map_err(|e| TenantFileError::Parse {
         path: path.into(),
-        message: e.to_string(),
+        message: kubeconfig_error_message(&e),
     })?;
     let endpoint = TenantEndpoint::from_kubeconfig(&kubeconfig);
     if matches!(endpoint, Err(EndpointError::NoCluster | EndpointError::NoServer(_))) {
@@ -353,6 +354,20 @@ mod tests {
             directory.rescan().is_empty(),
             "the running file came back: nothing to restart"
         );
+    }
+
+    #[test]
+    fn a_malformed_file_is_reported_by_line_without_its_token() {
+        let (dir, mut directory) = directory();
+        let broken = kubeconfig("https://x").replace("{token: t}", "{token: \"t0ken-of-acme}\n  - [");
+        std::fs::write(dir.path().join("acme.yaml"), broken).expect("write");
+        let changes = directory.rescan();
+        let [TenantChange::Invalid { error, .. }] = changes.as_slice() else {
+            panic!("{changes:?}")
+        };
+        let message = error.to_string();
+        assert!(message.contains("line"), "{message}");
+        assert!(!message.contains("t0ken-of-acme"), "{message}");
     }
 
     #[test]

@@ -5,3 +5,4 @@ pub mod endpoint;
 pub mod namespace;
 pub mod supervisor;
 pub mod tenant;
+pub mod untrusted_kubeconfig;

@@ -24,6 +24,7 @@ mod kubectl;
 mod pools;
 mod races;
 mod recovery;
+mod security_kubeconfig;
 mod stacks_install;
 mod stacks_stack;
 mod sweep;
