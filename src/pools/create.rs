@@ -13,6 +13,7 @@ use serde_json::Value;
 use super::failure_domains::{HASH_ANNOTATION, INVALID_KEY, RECORD_KEY, record_hash};
 use super::install_config;
 use super::machines::MachinePlan;
+use super::membership::{POOL_UID_ANNOTATION, PoolIdentity, namespace_markers};
 use super::pool::{Ctx, PoolError, Round};
 use super::{CDC_GENERATION_ANNOTATION, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, POOL_VERSION_ANNOTATION};
 use crate::api::common::LocalObjectReference;
@@ -119,13 +120,14 @@ pub(super) async fn create_cluster(
     let client = &ctx.tenant.client;
     let ns = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
+    // The namespace is the proof that this pool created the cluster (see membership).
+    let identity = PoolIdentity::of(pool);
+    let (namespace_labels, namespace_annotations) = namespace_markers(&identity);
     let namespace = Namespace {
         metadata: ObjectMeta {
             name: Some(cd_name.into()),
-            labels: Some(BTreeMap::from([
-                (POOL_NAMESPACE_LABEL.to_string(), ns.clone()),
-                (POOL_NAME_LABEL.to_string(), name.clone()),
-            ])),
+            labels: Some(namespace_labels),
+            annotations: Some(namespace_annotations),
             ..Default::default()
         },
         ..Default::default()
@@ -184,6 +186,7 @@ pub(super) async fn create_cluster(
         annotations.insert(HASH_ANNOTATION.into(), record_hash(&plan.records));
     }
     annotations.insert(POOL_VERSION_ANNOTATION.into(), version.into());
+    annotations.insert(POOL_UID_ANNOTATION.into(), identity.uid.clone());
     if let Some(generation) = cdc.and_then(|c| c.metadata.generation) {
         annotations.insert(CDC_GENERATION_ANNOTATION.into(), generation.to_string());
     }

@@ -25,6 +25,7 @@ use tracing::{info, warn};
 use super::failure_domains::INVALID_KEY;
 use super::hosts;
 use super::inventory;
+use super::membership;
 use super::record;
 use super::{DEPROVISION_FINALIZER, is_conflict, is_not_found, publish, set_finalizers};
 use crate::api::common::LocalObjectReference;
@@ -965,8 +966,17 @@ async fn deprovision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, Deploy
             Some(JobState::Succeeded) => {}
         }
     }
-    // Deprovisioned: now (and only now) the CDC may be leased again.
-    if let Some(pool_ref) = &cd.spec.cluster_pool_ref
+    // Deprovisioned: now (and only now) the CDC may be leased again, and only by a cluster its
+    // pool created (a reference alone is anyone's to write).
+    let made_by_pool = membership::created_by_named_pool(&tenant.client, cd)
+        .await
+        .map_err(DeploymentError::Tenant)?;
+    if cd.spec.cluster_pool_ref.is_some() && !made_by_pool {
+        let message = membership::release_refused_message(cd);
+        publish(tenant, cd, true, membership::RELEASE_REFUSED, message).await;
+    }
+    if made_by_pool
+        && let Some(pool_ref) = &cd.spec.cluster_pool_ref
         && let Some(cdc_ref) = &pool_ref.cluster_deployment_customization
     {
         let cdcs = Api::<ClusterDeploymentCustomization>::namespaced(tenant.client.clone(), &pool_ref.namespace);
@@ -988,13 +998,13 @@ async fn deprovision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, Deploy
             }
         }
     }
-    // Its hosts go back to the inventory (the cluster they ran is gone or going).
-    if !cd.spec.hosts.is_empty() {
-        let ns = cd
-            .spec
-            .cluster_pool_ref
-            .as_ref()
-            .map_or_else(|| cd.namespace().unwrap_or_default(), |r| r.namespace.clone());
+    // Its hosts go back to the inventory (the cluster they ran is gone or going): the pool's for a
+    // cluster the pool created, its own namespace's for one made by hand.
+    let hosts_namespace = match &cd.spec.cluster_pool_ref {
+        Some(pool_ref) => made_by_pool.then(|| pool_ref.namespace.clone()),
+        None => cd.namespace(),
+    };
+    if let Some(ns) = hosts_namespace.filter(|_| !cd.spec.hosts.is_empty()) {
         let assets = Api::<BareMetalAsset>::namespaced(tenant.client.clone(), &ns);
         let released = hosts::release_all(&assets, &cd.name_any())
             .await

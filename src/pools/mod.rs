@@ -10,6 +10,7 @@ pub mod hosts;
 pub mod install_config;
 pub mod inventory;
 pub mod machines;
+pub mod membership;
 pub mod pool;
 mod record;
 mod repair;
@@ -37,7 +38,8 @@ pub const GROUP: &str = "pools.stackd.dev";
 pub const DEPROVISION_FINALIZER: &str = "pools.stackd.dev/deprovision";
 /// Finalizer on a ClusterPool until its unclaimed clusters are gone.
 pub const POOL_FINALIZER: &str = "pools.stackd.dev/clusters";
-/// Labels on a pool cluster's namespace.
+/// Labels on a pool cluster's namespace (and on the cluster); see [`membership`] for what proves
+/// that a pool created a cluster.
 pub const POOL_NAMESPACE_LABEL: &str = "pools.stackd.dev/clusterpool-namespace";
 pub const POOL_NAME_LABEL: &str = "pools.stackd.dev/clusterpool-name";
 /// Annotations on a pool's ClusterDeployment.

@@ -29,6 +29,7 @@ use super::hosts;
 use super::install_config;
 use super::inventory::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX};
 use super::machines::{self, MachinePlan};
+use super::membership::{self, PoolIdentity};
 use super::repair;
 use super::status::{entry_statuses, record_metrics};
 use super::{
@@ -85,6 +86,8 @@ pub(super) struct Ctx {
     /// The last status this controller wrote per pool, with the resourceVersion it produced: until
     /// the cache shows that version, the cached status is older than what we know.
     pub(super) written: Mutex<HashMap<String, (u64, ClusterPoolStatus)>>,
+    /// ClusterDeployments naming a pool that did not create them.
+    refusals: membership::Refusals,
 }
 
 /// Runs the controller until `cancel` fires.
@@ -127,6 +130,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
         expectations: Mutex::default(),
         records: Mutex::default(),
         written: Mutex::default(),
+        refusals: Mutex::default(),
     });
     let pools_of_cdc = pools.clone();
     let pools_of_asset = pools.clone();
@@ -134,10 +138,22 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     let main_store = pools.clone();
     let run = Controller::for_stream(pool_stream, pools)
         .trigger_backoff(NoTriggerBackoff)
+        // The pool a cluster names, and the pool it was made by (whose count changes when someone
+        // edits the reference away).
         .watches_stream(cd_stream, |cd: ClusterDeployment| {
-            cd.spec
+            let named = cd
+                .spec
                 .cluster_pool_ref
-                .map(|r| ObjectRef::new(&r.pool_name).within(&r.namespace))
+                .as_ref()
+                .map(|r| ObjectRef::new(&r.pool_name).within(&r.namespace));
+            let labels = cd.labels();
+            let made_by = labels
+                .get(POOL_NAME_LABEL)
+                .zip(labels.get(POOL_NAMESPACE_LABEL))
+                .map(|(name, ns)| ObjectRef::new(name).within(ns));
+            let mut pools: Vec<ObjectRef<ClusterPool>> = named.into_iter().chain(made_by).collect();
+            pools.dedup();
+            pools
         })
         .watches_stream(claim_stream, |c: ClusterClaim| {
             c.namespace()
@@ -394,18 +410,11 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
             mine.deleted.keys().cloned().collect::<BTreeSet<_>>(),
         )
     };
-    let cds: Vec<Arc<ClusterDeployment>> = ctx
-        .cds
-        .state()
-        .into_iter()
-        .filter(|cd| {
-            cd.spec
-                .cluster_pool_ref
-                .as_ref()
-                .is_some_and(|r| r.namespace == ns && r.pool_name == name)
-        })
-        .collect();
-    let cd_names: BTreeSet<String> = cds.iter().map(|cd| cd.name_any()).collect();
+    // Only clusters this pool created (§8): a reference alone is never trusted.
+    let identity = PoolIdentity::of(pool);
+    let clusters = membership::clusters(tenant, &ctx.cds, &ctx.namespaces, &ctx.refusals, &identity).await?;
+    let cds = clusters.members;
+    let live = clusters.live;
     let claims: BTreeMap<String, Arc<ClusterClaim>> = ctx
         .claims
         .state()
@@ -443,6 +452,7 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
         &listed,
         cdcs,
         &cds,
+        &live,
         &expected_created,
         &mut round,
     )
@@ -731,10 +741,10 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
         }
     }
 
-    hosts::repair(pool, ctx, &assets, &cd_names, &expected_created, &mut round).await?;
+    hosts::repair(pool, ctx, &assets, &live, &expected_created, &mut round).await?;
 
     // Empty pool namespaces (a CD never created, or one deleted) are reaped after the minimum age.
-    reap_namespaces(ctx, &ns, &name, &cd_names, &expected_created, &mut round).await?;
+    reap_namespaces(ctx, &identity, &expected_created, &mut round).await?;
 
     // Status.
     let unclaimed_now: Vec<&Arc<ClusterDeployment>> = cds
@@ -1142,26 +1152,24 @@ async fn add_clusters(
     Ok(())
 }
 
+/// Deletes the namespaces this pool created that hold no ClusterDeployment (of anyone's) once they
+/// are older than the minimum age; a namespace merely labelled like the pool's is never deleted.
 async fn reap_namespaces(
     ctx: &Ctx,
-    ns: &str,
-    name: &str,
-    cd_names: &BTreeSet<String>,
+    pool: &PoolIdentity,
     expected_created: &BTreeSet<String>,
     round: &mut Round,
 ) -> Result<(), PoolError> {
+    let name = pool.name.as_str();
     let min_age = ctx.tenant.shared.settings.lease_min_age;
     let api = Api::<Namespace>::all(ctx.tenant.client.clone());
+    let inhabited: BTreeSet<String> = ctx.cds.state().iter().filter_map(|cd| cd.namespace()).collect();
     for namespace in ctx.namespaces.state() {
-        let labels = namespace.labels();
-        if labels.get(POOL_NAMESPACE_LABEL).map(String::as_str) != Some(ns)
-            || labels.get(POOL_NAME_LABEL).map(String::as_str) != Some(name)
-            || namespace.metadata.deletion_timestamp.is_some()
-        {
+        if !membership::created_by(&namespace, pool) || namespace.metadata.deletion_timestamp.is_some() {
             continue;
         }
         let ns_name = namespace.name_any();
-        if cd_names.contains(&ns_name) || expected_created.contains(&ns_name) {
+        if inhabited.contains(&ns_name) || expected_created.contains(&ns_name) {
             continue;
         }
         let created = namespace

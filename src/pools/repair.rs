@@ -17,7 +17,9 @@ use crate::tenancy::tenant::TenantContext;
 
 type Cdc = ClusterDeploymentCustomization;
 
-/// Repairs the leases of pool `name` and returns the CDCs as they are now.
+/// Repairs the leases of pool `name` and returns the CDCs as they are now. `cds` are the pool's
+/// members; `live` names every cluster in a namespace the pool created (a lease of one of those is
+/// never released, even when someone edited its reference away).
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn leases(
     tenant: &TenantContext,
@@ -27,6 +29,7 @@ pub(super) async fn leases(
     listed: &BTreeSet<&str>,
     cdcs: BTreeMap<String, Arc<Cdc>>,
     cds: &[Arc<ClusterDeployment>],
+    live: &BTreeSet<String>,
     expected_created: &BTreeSet<String>,
     round: &mut Round,
 ) -> Result<BTreeMap<String, Arc<Cdc>>, PoolError> {
@@ -34,7 +37,6 @@ pub(super) async fn leases(
     let cdc_api = Api::<Cdc>::namespaced(tenant.client.clone(), ns);
     let finalizer = cdc_finalizer(name);
     let held_by_us = |cdc: &Cdc| inventory::lease_holder(cdc).is_some_and(|(p, _)| p.as_deref() == Some(name));
-    let cd_names: BTreeSet<String> = cds.iter().map(|cd| cd.name_any()).collect();
     // §4.3.9: our finalizer on every CDC we list; off every CDC we no longer hold and either no
     // longer list or that is being deleted (a leased CDC's deletion waits for its release).
     for cdc in cdcs.values() {
@@ -68,7 +70,7 @@ pub(super) async fn leases(
         }
         let exists = cd
             .as_ref()
-            .is_some_and(|cd| cd_names.contains(cd) || expected_created.contains(cd));
+            .is_some_and(|cd| live.contains(cd) || expected_created.contains(cd));
         if exists {
             continue;
         }

@@ -21,15 +21,15 @@ use stackd::embedded::samples::{SampleImages, create_cluster, register_sample_ru
 
 use crate::daemon::{Daemon, Fleet};
 
-const NS: &str = "team";
+pub(crate) const NS: &str = "team";
 const HOST_NS: &str = "tenant-acme-controllers";
-const INSTALLER: &str = "quay.io/example/installer:4.14";
-const WITHIN: Duration = Duration::from_secs(20);
+pub(crate) const INSTALLER: &str = "quay.io/example/installer:4.14";
+pub(crate) const WITHIN: Duration = Duration::from_secs(20);
 
 type Cdc = ClusterDeploymentCustomization;
 
 /// A host, tenant `acme` with the stackd CRDs, the pool's Secrets in namespace `team`.
-async fn setup() -> (Fleet, Client) {
+pub(crate) async fn setup() -> (Fleet, Client) {
     let fleet = Fleet::start(&["acme"]).await;
     register_sample_runners(&fleet.host().runners(), &SampleImages::new("stackd:dev"));
     let tenant = fleet.tenants[0].1.as_ref().expect("tenant server").client().await;
@@ -55,13 +55,13 @@ async fn setup() -> (Fleet, Client) {
     (fleet, tenant)
 }
 
-fn daemon(fleet: &Fleet, extra: &[&str]) -> Daemon {
+pub(crate) fn daemon(fleet: &Fleet, extra: &[&str]) -> Daemon {
     let mut args = vec!["--lease-min-age", "2s", "--sweep-interval", "1h"];
     args.extend_from_slice(extra);
     fleet.daemon(&args)
 }
 
-fn pool_json(name: &str, size: i32, inventory: Option<&[&str]>) -> Value {
+pub(crate) fn pool_json(name: &str, size: i32, inventory: Option<&[&str]>) -> Value {
     let mut pool = json!({
         "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterPool",
         "metadata": {"name": name, "namespace": NS},
@@ -81,7 +81,7 @@ fn pool_json(name: &str, size: i32, inventory: Option<&[&str]>) -> Value {
     pool
 }
 
-async fn create_pool(tenant: &Client, pool: Value) -> ClusterPool {
+pub(crate) async fn create_pool(tenant: &Client, pool: Value) -> ClusterPool {
     let pool: ClusterPool = serde_json::from_value(pool).expect("pool");
     pools(tenant)
         .create(&PostParams::default(), &pool)
@@ -103,7 +103,7 @@ async fn create_cdc(tenant: &Client, name: &str, patches: Value) {
 }
 
 /// A CDC naming its cluster `name` (the DNS name the inventory was made for).
-async fn named_cdc(tenant: &Client, name: &str) {
+pub(crate) async fn named_cdc(tenant: &Client, name: &str) {
     create_cdc(
         tenant,
         name,
@@ -112,7 +112,7 @@ async fn named_cdc(tenant: &Client, name: &str) {
     .await;
 }
 
-fn pools(tenant: &Client) -> Api<ClusterPool> {
+pub(crate) fn pools(tenant: &Client) -> Api<ClusterPool> {
     Api::namespaced(tenant.clone(), NS)
 }
 
@@ -120,20 +120,20 @@ fn cdcs(tenant: &Client) -> Api<Cdc> {
     Api::namespaced(tenant.clone(), NS)
 }
 
-fn claims(tenant: &Client) -> Api<ClusterClaim> {
+pub(crate) fn claims(tenant: &Client) -> Api<ClusterClaim> {
     Api::namespaced(tenant.clone(), NS)
 }
 
-async fn pool(tenant: &Client, name: &str) -> ClusterPool {
+pub(crate) async fn pool(tenant: &Client, name: &str) -> ClusterPool {
     pools(tenant).get(name).await.expect("get pool")
 }
 
-async fn cdc(tenant: &Client, name: &str) -> Cdc {
+pub(crate) async fn cdc(tenant: &Client, name: &str) -> Cdc {
     cdcs(tenant).get(name).await.expect("get cdc")
 }
 
 /// The pool's ClusterDeployments, deleting ones included.
-async fn cds(tenant: &Client, pool: &str) -> Vec<ClusterDeployment> {
+pub(crate) async fn cds(tenant: &Client, pool: &str) -> Vec<ClusterDeployment> {
     Api::<ClusterDeployment>::all(tenant.clone())
         .list(&ListParams::default())
         .await
@@ -144,7 +144,7 @@ async fn cds(tenant: &Client, pool: &str) -> Vec<ClusterDeployment> {
         .collect()
 }
 
-fn live(cds: &[ClusterDeployment]) -> Vec<&ClusterDeployment> {
+pub(crate) fn live(cds: &[ClusterDeployment]) -> Vec<&ClusterDeployment> {
     cds.iter()
         .filter(|cd| cd.metadata.deletion_timestamp.is_none())
         .collect()
@@ -175,7 +175,7 @@ fn cdc_condition(cdc: &Cdc, type_: &str) -> Option<(String, String, String)> {
     condition(&conditions, type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-fn lease(cdc: &Cdc) -> Option<String> {
+pub(crate) fn lease(cdc: &Cdc) -> Option<String> {
     let reserved = cdc_condition(cdc, "Available").is_some_and(|(s, _, _)| s == "False");
     reserved
         .then(|| {
@@ -193,7 +193,7 @@ fn entry(pool: &ClusterPool, name: &str) -> Option<stackd::api::pools::Inventory
 }
 
 /// Polls `check` until it holds, failing with the daemon's log after `within`.
-async fn until<F, Fut>(what: &str, daemon: &Daemon, within: Duration, mut check: F)
+pub(crate) async fn until<F, Fut>(what: &str, daemon: &Daemon, within: Duration, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
@@ -212,7 +212,7 @@ where
     }
 }
 
-async fn ready(tenant: &Client, name: &str) -> i32 {
+pub(crate) async fn ready(tenant: &Client, name: &str) -> i32 {
     pools(tenant)
         .get_opt(name)
         .await
@@ -230,7 +230,7 @@ async fn install_config(tenant: &Client, cd: &str) -> String {
     String::from_utf8(data["install-config.yaml"].0.clone()).expect("utf-8")
 }
 
-async fn events(tenant: &Client, namespace: &str, object: &str) -> Vec<(String, String)> {
+pub(crate) async fn events(tenant: &Client, namespace: &str, object: &str) -> Vec<(String, String)> {
     let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(tenant.clone(), namespace);
     let core: Api<Event> = Api::namespaced(tenant.clone(), namespace);
     let mut out: Vec<(String, String)> = api
@@ -452,7 +452,7 @@ async fn a_pool_fills_from_its_inventory_through_installer_jobs() {
 }
 
 /// Tenant namespaces the pool created for its clusters.
-async fn pool_namespaces(tenant: &Client, pool: &str) -> Vec<Namespace> {
+pub(crate) async fn pool_namespaces(tenant: &Client, pool: &str) -> Vec<Namespace> {
     Api::<Namespace>::all(tenant.clone())
         .list(&ListParams::default().labels(&format!("pools.stackd.dev/clusterpool-name={pool}")))
         .await
@@ -750,12 +750,14 @@ async fn leases_without_a_cluster_are_released_after_the_minimum_age_and_empty_n
     for name in ["old", "fresh", "other"] {
         named_cdc(&tenant, name).await;
     }
-    create_pool(&tenant, pool_json("p", 0, Some(&["old", "fresh", "other"]))).await;
+    let created = create_pool(&tenant, pool_json("p", 0, Some(&["old", "fresh", "other"]))).await;
     let min_age = Duration::from_secs(3);
     reserve(&tenant, "old", "p", "p-ghost1", Duration::from_secs(3600)).await;
     reserve(&tenant, "other", "q", "q-ghost", Duration::from_secs(3600)).await;
-    let empty: Namespace = serde_json::from_value(json!({"metadata": {"name": "p-empty", "labels": {
-        "pools.stackd.dev/clusterpool-namespace": NS, "pools.stackd.dev/clusterpool-name": "p"}}}))
+    // As the pool creates its clusters' namespaces (a cluster whose creation failed left it empty).
+    let empty: Namespace = serde_json::from_value(json!({"metadata": {"name": "p-empty",
+        "labels": {"pools.stackd.dev/clusterpool-namespace": NS, "pools.stackd.dev/clusterpool-name": "p"},
+        "annotations": {"pools.stackd.dev/clusterpool-uid": created.uid().unwrap()}}}))
     .unwrap();
     Api::<Namespace>::all(tenant.clone())
         .create(&PostParams::default(), &empty)
@@ -805,7 +807,7 @@ async fn leases_without_a_cluster_are_released_after_the_minimum_age_and_empty_n
     );
 }
 
-async fn create_claim(tenant: &Client, name: &str, pool: &str, lifetime: Option<&str>) {
+pub(crate) async fn create_claim(tenant: &Client, name: &str, pool: &str, lifetime: Option<&str>) {
     let mut claim = json!({
         "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterClaim",
         "metadata": {"name": name, "namespace": NS},
@@ -821,7 +823,7 @@ async fn create_claim(tenant: &Client, name: &str, pool: &str, lifetime: Option<
         .expect("claim");
 }
 
-async fn claimed_namespace(tenant: &Client, claim: &str) -> Option<String> {
+pub(crate) async fn claimed_namespace(tenant: &Client, claim: &str) -> Option<String> {
     claims(tenant).get_opt(claim).await.unwrap()?.status?.namespace
 }
 
@@ -973,7 +975,14 @@ async fn editing_or_removing_an_entry_replaces_only_its_unclaimed_cluster() {
     .await;
     create_claim(&tenant, "mine", "p", None).await;
     until("the claim assigned and the pool refilled", &daemon, WITHIN, || async {
-        claimed_namespace(&tenant, "mine").await.is_some() && ready(&tenant, "p").await == 2
+        // The claim's status is written before the pool's: until the refill shows in the pool's
+        // status, `ready` may still count the claimed cluster, so count the clusters as well.
+        let all = cds(&tenant, "p").await;
+        let installed = live(&all)
+            .iter()
+            .filter(|cd| cd.status.as_ref().is_some_and(|s| s.installed))
+            .count();
+        claimed_namespace(&tenant, "mine").await.is_some() && installed == 3 && ready(&tenant, "p").await == 2
     })
     .await;
     let claimed = claimed_namespace(&tenant, "mine").await.unwrap();
