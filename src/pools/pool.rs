@@ -13,7 +13,7 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -1178,9 +1178,17 @@ async fn reap_namespaces(
             .as_ref()
             .map(|t| t.0)
             .unwrap_or_default();
-        let age = Duration::try_from(Timestamp::now().duration_since(created)).unwrap_or_default();
+        // Creation timestamps have whole seconds: count the age from the end of that second.
+        let age = Duration::try_from(Timestamp::now().duration_since(created))
+            .unwrap_or_default()
+            .saturating_sub(Duration::from_secs(1));
         if age < min_age {
             round.soon(min_age - age);
+            continue;
+        }
+        // The cache of clusters can lag behind their creation (another daemon's, or ours under
+        // load): a namespace is empty only if the server says so.
+        if holds_a_cluster(ctx, &ns_name).await? {
             continue;
         }
         let params = DeleteParams {
@@ -1199,6 +1207,13 @@ async fn reap_namespaces(
         }
     }
     Ok(())
+}
+
+/// Whether the tenant's server lists a ClusterDeployment in `namespace`.
+async fn holds_a_cluster(ctx: &Ctx, namespace: &str) -> Result<bool, PoolError> {
+    let api = Api::<ClusterDeployment>::namespaced(ctx.tenant.client.clone(), namespace);
+    let listed = api.list_metadata(&ListParams::default().limit(1)).await?;
+    Ok(!listed.items.is_empty())
 }
 
 /// Pool deletion (§4.3.9): delete the unclaimed clusters, keep the pool until every cluster is
