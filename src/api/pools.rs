@@ -223,11 +223,11 @@ pub enum ProvisioningNetwork {
 pub struct ClaimLifetime {
     /// Lifetime of a claim that sets none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = DURATION_PATTERN))]
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
     pub default: Option<String>,
     /// Longest lifetime any claim gets, whatever it asks for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = DURATION_PATTERN))]
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
     pub maximum: Option<String>,
 }
 
@@ -744,7 +744,7 @@ pub struct ClusterClaimSpec {
     /// How long to keep the cluster (a Go duration such as `8h`), capped by the pool's
     /// `claimLifetime.maximum`. The claim and its cluster are deleted afterwards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(regex(pattern = DURATION_PATTERN))]
+    #[schemars(regex(pattern = DURATION_PATTERN), length(max = 32))]
     pub lifetime: Option<String>,
 }
 

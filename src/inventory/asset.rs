@@ -25,6 +25,7 @@ use crate::pools::{is_conflict, is_not_found, publish};
 use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::metrics::Metrics;
+use crate::runtime::panics::{self, ReconcilePanic};
 use crate::runtime::readiness::Readiness;
 use crate::runtime::recovery::NoTriggerBackoff;
 use crate::runtime::retry;
@@ -35,6 +36,8 @@ use crate::tenancy::tenant::TenantContext;
 pub enum AssetError {
     #[error("tenant API request failed: {0}")]
     Tenant(#[from] kube::Error),
+    #[error(transparent)]
+    Panicked(#[from] ReconcilePanic),
 }
 
 struct Ctx {
@@ -97,7 +100,7 @@ async fn reconcile(asset: Arc<BareMetalAsset>, ctx: Arc<Ctx>) -> Result<Action, 
         return Ok(Action::await_change());
     };
     let key = format!("bma/{}/{}", asset.namespace().unwrap_or_default(), asset.name_any());
-    let result = reconcile_asset(&asset, &ctx, permit).await;
+    let result = panics::contain(reconcile_asset(&asset, &ctx, permit)).await;
     match &result {
         Ok(_) => tenant.object_backoff.succeeded(&key),
         Err(_) => {

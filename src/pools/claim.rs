@@ -21,6 +21,7 @@ use super::{is_conflict, is_not_found, publish};
 use crate::api::pools::{ClusterClaim, ClusterClaimStatus, ClusterDeployment, ClusterPool, ClusterPoolSpec};
 use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
+use crate::runtime::panics::{self, ReconcilePanic};
 use crate::runtime::readiness::Readiness;
 use crate::runtime::recovery::NoTriggerBackoff;
 use crate::runtime::retry;
@@ -67,13 +68,26 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     run_controller(run, &cancel, || is_filled(&main_store)).await;
 }
 
-fn error_policy(claim: Arc<ClusterClaim>, err: &kube::Error, ctx: Arc<Ctx>) -> Action {
+fn error_policy(claim: Arc<ClusterClaim>, err: &ClaimError, ctx: Arc<Ctx>) -> Action {
     let key = format!("claim/{}", claim.name_any());
     let logged = (ctx.tenant.name.as_str(), "clusterclaim", key.as_str());
     Action::requeue(retry::after_failure(&ctx.tenant.object_backoff, &key, logged, err))
 }
 
-async fn reconcile(claim: Arc<ClusterClaim>, ctx: Arc<Ctx>) -> Result<Action, kube::Error> {
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    #[error("tenant API request failed: {0}")]
+    Tenant(#[from] kube::Error),
+    #[error(transparent)]
+    Panicked(#[from] ReconcilePanic),
+}
+
+async fn reconcile(claim: Arc<ClusterClaim>, ctx: Arc<Ctx>) -> Result<Action, ClaimError> {
+    panics::contain(async { Ok(reconcile_claim(claim, ctx).await?) }).await
+}
+
+/// A claim whose pool is missing says so; claims of existing pools are the pool's to assign.
+async fn reconcile_claim(claim: Arc<ClusterClaim>, ctx: Arc<Ctx>) -> Result<Action, kube::Error> {
     if !ctx.pools_filled.wait().await || claim.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -102,7 +116,11 @@ async fn reconcile(claim: Arc<ClusterClaim>, ctx: Arc<Ctx>) -> Result<Action, ku
     Ok(Action::await_change())
 }
 
-/// Parses a Go duration (`8h`, `90m`, `1h30m`, `1.5h`).
+/// The longest duration a claim lifetime may name (ten years): anything longer is refused, as it
+/// would overflow the clock arithmetic of the requeue that waits for it.
+pub const LONGEST_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// Parses a Go duration (`8h`, `90m`, `1h30m`, `1.5h`) of at most [`LONGEST_DURATION`].
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let re = regex::Regex::new(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)").ok()?;
     let mut total = 0f64;
@@ -124,7 +142,12 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
         };
         total += number * unit;
     }
-    (consumed == text.len() && consumed > 0).then(|| Duration::from_secs_f64(total))
+    if consumed != text.len() || consumed == 0 {
+        return None;
+    }
+    Duration::try_from_secs_f64(total)
+        .ok()
+        .filter(|duration| *duration <= LONGEST_DURATION)
 }
 
 /// The claim's lifetime: its own, else the pool's default, capped by the pool's maximum.
@@ -329,6 +352,14 @@ mod tests {
         assert_eq!(parse_duration("1500ms"), Some(Duration::from_millis(1500)));
         assert_eq!(parse_duration("2x"), None);
         assert_eq!(parse_duration(""), None);
+    }
+
+    #[test]
+    fn absurd_durations_are_refused_not_a_panic() {
+        assert_eq!(parse_duration("99999999999999999999h"), None);
+        assert_eq!(parse_duration(&format!("{}h", "9".repeat(400))), None);
+        assert_eq!(parse_duration("87601h"), None);
+        assert_eq!(parse_duration("87600h"), Some(LONGEST_DURATION));
     }
 
     #[test]

@@ -41,6 +41,7 @@ use crate::host::ownership::{self, Ownership};
 use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::conditions::{DesiredCondition, is_true, set_condition};
 use crate::runtime::metrics::Metrics;
+use crate::runtime::panics::{self, ReconcilePanic};
 use crate::runtime::recovery::NoTriggerBackoff;
 use crate::runtime::retry;
 use crate::runtime::shutdown::run_controller;
@@ -65,6 +66,8 @@ pub enum DeploymentError {
     Host(#[from] HostWriteError),
     #[error("host API request failed: {0}")]
     HostApi(#[source] kube::Error),
+    #[error(transparent)]
+    Panicked(#[from] ReconcilePanic),
 }
 
 struct Ctx {
@@ -165,9 +168,9 @@ async fn reconcile(cd: Arc<ClusterDeployment>, ctx: Arc<Ctx>) -> Result<Action, 
         return Ok(Action::await_change());
     };
     let result = if cd.metadata.deletion_timestamp.is_some() {
-        deprovision(&cd, &ctx).await
+        panics::contain(deprovision(&cd, &ctx)).await
     } else {
-        provision(&cd, &ctx).await
+        panics::contain(provision(&cd, &ctx)).await
     };
     match &result {
         Ok(_) => {

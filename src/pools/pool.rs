@@ -44,6 +44,7 @@ use crate::api::pools::{
 use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::conditions::{DesiredCondition, is_true, set_condition};
 use crate::runtime::metrics::{Metrics, PoolLabels};
+use crate::runtime::panics::{self, ReconcilePanic};
 use crate::runtime::readiness::Readiness;
 use crate::runtime::recovery::NoTriggerBackoff;
 use crate::runtime::retry;
@@ -62,6 +63,8 @@ const RESYNC: Duration = Duration::from_secs(60);
 pub enum PoolError {
     #[error("tenant API request failed: {0}")]
     Tenant(#[from] kube::Error),
+    #[error(transparent)]
+    Panicked(#[from] ReconcilePanic),
 }
 
 /// Creations and deletions not yet seen in the cache, per pool (Hive's "expectations").
@@ -347,7 +350,7 @@ async fn reconcile(pool: Arc<ClusterPool>, ctx: Arc<Ctx>) -> Result<Action, Pool
         return Ok(Action::await_change());
     };
     let key = format!("pool/{}/{}", pool.namespace().unwrap_or_default(), pool.name_any());
-    let result = reconcile_pool(&pool, &ctx).await;
+    let result = panics::contain(reconcile_pool(&pool, &ctx)).await;
     match &result {
         Ok(_) => tenant.object_backoff.succeeded(&key),
         Err(_) => {

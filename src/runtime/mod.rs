@@ -8,6 +8,7 @@ pub mod conditions;
 pub mod health;
 pub mod leader;
 pub mod metrics;
+pub mod panics;
 pub mod parse_error;
 pub mod readiness;
 pub mod recovery;

@@ -15,6 +15,7 @@ use super::tenant;
 use crate::daemon::Shared;
 use crate::runtime::health::TenantHealth;
 use crate::runtime::metrics::Metrics;
+use crate::runtime::panics;
 use crate::runtime::recovery::probe_delay;
 
 struct RunningTenant {
@@ -147,7 +148,7 @@ async fn supervise(file: TenantFile, shared: Arc<Shared>, cancel: CancellationTo
             Ok(Ok(())) => ("its controllers stopped".to_string(), "controller", false),
             Ok(Err(err)) => (err.to_string(), err.cause_label(), err.is_transient()),
             Err(join) if join.is_panic() => (
-                format!("panicked: {}", panic_message(join.into_panic())),
+                format!("panicked: {}", panics::message(join.into_panic())),
                 "controller",
                 false,
             ),
@@ -194,12 +195,4 @@ async fn answers_again(file: &TenantFile) {
             return;
         }
     }
-}
-
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".to_string())
 }

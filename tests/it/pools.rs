@@ -1491,3 +1491,47 @@ async fn a_claim_without_a_pool_and_a_pool_with_a_too_long_name_are_reported() {
     })
     .await;
 }
+
+/// Issue 17: a lifetime too long for any clock is refused, not a panic that restarts the tenant;
+/// one too long for the schema never gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absurd_claim_lifetime_neither_panics_nor_stops_the_tenant() {
+    let (fleet, tenant) = setup().await;
+    for name in ["a", "b"] {
+        named_cdc(&tenant, name).await;
+    }
+    let mut spec = pool_json("p", 1, Some(&["a", "b"]));
+    spec["spec"]["claimLifetime"] = json!({"maximum": "1h"});
+    create_pool(&tenant, spec).await;
+    let daemon = daemon(&fleet, &[]);
+    until("one ready cluster", &daemon, WITHIN, || async {
+        ready(&tenant, "p").await == 1
+    })
+    .await;
+    let too_long_for_the_schema = format!("{}h", "9".repeat(40));
+    let claim: ClusterClaim = serde_json::from_value(json!({
+        "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterClaim",
+        "metadata": {"name": "endless", "namespace": NS},
+        "spec": {"clusterPoolName": "p", "lifetime": too_long_for_the_schema},
+    }))
+    .unwrap();
+    let refused = claims(&tenant).create(&PostParams::default(), &claim).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(status)) if status.code == 422),
+        "{refused:?}"
+    );
+    create_claim(&tenant, "absurd", "p", Some("99999999999999999999h")).await;
+    until("the claim assigned", &daemon, WITHIN, || async {
+        claimed_namespace(&tenant, "absurd").await.is_some()
+    })
+    .await;
+    let status = claims(&tenant).get("absurd").await.unwrap().status.unwrap();
+    assert_eq!(status.lifetime.as_deref(), Some("1h"), "the pool's maximum applies");
+    until("the pool refilled", &daemon, WITHIN, || async {
+        ready(&tenant, "p").await == 1
+    })
+    .await;
+    let log = daemon.log_text();
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(!log.contains("restarting it"), "the tenant was restarted:\n{log}");
+}
