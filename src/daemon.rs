@@ -11,11 +11,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
 use crate::host::namespace::ServiceAccountRef;
+use crate::host::quota::TenantQuota;
 use crate::runtime::admin;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::health::Health;
 use crate::runtime::leader::{self, LeaderElectionSettings};
 use crate::runtime::metrics::Metrics;
+use crate::stacks::pod_policy::PodPolicy;
 use crate::tenancy::directory::{self, TenantDirectory, WatchTiming};
 use crate::tenancy::namespace::NamespaceTemplate;
 use crate::tenancy::supervisor::Registry;
@@ -30,6 +32,10 @@ pub struct DaemonSettings {
     pub allow_insecure_tenant_endpoint: bool,
     pub insecure_allow_all_apigroups: bool,
     pub insecure_pass_full_deployment: bool,
+    /// What stack pods may ask for beyond the allow-list (`--stack-node-selector`, `--stack-toleration`).
+    pub stack_pod_policy: PodPolicy,
+    /// The ResourceQuota and LimitRange of every tenant's host namespace.
+    pub tenant_quota: TenantQuota,
     pub metrics_addr: SocketAddr,
     pub leader_election: Option<LeaderElectionSettings>,
     /// The daemon's ServiceAccount, bound in every tenant namespace.

@@ -187,6 +187,8 @@ async fn run_daemon(
         allow_insecure_tenant_endpoint: true,
         insecure_allow_all_apigroups: false,
         insecure_pass_full_deployment: false,
+        stack_pod_policy: Default::default(),
+        tenant_quota: Default::default(),
         metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         leader_election: None,
         rbac_subject: ServiceAccountRef {

@@ -9,7 +9,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use stackd::api::stacks::PermissionScope;
 use stackd::host::namespace::ServiceAccountRef;
+use stackd::host::quota::{ContainerDefaults, DEFAULT_CONTAINER_DEFAULTS, DEFAULT_QUOTA, ResourceList, TenantQuota};
 use stackd::runtime::parse_error::kubeconfig_error_message;
+use stackd::stacks::pod_policy::{AllowedToleration, NodeLabel, PodPolicy};
 use stackd::tenancy::namespace::NamespaceTemplate;
 use tokio_util::sync::CancellationToken;
 
@@ -72,6 +74,20 @@ struct RunArgs {
     /// Pass a stack's controller Deployment spec through without the pod-safety checks.
     #[arg(long)]
     insecure_pass_full_deployment: bool,
+    /// A node label stack pods may select (`nodeSelector`); repeat for more. Without it, none.
+    #[arg(long, value_name = "KEY=VALUE")]
+    stack_node_selector: Vec<NodeLabel>,
+    /// A taint stack pods may tolerate: `Equal` with a value, `Exists` without, every effect when
+    /// none is named; repeat for more. Without it, none.
+    #[arg(long, value_name = "KEY[=VALUE][:EFFECT]")]
+    stack_toleration: Vec<AllowedToleration>,
+    /// The ResourceQuota of every tenant's host namespace (`spec.hard`).
+    #[arg(long, default_value = DEFAULT_QUOTA, value_name = "NAME=QUANTITY,...")]
+    tenant_quota: ResourceList,
+    /// Default requests and limits of containers in every tenant's host namespace (a LimitRange), so
+    /// pods that set none fit the quota.
+    #[arg(long, default_value = DEFAULT_CONTAINER_DEFAULTS, value_name = "requests.NAME=QUANTITY,limits.NAME=QUANTITY,...")]
+    tenant_container_defaults: ContainerDefaults,
     /// Address of /metrics, /healthz and /readyz (loopback unless told otherwise; the
     /// `/readyz?verbose` tenant detail is answered to loopback clients only, on any address).
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
@@ -307,6 +323,18 @@ async fn run(args: RunArgs) -> ExitCode {
         allow_insecure_tenant_endpoint: args.allow_insecure_tenant_endpoint,
         insecure_allow_all_apigroups: args.insecure_allow_all_apigroups,
         insecure_pass_full_deployment: args.insecure_pass_full_deployment,
+        stack_pod_policy: PodPolicy {
+            node_selector: args
+                .stack_node_selector
+                .into_iter()
+                .map(|label| (label.key, label.value))
+                .collect(),
+            tolerations: args.stack_toleration,
+        },
+        tenant_quota: TenantQuota {
+            hard: args.tenant_quota,
+            container_defaults: args.tenant_container_defaults,
+        },
         metrics_addr: args.metrics_addr,
         leader_election: args
             .leader_elect

@@ -23,7 +23,9 @@ pub struct InstallSpec {
     /// Registry prepended to an unqualified `package` image, e.g. `registry.example.com`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
-    /// Pull policy of the package image in the install Job.
+    /// Kept for compatibility with Crossplane's StackInstall and ignored: stackd pulls every
+    /// package and controller image with `Always`, because a node's image cache is shared by all
+    /// tenants and any other policy would let one tenant run another's private image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<ImagePullPolicy>,
     /// Secrets in this namespace used to pull the package and controller images. stackd copies them

@@ -158,6 +158,8 @@ const BUILTINS: &[Builtin] = &[
     builtin("", "v1", "configmaps", "ConfigMap", true, &["cm"]),
     builtin("", "v1", "secrets", "Secret", true, &[]),
     builtin("", "v1", "serviceaccounts", "ServiceAccount", true, &["sa"]),
+    builtin("", "v1", "resourcequotas", "ResourceQuota", true, &["quota"]).with_status(),
+    builtin("", "v1", "limitranges", "LimitRange", true, &["limits"]),
     builtin("", "v1", "services", "Service", true, &["svc"])
         .in_all()
         .with_status(),

@@ -134,7 +134,8 @@ fn builtin_fields(group: &str, kind: &str) -> Option<&'static [&'static str]> {
         ("rbac.authorization.k8s.io", "Role") => &["rules"],
         ("rbac.authorization.k8s.io", "ClusterRole") => &["rules", "aggregationRule"],
         ("rbac.authorization.k8s.io", "RoleBinding" | "ClusterRoleBinding") => &["subjects", "roleRef"],
-        ("", "Namespace" | "Service" | "Pod")
+        ("", "LimitRange") => &["spec"],
+        ("", "Namespace" | "Service" | "Pod" | "ResourceQuota")
         | ("apps", "Deployment" | "ReplicaSet")
         | ("batch", "Job")
         | ("coordination.k8s.io", "Lease")

@@ -7,6 +7,7 @@ pub mod names;
 pub mod namespace;
 pub mod ownership;
 pub mod purge;
+pub mod quota;
 pub mod sweep;
 
 pub use labels::Parent;

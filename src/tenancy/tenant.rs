@@ -124,19 +124,19 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
         warn!(tenant = %name, error = %err, "host pods cannot reach this tenant; stacks will not become ready");
     }
     let mut controllers = tokio::task::JoinSet::new();
-    let (host_ready, mut host_namespace_ready) = tokio::sync::watch::channel(false);
+    let (host_ready, host_namespace_ready) = tokio::sync::watch::channel(false);
     controllers.spawn(host_namespace_controller(context.clone(), cancel.clone(), host_ready));
     controllers.spawn(crd_monitor(context.clone(), cancel.clone()));
     // Everything else watches or writes the host namespace: on a real cluster, requests made before
     // the daemon's RoleBinding there takes effect are refused 403.
-    tokio::select! {
-        _ = cancel.cancelled() => return Ok(()),
-        _ = host_namespace_ready.wait_for(|ready| *ready) => {}
-        Some(result) = controllers.join_next() => return match result {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(err)) => Err(err),
-            Err(join) => Err(TenantError::Controller(join.to_string())),
-        },
+    if let Some(stopped) = wait_until_ready(host_namespace_ready, &mut controllers, &cancel).await {
+        return stopped;
+    }
+    // No pod of the tenant's is created before its quota and container defaults are in place.
+    let (quota_applied, quota_ready) = tokio::sync::watch::channel(false);
+    controllers.spawn(crate::host::quota::run(context.clone(), cancel.clone(), quota_applied));
+    if let Some(stopped) = wait_until_ready(quota_ready, &mut controllers, &cancel).await {
+        return stopped;
     }
     controllers.spawn(orphan_sweeper(context.clone(), cancel.clone()));
     controllers.spawn(crate::stacks::install::run(context.clone(), cancel.clone()));
@@ -151,6 +151,24 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
         }
     }
     Ok(())
+}
+
+/// Waits until `ready` turns true; returns how the tenant ends instead when it is cancelled or a
+/// controller stops first.
+async fn wait_until_ready(
+    mut ready: tokio::sync::watch::Receiver<bool>,
+    controllers: &mut tokio::task::JoinSet<Result<(), TenantError>>,
+    cancel: &CancellationToken,
+) -> Option<Result<(), TenantError>> {
+    tokio::select! {
+        _ = cancel.cancelled() => Some(Ok(())),
+        _ = ready.wait_for(|ready| *ready) => None,
+        Some(result) = controllers.join_next() => Some(match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => Err(err),
+            Err(join) => Err(TenantError::Controller(join.to_string())),
+        }),
+    }
 }
 
 /// A client of the tenant API server, as its kubeconfig file says.

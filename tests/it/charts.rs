@@ -320,6 +320,8 @@ tenants:
       kind: Config
 metrics: {port: 9090}
 resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {memory: 256Mi}}
+tenantQuota: {pods: "9", secrets: null}
+stackPods: {nodeSelector: {pool: stacks}, tolerations: ["dedicated=stacks:NoSchedule"]}
 "#;
 
 const TENANT_VALUES: &str = r#"
@@ -367,6 +369,10 @@ async fn the_controllers_chart_applied_to_a_host_is_what_the_values_say() {
         "--leader-elect-namespace=stackd-system",
         "--leader-elect-lease-duration=9",
         "--stackd-image=registry.example.com/stackd:1.2.3",
+        "--tenant-quota=count/jobs.batch=50,limits.cpu=16,limits.memory=32Gi,pods=9,requests.cpu=8,requests.memory=16Gi",
+        "--tenant-container-defaults=limits.cpu=1,limits.memory=512Mi,requests.cpu=100m,requests.memory=128Mi",
+        "--stack-node-selector=pool=stacks",
+        "--stack-toleration=dedicated=stacks:NoSchedule",
     ] {
         assert!(args.iter().any(|a| a == expected), "{expected} missing from {args:?}");
     }
@@ -511,6 +517,8 @@ enum Scenario {
     DaemonStartup,
     /// A tenant's RoleBinding whose subject was edited is put back.
     BindingRepair,
+    /// A tenant's ResourceQuota and LimitRange, edited by hand, are put back.
+    QuotaRepair,
     /// Host objects whose tenant parent is gone are deleted.
     OrphanSweep,
     /// Replicas elect a leader on a Lease.
@@ -607,6 +615,9 @@ const HOST_USES: &[Use] = &[
     uses(NAMESPACE_ROLE, RBAC, &["roles", "rolebindings"], &["get"], CreateRace),
     uses(NAMESPACE_ROLE, RBAC, &["roles"], &["update"], RarePaths),
     uses(NAMESPACE_ROLE, "", &["configmaps"], &["list", "delete"], OrphanSweep),
+    uses(NAMESPACE_ROLE, "", &["resourcequotas", "limitranges"], &["list", "watch", "create"], DaemonStartup),
+    uses(NAMESPACE_ROLE, "", &["resourcequotas", "limitranges"], &["update"], QuotaRepair),
+    uses(NAMESPACE_ROLE, "", &["resourcequotas", "limitranges"], &["get"], CreateRace),
 ];
 
 const DAEMON_ROLE: &str = "ClusterRole/stackd-daemon";
@@ -930,6 +941,21 @@ async fn daemon_startup_repair_sweep_and_leader_election(installation: &Installa
             "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": "stackd-tenant-namespace"},
             "subjects": [{"kind": "ServiceAccount", "name": "someone-else", "namespace": RELEASE_NAMESPACE}]}),
     ));
+    let stackd_labels = json!({"app.kubernetes.io/managed-by": "stackd", "stackd.dev/tenant": "globex"});
+    planted.push((
+        "",
+        "resourcequotas",
+        json!({"apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": "stackd-tenant-quota", "namespace": globex, "labels": stackd_labels},
+            "spec": {"hard": {"pods": "5000"}}}),
+    ));
+    planted.push((
+        "",
+        "limitranges",
+        json!({"apiVersion": "v1", "kind": "LimitRange",
+            "metadata": {"name": "stackd-tenant-limits", "namespace": globex, "labels": stackd_labels},
+            "spec": {"limits": [{"type": "Container", "default": {"cpu": "64"}}]}}),
+    ));
     for (group, plural, object) in &planted {
         let version = if group.is_empty() {
             "v1".to_string()
@@ -957,8 +983,12 @@ async fn daemon_startup_repair_sweep_and_leader_election(installation: &Installa
             let name = format!("tenant-{tenant}-controllers");
             let ns = installation.host_has("", "namespaces", "", &name);
             let binding = installation.host_has(RBAC, "rolebindings", &name, "stackd-tenant-namespace");
+            let quota = installation.host_has("", "resourcequotas", &name, "stackd-tenant-quota");
+            let limits = installation.host_has("", "limitranges", &name, "stackd-tenant-limits");
             ns.is_some_and(|ns| ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted")
                 && binding.is_some_and(|b| b["subjects"][0]["name"] == "stackd")
+                && quota.is_some_and(|q| q["spec"]["hard"]["pods"] == "50")
+                && limits.is_some_and(|l| l["spec"]["limits"][0]["default"]["cpu"] == "1")
         });
         let swept = orphans("globex", globex).iter().all(|(group, plural, object)| {
             let name = object["metadata"]["name"].as_str().expect("name");
@@ -983,7 +1013,7 @@ async fn daemon_startup_repair_sweep_and_leader_election(installation: &Installa
     wait_for_log(&standby, "acquired the leader lease").await;
     stop(&mut standby).await;
     ScenarioRun {
-        covers: &[DaemonStartup, BindingRepair, OrphanSweep, LeaderElection],
+        covers: &[DaemonStartup, BindingRepair, QuotaRepair, OrphanSweep, LeaderElection],
         host: host_window.close(&installation.host, &installation.host_subject),
         tenant: tenant_window.close(&installation.tenant, &installation.tenant_subject),
     }

@@ -25,6 +25,7 @@ mod pools;
 mod races;
 mod recovery;
 mod security_kubeconfig;
+mod security_pods;
 mod security_pools;
 mod stacks_install;
 mod stacks_stack;

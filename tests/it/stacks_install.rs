@@ -431,7 +431,9 @@ async fn install_runs_a_restricted_job_then_applies_crds_before_the_stack() {
         init.image.as_deref(),
         Some("registry.example.com/examples/sample-stack:v1")
     );
-    assert_eq!(init.image_pull_policy.as_deref(), Some("IfNotPresent"));
+    // The install asked for IfNotPresent: a tenant's image is pulled `Always` all the same, so no
+    // tenant runs another's private image from the node's cache.
+    assert_eq!(init.image_pull_policy.as_deref(), Some("Always"));
     let unpack = &pod.containers[0];
     assert_eq!(unpack.name, "unpack");
     assert_eq!(unpack.image.as_deref(), Some(STACKD_TEST_IMAGE));
@@ -1029,17 +1031,9 @@ async fn a_second_reconcile_of_an_unchanged_install_writes_nothing() {
         json!({"package": "examples/sample-stack:v1"}),
     )
     .await;
-    // Ready, not just Synced: until the Stack is Ready its controller is still copying the token
-    // and starting the Deployment, writes this test would wrongly count.
-    let installs: Api<StackInstall> = Api::namespaced(tenant.clone(), "team-a");
-    wait_until("Ready=True", Duration::from_secs(20), &daemon, || {
-        let installs = installs.clone();
-        async move {
-            let install = installs.get("sample").await.ok()?;
-            (condition(&install, "Ready")?.0 == "True").then_some(())
-        }
-    })
-    .await;
+    // Synced comes as soon as the Stack is applied; the Stack's own writes go on until it is
+    // available, which the install's Ready reports.
+    wait_for_reason(&tenant, "team-a", "sample", &daemon, "Available").await;
     // Let the last status write and Events land.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (host_before, tenant_before) = (fleet._host.counters(), fleet.tenants["acme"].0.counters());

@@ -32,3 +32,12 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "stackd.tenantsSecret" -}}
 {{- .Values.tenants.existingSecret | default (printf "%s-tenants" (include "stackd.fullname" .)) -}}
 {{- end }}
+
+{{/* A map of resource quantities as `NAME=QUANTITY,...` (sorted), the form of --tenant-quota. */}}
+{{- define "stackd.resourceList" -}}
+{{- $entries := list -}}
+{{- range $name, $quantity := . -}}
+{{- $entries = append $entries (printf "%s=%v" $name $quantity) -}}
+{{- end -}}
+{{- join "," $entries -}}
+{{- end }}

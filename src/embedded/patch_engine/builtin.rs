@@ -45,6 +45,8 @@ pub fn supports_strategic(group: &str, kind: &str) -> bool {
                 | "Event"
                 | "Endpoints"
                 | "PersistentVolumeClaim"
+                | "ResourceQuota"
+                | "LimitRange"
         ) | ("apps", "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet")
             | ("batch", "Job" | "CronJob")
             | (

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use rand::Rng;
 
-use crate::api::stacks::{ImagePullPolicy, InstallSpec, PermissionScope};
+use crate::api::stacks::{InstallSpec, PermissionScope};
 use crate::host::Parent;
 use crate::host::apply::stamp;
 use crate::host::names::{NameKind, host_name};
@@ -74,15 +74,12 @@ pub fn desired_job(inputs: &JobInputs<'_>) -> Job {
         mount_path: PACKAGE_MOUNT.into(),
         ..VolumeMount::default()
     };
-    let pull_policy = inputs.spec.image_pull_policy.map(|p| match p {
-        ImagePullPolicy::Always => "Always".to_string(),
-        ImagePullPolicy::IfNotPresent => "IfNotPresent".to_string(),
-        ImagePullPolicy::Never => "Never".to_string(),
-    });
     let copy = Container {
         name: "package".into(),
         image: Some(package.clone()),
-        image_pull_policy: pull_policy,
+        // Whatever the install asks for (DESIGN.md §8): the node's image cache is shared by every
+        // tenant, so anything else would let one tenant run another's private package image.
+        image_pull_policy: Some("Always".into()),
         command: Some(vec![
             "cp".into(),
             "-R".into(),

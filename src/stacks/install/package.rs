@@ -11,6 +11,7 @@ use kube::{Api, Resource, ResourceExt};
 use crate::api::crds::{SPEC_HASH_ANNOTATION, is_established, spec_hash};
 use crate::api::stacks::{PermissionScope, Stack};
 use crate::stacks::crd_parent_label;
+use crate::stacks::pod_policy::PodPolicy;
 use crate::stacks::stack::deployment as stack_deployment;
 use crate::stacks::stream::PackageContents;
 
@@ -68,6 +69,7 @@ pub fn check(
     kind: &str,
     existing_crds: &BTreeMap<String, &CustomResourceDefinition>,
     pass_full_deployment: bool,
+    pod_policy: &PodPolicy,
 ) -> Result<(), PackageError> {
     let found = contents.stack.spec.permission_scope;
     if found != scope {
@@ -85,7 +87,7 @@ pub fn check(
         // The same rules the Stack controller applies, so a refused pod is refused before anything exists.
         let spec = stack_deployment::parse(&deployment.spec).map_err(PackageError::Controller)?;
         if !pass_full_deployment {
-            stack_deployment::check_safe(&spec).map_err(PackageError::Controller)?;
+            stack_deployment::check_safe(&spec, pod_policy).map_err(PackageError::Controller)?;
         }
     }
     for crd in &contents.crds {

@@ -246,6 +246,7 @@ async fn complete<K: InstallKind>(
             K::kind(&()).as_ref(),
             &existing,
             settings.insecure_pass_full_deployment,
+            &settings.stack_pod_policy,
         ) {
             return Ok(refused(err, job_ref, tenant.shared.settings.backoff.delay(attempt)));
         }

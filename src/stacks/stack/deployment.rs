@@ -14,7 +14,7 @@ use kube::api::ObjectMeta;
 use serde_json::Value;
 
 use crate::host::labels::{PARENT_KIND_LABEL, PARENT_NAME_LABEL, PARENT_NAMESPACE_LABEL, Parent, TENANT_LABEL};
-use crate::stacks::pod_policy;
+use crate::stacks::pod_policy::{self, PodPolicy};
 use crate::tenancy::endpoint::TenantEndpoint;
 
 /// Where in-cluster clients look for their token, CA and namespace.
@@ -28,7 +28,7 @@ pub enum SpecError {
     /// `controller.deployment.spec` is not a DeploymentSpec.
     #[error("controller.deployment.spec is not a valid apps/v1 DeploymentSpec: {0}")]
     Invalid(String),
-    /// The pod could reach beyond its namespace on the host.
+    /// The pod asks for more than a stack's pod may have on the host.
     #[error("{0}")]
     Unsafe(String),
 }
@@ -60,14 +60,10 @@ pub fn parse(spec: &Value) -> Result<DeploymentSpec, SpecError> {
     Ok(parsed)
 }
 
-/// Refuses a pod that could reach beyond its namespace (the rules of [`pod_policy`]).
-pub fn check_safe(spec: &DeploymentSpec) -> Result<(), SpecError> {
-    let violations = spec
-        .template
-        .spec
-        .as_ref()
-        .map(pod_policy::violations)
-        .unwrap_or_default();
+/// Refuses a pod that asks for more than [`pod_policy`] allows. Checked on the package's spec, before
+/// [`build`] adds stackd's own token volume.
+pub fn check_safe(spec: &DeploymentSpec, policy: &PodPolicy) -> Result<(), SpecError> {
+    let violations = pod_policy::violations(&spec.template, policy);
     if violations.is_empty() {
         Ok(())
     } else {
@@ -147,6 +143,9 @@ pub fn build(spec: &DeploymentSpec, inputs: &Inputs<'_>) -> Deployment {
     let init = pod.init_containers.iter_mut().flatten();
     for container in pod.containers.iter_mut().chain(init) {
         connect_to_tenant(container, &env);
+        // The kubelet's image cache is shared by every tenant on a node: with any other policy a pod
+        // without credentials could run another tenant's private image pulled there before.
+        container.image_pull_policy = Some("Always".into());
         if !inputs.pass_full {
             restrict(container);
         }
@@ -253,7 +252,7 @@ mod tests {
         ];
         for pod in cases {
             let parsed = parse(&spec(pod.clone())).expect("parses");
-            let err = check_safe(&parsed).expect_err(&pod.to_string());
+            let err = check_safe(&parsed, &PodPolicy::default()).expect_err(&pod.to_string());
             assert!(err.to_string().contains("--insecure-pass-full-deployment"), "{err}");
         }
     }
@@ -312,6 +311,7 @@ mod tests {
             assert_eq!(env["POD_NAMESPACE"], "team-a");
             let context = container.security_context.as_ref().expect("context");
             assert_eq!(context.allow_privilege_escalation, Some(false));
+            assert_eq!(container.image_pull_policy.as_deref(), Some("Always"));
         }
     }
 }

@@ -409,7 +409,7 @@ fn validate<'a>(
     let spec = deployment::parse(&controller.spec)
         .and_then(|spec| {
             if !settings.insecure_pass_full_deployment {
-                deployment::check_safe(&spec)?;
+                deployment::check_safe(&spec, &settings.stack_pod_policy)?;
             }
             Ok(spec)
         })

@@ -1,0 +1,472 @@
+//! Fairness on a shared host (DESIGN.md §8): every tenant's host namespace gets a ResourceQuota
+//! (`--tenant-quota`) and a LimitRange giving containers default requests and limits
+//! (`--tenant-container-defaults`), so one tenant's stacks and installers cannot take the host from
+//! the others, and pods that set no resources still fit a quota on CPU and memory. Both objects are
+//! written with the ownership proof of DESIGN.md §2 and put back when edited or deleted.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{LimitRange, LimitRangeItem, LimitRangeSpec, ResourceQuota, ResourceQuotaSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::apply::Applied;
+use super::labels::{MANAGED_BY, MANAGED_BY_LABEL, TENANT_LABEL};
+use super::names::label_value;
+use crate::runtime::cache::is_filled;
+use crate::runtime::metrics::Metrics;
+use crate::runtime::recovery::WatchBackoff;
+use crate::tenancy::tenant::{TenantContext, TenantError};
+
+/// Name of the ResourceQuota in every tenant's host namespace.
+pub const QUOTA_NAME: &str = "stackd-tenant-quota";
+/// Name of the LimitRange in every tenant's host namespace.
+pub const LIMIT_RANGE_NAME: &str = "stackd-tenant-limits";
+/// `--tenant-quota` when not given.
+pub const DEFAULT_QUOTA: &str =
+    "pods=50,requests.cpu=8,requests.memory=16Gi,limits.cpu=16,limits.memory=32Gi,count/jobs.batch=50,secrets=200";
+/// `--tenant-container-defaults` when not given.
+pub const DEFAULT_CONTAINER_DEFAULTS: &str = "requests.cpu=100m,requests.memory=128Mi,limits.cpu=1,limits.memory=512Mi";
+
+/// What every tenant's host namespace is limited to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantQuota {
+    /// The ResourceQuota's `spec.hard`.
+    pub hard: ResourceList,
+    pub container_defaults: ContainerDefaults,
+}
+
+impl Default for TenantQuota {
+    fn default() -> Self {
+        TenantQuota {
+            hard: DEFAULT_QUOTA.parse().unwrap_or_default(),
+            container_defaults: DEFAULT_CONTAINER_DEFAULTS.parse().unwrap_or_default(),
+        }
+    }
+}
+
+/// `NAME=QUANTITY,...`, e.g. `pods=50,requests.cpu=8`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResourceList(pub BTreeMap<String, String>);
+
+impl FromStr for ResourceList {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut list = BTreeMap::new();
+        for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let Some((name, quantity)) = entry.split_once('=') else {
+                return Err(format!("expected NAME=QUANTITY, got {entry:?}"));
+            };
+            let (name, quantity) = (name.trim(), quantity.trim());
+            if name.is_empty() || name.contains(char::is_whitespace) {
+                return Err(format!("{entry:?} names no resource"));
+            }
+            if nanos(quantity).is_none() {
+                return Err(format!(
+                    "{quantity:?} (for {name}) is not a Kubernetes quantity such as 8, 500m or 16Gi"
+                ));
+            }
+            if list.insert(name.to_string(), quantity.to_string()).is_some() {
+                return Err(format!("{name} is given twice"));
+            }
+        }
+        if list.is_empty() {
+            return Err("expected at least one NAME=QUANTITY".into());
+        }
+        Ok(ResourceList(list))
+    }
+}
+
+/// `requests.NAME=QUANTITY,limits.NAME=QUANTITY,...`: the LimitRange's default requests and limits of
+/// a container.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerDefaults {
+    pub requests: BTreeMap<String, String>,
+    pub limits: BTreeMap<String, String>,
+}
+
+impl FromStr for ContainerDefaults {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let ResourceList(all) = s.parse()?;
+        let mut defaults = ContainerDefaults::default();
+        for (name, quantity) in all {
+            if let Some(resource) = name.strip_prefix("requests.") {
+                defaults.requests.insert(resource.to_string(), quantity);
+            } else if let Some(resource) = name.strip_prefix("limits.") {
+                defaults.limits.insert(resource.to_string(), quantity);
+            } else {
+                return Err(format!("{name} must start with requests. or limits."));
+            }
+        }
+        for (resource, request) in &defaults.requests {
+            let limit = defaults.limits.get(resource);
+            if limit.is_some_and(|limit| nanos(request) > nanos(limit)) {
+                return Err(format!(
+                    "the default request of {resource} ({request}) is above its default limit"
+                ));
+            }
+        }
+        Ok(defaults)
+    }
+}
+
+/// A Kubernetes quantity (`8`, `500m`, `16Gi`, `1e3`) in billionths, to compare quantities the API
+/// server may have rewritten in canonical form (`0.5` comes back as `500m`).
+pub fn nanos(quantity: &str) -> Option<i128> {
+    let split = quantity
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+' || c == '-'))
+        .unwrap_or(quantity.len());
+    let (number, suffix) = quantity.split_at(split);
+    let (negative, digits) = match number.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, number.strip_prefix('+').unwrap_or(number)),
+    };
+    let (whole, fraction) = digits.split_once('.').unwrap_or((digits, ""));
+    let all_digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if (whole.is_empty() && fraction.is_empty()) || !all_digits(whole) || !all_digits(fraction) || fraction.len() > 9 {
+        return None;
+    }
+    let whole: i128 = if whole.is_empty() { 0 } else { whole.parse().ok()? };
+    let fraction: i128 = format!("{fraction:0<9}").parse().ok()?;
+    let value = whole.checked_mul(1_000_000_000)?.checked_add(fraction)?;
+    let scaled = scale(value, suffix)?;
+    Some(if negative { -scaled } else { scaled })
+}
+
+fn scale(value: i128, suffix: &str) -> Option<i128> {
+    let binary = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
+    if let Some(power) = binary.iter().position(|s| *s == suffix) {
+        return value.checked_mul(1i128 << (10 * (power + 1)));
+    }
+    let exponent: i32 = match suffix {
+        "n" => -9,
+        "u" => -6,
+        "m" => -3,
+        "" => 0,
+        "k" => 3,
+        "M" => 6,
+        "G" => 9,
+        "T" => 12,
+        "P" => 15,
+        "E" => 18,
+        _ => suffix.strip_prefix(['e', 'E'])?.parse().ok()?,
+    };
+    let factor = 10i128.checked_pow(exponent.unsigned_abs())?;
+    if exponent >= 0 {
+        value.checked_mul(factor)
+    } else {
+        Some(value / factor)
+    }
+}
+
+fn quantities(list: &BTreeMap<String, String>) -> BTreeMap<String, Quantity> {
+    list.iter().map(|(k, v)| (k.clone(), Quantity(v.clone()))).collect()
+}
+
+/// True when both lists name the same resources with equal amounts.
+fn same_amounts(a: Option<&BTreeMap<String, Quantity>>, b: Option<&BTreeMap<String, Quantity>>) -> bool {
+    let (a, b) = (a.cloned().unwrap_or_default(), b.cloned().unwrap_or_default());
+    a.len() == b.len()
+        && a.iter().all(|(k, v)| {
+            b.get(k)
+                .is_some_and(|w| nanos(&v.0).is_some() && nanos(&v.0) == nanos(&w.0))
+        })
+}
+
+fn labels(tenant: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
+        (TENANT_LABEL.to_string(), label_value(tenant)),
+    ])
+}
+
+fn metadata(name: &str, namespace: &str, tenant: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: Some(namespace.to_string()),
+        labels: Some(labels(tenant)),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The tenant's ResourceQuota.
+pub fn desired_quota(tenant: &str, namespace: &str, quota: &TenantQuota) -> ResourceQuota {
+    ResourceQuota {
+        metadata: metadata(QUOTA_NAME, namespace, tenant),
+        spec: Some(ResourceQuotaSpec {
+            hard: Some(quantities(&quota.hard.0)),
+            ..ResourceQuotaSpec::default()
+        }),
+        status: None,
+    }
+}
+
+/// The tenant's LimitRange: default requests and limits for containers that set none.
+pub fn desired_limit_range(tenant: &str, namespace: &str, quota: &TenantQuota) -> LimitRange {
+    let defaults = &quota.container_defaults;
+    LimitRange {
+        metadata: metadata(LIMIT_RANGE_NAME, namespace, tenant),
+        spec: Some(LimitRangeSpec {
+            limits: vec![LimitRangeItem {
+                type_: "Container".into(),
+                default: (!defaults.limits.is_empty()).then(|| quantities(&defaults.limits)),
+                default_request: (!defaults.requests.is_empty()).then(|| quantities(&defaults.requests)),
+                ..LimitRangeItem::default()
+            }],
+        }),
+    }
+}
+
+fn same_quota(existing: &ResourceQuota, desired: &ResourceQuota) -> bool {
+    let hard = |q: &ResourceQuota| q.spec.as_ref().and_then(|s| s.hard.clone());
+    let others = |q: &ResourceQuota| q.spec.as_ref().map(|s| (s.scopes.clone(), s.scope_selector.clone()));
+    same_amounts(hard(existing).as_ref(), hard(desired).as_ref())
+        && others(existing).unwrap_or_default() == others(desired).unwrap_or_default()
+}
+
+fn same_limit_range(existing: &LimitRange, desired: &LimitRange) -> bool {
+    let items = |l: &LimitRange| l.spec.as_ref().map(|s| s.limits.clone()).unwrap_or_default();
+    let (existing, desired) = (items(existing), items(desired));
+    existing.len() == desired.len()
+        && existing.iter().zip(&desired).all(|(e, d)| {
+            e.type_ == d.type_
+                && same_amounts(e.default.as_ref(), d.default.as_ref())
+                && same_amounts(e.default_request.as_ref(), d.default_request.as_ref())
+                && [&e.max, &e.min, &e.max_limit_request_ratio].iter().all(|m| m.is_none())
+        })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum QuotaError {
+    #[error(
+        "{kind} {namespace}/{name} exists but was not created by stackd for this tenant; remove it so stackd can set the tenant's limits"
+    )]
+    Foreign {
+        kind: String,
+        namespace: String,
+        name: String,
+    },
+    #[error("host API error: {0}")]
+    Api(#[from] kube::Error),
+}
+
+/// Creates `desired`, or brings our existing copy (`observed`, from the watch cache) back to it with
+/// its uid and resourceVersion as preconditions; an object at that name that is not ours is left
+/// alone.
+async fn ensure<K>(
+    api: &Api<K>,
+    desired: &K,
+    observed: Option<&K>,
+    tenant: &str,
+    same: fn(&K, &K) -> bool,
+) -> Result<Applied, QuotaError>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Serialize + DeserializeOwned,
+{
+    let params = PostParams {
+        field_manager: Some("stackd/tenant".into()),
+        ..PostParams::default()
+    };
+    let existing = match observed {
+        Some(existing) => existing.clone(),
+        None => match api.create(&params, desired).await {
+            Ok(_) => return Ok(Applied::Created),
+            Err(kube::Error::Api(status)) if status.code == 409 => api.get(&desired.name_any()).await?,
+            Err(err) => return Err(err.into()),
+        },
+    };
+    let wanted = labels(tenant);
+    let found = existing.labels();
+    if found.get(MANAGED_BY_LABEL) != wanted.get(MANAGED_BY_LABEL)
+        || found.get(TENANT_LABEL) != wanted.get(TENANT_LABEL)
+    {
+        return Err(QuotaError::Foreign {
+            kind: K::kind(&()).into_owned(),
+            namespace: existing.namespace().unwrap_or_default(),
+            name: existing.name_any(),
+        });
+    }
+    if same(&existing, desired) {
+        return Ok(Applied::Unchanged);
+    }
+    let mut replacement = desired.clone();
+    replacement.meta_mut().uid = existing.meta().uid.clone();
+    replacement.meta_mut().resource_version = existing.meta().resource_version.clone();
+    api.replace(&desired.name_any(), &params, &replacement).await?;
+    Ok(Applied::Updated)
+}
+
+/// Keeps the tenant's ResourceQuota and LimitRange as the flags say, repairing them when they are
+/// edited or deleted (both are watched, filtered to this tenant). `applied` turns true after the
+/// first success: the controllers that create pods start only then. Run it once the daemon may
+/// write in the host namespace.
+pub async fn run(
+    context: Arc<TenantContext>,
+    cancel: CancellationToken,
+    applied: watch::Sender<bool>,
+) -> Result<(), TenantError> {
+    let namespace = context.host_namespace.clone();
+    let (quotas, quota_events) = watch_all(Api::namespaced(context.host.clone(), &namespace), &context);
+    let (limit_ranges, limit_events) = watch_all(Api::namespaced(context.host.clone(), &namespace), &context);
+    let mut events = futures::stream::select(quota_events, limit_events);
+    let labels = Metrics::controller(&context.name, "host-quota");
+    let mut failures = 0u32;
+    // API errors announce no event, so a failed reconcile schedules its own retry.
+    let mut retry: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            _ = sleep_until(retry), if retry.is_some() => {}
+            event = events.next() => match event {
+                None => return Err(TenantError::Controller("host quota watch ended".into())),
+                Some(Err(err)) => {
+                    warn!(tenant = %context.name, error = %err, "host quota watch failed; retrying");
+                    continue;
+                }
+                Some(Ok(())) => {}
+            },
+        }
+        if !(is_filled(&quotas) && is_filled(&limit_ranges)) {
+            continue;
+        }
+        context.shared.metrics.reconciles.get_or_create(&labels).inc();
+        match ensure_both(&context, &quotas, &limit_ranges).await {
+            Ok(writes) => {
+                failures = 0;
+                retry = None;
+                if writes > 0 {
+                    info!(tenant = %context.name, namespace = %namespace, writes, "tenant quota and limits applied");
+                }
+                applied.send_replace(true);
+            }
+            Err(err) => {
+                failures += 1;
+                context.shared.metrics.reconcile_errors.get_or_create(&labels).inc();
+                let delay = context.shared.settings.backoff.delay(failures);
+                warn!(tenant = %context.name, namespace = %namespace, error = %err, retry_in = ?delay, "tenant quota not applied");
+                retry = Some(tokio::time::Instant::now() + delay);
+            }
+        }
+    }
+}
+
+/// A cache of this tenant's objects of one kind, and a stream that yields on every watch event,
+/// the first (empty) list included: a namespace without the object must hear of it to create it.
+fn watch_all<K>(
+    api: Api<K>,
+    context: &TenantContext,
+) -> (Store<K>, BoxStream<'static, Result<(), kube::runtime::watcher::Error>>)
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let events = reflector(writer, watcher(api, context.host_watch_config()))
+        .backoff(WatchBackoff::default())
+        .map_ok(|_| ())
+        .boxed();
+    (store, events)
+}
+
+/// The LimitRange first: once the quota counts CPU and memory, a pod without defaults is refused.
+async fn ensure_both(
+    context: &TenantContext,
+    quotas: &Store<ResourceQuota>,
+    limit_ranges: &Store<LimitRange>,
+) -> Result<usize, QuotaError> {
+    let (tenant, namespace) = (context.name.as_str(), context.host_namespace.as_str());
+    let settings = &context.shared.settings.tenant_quota;
+    let desired = desired_limit_range(tenant, namespace, settings);
+    let observed = limit_ranges.get(&ObjectRef::new(LIMIT_RANGE_NAME).within(namespace));
+    let api = Api::namespaced(context.host.clone(), namespace);
+    let limits = ensure(&api, &desired, observed.as_deref(), tenant, same_limit_range).await?;
+    let desired = desired_quota(tenant, namespace, settings);
+    let observed = quotas.get(&ObjectRef::new(QUOTA_NAME).within(namespace));
+    let api = Api::namespaced(context.host.clone(), namespace);
+    let quota = ensure(&api, &desired, observed.as_deref(), tenant, same_quota).await?;
+    Ok([limits, quota].iter().filter(|a| a.wrote()).count())
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    if let Some(deadline) = deadline {
+        tokio::time::sleep_until(deadline).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantities_compare_by_amount_not_spelling() {
+        assert_eq!(nanos("0.5"), nanos("500m"));
+        assert_eq!(nanos("1Gi"), nanos("1024Mi"));
+        assert_eq!(nanos("1k"), nanos("1e3"));
+        assert_eq!(nanos("16"), Some(16_000_000_000));
+        assert_eq!(nanos("1E"), Some(1_000_000_000_000_000_000_000_000_000));
+        for bad in ["", "abc", "1.2.3", "5 Gi", "1Q", "."] {
+            assert_eq!(nanos(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_default_flags_parse() {
+        let quota = TenantQuota::default();
+        assert_eq!(quota.hard.0["pods"], "50");
+        assert_eq!(quota.hard.0["count/jobs.batch"], "50");
+        assert_eq!(quota.container_defaults.requests["cpu"], "100m");
+        assert_eq!(quota.container_defaults.limits["memory"], "512Mi");
+    }
+
+    #[test]
+    fn bad_flags_say_what_is_wrong() {
+        let err = "pods=many".parse::<ResourceList>().unwrap_err();
+        assert!(err.contains("pods"), "{err}");
+        assert!("pods".parse::<ResourceList>().is_err());
+        assert!("".parse::<ResourceList>().is_err());
+        assert!("pods=1,pods=2".parse::<ResourceList>().is_err());
+        let err = "cpu=1".parse::<ContainerDefaults>().unwrap_err();
+        assert!(err.contains("requests."), "{err}");
+        let err = "requests.cpu=2,limits.cpu=1".parse::<ContainerDefaults>().unwrap_err();
+        assert!(err.contains("above"), "{err}");
+    }
+
+    #[test]
+    fn a_canonicalised_copy_is_unchanged_and_an_edited_one_is_not() {
+        let quota = TenantQuota {
+            hard: "requests.cpu=0.5,pods=10".parse().unwrap(),
+            container_defaults: "requests.memory=1024Mi".parse().unwrap(),
+        };
+        let desired = desired_quota("acme", "ns", &quota);
+        let mut canonical = desired.clone();
+        let hard = |q: &mut ResourceQuota| q.spec.as_mut().and_then(|s| s.hard.as_mut()).cloned().unwrap();
+        let mut edited = hard(&mut canonical);
+        edited.insert("requests.cpu".into(), Quantity("500m".into()));
+        canonical.spec.as_mut().unwrap().hard = Some(edited.clone());
+        assert!(same_quota(&canonical, &desired));
+        edited.insert("pods".into(), Quantity("11".into()));
+        canonical.spec.as_mut().unwrap().hard = Some(edited);
+        assert!(!same_quota(&canonical, &desired));
+
+        let desired = desired_limit_range("acme", "ns", &quota);
+        let mut canonical = desired.clone();
+        canonical.spec.as_mut().unwrap().limits[0].default_request =
+            Some(BTreeMap::from([("memory".to_string(), Quantity("1Gi".into()))]));
+        assert!(same_limit_range(&canonical, &desired));
+        canonical.spec.as_mut().unwrap().limits[0].max = Some(BTreeMap::new());
+        assert!(!same_limit_range(&canonical, &desired));
+    }
+}
