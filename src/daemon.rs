@@ -30,6 +30,8 @@ pub struct DaemonSettings {
     pub allow_insecure_tenant_endpoint: bool,
     pub insecure_allow_all_apigroups: bool,
     pub insecure_pass_full_deployment: bool,
+    /// Let packages ship CRDs with conversion webhooks.
+    pub insecure_allow_conversion_webhooks: bool,
     pub metrics_addr: SocketAddr,
     pub leader_election: Option<LeaderElectionSettings>,
     /// The daemon's ServiceAccount, bound in every tenant namespace.

@@ -187,6 +187,7 @@ async fn run_daemon(
         allow_insecure_tenant_endpoint: true,
         insecure_allow_all_apigroups: false,
         insecure_pass_full_deployment: false,
+        insecure_allow_conversion_webhooks: false,
         metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         leader_election: None,
         rbac_subject: ServiceAccountRef {

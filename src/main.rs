@@ -65,12 +65,17 @@ struct RunArgs {
     /// Let host pods reach a tenant over plain http (only for local development).
     #[arg(long)]
     allow_insecure_tenant_endpoint: bool,
-    /// Let stacks request permissions on core `*.k8s.io` groups and non-resource URLs.
+    /// Let stacks request any permissions: API groups beyond their own, core resources, non-resource
+    /// URLs and verbs such as `*`, `escalate`, `bind` and `impersonate`.
     #[arg(long)]
     insecure_allow_all_apigroups: bool,
     /// Pass a stack's controller Deployment spec through without the pod-safety checks.
     #[arg(long)]
     insecure_pass_full_deployment: bool,
+    /// Let packages ship CRDs with conversion webhooks (`spec.conversion.strategy: Webhook`), which
+    /// rewrite every object of the CRD the tenant API server serves.
+    #[arg(long)]
+    insecure_allow_conversion_webhooks: bool,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080", value_name = "ADDR")]
     metrics_addr: SocketAddr,
@@ -301,6 +306,7 @@ async fn run(args: RunArgs) -> ExitCode {
         allow_insecure_tenant_endpoint: args.allow_insecure_tenant_endpoint,
         insecure_allow_all_apigroups: args.insecure_allow_all_apigroups,
         insecure_pass_full_deployment: args.insecure_pass_full_deployment,
+        insecure_allow_conversion_webhooks: args.insecure_allow_conversion_webhooks,
         metrics_addr: args.metrics_addr,
         leader_election: args
             .leader_elect

@@ -23,6 +23,7 @@ mod inventory;
 mod kubectl;
 mod pools;
 mod recovery;
+mod security_stacks;
 mod stacks_install;
 mod stacks_stack;
 mod sweep;

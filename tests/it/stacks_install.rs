@@ -26,7 +26,7 @@ use stackd::stacks::{crd_parent_label, stream, unpack};
 use super::daemon::Daemon;
 
 pub(crate) const STACKD_TEST_IMAGE: &str = "stackd:test";
-pub(crate) const WIDGETS: &str = "widgets.samples.stackd.dev";
+pub(crate) const WIDGETS: &str = "widgets.samples.example.org";
 
 /// A host, tenants with stackd's CRDs, sample packages (and broken variants) in a temp dir, and the
 /// kubeconfigs a daemon reads.
@@ -192,6 +192,12 @@ fn unpack_runner(packages: &Path, ctx: &JobContext) -> JobOutcome {
             with_trailer(&[stack.clone(), stack])
         }
         "configmap" => with_trailer(&[json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}})]),
+        // An install pod that claims Cluster scope whatever the install allowed.
+        "forged-cluster" => {
+            let mut contents = sample();
+            contents.stack.spec.permission_scope = PermissionScope::Cluster;
+            JobOutcome::success(stream::encode(&contents).expect("encode"))
+        }
         name => {
             let options = unpack::UnpackOptions {
                 content_dir: packages.join(name).join(".registry"),
@@ -309,7 +315,7 @@ pub(crate) async fn wait_for_reason(
     })
 }
 
-async fn events_of(client: &Client, namespace: &str, name: &str) -> Vec<(String, String)> {
+pub(crate) async fn events_of(client: &Client, namespace: &str, name: &str) -> Vec<(String, String)> {
     let events: Api<Event> = Api::namespaced(client.clone(), namespace);
     let list = events.list(&ListParams::default()).await.expect("events");
     list.items
@@ -319,7 +325,7 @@ async fn events_of(client: &Client, namespace: &str, name: &str) -> Vec<(String,
         .collect()
 }
 
-async fn stacks_on(client: &Client) -> Vec<Stack> {
+pub(crate) async fn stacks_on(client: &Client) -> Vec<Stack> {
     Api::<Stack>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -327,7 +333,7 @@ async fn stacks_on(client: &Client) -> Vec<Stack> {
         .items
 }
 
-async fn crd_names(client: &Client) -> Vec<String> {
+pub(crate) async fn crd_names(client: &Client) -> Vec<String> {
     Api::<CustomResourceDefinition>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -335,7 +341,7 @@ async fn crd_names(client: &Client) -> Vec<String> {
         .items
         .into_iter()
         .map(|c| c.name_any())
-        .filter(|n| !n.ends_with(".stackd.dev") || n.ends_with(".samples.stackd.dev"))
+        .filter(|n| !n.ends_with(".stackd.dev"))
         .collect()
 }
 
@@ -659,8 +665,16 @@ async fn crds_that_would_lose_a_served_version_or_are_terminating_are_refused() 
         .expect("crd"),
     )
     .expect("parse crd");
+    // The install's own CRD, from a previous version of its package.
     existing.metadata.finalizers = Some(vec!["example.com/hold".into()]);
-    existing.metadata.labels = Some(BTreeMap::from([("stacks.stackd.dev/managed".into(), "true".into())]));
+    existing.metadata.labels = Some(BTreeMap::from([
+        ("stacks.stackd.dev/managed".into(), "true".into()),
+        (crd_parent_label("team-a", "sample"), "true".into()),
+    ]));
+    existing.metadata.annotations = Some(BTreeMap::from([(
+        "stacks.stackd.dev/installed-by".into(),
+        "StackInstall/team-a/sample".into(),
+    )]));
     crds.create(&PostParams::default(), &existing)
         .await
         .expect("create crd");
@@ -798,31 +812,37 @@ async fn changing_the_package_upgrades_job_crds_and_stack() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn uninstall_removes_host_and_tenant_objects_and_shared_crds_go_with_the_last_install() {
+async fn uninstall_removes_host_and_tenant_objects_and_a_crd_passes_to_the_next_install_only_then() {
     let fleet = StackFleet::start(&["acme"]).await;
     let tenant = fleet.tenant("acme");
     let daemon = fleet.daemon(&[]);
-    for namespace in ["team-a", "team-b"] {
-        create_install(
-            &tenant,
-            namespace,
-            "sample",
-            json!({"package": "examples/sample-stack:v1"}),
-        )
-        .await;
-    }
-    let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
-    wait_until("both stacks use the CRD", Duration::from_secs(20), &daemon, || {
-        let crds = crds.clone();
-        async move {
-            let crd = crds.get_opt(WIDGETS).await.ok()??;
-            let labels = crd.labels();
-            (labels.contains_key(&crd_parent_label("team-a", "sample"))
-                && labels.contains_key(&crd_parent_label("team-b", "sample")))
-            .then_some(())
-        }
-    })
+    create_install(
+        &tenant,
+        "team-a",
+        "sample",
+        json!({"package": "examples/sample-stack:v1"}),
+    )
     .await;
+    wait_synced(&tenant, "team-a", &daemon).await;
+    // The same package in another namespace would change team-a's CRD: refused while team-a has it.
+    create_install(
+        &tenant,
+        "team-b",
+        "sample",
+        json!({"package": "examples/sample-stack:v1"}),
+    )
+    .await;
+    let (_, _, message) = wait_for_reason(&tenant, "team-b", "sample", &daemon, "CRDConflict").await;
+    assert!(
+        message.contains(WIDGETS) && message.contains("StackInstall team-a/sample"),
+        "{message}"
+    );
+    let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
+    let labels = crds.get(WIDGETS).await.expect("crd").labels().clone();
+    assert!(
+        !labels.contains_key(&crd_parent_label("team-b", "sample")),
+        "{labels:?}"
+    );
     let uninstall = |namespace: &'static str| {
         let tenant = tenant.clone();
         async move {
@@ -839,10 +859,6 @@ async fn uninstall_removes_host_and_tenant_objects_and_shared_crds_go_with_the_l
         async move { installs.get_opt("sample").await.ok()?.is_none().then_some(()) }
     })
     .await;
-    assert!(
-        crds.get_opt(WIDGETS).await.expect("get").is_some(),
-        "a CRD team-b uses was deleted"
-    );
     assert!(
         Api::<Stack>::namespaced(tenant.clone(), "team-a")
             .get_opt("sample")
@@ -862,6 +878,18 @@ async fn uninstall_removes_host_and_tenant_objects_and_shared_crds_go_with_the_l
     })
     .await;
 
+    // Team-a's CRD went with it, so team-b's install, told by the CRD events, now creates its own.
+    wait_until("team-b's install applied", Duration::from_secs(20), &daemon, || {
+        let crds = crds.clone();
+        async move {
+            let crd = crds.get_opt(WIDGETS).await.ok()??;
+            let owner = crd.annotations().get("stacks.stackd.dev/installed-by")?.clone();
+            (owner == "StackInstall/team-b/sample" && crd.labels().contains_key(&crd_parent_label("team-b", "sample")))
+                .then_some(())
+        }
+    })
+    .await;
+    wait_synced(&tenant, "team-b", &daemon).await;
     uninstall("team-b").await;
     wait_until(
         "the CRD deleted with the last install",
@@ -928,7 +956,7 @@ async fn pull_secret(tenant: &Client, namespace: &str) {
         .expect("pull secret");
 }
 
-async fn wait_synced(tenant: &Client, namespace: &str, daemon: &Daemon) -> StackInstall {
+pub(crate) async fn wait_synced(tenant: &Client, namespace: &str, daemon: &Daemon) -> StackInstall {
     let installs: Api<StackInstall> = Api::namespaced(tenant.clone(), namespace);
     wait_until("Synced=True", Duration::from_secs(20), daemon, || {
         let installs = installs.clone();
@@ -1029,7 +1057,8 @@ async fn a_second_reconcile_of_an_unchanged_install_writes_nothing() {
         json!({"package": "examples/sample-stack:v1"}),
     )
     .await;
-    wait_synced(&tenant, "team-a", &daemon).await;
+    // Settled: the Stack's controller is available and the install says so.
+    wait_for_reason(&tenant, "team-a", "sample", &daemon, "Available").await;
     // Let the last status write and Events land.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (host_before, tenant_before) = (fleet._host.counters(), fleet.tenants["acme"].0.counters());
