@@ -672,8 +672,8 @@ async fn crds_that_would_lose_a_served_version_or_are_terminating_are_refused() 
         (crd_parent_label("team-a", "sample"), "true".into()),
     ]));
     existing.metadata.annotations = Some(BTreeMap::from([(
-        "stacks.stackd.dev/installed-by".into(),
-        "StackInstall/team-a/sample".into(),
+        "stacks.stackd.dev/package-repository".into(),
+        "examples/sample-stack".into(),
     )]));
     crds.create(&PostParams::default(), &existing)
         .await
@@ -812,37 +812,31 @@ async fn changing_the_package_upgrades_job_crds_and_stack() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn uninstall_removes_host_and_tenant_objects_and_a_crd_passes_to_the_next_install_only_then() {
+async fn uninstall_removes_host_and_tenant_objects_and_shared_crds_go_with_the_last_install() {
     let fleet = StackFleet::start(&["acme"]).await;
     let tenant = fleet.tenant("acme");
     let daemon = fleet.daemon(&[]);
-    create_install(
-        &tenant,
-        "team-a",
-        "sample",
-        json!({"package": "examples/sample-stack:v1"}),
-    )
-    .await;
-    wait_synced(&tenant, "team-a", &daemon).await;
-    // The same package in another namespace would change team-a's CRD: refused while team-a has it.
-    create_install(
-        &tenant,
-        "team-b",
-        "sample",
-        json!({"package": "examples/sample-stack:v1"}),
-    )
-    .await;
-    let (_, _, message) = wait_for_reason(&tenant, "team-b", "sample", &daemon, "CRDConflict").await;
-    assert!(
-        message.contains(WIDGETS) && message.contains("StackInstall team-a/sample"),
-        "{message}"
-    );
+    for namespace in ["team-a", "team-b"] {
+        create_install(
+            &tenant,
+            namespace,
+            "sample",
+            json!({"package": "examples/sample-stack:v1"}),
+        )
+        .await;
+    }
     let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
-    let labels = crds.get(WIDGETS).await.expect("crd").labels().clone();
-    assert!(
-        !labels.contains_key(&crd_parent_label("team-b", "sample")),
-        "{labels:?}"
-    );
+    wait_until("both stacks use the CRD", Duration::from_secs(20), &daemon, || {
+        let crds = crds.clone();
+        async move {
+            let crd = crds.get_opt(WIDGETS).await.ok()??;
+            let labels = crd.labels();
+            (labels.contains_key(&crd_parent_label("team-a", "sample"))
+                && labels.contains_key(&crd_parent_label("team-b", "sample")))
+            .then_some(())
+        }
+    })
+    .await;
     let uninstall = |namespace: &'static str| {
         let tenant = tenant.clone();
         async move {
@@ -859,6 +853,10 @@ async fn uninstall_removes_host_and_tenant_objects_and_a_crd_passes_to_the_next_
         async move { installs.get_opt("sample").await.ok()?.is_none().then_some(()) }
     })
     .await;
+    assert!(
+        crds.get_opt(WIDGETS).await.expect("get").is_some(),
+        "a CRD team-b uses was deleted"
+    );
     assert!(
         Api::<Stack>::namespaced(tenant.clone(), "team-a")
             .get_opt("sample")
@@ -878,18 +876,6 @@ async fn uninstall_removes_host_and_tenant_objects_and_a_crd_passes_to_the_next_
     })
     .await;
 
-    // Team-a's CRD went with it, so team-b's install, told by the CRD events, now creates its own.
-    wait_until("team-b's install applied", Duration::from_secs(20), &daemon, || {
-        let crds = crds.clone();
-        async move {
-            let crd = crds.get_opt(WIDGETS).await.ok()??;
-            let owner = crd.annotations().get("stacks.stackd.dev/installed-by")?.clone();
-            (owner == "StackInstall/team-b/sample" && crd.labels().contains_key(&crd_parent_label("team-b", "sample")))
-                .then_some(())
-        }
-    })
-    .await;
-    wait_synced(&tenant, "team-b", &daemon).await;
     uninstall("team-b").await;
     wait_until(
         "the CRD deleted with the last install",

@@ -1,8 +1,13 @@
 //! Which CRDs a package may create or change on the tenant (DESIGN.md §8): only CRDs in API groups
-//! no one else uses, never in stackd's or Kubernetes' groups, never a CRD stackd did not create for
-//! this install, and no conversion webhooks unless the daemon allows them. A CRD is an install's when
-//! stackd's managed label and installed-by annotation say so; a package cannot forge either, because
-//! stackd drops every key in its own domain from what a package ships.
+//! no other package uses, never in stackd's or Kubernetes' groups, never a CRD stackd did not create,
+//! and no conversion webhooks unless the daemon allows them.
+//!
+//! A CRD belongs to the package (image repository, registry included) whose install created it:
+//! installs of that same package in other namespaces share it, as Crossplane's namespaced stacks did
+//! (each adds its Stack's parent label), and any of them may upgrade it. Only the package's publisher
+//! can put content in that repository, so another package — whatever its installer claims — never
+//! changes the CRD. stackd's managed label and its package annotation prove the ownership; a package
+//! cannot forge either, because stackd drops every key in its own domain from what a package ships.
 
 use std::collections::BTreeMap;
 
@@ -13,7 +18,9 @@ use crate::stacks::{CRD_PARENT_LABEL_PREFIX, crd_parent_label, reserved_group_ow
 
 /// Label on tenant CRDs that a stack install created: only these are ever changed or deleted by stackd.
 pub const MANAGED_CRD_LABEL: &str = "stacks.stackd.dev/managed";
-/// Annotation on tenant CRDs: the install that created them, `<kind>/<namespace>/<name>`.
+/// Annotation on tenant CRDs: the package (image repository) they belong to.
+pub const PACKAGE_REPOSITORY_ANNOTATION: &str = "stacks.stackd.dev/package-repository";
+/// Annotation on tenant CRDs: the install that created them, `<kind>/<namespace>/<name>`, for people.
 pub const INSTALLED_BY_ANNOTATION: &str = "stacks.stackd.dev/installed-by";
 
 /// The install applying a package.
@@ -22,10 +29,12 @@ pub struct Installer {
     pub kind: String,
     pub namespace: String,
     pub name: String,
+    /// The package image's repository (registry and path, no tag or digest).
+    pub repository: String,
 }
 
 impl Installer {
-    /// The value of [`INSTALLED_BY_ANNOTATION`] on this install's CRDs.
+    /// The value of [`INSTALLED_BY_ANNOTATION`] on the CRDs this install creates.
     pub fn annotation(&self) -> String {
         format!("{}/{}/{}", self.kind, self.namespace, self.name)
     }
@@ -35,23 +44,36 @@ impl Installer {
         crd_parent_label(&self.namespace, &self.name)
     }
 
-    /// True when `crd` was created by stackd for this install. CRDs from before the installed-by
-    /// annotation count when they carry this install's Stack label and no other Stack's.
+    /// True when this install may write `crd`: stackd made it for this install's package, or this
+    /// install's Stack is the only one using it (an install whose package moved to another
+    /// repository, or a CRD from before the package annotation).
     pub fn owns(&self, crd: &CustomResourceDefinition) -> bool {
         if !crd.labels().contains_key(MANAGED_CRD_LABEL) {
             return false;
         }
-        match crd.annotations().get(INSTALLED_BY_ANNOTATION) {
-            Some(owner) => *owner == self.annotation(),
-            None => {
-                let own = self.parent_label();
-                let mut parents = crd
-                    .labels()
-                    .keys()
-                    .filter(|key| key.starts_with(CRD_PARENT_LABEL_PREFIX));
-                parents.next() == Some(&own) && parents.next().is_none()
-            }
-        }
+        let same_package = crd
+            .annotations()
+            .get(PACKAGE_REPOSITORY_ANNOTATION)
+            .is_some_and(|repository| *repository == self.repository);
+        same_package || self.only_user_of(crd)
+    }
+
+    fn only_user_of(&self, crd: &CustomResourceDefinition) -> bool {
+        let own = self.parent_label();
+        let mut parents = crd
+            .labels()
+            .keys()
+            .filter(|key| key.starts_with(CRD_PARENT_LABEL_PREFIX));
+        parents.next() == Some(&own) && parents.next().is_none()
+    }
+}
+
+/// The repository of an image reference: without digest and tag.
+pub fn repository_of(image: &str) -> String {
+    let without_digest = image.split('@').next().unwrap_or(image);
+    match without_digest.rsplit_once('/') {
+        Some((path, last)) => format!("{path}/{}", last.split(':').next().unwrap_or(last)),
+        None => without_digest.split(':').next().unwrap_or(without_digest).to_string(),
     }
 }
 
@@ -67,7 +89,7 @@ pub enum CrdRefusal {
         owner: &'static str,
     },
     #[error(
-        "the package's CRD {name} already exists on the tenant and {owner}; stackd never changes a CRD it did not create for this install: remove the CRD from the package, or install under the name that created it"
+        "the package's CRD {name} already exists on the tenant and {owner}; stackd never lets a package change a CRD it did not create for that package: remove the CRD from the package, or rename it into an API group of your own"
     )]
     NotOurs { name: String, owner: String },
     #[error(
@@ -154,13 +176,17 @@ fn describe_owner(crd: &CustomResourceDefinition) -> String {
     if !crd.labels().contains_key(MANAGED_CRD_LABEL) {
         return "was not created by stackd".into();
     }
-    match crd
-        .annotations()
+    let annotations = crd.annotations();
+    let package = annotations
+        .get(PACKAGE_REPOSITORY_ANNOTATION)
+        .map(|repository| format!("belongs to the package {repository}"))
+        .unwrap_or_else(|| "belongs to another stack".into());
+    match annotations
         .get(INSTALLED_BY_ANNOTATION)
         .and_then(|owner| owner.split_once('/'))
     {
-        Some((kind, at)) => format!("was created by the {kind} {at}"),
-        None => "was created by stackd for another install".into(),
+        Some((kind, at)) => format!("{package}, installed by the {kind} {at}"),
+        None => package,
     }
 }
 
@@ -182,6 +208,7 @@ mod tests {
             kind: "StackInstall".into(),
             namespace: namespace.into(),
             name: name.into(),
+            repository: format!("registry.example.com/{namespace}/stack"),
         }
     }
 
@@ -203,10 +230,10 @@ mod tests {
             (MANAGED_CRD_LABEL.to_string(), "true".to_string()),
             (installer.parent_label(), "true".to_string()),
         ]));
-        crd.metadata.annotations = Some(BTreeMap::from([(
-            INSTALLED_BY_ANNOTATION.to_string(),
-            installer.annotation(),
-        )]));
+        crd.metadata.annotations = Some(BTreeMap::from([
+            (INSTALLED_BY_ANNOTATION.to_string(), installer.annotation()),
+            (PACKAGE_REPOSITORY_ANNOTATION.to_string(), installer.repository.clone()),
+        ]));
         crd
     }
 
@@ -266,17 +293,45 @@ mod tests {
         let foreign = crd("certificates.cert-manager.io", "cert-manager.io");
         let refusal = check_against(&foreign, std::slice::from_ref(&foreign)).expect_err("refused");
         assert!(refusal.to_string().contains("was not created by stackd"), "{refusal}");
-        // A forged installed-by annotation without stackd's managed label proves nothing.
+        // A package annotation without stackd's managed label proves nothing.
         let mut forged = foreign.clone();
         forged.metadata.annotations = Some(BTreeMap::from([(
-            INSTALLED_BY_ANNOTATION.to_string(),
-            installer("team-a", "sample").annotation(),
+            PACKAGE_REPOSITORY_ANNOTATION.to_string(),
+            installer("team-a", "sample").repository,
         )]));
         assert!(check_against(&foreign, &[forged]).is_err());
     }
 
     #[test]
-    fn a_crd_from_before_the_annotation_is_ours_only_with_our_label_alone() {
+    fn installs_of_the_same_package_share_its_crds() {
+        let elsewhere = Installer {
+            namespace: "team-b".into(),
+            name: "widgets".into(),
+            ..installer("team-a", "sample")
+        };
+        let shared = made_by(
+            crd("widgets.samples.example.org", "samples.example.org"),
+            &installer("team-a", "sample"),
+        );
+        assert!(elsewhere.owns(&shared));
+        let sprockets = crd("sprockets.samples.example.org", "samples.example.org");
+        let existing = BTreeMap::from([(shared.name_any(), &shared)]);
+        assert_eq!(check(&sprockets, &existing, &elsewhere, false), Ok(()));
+    }
+
+    #[test]
+    fn repositories_drop_tag_and_digest_but_keep_the_registry() {
+        assert_eq!(repository_of("quay.io/acme/widgets:v1"), "quay.io/acme/widgets");
+        assert_eq!(
+            repository_of("localhost:5000/widgets@sha256:abc"),
+            "localhost:5000/widgets"
+        );
+        assert_eq!(repository_of("widgets:v1"), "widgets");
+        assert_eq!(repository_of("acme/widgets"), "acme/widgets");
+    }
+
+    #[test]
+    fn a_crd_of_another_package_is_ours_only_with_our_label_alone() {
         let me = installer("team-a", "sample");
         let mut legacy = crd("widgets.samples.example.org", "samples.example.org");
         legacy.metadata.labels = Some(BTreeMap::from([
@@ -314,7 +369,7 @@ mod tests {
             ("app".to_string(), "widgets".to_string()),
             (MANAGED_CRD_LABEL.to_string(), "true".to_string()),
             (crd_parent_label("team-b", "x"), "true".to_string()),
-            (INSTALLED_BY_ANNOTATION.to_string(), "StackInstall/team-b/x".to_string()),
+            (PACKAGE_REPOSITORY_ANNOTATION.to_string(), "quay.io/x".to_string()),
         ]);
         let kept = without_stackd_keys(Some(&keys));
         assert_eq!(kept.keys().collect::<Vec<_>>(), ["app"]);

@@ -9,7 +9,9 @@ use kube::api::PostParams;
 use kube::{Api, Resource, ResourceExt};
 
 pub use super::crd_policy::MANAGED_CRD_LABEL;
-use super::crd_policy::{self, CrdRefusal, INSTALLED_BY_ANNOTATION, Installer, without_stackd_keys};
+use super::crd_policy::{
+    self, CrdRefusal, INSTALLED_BY_ANNOTATION, Installer, PACKAGE_REPOSITORY_ANNOTATION, without_stackd_keys,
+};
 use crate::api::crds::{SPEC_HASH_ANNOTATION, is_established, spec_hash};
 use crate::api::stacks::{InstallSpec, PermissionScope, Stack};
 use crate::host::labels::{MANAGED_BY, MANAGED_BY_LABEL};
@@ -132,8 +134,8 @@ fn served_versions(crd: &CustomResourceDefinition) -> BTreeSet<String> {
 }
 
 /// The CRD as stackd wants it on the tenant: the package's (without keys in stackd's domain), marked
-/// as managed, as created by this install and as used by its stack, keeping the labels of other
-/// stacks that used it before CRDs had a single owner.
+/// as managed, as the package's, and as used by this install's stack, keeping the labels of the
+/// other stacks of the package that use it and the name of the install that created it.
 pub fn desired_crd(
     crd: &CustomResourceDefinition,
     existing: Option<&CustomResourceDefinition>,
@@ -162,7 +164,11 @@ pub fn desired_crd(
     desired.metadata.labels = Some(labels);
     let mut annotations = without_stackd_keys(crd.metadata.annotations.as_ref());
     annotations.insert(SPEC_HASH_ANNOTATION.into(), spec_hash(crd));
-    annotations.insert(INSTALLED_BY_ANNOTATION.into(), installer.annotation());
+    annotations.insert(PACKAGE_REPOSITORY_ANNOTATION.into(), installer.repository.clone());
+    let created_by = existing
+        .and_then(|e| e.annotations().get(INSTALLED_BY_ANNOTATION).cloned())
+        .unwrap_or_else(|| installer.annotation());
+    annotations.insert(INSTALLED_BY_ANNOTATION.into(), created_by);
     desired.metadata.annotations = Some(annotations);
     desired
 }
@@ -172,7 +178,9 @@ pub fn desired_crd(
 pub fn crd_up_to_date(existing: &CustomResourceDefinition, desired: &CustomResourceDefinition) -> bool {
     let annotation = |crd: &CustomResourceDefinition, key: &str| crd.annotations().get(key).cloned();
     let same_spec = annotation(existing, SPEC_HASH_ANNOTATION) == annotation(desired, SPEC_HASH_ANNOTATION);
-    let same_owner = annotation(existing, INSTALLED_BY_ANNOTATION) == annotation(desired, INSTALLED_BY_ANNOTATION);
+    let same_owner = annotation(existing, PACKAGE_REPOSITORY_ANNOTATION)
+        == annotation(desired, PACKAGE_REPOSITORY_ANNOTATION)
+        && annotation(existing, INSTALLED_BY_ANNOTATION) == annotation(desired, INSTALLED_BY_ANNOTATION);
     let labels = existing.labels();
     same_spec && same_owner && desired.labels().iter().all(|(k, v)| labels.get(k) == Some(v))
 }

@@ -15,7 +15,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use tracing::info;
 
-use super::crd_policy::Installer;
+use super::crd_policy::{Installer, repository_of};
 use super::job::{self, JobInputs, JobState};
 use super::package::{self, PackageError};
 use super::{FAILURE_REASONS, InstallContext, InstallError, InstallKind, SAFETY_NET, uninstall};
@@ -388,12 +388,13 @@ fn stack_conflict(existing: &Stack, namespace: &str, name: &str) -> Report {
     )
 }
 
-/// Who the install is, as its CRDs record it.
+/// Who the install is, and which package's CRDs it may write.
 pub(super) fn installer_of<K: InstallKind>(install: &K) -> Installer {
     Installer {
         kind: K::kind(&()).into_owned(),
         namespace: install.namespace().unwrap_or_default(),
         name: install.name_any(),
+        repository: repository_of(&job::package_image(install.install())),
     }
 }
 

@@ -13,7 +13,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-use super::crd_policy::{INSTALLED_BY_ANNOTATION, Installer, MANAGED_CRD_LABEL};
+use super::crd_policy::{Installer, MANAGED_CRD_LABEL, PACKAGE_REPOSITORY_ANNOTATION};
 use super::package::controlled_by;
 use super::reconcile::{Report, event, installer_of, own_crd_label, patch_finalizers};
 use super::{InstallContext, InstallError, InstallKind, SAFETY_NET};
@@ -100,8 +100,8 @@ pub(super) async fn run<K: InstallKind>(
     }
 
     // 3. CRDs: drop this stack's label (its Stack controller normally did) unless a Stack that is not
-    //    ours stands at our name (it shares the label), then delete the CRDs this install created that
-    //    no stack uses any more.
+    //    ours stands at our name (it shares the label), then delete the CRDs of this install's package
+    //    that no stack uses any more.
     let crds: Api<CustomResourceDefinition> = Api::all(tenant.client.clone());
     let label = own_crd_label(install);
     let installer = installer_of(install);
@@ -160,11 +160,11 @@ pub(super) async fn run<K: InstallKind>(
     Ok((Action::await_change(), None))
 }
 
-/// A CRD goes with this install when stackd created it for this install (or before CRDs recorded
-/// their install) and no stack uses it any more.
+/// A CRD goes with this install when stackd created it for this install's package (or before CRDs
+/// recorded their package) and no stack uses it any more.
 fn deletable(crd: &CustomResourceDefinition, labels: &BTreeMap<String, String>, installer: &Installer) -> bool {
-    let created_here = match crd.annotations().get(INSTALLED_BY_ANNOTATION) {
-        Some(owner) => *owner == installer.annotation(),
+    let created_here = match crd.annotations().get(PACKAGE_REPOSITORY_ANNOTATION) {
+        Some(repository) => *repository == installer.repository,
         None => true,
     };
     labels.contains_key(MANAGED_CRD_LABEL)
