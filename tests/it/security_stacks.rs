@@ -457,6 +457,44 @@ async fn a_stack_made_by_hand_gets_no_permissions_token_or_controller() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_stack_cut_loose_from_its_install_loses_what_it_was_given() {
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    let daemon = fleet.daemon(&[]);
+    install_sample(&tenant, &daemon).await;
+    assert!(!granted_in(&fleet, "team-a").await.is_empty());
+    // A namespace admin takes the install's Stack for their own, keeping its grants.
+    let stacks: Api<Stack> = Api::namespaced(tenant.clone(), "team-a");
+    stacks
+        .patch(
+            "sample",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"ownerReferences": null}})),
+        )
+        .await
+        .expect("drop the owner reference");
+    wait_until("Ready=False NotInstalled", SOON, &daemon, || async {
+        let stack = stacks.get("sample").await.ok()?;
+        let ready = stack.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?;
+        (ready.reason == "NotInstalled").then_some(())
+    })
+    .await;
+    // What is left is owned by the Stack (ServiceAccount, RoleBinding, token Secret, collected with
+    // it); the binding points at a role that is gone, so nothing is granted.
+    let left = wait_until("the grants withdrawn", SOON, &daemon, || async {
+        let left = granted_in(&fleet, "team-a").await;
+        let withdrawn = left
+            .iter()
+            .all(|o| !o.starts_with("ClusterRole") && !o.starts_with("host "));
+        withdrawn.then_some(left)
+    })
+    .await;
+    assert!(left.iter().all(|o| !o.contains("ClusterRoleBinding")), "{left:?}");
+    let (_, _, message) = wait_for_reason(&tenant, "team-a", "sample", &daemon, "StackConflict").await;
+    assert!(message.contains("not this install's"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn stack_rules_beyond_the_allow_list_are_refused_and_grant_nothing() {
     let fleet = StackFleet::start(&[TENANT]).await;
     let tenant = fleet.tenant(TENANT);

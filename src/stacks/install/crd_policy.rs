@@ -46,15 +46,15 @@ impl Installer {
 
     /// True when this install may write `crd`: stackd made it for this install's package, or this
     /// install's Stack is the only one using it (an install whose package moved to another
-    /// repository, or a CRD from before the package annotation).
+    /// repository), or it is from before CRDs named their package and this install's Stack uses it.
     pub fn owns(&self, crd: &CustomResourceDefinition) -> bool {
         if !crd.labels().contains_key(MANAGED_CRD_LABEL) {
             return false;
         }
-        let same_package = crd
-            .annotations()
-            .get(PACKAGE_REPOSITORY_ANNOTATION)
-            .is_some_and(|repository| *repository == self.repository);
+        let same_package = match crd.annotations().get(PACKAGE_REPOSITORY_ANNOTATION) {
+            Some(repository) => *repository == self.repository,
+            None => crd.labels().contains_key(&self.parent_label()),
+        };
         same_package || self.only_user_of(crd)
     }
 
@@ -331,21 +331,34 @@ mod tests {
     }
 
     #[test]
-    fn a_crd_of_another_package_is_ours_only_with_our_label_alone() {
+    fn without_the_package_a_crd_is_ours_when_our_stack_uses_it() {
         let me = installer("team-a", "sample");
         let mut legacy = crd("widgets.samples.example.org", "samples.example.org");
+        let stranger = installer("team-c", "x");
         legacy.metadata.labels = Some(BTreeMap::from([
             (MANAGED_CRD_LABEL.to_string(), "true".to_string()),
             (me.parent_label(), "true".to_string()),
         ]));
         assert!(me.owns(&legacy));
-        let mut shared = legacy.clone();
-        shared
+        assert!(!stranger.owns(&legacy), "never used it");
+        // From before CRDs named their package: any Stack using it may adopt it into its package.
+        legacy
             .metadata
             .labels
             .get_or_insert_default()
             .insert(crd_parent_label("team-b", "sample"), "true".into());
-        assert!(!me.owns(&shared));
+        assert!(me.owns(&legacy));
+        let mut other_package = legacy.clone();
+        other_package.metadata.annotations = Some(BTreeMap::from([(
+            PACKAGE_REPOSITORY_ANNOTATION.to_string(),
+            "quay.io/someone/else".to_string(),
+        )]));
+        assert!(!me.owns(&other_package), "shared with team-b, of another package");
+        other_package.metadata.labels = Some(BTreeMap::from([
+            (MANAGED_CRD_LABEL.to_string(), "true".to_string()),
+            (me.parent_label(), "true".to_string()),
+        ]));
+        assert!(me.owns(&other_package), "used by this install alone");
     }
 
     #[test]

@@ -170,7 +170,11 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
     let run = controller
         .with_config(controller::Config::default().concurrency(concurrency))
         .watches_stream(job_events, |job: Job| install_of::<K>(&job))
-        .owns_stream(stack_events)
+        // By name, not owner reference: a Stack at the install's name that another controls, or
+        // one whose owner reference was removed, concerns the install as much as its own.
+        .watches_stream(stack_events, |stack: Stack| {
+            Some(ObjectRef::new(&stack.name_any()).within(&stack.namespace().unwrap_or_default()))
+        })
         .watches_stream(crd_events, move |crd: CustomResourceDefinition| {
             installs_using(&install_store, &crd)
         })

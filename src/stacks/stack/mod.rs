@@ -175,7 +175,8 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
         .watches_stream(crd_events, move |crd| stacks_using(&stacks, &crd))
         .watches_stream(dep_events, |o| host_parent(&o))
         .watches_stream(hs_events, |o| host_parent(&o))
-        // A Stack is judged by its install: one that appears (or goes) decides whether it runs.
+        // A Stack is judged by its install: a new one decides whether it runs. (One that goes takes
+        // its Stack with it, or leaves it without the owner reference, which is a Stack event.)
         .watches_stream(new_generations(si_events), |o| Some(stack_at(&o)))
         .watches_stream(new_generations(csi_events), |o| Some(stack_at(&o)));
     let caches = Caches {
@@ -387,9 +388,10 @@ async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Resul
     let controller = match validate(stack, &ctx.tenant, &ctx.installs) {
         Ok(controller) => controller,
         Err(refused) => {
-            if refused.reason == "NotInstalled" {
-                // Reconciled once (by an older stackd, or before its owner reference changed): what
-                // it was given goes, not only what it would get next.
+            if refused.reason == "NotInstalled" && !ctx.installs.has_install(stack) {
+                // A Stack no install controls that was reconciled once (by an older stackd, or
+                // before its owner reference changed): what it was given goes, not only what it
+                // would get next.
                 cleanup(stack, ctx).await?;
                 notes.controller_ref = None;
                 notes.token_secret_ref = None;

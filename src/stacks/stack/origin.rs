@@ -52,6 +52,25 @@ pub struct Installs {
 impl Installs {
     /// The scope of the install that created `stack`, or why it counts as made by hand.
     pub fn scope_of(&self, stack: &Stack) -> Result<PermissionScope, Refusal> {
+        let scope = self.owner_scope(stack)?;
+        if stack.labels().get(MANAGED_BY_LABEL).map(String::as_str) != Some(MANAGED_BY) {
+            return Err(Refusal::NotInstalled {
+                namespace: stack.namespace().unwrap_or_default(),
+                name: stack.name_any(),
+                why: "it lacks stackd's label",
+            });
+        }
+        Ok(scope)
+    }
+
+    /// True when an install of the Stack's namespace and name controls it (whatever its labels say):
+    /// such a Stack's grants are the install's to keep while it puts the Stack right.
+    pub fn has_install(&self, stack: &Stack) -> bool {
+        self.owner_scope(stack).is_ok()
+    }
+
+    /// The scope of the install the Stack's controller owner reference names, if that install exists.
+    fn owner_scope(&self, stack: &Stack) -> Result<PermissionScope, Refusal> {
         let namespace = stack.namespace().unwrap_or_default();
         let name = stack.name_any();
         let refuse = |why| Refusal::NotInstalled {
@@ -59,9 +78,6 @@ impl Installs {
             name: name.clone(),
             why,
         };
-        if stack.labels().get(MANAGED_BY_LABEL).map(String::as_str) != Some(MANAGED_BY) {
-            return Err(refuse("it lacks stackd's label"));
-        }
         let Some(owner) = stack.owner_references().iter().find(|o| o.controller == Some(true)) else {
             return Err(refuse("it has no controller owner reference"));
         };
