@@ -36,6 +36,8 @@ pub struct DaemonSettings {
     pub stack_pod_policy: PodPolicy,
     /// The ResourceQuota and LimitRange of every tenant's host namespace.
     pub tenant_quota: TenantQuota,
+    /// Let packages ship CRDs with conversion webhooks.
+    pub insecure_allow_conversion_webhooks: bool,
     pub metrics_addr: SocketAddr,
     pub leader_election: Option<LeaderElectionSettings>,
     /// The daemon's ServiceAccount, bound in every tenant namespace.

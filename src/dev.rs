@@ -189,6 +189,7 @@ async fn run_daemon(
         insecure_pass_full_deployment: false,
         stack_pod_policy: Default::default(),
         tenant_quota: Default::default(),
+        insecure_allow_conversion_webhooks: false,
         metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         leader_election: None,
         rbac_subject: ServiceAccountRef {

@@ -68,7 +68,8 @@ struct RunArgs {
     /// Let host pods reach a tenant over plain http (only for local development).
     #[arg(long)]
     allow_insecure_tenant_endpoint: bool,
-    /// Let stacks request permissions on core `*.k8s.io` groups and non-resource URLs.
+    /// Let stacks request any permissions: API groups beyond their own, core resources, non-resource
+    /// URLs and verbs such as `*`, `escalate`, `bind` and `impersonate`.
     #[arg(long)]
     insecure_allow_all_apigroups: bool,
     /// Pass a stack's controller Deployment spec through without the pod-safety checks.
@@ -88,6 +89,10 @@ struct RunArgs {
     /// pods that set none fit the quota.
     #[arg(long, default_value = DEFAULT_CONTAINER_DEFAULTS, value_name = "requests.NAME=QUANTITY,limits.NAME=QUANTITY,...")]
     tenant_container_defaults: ContainerDefaults,
+    /// Let packages ship CRDs with conversion webhooks (`spec.conversion.strategy: Webhook`), which
+    /// rewrite every object of the CRD the tenant API server serves.
+    #[arg(long)]
+    insecure_allow_conversion_webhooks: bool,
     /// Address of /metrics, /healthz and /readyz (loopback unless told otherwise; the
     /// `/readyz?verbose` tenant detail is answered to loopback clients only, on any address).
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
@@ -335,6 +340,7 @@ async fn run(args: RunArgs) -> ExitCode {
             hard: args.tenant_quota,
             container_defaults: args.tenant_container_defaults,
         },
+        insecure_allow_conversion_webhooks: args.insecure_allow_conversion_webhooks,
         metrics_addr: args.metrics_addr,
         leader_election: args
             .leader_elect

@@ -22,7 +22,71 @@ pub fn crd_parent_label(namespace: &str, stack: &str) -> String {
     format!("{CRD_PARENT_LABEL_PREFIX}{}", &hex::encode(digest)[..16])
 }
 
+/// Who an API group belongs to when it is not a package's to use: stackd's own domain (every group
+/// under `stackd.dev`, so groups stackd adds later are covered too) and Kubernetes' (`k8s.io`,
+/// `kubernetes.io`, and the core group). Packages create no CRDs there and stacks get no permissions
+/// there.
+pub fn reserved_group_owner(group: &str) -> Option<&'static str> {
+    let under = |domain: &str| group == domain || group.ends_with(&format!(".{domain}"));
+    if under("stackd.dev") {
+        Some("stackd")
+    } else if group.is_empty() || under("k8s.io") || under("kubernetes.io") {
+        Some("Kubernetes")
+    } else {
+        None
+    }
+}
+
+/// True when a label or annotation key is in stackd's domain: only stackd sets those, so they are
+/// dropped from anything a package or a user hands in.
+pub fn is_stackd_key(key: &str) -> bool {
+    match key.split_once('/') {
+        Some((prefix, _)) => prefix == "stackd.dev" || prefix.ends_with(".stackd.dev"),
+        None => false,
+    }
+}
+
 /// True when some Stack still uses a CRD with these labels.
 pub fn crd_is_referenced(labels: &std::collections::BTreeMap<String, String>) -> bool {
     labels.keys().any(|key| key.starts_with(CRD_PARENT_LABEL_PREFIX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stackd_and_kubernetes_groups_are_reserved() {
+        for group in [
+            "stacks.stackd.dev",
+            "pools.stackd.dev",
+            "inventory.stackd.dev",
+            "future.stackd.dev",
+            "stackd.dev",
+        ] {
+            assert_eq!(reserved_group_owner(group), Some("stackd"), "{group}");
+        }
+        for group in [
+            "",
+            "apps.k8s.io",
+            "rbac.authorization.k8s.io",
+            "k8s.io",
+            "node.kubernetes.io",
+        ] {
+            assert_eq!(reserved_group_owner(group), Some("Kubernetes"), "{group}");
+        }
+        for group in ["samples.example.org", "notstackd.dev", "cluster.x-k8s.io", "apps"] {
+            assert_eq!(reserved_group_owner(group), None, "{group}");
+        }
+    }
+
+    #[test]
+    fn stackd_keys_are_recognised_by_their_prefix() {
+        assert!(is_stackd_key("stackd.dev/tenant"));
+        assert!(is_stackd_key("parent.stacks.stackd.dev/abc"));
+        assert!(is_stackd_key("stacks.stackd.dev/managed"));
+        assert!(!is_stackd_key("example.com/owner"));
+        assert!(!is_stackd_key("app"));
+        assert!(!is_stackd_key("notstackd.dev/x"));
+    }
 }

@@ -162,9 +162,9 @@ mod tests {
         let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
             "apiVersion": "apiextensions.k8s.io/v1",
             "kind": "CustomResourceDefinition",
-            "metadata": {"name": "widgets.samples.stackd.dev"},
+            "metadata": {"name": "widgets.samples.example.org"},
             "spec": {
-                "group": "samples.stackd.dev",
+                "group": "samples.example.org",
                 "names": {"kind": "Widget", "plural": "widgets"},
                 "scope": "Namespaced",
                 "versions": [{"name": "v1alpha1", "served": true, "storage": true,

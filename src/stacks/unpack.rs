@@ -13,6 +13,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::stack::rbac::ALLOWED_VERBS;
 use super::stream::{self, PackageContents, StreamError};
 use crate::api::stacks::{
     AppMetadata, Contributor, ControllerDeployment, ControllerSpec, CrdReference, Dependency, PermissionScope,
@@ -339,12 +340,13 @@ fn crd_reference(crd: &CustomResourceDefinition) -> CrdReference {
 }
 
 /// The default core rule, full access to each owned CRD (with its subresources and finalizers, which
-/// blockOwnerDeletion needs), and full access to each CRD the stack depends on.
-fn generated_rules(crds: &[CustomResourceDefinition], depends_on: &[Dependency]) -> Vec<PolicyRule> {
+/// blockOwnerDeletion needs), and full access to each CRD the stack depends on. "Full" is every verb
+/// the Stack controller grants, spelled out: `*` would also grant verbs such as `escalate` and `bind`.
+pub fn generated_rules(crds: &[CustomResourceDefinition], depends_on: &[Dependency]) -> Vec<PolicyRule> {
     let rule = |group: &str, resources: Vec<String>| PolicyRule {
         api_groups: Some(vec![group.to_string()]),
         resources: Some(resources),
-        verbs: vec!["*".to_string()],
+        verbs: ALLOWED_VERBS.iter().map(|verb| verb.to_string()).collect(),
         ..Default::default()
     };
     let mut rules = vec![rule("", vec!["configmaps".into(), "events".into(), "secrets".into()])];
@@ -375,7 +377,7 @@ fn generated_rules(crds: &[CustomResourceDefinition], depends_on: &[Dependency])
 }
 
 /// `widgets.samples.example.org/v1alpha1` → (`widgets`, `samples.example.org`).
-fn split_dependency(crd: &str) -> Option<(&str, &str)> {
+pub fn split_dependency(crd: &str) -> Option<(&str, &str)> {
     let without_version = crd.split('/').next()?;
     let (plural, group) = without_version.split_once('.')?;
     (!plural.is_empty() && !group.is_empty()).then_some((plural, group))

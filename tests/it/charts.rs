@@ -590,7 +590,7 @@ const HOST_USES: &[Use] = &[
     uses(HOST_ROLE, RBAC, &["rolebindings"], &["update"], BindingRepair),
     uses(HOST_ROLE, RBAC, &["rolebindings"], &["get"], CreateRace),
     uses(HOST_ROLE, RBAC, &["clusterroles"], &["bind"], DaemonStartup),
-    uses(LEADER_ROLE, "coordination.k8s.io", &["leases"], &["get", "create", "patch"], LeaderElection),
+    uses(LEADER_ROLE, "coordination.k8s.io", &["leases"], &["get", "list", "watch", "create", "patch"], LeaderElection),
     uses(NAMESPACE_ROLE, "batch", &["jobs"], &["list", "delete"], OrphanSweep),
     uses(NAMESPACE_ROLE, "batch", &["jobs"], &["watch", "create", "patch"], StackInstall),
     uses(NAMESPACE_ROLE, "batch", &["jobs"], &["get"], CreateRace),

@@ -75,7 +75,7 @@ fn unpack_prints_crds_then_one_stack_with_a_valid_trailer() {
     assert_eq!(spec.version.as_deref(), Some("0.1.0"));
     assert_eq!(
         spec.customresourcedefinitions[0].api_version,
-        "samples.stackd.dev/v1alpha1"
+        "samples.example.org/v1alpha1"
     );
     let rules = &spec.permissions.rules;
     assert_eq!(

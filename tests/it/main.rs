@@ -27,6 +27,7 @@ mod recovery;
 mod security_kubeconfig;
 mod security_pods;
 mod security_pools;
+mod security_stacks;
 mod stacks_install;
 mod stacks_stack;
 mod sweep;

@@ -26,7 +26,7 @@ use stackd::stacks::{crd_parent_label, stream, unpack};
 use super::daemon::Daemon;
 
 pub(crate) const STACKD_TEST_IMAGE: &str = "stackd:test";
-pub(crate) const WIDGETS: &str = "widgets.samples.stackd.dev";
+pub(crate) const WIDGETS: &str = "widgets.samples.example.org";
 
 /// A host, tenants with stackd's CRDs, sample packages (and broken variants) in a temp dir, and the
 /// kubeconfigs a daemon reads.
@@ -192,6 +192,12 @@ fn unpack_runner(packages: &Path, ctx: &JobContext) -> JobOutcome {
             with_trailer(&[stack.clone(), stack])
         }
         "configmap" => with_trailer(&[json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}})]),
+        // An install pod that claims Cluster scope whatever the install allowed.
+        "forged-cluster" => {
+            let mut contents = sample();
+            contents.stack.spec.permission_scope = PermissionScope::Cluster;
+            JobOutcome::success(stream::encode(&contents).expect("encode"))
+        }
         name => {
             let options = unpack::UnpackOptions {
                 content_dir: packages.join(name).join(".registry"),
@@ -309,7 +315,7 @@ pub(crate) async fn wait_for_reason(
     })
 }
 
-async fn events_of(client: &Client, namespace: &str, name: &str) -> Vec<(String, String)> {
+pub(crate) async fn events_of(client: &Client, namespace: &str, name: &str) -> Vec<(String, String)> {
     let events: Api<Event> = Api::namespaced(client.clone(), namespace);
     let list = events.list(&ListParams::default()).await.expect("events");
     list.items
@@ -319,7 +325,7 @@ async fn events_of(client: &Client, namespace: &str, name: &str) -> Vec<(String,
         .collect()
 }
 
-async fn stacks_on(client: &Client) -> Vec<Stack> {
+pub(crate) async fn stacks_on(client: &Client) -> Vec<Stack> {
     Api::<Stack>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -327,7 +333,7 @@ async fn stacks_on(client: &Client) -> Vec<Stack> {
         .items
 }
 
-async fn crd_names(client: &Client) -> Vec<String> {
+pub(crate) async fn crd_names(client: &Client) -> Vec<String> {
     Api::<CustomResourceDefinition>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -335,7 +341,7 @@ async fn crd_names(client: &Client) -> Vec<String> {
         .items
         .into_iter()
         .map(|c| c.name_any())
-        .filter(|n| !n.ends_with(".stackd.dev") || n.ends_with(".samples.stackd.dev"))
+        .filter(|n| !n.ends_with(".stackd.dev"))
         .collect()
 }
 
@@ -661,8 +667,16 @@ async fn crds_that_would_lose_a_served_version_or_are_terminating_are_refused() 
         .expect("crd"),
     )
     .expect("parse crd");
+    // The install's own CRD, from a previous version of its package.
     existing.metadata.finalizers = Some(vec!["example.com/hold".into()]);
-    existing.metadata.labels = Some(BTreeMap::from([("stacks.stackd.dev/managed".into(), "true".into())]));
+    existing.metadata.labels = Some(BTreeMap::from([
+        ("stacks.stackd.dev/managed".into(), "true".into()),
+        (crd_parent_label("team-a", "sample"), "true".into()),
+    ]));
+    existing.metadata.annotations = Some(BTreeMap::from([(
+        "stacks.stackd.dev/package-repository".into(),
+        "examples/sample-stack".into(),
+    )]));
     crds.create(&PostParams::default(), &existing)
         .await
         .expect("create crd");
@@ -930,7 +944,7 @@ async fn pull_secret(tenant: &Client, namespace: &str) {
         .expect("pull secret");
 }
 
-async fn wait_synced(tenant: &Client, namespace: &str, daemon: &Daemon) -> StackInstall {
+pub(crate) async fn wait_synced(tenant: &Client, namespace: &str, daemon: &Daemon) -> StackInstall {
     let installs: Api<StackInstall> = Api::namespaced(tenant.clone(), namespace);
     wait_until("Synced=True", Duration::from_secs(20), daemon, || {
         let installs = installs.clone();

@@ -1,5 +1,7 @@
 //! The Stack controller through the daemon binary (DESIGN.md §3.3, §3.4): Stacks and their CRDs are
-//! created directly on an embedded tenant, as the install controller would.
+//! created directly on an embedded tenant, as the install controller would: each Stack is owned by an
+//! install whose install pod is still running (it never finishes here), so the test, not the package,
+//! decides the Stack's spec.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -9,10 +11,11 @@ use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use stackd::api::stacks::Stack;
+use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
 use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::{ApiServer, ServerOptions, Verb};
 use stackd::host::names::{NameKind, host_name};
@@ -51,6 +54,11 @@ impl Env {
             })
         };
         let host = start("host").await.expect("host");
+        // The install pods of the installs that own the test's Stacks run until the test ends.
+        host.runners().register(
+            ImageMatch::Exact(stackd::stacks::install::default_stackd_image()),
+            |_: &JobContext| JobOutcome::success("").after(Duration::from_secs(3600)),
+        );
         let tenant = start(TENANT).await.expect("tenant");
         let (host_client, tenant_client) = (host.client().await, tenant.client().await);
         let dir = tempfile::tempdir().expect("temp dir");
@@ -122,11 +130,26 @@ impl Env {
         Api::namespaced(self.host_client.clone(), HOST_NS)
     }
 
+    /// Creates the install the Stack belongs to (a StackInstall for a Namespaced spec, else a
+    /// ClusterStackInstall), labels the Widget CRD for the Stack, then creates the Stack as the
+    /// install controller does: owned by the install, with stackd's label.
     async fn create_stack(&self, name: &str, spec: Value) -> Stack {
+        let kind = if spec["permissionScope"] == "Cluster" {
+            "ClusterStackInstall"
+        } else {
+            "StackInstall"
+        };
+        let install = create_owner_install(&self.tenant_client, kind, name).await;
+        label_crd_for(self, name).await;
         let stack: Stack = serde_json::from_value(json!({
             "apiVersion": "stacks.stackd.dev/v1alpha1",
             "kind": "Stack",
-            "metadata": {"name": name, "namespace": NS},
+            "metadata": {
+                "name": name,
+                "namespace": NS,
+                "labels": {"app.kubernetes.io/managed-by": "stackd"},
+                "ownerReferences": [install_owner_reference(&install)],
+            },
             "spec": spec,
         }))
         .expect("stack");
@@ -205,6 +228,40 @@ impl Env {
     }
 }
 
+/// A StackInstall or ClusterStackInstall in the test namespace, as the tenant stores it.
+pub(crate) async fn create_owner_install(client: &Client, kind: &str, name: &str) -> DynamicObject {
+    let resource = ApiResource {
+        group: "stacks.stackd.dev".into(),
+        version: "v1alpha1".into(),
+        api_version: "stacks.stackd.dev/v1alpha1".into(),
+        kind: kind.into(),
+        plural: format!("{}s", kind.to_lowercase()),
+    };
+    let install: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "stacks.stackd.dev/v1alpha1",
+        "kind": kind,
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"package": "example/widgets-stack:1"},
+    }))
+    .expect("install");
+    Api::<DynamicObject>::namespaced_with(client.clone(), NS, &resource)
+        .create(&PostParams::default(), &install)
+        .await
+        .expect("create install")
+}
+
+/// The controller owner reference an install puts on its Stack.
+pub(crate) fn install_owner_reference(install: &DynamicObject) -> Value {
+    json!({
+        "apiVersion": "stacks.stackd.dev/v1alpha1",
+        "kind": install.types.as_ref().map(|t| t.kind.clone()).unwrap_or_default(),
+        "name": install.name_any(),
+        "uid": install.uid().unwrap_or_default(),
+        "controller": true,
+        "blockOwnerDeletion": true,
+    })
+}
+
 fn condition(stack: &Stack, type_: &str) -> Option<Value> {
     let status = serde_json::to_value(stack.status.as_ref()?).ok()?;
     status["conditions"]
@@ -253,8 +310,8 @@ fn stack_spec(scope: &str, pod: Value) -> Value {
         "permissionScope": scope,
         "customresourcedefinitions": [{"apiVersion": "samples.example.org/v1alpha1", "kind": "Widget"}],
         "permissions": {"rules": [
-            {"apiGroups": [""], "resources": ["configmaps", "events", "secrets"], "verbs": ["*"]},
-            {"apiGroups": ["samples.example.org"], "resources": ["widgets", "widgets/status"], "verbs": ["*"]},
+            {"apiGroups": [""], "resources": ["configmaps", "events", "secrets"], "verbs": ALL_VERBS},
+            {"apiGroups": ["samples.example.org"], "resources": ["widgets", "widgets/status"], "verbs": ALL_VERBS},
         ]},
         "controller": {
             "serviceAccount": {"annotations": {"example.org/owner": "team-a"}},
@@ -272,6 +329,17 @@ fn default_spec() -> Value {
 }
 
 const INSECURE: &[&str] = &["--allow-insecure-tenant-endpoint"];
+/// Every verb a stack may be granted.
+const ALL_VERBS: [&str; 8] = [
+    "get",
+    "list",
+    "watch",
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+];
 
 fn writes(counts: &stackd::embedded::counters::RequestCounts) -> Vec<String> {
     counts
@@ -1081,26 +1149,12 @@ async fn tenant_drift_is_repaired_and_a_recreated_account_gets_its_new_token_cop
     })
     .await;
 
-    // A scope change swaps the RoleBinding for a ClusterRoleBinding.
-    let patch = json!({"spec": {"permissionScope": "Cluster"}});
+    // A spec change is reconciled, and the status says which generation it describes.
+    let patch = json!({"spec": {"version": "1.0.1"}});
     env.stacks()
         .patch("widgets", &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .expect("scope");
-    env.until("the binding to follow the scope", || async {
-        let cluster = Api::<ClusterRoleBinding>::all(t.clone())
-            .get_opt("stackd:team-a:widgets")
-            .await
-            .ok()
-            .flatten();
-        let namespaced = Api::<RoleBinding>::namespaced(t.clone(), NS)
-            .get_opt("stackd:team-a:widgets")
-            .await
-            .ok()
-            .flatten();
-        cluster.is_some() && namespaced.is_none()
-    })
-    .await;
+        .expect("version");
     env.until("the status to describe the new generation", || async {
         let Ok(stack) = env.stacks().get("widgets").await else {
             return false;
@@ -1210,16 +1264,27 @@ async fn stacks_waiting_together_for_a_starting_daemon_all_become_ready_promptly
     for name in &names {
         env.create_stack(name, default_spec()).await;
     }
-    let started = Instant::now();
     env.start_daemon(INSECURE);
     for name in &names {
         env.wait_ready(name, "True", "Available").await;
     }
-    // Every first reconcile waits for the same watches to list; none may miss the wake-up.
-    assert!(
-        started.elapsed() < Duration::from_secs(8),
-        "took {:?}",
-        started.elapsed()
+    // Every first reconcile waits for the same watches to list; one that missed the wake-up would
+    // have given up after its cache-sync timeout and counted an error.
+    let errors = env
+        .metrics()
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(&format!(
+                "stackd_reconcile_errors_total{{tenant=\"{TENANT}\",controller=\"stack\"}} "
+            ))
+            .map(str::to_string)
+        })
+        .unwrap_or_else(|| "0".into());
+    assert_eq!(
+        errors.trim(),
+        "0",
+        "a first reconcile missed the caches' wake-up\n{}",
+        env.log()
     );
 }
 
@@ -1228,12 +1293,15 @@ async fn a_stack_waits_for_its_crds_and_proceeds_when_they_appear() {
     let env = Env::start(INSECURE).await;
     let mut spec = default_spec();
     spec["customresourcedefinitions"] = json!([{"apiVersion": "gadgets.example.org/v1", "kind": "Gadget"}]);
+    spec["permissions"]["rules"][1]["apiGroups"] = json!(["gadgets.example.org"]);
+    spec["permissions"]["rules"][1]["resources"] = json!(["gadgets"]);
     env.create_stack("gadgets", spec).await;
     let stack = env.wait_ready("gadgets", "False", "WaitingForCrds").await;
     let message = condition(&stack, "Ready").expect("ready")["message"].to_string();
     assert!(message.contains("Gadget.gadgets.example.org"), "{message}");
     let mut crd = serde_json::to_value(widget_crd()).expect("json");
     crd["metadata"]["name"] = json!("gadgets.gadgets.example.org");
+    crd["metadata"]["labels"] = json!({crd_parent_label(NS, "gadgets"): "true"});
     crd["spec"]["group"] = json!("gadgets.example.org");
     crd["spec"]["names"] =
         json!({"plural": "gadgets", "singular": "gadget", "kind": "Gadget", "listKind": "GadgetList"});

@@ -2,6 +2,7 @@
 //! install Job on the host, reads and verifies its output, applies the CRDs and the Stack on the
 //! tenant, and on deletion removes them again in order.
 
+pub mod crd_policy;
 pub mod job;
 pub mod package;
 mod reconcile;
@@ -80,6 +81,8 @@ pub const FAILURE_REASONS: &[&str] = &[
     "PodSpecRefused",
     "InvalidDeploymentSpec",
     "CRDConflict",
+    "CRDGroupReserved",
+    "ConversionWebhookRefused",
     "CRDTerminating",
     "HostObjectConflict",
     "StackConflict",
@@ -167,7 +170,11 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
     let run = controller
         .with_config(controller::Config::default().concurrency(concurrency))
         .watches_stream(job_events, |job: Job| install_of::<K>(&job))
-        .owns_stream(stack_events)
+        // By name, not owner reference: a Stack at the install's name that another controls, or
+        // one whose owner reference was removed, concerns the install as much as its own.
+        .watches_stream(stack_events, |stack: Stack| {
+            Some(ObjectRef::new(&stack.name_any()).within(&stack.namespace().unwrap_or_default()))
+        })
         .watches_stream(crd_events, move |crd: CustomResourceDefinition| {
             installs_using(&install_store, &crd)
         })
@@ -183,18 +190,36 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
     run_controller(run, &cancel, || is_filled(&main_store)).await;
 }
 
-/// The install a host object belongs to, from its identity annotations.
-fn install_of<K: InstallKind>(object: &impl Resource) -> Option<ObjectRef<K>> {
-    let annotations = object.meta().annotations.as_ref()?;
-    if annotations.get(TENANT_KIND_ANNOTATION)? != K::kind(&()).as_ref() {
-        return None;
-    }
-    let namespace = annotations.get(TENANT_NAMESPACE_ANNOTATION)?;
-    let name = annotations.get(TENANT_NAME_ANNOTATION)?;
-    Some(ObjectRef::new(name).within(namespace))
+/// The install of either kind a host object belongs to, from its identity annotations.
+pub(crate) struct InstallAt {
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
 }
 
-/// The installs whose stacks use `crd` (they labelled it), so they see it become Established.
+pub(crate) fn install_at(object: &impl Resource) -> Option<InstallAt> {
+    let annotations = object.meta().annotations.as_ref()?;
+    let kind = annotations.get(TENANT_KIND_ANNOTATION)?;
+    if kind != StackInstall::kind(&()).as_ref() && kind != ClusterStackInstall::kind(&()).as_ref() {
+        return None;
+    }
+    Some(InstallAt {
+        kind: kind.clone(),
+        namespace: annotations.get(TENANT_NAMESPACE_ANNOTATION)?.clone(),
+        name: annotations.get(TENANT_NAME_ANNOTATION)?.clone(),
+    })
+}
+
+/// The install of kind `K` at the namespace and name of the install a host object belongs to. The
+/// other kind's objects count too: both kinds map a name to the same install Job, so an install
+/// refused because the other kind holds that Job hears when it goes.
+fn install_of<K: InstallKind>(object: &impl Resource) -> Option<ObjectRef<K>> {
+    let at = install_at(object)?;
+    Some(ObjectRef::new(&at.name).within(&at.namespace))
+}
+
+/// The installs whose stacks use `crd` (they labelled it), so they see it become Established, and
+/// those refused because of a tenant CRD, so they look again when CRDs change.
 fn installs_using<K: InstallKind>(installs: &Store<K>, crd: &CustomResourceDefinition) -> Vec<ObjectRef<K>> {
     let labels = crd.labels();
     installs
@@ -203,9 +228,22 @@ fn installs_using<K: InstallKind>(installs: &Store<K>, crd: &CustomResourceDefin
         .filter(|install| {
             let namespace = install.namespace().unwrap_or_default();
             labels.contains_key(&crd_parent_label(&namespace, &install.name_any()))
+                || refused_for_a_crd(install.as_ref())
         })
         .map(|install| ObjectRef::from_obj(install.as_ref()))
         .collect()
+}
+
+/// `Ready=False` reasons that a change of the tenant's CRDs may lift.
+const CRD_WAIT_REASONS: &[&str] = &["CRDConflict", "CRDTerminating"];
+
+fn refused_for_a_crd<K: InstallKind>(install: &K) -> bool {
+    install.install_status().is_some_and(|status| {
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "False" && CRD_WAIT_REASONS.contains(&c.reason.as_str()))
+    })
 }
 
 fn error_policy<K: InstallKind>(install: Arc<K>, error: &InstallError, ctx: Arc<InstallContext>) -> Action {

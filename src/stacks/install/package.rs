@@ -1,5 +1,5 @@
-//! Checking an unpacked package against the tenant and applying it there (DESIGN.md §3.2 steps 4–5):
-//! everything is checked before anything is written, so a refused package creates nothing.
+//! Checking an unpacked package against the tenant and applying it there (DESIGN.md §3.2 steps 4–5,
+//! §8): everything is checked before anything is written, so a refused package creates nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -8,15 +8,17 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::PostParams;
 use kube::{Api, Resource, ResourceExt};
 
+pub use super::crd_policy::MANAGED_CRD_LABEL;
+use super::crd_policy::{
+    self, CrdRefusal, INSTALLED_BY_ANNOTATION, Installer, PACKAGE_REPOSITORY_ANNOTATION, without_stackd_keys,
+};
 use crate::api::crds::{SPEC_HASH_ANNOTATION, is_established, spec_hash};
-use crate::api::stacks::{PermissionScope, Stack};
-use crate::stacks::crd_parent_label;
+use crate::api::stacks::{InstallSpec, PermissionScope, Stack};
+use crate::host::labels::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::stacks::pod_policy::PodPolicy;
 use crate::stacks::stack::deployment as stack_deployment;
 use crate::stacks::stream::PackageContents;
-
-/// Label on tenant CRDs that a stack install created: only these are ever deleted by stackd.
-pub const MANAGED_CRD_LABEL: &str = "stacks.stackd.dev/managed";
+use crate::stacks::unpack::generated_rules;
 
 /// Why a package cannot be applied; the message says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +42,8 @@ pub enum PackageError {
         "the tenant's CRD {0} is being deleted; the install continues once it is gone (remove any remaining custom resources of it)"
     )]
     CrdTerminating(String),
+    #[error(transparent)]
+    Crd(CrdRefusal),
 }
 
 impl PackageError {
@@ -49,34 +53,40 @@ impl PackageError {
             PackageError::Controller(err) => err.reason(),
             PackageError::DropsServedVersion { .. } => "CRDConflict",
             PackageError::CrdTerminating(_) => "CRDTerminating",
+            PackageError::Crd(refusal) => refusal.reason(),
         }
     }
 
     /// The tenant's CRDs change without an event this install hears of (a CRD finishing its deletion,
     /// a user fixing one by hand): look again later. The rest needs a new package (an event).
     pub fn retry_later(&self) -> bool {
-        matches!(
-            self,
-            PackageError::CrdTerminating(_) | PackageError::DropsServedVersion { .. }
-        )
+        match self {
+            PackageError::CrdTerminating(_) | PackageError::DropsServedVersion { .. } => true,
+            PackageError::Crd(refusal) => refusal.retry_later(),
+            _ => false,
+        }
     }
 }
 
+/// What a package is checked against besides its contents.
+pub struct CheckInputs<'a> {
+    pub scope: PermissionScope,
+    pub installer: &'a Installer,
+    pub existing_crds: &'a BTreeMap<String, &'a CustomResourceDefinition>,
+    pub pass_full_deployment: bool,
+    pub allow_conversion_webhooks: bool,
+    pub pod_policy: &'a PodPolicy,
+}
+
 /// Checks a package before anything is written.
-pub fn check(
-    contents: &PackageContents,
-    scope: PermissionScope,
-    kind: &str,
-    existing_crds: &BTreeMap<String, &CustomResourceDefinition>,
-    pass_full_deployment: bool,
-    pod_policy: &PodPolicy,
-) -> Result<(), PackageError> {
+pub fn check(contents: &PackageContents, inputs: &CheckInputs<'_>) -> Result<(), PackageError> {
+    let (scope, existing_crds) = (inputs.scope, inputs.existing_crds);
     let found = contents.stack.spec.permission_scope;
     if found != scope {
         return Err(PackageError::WrongScope {
             found: found.as_str(),
             expected: scope.as_str(),
-            kind: kind.to_string(),
+            kind: inputs.installer.kind.clone(),
             other: match found {
                 PermissionScope::Cluster => "ClusterStackInstall",
                 PermissionScope::Namespaced => "StackInstall",
@@ -86,9 +96,13 @@ pub fn check(
     if let Some(deployment) = &contents.stack.spec.controller.deployment {
         // The same rules the Stack controller applies, so a refused pod is refused before anything exists.
         let spec = stack_deployment::parse(&deployment.spec).map_err(PackageError::Controller)?;
-        if !pass_full_deployment {
-            stack_deployment::check_safe(&spec, pod_policy).map_err(PackageError::Controller)?;
+        if !inputs.pass_full_deployment {
+            stack_deployment::check_safe(&spec, inputs.pod_policy).map_err(PackageError::Controller)?;
         }
+    }
+    for crd in &contents.crds {
+        crd_policy::check(crd, existing_crds, inputs.installer, inputs.allow_conversion_webhooks)
+            .map_err(PackageError::Crd)?;
     }
     for crd in &contents.crds {
         let name = crd.name_any();
@@ -121,13 +135,13 @@ fn served_versions(crd: &CustomResourceDefinition) -> BTreeSet<String> {
         .collect()
 }
 
-/// The CRD as stackd wants it on the tenant: the package's, labelled as managed and as used by
-/// this stack, keeping the labels of the other stacks that use it.
+/// The CRD as stackd wants it on the tenant: the package's (without keys in stackd's domain), marked
+/// as managed, as the package's, and as used by this install's stack, keeping the labels of the
+/// other stacks of the package that use it and the name of the install that created it.
 pub fn desired_crd(
     crd: &CustomResourceDefinition,
     existing: Option<&CustomResourceDefinition>,
-    namespace: &str,
-    stack: &str,
+    installer: &Installer,
 ) -> CustomResourceDefinition {
     let mut desired = CustomResourceDefinition {
         metadata: Default::default(),
@@ -135,7 +149,7 @@ pub fn desired_crd(
         status: None,
     };
     desired.metadata.name = crd.metadata.name.clone();
-    let mut labels = crd.metadata.labels.clone().unwrap_or_default();
+    let mut labels = without_stackd_keys(crd.metadata.labels.as_ref());
     if let Some(existing) = existing {
         labels.extend(
             existing
@@ -147,24 +161,30 @@ pub fn desired_crd(
         desired.metadata.uid = existing.metadata.uid.clone();
         desired.metadata.resource_version = existing.metadata.resource_version.clone();
     }
-    // A CRD that existed before any stack used it stays unmanaged: stackd never deletes it.
-    if existing.is_none_or(|e| e.labels().contains_key(MANAGED_CRD_LABEL)) {
-        labels.insert(MANAGED_CRD_LABEL.into(), "true".into());
-    }
-    labels.insert(crd_parent_label(namespace, stack), "true".into());
+    labels.insert(MANAGED_CRD_LABEL.into(), "true".into());
+    labels.insert(installer.parent_label(), "true".into());
     desired.metadata.labels = Some(labels);
-    let mut annotations = crd.metadata.annotations.clone().unwrap_or_default();
+    let mut annotations = without_stackd_keys(crd.metadata.annotations.as_ref());
     annotations.insert(SPEC_HASH_ANNOTATION.into(), spec_hash(crd));
+    annotations.insert(PACKAGE_REPOSITORY_ANNOTATION.into(), installer.repository.clone());
+    let created_by = existing
+        .and_then(|e| e.annotations().get(INSTALLED_BY_ANNOTATION).cloned())
+        .unwrap_or_else(|| installer.annotation());
+    annotations.insert(INSTALLED_BY_ANNOTATION.into(), created_by);
     desired.metadata.annotations = Some(annotations);
     desired
 }
 
 /// True when `existing` (a slim cached copy) already is `desired` as far as stackd cares: the
-/// spec it wrote (by hash) and every label.
+/// spec it wrote (by hash), its owner, and every label.
 pub fn crd_up_to_date(existing: &CustomResourceDefinition, desired: &CustomResourceDefinition) -> bool {
-    let same_spec = existing.annotations().get(SPEC_HASH_ANNOTATION) == desired.annotations().get(SPEC_HASH_ANNOTATION);
+    let annotation = |crd: &CustomResourceDefinition, key: &str| crd.annotations().get(key).cloned();
+    let same_spec = annotation(existing, SPEC_HASH_ANNOTATION) == annotation(desired, SPEC_HASH_ANNOTATION);
+    let same_owner = annotation(existing, PACKAGE_REPOSITORY_ANNOTATION)
+        == annotation(desired, PACKAGE_REPOSITORY_ANNOTATION)
+        && annotation(existing, INSTALLED_BY_ANNOTATION) == annotation(desired, INSTALLED_BY_ANNOTATION);
     let labels = existing.labels();
-    same_spec && desired.labels().iter().all(|(k, v)| labels.get(k) == Some(v))
+    same_spec && same_owner && desired.labels().iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
 /// What applying the CRDs did.
@@ -181,14 +201,13 @@ pub async fn apply_crds(
     api: &Api<CustomResourceDefinition>,
     contents: &PackageContents,
     existing_crds: &BTreeMap<String, &CustomResourceDefinition>,
-    namespace: &str,
-    stack: &str,
+    installer: &Installer,
 ) -> Result<CrdWrites, kube::Error> {
     let mut done = CrdWrites::default();
     for crd in &contents.crds {
         let name = crd.name_any();
         let existing = existing_crds.get(&name).copied();
-        let desired = desired_crd(crd, existing, namespace, stack);
+        let desired = desired_crd(crd, existing, installer);
         match existing {
             None => match api.create(&PostParams::default(), &desired).await {
                 Ok(_) => done.writes += 1,
@@ -219,17 +238,42 @@ pub fn not_established(
 }
 
 /// The Stack as the install wants it: the package's, at the install's namespace and name, controlled
-/// by the install so it is garbage collected with it.
-pub fn desired_stack<K: Resource<DynamicType = ()>>(contents: &PackageContents, install: &K, package: &str) -> Stack {
-    let mut stack = Stack::new(&install.name_any(), contents.stack.spec.clone());
+/// by the install so it is garbage collected with it and so the Stack controller knows it is real.
+/// Its permissions are generated here, from the package's CRDs and dependencies, whatever the stream
+/// says; its controller's ServiceAccount gets the install's `serviceAccount` settings.
+pub fn desired_stack<K: Resource<DynamicType = ()>>(
+    contents: &PackageContents,
+    install: &K,
+    spec: &InstallSpec,
+    package: &str,
+) -> Stack {
+    let mut stack_spec = contents.stack.spec.clone();
+    stack_spec.permissions.rules = generated_rules(&contents.crds, &stack_spec.metadata.depends_on);
+    stack_spec.controller.service_account = spec.service_account.clone();
+    let mut stack = Stack::new(&install.name_any(), stack_spec);
     stack.metadata.namespace = install.namespace();
-    stack.metadata.labels = contents.stack.metadata.labels.clone();
+    let mut labels = without_stackd_keys(contents.stack.metadata.labels.as_ref());
+    labels.insert(MANAGED_BY_LABEL.into(), MANAGED_BY.into());
+    stack.metadata.labels = Some(labels);
     stack.metadata.annotations = Some(BTreeMap::from([(
         super::job::PACKAGE_ANNOTATION.to_string(),
         package.to_string(),
     )]));
     stack.metadata.owner_references = Some(vec![owner_reference(install)]);
     stack
+}
+
+/// True when a Stack already carries what the install sets without reading the package again: its
+/// controller, package, stackd's label and the install's service-account settings.
+pub fn stack_current(stack: &Stack, uid: &str, spec: &InstallSpec, package: &str) -> bool {
+    controlled_by(stack, uid)
+        && stack
+            .annotations()
+            .get(super::job::PACKAGE_ANNOTATION)
+            .map(String::as_str)
+            == Some(package)
+        && stack.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY)
+        && stack.spec.controller.service_account == spec.service_account
 }
 
 /// A controller owner reference to `owner`.

@@ -15,6 +15,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use tracing::info;
 
+use super::crd_policy::{Installer, repository_of};
 use super::job::{self, JobInputs, JobState};
 use super::package::{self, PackageError};
 use super::{FAILURE_REASONS, InstallContext, InstallError, InstallKind, SAFETY_NET, uninstall};
@@ -140,7 +141,15 @@ async fn apply<K: InstallKind>(install: &K, ctx: &InstallContext) -> Result<(Act
     }
     // The name may be taken by a stranger or by a previous incarnation: settle that first.
     let desired = desired_job(install, ctx, &parent, 1, &job::pull_secrets_of(&observed));
-    let (applied, observed) = apply::ensure_created(&jobs, &desired, Some(&observed), &tenant.name, &parent).await?;
+    let (applied, observed) = match apply::ensure_created(&jobs, &desired, Some(&observed), &tenant.name, &parent).await
+    {
+        Ok(created) => created,
+        // Its owner's events wake this install (see `install_of`) when the name is free again.
+        Err(err @ apply::HostWriteError::Conflict { .. }) => {
+            return Ok((Action::await_change(), Some(job_conflict(install, ctx, &err))));
+        }
+        Err(err) => return Err(err.into()),
+    };
     if applied == Applied::Created {
         return Ok((Action::requeue(SAFETY_NET), None));
     }
@@ -215,10 +224,9 @@ async fn complete<K: InstallKind>(
     };
     let uid = install.meta().uid.clone().unwrap_or_default();
     let stack = ctx.stacks.get(&ObjectRef::new(&name).within(&namespace));
-    let stack_current = stack.as_ref().is_some_and(|s| {
-        package::controlled_by(s, &uid)
-            && s.annotations().get(job::PACKAGE_ANNOTATION).map(String::as_str) == Some(package)
-    });
+    let stack_current = stack
+        .as_ref()
+        .is_some_and(|s| package::stack_current(s, &uid, install.install(), package));
     let applied_before = job::annotation(observed, job::APPLIED_ANNOTATION) == Some("true");
     if !(applied_before && stack_current) {
         // Only now is the log read: once per Job, or when the Stack went missing.
@@ -237,21 +245,30 @@ async fn complete<K: InstallKind>(
                 return retry(install, ctx, parent, observed, attempt, at, "InvalidPackage", message).await;
             }
         };
+        if let Some(existing) = stack.as_ref().filter(|s| !package::controlled_by(s, &uid)) {
+            // Another's Stack at our name: its CRDs carry the same Stack label as ours would, so
+            // nothing may be written for this install.
+            let mut report = stack_conflict(existing, &namespace, &name);
+            report.install_job = Some(job_ref);
+            return Ok((Action::await_change(), Some(report)));
+        }
         let all_crds = ctx.crds.state();
         let existing: BTreeMap<String, _> = all_crds.iter().map(|c| (c.name_any(), c.as_ref())).collect();
         let settings = &tenant.shared.settings;
-        if let Err(err) = package::check(
-            &contents,
-            K::SCOPE,
-            K::kind(&()).as_ref(),
-            &existing,
-            settings.insecure_pass_full_deployment,
-            &settings.stack_pod_policy,
-        ) {
-            return Ok(refused(err, job_ref, tenant.shared.settings.backoff.delay(attempt)));
+        let installer = installer_of(install);
+        let inputs = package::CheckInputs {
+            scope: K::SCOPE,
+            installer: &installer,
+            existing_crds: &existing,
+            pass_full_deployment: settings.insecure_pass_full_deployment,
+            allow_conversion_webhooks: settings.insecure_allow_conversion_webhooks,
+            pod_policy: &settings.stack_pod_policy,
+        };
+        if let Err(err) = package::check(&contents, &inputs) {
+            return Ok(refused(err, job_ref));
         }
         let crd_api = Api::all(tenant.client.clone());
-        let applied = package::apply_crds(&crd_api, &contents, &existing, &namespace, &name)
+        let applied = package::apply_crds(&crd_api, &contents, &existing, &installer)
             .await
             .map_err(InstallError::Tenant)?;
         let writes = applied.writes;
@@ -291,17 +308,9 @@ async fn complete<K: InstallKind>(
             };
             return Ok((Action::requeue(wait), Some(report)));
         }
-        let desired = package::desired_stack(&contents, install, package);
+        let desired = package::desired_stack(&contents, install, install.install(), package);
         let stacks: Api<Stack> = Api::namespaced(tenant.client.clone(), &namespace);
         match &stack {
-            Some(existing) if !package::controlled_by(existing, &uid) => {
-                let message = format!(
-                    "a Stack named {name} already exists in namespace {namespace} and is not this install's; delete it or install under another name"
-                );
-                let mut report = Report::failed("StackConflict", message);
-                report.install_job = Some(job_ref);
-                return Ok((Action::await_change(), Some(report)));
-            }
             Some(existing) if stack_matches(existing, &desired) => {}
             Some(existing) => {
                 let mut replacement = desired.clone();
@@ -359,8 +368,35 @@ async fn complete<K: InstallKind>(
 }
 
 fn stack_matches(existing: &Stack, desired: &Stack) -> bool {
+    let labels = existing.labels();
     existing.spec == desired.spec
         && existing.annotations().get(job::PACKAGE_ANNOTATION) == desired.annotations().get(job::PACKAGE_ANNOTATION)
+        && desired.labels().iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+fn stack_conflict(existing: &Stack, namespace: &str, name: &str) -> Report {
+    let owner = existing
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map(|o| format!(" (it belongs to the {} {namespace}/{})", o.kind, o.name))
+        .unwrap_or_default();
+    Report::failed(
+        "StackConflict",
+        format!(
+            "a Stack named {name} already exists in namespace {namespace} and is not this install's{owner}; delete it or install under another name"
+        ),
+    )
+}
+
+/// Who the install is, and which package's CRDs it may write.
+pub(super) fn installer_of<K: InstallKind>(install: &K) -> Installer {
+    Installer {
+        kind: K::kind(&()).into_owned(),
+        namespace: install.namespace().unwrap_or_default(),
+        name: install.name_any(),
+        repository: repository_of(&job::package_image(install.install())),
+    }
 }
 
 fn stack_readiness(stack: &Stack) -> Report {
@@ -384,9 +420,10 @@ fn stack_readiness(stack: &Stack) -> Report {
     }
 }
 
-fn refused(err: PackageError, job_ref: HostObjectRef, delay: Duration) -> (Action, Option<Report>) {
+fn refused(err: PackageError, job_ref: HostObjectRef) -> (Action, Option<Report>) {
     let action = if err.retry_later() {
-        Action::requeue(delay)
+        // CRD events wake an install refused for a CRD (see `installs_using`); this is the safety net.
+        Action::requeue(SAFETY_NET)
     } else {
         // Nothing but a new package (an edit of the install, which is an event) changes the outcome.
         Action::await_change()
@@ -484,9 +521,7 @@ async fn start_job<K: InstallKind>(
     let jobs: Api<Job> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
     let created = match apply::ensure_created(&jobs, &desired, None, &tenant.name, parent).await {
         Ok((_, job)) => job,
-        Err(err @ apply::HostWriteError::Conflict { .. }) => {
-            return Ok(Err(Report::failed(err.reason(), err.to_string())));
-        }
+        Err(err @ apply::HostWriteError::Conflict { .. }) => return Ok(Err(job_conflict(install, ctx, &err))),
         Err(err) => return Err(err.into()),
     };
     let secrets: Api<Secret> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
@@ -508,6 +543,28 @@ async fn start_job<K: InstallKind>(
     )
     .await;
     Ok(Ok(()))
+}
+
+/// The install Job's host name is taken. When the other install kind of the same namespace and name
+/// holds it, say so in the tenant's terms: both would install the same Stack, so only one may.
+fn job_conflict<K: InstallKind>(install: &K, ctx: &InstallContext, err: &apply::HostWriteError) -> Report {
+    let tenant = &ctx.tenant;
+    let namespace = install.namespace().unwrap_or_default();
+    let name = install.name_any();
+    let job_name = job::job_name(&namespace, &name);
+    let holder = ctx
+        .jobs
+        .get(&ObjectRef::new(&job_name).within(&tenant.host_namespace))
+        .and_then(|job| super::install_at(job.as_ref()))
+        .filter(|at| at.kind != K::kind(&()) && at.namespace == namespace && at.name == name);
+    let message = match holder {
+        Some(super::InstallAt { kind, .. }) => format!(
+            "the {kind} {namespace}/{name} already installs a stack named {name} here (its install Job {}/{job_name} is on the host); a StackInstall and a ClusterStackInstall of the same name in one namespace would share one Stack: delete one of them or install under another name",
+            tenant.host_namespace
+        ),
+        None => err.to_string(),
+    };
+    Report::failed(err.reason(), message)
 }
 
 /// The tenant pull secrets the install names, or a report naming the missing ones.

@@ -1,6 +1,8 @@
 //! Install deleted (DESIGN.md §3.4): delete the Stack and wait until it is gone → host Jobs and
 //! pull-secret copies → CRDs no installed stack uses any more → finalizer.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -11,8 +13,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-use super::package::{MANAGED_CRD_LABEL, controlled_by};
-use super::reconcile::{Report, event, own_crd_label, patch_finalizers};
+use super::crd_policy::{Installer, MANAGED_CRD_LABEL, PACKAGE_REPOSITORY_ANNOTATION};
+use super::package::controlled_by;
+use super::reconcile::{Report, event, installer_of, own_crd_label, patch_finalizers};
 use super::{InstallContext, InstallError, InstallKind, SAFETY_NET};
 use crate::api::stacks::Stack;
 use crate::host::Parent;
@@ -96,14 +99,17 @@ pub(super) async fn run<K: InstallKind>(
         }
     }
 
-    // 3. CRDs: drop this stack's label (its Stack controller normally did), then delete the managed
-    //    CRDs that no stack uses any more.
+    // 3. CRDs: drop this stack's label (its Stack controller normally did) unless a Stack that is not
+    //    ours stands at our name (it shares the label), then delete the CRDs of this install's package
+    //    that no stack uses any more.
     let crds: Api<CustomResourceDefinition> = Api::all(tenant.client.clone());
     let label = own_crd_label(install);
+    let installer = installer_of(install);
+    let label_is_ours = ctx.stacks.get(&ObjectRef::new(&name).within(&namespace)).is_none();
     let mut deleted = Vec::new();
     for crd in ctx.crds.state() {
         let mut labels = crd.labels().clone();
-        if labels.contains_key(&label) {
+        if label_is_ours && labels.contains_key(&label) {
             let patch = json!({"metadata": {"uid": crd.metadata.uid, "labels": {label.as_str(): null}}});
             match crds
                 .patch(&crd.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
@@ -114,8 +120,7 @@ pub(super) async fn run<K: InstallKind>(
                 Err(err) => return Err(InstallError::Tenant(err)),
             }
         }
-        let managed = labels.contains_key(MANAGED_CRD_LABEL);
-        if managed && !crd_is_referenced(&labels) && crd.metadata.deletion_timestamp.is_none() {
+        if deletable(&crd, &labels, &installer) {
             let params = DeleteParams {
                 preconditions: Some(Preconditions {
                     uid: crd.metadata.uid.clone(),
@@ -153,4 +158,17 @@ pub(super) async fn run<K: InstallKind>(
         .collect();
     patch_finalizers(install, ctx, remaining).await?;
     Ok((Action::await_change(), None))
+}
+
+/// A CRD goes with this install when stackd created it for this install's package (or before CRDs
+/// recorded their package) and no stack uses it any more.
+fn deletable(crd: &CustomResourceDefinition, labels: &BTreeMap<String, String>, installer: &Installer) -> bool {
+    let created_here = match crd.annotations().get(PACKAGE_REPOSITORY_ANNOTATION) {
+        Some(repository) => *repository == installer.repository,
+        None => true,
+    };
+    labels.contains_key(MANAGED_CRD_LABEL)
+        && created_here
+        && !crd_is_referenced(labels)
+        && crd.metadata.deletion_timestamp.is_none()
 }

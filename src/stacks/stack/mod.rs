@@ -3,6 +3,7 @@
 //! controller Deployment there, repairing drift on either side as the watches report it.
 
 pub mod deployment;
+pub mod origin;
 pub mod rbac;
 pub mod tenant;
 pub mod token;
@@ -23,7 +24,7 @@ use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Error as FinalizerError, Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::{PredicateConfig, WatchStreamExt, predicates, watcher};
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -31,10 +32,11 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
+use self::origin::Installs;
 use self::tenant::{TenantIdentity, TenantWriteError, stack_of};
 use super::{STACK_FINALIZER, crd_parent_label};
 use crate::api::common::HostObjectRef;
-use crate::api::stacks::Stack;
+use crate::api::stacks::{ClusterStackInstall, Stack, StackInstall};
 use crate::host::apply::{self, Applied, HostWriteError, Update, stamp};
 use crate::host::labels::{
     MANAGED_BY, MANAGED_BY_LABEL, Parent, TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION,
@@ -72,48 +74,36 @@ struct Caches {
 impl Caches {
     /// Resolves once every watch has listed. `Store::wait_until_ready` wakes only its last waiter,
     /// so one task awaits the stores and every reconcile waits on the shared [`Readiness`].
-    fn readiness(&self) -> Readiness {
-        let stores = (
-            self.service_accounts.clone(),
-            self.tenant_secrets.clone(),
-            self.cluster_roles.clone(),
-            self.role_bindings.clone(),
-            self.cluster_role_bindings.clone(),
-            self.crds.clone(),
-            self.deployments.clone(),
-            self.host_secrets.clone(),
-        );
-        Readiness::after(async move {
-            let (a, b, c, d, e, f, g, h) = stores;
-            let filled = tokio::join!(
-                a.wait_until_ready(),
-                b.wait_until_ready(),
-                c.wait_until_ready(),
-                d.wait_until_ready(),
-                e.wait_until_ready(),
-                f.wait_until_ready(),
-                g.wait_until_ready(),
-                h.wait_until_ready(),
-            );
-            [
-                filled.0.is_ok(),
-                filled.1.is_ok(),
-                filled.2.is_ok(),
-                filled.3.is_ok(),
-                filled.4.is_ok(),
-                filled.5.is_ok(),
-                filled.6.is_ok(),
-                filled.7.is_ok(),
-            ]
-            .iter()
-            .all(|ok| *ok)
-        })
+    fn readiness(&self, installs: &Installs) -> Readiness {
+        let waits: Vec<futures::future::BoxFuture<'static, bool>> = vec![
+            filled(self.service_accounts.clone()),
+            filled(self.tenant_secrets.clone()),
+            filled(self.cluster_roles.clone()),
+            filled(self.role_bindings.clone()),
+            filled(self.cluster_role_bindings.clone()),
+            filled(self.crds.clone()),
+            filled(self.deployments.clone()),
+            filled(self.host_secrets.clone()),
+            filled(installs.stack_installs.clone()),
+            filled(installs.cluster_stack_installs.clone()),
+        ];
+        Readiness::after(async move { futures::future::join_all(waits).await.iter().all(|ok| *ok) })
     }
+}
+
+/// Resolves to whether `store` completed its first list.
+fn filled<K>(store: Store<K>) -> futures::future::BoxFuture<'static, bool>
+where
+    K: Resource + Clone + Send + Sync + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
+{
+    Box::pin(async move { store.wait_until_ready().await.is_ok() })
 }
 
 struct StackContext {
     tenant: Arc<TenantContext>,
     caches: Caches,
+    installs: Installs,
     caches_filled: Readiness,
 }
 
@@ -167,6 +157,11 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
     let (deployments, dep_events) = reflect(Api::namespaced(host.clone(), &host_ns), context.host_watch_config());
     let (host_secrets, hs_events) = reflect(Api::namespaced(host, &host_ns), context.host_watch_config());
 
+    let (stack_installs, si_events) = reflect(Api::<StackInstall>::all(tenant.clone()), watcher::Config::default());
+    let (cluster_stack_installs, csi_events) = reflect(
+        Api::<ClusterStackInstall>::all(tenant.clone()),
+        watcher::Config::default(),
+    );
     let (stacks, stack_events) = reflect(Api::<Stack>::all(tenant), watcher::Config::default());
     let controller = Controller::for_stream(stack_events, stacks.clone()).trigger_backoff(NoTriggerBackoff);
     let concurrency = u16::try_from(context.shared.settings.max_concurrent_reconciles).unwrap_or(u16::MAX);
@@ -179,7 +174,11 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
         .watches_stream(crb_events, |o| stack_of(&o))
         .watches_stream(crd_events, move |crd| stacks_using(&stacks, &crd))
         .watches_stream(dep_events, |o| host_parent(&o))
-        .watches_stream(hs_events, |o| host_parent(&o));
+        .watches_stream(hs_events, |o| host_parent(&o))
+        // A Stack is judged by its install: a new one decides whether it runs. (One that goes takes
+        // its Stack with it, or leaves it without the owner reference, which is a Stack event.)
+        .watches_stream(new_generations(si_events), |o| Some(stack_at(&o)))
+        .watches_stream(new_generations(csi_events), |o| Some(stack_at(&o)));
     let caches = Caches {
         service_accounts,
         tenant_secrets,
@@ -190,10 +189,15 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
         deployments,
         host_secrets,
     };
+    let installs = Installs {
+        stack_installs,
+        cluster_stack_installs,
+    };
     let ctx = Arc::new(StackContext {
         tenant: context.clone(),
-        caches_filled: caches.readiness(),
+        caches_filled: caches.readiness(&installs),
         caches,
+        installs,
     });
     let name = context.name.clone();
     let runs = controller.run(reconcile, error_policy, ctx).for_each(|result| {
@@ -218,6 +222,21 @@ fn host_parent<K: Resource>(object: &K) -> Option<ObjectRef<Stack>> {
     let namespace = annotations.get(TENANT_NAMESPACE_ANNOTATION)?;
     let name = annotations.get(TENANT_NAME_ANNOTATION)?;
     Some(ObjectRef::new(name).within(namespace))
+}
+
+/// Install events that can change a Stack's standing (a new install), not its every status write.
+fn new_generations<K>(
+    events: impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource + Send + 'static,
+{
+    events.predicate_filter(predicates::generation, PredicateConfig::default())
+}
+
+/// The Stack an install creates: the one at its own namespace and name.
+fn stack_at<K: Resource>(install: &K) -> ObjectRef<Stack> {
+    ObjectRef::new(&install.name_any()).within(&install.namespace().unwrap_or_default())
 }
 
 /// The Stacks that own a CRD (by group and kind), or carry its parent label.
@@ -259,6 +278,15 @@ async fn reconcile(stack: Arc<Stack>, ctx: Arc<StackContext>) -> Result<Action, 
         Err(_) => return Err(StackError::NotSynced),
     }
     let key = backoff_key(&stack);
+    if let Err(refusal) = ctx.installs.scope_of(&stack)
+        && !stack.finalizers().iter().any(|f| f == STACK_FINALIZER)
+    {
+        // A Stack made by hand gets no finalizer either: stackd holds nothing of it to clean up.
+        let outcome = Outcome::refused(refusal.reason(), refusal.to_string());
+        report(&stack, &ctx, &outcome, Notes::default()).await?;
+        tenant.object_backoff.succeeded(&key);
+        return Ok(Action::await_change());
+    }
     let api: Api<Stack> = Api::namespaced(tenant.client.clone(), &stack.namespace().unwrap_or_default());
     let action = finalizer(&api, STACK_FINALIZER, stack, |event| async {
         match event {
@@ -357,9 +385,19 @@ async fn apply(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError> 
 /// Deployment, the host token copy, readiness.
 async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Result<Outcome, StackError> {
     // 1. Validate everything before writing anything.
-    let controller = match validate(stack, &ctx.tenant) {
+    let controller = match validate(stack, &ctx.tenant, &ctx.installs) {
         Ok(controller) => controller,
-        Err(refused) => return Ok(refused),
+        Err(refused) => {
+            if refused.reason == "NotInstalled" && !ctx.installs.has_install(stack) {
+                // A Stack no install controls that was reconciled once (by an older stackd, or
+                // before its owner reference changed): what it was given goes, not only what it
+                // would get next.
+                cleanup(stack, ctx).await?;
+                notes.controller_ref = None;
+                notes.token_secret_ref = None;
+            }
+            return Ok(refused);
+        }
     };
     // 2. The controller's identity and permissions on the tenant, and its filled token.
     let token_data = match ensure_tenant_objects(stack, ctx, notes).await? {
@@ -390,16 +428,21 @@ async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Resul
     Ok(readiness(&host, &deployment))
 }
 
-/// Refuses what stackd will not run: permissions beyond the stack's API, a pod spec that is not a
-/// DeploymentSpec or reaches the host, an endpoint host pods cannot use. Returns the checked
-/// controller spec and its endpoint (none for a stack without a controller).
+/// Refuses what stackd will not run: a Stack no install created or with a scope its install does not
+/// allow, permissions beyond the stack's API, a pod spec that is not a DeploymentSpec or reaches the
+/// host, an endpoint host pods cannot use. Returns the checked controller spec and its endpoint (none
+/// for a stack without a controller).
 fn validate<'a>(
     stack: &Stack,
     tenant: &'a TenantContext,
+    installs: &Installs,
 ) -> Result<Option<(DeploymentSpec, &'a TenantEndpoint)>, Outcome> {
+    let refused = |refusal: origin::Refusal| Outcome::refused(refusal.reason(), refusal.to_string());
+    let scope = installs.scope_of(stack).map_err(refused)?;
+    origin::check_scope(stack, scope).map_err(refused)?;
     let settings = &tenant.shared.settings;
     if !settings.insecure_allow_all_apigroups
-        && let Err(message) = rbac::validate_permissions(&stack.spec.permissions.rules)
+        && let Err(message) = rbac::validate_permissions(&stack.spec)
     {
         return Err(Outcome::refused("PermissionsRefused", message));
     }

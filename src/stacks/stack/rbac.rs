@@ -2,15 +2,19 @@
 //! validation, the ServiceAccount, the system ClusterRole and its binding, and the persona roles that
 //! aggregate the stack's CRDs into `admin`/`edit`/`view`. Everything here is pure.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
+use kube::ResourceExt;
+
 use super::tenant::TenantIdentity;
-use crate::api::stacks::{PermissionScope, Stack};
+use crate::api::stacks::{PermissionScope, Stack, StackSpec};
+use crate::stacks::unpack::split_dependency;
+use crate::stacks::{crd_parent_label, reserved_group_owner};
 
 /// Core resources every stack may use: the default rule `stackd unpack` generates.
 const DEFAULT_CORE_RESOURCES: [&str; 3] = ["configmaps", "events", "secrets"];
@@ -46,40 +50,77 @@ pub const PERSONAS: [(&str, &[&str]); 3] = [
     ("view", &["get", "list", "watch"]),
 ];
 
-/// Refuses rules reaching beyond the stack's own API: any `*.k8s.io` group, the wildcard group, core
-/// resources beyond the default rule, and non-resource URLs. Returns a message a user can act on.
-pub fn validate_permissions(rules: &[PolicyRule]) -> Result<(), String> {
-    let mut refused = Vec::new();
-    for rule in rules {
+/// The verbs a stack's rules may use: reading and writing objects. Everything else — `*`, `escalate`,
+/// `bind`, `impersonate`, `approve`, ... — would reach beyond the objects themselves.
+pub const ALLOWED_VERBS: [&str; 8] = [
+    "get",
+    "list",
+    "watch",
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+];
+
+/// Allows only rules within the stack's own API: the API groups of its CRDs and of the CRDs it depends
+/// on (never stackd's or Kubernetes' groups), the default core rule's resources, and the verbs of
+/// [`ALLOWED_VERBS`]. Returns a message a user can act on.
+pub fn validate_permissions(spec: &StackSpec) -> Result<(), String> {
+    let (groups, mut refused) = stack_groups(spec);
+    for rule in &spec.permissions.rules {
         if rule.non_resource_urls.as_ref().is_some_and(|urls| !urls.is_empty()) {
             refused.push(format!(
                 "non-resource URLs {:?}",
                 rule.non_resource_urls.clone().unwrap_or_default()
             ));
         }
-        for group in rule.api_groups.iter().flatten() {
-            if group == "*" || group == "k8s.io" || group.ends_with(".k8s.io") {
-                refused.push(format!("API group {group:?}"));
-            } else if group.is_empty() {
-                let resources = rule.resources.clone().unwrap_or_default();
+        let resources = rule.resources.clone().unwrap_or_default();
+        let rule_groups = rule.api_groups.clone().unwrap_or_default();
+        if rule_groups.is_empty() && !resources.is_empty() {
+            refused.push(format!("resources {resources:?} without an API group"));
+        }
+        for group in &rule_groups {
+            if group.is_empty() {
                 let beyond: Vec<&String> = resources
                     .iter()
                     .filter(|r| !DEFAULT_CORE_RESOURCES.contains(&r.as_str()))
                     .collect();
                 if !beyond.is_empty() || resources.is_empty() {
+                    let named = if resources.is_empty() {
+                        vec!["*".to_string()]
+                    } else {
+                        resources.clone()
+                    };
                     refused.push(format!(
-                        "core resources {:?} (only {} are allowed)",
-                        if resources.is_empty() {
-                            vec!["*".to_string()]
-                        } else {
-                            resources.clone()
-                        },
+                        "core resources {named:?} (only {} are allowed)",
                         DEFAULT_CORE_RESOURCES.join(", ")
                     ));
                 }
+            } else if !groups.contains(group) {
+                refused.push(format!(
+                    "API group {group:?} (only the groups of the stack's own CRDs and dependencies are allowed{})",
+                    if groups.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", groups.iter().cloned().collect::<Vec<_>>().join(", "))
+                    }
+                ));
             }
         }
+        let verbs: Vec<&String> = rule
+            .verbs
+            .iter()
+            .filter(|verb| !ALLOWED_VERBS.contains(&verb.as_str()))
+            .collect();
+        if !verbs.is_empty() {
+            refused.push(format!(
+                "verbs {verbs:?} (only {} are allowed)",
+                ALLOWED_VERBS.join(", ")
+            ));
+        }
     }
+    refused.dedup();
     if refused.is_empty() {
         Ok(())
     } else {
@@ -88,6 +129,32 @@ pub fn validate_permissions(rules: &[PolicyRule]) -> Result<(), String> {
             refused.join("; ")
         ))
     }
+}
+
+/// The API groups of the stack's CRDs and dependencies, and what is refused among them: a stack never
+/// claims a group of stackd's or Kubernetes'.
+fn stack_groups(spec: &StackSpec) -> (BTreeSet<String>, Vec<String>) {
+    let owned = spec
+        .customresourcedefinitions
+        .iter()
+        .map(|reference| reference.api_version.split('/').next().unwrap_or_default().to_string());
+    let depended = spec
+        .metadata
+        .depends_on
+        .iter()
+        .filter_map(|dependency| dependency.crd.as_deref().and_then(split_dependency))
+        .map(|(_, group)| group.to_string());
+    let mut groups = BTreeSet::new();
+    let mut refused = Vec::new();
+    for group in owned.chain(depended) {
+        match reserved_group_owner(&group) {
+            Some(owner) => refused.push(format!("CRDs in API group {group:?}, which belongs to {owner}")),
+            None => {
+                groups.insert(group);
+            }
+        }
+    }
+    (groups, refused)
 }
 
 /// `stackd:<ns>:<stack>`, the binding's name and the prefix of the roles'.
@@ -105,14 +172,17 @@ pub fn persona_role_name(stack: &TenantIdentity, persona: &str) -> String {
 
 pub fn service_account(stack: &Stack, identity: &TenantIdentity, owner: &OwnerReference) -> ServiceAccount {
     let mut meta = identity.meta(&identity.name, Some(owner));
-    let annotations = stack
+    // The install's annotations (e.g. a cloud identity to assume), under stackd's own: a user's key
+    // never replaces the annotation that marks the account as this stack's.
+    let mut annotations: BTreeMap<String, String> = stack
         .spec
         .controller
         .service_account
         .as_ref()
         .map(|sa| sa.annotations.clone())
         .unwrap_or_default();
-    meta.annotations.get_or_insert_default().extend(annotations);
+    annotations.extend(meta.annotations.take().unwrap_or_default());
+    meta.annotations = Some(annotations);
     ServiceAccount {
         metadata: meta,
         ..Default::default()
@@ -168,7 +238,9 @@ pub fn binds_cluster_wide(stack: &Stack) -> bool {
     stack.spec.permission_scope == PermissionScope::Cluster
 }
 
-/// The persona ClusterRoles for the stack's CRDs, or the CRDs not served yet (by `group/kind`).
+/// The persona ClusterRoles for the stack's CRDs, or the CRDs not installed for it yet (by
+/// `group/kind`). Only CRDs its install labelled for it count: aggregating any other CRD into
+/// `admin`/`edit`/`view` would hand every user of those roles someone else's API.
 pub fn persona_roles(
     stack: &Stack,
     identity: &TenantIdentity,
@@ -176,11 +248,12 @@ pub fn persona_roles(
 ) -> Result<Vec<ClusterRole>, Vec<String>> {
     let mut resources: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut missing = Vec::new();
+    let label = crd_parent_label(&identity.namespace, &identity.name);
     for reference in &stack.spec.customresourcedefinitions {
         let group = reference.api_version.split('/').next().unwrap_or_default();
-        let found = crds
-            .iter()
-            .find(|crd| crd.spec.group == group && crd.spec.names.kind == reference.kind);
+        let found = crds.iter().find(|crd| {
+            crd.spec.group == group && crd.spec.names.kind == reference.kind && crd.labels().contains_key(&label)
+        });
         match found {
             Some(crd) => resources
                 .entry(group.to_string())
@@ -224,48 +297,86 @@ pub fn persona_roles(
 mod tests {
     use super::*;
 
-    fn rule(groups: &[&str], resources: &[&str]) -> PolicyRule {
+    fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
         PolicyRule {
             api_groups: Some(groups.iter().map(|g| g.to_string()).collect()),
             resources: Some(resources.iter().map(|r| r.to_string()).collect()),
-            verbs: vec!["*".into()],
+            verbs: verbs.iter().map(|v| v.to_string()).collect(),
             ..Default::default()
         }
     }
 
-    #[test]
-    fn the_generated_rules_are_allowed() {
-        let rules = [
-            rule(&["", ""], &["configmaps", "events", "secrets"]),
-            rule(&["samples.example.org"], &["widgets", "widgets/status"]),
-        ];
-        assert_eq!(validate_permissions(&rules), Ok(()));
+    fn spec(rules: Vec<PolicyRule>) -> StackSpec {
+        serde_json::from_value(serde_json::json!({
+            "customresourcedefinitions": [{"apiVersion": "samples.example.org/v1alpha1", "kind": "Widget"}],
+            "dependsOn": [{"crd": "gadgets.gadgets.example.org/v1"}],
+            "permissions": {"rules": rules},
+        }))
+        .expect("spec")
     }
 
     #[test]
-    fn core_groups_wildcards_and_urls_are_refused_with_the_opt_out_named() {
+    fn the_generated_rules_are_allowed() {
+        let rules = vec![
+            rule(&["", ""], &["configmaps", "events", "secrets"], &ALLOWED_VERBS),
+            rule(&["samples.example.org"], &["widgets", "widgets/status"], &ALLOWED_VERBS),
+            rule(&["gadgets.example.org"], &["gadgets"], &["get", "list", "watch"]),
+        ];
+        assert_eq!(validate_permissions(&spec(rules)), Ok(()));
+    }
+
+    #[test]
+    fn groups_beyond_the_stacks_own_wildcards_and_urls_are_refused_with_the_opt_out_named() {
         for bad in [
-            rule(&["apps"], &["deployments"]),
-            rule(&["rbac.authorization.k8s.io"], &["clusterroles"]),
-            rule(&["*"], &["*"]),
-            rule(&[""], &["pods"]),
-            rule(&[""], &[]),
+            rule(&["apps"], &["deployments"], &["get"]),
+            rule(&["rbac.authorization.k8s.io"], &["clusterroles"], &["get"]),
+            rule(&["other.example.org"], &["things"], &["get"]),
+            rule(&["*"], &["*"], &["get"]),
+            rule(&[""], &["pods"], &["get"]),
+            rule(&[""], &[], &["get"]),
+            rule(&[], &["widgets"], &["get"]),
         ] {
-            let is_apps = bad.api_groups.as_deref() == Some(&["apps".to_string()][..]);
-            let result = validate_permissions(&[bad]);
-            if is_apps {
-                // `apps` is not a *.k8s.io group: Crossplane allowed it too.
-                assert!(result.is_ok());
-            } else {
-                let message = result.expect_err("refused");
-                assert!(message.contains("--insecure-allow-all-apigroups"), "{message}");
-            }
+            let message = validate_permissions(&spec(vec![bad.clone()])).expect_err("refused");
+            assert!(message.contains("--insecure-allow-all-apigroups"), "{bad:?}: {message}");
         }
         let urls = PolicyRule {
             non_resource_urls: Some(vec!["/metrics".into()]),
             verbs: vec!["get".into()],
             ..Default::default()
         };
-        assert!(validate_permissions(&[urls]).expect_err("refused").contains("/metrics"));
+        let message = validate_permissions(&spec(vec![urls])).expect_err("refused");
+        assert!(message.contains("/metrics"));
+    }
+
+    #[test]
+    fn verbs_beyond_reading_and_writing_are_refused_even_on_allowed_resources() {
+        for verb in ["*", "escalate", "bind", "impersonate", "approve"] {
+            for resources in [&["secrets"][..], &["widgets"][..]] {
+                let group = if resources == ["secrets"] {
+                    ""
+                } else {
+                    "samples.example.org"
+                };
+                let message =
+                    validate_permissions(&spec(vec![rule(&[group], resources, &["get", verb])])).expect_err("refused");
+                assert!(message.contains(&format!("verbs [\"{verb}\"]")), "{message}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_stack_claiming_stackds_or_kubernetes_groups_is_refused() {
+        let mut claims = spec(vec![rule(
+            &["stacks.stackd.dev"],
+            &["clusterstackinstalls"],
+            &["create"],
+        )]);
+        claims.customresourcedefinitions[0].api_version = "stacks.stackd.dev/v1alpha1".into();
+        let message = validate_permissions(&claims).expect_err("refused");
+        assert!(message.contains("belongs to stackd"), "{message}");
+        let mut depends = spec(vec![]);
+        depends.metadata.depends_on[0].crd = Some("roles.rbac.authorization.k8s.io/v1".into());
+        let message = validate_permissions(&depends).expect_err("refused");
+        assert!(message.contains("belongs to Kubernetes"), "{message}");
     }
 }
