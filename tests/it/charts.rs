@@ -477,7 +477,31 @@ async fn the_types_chart_applied_to_a_tenant_is_what_the_values_say() {
             Some("true"),
             "{persona}"
         );
+        // A ClusterStackInstall's stack is bound cluster-wide: no persona, admin included (often
+        // granted per namespace), may write one.
+        let writes_cluster_installs = role.rules.unwrap_or_default().iter().any(|rule| {
+            rule.resources
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .any(|r| r == "clusterstackinstalls" || r == "*")
+                && rule.verbs.iter().any(|v| v == "create" || v == "*")
+        });
+        assert!(!writes_cluster_installs, "{persona} may create ClusterStackInstalls");
     }
+    let installer = roles
+        .get("stackd-cluster-stack-installer")
+        .await
+        .expect("the ClusterStackInstall role");
+    assert!(
+        !installer
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .keys()
+            .any(|k| k.starts_with("rbac.authorization.k8s.io/aggregate-to-")),
+        "the ClusterStackInstall role is bound on purpose, never aggregated"
+    );
     let role = roles.get("stackd-daemon").await.expect("daemon role");
     let escalates = role.rules.unwrap_or_default().iter().any(|r| {
         r.resources
@@ -641,6 +665,11 @@ const TENANT_USES: &[Use] = &[
     uses(DAEMON_ROLE, "apiextensions.k8s.io", &["customresourcedefinitions"], &["create", "patch", "delete"], StackInstall),
     uses(DAEMON_ROLE, "apiextensions.k8s.io", &["customresourcedefinitions"], &["update"], RarePaths),
     uses(DAEMON_ROLE, "stacks.stackd.dev", &["stackinstalls", "clusterstackinstalls", "stacks"], &["list"], OrphanSweep),
+    // The sweep asks for an orphan's parent by name before deleting (tests/it/sweep.rs); this run's
+    // orphans are of StackInstalls.
+    uses(DAEMON_ROLE, "stacks.stackd.dev", &["stackinstalls"], &["get"], OrphanSweep),
+    uses(DAEMON_ROLE, "stacks.stackd.dev", &["clusterstackinstalls", "stacks"], &["get"], RarePaths),
+    uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterpools", "clusterdeployments", "clusterclaims"], &["get"], RarePaths),
     uses(DAEMON_ROLE, "stacks.stackd.dev", &["stackinstalls", "clusterstackinstalls"], &["watch", "patch"], StackInstall),
     uses(DAEMON_ROLE, "stacks.stackd.dev", &["stacks"], &["watch", "create", "patch", "delete"], StackInstall),
     uses(DAEMON_ROLE, "stacks.stackd.dev", &["stacks"], &["update"], RarePaths),
