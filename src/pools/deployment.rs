@@ -42,6 +42,7 @@ use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::conditions::{DesiredCondition, is_true, set_condition};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::panics::{self, ReconcilePanic};
+use crate::runtime::readiness::Readiness;
 use crate::runtime::recovery::NoTriggerBackoff;
 use crate::runtime::retry;
 use crate::runtime::shutdown::run_controller;
@@ -74,6 +75,9 @@ struct Ctx {
     tenant: Arc<TenantContext>,
     jobs: Store<Job>,
     secrets: Store<Secret>,
+    /// Decisions need the host caches too: with an empty one a deleted cluster would look as if it
+    /// never had an installer, and be let go without its destroy Job.
+    caches_filled: Readiness,
 }
 
 /// Runs the controller until `cancel` fires.
@@ -91,10 +95,20 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
         Api::<Secret>::namespaced(context.host.clone(), &context.host_namespace),
         host_config,
     );
+    // Not the ClusterDeployment store: the controller awaits its own main store, and a second
+    // waiter on a store is never woken (see runtime::readiness).
+    let caches_filled = {
+        let caches = (jobs.clone(), secrets.clone());
+        Readiness::after(async move {
+            let (jobs, secrets) = caches;
+            jobs.wait_until_ready().await.is_ok() && secrets.wait_until_ready().await.is_ok()
+        })
+    };
     let ctx = Arc::new(Ctx {
         tenant: context.clone(),
         jobs,
         secrets,
+        caches_filled,
     });
     let shutdown = cancel.clone();
     let main_store = cds.clone();
@@ -164,6 +178,10 @@ async fn reconcile(cd: Arc<ClusterDeployment>, ctx: Arc<Ctx>) -> Result<Action, 
     let tenant = &ctx.tenant;
     let labels = Metrics::controller(&tenant.name, "clusterdeployment");
     tenant.shared.metrics.reconciles.get_or_create(&labels).inc();
+    // Not `Store::wait_until_ready` from concurrent reconciles: it wakes only its last waiter.
+    if !ctx.caches_filled.wait().await {
+        return Ok(Action::await_change());
+    }
     let Ok(_permit) = tenant.reconcile_permits.acquire().await else {
         return Ok(Action::await_change());
     };

@@ -5,15 +5,19 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::Api;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams};
 use serde_json::json;
+use stackd::api::pools::ClusterDeployment;
 use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::{ApiServer, ServerOptions, Verb};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use super::daemon::{Daemon, Fleet};
+use super::pools;
 use super::stacks_install::{STACKD_TEST_IMAGE, StackFleet, create_install};
 
 const SOON: Duration = Duration::from_secs(10);
@@ -208,5 +212,54 @@ async fn a_tenant_whose_stop_outlasts_its_grace_leaves_none_of_its_controllers_r
         0,
         "the first server was still called after its tenant stopped: {after:?}\n{}",
         daemon.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_deleted_while_the_daemon_restarts_still_gets_its_destroy_job() {
+    let (fleet, tenant) = pools::setup().await;
+    for name in ["a", "b"] {
+        pools::named_cdc(&tenant, name).await;
+    }
+    pools::create_pool(&tenant, pools::pool_json("p", 1, Some(&["a", "b"]))).await;
+    let first = pools::daemon(&fleet, &[]);
+    pools::until("one ready cluster", &first, pools::WITHIN, || async {
+        pools::ready(&tenant, "p").await == 1
+    })
+    .await;
+    drop(first);
+    let cluster = pools::live(&pools::cds(&tenant, "p").await)[0].name_any();
+
+    // The cluster is deleted while no daemon runs, and the next daemon's host lists are slow: its
+    // first reconcile of the deletion comes before its host caches have listed the installer's output.
+    fleet.host().faults().add_latency(
+        RequestMatch::any().verb(Verb::List).resource("secrets"),
+        Duration::from_secs(3),
+    );
+    fleet.host().faults().add_latency(
+        RequestMatch::any().verb(Verb::List).resource("jobs"),
+        Duration::from_secs(3),
+    );
+    Api::<ClusterDeployment>::namespaced(tenant.clone(), &cluster)
+        .delete(&cluster, &DeleteParams::default())
+        .await
+        .expect("delete the cluster");
+    let second = pools::daemon(&fleet, &[]);
+    let destroy = format!("{cluster}.{cluster}-destroy");
+    let jobs: Api<Job> = Api::namespaced(fleet.host_client.clone(), "tenant-acme-controllers");
+    let clusters: Api<ClusterDeployment> = Api::namespaced(tenant.clone(), &cluster);
+    pools::until(
+        "the destroy Job, or the cluster let go without one",
+        &second,
+        pools::WITHIN,
+        || async {
+            jobs.get_opt(&destroy).await.unwrap().is_some() || clusters.get_opt(&cluster).await.unwrap().is_none()
+        },
+    )
+    .await;
+    assert!(
+        jobs.get_opt(&destroy).await.unwrap().is_some(),
+        "the deleted cluster was let go without its destroy Job:\n{}",
+        second.log_text()
     );
 }
