@@ -143,7 +143,13 @@ async fn run_controllers(
                 break Err(DaemonError::LostLease);
             }
             batch = changes.recv() => match batch {
-                Some(batch) => for change in batch { registry.apply(change).await },
+                Some(batch) => {
+                    // A tenant's stop may take its whole grace, longer than the lease lasts.
+                    let applied = async { for change in batch { registry.apply(change).await } };
+                    if !while_leading(applied, &mut leadership).await {
+                        break Err(DaemonError::LostLease);
+                    }
+                }
                 None => break Ok(()),
             },
         }
@@ -154,10 +160,26 @@ async fn run_controllers(
     }
     watch_cancel.cancel();
     let _ = watch.await;
-    registry.stop_all().await;
+    if !while_leading(registry.stop_all(), &mut leadership).await {
+        registry.abort_all().await;
+    }
     // Dropping the leadership releases the lease, so a standby takes over at once.
     drop(leadership);
     outcome
+}
+
+/// Runs `work` unless the leader lease is lost first (then `work` is dropped): whether it finished.
+async fn while_leading(
+    work: impl std::future::Future<Output = ()>,
+    leadership: &mut Option<leader::Leadership>,
+) -> bool {
+    tokio::select! {
+        _ = work => true,
+        _ = lost(leadership) => {
+            error!("lost the leader lease; stopping controllers");
+            false
+        }
+    }
 }
 
 async fn lost(leadership: &mut Option<leader::Leadership>) {

@@ -7,6 +7,7 @@ pub mod delivery;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::tenancy::tenant::{TenantContext, TenantError};
 
@@ -19,7 +20,8 @@ pub const CLUSTER_LABEL: &str = "inventory.stackd.dev/cluster";
 pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
     // The controller stops by itself on `cancel` (runtime::shutdown); stopping before that is a
     // failure of the tenant.
-    tokio::spawn(asset::run(context, cancel.clone()))
+    // Aborted with this task: a detached controller would go on beside a restarted tenant.
+    AbortOnDropHandle::new(tokio::spawn(asset::run(context, cancel.clone())))
         .await
         .map_err(|e| TenantError::Controller(e.to_string()))?;
     if !cancel.is_cancelled() {

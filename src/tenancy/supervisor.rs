@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{error, info, warn};
@@ -20,7 +19,9 @@ use crate::runtime::recovery::probe_delay;
 
 struct RunningTenant {
     cancel: CancellationToken,
-    task: JoinHandle<()>,
+    /// Dropping it aborts the tenant: a stop cut short (the leader lease running out) must not
+    /// leave the tenant running detached.
+    task: AbortOnDropHandle<()>,
 }
 
 /// The running tenants.
@@ -77,7 +78,7 @@ impl Registry {
         let cancel = CancellationToken::new();
         let name = file.name.clone();
         self.shared.health.set_tenant(&name, TenantHealth::Starting);
-        let task = tokio::spawn(supervise(file, self.shared.clone(), cancel.clone()));
+        let task = AbortOnDropHandle::new(tokio::spawn(supervise(file, self.shared.clone(), cancel.clone())));
         self.tenants.insert(name, RunningTenant { cancel, task });
     }
 

@@ -5,10 +5,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use stackd::api::pools::ClusterDeployment;
 use stackd::embedded::faults::RequestMatch;
@@ -244,21 +246,26 @@ async fn a_cluster_deleted_while_the_daemon_restarts_still_gets_its_destroy_job(
         .delete(&cluster, &DeleteParams::default())
         .await
         .expect("delete the cluster");
-    let second = pools::daemon(&fleet, &[]);
+    // The destroy Job may come and go between two looks: watch for it.
     let destroy = format!("{cluster}.{cluster}-destroy");
     let jobs: Api<Job> = Api::namespaced(fleet.host_client.clone(), "tenant-acme-controllers");
+    let (seen_tx, seen) = tokio::sync::watch::channel(false);
+    let named = watcher::Config::default().fields(&format!("metadata.name={destroy}"));
+    let watching = tokio::spawn(watcher(jobs, named).applied_objects().for_each(move |job| {
+        if job.is_ok() {
+            let _ = seen_tx.send(true);
+        }
+        std::future::ready(())
+    }));
+    let second = pools::daemon(&fleet, &[]);
     let clusters: Api<ClusterDeployment> = Api::namespaced(tenant.clone(), &cluster);
-    pools::until(
-        "the destroy Job, or the cluster let go without one",
-        &second,
-        pools::WITHIN,
-        || async {
-            jobs.get_opt(&destroy).await.unwrap().is_some() || clusters.get_opt(&cluster).await.unwrap().is_none()
-        },
-    )
+    pools::until("the cluster deleted", &second, pools::WITHIN, || async {
+        clusters.get_opt(&cluster).await.unwrap().is_none()
+    })
     .await;
+    watching.abort();
     assert!(
-        jobs.get_opt(&destroy).await.unwrap().is_some(),
+        *seen.borrow(),
         "the deleted cluster was let go without its destroy Job:\n{}",
         second.log_text()
     );

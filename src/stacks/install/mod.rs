@@ -29,6 +29,7 @@ use crate::api::stacks::{ClusterStackInstall, InstallSpec, PermissionScope, Stac
 use crate::host::labels::{TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION};
 use crate::runtime::cache::{is_filled, reflect, reflect_crds};
 use crate::runtime::metrics::Metrics;
+use crate::runtime::panics::{self, ReconcilePanic};
 use crate::runtime::readiness::Readiness;
 use crate::runtime::recovery::NoTriggerBackoff;
 use crate::runtime::retry;
@@ -111,6 +112,8 @@ pub enum InstallError {
     Host(#[from] crate::host::apply::HostWriteError),
     #[error("host API request failed: {0}")]
     HostApi(#[source] kube::Error),
+    #[error(transparent)]
+    Panicked(#[from] ReconcilePanic),
 }
 
 /// The image of the install Job's `unpack` container when `--stackd-image` is not given.
@@ -179,7 +182,11 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
             installs_using(&install_store, &crd)
         })
         .graceful_shutdown_on(cancel.clone().cancelled_owned())
-        .run(reconcile::reconcile::<K>, error_policy::<K>, ctx)
+        .run(
+            |install, ctx| panics::contain(reconcile::reconcile::<K>(install, ctx)),
+            error_policy::<K>,
+            ctx,
+        )
         .for_each(|result| {
             if let Err(err) = result {
                 debug!(tenant = %tenant, error = %err, cause = %crate::runtime::cause::diagnose(&err), "install controller event");

@@ -45,6 +45,7 @@ use crate::host::names::{NameKind, host_name};
 use crate::runtime::cache::{reflect, reflect_crds};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::metrics::Metrics;
+use crate::runtime::panics::{self, ReconcilePanic};
 use crate::runtime::readiness::Readiness;
 use crate::runtime::recovery::NoTriggerBackoff;
 use crate::runtime::retry;
@@ -119,6 +120,8 @@ pub enum StackError {
     Finalizer(String),
     #[error("the daemon is stopping")]
     Stopping,
+    #[error(transparent)]
+    Panicked(#[from] ReconcilePanic),
 }
 
 impl StackError {
@@ -130,6 +133,7 @@ impl StackError {
             StackError::NotSynced => "WatchNotSynced",
             StackError::Finalizer(_) => "ReconcileError",
             StackError::Stopping => "Stopping",
+            StackError::Panicked(_) => "ReconcilePanicked",
         }
     }
 }
@@ -200,7 +204,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
         installs,
     });
     let name = context.name.clone();
-    let runs = controller.run(reconcile, error_policy, ctx).for_each(|result| {
+    let runs = controller.run(|stack, ctx| panics::contain(reconcile(stack, ctx)), error_policy, ctx).for_each(|result| {
         if let Err(err) = result {
             debug!(tenant = %name, error = %err, cause = %crate::runtime::cause::diagnose(&err), "stack controller event");
         }
