@@ -24,13 +24,14 @@ pub fn crd_parent_label(namespace: &str, stack: &str) -> String {
 
 /// Who an API group belongs to when it is not a package's to use: stackd's own domain (every group
 /// under `stackd.dev`, so groups stackd adds later are covered too) and Kubernetes' (`k8s.io`,
-/// `kubernetes.io`, and the core group). Packages create no CRDs there and stacks get no permissions
-/// there.
+/// `kubernetes.io`, the core group, and every group without a dot: `apps`, `batch`, `policy`, ...
+/// are Kubernetes' built-in groups, and a CRD group needs a dot anyway). Packages create no CRDs
+/// there and stacks get no permissions there.
 pub fn reserved_group_owner(group: &str) -> Option<&'static str> {
     let under = |domain: &str| group == domain || group.ends_with(&format!(".{domain}"));
     if under("stackd.dev") {
         Some("stackd")
-    } else if group.is_empty() || under("k8s.io") || under("kubernetes.io") {
+    } else if !group.contains('.') || under("k8s.io") || under("kubernetes.io") {
         Some("Kubernetes")
     } else {
         None
@@ -72,10 +73,14 @@ mod tests {
             "rbac.authorization.k8s.io",
             "k8s.io",
             "node.kubernetes.io",
+            "apps",
+            "batch",
+            "policy",
+            "autoscaling",
         ] {
             assert_eq!(reserved_group_owner(group), Some("Kubernetes"), "{group}");
         }
-        for group in ["samples.example.org", "notstackd.dev", "cluster.x-k8s.io", "apps"] {
+        for group in ["samples.example.org", "notstackd.dev", "cluster.x-k8s.io", "kyverno.io"] {
             assert_eq!(reserved_group_owner(group), None, "{group}");
         }
     }

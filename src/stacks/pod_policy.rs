@@ -173,12 +173,14 @@ fn name_of(value: &Value) -> &str {
     value.get("name").and_then(Value::as_str).unwrap_or_default()
 }
 
-/// Legacy annotations the `restricted` Pod Security level judges like fields (clusters before 1.27
-/// honour them).
-const SECURITY_ANNOTATION_PREFIXES: &[&str] = &[
-    "seccomp.security.alpha.kubernetes.io/",
-    "container.seccomp.security.alpha.kubernetes.io/",
-    "container.apparmor.security.beta.kubernetes.io/",
+/// The pod-template annotations a package may set. Annotations reach further than labels: CNI
+/// plugins, service meshes and container runtimes read them from the pod (Multus networks, Calico
+/// addresses, sidecar injection, CRI-O's `io.kubernetes.cri-o.*`), and legacy seccomp/AppArmor keys
+/// set security profiles. Only keys that change nothing on the node pass.
+const ALLOWED_TEMPLATE_ANNOTATIONS: &[&str] = &[
+    "kubectl.kubernetes.io/default-container",
+    "kubectl.kubernetes.io/default-logs-container",
+    "kubectl.kubernetes.io/restartedAt",
 ];
 
 fn check_metadata(path: &str, metadata: &Value, found: &mut Found) {
@@ -188,11 +190,15 @@ fn check_metadata(path: &str, metadata: &Value, found: &mut Found) {
             // stackd sets the pod's name and namespace itself.
             "labels" | "name" | "namespace" => {}
             "annotations" => {
+                // The key only: a value may be anything the package author put there.
                 for (annotation, _) in fields(value) {
-                    if SECURITY_ANNOTATION_PREFIXES.iter().any(|p| annotation.starts_with(p)) {
+                    if !ALLOWED_TEMPLATE_ANNOTATIONS.contains(&annotation) {
                         found.refuse(
                             &format!("{path}[{annotation}]"),
-                            "sets a security profile; use securityContext.seccompProfile or appArmorProfile",
+                            &format!(
+                                "is not allowed: annotations on a stack's pod are read by the host's network, mesh and runtime plugins; only {} are",
+                                ALLOWED_TEMPLATE_ANNOTATIONS.join(", ")
+                            ),
                         );
                     }
                 }
@@ -331,12 +337,24 @@ fn check_identity_or_profile(path: &str, key: &str, value: &Value, found: &mut F
         "runAsUser" if value.as_i64() == Some(0) => {
             found.refuse(path, "is 0 (root): stack pods run as a non-root user")
         }
-        "seccompProfile" | "appArmorProfile" => {
+        // A Localhost seccomp profile is replaced by RuntimeDefault when the Deployment is built.
+        "seccompProfile" => {
             let kind = value.get("type").and_then(Value::as_str).unwrap_or_default();
             if !matches!(kind, "RuntimeDefault" | "Localhost") {
                 found.refuse(
                     &format!("{path}.type"),
                     &format!("is {kind:?}: only RuntimeDefault or Localhost profiles are allowed"),
+                );
+            }
+        }
+        // AppArmor is not forced like seccomp (a node without AppArmor rejects any profile), so a
+        // Localhost profile, one of whatever the node has loaded, is refused here instead.
+        "appArmorProfile" => {
+            let kind = value.get("type").and_then(Value::as_str).unwrap_or_default();
+            if kind != "RuntimeDefault" {
+                found.refuse(
+                    &format!("{path}.type"),
+                    &format!("is {kind:?}: only the RuntimeDefault AppArmor profile is allowed"),
                 );
             }
         }
@@ -756,10 +774,10 @@ mod tests {
     }
 
     #[test]
-    fn template_metadata_may_carry_labels_and_ordinary_annotations_only() {
+    fn template_metadata_may_carry_labels_and_allow_listed_annotations_only() {
         let template: PodTemplateSpec = serde_json::from_value(json!({
             "metadata": {"labels": {"a": "b"}, "finalizers": ["x"],
-                         "annotations": {"prometheus.io/scrape": "true",
+                         "annotations": {"kubectl.kubernetes.io/default-container": "c",
                                          "container.apparmor.security.beta.kubernetes.io/c": "unconfined"}},
             "spec": {"containers": [container(json!({}))]},
         }))
@@ -768,6 +786,60 @@ mod tests {
         assert_eq!(found.len(), 2, "{found:?}");
         assert!(found[0].contains("apparmor"), "{found:?}");
         assert!(found[1].contains("finalizers"), "{found:?}");
+    }
+
+    #[test]
+    fn annotations_host_plugins_read_are_refused_by_key_never_echoing_the_value() {
+        let secret_value = "s3cr3t-network-config";
+        let annotations = [
+            "k8s.v1.cni.cncf.io/networks",
+            "cni.projectcalico.org/ipAddrs",
+            "sidecar.istio.io/inject",
+            "io.kubernetes.cri-o.Devices",
+            "prometheus.io/scrape",
+            "no-domain",
+        ];
+        let keyed: Map<String, Value> = annotations
+            .iter()
+            .map(|k| (k.to_string(), json!(secret_value)))
+            .collect();
+        let template: PodTemplateSpec = serde_json::from_value(json!({
+            "metadata": {"annotations": keyed},
+            "spec": {"containers": [container(json!({}))]},
+        }))
+        .unwrap();
+        let found = violations(&template, &PodPolicy::default());
+        assert_eq!(found.len(), annotations.len(), "{found:?}");
+        for key in annotations {
+            assert!(
+                found
+                    .iter()
+                    .any(|f| f.starts_with(&format!("spec.template.metadata.annotations[{key}]"))),
+                "{key}: {found:?}"
+            );
+        }
+        assert!(found.iter().all(|f| !f.contains(secret_value)), "{found:?}");
+    }
+
+    #[test]
+    fn a_localhost_apparmor_profile_is_refused_and_runtime_default_allowed() {
+        let localhost = json!({"type": "Localhost", "localhostProfile": "node-unconfined"});
+        one_refusal(
+            json!({"securityContext": {"appArmorProfile": localhost},
+                   "containers": [container(json!({}))]}),
+            "spec.template.spec.securityContext.appArmorProfile.type",
+        );
+        let message = one_refusal(
+            json!({"containers": [container(json!({"securityContext": {"appArmorProfile": localhost}}))]}),
+            "spec.template.spec.containers[0].securityContext.appArmorProfile.type",
+        );
+        assert!(message.contains("RuntimeDefault"), "{message}");
+        let runtime_default = json!({"type": "RuntimeDefault"});
+        assert_eq!(
+            refused(json!({"securityContext": {"appArmorProfile": runtime_default},
+                           "containers": [container(json!({"securityContext": {"appArmorProfile": runtime_default}}))]})),
+            Vec::<String>::new()
+        );
     }
 
     #[test]

@@ -21,13 +21,18 @@ const SOON: Duration = Duration::from_secs(20);
 
 /// Writes package `name`: the sample stack, with `edit` applied to its controller's pod spec.
 fn write_package(fleet: &StackFleet, name: &str, edit: impl FnOnce(&mut Value)) {
+    write_template_package(fleet, name, |template| edit(&mut template["spec"]));
+}
+
+/// Writes package `name`: the sample stack, with `edit` applied to its controller's pod template.
+fn write_template_package(fleet: &StackFleet, name: &str, edit: impl FnOnce(&mut Value)) {
     let packages = fleet.dir.path().join("packages");
     let root = packages.join(name).join(".registry");
     copy_dir(&packages.join("sample-stack/.registry"), &root);
     let install = root.join("install.yaml");
     let mut deployment: Value =
         serde_saphyr::from_str(&std::fs::read_to_string(&install).expect("install.yaml")).expect("YAML");
-    edit(&mut deployment["spec"]["template"]["spec"]);
+    edit(&mut deployment["spec"]["template"]);
     std::fs::write(&install, serde_saphyr::to_string(&deployment).expect("YAML")).expect("write install.yaml");
 }
 
@@ -244,6 +249,47 @@ async fn pods_naming_host_secrets_or_placing_themselves_are_refused() {
     for (name, field) in &expected {
         assert_refused(&tenant, name, name, field, &daemon).await;
     }
+    assert!(
+        host_deployments(&fleet.host_client).await.is_empty(),
+        "a refused package runs nothing on the host"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_network_annotations_and_a_localhost_apparmor_profile_are_refused() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let tenant = fleet.tenant("acme");
+    // Multus would attach the pod to the node's networks; the value names them.
+    let networks = "k8s.v1.cni.cncf.io/networks";
+    let value = "kube-system/host-bridge-network";
+    write_template_package(&fleet, "multus", |template| {
+        template["metadata"]["annotations"] = json!({networks: value});
+    });
+    let localhost = json!({"appArmorProfile": {"type": "Localhost", "localhostProfile": "unconfined-on-node"}});
+    write_package(&fleet, "apparmor", container_field("securityContext", localhost));
+    let daemon = fleet.daemon(&[]);
+    for name in ["multus", "apparmor"] {
+        create_install(&tenant, name, name, json!({"package": format!("examples/{name}:v1")})).await;
+    }
+    let message = assert_refused(
+        &tenant,
+        "multus",
+        "multus",
+        &format!("spec.template.metadata.annotations[{networks}]"),
+        &daemon,
+    )
+    .await;
+    assert!(!message.contains(value), "the annotation's value is echoed: {message}");
+    let event = refusal_event(&tenant, "multus", "multus", &daemon).await;
+    assert!(!event.contains(value), "the annotation's value is echoed: {event}");
+    assert_refused(
+        &tenant,
+        "apparmor",
+        "apparmor",
+        "spec.template.spec.containers[0].securityContext.appArmorProfile.type",
+        &daemon,
+    )
+    .await;
     assert!(
         host_deployments(&fleet.host_client).await.is_empty(),
         "a refused package runs nothing on the host"

@@ -813,3 +813,146 @@ fn metric(daemon: &Daemon, name: &str, controller: &str) -> u64 {
         .find_map(|line| line.strip_prefix(&needle).and_then(|n| n.trim().parse().ok()))
         .unwrap_or(0)
 }
+
+/// The Ready condition of Stack `namespace/name` once its reason is `reason`, as its message.
+async fn stack_ready_message(tenant: &Client, namespace: &str, name: &str, reason: &str, daemon: &Daemon) -> String {
+    let stacks: Api<Stack> = Api::namespaced(tenant.clone(), namespace);
+    wait_until(
+        &format!("Stack {namespace}/{name} Ready reason {reason}"),
+        SOON,
+        daemon,
+        || async {
+            let stack = stacks.get_opt(name).await.ok()??;
+            let ready = stack.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?;
+            (ready.reason == reason).then_some(ready.message)
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dependency_on_a_third_party_or_kubernetes_group_is_refused_and_binds_nothing() {
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    // A third party's CRD on the tenant, which tenant users must not reach through a stack.
+    Api::<CustomResourceDefinition>::all(tenant.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(crd("policyexceptions", "kyverno.io", "PolicyException")).expect("crd"),
+        )
+        .await
+        .expect("the third party's CRD");
+    write_package(
+        &fleet,
+        "greedy-stack",
+        &[crd("notes", "notes.example.org", "Note")],
+        "Namespaced",
+    );
+    let app = fleet.dir.path().join("packages/greedy-stack/.registry/app.yaml");
+    let mut yaml = std::fs::read_to_string(&app).expect("app.yaml");
+    yaml.push_str("dependsOn:\n- crd: policyexceptions.kyverno.io/v1\n- crd: deployments.apps/v1\n");
+    std::fs::write(&app, yaml).expect("app.yaml");
+    let daemon = fleet.daemon(&[]);
+    create_install(
+        &tenant,
+        "team-a",
+        "greedy",
+        json!({"package": "examples/greedy-stack:v1"}),
+    )
+    .await;
+
+    let message = stack_ready_message(&tenant, "team-a", "greedy", "PermissionsRefused", &daemon).await;
+    assert!(
+        message.contains("\"kyverno.io\", whose CRDs no stack installed"),
+        "{message}"
+    );
+    assert!(message.contains("\"apps\", which belongs to Kubernetes"), "{message}");
+    wait_for_event(&tenant, "team-a", "greedy", "PermissionsRefused", "kyverno.io", &daemon).await;
+    let (status, _, install_message) = wait_for_reason(&tenant, "team-a", "greedy", &daemon, "WaitingForStack").await;
+    assert_eq!(status, "False");
+    assert!(install_message.contains("kyverno.io"), "{install_message}");
+    assert_eq!(granted_in(&fleet, "team-a").await, Vec::<String>::new());
+    assert!(
+        cluster_role_bindings(&tenant)
+            .await
+            .iter()
+            .all(|name| !name.starts_with("stackd:")),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dependency_on_another_stacks_crds_is_granted_once_that_stack_installed_them() {
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    let daemon = fleet.daemon(&[]);
+    // The cluster stack depends on the sample stack's Widgets, which are not installed yet.
+    create_namespace(&tenant, "infra").await;
+    let install: ClusterStackInstall = serde_json::from_value(json!({
+        "metadata": {"name": "gadgets", "namespace": "infra"},
+        "spec": {"package": "examples/cluster-stack:v1"},
+    }))
+    .expect("install");
+    Api::<ClusterStackInstall>::namespaced(tenant.clone(), "infra")
+        .create(&PostParams::default(), &install)
+        .await
+        .expect("create");
+    let message = stack_ready_message(&tenant, "infra", "gadgets", "PermissionsRefused", &daemon).await;
+    assert!(message.contains("\"samples.example.org\""), "{message}");
+    assert_eq!(granted_in(&fleet, "infra").await, Vec::<String>::new());
+
+    install_sample(&tenant, &daemon).await;
+    stack_ready_message(&tenant, "infra", "gadgets", "Available", &daemon).await;
+    let rules = Api::<ClusterRole>::all(tenant.clone())
+        .get("stackd:infra:gadgets:system")
+        .await
+        .expect("system role")
+        .rules
+        .unwrap_or_default();
+    assert!(
+        rules
+            .iter()
+            .any(|r| r.api_groups.as_deref() == Some(&["samples.example.org".to_string()][..])),
+        "{rules:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_old_crd_shared_with_another_install_is_not_taken_over_by_switching_the_package() {
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    // The Widget CRD from before CRDs named their package, used by team-b's Stack and team-a's.
+    let mut old: CustomResourceDefinition = serde_json::from_value(sample_widget_crd(&fleet)).expect("crd");
+    old.metadata.labels = Some(BTreeMap::from([
+        ("stacks.stackd.dev/managed".to_string(), "true".to_string()),
+        (stackd::stacks::crd_parent_label("team-a", "sample"), "true".to_string()),
+        (stackd::stacks::crd_parent_label("team-b", "sample"), "true".to_string()),
+    ]));
+    let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
+    let before = crds.create(&PostParams::default(), &old).await.expect("old CRD");
+    // Team-a's install now names the attacker's package, whose Widget CRD has another schema.
+    let mut rewritten = sample_widget_crd(&fleet);
+    rewritten["spec"]["versions"][0]["schema"]["openAPIV3Schema"] =
+        json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
+    write_package(&fleet, "takeover-stack", &[rewritten], "Namespaced");
+    let daemon = fleet.daemon(&[]);
+    create_install(
+        &tenant,
+        "team-a",
+        "sample",
+        json!({"package": "examples/takeover-stack:v1"}),
+    )
+    .await;
+
+    let (status, _, message) = wait_for_reason(&tenant, "team-a", "sample", &daemon, "CRDConflict").await;
+    assert_eq!(status, "False");
+    assert!(message.contains(WIDGETS), "{message}");
+    wait_for_event(&tenant, "team-a", "sample", "CRDConflict", WIDGETS, &daemon).await;
+    let after = crd_on(&tenant, WIDGETS).await.expect("the CRD");
+    assert_eq!(
+        after.resource_version(),
+        before.resource_version(),
+        "the shared CRD was rewritten"
+    );
+    assert!(stacks_on(&tenant).await.is_empty(), "a Stack was created");
+    assert_eq!(granted_in(&fleet, "team-a").await, Vec::<String>::new());
+}

@@ -46,15 +46,17 @@ impl Installer {
 
     /// True when this install may write `crd`: stackd made it for this install's package, or this
     /// install's Stack is the only one using it (an install whose package moved to another
-    /// repository), or it is from before CRDs named their package and this install's Stack uses it.
+    /// repository, or a CRD from before CRDs named their package). A CRD without its package is
+    /// never adopted while another Stack uses it: that Stack's install may be of another package, and
+    /// whoever can edit this install could point it at their own image and rewrite the CRD.
     pub fn owns(&self, crd: &CustomResourceDefinition) -> bool {
         if !crd.labels().contains_key(MANAGED_CRD_LABEL) {
             return false;
         }
-        let same_package = match crd.annotations().get(PACKAGE_REPOSITORY_ANNOTATION) {
-            Some(repository) => *repository == self.repository,
-            None => crd.labels().contains_key(&self.parent_label()),
-        };
+        let same_package = crd
+            .annotations()
+            .get(PACKAGE_REPOSITORY_ANNOTATION)
+            .is_some_and(|repository| *repository == self.repository);
         same_package || self.only_user_of(crd)
     }
 
@@ -331,7 +333,7 @@ mod tests {
     }
 
     #[test]
-    fn without_the_package_a_crd_is_ours_when_our_stack_uses_it() {
+    fn without_the_package_a_crd_is_ours_only_while_our_stack_alone_uses_it() {
         let me = installer("team-a", "sample");
         let mut legacy = crd("widgets.samples.example.org", "samples.example.org");
         let stranger = installer("team-c", "x");
@@ -341,13 +343,18 @@ mod tests {
         ]));
         assert!(me.owns(&legacy));
         assert!(!stranger.owns(&legacy), "never used it");
-        // From before CRDs named their package: any Stack using it may adopt it into its package.
+        // From before CRDs named their package and shared with team-b's Stack: whoever edits one of
+        // the two installs could switch its package and rewrite the other's CRD, so neither adopts it.
         legacy
             .metadata
             .labels
             .get_or_insert_default()
             .insert(crd_parent_label("team-b", "sample"), "true".into());
-        assert!(me.owns(&legacy));
+        assert!(!me.owns(&legacy), "shared with team-b, package unknown");
+        assert!(
+            !installer("team-b", "sample").owns(&legacy),
+            "shared with team-a, package unknown"
+        );
         let mut other_package = legacy.clone();
         other_package.metadata.annotations = Some(BTreeMap::from([(
             PACKAGE_REPOSITORY_ANNOTATION.to_string(),

@@ -34,6 +34,7 @@ use tracing::{debug, info};
 
 use self::origin::Installs;
 use self::tenant::{TenantIdentity, TenantWriteError, stack_of};
+use super::unpack::split_dependency;
 use super::{STACK_FINALIZER, crd_parent_label};
 use crate::api::common::HostObjectRef;
 use crate::api::stacks::{ClusterStackInstall, Stack, StackInstall};
@@ -243,20 +244,29 @@ fn stack_at<K: Resource>(install: &K) -> ObjectRef<Stack> {
     ObjectRef::new(&install.name_any()).within(&install.namespace().unwrap_or_default())
 }
 
-/// The Stacks that own a CRD (by group and kind), or carry its parent label.
+/// The Stacks that own a CRD (by group and kind), depend on its group (whose permissions depend on
+/// who created the group's CRDs), or carry its parent label.
 fn stacks_using(stacks: &Store<Stack>, crd: &CustomResourceDefinition) -> Vec<ObjectRef<Stack>> {
     let labels = crd.labels();
+    let group = crd.spec.group.as_str();
     stacks
         .state()
         .iter()
         .filter(|stack| {
-            let owns = stack.spec.customresourcedefinitions.iter().any(|r| {
-                r.kind == crd.spec.names.kind && r.api_version.split('/').next() == Some(crd.spec.group.as_str())
-            });
-            owns || labels.contains_key(&crd_parent_label(
-                &stack.namespace().unwrap_or_default(),
-                &stack.name_any(),
-            ))
+            let owns = stack
+                .spec
+                .customresourcedefinitions
+                .iter()
+                .any(|r| r.kind == crd.spec.names.kind && r.api_version.split('/').next() == Some(group));
+            let depends =
+                stack.spec.metadata.depends_on.iter().any(|dependency| {
+                    dependency.crd.as_deref().and_then(split_dependency).map(|(_, g)| g) == Some(group)
+                });
+            owns || depends
+                || labels.contains_key(&crd_parent_label(
+                    &stack.namespace().unwrap_or_default(),
+                    &stack.name_any(),
+                ))
         })
         .map(|stack| ObjectRef::from(stack.as_ref()))
         .collect()
@@ -389,7 +399,7 @@ async fn apply(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError> 
 /// Deployment, the host token copy, readiness.
 async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Result<Outcome, StackError> {
     // 1. Validate everything before writing anything.
-    let controller = match validate(stack, &ctx.tenant, &ctx.installs) {
+    let controller = match validate(stack, &ctx.tenant, &ctx.installs, &ctx.caches.crds.state()) {
         Ok(controller) => controller,
         Err(refused) => {
             if refused.reason == "NotInstalled" && !ctx.installs.has_install(stack) {
@@ -440,13 +450,14 @@ fn validate<'a>(
     stack: &Stack,
     tenant: &'a TenantContext,
     installs: &Installs,
+    tenant_crds: &[Arc<CustomResourceDefinition>],
 ) -> Result<Option<(DeploymentSpec, &'a TenantEndpoint)>, Outcome> {
     let refused = |refusal: origin::Refusal| Outcome::refused(refusal.reason(), refusal.to_string());
     let scope = installs.scope_of(stack).map_err(refused)?;
     origin::check_scope(stack, scope).map_err(refused)?;
     let settings = &tenant.shared.settings;
     if !settings.insecure_allow_all_apigroups
-        && let Err(message) = rbac::validate_permissions(&stack.spec)
+        && let Err(message) = rbac::validate_permissions(&stack.spec, tenant_crds)
     {
         return Err(Outcome::refused("PermissionsRefused", message));
     }

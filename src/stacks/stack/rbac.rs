@@ -3,6 +3,7 @@
 //! aggregate the stack's CRDs into `admin`/`edit`/`view`. Everything here is pure.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleBinding, RoleRef, Subject};
@@ -13,6 +14,7 @@ use kube::ResourceExt;
 
 use super::tenant::TenantIdentity;
 use crate::api::stacks::{PermissionScope, Stack, StackSpec};
+use crate::stacks::install::crd_policy::MANAGED_CRD_LABEL;
 use crate::stacks::unpack::split_dependency;
 use crate::stacks::{crd_parent_label, reserved_group_owner};
 
@@ -64,10 +66,11 @@ pub const ALLOWED_VERBS: [&str; 8] = [
 ];
 
 /// Allows only rules within the stack's own API: the API groups of its CRDs and of the CRDs it depends
-/// on (never stackd's or Kubernetes' groups), the default core rule's resources, and the verbs of
+/// on (never stackd's or Kubernetes' groups, and a dependency only in a group another stack's
+/// install created, per `tenant_crds`), the default core rule's resources, and the verbs of
 /// [`ALLOWED_VERBS`]. Returns a message a user can act on.
-pub fn validate_permissions(spec: &StackSpec) -> Result<(), String> {
-    let (groups, mut refused) = stack_groups(spec);
+pub fn validate_permissions(spec: &StackSpec, tenant_crds: &[Arc<CustomResourceDefinition>]) -> Result<(), String> {
+    let (groups, mut refused) = stack_groups(spec, tenant_crds);
     for rule in &spec.permissions.rules {
         if rule.non_resource_urls.as_ref().is_some_and(|urls| !urls.is_empty()) {
             refused.push(format!(
@@ -132,21 +135,15 @@ pub fn validate_permissions(spec: &StackSpec) -> Result<(), String> {
 }
 
 /// The API groups of the stack's CRDs and dependencies, and what is refused among them: a stack never
-/// claims a group of stackd's or Kubernetes'.
-fn stack_groups(spec: &StackSpec) -> (BTreeSet<String>, Vec<String>) {
+/// claims a group of stackd's or Kubernetes', and depends only on groups stacks installed.
+fn stack_groups(spec: &StackSpec, tenant_crds: &[Arc<CustomResourceDefinition>]) -> (BTreeSet<String>, Vec<String>) {
     let owned = spec
         .customresourcedefinitions
         .iter()
         .map(|reference| reference.api_version.split('/').next().unwrap_or_default().to_string());
-    let depended = spec
-        .metadata
-        .depends_on
-        .iter()
-        .filter_map(|dependency| dependency.crd.as_deref().and_then(split_dependency))
-        .map(|(_, group)| group.to_string());
     let mut groups = BTreeSet::new();
     let mut refused = Vec::new();
-    for group in owned.chain(depended) {
+    for group in owned {
         match reserved_group_owner(&group) {
             Some(owner) => refused.push(format!("CRDs in API group {group:?}, which belongs to {owner}")),
             None => {
@@ -154,7 +151,32 @@ fn stack_groups(spec: &StackSpec) -> (BTreeSet<String>, Vec<String>) {
             }
         }
     }
+    let depended = spec
+        .metadata
+        .depends_on
+        .iter()
+        .filter_map(|dependency| dependency.crd.as_deref().and_then(split_dependency))
+        .map(|(_, group)| group.to_string());
+    for group in depended {
+        if let Some(owner) = reserved_group_owner(&group) {
+            refused.push(format!("CRDs in API group {group:?}, which belongs to {owner}"));
+        } else if !installed_by_stacks(&group, tenant_crds) {
+            refused.push(format!(
+                "a dependency in API group {group:?}, whose CRDs no stack installed (a stack may depend only on CRDs another stack's install created; install that stack first)"
+            ));
+        } else {
+            groups.insert(group);
+        }
+    }
     (groups, refused)
+}
+
+/// True when `group` has CRDs on the tenant and stackd created every one of them for a stack: a
+/// dependency on anyone else's API (a third party's CRDs, a group Kubernetes serves) would hand the
+/// stack full access to it.
+fn installed_by_stacks(group: &str, tenant_crds: &[Arc<CustomResourceDefinition>]) -> bool {
+    let mut in_group = tenant_crds.iter().filter(|crd| crd.spec.group == group).peekable();
+    in_group.peek().is_some() && in_group.all(|crd| crd.labels().contains_key(MANAGED_CRD_LABEL))
 }
 
 /// `stackd:<ns>:<stack>`, the binding's name and the prefix of the roles'.
@@ -244,7 +266,7 @@ pub fn binds_cluster_wide(stack: &Stack) -> bool {
 pub fn persona_roles(
     stack: &Stack,
     identity: &TenantIdentity,
-    crds: &[std::sync::Arc<CustomResourceDefinition>],
+    crds: &[Arc<CustomResourceDefinition>],
 ) -> Result<Vec<ClusterRole>, Vec<String>> {
     let mut resources: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut missing = Vec::new();
@@ -315,6 +337,63 @@ mod tests {
         .expect("spec")
     }
 
+    fn tenant_crd(plural: &str, group: &str, managed: bool) -> Arc<CustomResourceDefinition> {
+        let labels = if managed {
+            serde_json::json!({MANAGED_CRD_LABEL: "true"})
+        } else {
+            serde_json::json!({})
+        };
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("{plural}.{group}"), "labels": labels},
+                "spec": {
+                    "group": group,
+                    "names": {"kind": "Thing", "plural": plural},
+                    "scope": "Namespaced",
+                    "versions": [{"name": "v1", "served": true, "storage": true}],
+                }
+            }))
+            .expect("crd"),
+        )
+    }
+
+    /// The tenant's CRDs: the dependency's, which another stack's install created.
+    fn tenant_crds() -> Vec<Arc<CustomResourceDefinition>> {
+        vec![tenant_crd("gadgets", "gadgets.example.org", true)]
+    }
+
+    fn depending_on(crd: &str) -> StackSpec {
+        let (plural, group) = split_dependency(crd).expect("dependency");
+        let mut spec = spec(vec![rule(&[group], &[plural], &ALLOWED_VERBS)]);
+        spec.metadata.depends_on[0].crd = Some(crd.into());
+        spec
+    }
+
+    #[test]
+    fn a_dependency_grants_only_a_group_whose_crds_stacks_installed() {
+        assert_eq!(
+            validate_permissions(&depending_on("gadgets.gadgets.example.org/v1"), &tenant_crds()),
+            Ok(())
+        );
+        let not_yet = validate_permissions(&depending_on("gadgets.gadgets.example.org/v1"), &[]).expect_err("refused");
+        assert!(
+            not_yet.contains("\"gadgets.example.org\", whose CRDs no stack installed"),
+            "{not_yet}"
+        );
+        let mut tenant = tenant_crds();
+        tenant.push(tenant_crd("policyexceptions", "kyverno.io", false));
+        let third_party =
+            validate_permissions(&depending_on("policyexceptions.kyverno.io/v2"), &tenant).expect_err("refused");
+        assert!(third_party.contains("\"kyverno.io\""), "{third_party}");
+        // A third party's CRD next to a stack's in one group: the group is not the stacks' alone.
+        tenant.push(tenant_crd("intruders", "gadgets.example.org", false));
+        assert!(validate_permissions(&depending_on("gadgets.gadgets.example.org/v1"), &tenant).is_err());
+        for builtin in ["deployments.apps/v1", "jobs.batch/v1", "poddisruptionbudgets.policy/v1"] {
+            let message = validate_permissions(&depending_on(builtin), &tenant_crds()).expect_err(builtin);
+            assert!(message.contains("belongs to Kubernetes"), "{builtin}: {message}");
+        }
+    }
+
     #[test]
     fn the_generated_rules_are_allowed() {
         let rules = vec![
@@ -322,7 +401,7 @@ mod tests {
             rule(&["samples.example.org"], &["widgets", "widgets/status"], &ALLOWED_VERBS),
             rule(&["gadgets.example.org"], &["gadgets"], &["get", "list", "watch"]),
         ];
-        assert_eq!(validate_permissions(&spec(rules)), Ok(()));
+        assert_eq!(validate_permissions(&spec(rules), &tenant_crds()), Ok(()));
     }
 
     #[test]
@@ -336,7 +415,7 @@ mod tests {
             rule(&[""], &[], &["get"]),
             rule(&[], &["widgets"], &["get"]),
         ] {
-            let message = validate_permissions(&spec(vec![bad.clone()])).expect_err("refused");
+            let message = validate_permissions(&spec(vec![bad.clone()]), &tenant_crds()).expect_err("refused");
             assert!(message.contains("--insecure-allow-all-apigroups"), "{bad:?}: {message}");
         }
         let urls = PolicyRule {
@@ -344,7 +423,7 @@ mod tests {
             verbs: vec!["get".into()],
             ..Default::default()
         };
-        let message = validate_permissions(&spec(vec![urls])).expect_err("refused");
+        let message = validate_permissions(&spec(vec![urls]), &tenant_crds()).expect_err("refused");
         assert!(message.contains("/metrics"));
     }
 
@@ -358,7 +437,8 @@ mod tests {
                     "samples.example.org"
                 };
                 let message =
-                    validate_permissions(&spec(vec![rule(&[group], resources, &["get", verb])])).expect_err("refused");
+                    validate_permissions(&spec(vec![rule(&[group], resources, &["get", verb])]), &tenant_crds())
+                        .expect_err("refused");
                 assert!(message.contains(&format!("verbs [\"{verb}\"]")), "{message}");
             }
         }
@@ -372,11 +452,11 @@ mod tests {
             &["create"],
         )]);
         claims.customresourcedefinitions[0].api_version = "stacks.stackd.dev/v1alpha1".into();
-        let message = validate_permissions(&claims).expect_err("refused");
+        let message = validate_permissions(&claims, &tenant_crds()).expect_err("refused");
         assert!(message.contains("belongs to stackd"), "{message}");
         let mut depends = spec(vec![]);
         depends.metadata.depends_on[0].crd = Some("roles.rbac.authorization.k8s.io/v1".into());
-        let message = validate_permissions(&depends).expect_err("refused");
+        let message = validate_permissions(&depends, &tenant_crds()).expect_err("refused");
         assert!(message.contains("belongs to Kubernetes"), "{message}");
     }
 }
