@@ -109,22 +109,28 @@ pub(super) async fn run<K: InstallKind>(
     let mut deleted = Vec::new();
     for crd in ctx.crds.state() {
         let mut labels = crd.labels().clone();
+        let mut resource_version = crd.metadata.resource_version.clone();
         if label_is_ours && labels.contains_key(&label) {
             let patch = json!({"metadata": {"uid": crd.metadata.uid, "labels": {label.as_str(): null}}});
             match crds
                 .patch(&crd.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
-                Ok(patched) => labels = patched.labels().clone(),
+                Ok(patched) => {
+                    labels = patched.labels().clone();
+                    resource_version = patched.metadata.resource_version.clone();
+                }
                 Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => continue,
                 Err(err) => return Err(InstallError::Tenant(err)),
             }
         }
         if deletable(&crd, &labels, &installer) {
+            // The labels were judged at this resourceVersion: a stack that started using the CRD since
+            // (a new parent label) makes the delete fail instead of taking its CRD.
             let params = DeleteParams {
                 preconditions: Some(Preconditions {
                     uid: crd.metadata.uid.clone(),
-                    resource_version: None,
+                    resource_version,
                 }),
                 ..DeleteParams::default()
             };
