@@ -17,6 +17,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::cluster_identity::{self, IdentityError};
 use super::directory::TenantFile;
 use super::endpoint::{EndpointError, TenantEndpoint};
 use crate::api::crds::is_established;
@@ -67,6 +68,8 @@ pub enum TenantError {
     HostNamespace(#[from] NamespaceError),
     #[error("a controller stopped: {0}")]
     Controller(String),
+    #[error(transparent)]
+    ClusterIdentity(#[from] IdentityError),
 }
 
 impl TenantError {
@@ -75,7 +78,10 @@ impl TenantError {
         match self {
             TenantError::Config(_) => "config",
             TenantError::Unreachable(cause) => cause.kind.label(),
-            TenantError::HostNamespace(_) | TenantError::Controller(_) => "controller",
+            TenantError::ClusterIdentity(IdentityError::OtherCluster { .. }) => "other-cluster",
+            TenantError::HostNamespace(_) | TenantError::Controller(_) | TenantError::ClusterIdentity(_) => {
+                "controller"
+            }
         }
     }
 
@@ -132,6 +138,9 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
     if let Some(stopped) = wait_until_ready(host_namespace_ready, &mut controllers, &cancel).await {
         return stopped;
     }
+    // Host objects are judged by the tenant's uids (the sweep): only for the cluster they came from.
+    let cluster_uid = cluster_identity::tenant_cluster_uid(&client).await?;
+    cluster_identity::check(&context.host, &context.host_namespace, &cluster_uid).await?;
     // No pod of the tenant's is created before its quota and container defaults are in place.
     let (quota_applied, quota_ready) = tokio::sync::watch::channel(false);
     controllers.spawn(crate::host::quota::run(context.clone(), cancel.clone(), quota_applied));

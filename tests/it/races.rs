@@ -7,14 +7,16 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use stackd::api::pools::ClusterDeployment;
 use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::{ApiServer, ServerOptions, Verb};
+use stackd::host::Parent;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
@@ -268,5 +270,86 @@ async fn a_cluster_deleted_while_the_daemon_restarts_still_gets_its_destroy_job(
         *seen.borrow(),
         "the deleted cluster was let go without its destroy Job:\n{}",
         second.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_file_pointed_at_another_cluster_stops_the_tenant_instead_of_sweeping_it() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let other = ApiServer::start(ServerOptions {
+        name: "other-cluster".into(),
+        ..Default::default()
+    })
+    .await
+    .expect("another cluster");
+    let crds: Api<CustomResourceDefinition> = Api::all(other.client().await);
+    for crd in stackd::api::crds::all() {
+        crds.create(&PostParams::default(), &crd).await.expect("stackd crd");
+    }
+    let daemon = Daemon::spawn(
+        fleet.dir.path(),
+        &[
+            "--stackd-image",
+            STACKD_TEST_IMAGE,
+            "--allow-insecure-tenant-endpoint",
+            "--sweep-interval",
+            "1s",
+        ],
+    );
+    daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", SOON).await;
+    let host_namespaces: Api<Namespace> = Api::all(fleet.host_client.clone());
+    let recorded = host_namespaces
+        .get("tenant-acme-controllers")
+        .await
+        .expect("host namespace");
+    assert!(
+        recorded.annotations().contains_key("stackd.dev/tenant-cluster-uid"),
+        "{:?}",
+        recorded.annotations()
+    );
+    // A host object of a parent that lives on the first cluster only.
+    let install = create_install(
+        &fleet.tenant("acme"),
+        "team-a",
+        "kept",
+        json!({"package": "examples/sample-stack:v1"}),
+    )
+    .await;
+    let parent = Parent::new(
+        "StackInstall",
+        Some("team-a"),
+        "kept",
+        install.uid().as_deref().unwrap_or_default(),
+    );
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some("team-a.kept-state".into()),
+            labels: Some(parent.labels("acme")),
+            annotations: Some(parent.annotations()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let host_secrets: Api<Secret> = Api::namespaced(fleet.host_client.clone(), "tenant-acme-controllers");
+    host_secrets
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("host secret");
+
+    std::fs::write(
+        fleet.dir.path().join("tenants").join("acme.yaml"),
+        other.kubeconfig_yaml(),
+    )
+    .expect("re-point the tenant");
+    let ready = daemon
+        .wait_for("/readyz?verbose", "now points at another cluster", SOON)
+        .await;
+    assert!(ready.contains("stackd.dev/tenant-cluster-uid"), "{ready}");
+    // Several sweep intervals: a sweep of the other cluster would find no parent for the Secret.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        host_secrets.get_opt("team-a.kept-state").await.expect("get").is_some(),
+        "the host objects of the first cluster were swept:\n{}",
+        daemon.log_text()
     );
 }
