@@ -51,6 +51,16 @@ pub enum HostWriteError {
         name: String,
         reason: String,
     },
+    /// The server answered a replace with other values for fields stackd sets (a mutating webhook,
+    /// a policy engine): replacing again would loop.
+    #[error(
+        "host {kind} {namespace}/{name} was changed back by the host as it was written (a mutating admission webhook or policy?); stackd retries with backoff: exempt stackd's objects in namespace {namespace} from that mutation"
+    )]
+    Reverted {
+        kind: String,
+        namespace: String,
+        name: String,
+    },
     #[error("host API request failed: {0}")]
     Api(#[from] kube::Error),
 }
@@ -60,6 +70,7 @@ impl HostWriteError {
     pub fn reason(&self) -> &'static str {
         match self {
             HostWriteError::Conflict { .. } => "HostObjectConflict",
+            HostWriteError::Reverted { .. } => "HostObjectReverted",
             HostWriteError::Api(_) => "HostUnavailable",
         }
     }
@@ -97,8 +108,16 @@ where
     let mut replacement = desired.clone();
     replacement.meta_mut().uid = existing.meta().uid.clone();
     replacement.meta_mut().resource_version = existing.meta().resource_version.clone();
-    api.replace(&desired.name_any(), &PostParams::default(), &replacement)
+    let written = api
+        .replace(&desired.name_any(), &PostParams::default(), &replacement)
         .await?;
+    if !contains(&written, desired) {
+        return Err(HostWriteError::Reverted {
+            kind: K::kind(&K::DynamicType::default()).into_owned(),
+            namespace: written.namespace().unwrap_or_default(),
+            name: written.name_any(),
+        });
+    }
     Ok(Applied::Updated)
 }
 
@@ -190,8 +209,9 @@ where
 }
 
 /// True when every field `desired` sets has the same value in `existing`. Fields the server defaults
-/// (or other controllers add) are ignored; a list must have the same length, so an added container or
-/// volume counts as drift.
+/// (or other controllers and webhooks add) are ignored: lists of named items (containers, env,
+/// volumes, ports) are matched by name, so an added sidecar or variable is not drift, while other
+/// lists (args, command) must be equal in length.
 pub fn contains<K: Serialize>(existing: &K, desired: &K) -> bool {
     let (Ok(mut existing), Ok(mut desired)) = (serde_json::to_value(existing), serde_json::to_value(desired)) else {
         return false;
@@ -222,12 +242,20 @@ fn subset(desired: &Value, existing: &Value) -> bool {
             // An empty map or list we set is the same as the field left out.
             None => is_empty(value),
         }),
+        (Value::Array(want), Value::Array(have)) if want.iter().all(|w| item_name(w).is_some()) => want
+            .iter()
+            .all(|w| have.iter().any(|h| item_name(h) == item_name(w) && subset(w, h))),
         (Value::Array(want), Value::Array(have)) => {
             want.len() == have.len() && want.iter().zip(have).all(|(w, h)| subset(w, h))
         }
         (want, Value::Null) => is_empty(want),
         (want, have) => want == have,
     }
+}
+
+/// The `name` of a list item that has one (a container, an env var, a volume, a port).
+fn item_name(item: &Value) -> Option<&str> {
+    item.get("name").and_then(Value::as_str)
 }
 
 fn is_empty(value: &Value) -> bool {
@@ -270,9 +298,34 @@ mod tests {
     }
 
     #[test]
-    fn list_length_counts() {
+    fn list_length_counts_for_unnamed_items() {
         assert!(!subset(&json!([{"a": 1}]), &json!([{"a": 1}, {"b": 2}])));
         assert!(subset(&json!([{"a": 1}]), &json!([{"a": 1, "b": 2}])));
+        assert!(!subset(&json!(["--flag"]), &json!(["--flag", "--injected"])));
+    }
+
+    #[test]
+    fn a_sidecar_or_variable_added_by_a_webhook_is_not_drift() {
+        let desired =
+            json!({"containers": [{"name": "controller", "image": "a", "env": [{"name": "X", "value": "1"}]}]});
+        let mutated = json!({"containers": [
+            {"name": "proxy", "image": "mesh"},
+            {"name": "controller", "image": "a", "env": [{"name": "INJECTED", "value": "y"}, {"name": "X", "value": "1"}]}
+        ]});
+        assert!(subset(&desired, &mutated));
+    }
+
+    #[test]
+    fn a_named_item_changed_or_gone_is_drift() {
+        let desired = json!({"containers": [{"name": "controller", "image": "a"}]});
+        assert!(!subset(
+            &desired,
+            &json!({"containers": [{"name": "controller", "image": "b"}]})
+        ));
+        assert!(!subset(
+            &desired,
+            &json!({"containers": [{"name": "other", "image": "a"}]})
+        ));
     }
 
     #[test]
