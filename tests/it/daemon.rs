@@ -72,6 +72,16 @@ impl Fleet {
         &self._host
     }
 
+    /// The host namespace the leader Lease lives in (`--leader-elect-namespace`'s default).
+    pub(crate) async fn leader_election_namespace(&self) {
+        let system: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "stackd-system"}})).expect("ns");
+        self.namespaces()
+            .create(&Default::default(), &system)
+            .await
+            .expect("create stackd-system");
+    }
+
     pub(crate) fn daemon(&self, extra: &[&str]) -> Daemon {
         Daemon::spawn(self.dir.path(), extra)
     }
@@ -477,13 +487,7 @@ async fn sigterm_stops_the_daemon_with_exit_code_zero() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn of_two_daemons_with_leader_election_only_one_reconciles_until_it_exits() {
     let fleet = Fleet::start(&["acme"]).await;
-    let namespaces: Api<Namespace> = Api::all(fleet.host_client.clone());
-    let system: Namespace =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": "stackd-system"}})).expect("ns");
-    namespaces
-        .create(&Default::default(), &system)
-        .await
-        .expect("create stackd-system");
+    fleet.leader_election_namespace().await;
     let args = ["--leader-elect", "--leader-elect-lease-duration", "3"];
     let mut first = fleet.daemon(&args);
     fleet.wait_for_namespace("acme", SOON).await;

@@ -83,16 +83,6 @@ fn upstream_of(url: &str) -> SocketAddr {
         .expect("a loopback address in the server URL")
 }
 
-async fn leader_election_namespace(fleet: &Fleet) {
-    let namespaces: Api<Namespace> = Api::all(fleet.host_client.clone());
-    let system: Namespace =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": "stackd-system"}})).expect("ns");
-    namespaces
-        .create(&Default::default(), &system)
-        .await
-        .expect("create stackd-system");
-}
-
 /// Polls `check` until it is true; the time it first was.
 async fn when(what: &str, within: Duration, check: impl Fn() -> bool) -> Instant {
     let deadline = Instant::now() + within;
@@ -108,7 +98,7 @@ async fn when(what: &str, within: Duration, check: impl Fn() -> bool) -> Instant
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_from_the_host_stops_before_a_standby_takes_over() {
     let fleet = Fleet::start(&["acme"]).await;
-    leader_election_namespace(&fleet).await;
+    fleet.leader_election_namespace().await;
     let upstream = upstream_of(&fleet.host().url());
     let partition = Partition::start(upstream).await;
     let proxied: PathBuf = fleet.dir.path().join("host-through-proxy.yaml");

@@ -21,37 +21,6 @@ use crate::stacks::{crd_parent_label, reserved_group_owner};
 /// Core resources every stack may use: the default rule `stackd unpack` generates.
 const DEFAULT_CORE_RESOURCES: [&str; 3] = ["configmaps", "events", "secrets"];
 
-/// Personas a stack's CRDs are aggregated into, with the verbs each gets.
-pub const PERSONAS: [(&str, &[&str]); 3] = [
-    (
-        "admin",
-        &[
-            "get",
-            "list",
-            "watch",
-            "create",
-            "update",
-            "patch",
-            "delete",
-            "deletecollection",
-        ],
-    ),
-    (
-        "edit",
-        &[
-            "get",
-            "list",
-            "watch",
-            "create",
-            "update",
-            "patch",
-            "delete",
-            "deletecollection",
-        ],
-    ),
-    ("view", &["get", "list", "watch"]),
-];
-
 /// The verbs a stack's rules may use: reading and writing objects. Everything else — `*`, `escalate`,
 /// `bind`, `impersonate`, `approve`, ... — would reach beyond the objects themselves.
 pub const ALLOWED_VERBS: [&str; 8] = [
@@ -63,6 +32,14 @@ pub const ALLOWED_VERBS: [&str; 8] = [
     "patch",
     "delete",
     "deletecollection",
+];
+
+/// Personas a stack's CRDs are aggregated into, with the verbs each gets: admin and edit all a
+/// stack's rules may use, view the reading ones.
+pub const PERSONAS: [(&str, &[&str]); 3] = [
+    ("admin", &ALLOWED_VERBS),
+    ("edit", &ALLOWED_VERBS),
+    ("view", &["get", "list", "watch"]),
 ];
 
 /// Allows only rules within the stack's own API: the API groups of its CRDs and of the CRDs it depends
