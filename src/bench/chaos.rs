@@ -437,11 +437,26 @@ async fn describe_pool(
     {
         Ok(Some(pool)) => {
             let status = pool.status.unwrap_or_default();
+            // Which entry backs which cluster: a lease whose cluster never appeared holds its entry
+            // for --lease-min-age.
+            let inventory: Vec<String> = status
+                .inventory
+                .iter()
+                .map(|e| {
+                    format!(
+                        "{}={:?}({})",
+                        e.name,
+                        e.status,
+                        e.cluster_deployment.as_deref().unwrap_or("-")
+                    )
+                })
+                .collect();
             lines.push(format!(
-                "{tenant}: ClusterPool {namespace}/{name}: size {}, ready {}, standby {}; {}",
+                "{tenant}: ClusterPool {namespace}/{name}: size {}, ready {}, standby {}; inventory [{}]; {}",
                 pool.spec.size,
                 status.ready,
                 status.standby,
+                inventory.join(", "),
                 conditions_text(&status.conditions)
             ));
         }
