@@ -1266,12 +1266,16 @@ async fn stack_install_and_uninstall(installation: &Installation) -> Vec<Scenari
         tenant: tenant_window.close(&installation.tenant, &installation.tenant_subject),
     };
 
+    // The uninstall is asked for while the daemon is down: the window counts every client's
+    // requests, and a running daemon could answer the deletes before the window opened.
+    stop(&mut daemon).await;
     installs.delete("sample", &Default::default()).await.expect("uninstall");
     cluster_installs
         .delete("gadgets", &Default::default())
         .await
         .expect("uninstall");
     let (host_window, tenant_window) = (Window::open(&installation.host), Window::open(&installation.tenant));
+    let mut daemon = installation.daemon(&[]);
     let deadline = Instant::now() + Duration::from_secs(30);
     while installation
         .tenant
