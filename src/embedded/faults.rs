@@ -1,17 +1,21 @@
 //! Fault injection for tests: fail the next N requests matching verb/resource/namespace with a status
-//! code (and a proper `Status` body), add latency to matching requests, drop every open watch.
+//! code (and a proper `Status` body), add latency to matching requests, drop every open watch, pause
+//! the delivery of watch events (a watch cache that fell behind).
 //! Restarting the server (keeping or losing its state) is [`super::ApiServer::restart`].
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::discovery::ResourceInfo;
 use super::http::Verb;
 use super::status::ApiError;
+use super::store::Store;
 
 /// Which requests a fault applies to; every field left `None` matches anything.
 #[derive(Debug, Clone, Default)]
@@ -66,6 +70,13 @@ struct Latency {
     delay: Duration,
 }
 
+/// Matching watches hold back every event written after `after` while this lasts.
+struct Pause {
+    id: u64,
+    matching: RequestMatch,
+    after: u64,
+}
+
 /// The faults armed on one server.
 pub struct Faults {
     failures: Mutex<Vec<Failure>>,
@@ -75,6 +86,11 @@ pub struct Faults {
     parent: CancellationToken,
     /// `Retry-After` seconds sent with injected 429s.
     retry_after: Mutex<u64>,
+    /// Shared with every open watch, so a pause or resume reaches them at once.
+    pauses: Arc<watch::Sender<Vec<Pause>>>,
+    next_pause: AtomicU64,
+    /// The resourceVersion a pause starts after.
+    store: Arc<Store>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -82,13 +98,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Faults {
-    pub(crate) fn new(shutdown: &CancellationToken) -> Faults {
+    pub(crate) fn new(shutdown: &CancellationToken, store: Arc<Store>) -> Faults {
         Faults {
             failures: Mutex::default(),
             latencies: Mutex::default(),
             watches: Mutex::new(shutdown.child_token()),
             parent: shutdown.clone(),
             retry_after: Mutex::new(1),
+            pauses: Arc::new(watch::Sender::new(Vec::new())),
+            next_pause: AtomicU64::new(0),
+            store,
         }
     }
 
@@ -130,6 +149,33 @@ impl Faults {
         lock(&self.watches).clone()
     }
 
+    /// Watches matching `matching` (open now or opened later) deliver nothing written from now on
+    /// until the returned guard is dropped: then they deliver what they held, in order and with its
+    /// resourceVersions, as a watch cache that fell behind and caught up would. Events written before
+    /// the pause still arrive, and lists and gets keep answering the current state. A watch that ends
+    /// while paused (timeout, [`Faults::drop_watches`]) loses nothing: its client resumes from the
+    /// last resourceVersion it saw, and the new watch holds the rest. `matching` is matched as a
+    /// watch request: a verb other than [`Verb::Watch`] pauses nothing.
+    pub fn pause_watches(&self, matching: RequestMatch) -> PausedWatches {
+        let id = self.next_pause.fetch_add(1, Ordering::Relaxed);
+        let after = self.store.resource_version();
+        self.pauses
+            .send_modify(|pauses| pauses.push(Pause { id, matching, after }));
+        PausedWatches {
+            pauses: self.pauses.clone(),
+            id,
+        }
+    }
+
+    /// What a watch of `info` in `namespace` ("" for all) consults before it delivers an event.
+    pub(crate) fn watch_gate(&self, info: &ResourceInfo, namespace: &str) -> WatchGate {
+        WatchGate {
+            pauses: self.pauses.subscribe(),
+            info: info.clone(),
+            namespace: namespace.to_string(),
+        }
+    }
+
     /// Applies latency, then answers the injected failure if one matches.
     pub(crate) async fn intercept(&self, verb: Verb, info: &ResourceInfo, namespace: &str) -> Option<Response> {
         let delay: Duration = lock(&self.latencies)
@@ -152,6 +198,52 @@ impl Faults {
         };
         let retry_after = *lock(&self.retry_after);
         Some(injected(code, retry_after, info))
+    }
+}
+
+/// A pause of watch deliveries, from [`Faults::pause_watches`]; the watches resume when it is dropped.
+#[must_use = "the watches resume as soon as the pause is dropped"]
+pub struct PausedWatches {
+    pauses: Arc<watch::Sender<Vec<Pause>>>,
+    id: u64,
+}
+
+impl PausedWatches {
+    /// Lets the paused watches deliver what they held, then go on live.
+    pub fn resume(self) {}
+}
+
+impl Drop for PausedWatches {
+    fn drop(&mut self) {
+        let id = self.id;
+        self.pauses.send_modify(|pauses| pauses.retain(|p| p.id != id));
+    }
+}
+
+/// The pauses as one watch sees them.
+pub(crate) struct WatchGate {
+    pauses: watch::Receiver<Vec<Pause>>,
+    info: ResourceInfo,
+    namespace: String,
+}
+
+impl WatchGate {
+    /// The resourceVersion after which this watch must hold events back, while a pause matches it.
+    pub(crate) fn held_after(&mut self) -> Option<u64> {
+        self.pauses
+            .borrow_and_update()
+            .iter()
+            .filter(|p| p.matching.matches(Verb::Watch, &self.info, &self.namespace))
+            .map(|p| p.after)
+            .min()
+    }
+
+    /// Returns when a pause begins or ends.
+    pub(crate) async fn changed(&mut self) {
+        if self.pauses.changed().await.is_err() {
+            // The server is gone with its faults: nothing will change any more.
+            std::future::pending::<()>().await;
+        }
     }
 }
 

@@ -603,6 +603,7 @@ fn watch_response(
         shared.store.clone(),
         target.info.clone(),
         options,
+        shared.faults.watch_gate(&target.info, target.namespace()),
         shared.faults.watch_token(),
     );
     // Counted while the response body lives: it ends with the watch or the connection.

@@ -212,10 +212,10 @@ impl ApiServer {
         let shutdown = CancellationToken::new();
         let shared = Arc::new(Shared {
             resources: Arc::new(ResourceTable::new(store.clone())),
+            faults: Faults::new(&shutdown, store.clone()),
             store,
             token: options.token.clone(),
             address: address.clone(),
-            faults: Faults::new(&shutdown),
             shutdown,
             requests: AtomicU64::new(0),
             counters: Counters::default(),

@@ -1,6 +1,7 @@
 //! Watch streams: replay from a resourceVersion (or a synthetic ADDED snapshot), then live events,
 //! filtered by namespace and selectors, with bookmarks, timeouts and the in-stream 410.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use super::discovery::ResourceInfo;
+use super::faults::WatchGate;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::status::ApiError;
 use super::store::{EventType, Store, StoreEvent, Subscription};
@@ -41,10 +43,12 @@ struct Watcher {
 }
 
 /// The response body of a watch: one JSON event per line until timeout, shutdown or disconnect.
-pub fn stream(
+/// `gate` holds events back while a test pauses this watch ([`super::faults::Faults::pause_watches`]).
+pub(crate) fn stream(
     store: Arc<Store>,
     info: ResourceInfo,
     options: WatchOptions,
+    gate: WatchGate,
     shutdown: CancellationToken,
 ) -> ReceiverStream<Result<Bytes, Infallible>> {
     let (sink, body) = mpsc::channel(64);
@@ -60,7 +64,7 @@ pub fn stream(
     };
     tokio::spawn(async move {
         match subscription {
-            Ok(subscription) => watcher.run(subscription, shutdown).await,
+            Ok(subscription) => watcher.run(subscription, gate, shutdown).await,
             Err((since, floor)) => {
                 let message = format!("too old resource version: {since} ({floor})");
                 watcher.send_error(&ApiError::expired(message)).await;
@@ -70,8 +74,27 @@ pub fn stream(
     ReceiverStream::new(body)
 }
 
+/// What a watch owes its client and has not sent yet.
+enum Owed {
+    /// An object of the initial snapshot, current as of the subscription's resourceVersion.
+    Snapshot {
+        object: Value,
+        resource_version: u64,
+    },
+    Event(Arc<StoreEvent>),
+}
+
+impl Owed {
+    fn resource_version(&self) -> u64 {
+        match self {
+            Owed::Snapshot { resource_version, .. } => *resource_version,
+            Owed::Event(event) => event.resource_version,
+        }
+    }
+}
+
 impl Watcher {
-    async fn run(mut self, subscription: Subscription, shutdown: CancellationToken) {
+    async fn run(mut self, subscription: Subscription, mut gate: WatchGate, shutdown: CancellationToken) {
         let Subscription {
             backlog,
             snapshot,
@@ -79,33 +102,38 @@ impl Watcher {
             resource_version,
         } = subscription;
         self.seen = resource_version;
-        for object in snapshot {
-            if self.matches(&object) && !self.send(EventType::Added.as_str(), object).await {
-                return;
-            }
-        }
-        for event in backlog {
-            if !self.deliver(&event).await {
-                return;
-            }
-        }
+        // Oldest first, and only the oldest may go out: a paused watch keeps its order.
+        let mut owed: VecDeque<Owed> = snapshot
+            .into_iter()
+            .map(|object| Owed::Snapshot {
+                object,
+                resource_version,
+            })
+            .chain(backlog.into_iter().map(Owed::Event))
+            .collect();
+        let mut received = resource_version;
         let deadline = self.options.timeout.map(|t| tokio::time::Instant::now() + t);
         let mut bookmarks = tokio::time::interval(BOOKMARK_INTERVAL);
         bookmarks.tick().await;
         loop {
+            if !self.pay(&mut owed, &mut gate).await {
+                return;
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = sleep_until(deadline) => return,
+                _ = gate.changed() => {}
                 _ = bookmarks.tick(), if self.options.bookmarks => {
-                    if !self.send_bookmark().await {
+                    // A bookmark past held events would tell the client it has seen them.
+                    if owed.is_empty() && gate.held_after().is_none() && !self.send_bookmark().await {
                         return;
                     }
                 }
-                received = live.recv() => match received {
+                event = live.recv() => match event {
+                    Ok(event) if event.resource_version <= received => {}
                     Ok(event) => {
-                        if event.resource_version > self.seen && !self.deliver(&event).await {
-                            return;
-                        }
+                        received = event.resource_version;
+                        self.owe(&mut owed, event);
                     }
                     Err(broadcast::error::RecvError::Lagged(_)) => {
                         // Events were lost for this slow watcher: make it relist rather than lie.
@@ -115,6 +143,39 @@ impl Watcher {
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
                 },
+            }
+        }
+    }
+
+    /// Queues a live event; another resource's only moves the bookmark on when nothing is owed.
+    fn owe(&mut self, owed: &mut VecDeque<Owed>, event: Arc<StoreEvent>) {
+        if event.resource == self.info.storage_key() {
+            owed.push_back(Owed::Event(event));
+        } else if owed.is_empty() {
+            self.seen = event.resource_version;
+        }
+    }
+
+    /// Sends what is owed, oldest first, up to the first event a pause holds back; false when the
+    /// client is gone.
+    async fn pay(&mut self, owed: &mut VecDeque<Owed>, gate: &mut WatchGate) -> bool {
+        loop {
+            let held_after = gate.held_after();
+            let due = owed
+                .front()
+                .is_some_and(|next| held_after.is_none_or(|after| next.resource_version() <= after));
+            if !due {
+                return true;
+            }
+            let sent = match owed.pop_front() {
+                Some(Owed::Snapshot { object, .. }) => {
+                    !self.matches(&object) || self.send(EventType::Added.as_str(), object).await
+                }
+                Some(Owed::Event(event)) => self.deliver(&event).await,
+                None => true,
+            };
+            if !sent {
+                return false;
             }
         }
     }

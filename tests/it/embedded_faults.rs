@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -334,4 +335,84 @@ async fn restart_over_tls_serves_the_same_certificate_and_token() {
         .create(&PostParams::default(), &configmap("after", json!({})))
         .await
         .expect("the old client trusts the restarted server");
+}
+
+/// The next watcher event within `within`, if any.
+async fn next_event(
+    events: &mut futures::stream::BoxStream<'static, Result<Event<ConfigMap>, watcher::Error>>,
+    within: Duration,
+) -> Option<Event<ConfigMap>> {
+    match timeout(within, events.next()).await {
+        Ok(Some(Ok(event))) => Some(event),
+        Ok(other) => panic!("the watcher ended or failed: {other:?}"),
+        Err(_) => None,
+    }
+}
+
+#[tokio::test]
+async fn paused_watches_deliver_nothing_until_resumed_then_everything_in_order() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api = t.configmaps("ns");
+    let mut events = started_watcher(&t).await;
+    let paused = t
+        .server
+        .faults()
+        .pause_watches(RequestMatch::any().resource("configmaps"));
+    let mut written = Vec::new();
+    for name in ["a", "b"] {
+        let created = api
+            .create(&PostParams::default(), &configmap(name, json!({})))
+            .await
+            .unwrap();
+        written.push(("apply", name, created.resource_version()));
+    }
+    let patched = api
+        .patch("a", &PatchParams::default(), &Patch::Merge(json!({"data": {"x": "y"}})))
+        .await
+        .unwrap();
+    written.push(("apply", "a", patched.resource_version()));
+    // A watch that ends while paused resumes into the same pause.
+    t.server.faults().drop_watches();
+    let deleted = api.delete("b", &DeleteParams::default()).await.unwrap();
+    let deleted_at = deleted.left().and_then(|cm| cm.resource_version());
+    assert!(deleted_at.is_some(), "the delete answered the removed ConfigMap");
+    written.push(("delete", "b", deleted_at));
+
+    // Another resource's watch is not paused.
+    let secrets: Api<Secret> = Api::namespaced(t.client.clone(), "ns");
+    let mut secret_events = watcher::watcher(secrets.clone(), watcher::Config::default())
+        .applied_objects()
+        .boxed();
+    let secret: Secret = serde_json::from_value(json!({"metadata": {"name": "s"}})).unwrap();
+    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    let seen = timeout(WAIT, secret_events.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!(seen.name_any(), "s");
+
+    let mut while_paused = Vec::new();
+    while let Some(event) = next_event(&mut events, Duration::from_millis(500)).await {
+        while_paused.push(event);
+    }
+    assert!(
+        while_paused.iter().all(|e| matches!(e, Event::Init | Event::InitDone)),
+        "delivered while paused: {while_paused:?}"
+    );
+
+    paused.resume();
+    let mut delivered = Vec::new();
+    while delivered.len() < written.len() {
+        match next_event(&mut events, WAIT)
+            .await
+            .expect("the held events after resuming")
+        {
+            Event::Apply(cm) => delivered.push(("apply", cm.name_any(), cm.resource_version())),
+            Event::Delete(cm) => delivered.push(("delete", cm.name_any(), cm.resource_version())),
+            other => panic!("a relist instead of the held events: {other:?}"),
+        }
+    }
+    let written: Vec<_> = written
+        .into_iter()
+        .map(|(what, name, version)| (what, name.to_string(), version))
+        .collect();
+    assert_eq!(delivered, written);
 }

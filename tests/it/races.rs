@@ -1,6 +1,7 @@
 //! Races that could lose work or data (issue 17), each driven deterministically: a host partition
-//! of the leader, a tenant whose stop outlasts its grace.
+//! of the leader, a tenant whose stop outlasts its grace, an uninstall judging a stale CRD cache.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -9,20 +10,24 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
 use serde_json::json;
 use stackd::api::pools::ClusterDeployment;
+use stackd::api::stacks::StackInstall;
 use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::{ApiServer, ServerOptions, Verb};
 use stackd::host::Parent;
+use stackd::stacks::crd_parent_label;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use super::daemon::{Daemon, Fleet};
 use super::pools;
-use super::stacks_install::{STACKD_TEST_IMAGE, StackFleet, create_install};
+use super::stacks_install::{
+    STACKD_TEST_IMAGE, StackFleet, WIDGETS, condition, create_install, create_namespace, events_of, wait_until,
+};
 
 const SOON: Duration = Duration::from_secs(10);
 
@@ -342,4 +347,203 @@ async fn a_tenant_file_pointed_at_another_cluster_stops_the_tenant_instead_of_sw
         "the host objects of the first cluster were swept:\n{}",
         daemon.log_text()
     );
+}
+
+const SAMPLE_PACKAGE: &str = "examples/sample-stack:v1";
+/// Long enough for an install Job, its CRDs and its Stack's Deployment on the embedded servers.
+const INSTALLED: Duration = Duration::from_secs(30);
+
+fn widgets(tenant: &Client, namespace: &str) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("samples.example.org", "v1alpha1", "Widget");
+    Api::namespaced_with(
+        tenant.clone(),
+        namespace,
+        &ApiResource::from_gvk_with_plural(&gvk, "widgets"),
+    )
+}
+
+/// A user's Widget in `namespace`: what a CRD taken by mistake would take with it.
+async fn create_widget(tenant: &Client, namespace: &str, name: &str) {
+    create_namespace(tenant, namespace).await;
+    let widget: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "samples.example.org/v1alpha1",
+        "kind": "Widget",
+        "metadata": {"name": name},
+        "spec": {"size": 1},
+    }))
+    .expect("widget");
+    widgets(tenant, namespace)
+        .create(&PostParams::default(), &widget)
+        .await
+        .expect("create widget");
+}
+
+async fn wait_ready(tenant: &Client, namespace: &str, daemon: &Daemon) {
+    let installs: Api<StackInstall> = Api::namespaced(tenant.clone(), namespace);
+    let what = format!("{namespace}/sample Ready=True");
+    wait_until(&what, INSTALLED, daemon, || {
+        let installs = installs.clone();
+        async move {
+            let install = installs.get_opt("sample").await.ok()??;
+            (condition(&install, "Ready")?.0 == "True").then_some(())
+        }
+    })
+    .await;
+}
+
+async fn uninstall(tenant: &Client, namespace: &str) {
+    Api::<StackInstall>::namespaced(tenant.clone(), namespace)
+        .delete("sample", &DeleteParams::default())
+        .await
+        .expect("delete install");
+}
+
+async fn wait_uninstalled(tenant: &Client, namespace: &str, daemon: &Daemon) {
+    let installs: Api<StackInstall> = Api::namespaced(tenant.clone(), namespace);
+    let what = format!("{namespace}/sample's uninstall");
+    wait_until(&what, INSTALLED, daemon, || {
+        let installs = installs.clone();
+        async move { installs.get_opt("sample").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+}
+
+/// The Widget CRD once its parent labels (those of the Stacks using it) pass `check`.
+async fn wait_crd_labels(
+    tenant: &Client,
+    what: &str,
+    daemon: &Daemon,
+    check: impl Fn(&BTreeMap<String, String>) -> bool,
+) -> CustomResourceDefinition {
+    let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
+    let check = &check;
+    wait_until(what, INSTALLED, daemon, || {
+        let crds = crds.clone();
+        async move {
+            let crd = crds.get_opt(WIDGETS).await.ok()??;
+            check(crd.labels()).then_some(crd)
+        }
+    })
+    .await
+}
+
+/// What a user sees left of the Widget CRD and the Widgets in `namespace`; panics naming the loss.
+async fn assert_widgets_kept(tenant: &Client, namespace: &str, daemon: &Daemon) -> CustomResourceDefinition {
+    let crd = Api::<CustomResourceDefinition>::all(tenant.clone())
+        .get_opt(WIDGETS)
+        .await
+        .expect("get crd");
+    let Some(crd) = crd else {
+        panic!("the CRD another install uses was deleted:\n{}", daemon.log_text());
+    };
+    assert!(
+        crd.metadata.deletion_timestamp.is_none(),
+        "the shared CRD is terminating"
+    );
+    let kept = widgets(tenant, namespace)
+        .list(&ListParams::default())
+        .await
+        .expect("list widgets");
+    assert_eq!(kept.items.len(), 1, "the Widgets in {namespace}");
+    crd
+}
+
+/// No CRDsDeleted Event tells the owner of `namespace/sample` that it took the CRD.
+async fn assert_no_crd_deleted_event(tenant: &Client, namespace: &str) {
+    let events = events_of(tenant, namespace, "sample").await;
+    assert!(!events.iter().any(|(reason, _)| reason == "CRDsDeleted"), "{events:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uninstalling_one_of_two_installs_of_a_package_leaves_the_shared_crd_and_the_others_widgets() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let tenant = fleet.tenant("acme");
+    let daemon = fleet.daemon(&[]);
+    for namespace in ["team-a", "team-b"] {
+        create_install(&tenant, namespace, "sample", json!({"package": SAMPLE_PACKAGE})).await;
+    }
+    for namespace in ["team-a", "team-b"] {
+        wait_ready(&tenant, namespace, &daemon).await;
+    }
+    create_widget(&tenant, "team-b", "kept").await;
+    let (label_a, label_b) = (
+        crd_parent_label("team-a", "sample"),
+        crd_parent_label("team-b", "sample"),
+    );
+    wait_crd_labels(&tenant, "both Stacks' labels on the CRD", &daemon, |labels| {
+        labels.contains_key(&label_a) && labels.contains_key(&label_b)
+    })
+    .await;
+
+    uninstall(&tenant, "team-a").await;
+    wait_uninstalled(&tenant, "team-a", &daemon).await;
+    let crd = assert_widgets_kept(&tenant, "team-b", &daemon).await;
+    assert!(crd.labels().contains_key(&label_b), "{:?}", crd.labels());
+    assert!(!crd.labels().contains_key(&label_a), "{:?}", crd.labels());
+    assert_no_crd_deleted_event(&tenant, "team-a").await;
+    let other = Api::<StackInstall>::namespaced(tenant.clone(), "team-b")
+        .get("sample")
+        .await
+        .expect("team-b's install");
+    assert_eq!(
+        condition(&other, "Ready").map(|(status, ..)| status).as_deref(),
+        Some("True"),
+        "{:?}",
+        other.status
+    );
+}
+
+/// The race of issue 17: the uninstall judges "no stack uses this CRD" from its cache while another
+/// install has just put its Stack's label on the CRD. The daemon's CRD watches are paused, so its
+/// caches show the CRD as it was after the first Stack dropped its label and before the second
+/// install added its own; the uninstall's delete must fail on the CRD's resourceVersion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uninstall_judging_a_stale_crd_cache_leaves_the_crd_a_new_install_just_took() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let tenant = fleet.tenant("acme");
+    let tenant_server = &fleet.tenants["acme"].0;
+    let daemon = fleet.daemon(&["--backoff-base", "50ms"]);
+    create_install(&tenant, "team-a", "sample", json!({"package": SAMPLE_PACKAGE})).await;
+    wait_ready(&tenant, "team-a", &daemon).await;
+    create_widget(&tenant, "team-b", "kept").await;
+    let (label_a, label_b) = (
+        crd_parent_label("team-a", "sample"),
+        crd_parent_label("team-b", "sample"),
+    );
+
+    // team-a's uninstall is held after its Stack is gone and before its CRD step: its host list of
+    // pull-secret copies fails until the test lets it through.
+    let host_secret_lists = RequestMatch::any()
+        .verb(Verb::List)
+        .resource("secrets")
+        .namespace("tenant-acme-controllers");
+    fleet._host.faults().fail_next(usize::MAX, host_secret_lists, 500);
+    uninstall(&tenant, "team-a").await;
+    wait_crd_labels(&tenant, "team-a's Stack to drop its label", &daemon, |labels| {
+        !labels.contains_key(&label_a)
+    })
+    .await;
+
+    // From here on the daemon's CRD caches stay where they are, and team-b's install takes the CRD.
+    let paused = tenant_server
+        .faults()
+        .pause_watches(RequestMatch::any().resource("customresourcedefinitions"));
+    create_install(&tenant, "team-b", "sample", json!({"package": SAMPLE_PACKAGE})).await;
+    // team-b's CRD update carried the resourceVersion of the daemon's CRD cache: that cache has seen
+    // the CRD without any Stack's label, and this label does not reach it while paused.
+    wait_crd_labels(&tenant, "team-b's label on the CRD", &daemon, |labels| {
+        labels.contains_key(&label_b)
+    })
+    .await;
+
+    fleet._host.faults().clear();
+    wait_uninstalled(&tenant, "team-a", &daemon).await;
+    let crd = assert_widgets_kept(&tenant, "team-b", &daemon).await;
+    assert!(crd.labels().contains_key(&label_b), "{:?}", crd.labels());
+    assert_no_crd_deleted_event(&tenant, "team-a").await;
+
+    paused.resume();
+    wait_ready(&tenant, "team-b", &daemon).await;
+    let crd = assert_widgets_kept(&tenant, "team-b", &daemon).await;
+    assert!(crd.labels().contains_key(&label_b), "{:?}", crd.labels());
 }
