@@ -541,6 +541,14 @@ async fn an_uninstall_judging_a_stale_crd_cache_leaves_the_crd_a_new_install_jus
     let crd = assert_widgets_kept(&tenant, "team-b", &daemon).await;
     assert!(crd.labels().contains_key(&label_b), "{:?}", crd.labels());
     assert_no_crd_deleted_event(&tenant, "team-a").await;
+    // The refused delete is told to the install's owner.
+    let events = events_of(&tenant, "team-a", "sample").await;
+    assert!(
+        events
+            .iter()
+            .any(|(reason, message)| reason == "CRDsKept" && message.contains(&crd.name_any())),
+        "{events:?}"
+    );
 
     paused.resume();
     wait_ready(&tenant, "team-b", &daemon).await;

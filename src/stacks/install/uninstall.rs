@@ -106,7 +106,7 @@ pub(super) async fn run<K: InstallKind>(
     let label = own_crd_label(install);
     let installer = installer_of(install);
     let label_is_ours = ctx.stacks.get(&ObjectRef::new(&name).within(&namespace)).is_none();
-    let mut deleted = Vec::new();
+    let (mut deleted, mut kept) = (Vec::new(), Vec::new());
     for crd in ctx.crds.state() {
         let mut labels = crd.labels().clone();
         let mut resource_version = crd.metadata.resource_version.clone();
@@ -136,7 +136,8 @@ pub(super) async fn run<K: InstallKind>(
             };
             match crds.delete(&crd.name_any(), &params).await {
                 Ok(_) => deleted.push(crd.name_any()),
-                Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => {}
+                Err(kube::Error::Api(status)) if status.code == 409 => kept.push(crd.name_any()),
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
                 Err(err) => return Err(InstallError::Tenant(err)),
             }
         }
@@ -150,6 +151,19 @@ pub(super) async fn run<K: InstallKind>(
             format!(
                 "deleted CustomResourceDefinition(s) no stack uses any more: {}",
                 deleted.join(", ")
+            ),
+        )
+        .await;
+    }
+    if !kept.is_empty() {
+        event(
+            install,
+            ctx,
+            EventType::Normal,
+            "CRDsKept",
+            format!(
+                "kept CustomResourceDefinition(s) that changed while this uninstall judged them (another stack may have started using them): {}",
+                kept.join(", ")
             ),
         )
         .await;
