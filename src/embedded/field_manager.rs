@@ -155,7 +155,7 @@ pub fn server_side_apply(
         if merged == live {
             return Ok(Write::Unchanged(live));
         }
-        verbs::prepare_update_with(info, old, merged, sub, Recording::AsGiven)
+        verbs::prepare_update_with(info, old, merged, sub, Recording::AsGiven, options.admission.as_deref())
     })?;
     Ok((updated, false))
 }

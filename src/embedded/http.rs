@@ -268,6 +268,7 @@ async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Res
     })?;
     let write = WriteOptions {
         field_manager: Some(field_manager.clone()),
+        admission: Some(shared.admission.clone()),
         ..write
     };
     let mut request = ApiRequest {
@@ -478,7 +479,7 @@ fn write_options(query: &Query) -> Result<WriteOptions, ApiError> {
         None | Some("") => Ok(WriteOptions::default()),
         Some("All") => Ok(WriteOptions {
             dry_run: true,
-            field_manager: None,
+            ..WriteOptions::default()
         }),
         Some(other) => Err(ApiError::bad_request(format!(
             "Invalid dryRun value: {other:?}: supported values: \"All\""

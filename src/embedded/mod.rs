@@ -14,7 +14,8 @@
 //! - [`controllers`]: the in-process loops ([`namespaces`] deletion, [`crd`] cleanup, [`gc`]);
 //!   [`controller_manager`]: the token, Job and Deployment loops, with the per-image
 //!   [`controller_manager::JobRunner`] hooks;
-//! - [`faults`], [`counters`]: fault injection and request counters for tests.
+//! - [`faults`], [`counters`]: fault injection and request counters for tests; [`admission`]:
+//!   mutating hooks, as a cluster's mutating webhooks.
 //!
 //! Known differences from kube-apiserver (each is a place a real cluster may behave otherwise):
 //! - Answers are JSON only; protobuf request bodies are decoded for a few kinds ([`protobuf`]).
@@ -31,6 +32,7 @@
 //! - A CRD whose cleanup finalizer is removed by hand takes its objects with it.
 //! - CRD versions are served with the `None` conversion strategy only.
 
+pub mod admission;
 pub mod controller_manager;
 pub mod controllers;
 pub mod convert;
@@ -72,6 +74,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use admission::Admission;
 use controller_manager::tokens::TokenRegistry;
 use counters::{Counters, RequestCounts};
 use discovery::ResourceTable;
@@ -121,6 +124,7 @@ pub(crate) struct Shared {
     /// Watch connections open right now.
     open_watches: Arc<AtomicU64>,
     faults: Faults,
+    admission: Arc<Admission>,
     /// Tokens of filled service-account token Secrets, also accepted as bearer tokens.
     service_account_tokens: Arc<TokenRegistry>,
 }
@@ -216,6 +220,7 @@ impl ApiServer {
             store,
             token: options.token.clone(),
             address: address.clone(),
+            admission: Arc::default(),
             shutdown,
             requests: AtomicU64::new(0),
             counters: Counters::default(),
@@ -304,6 +309,11 @@ impl ApiServer {
     /// Fault injection on this server.
     pub fn faults(&self) -> &Faults {
         &self.shared.faults
+    }
+
+    /// Mutating admission on this server (hooks run on creates and updates over HTTP).
+    pub fn admission(&self) -> &Admission {
+        &self.shared.admission
     }
 
     /// The per-image Job runners and Deployment readiness rules.

@@ -1,10 +1,13 @@
 //! The API verbs on `serde_json::Value` objects with kube-apiserver semantics. Used by the HTTP
 //! layer and, later, by in-process controllers; nothing here knows about HTTP.
 
+use std::sync::Arc;
+
 use base64::Engine;
 use rand::Rng;
 use serde_json::{Value, json};
 
+use super::admission::Admission;
 use super::convert;
 use super::crd::{
     CLEANUP_FINALIZER, check_accepts_creates, establish_crd, is_crd, reestablish_crd, remove_custom_resources,
@@ -45,6 +48,8 @@ pub struct WriteOptions {
     pub dry_run: bool,
     /// Who `managedFields` credit with the write; `None` credits [`DEFAULT_MANAGER`].
     pub field_manager: Option<String>,
+    /// The mutating hooks a write over HTTP passes; `None` for the in-process loops.
+    pub admission: Option<Arc<Admission>>,
 }
 
 impl WriteOptions {
@@ -246,9 +251,13 @@ fn check_namespace_accepts(store: &Store, info: &ResourceInfo, namespace: &str, 
     Ok(())
 }
 
-/// Defaulting, pruning and validation shared by create and update.
-fn admit(info: &ResourceInfo, object: &mut Value, uid: &str) -> Result<(), ApiError> {
+/// Defaulting, mutating admission, pruning and validation shared by create and update.
+fn admit(info: &ResourceInfo, object: &mut Value, uid: &str, admission: Option<&Admission>) -> Result<(), ApiError> {
     apply_builtin_defaults(info, object, uid);
+    if admission.is_some_and(|admission| admission.run(info, object)) {
+        // kube-apiserver decodes a webhook's answer again, which defaults what it added.
+        apply_builtin_defaults(info, object, uid);
+    }
     kinds::check_decodable(info, object)?;
     let mut causes = Vec::new();
     if let Some(schema) = &info.schema {
@@ -298,7 +307,7 @@ pub(super) fn create_with(
     check_accepts_creates(store, info)?;
     let uid = new_uid();
     let mut object = new_object(info, body, &uid);
-    admit(info, &mut object, &uid)?;
+    admit(info, &mut object, &uid, options.admission.as_deref())?;
     if let Recording::Manager(manager) = recording {
         object = field_manager::record(info, None, object, manager, Subresource::Main);
     }
@@ -380,16 +389,18 @@ pub(super) fn prepare_update(
     requested: Value,
     sub: Subresource,
 ) -> Result<Write, ApiError> {
-    prepare_update_with(info, old, requested, sub, Recording::Manager(DEFAULT_MANAGER))
+    prepare_update_with(info, old, requested, sub, Recording::Manager(DEFAULT_MANAGER), None)
 }
 
-/// [`prepare_update`] recording `managedFields` as `recording` says.
+/// [`prepare_update`] recording `managedFields` as `recording` says, passing `admission` when it
+/// writes the object itself (not a subresource).
 pub(super) fn prepare_update_with(
     info: &ResourceInfo,
     old: &Value,
     requested: Value,
     sub: Subresource,
     recording: Recording<'_>,
+    admission: Option<&Admission>,
 ) -> Result<Write, ApiError> {
     let applied_fields = requested["metadata"].get("managedFields").cloned();
     let name = meta_str(old, "name").unwrap_or("").to_string();
@@ -399,7 +410,7 @@ pub(super) fn prepare_update_with(
     let mut new = requested_state(info, &old, requested, sub);
     keep_server_metadata(&old, &mut new);
     let uid = meta_str(&old, "uid").unwrap_or("").to_string();
-    admit(info, &mut new, &uid)?;
+    admit(info, &mut new, &uid, admission.filter(|_| sub == Subresource::Main))?;
     let causes = validate_update(info, &old, &new);
     if !causes.is_empty() {
         return Err(ApiError::invalid(&info.group, &info.kind, &name, causes));
@@ -528,7 +539,7 @@ pub fn update(
         )));
     }
     write_existing(store, info, namespace, name, &options, |old| {
-        prepare_update_with(info, old, body, sub, options.recording())
+        prepare_update_with(info, old, body, sub, options.recording(), options.admission.as_deref())
     })
 }
 
@@ -584,7 +595,14 @@ pub fn patch(
         let mut target = present(info, old.clone());
         apply_patch(&mut target, patch)?;
         check_object_shape(&target)?;
-        prepare_update_with(info, old, target, sub, options.recording())
+        prepare_update_with(
+            info,
+            old,
+            target,
+            sub,
+            options.recording(),
+            options.admission.as_deref(),
+        )
     })
 }
 

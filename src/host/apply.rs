@@ -2,7 +2,10 @@
 //! taken, check whose the object is; update only our own, with its uid and resourceVersion as
 //! preconditions; replace one left by a previous incarnation of the parent; never touch a stranger's.
 
+use std::collections::HashMap;
 use std::fmt::Debug;
+use std::sync::Mutex;
+use std::time::Instant;
 
 use kube::api::{DeleteParams, PostParams, Preconditions, PropagationPolicy};
 use kube::{Api, Resource, ResourceExt};
@@ -12,6 +15,7 @@ use serde_json::Value;
 
 use super::labels::Parent;
 use super::ownership::{self, Ownership};
+use crate::runtime::backoff::Backoff;
 
 /// What a write did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,10 +34,11 @@ impl Applied {
 }
 
 /// How an existing object of ours is brought to the desired state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Update {
-    /// Replace it (PUT with uid and resourceVersion preconditions) when a field stackd sets differs.
-    WhenDifferent,
+#[derive(Clone, Copy, Debug)]
+pub enum Update<'a> {
+    /// Replace it (PUT with uid and resourceVersion preconditions) when a field stackd sets differs;
+    /// a replace the host changed back is held in `reverts` until its backoff has passed.
+    WhenDifferent(&'a Reverts),
     /// Never update in place (e.g. a Job, whose template is immutable): the caller deletes and
     /// recreates it when it needs a different one.
     Never,
@@ -54,12 +59,14 @@ pub enum HostWriteError {
     /// The server answered a replace with other values for fields stackd sets (a mutating webhook,
     /// a policy engine): replacing again would loop.
     #[error(
-        "host {kind} {namespace}/{name} was changed back by the host as it was written (a mutating admission webhook or policy?); stackd retries with backoff: exempt stackd's objects in namespace {namespace} from that mutation"
+        "host {kind} {namespace}/{name} was changed back by the host as it was written ({field} differs; a mutating admission webhook or policy?); stackd retries with backoff: exempt stackd's objects in namespace {namespace} from that mutation"
     )]
     Reverted {
         kind: String,
         namespace: String,
         name: String,
+        /// The first field stackd sets that the host changed (a path, never a value).
+        field: String,
     },
     #[error("host API request failed: {0}")]
     Api(#[from] kube::Error),
@@ -92,7 +99,7 @@ pub async fn ensure<K>(
     observed: Option<&K>,
     tenant: &str,
     parent: &Parent,
-    update: Update,
+    update: Update<'_>,
 ) -> Result<Applied, HostWriteError>
 where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
@@ -102,8 +109,17 @@ where
         (Applied::Created, _) => return Ok(Applied::Created),
         (_, existing) => existing,
     };
-    if update == Update::Never || contains(&existing, desired) {
+    let Update::WhenDifferent(reverts) = update else {
         return Ok(Applied::Unchanged);
+    };
+    let key = revert_key(&existing);
+    let Some(field) = changed_field(&existing, desired) else {
+        reverts.forget(&key);
+        return Ok(Applied::Unchanged);
+    };
+    let wanted = serde_json::to_value(desired).unwrap_or_default();
+    if reverts.holds(&key, &wanted) {
+        return Err(reverted(&existing, field));
     }
     let mut replacement = desired.clone();
     replacement.meta_mut().uid = existing.meta().uid.clone();
@@ -111,14 +127,97 @@ where
     let written = api
         .replace(&desired.name_any(), &PostParams::default(), &replacement)
         .await?;
-    if !contains(&written, desired) {
-        return Err(HostWriteError::Reverted {
-            kind: K::kind(&K::DynamicType::default()).into_owned(),
-            namespace: written.namespace().unwrap_or_default(),
-            name: written.name_any(),
-        });
+    if let Some(field) = changed_field(&written, desired) {
+        reverts.reverted(&key, wanted);
+        return Err(reverted(&written, field));
     }
+    reverts.forget(&key);
     Ok(Applied::Updated)
+}
+
+/// Replaces the host changed back as they were written, per host object: the same replace is held
+/// until its own backoff has passed, whatever starts the next reconcile. A host that changes the
+/// object while changing stackd's fields back (a stamp, a re-injected sidecar) sends a watch event
+/// for every replace, which would otherwise start the next replace at once, in a loop.
+#[derive(Debug)]
+pub struct Reverts {
+    backoff: Backoff,
+    held: Mutex<HashMap<String, Revert>>,
+}
+
+#[derive(Debug)]
+struct Revert {
+    /// The desired object the host changed back: a different one is tried at once.
+    desired: Value,
+    failures: u32,
+    retry_at: Instant,
+}
+
+impl Reverts {
+    pub fn new(backoff: Backoff) -> Self {
+        Reverts {
+            backoff,
+            held: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// True when replacing `key` with `desired` waits: the host changed this very replace back and
+    /// its backoff has not passed.
+    fn holds(&self, key: &str, desired: &Value) -> bool {
+        let held = self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        held.get(key)
+            .is_some_and(|revert| revert.desired == *desired && Instant::now() < revert.retry_at)
+    }
+
+    /// Records that the host changed the replace of `key` with `desired` back.
+    fn reverted(&self, key: &str, desired: Value) {
+        let mut held = self.held.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let failures = match held.get(key) {
+            Some(revert) if revert.desired == desired => revert.failures.saturating_add(1),
+            _ => 1,
+        };
+        let retry_at = Instant::now() + self.backoff.delay(failures);
+        held.insert(
+            key.to_string(),
+            Revert {
+                desired,
+                failures,
+                retry_at,
+            },
+        );
+    }
+
+    /// Forgets `key` once the host holds what stackd wants.
+    fn forget(&self, key: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(key);
+    }
+}
+
+fn revert_key<K: Resource>(object: &K) -> String
+where
+    K::DynamicType: Default,
+{
+    let kind = K::kind(&K::DynamicType::default()).into_owned();
+    format!(
+        "{kind}/{}/{}",
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    )
+}
+
+fn reverted<K: Resource>(written: &K, field: String) -> HostWriteError
+where
+    K::DynamicType: Default,
+{
+    HostWriteError::Reverted {
+        kind: K::kind(&K::DynamicType::default()).into_owned(),
+        namespace: written.namespace().unwrap_or_default(),
+        name: written.name_any(),
+        field,
+    }
 }
 
 /// Makes sure an object of ours stands at `desired`'s name and returns it as it is on the host:
@@ -213,8 +312,15 @@ where
 /// volumes, ports) are matched by name, so an added sidecar or variable is not drift, while other
 /// lists (args, command) must be equal in length.
 pub fn contains<K: Serialize>(existing: &K, desired: &K) -> bool {
+    changed_field(existing, desired).is_none()
+}
+
+/// The first field `desired` sets that `existing` lacks or holds otherwise, as a path such as
+/// `spec.template.spec.containers[controller].image` (names of named list items, indexes of
+/// others); `None` when [`contains`] holds. Never a value: the object may be a Secret.
+pub fn changed_field<K: Serialize>(existing: &K, desired: &K) -> Option<String> {
     let (Ok(mut existing), Ok(mut desired)) = (serde_json::to_value(existing), serde_json::to_value(desired)) else {
-        return false;
+        return Some("the object".into());
     };
     for value in [&mut existing, &mut desired] {
         if let Some(meta) = value.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -232,24 +338,66 @@ pub fn contains<K: Serialize>(existing: &K, desired: &K) -> bool {
             object.remove("status");
         }
     }
-    subset(&desired, &existing)
+    difference(&desired, &existing)
 }
 
+#[cfg(test)]
 fn subset(desired: &Value, existing: &Value) -> bool {
+    difference(desired, existing).is_none()
+}
+
+/// Where `existing` first fails to hold what `desired` sets ("" for the value itself).
+fn difference(desired: &Value, existing: &Value) -> Option<String> {
     match (desired, existing) {
-        (Value::Object(want), Value::Object(have)) => want.iter().all(|(key, value)| match have.get(key) {
-            Some(found) => subset(value, found),
+        (Value::Object(want), Value::Object(have)) => want.iter().find_map(|(key, value)| match have.get(key) {
+            Some(found) => difference(value, found).map(|inner| nested(key, inner)),
             // An empty map or list we set is the same as the field left out.
-            None => is_empty(value),
+            None if is_empty(value) => None,
+            None => Some(key.clone()),
         }),
-        (Value::Array(want), Value::Array(have)) if want.iter().all(|w| item_name(w).is_some()) => want
-            .iter()
-            .all(|w| have.iter().any(|h| item_name(h) == item_name(w) && subset(w, h))),
-        (Value::Array(want), Value::Array(have)) => {
-            want.len() == have.len() && want.iter().zip(have).all(|(w, h)| subset(w, h))
+        (Value::Array(want), Value::Array(have)) if want.iter().all(|w| item_name(w).is_some()) => {
+            want.iter().find_map(|w| named_item_difference(w, have))
         }
-        (want, Value::Null) => is_empty(want),
-        (want, have) => want == have,
+        (Value::Array(want), Value::Array(have)) if want.len() != have.len() => Some(String::new()),
+        (Value::Array(want), Value::Array(have)) => want
+            .iter()
+            .zip(have)
+            .enumerate()
+            .find_map(|(index, (w, h))| difference(w, h).map(|inner| nested(&format!("[{index}]"), inner))),
+        (want, Value::Null) if is_empty(want) => None,
+        (want, have) if want == have => None,
+        _ => Some(String::new()),
+    }
+}
+
+/// How the items of `have` named like `want` fail to hold it (none of them does), if they do.
+fn named_item_difference(want: &Value, have: &[Value]) -> Option<String> {
+    let name = item_name(want)?;
+    let label = format!("[{name}]");
+    let mut same_name = have.iter().filter(|h| item_name(h) == Some(name)).peekable();
+    if same_name.peek().is_none() {
+        return Some(label);
+    }
+    let mut first = None;
+    for item in same_name {
+        match difference(want, item) {
+            None => return None,
+            Some(inner) => {
+                first.get_or_insert(inner);
+            }
+        }
+    }
+    first.map(|inner| nested(&label, inner))
+}
+
+/// `prefix` followed by the path `inner` below it.
+fn nested(prefix: &str, inner: String) -> String {
+    if inner.is_empty() {
+        prefix.to_string()
+    } else if inner.starts_with('[') || prefix.is_empty() {
+        format!("{prefix}{inner}")
+    } else {
+        format!("{prefix}.{inner}")
     }
 }
 
@@ -270,6 +418,8 @@ fn is_empty(value: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
+
     use k8s_openapi::api::core::v1::ConfigMap;
     use serde_json::json;
 
@@ -326,6 +476,52 @@ mod tests {
             &desired,
             &json!({"containers": [{"name": "other", "image": "a"}]})
         ));
+    }
+
+    #[test]
+    fn the_changed_field_is_named_by_its_path() {
+        let desired = json!({"spec": {"template": {"spec": {
+            "containers": [{"name": "controller", "image": "a", "args": ["--x"]}]
+        }}}});
+        let changed_image = json!({"spec": {"template": {"spec": {
+            "containers": [{"name": "proxy"}, {"name": "controller", "image": "mirror/a", "args": ["--x"]}]
+        }}}});
+        assert_eq!(
+            difference(&desired, &changed_image).as_deref(),
+            Some("spec.template.spec.containers[controller].image")
+        );
+        let changed_args = json!({"spec": {"template": {"spec": {
+            "containers": [{"name": "controller", "image": "a", "args": ["--y"]}]
+        }}}});
+        assert_eq!(
+            difference(&desired, &changed_args).as_deref(),
+            Some("spec.template.spec.containers[controller].args[0]")
+        );
+        let gone = json!({"spec": {"template": {"spec": {"containers": [{"name": "proxy"}]}}}});
+        assert_eq!(
+            difference(&desired, &gone).as_deref(),
+            Some("spec.template.spec.containers[controller]")
+        );
+    }
+
+    #[test]
+    fn a_reverted_replace_is_held_until_its_backoff_passes_unless_the_desired_state_changes() {
+        let reverts = Reverts::new(Backoff::new(Duration::from_secs(3600), Duration::from_secs(3600)));
+        let desired = json!({"spec": {"image": "a"}});
+        assert!(!reverts.holds("Deployment/ns/d", &desired));
+        reverts.reverted("Deployment/ns/d", desired.clone());
+        assert!(reverts.holds("Deployment/ns/d", &desired));
+        assert!(!reverts.holds("Deployment/ns/d", &json!({"spec": {"image": "b"}})));
+        assert!(!reverts.holds("Deployment/ns/other", &desired));
+        reverts.forget("Deployment/ns/d");
+        assert!(!reverts.holds("Deployment/ns/d", &desired));
+
+        let immediate = Reverts::new(Backoff::new(Duration::ZERO, Duration::ZERO));
+        immediate.reverted("Deployment/ns/d", desired.clone());
+        assert!(
+            !immediate.holds("Deployment/ns/d", &desired),
+            "a passed backoff holds nothing"
+        );
     }
 
     #[test]

@@ -333,7 +333,7 @@ async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, Deployme
         cached(&names.input).as_deref(),
         &tenant.name,
         &parent,
-        Update::WhenDifferent,
+        Update::WhenDifferent(&tenant.reverted_replaces),
     )
     .await?;
     // The installer fills the output Secret; stackd only makes sure it exists.

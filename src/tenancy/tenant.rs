@@ -22,6 +22,7 @@ use super::directory::TenantFile;
 use super::endpoint::{EndpointError, TenantEndpoint};
 use crate::api::crds::is_established;
 use crate::daemon::Shared;
+use crate::host::apply::Reverts;
 use crate::host::labels::tenant_selector;
 use crate::host::namespace::{self, NamespaceError};
 use crate::host::sweep::run::sweep_once;
@@ -48,6 +49,8 @@ pub struct TenantContext {
     pub recorder: Recorder,
     /// Retry delays of failed reconciles, per object.
     pub object_backoff: ObjectBackoff,
+    /// Host replaces the host changed back, held until their backoff has passed.
+    pub reverted_replaces: Reverts,
 }
 
 impl TenantContext {
@@ -124,6 +127,7 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
             },
         ),
         object_backoff: ObjectBackoff::new(shared.settings.backoff),
+        reverted_replaces: Reverts::new(shared.settings.backoff),
         shared,
     });
     if let Err(err) = &context.endpoint {

@@ -6,6 +6,8 @@ mod cli;
 mod crds;
 mod daemon;
 mod dev;
+mod drift;
+mod embedded_admission;
 mod embedded_core;
 mod embedded_crd;
 mod embedded_derive;

@@ -8,8 +8,8 @@ pub mod rbac;
 pub mod tenant;
 pub mod token;
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -107,6 +107,28 @@ struct StackContext {
     caches: Caches,
     installs: Installs,
     caches_filled: Readiness,
+    reported: ReportedReadiness,
+}
+
+/// The Ready condition (status, reason) this process last wrote per Stack. A reconcile starts from
+/// the cached Stack, which can predate the status write of the reconcile just before it (its watch
+/// event not in yet): judged by that copy alone, one transition would be announced twice.
+#[derive(Default)]
+struct ReportedReadiness(Mutex<HashMap<String, (bool, String)>>);
+
+impl ReportedReadiness {
+    fn get(&self, key: &str) -> Option<(bool, String)> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).get(key).cloned()
+    }
+
+    fn set(&self, key: &str, ready: bool, reason: &str) {
+        let mut reported = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        reported.insert(key.to_string(), (ready, reason.to_string()));
+    }
+
+    fn forget(&self, key: &str) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -201,6 +223,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
     let ctx = Arc::new(StackContext {
         tenant: context.clone(),
         caches_filled: caches.readiness(&installs),
+        reported: ReportedReadiness::default(),
         caches,
         installs,
     });
@@ -678,7 +701,7 @@ async fn ensure_deployment(
         observed.as_deref(),
         &host.tenant,
         &host.parent,
-        Update::WhenDifferent,
+        Update::WhenDifferent(&tenant.reverted_replaces),
     )
     .await
     .inspect_err(|err| conflict_note(notes, err))?;
@@ -725,7 +748,7 @@ async fn ensure_token_copy(
         observed.as_deref(),
         &host.tenant,
         &host.parent,
-        Update::WhenDifferent,
+        Update::WhenDifferent(&ctx.tenant.reverted_replaces),
     )
     .await
     .inspect_err(|err| conflict_note(notes, err))?;
@@ -804,7 +827,11 @@ async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes:
     let mut status = old.clone();
     let generation = stack.metadata.generation;
     let now = Time(jiff::Timestamp::now());
-    let previous_ready = old.conditions.iter().find(|c| c.type_ == "Ready").cloned();
+    let key = backoff_key(stack);
+    let previous_ready = ctx.reported.get(&key).or_else(|| {
+        let ready = old.conditions.iter().find(|c| c.type_ == "Ready")?;
+        Some((ready.status == "True", ready.reason.clone()))
+    });
     set_condition(
         &mut status.conditions,
         DesiredCondition {
@@ -837,7 +864,7 @@ async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes:
     status.observed_generation = generation;
     let ready_changed = previous_ready
         .as_ref()
-        .is_none_or(|c| c.reason != outcome.reason || (c.status == "True") != outcome.ready);
+        .is_none_or(|(ready, reason)| reason != outcome.reason || *ready != outcome.ready);
     if ready_changed {
         let type_ = if outcome.ready || outcome.synced {
             EventType::Normal
@@ -868,9 +895,10 @@ async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes:
         )
         .await?;
         if ready_changed {
-            info!(tenant = %tenant.name, stack = %backoff_key(stack), ready = outcome.ready, reason = outcome.reason, "stack status");
+            info!(tenant = %tenant.name, stack = %key, ready = outcome.ready, reason = outcome.reason, "stack status");
         }
     }
+    ctx.reported.set(&key, outcome.ready, outcome.reason);
     Ok(())
 }
 
@@ -955,6 +983,7 @@ async fn cleanup(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError
             Err(err) => return Err(err.into()),
         }
     }
+    ctx.reported.forget(&backoff_key(stack));
     info!(tenant = %tenant.name, stack = %backoff_key(stack), host_objects = removed, "stack uninstalled");
     Ok(Action::await_change())
 }
