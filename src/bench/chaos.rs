@@ -1,25 +1,45 @@
-//! Chaos: installs and uninstalls run while the daemon is killed and restarted at random points, API
-//! servers restart, watches drop and requests fail with 409/500/429. Afterwards the invariants must
-//! hold: every install Ready or clearly failed, every uninstall finished, no host object without a
-//! live tenant parent, no CDC leased twice.
+//! Chaos: installs and uninstalls run while two leader-elected daemons are killed, restarted and cut
+//! off from the host at random points, API servers restart, watches drop and requests fail with
+//! 409/500/429. The faults that drive issue 17's races come once each in a seeded order, then at
+//! random with the rest:
+//! - a daemon restarted right before a ClusterDeployment is deleted (the leader is killed and a
+//!   pool cluster deleted the moment the standby takes over, before its caches can have filled);
+//! - the leader partitioned from the host while its tenants still answer;
+//! - bursts of new StackInstalls, created while sweeps run (every 2 s);
+//! - two installs of the sample stack, which share its CRD, uninstalled at once while others stay.
+//!
+//! Checked during the faults and after: no cluster's ClusterDeployment gone without its destroy
+//! Job having run ([`destroys`]), no tenant served by two daemons at once ([`daemons`]), no host
+//! object of a live parent swept ([`sweeps`]), no shared CRD (or its custom resources) deleted while
+//! an install of it lives ([`crds`]), no CDC leased twice, no asset assigned twice. Afterwards:
+//! every install Ready or clearly failed, every uninstall and cluster deletion finished, no host
+//! object without a live tenant parent, both pools full.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod crds;
+mod daemons;
+mod destroys;
+mod sweeps;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube::core::{ApiResource, DynamicObject};
 use kube::{Client, ResourceExt};
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use tokio::task::JoinHandle;
 
 use super::BenchError;
 use super::fleet::Fleet;
+use crate::api::pools::ClusterDeployment;
 use crate::api::stacks::StackInstall;
 use crate::embedded::RestartState;
 use crate::embedded::faults::RequestMatch;
@@ -27,6 +47,10 @@ use crate::host::labels::{
     PARENT_KIND_LABEL, TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION,
     TENANT_UID_ANNOTATION,
 };
+use crds::SharedCrdWatch;
+use daemons::LeaderElected;
+use destroys::InstallerLedger;
+use sweeps::SweepAudit;
 
 #[derive(Clone, Debug)]
 pub struct ChaosOptions {
@@ -73,6 +97,16 @@ pub struct ChaosReport {
     pub double_assignments: u64,
     /// Whether the baremetal pool ended full.
     pub metal_pool_filled: bool,
+    /// ClusterDeployments deleted by the chaos, still there at the end.
+    pub cluster_deletions_unfinished: Vec<String>,
+    /// ClusterDeployments gone although the cluster their installer created was never destroyed.
+    pub clusters_gone_without_destroy: Vec<String>,
+    /// Tenants two daemons sent requests to at the same time.
+    pub tenants_served_twice: Vec<String>,
+    /// Host objects the orphan sweep deleted while their tenant parent existed.
+    pub live_objects_swept: Vec<String>,
+    /// The sample stack's shared CRD, or a custom resource of it, deleted while an install of it lived.
+    pub shared_crds_deleted: Vec<String>,
     /// Seconds from the end of the faults until everything settled (or the deadline).
     pub converge_s: f64,
     /// When something did not settle: the status of each unsettled object (pools, their
@@ -81,18 +115,125 @@ pub struct ChaosReport {
     pub passed: bool,
 }
 
+impl ChaosReport {
+    /// No invariant broken so far (settling aside).
+    fn invariants_hold(&self) -> bool {
+        self.double_leases == 0
+            && self.double_assignments == 0
+            && self.clusters_gone_without_destroy.is_empty()
+            && self.tenants_served_twice.is_empty()
+            && self.live_objects_swept.is_empty()
+            && self.shared_crds_deleted.is_empty()
+    }
+
+    fn settled(&self) -> bool {
+        self.stuck.is_empty()
+            && self.uninstalls_unfinished.is_empty()
+            && self.cluster_deletions_unfinished.is_empty()
+            && self.orphans.is_empty()
+            && self.pool_filled
+            && self.metal_pool_filled
+    }
+}
+
+/// The daemons' leader lease, in seconds: short, so that takeovers fit the run.
+const LEASE_SECONDS: u64 = 3;
+/// How long a fault waits for a standby to take over.
+const TAKEOVER_WITHIN: Duration = Duration::from_secs(3 * LEASE_SECONDS + 2);
+/// How long a fault that needs a leader waits for one (a standby taking over).
+const LEADER_WITHIN: Duration = Duration::from_secs(LEASE_SECONDS + 2);
+/// StackInstalls created at once by a burst.
+const BURST: usize = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    DaemonRestart,
+    ClusterDeletedAfterRestart,
+    LeaderPartitioned,
+    TenantServerRestart,
+    WatchesDropped,
+    Uninstall,
+    ConcurrentUninstalls,
+    ParentsBurst,
+    InjectedError,
+}
+
+/// Each fault once (in a seeded order), then these at random.
+const EVERY_FAULT: [Fault; 9] = [
+    Fault::DaemonRestart,
+    Fault::ClusterDeletedAfterRestart,
+    Fault::LeaderPartitioned,
+    Fault::TenantServerRestart,
+    Fault::WatchesDropped,
+    Fault::Uninstall,
+    Fault::ConcurrentUninstalls,
+    Fault::ParentsBurst,
+    Fault::InjectedError,
+];
+
+/// One client per server, made once: each new client builds its TLS setup and opens new connections.
+struct Clients {
+    host: Client,
+    /// By tenant index, with the tenant's name.
+    tenants: Vec<(String, Client)>,
+}
+
+impl Clients {
+    async fn of(fleet: &Fleet) -> Clients {
+        let mut tenants = Vec::new();
+        for (name, server) in &fleet.tenants {
+            tenants.push((name.clone(), server.client().await));
+        }
+        Clients {
+            host: fleet.host.client().await,
+            tenants,
+        }
+    }
+
+    fn tenant(&self, index: usize) -> &Client {
+        &self.tenants[index].1
+    }
+
+    fn named(&self, name: &str) -> Option<&Client> {
+        self.tenants.iter().find(|(n, _)| n == name).map(|(_, c)| c)
+    }
+}
+
+/// A ClusterDeployment the chaos deleted: tenant index, namespace, name, uid.
+type DeletedCluster = (usize, String, String, String);
+
+/// Everything a run holds besides the report.
+struct Chaos {
+    fleet: Fleet,
+    clients: Clients,
+    daemons: LeaderElected,
+    rng: StdRng,
+    pending: Vec<(usize, String)>,
+    created: Vec<(usize, String)>,
+    uninstalled: BTreeSet<(usize, String)>,
+    bursts: usize,
+    deletions: Vec<JoinHandle<Option<DeletedCluster>>>,
+    deleted_clusters: Vec<DeletedCluster>,
+    ledger: InstallerLedger,
+    sweeps: SweepAudit,
+    crds: SharedCrdWatch,
+    started: Instant,
+}
+
 pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
-    let mut rng = StdRng::seed_from_u64(options.seed);
     let mut fleet = Fleet::start(options.tenants).await?;
     if let Some(dir) = &options.keep_logs {
         fleet.keep_logs(dir)?;
     }
+    let ledger = InstallerLedger::install(&fleet.host)
+        .ok_or_else(|| BenchError::Io(std::io::Error::other("the host has no installer runner to record")))?;
     // A daemon killed between leasing a customization and creating its cluster leaves a lease whose
     // cluster never appears; it is released after --lease-min-age (DESIGN.md §4.3.2). The default
     // 5 min outlasts the settle window, so chaos uses the 10 s `stackd dev` uses: the repair runs
     // inside the window and the double-lease invariant checks it.
     let daemon_args = ["--sweep-interval", "2s", "--lease-min-age", "10s"];
-    let mut daemon = Some(fleet.daemon(&daemon_args)?);
+    let clients = Clients::of(&fleet).await;
+    let daemons = LeaderElected::start(&fleet, &clients.host, &daemon_args, LEASE_SECONDS).await?;
     let mut report = ChaosReport {
         seed: options.seed,
         ..ChaosReport::default()
@@ -105,84 +246,183 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
     }
     report.installs = pending.len();
     // A pool fills in the first tenant while everything else goes on.
-    const POOL_SIZE: usize = 3;
-    let pool_tenant = fleet.tenants[0].1.client().await;
     crate::pools::sample::install_pool(
-        &pool_tenant,
+        clients.tenant(0),
         "chaos-pool",
         "pool",
         POOL_SIZE as i32,
         &["c0", "c1", "c2"],
     )
     .await?;
-    let cluster_deployments: Api<crate::api::pools::ClusterDeployment> = Api::all(pool_tenant.clone());
     // ... and a baremetal pool draws hosts from assets in the last tenant.
-    let metal_tenant = fleet.tenants[fleet.tenants.len() - 1].1.client().await;
-    super::metal::install(&metal_tenant).await?;
-    let mut created: Vec<(usize, String)> = Vec::new();
-    let mut uninstalled: BTreeSet<(usize, String)> = BTreeSet::new();
-    let faults_end = Instant::now() + options.duration;
-    while Instant::now() < faults_end {
-        // Keep installs flowing in while things break.
-        for _ in 0..rng.random_range(1..=3) {
-            if let Some((tenant, namespace)) = pending.pop() {
-                let client = fleet.tenants[tenant].1.client().await;
-                if create_install(&client, &namespace).await.is_ok() {
-                    created.push((tenant, namespace));
-                } else {
-                    pending.push((tenant, namespace));
+    super::metal::install(clients.tenant(fleet.tenants.len() - 1)).await?;
+    let mut chaos = Chaos {
+        fleet,
+        clients,
+        daemons,
+        rng: StdRng::seed_from_u64(options.seed),
+        pending,
+        created: Vec::new(),
+        uninstalled: BTreeSet::new(),
+        bursts: 0,
+        deletions: Vec::new(),
+        deleted_clusters: Vec::new(),
+        ledger,
+        sweeps: SweepAudit::default(),
+        crds: SharedCrdWatch::default(),
+        started: Instant::now(),
+    };
+    let result = chaos.faults_then_calm(options, &mut report).await;
+    chaos.daemons.shutdown().await;
+    chaos.fleet.shutdown().await;
+    result.map(|_| report)
+}
+
+/// Clusters in the vSphere pool.
+const POOL_SIZE: usize = 3;
+
+impl Chaos {
+    fn pool_tenant(&self) -> &Client {
+        self.clients.tenant(0)
+    }
+
+    fn metal_index(&self) -> usize {
+        self.clients.tenants.len() - 1
+    }
+
+    fn metal_tenant(&self) -> &Client {
+        self.clients.tenant(self.metal_index())
+    }
+
+    async fn faults_then_calm(&mut self, options: &ChaosOptions, report: &mut ChaosReport) -> Result<(), BenchError> {
+        let mut first_round: VecDeque<Fault> = {
+            let mut all = EVERY_FAULT.to_vec();
+            all.shuffle(&mut self.rng);
+            all.into()
+        };
+        // Past the duration only to finish the first round, and not for long.
+        let faults_end = Instant::now() + options.duration;
+        let first_round_end = Instant::now() + 2 * options.duration;
+        while Instant::now() < faults_end || (!first_round.is_empty() && Instant::now() < first_round_end) {
+            // Keep installs flowing in while things break.
+            for _ in 0..self.rng.random_range(1..=3) {
+                if let Some((tenant, namespace)) = self.pending.pop() {
+                    if create_install(self.clients.tenant(tenant), &namespace).await.is_ok() {
+                        self.created.push((tenant, namespace));
+                    } else {
+                        self.pending.push((tenant, namespace));
+                    }
                 }
             }
-        }
-        let fault = match rng.random_range(0..6) {
-            0 => {
-                // Kill the daemon mid-flight and start another.
-                if let Some(old) = daemon.take() {
-                    old.kill().await;
+            let fault = match first_round.pop_front() {
+                Some(fault) => fault,
+                None => EVERY_FAULT[self.rng.random_range(0..EVERY_FAULT.len())],
+            };
+            match self.inject(fault, report).await? {
+                Some(name) => {
+                    *report.faults.entry(name.to_string()).or_default() += 1;
+                    self.timeline(name);
                 }
-                daemon = Some(fleet.daemon(&daemon_args)?);
+                // Not possible yet (too few installs): later.
+                None => first_round.push_back(fault),
+            }
+            self.replace_exited_daemons().await?;
+            self.observe(report).await;
+            let pause = self.rng.random_range(200..1200);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
+        self.calm(report).await
+    }
+
+    /// The timeline, to read beside the daemons' logs (`--keep-logs`) when an invariant fails.
+    fn timeline(&self, what: &str) {
+        eprintln!("chaos: +{:.1}s {what}", self.started.elapsed().as_secs_f64());
+    }
+
+    async fn replace_exited_daemons(&mut self) -> Result<(), BenchError> {
+        for name in self.daemons.replace_exited(&self.fleet).await? {
+            self.timeline(&format!("daemon {name} exited; another started"));
+        }
+        Ok(())
+    }
+
+    /// Injects one fault: its name, or `None` when it cannot be injected yet.
+    async fn inject(&mut self, fault: Fault, report: &mut ChaosReport) -> Result<Option<&'static str>, BenchError> {
+        let name = match fault {
+            Fault::DaemonRestart => {
+                // Kill a daemon mid-flight (the leader or the standby) and start another.
+                let pick = self.rng.random_range(0..2);
+                let name = self.daemons.restart(&self.fleet, pick).await?;
+                self.timeline(&format!("killed daemon {name}"));
                 "daemon_restart"
             }
-            1 => {
+            Fault::ClusterDeletedAfterRestart => {
+                let host = self.clients.host.clone();
+                let Some(name) = self.daemons.restart_leader(&self.fleet, &host, LEADER_WITHIN).await? else {
+                    return Ok(None);
+                };
+                self.timeline(&format!("killed leader {name}"));
+                let metal = self.rng.random_bool(0.5);
+                let index = if metal { self.metal_index() } else { 0 };
+                let tenant = self.clients.tenant(index).clone();
+                let pick = self.rng.random_range(0..16);
+                self.deletions.push(tokio::spawn(delete_a_cluster_after_takeover(
+                    host, tenant, index, name, pick,
+                )));
+                "daemon_restart_then_cluster_deleted"
+            }
+            Fault::LeaderPartitioned => {
+                let Some(name) = self.daemons.partition_leader(&self.clients.host, LEADER_WITHIN).await else {
+                    return Ok(None);
+                };
+                self.timeline(&format!("cut daemon {name} off from the host"));
+                "leader_partitioned"
+            }
+            Fault::TenantServerRestart => {
                 // As kube-apiserver restarts: refused connections for a while, then a fresh watch
                 // cache that answers resumed watches with 410.
-                let tenant = rng.random_range(0..fleet.tenants.len());
-                let downtime = Duration::from_millis(rng.random_range(0..2000));
-                fleet.tenants[tenant]
+                let tenant = self.rng.random_range(0..self.fleet.tenants.len());
+                let downtime = Duration::from_millis(self.rng.random_range(0..2000));
+                self.fleet.tenants[tenant]
                     .1
                     .restart_after(RestartState::FreshWatchCache, downtime)
                     .await?;
                 "tenant_server_restart"
             }
-            2 => {
-                fleet.host.faults().drop_watches();
-                for (_, server) in &fleet.tenants {
+            Fault::WatchesDropped => {
+                self.fleet.host.faults().drop_watches();
+                for (_, server) in &self.fleet.tenants {
                     server.faults().drop_watches();
                 }
                 "watches_dropped"
             }
-            3 => {
-                // Uninstall one of the installs created so far.
-                if let Some(at) = (!created.is_empty()).then(|| rng.random_range(0..created.len())) {
-                    let (tenant, namespace) = created.remove(at);
-                    let client = fleet.tenants[tenant].1.client().await;
-                    let api: Api<StackInstall> = Api::namespaced(client, &namespace);
-                    if api.delete("sample", &DeleteParams::default()).await.is_ok() {
-                        uninstalled.insert((tenant, namespace));
-                    } else {
-                        created.push((tenant, namespace));
-                    }
+            Fault::Uninstall => {
+                if self.created.is_empty() {
+                    return Ok(None);
                 }
+                let at = self.rng.random_range(0..self.created.len());
+                let install = self.created.remove(at);
+                self.uninstall(vec![install]).await;
                 "uninstall"
             }
-            _ => {
-                let code = [409, 500, 429][rng.random_range(0..3)];
-                let count = rng.random_range(1..=5);
-                let server = rng.random_range(0..=fleet.tenants.len());
+            Fault::ConcurrentUninstalls => {
+                if !self.uninstall_two_of_a_tenant().await {
+                    return Ok(None);
+                }
+                "concurrent_uninstalls"
+            }
+            Fault::ParentsBurst => {
+                self.burst(report).await;
+                "parents_burst"
+            }
+            Fault::InjectedError => {
+                let code = [409, 500, 429][self.rng.random_range(0..3)];
+                let count = self.rng.random_range(1..=5);
+                let server = self.rng.random_range(0..=self.fleet.tenants.len());
                 let faults = if server == 0 {
-                    fleet.host.faults()
+                    self.fleet.host.faults()
                 } else {
-                    fleet.tenants[server - 1].1.faults()
+                    self.fleet.tenants[server - 1].1.faults()
                 };
                 faults.fail_next(count, RequestMatch::any(), code);
                 match code {
@@ -192,110 +432,229 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
                 }
             }
         };
-        *report.faults.entry(fault.to_string()).or_default() += 1;
-        // The timeline, to read beside the daemons' logs (`--keep-logs`) when an invariant fails.
-        eprintln!(
-            "chaos: +{:.1}s {fault}",
-            options.duration.as_secs_f64() - faults_end.saturating_duration_since(Instant::now()).as_secs_f64()
-        );
+        Ok(Some(name))
+    }
+
+    /// Deletes the installs at once; those whose delete failed stay installed.
+    async fn uninstall(&mut self, installs: Vec<(usize, String)>) {
+        let mut deletes = Vec::new();
+        for (tenant, namespace) in &installs {
+            let api: Api<StackInstall> = Api::namespaced(self.clients.tenant(*tenant).clone(), namespace);
+            deletes.push(async move { api.delete("sample", &DeleteParams::default()).await.is_ok() });
+        }
+        let outcomes = futures::future::join_all(deletes).await;
+        for (install, deleted) in installs.into_iter().zip(outcomes) {
+            if deleted {
+                self.uninstalled.insert(install);
+            } else {
+                self.created.push(install);
+            }
+        }
+    }
+
+    /// Two installs of one tenant uninstalled at once while at least one other stays: whether a
+    /// tenant had enough.
+    async fn uninstall_two_of_a_tenant(&mut self) -> bool {
+        let tenants: BTreeSet<usize> = self.created.iter().map(|(t, _)| *t).collect();
+        let crowded: Vec<usize> = tenants
+            .into_iter()
+            .filter(|t| self.created.iter().filter(|(c, _)| c == t).count() >= 3)
+            .collect();
+        let Some(&tenant) = crowded.get(self.rng.random_range(0..crowded.len().max(1))) else {
+            return false;
+        };
+        let mut picked = Vec::new();
+        for _ in 0..2 {
+            let of_tenant: Vec<usize> = (0..self.created.len())
+                .filter(|at| self.created[*at].0 == tenant)
+                .collect();
+            let at = of_tenant[self.rng.random_range(0..of_tenant.len())];
+            picked.push(self.created.remove(at));
+        }
+        self.uninstall(picked).await;
+        true
+    }
+
+    /// New StackInstalls in new namespaces of one tenant, all at once, so that some of their host
+    /// objects appear while a sweep runs.
+    async fn burst(&mut self, report: &mut ChaosReport) {
+        let tenant = self.rng.random_range(0..self.fleet.tenants.len());
+        let client = self.clients.tenant(tenant).clone();
+        let namespaces: Vec<String> = (0..BURST)
+            .map(|_| {
+                self.bursts += 1;
+                format!("burst-{}", self.bursts)
+            })
+            .collect();
+        let outcomes = futures::future::join_all(namespaces.iter().map(|ns| create_install(&client, ns))).await;
+        report.installs += BURST;
+        for (namespace, outcome) in namespaces.into_iter().zip(outcomes) {
+            match outcome {
+                Ok(()) => self.created.push((tenant, namespace)),
+                Err(_) => self.pending.push((tenant, namespace)),
+            }
+        }
+    }
+
+    /// The invariants checked during the faults and after them.
+    async fn observe(&mut self, report: &mut ChaosReport) {
+        let cluster_deployments: Api<ClusterDeployment> = Api::all(self.pool_tenant().clone());
         if let Ok(doubles) = super::pools::count_double_leases(&cluster_deployments).await {
             report.double_leases += doubles;
         }
-        if let Ok(doubles) = super::metal::double_assignments(&metal_tenant).await {
+        if let Ok(doubles) = super::metal::double_assignments(self.metal_tenant()).await {
             report.double_assignments += doubles;
         }
-        tokio::time::sleep(Duration::from_millis(rng.random_range(200..1200))).await;
-    }
-    // Calm: no more faults; the remaining installs go in, and everything must settle.
-    fleet.host.faults().clear();
-    for (_, server) in &fleet.tenants {
-        server.faults().clear();
-    }
-    for (tenant, namespace) in pending.drain(..) {
-        let client = fleet.tenants[tenant].1.client().await;
-        create_install(&client, &namespace).await?;
-        created.push((tenant, namespace));
-    }
-    report.uninstalls = uninstalled.len();
-    let calm = Instant::now();
-    let deadline = calm + Duration::from_secs(90);
-    let pools: Api<crate::api::pools::ClusterPool> = Api::namespaced(pool_tenant.clone(), "chaos-pool");
-    loop {
-        check(&fleet, &created, &uninstalled, &mut report).await;
-        if let Ok(doubles) = super::pools::count_double_leases(&cluster_deployments).await {
-            report.double_leases += doubles;
-        }
-        if let Ok(doubles) = super::metal::double_assignments(&metal_tenant).await {
-            report.double_assignments += doubles;
-        }
-        report.metal_pool_filled = super::metal::filled(&metal_tenant).await;
-        report.pool_filled = pools
-            .get_opt("pool")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|p| p.status)
-            .is_some_and(|s| s.ready as usize >= POOL_SIZE);
-        let settled = report.stuck.is_empty()
-            && report.uninstalls_unfinished.is_empty()
-            && report.orphans.is_empty()
-            && report.pool_filled
-            && report.metal_pool_filled;
-        if settled || Instant::now() > deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    report.converge_s = calm.elapsed().as_secs_f64();
-    report.passed = report.stuck.is_empty()
-        && report.uninstalls_unfinished.is_empty()
-        && report.orphans.is_empty()
-        && report.double_leases == 0
-        && report.double_assignments == 0
-        && report.pool_filled
-        && report.metal_pool_filled;
-    if !report.pool_filled {
-        let host = fleet.host.client().await;
-        let (tenant, _) = &fleet.tenants[0];
         report
-            .unsettled
-            .extend(describe_pool(&pool_tenant, &host, tenant, "chaos-pool", "pool").await);
-    }
-    if !report.metal_pool_filled {
-        let host = fleet.host.client().await;
-        let (tenant, _) = &fleet.tenants[fleet.tenants.len() - 1];
-        let (namespace, pool) = (super::metal::NAMESPACE, super::metal::POOL);
+            .clusters_gone_without_destroy
+            .extend(self.ledger.gone_without_destroy(&self.clients).await);
+        report.tenants_served_twice = self.daemons.served_twice();
+        let logs = self.daemons.logs().to_vec();
         report
-            .unsettled
-            .extend(describe_pool(&metal_tenant, &host, tenant, namespace, pool).await);
+            .live_objects_swept
+            .extend(self.sweeps.live_objects_swept(&logs, &self.clients).await);
+        report.shared_crds_deleted.extend(self.crds.check(&self.clients).await);
     }
-    if !report.passed
-        && let Some(daemon) = &daemon
-    {
-        eprintln!("chaos: invariants failed; the daemon's log is {}", daemon.log.display());
+
+    /// No more faults: the remaining installs go in, and everything must settle.
+    async fn calm(&mut self, report: &mut ChaosReport) -> Result<(), BenchError> {
+        self.fleet.host.faults().clear();
+        for (_, server) in &self.fleet.tenants {
+            server.faults().clear();
+        }
+        for (tenant, namespace) in std::mem::take(&mut self.pending) {
+            create_install(self.clients.tenant(tenant), &namespace).await?;
+            self.created.push((tenant, namespace));
+        }
+        for deletion in std::mem::take(&mut self.deletions) {
+            if let Ok(Some(deleted)) = deletion.await {
+                self.deleted_clusters.push(deleted);
+            }
+        }
+        report.uninstalls = self.uninstalled.len();
+        let calm = Instant::now();
+        let deadline = calm + Duration::from_secs(90);
+        let pools: Api<crate::api::pools::ClusterPool> = Api::namespaced(self.pool_tenant().clone(), "chaos-pool");
+        loop {
+            self.replace_exited_daemons().await?;
+            check(&self.clients, &self.created, &self.uninstalled, report).await;
+            self.observe(report).await;
+            report.cluster_deletions_unfinished = self.deletions_unfinished().await;
+            report.metal_pool_filled = super::metal::filled(self.metal_tenant()).await;
+            report.pool_filled = pools
+                .get_opt("pool")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|p| p.status)
+                .is_some_and(|s| s.ready as usize >= POOL_SIZE);
+            if report.settled() || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        report.converge_s = calm.elapsed().as_secs_f64();
+        report.passed = report.settled() && report.invariants_hold();
+        if !report.passed {
+            self.explain(report).await;
+        }
+        Ok(())
+    }
+
+    /// ClusterDeployments the chaos deleted that still exist.
+    async fn deletions_unfinished(&self) -> Vec<String> {
+        let mut unfinished = Vec::new();
+        for (tenant, namespace, name, uid) in &self.deleted_clusters {
+            let (tenant_name, client) = &self.clients.tenants[*tenant];
+            let api: Api<ClusterDeployment> = Api::namespaced(client.clone(), namespace);
+            match api.get_opt(name).await {
+                Ok(Some(cd)) if cd.uid().as_deref() == Some(uid.as_str()) => {
+                    unfinished.push(format!("{tenant_name}: ClusterDeployment {namespace}/{name}"))
+                }
+                Ok(_) => {}
+                Err(err) => unfinished.push(format!("{tenant_name}: ClusterDeployment {namespace}/{name}: {err}")),
+            }
+        }
+        unfinished
+    }
+
+    /// What did not settle, and the end of each running daemon's log.
+    async fn explain(&self, report: &mut ChaosReport) {
+        let host = &self.clients.host;
+        if !report.pool_filled {
+            let (tenant, client) = &self.clients.tenants[0];
+            report
+                .unsettled
+                .extend(describe_pool(client, host, tenant, "chaos-pool", "pool").await);
+        }
+        if !report.metal_pool_filled {
+            let (tenant, client) = &self.clients.tenants[self.metal_index()];
+            let (namespace, pool) = (super::metal::NAMESPACE, super::metal::POOL);
+            report
+                .unsettled
+                .extend(describe_pool(client, host, tenant, namespace, pool).await);
+        }
+        eprintln!("chaos: invariants failed");
         for line in &report.unsettled {
             eprintln!("  {line}");
         }
-        // The log lives in the fleet's temp dir, which goes with the fleet: show its end now.
-        if let Ok(text) = std::fs::read_to_string(&daemon.log) {
-            eprintln!(
-                "{}",
-                text.lines()
-                    .rev()
-                    .take(40)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            );
+        // The logs live in the fleet's temp dir (unless --keep-logs), which goes with the fleet.
+        for (name, log) in self.daemons.running_logs() {
+            eprintln!("chaos: the end of daemon {name}'s log {}:", log.display());
+            if let Ok(text) = std::fs::read_to_string(&log) {
+                let lines: Vec<&str> = text.lines().collect();
+                eprintln!("{}", lines[lines.len().saturating_sub(30)..].join("\n"));
+            }
         }
     }
-    if let Some(daemon) = daemon {
-        daemon.kill().await;
+}
+
+/// Waits until a daemon other than the killed one holds the lease, then at once deletes a live
+/// ClusterDeployment of `tenant`: the new leader's controllers have just started, their caches
+/// still filling.
+async fn delete_a_cluster_after_takeover(
+    host: Client,
+    tenant: Client,
+    tenant_index: usize,
+    killed: String,
+    pick: usize,
+) -> Option<DeletedCluster> {
+    let deadline = Instant::now() + TAKEOVER_WITHIN;
+    loop {
+        let holder = LeaderElected::holder(&host).await;
+        if holder.is_some_and(|h| !h.starts_with(&format!("{killed}-"))) {
+            break;
+        }
+        if Instant::now() > deadline {
+            eprintln!("chaos: no daemon took the lease over within {TAKEOVER_WITHIN:?}; no cluster deleted");
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    fleet.shutdown().await;
-    Ok(report)
+    let clusters = Api::<ClusterDeployment>::all(tenant.clone())
+        .list(&ListParams::default())
+        .await
+        .ok()?;
+    let live: Vec<ClusterDeployment> = clusters
+        .items
+        .into_iter()
+        .filter(|cd| cd.metadata.deletion_timestamp.is_none())
+        .collect();
+    let cd = live.get(pick % live.len().max(1))?;
+    let (namespace, name, uid) = (cd.namespace()?, cd.name_any(), cd.uid()?);
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(uid.clone()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    Api::<ClusterDeployment>::namespaced(tenant, &namespace)
+        .delete(&name, &params)
+        .await
+        .ok()?;
+    eprintln!("chaos: deleted ClusterDeployment {namespace}/{name} right after the takeover");
+    Some((tenant_index, namespace, name, uid))
 }
 
 async fn create_install(client: &Client, namespace: &str) -> Result<(), kube::Error> {
@@ -327,7 +686,7 @@ async fn create_install(client: &Client, namespace: &str) -> Result<(), kube::Er
 
 /// Fills the invariant fields of `report` from what the servers hold now.
 async fn check(
-    fleet: &Fleet,
+    clients: &Clients,
     created: &[(usize, String)],
     uninstalled: &BTreeSet<(usize, String)>,
     report: &mut ChaosReport,
@@ -338,8 +697,8 @@ async fn check(
     report.uninstalls_unfinished.clear();
     report.orphans.clear();
     for (tenant, namespace) in created {
-        let (name, server) = &fleet.tenants[*tenant];
-        let api: Api<StackInstall> = Api::namespaced(server.client().await, namespace);
+        let (name, client) = &clients.tenants[*tenant];
+        let api: Api<StackInstall> = Api::namespaced(client.clone(), namespace);
         let ready = match api.get_opt("sample").await {
             Ok(Some(install)) => install
                 .status
@@ -367,20 +726,20 @@ async fn check(
         }
     }
     for (tenant, namespace) in uninstalled {
-        let (name, server) = &fleet.tenants[*tenant];
-        let api: Api<StackInstall> = Api::namespaced(server.client().await, namespace);
+        let (name, client) = &clients.tenants[*tenant];
+        let api: Api<StackInstall> = Api::namespaced(client.clone(), namespace);
         if !matches!(api.get_opt("sample").await, Ok(None)) {
             report.uninstalls_unfinished.push(format!("{name}/{namespace}"));
         }
     }
-    report.orphans = orphans(fleet).await;
+    report.orphans = orphans(clients).await;
 }
 
 /// Host objects with a parent label whose tenant parent (same kind, namespace, name and uid) is gone.
-async fn orphans(fleet: &Fleet) -> Vec<String> {
-    let host = fleet.host.client().await;
+async fn orphans(clients: &Clients) -> Vec<String> {
+    let host = &clients.host;
     let mut found = Vec::new();
-    for (tenant, server) in &fleet.tenants {
+    for (tenant, client) in &clients.tenants {
         let namespace = format!("tenant-{tenant}-controllers");
         let params = ListParams::default().labels(PARENT_KIND_LABEL);
         let mut objects: Vec<(String, std::collections::BTreeMap<String, String>)> = Vec::new();
@@ -394,7 +753,6 @@ async fn orphans(fleet: &Fleet) -> Vec<String> {
                 );
             }
         }
-        let client = server.client().await;
         for (what, annotations) in objects {
             let (Some(kind), Some(ns), Some(name), Some(uid)) = (
                 annotations.get(TENANT_KIND_ANNOTATION),
@@ -558,7 +916,7 @@ fn parent_resource(kind: &str) -> Option<ApiResource> {
 pub fn table(report: &ChaosReport) -> String {
     let faults: Vec<String> = report.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
     let mut out = format!(
-        "chaos (seed {}): {}\nfaults: {}\ninstalls {}: {} Ready, {} clearly failed, {} stuck; uninstalls {}: {} unfinished\npools filled: {} (vSphere), {} (baremetal); orphaned host objects: {}; double leases: {}; assets assigned twice: {}; settled in {:.1} s\n",
+        "chaos (seed {}): {}\nfaults: {}\ninstalls {}: {} Ready, {} clearly failed, {} stuck; uninstalls {}: {} unfinished; cluster deletions unfinished: {}\npools filled: {} (vSphere), {} (baremetal); orphaned host objects: {}; double leases: {}; assets assigned twice: {}; settled in {:.1} s\nclusters gone without their destroy Job: {}; tenants served by two daemons at once: {}; live objects swept: {}; shared CRDs deleted under a live install: {}\n",
         report.seed,
         if report.passed { "PASSED" } else { "FAILED" },
         faults.join(", "),
@@ -568,18 +926,28 @@ pub fn table(report: &ChaosReport) -> String {
         report.stuck.len(),
         report.uninstalls,
         report.uninstalls_unfinished.len(),
+        report.cluster_deletions_unfinished.len(),
         report.pool_filled,
         report.metal_pool_filled,
         report.orphans.len(),
         report.double_leases,
         report.double_assignments,
         report.converge_s,
+        report.clusters_gone_without_destroy.len(),
+        report.tenants_served_twice.len(),
+        report.live_objects_swept.len(),
+        report.shared_crds_deleted.len(),
     );
     for line in report
         .stuck
         .iter()
         .chain(&report.uninstalls_unfinished)
+        .chain(&report.cluster_deletions_unfinished)
         .chain(&report.orphans)
+        .chain(&report.clusters_gone_without_destroy)
+        .chain(&report.tenants_served_twice)
+        .chain(&report.live_objects_swept)
+        .chain(&report.shared_crds_deleted)
         .chain(&report.unsettled)
     {
         out.push_str(&format!("  {line}\n"));

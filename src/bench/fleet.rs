@@ -84,8 +84,12 @@ impl Fleet {
 
     /// Starts `stackd run` against this fleet.
     pub fn daemon(&self, extra: &[&str]) -> Result<DaemonProcess, BenchError> {
-        let log_dir = self.log_dir.as_deref().unwrap_or(self.dir.path());
-        DaemonProcess::spawn(self.dir.path(), log_dir, extra)
+        DaemonProcess::spawn(self.dir.path(), self.log_dir(), extra, &[])
+    }
+
+    /// Where daemon logs go.
+    pub fn log_dir(&self) -> &Path {
+        self.log_dir.as_deref().unwrap_or(self.dir.path())
     }
 
     /// Requests every server has seen so far, host first.
@@ -110,8 +114,20 @@ pub struct DaemonProcess {
     pub log: PathBuf,
 }
 
+/// The daemons' `RUST_LOG`: `STACKD_BENCH_LOG`, else warnings only.
+pub fn log_filter() -> String {
+    std::env::var("STACKD_BENCH_LOG").unwrap_or_else(|_| "warn".into())
+}
+
 impl DaemonProcess {
-    pub fn spawn(dir: &Path, log_dir: &Path, extra: &[&str]) -> Result<DaemonProcess, BenchError> {
+    /// `stackd run` with `dir/host.yaml` and `dir/tenants`, `extra` flags and `env` (which wins over
+    /// the default `RUST_LOG`).
+    pub fn spawn(
+        dir: &Path,
+        log_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, String)],
+    ) -> Result<DaemonProcess, BenchError> {
         let admin = free_port()?;
         let log = log_dir.join(format!("daemon-{}.log", admin.port()));
         let exe = std::env::current_exe()?;
@@ -124,10 +140,8 @@ impl DaemonProcess {
             .args(["--stackd-image", BENCH_STACKD_IMAGE, "--allow-insecure-tenant-endpoint"])
             .args(["--backoff-base", "100ms", "--debounce", "50ms"])
             .args(extra)
-            .env(
-                "RUST_LOG",
-                std::env::var("STACKD_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
-            )
+            .env("RUST_LOG", log_filter())
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
             .kill_on_drop(true)

@@ -7,6 +7,7 @@ pub mod fleet;
 mod idle;
 mod latency;
 mod metal;
+pub mod partition;
 mod pools;
 mod recovery;
 mod stacks;

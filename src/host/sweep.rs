@@ -273,7 +273,17 @@ pub mod run {
                 };
                 match api.delete(&orphan.name, &params).await {
                     Ok(_) => {
-                        info!(tenant = %tenant_name, kind = %orphan.kind, name = %orphan.name, "sweep: deleted a host object whose tenant parent is gone");
+                        let parent = |key: &str| orphan.annotations.get(key).map(String::as_str).unwrap_or("");
+                        info!(
+                            tenant = %tenant_name,
+                            kind = %orphan.kind,
+                            name = %orphan.name,
+                            parent_kind = %parent(TENANT_KIND_ANNOTATION),
+                            parent_namespace = %parent(TENANT_NAMESPACE_ANNOTATION),
+                            parent_name = %parent(TENANT_NAME_ANNOTATION),
+                            parent_uid = %parent(TENANT_UID_ANNOTATION),
+                            "sweep: deleted a host object whose tenant parent is gone"
+                        );
                         report.deleted.push(format!("{}/{}", orphan.kind, orphan.name));
                     }
                     // Gone or replaced meanwhile: nothing to do.

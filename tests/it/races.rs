@@ -2,7 +2,6 @@
 //! of the leader, a tenant whose stop outlasts its grace, an uninstall judging a stale CRD cache.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -16,12 +15,11 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use stackd::api::pools::ClusterDeployment;
 use stackd::api::stacks::StackInstall;
+use stackd::bench::partition::{Partition, upstream_of};
 use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::{ApiServer, ServerOptions, Verb};
 use stackd::host::Parent;
 use stackd::stacks::crd_parent_label;
-use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::CancellationToken;
 
 use super::daemon::{Daemon, Fleet};
 use super::pools;
@@ -30,63 +28,6 @@ use super::stacks_install::{
 };
 
 const SOON: Duration = Duration::from_secs(10);
-
-/// A TCP proxy in front of an API server: cutting it refuses new connections and ends open ones,
-/// as a network partition would.
-struct Partition {
-    addr: SocketAddr,
-    cut: CancellationToken,
-}
-
-impl Partition {
-    async fn start(upstream: SocketAddr) -> Partition {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
-        let addr = listener.local_addr().expect("proxy address");
-        let cut = CancellationToken::new();
-        let serving = cut.clone();
-        tokio::spawn(async move {
-            loop {
-                let (mut client, _) = tokio::select! {
-                    _ = serving.cancelled() => return,
-                    accepted = listener.accept() => match accepted {
-                        Ok(accepted) => accepted,
-                        Err(_) => continue,
-                    },
-                };
-                let connection = serving.clone();
-                tokio::spawn(async move {
-                    let Ok(mut server) = TcpStream::connect(upstream).await else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = connection.cancelled() => {}
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                    }
-                });
-            }
-        });
-        Partition { addr, cut }
-    }
-
-    /// A copy of `kubeconfig` whose server is this proxy.
-    fn kubeconfig(&self, kubeconfig: &str, upstream: SocketAddr) -> String {
-        let proxied = kubeconfig.replace(&upstream.to_string(), &self.addr.to_string());
-        assert_ne!(proxied, kubeconfig, "the kubeconfig names {upstream}");
-        proxied
-    }
-
-    fn cut(&self) {
-        self.cut.cancel();
-    }
-}
-
-fn upstream_of(url: &str) -> SocketAddr {
-    url.trim_start_matches("http://")
-        .trim_start_matches("https://")
-        .trim_end_matches('/')
-        .parse()
-        .expect("a loopback address in the server URL")
-}
 
 /// Polls `check` until it is true; the time it first was.
 async fn when(what: &str, within: Duration, check: impl Fn() -> bool) -> Instant {
@@ -104,11 +45,17 @@ async fn when(what: &str, within: Duration, check: impl Fn() -> bool) -> Instant
 async fn a_leader_cut_off_from_the_host_stops_before_a_standby_takes_over() {
     let fleet = Fleet::start(&["acme"]).await;
     fleet.leader_election_namespace().await;
-    let upstream = upstream_of(&fleet.host().url());
-    let partition = Partition::start(upstream).await;
+    let upstream = upstream_of(&fleet.host().url()).expect("a loopback address in the host URL");
+    let partition = Partition::start(upstream).await.expect("start the proxy");
     let proxied: PathBuf = fleet.dir.path().join("host-through-proxy.yaml");
     let host_kubeconfig = std::fs::read_to_string(fleet.dir.path().join("host.yaml")).expect("host kubeconfig");
-    std::fs::write(&proxied, partition.kubeconfig(&host_kubeconfig, upstream)).expect("proxied kubeconfig");
+    std::fs::write(
+        &proxied,
+        partition
+            .kubeconfig(&host_kubeconfig)
+            .expect("the kubeconfig names the host"),
+    )
+    .expect("proxied kubeconfig");
 
     let args = ["--leader-elect", "--leader-elect-lease-duration", "6"];
     let leader = Daemon::spawn_with_host(fleet.dir.path(), &proxied, &args);

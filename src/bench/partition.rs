@@ -1,0 +1,147 @@
+//! A TCP proxy in front of an API server: cutting it refuses new connections and ends open ones, as
+//! a network partition would. It also records when its client sent anything, so that a benchmark
+//! giving each daemon its own proxies can tell which daemon talked to a server when.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+/// From the first to the last moment a proxy's client sent bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub first: Instant,
+    pub last: Instant,
+}
+
+impl Span {
+    pub fn overlaps(&self, other: &Span) -> bool {
+        self.first <= other.last && other.first <= self.last
+    }
+}
+
+pub struct Partition {
+    addr: SocketAddr,
+    upstream: SocketAddr,
+    cut: CancellationToken,
+    sent: Arc<Mutex<Option<Span>>>,
+}
+
+impl Partition {
+    /// Listens on a free loopback port and relays every connection to `upstream`.
+    pub async fn start(upstream: SocketAddr) -> std::io::Result<Partition> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let cut = CancellationToken::new();
+        let sent = Arc::new(Mutex::new(None));
+        tokio::spawn(accept(listener, upstream, cut.clone(), sent.clone()));
+        Ok(Partition {
+            addr,
+            upstream,
+            cut,
+            sent,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A copy of `kubeconfig` whose server is this proxy; `None` when it does not name the upstream.
+    pub fn kubeconfig(&self, kubeconfig: &str) -> Option<String> {
+        let upstream = self.upstream.to_string();
+        kubeconfig
+            .contains(&upstream)
+            .then(|| kubeconfig.replace(&upstream, &self.addr.to_string()))
+    }
+
+    /// Refuses new connections and ends the open ones, for good.
+    pub fn cut(&self) {
+        self.cut.cancel();
+    }
+
+    pub fn is_cut(&self) -> bool {
+        self.cut.is_cancelled()
+    }
+
+    /// When the client sent bytes through this proxy, if it ever did.
+    pub fn sent(&self) -> Option<Span> {
+        *lock(&self.sent)
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        self.cut.cancel();
+    }
+}
+
+/// The loopback address of an API server URL (`http://127.0.0.1:PORT`).
+pub fn upstream_of(url: &str) -> Option<SocketAddr> {
+    url.trim_start_matches("http://")
+        .trim_start_matches("https://")
+        .trim_end_matches('/')
+        .parse()
+        .ok()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+async fn accept(listener: TcpListener, upstream: SocketAddr, cut: CancellationToken, sent: Arc<Mutex<Option<Span>>>) {
+    loop {
+        let client = tokio::select! {
+            _ = cut.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((client, _)) => client,
+                Err(_) => continue,
+            },
+        };
+        let connection = cut.clone();
+        let sent = sent.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = connection.cancelled() => {}
+                _ = relay(client, upstream, &sent) => {}
+            }
+        });
+    }
+}
+
+fn note(sent: &Mutex<Option<Span>>) {
+    let now = Instant::now();
+    let mut span = lock(sent);
+    *span = Some(span.map_or(Span { first: now, last: now }, |s| Span { last: now, ..s }));
+}
+
+/// Copies both ways until either side closes, noting each time the client sends.
+async fn relay(client: TcpStream, upstream: SocketAddr, sent: &Mutex<Option<Span>>) {
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let upward = async {
+        let mut buffer = vec![0u8; 16 * 1024];
+        loop {
+            let read = match client_read.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(read) => read,
+            };
+            note(sent);
+            if server_write.write_all(&buffer[..read]).await.is_err() {
+                break;
+            }
+        }
+        let _ = server_write.shutdown().await;
+    };
+    let downward = async {
+        let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+        let _ = client_write.shutdown().await;
+    };
+    tokio::join!(upward, downward);
+}
