@@ -78,7 +78,14 @@ fn chaos_keeps_its_invariants_on_several_seeds() {
         let (ok, stdout, stderr) = stackd(&args);
         let report: serde_json::Value =
             serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("seed {seed}: no JSON ({e}):\n{stdout}\n{stderr}"));
-        assert!(ok, "seed {seed}: invariants failed: {report:#}\n{stderr}");
+        if !ok {
+            // The daemons' logs outlive a failure (the temp dir would go with the panic).
+            let kept = logs.keep();
+            panic!(
+                "seed {seed}: invariants failed (daemon logs kept in {}): {report:#}\n{stderr}",
+                kept.display()
+            );
+        }
         assert_eq!(report["passed"], true);
         assert_eq!(report["orphans"].as_array().map(Vec::len), Some(0), "{report:#}");
         assert_eq!(report["stuck"].as_array().map(Vec::len), Some(0), "{report:#}");
