@@ -49,8 +49,9 @@ pub async fn measure(tenants: usize, window: Duration) -> Result<IdleFigures, Be
         .wait_tenants_up(tenants, Duration::from_secs(60 + tenants as u64))
         .await?;
     let startup_s = started.elapsed().as_secs_f64();
-    // Let the start-up work (first lists, the first sweep, host namespaces) finish.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A tenant is up once its CRDs are seen; its start-up work (host namespace, quota, the
+    // controllers' first lists, the first sweep) goes on after that, longer on a loaded machine.
+    wait_until_quiet(&fleet, Duration::from_secs(2), Duration::from_secs(60)).await?;
     let before = fleet.counters();
     let window_started = Instant::now();
     tokio::time::sleep(window).await;
@@ -89,6 +90,33 @@ pub async fn measure(tenants: usize, window: Duration) -> Result<IdleFigures, Be
         idle_requests_per_minute_per_tenant: idle,
         floor_requests_per_minute_per_tenant: floor,
     })
+}
+
+/// Waits until no server has answered anything but watches for `quiet`.
+async fn wait_until_quiet(fleet: &Fleet, quiet: Duration, within: Duration) -> Result<(), BenchError> {
+    let deadline = Instant::now() + within;
+    let mut quiet_since = Instant::now();
+    let mut before = fleet.counters();
+    while quiet_since.elapsed() < quiet {
+        if Instant::now() > deadline {
+            return Err(BenchError::Timeout(format!(
+                "the idle tenants' start-up requests did not stop within {within:?}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = fleet.counters();
+        let busy = now.iter().zip(&before).any(|(now, then)| {
+            now.since(then)
+                .counts
+                .iter()
+                .any(|(key, n)| *n > 0 && key.verb != Verb::Watch)
+        });
+        if busy {
+            quiet_since = Instant::now();
+        }
+        before = now;
+    }
+    Ok(())
 }
 
 fn add(rates: &mut RequestRates, counts: &RequestCounts) {
