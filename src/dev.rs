@@ -136,11 +136,18 @@ fn prepare_tenants_dir(dir: &Path) -> Result<(), DevError> {
     Ok(())
 }
 
+/// Writes `path` whole or not at all (a file renamed into place): the daemon and the user's kubectl
+/// read these files as soon as they appear.
 fn write(path: &Path, content: &str) -> Result<(), DevError> {
-    std::fs::write(path, content).map_err(|source| DevError::Write {
+    let failed = |source: std::io::Error| DevError::Write {
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut file = tempfile::NamedTempFile::new_in(dir).map_err(failed)?;
+    std::io::Write::write_all(&mut file, content.as_bytes()).map_err(failed)?;
+    file.persist(path).map_err(|err| failed(err.error))?;
+    Ok(())
 }
 
 async fn install_crds(server: &ApiServer, tenant: &str) -> Result<(), DevError> {
