@@ -49,8 +49,9 @@ pub async fn measure(tenants: usize, window: Duration) -> Result<IdleFigures, Be
         .wait_tenants_up(tenants, Duration::from_secs(60 + tenants as u64))
         .await?;
     let startup_s = started.elapsed().as_secs_f64();
-    // Let the start-up work (first lists, the first sweep, host namespaces) finish.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Let the start-up work (first lists, the first sweep, host namespaces) finish: on a loaded
+    // machine it outlasts any fixed pause and would be counted as idle requests.
+    wait_until_quiet(&fleet, Duration::from_secs(1), Duration::from_secs(30)).await;
     let before = fleet.counters();
     let window_started = Instant::now();
     tokio::time::sleep(window).await;
@@ -89,6 +90,22 @@ pub async fn measure(tenants: usize, window: Duration) -> Result<IdleFigures, Be
         idle_requests_per_minute_per_tenant: idle,
         floor_requests_per_minute_per_tenant: floor,
     })
+}
+
+/// Waits until no server has seen a request for `quiet` (at most `within`). A daemon that polls more
+/// often than that never gets quiet, and the window then counts its polling.
+async fn wait_until_quiet(fleet: &Fleet, quiet: Duration, within: Duration) {
+    let total = |fleet: &Fleet| fleet.counters().iter().map(RequestCounts::total).sum::<u64>();
+    let deadline = Instant::now() + within;
+    let mut seen = total(fleet);
+    while Instant::now() < deadline {
+        tokio::time::sleep(quiet).await;
+        let now = total(fleet);
+        if now == seen {
+            return;
+        }
+        seen = now;
+    }
 }
 
 fn add(rates: &mut RequestRates, counts: &RequestCounts) {
