@@ -1,17 +1,18 @@
 //! Chaos: installs and uninstalls run while two leader-elected daemons are killed, restarted and cut
 //! off from the host at random points, API servers restart, watches drop and requests fail with
-//! 409/500/429. The faults that drive issue 17's races come once each in a seeded order, then at
-//! random with the rest:
-//! - a daemon restarted right before a ClusterDeployment is deleted (the leader is killed and a
-//!   pool cluster deleted the moment the standby takes over, before its caches can have filled);
+//! 409/500/429. Every fault comes once (those that kill or cut the leader first, the rest in a seeded
+//! order), then at random. Those that drive issue 17's races:
+//! - a daemon restarted right before a ClusterDeployment is deleted (the leader is killed and an
+//!   installed pool cluster deleted the moment the standby takes over, before its caches can have
+//!   filled);
 //! - the leader partitioned from the host while its tenants still answer;
 //! - bursts of new StackInstalls, created while sweeps run (every 2 s);
 //! - two installs of the sample stack, which share its CRD, uninstalled at once while others stay.
 //!
 //! Checked during the faults and after: no cluster's ClusterDeployment gone without its destroy
-//! Job having run ([`destroys`]), no tenant served by two daemons at once ([`daemons`]), no host
-//! object of a live parent swept ([`sweeps`]), no shared CRD (or its custom resources) deleted while
-//! an install of it lives ([`crds`]), no CDC leased twice, no asset assigned twice. Afterwards:
+//! Job having run (`destroys`), no tenant served by two daemons at once (`daemons`), no host
+//! object of a live parent swept (`sweeps`), no shared CRD (or its custom resources) deleted while
+//! an install of it lives (`crds`), no CDC leased twice, no asset assigned twice. Afterwards:
 //! every install Ready or clearly failed, every uninstall and cluster deletion finished, no host
 //! object without a live tenant parent, both pools full.
 
@@ -61,6 +62,10 @@ pub struct ChaosOptions {
     pub duration: Duration,
     /// Keep every daemon's log here (`--keep-logs`).
     pub keep_logs: Option<PathBuf>,
+    /// The daemons' leader lease (`--leader-elect-lease-duration`), in seconds: short, so that
+    /// takeovers fit the run; long enough that a loaded leader still renews it (a renewal has a
+    /// sixth of it to be stored, see `runtime::leader`).
+    pub lease_seconds: u64,
 }
 
 impl ChaosOptions {
@@ -71,6 +76,7 @@ impl ChaosOptions {
             installs_per_tenant: if quick { 3 } else { 8 },
             duration: Duration::from_secs(if quick { 8 } else { 60 }),
             keep_logs: None,
+            lease_seconds: if quick { 3 } else { 10 },
         }
     }
 }
@@ -136,12 +142,6 @@ impl ChaosReport {
     }
 }
 
-/// The daemons' leader lease, in seconds: short, so that takeovers fit the run.
-const LEASE_SECONDS: u64 = 3;
-/// How long a fault waits for a standby to take over.
-const TAKEOVER_WITHIN: Duration = Duration::from_secs(3 * LEASE_SECONDS + 2);
-/// How long a fault that needs a leader waits for one (a standby taking over).
-const LEADER_WITHIN: Duration = Duration::from_secs(LEASE_SECONDS + 2);
 /// StackInstalls created at once by a burst.
 const BURST: usize = 3;
 
@@ -218,6 +218,8 @@ struct Chaos {
     sweeps: SweepAudit,
     crds: SharedCrdWatch,
     started: Instant,
+    /// How long a cluster deletion waits for a standby to take over.
+    takeover_within: Duration,
 }
 
 pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
@@ -233,7 +235,7 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
     // inside the window and the double-lease invariant checks it.
     let daemon_args = ["--sweep-interval", "2s", "--lease-min-age", "10s"];
     let clients = Clients::of(&fleet).await;
-    let daemons = LeaderElected::start(&fleet, &clients.host, &daemon_args, LEASE_SECONDS).await?;
+    let daemons = LeaderElected::start(&fleet, &clients.host, &daemon_args, options.lease_seconds).await?;
     let mut report = ChaosReport {
         seed: options.seed,
         ..ChaosReport::default()
@@ -271,6 +273,7 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
         sweeps: SweepAudit::default(),
         crds: SharedCrdWatch::default(),
         started: Instant::now(),
+        takeover_within: Duration::from_secs(3 * options.lease_seconds + 2),
     };
     let result = chaos.faults_then_calm(options, &mut report).await;
     chaos.daemons.shutdown().await;
@@ -295,10 +298,14 @@ impl Chaos {
     }
 
     async fn faults_then_calm(&mut self, options: &ChaosOptions, report: &mut ChaosReport) -> Result<(), BenchError> {
+        // The faults that kill or cut the leader go first: each leaves the tenants without a leader
+        // until the lease runs out, and that wait overlaps the other faults instead of the calm.
         let mut first_round: VecDeque<Fault> = {
-            let mut all = EVERY_FAULT.to_vec();
-            all.shuffle(&mut self.rng);
-            all.into()
+            let needs_leader = |f: &Fault| matches!(f, Fault::LeaderPartitioned | Fault::ClusterDeletedAfterRestart);
+            let (mut leader, mut others): (Vec<Fault>, Vec<Fault>) = EVERY_FAULT.iter().partition(|f| needs_leader(f));
+            leader.shuffle(&mut self.rng);
+            others.shuffle(&mut self.rng);
+            leader.into_iter().chain(others).collect()
         };
         // Past the duration only to finish the first round, and not for long.
         let faults_end = Instant::now() + options.duration;
@@ -323,8 +330,9 @@ impl Chaos {
                     *report.faults.entry(name.to_string()).or_default() += 1;
                     self.timeline(name);
                 }
-                // Not possible yet (too few installs): later.
-                None => first_round.push_back(fault),
+                // Not possible yet (too few installs, no installed cluster, no leader serving): again
+                // after the next.
+                None => first_round.insert(first_round.len().min(1), fault),
             }
             self.replace_exited_daemons().await?;
             self.observe(report).await;
@@ -357,22 +365,29 @@ impl Chaos {
                 "daemon_restart"
             }
             Fault::ClusterDeletedAfterRestart => {
-                let host = self.clients.host.clone();
-                let Some(name) = self.daemons.restart_leader(&self.fleet, &host, LEADER_WITHIN).await? else {
-                    return Ok(None);
-                };
-                self.timeline(&format!("killed leader {name}"));
                 let metal = self.rng.random_bool(0.5);
+                let pick = self.rng.random_range(0..16);
                 let index = if metal { self.metal_index() } else { 0 };
                 let tenant = self.clients.tenant(index).clone();
-                let pick = self.rng.random_range(0..16);
-                self.deletions.push(tokio::spawn(delete_a_cluster_after_takeover(
-                    host, tenant, index, name, pick,
+                let Some((namespace, name, uid)) = an_installed_cluster(&tenant, &self.ledger, pick).await else {
+                    return Ok(None);
+                };
+                let host = self.clients.host.clone();
+                let Some(leader) = self.daemons.restart_leader(&self.fleet, &host).await? else {
+                    return Ok(None);
+                };
+                self.timeline(&format!(
+                    "killed leader {leader}; ClusterDeployment {namespace}/{name}, installed, goes at the takeover"
+                ));
+                let cluster = (index, namespace, name, uid);
+                let within = self.takeover_within;
+                self.deletions.push(tokio::spawn(delete_after_takeover(
+                    host, tenant, leader, cluster, within,
                 )));
                 "daemon_restart_then_cluster_deleted"
             }
             Fault::LeaderPartitioned => {
-                let Some(name) = self.daemons.partition_leader(&self.clients.host, LEADER_WITHIN).await else {
+                let Some(name) = self.daemons.partition_leader(&self.clients.host).await else {
                     return Ok(None);
                 };
                 self.timeline(&format!("cut daemon {name} off from the host"));
@@ -609,39 +624,49 @@ impl Chaos {
     }
 }
 
-/// Waits until a daemon other than the killed one holds the lease, then at once deletes a live
-/// ClusterDeployment of `tenant`: the new leader's controllers have just started, their caches
-/// still filling.
-async fn delete_a_cluster_after_takeover(
+/// A live ClusterDeployment of `tenant` whose installer ran (so its deletion must run the destroy
+/// Job), `pick` choosing which: namespace, name, uid.
+async fn an_installed_cluster(
+    tenant: &Client,
+    ledger: &InstallerLedger,
+    pick: usize,
+) -> Option<(String, String, String)> {
+    let clusters = Api::<ClusterDeployment>::all(tenant.clone())
+        .list(&ListParams::default())
+        .await
+        .ok()?;
+    let installed: Vec<ClusterDeployment> = clusters
+        .items
+        .into_iter()
+        .filter(|cd| cd.metadata.deletion_timestamp.is_none())
+        .filter(|cd| cd.uid().is_some_and(|uid| ledger.created(&uid)))
+        .collect();
+    let cd = installed.get(pick % installed.len().max(1))?;
+    Some((cd.namespace()?, cd.name_any(), cd.uid()?))
+}
+
+/// Waits until a daemon other than the killed one holds the lease, then at once deletes `cluster`:
+/// the new leader's controllers have just started, their caches still filling.
+async fn delete_after_takeover(
     host: Client,
     tenant: Client,
-    tenant_index: usize,
     killed: String,
-    pick: usize,
+    cluster: DeletedCluster,
+    within: Duration,
 ) -> Option<DeletedCluster> {
-    let deadline = Instant::now() + TAKEOVER_WITHIN;
+    let deadline = Instant::now() + within;
     loop {
         let holder = LeaderElected::holder(&host).await;
         if holder.is_some_and(|h| !h.starts_with(&format!("{killed}-"))) {
             break;
         }
         if Instant::now() > deadline {
-            eprintln!("chaos: no daemon took the lease over within {TAKEOVER_WITHIN:?}; no cluster deleted");
+            eprintln!("chaos: no daemon took the lease over within {within:?}; no cluster deleted");
             return None;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let clusters = Api::<ClusterDeployment>::all(tenant.clone())
-        .list(&ListParams::default())
-        .await
-        .ok()?;
-    let live: Vec<ClusterDeployment> = clusters
-        .items
-        .into_iter()
-        .filter(|cd| cd.metadata.deletion_timestamp.is_none())
-        .collect();
-    let cd = live.get(pick % live.len().max(1))?;
-    let (namespace, name, uid) = (cd.namespace()?, cd.name_any(), cd.uid()?);
+    let (_, namespace, name, uid) = &cluster;
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid: Some(uid.clone()),
@@ -649,12 +674,19 @@ async fn delete_a_cluster_after_takeover(
         }),
         ..DeleteParams::default()
     };
-    Api::<ClusterDeployment>::namespaced(tenant, &namespace)
-        .delete(&name, &params)
+    match Api::<ClusterDeployment>::namespaced(tenant, namespace)
+        .delete(name, &params)
         .await
-        .ok()?;
-    eprintln!("chaos: deleted ClusterDeployment {namespace}/{name} right after the takeover");
-    Some((tenant_index, namespace, name, uid))
+    {
+        Ok(_) => {
+            eprintln!("chaos: deleted ClusterDeployment {namespace}/{name} right after the takeover");
+            Some(cluster)
+        }
+        Err(err) => {
+            eprintln!("chaos: could not delete ClusterDeployment {namespace}/{name} after the takeover: {err}");
+            None
+        }
+    }
 }
 
 async fn create_install(client: &Client, namespace: &str) -> Result<(), kube::Error> {

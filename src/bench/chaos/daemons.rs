@@ -5,7 +5,6 @@
 //! whose traffic to one tenant overlaps in time served that tenant at once.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
@@ -38,6 +37,12 @@ impl Member {
             .strip_prefix(&self.name)
             .and_then(|rest| rest.strip_prefix('-'))
             .is_some_and(|suffix| !suffix.is_empty() && suffix.bytes().all(|b| b.is_ascii_digit()))
+    }
+
+    /// Whether it started serving: a daemon talks to tenants only once it holds the lease and saw
+    /// its acquisition stored (the Lease names a new holder a moment before that).
+    fn serving(&self) -> bool {
+        self.tenants.iter().any(|(_, proxy)| proxy.sent().is_some())
     }
 
     /// Its proxies are cut (so its traffic record is final) and the process is killed.
@@ -168,18 +173,13 @@ impl LeaderElected {
             .and_then(|lease| lease.spec?.holder_identity)
     }
 
-    /// The running daemon, not cut off from the host, that holds the lease; waits up to `within`
-    /// for one (after a leader was killed or cut off, the standby takes over when the lease runs out).
-    async fn leader(&self, host: &Client, within: Duration) -> Option<usize> {
-        let deadline = Instant::now() + within;
-        loop {
-            let holder = LeaderElected::holder(host).await.unwrap_or_default();
-            let leader = self.members.iter().position(|m| m.holds(&holder) && !m.host.is_cut());
-            if leader.is_some() || Instant::now() > deadline {
-                return leader;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    /// The running daemon, not cut off from the host, that holds the lease and serves (none for a
+    /// while after a leader was killed or cut off: the standby takes over when the lease runs out).
+    async fn leader(&self, host: &Client) -> Option<usize> {
+        let holder = LeaderElected::holder(host).await?;
+        self.members
+            .iter()
+            .position(|m| m.holds(&holder) && !m.host.is_cut() && m.serving())
     }
 
     /// Kills a daemon that is not cut off from the host (`pick` chooses which) and starts another.
@@ -202,23 +202,18 @@ impl LeaderElected {
         Ok(name)
     }
 
-    /// Kills the leader and starts another daemon: the leader's name, `None` if none led within `within`.
-    pub async fn restart_leader(
-        &mut self,
-        fleet: &Fleet,
-        host: &Client,
-        within: Duration,
-    ) -> Result<Option<String>, BenchError> {
-        match self.leader(host, within).await {
+    /// Kills the leader and starts another daemon: the leader's name, `None` if none leads now.
+    pub async fn restart_leader(&mut self, fleet: &Fleet, host: &Client) -> Result<Option<String>, BenchError> {
+        match self.leader(host).await {
             Some(leader) => self.kill_and_replace(fleet, leader).await.map(Some),
             None => Ok(None),
         }
     }
 
-    /// Cuts the leader off from the host; its tenants still answer it. Its name, `None` if none led
-    /// within `within`.
-    pub async fn partition_leader(&self, host: &Client, within: Duration) -> Option<String> {
-        let leader = &self.members[self.leader(host, within).await?];
+    /// Cuts the leader off from the host; its tenants still answer it. Its name, `None` if none
+    /// leads now.
+    pub async fn partition_leader(&self, host: &Client) -> Option<String> {
+        let leader = &self.members[self.leader(host).await?];
         leader.host.cut();
         Some(leader.name.clone())
     }

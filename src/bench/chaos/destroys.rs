@@ -60,6 +60,11 @@ impl InstallerLedger {
         Some(ledger)
     }
 
+    /// Whether the installer created the cluster of the ClusterDeployment with this uid.
+    pub fn created(&self, uid: &str) -> bool {
+        lock(&self.ledger).created.contains_key(uid)
+    }
+
     /// ClusterDeployments gone since the last call whose created cluster was never destroyed.
     pub async fn gone_without_destroy(&self, clients: &Clients) -> Vec<String> {
         let pending: Vec<(String, Cluster)> = {
