@@ -32,14 +32,18 @@ pub struct LeaderElectionSettings {
 }
 
 impl LeaderElectionSettings {
-    /// Renewal starts this long before expiry: a third of the duration, at least one second.
+    /// Renewal starts this long before expiry, so that it is due a third of the duration (rounded
+    /// up) after the last one. Renewing only near expiry left a renewal a sixth of the lease to be
+    /// stored: on a loaded host a new leader's first renewal, made while its tenants start, took
+    /// longer, and a healthy leader gave up. Renewing early gives a renewal half the lease, and a
+    /// failed one time to be retried, as client-go's retry period does within its renew deadline.
     fn grace_seconds(&self) -> u64 {
-        (self.duration_seconds / 3).max(1)
+        self.duration_seconds - self.duration_seconds.div_ceil(3)
     }
 
     /// How long after its last stored renewal the holder still counts itself leader: the lease
     /// duration less a sixth, which leaves that sixth to stop every tenant before a standby may
-    /// take the lease, while renewals (due after two thirds) have a sixth to arrive.
+    /// take the lease.
     pub fn renew_deadline(&self) -> Duration {
         let duration = Duration::from_secs(self.duration_seconds);
         duration - duration / 6
@@ -172,6 +176,33 @@ pub async fn acquire(
                     return Err(LeaderError::Lease("the lease manager stopped".to_string()));
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(duration_seconds: u64) -> LeaderElectionSettings {
+        LeaderElectionSettings {
+            namespace: "stackd-system".to_string(),
+            lease_name: "stackd-leader".to_string(),
+            identity: "a".to_string(),
+            duration_seconds,
+        }
+    }
+
+    #[test]
+    fn a_renewal_is_due_early_enough_to_be_retried_before_the_renew_deadline() {
+        for duration in 2..=120 {
+            let settings = settings(duration);
+            let grace = settings.grace_seconds();
+            assert!(grace > 0 && grace < duration, "kube-lease-manager needs 0 < grace < duration");
+            let due = Duration::from_secs(duration - grace);
+            let window = settings.renew_deadline() - due;
+            let lease = Duration::from_secs(duration);
+            assert!(window >= lease / 3, "a {duration} s lease leaves a renewal only {window:?}");
         }
     }
 }
