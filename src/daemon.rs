@@ -110,7 +110,7 @@ async fn run_controllers(
         None => None,
         Some(election) => {
             info!(lease = %election.lease_name, namespace = %election.namespace, identity = %election.identity, "waiting for the leader lease");
-            match leader::acquire(host.clone(), election, shutdown).await? {
+            match leader::acquire(election, shutdown).await? {
                 Some(leadership) => {
                     info!("acquired the leader lease; starting controllers");
                     Some(leadership)
@@ -160,11 +160,13 @@ async fn run_controllers(
     }
     watch_cancel.cancel();
     let _ = watch.await;
-    if !while_leading(registry.stop_all(), &mut leadership).await {
+    if outcome.is_ok() && !while_leading(registry.stop_all(), &mut leadership).await {
         registry.abort_all().await;
     }
-    // Dropping the leadership releases the lease, so a standby takes over at once.
-    drop(leadership);
+    // Released, so a standby takes over at once.
+    if let Some(leadership) = leadership {
+        leadership.release().await;
+    }
     outcome
 }
 

@@ -259,6 +259,10 @@ fn init_logging(format: LogFormat) {
 
 /// The host client: `--host-kubeconfig`, else in-cluster config, else `$KUBECONFIG` (or ~/.kube/config).
 async fn host_client(path: Option<&PathBuf>) -> Result<kube::Client, String> {
+    kube::Client::try_from(host_config(path).await?).map_err(|e| e.to_string())
+}
+
+async fn host_config(path: Option<&PathBuf>) -> Result<kube::Config, String> {
     let config = match path {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -274,7 +278,7 @@ async fn host_client(path: Option<&PathBuf>) -> Result<kube::Client, String> {
                 .map_err(|e| format!("no --host-kubeconfig, no in-cluster config, and no usable $KUBECONFIG: {e}"))?,
         },
     };
-    kube::Client::try_from(config).map_err(|e| e.to_string())
+    Ok(config)
 }
 
 /// Cancels the token on the first SIGTERM or Ctrl-C; a second one exits at once.
@@ -312,7 +316,11 @@ async fn run(args: RunArgs) -> ExitCode {
         Ok(template) => template,
         Err(err) => return fail("stackd run", err),
     };
-    let host = match host_client(args.host.host_kubeconfig.as_ref()).await {
+    let host_config = match host_config(args.host.host_kubeconfig.as_ref()).await {
+        Ok(config) => config,
+        Err(err) => return fail("stackd run", err),
+    };
+    let host = match kube::Client::try_from(host_config.clone()) {
         Ok(client) => client,
         Err(err) => return fail("stackd run", err),
     };
@@ -349,6 +357,7 @@ async fn run(args: RunArgs) -> ExitCode {
                 lease_name: "stackd-leader".to_string(),
                 identity,
                 duration_seconds: args.leader_elect_lease_duration,
+                host: host_config,
             }),
         rbac_subject: args.service_account,
         max_concurrent_reconciles: usize::from(args.max_concurrent_reconciles),

@@ -63,8 +63,8 @@ pub struct ChaosOptions {
     /// Keep every daemon's log here (`--keep-logs`).
     pub keep_logs: Option<PathBuf>,
     /// The daemons' leader lease (`--leader-elect-lease-duration`), in seconds: short, so that
-    /// takeovers fit the run; long enough that a loaded leader still renews it (a renewal has a
-    /// sixth of it to be stored, see `runtime::leader`).
+    /// takeovers fit the run; long enough that a loaded leader still renews it (a renewal has
+    /// half of it to be stored, see `runtime::leader`).
     pub lease_seconds: u64,
 }
 
@@ -157,6 +157,12 @@ enum Fault {
     ParentsBurst,
     InjectedError,
 }
+
+/// How long the calm waits for everything to settle.
+const CALM_LIMIT: Duration = Duration::from_secs(90);
+
+/// How long past the faults' duration the first round may take to inject every fault once.
+const FIRST_ROUND_GRACE: Duration = CALM_LIMIT;
 
 /// Each fault once (in a seeded order), then these at random.
 const EVERY_FAULT: [Fault; 9] = [
@@ -307,9 +313,11 @@ impl Chaos {
             others.shuffle(&mut self.rng);
             leader.into_iter().chain(others).collect()
         };
-        // Past the duration only to finish the first round, and not for long.
+        // Past the duration only to finish the first round. A fault that needs an installed cluster
+        // waits for one: on a loaded machine the first installer finishes well after the faults'
+        // duration, and a run that skipped the fault would test less than it says.
         let faults_end = Instant::now() + options.duration;
-        let first_round_end = Instant::now() + 2 * options.duration;
+        let first_round_end = faults_end + FIRST_ROUND_GRACE;
         while Instant::now() < faults_end || (!first_round.is_empty() && Instant::now() < first_round_end) {
             // Keep installs flowing in while things break.
             for _ in 0..self.rng.random_range(1..=3) {
@@ -548,7 +556,7 @@ impl Chaos {
         }
         report.uninstalls = self.uninstalled.len();
         let calm = Instant::now();
-        let deadline = calm + Duration::from_secs(90);
+        let deadline = calm + CALM_LIMIT;
         let pools: Api<crate::api::pools::ClusterPool> = Api::namespaced(self.pool_tenant().clone(), "chaos-pool");
         loop {
             self.replace_exited_daemons().await?;

@@ -398,11 +398,16 @@ impl ApiServer {
 
     /// A kube client for this server.
     pub async fn client(&self) -> kube::Client {
+        kube::Client::try_from(self.config().await)
+            .unwrap_or_else(|e| panic!("building a client for the embedded server: {e}"))
+    }
+
+    /// A kube client configuration for this server.
+    pub async fn config(&self) -> kube::Config {
         let options = kube::config::KubeConfigOptions::default();
-        let config = kube::Config::from_custom_kubeconfig(self.kubeconfig(), &options)
+        kube::Config::from_custom_kubeconfig(self.kubeconfig(), &options)
             .await
-            .unwrap_or_else(|e| panic!("the embedded server's own kubeconfig is unusable: {e}"));
-        kube::Client::try_from(config).unwrap_or_else(|e| panic!("building a client for the embedded server: {e}"))
+            .unwrap_or_else(|e| panic!("the embedded server's own kubeconfig is unusable: {e}"))
     }
 
     /// Stops serving: open watches end, connections close.

@@ -5,6 +5,10 @@
 //! host would go on acting on its tenants (other API servers) after a standby took over. So the
 //! holder also keeps a local renew deadline, read from the renewals it sees stored in the Lease:
 //! when the deadline passes without one, leadership counts as lost, before others may take it.
+//!
+//! The lease is kept on a thread of its own, with its own runtime and host connection. Tokio does
+//! not preempt tasks: while a new leader starts hundreds of tenants, a renewal due on the shared
+//! runtime waits behind their work, and a healthy leader would give up its lease to its own load.
 
 use std::time::Duration;
 
@@ -13,9 +17,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use kube_lease_manager::{LeaseManagerBuilder, LeaseParams};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::AbortOnDropHandle;
 use tracing::error;
 
 use super::recovery::WatchBackoff;
@@ -29,6 +32,8 @@ pub struct LeaderElectionSettings {
     pub identity: String,
     /// Seconds a lease stays valid without renewal.
     pub duration_seconds: u64,
+    /// How to reach the host: the lease gets a connection of its own.
+    pub host: kube::Config,
 }
 
 impl LeaderElectionSettings {
@@ -56,18 +61,35 @@ pub enum LeaderError {
     Duration(u64),
     #[error("leader election failed: {0}")]
     Lease(String),
+    #[error("cannot start the leader lease's thread: {0}")]
+    Thread(std::io::Error),
 }
 
-/// A held lease. Dropping it releases the lease so a standby can take over at once.
+/// A held lease. Dropping it (or [`Leadership::release`]) releases the lease so a standby can
+/// take over at once.
 pub struct Leadership {
     state: watch::Receiver<bool>,
     /// The latest renewal time of ours stored in the Lease.
     renewed: watch::Receiver<Option<jiff::Timestamp>>,
     renew_deadline: Duration,
-    _renewals: AbortOnDropHandle<()>,
+    /// Ends when the lease thread has released the lease and stopped.
+    stopped: oneshot::Receiver<()>,
 }
 
 impl Leadership {
+    /// Releases the lease and waits (a few seconds at most) until the host was told, so that a
+    /// process exiting next does not leave its standbys waiting out the lease.
+    pub async fn release(self) {
+        let Leadership {
+            state,
+            renewed,
+            stopped,
+            ..
+        } = self;
+        drop((state, renewed));
+        let _ = tokio::time::timeout(Duration::from_secs(5), stopped).await;
+    }
+
     /// Resolves when the lease is lost (or its manager stopped), or when the renew deadline
     /// passes without a renewal stored in the Lease.
     pub async fn lost(&mut self) {
@@ -107,7 +129,14 @@ async fn watch_renewals(
 ) {
     let config = watcher::Config::default().fields(&format!("metadata.name={}", settings.lease_name));
     let mut events = std::pin::pin!(watcher::watcher(api, config).backoff(WatchBackoff::default()));
-    while let Some(event) = events.next().await {
+    loop {
+        let event = tokio::select! {
+            _ = renewed.closed() => return,
+            event = events.next() => match event {
+                Some(event) => event,
+                None => return,
+            },
+        };
         let lease = match event {
             Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease)) => lease,
             _ => continue,
@@ -130,27 +159,32 @@ async fn watch_renewals(
 
 /// Waits until this process holds the lease; `Ok(None)` if `cancel` fires first.
 pub async fn acquire(
-    client: Client,
     settings: &LeaderElectionSettings,
     cancel: &CancellationToken,
 ) -> Result<Option<Leadership>, LeaderError> {
     if settings.duration_seconds < 2 {
         return Err(LeaderError::Duration(settings.duration_seconds));
     }
-    let manager = LeaseManagerBuilder::new(client.clone(), &settings.lease_name)
-        .with_namespace(&settings.namespace)
-        .with_parameters(LeaseParams::new(
-            &settings.identity,
-            settings.duration_seconds,
-            settings.grace_seconds(),
-        ))
-        .build()
+    let (started_tx, started) = oneshot::channel();
+    let (stopped_tx, stopped) = oneshot::channel();
+    let thread_settings = settings.clone();
+    std::thread::Builder::new()
+        .name("leader-lease".to_string())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(runtime) => runtime,
+                Err(err) => {
+                    let _ = started_tx.send(Err(LeaderError::Lease(format!("no runtime for the lease: {err}"))));
+                    return;
+                }
+            };
+            runtime.block_on(keep_lease(thread_settings, started_tx));
+            let _ = stopped_tx.send(());
+        })
+        .map_err(LeaderError::Thread)?;
+    let (mut state, mut renewed) = started
         .await
-        .map_err(|e| LeaderError::Lease(e.to_string()))?;
-    let (renewed_tx, mut renewed) = watch::channel(None);
-    let api = Api::namespaced(client, &settings.namespace);
-    let renewals = AbortOnDropHandle::new(tokio::spawn(watch_renewals(api, settings.clone(), renewed_tx)));
-    let (mut state, _task) = manager.watch().await;
+        .map_err(|_| LeaderError::Lease("the lease thread stopped".to_string()))??;
     loop {
         if *state.borrow_and_update() {
             // The deadline runs from the acquisition as the server stored it.
@@ -166,7 +200,7 @@ pub async fn acquire(
                 state,
                 renewed,
                 renew_deadline: settings.renew_deadline(),
-                _renewals: renewals,
+                stopped,
             }));
         }
         tokio::select! {
@@ -180,6 +214,46 @@ pub async fn acquire(
     }
 }
 
+type LeaseChannels = (watch::Receiver<bool>, watch::Receiver<Option<jiff::Timestamp>>);
+
+/// On the lease thread: contends for the lease and renews it, and watches the renewals stored,
+/// until the receivers of both are dropped; then releases the lease.
+async fn keep_lease(settings: LeaderElectionSettings, started: oneshot::Sender<Result<LeaseChannels, LeaderError>>) {
+    let client = match Client::try_from(settings.host.clone()) {
+        Ok(client) => client,
+        Err(err) => {
+            let _ = started.send(Err(LeaderError::Lease(format!("no client for the lease: {err}"))));
+            return;
+        }
+    };
+    let manager = LeaseManagerBuilder::new(client.clone(), &settings.lease_name)
+        .with_namespace(&settings.namespace)
+        .with_parameters(LeaseParams::new(
+            &settings.identity,
+            settings.duration_seconds,
+            settings.grace_seconds(),
+        ))
+        .build()
+        .await;
+    let manager = match manager {
+        Ok(manager) => manager,
+        Err(err) => {
+            let _ = started.send(Err(LeaderError::Lease(err.to_string())));
+            return;
+        }
+    };
+    let (renewed_tx, renewed) = watch::channel(None);
+    let api = Api::namespaced(client, &settings.namespace);
+    let renewals = tokio::spawn(watch_renewals(api, settings, renewed_tx));
+    let (state, manager_task) = manager.watch().await;
+    if started.send(Ok((state, renewed))).is_err() {
+        renewals.abort();
+    }
+    // The manager releases the lease once its receiver is gone.
+    let _ = manager_task.await;
+    let _ = renewals.await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,6 +264,7 @@ mod tests {
             lease_name: "stackd-leader".to_string(),
             identity: "a".to_string(),
             duration_seconds,
+            host: kube::Config::new("https://127.0.0.1:6443".parse().expect("a URL")),
         }
     }
 
@@ -198,11 +273,17 @@ mod tests {
         for duration in 2..=120 {
             let settings = settings(duration);
             let grace = settings.grace_seconds();
-            assert!(grace > 0 && grace < duration, "kube-lease-manager needs 0 < grace < duration");
+            assert!(
+                grace > 0 && grace < duration,
+                "kube-lease-manager needs 0 < grace < duration"
+            );
             let due = Duration::from_secs(duration - grace);
             let window = settings.renew_deadline() - due;
             let lease = Duration::from_secs(duration);
-            assert!(window >= lease / 3, "a {duration} s lease leaves a renewal only {window:?}");
+            assert!(
+                window >= lease / 3,
+                "a {duration} s lease leaves a renewal only {window:?}"
+            );
         }
     }
 }

@@ -322,9 +322,10 @@ async fn leader_election_acquires_a_lease_on_the_embedded_server() {
         lease_name: "leader".into(),
         identity: "me".into(),
         duration_seconds: 3,
+        host: t.server.config().await,
     };
     let cancel = CancellationToken::new();
-    let leadership = tokio::time::timeout(Duration::from_secs(10), acquire(t.client.clone(), &settings, &cancel))
+    let leadership = tokio::time::timeout(Duration::from_secs(10), acquire(&settings, &cancel))
         .await
         .expect("the lease is acquired in time")
         .unwrap();

@@ -127,9 +127,14 @@ impl LeaderElected {
         }
         let args: Vec<&str> = self.args.iter().map(String::as_str).collect();
         // The sweep's deletions are read back from the log (see super::sweeps); plain text for that.
+        // Lease renewals and leadership changes are logged, to read a takeover's timing in a kept log.
+        let filter = format!(
+            "{},stackd::host::sweep=info,stackd::daemon=info,stackd::runtime::leader=info,kube_lease_manager=debug",
+            log_filter()
+        );
         let env = [
             ("POD_NAME", name.clone()),
-            ("RUST_LOG", format!("{},stackd::host::sweep=info", log_filter())),
+            ("RUST_LOG", filter),
             ("NO_COLOR", "1".to_string()),
         ];
         let process = DaemonProcess::spawn(&dir, fleet.log_dir(), &args, &env)?;
