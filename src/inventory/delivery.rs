@@ -101,23 +101,41 @@ pub async fn deliver(
     credentials: &BTreeMap<String, ByteString>,
     cluster: &str,
 ) -> Result<bool, DeliveryError> {
-    let secrets = Api::<Secret>::namespaced(remote.clone(), MACHINE_API_NAMESPACE);
-    let secret_name = remote_secret_name(asset);
-    let data: BTreeMap<String, ByteString> = credentials
+    if !deliver_secret(remote, asset, credentials).await? {
+        return Ok(false);
+    }
+    deliver_host(remote, asset, cluster).await
+}
+
+/// Only the BMC credentials are copied to the cluster, whatever else the tenant's Secret holds.
+fn remote_credentials(credentials: &BTreeMap<String, ByteString>) -> BTreeMap<String, ByteString> {
+    credentials
         .iter()
         .filter(|(k, _)| matches!(k.as_str(), "username" | "password"))
         .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+        .collect()
+}
+
+/// Creates or updates the BMC Secret; false when someone changed it meanwhile (come back).
+async fn deliver_secret(
+    remote: &Client,
+    asset: &BareMetalAsset,
+    credentials: &BTreeMap<String, ByteString>,
+) -> Result<bool, DeliveryError> {
+    let secrets = Api::<Secret>::namespaced(remote.clone(), MACHINE_API_NAMESPACE);
+    let secret_name = remote_secret_name(asset);
+    let data = remote_credentials(credentials);
     match secrets.get_opt(&secret_name).await.map_err(DeliveryError::Remote)? {
         None => {
-            let secret: Secret = serde_json::from_value(json!({
-                "metadata": {"name": secret_name, "namespace": MACHINE_API_NAMESPACE},
-                "type": "Opaque",
-            }))
-            .expect("static shape");
             let secret = Secret {
+                metadata: kube::api::ObjectMeta {
+                    name: Some(secret_name),
+                    namespace: Some(MACHINE_API_NAMESPACE.into()),
+                    ..Default::default()
+                },
+                type_: Some("Opaque".into()),
                 data: Some(data),
-                ..secret
+                ..Default::default()
             };
             secrets
                 .create(&PostParams::default(), &secret)
@@ -136,65 +154,98 @@ pub async fn deliver(
         }
         Some(_) => {}
     }
+    Ok(true)
+}
 
-    let hosts = Api::<DynamicObject>::namespaced_with(remote.clone(), MACHINE_API_NAMESPACE, &bmh_resource());
+/// The BareMetalHost spec fields stackd keeps in line with the asset.
+fn host_spec(asset: &BareMetalAsset) -> Value {
     let mut spec = json!({
-        "bmc": {"address": asset.spec.bmc.address, "credentialsName": secret_name},
+        "bmc": {"address": asset.spec.bmc.address, "credentialsName": remote_secret_name(asset)},
         "bootMACAddress": asset.spec.boot_mac_address,
     });
     if let Some(profile) = &asset.spec.hardware_profile {
         spec["hardwareProfile"] = json!(profile);
     }
-    let labels = json!({ROLE_LABEL: role_label(asset.spec.role), CLUSTER_LABEL: cluster});
+    spec
+}
+
+fn host_labels(asset: &BareMetalAsset, cluster: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (ROLE_LABEL.to_string(), role_label(asset.spec.role).to_string()),
+        (CLUSTER_LABEL.to_string(), cluster.to_string()),
+    ])
+}
+
+/// A new BareMetalHost; `online: true` only on create: afterwards the cluster owns the power state.
+fn new_host(asset: &BareMetalAsset, cluster: &str) -> Value {
+    let mut spec = host_spec(asset);
+    spec["online"] = json!(true);
+    json!({
+        "apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
+        "metadata": {"name": asset.name_any(), "namespace": MACHINE_API_NAMESPACE, "labels": host_labels(asset, cluster)},
+        "spec": spec,
+    })
+}
+
+/// What an existing BareMetalHost needs to match the asset.
+#[derive(Debug, PartialEq)]
+enum HostChange {
+    /// metal3 refuses a boot MAC edit: delete it, to be created anew once gone.
+    Replace,
+    /// Adopts a host the installer made, and carries later BMC, profile or label changes.
+    Patch(Value),
+    UpToDate,
+}
+
+fn host_change(existing: &DynamicObject, asset: &BareMetalAsset, cluster: &str) -> HostChange {
+    let current_mac = existing.data["spec"]["bootMACAddress"].as_str().unwrap_or_default();
+    if !current_mac.eq_ignore_ascii_case(&asset.spec.boot_mac_address) {
+        return HostChange::Replace;
+    }
+    let spec = host_spec(asset);
+    let labels = host_labels(asset, cluster);
+    let up_to_date = ["bmc", "hardwareProfile"]
+        .iter()
+        .all(|k| existing.data["spec"].get(k) == spec.get(k))
+        && labels.iter().all(|(k, v)| existing.labels().get(k) == Some(v));
+    if up_to_date {
+        return HostChange::UpToDate;
+    }
+    let mut patch = json!({"metadata": {"labels": labels}, "spec": spec});
+    if asset.spec.hardware_profile.is_none() {
+        patch["spec"]["hardwareProfile"] = Value::Null;
+    }
+    HostChange::Patch(patch)
+}
+
+/// Creates, adopts or updates the BareMetalHost; false while a stale one is going.
+async fn deliver_host(remote: &Client, asset: &BareMetalAsset, cluster: &str) -> Result<bool, DeliveryError> {
+    let hosts = Api::<DynamicObject>::namespaced_with(remote.clone(), MACHINE_API_NAMESPACE, &bmh_resource());
     let name = asset.name_any();
-    match hosts.get_opt(&name).await.map_err(DeliveryError::Remote)? {
-        None => {
-            // `online: true` only on create: afterwards the cluster owns the power state.
-            let mut create_spec = spec.clone();
-            create_spec["online"] = json!(true);
-            let object: DynamicObject = serde_json::from_value(json!({
-                "apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
-                "metadata": {"name": name, "namespace": MACHINE_API_NAMESPACE, "labels": labels},
-                "spec": create_spec,
-            }))
-            .expect("static shape");
+    let Some(existing) = hosts.get_opt(&name).await.map_err(DeliveryError::Remote)? else {
+        let object: DynamicObject = serde_json::from_value(new_host(asset, cluster)).expect("static shape");
+        hosts
+            .create(&PostParams::default(), &object)
+            .await
+            .map_err(DeliveryError::Remote)?;
+        return Ok(true);
+    };
+    if existing.metadata.deletion_timestamp.is_some() {
+        return Ok(false);
+    }
+    match host_change(&existing, asset, cluster) {
+        HostChange::Replace => {
+            delete_and_ignore_missing(&hosts, &name).await?;
+            Ok(false)
+        }
+        HostChange::Patch(patch) => {
             hosts
-                .create(&PostParams::default(), &object)
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
                 .map_err(DeliveryError::Remote)?;
             Ok(true)
         }
-        Some(existing) => {
-            if existing.metadata.deletion_timestamp.is_some() {
-                return Ok(false);
-            }
-            let current_mac = existing.data["spec"]["bootMACAddress"].as_str().unwrap_or_default();
-            if !current_mac.eq_ignore_ascii_case(&asset.spec.boot_mac_address) {
-                // metal3 refuses a boot MAC edit: replace the host.
-                delete_and_ignore_missing(&hosts, &name).await?;
-                return Ok(false);
-            }
-            let up_to_date = ["bmc", "hardwareProfile"]
-                .iter()
-                .all(|k| existing.data["spec"].get(k) == spec.get(k))
-                && labels
-                    .as_object()
-                    .expect("object")
-                    .iter()
-                    .all(|(k, v)| existing.labels().get(k).map(|s| json!(s)).as_ref() == Some(v));
-            if !up_to_date {
-                // Adopts a host the installer made, and carries later BMC or profile changes.
-                let mut patch = json!({"metadata": {"labels": labels}, "spec": spec});
-                if asset.spec.hardware_profile.is_none() {
-                    patch["spec"]["hardwareProfile"] = Value::Null;
-                }
-                hosts
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map_err(DeliveryError::Remote)?;
-            }
-            Ok(true)
-        }
+        HostChange::UpToDate => Ok(true),
     }
 }
 
@@ -225,4 +276,112 @@ pub async fn detach(remote: &Client, asset: &BareMetalAsset) -> Result<bool, Del
         .map_err(DeliveryError::Remote)?
         .is_none();
     Ok(host_gone && secret_gone)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::inventory::{AssetRole, BareMetalAssetSpec, BmcDetails};
+
+    fn asset(mac: &str, profile: Option<&str>) -> BareMetalAsset {
+        let mut a = BareMetalAsset::new(
+            "host-1",
+            BareMetalAssetSpec {
+                bmc: BmcDetails {
+                    address: "ipmi://10.0.0.1".into(),
+                    credentials_name: "host-1-bmc".into(),
+                },
+                boot_mac_address: mac.into(),
+                hardware_profile: profile.map(String::from),
+                role: Some(AssetRole::Worker),
+                cluster_name: Some("c1".into()),
+                ..Default::default()
+            },
+        );
+        a.metadata.namespace = Some("lab".into());
+        a
+    }
+
+    /// The host as stackd would create it for `asset`.
+    fn delivered(asset: &BareMetalAsset) -> DynamicObject {
+        serde_json::from_value(new_host(asset, "c1")).unwrap()
+    }
+
+    #[test]
+    fn only_username_and_password_go_to_the_cluster() {
+        let credentials = BTreeMap::from([
+            ("username".to_string(), ByteString(b"u".to_vec())),
+            ("password".to_string(), ByteString(b"p".to_vec())),
+            ("notes".to_string(), ByteString(b"n".to_vec())),
+        ]);
+        let copied: Vec<String> = remote_credentials(&credentials).into_keys().collect();
+        assert_eq!(copied, vec!["password", "username"]);
+    }
+
+    #[test]
+    fn a_new_host_is_created_online_with_the_assets_name_labels_and_bmc() {
+        let host = new_host(&asset("00:00:00:00:00:01", Some("dell")), "c1");
+        assert_eq!(host["metadata"]["name"], json!("host-1"));
+        assert_eq!(host["metadata"]["namespace"], json!(MACHINE_API_NAMESPACE));
+        assert_eq!(
+            host["metadata"]["labels"],
+            json!({ROLE_LABEL: "worker", CLUSTER_LABEL: "c1"})
+        );
+        assert_eq!(host["spec"]["online"], json!(true));
+        assert_eq!(
+            host["spec"]["bmc"],
+            json!({"address": "ipmi://10.0.0.1", "credentialsName": "host-1-bmc-secret"})
+        );
+        assert_eq!(host["spec"]["hardwareProfile"], json!("dell"));
+    }
+
+    #[test]
+    fn a_host_as_the_asset_says_is_left_alone_whatever_the_mac_case_or_power_state() {
+        let a = asset("aa:bb:cc:dd:ee:ff", None);
+        let mut host = delivered(&a);
+        host.data["spec"]["bootMACAddress"] = json!("AA:BB:CC:DD:EE:FF");
+        host.data["spec"]["online"] = json!(false);
+        assert_eq!(host_change(&host, &a, "c1"), HostChange::UpToDate);
+    }
+
+    #[test]
+    fn a_changed_boot_mac_replaces_the_host() {
+        let host = delivered(&asset("00:00:00:00:00:01", None));
+        assert_eq!(
+            host_change(&host, &asset("00:00:00:00:00:02", None), "c1"),
+            HostChange::Replace
+        );
+    }
+
+    #[test]
+    fn bmc_and_profile_changes_are_patched_without_touching_the_power_state() {
+        let before = asset("00:00:00:00:00:01", Some("dell"));
+        let host = delivered(&before);
+        let mut moved = asset("00:00:00:00:00:01", Some("dell"));
+        moved.spec.bmc.address = "ipmi://10.0.0.2".into();
+        let HostChange::Patch(patch) = host_change(&host, &moved, "c1") else {
+            panic!("patched");
+        };
+        assert_eq!(patch["spec"]["bmc"]["address"], json!("ipmi://10.0.0.2"));
+        assert!(patch["spec"].get("online").is_none());
+        let HostChange::Patch(patch) = host_change(&host, &asset("00:00:00:00:00:01", None), "c1") else {
+            panic!("patched");
+        };
+        assert_eq!(
+            patch["spec"]["hardwareProfile"],
+            Value::Null,
+            "a removed profile is removed"
+        );
+    }
+
+    #[test]
+    fn a_host_the_installer_made_without_our_labels_is_adopted() {
+        let a = asset("00:00:00:00:00:01", None);
+        let mut host = delivered(&a);
+        host.metadata.labels = None;
+        let HostChange::Patch(patch) = host_change(&host, &a, "c1") else {
+            panic!("adopted");
+        };
+        assert_eq!(patch["metadata"]["labels"][CLUSTER_LABEL], json!("c1"));
+    }
 }

@@ -1,0 +1,275 @@
+//! The installer contract on the host (DESIGN.md §4.2): the names of one cluster's host objects,
+//! the input and output Secrets, the installer's ServiceAccount and Role, the install and destroy
+//! Jobs, and what a Job's conditions say. Pure: the controller stamps and writes them.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::ResourceExt;
+use serde_json::json;
+
+use crate::api::pools::ClusterDeployment;
+use crate::host::names::{NameKind, host_name};
+
+/// Where the installer finds its inputs and writes its state.
+const INSTALL_DIR: &str = "/installer";
+
+/// Host names of one cluster's objects.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Names {
+    pub input: String,
+    pub output: String,
+    /// The installer's ServiceAccount, Role and RoleBinding.
+    pub installer: String,
+    pub destroy: String,
+}
+
+impl Names {
+    pub fn of(cd: &ClusterDeployment) -> Names {
+        let (ns, name) = (cd.namespace().unwrap_or_default(), cd.name_any());
+        let object = |suffix: &str| host_name(Some(&ns), &name, suffix, NameKind::Object);
+        Names {
+            input: object("-install-config"),
+            output: object("-output"),
+            installer: object("-installer"),
+            destroy: host_name(Some(&ns), &name, "-destroy", NameKind::LabelBound),
+        }
+    }
+
+    /// Each attempt has its own Job, so a failure is counted once.
+    pub fn install_job(cd: &ClusterDeployment, attempt: i32) -> String {
+        let (ns, name) = (cd.namespace().unwrap_or_default(), cd.name_any());
+        host_name(Some(&ns), &name, &format!("-install-{attempt}"), NameKind::LabelBound)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum JobState {
+    Running,
+    Succeeded,
+    Failed,
+}
+
+pub fn job_state(job: &Job) -> JobState {
+    let conditions = job
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let done = |t: &str| conditions.iter().any(|c| c.type_ == t && c.status == "True");
+    if done("Complete") {
+        JobState::Succeeded
+    } else if done("Failed") {
+        JobState::Failed
+    } else {
+        JobState::Running
+    }
+}
+
+fn meta(name: &str, namespace: &str) -> kube::api::ObjectMeta {
+    kube::api::ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(namespace.into()),
+        ..Default::default()
+    }
+}
+
+/// The installer's inputs: the rendered install config, the pull secret and the credentials.
+pub fn input_secret(names: &Names, namespace: &str, data: BTreeMap<String, ByteString>) -> Secret {
+    Secret {
+        metadata: meta(&names.input, namespace),
+        data: Some(data),
+        ..Default::default()
+    }
+}
+
+/// The Secret the installer fills; stackd only makes sure it exists.
+pub fn output_secret(names: &Names, namespace: &str) -> Secret {
+    Secret {
+        metadata: meta(&names.output, namespace),
+        type_: Some("Opaque".into()),
+        ..Default::default()
+    }
+}
+
+/// The ServiceAccount the installer runs as, allowed only get/update/patch on its output Secret.
+pub fn identity(names: &Names, namespace: &str) -> (ServiceAccount, Role, RoleBinding) {
+    let account = ServiceAccount {
+        metadata: meta(&names.installer, namespace),
+        automount_service_account_token: Some(true),
+        ..Default::default()
+    };
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": names.installer, "namespace": namespace},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [names.output], "verbs": ["get", "update", "patch"]}],
+    }))
+    .expect("static shape");
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": names.installer, "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": names.installer},
+        "subjects": [{"kind": "ServiceAccount", "name": names.installer, "namespace": namespace}],
+    }))
+    .expect("static shape");
+    (account, role, binding)
+}
+
+/// The install (`create cluster`) or destroy (`destroy cluster`) Job of §4.2.
+pub fn installer_job(name: &str, namespace: &str, names: &Names, image: &str, cluster: &str, destroy: bool) -> Job {
+    let args = if destroy {
+        vec!["destroy", "cluster", "--dir", INSTALL_DIR]
+    } else {
+        vec!["create", "cluster", "--dir", INSTALL_DIR]
+    };
+    // The destroy Job gets `metadata.json` back from the output Secret.
+    let volumes = if destroy {
+        json!([
+            {"name": "input", "secret": {"secretName": names.input}},
+            {"name": "state", "secret": {"secretName": names.output, "items": [{"key": "metadata.json", "path": "metadata.json"}]}},
+        ])
+    } else {
+        json!([{"name": "input", "secret": {"secretName": names.input}}])
+    };
+    let mounts = if destroy {
+        json!([
+            {"name": "input", "mountPath": format!("{INSTALL_DIR}/input"), "readOnly": true},
+            {"name": "state", "mountPath": format!("{INSTALL_DIR}/state"), "readOnly": true},
+        ])
+    } else {
+        json!([{"name": "input", "mountPath": format!("{INSTALL_DIR}/input"), "readOnly": true}])
+    };
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "serviceAccountName": names.installer,
+                    "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{
+                        "name": "installer",
+                        "image": image,
+                        "args": args,
+                        "env": [
+                            {"name": "STACKD_OUTPUT_SECRET", "value": names.output},
+                            {"name": "STACKD_OUTPUT_NAMESPACE", "value": namespace},
+                            {"name": "STACKD_CLUSTER_NAME", "value": cluster},
+                        ],
+                        "volumeMounts": mounts,
+                        "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
+                    }],
+                    "volumes": volumes,
+                }
+            }
+        }
+    }))
+    .expect("static shape")
+}
+
+/// A key of the installer's output Secret, as text.
+pub fn output_text(secret: &Secret, key: &str) -> Option<String> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .and_then(|b| String::from_utf8(b.0.clone()).ok())
+}
+
+/// Whether the installer left state a destroy Job needs (`metadata.json`).
+pub fn has_state(output: Option<&Secret>) -> bool {
+    output.and_then(|s| output_text(s, "metadata.json")).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
+
+    use super::*;
+
+    fn job_with(conditions: &[(&str, &str)]) -> Job {
+        Job {
+            status: Some(JobStatus {
+                conditions: Some(
+                    conditions
+                        .iter()
+                        .map(|(type_, status)| JobCondition {
+                            type_: type_.to_string(),
+                            status: status.to_string(),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn names() -> Names {
+        Names {
+            input: "in".into(),
+            output: "out".into(),
+            installer: "sa".into(),
+            destroy: "destroy".into(),
+        }
+    }
+
+    #[test]
+    fn a_job_is_running_until_complete_or_failed_is_true() {
+        assert_eq!(job_state(&Job::default()), JobState::Running);
+        assert_eq!(job_state(&job_with(&[("Complete", "False")])), JobState::Running);
+        assert_eq!(job_state(&job_with(&[("Complete", "True")])), JobState::Succeeded);
+        assert_eq!(job_state(&job_with(&[("Failed", "True")])), JobState::Failed);
+    }
+
+    #[test]
+    fn the_install_job_creates_and_the_destroy_job_destroys_with_the_state_mounted() {
+        let install = serde_json::to_value(installer_job("j", "host", &names(), "img", "c1", false)).unwrap();
+        let pod = &install["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["containers"][0]["args"],
+            json!(["create", "cluster", "--dir", "/installer"])
+        );
+        assert_eq!(pod["volumes"].as_array().unwrap().len(), 1);
+        assert_eq!(pod["serviceAccountName"], json!("sa"));
+        assert_eq!(install["spec"]["backoffLimit"], json!(0));
+        let destroy = serde_json::to_value(installer_job("d", "host", &names(), "img", "c1", true)).unwrap();
+        let pod = &destroy["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["containers"][0]["args"],
+            json!(["destroy", "cluster", "--dir", "/installer"])
+        );
+        assert_eq!(
+            pod["volumes"][1]["secret"],
+            json!({"secretName": "out", "items": [{"key": "metadata.json", "path": "metadata.json"}]})
+        );
+        let env = &pod["containers"][0]["env"];
+        assert_eq!(env[0], json!({"name": "STACKD_OUTPUT_SECRET", "value": "out"}));
+        assert_eq!(env[1], json!({"name": "STACKD_OUTPUT_NAMESPACE", "value": "host"}));
+    }
+
+    #[test]
+    fn the_installer_may_only_touch_its_output_secret() {
+        let (account, role, binding) = identity(&names(), "host");
+        assert_eq!(account.metadata.name.as_deref(), Some("sa"));
+        let rule = &role.rules.unwrap()[0];
+        assert_eq!(rule.resource_names.as_deref(), Some(&["out".to_string()][..]));
+        assert_eq!(rule.verbs, vec!["get", "update", "patch"]);
+        assert_eq!(binding.role_ref.name, "sa");
+    }
+
+    #[test]
+    fn only_an_output_with_metadata_json_has_state_to_destroy() {
+        assert!(!has_state(None));
+        assert!(!has_state(Some(&output_secret(&names(), "host"))));
+        let mut output = output_secret(&names(), "host");
+        output.data = Some(BTreeMap::from([(
+            "metadata.json".to_string(),
+            ByteString(br#"{"infraID":"x"}"#.to_vec()),
+        )]));
+        assert!(has_state(Some(&output)));
+    }
+}

@@ -1,0 +1,279 @@
+//! Provisioning (DESIGN.md §4.2, §4.3 item 11): the finalizer, the failure-domain record, then the
+//! current install attempt — observed from the caches, decided by [`plan::provision`], carried
+//! out on the host and reported in the status.
+
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::PostParams;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+use tracing::{info, warn};
+
+use super::admin_kubeconfig::{self, Existing};
+use super::installer::{self, Names};
+use super::plan::{self, AttemptStep, Inputs, Output, Provision, Snapshot};
+use super::status::Outcome;
+use super::{Ctx, DeploymentError, cd_api, owned, parent, report, tenant_secret_recheck};
+use crate::api::pools::ClusterDeployment;
+use crate::host::Parent;
+use crate::host::apply::{self, HostWriteError, Update, ensure, stamp};
+use crate::pools::{DEPROVISION_FINALIZER, is_conflict, publish, record, set_finalizers};
+
+pub(super) async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, DeploymentError> {
+    if !plan::has_finalizer(cd) {
+        return add_finalizer(cd, ctx).await;
+    }
+    let names = Names::of(cd);
+    if keep_record(cd, ctx, &names).await? {
+        return Ok(Action::await_change());
+    }
+    let tenant = &ctx.tenant;
+    let jobs = owned(&ctx.jobs, &parent(cd), &tenant.name);
+    let job_name = Names::install_job(cd, plan::attempt(cd));
+    let current = ctx.jobs.get(&ObjectRef::new(&job_name).within(&tenant.host_namespace));
+    let snapshot = Snapshot {
+        cd,
+        names: &names,
+        jobs: &jobs,
+        current: current.as_deref(),
+    };
+    let (stale, next) = match plan::provision(&snapshot) {
+        Provision::Settled => return Ok(Action::await_change()),
+        Provision::Attempt { stale, next } => (stale, next),
+    };
+    let host_jobs = Api::<Job>::namespaced(tenant.host.clone(), &tenant.host_namespace);
+    for job in stale {
+        apply::delete(&host_jobs, job).await.map_err(DeploymentError::HostApi)?;
+    }
+    match next {
+        AttemptStep::Wait => Ok(Action::await_change()),
+        AttemptStep::Succeeded => installed(cd, ctx, &names).await,
+        // Not written (a newer copy exists): its watch event brings this attempt back to be
+        // counted once.
+        AttemptStep::Failed(outcome) => report(cd, ctx, &outcome).await.map(|_| Action::await_change()),
+        AttemptStep::Start => start(cd, ctx, &names, &job_name).await,
+    }
+}
+
+async fn add_finalizer(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, DeploymentError> {
+    let mut finalizers = cd.finalizers().to_vec();
+    finalizers.push(DEPROVISION_FINALIZER.into());
+    match set_finalizers(&cd_api(ctx, cd), cd, finalizers).await {
+        Ok(_) => Ok(Action::await_change()),
+        Err(err) if is_conflict(&err) => Ok(Action::await_change()),
+        Err(err) => Err(DeploymentError::Tenant(err)),
+    }
+}
+
+/// Writes the failure-domain record into the status when it is missing or was edited (§6).
+/// Returns whether it wrote (the write's watch event brings the cluster back).
+async fn keep_record(cd: &ClusterDeployment, ctx: &Ctx, names: &Names) -> Result<bool, DeploymentError> {
+    let tenant = &ctx.tenant;
+    let host_input = ctx
+        .secrets
+        .get(&ObjectRef::new(&names.input).within(&tenant.host_namespace));
+    let secrets = Api::<Secret>::namespaced(tenant.client.clone(), &cd.namespace().unwrap_or_default());
+    let Some(record) = record::wanted(cd, host_input.as_deref(), &secrets)
+        .await
+        .map_err(DeploymentError::Tenant)?
+    else {
+        return Ok(false);
+    };
+    let edited = cd.status.as_ref().is_some_and(|s| !s.failure_domains.is_empty());
+    report(cd, ctx, &Outcome::RecordRestored { record, edited }).await
+}
+
+/// Gathers the inputs and starts the installer Job `job_name` of the current attempt.
+async fn start(cd: &ClusterDeployment, ctx: &Ctx, names: &Names, job_name: &str) -> Result<Action, DeploymentError> {
+    let tenant = &ctx.tenant;
+    let secrets = Api::<Secret>::namespaced(tenant.client.clone(), &cd.namespace().unwrap_or_default());
+    let mut read = Vec::new();
+    for (what, name) in plan::input_refs(cd) {
+        let secret = secrets.get_opt(&name).await.map_err(DeploymentError::Tenant)?;
+        read.push((what, name, secret));
+    }
+    let inputs = match plan::inputs(cd, read) {
+        Ok(inputs) => inputs,
+        Err(outcome) => {
+            report(cd, ctx, &outcome).await?;
+            return Ok(match outcome {
+                // Tenant Secrets are not watched: look for the missing ones again.
+                Outcome::MissingInputs(_) => Action::requeue(Duration::from_secs(10)),
+                _ => Action::await_change(),
+            });
+        }
+    };
+    let parent = parent(cd);
+    let host_ns = tenant.host_namespace.as_str();
+    let image = inputs.installer_image.clone();
+    write_installer_inputs(ctx, &parent, names, inputs).await?;
+    ensure_installer_identity(ctx, &parent, names).await?;
+    let mut job = installer::installer_job(job_name, host_ns, names, &image, &cd.spec.cluster_name, false);
+    stamp(&mut job, &tenant.name, &parent);
+    let jobs = Api::<Job>::namespaced(tenant.host.clone(), host_ns);
+    let attempt = plan::attempt(cd);
+    if ensure(&jobs, &job, None, &tenant.name, &parent, Update::Never)
+        .await?
+        .wrote()
+    {
+        info!(tenant = %tenant.name, cluster = %cd.name_any(), attempt = attempt + 1, "installer Job started");
+        let note = format!("Installer Job {job_name} started (attempt {})", attempt + 1);
+        publish(tenant, cd, false, "InstallStarted", note).await;
+    }
+    let running = Outcome::Provisioning {
+        host_namespace: host_ns.into(),
+        job: job_name.into(),
+        attempt,
+    };
+    report(cd, ctx, &running).await?;
+    Ok(Action::await_change())
+}
+
+/// The input Secret (updated when the inputs change) and the output Secret the installer fills.
+async fn write_installer_inputs(
+    ctx: &Ctx,
+    parent: &Parent,
+    names: &Names,
+    inputs: Inputs,
+) -> Result<(), DeploymentError> {
+    let tenant = &ctx.tenant;
+    let host_ns = tenant.host_namespace.as_str();
+    let host_secrets = Api::<Secret>::namespaced(tenant.host.clone(), host_ns);
+    let cached = |name: &str| ctx.secrets.get(&ObjectRef::new(name).within(host_ns));
+    let mut input = installer::input_secret(names, host_ns, inputs.data);
+    stamp(&mut input, &tenant.name, parent);
+    let reverts = Update::WhenDifferent(&tenant.reverted_replaces);
+    let observed = cached(&names.input);
+    ensure(
+        &host_secrets,
+        &input,
+        observed.as_deref(),
+        &tenant.name,
+        parent,
+        reverts,
+    )
+    .await?;
+    let mut output = installer::output_secret(names, host_ns);
+    stamp(&mut output, &tenant.name, parent);
+    let observed = cached(&names.output);
+    ensure(
+        &host_secrets,
+        &output,
+        observed.as_deref(),
+        &tenant.name,
+        parent,
+        Update::Never,
+    )
+    .await?;
+    Ok(())
+}
+
+/// The ServiceAccount the installer runs as, with its Role and RoleBinding.
+pub(super) async fn ensure_installer_identity(ctx: &Ctx, parent: &Parent, names: &Names) -> Result<(), HostWriteError> {
+    let tenant = &ctx.tenant;
+    let ns = tenant.host_namespace.as_str();
+    let (mut account, mut role, mut binding) = installer::identity(names, ns);
+    stamp(&mut account, &tenant.name, parent);
+    stamp(&mut role, &tenant.name, parent);
+    stamp(&mut binding, &tenant.name, parent);
+    let host = &tenant.host;
+    let never = Update::Never;
+    ensure(
+        &Api::namespaced(host.clone(), ns),
+        &account,
+        None,
+        &tenant.name,
+        parent,
+        never,
+    )
+    .await?;
+    ensure(
+        &Api::namespaced(host.clone(), ns),
+        &role,
+        None,
+        &tenant.name,
+        parent,
+        never,
+    )
+    .await?;
+    ensure(
+        &Api::namespaced(host.clone(), ns),
+        &binding,
+        None,
+        &tenant.name,
+        parent,
+        never,
+    )
+    .await?;
+    Ok(())
+}
+
+/// The installer succeeded: copy the admin kubeconfig to the tenant and record the cluster installed.
+async fn installed(cd: &ClusterDeployment, ctx: &Ctx, names: &Names) -> Result<Action, DeploymentError> {
+    let tenant = &ctx.tenant;
+    let output = ctx
+        .secrets
+        .get(&ObjectRef::new(&names.output).within(&tenant.host_namespace));
+    let secret = admin_kubeconfig::name(cd);
+    let (kubeconfig, infra_id) = match plan::output(output.as_deref()) {
+        // The Secret's watch event brings us back; the requeue is a safety net.
+        Output::Pending => return Ok(Action::requeue(Duration::from_secs(5))),
+        Output::Refused(refusal) => {
+            let stopped = Outcome::KubeconfigRefused {
+                secret,
+                refusal: refusal.to_string(),
+            };
+            if report(cd, ctx, &stopped).await? {
+                warn!(tenant = %tenant.name, cluster = %cd.name_any(), %refusal, "installer kubeconfig refused");
+            }
+            return Ok(Action::await_change());
+        }
+        Output::Accepted { kubeconfig, infra_id } => (kubeconfig, infra_id),
+    };
+    let secrets = Api::<Secret>::namespaced(tenant.client.clone(), &cd.namespace().unwrap_or_default());
+    if !copy_admin_kubeconfig(cd, &secrets, kubeconfig).await? {
+        report(cd, ctx, &Outcome::KubeconfigConflict { secret }).await?;
+        // Waits until the Secret is gone.
+        return Ok(Action::requeue(tenant_secret_recheck(ctx)));
+    }
+    if report(cd, ctx, &Outcome::Installed { secret, infra_id }).await? {
+        info!(tenant = %tenant.name, cluster = %cd.name_any(), "cluster installed");
+    }
+    Ok(Action::await_change())
+}
+
+/// Creates the tenant Secret `<cd>-admin-kubeconfig`, or updates the one stackd made for this
+/// cluster. False when a Secret of that name belongs to someone else (it is left untouched).
+async fn copy_admin_kubeconfig(
+    cd: &ClusterDeployment,
+    secrets: &Api<Secret>,
+    kubeconfig: String,
+) -> Result<bool, DeploymentError> {
+    let kubeconfig = ByteString(kubeconfig.into_bytes());
+    let name = admin_kubeconfig::name(cd);
+    let wanted = admin_kubeconfig::secret(cd, kubeconfig.clone());
+    let exists = match secrets.create(&PostParams::default(), &wanted).await {
+        Ok(_) => return Ok(true),
+        Err(err) if is_conflict(&err) => err,
+        Err(err) => return Err(DeploymentError::Tenant(err)),
+    };
+    // Gone again since: the error's retry creates it.
+    let Some(found) = secrets.get_opt(&name).await.map_err(DeploymentError::Tenant)? else {
+        return Err(DeploymentError::Tenant(exists));
+    };
+    match admin_kubeconfig::existing(found, cd, kubeconfig) {
+        Existing::Foreign => Ok(false),
+        Existing::Current => Ok(true),
+        Existing::Replace(updated) => {
+            secrets
+                .replace(&name, &PostParams::default(), &updated)
+                .await
+                .map_err(DeploymentError::Tenant)?;
+            Ok(true)
+        }
+    }
+}
