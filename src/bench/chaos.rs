@@ -33,7 +33,7 @@ use kube::core::{ApiResource, DynamicObject};
 use kube::{Client, ResourceExt};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::task::JoinHandle;

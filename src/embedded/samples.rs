@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rand::Rng;
+use rand::RngExt;
 use serde_json::json;
 
 use super::controller_manager::{ImageMatch, JobContext, JobOutcome, JobRunner, Runners};

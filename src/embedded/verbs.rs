@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use base64::Engine;
-use rand::Rng;
+use rand::RngExt;
 use serde_json::{Value, json};
 
 use super::admission::Admission;

@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, ResourceExt};
-use rand::Rng;
+use rand::RngExt;
 use serde_json::Value;
 
 use super::failure_domains::{HASH_ANNOTATION, INVALID_KEY, RECORD_KEY, record_hash};

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use rand::Rng;
+use rand::RngExt;
 
 /// Doubles from `base` per failure up to `max`; ±10% jitter keeps tenants from retrying in step.
 #[derive(Clone, Copy, Debug)]

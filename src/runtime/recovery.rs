@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use kube::runtime::utils::Backoff;
-use rand::Rng;
+use rand::RngExt;
 
 /// The longest wait between two attempts to reach a server that is down (probes and watch retries).
 pub const RECOVERY_INTERVAL: Duration = Duration::from_secs(4);

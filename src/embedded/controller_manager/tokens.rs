@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
-use rand::Rng;
+use rand::RngExt;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 

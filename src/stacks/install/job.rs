@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{
     PodTemplateSpec, SeccompProfile, Secret, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use rand::Rng;
+use rand::RngExt;
 
 use crate::api::stacks::{InstallSpec, PermissionScope};
 use crate::host::Parent;
