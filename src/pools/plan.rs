@@ -158,6 +158,21 @@ pub(super) struct Progress {
     pub(super) broken_entries: BTreeSet<String>,
 }
 
+impl Progress {
+    /// Notes what executing `plan` did before the mark of broken cluster `kept` lost its race:
+    /// the clusters in `deleted` are gone, and only their entries' attempts grow (the kept
+    /// cluster's grow in the pass that deletes it).
+    pub(super) fn record(&mut self, plan: &Plan, deleted: &[String], kept: String) {
+        let broken_gone = plan
+            .deletes
+            .iter()
+            .filter(|d| matches!(d.why, Why::Broken { .. }) && deleted.contains(&d.cd.name_any()));
+        self.broken_entries.extend(broken_gone.filter_map(|d| cdc_of(&d.cd)));
+        self.kept.insert(kept);
+        self.removed = deleted.len();
+    }
+}
+
 /// The plan for the pool's clusters as `buckets` sort them.
 pub(super) fn plan(inputs: &Inputs, buckets: &Buckets, progress: &Progress) -> Plan {
     let spec = &inputs.pool.spec;
@@ -230,6 +245,9 @@ fn removals(
             if *room <= 0 {
                 break;
             }
+            if kept.contains(&cd.name_any()) {
+                continue;
+            }
             let why = if wanted == Bucket::Broken {
                 let entry = cdc_of(cd);
                 broken_entries.extend(entry.clone());
@@ -239,9 +257,6 @@ fn removals(
             } else {
                 Why::ClaimDeleted
             };
-            if kept.contains(&cd.name_any()) {
-                continue;
-            }
             buckets.set(&cd.name_any(), Bucket::Deleting);
             deletes.push(Delete { cd: cd.clone(), why });
             *room -= 1;

@@ -525,11 +525,7 @@ async fn delete_as_planned(
         let kept = execute::deletes(ctx, pool, &planned.deletes, world.cdcs, buckets, round, &mut deleted).await?;
         match kept {
             None => return Ok((planned, deleted)),
-            Some(cd) => {
-                progress.kept.insert(cd);
-                progress.removed = deleted.len();
-                progress.broken_entries = planned.broken_entries;
-            }
+            Some(cd) => progress.record(&planned, &deleted, cd),
         }
     }
 }

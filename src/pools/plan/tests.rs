@@ -22,6 +22,8 @@ struct World {
     claims: BTreeMap<String, Arc<ClusterClaim>>,
     cdcs: BTreeMap<String, Arc<Cdc>>,
     expected_created: BTreeSet<String>,
+    /// Clusters this controller deleted that the cache still shows live.
+    deleted_by_us: BTreeSet<String>,
     previous: ClusterPoolStatus,
     assets: Vec<Arc<BareMetalAsset>>,
     pending_claims: i64,
@@ -35,6 +37,7 @@ impl World {
             claims: BTreeMap::new(),
             cdcs: BTreeMap::new(),
             expected_created: BTreeSet::new(),
+            deleted_by_us: BTreeSet::new(),
             previous: ClusterPoolStatus::default(),
             assets: Vec::new(),
             pending_claims: 0,
@@ -64,7 +67,7 @@ impl World {
     }
 
     fn buckets(&self) -> Buckets {
-        Buckets::sort(&self.cds, &self.claims, &BTreeSet::new())
+        Buckets::sort(&self.cds, &self.claims, &self.deleted_by_us)
     }
 
     fn plan_with(&self, progress: &Progress) -> Plan {
@@ -320,11 +323,40 @@ fn a_broken_cluster_whose_mark_lost_a_race_stays_and_the_next_is_deleted() {
     let plan = world.plan_with(&progress);
     let names: Vec<String> = deleted(&plan).into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["p-broken-new"]);
-    assert_eq!(plan.broken_entries.len(), 2, "both entries broke");
     assert_eq!(
         plan.capacity.drift, -1,
         "the kept one still counts; one replaces the other"
     );
+}
+
+#[test]
+fn an_entry_counts_one_attempt_per_broken_cluster_even_when_its_mark_lost_a_race() {
+    let world = World::new(json!({"size": 2, "inventory": entries(&["a", "b"])}))
+        .cdc("a", leased("p", "p-broken-old"))
+        .cdc("b", leased("p", "p-broken-new"))
+        .cds([
+            Cd::new("p-broken-old", OLD).stopped(BROKEN).built_from("a", 1),
+            Cd::new("p-broken-new", NEW).stopped(BROKEN).built_from("b", 1),
+        ]);
+    let first = world.plan();
+    assert_eq!(first.broken_entries.len(), 2);
+    // The old one's mark lost its race: it stays, and is counted in the pass that deletes it.
+    let mut progress = Progress::default();
+    progress.record(&first, &[], "p-broken-old".into());
+    assert_eq!(
+        world.plan_with(&progress).broken_entries,
+        BTreeSet::from(["b".to_string()])
+    );
+    // The new one's mark lost its race after the old one was deleted: only the old entry counts.
+    let mut progress = Progress::default();
+    progress.record(&first, &["p-broken-old".into()], "p-broken-new".into());
+    assert_eq!(progress.removed, 1);
+    assert_eq!(progress.broken_entries, BTreeSet::from(["a".to_string()]));
+    let mut after = world;
+    after.deleted_by_us = BTreeSet::from(["p-broken-old".to_string()]);
+    let last = after.plan_with(&progress);
+    assert!(last.deletes.is_empty());
+    assert_eq!(last.broken_entries, BTreeSet::from(["a".to_string()]));
 }
 
 // §4.3.8 Pool version.
