@@ -16,7 +16,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use super::pool::{Bucket, PoolError, Round, created};
+use super::buckets::{Bucket, Buckets, created};
+use super::pool::{PoolError, Round};
 use super::{is_conflict, is_not_found, publish};
 use crate::api::pools::{ClusterClaim, ClusterClaimStatus, ClusterDeployment, ClusterPool, ClusterPoolSpec};
 use crate::runtime::cache::{is_filled, reflect};
@@ -212,132 +213,183 @@ pub async fn set_status(
     Ok(true)
 }
 
-/// Assigns ready clusters to waiting claims, oldest claim first and oldest cluster first; keeps
-/// each assigned claim's status; deletes claims past their lifetime. Returns how many claims still
-/// wait (the pool adds a cluster for each).
-pub(super) async fn assign(
-    tenant: &TenantContext,
-    pool: &ClusterPool,
+/// Which waiting claim gets which ready cluster (§4.3.10): the oldest claim the oldest ready
+/// cluster. Claims left over wait for one; the pool adds a cluster for each.
+pub(super) struct Matching<'a> {
+    pub(super) pairs: Vec<(&'a Arc<ClusterClaim>, Arc<ClusterDeployment>)>,
+    pub(super) waiting: Vec<&'a Arc<ClusterClaim>>,
+    /// The clusters already claimed, by claim name.
+    pub(super) claimed: BTreeMap<String, Arc<ClusterDeployment>>,
+}
+
+pub(super) fn match_claims<'a>(
     cds: &[Arc<ClusterDeployment>],
-    claims: &BTreeMap<String, Arc<ClusterClaim>>,
-    buckets: &mut BTreeMap<String, Bucket>,
-    round: &mut Round,
-) -> Result<i64, PoolError> {
-    let ns = pool.namespace().unwrap_or_default();
-    let name = pool.name_any();
-    let claims_api = Api::<ClusterClaim>::namespaced(tenant.client.clone(), &ns);
-    let mut by_claim: BTreeMap<String, Arc<ClusterDeployment>> = BTreeMap::new();
+    claims: &'a BTreeMap<String, Arc<ClusterClaim>>,
+    buckets: &Buckets,
+) -> Matching<'a> {
+    let mut claimed: BTreeMap<String, Arc<ClusterDeployment>> = BTreeMap::new();
     for cd in cds {
         if let Some(claim) = cd.spec.cluster_pool_ref.as_ref().and_then(|r| r.claim_name.clone())
-            && buckets[&cd.name_any()] == Bucket::Claimed
+            && buckets.of(cd) == Bucket::Claimed
         {
-            by_claim.insert(claim, cd.clone());
+            claimed.insert(claim, cd.clone());
         }
     }
     let mut ready: Vec<Arc<ClusterDeployment>> = cds
         .iter()
-        .filter(|cd| buckets[&cd.name_any()] == Bucket::Ready)
+        .filter(|cd| buckets.of(cd) == Bucket::Ready)
         .cloned()
         .collect();
     ready.sort_by_key(|cd| (created(cd), cd.name_any()));
     ready.reverse();
     let mut waiting: Vec<&Arc<ClusterClaim>> = claims
         .values()
-        .filter(|c| c.metadata.deletion_timestamp.is_none() && !by_claim.contains_key(&c.name_any()))
+        .filter(|c| c.metadata.deletion_timestamp.is_none() && !claimed.contains_key(&c.name_any()))
         .collect();
     waiting.sort_by_key(|c| (c.metadata.creation_timestamp.as_ref().map(|t| t.0), c.name_any()));
-    let mut pending_claims = 0;
+    let mut pairs = Vec::new();
+    let mut left = Vec::new();
     for claim in waiting {
-        let Some(cd) = ready.pop() else {
-            pending_claims += 1;
-            let message = format!("No ready cluster in ClusterPool {name} yet; the pool adds one for this claim");
-            set_status(
-                &claims_api,
-                claim,
-                None,
-                lifetime(claim, &pool.spec),
-                true,
-                "NoClusters",
-                message,
-            )
-            .await?;
-            continue;
-        };
-        let mut assigned = (*cd).clone();
-        let pool_ref = assigned.spec.cluster_pool_ref.get_or_insert_with(Default::default);
-        pool_ref.claim_name = Some(claim.name_any());
-        pool_ref.claimed_timestamp = Some(Time(Timestamp::now()));
-        assigned.metadata.managed_fields = None;
-        let cd_api = Api::<ClusterDeployment>::namespaced(tenant.client.clone(), &cd.name_any());
-        match cd_api.replace(&cd.name_any(), &PostParams::default(), &assigned).await {
-            Ok(written) => {
-                buckets.insert(cd.name_any(), Bucket::Claimed);
-                by_claim.insert(claim.name_any(), Arc::new(written));
-                publish(
-                    tenant,
-                    &**claim,
-                    false,
-                    "ClusterClaimed",
-                    format!("Assigned ClusterDeployment {0} (namespace {0})", cd.name_any()),
-                )
-                .await;
+        match ready.pop() {
+            Some(cd) => pairs.push((claim, cd)),
+            None => left.push(claim),
+        }
+    }
+    Matching {
+        pairs,
+        waiting: left,
+        claimed,
+    }
+}
+
+/// Assigns ready clusters to waiting claims as [`match_claims`] pairs them; keeps each assigned
+/// claim's status; deletes claims past their lifetime. Returns how many claims still wait (the pool
+/// adds a cluster for each).
+pub(super) async fn assign(
+    tenant: &TenantContext,
+    pool: &ClusterPool,
+    cds: &[Arc<ClusterDeployment>],
+    claims: &BTreeMap<String, Arc<ClusterClaim>>,
+    buckets: &mut Buckets,
+    round: &mut Round,
+) -> Result<i64, PoolError> {
+    let claims_api = Api::<ClusterClaim>::namespaced(tenant.client.clone(), &pool.namespace().unwrap_or_default());
+    let Matching {
+        pairs,
+        waiting,
+        mut claimed,
+    } = match_claims(cds, claims, buckets);
+    let mut pending_claims = 0;
+    for (claim, cd) in pairs {
+        match claim_cluster(tenant, claim, &cd).await? {
+            Some(written) => {
+                buckets.set(&cd.name_any(), Bucket::Claimed);
+                claimed.insert(claim.name_any(), Arc::new(written));
             }
-            Err(err) if is_conflict(&err) => {
+            None => {
                 pending_claims += 1;
                 round.soon(Duration::from_millis(200));
             }
-            Err(err) => return Err(err.into()),
         }
     }
-    for (claim_name, cd) in &by_claim {
-        let Some(claim) = claims.get(claim_name) else { continue };
-        if claim.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let lifetime = lifetime(claim, &pool.spec);
-        let claimed = cd
-            .spec
-            .cluster_pool_ref
-            .as_ref()
-            .and_then(|r| r.claimed_timestamp.clone());
-        if let (Some(lifetime), Some(claimed)) = (lifetime, claimed) {
-            let left = remaining(lifetime, &claimed);
-            if left.is_zero() {
-                info!(tenant = %tenant.name, pool = %name, claim = %claim_name, "claim lifetime expired; deleting the claim");
-                publish(
-                    tenant,
-                    pool,
-                    false,
-                    "ClaimExpired",
-                    format!("ClusterClaim {claim_name} passed its lifetime and was deleted"),
-                )
-                .await;
-                match claims_api.delete(claim_name, &DeleteParams::default()).await {
-                    Ok(_) => {}
-                    Err(err) if is_not_found(&err) => {}
-                    Err(err) => return Err(err.into()),
-                }
-                continue;
-            }
-            round.soon(left);
-        }
+    for claim in waiting {
+        pending_claims += 1;
         let message = format!(
-            "Cluster {0} assigned; its admin kubeconfig is in Secret {0}-admin-kubeconfig in namespace {0}",
-            cd.name_any()
+            "No ready cluster in ClusterPool {} yet; the pool adds one for this claim",
+            pool.name_any()
         );
-        set_status(
-            &claims_api,
-            claim,
-            Some(cd.name_any()),
-            lifetime,
-            false,
-            "ClusterClaimed",
-            message,
-        )
-        .await?;
+        let lifetime = lifetime(claim, &pool.spec);
+        set_status(&claims_api, claim, None, lifetime, true, "NoClusters", message).await?;
     }
-
+    for (claim_name, cd) in &claimed {
+        let Some(claim) = claims.get(claim_name) else { continue };
+        if claim.metadata.deletion_timestamp.is_none() {
+            keep_claimed(tenant, pool, &claims_api, claim, cd, round).await?;
+        }
+    }
     Ok(pending_claims)
+}
+
+/// Writes the claim into `cd`'s pool reference; `None` when someone else changed `cd` first.
+async fn claim_cluster(
+    tenant: &TenantContext,
+    claim: &ClusterClaim,
+    cd: &ClusterDeployment,
+) -> Result<Option<ClusterDeployment>, PoolError> {
+    let mut assigned = cd.clone();
+    let pool_ref = assigned.spec.cluster_pool_ref.get_or_insert_with(Default::default);
+    pool_ref.claim_name = Some(claim.name_any());
+    pool_ref.claimed_timestamp = Some(Time(Timestamp::now()));
+    assigned.metadata.managed_fields = None;
+    let cd_api = Api::<ClusterDeployment>::namespaced(tenant.client.clone(), &cd.name_any());
+    match cd_api.replace(&cd.name_any(), &PostParams::default(), &assigned).await {
+        Ok(written) => {
+            publish(
+                tenant,
+                claim,
+                false,
+                "ClusterClaimed",
+                format!("Assigned ClusterDeployment {0} (namespace {0})", cd.name_any()),
+            )
+            .await;
+            Ok(Some(written))
+        }
+        Err(err) if is_conflict(&err) => Ok(None),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// An assigned claim: deleted once past its lifetime, else its status names its cluster.
+async fn keep_claimed(
+    tenant: &TenantContext,
+    pool: &ClusterPool,
+    claims_api: &Api<ClusterClaim>,
+    claim: &ClusterClaim,
+    cd: &ClusterDeployment,
+    round: &mut Round,
+) -> Result<(), PoolError> {
+    let claim_name = claim.name_any();
+    let lifetime = lifetime(claim, &pool.spec);
+    let claimed = cd
+        .spec
+        .cluster_pool_ref
+        .as_ref()
+        .and_then(|r| r.claimed_timestamp.clone());
+    if let (Some(lifetime), Some(claimed)) = (lifetime, claimed) {
+        let left = remaining(lifetime, &claimed);
+        if left.is_zero() {
+            info!(tenant = %tenant.name, pool = %pool.name_any(), claim = %claim_name, "claim lifetime expired; deleting the claim");
+            publish(
+                tenant,
+                pool,
+                false,
+                "ClaimExpired",
+                format!("ClusterClaim {claim_name} passed its lifetime and was deleted"),
+            )
+            .await;
+            return match claims_api.delete(&claim_name, &DeleteParams::default()).await {
+                Ok(_) => Ok(()),
+                Err(err) if is_not_found(&err) => Ok(()),
+                Err(err) => Err(err.into()),
+            };
+        }
+        round.soon(left);
+    }
+    let message = format!(
+        "Cluster {0} assigned; its admin kubeconfig is in Secret {0}-admin-kubeconfig in namespace {0}",
+        cd.name_any()
+    );
+    set_status(
+        claims_api,
+        claim,
+        Some(cd.name_any()),
+        lifetime,
+        false,
+        "ClusterClaimed",
+        message,
+    )
+    .await?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -360,6 +412,50 @@ mod tests {
         assert_eq!(parse_duration(&format!("{}h", "9".repeat(400))), None);
         assert_eq!(parse_duration("87601h"), None);
         assert_eq!(parse_duration("87600h"), Some(LONGEST_DURATION));
+    }
+
+    #[test]
+    fn the_oldest_claim_gets_the_oldest_ready_cluster_and_the_rest_wait() {
+        use crate::pools::buckets::fixtures::{Cd, claim};
+        use std::collections::BTreeSet;
+        let cds: Vec<Arc<ClusterDeployment>> = vec![
+            Cd::new("p-new", "2024-03-01T00:00:00Z").installed().build(),
+            Cd::new("p-old", "2024-01-01T00:00:00Z").installed().build(),
+            Cd::new("p-installing", "2023-01-01T00:00:00Z").build(),
+            Cd::new("p-held", "2023-01-01T00:00:00Z")
+                .installed()
+                .claimed_by("held")
+                .build(),
+        ];
+        let mut going = (*claim("going", "2020-01-01T00:00:00Z")).clone();
+        going.metadata.deletion_timestamp = going.metadata.creation_timestamp.clone();
+        let claims: BTreeMap<String, Arc<ClusterClaim>> = [
+            claim("second", "2024-05-01T00:00:00Z"),
+            claim("first", "2024-04-01T00:00:00Z"),
+            claim("third", "2024-06-01T00:00:00Z"),
+            claim("held", "2020-01-01T00:00:00Z"),
+            Arc::new(going),
+        ]
+        .into_iter()
+        .map(|c| (c.name_any(), c))
+        .collect();
+        let buckets = Buckets::sort(&cds, &claims, &BTreeSet::new());
+        let matching = match_claims(&cds, &claims, &buckets);
+        let pairs: Vec<(String, String)> = matching
+            .pairs
+            .iter()
+            .map(|(claim, cd)| (claim.name_any(), cd.name_any()))
+            .collect();
+        assert_eq!(
+            pairs,
+            [
+                ("first".to_string(), "p-old".to_string()),
+                ("second".to_string(), "p-new".to_string())
+            ]
+        );
+        let waiting: Vec<String> = matching.waiting.iter().map(|c| c.name_any()).collect();
+        assert_eq!(waiting, ["third"], "a deleting claim and an assigned one do not wait");
+        assert_eq!(matching.claimed.keys().collect::<Vec<_>>(), ["held"]);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use super::{CDC_GENERATION_ANNOTATION, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, PO
 use crate::api::common::LocalObjectReference;
 use crate::api::pools::{
     ClusterDeployment, ClusterDeploymentCustomization, ClusterDeploymentSpec, ClusterPool, ClusterPoolReference,
-    Provisioning,
+    Platform, Provisioning,
 };
 
 type Cdc = ClusterDeploymentCustomization;
@@ -118,8 +118,6 @@ pub(super) async fn create_cluster(
     plan: &MachinePlan,
 ) -> Result<(), PoolError> {
     let client = &ctx.tenant.client;
-    let ns = pool.namespace().unwrap_or_default();
-    let name = pool.name_any();
     // The namespace is the proof that this pool created the cluster (see membership).
     let identity = PoolIdentity::of(pool);
     let (namespace_labels, namespace_annotations) = namespace_markers(&identity);
@@ -135,7 +133,32 @@ pub(super) async fn create_cluster(
     Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &namespace)
         .await?;
-    let secrets = Api::<Secret>::namespaced(client.clone(), cd_name);
+    let copies = create_secrets(pool, ctx, inputs, cd_name, config, plan).await?;
+    let cd = cluster_deployment(pool, &identity, cd_name, version, cdc, plan, copies);
+    Api::<ClusterDeployment>::namespaced(client.clone(), cd_name)
+        .create(&PostParams::default(), &cd)
+        .await?;
+    Ok(())
+}
+
+/// The Secrets a new cluster gets in its namespace, and the platform pointing at its copies.
+struct Copies {
+    config_name: String,
+    pull: Option<LocalObjectReference>,
+    platform: Platform,
+}
+
+/// Creates the cluster's install-config Secret and its copies of the pool's pull and credentials
+/// Secrets.
+async fn create_secrets(
+    pool: &ClusterPool,
+    ctx: &Ctx,
+    inputs: &Inputs,
+    cd_name: &str,
+    config: &Value,
+    plan: &MachinePlan,
+) -> Result<Copies, PoolError> {
+    let secrets = Api::<Secret>::namespaced(ctx.tenant.client.clone(), cd_name);
     let config_name = format!("{cd_name}-install-config");
     let config_secret = Secret {
         metadata: ObjectMeta {
@@ -156,13 +179,13 @@ pub(super) async fn create_cluster(
         type_: source.type_.clone(),
         ..Default::default()
     };
-    let mut pull_ref = None;
-    if let Some(pull) = &inputs.pull {
+    let mut pull = None;
+    if let Some(source) = &inputs.pull {
         let copy_name = format!("{cd_name}-pull-secret");
         secrets
-            .create(&PostParams::default(), &copy(pull, copy_name.clone()))
+            .create(&PostParams::default(), &copy(source, copy_name.clone()))
             .await?;
-        pull_ref = Some(LocalObjectReference { name: copy_name });
+        pull = Some(LocalObjectReference { name: copy_name });
     }
     let mut platform = pool.spec.platform.clone();
     if let Some(credentials) = &inputs.credentials {
@@ -181,6 +204,24 @@ pub(super) async fn create_cluster(
             b.credentials_secret_ref = reference;
         }
     }
+    Ok(Copies {
+        config_name,
+        pull,
+        platform,
+    })
+}
+
+/// The new cluster: the pool's labels and annotations plus the marks that tie it to the pool, the
+/// pool version and the CDC generation it is built from (§4.3.8).
+fn cluster_deployment(
+    pool: &ClusterPool,
+    identity: &PoolIdentity,
+    cd_name: &str,
+    version: &str,
+    cdc: Option<&Cdc>,
+    plan: &MachinePlan,
+    copies: Copies,
+) -> ClusterDeployment {
     let mut annotations = pool.spec.annotations.clone();
     if plan.invalid.is_none() && !plan.records.is_empty() {
         annotations.insert(HASH_ANNOTATION.into(), record_hash(&plan.records));
@@ -191,23 +232,25 @@ pub(super) async fn create_cluster(
         annotations.insert(CDC_GENERATION_ANNOTATION.into(), generation.to_string());
     }
     let mut labels = pool.spec.labels.clone();
-    labels.insert(POOL_NAMESPACE_LABEL.into(), ns.clone());
-    labels.insert(POOL_NAME_LABEL.into(), name.clone());
+    labels.insert(POOL_NAMESPACE_LABEL.into(), identity.namespace.clone());
+    labels.insert(POOL_NAME_LABEL.into(), identity.name.clone());
     let mut cd = ClusterDeployment::new(
         cd_name,
         ClusterDeploymentSpec {
             cluster_name: cd_name.into(),
             base_domain: pool.spec.base_domain.clone(),
-            platform,
-            pull_secret_ref: pull_ref,
+            platform: copies.platform,
+            pull_secret_ref: copies.pull,
             provisioning: Some(Provisioning {
-                install_config_secret_ref: LocalObjectReference { name: config_name },
+                install_config_secret_ref: LocalObjectReference {
+                    name: copies.config_name,
+                },
                 installer_image: pool.spec.installer_image.clone(),
             }),
             install_attempts_limit: pool.spec.install_attempts_limit,
             cluster_pool_ref: Some(ClusterPoolReference {
-                namespace: ns,
-                pool_name: name,
+                namespace: identity.namespace.clone(),
+                pool_name: identity.name.clone(),
                 claim_name: None,
                 claimed_timestamp: None,
                 cluster_deployment_customization: cdc.map(|c| LocalObjectReference { name: c.name_any() }),
@@ -218,10 +261,7 @@ pub(super) async fn create_cluster(
     cd.metadata.namespace = Some(cd_name.into());
     cd.metadata.annotations = Some(annotations);
     cd.metadata.labels = Some(labels);
-    Api::<ClusterDeployment>::namespaced(client.clone(), cd_name)
-        .create(&PostParams::default(), &cd)
-        .await?;
-    Ok(())
+    cd
 }
 
 /// The install-config Secret's keys: the config, and the machines' failure-domain record (the
@@ -235,4 +275,62 @@ fn config_data(config: &Value, plan: &MachinePlan) -> BTreeMap<String, String> {
         data.insert(RECORD_KEY.into(), record);
     }
     data
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pools::buckets::fixtures::{cdc, pool};
+    use serde_json::json;
+
+    #[test]
+    fn a_new_cluster_carries_the_pool_marks_version_and_customization_generation() {
+        let pool = pool(
+            "p",
+            json!({"labels": {"team": "a"}, "annotations": {"note": "n"}, "installAttemptsLimit": 2}),
+        );
+        let identity = PoolIdentity::of(&pool);
+        let copies = Copies {
+            config_name: "p-abcde-install-config".into(),
+            pull: None,
+            platform: pool.spec.platform.clone(),
+        };
+        let from = cdc("a", 3, json!({}));
+        let cd = cluster_deployment(
+            &pool,
+            &identity,
+            "p-abcde",
+            "v9",
+            Some(&from),
+            &MachinePlan::default(),
+            copies,
+        );
+        assert_eq!(cd.namespace().as_deref(), Some("p-abcde"));
+        let labels = cd.labels();
+        assert_eq!(labels.get("team").map(String::as_str), Some("a"));
+        assert_eq!(labels.get(POOL_NAME_LABEL).map(String::as_str), Some("p"));
+        assert_eq!(labels.get(POOL_NAMESPACE_LABEL).map(String::as_str), Some("team"));
+        let annotations = cd.annotations();
+        assert_eq!(annotations.get("note").map(String::as_str), Some("n"));
+        assert_eq!(annotations.get(POOL_VERSION_ANNOTATION).map(String::as_str), Some("v9"));
+        assert_eq!(
+            annotations.get(POOL_UID_ANNOTATION).map(String::as_str),
+            Some("pool-uid")
+        );
+        assert_eq!(
+            annotations.get(CDC_GENERATION_ANNOTATION).map(String::as_str),
+            Some("3")
+        );
+        assert!(!annotations.contains_key(HASH_ANNOTATION), "no failure-domain record");
+        let pool_ref = cd.spec.cluster_pool_ref.expect("a pool reference");
+        assert_eq!(
+            (pool_ref.namespace.as_str(), pool_ref.pool_name.as_str()),
+            ("team", "p")
+        );
+        assert_eq!(
+            pool_ref.cluster_deployment_customization.map(|r| r.name).as_deref(),
+            Some("a")
+        );
+        assert_eq!(cd.spec.install_attempts_limit, Some(2));
+    }
 }

@@ -2,15 +2,18 @@
 //! claims, staleness), a ClusterDeployment controller (installer and destroy Jobs on the host) and a
 //! ClusterClaim controller (claims naming a pool that does not exist).
 
+mod buckets;
 pub mod claim;
 mod create;
 pub mod deployment;
+mod execute;
 pub mod failure_domains;
 pub mod hosts;
 pub mod install_config;
 pub mod inventory;
 pub mod machines;
 pub mod membership;
+mod plan;
 pub mod pool;
 mod record;
 mod repair;

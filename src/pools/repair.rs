@@ -9,8 +9,9 @@ use std::time::Duration;
 use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
+use super::buckets::cdc_of;
 use super::inventory::{self, SUCCEEDED};
-use super::pool::{PoolError, Round, cdc_of};
+use super::pool::{PoolError, Round};
 use super::{cdc_finalizer, is_conflict, is_not_found, publish, set_finalizers};
 use crate::api::pools::{ClusterDeployment, ClusterDeploymentCustomization};
 use crate::tenancy::tenant::TenantContext;
@@ -33,59 +34,147 @@ pub(super) async fn leases(
     expected_created: &BTreeSet<String>,
     round: &mut Round,
 ) -> Result<BTreeMap<String, Arc<Cdc>>, PoolError> {
-    let settings = &tenant.shared.settings;
-    let cdc_api = Api::<Cdc>::namespaced(tenant.client.clone(), ns);
-    let finalizer = cdc_finalizer(name);
-    let held_by_us = |cdc: &Cdc| inventory::lease_holder(cdc).is_some_and(|(p, _)| p.as_deref() == Some(name));
-    // §4.3.9: our finalizer on every CDC we list; off every CDC we no longer hold and either no
-    // longer list or that is being deleted (a leased CDC's deletion waits for its release).
+    let pool = Pool {
+        tenant,
+        name,
+        api: Api::<Cdc>::namespaced(tenant.client.clone(), ns),
+    };
     for cdc in cdcs.values() {
-        let has = cdc.finalizers().contains(&finalizer);
-        let deleting = cdc.metadata.deletion_timestamp.is_some();
-        let want = !deleting_pool && listed.contains(cdc.name_any().as_str()) && !deleting || held_by_us(cdc);
-        if has != want {
-            let mut finalizers: Vec<String> = cdc.finalizers().iter().filter(|f| **f != finalizer).cloned().collect();
-            if want {
-                finalizers.push(finalizer.clone());
-            }
-            match set_finalizers(&cdc_api, cdc, finalizers).await {
-                // Later writes in this pass must start from this copy, not the older cached one.
-                Ok(written) => {
-                    round.written.insert(cdc.name_any(), written);
-                }
-                Err(err) if is_conflict(&err) || is_not_found(&err) => round.soon(Duration::from_millis(200)),
-                Err(err) => return Err(err.into()),
-            }
+        if let Some(finalizers) = finalizers_wanted(cdc, name, deleting_pool, listed) {
+            pool.set_finalizers(cdc, finalizers, round).await?;
         }
     }
-
-    // §4.3.2 repair: a lease of ours for a CD that does not exist, older than the minimum age (so a
-    // CD created moments ago and not yet in the cache is never mistaken for a leak).
+    let min_age = tenant.shared.settings.lease_min_age;
     for cdc in cdcs.values() {
-        let Some((Some(holder), cd)) = inventory::lease_holder(cdc) else {
-            continue;
-        };
-        if holder != name {
-            continue;
+        match orphaned(cdc, name, live, expected_created, min_age) {
+            Orphan::No => {}
+            Orphan::Young(left) => round.soon(left),
+            Orphan::Release(cd) => pool.release_orphan(cdc, &cd, round).await?,
         }
-        let exists = cd
-            .as_ref()
-            .is_some_and(|cd| live.contains(cd) || expected_created.contains(cd));
-        if exists {
-            continue;
+    }
+    let mut relinked: BTreeMap<String, Cdc> = BTreeMap::new();
+    for (cd, cdc) in cds.iter().filter_map(|cd| unlinked(cd, &cdcs).map(|cdc| (cd, cdc))) {
+        if let Some(written) = pool.relink(cd, cdc, round).await? {
+            relinked.insert(cdc.name_any(), written);
         }
-        let age = inventory::lease_age(cdc).unwrap_or_default();
-        if age < settings.lease_min_age {
-            round.soon(settings.lease_min_age - age);
-            continue;
+    }
+    let cdcs: BTreeMap<String, Arc<Cdc>> = cdcs
+        .into_iter()
+        .map(|(n, c)| match relinked.remove(&n) {
+            Some(written) => (n, Arc::new(written)),
+            None => (n, c),
+        })
+        .collect();
+    for cd in cds {
+        if let Some(cdc) = cdc_of(cd).and_then(|n| cdcs.get(&n))
+            && needs_success_mark(cd, cdc, name)
+        {
+            pool.mark_succeeded(cd, cdc, round).await?;
         }
-        let cd = cd.unwrap_or_default();
-        match inventory::release(&cdc_api, cdc, &cd, name).await {
+    }
+    Ok(cdcs)
+}
+
+/// §4.3.9: our finalizer on every CDC we list; off every CDC we no longer hold and either no
+/// longer list or that is being deleted (a leased CDC's deletion waits for its release). The
+/// finalizers `cdc` should have, when they differ from what it has.
+fn finalizers_wanted(cdc: &Cdc, name: &str, deleting_pool: bool, listed: &BTreeSet<&str>) -> Option<Vec<String>> {
+    let finalizer = cdc_finalizer(name);
+    let held_by_us = inventory::lease_holder(cdc).is_some_and(|(p, _)| p.as_deref() == Some(name));
+    let has = cdc.finalizers().contains(&finalizer);
+    let deleting = cdc.metadata.deletion_timestamp.is_some();
+    let want = !deleting_pool && listed.contains(cdc.name_any().as_str()) && !deleting || held_by_us;
+    if has == want {
+        return None;
+    }
+    let mut finalizers: Vec<String> = cdc.finalizers().iter().filter(|f| **f != finalizer).cloned().collect();
+    if want {
+        finalizers.push(finalizer);
+    }
+    Some(finalizers)
+}
+
+/// Whether a lease of pool `name` is for a cluster that does not exist (§4.3.2 repair).
+#[derive(Debug, PartialEq, Eq)]
+enum Orphan {
+    /// Not our lease, or its cluster exists (or is being created).
+    No,
+    /// Its cluster does not exist, but the lease is younger than the minimum age (a CD created
+    /// moments ago and not yet in the cache is never mistaken for a leak): look again then.
+    Young(Duration),
+    /// Release the lease held for this (missing) cluster.
+    Release(String),
+}
+
+fn orphaned(
+    cdc: &Cdc,
+    name: &str,
+    live: &BTreeSet<String>,
+    expected_created: &BTreeSet<String>,
+    min_age: Duration,
+) -> Orphan {
+    let Some((Some(holder), cd)) = inventory::lease_holder(cdc) else {
+        return Orphan::No;
+    };
+    let exists = cd
+        .as_ref()
+        .is_some_and(|cd| live.contains(cd) || expected_created.contains(cd));
+    if holder != name || exists {
+        return Orphan::No;
+    }
+    let age = inventory::lease_age(cdc).unwrap_or_default();
+    if age < min_age {
+        return Orphan::Young(min_age - age);
+    }
+    Orphan::Release(cd.unwrap_or_default())
+}
+
+/// Link repair: the CDC of a live cluster that shows no lease (status lost or edited); it is
+/// leased again before anyone else can, so one CDC never backs two clusters.
+fn unlinked<'a>(cd: &ClusterDeployment, cdcs: &'a BTreeMap<String, Arc<Cdc>>) -> Option<&'a Arc<Cdc>> {
+    if cd.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    cdc_of(cd)
+        .and_then(|n| cdcs.get(&n))
+        .filter(|cdc| inventory::lease_holder(cdc).is_none())
+}
+
+/// Installed clusters mark the CDC leased for them Succeeded.
+fn needs_success_mark(cd: &ClusterDeployment, cdc: &Cdc, name: &str) -> bool {
+    let installed = cd.status.as_ref().is_some_and(|s| s.installed);
+    let ours = inventory::lease_holder(cdc) == Some((Some(name.to_string()), Some(cd.name_any())));
+    installed && ours && inventory::apply_reason(cdc) != Some(SUCCEEDED)
+}
+
+/// The writes of the repair, for one pool.
+struct Pool<'a> {
+    tenant: &'a TenantContext,
+    name: &'a str,
+    api: Api<Cdc>,
+}
+
+impl Pool<'_> {
+    async fn set_finalizers(&self, cdc: &Cdc, finalizers: Vec<String>, round: &mut Round) -> Result<(), PoolError> {
+        match set_finalizers(&self.api, cdc, finalizers).await {
+            // Later writes in this pass must start from this copy, not the older cached one.
+            Ok(written) => {
+                round.written.insert(cdc.name_any(), written);
+            }
+            Err(err) if is_conflict(&err) || is_not_found(&err) => round.soon(Duration::from_millis(200)),
+            Err(err) => return Err(err.into()),
+        }
+        Ok(())
+    }
+
+    async fn release_orphan(&self, cdc: &Cdc, cd: &str, round: &mut Round) -> Result<(), PoolError> {
+        let (tenant, name) = (self.tenant, self.name);
+        match inventory::release(&self.api, cdc, cd, name).await {
             Ok(true) => {
                 info!(tenant = %tenant.name, pool = %name, cdc = %cdc.name_any(), cluster = %cd, "released a lease whose cluster does not exist");
                 publish(
                     tenant,
-                    &**cdc,
+                    cdc,
                     false,
                     "Released",
                     format!("Released: ClusterDeployment {cd} it was reserved for does not exist"),
@@ -96,22 +185,12 @@ pub(super) async fn leases(
             Err(err) if is_conflict(&err) => round.soon(Duration::from_millis(200)),
             Err(err) => return Err(err.into()),
         }
+        Ok(())
     }
 
-    // Link repair: a live cluster whose CDC shows no lease (status lost or edited) leases it again
-    // before anyone else can, so one CDC never backs two clusters.
-    let mut relinked: BTreeMap<String, Cdc> = BTreeMap::new();
-    for cd in cds {
-        if cd.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let Some(cdc) = cdc_of(cd).and_then(|n| cdcs.get(&n).cloned()) else {
-            continue;
-        };
-        if inventory::lease_holder(&cdc).is_some() {
-            continue;
-        }
-        match inventory::lease(&cdc_api, &cdc, &cd.name_any(), name).await {
+    async fn relink(&self, cd: &ClusterDeployment, cdc: &Cdc, round: &mut Round) -> Result<Option<Cdc>, PoolError> {
+        let (tenant, name) = (self.tenant, self.name);
+        match inventory::lease(&self.api, cdc, &cd.name_any(), name).await {
             Ok(Some(written)) => {
                 warn!(tenant = %tenant.name, pool = %name, cdc = %cdc.name_any(), cluster = %cd.name_any(), "restored the lease of a live cluster");
                 publish(
@@ -125,40 +204,144 @@ pub(super) async fn leases(
                     ),
                 )
                 .await;
-                relinked.insert(cdc.name_any(), written);
+                Ok(Some(written))
+            }
+            Ok(None) => Ok(None),
+            Err(err) if is_conflict(&err) => {
+                round.soon(Duration::from_millis(200));
+                Ok(None)
+            }
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    async fn mark_succeeded(&self, cd: &ClusterDeployment, cdc: &Cdc, round: &mut Round) -> Result<(), PoolError> {
+        let message = format!("Patches applied and cluster {} installed successfully", cd.name_any());
+        match inventory::set_apply_result(&self.api, cdc, SUCCEEDED, message).await {
+            Ok(Some(written)) => {
+                round.written.insert(cdc.name_any(), written);
             }
             Ok(None) => {}
             Err(err) if is_conflict(&err) => round.soon(Duration::from_millis(200)),
             Err(err) => return Err(err.into()),
         }
+        Ok(())
     }
-    let cdcs: BTreeMap<String, Arc<Cdc>> = cdcs
-        .into_iter()
-        .map(|(n, c)| match relinked.remove(&n) {
-            Some(written) => (n, Arc::new(written)),
-            None => (n, c),
-        })
-        .collect();
+}
 
-    // Installed clusters mark their CDC Succeeded.
-    for cd in cds {
-        let installed = cd.status.as_ref().is_some_and(|s| s.installed);
-        let Some(cdc) = cdc_of(cd).and_then(|n| cdcs.get(&n).cloned()) else {
-            continue;
-        };
-        let ours = inventory::lease_holder(&cdc) == Some((Some(name.to_string()), Some(cd.name_any())));
-        if installed && ours && inventory::apply_reason(&cdc) != Some(SUCCEEDED) {
-            let message = format!("Patches applied and cluster {} installed successfully", cd.name_any());
-            match inventory::set_apply_result(&cdc_api, &cdc, SUCCEEDED, message).await {
-                Ok(Some(written)) => {
-                    round.written.insert(cdc.name_any(), written);
-                }
-                Ok(None) => {}
-                Err(err) if is_conflict(&err) => round.soon(Duration::from_millis(200)),
-                Err(err) => return Err(err.into()),
-            }
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pools::buckets::fixtures::{Cd, cdc, leased, verdict};
+
+    fn names(list: &[&str]) -> BTreeSet<String> {
+        list.iter().map(|s| s.to_string()).collect()
     }
 
-    Ok(cdcs)
+    #[test]
+    fn a_pool_puts_its_finalizer_on_every_cdc_it_lists_and_takes_it_off_when_done() {
+        let listed = BTreeSet::from(["a"]);
+        let free = cdc("a", 1, serde_json::json!({}));
+        assert_eq!(
+            finalizers_wanted(&free, "p", false, &listed),
+            Some(vec!["pools.stackd.dev/p".to_string()])
+        );
+        let mut with = (*free).clone();
+        with.metadata.finalizers = Some(vec!["other".into(), "pools.stackd.dev/p".into()]);
+        assert_eq!(finalizers_wanted(&with, "p", false, &listed), None, "already there");
+        assert_eq!(
+            finalizers_wanted(&with, "p", true, &listed),
+            Some(vec!["other".to_string()]),
+            "a deleted pool strips its finalizer"
+        );
+        assert_eq!(
+            finalizers_wanted(&with, "p", false, &BTreeSet::new()),
+            Some(vec!["other".to_string()]),
+            "an entry removed from the inventory loses it"
+        );
+    }
+
+    #[test]
+    fn a_leased_cdc_keeps_the_finalizer_of_its_holder_while_it_is_deleted() {
+        let mut held = (*cdc("a", 1, leased("p", "p-1"))).clone();
+        held.metadata.finalizers = Some(vec!["pools.stackd.dev/p".into()]);
+        held.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            jiff::Timestamp::UNIX_EPOCH,
+        ));
+        assert_eq!(finalizers_wanted(&held, "p", false, &BTreeSet::from(["a"])), None);
+        assert_eq!(finalizers_wanted(&held, "p", true, &BTreeSet::new()), None);
+        let mut released = held.clone();
+        released.status = None;
+        assert_eq!(
+            finalizers_wanted(&released, "p", false, &BTreeSet::from(["a"])),
+            Some(vec![])
+        );
+    }
+
+    #[test]
+    fn a_lease_whose_cluster_is_missing_is_released_only_after_the_minimum_age() {
+        let lease = cdc("a", 1, leased("p", "p-1"));
+        let min_age = Duration::from_secs(300);
+        assert_eq!(
+            orphaned(&lease, "p", &BTreeSet::new(), &BTreeSet::new(), min_age),
+            Orphan::Release("p-1".into()),
+            "held since 2024"
+        );
+        assert_eq!(
+            orphaned(&lease, "p", &names(&["p-1"]), &BTreeSet::new(), min_age),
+            Orphan::No
+        );
+        assert_eq!(
+            orphaned(&lease, "p", &BTreeSet::new(), &names(&["p-1"]), min_age),
+            Orphan::No,
+            "created moments ago by this controller"
+        );
+        let forever = Duration::from_secs(1 << 40);
+        assert!(matches!(
+            orphaned(&lease, "p", &BTreeSet::new(), &BTreeSet::new(), forever),
+            Orphan::Young(_)
+        ));
+    }
+
+    #[test]
+    fn a_lease_held_by_another_pool_is_never_repaired() {
+        let theirs = cdc("a", 1, leased("q", "q-1"));
+        assert_eq!(
+            orphaned(&theirs, "p", &BTreeSet::new(), &BTreeSet::new(), Duration::ZERO),
+            Orphan::No
+        );
+        let cd = Cd::new("p-1", "2024-01-01T00:00:00Z").built_from("a", 1).build();
+        let cdcs = BTreeMap::from([("a".to_string(), theirs)]);
+        assert!(unlinked(&cd, &cdcs).is_none(), "leased: not relinked");
+    }
+
+    #[test]
+    fn a_live_cluster_whose_cdc_lost_its_lease_leases_it_again() {
+        let cdcs = BTreeMap::from([("a".to_string(), cdc("a", 1, serde_json::json!({})))]);
+        let cd = Cd::new("p-1", "2024-01-01T00:00:00Z").built_from("a", 1);
+        assert!(unlinked(&cd.build(), &cdcs).is_some());
+        let deleting = Cd::new("p-1", "2024-01-01T00:00:00Z").built_from("a", 1).deleting();
+        assert!(unlinked(&deleting.build(), &cdcs).is_none());
+    }
+
+    #[test]
+    fn an_installed_cluster_marks_its_own_cdc_succeeded_once() {
+        let cd = Cd::new("p-1", "2024-01-01T00:00:00Z")
+            .built_from("a", 1)
+            .installed()
+            .build();
+        let ours = cdc("a", 1, leased("p", "p-1"));
+        assert!(needs_success_mark(&cd, &ours, "p"));
+        let installing = Cd::new("p-1", "2024-01-01T00:00:00Z").built_from("a", 1).build();
+        assert!(!needs_success_mark(&installing, &ours, "p"));
+        assert!(!needs_success_mark(&cd, &cdc("a", 1, leased("p", "p-2")), "p"));
+        let mut status = leased("p", "p-1");
+        status["conditions"].as_array_mut().expect("a list").extend(
+            verdict("Succeeded", "2024-01-01T00:00:00Z", 1)["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+        );
+        assert!(!needs_success_mark(&cd, &cdc("a", 1, status), "p"), "already marked");
+    }
 }

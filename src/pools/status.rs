@@ -1,20 +1,277 @@
-//! What a pool reports: the per-entry inventory status of the status-revision seed, and the
-//! per-pool metrics.
+//! What a pool reports (DESIGN.md §4.1 status, §4.3): its counts, the per-entry inventory status
+//! of the status-revision seed and its conditions, built without any request from what the
+//! reconcile found and did; and the per-pool metrics.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
 use super::CDC_GENERATION_ANNOTATION;
+use super::buckets::{Bucket, Buckets, Stale, cdc_of};
 use super::inventory::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX, SUCCEEDED};
-use super::pool::{Bucket, Ctx, Round, Stale, cdc_of};
+use super::plan::Plan;
+use super::pool::{Ctx, Round};
 use crate::api::pools::{
-    ClusterDeployment, ClusterDeploymentCustomization, ClusterPoolStatus, InventoryEntryState, InventoryEntryStatus,
+    ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus, FailureDomainStatus,
+    InventoryEntryState, InventoryEntryStatus,
 };
+use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::metrics::PoolLabels;
 
 type Cdc = ClusterDeploymentCustomization;
+
+/// What the status is built from.
+pub(super) struct Report<'a> {
+    pub(super) pool: &'a ClusterPool,
+    /// The status as last known, which the new one starts from.
+    pub(super) previous: &'a ClusterPoolStatus,
+    /// The pool's inventory entries, each once, in spec order.
+    pub(super) inventory: &'a [String],
+    pub(super) cds: &'a [Arc<ClusterDeployment>],
+    pub(super) buckets: &'a Buckets,
+    /// Clusters deleted this pass.
+    pub(super) deleted: &'a [String],
+    pub(super) domains: &'a BTreeMap<String, FailureDomainStatus>,
+    /// The pool's CDCs after the lease repair; `round.written` holds newer copies.
+    pub(super) cdcs: &'a BTreeMap<String, Arc<Cdc>>,
+    pub(super) round: &'a Round,
+    pub(super) plan: &'a Plan,
+}
+
+/// The pool's status after this pass; conditions that change get `now` as their transition time.
+pub(super) fn build(report: &Report, now: Time) -> ClusterPoolStatus {
+    let pool = report.pool;
+    let unclaimed: Vec<Bucket> = report
+        .cds
+        .iter()
+        .filter(|cd| !report.deleted.contains(&cd.name_any()))
+        .map(|cd| report.buckets.of(cd))
+        .filter(|b| matches!(b, Bucket::Installing | Bucket::Ready | Bucket::Broken))
+        .collect();
+    let count = |bucket: Bucket| unclaimed.iter().filter(|b| **b == bucket).count() as i32;
+    let cdc_now = |entry: &str| -> Option<Cdc> {
+        report
+            .round
+            .written
+            .get(entry)
+            .cloned()
+            .or_else(|| report.cdcs.get(entry).map(|c| (**c).clone()))
+    };
+    let cd_by_name: BTreeMap<String, Arc<ClusterDeployment>> =
+        report.cds.iter().map(|cd| (cd.name_any(), cd.clone())).collect();
+    let mut status = report.previous.clone();
+    status.size = unclaimed.len() as i32;
+    status.ready = count(Bucket::Ready);
+    status.standby = count(Bucket::Installing);
+    status.platform = pool.spec.platform.name().map(String::from);
+    status.observed_generation = pool.metadata.generation;
+    status.failure_domains = report.domains.clone();
+    status.inventory = entry_statuses(
+        report.previous,
+        report.inventory,
+        &cdc_now,
+        &cd_by_name,
+        report.round,
+        &report.plan.stale,
+        &pool.name_any(),
+    );
+    for condition in conditions(report, &status.inventory) {
+        set_condition(
+            &mut status.conditions,
+            DesiredCondition {
+                observed_generation: pool.metadata.generation,
+                ..condition
+            },
+            now.clone(),
+        );
+    }
+    status
+}
+
+/// The pool's conditions, in the order they are listed when new.
+fn conditions(report: &Report, entries: &[InventoryEntryStatus]) -> Vec<DesiredCondition<'static>> {
+    let pool = report.pool;
+    let mut conditions = vec![missing_dependencies(
+        report.round,
+        &pool.namespace().unwrap_or_default(),
+    )];
+    if pool.spec.inventory.is_some() {
+        conditions.push(inventory_valid(entries, report.round, report.inventory.len()));
+    }
+    conditions.push(capacity_available(pool, report.plan, report.round));
+    if pool.spec.platform.vsphere.is_some() {
+        conditions.push(failure_domains_unsupported(report.domains));
+    }
+    conditions.push(all_clusters_current(&report.plan.stale));
+    conditions.push(condition(
+        "DeletionPossible",
+        true,
+        "DeletionPossible",
+        "Deleting the pool deletes its unclaimed clusters".into(),
+    ));
+    conditions
+}
+
+fn condition(type_: &'static str, status: bool, reason: &'static str, message: String) -> DesiredCondition<'static> {
+    DesiredCondition {
+        type_,
+        status,
+        reason,
+        message,
+        observed_generation: None,
+    }
+}
+
+fn missing_dependencies(round: &Round, ns: &str) -> DesiredCondition<'static> {
+    if round.missing_dependencies.is_empty() {
+        return condition(
+            "MissingDependencies",
+            false,
+            "DependenciesFound",
+            "Every Secret the pool refers to exists".into(),
+        );
+    }
+    condition(
+        "MissingDependencies",
+        true,
+        "MissingDependencies",
+        format!(
+            "Create the missing Secrets in namespace {ns}: {}",
+            round.missing_dependencies.join(", ")
+        ),
+    )
+}
+
+/// §4.3.4: every entry that cannot be used, by state, with the patch error of BrokenBySyntax ones.
+fn inventory_valid(entries: &[InventoryEntryStatus], round: &Round, listed: usize) -> DesiredCondition<'static> {
+    let mut problems: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for entry in entries {
+        let state = match entry.status {
+            InventoryEntryState::BrokenBySyntax => "BrokenBySyntax",
+            InventoryEntryState::BrokenByCloud => "BrokenByCloud",
+            InventoryEntryState::Missing => "Missing",
+            _ => continue,
+        };
+        let detail = round
+            .syntax_errors
+            .get(&entry.name)
+            .map_or_else(|| entry.name.clone(), |e| format!("{} ({e})", entry.name));
+        problems.entry(state).or_default().push(detail);
+    }
+    if problems.is_empty() {
+        return condition(
+            "InventoryValid",
+            true,
+            "Valid",
+            format!("All {listed} inventory entries are usable"),
+        );
+    }
+    let listing: Vec<String> = problems.iter().map(|(k, v)| format!("{k}: {}", v.join(", "))).collect();
+    condition(
+        "InventoryValid",
+        false,
+        "Invalid",
+        format!(
+            "Some inventory entries cannot be used ({}); fix the patches of BrokenBySyntax entries, create Missing ones, or remove them from spec.inventory",
+            listing.join("; ")
+        ),
+    )
+}
+
+/// §4.3.5: at maxSize, short of hosts, or short of inventory, in that order.
+fn capacity_available(pool: &ClusterPool, plan: &Plan, round: &Round) -> DesiredCondition<'static> {
+    let capacity = &plan.capacity;
+    if let Some(max) = pool.spec.max_size.filter(|m| capacity.live >= i64::from(*m)) {
+        return condition(
+            "CapacityAvailable",
+            false,
+            "MaxCapacity",
+            format!("The pool is at its maxSize of {max} clusters, claimed and unclaimed"),
+        );
+    }
+    if let Some(message) = &round.insufficient_hosts {
+        return condition("CapacityAvailable", false, "InsufficientHosts", message.clone());
+    }
+    if pool.spec.inventory.is_some() && capacity.wanted > capacity.backed {
+        return condition(
+            "CapacityAvailable",
+            false,
+            "InventoryExhausted",
+            format!(
+                "The pool needs {} unclaimed clusters (size plus pending claims) but its inventory can back only {}; add ClusterDeploymentCustomizations to spec.inventory or lower spec.size",
+                capacity.wanted, capacity.backed
+            ),
+        );
+    }
+    condition(
+        "CapacityAvailable",
+        true,
+        "Available",
+        "The pool can add clusters".into(),
+    )
+}
+
+fn failure_domains_unsupported(domains: &BTreeMap<String, FailureDomainStatus>) -> DesiredCondition<'static> {
+    if domains.is_empty() {
+        return condition(
+            "FailureDomainsUnsupported",
+            false,
+            "NoFailureDomains",
+            "The pool defines no failure domains".into(),
+        );
+    }
+    condition(
+        "FailureDomainsUnsupported",
+        true,
+        "FailureDomainsUnsupported",
+        "Failure domains are not supported on vSphere and are ignored; remove spec.failureDomains and spec.availabilityZones".into(),
+    )
+}
+
+/// §4.3.8: every kind of staleness counts.
+fn all_clusters_current(stale: &[(Arc<ClusterDeployment>, Stale)]) -> DesiredCondition<'static> {
+    if stale.is_empty() {
+        return condition(
+            "AllClustersCurrent",
+            true,
+            "ClusterDeploymentsCurrent",
+            "Every unclaimed cluster is current".into(),
+        );
+    }
+    let names: Vec<String> = stale.iter().map(|(cd, _)| cd.name_any()).collect();
+    condition(
+        "AllClustersCurrent",
+        false,
+        "SomeClusterDeploymentsStale",
+        format!(
+            "{} unclaimed clusters were built from an older pool or inventory configuration and are replaced one at a time: {}",
+            names.len(),
+            names.join(", ")
+        ),
+    )
+}
+
+/// The status of a deleted pool still waiting for `clusters`, when it says something new (§4.3.9).
+pub(super) fn deletion_pending(pool: &ClusterPool, clusters: &[String], now: Time) -> Option<ClusterPoolStatus> {
+    let mut status = pool.status.clone().unwrap_or_default();
+    let changed = set_condition(
+        &mut status.conditions,
+        DesiredCondition {
+            type_: "DeletionPossible",
+            status: false,
+            reason: "ClusterDeploymentsPendingCleanup",
+            message: format!(
+                "Waiting for these clusters to be deleted (claimed ones go when their claims are deleted): {}",
+                clusters.join(", ")
+            ),
+            observed_generation: pool.metadata.generation,
+        },
+        now,
+    );
+    changed.then_some(status)
+}
 
 /// The per-entry inventory status of the status-revision seed.
 pub(super) fn entry_statuses(
@@ -23,7 +280,7 @@ pub(super) fn entry_statuses(
     cdc_now: &dyn Fn(&str) -> Option<Cdc>,
     cds: &BTreeMap<String, Arc<ClusterDeployment>>,
     round: &Round,
-    stale: &[(&Arc<ClusterDeployment>, Stale)],
+    stale: &[(Arc<ClusterDeployment>, Stale)],
     pool_name: &str,
 ) -> Vec<InventoryEntryStatus> {
     let old: BTreeMap<String, InventoryEntryStatus> =
@@ -44,42 +301,15 @@ pub(super) fn entry_statuses(
             attempts: previous.attempts + i32::from(round.broken_entries.contains(entry)),
             ..Default::default()
         };
-        let Some(cdc) = cdc_now(entry) else {
-            status.status = InventoryEntryState::Missing;
-            out.push(status);
-            continue;
-        };
-        let holder = inventory::lease_holder(&cdc);
-        let reason = inventory::apply_reason(&cdc);
-        if reason == Some(SUCCEEDED) {
-            status.attempts = 0;
-        }
-        let edited = status.version.is_some() && status.version != cdc.metadata.generation;
-        status.status = match &holder {
-            Some((Some(p), _)) if p != pool_name => InventoryEntryState::Unavailable,
-            Some((_, cd)) => {
-                status.cluster_deployment = cd.clone();
+        match cdc_now(entry) {
+            Some(cdc) => {
                 let stale_edit = stale
                     .iter()
                     .any(|(s, why)| *why == Stale::EntryEdited && cdc_of(s).as_deref() == Some(entry.as_str()));
-                if edited || stale_edit {
-                    InventoryEntryState::ToBeUpdated
-                } else {
-                    InventoryEntryState::Reserved
-                }
+                set_state(&mut status, &cdc, stale_edit, pool_name);
             }
-            None => {
-                if edited {
-                    // Edited since its last use: its failures no longer count.
-                    status.attempts = 0;
-                }
-                match reason {
-                    Some(BROKEN_BY_SYNTAX) => InventoryEntryState::BrokenBySyntax,
-                    Some(BROKEN_BY_CLOUD) => InventoryEntryState::BrokenByCloud,
-                    _ => InventoryEntryState::Available,
-                }
-            }
-        };
+            None => status.status = InventoryEntryState::Missing,
+        }
         out.push(status);
     }
     // Entries removed from the inventory stay listed while a cluster built from them exists.
@@ -99,16 +329,49 @@ pub(super) fn entry_statuses(
     out
 }
 
+/// The state of an entry whose CDC exists; `stale_edit` when an unclaimed cluster built from an
+/// older generation of it is stale.
+fn set_state(status: &mut InventoryEntryStatus, cdc: &Cdc, stale_edit: bool, pool_name: &str) {
+    let holder = inventory::lease_holder(cdc);
+    let reason = inventory::apply_reason(cdc);
+    if reason == Some(SUCCEEDED) {
+        status.attempts = 0;
+    }
+    let edited = status.version.is_some() && status.version != cdc.metadata.generation;
+    status.status = match holder {
+        Some((Some(p), _)) if p != pool_name => InventoryEntryState::Unavailable,
+        Some((_, cd)) => {
+            status.cluster_deployment = cd;
+            if edited || stale_edit {
+                InventoryEntryState::ToBeUpdated
+            } else {
+                InventoryEntryState::Reserved
+            }
+        }
+        None => {
+            if edited {
+                // Edited since its last use: its failures no longer count.
+                status.attempts = 0;
+            }
+            match reason {
+                Some(BROKEN_BY_SYNTAX) => InventoryEntryState::BrokenBySyntax,
+                Some(BROKEN_BY_CLOUD) => InventoryEntryState::BrokenByCloud,
+                _ => InventoryEntryState::Available,
+            }
+        }
+    };
+}
+
 pub(super) fn record_metrics(
     ctx: &Ctx,
     ns: &str,
     name: &str,
-    buckets: &BTreeMap<String, Bucket>,
-    stale: &[(&Arc<ClusterDeployment>, Stale)],
+    buckets: &Buckets,
+    stale: &[(Arc<ClusterDeployment>, Stale)],
     status: &ClusterPoolStatus,
 ) {
     let metrics = &ctx.tenant.shared.metrics;
-    let count = |b: &[Bucket]| buckets.values().filter(|x| b.contains(x)).count() as i64;
+    let count = |b: &[Bucket]| buckets.count_in(b);
     let entries = |s: &[InventoryEntryState]| status.inventory.iter().filter(|e| s.contains(&e.status)).count() as i64;
     let values = [
         ("installing", count(&[Bucket::Installing])),
@@ -136,5 +399,350 @@ pub(super) fn record_metrics(
             .pool_clusters
             .get_or_create(&PoolLabels::new(&ctx.tenant.name, ns, name, state))
             .set(value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use jiff::Timestamp;
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::pools::buckets::fixtures::{Cd, cdc, claim, leased, pool, verdict};
+    use crate::pools::plan::Capacity;
+    use crate::pools::pool::Round;
+
+    const OLD: &str = "2024-01-01T00:00:00Z";
+
+    fn entries(names: &[&str]) -> Value {
+        json!(names.iter().map(|n| json!({"name": n})).collect::<Vec<_>>())
+    }
+
+    fn empty_plan() -> Plan {
+        Plan {
+            deletes: Vec::new(),
+            add: None,
+            broken_entries: BTreeSet::new(),
+            stale: Vec::new(),
+            capacity: Capacity::default(),
+            insufficient_hosts: None,
+            wake: None,
+        }
+    }
+
+    struct Scene {
+        pool: ClusterPool,
+        previous: ClusterPoolStatus,
+        cds: Vec<Arc<ClusterDeployment>>,
+        claims: BTreeMap<String, Arc<crate::api::pools::ClusterClaim>>,
+        deleted: Vec<String>,
+        domains: BTreeMap<String, FailureDomainStatus>,
+        cdcs: BTreeMap<String, Arc<Cdc>>,
+        round: Round,
+        plan: Plan,
+    }
+
+    impl Scene {
+        fn new(spec: Value) -> Scene {
+            Scene {
+                pool: pool("p", spec),
+                previous: ClusterPoolStatus::default(),
+                cds: Vec::new(),
+                claims: BTreeMap::new(),
+                deleted: Vec::new(),
+                domains: BTreeMap::new(),
+                cdcs: BTreeMap::new(),
+                round: Round::new(),
+                plan: empty_plan(),
+            }
+        }
+
+        fn build(&self) -> ClusterPoolStatus {
+            let inventory: Vec<String> = self
+                .pool
+                .spec
+                .inventory
+                .iter()
+                .flatten()
+                .map(|e| e.name.clone())
+                .collect();
+            let buckets = Buckets::sort(&self.cds, &self.claims, &BTreeSet::new());
+            let report = Report {
+                pool: &self.pool,
+                previous: &self.previous,
+                inventory: &inventory,
+                cds: &self.cds,
+                buckets: &buckets,
+                deleted: &self.deleted,
+                domains: &self.domains,
+                cdcs: &self.cdcs,
+                round: &self.round,
+                plan: &self.plan,
+            };
+            build(&report, Time(Timestamp::UNIX_EPOCH))
+        }
+    }
+
+    fn condition(status: &ClusterPoolStatus, type_: &str) -> (String, String, String) {
+        let c = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_)
+            .unwrap_or_else(|| panic!("no condition {type_}"));
+        (c.status.clone(), c.reason.clone(), c.message.clone())
+    }
+
+    fn entry(status: &ClusterPoolStatus, name: &str) -> InventoryEntryStatus {
+        status
+            .inventory
+            .iter()
+            .find(|e| e.name == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("no entry {name}"))
+    }
+
+    #[test]
+    fn ready_and_installing_unclaimed_clusters_are_counted_apart() {
+        let mut scene = Scene::new(json!({"size": 4}));
+        scene.cds = vec![
+            Cd::new("p-ready", OLD).installed().build(),
+            Cd::new("p-installing", OLD).build(),
+            Cd::new("p-broken", OLD).stopped("InstallAttemptsLimitReached").build(),
+            Cd::new("p-claimed", OLD).installed().claimed_by("c").build(),
+            Cd::new("p-excess", OLD).installed().build(),
+        ];
+        scene.claims.insert("c".into(), claim("c", OLD));
+        scene.deleted = vec!["p-excess".into()];
+        let status = scene.build();
+        assert_eq!((status.size, status.ready, status.standby), (3, 1, 1));
+        assert_eq!(status.platform.as_deref(), Some("openstack"));
+        assert_eq!(status.observed_generation, Some(1));
+    }
+
+    #[test]
+    fn the_conditions_of_a_healthy_pool_say_so_in_a_stable_order() {
+        let status = Scene::new(json!({"size": 1})).build();
+        let types: Vec<&str> = status.conditions.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(
+            types,
+            [
+                "MissingDependencies",
+                "CapacityAvailable",
+                "AllClustersCurrent",
+                "DeletionPossible"
+            ]
+        );
+        assert!(status.conditions.iter().all(|c| c.observed_generation == Some(1)));
+        assert_eq!(condition(&status, "CapacityAvailable").1, "Available");
+        assert_eq!(condition(&status, "MissingDependencies").0, "False");
+    }
+
+    #[test]
+    fn missing_secrets_are_named_with_their_namespace() {
+        let mut scene = Scene::new(json!({"size": 1}));
+        scene.round.missing_dependencies = vec!["pull Secret pull".into()];
+        assert_eq!(
+            condition(&scene.build(), "MissingDependencies"),
+            (
+                "True".into(),
+                "MissingDependencies".into(),
+                "Create the missing Secrets in namespace team: pull Secret pull".into()
+            )
+        );
+    }
+
+    #[test]
+    fn capacity_says_max_size_first_then_missing_hosts_then_exhausted_inventory() {
+        let mut scene = Scene::new(json!({"size": 3, "maxSize": 2, "inventory": entries(&["a"])}));
+        scene.plan.capacity = Capacity {
+            wanted: 3,
+            backed: 1,
+            live: 2,
+            ..Capacity::default()
+        };
+        scene.round.insufficient_hosts = Some("not enough hosts".into());
+        let reason = |scene: &Scene| condition(&scene.build(), "CapacityAvailable");
+        assert_eq!(
+            reason(&scene),
+            (
+                "False".into(),
+                "MaxCapacity".into(),
+                "The pool is at its maxSize of 2 clusters, claimed and unclaimed".into()
+            )
+        );
+        scene.plan.capacity.live = 1;
+        assert_eq!(reason(&scene).1, "InsufficientHosts");
+        assert_eq!(reason(&scene).2, "not enough hosts");
+        scene.round.insufficient_hosts = None;
+        assert_eq!(
+            reason(&scene).2,
+            "The pool needs 3 unclaimed clusters (size plus pending claims) but its inventory can back only 1; add ClusterDeploymentCustomizations to spec.inventory or lower spec.size"
+        );
+        scene.plan.capacity.backed = 3;
+        assert_eq!(reason(&scene).1, "Available");
+    }
+
+    #[test]
+    fn every_stale_cluster_is_named_and_none_makes_all_current() {
+        let mut scene = Scene::new(json!({"size": 2}));
+        scene.plan.stale = vec![
+            (Cd::new("p-a", OLD).build(), Stale::PoolVersion),
+            (Cd::new("p-b", OLD).build(), Stale::EntryRemoved),
+        ];
+        assert_eq!(
+            condition(&scene.build(), "AllClustersCurrent"),
+            (
+                "False".into(),
+                "SomeClusterDeploymentsStale".into(),
+                "2 unclaimed clusters were built from an older pool or inventory configuration and are replaced one at a time: p-a, p-b".into()
+            )
+        );
+    }
+
+    #[test]
+    fn entries_say_available_reserved_unavailable_missing_and_broken() {
+        let mut scene = Scene::new(
+            json!({"size": 2, "inventory": entries(&["free", "ours", "theirs", "missing", "syntax", "cloud"])}),
+        );
+        for (name, status) in [
+            ("free", json!({})),
+            ("ours", leased("p", "p-1")),
+            ("theirs", leased("q", "q-1")),
+            ("syntax", verdict("BrokenBySyntax", OLD, 1)),
+            ("cloud", verdict("BrokenByCloud", OLD, 1)),
+        ] {
+            scene.cdcs.insert(name.into(), cdc(name, 1, status));
+        }
+        scene.round.syntax_errors.insert("syntax".into(), "bad path /x".into());
+        let status = scene.build();
+        let states: Vec<(String, InventoryEntryState)> =
+            status.inventory.iter().map(|e| (e.name.clone(), e.status)).collect();
+        use InventoryEntryState::*;
+        assert_eq!(
+            states,
+            [
+                ("free".to_string(), Available),
+                ("ours".to_string(), Reserved),
+                ("theirs".to_string(), Unavailable),
+                ("missing".to_string(), Missing),
+                ("syntax".to_string(), BrokenBySyntax),
+                ("cloud".to_string(), BrokenByCloud),
+            ]
+        );
+        assert_eq!(entry(&status, "ours").cluster_deployment.as_deref(), Some("p-1"));
+        assert_eq!(
+            condition(&status, "InventoryValid"),
+            (
+                "False".into(),
+                "Invalid".into(),
+                "Some inventory entries cannot be used (BrokenByCloud: cloud; BrokenBySyntax: syntax (bad path /x); Missing: missing); fix the patches of BrokenBySyntax entries, create Missing ones, or remove them from spec.inventory".into()
+            )
+        );
+    }
+
+    #[test]
+    fn an_edited_entry_is_to_be_updated_and_a_removed_one_to_be_deleted_while_its_cluster_lives() {
+        let mut scene = Scene::new(json!({"size": 1, "inventory": entries(&["a"])}));
+        scene.cdcs.insert("a".into(), cdc("a", 2, leased("p", "p-a")));
+        scene.cds = vec![
+            Cd::new("p-a", OLD).installed().built_from("a", 1).build(),
+            Cd::new("p-gone", OLD).installed().built_from("gone", 1).build(),
+        ];
+        scene.previous.inventory = vec![InventoryEntryStatus {
+            name: "gone".into(),
+            version: Some(1),
+            ..Default::default()
+        }];
+        let status = scene.build();
+        assert_eq!(entry(&status, "a").status, InventoryEntryState::ToBeUpdated);
+        assert_eq!(
+            entry(&status, "a").version,
+            Some(1),
+            "the generation the live cluster was built from"
+        );
+        let gone = entry(&status, "gone");
+        assert_eq!(gone.status, InventoryEntryState::ToBeDeleted);
+        assert_eq!(gone.cluster_deployment.as_deref(), Some("p-gone"));
+        scene.cds.pop();
+        assert!(
+            scene.build().inventory.iter().all(|e| e.name != "gone"),
+            "dropped once its cluster is gone"
+        );
+    }
+
+    #[test]
+    fn attempts_grow_when_a_cluster_broke_and_restart_after_a_success_or_an_edit() {
+        let mut scene = Scene::new(json!({"size": 1, "inventory": entries(&["a"])}));
+        scene.previous.inventory = vec![InventoryEntryStatus {
+            name: "a".into(),
+            version: Some(1),
+            attempts: 2,
+            ..Default::default()
+        }];
+        scene.cdcs.insert("a".into(), cdc("a", 1, leased("p", "p-a")));
+        scene.round.broken_entries.insert("a".into());
+        assert_eq!(entry(&scene.build(), "a").attempts, 3);
+        scene.cdcs.insert("a".into(), cdc("a", 1, verdict("Succeeded", OLD, 1)));
+        assert_eq!(entry(&scene.build(), "a").attempts, 0, "a success resets them");
+        scene.round.broken_entries.clear();
+        scene
+            .cdcs
+            .insert("a".into(), cdc("a", 2, verdict("BrokenByCloud", OLD, 1)));
+        assert_eq!(entry(&scene.build(), "a").attempts, 0, "edited since it broke");
+    }
+
+    #[test]
+    fn a_lease_taken_this_pass_records_the_generation_applied() {
+        let mut scene = Scene::new(json!({"size": 1, "inventory": entries(&["a"])}));
+        scene.cdcs.insert("a".into(), cdc("a", 4, json!({})));
+        scene.round.leased.insert("a".into(), 4);
+        scene
+            .round
+            .written
+            .insert("a".into(), (*cdc("a", 4, leased("p", "p-new"))).clone());
+        let a = entry(&scene.build(), "a");
+        assert_eq!((a.status, a.version), (InventoryEntryState::Reserved, Some(4)));
+        assert_eq!(a.cluster_deployment.as_deref(), Some("p-new"));
+    }
+
+    #[test]
+    fn a_vsphere_pool_with_failure_domains_says_they_are_unsupported() {
+        let vsphere = json!({"vsphere": {"vCenter": "vc", "datacenter": "dc", "defaultDatastore": "ds",
+                                         "credentialsSecretRef": {"name": "creds"}}});
+        let mut scene = Scene::new(json!({"size": 1, "platform": vsphere}));
+        assert_eq!(
+            condition(&scene.build(), "FailureDomainsUnsupported").1,
+            "NoFailureDomains"
+        );
+        scene.domains.insert("az1".into(), FailureDomainStatus::default());
+        assert_eq!(
+            condition(&scene.build(), "FailureDomainsUnsupported"),
+            (
+                "True".into(),
+                "FailureDomainsUnsupported".into(),
+                "Failure domains are not supported on vSphere and are ignored; remove spec.failureDomains and spec.availabilityZones".into()
+            )
+        );
+    }
+
+    #[test]
+    fn a_deleted_pool_says_which_clusters_it_waits_for_once() {
+        let mut deleted = pool("p", json!({}));
+        let first = deletion_pending(&deleted, &["p-a".into()], Time(Timestamp::UNIX_EPOCH)).expect("changed");
+        assert_eq!(
+            condition(&first, "DeletionPossible"),
+            (
+                "False".into(),
+                "ClusterDeploymentsPendingCleanup".into(),
+                "Waiting for these clusters to be deleted (claimed ones go when their claims are deleted): p-a".into()
+            )
+        );
+        deleted.status = Some(first);
+        assert_eq!(
+            deletion_pending(&deleted, &["p-a".into()], Time(Timestamp::UNIX_EPOCH)),
+            None
+        );
     }
 }
