@@ -27,20 +27,23 @@ use super::claim;
 use super::create::{cluster_name, create_cluster, read_inputs};
 use super::hosts;
 use super::install_config;
-use super::inventory::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX};
+use super::leases::{self as inventory, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX};
 use super::machines::{self, MachinePlan};
 use super::membership::{self, PoolIdentity};
 use super::repair;
 use super::status::{entry_statuses, record_metrics};
 use super::{
     CDC_GENERATION_ANNOTATION, POOL_FINALIZER, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, POOL_VERSION_ANNOTATION,
-    cdc_finalizer, is_conflict, is_not_found, publish, set_finalizers,
+    cdc_finalizer, set_finalizers,
 };
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{
     ClusterClaim, ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus,
     FailureDomainStatus, InventoryEntryState, MachineFailureDomain,
 };
+use crate::context::events::publish;
+use crate::context::tenant::TenantContext;
+use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::conditions::{DesiredCondition, is_true, set_condition};
 use crate::runtime::metrics::{Metrics, PoolLabels};
@@ -49,7 +52,6 @@ use crate::runtime::readiness::Readiness;
 use crate::runtime::recovery::NoTriggerBackoff;
 use crate::runtime::retry;
 use crate::runtime::shutdown::run_controller;
-use crate::tenancy::tenant::TenantContext;
 
 type Cdc = ClusterDeploymentCustomization;
 

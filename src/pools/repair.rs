@@ -9,11 +9,13 @@ use std::time::Duration;
 use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
-use super::inventory::{self, SUCCEEDED};
+use super::leases::{self, SUCCEEDED};
 use super::pool::{PoolError, Round, cdc_of};
-use super::{cdc_finalizer, is_conflict, is_not_found, publish, set_finalizers};
+use super::{cdc_finalizer, set_finalizers};
 use crate::api::pools::{ClusterDeployment, ClusterDeploymentCustomization};
-use crate::tenancy::tenant::TenantContext;
+use crate::context::events::publish;
+use crate::context::tenant::TenantContext;
+use crate::runtime::api_errors::{is_conflict, is_not_found};
 
 type Cdc = ClusterDeploymentCustomization;
 
@@ -36,7 +38,7 @@ pub(super) async fn leases(
     let settings = &tenant.shared.settings;
     let cdc_api = Api::<Cdc>::namespaced(tenant.client.clone(), ns);
     let finalizer = cdc_finalizer(name);
-    let held_by_us = |cdc: &Cdc| inventory::lease_holder(cdc).is_some_and(|(p, _)| p.as_deref() == Some(name));
+    let held_by_us = |cdc: &Cdc| leases::lease_holder(cdc).is_some_and(|(p, _)| p.as_deref() == Some(name));
     // §4.3.9: our finalizer on every CDC we list; off every CDC we no longer hold and either no
     // longer list or that is being deleted (a leased CDC's deletion waits for its release).
     for cdc in cdcs.values() {
@@ -62,7 +64,7 @@ pub(super) async fn leases(
     // §4.3.2 repair: a lease of ours for a CD that does not exist, older than the minimum age (so a
     // CD created moments ago and not yet in the cache is never mistaken for a leak).
     for cdc in cdcs.values() {
-        let Some((Some(holder), cd)) = inventory::lease_holder(cdc) else {
+        let Some((Some(holder), cd)) = leases::lease_holder(cdc) else {
             continue;
         };
         if holder != name {
@@ -74,13 +76,13 @@ pub(super) async fn leases(
         if exists {
             continue;
         }
-        let age = inventory::lease_age(cdc).unwrap_or_default();
+        let age = leases::lease_age(cdc).unwrap_or_default();
         if age < settings.lease_min_age {
             round.soon(settings.lease_min_age - age);
             continue;
         }
         let cd = cd.unwrap_or_default();
-        match inventory::release(&cdc_api, cdc, &cd, name).await {
+        match leases::release(&cdc_api, cdc, &cd, name).await {
             Ok(true) => {
                 info!(tenant = %tenant.name, pool = %name, cdc = %cdc.name_any(), cluster = %cd, "released a lease whose cluster does not exist");
                 publish(
@@ -108,10 +110,10 @@ pub(super) async fn leases(
         let Some(cdc) = cdc_of(cd).and_then(|n| cdcs.get(&n).cloned()) else {
             continue;
         };
-        if inventory::lease_holder(&cdc).is_some() {
+        if leases::lease_holder(&cdc).is_some() {
             continue;
         }
-        match inventory::lease(&cdc_api, &cdc, &cd.name_any(), name).await {
+        match leases::lease(&cdc_api, &cdc, &cd.name_any(), name).await {
             Ok(Some(written)) => {
                 warn!(tenant = %tenant.name, pool = %name, cdc = %cdc.name_any(), cluster = %cd.name_any(), "restored the lease of a live cluster");
                 publish(
@@ -146,10 +148,10 @@ pub(super) async fn leases(
         let Some(cdc) = cdc_of(cd).and_then(|n| cdcs.get(&n).cloned()) else {
             continue;
         };
-        let ours = inventory::lease_holder(&cdc) == Some((Some(name.to_string()), Some(cd.name_any())));
-        if installed && ours && inventory::apply_reason(&cdc) != Some(SUCCEEDED) {
+        let ours = leases::lease_holder(&cdc) == Some((Some(name.to_string()), Some(cd.name_any())));
+        if installed && ours && leases::apply_reason(&cdc) != Some(SUCCEEDED) {
             let message = format!("Patches applied and cluster {} installed successfully", cd.name_any());
-            match inventory::set_apply_result(&cdc_api, &cdc, SUCCEEDED, message).await {
+            match leases::set_apply_result(&cdc_api, &cdc, SUCCEEDED, message).await {
                 Ok(Some(written)) => {
                     round.written.insert(cdc.name_any(), written);
                 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use kube::ResourceExt;
 
 use super::CDC_GENERATION_ANNOTATION;
-use super::inventory::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX, SUCCEEDED};
+use super::leases::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX, SUCCEEDED};
 use super::pool::{Bucket, Ctx, Round, Stale, cdc_of};
 use crate::api::pools::{
     ClusterDeployment, ClusterDeploymentCustomization, ClusterPoolStatus, InventoryEntryState, InventoryEntryStatus,
@@ -49,8 +49,8 @@ pub(super) fn entry_statuses(
             out.push(status);
             continue;
         };
-        let holder = inventory::lease_holder(&cdc);
-        let reason = inventory::apply_reason(&cdc);
+        let holder = leases::lease_holder(&cdc);
+        let reason = leases::apply_reason(&cdc);
         if reason == Some(SUCCEEDED) {
             status.attempts = 0;
         }
