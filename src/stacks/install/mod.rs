@@ -4,6 +4,7 @@
 
 pub mod crd_policy;
 pub mod job;
+mod object;
 pub mod package;
 mod reconcile;
 mod uninstall;
