@@ -12,15 +12,16 @@ use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio_util::sync::CancellationToken;
 
-use crate::daemon::{self, DaemonSettings};
+use crate::context::shared::DaemonSettings;
+use crate::daemon;
 
 mod sample_stack;
+use crate::context::namespace_template::NamespaceTemplate;
 use crate::embedded::samples::{SampleImages, register_sample_runners};
 use crate::embedded::{ApiServer, ServerOptions};
 use crate::host::labels::{MANAGED_BY, MANAGED_BY_LABEL, TENANT_LABEL};
 use crate::host::namespace::ServiceAccountRef;
 use crate::runtime::backoff::Backoff;
-use crate::tenancy::namespace::NamespaceTemplate;
 
 /// The image `stackd dev` gives install Jobs for their unpack container.
 const STACKD_DEV_IMAGE: &str = "stackd:dev";

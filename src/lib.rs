@@ -1,6 +1,7 @@
 //! stackd: one daemon serving stacks and cluster pools to many tenant API servers.
 pub mod api;
 pub mod bench;
+pub mod context;
 pub mod daemon;
 pub mod dev;
 pub mod embedded;
@@ -10,3 +11,6 @@ pub mod pools;
 pub mod runtime;
 pub mod stacks;
 pub mod tenancy;
+
+#[cfg(test)]
+mod module_layers;

@@ -8,11 +8,11 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use stackd::api::stacks::PermissionScope;
+use stackd::context::namespace_template::NamespaceTemplate;
+use stackd::context::pod_policy::{AllowedToleration, NodeLabel, PodPolicy};
 use stackd::host::namespace::ServiceAccountRef;
 use stackd::host::quota::{ContainerDefaults, DEFAULT_CONTAINER_DEFAULTS, DEFAULT_QUOTA, ResourceList, TenantQuota};
 use stackd::runtime::parse_error::kubeconfig_error_message;
-use stackd::stacks::pod_policy::{AllowedToleration, NodeLabel, PodPolicy};
-use stackd::tenancy::namespace::NamespaceTemplate;
 use tokio_util::sync::CancellationToken;
 
 /// stackd serves stacks (packaged controllers) and on-prem cluster pools to many tenant Kubernetes
@@ -329,7 +329,7 @@ async fn run(args: RunArgs) -> ExitCode {
         std::env::var("POD_NAME").unwrap_or_else(|_| "stackd".to_string()),
         rand::random::<u32>()
     );
-    let settings = stackd::daemon::DaemonSettings {
+    let settings = stackd::context::shared::DaemonSettings {
         tenants_dir: args.tenants_dir,
         namespace_template: template,
         stackd_image: args.stackd_image,

@@ -2,6 +2,7 @@
 //! host cluster, and which host objects the orphan sweep may delete.
 
 pub mod apply;
+pub mod cluster_identity;
 pub mod labels;
 pub mod names;
 pub mod namespace;

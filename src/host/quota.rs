@@ -7,29 +7,18 @@
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::str::FromStr;
-use std::sync::Arc;
 
-use futures::stream::BoxStream;
-use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{LimitRange, LimitRangeItem, LimitRangeSpec, ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Resource, ResourceExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
 
 use super::apply::Applied;
 use super::labels::{MANAGED_BY, MANAGED_BY_LABEL, TENANT_LABEL};
 use super::names::label_value;
-use crate::runtime::cache::is_filled;
-use crate::runtime::metrics::Metrics;
-use crate::runtime::recovery::WatchBackoff;
-use crate::tenancy::tenant::{TenantContext, TenantError};
 
 /// Name of the ResourceQuota in every tenant's host namespace.
 pub const QUOTA_NAME: &str = "stackd-tenant-quota";
@@ -310,100 +299,24 @@ where
     Ok(Applied::Updated)
 }
 
-/// Keeps the tenant's ResourceQuota and LimitRange as the flags say, repairing them when they are
-/// edited or deleted (both are watched, filtered to this tenant). `applied` turns true after the
-/// first success: the controllers that create pods start only then. Run it once the daemon may
-/// write in the host namespace.
-pub async fn run(
-    context: Arc<TenantContext>,
-    cancel: CancellationToken,
-    applied: watch::Sender<bool>,
-) -> Result<(), TenantError> {
-    let namespace = context.host_namespace.clone();
-    let (quotas, quota_events) = watch_all(Api::namespaced(context.host.clone(), &namespace), &context);
-    let (limit_ranges, limit_events) = watch_all(Api::namespaced(context.host.clone(), &namespace), &context);
-    let mut events = futures::stream::select(quota_events, limit_events);
-    let labels = Metrics::controller(&context.name, "host-quota");
-    let mut failures = 0u32;
-    // API errors announce no event, so a failed reconcile schedules its own retry.
-    let mut retry: Option<tokio::time::Instant> = None;
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return Ok(()),
-            _ = sleep_until(retry), if retry.is_some() => {}
-            event = events.next() => match event {
-                None => return Err(TenantError::Controller("host quota watch ended".into())),
-                Some(Err(err)) => {
-                    warn!(tenant = %context.name, error = %err, "host quota watch failed; retrying");
-                    continue;
-                }
-                Some(Ok(())) => {}
-            },
-        }
-        if !(is_filled(&quotas) && is_filled(&limit_ranges)) {
-            continue;
-        }
-        context.shared.metrics.reconciles.get_or_create(&labels).inc();
-        match ensure_both(&context, &quotas, &limit_ranges).await {
-            Ok(writes) => {
-                failures = 0;
-                retry = None;
-                if writes > 0 {
-                    info!(tenant = %context.name, namespace = %namespace, writes, "tenant quota and limits applied");
-                }
-                applied.send_replace(true);
-            }
-            Err(err) => {
-                failures += 1;
-                context.shared.metrics.reconcile_errors.get_or_create(&labels).inc();
-                let delay = context.shared.settings.backoff.delay(failures);
-                warn!(tenant = %context.name, namespace = %namespace, error = %err, retry_in = ?delay, "tenant quota not applied");
-                retry = Some(tokio::time::Instant::now() + delay);
-            }
-        }
-    }
-}
-
-/// A cache of this tenant's objects of one kind, and a stream that yields on every watch event,
-/// the first (empty) list included: a namespace without the object must hear of it to create it.
-fn watch_all<K>(
-    api: Api<K>,
-    context: &TenantContext,
-) -> (Store<K>, BoxStream<'static, Result<(), kube::runtime::watcher::Error>>)
-where
-    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
-{
-    let (store, writer) = reflector::store();
-    let events = reflector(writer, watcher(api, context.host_watch_config()))
-        .backoff(WatchBackoff::default())
-        .map_ok(|_| ())
-        .boxed();
-    (store, events)
-}
-
 /// The LimitRange first: once the quota counts CPU and memory, a pod without defaults is refused.
-async fn ensure_both(
-    context: &TenantContext,
+pub async fn ensure_both(
+    host: &Client,
+    tenant: &str,
+    namespace: &str,
+    settings: &TenantQuota,
     quotas: &Store<ResourceQuota>,
     limit_ranges: &Store<LimitRange>,
 ) -> Result<usize, QuotaError> {
-    let (tenant, namespace) = (context.name.as_str(), context.host_namespace.as_str());
-    let settings = &context.shared.settings.tenant_quota;
     let desired = desired_limit_range(tenant, namespace, settings);
     let observed = limit_ranges.get(&ObjectRef::new(LIMIT_RANGE_NAME).within(namespace));
-    let api = Api::namespaced(context.host.clone(), namespace);
+    let api = Api::namespaced(host.clone(), namespace);
     let limits = ensure(&api, &desired, observed.as_deref(), tenant, same_limit_range).await?;
     let desired = desired_quota(tenant, namespace, settings);
     let observed = quotas.get(&ObjectRef::new(QUOTA_NAME).within(namespace));
-    let api = Api::namespaced(context.host.clone(), namespace);
+    let api = Api::namespaced(host.clone(), namespace);
     let quota = ensure(&api, &desired, observed.as_deref(), tenant, same_quota).await?;
     Ok([limits, quota].iter().filter(|a| a.wrote()).count())
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    if let Some(deadline) = deadline {
-        tokio::time::sleep_until(deadline).await;
-    }
 }
 
 #[cfg(test)]

@@ -16,8 +16,8 @@ use super::asset::role_label;
 use super::{CLUSTER_LABEL, ROLE_LABEL};
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::ClusterDeployment;
-use crate::pools::{is_conflict, is_not_found};
-use crate::tenancy::untrusted_kubeconfig::{UntrustedKubeconfigError, config_from_untrusted};
+use crate::runtime::api_errors::{is_conflict, is_not_found};
+use crate::runtime::untrusted_kubeconfig::{UntrustedKubeconfigError, config_from_untrusted};
 
 /// Namespace of BareMetalHosts on a managed cluster.
 pub const MACHINE_API_NAMESPACE: &str = "openshift-machine-api";

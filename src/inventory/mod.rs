@@ -9,7 +9,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::tenancy::tenant::{TenantContext, TenantError};
+use crate::context::tenant::{TenantContext, TenantError};
 
 /// Label mirroring `spec.role` ("" for an asset without a role).
 pub const ROLE_LABEL: &str = "inventory.stackd.dev/role";

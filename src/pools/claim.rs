@@ -18,8 +18,10 @@ use tracing::info;
 
 use super::buckets::{Bucket, Buckets, created};
 use super::pool::{PoolError, Round};
-use super::{is_conflict, is_not_found, publish};
 use crate::api::pools::{ClusterClaim, ClusterClaimStatus, ClusterDeployment, ClusterPool, ClusterPoolSpec};
+use crate::context::events::publish;
+use crate::context::tenant::TenantContext;
+use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::panics::{self, ReconcilePanic};
@@ -27,7 +29,6 @@ use crate::runtime::readiness::Readiness;
 use crate::runtime::recovery::NoTriggerBackoff;
 use crate::runtime::retry;
 use crate::runtime::shutdown::run_controller;
-use crate::tenancy::tenant::TenantContext;
 
 struct Ctx {
     tenant: Arc<TenantContext>,

@@ -20,17 +20,19 @@ use super::buckets::{Bucket, Buckets};
 use super::create::{Inputs, cluster_name, create_cluster, read_inputs};
 use super::hosts;
 use super::install_config;
-use super::inventory::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX};
+use super::leases::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX};
 use super::machines::{self, MachinePlan};
 use super::membership::{self, PoolIdentity};
 use super::plan::{self, Add, Delete, Why};
 use super::pool::{Ctx, PoolError, RESYNC, Round};
 use super::status;
-use super::{POOL_FINALIZER, is_conflict, is_not_found, publish, set_finalizers};
+use super::{POOL_FINALIZER, set_finalizers};
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{
     ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, FailureDomainStatus, HostRole,
 };
+use crate::context::events::publish;
+use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::metrics::PoolLabels;
 
 type Cdc = ClusterDeploymentCustomization;
@@ -58,7 +60,7 @@ pub(super) async fn deletes(
             let message = format!(
                 "Cluster {cd_name} failed to install; this may or may not be the fault of the patches. It is retried after a backoff"
             );
-            match inventory::set_apply_result(&cdc_api, cdc, BROKEN_BY_CLOUD, message.clone()).await {
+            match leases::set_apply_result(&cdc_api, cdc, BROKEN_BY_CLOUD, message.clone()).await {
                 Ok(written) => {
                     if let Some(written) = written {
                         round.written.insert(entry.clone(), written);
@@ -184,7 +186,7 @@ async fn lease_entry(
             refuse_patches(pool, ctx, &cdc_api, &cdc, error, round).await?;
             continue;
         }
-        match inventory::lease(&cdc_api, &cdc, cd_name, &name).await {
+        match leases::lease(&cdc_api, &cdc, cd_name, &name).await {
             // Leased by someone else since this pass began.
             Ok(None) => continue,
             Ok(Some(written)) => {
@@ -225,7 +227,7 @@ async fn refuse_patches(
 ) -> Result<(), PoolError> {
     let entry = cdc.name_any();
     round.syntax_errors.insert(entry.clone(), error.clone());
-    match inventory::set_apply_result(cdc_api, cdc, BROKEN_BY_SYNTAX, error.clone()).await {
+    match leases::set_apply_result(cdc_api, cdc, BROKEN_BY_SYNTAX, error.clone()).await {
         Ok(Some(written)) => {
             round.written.insert(entry.clone(), written);
             publish(
@@ -271,7 +273,7 @@ fn newest(written: Option<Cdc>, cached: Option<Arc<Cdc>>) -> Option<Arc<Cdc>> {
 async fn give_back(pool: &ClusterPool, ctx: &Ctx, cd_name: &str, leased: Option<&Cdc>) -> Result<(), PoolError> {
     let Some(cdc) = leased else { return Ok(()) };
     let cdc_api = Api::<Cdc>::namespaced(ctx.tenant.client.clone(), &pool.namespace().unwrap_or_default());
-    match inventory::release(&cdc_api, cdc, cd_name, &pool.name_any()).await {
+    match leases::release(&cdc_api, cdc, cd_name, &pool.name_any()).await {
         Ok(_) => Ok(()),
         // Left to the repair after the minimum age.
         Err(err) if is_conflict(&err) => Ok(()),

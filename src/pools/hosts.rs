@@ -16,10 +16,10 @@ use tracing::{info, warn};
 
 use super::machines;
 use super::pool::{Ctx, PoolError, Round};
-use super::{is_conflict, is_not_found};
 use crate::api::inventory::{AssetRole, BareMetalAsset};
 use crate::api::pools::{ClusterHost, ClusterPool, FailureDomainStatus, HostRole, MachineFailureDomain};
 use crate::inventory::CLUSTER_LABEL;
+use crate::runtime::api_errors::{is_conflict, is_not_found};
 
 /// Annotations on an asset a pool assigned: which pool, and when (for the §4.3.2 repair).
 pub const ASSIGNED_BY_ANNOTATION: &str = "pools.stackd.dev/assigned-by";

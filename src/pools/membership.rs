@@ -18,9 +18,10 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
 use tracing::warn;
 
-use super::{POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, publish};
+use super::{POOL_NAME_LABEL, POOL_NAMESPACE_LABEL};
 use crate::api::pools::{ClusterDeployment, ClusterPool};
-use crate::tenancy::tenant::TenantContext;
+use crate::context::events::publish;
+use crate::context::tenant::TenantContext;
 
 /// Annotation on a pool cluster's namespace, set when the pool creates it: the pool's uid. The same
 /// annotation on the ClusterDeployment is for people reading it; only the namespace's is trusted.

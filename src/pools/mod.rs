@@ -10,7 +10,7 @@ mod execute;
 pub mod failure_domains;
 pub mod hosts;
 pub mod install_config;
-pub mod inventory;
+pub mod leases;
 pub mod machines;
 pub mod membership;
 mod plan;
@@ -23,17 +23,14 @@ mod status;
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
 
-use crate::tenancy::tenant::{TenantContext, TenantError};
+use crate::context::tenant::{TenantContext, TenantError};
 
 /// Group of every pool kind; finalizers and labels use it as their prefix.
 pub const GROUP: &str = "pools.stackd.dev";
@@ -72,24 +69,6 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
     Ok(())
 }
 
-/// Publishes an Event on a tenant object; a failure to publish never fails a reconcile.
-pub async fn publish<K>(context: &TenantContext, object: &K, warning: bool, reason: &str, note: String)
-where
-    K: Resource<DynamicType = ()>,
-{
-    let event = Event {
-        type_: if warning { EventType::Warning } else { EventType::Normal },
-        reason: reason.into(),
-        note: Some(note),
-        action: reason.into(),
-        secondary: None,
-    };
-    let reference: ObjectReference = object.object_ref(&());
-    if let Err(err) = context.recorder.publish(&event, &reference).await {
-        debug!(tenant = %context.name, error = %err, "cannot publish an event");
-    }
-}
-
 /// Sets the finalizers of `object` with a merge patch carrying its resourceVersion, so a stale copy
 /// gets 409 instead of overwriting someone else's finalizer change.
 pub async fn set_finalizers<K>(api: &Api<K>, object: &K, finalizers: Vec<String>) -> Result<K, kube::Error>
@@ -102,14 +81,4 @@ where
     }});
     api.patch(&object.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await
-}
-
-/// True for 409 Conflict: someone else wrote first; retry with a fresh copy.
-pub fn is_conflict(err: &kube::Error) -> bool {
-    matches!(err, kube::Error::Api(status) if status.code == 409)
-}
-
-/// True for 404 Not Found.
-pub fn is_not_found(err: &kube::Error) -> bool {
-    matches!(err, kube::Error::Api(status) if status.code == 404)
 }

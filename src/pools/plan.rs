@@ -11,7 +11,7 @@ use kube::ResourceExt;
 
 use super::buckets::{Bucket, Buckets, Stale, cdc_of, created, invalid_machine_spec, stale_reason};
 use super::hosts;
-use super::inventory::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX};
+use super::leases::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX};
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus};
 use crate::runtime::backoff::Backoff;
@@ -252,7 +252,7 @@ fn removals(
                 let entry = cdc_of(cd);
                 broken_entries.extend(entry.clone());
                 let holder = Some((Some(name.clone()), Some(cd.name_any())));
-                let mark = entry.filter(|e| inputs.cdcs.get(e).is_some_and(|c| inventory::lease_holder(c) == holder));
+                let mark = entry.filter(|e| inputs.cdcs.get(e).is_some_and(|c| leases::lease_holder(c) == holder));
                 Why::Broken { mark }
             } else {
                 Why::ClaimDeleted
@@ -283,7 +283,7 @@ fn rank_entries(inputs: &Inputs, broken_entries: &BTreeSet<String>) -> Ranking {
         return ranking;
     }
     let name = inputs.pool.name_any();
-    let mut free: Vec<(inventory::Rank, String)> = Vec::new();
+    let mut free: Vec<(leases::Rank, String)> = Vec::new();
     for entry in inputs.inventory {
         let Some(cdc) = inputs
             .written
@@ -292,7 +292,7 @@ fn rank_entries(inputs: &Inputs, broken_entries: &BTreeSet<String>) -> Ranking {
         else {
             continue;
         };
-        let holder = inventory::lease_holder(cdc);
+        let holder = leases::lease_holder(cdc);
         let ours = holder
             .as_ref()
             .is_some_and(|(p, _)| p.as_deref() == Some(name.as_str()));
@@ -302,16 +302,16 @@ fn rank_entries(inputs: &Inputs, broken_entries: &BTreeSet<String>) -> Ranking {
         if holder.is_some() && !ours {
             continue;
         }
-        if holder.is_none() && inventory::apply_reason(cdc) == Some(BROKEN_BY_SYNTAX) {
+        if holder.is_none() && leases::apply_reason(cdc) == Some(BROKEN_BY_SYNTAX) {
             continue;
         }
         let attempts = attempts(inputs.previous, entry) + i32::from(broken_entries.contains(entry));
         let wait = entry_backoff(inputs.backoff, attempts);
         if holder.is_none() {
-            match inventory::rank(cdc, || wait) {
+            match leases::rank(cdc, || wait) {
                 Some(rank) => free.push((rank, entry.clone())),
-                None if inventory::apply_reason(cdc) == Some(BROKEN_BY_CLOUD) => {
-                    let since = inventory::apply_since(cdc).unwrap_or_default();
+                None if leases::apply_reason(cdc) == Some(BROKEN_BY_CLOUD) => {
+                    let since = leases::apply_since(cdc).unwrap_or_default();
                     let left = wait.saturating_sub(since);
                     ranking.wake = Some(ranking.wake.map_or(left, |w| w.min(left)));
                 }

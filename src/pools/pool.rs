@@ -28,14 +28,17 @@ use super::membership::{self, PoolIdentity};
 use super::plan::{self, Plan, Progress};
 use super::status::{self, record_metrics};
 use super::{
-    POOL_FINALIZER, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, cdc_finalizer, claim, hosts, inventory, is_conflict,
-    machines, publish, repair, set_finalizers,
+    POOL_FINALIZER, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, cdc_finalizer, claim, hosts, leases, machines, repair,
+    set_finalizers,
 };
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{
     ClusterClaim, ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus,
     MachineFailureDomain,
 };
+use crate::context::events::publish;
+use crate::context::tenant::TenantContext;
+use crate::runtime::api_errors::is_conflict;
 use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::metrics::Metrics;
@@ -44,7 +47,6 @@ use crate::runtime::readiness::Readiness;
 use crate::runtime::recovery::NoTriggerBackoff;
 use crate::runtime::retry;
 use crate::runtime::shutdown::run_controller;
-use crate::tenancy::tenant::TenantContext;
 
 type Cdc = ClusterDeploymentCustomization;
 
@@ -227,7 +229,7 @@ fn pool_of_claim(claim: ClusterClaim) -> Option<ObjectRef<ClusterPool>> {
 /// The pools of the CDC's namespace that list it, hold its lease or put their finalizer on it.
 fn pools_of_cdc(pools: &Store<ClusterPool>, cdc: &Cdc) -> Vec<ObjectRef<ClusterPool>> {
     let ns = cdc.namespace().unwrap_or_default();
-    let holder = inventory::lease_holder(cdc).and_then(|(pool, _)| pool);
+    let holder = leases::lease_holder(cdc).and_then(|(pool, _)| pool);
     pools
         .state()
         .into_iter()

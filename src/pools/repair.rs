@@ -10,11 +10,13 @@ use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
 use super::buckets::cdc_of;
-use super::inventory::{self, SUCCEEDED};
+use super::leases::{self, SUCCEEDED};
 use super::pool::{PoolError, Round};
-use super::{cdc_finalizer, is_conflict, is_not_found, publish, set_finalizers};
+use super::{cdc_finalizer, set_finalizers};
 use crate::api::pools::{ClusterDeployment, ClusterDeploymentCustomization};
-use crate::tenancy::tenant::TenantContext;
+use crate::context::events::publish;
+use crate::context::tenant::TenantContext;
+use crate::runtime::api_errors::{is_conflict, is_not_found};
 
 type Cdc = ClusterDeploymentCustomization;
 
@@ -80,7 +82,7 @@ pub(super) async fn leases(
 /// finalizers `cdc` should have, when they differ from what it has.
 fn finalizers_wanted(cdc: &Cdc, name: &str, deleting_pool: bool, listed: &BTreeSet<&str>) -> Option<Vec<String>> {
     let finalizer = cdc_finalizer(name);
-    let held_by_us = inventory::lease_holder(cdc).is_some_and(|(p, _)| p.as_deref() == Some(name));
+    let held_by_us = leases::lease_holder(cdc).is_some_and(|(p, _)| p.as_deref() == Some(name));
     let has = cdc.finalizers().contains(&finalizer);
     let deleting = cdc.metadata.deletion_timestamp.is_some();
     let want = !deleting_pool && listed.contains(cdc.name_any().as_str()) && !deleting || held_by_us;
@@ -113,7 +115,7 @@ fn orphaned(
     expected_created: &BTreeSet<String>,
     min_age: Duration,
 ) -> Orphan {
-    let Some((Some(holder), cd)) = inventory::lease_holder(cdc) else {
+    let Some((Some(holder), cd)) = leases::lease_holder(cdc) else {
         return Orphan::No;
     };
     let exists = cd
@@ -122,7 +124,7 @@ fn orphaned(
     if holder != name || exists {
         return Orphan::No;
     }
-    let age = inventory::lease_age(cdc).unwrap_or_default();
+    let age = leases::lease_age(cdc).unwrap_or_default();
     if age < min_age {
         return Orphan::Young(min_age - age);
     }
@@ -137,14 +139,14 @@ fn unlinked<'a>(cd: &ClusterDeployment, cdcs: &'a BTreeMap<String, Arc<Cdc>>) ->
     }
     cdc_of(cd)
         .and_then(|n| cdcs.get(&n))
-        .filter(|cdc| inventory::lease_holder(cdc).is_none())
+        .filter(|cdc| leases::lease_holder(cdc).is_none())
 }
 
 /// Installed clusters mark the CDC leased for them Succeeded.
 fn needs_success_mark(cd: &ClusterDeployment, cdc: &Cdc, name: &str) -> bool {
     let installed = cd.status.as_ref().is_some_and(|s| s.installed);
-    let ours = inventory::lease_holder(cdc) == Some((Some(name.to_string()), Some(cd.name_any())));
-    installed && ours && inventory::apply_reason(cdc) != Some(SUCCEEDED)
+    let ours = leases::lease_holder(cdc) == Some((Some(name.to_string()), Some(cd.name_any())));
+    installed && ours && leases::apply_reason(cdc) != Some(SUCCEEDED)
 }
 
 /// The writes of the repair, for one pool.
@@ -169,7 +171,7 @@ impl Pool<'_> {
 
     async fn release_orphan(&self, cdc: &Cdc, cd: &str, round: &mut Round) -> Result<(), PoolError> {
         let (tenant, name) = (self.tenant, self.name);
-        match inventory::release(&self.api, cdc, cd, name).await {
+        match leases::release(&self.api, cdc, cd, name).await {
             Ok(true) => {
                 info!(tenant = %tenant.name, pool = %name, cdc = %cdc.name_any(), cluster = %cd, "released a lease whose cluster does not exist");
                 publish(
@@ -190,7 +192,7 @@ impl Pool<'_> {
 
     async fn relink(&self, cd: &ClusterDeployment, cdc: &Cdc, round: &mut Round) -> Result<Option<Cdc>, PoolError> {
         let (tenant, name) = (self.tenant, self.name);
-        match inventory::lease(&self.api, cdc, &cd.name_any(), name).await {
+        match leases::lease(&self.api, cdc, &cd.name_any(), name).await {
             Ok(Some(written)) => {
                 warn!(tenant = %tenant.name, pool = %name, cdc = %cdc.name_any(), cluster = %cd.name_any(), "restored the lease of a live cluster");
                 publish(
@@ -217,7 +219,7 @@ impl Pool<'_> {
 
     async fn mark_succeeded(&self, cd: &ClusterDeployment, cdc: &Cdc, round: &mut Round) -> Result<(), PoolError> {
         let message = format!("Patches applied and cluster {} installed successfully", cd.name_any());
-        match inventory::set_apply_result(&self.api, cdc, SUCCEEDED, message).await {
+        match leases::set_apply_result(&self.api, cdc, SUCCEEDED, message).await {
             Ok(Some(written)) => {
                 round.written.insert(cdc.name_any(), written);
             }

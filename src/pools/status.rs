@@ -10,7 +10,7 @@ use kube::ResourceExt;
 
 use super::CDC_GENERATION_ANNOTATION;
 use super::buckets::{Bucket, Buckets, Stale, cdc_of};
-use super::inventory::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX, SUCCEEDED};
+use super::leases::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX, SUCCEEDED};
 use super::plan::Plan;
 use super::pool::{Ctx, Round};
 use crate::api::pools::{
@@ -332,8 +332,8 @@ pub(super) fn entry_statuses(
 /// The state of an entry whose CDC exists; `stale_edit` when an unclaimed cluster built from an
 /// older generation of it is stale.
 fn set_state(status: &mut InventoryEntryStatus, cdc: &Cdc, stale_edit: bool, pool_name: &str) {
-    let holder = inventory::lease_holder(cdc);
-    let reason = inventory::apply_reason(cdc);
+    let holder = leases::lease_holder(cdc);
+    let reason = leases::apply_reason(cdc);
     if reason == Some(SUCCEEDED) {
         status.attempts = 0;
     }

@@ -1,6 +1,7 @@
 //! What every controller shares: metrics, health, the admin server, backoff, leader election.
 
 pub mod admin;
+pub mod api_errors;
 pub mod backoff;
 pub mod cache;
 pub mod cause;
@@ -14,3 +15,4 @@ pub mod readiness;
 pub mod recovery;
 pub mod retry;
 pub mod shutdown;
+pub mod untrusted_kubeconfig;

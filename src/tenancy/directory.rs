@@ -15,8 +15,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::endpoint::{EndpointError, TenantEndpoint};
-use super::namespace::NamespaceTemplate;
+use crate::context::endpoint::{EndpointError, TenantEndpoint};
+use crate::context::namespace_template::NamespaceTemplate;
 use crate::runtime::parse_error::kubeconfig_error_message;
 
 /// File name extensions of tenant kubeconfigs.

@@ -1,9 +1,7 @@
-//! Tenants: their names, their host namespaces, and how host pods reach their API servers.
+//! Tenants: the kubeconfig directory, the supervisor, and each tenant's task tree (host namespace, quota,
+//! CRD monitor, orphan sweep, and the controllers of `stacks`, `pools` and `inventory`).
 
-pub mod cluster_identity;
 pub mod directory;
-pub mod endpoint;
-pub mod namespace;
+pub mod quota;
 pub mod supervisor;
 pub mod tenant;
-pub mod untrusted_kubeconfig;

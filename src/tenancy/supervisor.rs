@@ -11,7 +11,7 @@ use tracing::{error, info, warn};
 
 use super::directory::{TenantChange, TenantFile};
 use super::tenant;
-use crate::daemon::Shared;
+use crate::context::shared::Shared;
 use crate::runtime::health::TenantHealth;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::panics;

@@ -17,14 +17,14 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::cluster_identity::{self, IdentityError};
 use super::directory::TenantFile;
-use super::endpoint::{EndpointError, TenantEndpoint};
 use crate::api::crds::is_established;
-use crate::daemon::Shared;
+use crate::context::shared::Shared;
+use crate::context::tenant::{TenantContext, TenantError};
 use crate::host::apply::Reverts;
+use crate::host::cluster_identity;
 use crate::host::labels::tenant_selector;
-use crate::host::namespace::{self, NamespaceError};
+use crate::host::namespace;
 use crate::host::sweep::run::sweep_once;
 use crate::runtime::backoff::ObjectBackoff;
 use crate::runtime::cache::is_filled;
@@ -32,68 +32,6 @@ use crate::runtime::cause::{Cause, CauseKind, diagnose};
 use crate::runtime::health::TenantHealth;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::recovery::{WatchBackoff, probe_delay};
-
-/// Everything a tenant's controllers need.
-pub struct TenantContext {
-    pub name: String,
-    /// Client of the tenant API server.
-    pub client: Client,
-    /// Client of the host cluster (shared by all tenants).
-    pub host: Client,
-    pub host_namespace: String,
-    pub endpoint: Result<TenantEndpoint, EndpointError>,
-    pub shared: Arc<Shared>,
-    /// Bounds the reconciles running at once for this tenant.
-    pub reconcile_permits: Arc<Semaphore>,
-    /// Publishes Events on tenant objects.
-    pub recorder: Recorder,
-    /// Retry delays of failed reconciles, per object.
-    pub object_backoff: ObjectBackoff,
-    /// Host replaces the host changed back, held until their backoff has passed.
-    pub reverted_replaces: Reverts,
-}
-
-impl TenantContext {
-    /// Watches of host objects see only this tenant's (label selector), never another tenant's.
-    pub fn host_watch_config(&self) -> watcher::Config {
-        watcher::Config::default().labels(&tenant_selector(&self.name))
-    }
-}
-
-/// Why a tenant's task tree stopped; the supervisor restarts it with backoff.
-#[derive(Debug, thiserror::Error)]
-pub enum TenantError {
-    #[error("the kubeconfig cannot be used: {0}")]
-    Config(String),
-    #[error("the tenant API server does not answer: {0}")]
-    Unreachable(Cause),
-    #[error("cannot prepare the host namespace: {0}")]
-    HostNamespace(#[from] NamespaceError),
-    #[error("a controller stopped: {0}")]
-    Controller(String),
-    #[error(transparent)]
-    ClusterIdentity(#[from] IdentityError),
-}
-
-impl TenantError {
-    /// The word for `stackd_tenant_down_cause`.
-    pub fn cause_label(&self) -> &'static str {
-        match self {
-            TenantError::Config(_) => "config",
-            TenantError::Unreachable(cause) => cause.kind.label(),
-            TenantError::ClusterIdentity(IdentityError::OtherCluster { .. }) => "other-cluster",
-            TenantError::HostNamespace(_) | TenantError::Controller(_) | TenantError::ClusterIdentity(_) => {
-                "controller"
-            }
-        }
-    }
-
-    /// True when waiting can help (the server is down or restarting): the supervisor then restarts
-    /// the tenant as soon as its server answers instead of after the restart backoff.
-    pub fn is_transient(&self) -> bool {
-        matches!(self, TenantError::Unreachable(cause) if !cause.kind.is_permanent())
-    }
-}
 
 /// The CRDs every tenant must serve for stackd to work there.
 fn required_crds() -> BTreeSet<String> {
@@ -147,7 +85,7 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
     cluster_identity::check(&context.host, &context.host_namespace, &cluster_uid).await?;
     // No pod of the tenant's is created before its quota and container defaults are in place.
     let (quota_applied, quota_ready) = tokio::sync::watch::channel(false);
-    controllers.spawn(crate::host::quota::run(context.clone(), cancel.clone(), quota_applied));
+    controllers.spawn(super::quota::run(context.clone(), cancel.clone(), quota_applied));
     if let Some(stopped) = wait_until_ready(quota_ready, &mut controllers, &cancel).await {
         return stopped;
     }

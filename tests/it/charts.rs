@@ -1394,9 +1394,9 @@ async fn the_host_chart_alone_lets_the_daemon_bind_its_namespace_role_and_nothin
 
 #[test]
 fn the_kubeconfig_examples_are_tenant_files_naming_the_documented_endpoints() {
+    use stackd::context::endpoint::EndpointSource;
+    use stackd::context::namespace_template::NamespaceTemplate;
     use stackd::tenancy::directory::scan;
-    use stackd::tenancy::endpoint::EndpointSource;
-    use stackd::tenancy::namespace::NamespaceTemplate;
 
     let examples = repository().join("kubeconfigs/examples");
     let dir = tempfile::tempdir().expect("temp dir");

@@ -27,7 +27,9 @@ use self::plan::{Delivery, Detach, HostReport, Snapshot, Step};
 use super::delivery;
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::ClusterDeployment;
-use crate::pools::{is_conflict, is_not_found, publish};
+use crate::context::events::publish;
+use crate::context::tenant::TenantContext;
+use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::panics::{self, ReconcilePanic};
@@ -35,7 +37,6 @@ use crate::runtime::readiness::Readiness;
 use crate::runtime::recovery::NoTriggerBackoff;
 use crate::runtime::retry;
 use crate::runtime::shutdown::run_controller;
-use crate::tenancy::tenant::TenantContext;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AssetError {

@@ -316,7 +316,7 @@ mod tests {
     use super::*;
     use crate::api::inventory::{BareMetalAssetSpec, BmcDetails};
     use crate::api::pools::ClusterDeploymentStatus;
-    use crate::tenancy::untrusted_kubeconfig::config_from_untrusted;
+    use crate::runtime::untrusted_kubeconfig::config_from_untrusted;
 
     fn asset(role: Option<AssetRole>, cluster: Option<&str>) -> BareMetalAsset {
         let mut a = BareMetalAsset::new(

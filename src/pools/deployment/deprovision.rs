@@ -18,13 +18,13 @@ use super::provision::ensure_installer_identity;
 use super::{Ctx, DeploymentError, cd_api, owned, parent};
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{ClusterDeployment, ClusterDeploymentCustomization};
+use crate::context::events::publish;
+use crate::context::tenant::TenantContext;
 use crate::host::Parent;
 use crate::host::apply::{self, Update, ensure, stamp};
 use crate::host::ownership::{self, Ownership};
-use crate::pools::{
-    DEPROVISION_FINALIZER, hosts, inventory, is_conflict, is_not_found, membership, publish, set_finalizers,
-};
-use crate::tenancy::tenant::TenantContext;
+use crate::pools::{DEPROVISION_FINALIZER, hosts, leases, membership, set_finalizers};
+use crate::runtime::api_errors::{is_conflict, is_not_found};
 
 pub(super) async fn deprovision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, DeploymentError> {
     let tenant = &ctx.tenant;
@@ -139,7 +139,7 @@ async fn release_customization(
     let Some(cdc) = cdcs.get_opt(name).await.map_err(DeploymentError::Tenant)? else {
         return Ok(None);
     };
-    match inventory::release(&cdcs, &cdc, &cd.name_any(), pool).await {
+    match leases::release(&cdcs, &cdc, &cd.name_any(), pool).await {
         Ok(true) => {
             let note = format!("Released by ClusterDeployment {} after its deprovision", cd.name_any());
             publish(tenant, &cdc, false, "Released", note).await;

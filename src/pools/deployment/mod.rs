@@ -30,11 +30,13 @@ use kube::{Api, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use self::status::Outcome;
-use super::{is_conflict, publish};
 use crate::api::pools::ClusterDeployment;
+use crate::context::events::publish;
+use crate::context::tenant::TenantContext;
 use crate::host::Parent;
 use crate::host::apply::HostWriteError;
 use crate::host::labels::{TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION};
+use crate::runtime::api_errors::is_conflict;
 use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::panics::{self, ReconcilePanic};
@@ -42,7 +44,6 @@ use crate::runtime::readiness::Readiness;
 use crate::runtime::recovery::NoTriggerBackoff;
 use crate::runtime::retry;
 use crate::runtime::shutdown::run_controller;
-use crate::tenancy::tenant::TenantContext;
 
 const KIND: &str = "ClusterDeployment";
 

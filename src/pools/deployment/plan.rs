@@ -15,7 +15,7 @@ use crate::api::pools::ClusterDeployment;
 use crate::pools::DEPROVISION_FINALIZER;
 use crate::pools::failure_domains::INVALID_KEY;
 use crate::runtime::conditions::is_true;
-use crate::tenancy::untrusted_kubeconfig::{UntrustedKubeconfigError, config_from_untrusted};
+use crate::runtime::untrusted_kubeconfig::{UntrustedKubeconfigError, config_from_untrusted};
 
 const DEFAULT_ATTEMPTS: i32 = 3;
 

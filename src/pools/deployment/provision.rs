@@ -19,9 +19,11 @@ use super::plan::{self, AttemptStep, Inputs, Output, Provision, Snapshot};
 use super::status::Outcome;
 use super::{Ctx, DeploymentError, cd_api, owned, parent, report, tenant_secret_recheck};
 use crate::api::pools::ClusterDeployment;
+use crate::context::events::publish;
 use crate::host::Parent;
 use crate::host::apply::{self, HostWriteError, Update, ensure, stamp};
-use crate::pools::{DEPROVISION_FINALIZER, is_conflict, publish, record, set_finalizers};
+use crate::pools::{DEPROVISION_FINALIZER, record, set_finalizers};
+use crate::runtime::api_errors::is_conflict;
 
 pub(super) async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, DeploymentError> {
     if !plan::has_finalizer(cd) {

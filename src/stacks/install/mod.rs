@@ -4,6 +4,7 @@
 
 pub mod crd_policy;
 pub mod job;
+mod object;
 pub mod package;
 mod reconcile;
 mod uninstall;
@@ -26,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::api::stacks::{ClusterStackInstall, InstallSpec, PermissionScope, Stack, StackInstall, StackInstallStatus};
+use crate::context::tenant::{TenantContext, TenantError};
 use crate::host::labels::{TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION};
 use crate::runtime::cache::{is_filled, reflect, reflect_crds};
 use crate::runtime::metrics::Metrics;
@@ -35,7 +37,6 @@ use crate::runtime::recovery::NoTriggerBackoff;
 use crate::runtime::retry;
 use crate::runtime::shutdown::run_controller;
 use crate::stacks::crd_parent_label;
-use crate::tenancy::tenant::{TenantContext, TenantError};
 
 /// The two install kinds differ only in the permission scope of the stacks they install.
 pub trait InstallKind:

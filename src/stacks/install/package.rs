@@ -14,8 +14,8 @@ use super::crd_policy::{
 };
 use crate::api::crds::{SPEC_HASH_ANNOTATION, is_established, spec_hash};
 use crate::api::stacks::{InstallSpec, PermissionScope, Stack};
+use crate::context::pod_policy::PodPolicy;
 use crate::host::labels::{MANAGED_BY, MANAGED_BY_LABEL};
-use crate::stacks::pod_policy::PodPolicy;
 use crate::stacks::stack::deployment as stack_deployment;
 use crate::stacks::stream::PackageContents;
 use crate::stacks::unpack::generated_rules;

@@ -9,14 +9,14 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{ListParams, LogParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use tracing::info;
 
-use super::crd_policy::{Installer, repository_of};
 use super::job::{self, JobInputs, JobState};
+use super::object::{Report, event, installer_of, patch_finalizers};
 use super::package::{self, PackageError};
 use super::{FAILURE_REASONS, InstallContext, InstallError, InstallKind, SAFETY_NET, uninstall};
 use crate::api::common::{HostObjectRef, LocalObjectReference};
@@ -25,34 +25,8 @@ use crate::host::Parent;
 use crate::host::apply::{self, Applied};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::metrics::Metrics;
+use crate::stacks::INSTALL_FINALIZER;
 use crate::stacks::stream::{self, LOG_LIMIT_BYTES};
-use crate::stacks::{INSTALL_FINALIZER, crd_parent_label};
-
-/// What a reconcile found, to be written to the install's status (only when it changed).
-pub(super) struct Report {
-    pub ready: (bool, &'static str, String),
-    pub synced: Option<(bool, &'static str, String)>,
-    pub install_job: Option<HostObjectRef>,
-    pub stack_ref: Option<String>,
-}
-
-impl Report {
-    fn waiting(reason: &'static str, message: String) -> Report {
-        Report {
-            ready: (false, reason, message),
-            synced: None,
-            install_job: None,
-            stack_ref: None,
-        }
-    }
-
-    fn failed(reason: &'static str, message: String) -> Report {
-        Report {
-            synced: Some((false, reason, message.clone())),
-            ..Report::waiting(reason, message)
-        }
-    }
-}
 
 pub(super) async fn reconcile<K: InstallKind>(
     install: Arc<K>,
@@ -389,16 +363,6 @@ fn stack_conflict(existing: &Stack, namespace: &str, name: &str) -> Report {
     )
 }
 
-/// Who the install is, and which package's CRDs it may write.
-pub(super) fn installer_of<K: InstallKind>(install: &K) -> Installer {
-    Installer {
-        kind: K::kind(&()).into_owned(),
-        namespace: install.namespace().unwrap_or_default(),
-        name: install.name_any(),
-        repository: repository_of(&job::package_image(install.install())),
-    }
-}
-
 fn stack_readiness(stack: &Stack) -> Report {
     let ready = stack
         .status
@@ -687,27 +651,6 @@ async fn ensure_finalizer<K: InstallKind>(install: &K, ctx: &InstallContext) -> 
     patch_finalizers(install, ctx, finalizers).await
 }
 
-/// Sets the finalizer list, guarded by the resourceVersion so a concurrent change is not lost.
-pub(super) async fn patch_finalizers<K: InstallKind>(
-    install: &K,
-    ctx: &InstallContext,
-    finalizers: Vec<String>,
-) -> Result<(), InstallError> {
-    let api: Api<K> = Api::namespaced(ctx.tenant.client.clone(), &install.namespace().unwrap_or_default());
-    let patch = json!({"metadata": {
-        "finalizers": finalizers,
-        "resourceVersion": install.resource_version(),
-    }});
-    match api
-        .patch(&install.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(err) => Err(InstallError::Tenant(err)),
-    }
-}
-
 /// Writes the status when it changed, with an Event for each condition that changed reason.
 pub(super) async fn publish<K: InstallKind>(
     install: &K,
@@ -770,29 +713,4 @@ pub(super) async fn publish<K: InstallKind>(
         event(install, ctx, type_, reason, message).await;
     }
     Ok(())
-}
-
-/// Publishes an Event on the install; a failure to publish is logged, never fatal.
-pub(super) async fn event<K: InstallKind>(
-    install: &K,
-    ctx: &InstallContext,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    let event = Event {
-        type_,
-        reason: reason.to_string(),
-        note: Some(note),
-        action: "Install".into(),
-        secondary: None,
-    };
-    if let Err(err) = ctx.tenant.recorder.publish(&event, &install.object_ref(&())).await {
-        tracing::debug!(tenant = %ctx.tenant.name, error = %err, "cannot publish an Event");
-    }
-}
-
-/// The CRD label of this install's Stack.
-pub(super) fn own_crd_label<K: InstallKind>(install: &K) -> String {
-    crd_parent_label(&install.namespace().unwrap_or_default(), &install.name_any())
 }

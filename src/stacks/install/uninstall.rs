@@ -14,8 +14,8 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use super::crd_policy::{Installer, MANAGED_CRD_LABEL, PACKAGE_REPOSITORY_ANNOTATION};
+use super::object::{Report, event, installer_of, own_crd_label, patch_finalizers};
 use super::package::controlled_by;
-use super::reconcile::{Report, event, installer_of, own_crd_label, patch_finalizers};
 use super::{InstallContext, InstallError, InstallKind, SAFETY_NET};
 use crate::api::stacks::Stack;
 use crate::host::Parent;

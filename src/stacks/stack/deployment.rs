@@ -13,9 +13,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::ObjectMeta;
 use serde_json::Value;
 
+use crate::context::endpoint::TenantEndpoint;
+use crate::context::pod_policy::PodPolicy;
 use crate::host::labels::{PARENT_KIND_LABEL, PARENT_NAME_LABEL, PARENT_NAMESPACE_LABEL, Parent, TENANT_LABEL};
-use crate::stacks::pod_policy::{self, PodPolicy};
-use crate::tenancy::endpoint::TenantEndpoint;
+use crate::stacks::pod_policy;
 
 /// Where in-cluster clients look for their token, CA and namespace.
 pub const SERVICE_ACCOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -212,7 +213,7 @@ pub fn is_available(deployment: &Deployment) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tenancy::endpoint::EndpointSource;
+    use crate::context::endpoint::EndpointSource;
     use serde_json::json;
 
     fn spec(pod: Value) -> Value {

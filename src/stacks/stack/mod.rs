@@ -38,6 +38,8 @@ use super::unpack::split_dependency;
 use super::{STACK_FINALIZER, crd_parent_label};
 use crate::api::common::HostObjectRef;
 use crate::api::stacks::{ClusterStackInstall, Stack, StackInstall};
+use crate::context::endpoint::TenantEndpoint;
+use crate::context::tenant::{TenantContext, TenantError};
 use crate::host::apply::{self, Applied, HostWriteError, Update, stamp};
 use crate::host::labels::{
     MANAGED_BY, MANAGED_BY_LABEL, Parent, TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION,
@@ -50,8 +52,6 @@ use crate::runtime::panics::{self, ReconcilePanic};
 use crate::runtime::readiness::Readiness;
 use crate::runtime::recovery::NoTriggerBackoff;
 use crate::runtime::retry;
-use crate::tenancy::endpoint::TenantEndpoint;
-use crate::tenancy::tenant::{TenantContext, TenantError};
 
 /// The controller's name in metrics and logs.
 pub const CONTROLLER: &str = "stack";

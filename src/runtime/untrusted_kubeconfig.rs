@@ -24,7 +24,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{Map, Value};
 
-use crate::runtime::parse_error::LocatedParseError;
+use super::parse_error::LocatedParseError;
 
 const TOP_LEVEL: &[&str] = &[
     "apiVersion",

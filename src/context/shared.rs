@@ -1,0 +1,55 @@
+//! What the daemon is configured with and what every tenant shares.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+
+use super::namespace_template::NamespaceTemplate;
+use super::pod_policy::PodPolicy;
+use crate::host::namespace::ServiceAccountRef;
+use crate::host::quota::TenantQuota;
+use crate::runtime::backoff::Backoff;
+use crate::runtime::health::Health;
+use crate::runtime::leader::LeaderElectionSettings;
+use crate::runtime::metrics::Metrics;
+
+/// Everything `stackd run` is configured with.
+#[derive(Clone, Debug)]
+pub struct DaemonSettings {
+    pub tenants_dir: PathBuf,
+    pub namespace_template: NamespaceTemplate,
+    /// Image of the install Job's unpack container.
+    pub stackd_image: Option<String>,
+    pub allow_insecure_tenant_endpoint: bool,
+    pub insecure_allow_all_apigroups: bool,
+    pub insecure_pass_full_deployment: bool,
+    /// What stack pods may ask for beyond the allow-list (`--stack-node-selector`, `--stack-toleration`).
+    pub stack_pod_policy: PodPolicy,
+    /// The ResourceQuota and LimitRange of every tenant's host namespace.
+    pub tenant_quota: TenantQuota,
+    /// Let packages ship CRDs with conversion webhooks.
+    pub insecure_allow_conversion_webhooks: bool,
+    pub metrics_addr: SocketAddr,
+    pub leader_election: Option<LeaderElectionSettings>,
+    /// The daemon's ServiceAccount, bound in every tenant namespace.
+    pub rbac_subject: ServiceAccountRef,
+    pub max_concurrent_reconciles: usize,
+    pub lease_min_age: Duration,
+    pub sweep_interval: Duration,
+    pub backoff: Backoff,
+    pub debounce: Duration,
+    pub rescan_interval: Duration,
+    /// How long a stopping tenant may take to finish its in-flight reconciles.
+    pub tenant_stop_grace: Duration,
+}
+
+/// What every tenant shares.
+pub struct Shared {
+    pub host: Client,
+    pub settings: DaemonSettings,
+    pub metrics: Arc<Metrics>,
+    pub health: Arc<Health>,
+}

@@ -1,0 +1,95 @@
+//! The install object itself, as `reconcile` and `uninstall` both use it: who it is (its installer
+//! and its Stack's CRD label), its finalizers, its Events, and what a reconcile reports for its status.
+
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use super::crd_policy::{Installer, repository_of};
+use super::job;
+use super::{InstallContext, InstallError, InstallKind};
+use crate::api::common::HostObjectRef;
+use crate::stacks::crd_parent_label;
+
+/// What a reconcile found, to be written to the install's status (only when it changed).
+pub(super) struct Report {
+    pub ready: (bool, &'static str, String),
+    pub synced: Option<(bool, &'static str, String)>,
+    pub install_job: Option<HostObjectRef>,
+    pub stack_ref: Option<String>,
+}
+
+impl Report {
+    pub(super) fn waiting(reason: &'static str, message: String) -> Report {
+        Report {
+            ready: (false, reason, message),
+            synced: None,
+            install_job: None,
+            stack_ref: None,
+        }
+    }
+
+    pub(super) fn failed(reason: &'static str, message: String) -> Report {
+        Report {
+            synced: Some((false, reason, message.clone())),
+            ..Report::waiting(reason, message)
+        }
+    }
+}
+
+/// Who the install is, and which package's CRDs it may write.
+pub(super) fn installer_of<K: InstallKind>(install: &K) -> Installer {
+    Installer {
+        kind: K::kind(&()).into_owned(),
+        namespace: install.namespace().unwrap_or_default(),
+        name: install.name_any(),
+        repository: repository_of(&job::package_image(install.install())),
+    }
+}
+
+/// Sets the finalizer list, guarded by the resourceVersion so a concurrent change is not lost.
+pub(super) async fn patch_finalizers<K: InstallKind>(
+    install: &K,
+    ctx: &InstallContext,
+    finalizers: Vec<String>,
+) -> Result<(), InstallError> {
+    let api: Api<K> = Api::namespaced(ctx.tenant.client.clone(), &install.namespace().unwrap_or_default());
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": install.resource_version(),
+    }});
+    match api
+        .patch(&install.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(err) => Err(InstallError::Tenant(err)),
+    }
+}
+
+/// Publishes an Event on the install; a failure to publish is logged, never fatal.
+pub(super) async fn event<K: InstallKind>(
+    install: &K,
+    ctx: &InstallContext,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note),
+        action: "Install".into(),
+        secondary: None,
+    };
+    if let Err(err) = ctx.tenant.recorder.publish(&event, &install.object_ref(&())).await {
+        tracing::debug!(tenant = %ctx.tenant.name, error = %err, "cannot publish an Event");
+    }
+}
+
+/// The CRD label of this install's Stack.
+pub(super) fn own_crd_label<K: InstallKind>(install: &K) -> String {
+    crd_parent_label(&install.namespace().unwrap_or_default(), &install.name_any())
+}
