@@ -243,6 +243,11 @@ pub struct ControllerSpec {
     /// The controller Deployment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployment: Option<ControllerDeployment>,
+    /// Secrets in this namespace used to pull the controller's images: the install's
+    /// `imagePullSecrets`, set by the install. stackd copies them to the host under names that cannot
+    /// be guessed, owned by the controller Deployment, and gives its pods those copies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
 }
 
 /// A Deployment template for a stack's controller.

@@ -2,6 +2,7 @@
 
 pub mod install;
 pub mod pod_policy;
+pub mod pull_secrets;
 pub mod stack;
 pub mod stream;
 pub mod unpack;

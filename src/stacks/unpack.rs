@@ -298,9 +298,11 @@ fn build_stack(
         permissions: Permissions {
             rules: generated_rules(crds, &app.depends_on),
         },
+        // The install sets the service account and pull secrets: a package names no tenant Secret.
         controller: ControllerSpec {
             service_account: None,
             deployment,
+            image_pull_secrets: Vec::new(),
         },
         metadata: AppMetadata {
             overview_short: app.overview_short,

@@ -192,6 +192,25 @@ async fn both_charts_render_with_their_default_values() {
     );
 }
 
+/// scripts/image tags the image with the crate version; the charts run that tag unless told otherwise.
+#[tokio::test]
+async fn the_charts_default_image_is_the_one_this_version_builds() {
+    let version = env!("CARGO_PKG_VERSION");
+    for name in ["stackd-types", "stackd-controllers"] {
+        let path = repository().join("charts").join(name).join("Chart.yaml");
+        let text = std::fs::read_to_string(&path).expect("Chart.yaml");
+        let metadata: Value = serde_saphyr::from_str(&text).expect("Chart.yaml is YAML");
+        assert_eq!(metadata["appVersion"], version, "{name}'s appVersion");
+    }
+    let (_, controllers) = render("stackd-controllers", "").await;
+    let deployment = find(&controllers, "Deployment", "stackd");
+    let image = format!("ghcr.io/stackd-dev/stackd:{version}");
+    assert_eq!(deployment["spec"]["template"]["spec"]["containers"][0]["image"], image);
+    // The install Jobs' `unpack` container runs the daemon's own image.
+    let args = deployment_args(deployment);
+    assert!(args.contains(&format!("--stackd-image={image}")), "{args:?}");
+}
+
 #[tokio::test]
 async fn optional_parts_of_the_charts_can_be_left_out() {
     let values = "crds: {install: false}\npersonas: {create: false}\ndaemon: {serviceAccount: {tokenSecret: false}}";

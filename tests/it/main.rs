@@ -31,5 +31,6 @@ mod security_pods;
 mod security_pools;
 mod security_stacks;
 mod stacks_install;
+mod stacks_pull_secrets;
 mod stacks_stack;
 mod sweep;

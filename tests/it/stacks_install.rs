@@ -1008,7 +1008,13 @@ async fn a_daemon_killed_mid_install_converges_without_duplicates() {
     .await;
     let (stack_jobs, stack_secrets) = objects_of_kind(&fleet, "Stack").await;
     assert!(stack_jobs.is_empty(), "a Stack owns no Jobs");
-    assert_eq!(stack_secrets.len(), 1, "duplicate host token copies");
+    // The token copy and the controller's pull-secret copy, once each.
+    assert_eq!(
+        stack_secrets.len(),
+        2,
+        "duplicate host token or pull-secret copies: {:?}",
+        stack_secrets.iter().map(|s| s.name_any()).collect::<Vec<_>>()
+    );
     let host_deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
         Api::namespaced(fleet.host_client.clone(), "tenant-acme-controllers");
     let params = ListParams::default().labels("stackd.dev/parent-kind=Stack");

@@ -1349,3 +1349,148 @@ async fn a_tenant_object_stackd_did_not_create_is_never_taken_over() {
             .is_none()
     );
 }
+
+/// A registry login of type `kubernetes.io/dockerconfigjson` in the test namespace.
+async fn create_pull_secret(env: &Env, name: &str) -> Secret {
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": "{\"auths\":{\"registry.example.com\":{\"auth\":\"dzp3\"}}}"},
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(env.tenant_client.clone(), NS)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("pull secret")
+}
+
+fn with_pull_secrets(names: &[&str]) -> Value {
+    let mut spec = default_spec();
+    spec["controller"]["imagePullSecrets"] = names.iter().map(|name| json!({"name": name})).collect();
+    spec
+}
+
+fn pull_refs(deployment: &Deployment) -> Vec<String> {
+    deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.image_pull_secrets.as_ref())
+        .map(|refs| refs.iter().map(|r| r.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+/// Nothing of the Stack exists yet: no host object, no ServiceAccount on the tenant.
+async fn assert_nothing_made(env: &Env) {
+    assert_eq!(env.parented_host_objects().await, Vec::<String>::new());
+    let accounts: Api<ServiceAccount> = Api::namespaced(env.tenant_client.clone(), NS);
+    assert!(
+        accounts.get_opt("widgets").await.expect("get").is_none(),
+        "a ServiceAccount was made"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stack_whose_pull_secret_is_missing_says_which_and_makes_nothing_until_it_exists() {
+    let env = Env::start(INSECURE).await;
+    env.create_stack("widgets", with_pull_secrets(&["creds"])).await;
+    let stack = env.wait_ready("widgets", "False", "PullSecretMissing").await;
+    let message = condition(&stack, "Ready").expect("ready")["message"].to_string();
+    assert!(
+        message.contains("creds") && message.contains("namespace team-a"),
+        "{message}"
+    );
+    env.until("an Event PullSecretMissing", || async {
+        env.event_reasons("widgets")
+            .await
+            .contains(&"PullSecretMissing".to_string())
+    })
+    .await;
+    assert_nothing_made(&env).await;
+
+    // Once the Secret exists, the next change of the Stack finds it.
+    let source = create_pull_secret(&env, "creds").await;
+    env.stacks()
+        .patch(
+            "widgets",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {"example.org/nudge": "1"}}})),
+        )
+        .await
+        .expect("annotate");
+    env.wait_ready("widgets", "True", "Available").await;
+    let deployment = env.host_deployments().get("team-a.widgets").await.expect("deployment");
+    let refs = pull_refs(&deployment);
+    assert_eq!(refs.len(), 1, "{refs:?}");
+    let copy = env.host_secrets().get(&refs[0]).await.expect("copy");
+    assert_eq!(copy.data, source.data, "the copy holds the tenant Secret's credentials");
+    assert_eq!(copy.owner_references()[0].uid, deployment.uid().expect("uid"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stack_naming_a_secret_outside_its_namespace_is_refused() {
+    let env = Env::start(INSECURE).await;
+    // Edited onto the Stack by a tenant user, past the install's checks.
+    let attack = "../../kube-system/secrets/registry";
+    env.create_stack("widgets", with_pull_secrets(&["creds", attack])).await;
+    let stack = env.wait_ready("widgets", "False", "InvalidPullSecretName").await;
+    let message = condition(&stack, "Ready").expect("ready")["message"].to_string();
+    assert!(
+        message.contains(attack) && message.contains("namespace team-a"),
+        "{message}"
+    );
+    env.until("an Event InvalidPullSecretName", || async {
+        env.event_reasons("widgets")
+            .await
+            .contains(&"InvalidPullSecretName".to_string())
+    })
+    .await;
+    assert_nothing_made(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_secret_dropped_from_the_stack_leaves_the_pod_spec_and_its_copy_is_deleted() {
+    let env = Env::start(INSECURE).await;
+    create_pull_secret(&env, "creds").await;
+    create_pull_secret(&env, "mirror").await;
+    env.create_stack("widgets", with_pull_secrets(&["creds", "mirror"]))
+        .await;
+    env.wait_ready("widgets", "True", "Available").await;
+    let deployment = env.host_deployments().get("team-a.widgets").await.expect("deployment");
+    let refs = pull_refs(&deployment);
+    assert_eq!(refs.len(), 2, "{refs:?}");
+    for name in &refs {
+        env.host_secrets().get(name).await.expect("copy");
+    }
+
+    env.stacks()
+        .patch(
+            "widgets",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"controller": {"imagePullSecrets": [{"name": "creds"}]}}})),
+        )
+        .await
+        .expect("drop mirror");
+    let (kept, dropped) = (refs[0].clone(), refs[1].clone());
+    env.until("mirror's copy gone from the pod spec and the host", || {
+        let (kept, dropped) = (kept.clone(), dropped.clone());
+        let (deployments, secrets) = (env.host_deployments(), env.host_secrets());
+        async move {
+            let Ok(deployment) = deployments.get("team-a.widgets").await else {
+                return false;
+            };
+            pull_refs(&deployment) == [kept] && secrets.get_opt(&dropped).await.ok().flatten().is_none()
+        }
+    })
+    .await;
+    assert!(
+        env.host_secrets().get_opt(&refs[0]).await.expect("get").is_some(),
+        "creds' copy kept"
+    );
+    env.until("an Event DeletedPullSecrets", || async {
+        env.event_reasons("widgets")
+            .await
+            .contains(&"DeletedPullSecrets".to_string())
+    })
+    .await;
+}

@@ -5,16 +5,16 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EmptyDirVolumeSource, EnvVar, LocalObjectReference, PodSecurityContext, PodSpec,
-    PodTemplateSpec, SeccompProfile, Secret, SecurityContext, Volume, VolumeMount,
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, PodSecurityContext, PodSpec, PodTemplateSpec,
+    SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use rand::RngExt;
 
 use crate::api::stacks::{InstallSpec, PermissionScope};
 use crate::host::Parent;
 use crate::host::apply::stamp;
 use crate::host::names::{NameKind, host_name};
+use crate::stacks::pull_secrets;
 
 /// Annotation on the Job: the package image it installs (a different one means an upgrade).
 pub const PACKAGE_ANNOTATION: &str = "stacks.stackd.dev/package";
@@ -132,13 +132,7 @@ pub fn desired_job(inputs: &JobInputs<'_>) -> Job {
                     automount_service_account_token: Some(false),
                     enable_service_links: Some(false),
                     security_context: Some(restricted_pod()),
-                    image_pull_secrets: (!inputs.pull_secrets.is_empty()).then(|| {
-                        inputs
-                            .pull_secrets
-                            .iter()
-                            .map(|name| LocalObjectReference { name: name.clone() })
-                            .collect()
-                    }),
+                    image_pull_secrets: pull_secrets::references(inputs.pull_secrets),
                     volumes: Some(vec![Volume {
                         name: "package".into(),
                         empty_dir: Some(EmptyDirVolumeSource::default()),
@@ -189,53 +183,21 @@ pub fn restricted_container() -> SecurityContext {
     }
 }
 
-/// A fresh, unguessable host name for the `index`th pull secret of an install.
-pub fn pull_secret_name(namespace: &str, install: &str, index: usize) -> String {
-    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    let mut rng = rand::rng();
-    let random: String = (0..10)
-        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
-        .collect();
-    host_name(
-        Some(namespace),
-        install,
-        &format!("-pull-{index}-{random}"),
-        NameKind::Object,
-    )
-}
-
-/// The host copy of a tenant pull secret, owned by the Job so it goes with it.
-pub fn pull_secret_copy(tenant: &str, parent: &Parent, job: &Job, host_name: &str, source: &Secret) -> Secret {
-    let mut copy = Secret {
-        metadata: ObjectMeta {
-            name: Some(host_name.to_string()),
-            namespace: job.metadata.namespace.clone(),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "batch/v1".into(),
-                kind: "Job".into(),
-                name: job.metadata.name.clone().unwrap_or_default(),
-                uid: job.metadata.uid.clone().unwrap_or_default(),
-                controller: Some(true),
-                block_owner_deletion: None,
-            }]),
-            ..ObjectMeta::default()
-        },
-        type_: source.type_.clone(),
-        data: source.data.clone(),
-        ..Secret::default()
-    };
-    stamp(&mut copy, tenant, parent);
-    copy
+/// The owner reference of a pull-secret copy: the Job, so the copy goes with it.
+pub fn owner_reference(job: &Job) -> OwnerReference {
+    OwnerReference {
+        api_version: "batch/v1".into(),
+        kind: "Job".into(),
+        name: job.metadata.name.clone().unwrap_or_default(),
+        uid: job.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: None,
+    }
 }
 
 /// Names of the pull secrets a Job refers to.
 pub fn pull_secrets_of(job: &Job) -> Vec<String> {
-    job.spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .and_then(|s| s.image_pull_secrets.as_ref())
-        .map(|refs| refs.iter().map(|r| r.name.clone()).collect())
-        .unwrap_or_default()
+    pull_secrets::referenced(job.spec.as_ref().and_then(|s| s.template.spec.as_ref()))
 }
 
 /// The annotation value `key` of a Job.
@@ -332,13 +294,5 @@ mod tests {
         assert_eq!(pod.automount_service_account_token, Some(false));
         assert_eq!(pod.containers[0].name, UNPACK_CONTAINER);
         assert_eq!(state(&job), JobState::Running);
-    }
-
-    #[test]
-    fn pull_secret_names_are_unguessable() {
-        let a = pull_secret_name("ns", "s", 0);
-        let b = pull_secret_name("ns", "s", 0);
-        assert_ne!(a, b);
-        assert!(a.starts_with("ns.s-pull-0-"));
     }
 }

@@ -89,6 +89,8 @@ pub const FAILURE_REASONS: &[&str] = &[
     "HostObjectConflict",
     "StackConflict",
     "PullSecretMissing",
+    "InvalidPullSecretName",
+    "PullSecretRefused",
 ];
 
 /// What one install controller reads from: its caches of host Jobs and tenant CRDs and Stacks.

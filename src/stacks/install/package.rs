@@ -240,7 +240,8 @@ pub fn not_established(
 /// The Stack as the install wants it: the package's, at the install's namespace and name, controlled
 /// by the install so it is garbage collected with it and so the Stack controller knows it is real.
 /// Its permissions are generated here, from the package's CRDs and dependencies, whatever the stream
-/// says; its controller's ServiceAccount gets the install's `serviceAccount` settings.
+/// says; its controller's ServiceAccount gets the install's `serviceAccount` settings and its pods the
+/// install's `imagePullSecrets` (never the package's: a package names no tenant Secret).
 pub fn desired_stack<K: Resource<DynamicType = ()>>(
     contents: &PackageContents,
     install: &K,
@@ -250,6 +251,7 @@ pub fn desired_stack<K: Resource<DynamicType = ()>>(
     let mut stack_spec = contents.stack.spec.clone();
     stack_spec.permissions.rules = generated_rules(&contents.crds, &stack_spec.metadata.depends_on);
     stack_spec.controller.service_account = spec.service_account.clone();
+    stack_spec.controller.image_pull_secrets = spec.image_pull_secrets.clone();
     let mut stack = Stack::new(&install.name_any(), stack_spec);
     stack.metadata.namespace = install.namespace();
     let mut labels = without_stackd_keys(contents.stack.metadata.labels.as_ref());
@@ -264,7 +266,7 @@ pub fn desired_stack<K: Resource<DynamicType = ()>>(
 }
 
 /// True when a Stack already carries what the install sets without reading the package again: its
-/// controller, package, stackd's label and the install's service-account settings.
+/// controller, package, stackd's label and the install's service-account and pull-secret settings.
 pub fn stack_current(stack: &Stack, uid: &str, spec: &InstallSpec, package: &str) -> bool {
     controlled_by(stack, uid)
         && stack
@@ -274,6 +276,7 @@ pub fn stack_current(stack: &Stack, uid: &str, spec: &InstallSpec, package: &str
             == Some(package)
         && stack.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY)
         && stack.spec.controller.service_account == spec.service_account
+        && stack.spec.controller.image_pull_secrets == spec.image_pull_secrets
 }
 
 /// A controller owner reference to `owner`.

@@ -26,6 +26,7 @@ use crate::host::apply::{self, Applied};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::metrics::Metrics;
 use crate::stacks::INSTALL_FINALIZER;
+use crate::stacks::pull_secrets;
 use crate::stacks::stream::{self, LOG_LIMIT_BYTES};
 
 pub(super) async fn reconcile<K: InstallKind>(
@@ -479,7 +480,7 @@ async fn start_job<K: InstallKind>(
         Err(report) => return Ok(Err(report)),
     };
     let pull: Vec<String> = (0..sources.len())
-        .map(|i| job::pull_secret_name(&namespace, &name, i))
+        .map(|i| pull_secrets::host_copy_name(&namespace, &name, i))
         .collect();
     let desired = desired_job(install, ctx, parent, attempt, &pull);
     let jobs: Api<Job> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
@@ -490,7 +491,7 @@ async fn start_job<K: InstallKind>(
     };
     let secrets: Api<Secret> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
     for (host_name, source) in job::pull_secrets_of(&created).iter().zip(&sources) {
-        let copy = job::pull_secret_copy(&tenant.name, parent, &created, host_name, source);
+        let copy = pull_secret_copy(ctx, parent, &created, host_name, source);
         apply::ensure(&secrets, &copy, None, &tenant.name, parent, apply::Update::Never).await?;
     }
     event(
@@ -531,32 +532,34 @@ fn job_conflict<K: InstallKind>(install: &K, ctx: &InstallContext, err: &apply::
     Report::failed(err.reason(), message)
 }
 
-/// The tenant pull secrets the install names, or a report naming the missing ones.
+/// The tenant pull secrets the install names, or a report naming those that cannot be copied.
 async fn pull_secret_sources<K: InstallKind>(
     install: &K,
     ctx: &InstallContext,
 ) -> Result<Result<Vec<Secret>, Report>, InstallError> {
     let namespace = install.namespace().unwrap_or_default();
+    let refused = |err: pull_secrets::PullSecretError| Report::failed(err.reason(), err.to_string());
+    let names = match pull_secrets::checked_names(&install.install().image_pull_secrets, &namespace) {
+        Ok(names) => names,
+        Err(err) => return Ok(Err(refused(err))),
+    };
     let api: Api<Secret> = Api::namespaced(ctx.tenant.client.clone(), &namespace);
-    let mut sources = Vec::new();
-    let mut missing = Vec::new();
-    for LocalObjectReference { name } in &install.install().image_pull_secrets {
-        match api.get_opt(name).await.map_err(InstallError::Tenant)? {
-            Some(secret) => sources.push(secret),
-            None => missing.push(name.clone()),
-        }
-    }
-    if missing.is_empty() {
-        Ok(Ok(sources))
-    } else {
-        Ok(Err(Report::failed(
-            "PullSecretMissing",
-            format!(
-                "imagePullSecret(s) {} not found in namespace {namespace}; create them or remove them from spec.imagePullSecrets",
-                missing.join(", ")
-            ),
-        )))
-    }
+    let sources = pull_secrets::sources(&api, &namespace, &names)
+        .await
+        .map_err(InstallError::Tenant)?;
+    Ok(sources.map_err(refused))
+}
+
+/// The host copy of `source` for the install Job `job`.
+fn pull_secret_copy(ctx: &InstallContext, parent: &Parent, job: &Job, host_name: &str, source: &Secret) -> Secret {
+    let target = pull_secrets::CopyTarget {
+        tenant: &ctx.tenant.name,
+        parent,
+        host_namespace: &ctx.tenant.host_namespace,
+        name: host_name,
+        owner: job::owner_reference(job),
+    };
+    pull_secrets::host_copy(&target, source)
 }
 
 /// Makes sure every pull secret a running Job refers to was copied (the daemon may have stopped
@@ -587,7 +590,7 @@ async fn copy_pull_secrets<K: InstallKind>(
     };
     for (host_name, source) in names.iter().zip(&sources) {
         if absent.contains(&host_name) {
-            let copy = job::pull_secret_copy(&tenant.name, parent, observed, host_name, source);
+            let copy = pull_secret_copy(ctx, parent, observed, host_name, source);
             apply::ensure(&secrets, &copy, None, &tenant.name, parent, apply::Update::Never).await?;
         }
     }

@@ -17,11 +17,15 @@ use crate::context::endpoint::TenantEndpoint;
 use crate::context::pod_policy::PodPolicy;
 use crate::host::labels::{PARENT_KIND_LABEL, PARENT_NAME_LABEL, PARENT_NAMESPACE_LABEL, Parent, TENANT_LABEL};
 use crate::stacks::pod_policy;
+use crate::stacks::pull_secrets;
 
 /// Where in-cluster clients look for their token, CA and namespace.
 pub const SERVICE_ACCOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// The volume holding the copied tenant token.
 pub const TOKEN_VOLUME: &str = "stackd-tenant-token";
+/// Annotation on the host Deployment: the host pull-secret copies its pods use, comma-separated. A
+/// change in the list is a change stackd sees, so a dropped pull secret leaves the pod spec too.
+pub const PULL_SECRETS_ANNOTATION: &str = "stacks.stackd.dev/pull-secrets";
 
 /// Why a controller Deployment spec is not run.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -97,6 +101,8 @@ pub struct Inputs<'a> {
     pub tenant_namespace: &'a str,
     pub endpoint: &'a TenantEndpoint,
     pub token_secret: &'a str,
+    /// Host names of the pull-secret copies, in the order of the Stack's `imagePullSecrets`.
+    pub pull_secrets: &'a [String],
     /// Leave the security context as the package wrote it (`--insecure-pass-full-deployment`).
     pub pass_full: bool,
 }
@@ -131,6 +137,11 @@ pub fn build(spec: &DeploymentSpec, inputs: &Inputs<'_>) -> Deployment {
         }),
         ..Default::default()
     });
+    // The package names no pull secret (the pod policy refuses it) unless its pod passes unchecked.
+    let mut pulls = pod.image_pull_secrets.take().unwrap_or_default();
+    pulls.retain(|r| !inputs.pull_secrets.contains(&r.name));
+    pulls.extend(pull_secrets::references(inputs.pull_secrets).unwrap_or_default());
+    pod.image_pull_secrets = (!pulls.is_empty()).then_some(pulls);
     if !inputs.pass_full {
         let context = pod.security_context.get_or_insert_with(PodSecurityContext::default);
         context.run_as_non_root = Some(true);
@@ -155,6 +166,10 @@ pub fn build(spec: &DeploymentSpec, inputs: &Inputs<'_>) -> Deployment {
         metadata: ObjectMeta {
             name: Some(inputs.name.into()),
             namespace: Some(inputs.host_namespace.into()),
+            annotations: Some(BTreeMap::from([(
+                PULL_SECRETS_ANNOTATION.to_string(),
+                inputs.pull_secrets.join(","),
+            )])),
             ..Default::default()
         },
         spec: Some(spec),
@@ -278,6 +293,7 @@ mod tests {
                 tenant_namespace: "team-a",
                 endpoint: &endpoint,
                 token_secret: "team-a.s-token",
+                pull_secrets: &["team-a.s-pull-0-abc".to_string()],
                 pass_full: false,
             },
         );
@@ -285,6 +301,11 @@ mod tests {
         let pod = spec.template.spec.expect("pod");
         assert_eq!(pod.automount_service_account_token, Some(false));
         assert_eq!(pod.service_account_name, None);
+        assert_eq!(
+            pull_secrets::referenced(Some(&pod)),
+            ["team-a.s-pull-0-abc"],
+            "the pods pull with the copies only"
+        );
         assert_eq!(
             spec.selector.match_labels.clone().expect("labels")[TENANT_LABEL],
             "acme"

@@ -34,6 +34,7 @@ use tracing::{debug, info};
 
 use self::origin::Installs;
 use self::tenant::{TenantIdentity, TenantWriteError, stack_of};
+use super::pull_secrets;
 use super::unpack::split_dependency;
 use super::{STACK_FINALIZER, crd_parent_label};
 use crate::api::common::HostObjectRef;
@@ -59,6 +60,9 @@ pub const CONTROLLER: &str = "stack";
 pub const KIND: &str = "Stack";
 /// How long a reconcile waits for the watches' first lists before retrying with backoff.
 const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often a Stack with pull secrets reads them again: the tenant's Secrets are not watched (only
+/// stackd's own are), so a rotated credential or a missing one created later is found this way.
+const PULL_SECRET_RESYNC: Duration = Duration::from_secs(300);
 
 /// Cached copies of everything the controller writes, kept current by the watches that also
 /// trigger reconciles: a write is decided from these, never from a fresh GET.
@@ -415,11 +419,15 @@ async fn apply(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError> 
     // The reconcile's own error says more than a status write that failed for the same reason.
     result?;
     reported?;
-    Ok(Action::await_change())
+    if stack.spec.controller.image_pull_secrets.is_empty() {
+        Ok(Action::await_change())
+    } else {
+        Ok(Action::requeue(PULL_SECRET_RESYNC))
+    }
 }
 
-/// §3.3 in order: validate, the tenant identity and permissions, wait for the token, the host
-/// Deployment, the host token copy, readiness.
+/// §3.3 in order: validate, the tenant identity and permissions, wait for the token, read the pull
+/// secrets, the host Deployment, the host token and pull-secret copies, readiness.
 async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Result<Outcome, StackError> {
     // 1. Validate everything before writing anything.
     let controller = match validate(stack, &ctx.tenant, &ctx.installs, &ctx.caches.crds.state()) {
@@ -436,12 +444,18 @@ async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Resul
             return Ok(refused);
         }
     };
+    // The pull secrets are read before anything is written: one that cannot be copied leaves
+    // everything as it is.
+    let pull_sources = match pull_sources(stack, ctx, controller.as_ref()).await? {
+        Ok(sources) => sources,
+        Err(err) => return Ok(Outcome::refused(err.reason(), err.to_string())),
+    };
     // 2. The controller's identity and permissions on the tenant, and its filled token.
     let token_data = match ensure_tenant_objects(stack, ctx, notes).await? {
         Ok(data) => data,
         Err(waiting) => return Ok(waiting),
     };
-    let Some((spec, endpoint)) = controller else {
+    let Some(controller) = controller else {
         // A controller dropped from the spec does not keep running on the host.
         let host = HostNames::of(stack, &ctx.tenant);
         delete_host_objects(ctx, &host.parent).await?;
@@ -454,27 +468,51 @@ async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Resul
             synced: true,
         });
     };
-    // 3–4. The controller Deployment on the host, then the token copy it mounts (owned by it).
+    // 3–4. The controller Deployment on the host, then the token and pull-secret copies (owned by it).
     let host = HostNames::of(stack, &ctx.tenant);
-    let deployment = match ensure_deployment(ctx, &host, &spec, endpoint, notes).await? {
+    let pull_copies = pull_copy_names(ctx, &host, &pull_sources);
+    let deployment = match ensure_deployment(ctx, &host, &controller, &pull_copies, notes).await? {
         Ok(deployment) => deployment,
         Err(waiting) => return Ok(waiting),
     };
     ensure_token_copy(ctx, &host, token_data, &deployment, notes).await?;
+    ensure_pull_copies(ctx, &host, &pull_copies, &pull_sources, &deployment, notes).await?;
     // 5. Ready when the Deployment has an available replica.
     Ok(readiness(&host, &deployment))
 }
 
+/// The tenant pull secrets the controller's pods pull with (none without a controller).
+async fn pull_sources(
+    stack: &Stack,
+    ctx: &StackContext,
+    controller: Option<&CheckedController<'_>>,
+) -> Result<Result<Vec<Secret>, pull_secrets::PullSecretError>, StackError> {
+    let Some(controller) = controller.filter(|c| !c.pull_secrets.is_empty()) else {
+        return Ok(Ok(Vec::new()));
+    };
+    let namespace = stack.namespace().unwrap_or_default();
+    let api = Api::namespaced(ctx.tenant.client.clone(), &namespace);
+    Ok(pull_secrets::sources(&api, &namespace, &controller.pull_secrets).await?)
+}
+
+/// A stack's controller as validated: what the host Deployment is built from.
+struct CheckedController<'a> {
+    spec: DeploymentSpec,
+    endpoint: &'a TenantEndpoint,
+    /// The tenant pull secrets (in the Stack's namespace) its pods pull with.
+    pull_secrets: Vec<String>,
+}
+
 /// Refuses what stackd will not run: a Stack no install created or with a scope its install does not
 /// allow, permissions beyond the stack's API, a pod spec that is not a DeploymentSpec or reaches the
-/// host, an endpoint host pods cannot use. Returns the checked controller spec and its endpoint (none
-/// for a stack without a controller).
+/// host, a pull secret that is not named as a Secret of the Stack's namespace, an endpoint host pods
+/// cannot use. Returns the checked controller (none for a stack without a controller).
 fn validate<'a>(
     stack: &Stack,
     tenant: &'a TenantContext,
     installs: &Installs,
     tenant_crds: &[Arc<CustomResourceDefinition>],
-) -> Result<Option<(DeploymentSpec, &'a TenantEndpoint)>, Outcome> {
+) -> Result<Option<CheckedController<'a>>, Outcome> {
     let refused = |refusal: origin::Refusal| Outcome::refused(refusal.reason(), refusal.to_string());
     let scope = installs.scope_of(stack).map_err(refused)?;
     origin::check_scope(stack, scope).map_err(refused)?;
@@ -495,6 +533,9 @@ fn validate<'a>(
             Ok(spec)
         })
         .map_err(|err| Outcome::refused(err.reason(), err.to_string()))?;
+    let namespace = stack.namespace().unwrap_or_default();
+    let pull_secrets = pull_secrets::checked_names(&stack.spec.controller.image_pull_secrets, &namespace)
+        .map_err(|err| Outcome::refused(err.reason(), err.to_string()))?;
     let endpoint = tenant
         .endpoint
         .as_ref()
@@ -505,7 +546,11 @@ fn validate<'a>(
                 .map(|()| endpoint)
         })
         .map_err(|err| Outcome::refused("TenantEndpointUnusable", err.to_string()))?;
-    Ok(Some((spec, endpoint)))
+    Ok(Some(CheckedController {
+        spec,
+        endpoint,
+        pull_secrets,
+    }))
 }
 
 /// Tenant objects created or repaired in one reconcile, reported as one Event each.
@@ -671,21 +716,22 @@ impl HostNames {
 async fn ensure_deployment(
     ctx: &StackContext,
     host: &HostNames,
-    spec: &DeploymentSpec,
-    endpoint: &TenantEndpoint,
+    controller: &CheckedController<'_>,
+    pull_copies: &[String],
     notes: &mut Notes,
 ) -> Result<Result<Arc<Deployment>, Outcome>, StackError> {
     let tenant = &ctx.tenant;
     let mut desired = deployment::build(
-        spec,
+        &controller.spec,
         &deployment::Inputs {
             name: &host.deployment,
             host_namespace: &host.namespace,
             tenant: &host.tenant,
             parent: &host.parent,
             tenant_namespace: &host.tenant_namespace,
-            endpoint,
+            endpoint: controller.endpoint,
             token_secret: &host.secret,
+            pull_secrets: pull_copies,
             pass_full: tenant.shared.settings.insecure_pass_full_deployment,
         },
     );
@@ -767,6 +813,113 @@ async fn ensure_token_copy(
             format!("copied the controller's changed token to the host Secret {namespace}/{name}"),
         ),
         Applied::Unchanged => {}
+    }
+    Ok(())
+}
+
+/// Host names of the pull-secret copies, one per source in order: those the Deployment already uses
+/// are kept (a copy is re-synced in place), new ones are unguessable. A copy whose type no longer
+/// matches its source gets a new name, as a Secret's type cannot change.
+fn pull_copy_names(ctx: &StackContext, host: &HostNames, sources: &[Secret]) -> Vec<String> {
+    let observed = ctx
+        .caches
+        .deployments
+        .get(&ObjectRef::new(&host.deployment).within(&host.namespace));
+    let in_use = pull_secrets::referenced(
+        observed
+            .as_ref()
+            .and_then(|d| d.spec.as_ref())
+            .and_then(|s| s.template.spec.as_ref()),
+    );
+    sources
+        .iter()
+        .enumerate()
+        .map(|(index, source)| {
+            let reusable = in_use.get(index).filter(|name| {
+                let copy = ctx
+                    .caches
+                    .host_secrets
+                    .get(&ObjectRef::new(name).within(&host.namespace));
+                copy.is_none_or(|copy| copy.type_.as_deref() == pull_secrets::copy_type(source))
+            });
+            match reusable {
+                Some(name) => name.clone(),
+                None => pull_secrets::host_copy_name(&host.tenant_namespace, &host.parent.name, index),
+            }
+        })
+        .collect()
+}
+
+/// Copies the tenant pull secrets to the host Secrets the Deployment's pods name (again whenever a
+/// source changes), then deletes the copies of pull secrets the Stack no longer names.
+async fn ensure_pull_copies(
+    ctx: &StackContext,
+    host: &HostNames,
+    names: &[String],
+    sources: &[Secret],
+    owner: &Deployment,
+    notes: &mut Notes,
+) -> Result<(), StackError> {
+    let api: Api<Secret> = Api::namespaced(ctx.tenant.host.clone(), &host.namespace);
+    let (mut created, mut updated) = (Vec::new(), Vec::new());
+    for (name, source) in names.iter().zip(sources) {
+        let target = pull_secrets::CopyTarget {
+            tenant: &host.tenant,
+            parent: &host.parent,
+            host_namespace: &host.namespace,
+            name,
+            owner: token::owner_reference(owner),
+        };
+        let copy = pull_secrets::host_copy(&target, source);
+        let observed = ctx
+            .caches
+            .host_secrets
+            .get(&ObjectRef::new(name).within(&host.namespace));
+        let applied = apply::ensure(
+            &api,
+            &copy,
+            observed.as_deref(),
+            &host.tenant,
+            &host.parent,
+            Update::WhenDifferent(&ctx.tenant.reverted_replaces),
+        )
+        .await
+        .inspect_err(|err| conflict_note(notes, err))?;
+        let copied = format!("{} as {}/{name}", source.name_any(), host.namespace);
+        match applied {
+            Applied::Created => created.push(copied),
+            Applied::Updated => updated.push(copied),
+            Applied::Unchanged => {}
+        }
+    }
+    if !created.is_empty() {
+        notes.normal(
+            "CopiedPullSecrets",
+            format!("copied imagePullSecret(s) to the host: {}", created.join(", ")),
+        );
+    }
+    if !updated.is_empty() {
+        notes.normal(
+            "RecopiedPullSecrets",
+            format!("copied changed imagePullSecret(s) to the host: {}", updated.join(", ")),
+        );
+    }
+    let stale: Vec<Secret> = ctx
+        .caches
+        .host_secrets
+        .state()
+        .iter()
+        .filter(|s| s.annotations().contains_key(pull_secrets::SOURCE_ANNOTATION) && !names.contains(&s.name_any()))
+        .map(|s| (**s).clone())
+        .collect();
+    let removed = apply::delete_all(&api, &stale, &host.tenant, &host.parent)
+        .await
+        .map_err(HostWriteError::from)?;
+    if removed > 0 {
+        notes.normal(
+            "DeletedPullSecrets",
+            format!("deleted {removed} host copy(ies) of imagePullSecrets the stack no longer names"),
+        );
     }
     Ok(())
 }
@@ -945,7 +1098,7 @@ async fn cleanup(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError
     let removed = delete_host_objects(ctx, &HostNames::of(stack, tenant).parent).await?;
     if removed > 0 {
         let note = format!(
-            "deleted the controller Deployment and token copy from the host namespace {}",
+            "deleted the controller Deployment and its token and pull-secret copies from the host namespace {}",
             tenant.host_namespace
         );
         publish(tenant, stack, EventType::Normal, "DeletedHostObjects", note).await;

@@ -56,19 +56,24 @@ pub fn host_secret(name: &str, namespace: &str, data: BTreeMap<String, ByteStrin
         metadata: ObjectMeta {
             name: Some(name.into()),
             namespace: Some(namespace.into()),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "apps/v1".into(),
-                kind: "Deployment".into(),
-                name: owner.name_any(),
-                uid: owner.metadata.uid.clone().unwrap_or_default(),
-                controller: Some(true),
-                block_owner_deletion: None,
-            }]),
+            owner_references: Some(vec![owner_reference(owner)]),
             ..Default::default()
         },
         type_: Some("Opaque".into()),
         data: Some(data),
         ..Default::default()
+    }
+}
+
+/// The owner reference of a host copy the Deployment's pods use: the Deployment, so it goes with it.
+pub fn owner_reference(owner: &Deployment) -> OwnerReference {
+    OwnerReference {
+        api_version: "apps/v1".into(),
+        kind: "Deployment".into(),
+        name: owner.name_any(),
+        uid: owner.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: None,
     }
 }
 
