@@ -773,6 +773,32 @@ async fn ensure_deployment(
     }
 }
 
+/// Creates `copy` in the host namespace, or replaces the cached one when it differs (a replace the
+/// host reverted waits out its backoff).
+async fn ensure_host_secret(
+    ctx: &StackContext,
+    host: &HostNames,
+    copy: &Secret,
+    notes: &mut Notes,
+) -> Result<Applied, StackError> {
+    let api: Api<Secret> = Api::namespaced(ctx.tenant.host.clone(), &host.namespace);
+    let observed = ctx
+        .caches
+        .host_secrets
+        .get(&ObjectRef::new(&copy.name_any()).within(&host.namespace));
+    let applied = apply::ensure(
+        &api,
+        copy,
+        observed.as_deref(),
+        &host.tenant,
+        &host.parent,
+        Update::WhenDifferent(&ctx.tenant.reverted_replaces),
+    )
+    .await
+    .inspect_err(|err| conflict_note(notes, err))?;
+    Ok(applied)
+}
+
 /// Copies the tenant token to the host Secret the Deployment mounts, again whenever it changes.
 async fn ensure_token_copy(
     ctx: &StackContext,
@@ -783,21 +809,7 @@ async fn ensure_token_copy(
 ) -> Result<(), StackError> {
     let mut copy = token::host_secret(&host.secret, &host.namespace, data, owner);
     stamp(&mut copy, &host.tenant, &host.parent);
-    let api: Api<Secret> = Api::namespaced(ctx.tenant.host.clone(), &host.namespace);
-    let observed = ctx
-        .caches
-        .host_secrets
-        .get(&ObjectRef::new(&host.secret).within(&host.namespace));
-    let applied = apply::ensure(
-        &api,
-        &copy,
-        observed.as_deref(),
-        &host.tenant,
-        &host.parent,
-        Update::WhenDifferent(&ctx.tenant.reverted_replaces),
-    )
-    .await
-    .inspect_err(|err| conflict_note(notes, err))?;
+    let applied = ensure_host_secret(ctx, host, &copy, notes).await?;
     notes.token_secret_ref = Some(HostObjectRef {
         namespace: host.namespace.clone(),
         name: host.secret.clone(),
@@ -860,7 +872,6 @@ async fn ensure_pull_copies(
     owner: &Deployment,
     notes: &mut Notes,
 ) -> Result<(), StackError> {
-    let api: Api<Secret> = Api::namespaced(ctx.tenant.host.clone(), &host.namespace);
     let (mut created, mut updated) = (Vec::new(), Vec::new());
     for (name, source) in names.iter().zip(sources) {
         let target = pull_secrets::CopyTarget {
@@ -871,20 +882,7 @@ async fn ensure_pull_copies(
             owner: token::owner_reference(owner),
         };
         let copy = pull_secrets::host_copy(&target, source);
-        let observed = ctx
-            .caches
-            .host_secrets
-            .get(&ObjectRef::new(name).within(&host.namespace));
-        let applied = apply::ensure(
-            &api,
-            &copy,
-            observed.as_deref(),
-            &host.tenant,
-            &host.parent,
-            Update::WhenDifferent(&ctx.tenant.reverted_replaces),
-        )
-        .await
-        .inspect_err(|err| conflict_note(notes, err))?;
+        let applied = ensure_host_secret(ctx, host, &copy, notes).await?;
         let copied = format!("{} as {}/{name}", source.name_any(), host.namespace);
         match applied {
             Applied::Created => created.push(copied),
@@ -912,6 +910,7 @@ async fn ensure_pull_copies(
         .filter(|s| s.annotations().contains_key(pull_secrets::SOURCE_ANNOTATION) && !names.contains(&s.name_any()))
         .map(|s| (**s).clone())
         .collect();
+    let api: Api<Secret> = Api::namespaced(ctx.tenant.host.clone(), &host.namespace);
     let removed = apply::delete_all(&api, &stale, &host.tenant, &host.parent)
         .await
         .map_err(HostWriteError::from)?;
