@@ -32,25 +32,33 @@ pub async fn run(host: Client, settings: DaemonSettings, shutdown: CancellationT
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
     let admin_cancel = CancellationToken::new();
-    let (admin_addr, admin_task) = admin::serve(
+    let mut listeners = vec![(
         settings.metrics_addr,
-        metrics.clone(),
-        health.clone(),
-        admin_cancel.clone(),
-    )
-    .await
-    .map_err(|source| DaemonError::Admin {
-        addr: settings.metrics_addr,
-        source,
-    })?;
-    info!(%admin_addr, tenants_dir = %settings.tenants_dir.display(), "stackd running");
+        if settings.health_addr.is_some() {
+            admin::Endpoints::Metrics
+        } else {
+            admin::Endpoints::All
+        },
+    )];
+    listeners.extend(settings.health_addr.map(|addr| (addr, admin::Endpoints::Health)));
+    let mut admin_tasks = Vec::new();
+    for (addr, endpoints) in listeners {
+        let (bound, task) = admin::serve(addr, endpoints, metrics.clone(), health.clone(), admin_cancel.clone())
+            .await
+            .map_err(|source| DaemonError::Admin { addr, source })?;
+        info!(admin_addr = %bound, ?endpoints, "admin server listening");
+        admin_tasks.push(task);
+    }
+    info!(tenants_dir = %settings.tenants_dir.display(), "stackd running");
     health.set_ready(true);
 
     let result = run_controllers(host, settings, metrics, health.clone(), &shutdown).await;
 
     health.set_ready(false);
     admin_cancel.cancel();
-    let _ = admin_task.await;
+    for task in admin_tasks {
+        let _ = task.await;
+    }
     info!("stackd stopped");
     result
 }

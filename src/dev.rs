@@ -199,6 +199,7 @@ async fn run_daemon(
         tenant_quota: Default::default(),
         insecure_allow_conversion_webhooks: false,
         metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        health_addr: None,
         leader_election: None,
         rbac_subject: ServiceAccountRef {
             namespace: "stackd-system".into(),

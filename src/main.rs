@@ -93,10 +93,15 @@ struct RunArgs {
     /// rewrite every object of the CRD the tenant API server serves.
     #[arg(long)]
     insecure_allow_conversion_webhooks: bool,
-    /// Address of /metrics, /healthz and /readyz (loopback unless told otherwise; the
-    /// `/readyz?verbose` tenant detail is answered to loopback clients only, on any address).
+    /// Address of /metrics, and of /healthz and /readyz unless --health-addr is given (loopback
+    /// unless told otherwise; the `/readyz?verbose` tenant detail is answered to loopback clients
+    /// only, on any address).
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
     metrics_addr: SocketAddr,
+    /// Serve /healthz and /readyz on this address instead, leaving --metrics-addr with /metrics
+    /// alone (so a Service in front of it exposes nothing else).
+    #[arg(long, value_name = "ADDR")]
+    health_addr: Option<SocketAddr>,
     /// Run controllers only while holding a coordination.k8s.io Lease on the host.
     #[arg(long)]
     leader_elect: bool,
@@ -350,6 +355,7 @@ async fn run(args: RunArgs) -> ExitCode {
         },
         insecure_allow_conversion_webhooks: args.insecure_allow_conversion_webhooks,
         metrics_addr: args.metrics_addr,
+        health_addr: args.health_addr,
         leader_election: args
             .leader_elect
             .then(|| stackd::runtime::leader::LeaderElectionSettings {

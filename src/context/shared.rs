@@ -33,6 +33,9 @@ pub struct DaemonSettings {
     /// Let packages ship CRDs with conversion webhooks.
     pub insecure_allow_conversion_webhooks: bool,
     pub metrics_addr: SocketAddr,
+    /// A listener of its own for `/healthz` and `/readyz`; unset, they are served beside
+    /// `/metrics`.
+    pub health_addr: Option<SocketAddr>,
     pub leader_election: Option<LeaderElectionSettings>,
     /// The daemon's ServiceAccount, bound in every tenant namespace.
     pub rbac_subject: ServiceAccountRef,

@@ -1,9 +1,11 @@
 //! The admin server: `/metrics`, `/healthz`, `/readyz` (with `?verbose` detail per tenant).
 //!
-//! `stackd run` binds it to loopback unless `--metrics-addr` says otherwise. Where it must listen
-//! on the pod IP (the chart: kubelet probes `/healthz` and `/readyz`, Prometheus scrapes
-//! `/metrics`), the `?verbose` detail (tenant names, why each is down) is still answered only to
-//! loopback peers (`kubectl port-forward` arrives on loopback too); others get the plain answer.
+//! `stackd run` binds it to loopback unless `--metrics-addr` says otherwise. With `--health-addr`
+//! the probes get a listener of their own and the metrics address answers `/metrics` alone, so a
+//! Service in front of it (the chart's) exposes nothing else. Where a listener must be on the pod
+//! IP (kubelet probes, Prometheus scrapes), the `?verbose` detail (tenant names, why each is down)
+//! is still answered only to loopback peers (`kubectl port-forward` arrives on loopback too);
+//! others get the plain answer.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -29,20 +31,45 @@ struct HealthQuery {
     verbose: Option<String>,
 }
 
-/// Binds the admin server and serves it until `cancel` fires; returns the bound address.
+/// What one admin listener answers; any other path is a 404.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoints {
+    /// `/metrics`, `/healthz` and `/readyz`.
+    All,
+    /// `/metrics` only: what a Service may expose.
+    Metrics,
+    /// `/healthz` and `/readyz` only: what the kubelet probes.
+    Health,
+}
+
+impl Endpoints {
+    fn router(self) -> Router<AdminState> {
+        let router = Router::new();
+        let router = match self {
+            Endpoints::All | Endpoints::Metrics => router.route("/metrics", get(metrics_handler)),
+            Endpoints::Health => router,
+        };
+        match self {
+            Endpoints::All | Endpoints::Health => router
+                .route("/healthz", get(|| async { "ok" }))
+                .route("/readyz", get(readyz)),
+            Endpoints::Metrics => router,
+        }
+    }
+}
+
+/// Binds one admin listener answering `endpoints` and serves it until `cancel` fires; returns the
+/// bound address.
 pub async fn serve(
     addr: SocketAddr,
+    endpoints: Endpoints,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     cancel: CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let app = Router::new()
-        .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .with_state(AdminState { metrics, health });
+    let app = endpoints.router().with_state(AdminState { metrics, health });
     let task = tokio::spawn(async move {
         let shutdown = async move { cancel.cancelled().await };
         let app = app.into_make_service_with_connect_info::<SocketAddr>();
@@ -132,5 +159,39 @@ mod tests {
             assert!(body.starts_with("ok\n"), "{peer}: {body}");
         }
         assert_eq!(readyz_body("10.1.2.3:5000", false).await, "ok");
+    }
+
+    async fn status_line(addr: SocketAddr, path: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!("GET {path} HTTP/1.0\r\nHost: stackd\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response.lines().next().unwrap_or_default().to_string()
+    }
+
+    #[tokio::test]
+    async fn each_listener_answers_only_its_endpoints() {
+        let cancel = CancellationToken::new();
+        let paths = ["/metrics", "/healthz", "/readyz"];
+        for (endpoints, answered) in [
+            (Endpoints::All, [true, true, true]),
+            (Endpoints::Metrics, [true, false, false]),
+            (Endpoints::Health, [false, true, true]),
+        ] {
+            let health = Arc::new(Health::default());
+            health.set_ready(true);
+            let loopback = SocketAddr::from(([127, 0, 0, 1], 0));
+            let (addr, _task) = serve(loopback, endpoints, Arc::new(Metrics::new()), health, cancel.clone())
+                .await
+                .unwrap();
+            for (path, answered) in paths.into_iter().zip(answered) {
+                let status = status_line(addr, path).await;
+                let expected = if answered { " 200 " } else { " 404 " };
+                assert!(status.contains(expected), "{endpoints:?} {path}: {status}");
+            }
+        }
+        cancel.cancel();
     }
 }

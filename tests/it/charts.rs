@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -338,6 +338,7 @@ tenants:
       apiVersion: v1
       kind: Config
 metrics: {port: 9090}
+health: {port: 9091}
 resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {memory: 256Mi}}
 tenantQuota: {pods: "9", secrets: null}
 stackPods: {nodeSelector: {pool: stacks}, tolerations: ["dedicated=stacks:NoSchedule"]}
@@ -374,16 +375,23 @@ async fn the_controllers_chart_applied_to_a_host_is_what_the_values_say() {
     assert_eq!(container["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
     assert_eq!(container["resources"]["limits"]["memory"], "256Mi");
     assert_eq!(container["resources"]["requests"]["cpu"], "50m");
+    assert_eq!(container["ports"][0]["name"], "metrics");
     assert_eq!(container["ports"][0]["containerPort"], 9090);
+    // The probes have a listener of their own; the metrics one, behind the Service, answers
+    // /metrics alone.
+    assert_eq!(container["ports"][1]["name"], "health");
+    assert_eq!(container["ports"][1]["containerPort"], 9091);
     assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["livenessProbe"]["httpGet"]["port"], "health");
     assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
-    assert_eq!(container["readinessProbe"]["httpGet"]["port"], "metrics");
+    assert_eq!(container["readinessProbe"]["httpGet"]["port"], "health");
     let args = deployment_args(&deployment);
     for expected in [
         "--tenants-dir=/var/lib/stackd/tenants",
         "--tenant-namespace-template=t-{tenant}",
         "--service-account=stackd-system/stackd-daemon",
         "--metrics-addr=0.0.0.0:9090",
+        "--health-addr=0.0.0.0:9091",
         "--leader-elect",
         "--leader-elect-namespace=stackd-system",
         "--leader-elect-lease-duration=9",
@@ -402,6 +410,14 @@ async fn the_controllers_chart_applied_to_a_host_is_what_the_values_say() {
     assert!(
         mount.get("subPath").is_none(),
         "a subPath mount never sees Secret updates"
+    );
+
+    let services: Api<Service> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
+    let service = serde_json::to_value(services.get("stackd-metrics").await.expect("metrics Service")).expect("JSON");
+    assert_eq!(
+        service["spec"]["ports"],
+        json!([{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]),
+        "the Service reaches the metrics listener and nothing else"
     );
 
     let secrets: Api<Secret> = Api::namespaced(client.clone(), RELEASE_NAMESPACE);
@@ -793,12 +809,13 @@ impl Installation {
     }
 
     /// The chart's `stackd run` arguments, with fast timing and what the harness sets itself
-    /// (kubeconfigs, tenants directory, admin address) left out.
+    /// (kubeconfigs, tenants directory, admin address, and so the probes' own address) left out.
     fn daemon(&self, timing: &[&str]) -> Daemon {
         let harness_sets = [
             "run",
             "--tenants-dir",
             "--metrics-addr",
+            "--health-addr",
             "--backoff-base",
             "--sweep-interval",
             "--leader-elect-lease-duration",

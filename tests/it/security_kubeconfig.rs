@@ -700,3 +700,64 @@ async fn verbose_readiness_is_served_with_detail_to_loopback_clients_only() {
     let healthz = http_get(remote, "/healthz").expect("healthz from outside");
     assert!(healthz.ends_with("ok"), "{healthz}");
 }
+
+fn status_of(response: &str) -> &str {
+    response.lines().next().unwrap_or_default()
+}
+
+/// With `--health-addr` (as the chart runs it) the metrics listener, the one a Service exposes,
+/// answers `/metrics` alone; the probes and the readiness detail are on the other listener only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_listener_answers_only_metrics_when_health_has_its_own() {
+    let fleet = Fleet::start(&["acme"]).await;
+    let free_port = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+    };
+    let (metrics_addr, health_addr) = (free_port(), free_port());
+    let dir = fleet.dir.path();
+    let log = std::fs::File::create(dir.join("split-daemon.log")).expect("log file");
+    let _daemon = OpenDaemon(
+        Command::new(env!("CARGO_BIN_EXE_stackd"))
+            .args(["run", "--host-kubeconfig"])
+            .arg(dir.join("host.yaml"))
+            .arg("--tenants-dir")
+            .arg(dir.join("tenants"))
+            .args(["--metrics-addr", &metrics_addr.to_string()])
+            .args(["--health-addr", &health_addr.to_string()])
+            .args(["--backoff-base", "100ms", "--debounce", "50ms"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn stackd run"),
+    );
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let body = http_get(health_addr, "/readyz?verbose").unwrap_or_default();
+        if body.contains("[+]tenant acme") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no detail on the health listener; last:\n{body}\nlog:\n{}",
+            std::fs::read_to_string(dir.join("split-daemon.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let metrics = http_get(metrics_addr, "/metrics").expect("metrics");
+    assert!(status_of(&metrics).contains(" 200 "), "{metrics}");
+    assert!(metrics.contains("stackd_tenant_up"), "{metrics}");
+    for path in ["/readyz?verbose", "/readyz", "/healthz"] {
+        let response = http_get(metrics_addr, path).expect("metrics listener");
+        assert!(
+            status_of(&response).contains(" 404 "),
+            "{path} on the metrics listener: {response}"
+        );
+        assert!(!response.contains("acme"), "{response}");
+    }
+    let healthz = http_get(health_addr, "/healthz").expect("healthz");
+    assert!(healthz.ends_with("ok"), "{healthz}");
+    let not_metrics = http_get(health_addr, "/metrics").expect("health listener");
+    assert!(status_of(&not_metrics).contains(" 404 "), "{not_metrics}");
+}
