@@ -213,7 +213,8 @@ struct BenchArgs {
     /// Also write the JSON report to this file (for a later --compare).
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
-    /// Keep every daemon's log of a chaos run in this directory (by default they go with the run).
+    /// Keep daemon logs in this directory (by default they go with the run): every daemon's of a
+    /// chaos run, the stack-install daemon's of a benchmark.
     #[arg(long, value_name = "DIR")]
     keep_logs: Option<PathBuf>,
 }
@@ -388,7 +389,10 @@ async fn bench(args: BenchArgs) -> ExitCode {
         Ok(baseline) => baseline,
         Err(err) => return fail("stackd bench", err),
     };
-    let options = stackd::bench::BenchOptions { quick: args.quick };
+    let options = stackd::bench::BenchOptions {
+        quick: args.quick,
+        keep_logs: args.keep_logs.clone(),
+    };
     let report = match stackd::bench::run(&options).await {
         Ok(report) => report,
         Err(err) => return fail("stackd bench", err),

@@ -11,6 +11,7 @@ pub mod partition;
 mod pools;
 mod recovery;
 mod stacks;
+mod timeline;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -42,6 +43,8 @@ pub enum BenchError {
 pub struct BenchOptions {
     /// CI-sized: small sweeps and short idle windows (under a minute in all).
     pub quick: bool,
+    /// Keep the stack-install daemon's log here (`--keep-logs`), to read beside the latency breakdown.
+    pub keep_logs: Option<std::path::PathBuf>,
 }
 
 impl BenchOptions {
@@ -125,7 +128,7 @@ pub async fn run(options: &BenchOptions) -> Result<Report, BenchError> {
     };
     let (stack_tenants, installs) = options.stack_load();
     eprintln!("bench: {installs} StackInstalls in each of {stack_tenants} tenants");
-    let stacks = stacks::measure(stack_tenants, installs, &latency_floor).await?;
+    let stacks = stacks::measure(stack_tenants, installs, &latency_floor, options.keep_logs.as_deref()).await?;
     eprintln!("bench: a pool of {} filled by two racing daemons", options.pool_size());
     let pools = pools::measure(options.pool_size()).await?;
     eprintln!("bench: {} tenant API server restarts", options.restarts());
@@ -254,6 +257,24 @@ pub fn table(report: &Report, baseline: Option<&Report>) -> String {
             s.events_per_install
         ),
     );
+    let b = &s.latency_breakdown;
+    let phases: Vec<String> = b
+        .phases_p50_s
+        .iter()
+        .map(|(phase, seconds)| format!("{phase} {seconds:.3}"))
+        .collect();
+    line(
+        &mut out,
+        format!(
+            "install time p50: daemon {:.3} s, embedded loops {:.3} s ({} of {} timelines; missed events {}); phases p50 s: {}",
+            b.daemon_p50_s,
+            b.embedded_loops_p50_s,
+            b.complete_timelines,
+            s.installs,
+            b.missed_events,
+            phases.join(", ")
+        ),
+    );
     let p = &report.pools;
     line(
         &mut out,
@@ -317,6 +338,7 @@ mod tests {
                 requests_per_install_by_verb: BTreeMap::new(),
                 events_per_install: 5.0,
                 minimum_requests_per_install: 18.0,
+                latency_breakdown: Default::default(),
             },
             requests_per_install_ratio: ratio,
             pools: PoolFigures {

@@ -2,6 +2,7 @@
 //! each is Ready, and how many API requests each cost against the minimum a correct install needs.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -15,6 +16,7 @@ use serde_json::json;
 use super::BenchError;
 use super::fleet::Fleet;
 use super::latency::{LatencyFloor, percentile};
+use super::timeline::{LatencyBreakdown, Recorder};
 use crate::api::stacks::StackInstall;
 use crate::embedded::Verb;
 use crate::runtime::conditions::is_true;
@@ -41,14 +43,26 @@ pub struct StackFigures {
     /// Event writes per install (one per state change a user would want to see).
     pub events_per_install: f64,
     pub minimum_requests_per_install: f64,
+    /// Where install time goes: the daemon's phases against the embedded loops'.
+    #[serde(default)]
+    pub latency_breakdown: LatencyBreakdown,
 }
 
-pub async fn measure(tenants: usize, per_tenant: usize, floor: &LatencyFloor) -> Result<StackFigures, BenchError> {
-    let fleet = Fleet::start(tenants).await?;
+pub async fn measure(
+    tenants: usize,
+    per_tenant: usize,
+    floor: &LatencyFloor,
+    keep_logs: Option<&Path>,
+) -> Result<StackFigures, BenchError> {
+    let mut fleet = Fleet::start(tenants).await?;
+    if let Some(dir) = keep_logs {
+        fleet.keep_logs(dir)?;
+    }
     let daemon = fleet.daemon(&[])?;
     daemon.wait_tenants_up(tenants, Duration::from_secs(60)).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let before = fleet.counters();
+    let timeline = Recorder::start(&fleet.host, &fleet.tenants);
     let started = Instant::now();
     let mut waits = Vec::new();
     for (_, server) in &fleet.tenants {
@@ -73,6 +87,8 @@ pub async fn measure(tenants: usize, per_tenant: usize, floor: &LatencyFloor) ->
     }
     let all_ready_s = started.elapsed().as_secs_f64();
     let after = fleet.counters();
+    let latency_breakdown = timeline.breakdown();
+    drop(timeline);
     daemon.kill().await;
     fleet.shutdown().await;
 
@@ -109,6 +125,7 @@ pub async fn measure(tenants: usize, per_tenant: usize, floor: &LatencyFloor) ->
         requests_per_install_by_verb: by_verb,
         events_per_install: events / installs as f64,
         minimum_requests_per_install: MINIMUM_REQUESTS_PER_INSTALL,
+        latency_breakdown,
     })
 }
 

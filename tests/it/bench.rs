@@ -46,6 +46,23 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
         assert!(figures["watches_per_tenant"].as_f64().unwrap() > 0.0);
     }
     assert!(report["stacks"]["installs"].as_u64().unwrap() > 0);
+    // Every install's time is broken down into the daemon's phases and the embedded loops'.
+    let breakdown = &report["stacks"]["latency_breakdown"];
+    assert_eq!(
+        breakdown["complete_timelines"], report["stacks"]["installs"],
+        "{breakdown:#}"
+    );
+    assert_eq!(breakdown["missed_events"], 0, "{breakdown:#}");
+    assert!(breakdown["daemon_p50_s"].as_f64().unwrap() > 0.0, "{breakdown:#}");
+    assert!(
+        breakdown["embedded_loops_p50_s"].as_f64().unwrap() > 0.0,
+        "{breakdown:#}"
+    );
+    assert_eq!(
+        breakdown["phases_p50_s"].as_object().map(|p| p.len()),
+        Some(8),
+        "{breakdown:#}"
+    );
     assert_eq!(report["pools"]["double_leases"], 0);
     assert!(report["pools"]["fill_s"].as_f64().unwrap() > 0.0);
     assert!(report["latency_floor"]["rtt_ms_p50"].as_f64().unwrap() > 0.0);
