@@ -130,6 +130,11 @@ struct RunArgs {
     /// ClusterDeployment never appeared is released.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration, value_name = "DURATION")]
     lease_min_age: Duration,
+    /// How long one request to a cluster stackd provisioned (asset delivery) may take. Such a
+    /// cluster's address comes from a tenant-writable kubeconfig: a server that stalls must not
+    /// hold the tenant's reconciles.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    managed_cluster_timeout: Duration,
     /// Interval of the orphan sweep over host objects.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration, value_name = "DURATION")]
     sweep_interval: Duration,
@@ -251,9 +256,15 @@ fn block_on(future: impl std::future::Future<Output = ExitCode>) -> ExitCode {
     }
 }
 
+/// kube's client logs the whole text of an answer it could not decode (a warning) or that was an
+/// error (debug): a tenant Secret, or whatever a server a tenant named answered. Whatever filter is
+/// set, those lines are never written; stackd logs the error itself, without the text.
+const QUIET_KUBE_CLIENT: &str = "kube_client::client=error";
+
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_runtime=warn,kube_client=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_runtime=warn,kube_client=warn"))
+        .add_directive(QUIET_KUBE_CLIENT.parse().expect("static directive"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -369,6 +380,7 @@ async fn run(args: RunArgs) -> ExitCode {
         rbac_subject: args.service_account,
         max_concurrent_reconciles: usize::from(args.max_concurrent_reconciles),
         lease_min_age: args.lease_min_age,
+        managed_cluster_timeout: args.managed_cluster_timeout,
         sweep_interval: args.sweep_interval,
         backoff: stackd::runtime::backoff::Backoff::new(args.backoff_base, Duration::from_secs(300)),
         debounce: args.debounce,

@@ -41,6 +41,8 @@ pub struct DaemonSettings {
     pub rbac_subject: ServiceAccountRef,
     pub max_concurrent_reconciles: usize,
     pub lease_min_age: Duration,
+    /// Bound on one request to a managed cluster (`--managed-cluster-timeout`).
+    pub managed_cluster_timeout: Duration,
     pub sweep_interval: Duration,
     pub backoff: Backoff,
     pub debounce: Duration,

@@ -17,7 +17,9 @@ use super::{CLUSTER_LABEL, ROLE_LABEL};
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::ClusterDeployment;
 use crate::runtime::api_errors::{is_conflict, is_not_found};
+use crate::runtime::cause::diagnose;
 use crate::runtime::untrusted_kubeconfig::{UntrustedKubeconfigError, config_from_untrusted};
+use crate::runtime::untrusted_server;
 
 /// Namespace of BareMetalHosts on a managed cluster.
 pub const MACHINE_API_NAMESPACE: &str = "openshift-machine-api";
@@ -34,8 +36,12 @@ pub enum DeliveryError {
         #[source]
         reason: UntrustedKubeconfigError,
     },
-    #[error("managed cluster request failed: {0}")]
+    /// What the cluster answered, reduced by [`untrusted_server::sanitize`]: its address came
+    /// from the tenant.
+    #[error("managed cluster request failed: {}", diagnose(.0))]
     Remote(#[source] kube::Error),
+    #[error("the managed cluster timed out: one delivery took longer than {0:?} (see --managed-cluster-timeout)")]
+    TimedOut(Duration),
     #[error("tenant API request failed: {0}")]
     Tenant(#[source] kube::Error),
 }
@@ -62,9 +68,24 @@ pub fn remote_secret_name(asset: &BareMetalAsset) -> String {
     format!("{}-bmc-secret", asset.name_any())
 }
 
+/// A managed cluster as the tenant's admin kubeconfig describes it: every exchange with it is
+/// bounded in time and size, and its answers are sanitised, because the address is the tenant's.
+pub struct ManagedCluster {
+    client: Client,
+    /// Bound on one whole delivery or detach, each a handful of requests.
+    deadline: Duration,
+}
+
+/// Requests one delivery or detach makes at most.
+const REQUESTS_PER_EXCHANGE: u32 = 6;
+
 /// A client for the cluster, from its admin kubeconfig Secret in the tenant. The Secret is
 /// tenant-writable, so only the allow-listed inline data of the kubeconfig is used.
-pub async fn cluster_client(tenant: &Client, cd: &ClusterDeployment) -> Result<Client, DeliveryError> {
+pub async fn cluster_client(
+    tenant: &Client,
+    cd: &ClusterDeployment,
+    timeout: Duration,
+) -> Result<ManagedCluster, DeliveryError> {
     let name = cd.name_any();
     let bad = |e: String| DeliveryError::Kubeconfig(name.clone(), e);
     let secret_name = cd
@@ -84,27 +105,50 @@ pub async fn cluster_client(tenant: &Client, cd: &ClusterDeployment) -> Result<C
         .and_then(|d| d.get("kubeconfig"))
         .map(|b| String::from_utf8_lossy(&b.0).into_owned())
         .ok_or_else(|| bad(format!("Secret {secret_name} has no key kubeconfig")))?;
-    let mut config = config_from_untrusted(&text).map_err(|reason| DeliveryError::KubeconfigRefused {
+    let config = config_from_untrusted(&text).map_err(|reason| DeliveryError::KubeconfigRefused {
         cluster: name.clone(),
         secret: secret_name.clone(),
         reason,
     })?;
-    config.connect_timeout = Some(Duration::from_secs(5));
-    Client::try_from(config).map_err(|e| bad(e.to_string()))
+    let client = untrusted_server::client(config, timeout).map_err(|e| bad(e.to_string()))?;
+    Ok(ManagedCluster {
+        client,
+        deadline: timeout * REQUESTS_PER_EXCHANGE,
+    })
+}
+
+/// A failed request to the managed cluster, with nothing of a non-Kubernetes answer left in it.
+fn remote_failure(err: kube::Error) -> DeliveryError {
+    DeliveryError::Remote(untrusted_server::sanitize(err))
 }
 
 /// Creates or updates the host's Secret and BareMetalHost on the cluster. Returns true once the
 /// BareMetalHost is there as the asset says (false: a stale one was removed, come back).
 pub async fn deliver(
-    remote: &Client,
+    managed: &ManagedCluster,
     asset: &BareMetalAsset,
     credentials: &BTreeMap<String, ByteString>,
     cluster: &str,
 ) -> Result<bool, DeliveryError> {
-    if !deliver_secret(remote, asset, credentials).await? {
-        return Ok(false);
-    }
-    deliver_host(remote, asset, cluster).await
+    let remote = &managed.client;
+    let exchange = async {
+        if !deliver_secret(remote, asset, credentials).await? {
+            return Ok(false);
+        }
+        deliver_host(remote, asset, cluster).await
+    };
+    within(managed.deadline, exchange).await
+}
+
+/// `exchange`, or [`DeliveryError::TimedOut`] when it takes longer than `deadline`: a server can
+/// trickle an answer a byte at a time, which no per-read timeout notices.
+async fn within<T>(
+    deadline: Duration,
+    exchange: impl Future<Output = Result<T, DeliveryError>>,
+) -> Result<T, DeliveryError> {
+    tokio::time::timeout(deadline, exchange)
+        .await
+        .unwrap_or(Err(DeliveryError::TimedOut(deadline)))
 }
 
 /// Only the BMC credentials are copied to the cluster, whatever else the tenant's Secret holds.
@@ -125,7 +169,7 @@ async fn deliver_secret(
     let secrets = Api::<Secret>::namespaced(remote.clone(), MACHINE_API_NAMESPACE);
     let secret_name = remote_secret_name(asset);
     let data = remote_credentials(credentials);
-    match secrets.get_opt(&secret_name).await.map_err(DeliveryError::Remote)? {
+    match secrets.get_opt(&secret_name).await.map_err(remote_failure)? {
         None => {
             let secret = Secret {
                 metadata: kube::api::ObjectMeta {
@@ -140,7 +184,7 @@ async fn deliver_secret(
             secrets
                 .create(&PostParams::default(), &secret)
                 .await
-                .map_err(DeliveryError::Remote)?;
+                .map_err(remote_failure)?;
         }
         Some(existing) if existing.data.as_ref() != Some(&data) => {
             let mut updated = existing.clone();
@@ -149,7 +193,7 @@ async fn deliver_secret(
             match secrets.replace(&secret_name, &PostParams::default(), &updated).await {
                 Ok(_) => {}
                 Err(err) if is_conflict(&err) => return Ok(false),
-                Err(err) => return Err(DeliveryError::Remote(err)),
+                Err(err) => return Err(remote_failure(err)),
             }
         }
         Some(_) => {}
@@ -222,12 +266,12 @@ fn host_change(existing: &DynamicObject, asset: &BareMetalAsset, cluster: &str) 
 async fn deliver_host(remote: &Client, asset: &BareMetalAsset, cluster: &str) -> Result<bool, DeliveryError> {
     let hosts = Api::<DynamicObject>::namespaced_with(remote.clone(), MACHINE_API_NAMESPACE, &bmh_resource());
     let name = asset.name_any();
-    let Some(existing) = hosts.get_opt(&name).await.map_err(DeliveryError::Remote)? else {
+    let Some(existing) = hosts.get_opt(&name).await.map_err(remote_failure)? else {
         let object: DynamicObject = serde_json::from_value(new_host(asset, cluster)).expect("static shape");
         hosts
             .create(&PostParams::default(), &object)
             .await
-            .map_err(DeliveryError::Remote)?;
+            .map_err(remote_failure)?;
         return Ok(true);
     };
     if existing.metadata.deletion_timestamp.is_some() {
@@ -242,7 +286,7 @@ async fn deliver_host(remote: &Client, asset: &BareMetalAsset, cluster: &str) ->
             hosts
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
-                .map_err(DeliveryError::Remote)?;
+                .map_err(remote_failure)?;
             Ok(true)
         }
         HostChange::UpToDate => Ok(true),
@@ -256,25 +300,25 @@ where
     match api.delete(name, &DeleteParams::default()).await {
         Ok(_) => Ok(()),
         Err(err) if is_not_found(&err) => Ok(()),
-        Err(err) => Err(DeliveryError::Remote(err)),
+        Err(err) => Err(remote_failure(err)),
     }
 }
 
 /// Removes the BareMetalHost (metal3 deprovisions it) and its Secret from the cluster. Returns true
 /// once both are gone.
-pub async fn detach(remote: &Client, asset: &BareMetalAsset) -> Result<bool, DeliveryError> {
+pub async fn detach(managed: &ManagedCluster, asset: &BareMetalAsset) -> Result<bool, DeliveryError> {
+    within(managed.deadline, detach_from(&managed.client, asset)).await
+}
+
+async fn detach_from(remote: &Client, asset: &BareMetalAsset) -> Result<bool, DeliveryError> {
     let hosts = Api::<DynamicObject>::namespaced_with(remote.clone(), MACHINE_API_NAMESPACE, &bmh_resource());
     let secrets = Api::<Secret>::namespaced(remote.clone(), MACHINE_API_NAMESPACE);
     let name = asset.name_any();
     let secret_name = remote_secret_name(asset);
     delete_and_ignore_missing(&hosts, &name).await?;
     delete_and_ignore_missing(&secrets, &secret_name).await?;
-    let host_gone = hosts.get_opt(&name).await.map_err(DeliveryError::Remote)?.is_none();
-    let secret_gone = secrets
-        .get_opt(&secret_name)
-        .await
-        .map_err(DeliveryError::Remote)?
-        .is_none();
+    let host_gone = hosts.get_opt(&name).await.map_err(remote_failure)?.is_none();
+    let secret_gone = secrets.get_opt(&secret_name).await.map_err(remote_failure)?.is_none();
     Ok(host_gone && secret_gone)
 }
 

@@ -16,3 +16,4 @@ pub mod recovery;
 pub mod retry;
 pub mod shutdown;
 pub mod untrusted_kubeconfig;
+pub mod untrusted_server;

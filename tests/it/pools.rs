@@ -370,7 +370,11 @@ async fn a_pool_fills_from_its_inventory_through_installer_jobs() {
         pod.service_account_name.as_deref(),
         Some(format!("{prefix}-installer").as_str())
     );
+    // The installer image is the tenant's choice: pulled every time, so that no tenant runs another
+    // tenant's private image from a node's cache; no Service of the host namespace in its env.
+    assert_eq!(pod.enable_service_links, Some(false));
     let container = &pod.containers[0];
+    assert_eq!(container.image_pull_policy.as_deref(), Some("Always"));
     assert_eq!(
         container.args.clone().unwrap(),
         ["create", "cluster", "--dir", "/installer"]

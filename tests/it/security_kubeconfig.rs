@@ -441,35 +441,40 @@ async fn admin_secret(tenant: &Client, name: &str) -> Option<Secret> {
         .expect("get admin secret")
 }
 
-/// The installer image is the tenant's choice: an output kubeconfig with `exec` (or one that does
-/// not parse, holding a token) is not copied to the tenant; the ClusterDeployment stops, naming
-/// the field or the line, and nothing runs or connects.
+/// The installer image is the tenant's choice: an output kubeconfig that runs a command, reads a
+/// file, uses a proxy or impersonates (or one that does not parse, holding a token) is not copied
+/// to the tenant; the ClusterDeployment stops, naming the field or the line, and nothing runs,
+/// is read or connects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_installer_output_kubeconfig_with_exec_is_not_copied_to_the_tenant() {
+async fn installer_output_kubeconfigs_that_run_code_read_files_or_proxy_are_not_copied_to_the_tenant() {
     let (fleet, tenant) = setup().await;
-    let witness = Witness::start().await;
+    let (witness, proxy) = (Witness::start().await, Witness::start().await);
     let dir = tempfile::tempdir().expect("marker dir");
-    let marker = dir.path().join("installer-exec-ran");
-    let exec = kubeconfig(
-        &witness.url("http"),
-        json!({}),
-        json!({"exec": {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": "/usr/bin/touch",
-            "args": [marker.display().to_string()]}}),
-    );
+    plant_daemon_files(dir.path());
+    let mut outputs: Vec<(String, String, &str)> = attacks(&witness, &proxy, dir.path())
+        .into_iter()
+        .map(|(name, kubeconfig, field)| (format!("inst-{name}"), kubeconfig, field))
+        .collect();
+    outputs.push((
+        "inst-malformed".into(),
+        malformed_kubeconfig(&witness.url("http")),
+        "line",
+    ));
     register_installer(
         &fleet,
         ATTACKER_INSTALLER,
-        BTreeMap::from([
-            ("inst-exec".to_string(), exec),
-            ("inst-malformed".to_string(), malformed_kubeconfig(&witness.url("http"))),
-        ]),
+        outputs
+            .iter()
+            .map(|(name, kubeconfig, _)| (name.clone(), kubeconfig.clone()))
+            .collect(),
     );
-    for name in ["inst-exec", "inst-malformed"] {
+    for (name, _, _) in &outputs {
         provisioned_cluster(&tenant, name, ATTACKER_INSTALLER).await;
     }
     let daemon = fleet.daemon(&["--sweep-interval", "1h"]);
 
-    for (name, detail) in [("inst-exec", "users[0].user.exec"), ("inst-malformed", "line")] {
+    for (name, _, detail) in &outputs {
+        let name = name.as_str();
         until(&format!("{name} stops naming {detail}"), &daemon, || async {
             condition(&cd_conditions(&tenant, name).await, "ProvisionStopped")
                 .is_some_and(|(s, r, m)| s == "True" && r == "AdminKubeconfigRefused" && m.contains(detail))
@@ -507,8 +512,149 @@ async fn an_installer_output_kubeconfig_with_exec_is_not_copied_to_the_tenant() 
         !daemon.log_text().contains(PLANTED_TOKEN),
         "the token leaked into the log"
     );
-    assert!(!marker.exists(), "the installer's exec command ran in the daemon");
-    assert_eq!(witness.connections(), 0);
+    assert_eq!(markers(dir.path()), Vec::<String>::new(), "a command ran in the daemon");
+    assert_eq!(
+        witness.connections(),
+        0,
+        "the daemon connected to the installer's server"
+    );
+    assert_eq!(proxy.connections(), 0, "the daemon connected to the installer's proxy");
+}
+
+/// Text a host-internal service answers with: it must never reach the tenant or the log.
+const INTERNAL_TEXT: &str = "internal-answer-93b1d7";
+
+/// How a server that is no Kubernetes API server answers every request.
+#[derive(Clone, Copy, Debug)]
+enum Answer {
+    /// An HTML error page, as a web service or a metadata endpoint gives.
+    HtmlNotFound,
+    /// 200 with JSON that is no Kubernetes object.
+    NotAnObject,
+    /// Takes the request and never answers.
+    Stall,
+    /// An error whose body never ends.
+    EndlessError,
+}
+
+/// A loopback server answering as `answer` says; counts the bytes it sent.
+async fn foreign_server(answer: Answer) -> (SocketAddr, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    let sent = Arc::new(AtomicUsize::new(0));
+    let counter = sent.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buffer = [0u8; 4096];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match socket.read(&mut buffer).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                let whole = |status: &str, kind: &str, body: String| {
+                    format!(
+                        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                };
+                let reply = match answer {
+                    Answer::HtmlNotFound => whole(
+                        "404 Not Found",
+                        "text/html",
+                        format!("<html><body>{INTERNAL_TEXT}</body></html>"),
+                    ),
+                    Answer::NotAnObject => whole(
+                        "200 OK",
+                        "application/json",
+                        json!({"apiVersion": "v1", "kind": "Secret", "data": INTERNAL_TEXT}).to_string(),
+                    ),
+                    Answer::Stall => {
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                        return;
+                    }
+                    Answer::EndlessError => {
+                        "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n".into()
+                    }
+                };
+                if socket.write_all(reply.as_bytes()).await.is_err() {
+                    return;
+                }
+                if let Answer::EndlessError = answer {
+                    let chunk = format!("{:x}\r\n{}\r\n", 64 * INTERNAL_TEXT.len(), INTERNAL_TEXT.repeat(64));
+                    while socket.write_all(chunk.as_bytes()).await.is_ok() {
+                        counter.fetch_add(chunk.len(), Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+    });
+    (address, sent)
+}
+
+/// The address in an admin kubeconfig is the tenant's: pointed at a service that is no Kubernetes
+/// API server (an HTML page, a JSON document, a server that never answers or answers without end),
+/// delivery fails with the asset saying so, without any of the answer, within the daemon's bound,
+/// and without reading an endless answer to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_cluster_address_that_is_no_api_server_reads_nothing_back_and_holds_nothing() {
+    let (fleet, tenant) = setup().await;
+    let mut servers = Vec::new();
+    for (name, answer) in [
+        ("html", Answer::HtmlNotFound),
+        ("json", Answer::NotAnObject),
+        ("stall", Answer::Stall),
+        ("endless", Answer::EndlessError),
+    ] {
+        let (address, sent) = foreign_server(answer).await;
+        let kubeconfig = kubeconfig(&format!("http://{address}"), json!({}), json!({"token": "t"}));
+        installed_cluster_with_asset(&tenant, name, &kubeconfig).await;
+        servers.push((name, sent));
+    }
+    let daemon = fleet.daemon(&["--sweep-interval", "1h", "--managed-cluster-timeout", "1s"]);
+
+    for (name, detail) in [
+        ("html", "HTTP 404 without a Kubernetes Status"),
+        ("json", "not the Kubernetes object asked for"),
+        ("stall", "timed out"),
+        ("endless", "managed cluster request failed"),
+    ] {
+        until(
+            &format!("asset {name} says delivery failed: {detail}"),
+            &daemon,
+            || async {
+                asset_host_created(&tenant, name)
+                    .await
+                    .is_some_and(|(s, r, m)| s == "False" && r == "DeliveryFailed" && m.contains(detail))
+            },
+        )
+        .await;
+    }
+    let (_, endless_sent) = servers.iter().find(|(name, _)| *name == "endless").expect("endless");
+    assert!(
+        endless_sent.load(Ordering::SeqCst) < 64 * 1024 * 1024,
+        "the daemon kept reading an endless answer: {} bytes",
+        endless_sent.load(Ordering::SeqCst)
+    );
+    let mut shown = vec![daemon.log_text()];
+    for (name, _) in &servers {
+        let asset = Api::<BareMetalAsset>::namespaced(tenant.clone(), NS)
+            .get(name)
+            .await
+            .unwrap();
+        shown.push(serde_json::to_string(&asset.status).unwrap());
+        shown.push(format!("{:?}", events(&tenant, NS, name).await));
+    }
+    for text in shown {
+        assert!(
+            !text.contains(INTERNAL_TEXT),
+            "the foreign server's answer was read back:\n{text}"
+        );
+    }
 }
 
 const HONEST_INSTALLER: &str = "quay.io/example/installer:4.14";

@@ -244,10 +244,11 @@ async fn deliver(
 ) -> (HostReport, Duration) {
     let tenant = &ctx.tenant;
     let credentials = secret.and_then(|s| s.data.clone()).unwrap_or_default();
-    let result = match delivery::cluster_client(&tenant.client, cd).await {
-        Ok(remote) => delivery::deliver(&remote, asset, &credentials, cluster).await,
-        Err(err) => Err(err),
-    };
+    let result =
+        match delivery::cluster_client(&tenant.client, cd, tenant.shared.settings.managed_cluster_timeout).await {
+            Ok(remote) => delivery::deliver(&remote, asset, &credentials, cluster).await,
+            Err(err) => Err(err),
+        };
     let name = asset.name_any();
     let key = format!("bma-delivery/{}/{name}", asset.namespace().unwrap_or_default());
     let after = match &result {
@@ -315,10 +316,11 @@ async fn remove_from_cluster(
     cd: &ClusterDeployment,
     cluster: &str,
 ) -> Option<Duration> {
-    let result = match delivery::cluster_client(&tenant.client, cd).await {
-        Ok(remote) => delivery::detach(&remote, asset).await,
-        Err(err) => Err(err),
-    };
+    let result =
+        match delivery::cluster_client(&tenant.client, cd, tenant.shared.settings.managed_cluster_timeout).await {
+            Ok(remote) => delivery::detach(&remote, asset).await,
+            Err(err) => Err(err),
+        };
     match result {
         Ok(true) => {
             let note = format!(

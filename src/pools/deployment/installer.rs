@@ -148,10 +148,15 @@ pub fn installer_job(name: &str, namespace: &str, names: &Names, image: &str, cl
                 "spec": {
                     "restartPolicy": "Never",
                     "serviceAccountName": names.installer,
+                    // The host namespace's Services are none of the installer's business.
+                    "enableServiceLinks": false,
                     "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [{
                         "name": "installer",
                         "image": image,
+                        // The image is the tenant's choice: pulled with the Job's own credentials
+                        // every time, never run from a node's cache of another tenant's pull.
+                        "imagePullPolicy": "Always",
                         "args": args,
                         "env": [
                             {"name": "STACKD_OUTPUT_SECRET", "value": names.output},
