@@ -25,10 +25,12 @@ pub const QUOTA_NAME: &str = "stackd-tenant-quota";
 /// Name of the LimitRange in every tenant's host namespace.
 pub const LIMIT_RANGE_NAME: &str = "stackd-tenant-limits";
 /// `--tenant-quota` when not given.
-pub const DEFAULT_QUOTA: &str =
-    "pods=50,requests.cpu=8,requests.memory=16Gi,limits.cpu=16,limits.memory=32Gi,count/jobs.batch=50,secrets=200";
+/// Node disk (`ephemeral-storage`: emptyDirs, logs, writable layers) is shared like CPU and memory.
+pub const DEFAULT_QUOTA: &str = "pods=50,requests.cpu=8,requests.memory=16Gi,requests.ephemeral-storage=20Gi,\
+     limits.cpu=16,limits.memory=32Gi,limits.ephemeral-storage=50Gi,count/jobs.batch=50,secrets=200";
 /// `--tenant-container-defaults` when not given.
-pub const DEFAULT_CONTAINER_DEFAULTS: &str = "requests.cpu=100m,requests.memory=128Mi,limits.cpu=1,limits.memory=512Mi";
+pub const DEFAULT_CONTAINER_DEFAULTS: &str = "requests.cpu=100m,requests.memory=128Mi,requests.ephemeral-storage=100Mi,\
+     limits.cpu=1,limits.memory=512Mi,limits.ephemeral-storage=1Gi";
 
 /// What every tenant's host namespace is limited to.
 #[derive(Clone, Debug, PartialEq, Eq)]

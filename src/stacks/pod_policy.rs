@@ -101,12 +101,44 @@ const ALLOWED_TEMPLATE_ANNOTATIONS: &[&str] = &[
     "kubectl.kubernetes.io/restartedAt",
 ];
 
+/// The Kubernetes-domain labels a stack's pod may carry: the recommended ones, which describe the
+/// application and select nothing on the host.
+const ALLOWED_KUBERNETES_LABELS: &[&str] = &[
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+];
+const LABEL_NOT_ALLOWED: &str = "is not allowed: labels in stackd's, kubernetes.io's and k8s.io's domains are what the host's policies and stackd select pods by; a stack's pod may carry labels of its own and app.kubernetes.io/{name,instance,version,component,part-of}";
+
+/// Whether a package may put `key` on its pod: any key of its own domain (or none), and of the
+/// reserved domains only [`ALLOWED_KUBERNETES_LABELS`].
+fn allowed_template_label(key: &str) -> bool {
+    let Some((prefix, _)) = key.split_once('/') else {
+        return true;
+    };
+    let under = |domain: &str| prefix == domain || prefix.ends_with(&format!(".{domain}"));
+    if under("stackd.dev") || under("kubernetes.io") || under("k8s.io") {
+        ALLOWED_KUBERNETES_LABELS.contains(&key)
+    } else {
+        true
+    }
+}
+
 fn check_metadata(path: &str, metadata: &Value, found: &mut Found) {
     for (key, value) in fields(metadata) {
         let path = format!("{path}.{key}");
         match key {
             // stackd sets the pod's name and namespace itself.
-            "labels" | "name" | "namespace" => {}
+            "name" | "namespace" => {}
+            "labels" => {
+                for (label, _) in fields(value) {
+                    if !allowed_template_label(label) {
+                        found.refuse(&format!("{path}[{label}]"), LABEL_NOT_ALLOWED);
+                    }
+                }
+            }
             "annotations" => {
                 // The key only: a value may be anything the package author put there.
                 for (annotation, _) in fields(value) {
@@ -514,6 +546,31 @@ mod tests {
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].starts_with(field), "{found:?} does not start with {field}");
         found[0].clone()
+    }
+
+    #[test]
+    fn pod_labels_in_stackds_or_the_hosts_domains_are_refused_and_the_packages_own_pass() {
+        let labelled = |labels: Value| -> Vec<String> {
+            let template: PodTemplateSpec = serde_json::from_value(json!({
+                "metadata": {"labels": labels},
+                "spec": {"containers": [container(json!({}))]},
+            }))
+            .unwrap();
+            violations(&template, &PodPolicy::default())
+        };
+        let own = json!({"app": "c", "example.org/tier": "x", "app.kubernetes.io/name": "c"});
+        assert_eq!(labelled(own), Vec::<String>::new());
+        for key in [
+            "stackd.dev/tenant",
+            "stacks.stackd.dev/parent-name",
+            "app.kubernetes.io/managed-by",
+            "node-role.kubernetes.io/control-plane",
+            "x.k8s.io/anything",
+        ] {
+            let found = labelled(json!({ key: "v" }));
+            assert_eq!(found.len(), 1, "{key}: {found:?}");
+            assert!(found[0].contains(&format!("labels[{key}]")), "{found:?}");
+        }
     }
 
     #[test]

@@ -396,8 +396,8 @@ async fn the_controllers_chart_applied_to_a_host_is_what_the_values_say() {
         "--leader-elect-namespace=stackd-system",
         "--leader-elect-lease-duration=9",
         "--stackd-image=registry.example.com/stackd:1.2.3",
-        "--tenant-quota=count/jobs.batch=50,limits.cpu=16,limits.memory=32Gi,pods=9,requests.cpu=8,requests.memory=16Gi",
-        "--tenant-container-defaults=limits.cpu=1,limits.memory=512Mi,requests.cpu=100m,requests.memory=128Mi",
+        "--tenant-quota=count/jobs.batch=50,limits.cpu=16,limits.ephemeral-storage=50Gi,limits.memory=32Gi,pods=9,requests.cpu=8,requests.ephemeral-storage=20Gi,requests.memory=16Gi",
+        "--tenant-container-defaults=limits.cpu=1,limits.ephemeral-storage=1Gi,limits.memory=512Mi,requests.cpu=100m,requests.ephemeral-storage=100Mi,requests.memory=128Mi",
         "--stack-node-selector=pool=stacks",
         "--stack-toleration=dedicated=stacks:NoSchedule",
     ] {

@@ -229,6 +229,16 @@ async fn pods_naming_host_secrets_or_placing_themselves_are_refused() {
             "spec.template.spec.runtimeClassName",
         ),
         (
+            "host-network",
+            Box::new(pod_field("hostNetwork", json!(true))),
+            "spec.template.spec.hostNetwork",
+        ),
+        (
+            "privileged",
+            Box::new(container_field("securityContext", json!({"privileged": true}))),
+            "spec.template.spec.containers[0].securityContext.privileged",
+        ),
+        (
             "host-path",
             Box::new(pod_field(
                 "volumes",
@@ -256,9 +266,14 @@ async fn pods_naming_host_secrets_or_placing_themselves_are_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn host_network_annotations_and_a_localhost_apparmor_profile_are_refused() {
+async fn host_network_annotations_host_policy_labels_and_a_localhost_apparmor_profile_are_refused() {
     let fleet = StackFleet::start(&["acme"]).await;
     let tenant = fleet.tenant("acme");
+    // A label the host's policies select pods by (or stackd's own) would let the pod pass for another.
+    let label = "stackd.dev/tenant";
+    write_template_package(&fleet, "labels", |template| {
+        template["metadata"]["labels"][label] = json!("globex");
+    });
     // Multus would attach the pod to the node's networks; the value names them.
     let networks = "k8s.v1.cni.cncf.io/networks";
     let value = "kube-system/host-bridge-network";
@@ -268,7 +283,7 @@ async fn host_network_annotations_and_a_localhost_apparmor_profile_are_refused()
     let localhost = json!({"appArmorProfile": {"type": "Localhost", "localhostProfile": "unconfined-on-node"}});
     write_package(&fleet, "apparmor", container_field("securityContext", localhost));
     let daemon = fleet.daemon(&[]);
-    for name in ["multus", "apparmor"] {
+    for name in ["multus", "apparmor", "labels"] {
         create_install(&tenant, name, name, json!({"package": format!("examples/{name}:v1")})).await;
     }
     let message = assert_refused(
@@ -282,6 +297,14 @@ async fn host_network_annotations_and_a_localhost_apparmor_profile_are_refused()
     assert!(!message.contains(value), "the annotation's value is echoed: {message}");
     let event = refusal_event(&tenant, "multus", "multus", &daemon).await;
     assert!(!event.contains(value), "the annotation's value is echoed: {event}");
+    assert_refused(
+        &tenant,
+        "labels",
+        "labels",
+        &format!("spec.template.metadata.labels[{label}]"),
+        &daemon,
+    )
+    .await;
     assert_refused(
         &tenant,
         "apparmor",
