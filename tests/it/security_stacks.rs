@@ -961,3 +961,74 @@ async fn an_old_crd_shared_with_another_install_is_not_taken_over_by_switching_t
     assert!(stacks_on(&tenant).await.is_empty(), "a Stack was created");
     assert_eq!(granted_in(&fleet, "team-a").await, Vec::<String>::new());
 }
+
+/// Installs of one package in two namespaces share its CRD, but only the install that created it
+/// changes it: team-b moving to a version whose CRD differs is refused and the CRD stays as it
+/// is, while team-a (its creator) upgrades it; then team-b's install, asking for what is there,
+/// goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_shared_crd_changes_only_through_the_install_that_created_it() {
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    const GADGETS: &str = "gadgets.shared.example.org";
+    let v1 = crd("gadgets", "shared.example.org", "Gadget");
+    let mut v2 = v1.clone();
+    v2["spec"]["versions"]
+        .as_array_mut()
+        .expect("versions")
+        .push(json!({"name": "v2", "served": true, "storage": false,
+            "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}));
+    write_package(&fleet, "shared-stack", &[v1], "Namespaced");
+    let daemon = fleet.daemon(&[]);
+    for namespace in ["team-a", "team-b"] {
+        create_install(
+            &tenant,
+            namespace,
+            "gadgets",
+            json!({"package": "examples/shared-stack:v1"}),
+        )
+        .await;
+        let (status, _, message) = wait_for_reason(&tenant, namespace, "gadgets", &daemon, "Available").await;
+        assert_eq!(status, "True", "{namespace}: {message}");
+    }
+    let served = |crd: &CustomResourceDefinition| crd.spec.versions.iter().map(|v| v.name.clone()).collect::<Vec<_>>();
+    let shared = crd_on(&tenant, GADGETS).await.expect("the shared CRD");
+    assert_eq!(served(&shared), ["v1"]);
+
+    // The package's next version: its CRD serves v2 too.
+    write_package(&fleet, "shared-stack", &[v2], "Namespaced");
+    let upgrade = |namespace: &str| {
+        let api: Api<StackInstall> = Api::namespaced(tenant.clone(), namespace);
+        async move {
+            let patch = json!({"spec": {"package": "examples/shared-stack:v2"}});
+            api.patch("gadgets", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .expect("upgrade");
+        }
+    };
+    upgrade("team-b").await;
+    let (status, _, message) = wait_for_reason(&tenant, "team-b", "gadgets", &daemon, "CRDConflict").await;
+    assert_eq!(status, "False");
+    assert!(
+        message.contains(GADGETS) && message.contains("StackInstall team-a/gadgets"),
+        "{message}"
+    );
+    wait_for_event(&tenant, "team-b", "gadgets", "CRDConflict", GADGETS, &daemon).await;
+    let after = crd_on(&tenant, GADGETS).await.expect("the shared CRD");
+    assert_eq!(
+        after.resource_version(),
+        shared.resource_version(),
+        "team-b changed the CRD team-a created"
+    );
+
+    upgrade("team-a").await;
+    wait_until("team-a's upgrade serves v2", SOON, &daemon, || async {
+        let crd = crd_on(&tenant, GADGETS).await?;
+        (served(&crd) == ["v1", "v2"]).then_some(())
+    })
+    .await;
+    for namespace in ["team-a", "team-b"] {
+        let (status, _, message) = wait_for_reason(&tenant, namespace, "gadgets", &daemon, "Available").await;
+        assert_eq!(status, "True", "{namespace}: {message}");
+    }
+}

@@ -2,18 +2,21 @@
 //! no other package uses, never in stackd's or Kubernetes' groups, never a CRD stackd did not create,
 //! and no conversion webhooks unless the daemon allows them.
 //!
-//! A CRD belongs to the package (image repository, registry included) whose install created it:
-//! installs of that same package in other namespaces share it, as Crossplane's namespaced stacks did
-//! (each adds its Stack's parent label), and any of them may upgrade it. Only the package's publisher
-//! can put content in that repository, so another package — whatever its installer claims — never
-//! changes the CRD. stackd's managed label and its package annotation prove the ownership; a package
-//! cannot forge either, because stackd drops every key in its own domain from what a package ships.
+//! A CRD's API group belongs to the package (image repository, registry included) whose install
+//! created it: installs of that same package in other namespaces share its CRDs, as Crossplane's
+//! namespaced stacks did (each adds its Stack's parent label). Only the install that created a CRD
+//! changes it, though (or, once its creator is gone, the one install still using it): another
+//! namespace's install of the package — at another version, say — shares it only as it is, so no
+//! user of one namespace can change what another namespace's stack relies on. stackd's managed
+//! label and its package and installer annotations prove all this; a package cannot forge them,
+//! because stackd drops every key in its own domain from what a package ships.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
 
+use crate::api::crds::{SPEC_HASH_ANNOTATION, spec_hash};
 use crate::stacks::{CRD_PARENT_LABEL_PREFIX, crd_parent_label, reserved_group_owner};
 
 /// Label on tenant CRDs that a stack install created: only these are ever changed or deleted by stackd.
@@ -60,7 +63,18 @@ impl Installer {
         same_package || self.only_user_of(crd)
     }
 
-    fn only_user_of(&self, crd: &CustomResourceDefinition) -> bool {
+    /// True when this install may change `crd`'s definition: stackd created it for this install, or
+    /// this install's Stack is the only one using it (its creator is gone).
+    pub fn may_change(&self, crd: &CustomResourceDefinition) -> bool {
+        let created_here = crd
+            .annotations()
+            .get(INSTALLED_BY_ANNOTATION)
+            .is_some_and(|creator| *creator == self.annotation());
+        crd.labels().contains_key(MANAGED_CRD_LABEL) && (created_here || self.only_user_of(crd))
+    }
+
+    /// True when this install's Stack is the only one using `crd`.
+    pub fn only_user_of(&self, crd: &CustomResourceDefinition) -> bool {
         let own = self.parent_label();
         let mut parents = crd
             .labels()
@@ -95,6 +109,10 @@ pub enum CrdRefusal {
     )]
     NotOurs { name: String, owner: String },
     #[error(
+        "the package's CRD {name} differs from the one on the tenant, which {owner} and other installs use too; only the install that created a CRD changes it, so that no namespace changes what another's stack relies on: install the package at the version that install runs, or have it upgraded first"
+    )]
+    SharedChange { name: String, owner: String },
+    #[error(
         "the package's CRD {name} is in API group {group}, where CRD {existing} already exists and {owner}; a package may create CRDs only in API groups no one else uses: move the CRD to an API group of your own"
     )]
     GroupTaken {
@@ -113,7 +131,9 @@ impl CrdRefusal {
     pub fn reason(&self) -> &'static str {
         match self {
             CrdRefusal::ReservedGroup { .. } => "CRDGroupReserved",
-            CrdRefusal::NotOurs { .. } | CrdRefusal::GroupTaken { .. } => "CRDConflict",
+            CrdRefusal::NotOurs { .. } | CrdRefusal::GroupTaken { .. } | CrdRefusal::SharedChange { .. } => {
+                "CRDConflict"
+            }
             CrdRefusal::ConversionWebhook { .. } => "ConversionWebhookRefused",
         }
     }
@@ -121,7 +141,10 @@ impl CrdRefusal {
     /// Ownership changes when the other install goes away: worth looking again then. A reserved group
     /// or a webhook needs another package.
     pub fn retry_later(&self) -> bool {
-        matches!(self, CrdRefusal::NotOurs { .. } | CrdRefusal::GroupTaken { .. })
+        matches!(
+            self,
+            CrdRefusal::NotOurs { .. } | CrdRefusal::GroupTaken { .. } | CrdRefusal::SharedChange { .. }
+        )
     }
 }
 
@@ -141,13 +164,20 @@ pub fn check(
             owner,
         });
     }
-    if let Some(current) = existing.get(&name)
-        && !installer.owns(current)
-    {
-        return Err(CrdRefusal::NotOurs {
-            owner: describe_owner(current),
-            name,
-        });
+    if let Some(current) = existing.get(&name) {
+        if !installer.owns(current) {
+            return Err(CrdRefusal::NotOurs {
+                owner: describe_owner(current),
+                name,
+            });
+        }
+        let unchanged = current.annotations().get(SPEC_HASH_ANNOTATION) == Some(&spec_hash(crd));
+        if !unchanged && !installer.may_change(current) {
+            return Err(CrdRefusal::SharedChange {
+                owner: describe_owner(current),
+                name,
+            });
+        }
     }
     let taken = existing
         .values()
@@ -235,6 +265,7 @@ mod tests {
         crd.metadata.annotations = Some(BTreeMap::from([
             (INSTALLED_BY_ANNOTATION.to_string(), installer.annotation()),
             (PACKAGE_REPOSITORY_ANNOTATION.to_string(), installer.repository.clone()),
+            (SPEC_HASH_ANNOTATION.to_string(), spec_hash(&crd)),
         ]));
         crd
     }
@@ -319,6 +350,43 @@ mod tests {
         let sprockets = crd("sprockets.samples.example.org", "samples.example.org");
         let existing = BTreeMap::from([(shared.name_any(), &shared)]);
         assert_eq!(check(&sprockets, &existing, &elsewhere, false), Ok(()));
+    }
+
+    #[test]
+    fn only_the_creating_install_changes_a_shared_crd_the_others_take_it_as_it_is() {
+        let creator = installer("team-a", "sample");
+        let elsewhere = Installer {
+            namespace: "team-b".into(),
+            ..creator.clone()
+        };
+        let mut shared = made_by(crd("widgets.samples.example.org", "samples.example.org"), &creator);
+        shared
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert(elsewhere.parent_label(), "true".into());
+        let existing = BTreeMap::from([(shared.name_any(), &shared)]);
+        let same = crd("widgets.samples.example.org", "samples.example.org");
+        assert_eq!(check(&same, &existing, &elsewhere, false), Ok(()), "joins as it is");
+        let mut other_version = same.clone();
+        other_version.spec.versions[0].name = "v2".into();
+        let refusal = check(&other_version, &existing, &elsewhere, false).expect_err("refused");
+        assert!(matches!(refusal, CrdRefusal::SharedChange { .. }), "{refusal:?}");
+        assert_eq!(refusal.reason(), "CRDConflict");
+        assert!(refusal.to_string().contains("StackInstall team-a/sample"), "{refusal}");
+        assert_eq!(
+            check(&other_version, &existing, &creator, false),
+            Ok(()),
+            "the creator upgrades"
+        );
+        // Once the creator's Stack is gone, the one install still using it may change it.
+        let mut left = shared.clone();
+        left.metadata
+            .labels
+            .get_or_insert_default()
+            .remove(&creator.parent_label());
+        let existing = BTreeMap::from([(left.name_any(), &left)]);
+        assert_eq!(check(&other_version, &existing, &elsewhere, false), Ok(()));
     }
 
     #[test]

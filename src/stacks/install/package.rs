@@ -167,7 +167,9 @@ pub fn desired_crd(
     let mut annotations = without_stackd_keys(crd.metadata.annotations.as_ref());
     annotations.insert(SPEC_HASH_ANNOTATION.into(), spec_hash(crd));
     annotations.insert(PACKAGE_REPOSITORY_ANNOTATION.into(), installer.repository.clone());
+    // The creator changes the CRD; once it is gone, the one install still using it takes its place.
     let created_by = existing
+        .filter(|e| !installer.only_user_of(e))
         .and_then(|e| e.annotations().get(INSTALLED_BY_ANNOTATION).cloned())
         .unwrap_or_else(|| installer.annotation());
     annotations.insert(INSTALLED_BY_ANNOTATION.into(), created_by);
