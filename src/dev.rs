@@ -197,6 +197,7 @@ async fn run_daemon(
         insecure_pass_full_deployment: false,
         stack_pod_policy: Default::default(),
         tenant_quota: Default::default(),
+        stack_crd_groups: Default::default(),
         insecure_allow_conversion_webhooks: false,
         metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         health_addr: None,

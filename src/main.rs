@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use stackd::api::stacks::PermissionScope;
+use stackd::context::crd_groups::CrdGroups;
 use stackd::context::namespace_template::NamespaceTemplate;
 use stackd::context::pod_policy::{AllowedToleration, NodeLabel, PodPolicy};
 use stackd::host::namespace::ServiceAccountRef;
@@ -89,6 +90,11 @@ struct RunArgs {
     /// pods that set none fit the quota.
     #[arg(long, default_value = DEFAULT_CONTAINER_DEFAULTS, value_name = "requests.NAME=QUANTITY,limits.NAME=QUANTITY,...")]
     tenant_container_defaults: ContainerDefaults,
+    /// API groups packages may create CRDs in: comma-separated groups and `*.DOMAIN` patterns, or
+    /// `*` for any group but stackd's and Kubernetes' own. On a shared tenant, name your packages'
+    /// domains, so that no package takes a well-known group before its operator is installed.
+    #[arg(long, default_value = "*", value_name = "GROUP,*.DOMAIN,...")]
+    stack_crd_groups: CrdGroups,
     /// Let packages ship CRDs with conversion webhooks (`spec.conversion.strategy: Webhook`), which
     /// rewrite every object of the CRD the tenant API server serves.
     #[arg(long)]
@@ -365,6 +371,7 @@ async fn run(args: RunArgs) -> ExitCode {
             hard: args.tenant_quota,
             container_defaults: args.tenant_container_defaults,
         },
+        stack_crd_groups: args.stack_crd_groups,
         insecure_allow_conversion_webhooks: args.insecure_allow_conversion_webhooks,
         metrics_addr: args.metrics_addr,
         health_addr: args.health_addr,

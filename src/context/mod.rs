@@ -3,6 +3,7 @@
 //! sits between the host conventions (`host`) and the controllers (`stacks`, `pools`, `inventory`),
 //! which `tenancy` starts; none of them is imported here.
 
+pub mod crd_groups;
 pub mod endpoint;
 pub mod events;
 pub mod namespace_template;

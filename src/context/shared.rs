@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use kube::Client;
 
+use super::crd_groups::CrdGroups;
 use super::namespace_template::NamespaceTemplate;
 use super::pod_policy::PodPolicy;
 use crate::host::namespace::ServiceAccountRef;
@@ -30,6 +31,8 @@ pub struct DaemonSettings {
     pub stack_pod_policy: PodPolicy,
     /// The ResourceQuota and LimitRange of every tenant's host namespace.
     pub tenant_quota: TenantQuota,
+    /// The API groups packages may create CRDs in (`--stack-crd-groups`).
+    pub stack_crd_groups: CrdGroups,
     /// Let packages ship CRDs with conversion webhooks.
     pub insecure_allow_conversion_webhooks: bool,
     pub metrics_addr: SocketAddr,

@@ -342,6 +342,7 @@ health: {port: 9091}
 resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {memory: 256Mi}}
 tenantQuota: {pods: "9", secrets: null}
 stackPods: {nodeSelector: {pool: stacks}, tolerations: ["dedicated=stacks:NoSchedule"]}
+stackCrdGroups: ["*.example.org", "widgets.acme.io"]
 "#;
 
 const TENANT_VALUES: &str = r#"
@@ -400,6 +401,7 @@ async fn the_controllers_chart_applied_to_a_host_is_what_the_values_say() {
         "--tenant-container-defaults=limits.cpu=1,limits.ephemeral-storage=1Gi,limits.memory=512Mi,requests.cpu=100m,requests.ephemeral-storage=100Mi,requests.memory=128Mi",
         "--stack-node-selector=pool=stacks",
         "--stack-toleration=dedicated=stacks:NoSchedule",
+        "--stack-crd-groups=*.example.org,widgets.acme.io",
     ] {
         assert!(args.iter().any(|a| a == expected), "{expected} missing from {args:?}");
     }

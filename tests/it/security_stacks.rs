@@ -213,6 +213,39 @@ async fn a_package_shipping_stackds_own_crd_is_refused_and_changes_nothing() {
     assert_eq!(granted_in(&fleet, "team-a").await, Vec::<String>::new());
 }
 
+/// With `--stack-crd-groups`, a package may take no API group outside the list, such as a
+/// well-known operator's not installed yet; the sample's group, on the list, installs as before.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_package_taking_a_group_outside_the_daemons_list_is_refused() {
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    const CERTIFICATES: &str = "certificates.cert-manager.io";
+    write_package(
+        &fleet,
+        "squat-stack",
+        &[crd("certificates", "cert-manager.io", "Certificate")],
+        "Namespaced",
+    );
+    let daemon = fleet.daemon(&["--stack-crd-groups", "*.example.org"]);
+    create_install(
+        &tenant,
+        "team-b",
+        "squat",
+        json!({"package": "examples/squat-stack:v1"}),
+    )
+    .await;
+    let (status, _, message) = wait_for_reason(&tenant, "team-b", "squat", &daemon, "CRDGroupReserved").await;
+    assert_eq!(status, "False");
+    assert!(
+        message.contains(CERTIFICATES) && message.contains("--stack-crd-groups *.example.org"),
+        "{message}"
+    );
+    wait_for_event(&tenant, "team-b", "squat", "CRDGroupReserved", CERTIFICATES, &daemon).await;
+    assert!(crd_on(&tenant, CERTIFICATES).await.is_none(), "the CRD was created");
+    assert!(stacks_on(&tenant).await.is_empty(), "a Stack was created");
+    install_sample(&tenant, &daemon).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_package_shipping_a_crd_another_install_created_is_refused() {
     let fleet = StackFleet::start(&[TENANT]).await;
@@ -518,7 +551,7 @@ async fn stack_rules_beyond_the_allow_list_are_refused_and_grant_nothing() {
         "the generated rules grant *"
     );
 
-    // A namespace admin edits the install's Stack (Stacks are writable to the admin persona).
+    // A user who may write Stacks (no persona may; a custom role could grant it) edits the install's Stack.
     let stacks: Api<Stack> = Api::namespaced(tenant.clone(), "team-a");
     let attacks = [
         (

@@ -17,6 +17,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::ResourceExt;
 
 use crate::api::crds::{SPEC_HASH_ANNOTATION, spec_hash};
+use crate::context::crd_groups::CrdGroups;
 use crate::stacks::{CRD_PARENT_LABEL_PREFIX, crd_parent_label, reserved_group_owner};
 
 /// Label on tenant CRDs that a stack install created: only these are ever changed or deleted by stackd.
@@ -125,12 +126,20 @@ pub enum CrdRefusal {
         "the package's CRD {name} asks for a conversion webhook (spec.conversion.strategy: Webhook), which would let the package's service rewrite every {name} object the tenant API server serves; stackd refuses it unless the daemon runs with --insecure-allow-conversion-webhooks"
     )]
     ConversionWebhook { name: String },
+    #[error(
+        "the package's CRD {name} is in API group {group}, which the daemon does not let packages use (--stack-crd-groups {allowed}): move the CRD to an allowed API group, or ask the host's operators to allow this one"
+    )]
+    GroupNotAllowed {
+        name: String,
+        group: String,
+        allowed: String,
+    },
 }
 
 impl CrdRefusal {
     pub fn reason(&self) -> &'static str {
         match self {
-            CrdRefusal::ReservedGroup { .. } => "CRDGroupReserved",
+            CrdRefusal::ReservedGroup { .. } | CrdRefusal::GroupNotAllowed { .. } => "CRDGroupReserved",
             CrdRefusal::NotOurs { .. } | CrdRefusal::GroupTaken { .. } | CrdRefusal::SharedChange { .. } => {
                 "CRDConflict"
             }
@@ -148,12 +157,21 @@ impl CrdRefusal {
     }
 }
 
+/// What the daemon's flags allow packages' CRDs.
+#[derive(Clone, Copy, Debug)]
+pub struct CrdRules<'a> {
+    /// `--stack-crd-groups`.
+    pub groups: &'a CrdGroups,
+    /// `--insecure-allow-conversion-webhooks`.
+    pub allow_conversion_webhooks: bool,
+}
+
 /// Checks one package CRD against the tenant's CRDs (by name).
 pub fn check(
     crd: &CustomResourceDefinition,
     existing: &BTreeMap<String, &CustomResourceDefinition>,
     installer: &Installer,
-    allow_conversion_webhooks: bool,
+    rules: &CrdRules<'_>,
 ) -> Result<(), CrdRefusal> {
     let name = crd.name_any();
     let group = &crd.spec.group;
@@ -162,6 +180,13 @@ pub fn check(
             name,
             group: group.clone(),
             owner,
+        });
+    }
+    if !rules.groups.allows(group) {
+        return Err(CrdRefusal::GroupNotAllowed {
+            name,
+            group: group.clone(),
+            allowed: rules.groups.to_string(),
         });
     }
     if let Some(current) = existing.get(&name) {
@@ -190,7 +215,7 @@ pub fn check(
             owner: describe_owner(other),
         });
     }
-    if !allow_conversion_webhooks && asks_for_conversion_webhook(crd) {
+    if !rules.allow_conversion_webhooks && asks_for_conversion_webhook(crd) {
         return Err(CrdRefusal::ConversionWebhook { name });
     }
     Ok(())
@@ -270,12 +295,20 @@ mod tests {
         crd
     }
 
+    fn rules(allow_conversion_webhooks: bool) -> CrdRules<'static> {
+        static ANY: std::sync::LazyLock<CrdGroups> = std::sync::LazyLock::new(CrdGroups::default);
+        CrdRules {
+            groups: &ANY,
+            allow_conversion_webhooks,
+        }
+    }
+
     fn check_against(
         package: &CustomResourceDefinition,
         tenant: &[CustomResourceDefinition],
     ) -> Result<(), CrdRefusal> {
         let existing = tenant.iter().map(|c| (c.name_any(), c)).collect();
-        check(package, &existing, &installer("team-a", "sample"), false)
+        check(package, &existing, &installer("team-a", "sample"), &rules(false))
     }
 
     #[test]
@@ -349,7 +382,7 @@ mod tests {
         assert!(elsewhere.owns(&shared));
         let sprockets = crd("sprockets.samples.example.org", "samples.example.org");
         let existing = BTreeMap::from([(shared.name_any(), &shared)]);
-        assert_eq!(check(&sprockets, &existing, &elsewhere, false), Ok(()));
+        assert_eq!(check(&sprockets, &existing, &elsewhere, &rules(false)), Ok(()));
     }
 
     #[test]
@@ -367,15 +400,19 @@ mod tests {
             .insert(elsewhere.parent_label(), "true".into());
         let existing = BTreeMap::from([(shared.name_any(), &shared)]);
         let same = crd("widgets.samples.example.org", "samples.example.org");
-        assert_eq!(check(&same, &existing, &elsewhere, false), Ok(()), "joins as it is");
+        assert_eq!(
+            check(&same, &existing, &elsewhere, &rules(false)),
+            Ok(()),
+            "joins as it is"
+        );
         let mut other_version = same.clone();
         other_version.spec.versions[0].name = "v2".into();
-        let refusal = check(&other_version, &existing, &elsewhere, false).expect_err("refused");
+        let refusal = check(&other_version, &existing, &elsewhere, &rules(false)).expect_err("refused");
         assert!(matches!(refusal, CrdRefusal::SharedChange { .. }), "{refusal:?}");
         assert_eq!(refusal.reason(), "CRDConflict");
         assert!(refusal.to_string().contains("StackInstall team-a/sample"), "{refusal}");
         assert_eq!(
-            check(&other_version, &existing, &creator, false),
+            check(&other_version, &existing, &creator, &rules(false)),
             Ok(()),
             "the creator upgrades"
         );
@@ -386,7 +423,7 @@ mod tests {
             .get_or_insert_default()
             .remove(&creator.parent_label());
         let existing = BTreeMap::from([(left.name_any(), &left)]);
-        assert_eq!(check(&other_version, &existing, &elsewhere, false), Ok(()));
+        assert_eq!(check(&other_version, &existing, &elsewhere, &rules(false)), Ok(()));
     }
 
     #[test]
@@ -448,7 +485,10 @@ mod tests {
         assert_eq!(refusal.reason(), "ConversionWebhookRefused");
         assert!(refusal.to_string().contains("--insecure-allow-conversion-webhooks"));
         let existing = BTreeMap::new();
-        assert_eq!(check(&hooked, &existing, &installer("team-a", "sample"), true), Ok(()));
+        assert_eq!(
+            check(&hooked, &existing, &installer("team-a", "sample"), &rules(true)),
+            Ok(())
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use kube::{Api, Resource, ResourceExt};
 
 pub use super::crd_policy::MANAGED_CRD_LABEL;
 use super::crd_policy::{
-    self, CrdRefusal, INSTALLED_BY_ANNOTATION, Installer, PACKAGE_REPOSITORY_ANNOTATION, without_stackd_keys,
+    self, CrdRefusal, CrdRules, INSTALLED_BY_ANNOTATION, Installer, PACKAGE_REPOSITORY_ANNOTATION, without_stackd_keys,
 };
 use crate::api::crds::{SPEC_HASH_ANNOTATION, is_established, spec_hash};
 use crate::api::stacks::{InstallSpec, PermissionScope, Stack};
@@ -74,7 +74,7 @@ pub struct CheckInputs<'a> {
     pub installer: &'a Installer,
     pub existing_crds: &'a BTreeMap<String, &'a CustomResourceDefinition>,
     pub pass_full_deployment: bool,
-    pub allow_conversion_webhooks: bool,
+    pub crd_rules: CrdRules<'a>,
     pub pod_policy: &'a PodPolicy,
 }
 
@@ -101,8 +101,7 @@ pub fn check(contents: &PackageContents, inputs: &CheckInputs<'_>) -> Result<(),
         }
     }
     for crd in &contents.crds {
-        crd_policy::check(crd, existing_crds, inputs.installer, inputs.allow_conversion_webhooks)
-            .map_err(PackageError::Crd)?;
+        crd_policy::check(crd, existing_crds, inputs.installer, &inputs.crd_rules).map_err(PackageError::Crd)?;
     }
     for crd in &contents.crds {
         let name = crd.name_any();

@@ -15,6 +15,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use tracing::info;
 
+use super::crd_policy::CrdRules;
 use super::job::{self, JobInputs, JobState};
 use super::object::{Report, event, installer_of, patch_finalizers};
 use super::package::{self, PackageError};
@@ -236,7 +237,10 @@ async fn complete<K: InstallKind>(
             installer: &installer,
             existing_crds: &existing,
             pass_full_deployment: settings.insecure_pass_full_deployment,
-            allow_conversion_webhooks: settings.insecure_allow_conversion_webhooks,
+            crd_rules: CrdRules {
+                groups: &settings.stack_crd_groups,
+                allow_conversion_webhooks: settings.insecure_allow_conversion_webhooks,
+            },
             pod_policy: &settings.stack_pod_policy,
         };
         if let Err(err) = package::check(&contents, &inputs) {
