@@ -17,3 +17,4 @@ pub mod retry;
 pub mod shutdown;
 pub mod untrusted_kubeconfig;
 pub mod untrusted_server;
+pub mod written;

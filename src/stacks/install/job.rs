@@ -20,8 +20,6 @@ use crate::stacks::pull_secrets;
 pub const PACKAGE_ANNOTATION: &str = "stacks.stackd.dev/package";
 /// Annotation on the Job: which attempt this is (drives the retry backoff).
 pub const ATTEMPT_ANNOTATION: &str = "stacks.stackd.dev/attempt";
-/// Annotation on the Job: set once its output has been applied to the tenant.
-pub const APPLIED_ANNOTATION: &str = "stacks.stackd.dev/applied";
 /// The container whose log is the install stream.
 pub const UNPACK_CONTAINER: &str = "unpack";
 /// Where the package's `.registry` is copied to.

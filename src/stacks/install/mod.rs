@@ -8,6 +8,7 @@ mod object;
 pub mod package;
 mod reconcile;
 mod uninstall;
+mod unpacked;
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -36,6 +37,7 @@ use crate::runtime::readiness::Readiness;
 use crate::runtime::recovery::NoTriggerBackoff;
 use crate::runtime::retry;
 use crate::runtime::shutdown::run_controller;
+use crate::runtime::written::Written;
 use crate::stacks::crd_parent_label;
 
 /// The two install kinds differ only in the permission scope of the stacks they install.
@@ -104,6 +106,10 @@ pub struct InstallContext {
     pub stackd_image: String,
     /// Fires when the tenant stops.
     pub cancel: CancellationToken,
+    /// Package contents read and not yet applied in full.
+    unpacked: unpacked::Unpacked,
+    /// The last status written to each install.
+    written: Written<StackInstallStatus>,
 }
 
 /// Why a reconcile failed; it is retried with backoff.
@@ -169,6 +175,8 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
         caches_filled,
         stackd_image,
         cancel: cancel.clone(),
+        unpacked: Default::default(),
+        written: Default::default(),
     });
     let concurrency = context.shared.settings.max_concurrent_reconciles.max(1) as u16;
     let tenant = context.name.clone();

@@ -195,6 +195,9 @@ pub struct CrdWrites {
     /// A CRD was created by someone else between our cache and our create: it does not carry our
     /// label yet, so its events will not wake us; look again soon.
     pub raced: bool,
+    /// Of the writes, those that created a CRD or changed its definition: the API server must
+    /// establish it (again) before the Stack may use it. The rest only relabelled it.
+    pub definitions: usize,
 }
 
 /// Creates or updates the CRDs.
@@ -211,14 +214,20 @@ pub async fn apply_crds(
         let desired = desired_crd(crd, existing, installer);
         match existing {
             None => match api.create(&PostParams::default(), &desired).await {
-                Ok(_) => done.writes += 1,
+                Ok(_) => {
+                    done.writes += 1;
+                    done.definitions += 1;
+                }
                 Err(kube::Error::Api(status)) if status.code == 409 => done.raced = true,
                 Err(err) => return Err(err),
             },
             Some(existing) if crd_up_to_date(existing, &desired) => {}
-            Some(_) => {
+            Some(existing) => {
                 api.replace(&name, &PostParams::default(), &desired).await?;
                 done.writes += 1;
+                if existing.annotations().get(SPEC_HASH_ANNOTATION) != desired.annotations().get(SPEC_HASH_ANNOTATION) {
+                    done.definitions += 1;
+                }
             }
         }
     }

@@ -28,7 +28,7 @@ use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::metrics::Metrics;
 use crate::stacks::INSTALL_FINALIZER;
 use crate::stacks::pull_secrets;
-use crate::stacks::stream::{self, LOG_LIMIT_BYTES};
+use crate::stacks::stream::{self, LOG_LIMIT_BYTES, PackageContents};
 
 pub(super) async fn reconcile<K: InstallKind>(
     install: Arc<K>,
@@ -57,13 +57,19 @@ pub(super) async fn reconcile<K: InstallKind>(
         install.namespace().unwrap_or_default(),
         install.name_any()
     );
-    let (action, report) = if install.meta().deletion_timestamp.is_some() {
+    let deleting = install.meta().deletion_timestamp.is_some();
+    let (action, report) = if deleting {
         uninstall::run(install.as_ref(), &ctx).await?
     } else {
         apply(install.as_ref(), &ctx).await?
     };
     if let Some(report) = report {
         publish(install.as_ref(), &ctx, report).await?;
+    }
+    if deleting {
+        let uid = install.uid().unwrap_or_default();
+        ctx.unpacked.forget(&uid);
+        ctx.written.forget(&uid);
     }
     tenant.object_backoff.succeeded(&backoff_key);
     Ok(action)
@@ -203,23 +209,25 @@ async fn complete<K: InstallKind>(
     let stack_current = stack
         .as_ref()
         .is_some_and(|s| package::stack_current(s, &uid, install.install(), package));
-    let applied_before = job::annotation(observed, job::APPLIED_ANNOTATION) == Some("true");
-    if !(applied_before && stack_current) {
+    if stack_current {
+        // The Stack is created last: a current one means everything of this package is applied.
+        ctx.unpacked.forget(&uid);
+    } else {
         // Only now is the log read: once per Job, or when the Stack went missing.
-        let log = match unpack_log(ctx, observed).await {
-            Ok(log) => log,
-            Err(message) => {
-                let at = completion_time(observed);
-                return retry(install, ctx, parent, observed, attempt, at, "InvalidPackage", message).await;
-            }
-        };
-        let contents = match stream::decode(&log) {
-            Ok(contents) => contents,
-            Err(err) => {
-                let at = completion_time(observed);
-                let message = format!("install Job {} output refused: {err}", observed.name_any());
-                return retry(install, ctx, parent, observed, attempt, at, "InvalidPackage", message).await;
-            }
+        let job_uid = observed.uid().unwrap_or_default();
+        let contents = match ctx.unpacked.get(&uid, &job_uid) {
+            Some(contents) => contents,
+            None => match read_output(ctx, observed).await {
+                Ok(contents) => {
+                    let contents = Arc::new(contents);
+                    ctx.unpacked.keep(&uid, &job_uid, contents.clone());
+                    contents
+                }
+                Err(message) => {
+                    let at = completion_time(observed);
+                    return retry(install, ctx, parent, observed, attempt, at, "InvalidPackage", message).await;
+                }
+            },
         };
         if let Some(existing) = stack.as_ref().filter(|s| !package::controlled_by(s, &uid)) {
             // Another's Stack at our name: its CRDs carry the same Stack label as ours would, so
@@ -262,7 +270,13 @@ async fn complete<K: InstallKind>(
             .await;
         }
         let waiting = package::not_established(&contents, &existing);
-        if writes > 0 || applied.raced || !waiting.is_empty() {
+        if applied.definitions > 0 && !applied.raced {
+            // Their Established events bring this install back to create the Stack, moments from
+            // now: a WaitingForCRDs status would be one more write per install, stale at once. If
+            // they are not established by the next look, that look says so.
+            return Ok((Action::requeue(ESTABLISH_WAIT), None));
+        }
+        if applied.raced || !waiting.is_empty() {
             let names = if waiting.is_empty() {
                 contents
                     .crds
@@ -325,16 +339,10 @@ async fn complete<K: InstallKind>(
                 Err(err) => return Err(InstallError::Tenant(err)),
             },
         }
-        if !applied_before {
-            mark_applied(ctx, observed).await?;
-        }
     }
     let mut report = match stack.as_ref().filter(|_| stack_current) {
         Some(stack) => stack_readiness(stack),
-        None => Report::waiting(
-            "WaitingForStack",
-            format!("Stack {name} has not reported readiness yet"),
-        ),
+        None => stack_on_its_way(&name),
     };
     report.synced = Some((
         true,
@@ -368,6 +376,10 @@ fn stack_conflict(existing: &Stack, namespace: &str, name: &str) -> Report {
     )
 }
 
+/// The Stack's `Ready` reasons that only say which step it waits for: the install says that the
+/// Stack is on its way, once, instead of a status write for each step (the Stack shows them).
+const STACK_PROGRESS_REASONS: &[&str] = &["WaitingForCrds", "WaitingForToken", "DeploymentUnavailable"];
+
 fn stack_readiness(stack: &Stack) -> Report {
     let ready = stack
         .status
@@ -378,15 +390,19 @@ fn stack_readiness(stack: &Stack) -> Report {
             ready: (true, "Available", format!("Stack {} is ready", stack.name_any())),
             ..Report::waiting("", String::new())
         },
-        Some(c) => Report::waiting(
+        Some(c) if !STACK_PROGRESS_REASONS.contains(&c.reason.as_str()) => Report::waiting(
             "WaitingForStack",
             format!("Stack {} is not ready: {}", stack.name_any(), c.message),
         ),
-        None => Report::waiting(
-            "WaitingForStack",
-            format!("Stack {} has not reported readiness yet", stack.name_any()),
-        ),
+        _ => stack_on_its_way(&stack.name_any()),
     }
+}
+
+fn stack_on_its_way(name: &str) -> Report {
+    Report::waiting(
+        "WaitingForStack",
+        format!("Stack {name} is not ready yet (its status says which step it is at)"),
+    )
 }
 
 fn refused(err: PackageError, job_ref: HostObjectRef) -> (Action, Option<Report>) {
@@ -637,16 +653,14 @@ fn last_lines(log: &str, count: usize) -> String {
     lines[lines.len().saturating_sub(count)..].join(" | ")
 }
 
-async fn mark_applied(ctx: &InstallContext, job: &Job) -> Result<(), InstallError> {
-    let jobs: Api<Job> = Api::namespaced(ctx.tenant.host.clone(), &ctx.tenant.host_namespace);
-    let patch = json!({"metadata": {
-        "uid": job.metadata.uid,
-        "annotations": {job::APPLIED_ANNOTATION: "true"},
-    }});
-    jobs.patch(&job.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map_err(InstallError::HostApi)?;
-    Ok(())
+/// When a reconcile that created or changed CRDs looks again if their events have not brought it
+/// back: an API server establishes a CRD within moments.
+const ESTABLISH_WAIT: Duration = Duration::from_secs(2);
+
+/// The verified package contents in a completed Job's log, or why there are none.
+async fn read_output(ctx: &InstallContext, job: &Job) -> Result<PackageContents, String> {
+    let log = unpack_log(ctx, job).await?;
+    stream::decode(&log).map_err(|err| format!("install Job {} output refused: {err}", job.name_any()))
 }
 
 async fn ensure_finalizer<K: InstallKind>(install: &K, ctx: &InstallContext) -> Result<(), InstallError> {
@@ -664,7 +678,10 @@ pub(super) async fn publish<K: InstallKind>(
     ctx: &InstallContext,
     report: Report,
 ) -> Result<(), InstallError> {
-    let old = install.install_status().cloned().unwrap_or_default();
+    let uid = install.uid().unwrap_or_default();
+    let cached_version = install.resource_version();
+    let cached = install.install_status().cloned().unwrap_or_default();
+    let old = ctx.written.current(&uid, cached_version.as_deref(), cached);
     let mut status = old.clone();
     let generation = install.meta().generation;
     let now = Time(jiff::Timestamp::now());
@@ -707,7 +724,7 @@ pub(super) async fn publish<K: InstallKind>(
         .patch_status(&install.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => {}
+        Ok(stored) => ctx.written.record(&uid, stored.resource_version(), status),
         Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
         Err(err) => return Err(InstallError::Tenant(err)),
     }

@@ -38,7 +38,7 @@ use super::pull_secrets;
 use super::unpack::split_dependency;
 use super::{STACK_FINALIZER, crd_parent_label};
 use crate::api::common::HostObjectRef;
-use crate::api::stacks::{ClusterStackInstall, Stack, StackInstall};
+use crate::api::stacks::{ClusterStackInstall, Stack, StackInstall, StackStatus};
 use crate::context::endpoint::TenantEndpoint;
 use crate::context::tenant::{TenantContext, TenantError};
 use crate::host::apply::{self, Applied, HostWriteError, Update, stamp};
@@ -53,6 +53,7 @@ use crate::runtime::panics::{self, ReconcilePanic};
 use crate::runtime::readiness::Readiness;
 use crate::runtime::recovery::NoTriggerBackoff;
 use crate::runtime::retry;
+use crate::runtime::written::Written;
 
 /// The controller's name in metrics and logs.
 pub const CONTROLLER: &str = "stack";
@@ -112,6 +113,8 @@ struct StackContext {
     installs: Installs,
     caches_filled: Readiness,
     reported: ReportedReadiness,
+    /// The last status written to each Stack.
+    written: Written<StackStatus>,
 }
 
 /// The Ready condition (status, reason) this process last wrote per Stack. A reconcile starts from
@@ -228,6 +231,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
         tenant: context.clone(),
         caches_filled: caches.readiness(&installs),
         reported: ReportedReadiness::default(),
+        written: Written::default(),
         caches,
         installs,
     });
@@ -766,9 +770,11 @@ async fn ensure_deployment(
     }
     match observed {
         Some(current) if applied != Applied::Created => Ok(Ok(current)),
+        // Said as the Deployment's own first status will say it, so that seeing that status is no
+        // second write.
         _ => Ok(Err(Outcome::waiting(
-            "WaitingForDeployment",
-            format!("waiting for the controller Deployment {namespace}/{name} to be observed"),
+            "DeploymentUnavailable",
+            unavailable_message(namespace, name, NO_REPLICA_YET),
         ))),
     }
 }
@@ -939,11 +945,14 @@ fn readiness(host: &HostNames, current: &Deployment) -> Outcome {
         .and_then(|s| s.conditions.as_ref())
         .and_then(|c| c.iter().find(|c| c.type_ == "Available" || c.type_ == "Progressing"))
         .and_then(|c| c.message.clone())
-        .unwrap_or_else(|| "no replica is available yet".into());
-    Outcome::waiting(
-        "DeploymentUnavailable",
-        format!("the controller Deployment {namespace}/{name} is not available: {why}"),
-    )
+        .unwrap_or_else(|| NO_REPLICA_YET.into());
+    Outcome::waiting("DeploymentUnavailable", unavailable_message(namespace, name, &why))
+}
+
+const NO_REPLICA_YET: &str = "no replica is available yet";
+
+fn unavailable_message(namespace: &str, name: &str, why: &str) -> String {
+    format!("the controller Deployment {namespace}/{name} is not available: {why}")
 }
 
 fn conflict_note(notes: &mut Notes, err: &HostWriteError) {
@@ -975,7 +984,10 @@ where
 /// the Ready condition.
 async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes: Notes) -> Result<(), StackError> {
     let tenant = &ctx.tenant;
-    let old = stack.status.clone().unwrap_or_default();
+    let uid = stack.uid().unwrap_or_default();
+    let cached_version = stack.resource_version();
+    let cached = stack.status.clone().unwrap_or_default();
+    let old = ctx.written.current(&uid, cached_version.as_deref(), cached);
     let mut status = old.clone();
     let generation = stack.metadata.generation;
     let now = Time(jiff::Timestamp::now());
@@ -1040,12 +1052,14 @@ async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes:
                 fields.entry(key).or_insert(serde_json::Value::Null);
             }
         }
-        api.patch_status(
-            &stack.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "status": body })),
-        )
-        .await?;
+        let stored = api
+            .patch_status(
+                &stack.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": body })),
+            )
+            .await?;
+        ctx.written.record(&uid, stored.resource_version(), status);
         if ready_changed {
             info!(tenant = %tenant.name, stack = %key, ready = outcome.ready, reason = outcome.reason, "stack status");
         }
@@ -1136,6 +1150,7 @@ async fn cleanup(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError
         }
     }
     ctx.reported.forget(&backoff_key(stack));
+    ctx.written.forget(&stack.uid().unwrap_or_default());
     info!(tenant = %tenant.name, stack = %backoff_key(stack), host_objects = removed, "stack uninstalled");
     Ok(Action::await_change())
 }
