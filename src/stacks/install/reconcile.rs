@@ -24,7 +24,7 @@ use crate::api::stacks::Stack;
 use crate::host::Parent;
 use crate::host::apply::{self, Applied};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
-use crate::runtime::metrics::Metrics;
+use crate::runtime::controller::Permit;
 use crate::stacks::INSTALL_FINALIZER;
 use crate::stacks::pull_secrets;
 use crate::stacks::stream::{self, LOG_LIMIT_BYTES};
@@ -32,30 +32,8 @@ use crate::stacks::stream::{self, LOG_LIMIT_BYTES};
 pub(super) async fn reconcile<K: InstallKind>(
     install: Arc<K>,
     ctx: Arc<InstallContext>,
+    _permit: Permit,
 ) -> Result<Action, InstallError> {
-    let tenant = &ctx.tenant;
-    let Ok(_permit) = tenant.reconcile_permits.clone().acquire_owned().await else {
-        return Ok(Action::await_change());
-    };
-
-    // Decisions (above all, what to delete) need complete caches, not a half-finished first list.
-    let filled = tokio::select! {
-        // A cache that cannot fill (an unreachable tenant, a forbidden watch) must not hold up shutdown.
-        _ = ctx.cancel.cancelled() => false,
-        filled = ctx.caches_filled.wait() => filled,
-    };
-    if !filled {
-        return Ok(Action::await_change());
-    }
-
-    let labels = Metrics::controller(&tenant.name, K::kind(&()).as_ref());
-    tenant.shared.metrics.reconciles.get_or_create(&labels).inc();
-    let backoff_key = format!(
-        "{}:{}/{}",
-        K::kind(&()),
-        install.namespace().unwrap_or_default(),
-        install.name_any()
-    );
     let (action, report) = if install.meta().deletion_timestamp.is_some() {
         uninstall::run(install.as_ref(), &ctx).await?
     } else {
@@ -64,7 +42,6 @@ pub(super) async fn reconcile<K: InstallKind>(
     if let Some(report) = report {
         publish(install.as_ref(), &ctx, report).await?;
     }
-    tenant.object_backoff.succeeded(&backoff_key);
     Ok(action)
 }
 
