@@ -328,6 +328,13 @@ impl Informers {
         cache
     }
 
+    /// Stops every watch: the tenant stopped, and a task that still holds its context must not
+    /// keep them open.
+    pub fn stop(&self) {
+        self.drivers.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.caches.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
     /// How many watches are open: (tenant, host).
     pub fn watches(&self) -> (usize, usize) {
         let caches = self.caches.lock().unwrap_or_else(|p| p.into_inner());

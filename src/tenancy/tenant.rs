@@ -75,6 +75,7 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
         ),
         shared,
     });
+    let _caches = StopCaches(context.clone());
     if let Err(err) = &context.endpoint {
         warn!(tenant = %name, error = %err, "host pods cannot reach this tenant; stacks will not become ready");
     }
@@ -109,6 +110,15 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
         }
     }
     Ok(())
+}
+
+/// Stops the tenant's shared watches when its task tree ends, however it ends.
+struct StopCaches(Arc<TenantContext>);
+
+impl Drop for StopCaches {
+    fn drop(&mut self) {
+        self.0.caches.stop();
+    }
 }
 
 /// Waits until `ready` turns true; returns how the tenant ends instead when it is cancelled or a

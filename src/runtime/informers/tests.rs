@@ -116,3 +116,20 @@ async fn a_malformed_object_is_left_out() {
         serde_json::from_value(serde_json::json!({"metadata": {"name": "good"}})).unwrap();
     assert!(matches!(valid_only(Event::Apply(good)), Some(Event::Apply(_))));
 }
+
+#[tokio::test]
+async fn controllers_asking_for_one_kind_share_one_watch() {
+    let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+    let client = Client::try_from(config).unwrap();
+    let informers = Informers::new(client.clone(), client, "tenant-a-controllers", "stackd.dev/tenant=a");
+    let first = informers.tenant_guarded::<crate::api::stacks::Stack>();
+    let second = informers.tenant_guarded::<crate::api::stacks::Stack>();
+    assert!(Arc::ptr_eq(&first.subscribers, &second.subscribers));
+    informers.host::<k8s_openapi::api::core::v1::Secret>();
+    informers.host::<k8s_openapi::api::core::v1::Secret>();
+    informers.tenant::<k8s_openapi::api::core::v1::Secret>("app.kubernetes.io/managed-by=stackd");
+    informers.tenant_crds();
+    assert_eq!(informers.watches(), (3, 1));
+    informers.stop();
+    assert_eq!(informers.watches(), (0, 0));
+}
