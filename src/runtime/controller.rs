@@ -234,3 +234,167 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
 fn backoff_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
     ObjectRef::from_obj(object).to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use kube::api::ObjectMeta;
+    use kube::runtime::watcher::Event;
+
+    use super::*;
+    use crate::runtime::backoff::Backoff;
+    use crate::runtime::informers::fed;
+
+    struct TestTenant {
+        metrics: Metrics,
+        permits: Arc<Semaphore>,
+        backoff: ObjectBackoff,
+    }
+
+    impl Tenant for TestTenant {
+        fn name(&self) -> &str {
+            "acme"
+        }
+        fn metrics(&self) -> &Metrics {
+            &self.metrics
+        }
+        fn permits(&self) -> Arc<Semaphore> {
+            self.permits.clone()
+        }
+        fn object_backoff(&self) -> &ObjectBackoff {
+            &self.backoff
+        }
+        fn concurrency(&self) -> u16 {
+            2
+        }
+    }
+
+    fn tenant() -> Arc<TestTenant> {
+        Arc::new(TestTenant {
+            metrics: Metrics::new(),
+            permits: Arc::new(Semaphore::new(1)),
+            backoff: ObjectBackoff::new(Backoff::new(Duration::from_secs(60), Duration::from_secs(60))),
+        })
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    enum TestError {
+        #[error(transparent)]
+        Panicked(#[from] ReconcilePanic),
+    }
+
+    impl ReconcileError for TestError {
+        fn metric_label(&self) -> &'static str {
+            "panic"
+        }
+    }
+
+    fn listed<K: Clone>(feed: &tokio::sync::mpsc::UnboundedSender<Result<Event<K>, watcher::Error>>, objects: &[K]) {
+        feed.send(Ok(Event::Init)).unwrap();
+        for object in objects {
+            feed.send(Ok(Event::InitApply(object.clone()))).unwrap();
+        }
+        feed.send(Ok(Event::InitDone)).unwrap();
+    }
+
+    fn config_map(name: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    async fn eventually(what: &str, check: impl Fn() -> bool) {
+        for _ in 0..200 {
+            if check() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("{what}: not within 5 s");
+    }
+
+    #[tokio::test]
+    async fn the_first_reconcile_waits_for_every_cache_and_only_then_takes_a_permit() {
+        let (main_feed, main, _main_driver) = fed::<ConfigMap>();
+        let (other_feed, other, _other_driver) = fed::<Secret>();
+        listed(&main_feed, &[config_map("a")]);
+        let tenant = tenant();
+        let reconciled = Arc::new(AtomicUsize::new(0));
+        let cancel = CancellationToken::new();
+        let scaffold = Scaffold::new("test", tenant.clone(), &main).reads(&other);
+        let run = tokio::spawn({
+            let (reconciled, cancel) = (reconciled.clone(), cancel.clone());
+            async move {
+                let reconcile = |_: Arc<ConfigMap>, count: Arc<AtomicUsize>, _permit: Permit| async move {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, TestError>(Action::await_change())
+                };
+                scaffold.run(reconciled, reconcile, &cancel).await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            reconciled.load(Ordering::SeqCst),
+            0,
+            "reconciled before every cache was filled"
+        );
+        assert_eq!(
+            tenant.permits.available_permits(),
+            1,
+            "a waiting reconcile holds no permit"
+        );
+        listed(&other_feed, &[]);
+        eventually("the reconcile after the caches filled", || {
+            reconciled.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        cancel.cancel();
+        run.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_panicking_reconcile_is_counted_by_kind_and_backs_off() {
+        let (feed, main, _driver) = fed::<ConfigMap>();
+        listed(&feed, &[config_map("a")]);
+        let tenant = tenant();
+        let cancel = CancellationToken::new();
+        let scaffold = Scaffold::new("test", tenant.clone(), &main);
+        let run = tokio::spawn({
+            let cancel = cancel.clone();
+            async move {
+                let reconcile = |_: Arc<ConfigMap>, _: Arc<()>, _permit: Permit| async move {
+                    if true {
+                        panic!("a bug");
+                    }
+                    Ok::<_, TestError>(Action::await_change())
+                };
+                scaffold.run(Arc::new(()), reconcile, &cancel).await
+            }
+        });
+        let needle = "stackd_reconcile_errors_by_kind_total{tenant=\"acme\",controller=\"test\",kind=\"panic\"} 1";
+        eventually("the panic counted", || tenant.metrics.encode().contains(needle)).await;
+        let text = tenant.metrics.encode();
+        assert!(
+            text.contains("stackd_reconcile_duration_seconds_count{tenant=\"acme\",controller=\"test\"} 1"),
+            "{text}"
+        );
+        // The object's backoff counted the failure (its retry waits the 60 s base).
+        let key = backoff_key(&config_map("a"));
+        eventually("the failure counted", || tenant.backoff.failures(&key) == 1).await;
+        assert_eq!(
+            tenant.permits.available_permits(),
+            1,
+            "the panicked reconcile gave its permit back"
+        );
+        cancel.cancel();
+        run.await.unwrap();
+    }
+}

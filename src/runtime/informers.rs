@@ -120,6 +120,21 @@ where
     }
 }
 
+/// A cache fed by hand, and the task that keeps it: for tests of what reads shared caches.
+#[cfg(test)]
+pub(crate) fn fed<K>() -> (
+    mpsc::UnboundedSender<Result<Event<K>, watcher::Error>>,
+    SharedCache<K>,
+    tokio::task::JoinHandle<()>,
+)
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    let (feed, events) = mpsc::unbounded_channel();
+    let (cache, driver) = start(tokio_stream::wrappers::UnboundedReceiverStream::new(events));
+    (feed, cache, driver)
+}
+
 /// A cache kept up to date with `events` by the returned task.
 fn start<K>(
     events: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,

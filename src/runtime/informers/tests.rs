@@ -20,9 +20,7 @@ fn map(name: &str) -> ConfigMap {
 type Feed = mpsc::UnboundedSender<Result<Event<ConfigMap>, watcher::Error>>;
 
 fn fed_cache() -> (Feed, SharedCache<ConfigMap>, tokio::task::JoinHandle<()>) {
-    let (feed, events) = mpsc::unbounded_channel();
-    let (cache, driver) = start(tokio_stream::wrappers::UnboundedReceiverStream::new(events));
-    (feed, cache, driver)
+    fed()
 }
 
 fn list(feed: &Feed, names: &[&str]) {
