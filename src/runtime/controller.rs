@@ -246,7 +246,7 @@ mod tests {
 
     use super::*;
     use crate::runtime::backoff::Backoff;
-    use crate::runtime::informers::fed;
+    use crate::runtime::informers::{Feed, fed};
 
     struct TestTenant {
         metrics: Metrics,
@@ -292,7 +292,7 @@ mod tests {
         }
     }
 
-    fn listed<K: Clone>(feed: &tokio::sync::mpsc::UnboundedSender<Result<Event<K>, watcher::Error>>, objects: &[K]) {
+    fn listed<K: Clone>(feed: &Feed<K>, objects: &[K]) {
         feed.send(Ok(Event::Init)).unwrap();
         for object in objects {
             feed.send(Ok(Event::InitApply(object.clone()))).unwrap();

@@ -120,13 +120,13 @@ where
     }
 }
 
+/// Where a test feeds a cache made by [`fed`].
+#[cfg(test)]
+pub(crate) type Feed<K> = mpsc::UnboundedSender<Result<Event<K>, watcher::Error>>;
+
 /// A cache fed by hand, and the task that keeps it: for tests of what reads shared caches.
 #[cfg(test)]
-pub(crate) fn fed<K>() -> (
-    mpsc::UnboundedSender<Result<Event<K>, watcher::Error>>,
-    SharedCache<K>,
-    tokio::task::JoinHandle<()>,
-)
+pub(crate) fn fed<K>() -> (Feed<K>, SharedCache<K>, tokio::task::JoinHandle<()>)
 where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {

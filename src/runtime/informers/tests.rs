@@ -17,7 +17,7 @@ fn map(name: &str) -> ConfigMap {
     }
 }
 
-type Feed = mpsc::UnboundedSender<Result<Event<ConfigMap>, watcher::Error>>;
+type Feed = super::Feed<ConfigMap>;
 
 fn fed_cache() -> (Feed, SharedCache<ConfigMap>, tokio::task::JoinHandle<()>) {
     fed()
