@@ -16,8 +16,11 @@ use std::sync::{Arc, Mutex};
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::core::DeserializeGuard;
+use kube::core::error_boundary::InvalidObject;
+use kube::runtime::events::{self, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher::watcher};
@@ -26,7 +29,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::task::AbortOnDropHandle;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::readiness::{Readiness, ReadySignal};
 use super::recovery::WatchBackoff;
@@ -218,22 +221,16 @@ async fn dispatch<K>(subscribers: &Subscribers<K>, changes: Vec<Change<K>>) {
         .retain(|sender| !sender.is_closed());
 }
 
-/// Tenant objects whose body does not decode are logged and left out, so that one malformed
-/// object cannot stop the watch of its kind (and with it every controller reading the kind).
-fn valid_only<K>(event: Event<DeserializeGuard<K>>) -> Option<Event<K>>
+/// Tenant objects whose body does not decode are logged, reported and left out, so that one
+/// malformed object cannot stop the watch of its kind (and with it every controller reading it).
+fn valid_only<K>(event: Event<DeserializeGuard<K>>, recorder: Option<&Recorder>) -> Option<Event<K>>
 where
     K: Resource<DynamicType = ()>,
 {
     let valid = |guard: DeserializeGuard<K>| match guard.0 {
         Ok(object) => Some(object),
         Err(invalid) => {
-            warn!(
-                kind = %K::kind(&()),
-                namespace = invalid.metadata.namespace.as_deref().unwrap_or_default(),
-                name = invalid.metadata.name.as_deref().unwrap_or_default(),
-                error = %invalid.error,
-                "ignoring an object that does not match its schema; fix or delete it"
-            );
+            report_invalid::<K>(invalid, recorder);
             None
         }
     };
@@ -246,6 +243,44 @@ where
     })
 }
 
+/// Logs a malformed object and, given a recorder, tells its owner with a Warning Event on it.
+fn report_invalid<K: Resource<DynamicType = ()>>(invalid: InvalidObject, recorder: Option<&Recorder>) {
+    let metadata = invalid.metadata;
+    warn!(
+        kind = %K::kind(&()),
+        namespace = metadata.namespace.as_deref().unwrap_or_default(),
+        name = metadata.name.as_deref().unwrap_or_default(),
+        error = %invalid.error,
+        "ignoring an object that does not match its schema; fix or delete it"
+    );
+    let Some(recorder) = recorder.cloned() else {
+        return;
+    };
+    let reference = ObjectReference {
+        api_version: Some(K::api_version(&()).into_owned()),
+        kind: Some(K::kind(&()).into_owned()),
+        namespace: metadata.namespace,
+        name: metadata.name,
+        uid: metadata.uid,
+        ..Default::default()
+    };
+    let event = events::Event {
+        type_: EventType::Warning,
+        reason: "InvalidObject".into(),
+        note: Some(format!(
+            "stackd cannot read this object and ignores it until it is fixed: {}",
+            invalid.error
+        )),
+        action: "Read".into(),
+        secondary: None,
+    };
+    tokio::spawn(async move {
+        if let Err(err) = recorder.publish(&event, &reference).await {
+            debug!(error = %err, "cannot publish an event");
+        }
+    });
+}
+
 /// A tenant's shared caches, started on first use. Dropping it stops their watches.
 pub struct Informers {
     tenant: Client,
@@ -255,6 +290,8 @@ pub struct Informers {
     host_selector: String,
     caches: Mutex<HashMap<String, Box<dyn Any + Send + Sync>>>,
     drivers: Mutex<Vec<AbortOnDropHandle<()>>>,
+    /// Where malformed tenant objects are reported.
+    recorder: Option<Recorder>,
 }
 
 impl Informers {
@@ -266,6 +303,15 @@ impl Informers {
             host_selector: host_selector.to_string(),
             caches: Mutex::default(),
             drivers: Mutex::default(),
+            recorder: None,
+        }
+    }
+
+    /// Malformed tenant objects get a Warning Event from `recorder`.
+    pub fn reporting_to(self, recorder: Recorder) -> Informers {
+        Informers {
+            recorder: Some(recorder),
+            ..self
         }
     }
 
@@ -287,9 +333,13 @@ impl Informers {
     {
         let key = format!("tenant {} (guarded)", K::plural(&()));
         let api = Api::<DeserializeGuard<K>>::all(self.tenant.clone());
+        let recorder = self.recorder.clone();
         self.cache(key, move || {
             watcher(api, watcher::Config::default())
-                .filter_map(|event| futures::future::ready(event.map(valid_only).transpose()))
+                .filter_map(move |event| {
+                    let event = event.map(|event| valid_only(event, recorder.as_ref()));
+                    futures::future::ready(event.transpose())
+                })
                 .boxed()
         })
     }

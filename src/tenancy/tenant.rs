@@ -51,6 +51,13 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
         version = client.apiserver_version() => version.map_err(|e| TenantError::Unreachable(diagnose(&e)))?,
     };
     info!(tenant = %name, version = %version.git_version, "tenant API server reached");
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "stackd".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        },
+    );
     let context = Arc::new(TenantContext {
         name: name.clone(),
         client: client.clone(),
@@ -58,13 +65,7 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
         host_namespace: file.host_namespace.clone(),
         endpoint: file.endpoint.clone(),
         reconcile_permits: Arc::new(Semaphore::new(shared.settings.max_concurrent_reconciles.max(1))),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "stackd".into(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        ),
+        recorder: recorder.clone(),
         object_backoff: ObjectBackoff::new(shared.settings.backoff),
         reverted_replaces: Reverts::new(shared.settings.backoff),
         caches: Informers::new(
@@ -72,7 +73,8 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
             shared.host.clone(),
             &file.host_namespace,
             &tenant_selector(&name),
-        ),
+        )
+        .reporting_to(recorder),
         shared,
     });
     let _caches = StopCaches(context.clone());

@@ -1200,6 +1200,19 @@ async fn a_malformed_install_does_not_stop_a_valid_one() {
         daemon.log_text().contains("does not match its schema"),
         "the malformed install is reported in the log"
     );
+    wait_until(
+        "a Warning Event on the malformed install",
+        Duration::from_secs(10),
+        &daemon,
+        || {
+            let tenant = tenant.clone();
+            async move {
+                let events = events_of(&tenant, "team-a", "broken").await;
+                events.iter().any(|(reason, _)| reason == "InvalidObject").then_some(())
+            }
+        },
+    )
+    .await;
 }
 
 fn stackinstall_resource() -> kube::api::ApiResource {

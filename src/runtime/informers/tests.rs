@@ -109,10 +109,10 @@ async fn a_slow_subscriber_holds_the_watch_back_instead_of_losing_changes() {
 async fn a_malformed_object_is_left_out() {
     let bad: DeserializeGuard<ConfigMap> =
         serde_json::from_value(serde_json::json!({"metadata": {"name": "bad"}, "data": 7})).unwrap();
-    assert!(valid_only(Event::Apply(bad)).is_none());
+    assert!(valid_only(Event::Apply(bad), None).is_none());
     let good: DeserializeGuard<ConfigMap> =
         serde_json::from_value(serde_json::json!({"metadata": {"name": "good"}})).unwrap();
-    assert!(matches!(valid_only(Event::Apply(good)), Some(Event::Apply(_))));
+    assert!(matches!(valid_only(Event::Apply(good), None), Some(Event::Apply(_))));
 }
 
 #[tokio::test]
