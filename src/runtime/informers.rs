@@ -134,12 +134,16 @@ where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
     let (feed, events) = mpsc::unbounded_channel();
-    let (cache, driver) = start(tokio_stream::wrappers::UnboundedReceiverStream::new(events));
+    let (cache, driver) = start(
+        "test".into(),
+        tokio_stream::wrappers::UnboundedReceiverStream::new(events),
+    );
     (feed, cache, driver)
 }
 
 /// A cache kept up to date with `events` by the returned task.
 fn start<K>(
+    name: String,
     events: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
 ) -> (SharedCache<K>, tokio::task::JoinHandle<()>)
 where
@@ -152,12 +156,13 @@ where
         ready,
         subscribers: Subscribers::default(),
     };
-    let driver = tokio::spawn(drive(events, writer, cache.subscribers.clone(), signal));
+    let driver = tokio::spawn(drive(name, events, writer, cache.subscribers.clone(), signal));
     (cache, driver)
 }
 
 /// Keeps a store and its subscribers up to date with `events`.
 async fn drive<K>(
+    name: String,
     events: impl Stream<Item = Result<Event<K>, watcher::Error>>,
     mut writer: Writer<K>,
     subscribers: Subscribers<K>,
@@ -174,6 +179,8 @@ async fn drive<K>(
         let event = match event {
             Ok(event) => event,
             Err(err) => {
+                // Retried with backoff; the tenant's CRD monitor reports an outage.
+                debug!(watch = %name, error = %err, cause = %super::cause::diagnose(&err), "watch failed; retrying");
                 dispatch(&subscribers, vec![Change::Failed(Arc::new(err))]).await;
                 continue;
             }
@@ -384,7 +391,7 @@ impl Informers {
         if let Some(cache) = caches.get(&key).and_then(|c| c.downcast_ref::<SharedCache<K>>()) {
             return cache.clone();
         }
-        let (cache, driver) = start(watch().backoff(WatchBackoff::default()));
+        let (cache, driver) = start(key.clone(), watch().backoff(WatchBackoff::default()));
         self.drivers
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -1,4 +1,5 @@
-//! What every controller shares: metrics, health, the admin server, backoff, leader election.
+//! What every controller shares: the controller scaffold, the tenant's shared caches, metrics, health,
+//! the admin server, backoff, leader election.
 
 pub mod admin;
 pub mod api_errors;

@@ -126,7 +126,13 @@ impl StackError {
 
 impl ReconcileError for StackError {
     fn metric_label(&self) -> &'static str {
-        self.reason()
+        match self {
+            StackError::Host(_) => "host_write",
+            StackError::Tenant(TenantWriteError::Conflict { .. }) => "tenant_conflict",
+            StackError::Tenant(TenantWriteError::Api(_)) => "tenant_api",
+            StackError::Finalizer(_) => "finalizer",
+            StackError::Panicked(_) => "panic",
+        }
     }
 }
 
