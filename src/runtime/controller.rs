@@ -48,7 +48,9 @@ pub trait Tenant: Send + Sync + 'static {
 
 /// The tenant's reconcile permit a reconcile holds; [`Permit::release`] gives it back early (before
 /// a wait that must not starve the tenant's other controllers).
-pub struct Permit(#[allow(dead_code)] OwnedSemaphorePermit);
+pub struct Permit {
+    _held: OwnedSemaphorePermit,
+}
 
 impl Permit {
     pub fn release(self) {}
@@ -197,7 +199,12 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
         let labels = Metrics::controller(self.tenant.name(), &self.name);
         metrics.reconciles.get_or_create(&labels).inc();
         let started = Instant::now();
-        let result = panics::contain((self.reconcile)(object.clone(), self.context.clone(), Permit(permit))).await;
+        let result = panics::contain((self.reconcile)(
+            object.clone(),
+            self.context.clone(),
+            Permit { _held: permit },
+        ))
+        .await;
         let seconds = started.elapsed().as_secs_f64();
         metrics.reconcile_duration.get_or_create(&labels).observe(seconds);
         match &result {

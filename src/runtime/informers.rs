@@ -328,7 +328,7 @@ impl Informers {
         K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
     {
         let config = selected(labels);
-        let key = format!("tenant {} {labels}", K::plural(&()));
+        let key = format!("tenant {}/{} {labels}", K::api_version(&()), K::plural(&()));
         let api = Api::<K>::all(self.tenant.clone());
         self.cache(key, move || watcher(api, config).boxed())
     }
@@ -338,7 +338,7 @@ impl Informers {
     where
         K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
     {
-        let key = format!("tenant {} (guarded)", K::plural(&()));
+        let key = format!("tenant {}/{} (guarded)", K::api_version(&()), K::plural(&()));
         let api = Api::<DeserializeGuard<K>>::all(self.tenant.clone());
         let recorder = self.recorder.clone();
         self.cache(key, move || {
@@ -372,7 +372,7 @@ impl Informers {
             + Sync
             + 'static,
     {
-        let key = format!("host {}", K::plural(&()));
+        let key = format!("host {}/{}", K::api_version(&()), K::plural(&()));
         let api = Api::<K>::namespaced(self.host.clone(), &self.host_namespace);
         let config = selected(&self.host_selector);
         self.cache(key, move || watcher(api, config).boxed())
