@@ -134,22 +134,20 @@ where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
     let (feed, events) = mpsc::unbounded_channel();
-    let (cache, driver) = start(
-        "test".into(),
-        tokio_stream::wrappers::UnboundedReceiverStream::new(events),
-    );
+    let (cache, driver) = start("test".into(), |_| {
+        tokio_stream::wrappers::UnboundedReceiverStream::new(events)
+    });
     (feed, cache, driver)
 }
 
 /// A cache kept up to date with `events` by the returned task.
-fn start<K>(
-    name: String,
-    events: impl Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
-) -> (SharedCache<K>, tokio::task::JoinHandle<()>)
+fn start<K, S>(name: String, events: impl FnOnce(Store<K>) -> S) -> (SharedCache<K>, tokio::task::JoinHandle<()>)
 where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
 {
     let writer = Writer::<K>::default();
+    let events = events(writer.as_reader());
     let (signal, ready) = Readiness::signal();
     let cache = SharedCache {
         store: writer.as_reader(),
@@ -230,9 +228,10 @@ async fn dispatch<K>(subscribers: &Subscribers<K>, changes: Vec<Change<K>>) {
 
 /// Tenant objects whose body does not decode are logged, reported and left out, so that one
 /// malformed object cannot stop the watch of its kind (and with it every controller reading it).
-fn valid_only<K>(event: Event<DeserializeGuard<K>>, recorder: Option<&Recorder>) -> Option<Event<K>>
+/// The deletion of one still goes through, with the last copy that could be read.
+fn valid_only<K>(event: Event<DeserializeGuard<K>>, recorder: Option<&Recorder>, cached: &Store<K>) -> Option<Event<K>>
 where
-    K: Resource<DynamicType = ()>,
+    K: Resource<DynamicType = ()> + Clone,
 {
     let valid = |guard: DeserializeGuard<K>| match guard.0 {
         Ok(object) => Some(object),
@@ -243,7 +242,16 @@ where
     };
     Some(match event {
         Event::Apply(guard) => Event::Apply(valid(guard)?),
-        Event::Delete(guard) => Event::Delete(valid(guard)?),
+        Event::Delete(DeserializeGuard(Ok(object))) => Event::Delete(object),
+        Event::Delete(DeserializeGuard(Err(invalid))) => {
+            let name = invalid.metadata.name.as_deref()?;
+            let at = ObjectRef::<K>::new(name);
+            let at = match invalid.metadata.namespace.as_deref() {
+                Some(namespace) => at.within(namespace),
+                None => at,
+            };
+            Event::Delete(cached.get(&at)?.as_ref().clone())
+        }
         Event::InitApply(guard) => Event::InitApply(valid(guard)?),
         Event::Init => Event::Init,
         Event::InitDone => Event::InitDone,
@@ -330,7 +338,7 @@ impl Informers {
         let config = selected(labels);
         let key = format!("tenant {}/{} {labels}", K::api_version(&()), K::plural(&()));
         let api = Api::<K>::all(self.tenant.clone());
-        self.cache(key, move || watcher(api, config).boxed())
+        self.cache(key, move |_| watcher(api, config).boxed())
     }
 
     /// Tenant objects of a stackd kind, every namespace: malformed ones are left out and logged.
@@ -341,10 +349,10 @@ impl Informers {
         let key = format!("tenant {}/{} (guarded)", K::api_version(&()), K::plural(&()));
         let api = Api::<DeserializeGuard<K>>::all(self.tenant.clone());
         let recorder = self.recorder.clone();
-        self.cache(key, move || {
+        self.cache(key, move |cached| {
             watcher(api, watcher::Config::default())
                 .filter_map(move |event| {
-                    let event = event.map(|event| valid_only(event, recorder.as_ref()));
+                    let event = event.map(|event| valid_only(event, recorder.as_ref(), &cached));
                     futures::future::ready(event.transpose())
                 })
                 .boxed()
@@ -354,7 +362,7 @@ impl Informers {
     /// The tenant's CRDs, cached slim (see [`crate::api::crds::slim`]).
     pub fn tenant_crds(&self) -> SharedCache<CustomResourceDefinition> {
         let api = Api::<CustomResourceDefinition>::all(self.tenant.clone());
-        self.cache("tenant crds".to_string(), move || {
+        self.cache("tenant crds".to_string(), move |_| {
             watcher(api, watcher::Config::default())
                 .modify(crate::api::crds::slim)
                 .boxed()
@@ -375,14 +383,14 @@ impl Informers {
         let key = format!("host {}/{}", K::api_version(&()), K::plural(&()));
         let api = Api::<K>::namespaced(self.host.clone(), &self.host_namespace);
         let config = selected(&self.host_selector);
-        self.cache(key, move || watcher(api, config).boxed())
+        self.cache(key, move |_| watcher(api, config).boxed())
     }
 
     /// The cache under `key`, started from `watch` when it is the first.
     fn cache<K>(
         &self,
         key: String,
-        watch: impl FnOnce() -> BoxStream<'static, Result<Event<K>, watcher::Error>>,
+        watch: impl FnOnce(Store<K>) -> BoxStream<'static, Result<Event<K>, watcher::Error>>,
     ) -> SharedCache<K>
     where
         K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
@@ -391,7 +399,7 @@ impl Informers {
         if let Some(cache) = caches.get(&key).and_then(|c| c.downcast_ref::<SharedCache<K>>()) {
             return cache.clone();
         }
-        let (cache, driver) = start(key.clone(), watch().backoff(WatchBackoff::default()));
+        let (cache, driver) = start(key.clone(), |cached| watch(cached).backoff(WatchBackoff::default()));
         self.drivers
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -105,14 +105,34 @@ async fn a_slow_subscriber_holds_the_watch_back_instead_of_losing_changes() {
     assert_eq!(next_touched(&mut slow, total).await.len(), total);
 }
 
+fn guarded(value: serde_json::Value) -> DeserializeGuard<ConfigMap> {
+    serde_json::from_value(value).unwrap()
+}
+
 #[tokio::test]
 async fn a_malformed_object_is_left_out() {
-    let bad: DeserializeGuard<ConfigMap> =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": "bad"}, "data": 7})).unwrap();
-    assert!(valid_only(Event::Apply(bad), None).is_none());
-    let good: DeserializeGuard<ConfigMap> =
-        serde_json::from_value(serde_json::json!({"metadata": {"name": "good"}})).unwrap();
-    assert!(matches!(valid_only(Event::Apply(good), None), Some(Event::Apply(_))));
+    let cached = Writer::<ConfigMap>::default().as_reader();
+    let bad = guarded(serde_json::json!({"metadata": {"name": "bad"}, "data": 7}));
+    assert!(valid_only(Event::Apply(bad), None, &cached).is_none());
+    let good = guarded(serde_json::json!({"metadata": {"name": "good"}}));
+    assert!(matches!(
+        valid_only(Event::Apply(good), None, &cached),
+        Some(Event::Apply(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_malformed_object_deleted_takes_its_last_readable_copy_with_it() {
+    let mut writer = Writer::<ConfigMap>::default();
+    writer.apply_watcher_event(&Event::Apply(map("a")));
+    let cached = writer.as_reader();
+    let deleted = guarded(serde_json::json!({"metadata": {"name": "a", "namespace": "ns"}, "data": 7}));
+    let Some(Event::Delete(gone)) = valid_only(Event::Delete(deleted), None, &cached) else {
+        panic!("the deletion was lost");
+    };
+    assert_eq!(gone.name_any(), "a");
+    let never_seen = guarded(serde_json::json!({"metadata": {"name": "b", "namespace": "ns"}, "data": 7}));
+    assert!(valid_only(Event::Delete(never_seen), None, &cached).is_none());
 }
 
 #[tokio::test]
