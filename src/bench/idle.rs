@@ -27,6 +27,9 @@ pub struct IdleFigures {
     pub watches_per_tenant: f64,
     /// Watches open on the host server.
     pub host_watches: u64,
+    /// Watches open on the host server per tenant (mean); the daemon's own, if any, included.
+    #[serde(default)]
+    pub host_watches_per_tenant: f64,
     pub idle_requests_per_minute_per_tenant: RequestRates,
     pub floor_requests_per_minute_per_tenant: RequestRates,
 }
@@ -87,6 +90,7 @@ pub async fn measure(tenants: usize, window: Duration) -> Result<IdleFigures, Be
         rss_mb,
         watches_per_tenant,
         host_watches,
+        host_watches_per_tenant,
         idle_requests_per_minute_per_tenant: idle,
         floor_requests_per_minute_per_tenant: floor,
     })

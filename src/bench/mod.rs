@@ -115,8 +115,8 @@ pub async fn run(options: &BenchOptions) -> Result<Report, BenchError> {
         eprintln!("bench: {count} idle tenant(s)");
         let figures = idle::measure(count, options.idle_window()).await?;
         eprintln!(
-            "bench:   up in {:.2} s, RSS {:.1} MiB, {:.1} watches per tenant",
-            figures.startup_s, figures.rss_mb, figures.watches_per_tenant
+            "bench:   up in {:.2} s, RSS {:.1} MiB, {:.1} watches per tenant, {:.1} host watches per tenant",
+            figures.startup_s, figures.rss_mb, figures.watches_per_tenant, figures.host_watches_per_tenant
         );
         tenants.push(figures);
     }
@@ -156,6 +156,10 @@ fn headline(report: &Report) -> BTreeMap<&'static str, f64> {
         (
             "watches_per_tenant",
             report.tenants.last().map_or(0.0, |t| t.watches_per_tenant),
+        ),
+        (
+            "host_watches_per_tenant",
+            report.tenants.last().map_or(0.0, |t| t.host_watches_per_tenant),
         ),
         (
             "install_after_restart_ratio",

@@ -15,6 +15,9 @@ use crate::host::labels::tenant_selector;
 use crate::host::namespace::NamespaceError;
 use crate::runtime::backoff::ObjectBackoff;
 use crate::runtime::cause::Cause;
+use crate::runtime::controller::Tenant;
+use crate::runtime::informers::Informers;
+use crate::runtime::metrics::Metrics;
 
 /// Everything a tenant's controllers need.
 pub struct TenantContext {
@@ -34,6 +37,30 @@ pub struct TenantContext {
     pub object_backoff: ObjectBackoff,
     /// Host replaces the host changed back, held until their backoff has passed.
     pub reverted_replaces: Reverts,
+    /// One cache per kind the tenant's controllers read, tenant and host, shared by them all.
+    pub caches: Informers,
+}
+
+impl Tenant for TenantContext {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    fn permits(&self) -> Arc<Semaphore> {
+        self.reconcile_permits.clone()
+    }
+
+    fn object_backoff(&self) -> &ObjectBackoff {
+        &self.object_backoff
+    }
+
+    fn concurrency(&self) -> u16 {
+        u16::try_from(self.shared.settings.max_concurrent_reconciles.max(1)).unwrap_or(u16::MAX)
+    }
 }
 
 impl TenantContext {

@@ -5,11 +5,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -22,40 +21,26 @@ use crate::api::pools::{ClusterClaim, ClusterClaimStatus, ClusterDeployment, Clu
 use crate::context::events::publish;
 use crate::context::tenant::TenantContext;
 use crate::runtime::api_errors::{is_conflict, is_not_found};
-use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
-use crate::runtime::panics::{self, ReconcilePanic};
-use crate::runtime::readiness::Readiness;
-use crate::runtime::recovery::NoTriggerBackoff;
-use crate::runtime::retry;
-use crate::runtime::shutdown::run_controller;
+use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
+use crate::runtime::panics::ReconcilePanic;
 
 struct Ctx {
     tenant: Arc<TenantContext>,
     pools: Store<ClusterPool>,
-    /// Resolves once `pools` is filled.
-    pools_filled: Readiness,
 }
 
 /// Reports claims whose pool does not exist (the pool controller handles every other claim).
 pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
-    let (pools, pool_stream) = reflect(Api::<ClusterPool>::all(context.client.clone()), Default::default());
-    let (claims, claim_stream) = reflect(Api::<ClusterClaim>::all(context.client.clone()), Default::default());
-    let claims_of_pool = claims.clone();
-    let pools_filled = {
-        let pools = pools.clone();
-        Readiness::after(async move { pools.wait_until_ready().await.is_ok() })
-    };
+    let pools = context.caches.tenant_guarded::<ClusterPool>();
+    let claims = context.caches.tenant_guarded::<ClusterClaim>();
+    let claims_of_pool = claims.store();
     let ctx = Arc::new(Ctx {
-        tenant: context,
-        pools,
-        pools_filled,
+        tenant: context.clone(),
+        pools: pools.store(),
     });
-    let shutdown = cancel.clone();
-    let main_store = claims.clone();
-    let run = Controller::for_stream(claim_stream, claims)
-        .trigger_backoff(NoTriggerBackoff)
-        .watches_stream(pool_stream, move |pool: ClusterPool| {
+    Scaffold::new("clusterclaim", context, &claims)
+        .watches(&pools, move |pool| {
             let ns = pool.namespace();
             claims_of_pool
                 .state()
@@ -64,16 +49,8 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
                 .map(|c| ObjectRef::from_obj(&*c))
                 .collect::<Vec<_>>()
         })
-        .graceful_shutdown_on(async move { shutdown.cancelled().await })
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| std::future::ready(()));
-    run_controller(run, &cancel, || is_filled(&main_store)).await;
-}
-
-fn error_policy(claim: Arc<ClusterClaim>, err: &ClaimError, ctx: Arc<Ctx>) -> Action {
-    let key = format!("claim/{}", claim.name_any());
-    let logged = (ctx.tenant.name.as_str(), "clusterclaim", key.as_str());
-    Action::requeue(retry::after_failure(&ctx.tenant.object_backoff, &key, logged, err))
+        .run(ctx, reconcile, &cancel)
+        .await;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,13 +61,22 @@ pub enum ClaimError {
     Panicked(#[from] ReconcilePanic),
 }
 
-async fn reconcile(claim: Arc<ClusterClaim>, ctx: Arc<Ctx>) -> Result<Action, ClaimError> {
-    panics::contain(async { Ok(reconcile_claim(claim, ctx).await?) }).await
+impl ReconcileError for ClaimError {
+    fn metric_label(&self) -> &'static str {
+        match self {
+            ClaimError::Tenant(_) => "tenant_api",
+            ClaimError::Panicked(_) => "panic",
+        }
+    }
+}
+
+async fn reconcile(claim: Arc<ClusterClaim>, ctx: Arc<Ctx>, _permit: Permit) -> Result<Action, ClaimError> {
+    Ok(reconcile_claim(claim, ctx).await?)
 }
 
 /// A claim whose pool is missing says so; claims of existing pools are the pool's to assign.
 async fn reconcile_claim(claim: Arc<ClusterClaim>, ctx: Arc<Ctx>) -> Result<Action, kube::Error> {
-    if !ctx.pools_filled.wait().await || claim.metadata.deletion_timestamp.is_some() {
+    if claim.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
     let ns = claim.namespace().unwrap_or_default();

@@ -9,14 +9,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -39,14 +37,9 @@ use crate::api::pools::{
 use crate::context::events::publish;
 use crate::context::tenant::TenantContext;
 use crate::runtime::api_errors::is_conflict;
-use crate::runtime::cache::{is_filled, reflect};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
-use crate::runtime::metrics::Metrics;
-use crate::runtime::panics::{self, ReconcilePanic};
-use crate::runtime::readiness::Readiness;
-use crate::runtime::recovery::NoTriggerBackoff;
-use crate::runtime::retry;
-use crate::runtime::shutdown::run_controller;
+use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
+use crate::runtime::panics::ReconcilePanic;
 
 type Cdc = ClusterDeploymentCustomization;
 
@@ -64,6 +57,15 @@ pub enum PoolError {
     Panicked(#[from] ReconcilePanic),
 }
 
+impl ReconcileError for PoolError {
+    fn metric_label(&self) -> &'static str {
+        match self {
+            PoolError::Tenant(_) => "tenant_api",
+            PoolError::Panicked(_) => "panic",
+        }
+    }
+}
+
 /// Creations and deletions not yet seen in the cache, per pool (Hive's "expectations").
 #[derive(Default)]
 struct Expectations {
@@ -78,8 +80,6 @@ pub(super) struct Ctx {
     claims: Store<ClusterClaim>,
     pub(super) namespaces: Store<Namespace>,
     pub(super) assets: Store<BareMetalAsset>,
-    /// Resolves once the five caches above are filled.
-    caches_filled: Readiness,
     expectations: Mutex<HashMap<String, Expectations>>,
     /// Failure-domain records planned for new clusters, until their status shows them.
     pub(super) records: Mutex<HashMap<String, Vec<MachineFailureDomain>>>,
@@ -143,68 +143,39 @@ fn pool_key(pool: &ClusterPool) -> String {
 
 /// Runs the controller until `cancel` fires.
 pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
-    let client = context.client.clone();
-    let (pools, pool_stream) = reflect(Api::<ClusterPool>::all(client.clone()), Default::default());
-    let (cds, cd_stream) = reflect(Api::<ClusterDeployment>::all(client.clone()), Default::default());
-    let (cdcs, cdc_stream) = reflect(Api::<Cdc>::all(client.clone()), Default::default());
-    let (claims, claim_stream) = reflect(Api::<ClusterClaim>::all(client.clone()), Default::default());
-    let (namespaces, ns_stream) = reflect(
-        Api::<Namespace>::all(client.clone()),
-        watcher::Config::default().labels(POOL_NAME_LABEL),
-    );
-    let (assets, asset_stream) = reflect(Api::<BareMetalAsset>::all(client.clone()), Default::default());
-    let caches_filled = {
-        let caches = (
-            cds.clone(),
-            cdcs.clone(),
-            claims.clone(),
-            namespaces.clone(),
-            assets.clone(),
-        );
-        Readiness::after(async move {
-            let (cds, cdcs, claims, namespaces, assets) = caches;
-            cds.wait_until_ready().await.is_ok()
-                && cdcs.wait_until_ready().await.is_ok()
-                && claims.wait_until_ready().await.is_ok()
-                && namespaces.wait_until_ready().await.is_ok()
-                && assets.wait_until_ready().await.is_ok()
-        })
-    };
+    let caches = &context.caches;
+    let pools = caches.tenant_guarded::<ClusterPool>();
+    let cds = caches.tenant_guarded::<ClusterDeployment>();
+    let cdcs = caches.tenant_guarded::<Cdc>();
+    let claims = caches.tenant_guarded::<ClusterClaim>();
+    let namespaces = caches.tenant::<Namespace>(POOL_NAME_LABEL);
+    let assets = caches.tenant_guarded::<BareMetalAsset>();
     let ctx = Arc::new(Ctx {
-        tenant: context,
-        cds,
-        cdcs,
-        claims,
-        namespaces,
-        assets,
-        caches_filled,
+        tenant: context.clone(),
+        cds: cds.store(),
+        cdcs: cdcs.store(),
+        claims: claims.store(),
+        namespaces: namespaces.store(),
+        assets: assets.store(),
         expectations: Mutex::default(),
         records: Mutex::default(),
         written: Mutex::default(),
         refusals: Mutex::default(),
     });
-    let pools_of_cdc_store = pools.clone();
-    let pools_of_asset_store = pools.clone();
-    let shutdown = cancel.clone();
-    let main_store = pools.clone();
-    let run = Controller::for_stream(pool_stream, pools)
-        .trigger_backoff(NoTriggerBackoff)
-        .watches_stream(cd_stream, pools_of_cluster)
-        .watches_stream(claim_stream, pool_of_claim)
-        .watches_stream(cdc_stream, move |cdc: Cdc| pools_of_cdc(&pools_of_cdc_store, &cdc))
-        .watches_stream(asset_stream, move |asset: BareMetalAsset| {
-            pools_of_asset(&pools_of_asset_store, &asset)
-        })
-        .watches_stream(ns_stream, pool_of_namespace)
-        .graceful_shutdown_on(async move { shutdown.cancelled().await })
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| std::future::ready(()));
-    run_controller(run, &cancel, || is_filled(&main_store)).await;
+    let (pools_of_cdc_store, pools_of_asset_store) = (pools.store(), pools.store());
+    Scaffold::new("clusterpool", context, &pools)
+        .watches(&cds, |cd| pools_of_cluster(&cd))
+        .watches(&claims, |claim| pool_of_claim(&claim))
+        .watches(&cdcs, move |cdc| pools_of_cdc(&pools_of_cdc_store, &cdc))
+        .watches(&assets, move |asset| pools_of_asset(&pools_of_asset_store, &asset))
+        .watches(&namespaces, |ns| pool_of_namespace(&ns))
+        .run(ctx, reconcile, &cancel)
+        .await;
 }
 
 /// The pool a cluster names, and the pool it was made by (whose count changes when someone edits
 /// the reference away).
-fn pools_of_cluster(cd: ClusterDeployment) -> Vec<ObjectRef<ClusterPool>> {
+fn pools_of_cluster(cd: &ClusterDeployment) -> Vec<ObjectRef<ClusterPool>> {
     let named = cd
         .spec
         .cluster_pool_ref
@@ -220,7 +191,7 @@ fn pools_of_cluster(cd: ClusterDeployment) -> Vec<ObjectRef<ClusterPool>> {
     pools
 }
 
-fn pool_of_claim(claim: ClusterClaim) -> Option<ObjectRef<ClusterPool>> {
+fn pool_of_claim(claim: &ClusterClaim) -> Option<ObjectRef<ClusterPool>> {
     claim
         .namespace()
         .map(|ns| ObjectRef::new(&claim.spec.cluster_pool_name).within(&ns))
@@ -254,15 +225,9 @@ fn pools_of_asset(pools: &Store<ClusterPool>, asset: &BareMetalAsset) -> Vec<Obj
         .collect()
 }
 
-fn pool_of_namespace(ns: Namespace) -> Option<ObjectRef<ClusterPool>> {
+fn pool_of_namespace(ns: &Namespace) -> Option<ObjectRef<ClusterPool>> {
     let labels = ns.labels();
     Some(ObjectRef::new(labels.get(POOL_NAME_LABEL)?).within(labels.get(POOL_NAMESPACE_LABEL)?))
-}
-
-fn error_policy(pool: Arc<ClusterPool>, err: &PoolError, ctx: Arc<Ctx>) -> Action {
-    let key = format!("pool/{}/{}", pool.namespace().unwrap_or_default(), pool.name_any());
-    let logged = (ctx.tenant.name.as_str(), "clusterpool", key.as_str());
-    Action::requeue(retry::after_failure(&ctx.tenant.object_backoff, &key, logged, err))
 }
 
 /// Longest pool name: its clusters are named `<pool>-<5 characters>`, a namespace name (63).
@@ -304,27 +269,8 @@ impl Round {
     }
 }
 
-async fn reconcile(pool: Arc<ClusterPool>, ctx: Arc<Ctx>) -> Result<Action, PoolError> {
-    let tenant = &ctx.tenant;
-    let labels = Metrics::controller(&tenant.name, "clusterpool");
-    tenant.shared.metrics.reconciles.get_or_create(&labels).inc();
-    // Concurrent reconciles must not await `Store::wait_until_ready` themselves: it wakes only its
-    // last waiter (see runtime::readiness).
-    if !ctx.caches_filled.wait().await {
-        return Ok(Action::await_change());
-    }
-    let Ok(_permit) = tenant.reconcile_permits.acquire().await else {
-        return Ok(Action::await_change());
-    };
-    let key = format!("pool/{}/{}", pool.namespace().unwrap_or_default(), pool.name_any());
-    let result = panics::contain(reconcile_pool(&pool, &ctx)).await;
-    match &result {
-        Ok(_) => tenant.object_backoff.succeeded(&key),
-        Err(_) => {
-            tenant.shared.metrics.reconcile_errors.get_or_create(&labels).inc();
-        }
-    }
-    result
+async fn reconcile(pool: Arc<ClusterPool>, ctx: Arc<Ctx>, _permit: Permit) -> Result<Action, PoolError> {
+    reconcile_pool(&pool, &ctx).await
 }
 
 /// One pass over a pool: observe → repair leases → buckets → claims → plan → execute → status.

@@ -55,6 +55,12 @@ impl ObjectBackoff {
         (*count, self.backoff.delay(*count))
     }
 
+    /// Failures of `key` in a row so far.
+    pub fn failures(&self, key: &str) -> u32 {
+        let failures = self.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        failures.get(key).copied().unwrap_or(0)
+    }
+
     /// Forgets the failures of `key` after it succeeded.
     pub fn succeeded(&self, key: &str) {
         self.failures

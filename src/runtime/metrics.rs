@@ -7,6 +7,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -25,6 +26,14 @@ pub struct TenantCauseLabels {
 pub struct ControllerLabels {
     pub tenant: String,
     pub controller: String,
+}
+
+/// A failed reconcile: `kind` is its error's stable label (the controller's error `metric_label`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub tenant: String,
+    pub controller: String,
+    pub kind: String,
 }
 
 /// One pool's gauge: `state` is a cluster bucket (installing, ready, claimed, broken, deleting,
@@ -61,8 +70,17 @@ pub struct Metrics {
     pub reconciles: Family<ControllerLabels, Counter>,
     /// Reconciles that failed, per tenant and controller.
     pub reconcile_errors: Family<ControllerLabels, Counter>,
+    /// Reconciles that failed, per tenant, controller and kind of error.
+    pub reconcile_errors_by_kind: Family<ErrorLabels, Counter>,
+    /// How long reconciles take, per tenant and controller (waits for a permit excluded).
+    pub reconcile_duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
     /// Per pool: clusters by state and inventory entries by state.
     pub pool_clusters: Family<PoolLabels, Gauge>,
+}
+
+fn duration_histogram() -> Histogram {
+    // 5 ms to about 80 s.
+    Histogram::new(exponential_buckets(0.005, 2.5, 12))
 }
 
 impl Default for Metrics {
@@ -96,6 +114,19 @@ impl Metrics {
         );
         registry.register("reconciles", "Reconciles run", reconciles.clone());
         registry.register("reconcile_errors", "Reconciles that failed", reconcile_errors.clone());
+        let reconcile_errors_by_kind = Family::<ErrorLabels, Counter>::default();
+        registry.register(
+            "reconcile_errors_by_kind",
+            "Reconciles that failed, by kind of error",
+            reconcile_errors_by_kind.clone(),
+        );
+        let reconcile_duration =
+            Family::<ControllerLabels, Histogram>::new_with_constructor(duration_histogram as fn() -> Histogram);
+        registry.register(
+            "reconcile_duration_seconds",
+            "How long reconciles take",
+            reconcile_duration.clone(),
+        );
         let pool_clusters = Family::<PoolLabels, Gauge>::default();
         registry.register(
             "pool_clusters",
@@ -109,6 +140,8 @@ impl Metrics {
             tenant_restarts,
             reconciles,
             reconcile_errors,
+            reconcile_errors_by_kind,
+            reconcile_duration,
             pool_clusters,
         }
     }

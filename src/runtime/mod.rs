@@ -1,4 +1,5 @@
-//! What every controller shares: metrics, health, the admin server, backoff, leader election.
+//! What every controller shares: the controller scaffold, the tenant's shared caches, metrics, health,
+//! the admin server, backoff, leader election.
 
 pub mod admin;
 pub mod api_errors;
@@ -6,7 +7,9 @@ pub mod backoff;
 pub mod cache;
 pub mod cause;
 pub mod conditions;
+pub mod controller;
 pub mod health;
+pub mod informers;
 pub mod leader;
 pub mod metrics;
 pub mod panics;

@@ -24,10 +24,44 @@ impl Readiness {
         Readiness(receiver)
     }
 
+    /// A readiness its owner declares with [`ReadySignal::ready`]; dropping the signal unready
+    /// tells waiters it never will be.
+    pub fn signal() -> (ReadySignal, Readiness) {
+        let (sender, receiver) = watch::channel(false);
+        (ReadySignal(sender), Readiness(receiver))
+    }
+
+    /// Ready once every one of `all` is.
+    pub fn all(all: Vec<Readiness>) -> Readiness {
+        Readiness::after(async move {
+            for readiness in all {
+                if !readiness.wait().await {
+                    return false;
+                }
+            }
+            true
+        })
+    }
+
     /// True once the caches are filled; false if they never will be (the controller is stopping).
     pub async fn wait(&self) -> bool {
         let mut receiver = self.0.clone();
         receiver.wait_for(|filled| *filled).await.is_ok()
+    }
+
+    /// Whether the caches are filled now, without waiting.
+    pub fn is_ready(&self) -> bool {
+        *self.0.borrow()
+    }
+}
+
+/// Declares a [`Readiness`] made by [`Readiness::signal`] ready.
+#[derive(Debug)]
+pub struct ReadySignal(watch::Sender<bool>);
+
+impl ReadySignal {
+    pub fn ready(&self) {
+        self.0.send_replace(true);
     }
 }
 
@@ -50,6 +84,26 @@ mod tests {
         for waiter in waiters {
             assert!(waiter.await.unwrap());
         }
+    }
+
+    #[tokio::test]
+    async fn all_is_ready_once_each_is() {
+        let (first, a) = Readiness::signal();
+        let (second, b) = Readiness::signal();
+        let both = Readiness::all(vec![a, b]);
+        first.ready();
+        tokio::task::yield_now().await;
+        assert!(!both.is_ready());
+        second.ready();
+        assert!(both.wait().await);
+        assert!(both.is_ready());
+    }
+
+    #[tokio::test]
+    async fn a_dropped_signal_never_becomes_ready() {
+        let (signal, readiness) = Readiness::signal();
+        drop(signal);
+        assert!(!readiness.wait().await);
     }
 
     #[tokio::test]

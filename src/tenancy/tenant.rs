@@ -30,6 +30,7 @@ use crate::runtime::backoff::ObjectBackoff;
 use crate::runtime::cache::is_filled;
 use crate::runtime::cause::{Cause, CauseKind, diagnose};
 use crate::runtime::health::TenantHealth;
+use crate::runtime::informers::{Change, Informers};
 use crate::runtime::metrics::Metrics;
 use crate::runtime::recovery::{WatchBackoff, probe_delay};
 
@@ -50,6 +51,13 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
         version = client.apiserver_version() => version.map_err(|e| TenantError::Unreachable(diagnose(&e)))?,
     };
     info!(tenant = %name, version = %version.git_version, "tenant API server reached");
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "stackd".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        },
+    );
     let context = Arc::new(TenantContext {
         name: name.clone(),
         client: client.clone(),
@@ -57,17 +65,19 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
         host_namespace: file.host_namespace.clone(),
         endpoint: file.endpoint.clone(),
         reconcile_permits: Arc::new(Semaphore::new(shared.settings.max_concurrent_reconciles.max(1))),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "stackd".into(),
-                instance: std::env::var("POD_NAME").ok(),
-            },
-        ),
+        recorder: recorder.clone(),
         object_backoff: ObjectBackoff::new(shared.settings.backoff),
         reverted_replaces: Reverts::new(shared.settings.backoff),
+        caches: Informers::new(
+            client.clone(),
+            shared.host.clone(),
+            &file.host_namespace,
+            &tenant_selector(&name),
+        )
+        .reporting_to(recorder),
         shared,
     });
+    let _caches = StopCaches(context.clone());
     if let Err(err) = &context.endpoint {
         warn!(tenant = %name, error = %err, "host pods cannot reach this tenant; stacks will not become ready");
     }
@@ -102,6 +112,15 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
         }
     }
     Ok(())
+}
+
+/// Stops the tenant's shared watches when its task tree ends, however it ends.
+struct StopCaches(Arc<TenantContext>);
+
+impl Drop for StopCaches {
+    fn drop(&mut self) {
+        self.0.caches.stop();
+    }
 }
 
 /// Waits until `ready` turns true; returns how the tenant ends instead when it is cancelled or a
@@ -328,10 +347,11 @@ async fn orphan_sweeper(context: Arc<TenantContext>, cancel: CancellationToken) 
 /// that it serves again. A 410 is no outage: the server answered, and the watch relists.
 async fn crd_monitor(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
     let api: Api<CustomResourceDefinition> = Api::all(context.client.clone());
-    let (probe_api, probe_request) = (api.clone(), kube::api::ListParams::default().limit(1));
-    let (store, writer) = reflector::store();
-    let crds = watcher(api, watcher::Config::default()).modify(crate::api::crds::slim);
-    let mut events = reflector(writer, crds).backoff(WatchBackoff::default()).boxed();
+    let (probe_api, probe_request) = (api, kube::api::ListParams::default().limit(1));
+    // The controllers' CRD cache: its failures say the tenant is down.
+    let crds = context.caches.tenant_crds();
+    let (store, ready) = (crds.store(), crds.readiness());
+    let mut events = crds.changes();
     let required = required_crds();
     let mut down: Option<Cause> = None;
     let mut probe: Option<tokio::time::Instant> = None;
@@ -355,8 +375,8 @@ async fn crd_monitor(context: Arc<TenantContext>, cancel: CancellationToken) -> 
             }
             event = events.next() => match event {
                 None => return Err(TenantError::Controller("tenant CRD watch ended".into())),
-                Some(Err(err)) => {
-                    let cause = diagnose(&err);
+                Some(Change::Failed(err)) => {
+                    let cause = diagnose(err.as_ref());
                     if cause.kind == CauseKind::Expired {
                         debug!(tenant = %context.name, %cause, "tenant CRD watch expired; relisting");
                         continue;
@@ -365,13 +385,13 @@ async fn crd_monitor(context: Arc<TenantContext>, cancel: CancellationToken) -> 
                     report_down(&context, cause, &mut down);
                     continue;
                 }
-                Some(Ok(_)) => {
+                Some(Change::Touched(_) | Change::Synced) => {
                     down = None;
                     probe = None;
                 }
             },
         }
-        if down.is_some() || !is_filled(&store) {
+        if down.is_some() || !ready.is_ready() {
             continue;
         }
         context.shared.metrics.set_tenant_up(&context.name);

@@ -1170,3 +1170,72 @@ async fn the_sweep_removes_host_objects_of_an_install_deleted_while_the_daemon_w
     })
     .await;
 }
+
+/// One StackInstall the daemon cannot read (a field of the wrong type, written while the CRD took
+/// anything) is logged and passed over; the tenant's other installs go on (issue 18).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_malformed_install_does_not_stop_a_valid_one() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let tenant = fleet.tenant("acme");
+    accept_anything_as_stack_installs(&tenant).await;
+    create_namespace(&tenant, "team-a").await;
+    let malformed = kube::api::DynamicObject::new("broken", &stackinstall_resource())
+        .within("team-a")
+        .data(json!({"spec": {"package": 42, "imagePullSecrets": "not-a-list"}}));
+    Api::<kube::api::DynamicObject>::namespaced_with(tenant.clone(), "team-a", &stackinstall_resource())
+        .create(&PostParams::default(), &malformed)
+        .await
+        .expect("the malformed install is stored");
+    let daemon = fleet.daemon(&[]);
+    create_install(
+        &tenant,
+        "team-a",
+        "sample-stack",
+        json!({"package": "examples/sample-stack:v1"}),
+    )
+    .await;
+    let ready = wait_for_reason(&tenant, "team-a", "sample-stack", &daemon, "Available").await;
+    assert_eq!(ready.0, "True");
+    assert!(
+        daemon.log_text().contains("does not match its schema"),
+        "the malformed install is reported in the log"
+    );
+    wait_until(
+        "a Warning Event on the malformed install",
+        Duration::from_secs(10),
+        &daemon,
+        || {
+            let tenant = tenant.clone();
+            async move {
+                let events = events_of(&tenant, "team-a", "broken").await;
+                events.iter().any(|(reason, _)| reason == "InvalidObject").then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+fn stackinstall_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource::erase::<StackInstall>(&())
+}
+
+/// Replaces the StackInstall CRD's schema by one that takes any object, so that a malformed
+/// install can be stored (a real server would have one from before a schema change).
+async fn accept_anything_as_stack_installs(tenant: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
+    let mut crd = crds
+        .get("stackinstalls.stacks.stackd.dev")
+        .await
+        .expect("StackInstall CRD");
+    for version in &mut crd.spec.versions {
+        version.schema = Some(
+            serde_json::from_value(json!({
+                "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
+            }))
+            .expect("schema"),
+        );
+    }
+    crds.replace(&crd.name_any(), &PostParams::default(), &crd)
+        .await
+        .expect("a schema that takes anything");
+}

@@ -11,12 +11,11 @@ mod status;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
@@ -30,13 +29,9 @@ use crate::api::pools::ClusterDeployment;
 use crate::context::events::publish;
 use crate::context::tenant::TenantContext;
 use crate::runtime::api_errors::{is_conflict, is_not_found};
-use crate::runtime::cache::{is_filled, reflect};
-use crate::runtime::metrics::Metrics;
-use crate::runtime::panics::{self, ReconcilePanic};
-use crate::runtime::readiness::Readiness;
-use crate::runtime::recovery::NoTriggerBackoff;
+use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
+use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::retry;
-use crate::runtime::shutdown::run_controller;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AssetError {
@@ -46,34 +41,32 @@ pub enum AssetError {
     Panicked(#[from] ReconcilePanic),
 }
 
+impl ReconcileError for AssetError {
+    fn metric_label(&self) -> &'static str {
+        match self {
+            AssetError::Tenant(_) => "tenant_api",
+            AssetError::Panicked(_) => "panic",
+        }
+    }
+}
+
 struct Ctx {
     tenant: Arc<TenantContext>,
     cds: Store<ClusterDeployment>,
-    /// Resolves once `cds` is filled.
-    cds_filled: Readiness,
 }
 
 /// Runs the controller until `cancel` fires.
 pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
-    let client = context.client.clone();
-    let (assets, asset_stream) = reflect(Api::<BareMetalAsset>::all(client.clone()), Default::default());
-    let (cds, cd_stream) = reflect(Api::<ClusterDeployment>::all(client), Default::default());
-    let cds_filled = {
-        let cds = cds.clone();
-        Readiness::after(async move { cds.wait_until_ready().await.is_ok() })
-    };
+    let assets = context.caches.tenant_guarded::<BareMetalAsset>();
+    let cds = context.caches.tenant_guarded::<ClusterDeployment>();
     let ctx = Arc::new(Ctx {
-        tenant: context,
-        cds,
-        cds_filled,
+        tenant: context.clone(),
+        cds: cds.store(),
     });
-    let assets_of_cd = assets.clone();
-    let shutdown = cancel.clone();
-    let main_store = assets.clone();
-    let run = Controller::for_stream(asset_stream, assets)
-        .trigger_backoff(NoTriggerBackoff)
+    let assets_of_cd = assets.store();
+    Scaffold::new("baremetalasset", context, &assets)
         // A ClusterDeployment appearing or going changes `ClusterDeploymentFound` of its assets.
-        .watches_stream(cd_stream, move |cd: ClusterDeployment| {
+        .watches(&cds, move |cd| {
             let name = cd.name_any();
             assets_of_cd
                 .state()
@@ -82,38 +75,12 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
                 .map(|a| ObjectRef::from_obj(&*a))
                 .collect::<Vec<_>>()
         })
-        .graceful_shutdown_on(async move { shutdown.cancelled().await })
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| std::future::ready(()));
-    run_controller(run, &cancel, || is_filled(&main_store)).await;
+        .run(ctx, reconcile, &cancel)
+        .await;
 }
 
-fn error_policy(asset: Arc<BareMetalAsset>, err: &AssetError, ctx: Arc<Ctx>) -> Action {
-    let key = format!("bma/{}/{}", asset.namespace().unwrap_or_default(), asset.name_any());
-    let logged = (ctx.tenant.name.as_str(), "baremetalasset", key.as_str());
-    Action::requeue(retry::after_failure(&ctx.tenant.object_backoff, &key, logged, err))
-}
-
-async fn reconcile(asset: Arc<BareMetalAsset>, ctx: Arc<Ctx>) -> Result<Action, AssetError> {
-    let tenant = &ctx.tenant;
-    let labels = Metrics::controller(&tenant.name, "baremetalasset");
-    tenant.shared.metrics.reconciles.get_or_create(&labels).inc();
-    // Not `Store::wait_until_ready` from concurrent reconciles: it wakes only its last waiter.
-    if !ctx.cds_filled.wait().await {
-        return Ok(Action::await_change());
-    }
-    let Ok(permit) = tenant.reconcile_permits.acquire().await else {
-        return Ok(Action::await_change());
-    };
-    let key = format!("bma/{}/{}", asset.namespace().unwrap_or_default(), asset.name_any());
-    let result = panics::contain(reconcile_asset(&asset, &ctx, permit)).await;
-    match &result {
-        Ok(_) => tenant.object_backoff.succeeded(&key),
-        Err(_) => {
-            tenant.shared.metrics.reconcile_errors.get_or_create(&labels).inc();
-        }
-    }
-    result
+async fn reconcile(asset: Arc<BareMetalAsset>, ctx: Arc<Ctx>, permit: Permit) -> Result<Action, AssetError> {
+    reconcile_asset(&asset, &ctx, permit).await
 }
 
 /// Finalizer on an asset delivered to a cluster, until it is removed from there again.
@@ -128,11 +95,7 @@ fn cached_cd(ctx: &Ctx, name: Option<&str>) -> Option<Arc<ClusterDeployment>> {
 
 /// `permit` bounds tenant API load; it is given back before talking to a managed cluster, which
 /// may be slow or unreachable and must not starve the tenant's other controllers.
-async fn reconcile_asset(
-    asset: &BareMetalAsset,
-    ctx: &Ctx,
-    permit: tokio::sync::SemaphorePermit<'_>,
-) -> Result<Action, AssetError> {
+async fn reconcile_asset(asset: &BareMetalAsset, ctx: &Ctx, permit: Permit) -> Result<Action, AssetError> {
     let assigned = cached_cd(ctx, asset.spec.assigned_cluster());
     let delivered = cached_cd(ctx, plan::delivered_to(asset));
     let snapshot = Snapshot {
@@ -144,7 +107,7 @@ async fn reconcile_asset(
     match plan::step(&snapshot) {
         Step::Detach(detach) => {
             // Detaching may talk to the managed cluster (see above).
-            drop(permit);
+            permit.release();
             detach_asset(asset, ctx, detach, &assets).await
         }
         Step::Nothing => Ok(Action::await_change()),
@@ -182,7 +145,7 @@ async fn report(
     ctx: &Ctx,
     snapshot: &Snapshot<'_>,
     assets: &Api<BareMetalAsset>,
-    permit: tokio::sync::SemaphorePermit<'_>,
+    permit: Permit,
 ) -> Result<Action, AssetError> {
     let ns = asset.namespace().unwrap_or_default();
     let secrets = Api::<Secret>::namespaced(ctx.tenant.client.clone(), &ns);
@@ -200,7 +163,7 @@ async fn report(
         Delivery::Held(host) => Some(host),
         Delivery::Record(patch) => return patch_metadata(assets, asset, &patch).await,
         Delivery::Deliver { cluster, cd } => {
-            drop(permit);
+            permit.release();
             let (host, after) = deliver(asset, ctx, cd, cluster, secret.as_ref()).await;
             requeue = Some(after);
             Some(host)

@@ -18,13 +18,12 @@ mod status;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::PostParams;
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
@@ -37,13 +36,8 @@ use crate::host::Parent;
 use crate::host::apply::HostWriteError;
 use crate::host::labels::{TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION};
 use crate::runtime::api_errors::is_conflict;
-use crate::runtime::cache::{is_filled, reflect};
-use crate::runtime::metrics::Metrics;
-use crate::runtime::panics::{self, ReconcilePanic};
-use crate::runtime::readiness::Readiness;
-use crate::runtime::recovery::NoTriggerBackoff;
-use crate::runtime::retry;
-use crate::runtime::shutdown::run_controller;
+use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
+use crate::runtime::panics::ReconcilePanic;
 
 const KIND: &str = "ClusterDeployment";
 
@@ -68,55 +62,41 @@ struct Ctx {
     tenant: Arc<TenantContext>,
     jobs: Store<Job>,
     secrets: Store<Secret>,
-    /// Decisions need the host caches too: with an empty one a deleted cluster would look as if it
-    /// never had an installer, and be let go without its destroy Job.
-    caches_filled: Readiness,
+}
+
+impl ReconcileError for DeploymentError {
+    fn metric_label(&self) -> &'static str {
+        match self {
+            DeploymentError::Tenant(_) => "tenant_api",
+            DeploymentError::Host(_) => "host_write",
+            DeploymentError::HostApi(_) => "host_api",
+            DeploymentError::Panicked(_) => "panic",
+        }
+    }
 }
 
 /// Runs the controller until `cancel` fires.
 pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
-    let host_config = context.host_watch_config();
-    let (cds, cd_stream) = reflect(
-        Api::<ClusterDeployment>::all(context.client.clone()),
-        Default::default(),
-    );
-    let (jobs, job_stream) = reflect(
-        Api::<Job>::namespaced(context.host.clone(), &context.host_namespace),
-        host_config.clone(),
-    );
-    let (secrets, secret_stream) = reflect(
-        Api::<Secret>::namespaced(context.host.clone(), &context.host_namespace),
-        host_config,
-    );
-    // Not the ClusterDeployment store: the controller awaits its own main store, and a second
-    // waiter on a store is never woken (see runtime::readiness).
-    let caches_filled = {
-        let caches = (jobs.clone(), secrets.clone());
-        Readiness::after(async move {
-            let (jobs, secrets) = caches;
-            jobs.wait_until_ready().await.is_ok() && secrets.wait_until_ready().await.is_ok()
-        })
-    };
+    let caches = &context.caches;
+    let cds = caches.tenant_guarded::<ClusterDeployment>();
+    let (jobs, secrets) = (caches.host::<Job>(), caches.host::<Secret>());
     let ctx = Arc::new(Ctx {
         tenant: context.clone(),
-        jobs,
-        secrets,
-        caches_filled,
+        jobs: jobs.store(),
+        secrets: secrets.store(),
     });
-    let shutdown = cancel.clone();
-    let main_store = cds.clone();
-    let run = Controller::for_stream(cd_stream, cds)
-        .trigger_backoff(NoTriggerBackoff)
-        .watches_stream(job_stream, owner_of)
-        .watches_stream(secret_stream, owner_of)
-        .graceful_shutdown_on(async move { shutdown.cancelled().await })
-        .run(reconcile, error_policy, ctx)
-        .for_each(|_| std::future::ready(()));
-    run_controller(run, &cancel, || is_filled(&main_store)).await;
+    // Decisions need the host caches too (the scaffold waits for every watched cache): with an
+    // empty one a deleted cluster would look as if it never had an installer, and be let go
+    // without its destroy Job.
+    Scaffold::new("clusterdeployment", context, &cds)
+        .watches(&jobs, |job| owner_of(job.as_ref()))
+        .watches(&secrets, |secret| owner_of(secret.as_ref()))
+        .run(ctx, reconcile, &cancel)
+        .await;
 }
 
 /// The ClusterDeployment a host object was made for, from its identity annotations.
-fn owner_of<K: Resource>(object: K) -> Option<ObjectRef<ClusterDeployment>> {
+fn owner_of<K: Resource>(object: &K) -> Option<ObjectRef<ClusterDeployment>> {
     let annotations = object.meta().annotations.as_ref()?;
     if annotations.get(TENANT_KIND_ANNOTATION).map(String::as_str) != Some(KIND) {
         return None;
@@ -124,12 +104,6 @@ fn owner_of<K: Resource>(object: K) -> Option<ObjectRef<ClusterDeployment>> {
     let name = annotations.get(TENANT_NAME_ANNOTATION)?;
     let namespace = annotations.get(TENANT_NAMESPACE_ANNOTATION)?;
     Some(ObjectRef::new(name).within(namespace))
-}
-
-fn error_policy(cd: Arc<ClusterDeployment>, err: &DeploymentError, ctx: Arc<Ctx>) -> Action {
-    let key = format!("cd/{}/{}", cd.namespace().unwrap_or_default(), cd.name_any());
-    let logged = (ctx.tenant.name.as_str(), "clusterdeployment", key.as_str());
-    Action::requeue(retry::after_failure(&ctx.tenant.object_backoff, &key, logged, err))
 }
 
 fn parent(cd: &ClusterDeployment) -> Parent {
@@ -141,33 +115,12 @@ fn parent(cd: &ClusterDeployment) -> Parent {
     )
 }
 
-async fn reconcile(cd: Arc<ClusterDeployment>, ctx: Arc<Ctx>) -> Result<Action, DeploymentError> {
-    let tenant = &ctx.tenant;
-    let labels = Metrics::controller(&tenant.name, "clusterdeployment");
-    tenant.shared.metrics.reconciles.get_or_create(&labels).inc();
-    // Not `Store::wait_until_ready` from concurrent reconciles: it wakes only its last waiter.
-    if !ctx.caches_filled.wait().await {
-        return Ok(Action::await_change());
-    }
-    let Ok(_permit) = tenant.reconcile_permits.acquire().await else {
-        return Ok(Action::await_change());
-    };
-    let result = if cd.metadata.deletion_timestamp.is_some() {
-        panics::contain(deprovision::deprovision(&cd, &ctx)).await
+async fn reconcile(cd: Arc<ClusterDeployment>, ctx: Arc<Ctx>, _permit: Permit) -> Result<Action, DeploymentError> {
+    if cd.metadata.deletion_timestamp.is_some() {
+        deprovision::deprovision(&cd, &ctx).await
     } else {
-        panics::contain(provision::provision(&cd, &ctx)).await
-    };
-    match &result {
-        Ok(_) => {
-            tenant
-                .object_backoff
-                .succeeded(&format!("cd/{}/{}", cd.namespace().unwrap_or_default(), cd.name_any()))
-        }
-        Err(_) => {
-            tenant.shared.metrics.reconcile_errors.get_or_create(&labels).inc();
-        }
+        provision::provision(&cd, &ctx).await
     }
-    result
 }
 
 fn cd_api(ctx: &Ctx, cd: &ClusterDeployment) -> Api<ClusterDeployment> {

@@ -14,29 +14,20 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
 
 use crate::api::stacks::{ClusterStackInstall, InstallSpec, PermissionScope, Stack, StackInstall, StackInstallStatus};
 use crate::context::tenant::{TenantContext, TenantError};
 use crate::host::labels::{TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION};
-use crate::runtime::cache::{is_filled, reflect, reflect_crds};
-use crate::runtime::metrics::Metrics;
-use crate::runtime::panics::{self, ReconcilePanic};
-use crate::runtime::readiness::Readiness;
-use crate::runtime::recovery::NoTriggerBackoff;
-use crate::runtime::retry;
-use crate::runtime::shutdown::run_controller;
+use crate::runtime::controller::{ReconcileError, Scaffold};
+use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::written::Written;
 use crate::stacks::crd_parent_label;
 
@@ -101,11 +92,7 @@ pub struct InstallContext {
     pub jobs: Store<Job>,
     pub crds: Store<CustomResourceDefinition>,
     pub stacks: Store<Stack>,
-    /// Resolves once the three caches above are filled.
-    pub caches_filled: Readiness,
     pub stackd_image: String,
-    /// Fires when the tenant stops.
-    pub cancel: CancellationToken,
     /// Package contents read and not yet applied in full.
     unpacked: unpacked::Unpacked,
     /// The last status written to each install.
@@ -125,6 +112,17 @@ pub enum InstallError {
     Panicked(#[from] ReconcilePanic),
 }
 
+impl ReconcileError for InstallError {
+    fn metric_label(&self) -> &'static str {
+        match self {
+            InstallError::Tenant(_) => "tenant_api",
+            InstallError::Host(_) => "host_write",
+            InstallError::HostApi(_) => "host_api",
+            InstallError::Panicked(_) => "panic",
+        }
+    }
+}
+
 /// The image of the install Job's `unpack` container when `--stackd-image` is not given.
 pub fn default_stackd_image() -> String {
     format!("stackd:{}", env!("CARGO_PKG_VERSION"))
@@ -140,72 +138,41 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
 }
 
 async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: CancellationToken) {
+    let caches = &context.caches;
     // Deletions matter too: a replaced Job's deletion lets its successor be created, a deleted
     // Stack lets its install's uninstall go on.
-    let (jobs, job_events) = reflect(
-        Api::<Job>::namespaced(context.host.clone(), &context.host_namespace),
-        context.host_watch_config(),
+    let (jobs, crds, stacks) = (
+        caches.host::<Job>(),
+        caches.tenant_crds(),
+        caches.tenant_guarded::<Stack>(),
     );
-    let (crds, crd_events) = reflect_crds(Api::all(context.client.clone()));
-    let (stacks, stack_events) = reflect(Api::<Stack>::all(context.client.clone()), watcher::Config::default());
+    let installs = caches.tenant_guarded::<K>();
     let stackd_image = context
         .shared
         .settings
         .stackd_image
         .clone()
         .unwrap_or_else(default_stackd_image);
-    let (install_store, install_events) = reflect(Api::<K>::all(context.client.clone()), watcher::Config::default());
-    let controller = Controller::for_stream(install_events, install_store.clone()).trigger_backoff(NoTriggerBackoff);
-    let caches_filled = {
-        let (jobs, crds, stacks) = (jobs.clone(), crds.clone(), stacks.clone());
-        Readiness::after(async move {
-            let filled = futures::future::try_join3(
-                jobs.wait_until_ready(),
-                crds.wait_until_ready(),
-                stacks.wait_until_ready(),
-            );
-            filled.await.is_ok()
-        })
-    };
     let ctx = Arc::new(InstallContext {
         tenant: context.clone(),
-        jobs,
-        crds,
-        stacks,
-        caches_filled,
+        jobs: jobs.store(),
+        crds: crds.store(),
+        stacks: stacks.store(),
         stackd_image,
-        cancel: cancel.clone(),
         unpacked: Default::default(),
         written: Default::default(),
     });
-    let concurrency = context.shared.settings.max_concurrent_reconciles.max(1) as u16;
-    let tenant = context.name.clone();
-    let main_store = install_store.clone();
-    let run = controller
-        .with_config(controller::Config::default().concurrency(concurrency))
-        .watches_stream(job_events, |job: Job| install_of::<K>(&job))
+    let install_store = installs.store();
+    Scaffold::new(K::kind(&()), context, &installs)
+        .watches(&jobs, |job| install_of::<K>(job.as_ref()))
         // By name, not owner reference: a Stack at the install's name that another controls, or
         // one whose owner reference was removed, concerns the install as much as its own.
-        .watches_stream(stack_events, |stack: Stack| {
+        .watches(&stacks, |stack| {
             Some(ObjectRef::new(&stack.name_any()).within(&stack.namespace().unwrap_or_default()))
         })
-        .watches_stream(crd_events, move |crd: CustomResourceDefinition| {
-            installs_using(&install_store, &crd)
-        })
-        .graceful_shutdown_on(cancel.clone().cancelled_owned())
-        .run(
-            |install, ctx| panics::contain(reconcile::reconcile::<K>(install, ctx)),
-            error_policy::<K>,
-            ctx,
-        )
-        .for_each(|result| {
-            if let Err(err) = result {
-                debug!(tenant = %tenant, error = %err, cause = %crate::runtime::cause::diagnose(&err), "install controller event");
-            }
-            futures::future::ready(())
-        });
-    // Asked only at shutdown, when no one else awaits the store any more.
-    run_controller(run, &cancel, || is_filled(&main_store)).await;
+        .watches(&crds, move |crd| installs_using(&install_store, &crd))
+        .run(ctx, reconcile::reconcile::<K>, &cancel)
+        .await;
 }
 
 /// The install of either kind a host object belongs to, from its identity annotations.
@@ -262,22 +229,6 @@ fn refused_for_a_crd<K: InstallKind>(install: &K) -> bool {
             .iter()
             .any(|c| c.type_ == "Ready" && c.status == "False" && CRD_WAIT_REASONS.contains(&c.reason.as_str()))
     })
-}
-
-fn error_policy<K: InstallKind>(install: Arc<K>, error: &InstallError, ctx: Arc<InstallContext>) -> Action {
-    let tenant = &ctx.tenant;
-    let labels = Metrics::controller(&tenant.name, K::kind(&()).as_ref());
-    tenant.shared.metrics.reconcile_errors.get_or_create(&labels).inc();
-    let key = format!("{}/{}", install.namespace().unwrap_or_default(), install.name_any());
-    let kind = K::kind(&());
-    let backoff_key = format!("{kind}:{key}");
-    let logged = (tenant.name.as_str(), kind.as_ref(), key.as_str());
-    Action::requeue(retry::after_failure(
-        &tenant.object_backoff,
-        &backoff_key,
-        logged,
-        error,
-    ))
 }
 
 /// How long to wait for a Job to finish before looking again, as a safety net for a lost watch event.

@@ -25,7 +25,7 @@ use crate::api::stacks::Stack;
 use crate::host::Parent;
 use crate::host::apply::{self, Applied};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
-use crate::runtime::metrics::Metrics;
+use crate::runtime::controller::Permit;
 use crate::stacks::INSTALL_FINALIZER;
 use crate::stacks::pull_secrets;
 use crate::stacks::stream::{self, LOG_LIMIT_BYTES, PackageContents};
@@ -33,30 +33,8 @@ use crate::stacks::stream::{self, LOG_LIMIT_BYTES, PackageContents};
 pub(super) async fn reconcile<K: InstallKind>(
     install: Arc<K>,
     ctx: Arc<InstallContext>,
+    _permit: Permit,
 ) -> Result<Action, InstallError> {
-    let tenant = &ctx.tenant;
-    let Ok(_permit) = tenant.reconcile_permits.clone().acquire_owned().await else {
-        return Ok(Action::await_change());
-    };
-
-    // Decisions (above all, what to delete) need complete caches, not a half-finished first list.
-    let filled = tokio::select! {
-        // A cache that cannot fill (an unreachable tenant, a forbidden watch) must not hold up shutdown.
-        _ = ctx.cancel.cancelled() => false,
-        filled = ctx.caches_filled.wait() => filled,
-    };
-    if !filled {
-        return Ok(Action::await_change());
-    }
-
-    let labels = Metrics::controller(&tenant.name, K::kind(&()).as_ref());
-    tenant.shared.metrics.reconciles.get_or_create(&labels).inc();
-    let backoff_key = format!(
-        "{}:{}/{}",
-        K::kind(&()),
-        install.namespace().unwrap_or_default(),
-        install.name_any()
-    );
     let deleting = install.meta().deletion_timestamp.is_some();
     let (action, report) = if deleting {
         uninstall::run(install.as_ref(), &ctx).await?
@@ -71,7 +49,6 @@ pub(super) async fn reconcile<K: InstallKind>(
         ctx.unpacked.forget(&uid);
         ctx.written.forget(&uid);
     }
-    tenant.object_backoff.succeeded(&backoff_key);
     Ok(action)
 }
 

@@ -20,7 +20,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Error as FinalizerError, Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -46,21 +46,16 @@ use crate::host::labels::{
     MANAGED_BY, MANAGED_BY_LABEL, Parent, TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION,
 };
 use crate::host::names::{NameKind, host_name};
-use crate::runtime::cache::{reflect, reflect_crds};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
-use crate::runtime::metrics::Metrics;
-use crate::runtime::panics::{self, ReconcilePanic};
-use crate::runtime::readiness::Readiness;
-use crate::runtime::recovery::NoTriggerBackoff;
-use crate::runtime::retry;
+use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
+use crate::runtime::informers::SharedCache;
+use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::written::Written;
 
 /// The controller's name in metrics and logs.
 pub const CONTROLLER: &str = "stack";
 /// The tenant kind named in host objects' parent labels.
 pub const KIND: &str = "Stack";
-/// How long a reconcile waits for the watches' first lists before retrying with backoff.
-const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a Stack with pull secrets reads them again: the tenant's Secrets are not watched (only
 /// stackd's own are), so a rotated credential or a missing one created later is found this way.
 const PULL_SECRET_RESYNC: Duration = Duration::from_secs(300);
@@ -78,40 +73,10 @@ struct Caches {
     host_secrets: Store<Secret>,
 }
 
-impl Caches {
-    /// Resolves once every watch has listed. `Store::wait_until_ready` wakes only its last waiter,
-    /// so one task awaits the stores and every reconcile waits on the shared [`Readiness`].
-    fn readiness(&self, installs: &Installs) -> Readiness {
-        let waits: Vec<futures::future::BoxFuture<'static, bool>> = vec![
-            filled(self.service_accounts.clone()),
-            filled(self.tenant_secrets.clone()),
-            filled(self.cluster_roles.clone()),
-            filled(self.role_bindings.clone()),
-            filled(self.cluster_role_bindings.clone()),
-            filled(self.crds.clone()),
-            filled(self.deployments.clone()),
-            filled(self.host_secrets.clone()),
-            filled(installs.stack_installs.clone()),
-            filled(installs.cluster_stack_installs.clone()),
-        ];
-        Readiness::after(async move { futures::future::join_all(waits).await.iter().all(|ok| *ok) })
-    }
-}
-
-/// Resolves to whether `store` completed its first list.
-fn filled<K>(store: Store<K>) -> futures::future::BoxFuture<'static, bool>
-where
-    K: Resource + Clone + Send + Sync + 'static,
-    K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
-{
-    Box::pin(async move { store.wait_until_ready().await.is_ok() })
-}
-
 struct StackContext {
     tenant: Arc<TenantContext>,
     caches: Caches,
     installs: Installs,
-    caches_filled: Readiness,
     reported: ReportedReadiness,
     /// The last status written to each Stack.
     written: Written<StackStatus>,
@@ -144,12 +109,8 @@ pub enum StackError {
     Host(#[from] HostWriteError),
     #[error(transparent)]
     Tenant(#[from] TenantWriteError),
-    #[error("the watches of the tenant or the host have not listed yet; is an API server unreachable?")]
-    NotSynced,
     #[error("{0}")]
     Finalizer(String),
-    #[error("the daemon is stopping")]
-    Stopping,
     #[error(transparent)]
     Panicked(#[from] ReconcilePanic),
 }
@@ -160,10 +121,20 @@ impl StackError {
             StackError::Host(err) => err.reason(),
             StackError::Tenant(TenantWriteError::Conflict { .. }) => "TenantObjectConflict",
             StackError::Tenant(TenantWriteError::Api(_)) => "TenantUnavailable",
-            StackError::NotSynced => "WatchNotSynced",
             StackError::Finalizer(_) => "ReconcileError",
-            StackError::Stopping => "Stopping",
             StackError::Panicked(_) => "ReconcilePanicked",
+        }
+    }
+}
+
+impl ReconcileError for StackError {
+    fn metric_label(&self) -> &'static str {
+        match self {
+            StackError::Host(_) => "host_write",
+            StackError::Tenant(TenantWriteError::Conflict { .. }) => "tenant_conflict",
+            StackError::Tenant(TenantWriteError::Api(_)) => "tenant_api",
+            StackError::Finalizer(_) => "finalizer",
+            StackError::Panicked(_) => "panic",
         }
     }
 }
@@ -176,76 +147,56 @@ impl From<kube::Error> for StackError {
 
 /// Runs the Stack controller of one tenant until `cancel` fires.
 pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
-    let (tenant, host, host_ns) = (
-        context.client.clone(),
-        context.host.clone(),
-        context.host_namespace.clone(),
-    );
-    let ours = watcher::Config::default().labels(&format!("{MANAGED_BY_LABEL}={MANAGED_BY}"));
-    let (service_accounts, sa_events) = reflect(Api::all(tenant.clone()), ours.clone());
-    let (tenant_secrets, ts_events) = reflect(Api::all(tenant.clone()), ours.clone());
-    let (cluster_roles, cr_events) = reflect(Api::all(tenant.clone()), ours.clone());
-    let (role_bindings, rb_events) = reflect(Api::all(tenant.clone()), ours.clone());
-    let (cluster_role_bindings, crb_events) = reflect(Api::all(tenant.clone()), ours);
-    let (crds, crd_events) = reflect_crds(Api::all(tenant.clone()));
-    let (deployments, dep_events) = reflect(Api::namespaced(host.clone(), &host_ns), context.host_watch_config());
-    let (host_secrets, hs_events) = reflect(Api::namespaced(host, &host_ns), context.host_watch_config());
-
-    let (stack_installs, si_events) = reflect(Api::<StackInstall>::all(tenant.clone()), watcher::Config::default());
-    let (cluster_stack_installs, csi_events) = reflect(
-        Api::<ClusterStackInstall>::all(tenant.clone()),
-        watcher::Config::default(),
-    );
-    let (stacks, stack_events) = reflect(Api::<Stack>::all(tenant), watcher::Config::default());
-    let controller = Controller::for_stream(stack_events, stacks.clone()).trigger_backoff(NoTriggerBackoff);
-    let concurrency = u16::try_from(context.shared.settings.max_concurrent_reconciles).unwrap_or(u16::MAX);
-    let controller = controller
-        .with_config(ControllerConfig::default().concurrency(concurrency))
-        .watches_stream(sa_events, |o| stack_of(&o))
-        .watches_stream(ts_events, |o| stack_of(&o))
-        .watches_stream(cr_events, |o| stack_of(&o))
-        .watches_stream(rb_events, |o| stack_of(&o))
-        .watches_stream(crb_events, |o| stack_of(&o))
-        .watches_stream(crd_events, move |crd| stacks_using(&stacks, &crd))
-        .watches_stream(dep_events, |o| host_parent(&o))
-        .watches_stream(hs_events, |o| host_parent(&o))
+    let shared = &context.caches;
+    let ours = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
+    let service_accounts = shared.tenant::<ServiceAccount>(&ours);
+    let tenant_secrets = shared.tenant::<Secret>(&ours);
+    let cluster_roles = shared.tenant::<ClusterRole>(&ours);
+    let role_bindings = shared.tenant::<RoleBinding>(&ours);
+    let cluster_role_bindings = shared.tenant::<ClusterRoleBinding>(&ours);
+    let crds = shared.tenant_crds();
+    let (deployments, host_secrets) = (shared.host::<Deployment>(), shared.host::<Secret>());
+    let stack_installs = shared.tenant_guarded::<StackInstall>();
+    let cluster_stack_installs = shared.tenant_guarded::<ClusterStackInstall>();
+    let stacks = shared.tenant_guarded::<Stack>();
+    let stack_store = stacks.store();
+    let scaffold = Scaffold::new(CONTROLLER, context.clone(), &stacks)
+        .watches(&service_accounts, |o| stack_of(o.as_ref()))
+        .watches(&tenant_secrets, |o| stack_of(o.as_ref()))
+        .watches(&cluster_roles, |o| stack_of(o.as_ref()))
+        .watches(&role_bindings, |o| stack_of(o.as_ref()))
+        .watches(&cluster_role_bindings, |o| stack_of(o.as_ref()))
+        .watches(&crds, move |crd| stacks_using(&stack_store, &crd))
+        .watches(&deployments, |o| host_parent(o.as_ref()))
+        .watches(&host_secrets, |o| host_parent(o.as_ref()))
         // A Stack is judged by its install: a new one decides whether it runs. (One that goes takes
         // its Stack with it, or leaves it without the owner reference, which is a Stack event.)
-        .watches_stream(new_generations(si_events), |o| Some(stack_at(&o)))
-        .watches_stream(new_generations(csi_events), |o| Some(stack_at(&o)));
-    let caches = Caches {
-        service_accounts,
-        tenant_secrets,
-        cluster_roles,
-        role_bindings,
-        cluster_role_bindings,
-        crds,
-        deployments,
-        host_secrets,
-    };
-    let installs = Installs {
-        stack_installs,
-        cluster_stack_installs,
-    };
+        .watches_stream(&stack_installs, new_generations(&stack_installs), |o| {
+            Some(stack_at(&o))
+        })
+        .watches_stream(&cluster_stack_installs, new_generations(&cluster_stack_installs), |o| {
+            Some(stack_at(&o))
+        });
     let ctx = Arc::new(StackContext {
-        tenant: context.clone(),
-        caches_filled: caches.readiness(&installs),
+        tenant: context,
         reported: ReportedReadiness::default(),
         written: Written::default(),
-        caches,
-        installs,
+        caches: Caches {
+            service_accounts: service_accounts.store(),
+            tenant_secrets: tenant_secrets.store(),
+            cluster_roles: cluster_roles.store(),
+            role_bindings: role_bindings.store(),
+            cluster_role_bindings: cluster_role_bindings.store(),
+            crds: crds.store(),
+            deployments: deployments.store(),
+            host_secrets: host_secrets.store(),
+        },
+        installs: Installs {
+            stack_installs: stack_installs.store(),
+            cluster_stack_installs: cluster_stack_installs.store(),
+        },
     });
-    let name = context.name.clone();
-    let runs = controller.run(|stack, ctx| panics::contain(reconcile(stack, ctx)), error_policy, ctx).for_each(|result| {
-        if let Err(err) = result {
-            debug!(tenant = %name, error = %err, cause = %crate::runtime::cause::diagnose(&err), "stack controller event");
-        }
-        std::future::ready(())
-    });
-    tokio::select! {
-        _ = cancel.cancelled() => {}
-        _ = runs => {}
-    }
+    scaffold.run(ctx, reconcile, &cancel).await;
     Ok(())
 }
 
@@ -262,12 +213,15 @@ fn host_parent<K: Resource>(object: &K) -> Option<ObjectRef<Stack>> {
 
 /// Install events that can change a Stack's standing (a new install), not its every status write.
 fn new_generations<K>(
-    events: impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    installs: &SharedCache<K>,
 ) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
 where
-    K: Resource + Send + 'static,
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
-    events.predicate_filter(predicates::generation, PredicateConfig::default())
+    installs
+        .touched()
+        .map(|install| Ok(install.as_ref().clone()))
+        .predicate_filter(predicates::generation, PredicateConfig::default())
 }
 
 /// The Stack an install creates: the one at its own namespace and name.
@@ -303,33 +257,18 @@ fn stacks_using(stacks: &Store<Stack>, crd: &CustomResourceDefinition) -> Vec<Ob
         .collect()
 }
 
-fn backoff_key(stack: &Stack) -> String {
+fn stack_key(stack: &Stack) -> String {
     format!("stack/{}/{}", stack.namespace().unwrap_or_default(), stack.name_any())
 }
 
-async fn reconcile(stack: Arc<Stack>, ctx: Arc<StackContext>) -> Result<Action, StackError> {
+async fn reconcile(stack: Arc<Stack>, ctx: Arc<StackContext>, _permit: Permit) -> Result<Action, StackError> {
     let tenant = &ctx.tenant;
-    let _permit = tenant
-        .reconcile_permits
-        .acquire()
-        .await
-        .map_err(|_| StackError::Stopping)?;
-    let labels = Metrics::controller(&tenant.name, CONTROLLER);
-    tenant.shared.metrics.reconciles.get_or_create(&labels).inc();
-    match tokio::time::timeout(CACHE_SYNC_TIMEOUT, ctx.caches_filled.wait()).await {
-        Ok(true) => {}
-        // The watches stopped: the controller is shutting down.
-        Ok(false) => return Ok(Action::await_change()),
-        Err(_) => return Err(StackError::NotSynced),
-    }
-    let key = backoff_key(&stack);
     if let Err(refusal) = ctx.installs.scope_of(&stack)
         && !stack.finalizers().iter().any(|f| f == STACK_FINALIZER)
     {
         // A Stack made by hand gets no finalizer either: stackd holds nothing of it to clean up.
         let outcome = Outcome::refused(refusal.reason(), refusal.to_string());
         report(&stack, &ctx, &outcome, Notes::default()).await?;
-        tenant.object_backoff.succeeded(&key);
         return Ok(Action::await_change());
     }
     let api: Api<Stack> = Api::namespaced(tenant.client.clone(), &stack.namespace().unwrap_or_default());
@@ -351,17 +290,7 @@ async fn reconcile(stack: Arc<Stack>, ctx: Arc<StackContext>) -> Result<Action, 
         ) if status.code == 409 || status.code == 422 => Action::await_change(),
         Err(other) => return Err(StackError::Finalizer(other.to_string())),
     };
-    tenant.object_backoff.succeeded(&key);
     Ok(action)
-}
-
-fn error_policy(stack: Arc<Stack>, err: &StackError, ctx: Arc<StackContext>) -> Action {
-    let tenant = &ctx.tenant;
-    let labels = Metrics::controller(&tenant.name, CONTROLLER);
-    tenant.shared.metrics.reconcile_errors.get_or_create(&labels).inc();
-    let key = backoff_key(&stack);
-    let logged = (tenant.name.as_str(), CONTROLLER, key.as_str());
-    Action::requeue(retry::after_failure(&tenant.object_backoff, &key, logged, err))
 }
 
 /// What a reconcile found, for the Stack's status.
@@ -991,7 +920,7 @@ async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes:
     let mut status = old.clone();
     let generation = stack.metadata.generation;
     let now = Time(jiff::Timestamp::now());
-    let key = backoff_key(stack);
+    let key = stack_key(stack);
     let previous_ready = ctx.reported.get(&key).or_else(|| {
         let ready = old.conditions.iter().find(|c| c.type_ == "Ready")?;
         Some((ready.status == "True", ready.reason.clone()))
@@ -1149,9 +1078,9 @@ async fn cleanup(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError
             Err(err) => return Err(err.into()),
         }
     }
-    ctx.reported.forget(&backoff_key(stack));
+    ctx.reported.forget(&stack_key(stack));
     ctx.written.forget(&stack.uid().unwrap_or_default());
-    info!(tenant = %tenant.name, stack = %backoff_key(stack), host_objects = removed, "stack uninstalled");
+    info!(tenant = %tenant.name, stack = %stack_key(stack), host_objects = removed, "stack uninstalled");
     Ok(Action::await_change())
 }
 

@@ -1,0 +1,407 @@
+//! The scaffold every tenant controller is built with, so that each does the same around its
+//! reconcile: it waits until all of its caches (tenant and host) are filled, then takes one of the
+//! tenant's reconcile permits (a controller waiting for its caches must not hold a permit the
+//! tenant's other controllers need), contains panics, records metrics, backs off per object and
+//! stops through [`run_controller`] (in-flight reconciles get their grace).
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::{Stream, StreamExt};
+use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use super::backoff::ObjectBackoff;
+use super::informers::SharedCache;
+use super::metrics::{ErrorLabels, Metrics};
+use super::panics::{self, ReconcilePanic};
+use super::readiness::Readiness;
+use super::recovery::NoTriggerBackoff;
+use super::retry;
+use super::shutdown::run_controller;
+
+/// A controller's error: retried with the object's backoff and counted by `metric_label`.
+pub trait ReconcileError: std::error::Error + From<ReconcilePanic> + Send + Sync + 'static {
+    /// A stable word for the `kind` label of `stackd_reconcile_errors_by_kind`.
+    fn metric_label(&self) -> &'static str;
+}
+
+/// What the scaffold needs of the tenant a controller serves.
+pub trait Tenant: Send + Sync + 'static {
+    fn name(&self) -> &str;
+    fn metrics(&self) -> &Metrics;
+    /// Bounds the reconciles running at once for this tenant, across its controllers.
+    fn permits(&self) -> Arc<Semaphore>;
+    fn object_backoff(&self) -> &ObjectBackoff;
+    /// Reconciles one controller may run at once.
+    fn concurrency(&self) -> u16;
+}
+
+/// The tenant's reconcile permit a reconcile holds; [`Permit::release`] gives it back early (before
+/// a wait that must not starve the tenant's other controllers).
+pub struct Permit {
+    _held: OwnedSemaphorePermit,
+}
+
+impl Permit {
+    pub fn release(self) {}
+}
+
+/// A controller of `K` for one tenant, being put together.
+pub struct Scaffold<K: Resource + Clone + Debug + 'static, T>
+where
+    K::DynamicType: Hash + Eq,
+{
+    name: String,
+    tenant: Arc<T>,
+    controller: Controller<K>,
+    caches: Vec<Readiness>,
+}
+
+impl<K, T> Scaffold<K, T>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    T: Tenant,
+{
+    /// A controller named `name` (its `controller` metric label) reconciling the objects of `main`.
+    pub fn new(name: impl Into<String>, tenant: Arc<T>, main: &SharedCache<K>) -> Self {
+        let controller = Controller::for_shared_stream(main.touched(), main.store())
+            .with_config(Config::default().concurrency(tenant.concurrency()))
+            // Each shared watch retries on its own backoff; one on the merged triggers would pause
+            // them all whenever one watch failed (runtime::recovery).
+            .trigger_backoff(NoTriggerBackoff);
+        Scaffold {
+            name: name.into(),
+            tenant,
+            controller,
+            caches: vec![main.readiness()],
+        }
+    }
+
+    /// Reconciles the objects `mapper` names whenever an object of `cache` changes or goes.
+    pub fn watches<O, I>(mut self, cache: &SharedCache<O>, mapper: impl Fn(Arc<O>) -> I + Send + Sync + 'static) -> Self
+    where
+        O: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+        I: IntoIterator<Item = ObjectRef<K>> + 'static,
+        I::IntoIter: Send,
+    {
+        self.caches.push(cache.readiness());
+        self.controller = self.controller.watches_shared_stream(cache.touched(), mapper);
+        self
+    }
+
+    /// [`Self::watches`] for a stream derived from `cache` (filtered, say).
+    pub fn watches_stream<O, I>(
+        mut self,
+        cache: &SharedCache<O>,
+        stream: impl Stream<Item = Result<O, watcher::Error>> + Send + 'static,
+        mapper: impl Fn(O) -> I + Send + Sync + 'static,
+    ) -> Self
+    where
+        O: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+        I: IntoIterator<Item = ObjectRef<K>> + 'static,
+        I::IntoIter: Send,
+    {
+        self.caches.push(cache.readiness());
+        self.controller = self.controller.watches_stream(stream, mapper);
+        self
+    }
+
+    /// Waits for `cache` before the first reconcile: the controller reads it without watching it.
+    pub fn reads<O>(mut self, cache: &SharedCache<O>) -> Self
+    where
+        O: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    {
+        self.caches.push(cache.readiness());
+        self
+    }
+
+    /// Runs the controller until `cancel`, each reconcile through `reconcile`.
+    pub async fn run<C, F, Fut, E>(self, context: Arc<C>, reconcile: F, cancel: &CancellationToken)
+    where
+        C: Send + Sync + 'static,
+        F: Fn(Arc<K>, Arc<C>, Permit) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: ReconcileError,
+    {
+        let ready = Readiness::all(self.caches);
+        let runner = Arc::new(Runner {
+            name: self.name,
+            tenant: self.tenant,
+            context,
+            ready: ready.clone(),
+            cancel: cancel.clone(),
+            reconcile,
+        });
+        let (tenant, name) = (runner.tenant.name().to_string(), runner.name.clone());
+        let run = self
+            .controller
+            .graceful_shutdown_on(cancel.clone().cancelled_owned())
+            .run(
+                |object, runner| {
+                    let runner: Arc<Runner<T, C, F>> = runner;
+                    async move { runner.reconcile(object).await }
+                },
+                |object, err, runner| runner.error_policy(object.as_ref(), err),
+                runner,
+            )
+            .for_each(move |result| {
+                if let Err(err) = result {
+                    debug!(tenant = %tenant, controller = %name, error = %err, cause = %super::cause::diagnose(&err), "controller event");
+                }
+                std::future::ready(())
+            });
+        // Until the caches are filled no reconcile runs: nothing to give a grace.
+        run_controller(run, cancel, || ready.is_ready()).await;
+    }
+}
+
+/// What every reconcile of one controller is run with.
+struct Runner<T, C, F> {
+    name: String,
+    tenant: Arc<T>,
+    context: Arc<C>,
+    ready: Readiness,
+    cancel: CancellationToken,
+    reconcile: F,
+}
+
+impl<T: Tenant, C, F> Runner<T, C, F> {
+    async fn reconcile<K, Fut, E>(&self, object: Arc<K>) -> Result<Action, E>
+    where
+        K: Resource<DynamicType = ()>,
+        F: Fn(Arc<K>, Arc<C>, Permit) -> Fut,
+        Fut: Future<Output = Result<Action, E>>,
+        E: ReconcileError,
+    {
+        // Decisions (above all, what to delete) need complete caches, not a half-finished first
+        // list; a cache that cannot fill (a forbidden watch) must not hold up shutdown.
+        let filled = tokio::select! {
+            _ = self.cancel.cancelled() => false,
+            filled = self.ready.wait() => filled,
+        };
+        if !filled {
+            return Ok(Action::await_change());
+        }
+        let Ok(permit) = self.tenant.permits().acquire_owned().await else {
+            return Ok(Action::await_change());
+        };
+        let metrics = self.tenant.metrics();
+        let labels = Metrics::controller(self.tenant.name(), &self.name);
+        metrics.reconciles.get_or_create(&labels).inc();
+        let started = Instant::now();
+        let result = panics::contain((self.reconcile)(
+            object.clone(),
+            self.context.clone(),
+            Permit { _held: permit },
+        ))
+        .await;
+        let seconds = started.elapsed().as_secs_f64();
+        metrics.reconcile_duration.get_or_create(&labels).observe(seconds);
+        match &result {
+            Ok(_) => self.tenant.object_backoff().succeeded(&backoff_key(object.as_ref())),
+            Err(err) => {
+                metrics.reconcile_errors.get_or_create(&labels).inc();
+                let by_kind = ErrorLabels {
+                    tenant: labels.tenant,
+                    controller: labels.controller,
+                    kind: err.metric_label().to_string(),
+                };
+                metrics.reconcile_errors_by_kind.get_or_create(&by_kind).inc();
+            }
+        }
+        result
+    }
+
+    fn error_policy<K, E>(&self, object: &K, err: &E) -> Action
+    where
+        K: Resource<DynamicType = ()>,
+        E: ReconcileError,
+    {
+        let shown = match object.namespace() {
+            Some(namespace) => format!("{namespace}/{}", object.name_any()),
+            None => object.name_any(),
+        };
+        let logged = (self.tenant.name(), self.name.as_str(), shown.as_str());
+        let backoff = self.tenant.object_backoff();
+        Action::requeue(retry::after_failure(backoff, &backoff_key(object), logged, err))
+    }
+}
+
+/// Failures are counted per object (its kind included: controllers share the tenant's backoff).
+fn backoff_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
+    ObjectRef::from_obj(object).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use kube::api::ObjectMeta;
+    use kube::runtime::watcher::Event;
+
+    use super::*;
+    use crate::runtime::backoff::Backoff;
+    use crate::runtime::informers::{Feed, fed};
+
+    struct TestTenant {
+        metrics: Metrics,
+        permits: Arc<Semaphore>,
+        backoff: ObjectBackoff,
+    }
+
+    impl Tenant for TestTenant {
+        fn name(&self) -> &str {
+            "acme"
+        }
+        fn metrics(&self) -> &Metrics {
+            &self.metrics
+        }
+        fn permits(&self) -> Arc<Semaphore> {
+            self.permits.clone()
+        }
+        fn object_backoff(&self) -> &ObjectBackoff {
+            &self.backoff
+        }
+        fn concurrency(&self) -> u16 {
+            2
+        }
+    }
+
+    fn tenant() -> Arc<TestTenant> {
+        Arc::new(TestTenant {
+            metrics: Metrics::new(),
+            permits: Arc::new(Semaphore::new(1)),
+            backoff: ObjectBackoff::new(Backoff::new(Duration::from_secs(60), Duration::from_secs(60))),
+        })
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    enum TestError {
+        #[error(transparent)]
+        Panicked(#[from] ReconcilePanic),
+    }
+
+    impl ReconcileError for TestError {
+        fn metric_label(&self) -> &'static str {
+            "panic"
+        }
+    }
+
+    fn listed<K: Clone>(feed: &Feed<K>, objects: &[K]) {
+        feed.send(Ok(Event::Init)).unwrap();
+        for object in objects {
+            feed.send(Ok(Event::InitApply(object.clone()))).unwrap();
+        }
+        feed.send(Ok(Event::InitDone)).unwrap();
+    }
+
+    fn config_map(name: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    async fn eventually(what: &str, check: impl Fn() -> bool) {
+        for _ in 0..200 {
+            if check() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("{what}: not within 5 s");
+    }
+
+    #[tokio::test]
+    async fn the_first_reconcile_waits_for_every_cache_and_only_then_takes_a_permit() {
+        let (main_feed, main, _main_driver) = fed::<ConfigMap>();
+        let (other_feed, other, _other_driver) = fed::<Secret>();
+        listed(&main_feed, &[config_map("a")]);
+        let tenant = tenant();
+        let reconciled = Arc::new(AtomicUsize::new(0));
+        let cancel = CancellationToken::new();
+        let scaffold = Scaffold::new("test", tenant.clone(), &main).reads(&other);
+        let run = tokio::spawn({
+            let (reconciled, cancel) = (reconciled.clone(), cancel.clone());
+            async move {
+                let reconcile = |_: Arc<ConfigMap>, count: Arc<AtomicUsize>, _permit: Permit| async move {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, TestError>(Action::await_change())
+                };
+                scaffold.run(reconciled, reconcile, &cancel).await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            reconciled.load(Ordering::SeqCst),
+            0,
+            "reconciled before every cache was filled"
+        );
+        assert_eq!(
+            tenant.permits.available_permits(),
+            1,
+            "a waiting reconcile holds no permit"
+        );
+        listed(&other_feed, &[]);
+        eventually("the reconcile after the caches filled", || {
+            reconciled.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        cancel.cancel();
+        run.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_panicking_reconcile_is_counted_by_kind_and_backs_off() {
+        let (feed, main, _driver) = fed::<ConfigMap>();
+        listed(&feed, &[config_map("a")]);
+        let tenant = tenant();
+        let cancel = CancellationToken::new();
+        let scaffold = Scaffold::new("test", tenant.clone(), &main);
+        let run = tokio::spawn({
+            let cancel = cancel.clone();
+            async move {
+                let reconcile = |_: Arc<ConfigMap>, _: Arc<()>, _permit: Permit| async move {
+                    if true {
+                        panic!("a bug");
+                    }
+                    Ok::<_, TestError>(Action::await_change())
+                };
+                scaffold.run(Arc::new(()), reconcile, &cancel).await
+            }
+        });
+        let needle = "stackd_reconcile_errors_by_kind_total{tenant=\"acme\",controller=\"test\",kind=\"panic\"} 1";
+        eventually("the panic counted", || tenant.metrics.encode().contains(needle)).await;
+        let text = tenant.metrics.encode();
+        assert!(
+            text.contains("stackd_reconcile_duration_seconds_count{tenant=\"acme\",controller=\"test\"} 1"),
+            "{text}"
+        );
+        // The object's backoff counted the failure (its retry waits the 60 s base).
+        let key = backoff_key(&config_map("a"));
+        eventually("the failure counted", || tenant.backoff.failures(&key) == 1).await;
+        assert_eq!(
+            tenant.permits.available_permits(),
+            1,
+            "the panicked reconcile gave its permit back"
+        );
+        cancel.cancel();
+        run.await.unwrap();
+    }
+}
