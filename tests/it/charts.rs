@@ -653,7 +653,7 @@ const HOST_USES: &[Use] = &[
     uses(HOST_ROLE, RBAC, &["clusterroles"], &["bind"], DaemonStartup),
     uses(LEADER_ROLE, "coordination.k8s.io", &["leases"], &["get", "list", "watch", "create", "patch"], LeaderElection),
     uses(NAMESPACE_ROLE, "batch", &["jobs"], &["list", "delete"], OrphanSweep),
-    uses(NAMESPACE_ROLE, "batch", &["jobs"], &["watch", "create", "patch"], StackInstall),
+    uses(NAMESPACE_ROLE, "batch", &["jobs"], &["watch", "create"], StackInstall),
     uses(NAMESPACE_ROLE, "batch", &["jobs"], &["get"], CreateRace),
     uses(NAMESPACE_ROLE, "", &["pods"], &["list"], StackInstall),
     uses(NAMESPACE_ROLE, "", &["pods/log"], &["get"], StackInstall),
