@@ -1,6 +1,7 @@
 //! A TCP proxy in front of an API server: cutting it refuses new connections and ends open ones, as
 //! a network partition would. It also records when its client sent anything, so that a benchmark
-//! giving each daemon its own proxies can tell which daemon talked to a server when.
+//! giving each daemon its own proxies can tell which daemon talked to a server when (the span of
+//! it, and each moment, for checks that a tenant moved from one daemon to another cleanly).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -27,8 +28,18 @@ pub struct Partition {
     addr: SocketAddr,
     upstream: SocketAddr,
     cut: CancellationToken,
-    sent: Arc<Mutex<Option<Span>>>,
+    sent: Arc<Mutex<Sent>>,
 }
+
+/// What the client sent, and when.
+#[derive(Default)]
+struct Sent {
+    span: Option<Span>,
+    /// Each read of client bytes, oldest first; the oldest half goes past [`MAX_SENDS`].
+    times: Vec<Instant>,
+}
+
+const MAX_SENDS: usize = 100_000;
 
 impl Partition {
     /// Listens on a free loopback port and relays every connection to `upstream`.
@@ -36,7 +47,7 @@ impl Partition {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let cut = CancellationToken::new();
-        let sent = Arc::new(Mutex::new(None));
+        let sent = Arc::new(Mutex::new(Sent::default()));
         tokio::spawn(accept(listener, upstream, cut.clone(), sent.clone()));
         Ok(Partition {
             addr,
@@ -69,7 +80,12 @@ impl Partition {
 
     /// When the client sent bytes through this proxy, if it ever did.
     pub fn sent(&self) -> Option<Span> {
-        *lock(&self.sent)
+        lock(&self.sent).span
+    }
+
+    /// The first moment after `after` that the client sent bytes.
+    pub fn first_sent_after(&self, after: Instant) -> Option<Instant> {
+        lock(&self.sent).times.iter().copied().find(|t| *t > after)
     }
 }
 
@@ -92,7 +108,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-async fn accept(listener: TcpListener, upstream: SocketAddr, cut: CancellationToken, sent: Arc<Mutex<Option<Span>>>) {
+async fn accept(listener: TcpListener, upstream: SocketAddr, cut: CancellationToken, sent: Arc<Mutex<Sent>>) {
     loop {
         let client = tokio::select! {
             _ = cut.cancelled() => return,
@@ -112,14 +128,21 @@ async fn accept(listener: TcpListener, upstream: SocketAddr, cut: CancellationTo
     }
 }
 
-fn note(sent: &Mutex<Option<Span>>) {
+fn note(sent: &Mutex<Sent>) {
     let now = Instant::now();
-    let mut span = lock(sent);
-    *span = Some(span.map_or(Span { first: now, last: now }, |s| Span { last: now, ..s }));
+    let mut sent = lock(sent);
+    sent.span = Some(
+        sent.span
+            .map_or(Span { first: now, last: now }, |s| Span { last: now, ..s }),
+    );
+    if sent.times.len() >= MAX_SENDS {
+        sent.times.drain(..MAX_SENDS / 2);
+    }
+    sent.times.push(now);
 }
 
 /// Copies both ways until either side closes, noting each time the client sends.
-async fn relay(client: TcpStream, upstream: SocketAddr, sent: &Mutex<Option<Span>>) {
+async fn relay(client: TcpStream, upstream: SocketAddr, sent: &Mutex<Sent>) {
     let Ok(server) = TcpStream::connect(upstream).await else {
         return;
     };

@@ -14,5 +14,6 @@ pub mod parse_error;
 pub mod readiness;
 pub mod recovery;
 pub mod retry;
+pub mod shards;
 pub mod shutdown;
 pub mod untrusted_kubeconfig;

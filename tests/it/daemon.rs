@@ -192,6 +192,12 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// `kill -9`.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub(crate) fn terminate(&self) {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
