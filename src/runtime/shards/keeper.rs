@@ -89,6 +89,8 @@ struct Keeper {
     /// The first list is done: free slots are known.
     listed: bool,
     member: Option<Holding>,
+    /// No member Lease write before this while `member` is unknown (after a failed one).
+    member_retry: Instant,
     registered: Option<Instant>,
     held: BTreeMap<u32, Holding>,
     /// Slots being given up: renewed until the daemon stops their tenants.
@@ -105,6 +107,7 @@ impl Keeper {
             relisting: None,
             listed: false,
             member: None,
+            member_retry: Instant::now(),
             registered: None,
             held: BTreeMap::new(),
             releasing: BTreeSet::new(),
@@ -158,11 +161,14 @@ impl Keeper {
         let renew = self.settings.renew_interval();
         let deadline = self.settings.renew_deadline();
         let duration = self.settings.duration();
-        let ours = self.held.values().chain(self.member.as_ref());
         let mut wake = now + renew;
-        for holding in ours {
+        for holding in self.held.values() {
             wake = wake.min((holding.sent + renew).max(holding.next_try));
             wake = wake.min(holding.sent + deadline);
+        }
+        match &self.member {
+            Some(member) => wake = wake.min((member.sent + self.member_interval()).max(member.next_try)),
+            None => wake = wake.min(self.member_retry),
         }
         for observed in self.seen.values() {
             let expires = observed.changed + duration;
@@ -220,41 +226,41 @@ impl Keeper {
         let now = Instant::now();
         let name = member_lease_name(&self.settings.identity);
         let due = match &self.member {
-            None => true,
-            Some(member) => now >= member.sent + self.settings.renew_interval() && now >= member.next_try,
+            None => now >= self.member_retry,
+            Some(member) => now >= member.sent + self.member_interval() && now >= member.next_try,
         };
         if !due {
             return;
         }
-        let previous = self.member.as_ref().map(|m| m.lease.clone());
-        let mut lease = previous.clone().unwrap_or_else(|| self.new_lease(&name, "member"));
+        // Ours as last stored, else as the watch shows it (an earlier create that timed out, or
+        // after a conflict), else a new one.
+        let known = self.member.as_ref().map(|m| m.lease.clone());
+        let known = known.or_else(|| self.seen.get(&name).map(|o| o.lease.clone()));
+        let mut lease = known.unwrap_or_else(|| self.new_lease(&name, "member"));
+        let create = lease.metadata.resource_version.is_none();
         lease
             .metadata
             .annotations
             .get_or_insert_default()
             .insert(SHARDS_ANNOTATION.to_string(), self.settings.shards.to_string());
-        stamp(&mut lease, &self.settings, previous.is_none());
+        stamp(&mut lease, &self.settings, create);
         let sent = Instant::now();
-        match self
-            .write(&name, &lease, previous.is_none(), self.settings.renew_interval())
-            .await
-        {
+        match self.write(&name, &lease, create, self.settings.renew_interval()).await {
             Ok(stored) => {
                 self.remember(stored.clone());
                 self.registered.get_or_insert(sent);
-                self.member = Some(Holding {
-                    lease: stored,
-                    sent,
-                    next_try: sent,
-                });
+                self.member = Some(held_from(&stored, sent));
             }
             Err(err) => {
                 warn!(%err, "cannot renew this replica's member lease; retrying");
                 let retry = Instant::now() + self.retry_delay();
-                match &mut self.member {
-                    Some(member) => member.next_try = retry,
-                    // Created by an attempt that timed out: the watch shows it, then it is replaced.
-                    None => self.member = self.seen.get(&name).map(|o| held_from(&o.lease, sent)),
+                self.member_retry = retry;
+                if matches!(err, WriteError::Conflict | WriteError::NotFound) {
+                    // Changed or deleted by another replica (collected while this one was cut
+                    // off): start again from what the watch shows.
+                    self.member = None;
+                } else if let Some(member) = &mut self.member {
+                    member.next_try = retry;
                 }
             }
         }
@@ -289,8 +295,8 @@ impl Keeper {
                         holding.sent = sent;
                     }
                 }
-                Err(WriteError::Conflict) => {
-                    // Someone else wrote it: we no longer hold it, whatever we believed.
+                Err(WriteError::Conflict | WriteError::NotFound) => {
+                    // Someone else wrote or deleted it: we no longer hold it, whatever we believed.
                     error!(slot, "shard lease was taken by another replica; stopping its tenants");
                     self.lose(slot);
                 }
@@ -313,31 +319,41 @@ impl Keeper {
         }
     }
 
+    /// A replica holding slots is seen live through their renewals: its member Lease is then
+    /// renewed only now and then (its `--shards` stays announced), which keeps Lease writes under
+    /// two per slot per lease duration. Without slots it is renewed like a slot.
+    fn member_interval(&self) -> Duration {
+        if self.held.is_empty() {
+            self.settings.renew_interval()
+        } else {
+            self.settings.duration() * 4
+        }
+    }
+
     fn retry_delay(&self) -> Duration {
         (self.settings.duration() / 12).max(Duration::from_millis(200))
     }
 
-    /// The live replicas' identities, this one included, and whether all use our slot count.
+    /// The live replicas' identities, this one included: holders of member or slot Leases seen
+    /// changing within a lease duration; and whether all of them announce our slot count.
     fn live_members(&self) -> (BTreeSet<String>, bool) {
         let now = Instant::now();
         let mut live = BTreeSet::from([self.settings.identity.clone()]);
-        let mut agree = true;
         for observed in self.seen.values() {
-            let lease = &observed.lease;
-            if role(lease) != Some("member") || now >= observed.changed + self.settings.duration() {
-                continue;
+            if now < observed.changed + self.settings.duration()
+                && let Some(holder) = holder(&observed.lease)
+            {
+                live.insert(holder.to_string());
             }
-            let Some(holder) = holder(lease) else { continue };
-            let shards = lease
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(SHARDS_ANNOTATION));
-            if shards.is_some_and(|s| *s != self.settings.shards.to_string()) {
-                agree = false;
-            }
-            live.insert(holder.to_string());
         }
+        let ours = self.settings.shards.to_string();
+        let agree = self
+            .seen
+            .values()
+            .filter(|o| role(&o.lease) == Some("member"))
+            .filter(|o| holder(&o.lease).is_some_and(|h| live.contains(h)))
+            .filter_map(|o| o.lease.metadata.annotations.as_ref()?.get(SHARDS_ANNOTATION))
+            .all(|shards| *shards == ours);
         (live, agree)
     }
 
@@ -559,6 +575,7 @@ impl Keeper {
             Err(_) => Err(WriteError::Timeout),
             Ok(Ok(stored)) => Ok(stored),
             Ok(Err(kube::Error::Api(status))) if status.code == 409 => Err(WriteError::Conflict),
+            Ok(Err(kube::Error::Api(status))) if status.code == 404 => Err(WriteError::NotFound),
             Ok(Err(err)) => Err(WriteError::Api(err.to_string())),
         }
     }
@@ -568,6 +585,8 @@ impl Keeper {
 enum WriteError {
     #[error("the lease changed since it was read")]
     Conflict,
+    #[error("the lease is gone")]
+    NotFound,
     #[error("the host did not answer in time")]
     Timeout,
     #[error("{0}")]
