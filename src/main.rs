@@ -248,6 +248,15 @@ struct BenchArgs {
     /// chaos run, the stack-install daemon's of a benchmark.
     #[arg(long, value_name = "DIR")]
     keep_logs: Option<PathBuf>,
+    /// Run one scenario alone and print its figures.
+    #[arg(long, value_enum, value_name = "SCENARIO", conflicts_with_all = ["chaos", "compare"])]
+    only: Option<BenchScenario>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum BenchScenario {
+    /// Three replicas sharing the tenants over shard Leases.
+    Shards,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -432,6 +441,9 @@ async fn bench(args: BenchArgs) -> ExitCode {
         quick: args.quick,
         keep_logs: args.keep_logs.clone(),
     };
+    if let Some(BenchScenario::Shards) = args.only {
+        return bench_shards(&args, &options).await;
+    }
     let report = match stackd::bench::run(&options).await {
         Ok(report) => report,
         Err(err) => return fail("stackd bench", err),
@@ -446,6 +458,27 @@ async fn bench(args: BenchArgs) -> ExitCode {
         println!("{json}");
     } else {
         print!("{}", stackd::bench::table(&report, baseline.as_ref()));
+    }
+    ExitCode::SUCCESS
+}
+
+/// `stackd bench --only shards`.
+async fn bench_shards(args: &BenchArgs, options: &stackd::bench::BenchOptions) -> ExitCode {
+    let load = options.shard_load();
+    let figures = match stackd::bench::shards::measure(&load, options.keep_logs.as_deref()).await {
+        Ok(figures) => figures,
+        Err(err) => return fail("stackd bench", err),
+    };
+    let json = serde_json::to_string_pretty(&figures).unwrap_or_default();
+    if let Some(path) = &args.out
+        && let Err(err) = std::fs::write(path, &json)
+    {
+        return fail("stackd bench", format!("cannot write {}: {err}", path.display()));
+    }
+    if args.json {
+        println!("{json}");
+    } else {
+        println!("{}", stackd::bench::shard_line(&figures).trim_start());
     }
     ExitCode::SUCCESS
 }

@@ -83,6 +83,11 @@ impl Partition {
         lock(&self.sent).span
     }
 
+    /// Every moment the client sent bytes (the latest [`MAX_SENDS`] at least), oldest first.
+    pub fn sent_times(&self) -> Vec<Instant> {
+        lock(&self.sent).times.clone()
+    }
+
     /// The first moment after `after` that the client sent bytes.
     pub fn first_sent_after(&self, after: Instant) -> Option<Instant> {
         lock(&self.sent).times.iter().copied().find(|t| *t > after)

@@ -382,5 +382,20 @@ async fn a_sharded_daemon_cut_off_from_the_host_stops_its_tenants_before_others_
             last_old - first_new
         );
     }
+    // Nothing of a stopped tenant lives on: its server hears no more from the cut-off replica.
+    let last: Vec<_> = served[cut]
+        .iter()
+        .map(|t| isolated.tenant_proxies[t.as_str()].sent())
+        .collect();
+    tokio::time::sleep(renew_interval()).await;
+    let now: Vec<_> = served[cut]
+        .iter()
+        .map(|t| isolated.tenant_proxies[t.as_str()].sent())
+        .collect();
+    assert_eq!(
+        last, now,
+        "the cut-off replica still talks to its former tenants {:?}",
+        served[cut]
+    );
     fleet.assert_never_served_twice();
 }
