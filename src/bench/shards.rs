@@ -37,6 +37,10 @@ pub struct ShardFigures {
     /// Tenants that a replica sent requests to outside its own serving records (must be 0):
     /// with the records never overlapping, no two replicas' requests interleave.
     pub served_twice_by_requests: usize,
+    /// The longest this process's runtime was late to run a task: a proxy notes a request when
+    /// it reads it, up to this late, so requests are matched to records with this much slack.
+    #[serde(default)]
+    pub scheduling_lag_max_ms: f64,
     /// Writes (create, update) to Leases on the host per minute while nothing moves.
     pub lease_writes_per_minute: f64,
     /// The same per slot per lease duration, member Leases included (goal < 2).
@@ -74,6 +78,7 @@ pub async fn measure(load: &ShardLoad, keep_logs: Option<&Path>) -> Result<Shard
         .create(&PostParams::default(), &system)
         .await?;
     let clock = Clock::now();
+    let lag = LagProbe::start();
     let started = Instant::now();
     let mut replicas = Vec::new();
     for index in 0..load.replicas {
@@ -105,7 +110,8 @@ pub async fn measure(load: &ShardLoad, keep_logs: Option<&Path>) -> Result<Shard
     wait_served(&replicas, load.tenants, Duration::from_secs(120)).await?;
     let takeover_s = killed.elapsed().as_secs_f64();
 
-    let (by_records, by_requests) = served_twice(&replicas, &clock);
+    let lag_max = lag.max();
+    let (by_records, by_requests) = served_twice(&replicas, &clock, lag_max + Duration::from_millis(50));
     let figures = ShardFigures {
         replicas: load.replicas,
         tenants: load.tenants,
@@ -117,6 +123,7 @@ pub async fn measure(load: &ShardLoad, keep_logs: Option<&Path>) -> Result<Shard
         takeover_s,
         served_twice_by_records: by_records,
         served_twice_by_requests: by_requests,
+        scheduling_lag_max_ms: lag_max.as_secs_f64() * 1000.0,
         lease_writes_per_minute: writes / minutes,
         lease_writes_per_slot_per_lease_duration: writes / f64::from(load.shards) / durations,
     };
@@ -218,6 +225,41 @@ fn tenants_up(metrics: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// How late this process's runtime runs a task that asked to wake: the proxies (and servers) in
+/// it are as late, on a loaded machine.
+struct LagProbe {
+    max: std::sync::Arc<std::sync::Mutex<Duration>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LagProbe {
+    fn start() -> LagProbe {
+        let max = std::sync::Arc::new(std::sync::Mutex::new(Duration::ZERO));
+        let seen = max.clone();
+        let task = tokio::spawn(async move {
+            let period = Duration::from_millis(20);
+            loop {
+                let due = Instant::now() + period;
+                tokio::time::sleep_until(due.into()).await;
+                let late = Instant::now().saturating_duration_since(due);
+                let mut max = seen.lock().unwrap_or_else(|p| p.into_inner());
+                *max = (*max).max(late);
+            }
+        });
+        LagProbe { max, task }
+    }
+
+    fn max(&self) -> Duration {
+        *self.max.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for LagProbe {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Converts the proxies' monotonic instants to the wall clock of the daemons' log records.
 struct Clock {
     instant: Instant,
@@ -276,7 +318,7 @@ pub fn serving_intervals(log: &str, end: jiff::Timestamp) -> Intervals {
 
 /// Tenants served twice: by overlapping records of two replicas, and by a replica's requests
 /// outside its own records.
-fn served_twice(replicas: &[Replica], clock: &Clock) -> (usize, usize) {
+fn served_twice(replicas: &[Replica], clock: &Clock, slack: Duration) -> (usize, usize) {
     let now = jiff::Timestamp::now();
     let records: Vec<Intervals> = replicas
         .iter()
@@ -302,9 +344,8 @@ fn served_twice(replicas: &[Replica], clock: &Clock) -> (usize, usize) {
             }
         }
     }
-    // Log records carry microseconds; the proxies' instants are taken a moment after the bytes
-    // were read, so a request is inside its record when within this slack.
-    let slack = Duration::from_millis(50);
+    // A proxy notes a request when its task reads it, which is late by up to the runtime's
+    // scheduling lag: a request is inside its record when within `slack` of it.
     let mut by_requests = BTreeSet::new();
     for (replica, intervals) in replicas.iter().zip(&records) {
         for (tenant, proxy) in &replica.proxies {
