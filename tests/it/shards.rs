@@ -320,6 +320,55 @@ async fn three_sharded_daemons_share_the_slots_fairly_and_serve_each_tenant_once
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_daemon_takes_its_share_and_a_stopping_one_hands_its_slots_over_at_once() {
+    let mut fleet = ShardedFleet::start(2).await;
+    fleet.wait_settled(&[], SETTLE).await;
+    let before: Vec<BTreeSet<u32>> = fleet.replicas.iter().map(|r| held_slots(&r.daemon)).collect();
+    let joiner = fleet.replica(2).await;
+    fleet.replicas.push(joiner);
+    let deadline = Instant::now() + SETTLE;
+    while held_slots(&fleet.replicas[2].daemon).len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the joiner never got slots\n{}",
+            fleet.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    fleet.wait_settled(&[], SETTLE).await;
+    let after: Vec<BTreeSet<u32>> = fleet.replicas.iter().map(|r| held_slots(&r.daemon)).collect();
+    assert!(
+        (2..=3).contains(&after[2].len()),
+        "the joiner holds its share: {after:?}"
+    );
+    for (old, new) in before.iter().zip(&after) {
+        assert!(
+            new.is_subset(old),
+            "the others only gave slots up: {before:?} -> {after:?}"
+        );
+    }
+    // SIGTERM: its tenants stop, its slots are released and taken at once, not after the lease.
+    let leaving = 0;
+    fleet.replicas[leaving].daemon.terminate();
+    let took = fleet.wait_all_slots_held(&[leaving], lease()).await;
+    eprintln!("slots of the stopped replica taken after {took:?}");
+    fleet.replicas[leaving]
+        .daemon
+        .wait_exit(TENANT_START)
+        .await
+        .expect("it exits");
+    let log = fleet.replicas[leaving].daemon.log_text();
+    let released = log.matches("released a shard slot").count();
+    assert!(
+        released >= after[leaving].len(),
+        "it released its {} slots:\n{log}",
+        after[leaving].len()
+    );
+    fleet.wait_settled(&[leaving], TENANT_START).await;
+    fleet.assert_never_served_twice();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_sharded_daemons_tenants_are_served_elsewhere_within_the_lease_duration() {
     let mut fleet = ShardedFleet::start(3).await;
     let served = fleet.wait_settled(&[], SETTLE).await;
