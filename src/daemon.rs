@@ -28,6 +28,8 @@ pub enum DaemonError {
     Shards(#[from] shards::ShardError),
     #[error("lost the leader lease; exiting so that another replica takes over")]
     LostLease,
+    #[error("the shard leases stopped; exiting so that this replica starts again")]
+    ShardsStopped,
 }
 
 /// Runs until `shutdown` fires: then readiness goes false, no new reconciles start, in-flight ones
@@ -165,7 +167,7 @@ async fn run_sharded(
     };
     let count = shard_settings.shards;
     info!(shards = count, namespace = %shard_settings.namespace, identity = %shard_settings.identity, "sharding tenants over shard leases");
-    let shards = Shards::start(shard_settings)?;
+    let mut shards = Shards::start(shard_settings)?;
     let board = shards.board.clone();
     let watch_cancel = shutdown.child_token();
     let (mut changes, watch) = watch_directory(&settings, watch_cancel.clone());
@@ -176,24 +178,25 @@ async fn run_sharded(
         health,
     });
     let mut tenants = ShardedTenants::new(shared, board.clone(), count);
-    loop {
+    let outcome = loop {
         let wake = tenants.next_deadline();
         tokio::select! {
-            _ = shutdown.cancelled() => break,
+            _ = shutdown.cancelled() => break Ok(()),
+            _ = shards.ended() => break Err(DaemonError::ShardsStopped),
             batch = changes.recv() => match batch {
                 Some(batch) => for change in batch { tenants.apply(change).await },
-                None => break,
+                None => break Ok(()),
             },
             _ = board.to_daemon.notified() => {}
             _ = sleep_until(wake) => {}
         }
         tenants.sync().await;
-    }
+    };
     watch_cancel.cancel();
     let _ = watch.await;
     tenants.stop_all().await;
     shards.release().await;
-    Ok(())
+    outcome
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

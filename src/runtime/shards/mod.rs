@@ -165,6 +165,8 @@ pub struct Shards {
     pub settings: ShardSettings,
     shutdown: Option<oneshot::Sender<()>>,
     stopped: oneshot::Receiver<()>,
+    /// The lease thread has ended (`stopped` resolved).
+    ended: bool,
 }
 
 impl Shards {
@@ -190,7 +192,17 @@ impl Shards {
             settings,
             shutdown: Some(shutdown_tx),
             stopped,
+            ended: false,
         })
+    }
+
+    /// Resolves if the lease thread ends on its own (it could not start its runtime or host
+    /// client): this replica can then hold no slot, and should exit rather than idle.
+    pub async fn ended(&mut self) {
+        if !self.ended {
+            let _ = (&mut self.stopped).await;
+            self.ended = true;
+        }
     }
 
     /// Releases every slot the daemon no longer serves and the member Lease, and waits (a few
@@ -199,6 +211,8 @@ impl Shards {
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());
         }
-        let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.stopped).await;
+        if !self.ended {
+            let _ = tokio::time::timeout(Duration::from_secs(5), &mut self.stopped).await;
+        }
     }
 }
