@@ -184,7 +184,11 @@ async fn run_sharded(
             _ = shutdown.cancelled() => break Ok(()),
             _ = shards.ended() => break Err(DaemonError::ShardsStopped),
             batch = changes.recv() => match batch {
-                Some(batch) => for change in batch { tenants.apply(change).await },
+                // Synced after each change: a long batch must not delay aborting a lost slot.
+                Some(batch) => for change in batch {
+                    tenants.apply(change).await;
+                    tenants.sync().await;
+                },
                 None => break Ok(()),
             },
             _ = board.to_daemon.notified() => {}

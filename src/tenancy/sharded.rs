@@ -49,8 +49,10 @@ impl ShardedTenants {
             .flatten()
     }
 
-    /// A stop may take the tenant stop grace, but never past the slot's renew deadline.
+    /// A stop may take the tenant stop grace, but never past the slot's renew deadline, nor past
+    /// any served slot's: the daemon must be back in time to abort a lost slot's tenants.
     fn grace_until(&self, deadline: Instant) -> Duration {
+        let deadline = self.next_deadline().map_or(deadline, |next| next.min(deadline));
         let left = deadline.saturating_duration_since(Instant::now());
         self.shared.settings.tenant_stop_grace.min(left)
     }

@@ -45,7 +45,7 @@ impl Fleet {
         fleet
     }
 
-    async fn add_tenant(&mut self, name: &str) {
+    pub(crate) async fn add_tenant(&mut self, name: &str) {
         let server = ApiServer::start(ServerOptions {
             name: name.into(),
             ..Default::default()

@@ -369,6 +369,60 @@ async fn a_joining_daemon_takes_its_share_and_a_stopping_one_hands_its_slots_ove
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_file_added_at_runtime_is_served_by_one_replica_and_suspended_by_it_when_removed() {
+    let mut fleet = ShardedFleet::start(2).await;
+    fleet.wait_settled(&[], SETTLE).await;
+    let fleet_dir = fleet.fleet.dir.path().to_path_buf();
+    fleet.fleet.add_tenant("late").await;
+    // The harness wrote it for no daemon; each replica gets it through a proxy of its own.
+    std::fs::remove_file(fleet_dir.join("tenants/late.yaml")).ok();
+    let (_, server) = fleet.fleet.tenants.last().expect("the new tenant");
+    let server = server.as_ref().expect("its server");
+    let mut proxies = Vec::new();
+    for replica in &fleet.replicas {
+        let tenant_proxy = proxy(&server.url()).await;
+        let yaml = tenant_proxy
+            .kubeconfig(&server.kubeconfig_yaml())
+            .expect("tenant kubeconfig");
+        std::fs::write(replica.dir.join("tenants/late.yaml"), yaml).expect("tenant file");
+        proxies.push(tenant_proxy);
+    }
+    let deadline = Instant::now() + TENANT_START;
+    let servers = loop {
+        let servers: Vec<usize> = (0..2)
+            .filter(|i| tenants_up(&fleet.replicas[*i].daemon).contains("late"))
+            .collect();
+        if !servers.is_empty() {
+            break servers;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new tenant never came up\n{}",
+            fleet.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(servers.len(), 1, "served by one replica");
+    let holder = servers[0];
+    let other = 1 - holder;
+    assert!(proxies[other].sent().is_none(), "the other replica never talked to it");
+    for replica in &fleet.replicas {
+        std::fs::remove_file(replica.dir.join("tenants/late.yaml")).expect("removed");
+    }
+    let deadline = Instant::now() + TENANT_START;
+    while tenants_up(&fleet.replicas[holder].daemon).contains("late") {
+        assert!(
+            Instant::now() < deadline,
+            "the removed tenant still runs\n{}",
+            fleet.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(fleet.replicas[holder].daemon.log_text().contains("suspending tenant"));
+    assert!(proxies[other].sent().is_none(), "the other replica never talked to it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_sharded_daemons_tenants_are_served_elsewhere_within_the_lease_duration() {
     let mut fleet = ShardedFleet::start(3).await;
     let served = fleet.wait_settled(&[], SETTLE).await;
