@@ -88,6 +88,9 @@ struct Keeper {
     relisting: Option<BTreeSet<String>>,
     /// The first list is done: free slots are known.
     listed: bool,
+    /// When the watch last delivered anything. Our own writes come back through it at least once
+    /// a renew interval, so a longer silence means the view of the others is stale.
+    heard: Instant,
     member: Option<Holding>,
     /// No member Lease write before this while `member` is unknown (after a failed one).
     member_retry: Instant,
@@ -106,6 +109,7 @@ impl Keeper {
             seen: BTreeMap::new(),
             relisting: None,
             listed: false,
+            heard: Instant::now(),
             member: None,
             member_retry: Instant::now(),
             registered: None,
@@ -115,6 +119,7 @@ impl Keeper {
     }
 
     fn observe(&mut self, event: watcher::Event<Lease>) {
+        self.heard = Instant::now();
         match event {
             watcher::Event::Init => self.relisting = Some(BTreeSet::new()),
             watcher::Event::InitApply(lease) => {
@@ -360,7 +365,14 @@ impl Keeper {
     /// Gives up slots over the fair share, takes free ones under it.
     async fn rebalance(&mut self) {
         let Some(registered) = self.registered else { return };
-        if !self.listed || Instant::now() < registered + self.settings.settle() {
+        let now = Instant::now();
+        if !self.listed || now < registered + self.settings.settle() {
+            return;
+        }
+        if now > self.heard + self.settings.renew_interval() * 3 / 2 {
+            // A stale view makes the others look dead: take nothing, give nothing up, collect
+            // no member Lease until the watch catches up (held slots are still renewed).
+            debug!("the shard lease watch is behind; not rebalancing");
             return;
         }
         let (live, agree) = self.live_members();
