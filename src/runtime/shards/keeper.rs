@@ -658,3 +658,61 @@ fn older(lease: &Lease, known: &Lease) -> bool {
     };
     matches!((number(lease), number(known)), (Some(a), Some(b)) if a < b)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(identity: &str) -> ShardSettings {
+        ShardSettings {
+            shards: 8,
+            namespace: "stackd-system".to_string(),
+            identity: identity.to_string(),
+            duration_seconds: 6,
+            host: kube::Config::new("https://127.0.0.1:6443".parse().expect("a URL")),
+        }
+    }
+
+    fn lease(holder: Option<&str>, version: &str) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                resource_version: Some(version.to_string()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_string),
+                lease_transitions: Some(2),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn taking_a_slot_from_another_holder_counts_a_transition_and_a_renewal_does_not() {
+        let mut taken = lease(Some("b"), "7");
+        stamp(&mut taken, &settings("a"), true);
+        let spec = taken.spec.expect("a spec");
+        assert_eq!(spec.holder_identity.as_deref(), Some("a"));
+        assert_eq!(spec.lease_transitions, Some(3));
+        assert_eq!(spec.lease_duration_seconds, Some(6));
+        assert!(spec.acquire_time.is_some() && spec.renew_time.is_some());
+        let mut renewed = lease(Some("a"), "8");
+        stamp(&mut renewed, &settings("a"), false);
+        let spec = renewed.spec.expect("a spec");
+        assert_eq!(spec.lease_transitions, Some(2));
+        assert!(spec.acquire_time.is_none(), "a renewal keeps the acquire time");
+    }
+
+    #[test]
+    fn a_released_slot_has_no_holder_and_a_late_watch_event_is_older() {
+        assert_eq!(holder(&lease(None, "1")), None);
+        assert_eq!(holder(&lease(Some(""), "1")), None);
+        assert_eq!(holder(&lease(Some("a"), "1")), Some("a"));
+        assert!(older(&lease(None, "9"), &lease(None, "10")));
+        assert!(!older(&lease(None, "10"), &lease(None, "9")));
+        assert!(
+            !older(&lease(None, "opaque"), &lease(None, "10")),
+            "opaque versions: take the event"
+        );
+    }
+}

@@ -216,3 +216,53 @@ impl Shards {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(duration_seconds: u64) -> ShardSettings {
+        ShardSettings {
+            shards: 32,
+            namespace: "stackd-system".to_string(),
+            identity: "a".to_string(),
+            duration_seconds,
+            host: kube::Config::new("https://127.0.0.1:6443".parse().expect("a URL")),
+        }
+    }
+
+    #[test]
+    fn a_slot_is_written_under_twice_a_lease_duration_with_time_left_to_retry_and_to_stop() {
+        for duration in 3..=120 {
+            let settings = settings(duration);
+            let lease = settings.duration();
+            let writes = lease.as_secs_f64() / settings.renew_interval().as_secs_f64();
+            assert!(
+                writes < 2.0,
+                "a {duration} s lease is written {writes} times per duration"
+            );
+            let to_store = settings.renew_deadline() - settings.renew_interval();
+            assert!(
+                to_store >= lease / 4,
+                "a {duration} s lease leaves a renewal only {to_store:?}"
+            );
+            let to_stop = lease - settings.renew_deadline();
+            assert!(
+                to_stop >= lease / 6,
+                "a {duration} s lease leaves only {to_stop:?} to stop tenants"
+            );
+            assert!(settings.settle() < settings.renew_interval());
+        }
+    }
+
+    #[test]
+    fn a_slot_may_be_served_only_while_held_and_before_its_deadline() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(1);
+        assert!(SlotLease::Held { deadline: later }.may_serve(now));
+        assert!(SlotLease::Releasing { deadline: later }.may_serve(now));
+        assert!(!SlotLease::Held { deadline: now }.may_serve(now));
+        assert!(!SlotLease::Lost.may_serve(now));
+        assert_eq!(SlotLease::Lost.deadline(), None);
+    }
+}
