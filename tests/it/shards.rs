@@ -66,8 +66,12 @@ impl ShardedFleet {
         sharded
     }
 
-    /// A replica's directory: its host kubeconfig and tenant kubeconfigs, each through a proxy.
     async fn replica(&self, index: usize) -> Replica {
+        self.replica_with(index, &daemon_args()).await
+    }
+
+    /// A replica's directory: its host kubeconfig and tenant kubeconfigs, each through a proxy.
+    async fn replica_with(&self, index: usize, args: &[&str]) -> Replica {
         let dir = self.fleet.dir.path().join(format!("replica-{index}"));
         std::fs::create_dir_all(dir.join("tenants")).expect("replica dir");
         let host_yaml = self.fleet.host().kubeconfig_yaml();
@@ -86,7 +90,7 @@ impl ShardedFleet {
             std::fs::write(dir.join("tenants").join(format!("{name}.yaml")), yaml).expect("tenant kubeconfig");
             tenant_proxies.insert(name.clone(), tenant_proxy);
         }
-        let daemon = Daemon::spawn(&dir, &daemon_args());
+        let daemon = Daemon::spawn(&dir, args);
         Replica {
             daemon,
             dir,
@@ -420,6 +424,36 @@ async fn a_tenant_file_added_at_runtime_is_served_by_one_replica_and_suspended_b
     }
     assert!(fleet.replicas[holder].daemon.log_text().contains("suspending tenant"));
     assert!(proxies[other].sent().is_none(), "the other replica never talked to it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_disagreeing_on_the_slot_count_serve_nothing_until_one_count_is_left() {
+    let mut fleet = ShardedFleet::start(2).await;
+    fleet.wait_settled(&[], SETTLE).await;
+    let mut other_count = daemon_args();
+    let at = other_count.iter().position(|a| *a == "--shards").expect("--shards") + 1;
+    other_count[at] = "4";
+    let odd = fleet.replica_with(2, &other_count).await;
+    fleet.replicas.push(odd);
+    let deadline = Instant::now() + SETTLE;
+    while fleet
+        .replicas
+        .iter()
+        .any(|r| !tenants_up(&r.daemon).is_empty() || !held_slots(&r.daemon).is_empty())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "replicas with two slot counts kept serving\n{}",
+            fleet.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    fleet.replicas[2].killed_at = Some(jiff::Timestamp::now());
+    fleet.replicas[2].daemon.kill();
+    fleet
+        .wait_settled(&[2], lease() + renew_interval() + TENANT_START)
+        .await;
+    fleet.assert_never_served_twice();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
