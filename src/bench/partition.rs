@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// From the first to the last moment a proxy's client sent bytes.
@@ -28,6 +29,8 @@ pub struct Partition {
     addr: SocketAddr,
     upstream: SocketAddr,
     cut: CancellationToken,
+    /// While true, connections are ended and new ones dropped, until [`Partition::heal`].
+    paused: watch::Sender<bool>,
     sent: Arc<Mutex<Sent>>,
 }
 
@@ -47,12 +50,14 @@ impl Partition {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let cut = CancellationToken::new();
+        let (paused, paused_rx) = watch::channel(false);
         let sent = Arc::new(Mutex::new(Sent::default()));
-        tokio::spawn(accept(listener, upstream, cut.clone(), sent.clone()));
+        tokio::spawn(accept(listener, upstream, cut.clone(), paused_rx, sent.clone()));
         Ok(Partition {
             addr,
             upstream,
             cut,
+            paused,
             sent,
         })
     }
@@ -72,6 +77,17 @@ impl Partition {
     /// Refuses new connections and ends the open ones, for good.
     pub fn cut(&self) {
         self.cut.cancel();
+    }
+
+    /// Ends the open connections and drops new ones until [`Partition::heal`]: a partition that
+    /// ends.
+    pub fn pause(&self) {
+        self.paused.send_replace(true);
+    }
+
+    /// Relays again after [`Partition::pause`].
+    pub fn heal(&self) {
+        self.paused.send_replace(false);
     }
 
     pub fn is_cut(&self) -> bool {
@@ -113,7 +129,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-async fn accept(listener: TcpListener, upstream: SocketAddr, cut: CancellationToken, sent: Arc<Mutex<Sent>>) {
+async fn accept(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    cut: CancellationToken,
+    paused: watch::Receiver<bool>,
+    sent: Arc<Mutex<Sent>>,
+) {
     loop {
         let client = tokio::select! {
             _ = cut.cancelled() => return,
@@ -122,11 +144,16 @@ async fn accept(listener: TcpListener, upstream: SocketAddr, cut: CancellationTo
                 Err(_) => continue,
             },
         };
+        if *paused.borrow() {
+            continue;
+        }
         let connection = cut.clone();
+        let mut paused = paused.clone();
         let sent = sent.clone();
         tokio::spawn(async move {
             tokio::select! {
                 _ = connection.cancelled() => {}
+                _ = paused.wait_for(|paused| *paused) => {}
                 _ = relay(client, upstream, &sent) => {}
             }
         });

@@ -427,6 +427,25 @@ async fn a_tenant_file_added_at_runtime_is_served_by_one_replica_and_suspended_b
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_daemon_cut_off_from_the_host_takes_its_share_again_once_it_reaches_it() {
+    let fleet = ShardedFleet::start(3).await;
+    fleet.wait_settled(&[], SETTLE).await;
+    fleet.replicas[0].host_proxy.pause();
+    fleet
+        .wait_all_slots_held(&[0], lease() + renew_interval() + Duration::from_secs(1))
+        .await;
+    fleet.wait_settled(&[0], TENANT_START).await;
+    fleet.replicas[0].host_proxy.heal();
+    let deadline = Instant::now() + SETTLE;
+    while held_slots(&fleet.replicas[0].daemon).len() < 2 {
+        assert!(Instant::now() < deadline, "it never got slots back\n{}", fleet.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    fleet.wait_settled(&[], SETTLE).await;
+    fleet.assert_never_served_twice();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_disagreeing_on_the_slot_count_serve_nothing_until_one_count_is_left() {
     let mut fleet = ShardedFleet::start(2).await;
     fleet.wait_settled(&[], SETTLE).await;
