@@ -12,6 +12,7 @@ use tracing::{info, warn};
 use super::directory::{TenantChange, TenantFile};
 use super::supervisor::Registry;
 use crate::context::shared::Shared;
+use crate::runtime::health::TenantHealth;
 use crate::runtime::shards::{Board, SlotLease, slot_of};
 
 /// The directory's tenants, and the registry running those of the held slots.
@@ -22,6 +23,9 @@ pub struct ShardedTenants {
     shards: u32,
     /// The latest valid file of every tenant in the directory, served here or not.
     files: BTreeMap<String, TenantFile>,
+    /// Why a tenant's file (with no valid one before it) cannot be used: the replica holding its
+    /// slot reports it.
+    invalid: BTreeMap<String, String>,
 }
 
 impl ShardedTenants {
@@ -32,6 +36,7 @@ impl ShardedTenants {
             board,
             shards,
             files: BTreeMap::new(),
+            invalid: BTreeMap::new(),
         }
     }
 
@@ -64,6 +69,7 @@ impl ShardedTenants {
             TenantChange::Start(file) | TenantChange::Restart(file) => {
                 let name = file.name.clone();
                 self.files.insert(name.clone(), (*file).clone());
+                self.invalid.remove(&name);
                 let Some(deadline) = self.serving(&name) else { return };
                 if self.registry.is_running(&name) {
                     info!(tenant = %name, "tenant kubeconfig changed; restarting tenant");
@@ -80,7 +86,14 @@ impl ShardedTenants {
                     self.registry.hand_over(&[name], grace).await;
                 }
             }
-            TenantChange::Invalid { ref name, .. } => {
+            TenantChange::Invalid {
+                ref name,
+                ref error,
+                kept_running,
+            } => {
+                if !kept_running {
+                    self.invalid.insert(name.clone(), error.to_string());
+                }
                 if self.serving(name).is_some() {
                     self.registry.apply(change).await;
                 }
@@ -129,6 +142,7 @@ impl ShardedTenants {
             warn!(slots = ?abort, "shard slots lost; aborting their tenants");
             let names = self.running_in(&abort);
             self.registry.abort_tenants(&names).await;
+            self.forget_invalid(&abort);
             self.done_serving(&abort);
         }
         if let Some(deadline) = hand_over.iter().map(|(_, d)| *d).min() {
@@ -137,9 +151,15 @@ impl ShardedTenants {
             let names = self.running_in(&slots);
             let grace = self.grace_until(deadline);
             self.registry.hand_over(&names, grace).await;
+            self.forget_invalid(&slots);
             self.done_serving(&slots);
         }
         for slot in &start {
+            for (name, error) in self.invalid.iter().filter(|(name, _)| self.slot(name) == *slot) {
+                self.shared
+                    .health
+                    .set_tenant(name, TenantHealth::Invalid(error.clone()));
+            }
             let files: Vec<TenantFile> = self
                 .files
                 .values()
@@ -152,6 +172,13 @@ impl ShardedTenants {
             }
         }
         self.report();
+    }
+
+    /// The invalid files of slots no longer served are reported by their new holder.
+    fn forget_invalid(&self, slots: &[u32]) {
+        for name in self.invalid.keys().filter(|name| slots.contains(&self.slot(name))) {
+            self.shared.health.remove_tenant(name);
+        }
     }
 
     fn running_in(&self, slots: &[u32]) -> Vec<String> {

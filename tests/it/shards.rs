@@ -424,6 +424,33 @@ async fn a_tenant_file_added_at_runtime_is_served_by_one_replica_and_suspended_b
     }
     assert!(fleet.replicas[holder].daemon.log_text().contains("suspending tenant"));
     assert!(proxies[other].sent().is_none(), "the other replica never talked to it");
+    // A file that cannot be used is reported by the replica holding its slot alone.
+    for replica in &fleet.replicas {
+        std::fs::write(replica.dir.join("tenants/broken.yaml"), "not: [a kubeconfig").expect("broken file");
+    }
+    let deadline = Instant::now() + TENANT_START;
+    loop {
+        let reporting = fleet
+            .replicas
+            .iter()
+            .filter(|r| {
+                r.daemon
+                    .http_get("/readyz?verbose")
+                    .unwrap_or_default()
+                    .contains("[-]tenant broken invalid")
+            })
+            .count();
+        if reporting == 1 {
+            break;
+        }
+        assert!(reporting == 0, "both replicas report the invalid file");
+        assert!(
+            Instant::now() < deadline,
+            "no replica reports the invalid file\n{}",
+            fleet.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
