@@ -190,13 +190,36 @@ impl Keeper {
         wake.max(now + Duration::from_millis(10))
     }
 
+    /// Renewals first; everything else (member Lease, taking and giving up slots, collecting)
+    /// only until the next renewal is due, so that a slow or hung request there never makes a
+    /// held slot miss its renewal. Work cut short is safe to drop: a slot counts as held only
+    /// after its write returned, and is taken off the books before its release is sent.
     async fn step(&mut self) {
         self.expire();
-        self.renew_member().await;
         self.renew_slots().await;
-        self.rebalance().await;
-        self.settle_board().await;
+        let budget = self.next_renewal().saturating_duration_since(Instant::now());
+        let rest = async {
+            self.renew_member().await;
+            self.rebalance().await;
+            self.settle_board().await;
+        };
+        if tokio::time::timeout(budget.max(Duration::from_millis(100)), rest)
+            .await
+            .is_err()
+        {
+            debug!("shard lease work cut short by a renewal due");
+        }
         self.publish();
+    }
+
+    /// When the next renewal of a held slot is due (or retried).
+    fn next_renewal(&self) -> Instant {
+        let renew = self.settings.renew_interval();
+        self.held
+            .values()
+            .map(|holding| (holding.sent + renew).max(holding.next_try))
+            .min()
+            .unwrap_or_else(|| Instant::now() + renew)
     }
 
     /// Slots whose renew deadline passed are lost: the daemon aborts their tenants at once.
