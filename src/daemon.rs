@@ -13,7 +13,9 @@ use crate::runtime::admin;
 use crate::runtime::health::Health;
 use crate::runtime::leader;
 use crate::runtime::metrics::Metrics;
-use crate::tenancy::directory::{self, TenantDirectory, WatchTiming};
+use crate::runtime::shards::{self, Shards};
+use crate::tenancy::directory::{self, TenantChange, TenantDirectory, WatchTiming};
+use crate::tenancy::sharded::ShardedTenants;
 use crate::tenancy::supervisor::Registry;
 
 #[derive(Debug, thiserror::Error)]
@@ -22,8 +24,12 @@ pub enum DaemonError {
     Admin { addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Leader(#[from] leader::LeaderError),
+    #[error(transparent)]
+    Shards(#[from] shards::ShardError),
     #[error("lost the leader lease; exiting so that another replica takes over")]
     LostLease,
+    #[error("the shard leases stopped; exiting so that this replica starts again")]
+    ShardsStopped,
 }
 
 /// Runs until `shutdown` fires: then readiness goes false, no new reconciles start, in-flight ones
@@ -52,7 +58,11 @@ pub async fn run(host: Client, settings: DaemonSettings, shutdown: CancellationT
     info!(tenants_dir = %settings.tenants_dir.display(), "stackd running");
     health.set_ready(true);
 
-    let result = run_controllers(host, settings, metrics, health.clone(), &shutdown).await;
+    let result = if settings.shards.is_some() {
+        run_sharded(host, settings, metrics, health.clone(), &shutdown).await
+    } else {
+        run_controllers(host, settings, metrics, health.clone(), &shutdown).await
+    };
 
     health.set_ready(false);
     admin_cancel.cancel();
@@ -83,11 +93,8 @@ async fn run_controllers(
             }
         }
     };
-    let directory = TenantDirectory::new(settings.tenants_dir.clone(), settings.namespace_template.clone());
-    let timing = WatchTiming {
-        debounce: settings.debounce,
-        rescan: settings.rescan_interval,
-    };
+    let watch_cancel = shutdown.child_token();
+    let (mut changes, watch) = watch_directory(&settings, watch_cancel.clone());
     let shared = Arc::new(Shared {
         host,
         settings,
@@ -95,9 +102,6 @@ async fn run_controllers(
         health,
     });
     let mut registry = Registry::new(shared);
-    let (changes_tx, mut changes) = mpsc::channel(16);
-    let watch_cancel = shutdown.child_token();
-    let watch = tokio::spawn(directory::watch(directory, timing, changes_tx, watch_cancel.clone()));
 
     let outcome = loop {
         tokio::select! {
@@ -132,6 +136,78 @@ async fn run_controllers(
         leadership.release().await;
     }
     outcome
+}
+
+/// Starts watching the tenants directory: batches of changes arrive on the receiver.
+fn watch_directory(
+    settings: &DaemonSettings,
+    cancel: CancellationToken,
+) -> (mpsc::Receiver<Vec<TenantChange>>, tokio::task::JoinHandle<()>) {
+    let directory = TenantDirectory::new(settings.tenants_dir.clone(), settings.namespace_template.clone());
+    let timing = WatchTiming {
+        debounce: settings.debounce,
+        rescan: settings.rescan_interval,
+    };
+    let (changes_tx, changes) = mpsc::channel(16);
+    let watch = tokio::spawn(directory::watch(directory, timing, changes_tx, cancel));
+    (changes, watch)
+}
+
+/// With `--shards`: the tenants of the slots this replica holds, until `shutdown`; then every
+/// tenant stops and the slots are released so that the other replicas take them at once.
+async fn run_sharded(
+    host: Client,
+    settings: DaemonSettings,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    shutdown: &CancellationToken,
+) -> Result<(), DaemonError> {
+    let Some(shard_settings) = settings.shards.clone() else {
+        return Ok(());
+    };
+    let count = shard_settings.shards;
+    info!(shards = count, namespace = %shard_settings.namespace, identity = %shard_settings.identity, "sharding tenants over shard leases");
+    let mut shards = Shards::start(shard_settings)?;
+    let board = shards.board.clone();
+    let watch_cancel = shutdown.child_token();
+    let (mut changes, watch) = watch_directory(&settings, watch_cancel.clone());
+    let shared = Arc::new(Shared {
+        host,
+        settings,
+        metrics,
+        health,
+    });
+    let mut tenants = ShardedTenants::new(shared, board.clone(), count);
+    let outcome = loop {
+        let wake = tenants.next_deadline();
+        tokio::select! {
+            _ = shutdown.cancelled() => break Ok(()),
+            _ = shards.ended() => break Err(DaemonError::ShardsStopped),
+            batch = changes.recv() => match batch {
+                // Synced after each change: a long batch must not delay aborting a lost slot.
+                Some(batch) => for change in batch {
+                    tenants.apply(change).await;
+                    tenants.sync().await;
+                },
+                None => break Ok(()),
+            },
+            _ = board.to_daemon.notified() => {}
+            _ = sleep_until(wake) => {}
+        }
+        tenants.sync().await;
+    };
+    watch_cancel.cancel();
+    let _ = watch.await;
+    tenants.stop_all().await;
+    shards.release().await;
+    outcome
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Runs `work` unless the leader lease is lost first (then `work` is dropped): whether it finished.

@@ -202,6 +202,7 @@ async fn run_daemon(
         metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         health_addr: None,
         leader_election: None,
+        shards: None,
         rbac_subject: ServiceAccountRef {
             namespace: "stackd-system".into(),
             name: "stackd".into(),

@@ -41,6 +41,8 @@ enum Command {
     Tenant(TenantCommand),
     /// Measure scale, speed and fault tolerance against embedded API servers.
     Bench(BenchArgs),
+    /// Show which replica holds each shard slot and so serves which tenants (`run --shards`).
+    Status(StatusArgs),
     /// Print the version.
     Version,
 }
@@ -117,6 +119,19 @@ struct RunArgs {
     /// Seconds the leader lease stays valid without renewal; a standby takes over after that.
     #[arg(long, default_value_t = 15, value_name = "SECONDS")]
     leader_elect_lease_duration: u64,
+    /// Share the tenants among replicas: tenants map to N shard slots by a stable hash of their
+    /// name, each slot a Lease this replica must hold to run the slot's tenants. Every replica
+    /// must use the same N; several slots per replica (N ≥ 4 × the most replicas) keeps
+    /// rebalancing smooth.
+    #[arg(long, value_name = "N", conflicts_with = "leader_elect", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    shards: Option<u32>,
+    /// Namespace of the shard Leases (`stackd-shard-<i>`, `stackd-member-<identity>`).
+    #[arg(long, default_value = "stackd-system", value_name = "NAMESPACE")]
+    shard_namespace: String,
+    /// Seconds a shard Lease stays valid without renewal: a killed replica's tenants are served
+    /// elsewhere about this long after it died.
+    #[arg(long, default_value_t = 15, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(3..=3600))]
+    shard_lease_duration: u64,
     /// The daemon's ServiceAccount on the host, bound to the stackd-tenant-namespace ClusterRole in
     /// every tenant namespace.
     #[arg(
@@ -187,6 +202,22 @@ struct UnpackArgs {
 }
 
 #[derive(Args, Debug)]
+struct StatusArgs {
+    /// Kubeconfig of the host cluster. Without it: in-cluster config, then $KUBECONFIG.
+    #[arg(long, value_name = "FILE")]
+    host_kubeconfig: Option<PathBuf>,
+    /// Namespace of the shard Leases (`run --shard-namespace`).
+    #[arg(long, default_value = "stackd-system", value_name = "NAMESPACE")]
+    namespace: String,
+    /// The tenants directory (`run --tenants-dir`), to list each slot's tenants.
+    #[arg(long, value_name = "DIR")]
+    tenants_dir: Option<PathBuf>,
+    /// The slot count; by default the one the live replicas announce.
+    #[arg(long, value_name = "N")]
+    shards: Option<u32>,
+}
+
+#[derive(Args, Debug)]
 struct CrdsArgs {
     /// Write one file per CRD into this directory instead of printing one stream.
     #[arg(long, value_name = "DIR")]
@@ -228,6 +259,15 @@ struct BenchArgs {
     /// chaos run, the stack-install daemon's of a benchmark.
     #[arg(long, value_name = "DIR")]
     keep_logs: Option<PathBuf>,
+    /// Run one scenario alone and print its figures.
+    #[arg(long, value_enum, value_name = "SCENARIO", conflicts_with_all = ["chaos", "compare"])]
+    only: Option<BenchScenario>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum BenchScenario {
+    /// Three replicas sharing the tenants over shard Leases.
+    Shards,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -249,6 +289,7 @@ fn main() -> ExitCode {
         Command::Unpack(args) => unpack(args),
         Command::Tenant(TenantCommand::Purge { name, host }) => block_on(purge(name, host)),
         Command::Bench(args) => block_on(bench(args)),
+        Command::Status(args) => block_on(status(args)),
     }
 }
 
@@ -375,6 +416,13 @@ async fn run(args: RunArgs) -> ExitCode {
         insecure_allow_conversion_webhooks: args.insecure_allow_conversion_webhooks,
         metrics_addr: args.metrics_addr,
         health_addr: args.health_addr,
+        shards: args.shards.map(|shards| stackd::runtime::shards::ShardSettings {
+            shards,
+            namespace: args.shard_namespace.clone(),
+            identity: identity.clone(),
+            duration_seconds: args.shard_lease_duration,
+            host: host_config.clone(),
+        }),
         leader_election: args
             .leader_elect
             .then(|| stackd::runtime::leader::LeaderElectionSettings {
@@ -412,6 +460,9 @@ async fn bench(args: BenchArgs) -> ExitCode {
         quick: args.quick,
         keep_logs: args.keep_logs.clone(),
     };
+    if let Some(BenchScenario::Shards) = args.only {
+        return bench_shards(&args, &options).await;
+    }
     let report = match stackd::bench::run(&options).await {
         Ok(report) => report,
         Err(err) => return fail("stackd bench", err),
@@ -426,6 +477,27 @@ async fn bench(args: BenchArgs) -> ExitCode {
         println!("{json}");
     } else {
         print!("{}", stackd::bench::table(&report, baseline.as_ref()));
+    }
+    ExitCode::SUCCESS
+}
+
+/// `stackd bench --only shards`.
+async fn bench_shards(args: &BenchArgs, options: &stackd::bench::BenchOptions) -> ExitCode {
+    let load = options.shard_load();
+    let figures = match stackd::bench::shards::measure(&load, options.keep_logs.as_deref()).await {
+        Ok(figures) => figures,
+        Err(err) => return fail("stackd bench", err),
+    };
+    let json = serde_json::to_string_pretty(&figures).unwrap_or_default();
+    if let Some(path) = &args.out
+        && let Err(err) = std::fs::write(path, &json)
+    {
+        return fail("stackd bench", format!("cannot write {}: {err}", path.display()));
+    }
+    if args.json {
+        println!("{json}");
+    } else {
+        println!("{}", stackd::bench::shard_line(&figures).trim_start());
     }
     ExitCode::SUCCESS
 }
@@ -501,6 +573,34 @@ async fn purge(tenant: String, host_args: HostArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(err) => fail("stackd tenant purge", err),
+    }
+}
+
+async fn status(args: StatusArgs) -> ExitCode {
+    let tenants = match &args.tenants_dir {
+        None => Vec::new(),
+        Some(dir) => match stackd::tenancy::directory::tenant_names(dir) {
+            Ok(names) => names,
+            Err(err) => return fail("stackd status", format!("cannot read {}: {err}", dir.display())),
+        },
+    };
+    let host = match host_client(args.host_kubeconfig.as_ref()).await {
+        Ok(client) => client,
+        Err(err) => return fail("stackd status", err),
+    };
+    match stackd::runtime::shards::status::read(host, &args.namespace, args.shards, &tenants).await {
+        Ok((0, _)) => fail(
+            "stackd status",
+            format!(
+                "no live replica announces --shards in {}; pass --shards",
+                args.namespace
+            ),
+        ),
+        Ok((shards, rows)) => {
+            print!("{}", stackd::runtime::shards::status::render(shards, &rows));
+            ExitCode::SUCCESS
+        }
+        Err(err) => fail("stackd status", err),
     }
 }
 

@@ -10,6 +10,7 @@ mod metal;
 pub mod partition;
 mod pools;
 mod recovery;
+pub mod shards;
 mod stacks;
 mod timeline;
 
@@ -22,6 +23,7 @@ pub use idle::IdleFigures;
 pub use latency::LatencyFloor;
 pub use pools::PoolFigures;
 pub use recovery::RecoveryFigures;
+pub use shards::ShardFigures;
 pub use stacks::StackFigures;
 
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +67,21 @@ impl BenchOptions {
         if self.quick { 2 } else { 5 }
     }
 
+    /// The shards scenario: 3 replicas; 60 tenants over 32 slots with 15 s Leases (the issue's
+    /// figures), or a CI-sized 12 over 8 with 6 s Leases.
+    pub fn shard_load(&self) -> shards::ShardLoad {
+        let (tenants, slots, lease, renewals) = if self.quick { (12, 8, 6, 3) } else { (60, 32, 15, 6) };
+        // Whole renew intervals (5/9 of the lease), so each slot's renewals fall in it equally.
+        let renew_interval = std::time::Duration::from_secs(lease) * 5 / 9;
+        shards::ShardLoad {
+            replicas: 3,
+            tenants,
+            shards: slots,
+            lease_duration_s: lease,
+            steady_window: renew_interval * renewals,
+        }
+    }
+
     /// (tenants, installs per tenant) of the stacks scenario.
     fn stack_load(&self) -> (usize, usize) {
         if self.quick { (2, 3) } else { (5, 10) }
@@ -88,6 +105,9 @@ pub struct Report {
     pub double_leases: u64,
     /// Recovery after tenant API server restarts.
     pub recovery: RecoveryFigures,
+    /// Replicas sharing the tenants over shard Leases (absent in reports from before it).
+    #[serde(default)]
+    pub shards: Option<ShardFigures>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -133,7 +153,14 @@ pub async fn run(options: &BenchOptions) -> Result<Report, BenchError> {
     let pools = pools::measure(options.pool_size()).await?;
     eprintln!("bench: {} tenant API server restarts", options.restarts());
     let recovery = recovery::measure(options.restarts()).await?;
+    let load = options.shard_load();
+    eprintln!(
+        "bench: {} replicas sharing {} tenants over {} shard slots",
+        load.replicas, load.tenants, load.shards
+    );
+    let shards = shards::measure(&load, options.keep_logs.as_deref()).await?;
     Ok(Report {
+        shards: Some(shards),
         machine: Machine::here(),
         quick: options.quick,
         latency_floor,
@@ -166,6 +193,27 @@ fn headline(report: &Report) -> BTreeMap<&'static str, f64> {
             report.recovery.install_after_restart_ratio,
         ),
     ])
+}
+
+/// The shards scenario's line of the table.
+pub fn shard_line(s: &ShardFigures) -> String {
+    format!(
+        "\nshards: {} replicas, {} tenants over {} slots ({} s Leases): all up in {:.2} s; tenants per replica {:?} (max/min {:.2}); after kill -9 of one, its tenants up elsewhere in {:.2} s (goal {} s); served twice: {} by records, {} by requests (scheduling lag up to {:.0} ms); Lease writes {:.1}/min ({:.2} per slot per lease duration)",
+        s.replicas,
+        s.tenants,
+        s.shards,
+        s.lease_duration_s,
+        s.all_up_s,
+        s.tenants_per_replica,
+        s.balance_max_over_min,
+        s.takeover_s,
+        s.lease_duration_s + 5,
+        s.served_twice_by_records,
+        s.served_twice_by_requests,
+        s.scheduling_lag_max_ms,
+        s.lease_writes_per_minute,
+        s.lease_writes_per_slot_per_lease_duration
+    )
 }
 
 /// Reads an earlier `--json` report.
@@ -301,6 +349,9 @@ pub fn table(report: &Report, baseline: Option<&Report>) -> String {
             r.install_after_restart_ratio
         ),
     );
+    if let Some(s) = &report.shards {
+        line(&mut out, shard_line(s));
+    }
     if let Some(baseline) = baseline {
         line(&mut out, "\ncompared with the baseline (this / baseline):".into());
         let before = headline(baseline);
@@ -362,6 +413,7 @@ mod tests {
                 install_baseline_s: 1.0,
                 install_after_restart_ratio: 1.0,
             },
+            shards: None,
         }
     }
 

@@ -16,6 +16,7 @@ use crate::runtime::backoff::Backoff;
 use crate::runtime::health::Health;
 use crate::runtime::leader::LeaderElectionSettings;
 use crate::runtime::metrics::Metrics;
+use crate::runtime::shards::ShardSettings;
 
 /// Everything `stackd run` is configured with.
 #[derive(Clone, Debug)]
@@ -40,6 +41,8 @@ pub struct DaemonSettings {
     /// `/metrics`.
     pub health_addr: Option<SocketAddr>,
     pub leader_election: Option<LeaderElectionSettings>,
+    /// `--shards`: run only the tenants of the shard slots this replica holds.
+    pub shards: Option<ShardSettings>,
     /// The daemon's ServiceAccount, bound in every tenant namespace.
     pub rbac_subject: ServiceAccountRef,
     pub max_concurrent_reconciles: usize,

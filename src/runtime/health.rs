@@ -21,6 +21,8 @@ pub enum TenantHealth {
 pub struct Health {
     ready: AtomicBool,
     tenants: Mutex<BTreeMap<String, TenantHealth>>,
+    /// With `--shards`: which slots (and so which tenants) this replica holds, one line each.
+    shards: Mutex<Vec<(bool, String)>>,
 }
 
 impl Health {
@@ -40,6 +42,11 @@ impl Health {
 
     pub fn remove_tenant(&self, tenant: &str) {
         self.lock().remove(tenant);
+    }
+
+    /// Replaces the shard lines of the detail.
+    pub fn set_shards(&self, lines: Vec<(bool, String)>) {
+        *self.shards.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = lines;
     }
 
     pub fn tenant(&self, tenant: &str) -> Option<TenantHealth> {
@@ -62,6 +69,14 @@ impl Health {
                 TenantHealth::Invalid(why) => (false, format!("invalid: {why}")),
             };
             out.push_str(&format!("[{}]tenant {tenant} {text}\n", mark(ok)));
+        }
+        for (ok, line) in self
+            .shards
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+        {
+            out.push_str(&format!("[{}]{line}\n", mark(*ok)));
         }
         out
     }

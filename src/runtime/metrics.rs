@@ -36,6 +36,12 @@ pub struct ErrorLabels {
     pub kind: String,
 }
 
+/// A shard slot (`--shards`): bounded by the slot count.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SlotLabels {
+    pub slot: String,
+}
+
 /// One pool's gauge: `state` is a cluster bucket (installing, ready, claimed, broken, deleting,
 /// stale) or an inventory state (available, reserved, cdc_broken).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -76,6 +82,8 @@ pub struct Metrics {
     pub reconcile_duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
     /// Per pool: clusters by state and inventory entries by state.
     pub pool_clusters: Family<PoolLabels, Gauge>,
+    /// 1 for each shard slot this replica holds (`--shards`); absent otherwise.
+    pub shard_held: Family<SlotLabels, Gauge>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -133,8 +141,15 @@ impl Metrics {
             "Clusters of a pool by state, and its inventory entries by state",
             pool_clusters.clone(),
         );
+        let shard_held = Family::<SlotLabels, Gauge>::default();
+        registry.register(
+            "shard_held",
+            "Shard slots this replica holds (1); its tenants are those of these slots",
+            shard_held.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
+            shard_held,
             tenant_up,
             tenant_down_cause,
             tenant_restarts,
@@ -174,6 +189,16 @@ impl Metrics {
             cause: cause.to_string(),
         };
         self.tenant_down_cause.get_or_create(&labels).set(1);
+    }
+
+    /// Whether this replica holds a shard slot: a series while it does, none otherwise.
+    pub fn set_shard_held(&self, slot: u32, held: bool) {
+        let labels = SlotLabels { slot: slot.to_string() };
+        if held {
+            self.shard_held.get_or_create(&labels).set(1);
+        } else {
+            self.shard_held.remove(&labels);
+        }
     }
 
     /// Forgets a tenant that is no longer served.

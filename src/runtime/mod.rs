@@ -17,6 +17,7 @@ pub mod parse_error;
 pub mod readiness;
 pub mod recovery;
 pub mod retry;
+pub mod shards;
 pub mod shutdown;
 pub mod untrusted_kubeconfig;
 pub mod untrusted_server;

@@ -177,6 +177,15 @@ pub fn scan(
 }
 
 /// The tenant a path names: regular (or linked) files with a kubeconfig extension, not dotfiles.
+/// The tenant names in `dir` (file stems of kubeconfig files), sorted, without reading the files.
+pub fn tenant_names(dir: &Path) -> std::io::Result<Vec<String>> {
+    let mut names = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(dir)? {
+        names.extend(tenant_name(&entry?.path()));
+    }
+    Ok(names.into_iter().collect())
+}
+
 fn tenant_name(path: &Path) -> Option<String> {
     let file_name = path.file_name()?.to_str()?;
     if file_name.starts_with('.') || !path.is_file() {

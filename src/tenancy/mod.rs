@@ -3,5 +3,6 @@
 
 pub mod directory;
 pub mod quota;
+pub mod sharded;
 pub mod supervisor;
 pub mod tenant;

@@ -88,6 +88,61 @@ impl Registry {
         }
     }
 
+    /// Starts a tenant that is not running (a shard slot of this replica's was taken).
+    pub fn start_tenant(&mut self, file: TenantFile) {
+        info!(tenant = %file.name, path = %file.path.display(), "starting tenant");
+        self.start(file);
+    }
+
+    pub fn is_running(&self, name: &str) -> bool {
+        self.tenants.contains_key(name)
+    }
+
+    /// The names of the running tenants.
+    pub fn running(&self) -> Vec<String> {
+        self.tenants.keys().cloned().collect()
+    }
+
+    /// Stops tenants that this replica no longer serves (their shard slot goes), letting in-flight
+    /// reconciles finish within `grace`, and forgets their health and metrics: only the replica
+    /// serving a tenant reports it.
+    pub async fn hand_over(&mut self, names: &[String], grace: Duration) {
+        let stopping: Vec<(String, RunningTenant)> = names
+            .iter()
+            .filter_map(|name| self.tenants.remove(name).map(|running| (name.clone(), running)))
+            .collect();
+        for (_, running) in &stopping {
+            running.cancel.cancel();
+        }
+        futures::future::join_all(stopping.into_iter().map(|(name, running)| async move {
+            stop_running(&name, running, grace).await;
+            info!(tenant = %name, "tenant stopped");
+            name
+        }))
+        .await;
+        for name in names {
+            self.shared.health.remove_tenant(name);
+            self.shared.metrics.remove_tenant(name);
+        }
+    }
+
+    /// Stops tenants at once, in-flight reconciles included (their shard slot is lost).
+    pub async fn abort_tenants(&mut self, names: &[String]) {
+        let aborted: Vec<RunningTenant> = names.iter().filter_map(|name| self.tenants.remove(name)).collect();
+        for running in &aborted {
+            running.cancel.cancel();
+            running.task.abort();
+        }
+        for running in aborted {
+            let _ = running.task.await;
+        }
+        for name in names {
+            info!(tenant = %name, "tenant stopped");
+            self.shared.health.remove_tenant(name);
+            self.shared.metrics.remove_tenant(name);
+        }
+    }
+
     /// Stops every tenant at once, in-flight reconciles included: for a daemon that may no longer
     /// act (its leader lease is running out), waiting for them would be acting.
     pub async fn abort_all(&mut self) {

@@ -82,6 +82,20 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
         "{recovery:#}"
     );
     assert!(recovery["install_after_restart_ratio"].is_number(), "{recovery:#}");
+    let shards = &report["shards"];
+    assert_eq!(shards["served_twice_by_records"], 0, "{shards:#}");
+    assert_eq!(shards["served_twice_by_requests"], 0, "{shards:#}");
+    assert_eq!(
+        shards["tenants_per_replica"].as_array().map(Vec::len),
+        Some(3),
+        "{shards:#}"
+    );
+    let lease = shards["lease_duration_s"].as_f64().unwrap();
+    assert!(shards["takeover_s"].as_f64().unwrap() <= lease + 5.0, "{shards:#}");
+    assert!(
+        shards["lease_writes_per_slot_per_lease_duration"].as_f64().unwrap() < 2.0,
+        "{shards:#}"
+    );
     let written: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&saved).expect("--out file")).expect("saved JSON");
     assert_eq!(written, report);

@@ -192,6 +192,54 @@ async fn both_charts_render_with_their_default_values() {
     );
 }
 
+#[tokio::test]
+async fn the_host_chart_with_sharding_runs_replicas_on_shard_leases_without_a_leader() {
+    let values = "replicas: 3\nsharding: {enabled: true, shards: 24, leaseDuration: 12}\n";
+    let (_, controllers) = render("stackd-controllers", values).await;
+    let deployment = find(&controllers, "Deployment", "stackd");
+    let args = deployment_args(deployment);
+    for expected in [
+        "--shards=24",
+        "--shard-namespace=stackd-system",
+        "--shard-lease-duration=12",
+    ] {
+        assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
+    }
+    assert!(
+        !args.iter().any(|a| a == "--leader-elect"),
+        "shards, not a leader: {args:?}"
+    );
+    assert_ne!(
+        deployment["spec"]["strategy"]["type"], "Recreate",
+        "replicas on shard leases may overlap in a rollout"
+    );
+    let role = find(&controllers, "Role", "stackd-shards");
+    assert_eq!(role["rules"][0]["resources"], json!(["leases"]));
+    find(&controllers, "RoleBinding", "stackd-shards");
+    assert!(
+        !controllers
+            .iter()
+            .any(|o| o["metadata"]["name"] == "stackd-leader-election"),
+        "no leader Lease permissions with sharding"
+    );
+    let path = chart("stackd-controllers");
+    let output = ok(
+        "helm",
+        &[
+            "lint",
+            "--strict",
+            &path,
+            "--set",
+            "sharding.enabled=true",
+            "--set",
+            "replicas=3",
+        ],
+        None,
+    )
+    .await;
+    assert!(output.contains("0 chart(s) failed"), "{output}");
+}
+
 /// scripts/image tags the image with the crate version; the charts run that tag unless told otherwise.
 #[tokio::test]
 async fn the_charts_default_image_is_the_one_this_version_builds() {
@@ -584,6 +632,9 @@ enum Scenario {
     OrphanSweep,
     /// Replicas elect a leader on a Lease.
     LeaderElection,
+    /// Replicas share the tenants over shard Leases (`sharding.enabled`): they join, take slots,
+    /// give some up to a replica that joins, and leave.
+    Sharding,
     /// A create answered AlreadyExists reads the object instead (src/host/namespace.rs): another
     /// writer was first, or the daemon's own earlier write had not reached its watch cache yet.
     /// It happens in some startup runs and not others, so no run can require it.
@@ -640,6 +691,7 @@ const fn uses(
 const HOST_ROLE: &str = "ClusterRole/stackd";
 const NAMESPACE_ROLE: &str = "ClusterRole/stackd-tenant-namespace";
 const LEADER_ROLE: &str = "Role/stackd-system/stackd-leader-election";
+const SHARDS_ROLE: &str = "Role/stackd-system/stackd-shards";
 const RBAC: &str = "rbac.authorization.k8s.io";
 
 /// Every permission of stackd-controllers, and who uses it.
@@ -652,6 +704,7 @@ const HOST_USES: &[Use] = &[
     uses(HOST_ROLE, RBAC, &["rolebindings"], &["get"], CreateRace),
     uses(HOST_ROLE, RBAC, &["clusterroles"], &["bind"], DaemonStartup),
     uses(LEADER_ROLE, "coordination.k8s.io", &["leases"], &["get", "list", "watch", "create", "patch"], LeaderElection),
+    uses(SHARDS_ROLE, "coordination.k8s.io", &["leases"], &["list", "watch", "create", "update", "delete"], Sharding),
     uses(NAMESPACE_ROLE, "batch", &["jobs"], &["list", "delete"], OrphanSweep),
     uses(NAMESPACE_ROLE, "batch", &["jobs"], &["watch", "create"], StackInstall),
     uses(NAMESPACE_ROLE, "batch", &["jobs"], &["get"], CreateRace),
@@ -813,6 +866,11 @@ impl Installation {
     /// The chart's `stackd run` arguments, with fast timing and what the harness sets itself
     /// (kubeconfigs, tenants directory, admin address, and so the probes' own address) left out.
     fn daemon(&self, timing: &[&str]) -> Daemon {
+        self.daemon_with(&self.daemon_args, timing)
+    }
+
+    /// Like [`Installation::daemon`], with the arguments of another rendering of the chart.
+    fn daemon_with(&self, chart_args: &[String], timing: &[&str]) -> Daemon {
         let harness_sets = [
             "run",
             "--tenants-dir",
@@ -821,9 +879,9 @@ impl Installation {
             "--backoff-base",
             "--sweep-interval",
             "--leader-elect-lease-duration",
+            "--shard-lease-duration",
         ];
-        let mut args: Vec<&str> = self
-            .daemon_args
+        let mut args: Vec<&str> = chart_args
             .iter()
             .map(String::as_str)
             .filter(|a| !harness_sets.iter().any(|h| a.split('=').next() == Some(h)))
@@ -1081,6 +1139,29 @@ async fn daemon_startup_repair_sweep_and_leader_election(installation: &Installa
     stop(&mut standby).await;
     ScenarioRun {
         covers: &[DaemonStartup, BindingRepair, QuotaRepair, OrphanSweep, LeaderElection],
+        host: host_window.close(&installation.host, &installation.host_subject),
+        tenant: tenant_window.close(&installation.tenant, &installation.tenant_subject),
+    }
+}
+
+/// Two replicas with the chart's sharding on: the first takes every slot, gives half up when the
+/// second joins, and both release theirs and delete their member Lease when they stop.
+async fn sharding(installation: &Installation) -> ScenarioRun {
+    let values = format!("{LEAST_PRIVILEGE_HOST_VALUES}sharding: {{enabled: true, shards: 4}}\n");
+    let (yaml, objects) = render("stackd-controllers", &values).await;
+    apply(&installation.host, &yaml).await;
+    let args = deployment_args(find(&objects, "Deployment", "stackd"));
+    let (host_window, tenant_window) = (Window::open(&installation.host), Window::open(&installation.tenant));
+    let timing = ["--shard-lease-duration", "3"];
+    let mut first = installation.daemon_with(&args, &timing);
+    wait_for_log(&first, "acquired a shard slot").await;
+    let mut second = installation.daemon_with(&args, &timing);
+    wait_for_log(&first, "released a shard slot").await;
+    wait_for_log(&second, "acquired a shard slot").await;
+    stop(&mut first).await;
+    stop(&mut second).await;
+    ScenarioRun {
+        covers: &[Sharding],
         host: host_window.close(&installation.host, &installation.host_subject),
         tenant: tenant_window.close(&installation.tenant, &installation.tenant_subject),
     }
@@ -1384,6 +1465,7 @@ async fn pool_fill(installation: &Installation) -> ScenarioRun {
 async fn every_daemon_request_is_allowed_by_the_charts_and_every_permission_is_used() {
     let installation = Installation::new().await;
     let mut runs = vec![daemon_startup_repair_sweep_and_leader_election(&installation).await];
+    runs.push(sharding(&installation).await);
     runs.extend(stack_install_and_uninstall(&installation).await);
     runs.push(pool_fill(&installation).await);
     let covered: BTreeSet<Scenario> = runs.iter().flat_map(|r| r.covers.iter().copied()).collect();

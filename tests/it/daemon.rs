@@ -45,7 +45,7 @@ impl Fleet {
         fleet
     }
 
-    async fn add_tenant(&mut self, name: &str) {
+    pub(crate) async fn add_tenant(&mut self, name: &str) {
         let server = ApiServer::start(ServerOptions {
             name: name.into(),
             ..Default::default()
@@ -190,6 +190,12 @@ impl Daemon {
 
     pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `kill -9`.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     pub(crate) fn terminate(&self) {

@@ -30,6 +30,7 @@ mod security_kubeconfig;
 mod security_pods;
 mod security_pools;
 mod security_stacks;
+mod shards;
 mod stacks_install;
 mod stacks_pull_secrets;
 mod stacks_stack;

@@ -24,9 +24,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
 {{- end }}
 
-{{/* Leader election runs with more than one replica, or when asked for. */}}
+{{/* Leader election runs with more than one replica, or when asked for; never with sharding. */}}
 {{- define "stackd.leaderElect" -}}
-{{- if or .Values.leaderElection.enabled (gt (int .Values.replicas) 1) }}true{{ end -}}
+{{- if and (not .Values.sharding.enabled) (or .Values.leaderElection.enabled (gt (int .Values.replicas) 1)) }}true{{ end -}}
 {{- end }}
 
 {{- define "stackd.tenantsSecret" -}}

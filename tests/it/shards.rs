@@ -1,0 +1,584 @@
+//! Daemons sharing the tenants (`stackd run --shards`, issue 19): real daemon binaries against
+//! embedded servers, each replica talking to the host and to every tenant through proxies of its
+//! own, so that a replica can be cut off from the host and every tenant server's requests can be
+//! told apart by replica.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use stackd::bench::partition::{Partition, upstream_of};
+
+use super::daemon::{Daemon, Fleet};
+
+const SHARDS: u32 = 8;
+/// `--shard-lease-duration`: short, so takeovers fit a test; long enough that a renewal on a
+/// loaded machine is stored before the renew deadline.
+const LEASE_SECONDS: u64 = 6;
+const TENANTS: usize = 12;
+
+fn lease() -> Duration {
+    Duration::from_secs(LEASE_SECONDS)
+}
+
+/// How soon a slot's Lease is renewed (`ShardSettings::renew_interval`).
+fn renew_interval() -> Duration {
+    lease() * 5 / 9
+}
+
+/// Three daemons starting at once, their Leases and tenants settling.
+const SETTLE: Duration = Duration::from_secs(30);
+/// A tenant's controllers starting once its slot is held.
+const TENANT_START: Duration = Duration::from_secs(10);
+
+struct Replica {
+    daemon: Daemon,
+    dir: PathBuf,
+    host_proxy: Partition,
+    tenant_proxies: BTreeMap<String, Partition>,
+    /// When it was killed, for the start/stop records.
+    killed_at: Option<jiff::Timestamp>,
+}
+
+struct ShardedFleet {
+    fleet: Fleet,
+    replicas: Vec<Replica>,
+}
+
+fn tenant_names() -> Vec<String> {
+    (0..TENANTS).map(|i| format!("t{i:02}")).collect()
+}
+
+impl ShardedFleet {
+    async fn start(replicas: usize) -> ShardedFleet {
+        let names = tenant_names();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let fleet = Fleet::start(&refs).await;
+        fleet.leader_election_namespace().await;
+        let mut sharded = ShardedFleet {
+            fleet,
+            replicas: Vec::new(),
+        };
+        for index in 0..replicas {
+            let replica = sharded.replica(index).await;
+            sharded.replicas.push(replica);
+        }
+        sharded
+    }
+
+    async fn replica(&self, index: usize) -> Replica {
+        self.replica_with(index, &daemon_args()).await
+    }
+
+    /// A replica's directory: its host kubeconfig and tenant kubeconfigs, each through a proxy.
+    async fn replica_with(&self, index: usize, args: &[&str]) -> Replica {
+        let dir = self.fleet.dir.path().join(format!("replica-{index}"));
+        std::fs::create_dir_all(dir.join("tenants")).expect("replica dir");
+        let host_yaml = self.fleet.host().kubeconfig_yaml();
+        let host_proxy = proxy(&self.fleet.host().url()).await;
+        let proxied = host_proxy
+            .kubeconfig(&host_yaml)
+            .expect("host kubeconfig names the host");
+        std::fs::write(dir.join("host.yaml"), proxied).expect("host kubeconfig");
+        let mut tenant_proxies = BTreeMap::new();
+        for (name, server) in &self.fleet.tenants {
+            let server = server.as_ref().expect("tenant server");
+            let tenant_proxy = proxy(&server.url()).await;
+            let yaml = tenant_proxy
+                .kubeconfig(&server.kubeconfig_yaml())
+                .expect("tenant kubeconfig");
+            std::fs::write(dir.join("tenants").join(format!("{name}.yaml")), yaml).expect("tenant kubeconfig");
+            tenant_proxies.insert(name.clone(), tenant_proxy);
+        }
+        let daemon = Daemon::spawn(&dir, args);
+        Replica {
+            daemon,
+            dir,
+            host_proxy,
+            tenant_proxies,
+            killed_at: None,
+        }
+    }
+
+    /// Waits until every tenant is up on exactly one replica (of those not excluded) and every slot
+    /// is held; returns each replica's tenants.
+    async fn wait_settled(&self, excluded: &[usize], within: Duration) -> Vec<BTreeSet<String>> {
+        let deadline = Instant::now() + within;
+        loop {
+            let served: Vec<BTreeSet<String>> = self
+                .replicas
+                .iter()
+                .enumerate()
+                .map(|(i, r)| {
+                    if excluded.contains(&i) {
+                        BTreeSet::new()
+                    } else {
+                        tenants_up(&r.daemon)
+                    }
+                })
+                .collect();
+            let slots: usize = self
+                .replicas
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !excluded.contains(i))
+                .map(|(_, r)| held_slots(&r.daemon).len())
+                .sum();
+            let total: usize = served.iter().map(BTreeSet::len).sum();
+            let union: BTreeSet<&String> = served.iter().flatten().collect();
+            if total == TENANTS && union.len() == TENANTS && slots == SHARDS as usize {
+                return served;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not settled within {within:?}: tenants {served:?}, {slots} slots held\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until the replicas not excluded hold every slot; returns how long it took.
+    async fn wait_all_slots_held(&self, excluded: &[usize], within: Duration) -> Duration {
+        let started = Instant::now();
+        loop {
+            let slots: BTreeSet<u32> = self
+                .replicas
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !excluded.contains(i))
+                .flat_map(|(_, r)| held_slots(&r.daemon))
+                .collect();
+            if slots.len() == SHARDS as usize {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < within,
+                "slots {slots:?} held after {within:?}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn logs(&self) -> String {
+        self.replicas
+            .iter()
+            .enumerate()
+            .map(|(i, r)| format!("--- replica {i} ---\n{}", r.daemon.log_text()))
+            .collect()
+    }
+
+    /// Every replica's serving intervals per tenant, from its own start/stop records; none may
+    /// overlap another replica's for the same tenant.
+    fn assert_never_served_twice(&self) {
+        let now = jiff::Timestamp::now();
+        let intervals: Vec<BTreeMap<String, Vec<(jiff::Timestamp, jiff::Timestamp)>>> = self
+            .replicas
+            .iter()
+            .map(|r| serving_intervals(&r.daemon.log_text(), r.killed_at.unwrap_or(now)))
+            .collect();
+        for tenant in tenant_names() {
+            for (a, mine) in intervals.iter().enumerate() {
+                for (b, theirs) in intervals.iter().enumerate().skip(a + 1) {
+                    for (start, stop) in mine.get(&tenant).into_iter().flatten() {
+                        for (their_start, their_stop) in theirs.get(&tenant).into_iter().flatten() {
+                            assert!(
+                                !(start < their_stop && their_start < stop),
+                                "{tenant} served by replicas {a} ({start}..{stop}) and {b} ({their_start}..{their_stop}) at once\n{}",
+                                self.logs()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn daemon_args() -> Vec<&'static str> {
+    vec![
+        "--shards",
+        "8",
+        "--shard-lease-duration",
+        "6",
+        "--log-format",
+        "json",
+        "--tenant-stop-grace",
+        "2s",
+    ]
+}
+
+async fn proxy(url: &str) -> Partition {
+    let upstream = upstream_of(url).expect("a loopback URL");
+    Partition::start(upstream).await.expect("proxy")
+}
+
+/// Tenants the replica reports up (`stackd_tenant_up` exists only on the replica serving it).
+fn tenants_up(daemon: &Daemon) -> BTreeSet<String> {
+    let metrics = daemon.http_get("/metrics").unwrap_or_default();
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("stackd_tenant_up{") && line.ends_with(" 1"))
+        .filter_map(|line| line.split('"').nth(1).map(str::to_string))
+        .collect()
+}
+
+fn held_slots(daemon: &Daemon) -> BTreeSet<u32> {
+    let metrics = daemon.http_get("/metrics").unwrap_or_default();
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("stackd_shard_held{") && line.ends_with(" 1"))
+        .filter_map(|line| line.split('"').nth(1)?.parse().ok())
+        .collect()
+}
+
+/// From JSON log lines: per tenant, `[starting tenant, tenant stopped)` intervals; one still open
+/// ends at `end`.
+fn serving_intervals(log: &str, end: jiff::Timestamp) -> BTreeMap<String, Vec<(jiff::Timestamp, jiff::Timestamp)>> {
+    let mut open: BTreeMap<String, jiff::Timestamp> = BTreeMap::new();
+    let mut intervals: BTreeMap<String, Vec<_>> = BTreeMap::new();
+    for line in log.lines() {
+        let Ok(record) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(message), Some(tenant), Some(time)) = (
+            record["message"].as_str(),
+            record["tenant"].as_str(),
+            record["timestamp"]
+                .as_str()
+                .and_then(|t| t.parse::<jiff::Timestamp>().ok()),
+        ) else {
+            continue;
+        };
+        match message {
+            "starting tenant" => {
+                open.entry(tenant.to_string()).or_insert(time);
+            }
+            "tenant stopped" => {
+                if let Some(start) = open.remove(tenant) {
+                    intervals.entry(tenant.to_string()).or_default().push((start, time));
+                }
+            }
+            _ => {}
+        }
+    }
+    for (tenant, start) in open {
+        intervals.entry(tenant).or_default().push((start, end));
+    }
+    intervals
+}
+
+/// The `stopped` record time of `tenant` in a replica's log after `after`.
+fn stopped_at(log: &str, tenant: &str) -> Option<jiff::Timestamp> {
+    serving_intervals(log, jiff::Timestamp::MAX)
+        .remove(tenant)?
+        .into_iter()
+        .map(|(_, stop)| stop)
+        .filter(|stop| *stop != jiff::Timestamp::MAX)
+        .max()
+}
+
+fn replica_dir_status(dir: &Path) -> String {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_stackd"))
+        .args(["status", "--host-kubeconfig"])
+        .arg(dir.join("host.yaml"))
+        .arg("--tenants-dir")
+        .arg(dir.join("tenants"))
+        .output()
+        .expect("stackd status runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_sharded_daemons_share_the_slots_fairly_and_serve_each_tenant_once() {
+    let fleet = ShardedFleet::start(3).await;
+    let served = fleet.wait_settled(&[], SETTLE).await;
+    for (index, replica) in fleet.replicas.iter().enumerate() {
+        let slots = held_slots(&replica.daemon).len();
+        assert!(
+            (2..=3).contains(&slots),
+            "replica {index} holds {slots} of 8 slots (fair share: ceil(8/3) = 3); tenants {served:?}"
+        );
+        let detail = replica.daemon.http_get("/readyz?verbose").unwrap_or_default();
+        assert!(
+            detail.contains(&format!("shards {slots} held of 8, 3 live replicas")),
+            "{detail}"
+        );
+    }
+    let status = replica_dir_status(&fleet.replicas[0].dir);
+    assert!(status.starts_with("8 shard slots"), "{status}");
+    let holders: BTreeSet<&str> = status
+        .lines()
+        .skip(2)
+        .take(8)
+        .filter_map(|line| line.split_whitespace().nth(1))
+        .collect();
+    assert_eq!(holders.len(), 3, "every slot held, by three replicas:\n{status}");
+    assert!(!holders.contains("-"), "{status}");
+    for tenant in tenant_names() {
+        assert!(status.contains(&tenant), "{tenant} listed:\n{status}");
+    }
+    fleet.assert_never_served_twice();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_daemon_takes_its_share_and_a_stopping_one_hands_its_slots_over_at_once() {
+    let mut fleet = ShardedFleet::start(2).await;
+    fleet.wait_settled(&[], SETTLE).await;
+    let before: Vec<BTreeSet<u32>> = fleet.replicas.iter().map(|r| held_slots(&r.daemon)).collect();
+    let joiner = fleet.replica(2).await;
+    fleet.replicas.push(joiner);
+    let deadline = Instant::now() + SETTLE;
+    while held_slots(&fleet.replicas[2].daemon).len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the joiner never got slots\n{}",
+            fleet.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    fleet.wait_settled(&[], SETTLE).await;
+    let after: Vec<BTreeSet<u32>> = fleet.replicas.iter().map(|r| held_slots(&r.daemon)).collect();
+    assert!(
+        (2..=3).contains(&after[2].len()),
+        "the joiner holds its share: {after:?}"
+    );
+    for (old, new) in before.iter().zip(&after) {
+        assert!(
+            new.is_subset(old),
+            "the others only gave slots up: {before:?} -> {after:?}"
+        );
+    }
+    // SIGTERM: its tenants stop, its slots are released and taken at once, not after the lease.
+    let leaving = 0;
+    fleet.replicas[leaving].daemon.terminate();
+    let took = fleet.wait_all_slots_held(&[leaving], lease()).await;
+    eprintln!("slots of the stopped replica taken after {took:?}");
+    fleet.replicas[leaving]
+        .daemon
+        .wait_exit(TENANT_START)
+        .await
+        .expect("it exits");
+    let log = fleet.replicas[leaving].daemon.log_text();
+    let released = log.matches("released a shard slot").count();
+    assert!(
+        released >= after[leaving].len(),
+        "it released its {} slots:\n{log}",
+        after[leaving].len()
+    );
+    fleet.wait_settled(&[leaving], TENANT_START).await;
+    fleet.assert_never_served_twice();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_file_added_at_runtime_is_served_by_one_replica_and_suspended_by_it_when_removed() {
+    let mut fleet = ShardedFleet::start(2).await;
+    fleet.wait_settled(&[], SETTLE).await;
+    let fleet_dir = fleet.fleet.dir.path().to_path_buf();
+    fleet.fleet.add_tenant("late").await;
+    // The harness wrote it for no daemon; each replica gets it through a proxy of its own.
+    std::fs::remove_file(fleet_dir.join("tenants/late.yaml")).ok();
+    let (_, server) = fleet.fleet.tenants.last().expect("the new tenant");
+    let server = server.as_ref().expect("its server");
+    let mut proxies = Vec::new();
+    for replica in &fleet.replicas {
+        let tenant_proxy = proxy(&server.url()).await;
+        let yaml = tenant_proxy
+            .kubeconfig(&server.kubeconfig_yaml())
+            .expect("tenant kubeconfig");
+        std::fs::write(replica.dir.join("tenants/late.yaml"), yaml).expect("tenant file");
+        proxies.push(tenant_proxy);
+    }
+    let deadline = Instant::now() + TENANT_START;
+    let servers = loop {
+        let servers: Vec<usize> = (0..2)
+            .filter(|i| tenants_up(&fleet.replicas[*i].daemon).contains("late"))
+            .collect();
+        if !servers.is_empty() {
+            break servers;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new tenant never came up\n{}",
+            fleet.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(servers.len(), 1, "served by one replica");
+    let holder = servers[0];
+    let other = 1 - holder;
+    assert!(proxies[other].sent().is_none(), "the other replica never talked to it");
+    for replica in &fleet.replicas {
+        std::fs::remove_file(replica.dir.join("tenants/late.yaml")).expect("removed");
+    }
+    let deadline = Instant::now() + TENANT_START;
+    while tenants_up(&fleet.replicas[holder].daemon).contains("late") {
+        assert!(
+            Instant::now() < deadline,
+            "the removed tenant still runs\n{}",
+            fleet.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(fleet.replicas[holder].daemon.log_text().contains("suspending tenant"));
+    assert!(proxies[other].sent().is_none(), "the other replica never talked to it");
+    // A file that cannot be used is reported by the replica holding its slot alone.
+    for replica in &fleet.replicas {
+        std::fs::write(replica.dir.join("tenants/broken.yaml"), "not: [a kubeconfig").expect("broken file");
+    }
+    let deadline = Instant::now() + TENANT_START;
+    loop {
+        let reporting = fleet
+            .replicas
+            .iter()
+            .filter(|r| {
+                r.daemon
+                    .http_get("/readyz?verbose")
+                    .unwrap_or_default()
+                    .contains("[-]tenant broken invalid")
+            })
+            .count();
+        if reporting == 1 {
+            break;
+        }
+        assert!(reporting == 0, "both replicas report the invalid file");
+        assert!(
+            Instant::now() < deadline,
+            "no replica reports the invalid file\n{}",
+            fleet.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_daemon_cut_off_from_the_host_takes_its_share_again_once_it_reaches_it() {
+    let fleet = ShardedFleet::start(3).await;
+    fleet.wait_settled(&[], SETTLE).await;
+    fleet.replicas[0].host_proxy.pause();
+    fleet
+        .wait_all_slots_held(&[0], lease() + renew_interval() + Duration::from_secs(1))
+        .await;
+    fleet.wait_settled(&[0], TENANT_START).await;
+    fleet.replicas[0].host_proxy.heal();
+    let deadline = Instant::now() + SETTLE;
+    while held_slots(&fleet.replicas[0].daemon).len() < 2 {
+        assert!(Instant::now() < deadline, "it never got slots back\n{}", fleet.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    fleet.wait_settled(&[], SETTLE).await;
+    fleet.assert_never_served_twice();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_disagreeing_on_the_slot_count_serve_nothing_until_one_count_is_left() {
+    let mut fleet = ShardedFleet::start(2).await;
+    fleet.wait_settled(&[], SETTLE).await;
+    let mut other_count = daemon_args();
+    let at = other_count.iter().position(|a| *a == "--shards").expect("--shards") + 1;
+    other_count[at] = "4";
+    let odd = fleet.replica_with(2, &other_count).await;
+    fleet.replicas.push(odd);
+    let deadline = Instant::now() + SETTLE;
+    while fleet
+        .replicas
+        .iter()
+        .any(|r| !tenants_up(&r.daemon).is_empty() || !held_slots(&r.daemon).is_empty())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "replicas with two slot counts kept serving\n{}",
+            fleet.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    fleet.replicas[2].killed_at = Some(jiff::Timestamp::now());
+    fleet.replicas[2].daemon.kill();
+    fleet
+        .wait_settled(&[2], lease() + renew_interval() + TENANT_START)
+        .await;
+    fleet.assert_never_served_twice();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_sharded_daemons_tenants_are_served_elsewhere_within_the_lease_duration() {
+    let mut fleet = ShardedFleet::start(3).await;
+    let served = fleet.wait_settled(&[], SETTLE).await;
+    let victim = (0..3).max_by_key(|i| served[*i].len()).expect("a replica");
+    fleet.replicas[victim].killed_at = Some(jiff::Timestamp::now());
+    fleet.replicas[victim].daemon.kill();
+    // Its Leases run out a lease duration after their last renewal was seen; its member Lease
+    // (what makes the others' fair share grow) within one renew interval of them.
+    let bound = lease() + renew_interval() + Duration::from_secs(1);
+    let took = fleet.wait_all_slots_held(&[victim], bound).await;
+    eprintln!("slots of the killed replica taken after {took:?} (bound {bound:?})");
+    let after = fleet.wait_settled(&[victim], TENANT_START).await;
+    for tenant in &served[victim] {
+        assert!(after.iter().any(|s| s.contains(tenant)), "{tenant} served again");
+    }
+    fleet.assert_never_served_twice();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharded_daemon_cut_off_from_the_host_stops_its_tenants_before_others_start_them() {
+    let fleet = ShardedFleet::start(3).await;
+    let served = fleet.wait_settled(&[], SETTLE).await;
+    let cut = (0..3).max_by_key(|i| served[*i].len()).expect("a replica");
+    let cut_at = Instant::now();
+    fleet.replicas[cut].host_proxy.cut();
+    let bound = lease() + renew_interval() + Duration::from_secs(1);
+    fleet.wait_all_slots_held(&[cut], bound).await;
+    let after = fleet.wait_settled(&[cut], TENANT_START).await;
+    let isolated = &fleet.replicas[cut];
+    assert!(
+        tenants_up(&isolated.daemon).is_empty(),
+        "the cut-off replica serves nothing"
+    );
+    assert!(held_slots(&isolated.daemon).is_empty(), "and holds no slot");
+    let log = isolated.daemon.log_text();
+    for tenant in &served[cut] {
+        let taker = after.iter().position(|s| s.contains(tenant)).expect("served elsewhere");
+        let taker = &fleet.replicas[taker];
+        // Its own records: stopped before the new holder started it.
+        let stopped = stopped_at(&log, tenant).unwrap_or_else(|| panic!("{tenant} never stopped:\n{log}"));
+        let started = serving_intervals(&taker.daemon.log_text(), jiff::Timestamp::MAX)
+            .remove(tenant)
+            .and_then(|intervals| intervals.last().map(|(start, _)| *start))
+            .expect("the taker started it");
+        assert!(
+            stopped < started,
+            "{tenant}: stopped at {stopped}, started elsewhere at {started}"
+        );
+        // The tenant server's requests: none from the cut-off replica after the new holder's first.
+        let first_new = taker.tenant_proxies[tenant.as_str()]
+            .first_sent_after(cut_at)
+            .expect("the new holder talked to the tenant");
+        let last_old = isolated.tenant_proxies[tenant.as_str()]
+            .sent()
+            .expect("it had talked")
+            .last;
+        assert!(
+            last_old < first_new,
+            "{tenant}: the cut-off replica sent {:?} after the new holder's first request",
+            last_old - first_new
+        );
+    }
+    // Nothing of a stopped tenant lives on: its server hears no more from the cut-off replica.
+    let last: Vec<_> = served[cut]
+        .iter()
+        .map(|t| isolated.tenant_proxies[t.as_str()].sent())
+        .collect();
+    tokio::time::sleep(renew_interval()).await;
+    let now: Vec<_> = served[cut]
+        .iter()
+        .map(|t| isolated.tenant_proxies[t.as_str()].sent())
+        .collect();
+    assert_eq!(
+        last, now,
+        "the cut-off replica still talks to its former tenants {:?}",
+        served[cut]
+    );
+    fleet.assert_never_served_twice();
+}
