@@ -51,7 +51,7 @@ pub struct BenchOptions {
 
 impl BenchOptions {
     fn tenant_sweep(&self) -> Vec<usize> {
-        if self.quick { vec![1, 5] } else { vec![1, 10, 100] }
+        if self.quick { vec![1, 5] } else { vec![1, 10, 100, 300] }
     }
 
     fn idle_window(&self) -> std::time::Duration {
