@@ -176,7 +176,6 @@ pub fn scan(
         .collect())
 }
 
-/// The tenant a path names: regular (or linked) files with a kubeconfig extension, not dotfiles.
 /// The tenant names in `dir` (file stems of kubeconfig files), sorted, without reading the files.
 pub fn tenant_names(dir: &Path) -> std::io::Result<Vec<String>> {
     let mut names = std::collections::BTreeSet::new();
@@ -186,6 +185,7 @@ pub fn tenant_names(dir: &Path) -> std::io::Result<Vec<String>> {
     Ok(names.into_iter().collect())
 }
 
+/// The tenant a path names: regular (or linked) files with a kubeconfig extension, not dotfiles.
 fn tenant_name(path: &Path) -> Option<String> {
     let file_name = path.file_name()?.to_str()?;
     if file_name.starts_with('.') || !path.is_file() {

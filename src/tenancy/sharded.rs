@@ -75,6 +75,10 @@ impl ShardedTenants {
                     info!(tenant = %name, "tenant kubeconfig changed; restarting tenant");
                     let grace = self.grace_until(deadline);
                     self.registry.hand_over(std::slice::from_ref(&name), grace).await;
+                    // The stop may have run up to the slot's deadline: look again before starting.
+                    if self.serving(&name).is_none() {
+                        return;
+                    }
                 }
                 self.registry.start_tenant(*file);
             }
@@ -138,22 +142,8 @@ impl ShardedTenants {
                 }
             }
         }
-        if !abort.is_empty() {
-            warn!(slots = ?abort, "shard slots lost; aborting their tenants");
-            let names = self.running_in(&abort);
-            self.registry.abort_tenants(&names).await;
-            self.forget_invalid(&abort);
-            self.done_serving(&abort);
-        }
-        if let Some(deadline) = hand_over.iter().map(|(_, d)| *d).min() {
-            let slots: Vec<u32> = hand_over.iter().map(|(s, _)| *s).collect();
-            info!(?slots, "giving up shard slots; stopping their tenants");
-            let names = self.running_in(&slots);
-            let grace = self.grace_until(deadline);
-            self.registry.hand_over(&names, grace).await;
-            self.forget_invalid(&slots);
-            self.done_serving(&slots);
-        }
+        // Starts first: they only spawn, and the stops below may wait until a deadline, after
+        // which a slot just marked served could be lost already.
         for slot in &start {
             for (name, error) in self.invalid.iter().filter(|(name, _)| self.slot(name) == *slot) {
                 self.shared
@@ -170,6 +160,22 @@ impl ShardedTenants {
             for file in files {
                 self.registry.start_tenant(file);
             }
+        }
+        if !abort.is_empty() {
+            warn!(slots = ?abort, "shard slots lost; aborting their tenants");
+            let names = self.running_in(&abort);
+            self.registry.abort_tenants(&names).await;
+            self.forget_invalid(&abort);
+            self.done_serving(&abort);
+        }
+        if let Some(deadline) = hand_over.iter().map(|(_, d)| *d).min() {
+            let slots: Vec<u32> = hand_over.iter().map(|(s, _)| *s).collect();
+            info!(?slots, "giving up shard slots; stopping their tenants");
+            let names = self.running_in(&slots);
+            let grace = self.grace_until(deadline);
+            self.registry.hand_over(&names, grace).await;
+            self.forget_invalid(&slots);
+            self.done_serving(&slots);
         }
         self.report();
     }

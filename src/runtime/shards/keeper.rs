@@ -84,6 +84,9 @@ struct Keeper {
     board: Arc<Board>,
     api: Api<Lease>,
     seen: BTreeMap<String, Observed>,
+    /// Slot Leases seen deleted (or gone from a relist), and when: the holder may serve until its
+    /// next renewal finds the Lease gone, so the slot counts as taken for a lease duration more.
+    vanished: BTreeMap<String, Instant>,
     /// Names seen since a (re)list started; `None` outside of one.
     relisting: Option<BTreeSet<String>>,
     /// The first list is done: free slots are known.
@@ -107,6 +110,7 @@ impl Keeper {
             board,
             api,
             seen: BTreeMap::new(),
+            vanished: BTreeMap::new(),
             relisting: None,
             listed: false,
             heard: Instant::now(),
@@ -130,19 +134,48 @@ impl Keeper {
             }
             watcher::Event::InitDone => {
                 if let Some(names) = self.relisting.take() {
-                    self.seen.retain(|name, _| names.contains(name));
+                    let gone: Vec<String> = self
+                        .seen
+                        .keys()
+                        .filter(|name| !names.contains(*name))
+                        .cloned()
+                        .collect();
+                    for name in gone {
+                        self.forget(&name);
+                    }
                 }
                 self.listed = true;
             }
             watcher::Event::Apply(lease) => self.remember(lease),
-            watcher::Event::Delete(lease) => {
-                self.seen.remove(&lease.metadata.name.unwrap_or_default());
-            }
+            watcher::Event::Delete(lease) => self.forget(&lease.metadata.name.unwrap_or_default()),
         }
+    }
+
+    /// A Lease gone from the server: one that had a holder leaves a tombstone (see `vanished`).
+    fn forget(&mut self, name: &str) {
+        if let Some(observed) = self.seen.remove(name)
+            && holder(&observed.lease).is_some()
+        {
+            self.vanished.insert(name.to_string(), Instant::now());
+        }
+    }
+
+    /// How long after its last change another's Lease may be taken: the longer of our duration and
+    /// the one written in it (a replica started with another `--shard-lease-duration` serves by its own).
+    fn expiry(&self, lease: &Lease) -> Duration {
+        let written = lease
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.lease_duration_seconds)
+            .and_then(|seconds| u64::try_from(seconds).ok())
+            .map(Duration::from_secs)
+            .unwrap_or_default();
+        self.settings.duration().max(written)
     }
 
     fn remember(&mut self, lease: Lease) {
         let name = lease.metadata.name.clone().unwrap_or_default();
+        self.vanished.remove(&name);
         let version = lease.metadata.resource_version.clone();
         match self.seen.get_mut(&name) {
             Some(known) if known.lease.metadata.resource_version == version => {}
@@ -176,7 +209,13 @@ impl Keeper {
             None => wake = wake.min(self.member_retry),
         }
         for observed in self.seen.values() {
-            let expires = observed.changed + duration;
+            let expires = observed.changed + self.expiry(&observed.lease);
+            if expires > now {
+                wake = wake.min(expires + Duration::from_millis(10));
+            }
+        }
+        for vanished in self.vanished.values() {
+            let expires = *vanished + duration;
             if expires > now {
                 wake = wake.min(expires + Duration::from_millis(10));
             }
@@ -225,6 +264,8 @@ impl Keeper {
     /// Slots whose renew deadline passed are lost: the daemon aborts their tenants at once.
     fn expire(&mut self) {
         let now = Instant::now();
+        let duration = self.settings.duration();
+        self.vanished.retain(|_, vanished| now < *vanished + duration);
         let deadline = self.settings.renew_deadline();
         let expired: Vec<u32> = self
             .held
@@ -439,13 +480,19 @@ impl Keeper {
         let busy = self.board.lock().slots.keys().copied().collect::<BTreeSet<u32>>();
         (0..self.settings.shards)
             .filter(|slot| !self.held.contains_key(slot) && !busy.contains(slot))
-            .filter(|slot| match self.seen.get(&slot_lease_name(*slot)) {
-                None => true,
-                Some(observed) => match holder(&observed.lease) {
-                    None => true,
-                    Some(holder) if holder == self.settings.identity => true,
-                    Some(_) => now >= observed.changed + self.settings.duration(),
-                },
+            .filter(|slot| {
+                let name = slot_lease_name(*slot);
+                match self.seen.get(&name) {
+                    None => self
+                        .vanished
+                        .get(&name)
+                        .is_none_or(|vanished| now >= *vanished + self.settings.duration()),
+                    Some(observed) => match holder(&observed.lease) {
+                        None => true,
+                        Some(holder) if holder == self.settings.identity => true,
+                        Some(_) => now >= observed.changed + self.expiry(&observed.lease),
+                    },
+                }
             })
             .collect()
     }
@@ -724,6 +771,57 @@ mod tests {
         let spec = renewed.spec.expect("a spec");
         assert_eq!(spec.lease_transitions, Some(2));
         assert!(spec.acquire_time.is_none(), "a renewal keeps the acquire time");
+    }
+
+    fn keeper(identity: &str) -> Keeper {
+        let settings = settings(identity);
+        let client = kube::Client::try_from(settings.host.clone()).expect("a client");
+        Keeper::new(
+            settings,
+            Arc::new(Board::default()),
+            Api::namespaced(client, "stackd-system"),
+        )
+    }
+
+    fn slot_lease(slot: u32, holder: &str, duration_seconds: i32) -> Lease {
+        let mut held = lease(Some(holder), "5");
+        held.metadata.name = Some(slot_lease_name(slot));
+        if let Some(spec) = held.spec.as_mut() {
+            spec.lease_duration_seconds = Some(duration_seconds);
+        }
+        held
+    }
+
+    #[tokio::test]
+    async fn a_deleted_slot_lease_stays_taken_for_a_lease_duration() {
+        let mut keeper = keeper("a");
+        keeper.observe(watcher::Event::Apply(slot_lease(3, "b", 6)));
+        keeper.observe(watcher::Event::Delete(slot_lease(3, "b", 6)));
+        assert!(
+            !keeper.free_slots().contains(&3),
+            "b may serve until its renewal finds it gone"
+        );
+        if let Some(vanished) = keeper.vanished.get_mut(&slot_lease_name(3)) {
+            *vanished -= keeper.settings.duration();
+        }
+        assert!(keeper.free_slots().contains(&3));
+    }
+
+    #[tokio::test]
+    async fn a_lease_written_with_a_longer_duration_is_waited_out_in_full() {
+        let mut keeper = keeper("a");
+        keeper.observe(watcher::Event::Apply(slot_lease(2, "b", 30)));
+        if let Some(observed) = keeper.seen.get_mut(&slot_lease_name(2)) {
+            observed.changed -= Duration::from_secs(10);
+        }
+        assert!(
+            !keeper.free_slots().contains(&2),
+            "b serves by its own 30 s, not our 6 s"
+        );
+        if let Some(observed) = keeper.seen.get_mut(&slot_lease_name(2)) {
+            observed.changed -= Duration::from_secs(21);
+        }
+        assert!(keeper.free_slots().contains(&2));
     }
 
     #[test]
