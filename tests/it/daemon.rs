@@ -171,6 +171,18 @@ impl Daemon {
         Some(response)
     }
 
+    /// How many reconciles of `controller` for `tenant` have finished (the duration histogram's
+    /// count), to wait for a reconcile instead of sleeping.
+    pub(crate) fn reconciles_done(&self, tenant: &str, controller: &str) -> u64 {
+        let needle =
+            format!("stackd_reconcile_duration_seconds_count{{tenant=\"{tenant}\",controller=\"{controller}\"}} ");
+        self.http_get("/metrics")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|line| line.strip_prefix(&needle).and_then(|n| n.trim().parse().ok()))
+            .unwrap_or(0)
+    }
+
     /// Waits until `/readyz?verbose` (or `/metrics`) contains `needle`.
     pub(crate) async fn wait_for(&self, path: &str, needle: &str, within: Duration) -> String {
         let deadline = Instant::now() + within;

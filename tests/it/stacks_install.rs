@@ -1057,6 +1057,7 @@ async fn a_second_reconcile_of_an_unchanged_install_writes_nothing() {
     // Let the last status write and Events land.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (host_before, tenant_before) = (fleet._host.counters(), fleet.tenants["acme"].0.counters());
+    let reconciled = daemon.reconciles_done("acme", "StackInstall");
     // A label on the install is an event (a reconcile) that changes nothing stackd cares about.
     Api::<StackInstall>::namespaced(tenant.clone(), "team-a")
         .patch(
@@ -1066,7 +1067,11 @@ async fn a_second_reconcile_of_an_unchanged_install_writes_nothing() {
         )
         .await
         .expect("label");
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // Judged once the reconcile the label caused has finished, not after a guessed pause.
+    wait_until("the label's reconcile", Duration::from_secs(10), &daemon, || async {
+        (daemon.reconciles_done("acme", "StackInstall") > reconciled).then_some(())
+    })
+    .await;
     let host_writes = writes(&fleet._host.counters().since(&host_before));
     let tenant_writes = writes(&fleet.tenants["acme"].0.counters().since(&tenant_before));
     assert!(
