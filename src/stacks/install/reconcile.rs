@@ -195,9 +195,9 @@ async fn complete<K: InstallKind>(
         let contents = match ctx.unpacked.get(&uid, &job_uid) {
             Some(contents) => contents,
             None => match read_output(ctx, observed).await {
-                Ok(contents) => {
+                Ok((contents, bytes)) => {
                     let contents = Arc::new(contents);
-                    ctx.unpacked.keep(&uid, &job_uid, contents.clone());
+                    ctx.unpacked.keep(&uid, &job_uid, bytes, contents.clone());
                     contents
                 }
                 Err(message) => {
@@ -209,6 +209,7 @@ async fn complete<K: InstallKind>(
         if let Some(existing) = stack.as_ref().filter(|s| !package::controlled_by(s, &uid)) {
             // Another's Stack at our name: its CRDs carry the same Stack label as ours would, so
             // nothing may be written for this install.
+            ctx.unpacked.forget(&uid);
             let mut report = stack_conflict(existing, &namespace, &name);
             report.install_job = Some(job_ref);
             return Ok((Action::await_change(), Some(report)));
@@ -229,6 +230,7 @@ async fn complete<K: InstallKind>(
             pod_policy: &settings.stack_pod_policy,
         };
         if let Err(err) = package::check(&contents, &inputs) {
+            ctx.unpacked.forget(&uid);
             return Ok(refused(err, job_ref));
         }
         let crd_api = Api::all(tenant.client.clone());
@@ -634,10 +636,12 @@ fn last_lines(log: &str, count: usize) -> String {
 /// back: an API server establishes a CRD within moments.
 const ESTABLISH_WAIT: Duration = Duration::from_secs(2);
 
-/// The verified package contents in a completed Job's log, or why there are none.
-async fn read_output(ctx: &InstallContext, job: &Job) -> Result<PackageContents, String> {
+/// The verified package contents in a completed Job's log and the log's size, or why there are none.
+async fn read_output(ctx: &InstallContext, job: &Job) -> Result<(PackageContents, usize), String> {
     let log = unpack_log(ctx, job).await?;
-    stream::decode(&log).map_err(|err| format!("install Job {} output refused: {err}", job.name_any()))
+    let contents =
+        stream::decode(&log).map_err(|err| format!("install Job {} output refused: {err}", job.name_any()))?;
+    Ok((contents, log.len()))
 }
 
 async fn ensure_finalizer<K: InstallKind>(install: &K, ctx: &InstallContext) -> Result<(), InstallError> {
