@@ -467,7 +467,12 @@ async fn bench(args: BenchArgs) -> ExitCode {
         Ok(report) => report,
         Err(err) => return fail("stackd bench", err),
     };
-    let json = serde_json::to_string_pretty(&report).unwrap_or_default();
+    report_bench(&args, &report, || stackd::bench::table(&report, baseline.as_ref()))
+}
+
+/// Writes a bench report as `--out` and `--json` say, else prints what `text` makes of it.
+fn report_bench<T: serde::Serialize>(args: &BenchArgs, report: &T, text: impl FnOnce() -> String) -> ExitCode {
+    let json = serde_json::to_string_pretty(report).unwrap_or_default();
     if let Some(path) = &args.out
         && let Err(err) = std::fs::write(path, &json)
     {
@@ -476,7 +481,7 @@ async fn bench(args: BenchArgs) -> ExitCode {
     if args.json {
         println!("{json}");
     } else {
-        print!("{}", stackd::bench::table(&report, baseline.as_ref()));
+        print!("{}", text());
     }
     ExitCode::SUCCESS
 }
@@ -488,18 +493,9 @@ async fn bench_shards(args: &BenchArgs, options: &stackd::bench::BenchOptions) -
         Ok(figures) => figures,
         Err(err) => return fail("stackd bench", err),
     };
-    let json = serde_json::to_string_pretty(&figures).unwrap_or_default();
-    if let Some(path) = &args.out
-        && let Err(err) = std::fs::write(path, &json)
-    {
-        return fail("stackd bench", format!("cannot write {}: {err}", path.display()));
-    }
-    if args.json {
-        println!("{json}");
-    } else {
-        println!("{}", stackd::bench::shard_line(&figures).trim_start());
-    }
-    ExitCode::SUCCESS
+    report_bench(args, &figures, || {
+        format!("{}\n", stackd::bench::shard_line(&figures).trim_start())
+    })
 }
 
 /// `stackd bench --chaos`: exits non-zero when an invariant fails.

@@ -174,8 +174,12 @@ impl Daemon {
     /// How many reconciles of `controller` for `tenant` have finished (the duration histogram's
     /// count), to wait for a reconcile instead of sleeping.
     pub(crate) fn reconciles_done(&self, tenant: &str, controller: &str) -> u64 {
-        let needle =
-            format!("stackd_reconcile_duration_seconds_count{{tenant=\"{tenant}\",controller=\"{controller}\"}} ");
+        self.controller_metric("stackd_reconcile_duration_seconds_count", tenant, controller)
+    }
+
+    /// A per-controller series of `/metrics` (0 while it has none).
+    pub(crate) fn controller_metric(&self, name: &str, tenant: &str, controller: &str) -> u64 {
+        let needle = format!("{name}{{tenant=\"{tenant}\",controller=\"{controller}\"}} ");
         self.http_get("/metrics")
             .unwrap_or_default()
             .lines()

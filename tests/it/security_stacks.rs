@@ -838,13 +838,7 @@ async fn service_account_annotations_of_an_install_land_on_the_stacks_service_ac
 
 /// The value of a per-controller counter on the daemon's /metrics.
 fn metric(daemon: &Daemon, name: &str, controller: &str) -> u64 {
-    let needle = format!("{name}{{tenant=\"{TENANT}\",controller=\"{controller}\"}} ");
-    daemon
-        .http_get("/metrics")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|line| line.strip_prefix(&needle).and_then(|n| n.trim().parse().ok()))
-        .unwrap_or(0)
+    daemon.controller_metric(name, TENANT, controller)
 }
 
 /// The Ready condition of Stack `namespace/name` once its reason is `reason`, as its message.

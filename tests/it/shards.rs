@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use stackd::bench::partition::{Partition, upstream_of};
+use stackd::bench::shards::serving_intervals;
 
 use super::daemon::{Daemon, Fleet};
 
@@ -231,42 +232,6 @@ fn held_slots(daemon: &Daemon) -> BTreeSet<u32> {
         .filter(|line| line.starts_with("stackd_shard_held{") && line.ends_with(" 1"))
         .filter_map(|line| line.split('"').nth(1)?.parse().ok())
         .collect()
-}
-
-/// From JSON log lines: per tenant, `[starting tenant, tenant stopped)` intervals; one still open
-/// ends at `end`.
-fn serving_intervals(log: &str, end: jiff::Timestamp) -> BTreeMap<String, Vec<(jiff::Timestamp, jiff::Timestamp)>> {
-    let mut open: BTreeMap<String, jiff::Timestamp> = BTreeMap::new();
-    let mut intervals: BTreeMap<String, Vec<_>> = BTreeMap::new();
-    for line in log.lines() {
-        let Ok(record) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let (Some(message), Some(tenant), Some(time)) = (
-            record["message"].as_str(),
-            record["tenant"].as_str(),
-            record["timestamp"]
-                .as_str()
-                .and_then(|t| t.parse::<jiff::Timestamp>().ok()),
-        ) else {
-            continue;
-        };
-        match message {
-            "starting tenant" => {
-                open.entry(tenant.to_string()).or_insert(time);
-            }
-            "tenant stopped" => {
-                if let Some(start) = open.remove(tenant) {
-                    intervals.entry(tenant.to_string()).or_default().push((start, time));
-                }
-            }
-            _ => {}
-        }
-    }
-    for (tenant, start) in open {
-        intervals.entry(tenant).or_default().push((start, end));
-    }
-    intervals
 }
 
 /// The `stopped` record time of `tenant` in a replica's log after `after`.
