@@ -29,6 +29,9 @@ use super::recovery::NoTriggerBackoff;
 use super::retry;
 use super::shutdown::run_controller;
 
+mod singleton;
+pub use singleton::Singleton;
+
 /// A controller's error: retried with the object's backoff and counted by `metric_label`.
 pub trait ReconcileError: std::error::Error + From<ReconcilePanic> + Send + Sync + 'static {
     /// A stable word for the `kind` label of `stackd_reconcile_errors_by_kind`.
@@ -195,9 +198,6 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
         let Ok(permit) = self.tenant.permits().acquire_owned().await else {
             return Ok(Action::await_change());
         };
-        let metrics = self.tenant.metrics();
-        let labels = Metrics::controller(self.tenant.name(), &self.name);
-        metrics.reconciles.get_or_create(&labels).inc();
         let started = Instant::now();
         let result = panics::contain((self.reconcile)(
             object.clone(),
@@ -205,19 +205,9 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
             Permit { _held: permit },
         ))
         .await;
-        let seconds = started.elapsed().as_secs_f64();
-        metrics.reconcile_duration.get_or_create(&labels).observe(seconds);
-        match &result {
-            Ok(_) => self.tenant.object_backoff().succeeded(&backoff_key(object.as_ref())),
-            Err(err) => {
-                metrics.reconcile_errors.get_or_create(&labels).inc();
-                let by_kind = ErrorLabels {
-                    tenant: labels.tenant,
-                    controller: labels.controller,
-                    kind: err.metric_label().to_string(),
-                };
-                metrics.reconcile_errors_by_kind.get_or_create(&by_kind).inc();
-            }
+        observe(self.tenant.as_ref(), &self.name, started, result.as_ref().err());
+        if result.is_ok() {
+            self.tenant.object_backoff().succeeded(&backoff_key(object.as_ref()));
         }
         result
     }
@@ -234,6 +224,24 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
         let logged = (self.tenant.name(), self.name.as_str(), shown.as_str());
         let backoff = self.tenant.object_backoff();
         Action::requeue(retry::after_failure(backoff, &backoff_key(object), logged, err))
+    }
+}
+
+/// Records one reconcile of `controller` that began at `started`: its count, duration and error.
+fn observe<T: Tenant, E: ReconcileError>(tenant: &T, controller: &str, started: Instant, error: Option<&E>) {
+    let metrics = tenant.metrics();
+    let labels = Metrics::controller(tenant.name(), controller);
+    metrics.reconciles.get_or_create(&labels).inc();
+    let seconds = started.elapsed().as_secs_f64();
+    metrics.reconcile_duration.get_or_create(&labels).observe(seconds);
+    if let Some(err) = error {
+        metrics.reconcile_errors.get_or_create(&labels).inc();
+        let by_kind = ErrorLabels {
+            tenant: labels.tenant,
+            controller: labels.controller,
+            kind: err.metric_label().to_string(),
+        };
+        metrics.reconcile_errors_by_kind.get_or_create(&by_kind).inc();
     }
 }
 
@@ -401,6 +409,79 @@ mod tests {
             1,
             "the panicked reconcile gave its permit back"
         );
+        cancel.cancel();
+        run.await.unwrap();
+    }
+
+    /// A singleton reconciles once every cache has listed, even empty ones (it exists to create
+    /// what is missing), retries a failure on its own after the tenant's backoff, and counts both.
+    #[tokio::test]
+    async fn a_singleton_reconciles_after_every_cache_listed_and_retries_a_failure_on_its_own() {
+        use kube::runtime::reflector::{self, reflector};
+        let (first_feed, first_events) =
+            tokio::sync::mpsc::unbounded_channel::<Result<Event<ConfigMap>, watcher::Error>>();
+        let (second_feed, second_events) =
+            tokio::sync::mpsc::unbounded_channel::<Result<Event<Secret>, watcher::Error>>();
+        let (first, first_writer) = reflector::store();
+        let (second, second_writer) = reflector::store();
+        let first_stream = reflector(
+            first_writer,
+            tokio_stream::wrappers::UnboundedReceiverStream::new(first_events),
+        )
+        .map(|e| e.map(|_| ()));
+        let second_stream = reflector(
+            second_writer,
+            tokio_stream::wrappers::UnboundedReceiverStream::new(second_events),
+        )
+        .map(|e| e.map(|_| ()));
+        let tenant = Arc::new(TestTenant {
+            backoff: ObjectBackoff::new(Backoff::new(Duration::from_millis(200), Duration::from_millis(200))),
+            ..Arc::into_inner(tenant()).unwrap()
+        });
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let cancel = CancellationToken::new();
+        let singleton = Singleton::new("single", tenant.clone())
+            .watches(first, first_stream)
+            .watches(second, second_stream);
+        let run = tokio::spawn({
+            let (attempts, cancel) = (attempts.clone(), cancel.clone());
+            async move {
+                let reconcile = |_permit: Permit| {
+                    let attempt = attempts.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        if attempt == 0 {
+                            panic!("the first attempt fails");
+                        }
+                        Ok::<_, TestError>(())
+                    }
+                };
+                singleton.run(reconcile, &cancel).await
+            }
+        });
+        first_feed.send(Ok(Event::Init)).unwrap();
+        first_feed.send(Ok(Event::InitDone)).unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            attempts.load(Ordering::SeqCst),
+            0,
+            "reconciled before every cache listed"
+        );
+        second_feed.send(Ok(Event::Init)).unwrap();
+        second_feed.send(Ok(Event::InitDone)).unwrap();
+        // The failed first attempt is retried after the backoff without any new event.
+        eventually("the retry after the failure", || attempts.load(Ordering::SeqCst) == 2).await;
+        let text = tenant.metrics.encode();
+        assert!(
+            text.contains("stackd_reconcile_duration_seconds_count{tenant=\"acme\",controller=\"single\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "stackd_reconcile_errors_by_kind_total{tenant=\"acme\",controller=\"single\",kind=\"panic\"} 1"
+            ),
+            "{text}"
+        );
+        assert_eq!(tenant.backoff.failures("single"), 0, "the success reset the backoff");
         cancel.cancel();
         run.await.unwrap();
     }

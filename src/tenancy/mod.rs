@@ -2,6 +2,7 @@
 //! CRD monitor, orphan sweep, and the controllers of `stacks`, `pools` and `inventory`).
 
 pub mod directory;
+mod host_namespace;
 pub mod quota;
 pub mod sharded;
 pub mod supervisor;

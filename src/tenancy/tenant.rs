@@ -4,14 +4,11 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Namespace;
+use futures::StreamExt;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::ApiResource;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, reflector};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Config};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -24,15 +21,12 @@ use crate::context::tenant::{TenantContext, TenantError};
 use crate::host::apply::Reverts;
 use crate::host::cluster_identity;
 use crate::host::labels::tenant_selector;
-use crate::host::namespace;
 use crate::host::sweep::run::sweep_once;
 use crate::runtime::backoff::ObjectBackoff;
-use crate::runtime::cache::is_filled;
 use crate::runtime::cause::{Cause, CauseKind, diagnose};
 use crate::runtime::health::TenantHealth;
 use crate::runtime::informers::{Change, Informers};
-use crate::runtime::metrics::Metrics;
-use crate::runtime::recovery::{WatchBackoff, probe_delay};
+use crate::runtime::recovery::probe_delay;
 
 /// The CRDs every tenant must serve for stackd to work there.
 fn required_crds() -> BTreeSet<String> {
@@ -83,7 +77,7 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
     }
     let mut controllers = tokio::task::JoinSet::new();
     let (host_ready, host_namespace_ready) = tokio::sync::watch::channel(false);
-    controllers.spawn(host_namespace_controller(context.clone(), cancel.clone(), host_ready));
+    controllers.spawn(super::host_namespace::run(context.clone(), cancel.clone(), host_ready));
     controllers.spawn(crd_monitor(context.clone(), cancel.clone()));
     // Everything else watches or writes the host namespace: on a real cluster, requests made before
     // the daemon's RoleBinding there takes effect are refused 403.
@@ -150,134 +144,6 @@ pub async fn tenant_client(file: &TenantFile) -> Result<Client, TenantError> {
     // A dead tenant must fail fast instead of holding its task for minutes.
     config.connect_timeout = Some(Duration::from_secs(5));
     Client::try_from(config).map_err(|e| TenantError::Config(e.to_string()))
-}
-
-/// Keeps the tenant's host namespace and RoleBinding as they should be, repairing them when they are
-/// edited or deleted: both are watched (filtered to this tenant), never polled. `ready` turns true
-/// once both exist and the daemon's access through the RoleBinding works.
-async fn host_namespace_controller(
-    context: Arc<TenantContext>,
-    cancel: CancellationToken,
-    ready: tokio::sync::watch::Sender<bool>,
-) -> Result<(), TenantError> {
-    let ns_name = context.host_namespace.clone();
-    let namespaces: Api<Namespace> = Api::all(context.host.clone());
-    let bindings: Api<RoleBinding> = Api::namespaced(context.host.clone(), &ns_name);
-    let (ns_store, ns_writer) = reflector::store();
-    let (rb_store, rb_writer) = reflector::store();
-    let ns_events = reflector(
-        ns_writer,
-        watcher(
-            namespaces,
-            watcher::Config::default().fields(&format!("metadata.name={ns_name}")),
-        ),
-    )
-    .backoff(WatchBackoff::default())
-    .map_ok(|_| ());
-    let rb_events = reflector(
-        rb_writer,
-        watcher(
-            bindings,
-            watcher::Config::default().labels(&tenant_selector(&context.name)),
-        ),
-    )
-    .backoff(WatchBackoff::default())
-    .map_ok(|_| ());
-    let mut events = futures::stream::select(ns_events, rb_events).boxed();
-    let subject = context.shared.settings.rbac_subject.clone();
-    let labels = Metrics::controller(&context.name, "host-namespace");
-    let mut failures = 0u32;
-    // API errors announce no event, so a failed reconcile schedules its own retry.
-    let mut retry: Option<tokio::time::Instant> = None;
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return Ok(()),
-            _ = sleep_until(retry), if retry.is_some() => {}
-            event = events.next() => match event {
-                None => return Err(TenantError::Controller("host namespace watch ended".into())),
-                Some(Err(err)) => {
-                    warn!(tenant = %context.name, error = %err, "host watch failed; retrying");
-                    continue;
-                }
-                Some(Ok(())) => {}
-            },
-        }
-        if !(is_filled(&ns_store) && is_filled(&rb_store)) {
-            continue;
-        }
-        let observed_ns = ns_store
-            .state()
-            .into_iter()
-            .find(|ns| ns.metadata.name.as_deref() == Some(&ns_name));
-        let observed_rb = rb_store
-            .state()
-            .into_iter()
-            .find(|rb| rb.metadata.name.as_deref() == Some(namespace::TENANT_NAMESPACE_ROLE));
-        context.shared.metrics.reconciles.get_or_create(&labels).inc();
-        let Ok(_permit) = context.reconcile_permits.acquire().await else {
-            return Ok(());
-        };
-        let result = namespace::ensure(
-            &context.host,
-            &context.name,
-            &ns_name,
-            &subject,
-            observed_ns.as_deref(),
-            observed_rb.as_deref(),
-        )
-        .await;
-        match result {
-            Ok(writes) => {
-                failures = 0;
-                retry = None;
-                if writes > 0 {
-                    info!(tenant = %context.name, namespace = %ns_name, writes, "host namespace reconciled");
-                }
-                if !*ready.borrow() {
-                    await_access(&context, &cancel).await;
-                    ready.send_replace(true);
-                }
-            }
-            Err(err) => {
-                failures += 1;
-                context.shared.metrics.reconcile_errors.get_or_create(&labels).inc();
-                let delay = context.shared.settings.backoff.delay(failures);
-                warn!(tenant = %context.name, namespace = %ns_name, error = %err, retry_in = ?delay, "host namespace not ready");
-                retry = Some(tokio::time::Instant::now() + delay);
-            }
-        }
-    }
-}
-
-/// How long a 403 in a new host namespace is taken for RBAC that has not taken effect yet.
-const ACCESS_GRACE: Duration = Duration::from_secs(10);
-
-/// Waits (quietly, for at most [`ACCESS_GRACE`]) until the daemon may read in its host namespace:
-/// kube-apiserver's authorizer sees a new RoleBinding a moment after it is created.
-async fn await_access(context: &TenantContext, cancel: &CancellationToken) {
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-        Api::namespaced(context.host.clone(), &context.host_namespace);
-    let probe = kube::api::ListParams::default()
-        .labels(&tenant_selector(&context.name))
-        .limit(1);
-    let deadline = tokio::time::Instant::now() + ACCESS_GRACE;
-    loop {
-        match secrets.list_metadata(&probe).await {
-            Err(kube::Error::Api(status)) if status.code == 403 => {
-                if tokio::time::Instant::now() > deadline {
-                    warn!(tenant = %context.name, namespace = %context.host_namespace, message = %status.message, "the daemon's RoleBinding in the host namespace does not grant access; check the stackd-tenant-namespace ClusterRole");
-                    return;
-                }
-                debug!(tenant = %context.name, "host namespace access not in effect yet; waiting");
-            }
-            // Anything else (access, or another trouble the controllers will report) ends the wait.
-            _ => return,
-        }
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-        }
-    }
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

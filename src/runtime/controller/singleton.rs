@@ -1,0 +1,112 @@
+//! The scaffold's shape for a controller of one thing per tenant that may not exist yet (the host
+//! namespace, the quota): kube's `Controller` reconciles only objects it has cached, so it could
+//! never create a missing one. Same contract as [`super::Scaffold`]: every cache filled before the
+//! first reconcile, then the tenant's permit, panics contained, the same metrics, backoff on
+//! failure (a failed write announces no event, so the retry is scheduled here) and a stop on cancel.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::stream::{BoxStream, SelectAll};
+use futures::{Stream, StreamExt};
+use kube::Resource;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+use super::{Permit, ReconcileError, Tenant, observe};
+use crate::runtime::cache::is_filled;
+use crate::runtime::panics;
+use crate::runtime::retry;
+
+/// A per-tenant singleton controller, being put together.
+pub struct Singleton<T> {
+    name: String,
+    tenant: Arc<T>,
+    triggers: SelectAll<BoxStream<'static, Result<(), watcher::Error>>>,
+    caches: Vec<Box<dyn Fn() -> bool + Send + Sync>>,
+}
+
+impl<T: Tenant> Singleton<T> {
+    /// A controller named `name` (its `controller` metric label and backoff key).
+    pub fn new(name: impl Into<String>, tenant: Arc<T>) -> Self {
+        Singleton {
+            name: name.into(),
+            tenant,
+            triggers: SelectAll::new(),
+            caches: Vec::new(),
+        }
+    }
+
+    /// Reconciles on every event of the watch that fills `cache`. The first (empty) list counts: a
+    /// namespace without the object must hear of it to create it.
+    pub fn watches<K>(
+        mut self,
+        cache: Store<K>,
+        events: impl Stream<Item = Result<(), watcher::Error>> + Send + 'static,
+    ) -> Self
+    where
+        K: Resource + Clone + Send + Sync + 'static,
+        K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
+    {
+        // Checked as events arrive (not awaited): the event that fills a cache is the one that
+        // must find it filled.
+        self.caches.push(Box::new(move || is_filled(&cache)));
+        self.triggers.push(events.boxed());
+        self
+    }
+
+    /// Runs `reconcile` after watch events until `cancel`; an error retries after the tenant's
+    /// backoff.
+    pub async fn run<F, Fut, E>(mut self, mut reconcile: F, cancel: &CancellationToken)
+    where
+        F: FnMut(Permit) -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: ReconcileError,
+    {
+        let mut retry: Option<tokio::time::Instant> = None;
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = sleep_until(retry), if retry.is_some() => {}
+                event = self.triggers.next() => match event {
+                    // Every watch retries on its own backoff; none ends while the tenant runs.
+                    None => return,
+                    Some(Err(err)) => {
+                        warn!(tenant = %self.tenant.name(), controller = %self.name, error = %err, "watch failed; retrying");
+                        continue;
+                    }
+                    Some(Ok(())) => {}
+                },
+            }
+            if !self.caches.iter().all(|filled| filled()) {
+                continue;
+            }
+            let Ok(held) = self.tenant.permits().acquire_owned().await else {
+                return;
+            };
+            let started = Instant::now();
+            let result = panics::contain(reconcile(Permit { _held: held })).await;
+            observe(self.tenant.as_ref(), &self.name, started, result.as_ref().err());
+            retry = match result {
+                Ok(()) => {
+                    self.tenant.object_backoff().succeeded(&self.name);
+                    None
+                }
+                Err(err) => {
+                    let logged = (self.tenant.name(), self.name.as_str(), self.name.as_str());
+                    let delay = retry::after_failure(self.tenant.object_backoff(), &self.name, logged, &err);
+                    Some(tokio::time::Instant::now() + delay)
+                }
+            };
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    if let Some(deadline) = deadline {
+        tokio::time::sleep_until(deadline).await;
+    }
+}

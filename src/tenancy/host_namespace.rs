@@ -1,0 +1,140 @@
+//! Keeps the tenant's host namespace and the daemon's RoleBinding there as they should be,
+//! repairing them when they are edited or deleted: both are watched (filtered to this tenant),
+//! never polled.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, TryStreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::Resource;
+use kube::api::{Api, ListParams};
+use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::context::tenant::{TenantContext, TenantError};
+use crate::host::labels::tenant_selector;
+use crate::host::namespace::{self, NamespaceError};
+use crate::host::quota::QuotaError;
+use crate::runtime::controller::{ReconcileError, Singleton};
+use crate::runtime::panics::ReconcilePanic;
+use crate::runtime::recovery::WatchBackoff;
+
+/// Why setting up the tenant's host namespace failed; retried with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum HostSetupError {
+    #[error(transparent)]
+    Namespace(#[from] NamespaceError),
+    #[error(transparent)]
+    Quota(#[from] QuotaError),
+    #[error(transparent)]
+    Panicked(#[from] ReconcilePanic),
+}
+
+impl ReconcileError for HostSetupError {
+    fn metric_label(&self) -> &'static str {
+        match self {
+            HostSetupError::Namespace(_) => "host_namespace",
+            HostSetupError::Quota(_) => "host_quota",
+            HostSetupError::Panicked(_) => "panic",
+        }
+    }
+}
+
+/// A cache of the objects `api` lists under `config`, and a stream that yields on
+/// every watch event, the first (empty) list included.
+pub(super) fn watch_host<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<(), watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let events = reflector(writer, watcher(api, config))
+        .backoff(WatchBackoff::default())
+        .map_ok(|_| ());
+    (store, events)
+}
+
+/// Runs the host namespace controller until `cancel`. `ready` turns true once the namespace and
+/// the RoleBinding exist and the daemon's access through the RoleBinding works.
+pub(super) async fn run(
+    context: Arc<TenantContext>,
+    cancel: CancellationToken,
+    ready: tokio::sync::watch::Sender<bool>,
+) -> Result<(), TenantError> {
+    let ns_name = context.host_namespace.clone();
+    let by_name = watcher::Config::default().fields(&format!("metadata.name={ns_name}"));
+    let (namespaces, namespace_events) = watch_host(Api::<Namespace>::all(context.host.clone()), by_name);
+    let bindings_api = Api::<RoleBinding>::namespaced(context.host.clone(), &ns_name);
+    let (bindings, binding_events) = watch_host(bindings_api, context.host_watch_config());
+    let reconcile = |_permit| {
+        let (context, ready, cancel) = (context.clone(), ready.clone(), cancel.clone());
+        let (namespaces, bindings) = (namespaces.clone(), bindings.clone());
+        async move {
+            let name = &context.host_namespace;
+            let observed_ns = namespaces
+                .state()
+                .into_iter()
+                .find(|ns| ns.metadata.name.as_ref() == Some(name));
+            let observed_rb = bindings
+                .state()
+                .into_iter()
+                .find(|rb| rb.metadata.name.as_deref() == Some(namespace::TENANT_NAMESPACE_ROLE));
+            let subject = &context.shared.settings.rbac_subject;
+            let (ns, rb) = (observed_ns.as_deref(), observed_rb.as_deref());
+            let writes = namespace::ensure(&context.host, &context.name, name, subject, ns, rb).await?;
+            if writes > 0 {
+                info!(tenant = %context.name, namespace = %name, writes, "host namespace reconciled");
+            }
+            if !*ready.borrow() {
+                await_access(&context, &cancel).await;
+                ready.send_replace(true);
+            }
+            Ok::<_, HostSetupError>(())
+        }
+    };
+    Singleton::new("host-namespace", context.clone())
+        .watches(namespaces.clone(), namespace_events)
+        .watches(bindings.clone(), binding_events)
+        .run(reconcile, &cancel)
+        .await;
+    Ok(())
+}
+
+/// How long a 403 in a new host namespace is taken for RBAC that has not taken effect yet.
+const ACCESS_GRACE: Duration = Duration::from_secs(10);
+
+/// Waits (quietly, for at most [`ACCESS_GRACE`]) until the daemon may read in its host namespace:
+/// kube-apiserver's authorizer sees a new RoleBinding a moment after it is created.
+async fn await_access(context: &TenantContext, cancel: &CancellationToken) {
+    let secrets: Api<Secret> = Api::namespaced(context.host.clone(), &context.host_namespace);
+    let probe = ListParams::default().labels(&tenant_selector(&context.name)).limit(1);
+    let deadline = tokio::time::Instant::now() + ACCESS_GRACE;
+    loop {
+        match secrets.list_metadata(&probe).await {
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                if tokio::time::Instant::now() > deadline {
+                    warn!(tenant = %context.name, namespace = %context.host_namespace, message = %status.message, "the daemon's RoleBinding in the host namespace does not grant access; check the stackd-tenant-namespace ClusterRole");
+                    return;
+                }
+                debug!(tenant = %context.name, "host namespace access not in effect yet; waiting");
+            }
+            // Anything else (access, or another trouble the controllers will report) ends the wait.
+            _ => return,
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+}
