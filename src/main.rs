@@ -268,6 +268,8 @@ struct BenchArgs {
 enum BenchScenario {
     /// Three replicas sharing the tenants over shard Leases.
     Shards,
+    /// Stack installs in several tenants at once: requests per install and where the time goes.
+    Stacks,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -460,8 +462,10 @@ async fn bench(args: BenchArgs) -> ExitCode {
         quick: args.quick,
         keep_logs: args.keep_logs.clone(),
     };
-    if let Some(BenchScenario::Shards) = args.only {
-        return bench_shards(&args, &options).await;
+    match args.only {
+        Some(BenchScenario::Shards) => return bench_shards(&args, &options).await,
+        Some(BenchScenario::Stacks) => return bench_stacks(&args, &options).await,
+        None => {}
     }
     let report = match stackd::bench::run(&options).await {
         Ok(report) => report,
@@ -496,6 +500,14 @@ async fn bench_shards(args: &BenchArgs, options: &stackd::bench::BenchOptions) -
     report_bench(args, &figures, || {
         format!("{}\n", stackd::bench::shard_line(&figures).trim_start())
     })
+}
+
+/// `stackd bench --only stacks`.
+async fn bench_stacks(args: &BenchArgs, options: &stackd::bench::BenchOptions) -> ExitCode {
+    match stackd::bench::run_stacks(options).await {
+        Ok(figures) => report_bench(args, &figures, || stackd::bench::stacks_lines(&figures)),
+        Err(err) => fail("stackd bench", err),
+    }
 }
 
 /// `stackd bench --chaos`: exits non-zero when an invariant fails.

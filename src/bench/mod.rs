@@ -3,6 +3,7 @@
 //! figure that depends on the machine is also given as a ratio to a floor measured in the same run.
 
 pub mod chaos;
+mod cost;
 pub mod fleet;
 mod idle;
 mod latency;
@@ -82,6 +83,11 @@ impl BenchOptions {
         }
     }
 
+    /// Round trips timed for the latency floor.
+    fn floor_samples(&self) -> usize {
+        if self.quick { 100 } else { 500 }
+    }
+
     /// (tenants, installs per tenant) of the stacks scenario.
     fn stack_load(&self) -> (usize, usize) {
         if self.quick { (2, 3) } else { (5, 10) }
@@ -129,7 +135,7 @@ impl Machine {
 
 pub async fn run(options: &BenchOptions) -> Result<Report, BenchError> {
     eprintln!("bench: measuring the API round-trip floor");
-    let latency_floor = latency::measure(if options.quick { 100 } else { 500 }).await?;
+    let latency_floor = latency::measure(options.floor_samples()).await?;
     let mut tenants = Vec::new();
     for count in options.tenant_sweep() {
         eprintln!("bench: {count} idle tenant(s)");
@@ -174,6 +180,13 @@ pub async fn run(options: &BenchOptions) -> Result<Report, BenchError> {
     })
 }
 
+/// The stacks scenario alone (`stackd bench --only stacks`), with its own latency floor.
+pub async fn run_stacks(options: &BenchOptions) -> Result<StackFigures, BenchError> {
+    let latency_floor = latency::measure(options.floor_samples()).await?;
+    let (tenants, installs) = options.stack_load();
+    stacks::measure(tenants, installs, &latency_floor, options.keep_logs.as_deref()).await
+}
+
 /// The figures compared between runs, by name (lower is better for all of them).
 fn headline(report: &Report) -> BTreeMap<&'static str, f64> {
     BTreeMap::from([
@@ -216,6 +229,84 @@ pub fn shard_line(s: &ShardFigures) -> String {
     )
 }
 
+fn line(out: &mut String, text: String) {
+    out.push_str(&text);
+    out.push('\n');
+}
+
+/// The stacks scenario's lines of the table.
+pub fn stacks_lines(s: &StackFigures) -> String {
+    let mut out = String::new();
+    line(
+        &mut out,
+        format!(
+            "\nstacks: {} installs over {} tenants, all Ready in {:.2} s; per install p50 {:.2} s, p99 {:.2} s ({:.1}x the floor of {} sequential round trips)",
+            s.installs,
+            s.tenants,
+            s.all_ready_s,
+            s.install_p50_s,
+            s.install_p99_s,
+            s.install_p50_floor_multiple,
+            s.minimum_requests_per_install
+        ),
+    );
+    let verbs: Vec<String> = s
+        .requests_per_install_by_verb
+        .iter()
+        .map(|(verb, n)| format!("{verb} {n:.1}"))
+        .collect();
+    line(
+        &mut out,
+        format!(
+            "requests per install: {:.1} ({}); minimum {}; ratio {:.2}; plus {:.1} Events",
+            s.requests_per_install,
+            verbs.join(", "),
+            s.minimum_requests_per_install,
+            s.requests_per_install / s.minimum_requests_per_install,
+            s.events_per_install
+        ),
+    );
+    let b = &s.latency_breakdown;
+    let phases: Vec<String> = b
+        .phases_p50_s
+        .iter()
+        .map(|(phase, seconds)| format!("{phase} {seconds:.3}"))
+        .collect();
+    line(
+        &mut out,
+        format!(
+            "install time p50: daemon {:.3} s, embedded loops {:.3} s ({} of {} timelines; missed events {}); phases p50 s: {}",
+            b.daemon_p50_s,
+            b.embedded_loops_p50_s,
+            b.complete_timelines,
+            s.installs,
+            b.missed_events,
+            phases.join(", ")
+        ),
+    );
+    let c = &s.cost;
+    let per_controller: Vec<String> = c
+        .reconciles_per_install
+        .iter()
+        .map(|(controller, n)| {
+            let ms = c.reconcile_ms_per_install.get(controller).copied().unwrap_or_default();
+            format!("{controller} {n:.1} ({ms:.0} ms)")
+        })
+        .collect();
+    line(
+        &mut out,
+        format!(
+            "cpu per install: daemon {:.0} ms, servers {:.0} ms ({:.0}% of {} cores busy); reconciles per install (time in them): {}",
+            c.daemon_cpu_ms_per_install,
+            c.servers_cpu_ms_per_install,
+            c.cores_busy_fraction * 100.0,
+            c.cores,
+            per_controller.join(", ")
+        ),
+    );
+    out
+}
+
 /// Reads an earlier `--json` report.
 pub fn load(path: &PathBuf) -> Result<Report, BenchError> {
     let text = std::fs::read_to_string(path).map_err(|e| BenchError::Baseline {
@@ -231,10 +322,6 @@ pub fn load(path: &PathBuf) -> Result<Report, BenchError> {
 /// The human-readable table of a report, with a comparison column when a baseline is given.
 pub fn table(report: &Report, baseline: Option<&Report>) -> String {
     let mut out = String::new();
-    let line = |out: &mut String, text: String| {
-        out.push_str(&text);
-        out.push('\n');
-    };
     line(
         &mut out,
         format!(
@@ -279,54 +366,7 @@ pub fn table(report: &Report, baseline: Option<&Report>) -> String {
         &mut out,
         format!("marginal RSS per tenant: {:.2} MiB", report.marginal_rss_per_tenant_mb),
     );
-    let s = &report.stacks;
-    line(
-        &mut out,
-        format!(
-            "\nstacks: {} installs over {} tenants, all Ready in {:.2} s; per install p50 {:.2} s, p99 {:.2} s ({:.1}x the floor of {} sequential round trips)",
-            s.installs,
-            s.tenants,
-            s.all_ready_s,
-            s.install_p50_s,
-            s.install_p99_s,
-            s.install_p50_floor_multiple,
-            s.minimum_requests_per_install
-        ),
-    );
-    let verbs: Vec<String> = s
-        .requests_per_install_by_verb
-        .iter()
-        .map(|(verb, n)| format!("{verb} {n:.1}"))
-        .collect();
-    line(
-        &mut out,
-        format!(
-            "requests per install: {:.1} ({}); minimum {}; ratio {:.2}; plus {:.1} Events",
-            s.requests_per_install,
-            verbs.join(", "),
-            s.minimum_requests_per_install,
-            report.requests_per_install_ratio,
-            s.events_per_install
-        ),
-    );
-    let b = &s.latency_breakdown;
-    let phases: Vec<String> = b
-        .phases_p50_s
-        .iter()
-        .map(|(phase, seconds)| format!("{phase} {seconds:.3}"))
-        .collect();
-    line(
-        &mut out,
-        format!(
-            "install time p50: daemon {:.3} s, embedded loops {:.3} s ({} of {} timelines; missed events {}); phases p50 s: {}",
-            b.daemon_p50_s,
-            b.embedded_loops_p50_s,
-            b.complete_timelines,
-            s.installs,
-            b.missed_events,
-            phases.join(", ")
-        ),
-    );
+    out.push_str(&stacks_lines(&report.stacks));
     let p = &report.pools;
     line(
         &mut out,
@@ -394,6 +434,7 @@ mod tests {
                 events_per_install: 5.0,
                 minimum_requests_per_install: 18.0,
                 latency_breakdown: Default::default(),
+                cost: Default::default(),
             },
             requests_per_install_ratio: ratio,
             pools: PoolFigures {

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::BenchError;
+use super::cost::{CostFigures, Snapshot};
 use super::fleet::Fleet;
 use super::latency::{LatencyFloor, percentile};
 use super::timeline::{LatencyBreakdown, Recorder};
@@ -46,6 +47,9 @@ pub struct StackFigures {
     /// Where install time goes: the daemon's phases against the embedded loops'.
     #[serde(default)]
     pub latency_breakdown: LatencyBreakdown,
+    /// Where the CPU went while the installs ran.
+    #[serde(default)]
+    pub cost: CostFigures,
 }
 
 pub async fn measure(
@@ -62,6 +66,7 @@ pub async fn measure(
     daemon.wait_tenants_up(tenants, Duration::from_secs(60)).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let before = fleet.counters();
+    let cost_before = Snapshot::take(&daemon).await;
     let timeline = Recorder::start(&fleet.host, &fleet.tenants);
     let started = Instant::now();
     let mut waits = Vec::new();
@@ -87,6 +92,7 @@ pub async fn measure(
     }
     let all_ready_s = started.elapsed().as_secs_f64();
     let after = fleet.counters();
+    let cost = Snapshot::take(&daemon).await.since(&cost_before, tenants * per_tenant);
     let latency_breakdown = timeline.breakdown();
     drop(timeline);
     daemon.kill().await;
@@ -126,6 +132,7 @@ pub async fn measure(
         events_per_install: events / installs as f64,
         minimum_requests_per_install: MINIMUM_REQUESTS_PER_INSTALL,
         latency_breakdown,
+        cost,
     })
 }
 

@@ -73,6 +73,14 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
         Some(8),
         "{breakdown:#}"
     );
+    // And the CPU behind it: the daemon's, the servers', and each controller's reconciles.
+    let cost = &report["stacks"]["cost"];
+    assert!(cost["daemon_cpu_ms_per_install"].as_f64().unwrap() > 0.0, "{cost:#}");
+    assert!(cost["servers_cpu_ms_per_install"].as_f64().unwrap() > 0.0, "{cost:#}");
+    for controller in ["StackInstall", "stack"] {
+        let reconciles = cost["reconciles_per_install"][controller].as_f64().unwrap_or_default();
+        assert!(reconciles >= 1.0, "{controller}: {cost:#}");
+    }
     assert_eq!(report["pools"]["double_leases"], 0);
     assert!(report["pools"]["fill_s"].as_f64().unwrap() > 0.0);
     assert!(report["latency_floor"]["rtt_ms_p50"].as_f64().unwrap() > 0.0);
