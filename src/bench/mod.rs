@@ -266,6 +266,15 @@ pub fn stacks_lines(s: &StackFigures) -> String {
             s.events_per_install
         ),
     );
+    let resources: Vec<String> = s
+        .requests_per_install_by_resource
+        .iter()
+        .map(|(request, n)| format!("{request} {n:.2}"))
+        .collect();
+    line(
+        &mut out,
+        format!("requests per install by resource: {}", resources.join(", ")),
+    );
     let b = &s.latency_breakdown;
     let phases: Vec<String> = b
         .phases_p50_s
@@ -431,6 +440,7 @@ mod tests {
                 install_p50_floor_multiple: 50.0,
                 requests_per_install: 18.0 * ratio,
                 requests_per_install_by_verb: BTreeMap::new(),
+                requests_per_install_by_resource: BTreeMap::new(),
                 events_per_install: 5.0,
                 minimum_requests_per_install: 18.0,
                 latency_breakdown: Default::default(),

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -41,6 +41,9 @@ pub struct StackFigures {
     /// API requests per install, Events not counted.
     pub requests_per_install: f64,
     pub requests_per_install_by_verb: BTreeMap<String, f64>,
+    /// The same by "verb resource" (the host's and every tenant's summed), to trace what is spent.
+    #[serde(default)]
+    pub requests_per_install_by_resource: BTreeMap<String, f64>,
     /// Event writes per install (one per state change a user would want to see).
     pub events_per_install: f64,
     pub minimum_requests_per_install: f64,
@@ -100,6 +103,7 @@ pub async fn measure(
 
     let installs = tenants * per_tenant;
     let mut by_verb: BTreeMap<String, f64> = BTreeMap::new();
+    let mut by_resource: BTreeMap<String, f64> = BTreeMap::new();
     let mut events = 0.0;
     for (now, then) in after.iter().zip(&before) {
         for (key, n) in &now.since(then).counts {
@@ -107,6 +111,8 @@ pub async fn measure(
                 events += *n as f64;
             } else {
                 *by_verb.entry(key.verb.as_str().to_string()).or_default() += *n as f64;
+                let resource = format!("{} {}", key.verb.as_str(), key.resource);
+                *by_resource.entry(resource).or_default() += *n as f64 / installs as f64;
             }
         }
     }
@@ -114,6 +120,19 @@ pub async fn measure(
     subtract(&mut by_verb, Verb::Create, 2.0 * installs as f64);
     subtract(&mut by_verb, Verb::List, tenants as f64);
     subtract(&mut by_verb, Verb::Watch, tenants as f64);
+    let installs_key = format!("{}.{}", StackInstall::plural(&()), StackInstall::group(&()));
+    let per_tenant_share = tenants as f64 / installs as f64;
+    for (request, own) in [
+        ("create namespaces".to_string(), 1.0),
+        (format!("create {installs_key}"), 1.0),
+        (format!("list {installs_key}"), per_tenant_share),
+        (format!("watch {installs_key}"), per_tenant_share),
+    ] {
+        if let Some(value) = by_resource.get_mut(&request) {
+            *value -= own;
+        }
+    }
+    by_resource.retain(|_, value| *value > 1e-9);
     let total: f64 = by_verb.values().sum();
     for value in by_verb.values_mut() {
         *value /= installs as f64;
@@ -129,6 +148,7 @@ pub async fn measure(
             / (MINIMUM_REQUESTS_PER_INSTALL * floor.rtt_ms_p50.max(1e-6)),
         requests_per_install: total / installs as f64,
         requests_per_install_by_verb: by_verb,
+        requests_per_install_by_resource: by_resource,
         events_per_install: events / installs as f64,
         minimum_requests_per_install: MINIMUM_REQUESTS_PER_INSTALL,
         latency_breakdown,
