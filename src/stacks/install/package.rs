@@ -248,7 +248,8 @@ pub fn not_established(
 }
 
 /// The Stack as the install wants it: the package's, at the install's namespace and name, controlled
-/// by the install so it is garbage collected with it and so the Stack controller knows it is real.
+/// by the install so it is garbage collected with it and so the Stack controller knows it is real,
+/// and carrying the Stack controller's finalizer.
 /// Its permissions are generated here, from the package's CRDs and dependencies, whatever the stream
 /// says; its controller's ServiceAccount gets the install's `serviceAccount` settings and its pods the
 /// install's `imagePullSecrets` (never the package's: a package names no tenant Secret).
@@ -272,6 +273,9 @@ pub fn desired_stack<K: Resource<DynamicType = ()>>(
         package.to_string(),
     )]));
     stack.metadata.owner_references = Some(vec![owner_reference(install)]);
+    // Born with the Stack controller's finalizer: that controller adds it first thing anyway, and
+    // a Stack created with it saves every install that patch (and its races with a stale cache).
+    stack.metadata.finalizers = Some(vec![crate::stacks::STACK_FINALIZER.to_string()]);
     stack
 }
 
