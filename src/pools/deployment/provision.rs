@@ -17,18 +17,15 @@ use super::admin_kubeconfig::{self, Existing};
 use super::installer::{self, Names};
 use super::plan::{self, AttemptStep, Inputs, Output, Provision, Snapshot};
 use super::status::Outcome;
-use super::{Ctx, DeploymentError, cd_api, owned, parent, report, tenant_secret_recheck};
+use super::{Ctx, DeploymentError, owned, parent, report, tenant_secret_recheck};
 use crate::api::pools::ClusterDeployment;
 use crate::context::events::publish;
 use crate::host::Parent;
 use crate::host::apply::{self, HostWriteError, Update, ensure, stamp};
-use crate::pools::{DEPROVISION_FINALIZER, record, set_finalizers};
+use crate::pools::record;
 use crate::runtime::api_errors::is_conflict;
 
 pub(super) async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, DeploymentError> {
-    if !plan::has_finalizer(cd) {
-        return add_finalizer(cd, ctx).await;
-    }
     let names = Names::of(cd);
     if keep_record(cd, ctx, &names).await? {
         return Ok(Action::await_change());
@@ -58,16 +55,6 @@ pub(super) async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Actio
         // counted once.
         AttemptStep::Failed(outcome) => report(cd, ctx, &outcome).await.map(|_| Action::await_change()),
         AttemptStep::Start => start(cd, ctx, &names, &job_name).await,
-    }
-}
-
-async fn add_finalizer(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, DeploymentError> {
-    let mut finalizers = cd.finalizers().to_vec();
-    finalizers.push(DEPROVISION_FINALIZER.into());
-    match set_finalizers(&cd_api(ctx, cd), cd, finalizers).await {
-        Ok(_) => Ok(Action::await_change()),
-        Err(err) if is_conflict(&err) => Ok(Action::await_change()),
-        Err(err) => Err(DeploymentError::Tenant(err)),
     }
 }
 
