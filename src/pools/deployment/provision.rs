@@ -23,7 +23,6 @@ use crate::context::events::publish;
 use crate::host::Parent;
 use crate::host::apply::{self, HostWriteError, Update, ensure, stamp};
 use crate::pools::record;
-use crate::runtime::api_errors::is_conflict;
 
 pub(super) async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, DeploymentError> {
     let names = Names::of(cd);
@@ -245,14 +244,14 @@ async fn copy_admin_kubeconfig(
     let kubeconfig = ByteString(kubeconfig.into_bytes());
     let name = admin_kubeconfig::name(cd);
     let wanted = admin_kubeconfig::secret(cd, kubeconfig.clone());
-    let exists = match secrets.create(&PostParams::default(), &wanted).await {
-        Ok(_) => return Ok(true),
-        Err(err) if is_conflict(&err) => err,
-        Err(err) => return Err(DeploymentError::Tenant(err)),
-    };
-    // Gone again since: the error's retry creates it.
+    // Read first: a Secret in conflict is rechecked until it goes, and a recheck must not write.
     let Some(found) = secrets.get_opt(&name).await.map_err(DeploymentError::Tenant)? else {
-        return Err(DeploymentError::Tenant(exists));
+        // Made meanwhile (409): the error's retry reads it.
+        secrets
+            .create(&PostParams::default(), &wanted)
+            .await
+            .map_err(DeploymentError::Tenant)?;
+        return Ok(true);
     };
     match admin_kubeconfig::existing(found, cd, kubeconfig) {
         Existing::Foreign => Ok(false),
