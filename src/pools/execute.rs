@@ -56,17 +56,17 @@ pub(super) async fn deletes(
     for Delete { cd, why } in deletes {
         let cd_name = cd.name_any();
         if let Why::Broken { mark: Some(entry) } = why
-            && let Some(cdc) = cdcs.get(entry)
+            && let Some(cdc) = newest(round.written.get(entry).cloned(), cdcs.get(entry).cloned())
         {
             let message = format!(
                 "Cluster {cd_name} failed to install; this may or may not be the fault of the patches. It is retried after a backoff"
             );
-            match leases::set_apply_result(&cdc_api, cdc, BROKEN_BY_CLOUD, message.clone()).await {
+            match leases::set_apply_result(&cdc_api, &cdc, BROKEN_BY_CLOUD, message.clone()).await {
                 Ok(written) => {
                     if let Some(written) = written {
                         round.written.insert(entry.clone(), written);
                     }
-                    publish(tenant, &**cdc, true, BROKEN_BY_CLOUD, message).await;
+                    publish(tenant, &*cdc, true, BROKEN_BY_CLOUD, message).await;
                 }
                 Err(err) if is_conflict(&err) => {
                     round.soon(Duration::from_millis(200));

@@ -673,6 +673,31 @@ async fn a_baremetal_pool_takes_hosts_by_role_and_releases_them_with_the_cluster
     .await;
     let m1 = assets(&tenant).get("m1").await.unwrap();
     assert!(!m1.labels().contains_key("inventory.stackd.dev/cluster"));
+
+    // A failure domain that goes leaves the pool's status too.
+    let zones = |zones: Value| {
+        let api = pools(&tenant);
+        async move {
+            let patch = json!({"spec": {"availabilityZones": zones}});
+            api.patch("metal", &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .expect("zones");
+        }
+    };
+    let domains = || async {
+        let status = pool(&tenant, "metal").await.status.unwrap_or_default();
+        status.failure_domains.into_keys().collect::<Vec<_>>()
+    };
+    zones(json!(["zone-z"])).await;
+    until("zone-z is a failure domain", &daemon, WITHIN, || async {
+        domains().await.contains(&"zone-z".to_string())
+    })
+    .await;
+    zones(Value::Null).await;
+    until("zone-z is no failure domain any more", &daemon, WITHIN, || async {
+        domains().await == ["rack-a", "rack-b", "rack-c"]
+    })
+    .await;
 }
 
 /// §5: with too few hosts no cluster is made, nothing stays assigned and the pool says
