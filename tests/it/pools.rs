@@ -1477,6 +1477,14 @@ async fn a_pool_waits_for_its_secrets_then_fills_within_max_concurrent_and_max_s
     .await;
     assert!(cds(&tenant, "p").await.is_empty());
     assert!(pool_namespaces(&tenant, "p").await.is_empty());
+    // Waiting writes nothing (issue 18 part 5); it reads the Secrets again, which are not watched.
+    writes_when_woken(&fleet, &daemon, &pools(&tenant), "p", &["clusterpool"], &[]).await;
+    let (tenant_writes, host_writes) =
+        writes_when_woken(&fleet, &daemon, &pools(&tenant), "p", &["clusterpool"], &[]).await;
+    assert!(
+        tenant_writes.is_empty() && host_writes.is_empty(),
+        "tenant writes {tenant_writes:?}, host writes {host_writes:?}"
+    );
     let secret: Secret =
         serde_json::from_value(json!({"metadata": {"name": "late-pull"}, "stringData": {".dockerconfigjson": "{}"}}))
             .unwrap();
