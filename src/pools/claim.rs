@@ -7,11 +7,10 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -24,6 +23,10 @@ use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
 use crate::runtime::panics::ReconcilePanic;
+use crate::runtime::status_writer::apply_status;
+
+/// The field manager of claim status writes (made by the claim and the pool controllers alike).
+pub const FIELD_MANAGER: &str = "stackd/claim";
 
 struct Ctx {
     tenant: Arc<TenantContext>,
@@ -191,12 +194,7 @@ pub async fn set_status(
     if !changed {
         return Ok(false);
     }
-    api.patch_status(
-        &claim.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": status})),
-    )
-    .await?;
+    apply_status(api, &claim.name_any(), FIELD_MANAGER, &status, None).await?;
     Ok(true)
 }
 

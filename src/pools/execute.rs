@@ -9,11 +9,11 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::api::{DeleteParams, ListParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tracing::info;
 
 use super::buckets::{Bucket, Buckets};
@@ -24,9 +24,9 @@ use super::leases::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX};
 use super::machines::{self, MachinePlan};
 use super::membership::{self, PoolIdentity};
 use super::plan::{self, Add, Delete, Why};
-use super::pool::{Ctx, PoolError, RESYNC, Round};
+use super::pool::{Ctx, FIELD_MANAGER, PoolError, RESYNC, Round};
+use super::set_finalizers;
 use super::status;
-use super::{POOL_FINALIZER, set_finalizers};
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{
     ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, FailureDomainStatus, HostRole,
@@ -34,6 +34,7 @@ use crate::api::pools::{
 use crate::context::events::publish;
 use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::metrics::PoolLabels;
+use crate::runtime::status_writer::apply_status;
 
 type Cdc = ClusterDeploymentCustomization;
 
@@ -55,17 +56,17 @@ pub(super) async fn deletes(
     for Delete { cd, why } in deletes {
         let cd_name = cd.name_any();
         if let Why::Broken { mark: Some(entry) } = why
-            && let Some(cdc) = cdcs.get(entry)
+            && let Some(cdc) = newest(round.written.get(entry).cloned(), cdcs.get(entry).cloned())
         {
             let message = format!(
                 "Cluster {cd_name} failed to install; this may or may not be the fault of the patches. It is retried after a backoff"
             );
-            match leases::set_apply_result(&cdc_api, cdc, BROKEN_BY_CLOUD, message.clone()).await {
+            match leases::set_apply_result(&cdc_api, &cdc, BROKEN_BY_CLOUD, message.clone()).await {
                 Ok(written) => {
                     if let Some(written) = written {
                         round.written.insert(entry.clone(), written);
                     }
-                    publish(tenant, &**cdc, true, BROKEN_BY_CLOUD, message).await;
+                    publish(tenant, &*cdc, true, BROKEN_BY_CLOUD, message).await;
                 }
                 Err(err) if is_conflict(&err) => {
                     round.soon(Duration::from_millis(200));
@@ -254,19 +255,11 @@ async fn refuse_patches(
     }
 }
 
-/// The newer of a copy this pass wrote and the cached one (by resourceVersion).
+/// The copy of a CDC to decide from: the one this pass wrote, else the cached one. The cache may lag
+/// our write; a copy another writer changed since is answered with 409 by the next status write
+/// (resourceVersions are opaque: they are never ordered here).
 fn newest(written: Option<Cdc>, cached: Option<Arc<Cdc>>) -> Option<Arc<Cdc>> {
-    let version = |c: &Cdc| {
-        c.metadata
-            .resource_version
-            .as_deref()
-            .and_then(|v| v.parse::<u64>().ok())
-    };
-    match (written, cached) {
-        (Some(w), Some(c)) if version(&c) > version(&w) => Some(c),
-        (Some(w), _) => Some(Arc::new(w)),
-        (None, c) => c,
-    }
+    written.map(Arc::new).or(cached)
 }
 
 /// Releases the lease taken for a cluster that will not be created (its hosts are missing).
@@ -388,53 +381,40 @@ async fn holds_a_cluster(ctx: &Ctx, namespace: &str) -> Result<bool, PoolError> 
 }
 
 /// Pool deletion (§4.3.9): delete the unclaimed clusters, keep the pool until every cluster is
-/// gone, and strip this pool's finalizer from every CDC that carries it.
+/// gone, and strip this pool's finalizer from every CDC that carries it. `CleanupPending` while
+/// something is left (the pool's own finalizer is removed by the caller once this returns `Ok`).
 pub(super) async fn deleted_pool(
     pool: &ClusterPool,
     ctx: &Ctx,
     cds: &[Arc<ClusterDeployment>],
     buckets: &Buckets,
     cdcs: &BTreeMap<String, Arc<Cdc>>,
-) -> Result<Action, PoolError> {
+) -> Result<(), PoolError> {
     let tenant = &ctx.tenant;
     let ns = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
-    if !pool.finalizers().iter().any(|f| f == POOL_FINALIZER) {
-        return Ok(Action::await_change());
-    }
     for cd in plan::deletions_of_deleted_pool(pool, cds, buckets) {
         let api = Api::<ClusterDeployment>::namespaced(tenant.client.clone(), &cd.name_any());
         delete_cd(&api, &cd, "pool deleted").await?;
     }
-    let pools = Api::<ClusterPool>::namespaced(tenant.client.clone(), &ns);
     if !cds.is_empty() {
         let names: Vec<String> = cds.iter().map(|cd| cd.name_any()).collect();
         if let Some(status) = status::deletion_pending(pool, &names, Time(Timestamp::now())) {
-            pools
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
-                .await?;
+            let pools = Api::<ClusterPool>::namespaced(tenant.client.clone(), &ns);
+            apply_status(&pools, &name, FIELD_MANAGER, &status, None).await?;
         }
-        return Ok(Action::requeue(RESYNC));
+        return Err(PoolError::CleanupPending(Action::requeue(RESYNC)));
     }
     let finalizer = super::cdc_finalizer(&name);
     let cdc_api = Api::<Cdc>::namespaced(tenant.client.clone(), &ns);
     for cdc in cdcs.values().filter(|c| c.finalizers().contains(&finalizer)) {
         let rest: Vec<String> = cdc.finalizers().iter().filter(|f| **f != finalizer).cloned().collect();
         if let Some(again) = finalizers_written(set_finalizers(&cdc_api, cdc, rest).await)? {
-            return Ok(again);
+            return Err(PoolError::CleanupPending(again));
         }
     }
-    let rest: Vec<String> = pool
-        .finalizers()
-        .iter()
-        .filter(|f| *f != POOL_FINALIZER)
-        .cloned()
-        .collect();
-    if let Some(again) = finalizers_written(set_finalizers(&pools, pool, rest).await)? {
-        return Ok(again);
-    }
     forget_metrics(ctx, &ns, &name);
-    Ok(Action::await_change())
+    Ok(())
 }
 
 /// The outcome of a finalizer write: a conflict means looking again soon; gone is done.

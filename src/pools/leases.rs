@@ -1,17 +1,20 @@
 //! Leasing ClusterDeploymentCustomizations (DESIGN.md §4.3 items 1, 3, 6): every CDC status write
-//! goes through [`write_status`], a status PUT carrying the cached `resourceVersion`, so of two
-//! writers racing for one CDC exactly one wins and the other gets 409.
+//! goes through [`write_status`], a server-side apply of the whole status carrying the cached
+//! `resourceVersion`, so of two writers racing for one CDC exactly one wins and the other gets 409.
+//! Every controller writing CDC status (pool, deployment) uses the one field manager
+//! [`FIELD_MANAGER`]: the status has a single owner, so a field one controller sets (the lease)
+//! is removed when another stops sending it (the release).
 
 use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::PostParams;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Api, ResourceExt};
 
 use crate::api::common::LocalObjectReference;
 use crate::api::pools::{ClusterDeploymentCustomization, ClusterDeploymentCustomizationStatus};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
+use crate::runtime::status_writer::apply_status;
 
 pub const AVAILABLE: &str = "Available";
 pub const APPLY_SUCCEEDED: &str = "ApplySucceeded";
@@ -21,22 +24,25 @@ pub const INSTALLATION_PENDING: &str = "InstallationPending";
 pub const BROKEN_BY_SYNTAX: &str = "BrokenBySyntax";
 pub const BROKEN_BY_CLOUD: &str = "BrokenByCloud";
 
+/// The field manager of every CDC status write, whichever controller makes it.
+pub const FIELD_MANAGER: &str = "stackd/cdc-lease";
+
 type Cdc = ClusterDeploymentCustomization;
 
-/// The one writer of CDC status: applies `change` to a copy of the cached object and PUTs its status
-/// with the cached resourceVersion. `Ok(None)` when `change` changed nothing (no request sent).
+/// The one writer of CDC status: applies `change` to a copy of the cached status and writes it with
+/// the cached resourceVersion as a precondition. `Ok(None)` when `change` changed nothing (no
+/// request sent).
 pub async fn write_status(
     api: &Api<Cdc>,
     cached: &Cdc,
     change: impl FnOnce(&mut ClusterDeploymentCustomizationStatus, Time) -> bool,
 ) -> Result<Option<Cdc>, kube::Error> {
-    let mut updated = cached.clone();
-    let status = updated.status.get_or_insert_with(Default::default);
-    if !change(status, Time(Timestamp::now())) {
+    let mut status = cached.status.clone().unwrap_or_default();
+    if !change(&mut status, Time(Timestamp::now())) {
         return Ok(None);
     }
-    updated.meta_mut().managed_fields = None;
-    api.replace_status(&cached.name_any(), &PostParams::default(), &updated)
+    let version = cached.metadata.resource_version.as_deref();
+    apply_status(api, &cached.name_any(), FIELD_MANAGER, &status, version)
         .await
         .map(Some)
 }

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Error as FinalizerError, Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
@@ -27,7 +27,6 @@ use super::plan::{self, Plan, Progress};
 use super::status::{self, record_metrics};
 use super::{
     POOL_FINALIZER, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, cdc_finalizer, claim, hosts, leases, machines, repair,
-    set_finalizers,
 };
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{
@@ -36,12 +35,16 @@ use crate::api::pools::{
 };
 use crate::context::events::publish;
 use crate::context::tenant::TenantContext;
-use crate::runtime::api_errors::is_conflict;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
 use crate::runtime::panics::ReconcilePanic;
+use crate::runtime::status_writer::apply_status;
+use crate::runtime::written::Written;
 
 type Cdc = ClusterDeploymentCustomization;
+
+/// The field manager of the pool controller's writes to pool status.
+pub const FIELD_MANAGER: &str = "stackd/pool";
 
 /// How long a CD this controller created (or deleted) may be missing from (or still live in) the
 /// cache before the cache is believed again.
@@ -53,6 +56,11 @@ pub(super) const RESYNC: Duration = Duration::from_secs(60);
 pub enum PoolError {
     #[error("tenant API request failed: {0}")]
     Tenant(#[from] kube::Error),
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+    /// A deleted pool still waits for something; not a failure: the pool is looked at again then.
+    #[error("cleanup pending")]
+    CleanupPending(Action),
     #[error(transparent)]
     Panicked(#[from] ReconcilePanic),
 }
@@ -61,6 +69,8 @@ impl ReconcileError for PoolError {
     fn metric_label(&self) -> &'static str {
         match self {
             PoolError::Tenant(_) => "tenant_api",
+            PoolError::Finalizer(_) => "finalizer",
+            PoolError::CleanupPending(_) => "cleanup_pending",
             PoolError::Panicked(_) => "panic",
         }
     }
@@ -83,9 +93,9 @@ pub(super) struct Ctx {
     expectations: Mutex<HashMap<String, Expectations>>,
     /// Failure-domain records planned for new clusters, until their status shows them.
     pub(super) records: Mutex<HashMap<String, Vec<MachineFailureDomain>>>,
-    /// The last status this controller wrote per pool, with the resourceVersion it produced: until
-    /// the cache shows that version, the cached status is older than what we know.
-    pub(super) written: Mutex<HashMap<String, (u64, ClusterPoolStatus)>>,
+    /// The last status this controller wrote per pool: until the cache shows the version it
+    /// produced, the cached status is older than what we know.
+    pub(super) written: Written<ClusterPoolStatus>,
     /// ClusterDeployments naming a pool that did not create them.
     refusals: membership::Refusals,
 }
@@ -159,7 +169,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
         assets: assets.store(),
         expectations: Mutex::default(),
         records: Mutex::default(),
-        written: Mutex::default(),
+        written: Written::default(),
         refusals: Mutex::default(),
     });
     let (pools_of_cdc_store, pools_of_asset_store) = (pools.store(), pools.store());
@@ -270,25 +280,49 @@ impl Round {
 }
 
 async fn reconcile(pool: Arc<ClusterPool>, ctx: Arc<Ctx>, _permit: Permit) -> Result<Action, PoolError> {
-    reconcile_pool(&pool, &ctx).await
-}
-
-/// One pass over a pool: observe → repair leases → buckets → claims → plan → execute → status.
-async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolError> {
     let deleting_pool = pool.metadata.deletion_timestamp.is_some();
     if pool.name_any().len() > MAX_POOL_NAME && !deleting_pool {
-        return refuse_long_name(pool, ctx).await;
+        return refuse_long_name(&pool, &ctx).await;
     }
-    if !deleting_pool && !pool.finalizers().iter().any(|f| f == POOL_FINALIZER) {
-        return add_finalizer(pool, ctx).await;
+    if deleting_pool && !pool.finalizers().iter().any(|f| f == POOL_FINALIZER) {
+        // Nothing left to hold the deletion for; only CDC finalizers of this pool may remain.
+        let mut seen = observe(&pool, &ctx).await?;
+        repair_leases(&pool, &ctx, &mut seen, &mut Round::new()).await?;
+        return Ok(Action::await_change());
     }
+    let pools = Api::<ClusterPool>::namespaced(ctx.tenant.client.clone(), &pool.namespace().unwrap_or_default());
+    let outcome = finalizer(&pools, POOL_FINALIZER, pool, |event| async {
+        match event {
+            FinalizerEvent::Apply(pool) => reconcile_pool(&pool, &ctx).await,
+            FinalizerEvent::Cleanup(pool) => clean_up(&pool, &ctx).await,
+        }
+    })
+    .await;
+    match outcome {
+        Ok(action) => Ok(action),
+        Err(FinalizerError::ApplyFailed(err)) => Err(err),
+        Err(FinalizerError::CleanupFailed(PoolError::CleanupPending(action))) => Ok(action),
+        Err(FinalizerError::CleanupFailed(err)) => Err(err),
+        // Our cached pool was older than our own last write (its finalizers changed): that write's
+        // watch event brings the current copy and another reconcile.
+        Err(
+            FinalizerError::AddFinalizer(kube::Error::Api(status))
+            | FinalizerError::RemoveFinalizer(kube::Error::Api(status)),
+        ) if status.code == 409 || status.code == 422 => Ok(Action::requeue(Duration::from_millis(200))),
+        Err(FinalizerError::RemoveFinalizer(kube::Error::Api(status))) if status.code == 404 => {
+            Ok(Action::await_change())
+        }
+        Err(FinalizerError::AddFinalizer(err) | FinalizerError::RemoveFinalizer(err)) => Err(err.into()),
+        Err(other) => Err(PoolError::Finalizer(other.to_string())),
+    }
+}
+
+/// One pass over a live pool: observe → repair leases → buckets → claims → plan → execute → status.
+async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolError> {
     let mut round = Round::new();
     let mut seen = observe(pool, ctx).await?;
     let cdcs = repair_leases(pool, ctx, &mut seen, &mut round).await?;
     let mut buckets = Buckets::sort(&seen.cds, &seen.claims, &seen.expected_deleted);
-    if deleting_pool {
-        return execute::deleted_pool(pool, ctx, &seen.cds, &buckets, &cdcs).await;
-    }
     // Claims (§4.3.10): oldest claim first gets the oldest ready cluster.
     let pending_claims = claim::assign(&ctx.tenant, pool, &seen.cds, &seen.claims, &mut buckets, &mut round).await?;
     let world = World {
@@ -297,6 +331,18 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
         pending_claims,
     };
     converge(pool, ctx, &world, buckets, round).await
+}
+
+/// A deleted pool (§4.3.9): its clusters go, then its finalizers on CDCs; `CleanupPending` until
+/// then, so that the pool's own finalizer stays.
+async fn clean_up(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolError> {
+    let mut round = Round::new();
+    let mut seen = observe(pool, ctx).await?;
+    let cdcs = repair_leases(pool, ctx, &mut seen, &mut round).await?;
+    let buckets = Buckets::sort(&seen.cds, &seen.claims, &seen.expected_deleted);
+    execute::deleted_pool(pool, ctx, &seen.cds, &buckets, &cdcs).await?;
+    ctx.written.forget(&pool.uid().unwrap_or_default());
+    Ok(Action::await_change())
 }
 
 /// Repairs the pool's leases before anything is decided from them (§4.3.2, §4.3.6, §4.3.9) and
@@ -393,7 +439,7 @@ struct Seen {
 async fn observe(pool: &ClusterPool, ctx: &Ctx) -> Result<Seen, PoolError> {
     let ns = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
-    let previous = last_status(ctx, &pool_key(pool), pool);
+    let previous = last_status(ctx, pool);
     let (expected_created, expected_deleted) = ctx.expectations_of(pool);
     let identity = PoolIdentity::of(pool);
     let clusters = membership::clusters(&ctx.tenant, &ctx.cds, &ctx.namespaces, &ctx.refusals, &identity).await?;
@@ -499,23 +545,10 @@ async fn refuse_long_name(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolE
         Time(Timestamp::now()),
     );
     if changed {
-        pools
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
-            .await?;
+        apply_status(&pools, &name, FIELD_MANAGER, &status, None).await?;
         publish(&ctx.tenant, pool, true, "InvalidName", message).await;
     }
     Ok(Action::await_change())
-}
-
-async fn add_finalizer(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolError> {
-    let pools = Api::<ClusterPool>::namespaced(ctx.tenant.client.clone(), &pool.namespace().unwrap_or_default());
-    let mut finalizers = pool.finalizers().to_vec();
-    finalizers.push(POOL_FINALIZER.into());
-    match set_finalizers(&pools, pool, finalizers).await {
-        Ok(_) => Ok(Action::await_change()),
-        Err(err) if is_conflict(&err) => Ok(Action::requeue(Duration::from_millis(200))),
-        Err(err) => Err(err.into()),
-    }
 }
 
 /// The pool version of §4.3.8: a hash of what every cluster is built from, plus a marker when the
@@ -550,39 +583,21 @@ async fn write_status(pool: &ClusterPool, ctx: &Ctx, status: &ClusterPoolStatus)
     if *status == old_status {
         return Ok(());
     }
-    let ns = pool.namespace().unwrap_or_default();
-    let name = pool.name_any();
-    let mut patch = json!({"status": status});
-    // A merge patch keeps map keys it does not mention: removed domains are sent as null.
-    for gone in old_status.failure_domains.keys() {
-        if !status.failure_domains.contains_key(gone) {
-            patch["status"]["failureDomains"][gone] = Value::Null;
-        }
-    }
-    let pools = Api::<ClusterPool>::namespaced(ctx.tenant.client.clone(), &ns);
-    let written = pools
-        .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
-        .await?;
-    if let Some(rv) = resource_version(&written) {
-        let mut all = ctx.written.lock().unwrap_or_else(|p| p.into_inner());
-        all.insert(pool_key(pool), (rv, status.clone()));
-    }
+    let pools = Api::<ClusterPool>::namespaced(ctx.tenant.client.clone(), &pool.namespace().unwrap_or_default());
+    let written = apply_status(&pools, &pool.name_any(), FIELD_MANAGER, status, None).await?;
+    let uid = pool.uid().unwrap_or_default();
+    ctx.written
+        .record(&uid, written.metadata.resource_version, status.clone());
     Ok(())
 }
 
-fn resource_version(pool: &ClusterPool) -> Option<u64> {
-    pool.metadata.resource_version.as_deref()?.parse().ok()
-}
-
-/// The pool's status as last known: the cached one, unless this controller wrote a newer one the
-/// cache does not show yet (so counters such as `attempts` are never lost to a stale cache).
-fn last_status(ctx: &Ctx, key: &str, pool: &ClusterPool) -> ClusterPoolStatus {
+/// The pool's status as last known: the cached one, unless this controller wrote one the cache
+/// does not show yet (so counters such as `attempts` are never lost to a stale cache).
+fn last_status(ctx: &Ctx, pool: &ClusterPool) -> ClusterPoolStatus {
     let cached = pool.status.clone().unwrap_or_default();
-    let all = ctx.written.lock().unwrap_or_else(|p| p.into_inner());
-    match (all.get(key), resource_version(pool)) {
-        (Some((written, status)), Some(seen)) if *written > seen => status.clone(),
-        _ => cached,
-    }
+    let uid = pool.uid().unwrap_or_default();
+    ctx.written
+        .current(&uid, pool.metadata.resource_version.as_deref(), cached)
 }
 
 #[cfg(test)]

@@ -775,7 +775,7 @@ const TENANT_USES: &[Use] = &[
     uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterdeploymentcustomizations"], &["get"], PoolLifecycle),
     uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterpools/status"], &["patch"], PoolFill),
     uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterclaims/status"], &["patch"], PoolLifecycle),
-    uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterdeploymentcustomizations/status", "clusterdeployments/status"], &["update"], PoolFill),
+    uses(DAEMON_ROLE, "pools.stackd.dev", &["clusterdeploymentcustomizations/status", "clusterdeployments/status"], &["patch"], PoolFill),
     uses(DAEMON_ROLE, "inventory.stackd.dev", &["baremetalassets"], &["list"], OrphanSweep),
     uses(DAEMON_ROLE, "inventory.stackd.dev", &["baremetalassets"], &["get", "watch", "update", "patch"], BareMetal),
     uses(DAEMON_ROLE, "inventory.stackd.dev", &["baremetalassets/status"], &["update", "patch"], BareMetal),

@@ -313,6 +313,60 @@ async fn apply_to_status_changes_only_the_status() {
     assert_eq!(after.data["status"]["ready"], json!(true));
 }
 
+/// A lease written by server-side apply (DESIGN.md §4.3.1) relies on this: kube-apiserver treats a
+/// `resourceVersion` in an apply to the status subresource as a precondition.
+#[tokio::test]
+async fn apply_to_status_with_a_stale_resource_version_is_a_conflict() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api = widgets(&t).await;
+    let created = api
+        .patch("w", &apply("fid"), &Patch::Apply(widget(json!({"size": 1}))))
+        .await
+        .unwrap();
+    let status_at = |version: &str, ready: bool| {
+        let mut body = widget(json!({}));
+        body["metadata"]["resourceVersion"] = json!(version);
+        body["status"] = json!({"ready": ready});
+        Patch::Apply(body)
+    };
+    let seen = resource_version(&created);
+    let leased = api
+        .patch_status("w", &apply("leaser").force(), &status_at(&seen, true))
+        .await
+        .unwrap();
+    assert_eq!(leased.data["status"]["ready"], json!(true));
+    assert_ne!(resource_version(&leased), seen);
+
+    let err = api_error(
+        api.patch_status("w", &apply("leaser").force(), &status_at(&seen, false))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((err.code, err.reason.as_str()), (409, "Conflict"));
+    let unchanged = api
+        .patch_status("w", &apply("leaser").force(), &status_at(&seen, true))
+        .await;
+    assert!(
+        unchanged.is_err(),
+        "a stale version is refused even when nothing would change"
+    );
+    assert_eq!(api.get("w").await.unwrap().data["status"]["ready"], json!(true));
+
+    let mut cleared = widget(json!({}));
+    cleared["metadata"]["resourceVersion"] = json!(resource_version(&leased));
+    cleared["status"] = json!({});
+    let released = api
+        .patch_status("w", &apply("leaser").force(), &Patch::Apply(cleared))
+        .await
+        .unwrap();
+    assert_eq!(
+        released.data["status"].get("ready"),
+        None,
+        "a field the manager stops sending is removed"
+    );
+}
+
 #[tokio::test]
 async fn leader_election_acquires_a_lease_on_the_embedded_server() {
     let t = harness::start().await;

@@ -673,6 +673,31 @@ async fn a_baremetal_pool_takes_hosts_by_role_and_releases_them_with_the_cluster
     .await;
     let m1 = assets(&tenant).get("m1").await.unwrap();
     assert!(!m1.labels().contains_key("inventory.stackd.dev/cluster"));
+
+    // A failure domain that goes leaves the pool's status too.
+    let zones = |zones: Value| {
+        let api = pools(&tenant);
+        async move {
+            let patch = json!({"spec": {"availabilityZones": zones}});
+            api.patch("metal", &PatchParams::default(), &Patch::Merge(patch))
+                .await
+                .expect("zones");
+        }
+    };
+    let domains = || async {
+        let status = pool(&tenant, "metal").await.status.unwrap_or_default();
+        status.failure_domains.into_keys().collect::<Vec<_>>()
+    };
+    zones(json!(["zone-z"])).await;
+    until("zone-z is a failure domain", &daemon, WITHIN, || async {
+        domains().await.contains(&"zone-z".to_string())
+    })
+    .await;
+    zones(Value::Null).await;
+    until("zone-z is no failure domain any more", &daemon, WITHIN, || async {
+        domains().await == ["rack-a", "rack-b", "rack-c"]
+    })
+    .await;
 }
 
 /// §5: with too few hosts no cluster is made, nothing stays assigned and the pool says
@@ -793,19 +818,13 @@ async fn remote_secret(client: &Client, name: &str) -> Option<Secret> {
         .expect("get secret")
 }
 
-/// §5 delivery: the installed cluster gets a BareMetalHost per asset with its Secret (one the
-/// installer made is adopted, its power state left alone); BMC address, credentials and a new boot
-/// MAC follow; unassigning or deleting an asset removes both there before the asset lets go; an
-/// asset assigned by hand is delivered; deleting the cluster releases its assets without touching
-/// the destroyed cluster.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn assets_are_delivered_to_the_installed_cluster_and_detached_from_it() {
-    let (fleet, tenant) = setup().await;
-    let (_managed, remote) = managed_cluster().await;
-    const IMAGE: &str = "quay.io/example/metal-installer:4.14";
-    let kubeconfig = _managed.kubeconfig_yaml();
+const METAL_IMAGE: &str = "quay.io/example/metal-installer:4.14";
+
+/// The installer [`METAL_IMAGE`] plays: its clusters are all `managed`.
+fn metal_installer(fleet: &Fleet, managed: &stackd::embedded::ApiServer) {
+    let kubeconfig = managed.kubeconfig_yaml();
     fleet.host().runners().register(
-        stackd::embedded::controller_manager::ImageMatch::Exact(IMAGE.into()),
+        stackd::embedded::controller_manager::ImageMatch::Exact(METAL_IMAGE.into()),
         move |ctx: &stackd::embedded::controller_manager::JobContext| {
             use stackd::embedded::controller_manager::JobOutcome;
             if ctx.pod.to_string().contains("\"destroy\"") {
@@ -824,6 +843,18 @@ async fn assets_are_delivered_to_the_installed_cluster_and_detached_from_it() {
             }
         },
     );
+}
+
+/// §5 delivery: the installed cluster gets a BareMetalHost per asset with its Secret (one the
+/// installer made is adopted, its power state left alone); BMC address, credentials and a new boot
+/// MAC follow; unassigning or deleting an asset removes both there before the asset lets go; an
+/// asset assigned by hand is delivered; deleting the cluster releases its assets without touching
+/// the destroyed cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn assets_are_delivered_to_the_installed_cluster_and_detached_from_it() {
+    let (fleet, tenant) = setup().await;
+    let (_managed, remote) = managed_cluster().await;
+    metal_installer(&fleet, &_managed);
     // The installer made m1's host already (not online); it is adopted, not recreated.
     let made: kube::api::DynamicObject = serde_json::from_value(json!({
         "apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
@@ -835,7 +866,7 @@ async fn assets_are_delivered_to_the_installed_cluster_and_detached_from_it() {
     lab_asset(&tenant, "m1", Some("master"), None).await;
     lab_asset(&tenant, "w1", Some("worker"), None).await;
     let mut pool_value = baremetal_pool("metal", 1, 1, 1);
-    pool_value["spec"]["installerImage"] = json!(IMAGE);
+    pool_value["spec"]["installerImage"] = json!(METAL_IMAGE);
     create_pool(&tenant, pool_value).await;
     let daemon = daemon(&fleet);
 
@@ -998,5 +1029,39 @@ async fn assets_assigned_to_a_cluster_that_never_appeared_are_released() {
         g2.spec.assigned_cluster(),
         Some("metal-ghost"),
         "a hand assignment is not the pool's"
+    );
+}
+
+/// A delivered asset makes no write when woken (issue 18 part 5): with its host on the installed
+/// cluster, a label on the asset wakes the asset and pool controllers; the tenant, the host and the
+/// managed cluster see no write. (Delivery re-reads the host on the managed cluster each time by
+/// design: that cluster is not watched, and its BareMetalHost may have been edited there.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivered_asset_writes_nothing_when_woken() {
+    let (fleet, tenant) = setup().await;
+    let (managed, remote) = managed_cluster().await;
+    metal_installer(&fleet, &managed);
+    lab_asset(&tenant, "m1", Some("master"), None).await;
+    let mut pool_value = baremetal_pool("metal", 1, 1, 0);
+    pool_value["spec"]["installerImage"] = json!(METAL_IMAGE);
+    create_pool(&tenant, pool_value).await;
+    let daemon = daemon(&fleet);
+    until("m1 is delivered and says HostCreated", &daemon, WITHIN, || async {
+        let m1 = assets(&tenant).get("m1").await.unwrap();
+        bmh(&remote, "m1").await.is_some()
+            && asset_condition(&m1, "HostCreated").is_some_and(|(s, _, _)| s == "True")
+            && m1.finalizers().iter().any(|f| f == "inventory.stackd.dev/delivery")
+    })
+    .await;
+    let controllers = ["baremetalasset", "clusterpool"];
+    let (api, others) = (assets(&tenant), [&managed]);
+    // The first wake-up lets whatever the delivery still had in flight land.
+    crate::pools::writes_when_woken(&fleet, &daemon, &api, "m1", &controllers, &others).await;
+    let (tenant_writes, elsewhere) =
+        crate::pools::writes_when_woken(&fleet, &daemon, &api, "m1", &controllers, &others).await;
+    assert!(
+        tenant_writes.is_empty() && elsewhere.is_empty(),
+        "tenant writes {tenant_writes:?}, host and managed cluster writes {elsewhere:?}\n{}",
+        daemon.log_text()
     );
 }

@@ -256,6 +256,57 @@ pub(crate) async fn events(tenant: &Client, namespace: &str, object: &str) -> Ve
 
 /// §4.3 items 1, 2 and 11, and the rendering of §4.2: a pool of 2 from an inventory of 3 fills
 /// through installer Jobs; each cluster's install config carries its CDC's patches.
+/// What stackd wrote when woken without cause (issue 18 part 5): labels `name` through `api` (an
+/// event that changes nothing stackd acts on), waits until each of `controllers` finished a
+/// reconcile after it, and returns the writes the tenant server saw meanwhile besides the label's
+/// own patch, and those the host and `others` servers saw.
+pub(crate) async fn writes_when_woken<K>(
+    fleet: &Fleet,
+    daemon: &Daemon,
+    api: &Api<K>,
+    name: &str,
+    controllers: &[&str],
+    others: &[&stackd::embedded::ApiServer],
+) -> (Vec<String>, Vec<String>)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let tenant_server = fleet.tenants[0].1.as_ref().expect("tenant server");
+    let servers: Vec<&stackd::embedded::ApiServer> =
+        std::iter::once(fleet.host()).chain(others.iter().copied()).collect();
+    let before: Vec<_> = servers.iter().map(|s| s.counters()).collect();
+    let tenant_before = tenant_server.counters();
+    let reconciled: Vec<u64> = controllers.iter().map(|c| daemon.reconciles_done("acme", c)).collect();
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    let label = since_epoch.map(|d| d.as_nanos()).unwrap_or_default().to_string();
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"touched": label}}})),
+    )
+    .await
+    .expect("label");
+    until("the label's reconciles", daemon, WITHIN, || async {
+        controllers
+            .iter()
+            .zip(&reconciled)
+            .all(|(c, before)| daemon.reconciles_done("acme", c) > *before)
+    })
+    .await;
+    let own = format!("patch {}", K::plural(&()));
+    let mut tenant = crate::stacks_install::writes(&tenant_server.counters().since(&tenant_before));
+    // Only the label's own patch: one more of the same kind shows as x2 and stays.
+    if let Some(position) = tenant.iter().position(|w| w.starts_with(&own) && w.ends_with(" x1")) {
+        tenant.remove(position);
+    }
+    let elsewhere = servers
+        .iter()
+        .zip(&before)
+        .flat_map(|(server, before)| crate::stacks_install::writes(&server.counters().since(before)))
+        .collect();
+    (tenant, elsewhere)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_fills_from_its_inventory_through_installer_jobs() {
     let (fleet, tenant) = setup().await;
@@ -1426,6 +1477,14 @@ async fn a_pool_waits_for_its_secrets_then_fills_within_max_concurrent_and_max_s
     .await;
     assert!(cds(&tenant, "p").await.is_empty());
     assert!(pool_namespaces(&tenant, "p").await.is_empty());
+    // Waiting writes nothing (issue 18 part 5); it reads the Secrets again, which are not watched.
+    writes_when_woken(&fleet, &daemon, &pools(&tenant), "p", &["clusterpool"], &[]).await;
+    let (tenant_writes, host_writes) =
+        writes_when_woken(&fleet, &daemon, &pools(&tenant), "p", &["clusterpool"], &[]).await;
+    assert!(
+        tenant_writes.is_empty() && host_writes.is_empty(),
+        "tenant writes {tenant_writes:?}, host writes {host_writes:?}"
+    );
     let secret: Secret =
         serde_json::from_value(json!({"metadata": {"name": "late-pull"}, "stringData": {".dockerconfigjson": "{}"}}))
             .unwrap();
@@ -1538,4 +1597,39 @@ async fn an_absurd_claim_lifetime_neither_panics_nor_stops_the_tenant() {
     let log = daemon.log_text();
     assert!(!log.contains("panicked"), "{log}");
     assert!(!log.contains("restarting it"), "the tenant was restarted:\n{log}");
+}
+
+/// A second reconcile of an unchanged pool and of its installed cluster writes nothing (issue 18
+/// part 5): a label on the ClusterDeployment wakes the deployment and the pool controllers, and
+/// neither the tenant nor the host sees a write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steady_pool_and_its_installed_cluster_write_nothing_when_woken() {
+    let (fleet, tenant) = setup().await;
+    named_cdc(&tenant, "foo").await;
+    create_pool(&tenant, pool_json("steady", 1, Some(&["foo"]))).await;
+    let daemon = daemon(&fleet, &[]);
+    until("a ready cluster built from foo", &daemon, WITHIN, || async {
+        let applied = cdc_condition(&cdc(&tenant, "foo").await, "ApplySucceeded");
+        ready(&tenant, "steady").await == 1 && applied.is_some_and(|(s, r, _)| s == "True" && r == "Succeeded")
+    })
+    .await;
+    let cd = live(&cds(&tenant, "steady").await)[0].name_any();
+    let cd_api = Api::<ClusterDeployment>::namespaced(tenant.clone(), &cd);
+    let controllers = ["clusterdeployment", "clusterpool"];
+    // The first wake-up lets whatever the last transition still had in flight land; the second is
+    // the steady state.
+    writes_when_woken(&fleet, &daemon, &cd_api, &cd, &controllers, &[]).await;
+    let (tenant_writes, host_writes) = writes_when_woken(&fleet, &daemon, &cd_api, &cd, &controllers, &[]).await;
+    assert!(
+        tenant_writes.is_empty() && host_writes.is_empty(),
+        "tenant writes {tenant_writes:?}, host writes {host_writes:?}\n{}",
+        daemon.log_text()
+    );
+    // A label on the pool itself wakes only the pool controller.
+    let (tenant_writes, host_writes) =
+        writes_when_woken(&fleet, &daemon, &pools(&tenant), "steady", &["clusterpool"], &[]).await;
+    assert!(
+        tenant_writes.is_empty() && host_writes.is_empty(),
+        "tenant writes {tenant_writes:?}, host writes {host_writes:?}"
+    );
 }

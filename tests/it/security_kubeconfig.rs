@@ -719,6 +719,17 @@ async fn an_admin_kubeconfig_secret_stackd_did_not_create_is_never_overwritten()
         assert_eq!(now.data.unwrap()["kubeconfig"].0, b"my own kubeconfig");
     }
 
+    // Rechecking a Secret in conflict reads it and writes nothing (issue 18 part 5).
+    let own_y = Api::<ClusterDeployment>::namespaced(tenant.clone(), "own-y");
+    let controllers = ["clusterdeployment"];
+    crate::pools::writes_when_woken(&fleet, &daemon, &own_y, "own-y", &controllers, &[]).await;
+    let (tenant_writes, host_writes) =
+        crate::pools::writes_when_woken(&fleet, &daemon, &own_y, "own-y", &controllers, &[]).await;
+    assert!(
+        tenant_writes.is_empty() && host_writes.is_empty(),
+        "tenant writes {tenant_writes:?}, host writes {host_writes:?}"
+    );
+
     // The stranger's Secret goes: stackd copies the admin kubeconfig into a Secret of its own.
     Api::<Secret>::namespaced(tenant.clone(), "own-x")
         .delete("own-x-admin-kubeconfig", &Default::default())

@@ -18,7 +18,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 pub use self::plan::role_label;
@@ -32,6 +32,10 @@ use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
 use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::retry;
+use crate::runtime::status_writer::apply_status;
+
+/// The field manager of BareMetalAsset status writes.
+pub const FIELD_MANAGER: &str = "stackd/asset";
 
 #[derive(Debug, thiserror::Error)]
 pub enum AssetError {
@@ -177,14 +181,7 @@ async fn report(
     };
     let (status, notes) = status::build(asset, report, Time(Timestamp::now()));
     if status != asset.status.clone().unwrap_or_default() {
-        match assets
-            .patch_status(
-                &asset.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": status})),
-            )
-            .await
-        {
+        match apply_status(assets, &asset.name_any(), FIELD_MANAGER, &status, None).await {
             Ok(_) => {}
             Err(err) if is_not_found(&err) => return Ok(Action::await_change()),
             Err(err) => return Err(err.into()),

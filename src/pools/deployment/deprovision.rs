@@ -15,7 +15,7 @@ use tracing::info;
 use super::installer::{self, Names};
 use super::plan::{self, Deprovision, Destroy, Release, Teardown};
 use super::provision::ensure_installer_identity;
-use super::{Ctx, DeploymentError, cd_api, owned, parent};
+use super::{Ctx, DeploymentError, owned, parent};
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{ClusterDeployment, ClusterDeploymentCustomization};
 use crate::context::events::publish;
@@ -23,9 +23,11 @@ use crate::context::tenant::TenantContext;
 use crate::host::Parent;
 use crate::host::apply::{self, Update, ensure, stamp};
 use crate::host::ownership::{self, Ownership};
-use crate::pools::{DEPROVISION_FINALIZER, hosts, leases, membership, set_finalizers};
-use crate::runtime::api_errors::{is_conflict, is_not_found};
+use crate::pools::{hosts, leases, membership};
+use crate::runtime::api_errors::is_conflict;
 
+/// Deprovisions a deleted cluster; `Ok` once everything is let go (its finalizer may then come
+/// off), `CleanupPending` while something is still to wait for.
 pub(super) async fn deprovision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, DeploymentError> {
     let tenant = &ctx.tenant;
     let parent = parent(cd);
@@ -49,17 +51,18 @@ pub(super) async fn deprovision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Act
     for job in stop {
         apply::delete(&host_jobs, job).await.map_err(DeploymentError::HostApi)?;
     }
-    match next {
-        Destroy::Start(image) => start_destroy(cd, ctx, &parent, &names, &image).await,
-        Destroy::Wait => Ok(Action::await_change()),
+    let pending = match next {
+        Destroy::Start(image) => start_destroy(cd, ctx, &parent, &names, &image).await?,
+        Destroy::Wait => Action::await_change(),
         Destroy::Retry(job) => {
             apply::delete(&host_jobs, job).await.map_err(DeploymentError::HostApi)?;
             let note = format!("Destroy Job {} failed; retrying", names.destroy);
             publish(tenant, cd, true, "DeprovisionFailed", note).await;
-            Ok(Action::requeue(Duration::from_secs(5)))
+            Action::requeue(Duration::from_secs(5))
         }
-        Destroy::Done => let_go(cd, ctx, &parent, &names).await,
-    }
+        Destroy::Done => return let_go(cd, ctx, &parent, &names).await,
+    };
+    Err(DeploymentError::CleanupPending(pending))
 }
 
 async fn start_destroy(
@@ -98,7 +101,7 @@ async fn let_go(cd: &ClusterDeployment, ctx: &Ctx, parent: &Parent, names: &Name
         publish(tenant, cd, true, membership::RELEASE_REFUSED, message).await;
     }
     if let Some(retry) = release_customization(cd, tenant, &release).await? {
-        return Ok(Action::requeue(retry));
+        return Err(DeploymentError::CleanupPending(Action::requeue(retry)));
     }
     if let Some(ns) = &release.hosts_namespace {
         let assets = Api::<BareMetalAsset>::namespaced(tenant.client.clone(), ns);
@@ -110,17 +113,6 @@ async fn let_go(cd: &ClusterDeployment, ctx: &Ctx, parent: &Parent, names: &Name
         }
     }
     clean_host(ctx, parent, names).await?;
-    let finalizers: Vec<String> = cd
-        .finalizers()
-        .iter()
-        .filter(|f| *f != DEPROVISION_FINALIZER)
-        .cloned()
-        .collect();
-    match set_finalizers(&cd_api(ctx, cd), cd, finalizers).await {
-        Ok(_) => {}
-        Err(err) if is_conflict(&err) || is_not_found(&err) => {}
-        Err(err) => return Err(DeploymentError::Tenant(err)),
-    }
     info!(tenant = %tenant.name, cluster = %cd.name_any(), "cluster deprovisioned");
     Ok(Action::await_change())
 }

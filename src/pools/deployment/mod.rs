@@ -22,8 +22,8 @@ use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::PostParams;
 use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Error as FinalizerError, Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
@@ -35,11 +35,16 @@ use crate::context::tenant::TenantContext;
 use crate::host::Parent;
 use crate::host::apply::HostWriteError;
 use crate::host::labels::{TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION};
+use crate::pools::DEPROVISION_FINALIZER;
 use crate::runtime::api_errors::is_conflict;
 use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
 use crate::runtime::panics::ReconcilePanic;
+use crate::runtime::status_writer::apply_status;
 
 const KIND: &str = "ClusterDeployment";
+
+/// The field manager of ClusterDeployment status writes.
+pub const FIELD_MANAGER: &str = "stackd/deployment";
 
 /// Label naming the ClusterDeployment on the admin kubeconfig Secret stackd creates.
 pub const CLUSTER_DEPLOYMENT_LABEL: &str = "pools.stackd.dev/cluster-deployment";
@@ -54,6 +59,11 @@ pub enum DeploymentError {
     Host(#[from] HostWriteError),
     #[error("host API request failed: {0}")]
     HostApi(#[source] kube::Error),
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+    /// Deprovisioning waits for something; not a failure: the cluster is looked at again then.
+    #[error("deprovision pending")]
+    CleanupPending(Action),
     #[error(transparent)]
     Panicked(#[from] ReconcilePanic),
 }
@@ -70,6 +80,8 @@ impl ReconcileError for DeploymentError {
             DeploymentError::Tenant(_) => "tenant_api",
             DeploymentError::Host(_) => "host_write",
             DeploymentError::HostApi(_) => "host_api",
+            DeploymentError::Finalizer(_) => "finalizer",
+            DeploymentError::CleanupPending(_) => "cleanup_pending",
             DeploymentError::Panicked(_) => "panic",
         }
     }
@@ -115,11 +127,31 @@ fn parent(cd: &ClusterDeployment) -> Parent {
     )
 }
 
+/// The finalizer goes on first; deletion deprovisions, and the finalizer comes off once that is
+/// done (a pending deprovision keeps it).
 async fn reconcile(cd: Arc<ClusterDeployment>, ctx: Arc<Ctx>, _permit: Permit) -> Result<Action, DeploymentError> {
-    if cd.metadata.deletion_timestamp.is_some() {
-        deprovision::deprovision(&cd, &ctx).await
-    } else {
-        provision::provision(&cd, &ctx).await
+    let api = cd_api(&ctx, &cd);
+    let outcome = finalizer(&api, DEPROVISION_FINALIZER, cd, |event| async {
+        match event {
+            FinalizerEvent::Apply(cd) => provision::provision(&cd, &ctx).await,
+            FinalizerEvent::Cleanup(cd) => deprovision::deprovision(&cd, &ctx).await,
+        }
+    })
+    .await;
+    match outcome {
+        Ok(action) => Ok(action),
+        Err(FinalizerError::CleanupFailed(DeploymentError::CleanupPending(action))) => Ok(action),
+        Err(FinalizerError::ApplyFailed(err) | FinalizerError::CleanupFailed(err)) => Err(err),
+        // A stale copy (our own finalizer write not seen yet), or a cluster already gone: its
+        // watch event brings the current state.
+        Err(
+            FinalizerError::AddFinalizer(kube::Error::Api(status))
+            | FinalizerError::RemoveFinalizer(kube::Error::Api(status)),
+        ) if matches!(status.code, 404 | 409 | 422) => Ok(Action::await_change()),
+        Err(FinalizerError::AddFinalizer(err) | FinalizerError::RemoveFinalizer(err)) => {
+            Err(DeploymentError::Tenant(err))
+        }
+        Err(other) => Err(DeploymentError::Finalizer(other.to_string())),
     }
 }
 
@@ -148,16 +180,12 @@ async fn set_status(
     ctx: &Ctx,
     change: impl FnOnce(&mut crate::api::pools::ClusterDeploymentStatus, Time) -> bool,
 ) -> Result<bool, DeploymentError> {
-    let mut updated = cd.clone();
-    let status = updated.status.get_or_insert_with(Default::default);
-    if !change(status, Time(Timestamp::now())) {
+    let mut status = cd.status.clone().unwrap_or_default();
+    if !change(&mut status, Time(Timestamp::now())) {
         return Ok(false);
     }
-    updated.metadata.managed_fields = None;
-    match cd_api(ctx, cd)
-        .replace_status(&cd.name_any(), &PostParams::default(), &updated)
-        .await
-    {
+    let version = cd.metadata.resource_version.as_deref();
+    match apply_status(&cd_api(ctx, cd), &cd.name_any(), FIELD_MANAGER, &status, version).await {
         Ok(_) => Ok(true),
         Err(err) if is_conflict(&err) => Ok(false),
         Err(err) => Err(DeploymentError::Tenant(err)),

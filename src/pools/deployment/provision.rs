@@ -17,18 +17,14 @@ use super::admin_kubeconfig::{self, Existing};
 use super::installer::{self, Names};
 use super::plan::{self, AttemptStep, Inputs, Output, Provision, Snapshot};
 use super::status::Outcome;
-use super::{Ctx, DeploymentError, cd_api, owned, parent, report, tenant_secret_recheck};
+use super::{Ctx, DeploymentError, owned, parent, report, tenant_secret_recheck};
 use crate::api::pools::ClusterDeployment;
 use crate::context::events::publish;
 use crate::host::Parent;
 use crate::host::apply::{self, HostWriteError, Update, ensure, stamp};
-use crate::pools::{DEPROVISION_FINALIZER, record, set_finalizers};
-use crate::runtime::api_errors::is_conflict;
+use crate::pools::record;
 
 pub(super) async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, DeploymentError> {
-    if !plan::has_finalizer(cd) {
-        return add_finalizer(cd, ctx).await;
-    }
     let names = Names::of(cd);
     if keep_record(cd, ctx, &names).await? {
         return Ok(Action::await_change());
@@ -58,16 +54,6 @@ pub(super) async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Actio
         // counted once.
         AttemptStep::Failed(outcome) => report(cd, ctx, &outcome).await.map(|_| Action::await_change()),
         AttemptStep::Start => start(cd, ctx, &names, &job_name).await,
-    }
-}
-
-async fn add_finalizer(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, DeploymentError> {
-    let mut finalizers = cd.finalizers().to_vec();
-    finalizers.push(DEPROVISION_FINALIZER.into());
-    match set_finalizers(&cd_api(ctx, cd), cd, finalizers).await {
-        Ok(_) => Ok(Action::await_change()),
-        Err(err) if is_conflict(&err) => Ok(Action::await_change()),
-        Err(err) => Err(DeploymentError::Tenant(err)),
     }
 }
 
@@ -258,14 +244,14 @@ async fn copy_admin_kubeconfig(
     let kubeconfig = ByteString(kubeconfig.into_bytes());
     let name = admin_kubeconfig::name(cd);
     let wanted = admin_kubeconfig::secret(cd, kubeconfig.clone());
-    let exists = match secrets.create(&PostParams::default(), &wanted).await {
-        Ok(_) => return Ok(true),
-        Err(err) if is_conflict(&err) => err,
-        Err(err) => return Err(DeploymentError::Tenant(err)),
-    };
-    // Gone again since: the error's retry creates it.
+    // Read first: a Secret in conflict is rechecked until it goes, and a recheck must not write.
     let Some(found) = secrets.get_opt(&name).await.map_err(DeploymentError::Tenant)? else {
-        return Err(DeploymentError::Tenant(exists));
+        // Made meanwhile (409): the error's retry reads it.
+        secrets
+            .create(&PostParams::default(), &wanted)
+            .await
+            .map_err(DeploymentError::Tenant)?;
+        return Ok(true);
     };
     match admin_kubeconfig::existing(found, cd, kubeconfig) {
         Existing::Foreign => Ok(false),
