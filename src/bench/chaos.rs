@@ -362,6 +362,49 @@ impl Chaos {
         Ok(())
     }
 
+    /// Kills the leader and deletes an installed cluster the moment the standby takes over;
+    /// false when there is no installed cluster or leader yet.
+    async fn delete_a_cluster_at_the_takeover(&mut self) -> Result<bool, BenchError> {
+        let metal = self.rng.random_bool(0.5);
+        let pick = self.rng.random_range(0..16);
+        let index = if metal { self.metal_index() } else { 0 };
+        let tenant = self.clients.tenant(index).clone();
+        let Some((namespace, name, uid)) = an_installed_cluster(&tenant, &self.ledger, pick).await else {
+            return Ok(false);
+        };
+        let host = self.clients.host.clone();
+        let Some(leader) = self.daemons.restart_leader(&self.fleet, &host).await? else {
+            return Ok(false);
+        };
+        self.timeline(&format!(
+            "killed leader {leader}; ClusterDeployment {namespace}/{name}, installed, goes at the takeover"
+        ));
+        let cluster = (index, namespace, name, uid);
+        let within = self.takeover_within;
+        self.deletions.push(tokio::spawn(delete_after_takeover(
+            host, tenant, leader, cluster, within,
+        )));
+        Ok(true)
+    }
+
+    /// Makes the next few requests to one server fail with a 409, 500 or 429.
+    fn inject_errors(&mut self) -> &'static str {
+        let code = [409, 500, 429][self.rng.random_range(0..3)];
+        let count = self.rng.random_range(1..=5);
+        let server = self.rng.random_range(0..=self.fleet.tenants.len());
+        let faults = if server == 0 {
+            self.fleet.host.faults()
+        } else {
+            self.fleet.tenants[server - 1].1.faults()
+        };
+        faults.fail_next(count, RequestMatch::any(), code);
+        match code {
+            409 => "injected_409",
+            500 => "injected_500",
+            _ => "injected_429",
+        }
+    }
+
     /// Injects one fault: its name, or `None` when it cannot be injected yet.
     async fn inject(&mut self, fault: Fault, report: &mut ChaosReport) -> Result<Option<&'static str>, BenchError> {
         let name = match fault {
@@ -373,25 +416,9 @@ impl Chaos {
                 "daemon_restart"
             }
             Fault::ClusterDeletedAfterRestart => {
-                let metal = self.rng.random_bool(0.5);
-                let pick = self.rng.random_range(0..16);
-                let index = if metal { self.metal_index() } else { 0 };
-                let tenant = self.clients.tenant(index).clone();
-                let Some((namespace, name, uid)) = an_installed_cluster(&tenant, &self.ledger, pick).await else {
+                if !self.delete_a_cluster_at_the_takeover().await? {
                     return Ok(None);
-                };
-                let host = self.clients.host.clone();
-                let Some(leader) = self.daemons.restart_leader(&self.fleet, &host).await? else {
-                    return Ok(None);
-                };
-                self.timeline(&format!(
-                    "killed leader {leader}; ClusterDeployment {namespace}/{name}, installed, goes at the takeover"
-                ));
-                let cluster = (index, namespace, name, uid);
-                let within = self.takeover_within;
-                self.deletions.push(tokio::spawn(delete_after_takeover(
-                    host, tenant, leader, cluster, within,
-                )));
+                }
                 "daemon_restart_then_cluster_deleted"
             }
             Fault::LeaderPartitioned => {
@@ -438,22 +465,7 @@ impl Chaos {
                 self.burst(report).await;
                 "parents_burst"
             }
-            Fault::InjectedError => {
-                let code = [409, 500, 429][self.rng.random_range(0..3)];
-                let count = self.rng.random_range(1..=5);
-                let server = self.rng.random_range(0..=self.fleet.tenants.len());
-                let faults = if server == 0 {
-                    self.fleet.host.faults()
-                } else {
-                    self.fleet.tenants[server - 1].1.faults()
-                };
-                faults.fail_next(count, RequestMatch::any(), code);
-                match code {
-                    409 => "injected_409",
-                    500 => "injected_500",
-                    _ => "injected_429",
-                }
-            }
+            Fault::InjectedError => self.inject_errors(),
         };
         Ok(Some(name))
     }
@@ -888,6 +900,13 @@ async fn describe_pool(
             ));
         }
     }
+    lines.extend(describe_host_jobs(host, tenant).await);
+    lines
+}
+
+/// The host Jobs of `tenant` with their counts and conditions.
+async fn describe_host_jobs(host: &Client, tenant: &str) -> Vec<String> {
+    let mut lines = Vec::new();
     let jobs: Api<Job> = Api::namespaced(host.clone(), &format!("tenant-{tenant}-controllers"));
     if let Ok(list) = jobs.list(&ListParams::default()).await {
         for job in list.items {

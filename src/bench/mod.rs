@@ -328,25 +328,9 @@ pub fn load(path: &PathBuf) -> Result<Report, BenchError> {
     })
 }
 
-/// The human-readable table of a report, with a comparison column when a baseline is given.
-pub fn table(report: &Report, baseline: Option<&Report>) -> String {
+/// The idle-tenant lines of the table.
+fn idle_lines(report: &Report) -> String {
     let mut out = String::new();
-    line(
-        &mut out,
-        format!(
-            "stackd bench ({}; {} cpus)",
-            if report.quick { "quick" } else { "full" },
-            report.machine.cpus
-        ),
-    );
-    let floor = &report.latency_floor;
-    line(
-        &mut out,
-        format!(
-            "\nlatency floor: API round trip p50 {:.3} ms, p99 {:.3} ms ({} samples)",
-            floor.rtt_ms_p50, floor.rtt_ms_p99, floor.samples
-        ),
-    );
     line(
         &mut out,
         "\nidle tenants   startup s   RSS MiB   watches/tenant   requests/min/tenant (watch, sweep, lease, other)   floor"
@@ -375,6 +359,45 @@ pub fn table(report: &Report, baseline: Option<&Report>) -> String {
         &mut out,
         format!("marginal RSS per tenant: {:.2} MiB", report.marginal_rss_per_tenant_mb),
     );
+    out
+}
+
+/// The headline figures against a baseline's.
+fn comparison_lines(report: &Report, baseline: &Report) -> String {
+    let mut out = String::new();
+    line(&mut out, "\ncompared with the baseline (this / baseline):".into());
+    let before = headline(baseline);
+    for (name, now) in headline(report) {
+        let then = before.get(name).copied().unwrap_or(0.0);
+        let ratio = if then > 0.0 { now / then } else { f64::NAN };
+        line(
+            &mut out,
+            format!("  {name:<32} {now:>10.3} vs {then:>10.3}  = {ratio:.2}x"),
+        );
+    }
+    out
+}
+
+/// The human-readable table of a report, with a comparison column when a baseline is given.
+pub fn table(report: &Report, baseline: Option<&Report>) -> String {
+    let mut out = String::new();
+    line(
+        &mut out,
+        format!(
+            "stackd bench ({}; {} cpus)",
+            if report.quick { "quick" } else { "full" },
+            report.machine.cpus
+        ),
+    );
+    let floor = &report.latency_floor;
+    line(
+        &mut out,
+        format!(
+            "\nlatency floor: API round trip p50 {:.3} ms, p99 {:.3} ms ({} samples)",
+            floor.rtt_ms_p50, floor.rtt_ms_p99, floor.samples
+        ),
+    );
+    out.push_str(&idle_lines(report));
     out.push_str(&stacks_lines(&report.stacks));
     let p = &report.pools;
     line(
@@ -402,16 +425,7 @@ pub fn table(report: &Report, baseline: Option<&Report>) -> String {
         line(&mut out, shard_line(s));
     }
     if let Some(baseline) = baseline {
-        line(&mut out, "\ncompared with the baseline (this / baseline):".into());
-        let before = headline(baseline);
-        for (name, now) in headline(report) {
-            let then = before.get(name).copied().unwrap_or(0.0);
-            let ratio = if then > 0.0 { now / then } else { f64::NAN };
-            line(
-                &mut out,
-                format!("  {name:<32} {now:>10.3} vs {then:>10.3}  = {ratio:.2}x"),
-            );
-        }
+        out.push_str(&comparison_lines(report, baseline));
     }
     out
 }

@@ -19,7 +19,7 @@ use super::fleet::Fleet;
 use super::latency::{LatencyFloor, percentile};
 use super::timeline::{LatencyBreakdown, Recorder};
 use crate::api::stacks::StackInstall;
-use crate::embedded::Verb;
+use crate::embedded::counters::RequestCounts;
 use crate::runtime::conditions::is_true;
 
 /// The requests a correct install of the sample stack (one CRD) cannot do without, from DESIGN.md §3:
@@ -103,41 +103,7 @@ pub async fn measure(
     fleet.shutdown().await;
 
     let installs = tenants * per_tenant;
-    let mut by_verb: BTreeMap<String, f64> = BTreeMap::new();
-    let mut by_resource: BTreeMap<String, f64> = BTreeMap::new();
-    let mut events = 0.0;
-    for (now, then) in after.iter().zip(&before) {
-        for (key, n) in &now.since(then).counts {
-            if key.resource.starts_with("events") {
-                events += *n as f64;
-            } else {
-                *by_verb.entry(key.verb.as_str().to_string()).or_default() += *n as f64;
-                let resource = format!("{} {}", key.verb.as_str(), key.resource);
-                *by_resource.entry(resource).or_default() += *n as f64 / installs as f64;
-            }
-        }
-    }
-    // The benchmark's own requests: a namespace and an install per install, a watch per tenant.
-    subtract(&mut by_verb, Verb::Create, 2.0 * installs as f64);
-    subtract(&mut by_verb, Verb::List, tenants as f64);
-    subtract(&mut by_verb, Verb::Watch, tenants as f64);
-    let installs_key = format!("{}.{}", StackInstall::plural(&()), StackInstall::group(&()));
-    let per_tenant_share = tenants as f64 / installs as f64;
-    for (request, own) in [
-        ("create namespaces".to_string(), 1.0),
-        (format!("create {installs_key}"), 1.0),
-        (format!("list {installs_key}"), per_tenant_share),
-        (format!("watch {installs_key}"), per_tenant_share),
-    ] {
-        if let Some(value) = by_resource.get_mut(&request) {
-            *value -= own;
-        }
-    }
-    by_resource.retain(|_, value| *value > 1e-9);
-    let total: f64 = by_verb.values().sum();
-    for value in by_verb.values_mut() {
-        *value /= installs as f64;
-    }
+    let spent = Spent::between(&before, &after, tenants, installs);
     let install_p50_s = percentile(&mut times, 0.50);
     Ok(StackFigures {
         tenants,
@@ -147,19 +113,61 @@ pub async fn measure(
         install_p99_s: percentile(&mut times, 0.99),
         install_p50_floor_multiple: install_p50_s * 1000.0
             / (MINIMUM_REQUESTS_PER_INSTALL * floor.rtt_ms_p50.max(1e-6)),
-        requests_per_install: total / installs as f64,
-        requests_per_install_by_verb: by_verb,
-        requests_per_install_by_resource: by_resource,
-        events_per_install: events / installs as f64,
+        requests_per_install: spent.by_resource.values().sum(),
+        requests_per_install_by_verb: spent.by_verb(),
+        requests_per_install_by_resource: spent.by_resource,
+        events_per_install: spent.events,
         minimum_requests_per_install: MINIMUM_REQUESTS_PER_INSTALL,
         latency_breakdown,
         cost,
     })
 }
 
-fn subtract(by_verb: &mut BTreeMap<String, f64>, verb: Verb, count: f64) {
-    if let Some(value) = by_verb.get_mut(verb.as_str()) {
-        *value = (*value - count).max(0.0);
+/// The requests the daemon spent on the installs, per install: by "verb resource" (the host's and
+/// every tenant's summed, the benchmark's own left out), and Event writes apart.
+struct Spent {
+    by_resource: BTreeMap<String, f64>,
+    events: f64,
+}
+
+impl Spent {
+    fn between(before: &[RequestCounts], after: &[RequestCounts], tenants: usize, installs: usize) -> Spent {
+        let share = |n: f64| n / installs as f64;
+        let mut by_resource: BTreeMap<String, f64> = BTreeMap::new();
+        let mut events = 0.0;
+        for (now, then) in after.iter().zip(before) {
+            for (key, n) in &now.since(then).counts {
+                if key.resource.starts_with("events") {
+                    events += share(*n as f64);
+                } else {
+                    let request = format!("{} {}", key.verb.as_str(), key.resource);
+                    *by_resource.entry(request).or_default() += share(*n as f64);
+                }
+            }
+        }
+        // The benchmark's own: a namespace and an install per install, a list and watch per tenant.
+        let installs_key = format!("{}.{}", StackInstall::plural(&()), StackInstall::group(&()));
+        for (request, own) in [
+            ("create namespaces".to_string(), 1.0),
+            (format!("create {installs_key}"), 1.0),
+            (format!("list {installs_key}"), share(tenants as f64)),
+            (format!("watch {installs_key}"), share(tenants as f64)),
+        ] {
+            if let Some(value) = by_resource.get_mut(&request) {
+                *value -= own;
+            }
+        }
+        by_resource.retain(|_, value| *value > 1e-9);
+        Spent { by_resource, events }
+    }
+
+    fn by_verb(&self) -> BTreeMap<String, f64> {
+        let mut by_verb: BTreeMap<String, f64> = BTreeMap::new();
+        for (request, n) in &self.by_resource {
+            let verb = request.split(' ').next().unwrap_or_default();
+            *by_verb.entry(verb.to_string()).or_default() += n;
+        }
+        by_verb
     }
 }
 

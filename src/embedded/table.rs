@@ -128,7 +128,21 @@ fn count(value: &Value) -> usize {
 }
 
 fn builtin_columns(group: &str, kind: &str) -> Vec<Column> {
-    let mut columns = match (group, kind) {
+    if matches!((group, kind), ("" | "events.k8s.io", "Event")) {
+        return event_columns();
+    }
+    let mut columns = match group {
+        "" => core_columns(kind),
+        "apps" | "batch" => workload_columns(group, kind),
+        _ => other_columns(group, kind),
+    };
+    columns.push(age_column());
+    columns
+}
+
+/// Columns of the core group's kinds (Events apart).
+fn core_columns(kind: &str) -> Vec<Column> {
+    match ("", kind) {
         ("", "Pod") => vec![
             builtin("Ready", "string", |o| {
                 let total = o["spec"]["containers"].as_array().map_or(0, Vec::len);
@@ -184,6 +198,13 @@ fn builtin_columns(group: &str, kind: &str) -> Vec<Column> {
                 })
             }),
         ],
+        _ => vec![],
+    }
+}
+
+/// Columns of Deployments, ReplicaSets and Jobs.
+fn workload_columns(group: &str, kind: &str) -> Vec<Column> {
+    match (group, kind) {
         ("apps", "Deployment") => vec![
             builtin("Ready", "string", |o| {
                 let ready = o["status"]["readyReplicas"].as_i64().unwrap_or(0);
@@ -220,6 +241,13 @@ fn builtin_columns(group: &str, kind: &str) -> Vec<Column> {
                 json!(start.map_or(String::new(), |s| human_duration((end - s).get_seconds())))
             }),
         ],
+        _ => vec![],
+    }
+}
+
+/// Columns of Leases and role bindings.
+fn other_columns(group: &str, kind: &str) -> Vec<Column> {
+    match (group, kind) {
         ("coordination.k8s.io", "Lease") => vec![builtin("Holder", "string", |o| {
             json!(o["spec"]["holderIdentity"].as_str().unwrap_or(""))
         })],
@@ -230,40 +258,40 @@ fn builtin_columns(group: &str, kind: &str) -> Vec<Column> {
                 o["roleRef"]["name"].as_str().unwrap_or("")
             ))
         })],
-        ("" | "events.k8s.io", "Event") => {
-            return vec![
-                builtin("Last Seen", "string", |o| {
-                    let seen = [
-                        &o["lastTimestamp"],
-                        &o["eventTime"],
-                        &o["metadata"]["creationTimestamp"],
-                    ]
-                    .into_iter()
-                    .find(|t| t.is_string())
-                    .cloned()
-                    .unwrap_or(Value::Null);
-                    json!(age(&seen))
-                }),
-                builtin("Type", "string", |o| json!(o["type"].as_str().unwrap_or(""))),
-                builtin("Reason", "string", |o| json!(o["reason"].as_str().unwrap_or(""))),
-                builtin("Object", "string", |o| {
-                    let object = if o["regarding"].is_object() {
-                        &o["regarding"]
-                    } else {
-                        &o["involvedObject"]
-                    };
-                    let kind = object["kind"].as_str().unwrap_or("").to_lowercase();
-                    json!(format!("{kind}/{}", object["name"].as_str().unwrap_or("")))
-                }),
-                builtin("Message", "string", |o| {
-                    json!(o["message"].as_str().or(o["note"].as_str()).unwrap_or(""))
-                }),
-            ];
-        }
         _ => vec![],
-    };
-    columns.push(age_column());
-    columns
+    }
+}
+
+/// An Event's columns: kubectl shows no age column for them, but when it was last seen.
+fn event_columns() -> Vec<Column> {
+    vec![
+        builtin("Last Seen", "string", |o| {
+            let seen = [
+                &o["lastTimestamp"],
+                &o["eventTime"],
+                &o["metadata"]["creationTimestamp"],
+            ]
+            .into_iter()
+            .find(|t| t.is_string())
+            .cloned()
+            .unwrap_or(Value::Null);
+            json!(age(&seen))
+        }),
+        builtin("Type", "string", |o| json!(o["type"].as_str().unwrap_or(""))),
+        builtin("Reason", "string", |o| json!(o["reason"].as_str().unwrap_or(""))),
+        builtin("Object", "string", |o| {
+            let object = if o["regarding"].is_object() {
+                &o["regarding"]
+            } else {
+                &o["involvedObject"]
+            };
+            let kind = object["kind"].as_str().unwrap_or("").to_lowercase();
+            json!(format!("{kind}/{}", object["name"].as_str().unwrap_or("")))
+        }),
+        builtin("Message", "string", |o| {
+            json!(o["message"].as_str().or(o["note"].as_str()).unwrap_or(""))
+        }),
+    ]
 }
 
 fn timestamp(value: &Value) -> Option<jiff::Timestamp> {

@@ -89,33 +89,13 @@ impl JobController {
             .copied()
             .filter(|p| !matches!(phase(p), "Succeeded" | "Failed") && !is_deleting(p))
             .collect();
-        let completions = job["spec"]["completions"].as_i64().unwrap_or(1).max(1);
-        let backoff_limit = job["spec"]["backoffLimit"].as_i64().unwrap_or(DEFAULT_BACKOFF_LIMIT);
         let start_time = job["status"]["startTime"]
             .as_str()
             .map(String::from)
             .unwrap_or_else(now_timestamp);
-        let past_deadline = job["spec"]["activeDeadlineSeconds"]
-            .as_i64()
-            .is_some_and(|deadline| seconds_since(&start_time).is_some_and(|elapsed| elapsed >= deadline));
-
-        let mut outcome: Option<(&str, &str, &str)> = None;
+        let outcome = job_outcome(job, succeeded, failed, &start_time);
         let mut active_count = active.len() as i64;
-        if succeeded >= completions {
-            outcome = Some(("Complete", "", ""));
-        } else if failed > backoff_limit {
-            outcome = Some((
-                "Failed",
-                "BackoffLimitExceeded",
-                "Job has reached the specified backoff limit",
-            ));
-        } else if past_deadline {
-            outcome = Some((
-                "Failed",
-                "DeadlineExceeded",
-                "Job was active longer than specified deadline",
-            ));
-        } else if active.is_empty() {
+        if outcome.is_none() && active.is_empty() {
             match self.create_pod(job) {
                 Ok(pod) => {
                     active_count = 1;
@@ -130,38 +110,15 @@ impl JobController {
             }
             active_count = 0;
         }
-        let (failed_now, succeeded_now) = (
-            failed
-                + if outcome.is_some_and(|o| o.0 == "Failed") {
-                    active.len() as i64
-                } else {
-                    0
-                },
-            succeeded,
-        );
+        let failed_now = failed
+            + if outcome.is_some_and(|o| o.0 == "Failed") {
+                active.len() as i64
+            } else {
+                0
+            };
+        let counts = (active_count, succeeded, failed_now);
         let _ = modify(&self.store, &jobs(), namespace, name, |job| {
-            let status = &mut job["status"];
-            if !status.is_object() {
-                *status = json!({});
-            }
-            status["startTime"] = json!(start_time);
-            set_count(status, "active", active_count);
-            set_count(status, "succeeded", succeeded_now);
-            set_count(status, "failed", failed_now);
-            if let Some((kind, reason, message)) = outcome {
-                let now = now_timestamp();
-                let mut condition = json!({
-                    "type": kind, "status": "True", "lastProbeTime": now, "lastTransitionTime": now,
-                });
-                if !reason.is_empty() {
-                    condition["reason"] = json!(reason);
-                    condition["message"] = json!(message);
-                }
-                status["conditions"] = json!([condition]);
-                if kind == "Complete" {
-                    status["completionTime"] = json!(now);
-                }
-            }
+            write_status(job, &start_time, counts, outcome)
         });
     }
 
@@ -215,6 +172,68 @@ impl JobController {
             run_pod(&store, &resources, &runners, job, pod).await;
             running.lock().unwrap_or_else(|p| p.into_inner()).remove(&uid);
         });
+    }
+}
+
+/// How the Job ended, if it did: (condition type, reason, message).
+fn job_outcome(
+    job: &Value,
+    succeeded: i64,
+    failed: i64,
+    start_time: &str,
+) -> Option<(&'static str, &'static str, &'static str)> {
+    let completions = job["spec"]["completions"].as_i64().unwrap_or(1).max(1);
+    let backoff_limit = job["spec"]["backoffLimit"].as_i64().unwrap_or(DEFAULT_BACKOFF_LIMIT);
+    let past_deadline = job["spec"]["activeDeadlineSeconds"]
+        .as_i64()
+        .is_some_and(|deadline| seconds_since(start_time).is_some_and(|elapsed| elapsed >= deadline));
+    if succeeded >= completions {
+        Some(("Complete", "", ""))
+    } else if failed > backoff_limit {
+        Some((
+            "Failed",
+            "BackoffLimitExceeded",
+            "Job has reached the specified backoff limit",
+        ))
+    } else if past_deadline {
+        Some((
+            "Failed",
+            "DeadlineExceeded",
+            "Job was active longer than specified deadline",
+        ))
+    } else {
+        None
+    }
+}
+
+/// Writes the Job's status: its start, (active, succeeded, failed) counts and its outcome.
+fn write_status(
+    job: &mut Value,
+    start_time: &str,
+    (active, succeeded, failed): (i64, i64, i64),
+    outcome: Option<(&str, &str, &str)>,
+) {
+    let status = &mut job["status"];
+    if !status.is_object() {
+        *status = json!({});
+    }
+    status["startTime"] = json!(start_time);
+    set_count(status, "active", active);
+    set_count(status, "succeeded", succeeded);
+    set_count(status, "failed", failed);
+    if let Some((kind, reason, message)) = outcome {
+        let now = now_timestamp();
+        let mut condition = json!({
+            "type": kind, "status": "True", "lastProbeTime": now, "lastTransitionTime": now,
+        });
+        if !reason.is_empty() {
+            condition["reason"] = json!(reason);
+            condition["message"] = json!(message);
+        }
+        status["conditions"] = json!([condition]);
+        if kind == "Complete" {
+            status["completionTime"] = json!(now);
+        }
     }
 }
 
@@ -272,10 +291,20 @@ fn strings(value: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-async fn run_pod(store: &Arc<Store>, resources: &Arc<ResourceTable>, runners: &Runners, job: Value, pod: Value) {
-    let (namespace, name) = (text(&pod, "namespace").to_string(), text(&pod, "name").to_string());
-    let started = now_timestamp();
-    let running: Vec<Value> = containers(&pod)
+/// A container's `env` entries with literal values (no `valueFrom`), by name.
+fn literal_env(env: &Value) -> BTreeMap<String, String> {
+    env.as_array()
+        .map(|env| {
+            env.iter()
+                .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The statuses of a pod's (non-init) containers, all running since `started`.
+fn running_statuses(pod: &Value, started: &str) -> Vec<Value> {
+    containers(pod)
         .iter()
         .filter(|c| !c.init)
         .map(|c| {
@@ -284,7 +313,13 @@ async fn run_pod(store: &Arc<Store>, resources: &Arc<ResourceTable>, runners: &R
                 "restartCount": 0, "state": {"running": {"startedAt": started}},
             })
         })
-        .collect();
+        .collect()
+}
+
+async fn run_pod(store: &Arc<Store>, resources: &Arc<ResourceTable>, runners: &Runners, job: Value, pod: Value) {
+    let (namespace, name) = (text(&pod, "namespace").to_string(), text(&pod, "name").to_string());
+    let started = now_timestamp();
+    let running = running_statuses(&pod, &started);
     let _ = modify(store, &pods(), &namespace, &name, |pod| {
         if phase(pod) == "Pending" {
             pod["status"]["phase"] = json!("Running");
@@ -308,14 +343,7 @@ async fn run_pod(store: &Arc<Store>, resources: &Arc<ResourceTable>, runners: &R
             image: container.image.clone(),
             command: strings(&container.spec["command"]),
             args: strings(&container.spec["args"]),
-            env: container.spec["env"]
-                .as_array()
-                .map(|env| {
-                    env.iter()
-                        .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
-                        .collect::<BTreeMap<_, _>>()
-                })
-                .unwrap_or_default(),
+            env: literal_env(&container.spec["env"]),
             store: store.clone(),
             resources: resources.clone(),
         };
