@@ -19,6 +19,7 @@ pub mod recovery;
 pub mod retry;
 pub mod shards;
 pub mod shutdown;
+pub mod status_writer;
 pub mod untrusted_kubeconfig;
 pub mod untrusted_server;
 pub mod written;

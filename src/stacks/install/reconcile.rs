@@ -6,63 +6,30 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, LogParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
-use serde_json::json;
 use tracing::info;
 
 use super::crd_policy::CrdRules;
 use super::job::{self, JobInputs, JobState};
-use super::object::{Report, event, installer_of, patch_finalizers};
+use super::object::{Report, event, installer_of, parent_of};
 use super::package::{self, PackageError};
-use super::{FAILURE_REASONS, InstallContext, InstallError, InstallKind, SAFETY_NET, uninstall};
-use crate::api::common::{HostObjectRef, LocalObjectReference};
+use super::{InstallContext, InstallError, InstallKind, SAFETY_NET};
+use crate::api::common::HostObjectRef;
 use crate::api::stacks::Stack;
 use crate::host::Parent;
 use crate::host::apply::{self, Applied};
-use crate::runtime::conditions::{DesiredCondition, set_condition};
-use crate::runtime::controller::Permit;
-use crate::stacks::INSTALL_FINALIZER;
 use crate::stacks::pull_secrets;
 use crate::stacks::stream::{self, LOG_LIMIT_BYTES, PackageContents};
 
-pub(super) async fn reconcile<K: InstallKind>(
-    install: Arc<K>,
-    ctx: Arc<InstallContext>,
-    _permit: Permit,
-) -> Result<Action, InstallError> {
-    let deleting = install.meta().deletion_timestamp.is_some();
-    let (action, report) = if deleting {
-        uninstall::run(install.as_ref(), &ctx).await?
-    } else {
-        apply(install.as_ref(), &ctx).await?
-    };
-    if let Some(report) = report {
-        publish(install.as_ref(), &ctx, report).await?;
-    }
-    if deleting {
-        let uid = install.uid().unwrap_or_default();
-        ctx.unpacked.forget(&uid);
-        ctx.written.forget(&uid);
-    }
-    Ok(action)
-}
-
-fn parent_of<K: InstallKind>(install: &K) -> Parent {
-    Parent::new(
-        K::kind(&()).as_ref(),
-        install.namespace().as_deref(),
-        &install.name_any(),
-        install.meta().uid.as_deref().unwrap_or_default(),
-    )
-}
-
-async fn apply<K: InstallKind>(install: &K, ctx: &InstallContext) -> Result<(Action, Option<Report>), InstallError> {
-    ensure_finalizer(install, ctx).await?;
+/// §3.2 steps 2–6 for an install that is not being deleted (the finalizer is in place).
+pub(super) async fn apply<K: InstallKind>(
+    install: &K,
+    ctx: &InstallContext,
+) -> Result<(Action, Option<Report>), InstallError> {
     let tenant = &ctx.tenant;
     let namespace = install.namespace().unwrap_or_default();
     let name = install.name_any();
@@ -642,80 +609,4 @@ async fn read_output(ctx: &InstallContext, job: &Job) -> Result<(PackageContents
     let contents =
         stream::decode(&log).map_err(|err| format!("install Job {} output refused: {err}", job.name_any()))?;
     Ok((contents, log.len()))
-}
-
-async fn ensure_finalizer<K: InstallKind>(install: &K, ctx: &InstallContext) -> Result<(), InstallError> {
-    if install.finalizers().iter().any(|f| f == INSTALL_FINALIZER) {
-        return Ok(());
-    }
-    let mut finalizers = install.finalizers().to_vec();
-    finalizers.push(INSTALL_FINALIZER.to_string());
-    patch_finalizers(install, ctx, finalizers).await
-}
-
-/// Writes the status when it changed, with an Event for each condition that changed reason.
-pub(super) async fn publish<K: InstallKind>(
-    install: &K,
-    ctx: &InstallContext,
-    report: Report,
-) -> Result<(), InstallError> {
-    let uid = install.uid().unwrap_or_default();
-    let cached_version = install.resource_version();
-    let cached = install.install_status().cloned().unwrap_or_default();
-    let old = ctx.written.current(&uid, cached_version.as_deref(), cached);
-    let mut status = old.clone();
-    let generation = install.meta().generation;
-    let now = Time(jiff::Timestamp::now());
-    let mut changed = Vec::new();
-    let mut conditions = vec![("Ready", report.ready)];
-    conditions.extend(report.synced.map(|synced| ("Synced", synced)));
-    for (type_, (ok, reason, message)) in conditions {
-        let before = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == type_)
-            .map(|c| (c.status.clone(), c.reason.clone()));
-        let desired = DesiredCondition {
-            type_,
-            status: ok,
-            reason,
-            message: message.clone(),
-            observed_generation: generation,
-        };
-        if set_condition(&mut status.conditions, desired, now.clone()) {
-            let status_word = if ok { "True" } else { "False" }.to_string();
-            if before != Some((status_word, reason.to_string())) && type_ == "Ready" {
-                changed.push((reason, message));
-            }
-        }
-    }
-    if report.install_job.is_some() {
-        status.install_job = report.install_job;
-    }
-    if let Some(stack) = report.stack_ref {
-        status.stack_ref = Some(LocalObjectReference { name: stack });
-    }
-    status.observed_generation = generation;
-    if status == old {
-        return Ok(());
-    }
-    let api: Api<K> = Api::namespaced(ctx.tenant.client.clone(), &install.namespace().unwrap_or_default());
-    let patch = json!({"status": status});
-    match api
-        .patch_status(&install.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(stored) => ctx.written.record(&uid, stored.resource_version(), status),
-        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
-        Err(err) => return Err(InstallError::Tenant(err)),
-    }
-    for (reason, message) in changed {
-        let type_ = if FAILURE_REASONS.contains(&reason) {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        event(install, ctx, type_, reason, message).await;
-    }
-    Ok(())
 }

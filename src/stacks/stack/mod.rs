@@ -50,10 +50,13 @@ use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
 use crate::runtime::informers::SharedCache;
 use crate::runtime::panics::ReconcilePanic;
+use crate::runtime::status_writer::{Precondition, apply_status};
 use crate::runtime::written::Written;
 
 /// The controller's name in metrics and logs.
 pub const CONTROLLER: &str = "stack";
+/// The field manager of the Stack controller's writes to tenant objects.
+const FIELD_MANAGER: &str = "stackd/stack";
 /// The tenant kind named in host objects' parent labels.
 pub const KIND: &str = "Stack";
 /// How often a Stack with pull secrets reads them again: the tenant's Secrets are not watched (only
@@ -974,20 +977,9 @@ async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes:
     }
     if status != old {
         let api: Api<Stack> = Api::namespaced(tenant.client.clone(), &stack.namespace().unwrap_or_default());
-        let mut body = serde_json::to_value(&status).map_err(kube::Error::SerdeError)?;
-        // A merge patch keeps fields it leaves out: a reference that no longer applies is nulled.
-        for key in ["controllerRef", "tokenSecretRef"] {
-            if let Some(fields) = body.as_object_mut() {
-                fields.entry(key).or_insert(serde_json::Value::Null);
-            }
-        }
-        let stored = api
-            .patch_status(
-                &stack.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "status": body })),
-            )
-            .await?;
+        // The whole status, as this controller owns it: a reference left out is removed.
+        let body = serde_json::to_value(&status).map_err(kube::Error::SerdeError)?;
+        let stored = apply_status(&api, stack, FIELD_MANAGER, body, Precondition::None).await?;
         ctx.written.record(&uid, stored.resource_version(), status);
         if ready_changed {
             info!(tenant = %tenant.name, stack = %key, ready = outcome.ready, reason = outcome.reason, "stack status");
