@@ -2,6 +2,7 @@
 //! install Job on the host, reads and verifies its output, applies the CRDs and the Stack on the
 //! tenant, and on deletion removes them again in order.
 
+mod complete;
 pub mod crd_policy;
 pub mod job;
 mod object;

@@ -12,6 +12,7 @@ use crate::host::Parent;
 use crate::stacks::crd_parent_label;
 
 /// What a reconcile found, to be written to the install's status (only when it changed).
+#[derive(Debug, PartialEq)]
 pub(super) struct Report {
     pub ready: (bool, &'static str, String),
     pub synced: Option<(bool, &'static str, String)>,

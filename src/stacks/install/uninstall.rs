@@ -222,3 +222,67 @@ fn deletable(crd: &CustomResourceDefinition, labels: &BTreeMap<String, String>, 
         && !crd_is_referenced(labels)
         && crd.metadata.deletion_timestamp.is_none()
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use kube::api::ObjectMeta;
+
+    use super::*;
+    use crate::stacks::crd_parent_label;
+
+    fn installer(repository: &str) -> Installer {
+        Installer {
+            kind: "StackInstall".into(),
+            namespace: "team-a".into(),
+            name: "sample".into(),
+            repository: repository.into(),
+        }
+    }
+
+    fn crd(labels: &[&str], repository: Option<&str>) -> CustomResourceDefinition {
+        CustomResourceDefinition {
+            metadata: ObjectMeta {
+                name: Some("widgets.example.org".into()),
+                labels: Some(labels.iter().map(|l| (l.to_string(), "true".to_string())).collect()),
+                annotations: repository
+                    .map(|r| BTreeMap::from([(PACKAGE_REPOSITORY_ANNOTATION.to_string(), r.to_string())])),
+                ..ObjectMeta::default()
+            },
+            ..CustomResourceDefinition::default()
+        }
+    }
+
+    #[test]
+    fn the_install_s_own_label_is_dropped_unless_another_s_stack_shares_it() {
+        let ours = crd_parent_label("team-a", "sample");
+        let labelled = crd(&[MANAGED_CRD_LABEL, &ours], None);
+        let unlabelled = crd(&[MANAGED_CRD_LABEL], None);
+        let plan = crd_plan([&labelled, &unlabelled].into_iter(), &ours, true);
+        assert_eq!(
+            plan.iter().map(|step| step.unlabel).collect::<Vec<_>>(),
+            [Some(ours.as_str()), None]
+        );
+        let plan = crd_plan([&labelled].into_iter(), &ours, false);
+        assert_eq!(plan[0].unlabel, None, "a Stack not ours stands at our name");
+    }
+
+    #[test]
+    fn a_crd_goes_only_when_stackd_made_it_for_this_package_and_no_stack_uses_it() {
+        let package = installer("registry.example.org/sample");
+        let unused = crd(&[MANAGED_CRD_LABEL], Some("registry.example.org/sample"));
+        assert!(deletable(&unused, unused.labels(), &package));
+        let from_before_packages_were_recorded = crd(&[MANAGED_CRD_LABEL], None);
+        let labels = from_before_packages_were_recorded.labels();
+        assert!(deletable(&from_before_packages_were_recorded, labels, &package));
+        let another_package = crd(&[MANAGED_CRD_LABEL], Some("registry.example.org/other"));
+        assert!(!deletable(&another_package, another_package.labels(), &package));
+        let users = crd(&[MANAGED_CRD_LABEL, &crd_parent_label("team-b", "other")], None);
+        assert!(!deletable(&users, users.labels(), &package));
+        let not_stackd_s = crd(&[], None);
+        assert!(!deletable(&not_stackd_s, not_stackd_s.labels(), &package));
+        let mut going = crd(&[MANAGED_CRD_LABEL], None);
+        going.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
+        assert!(!deletable(&going, going.labels(), &package));
+    }
+}

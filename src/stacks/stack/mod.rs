@@ -917,60 +917,27 @@ where
 async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes: Notes) -> Result<(), StackError> {
     let tenant = &ctx.tenant;
     let uid = stack.uid().unwrap_or_default();
-    let cached_version = stack.resource_version();
     let cached = stack.status.clone().unwrap_or_default();
-    let old = ctx.written.current(&uid, cached_version.as_deref(), cached);
-    let mut status = old.clone();
-    let generation = stack.metadata.generation;
-    let now = Time(jiff::Timestamp::now());
+    let old = ctx.written.current(&uid, stack.resource_version().as_deref(), cached);
     let key = stack_key(stack);
     let previous_ready = ctx.reported.get(&key).or_else(|| {
         let ready = old.conditions.iter().find(|c| c.type_ == "Ready")?;
         Some((ready.status == "True", ready.reason.clone()))
     });
-    set_condition(
-        &mut status.conditions,
-        DesiredCondition {
-            type_: "Ready",
-            status: outcome.ready,
-            reason: outcome.reason,
-            message: outcome.message.clone(),
-            observed_generation: generation,
-        },
-        now.clone(),
-    );
-    let (synced_reason, synced_message) = if outcome.synced {
-        ("ReconcileSuccess", "the stack's spec is applied".to_string())
-    } else {
-        (outcome.reason, outcome.message.clone())
-    };
-    set_condition(
-        &mut status.conditions,
-        DesiredCondition {
-            type_: "Synced",
-            status: outcome.synced,
-            reason: synced_reason,
-            message: synced_message,
-            observed_generation: generation,
-        },
-        now,
-    );
-    status.controller_ref = notes.controller_ref.take();
-    status.token_secret_ref = notes.token_secret_ref.take();
-    status.observed_generation = generation;
+    let refs = (notes.controller_ref.take(), notes.token_secret_ref.take());
+    let now = Time(jiff::Timestamp::now());
+    let status = next_status(&old, outcome, refs, stack.metadata.generation, now);
     let ready_changed = previous_ready
         .as_ref()
         .is_none_or(|(ready, reason)| reason != outcome.reason || *ready != outcome.ready);
-    if ready_changed {
+    // A conflict already has its own event with the host object named.
+    if ready_changed && outcome.reason != "HostObjectConflict" {
         let type_ = if outcome.ready || outcome.synced {
             EventType::Normal
         } else {
             EventType::Warning
         };
-        // A conflict already has its own event with the host object named.
-        if outcome.reason != "HostObjectConflict" {
-            notes.events.push((type_, outcome.reason, outcome.message.clone()));
-        }
+        notes.events.push((type_, outcome.reason, outcome.message.clone()));
     }
     for (type_, reason, note) in notes.events {
         publish(tenant, stack, type_, reason, note).await;
@@ -987,6 +954,41 @@ async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes:
     }
     ctx.reported.set(&key, outcome.ready, outcome.reason);
     Ok(())
+}
+
+/// The status an outcome makes of `old`: its `Ready` and `Synced` conditions, and the host
+/// references (`controllerRef`, `tokenSecretRef`) that apply now.
+fn next_status(
+    old: &StackStatus,
+    outcome: &Outcome,
+    (controller_ref, token_secret_ref): (Option<HostObjectRef>, Option<HostObjectRef>),
+    generation: Option<i64>,
+    now: Time,
+) -> StackStatus {
+    let mut status = old.clone();
+    let (synced_reason, synced_message) = if outcome.synced {
+        ("ReconcileSuccess", "the stack's spec is applied".to_string())
+    } else {
+        (outcome.reason, outcome.message.clone())
+    };
+    let conditions = [
+        ("Ready", outcome.ready, outcome.reason, outcome.message.clone()),
+        ("Synced", outcome.synced, synced_reason, synced_message),
+    ];
+    for (type_, ok, reason, message) in conditions {
+        let desired = DesiredCondition {
+            type_,
+            status: ok,
+            reason,
+            message,
+            observed_generation: generation,
+        };
+        set_condition(&mut status.conditions, desired, now.clone());
+    }
+    status.controller_ref = controller_ref;
+    status.token_secret_ref = token_secret_ref;
+    status.observed_generation = generation;
+    status
 }
 
 /// Publishes an Event on the Stack; one that cannot be published is only logged.
