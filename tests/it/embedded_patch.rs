@@ -314,6 +314,37 @@ async fn apply_to_status_changes_only_the_status() {
 }
 
 #[tokio::test]
+async fn apply_to_status_with_a_stale_resource_version_is_a_conflict() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api = widgets(&t).await;
+    let created = api
+        .patch("w", &apply("fid"), &Patch::Apply(widget(json!({"size": 1}))))
+        .await
+        .unwrap();
+    let read = created.metadata.resource_version.clone().unwrap_or_default();
+    let mut status = widget(json!({}));
+    status["metadata"]["resourceVersion"] = json!(read);
+    status["status"] = json!({"ready": true});
+    let written = api
+        .patch_status("w", &apply("status-writer"), &Patch::Apply(&status))
+        .await
+        .expect("a current resourceVersion is accepted");
+    assert_eq!(written.data["status"]["ready"], json!(true));
+    status["status"] = json!({"ready": false});
+    match api
+        .patch_status("w", &apply("status-writer"), &Patch::Apply(&status))
+        .await
+    {
+        Err(kube::Error::Api(status)) => assert_eq!((status.code, status.reason.as_str()), (409, "Conflict")),
+        other => panic!("a stale resourceVersion was applied: {other:?}"),
+    }
+    let after = api.get("w").await.unwrap();
+    assert_eq!(after.data["status"]["ready"], json!(true));
+    assert_eq!(after.metadata.resource_version, written.metadata.resource_version);
+}
+
+#[tokio::test]
 async fn leader_election_acquires_a_lease_on_the_embedded_server() {
     let t = harness::start().await;
     t.namespace("ns").await;
