@@ -1,4 +1,6 @@
-//! One reconcile of an install: finalizer, Job, output, CRDs, Stack, status.
+//! The install Job of an install not being deleted (§3.2 steps 2–4, 6): create it, copy its pull
+//! secrets, replace it on an upgrade or after a failure (with backoff), and read a completed one's
+//! verified output, which `complete` applies.
 
 use std::sync::Arc;
 use std::time::Duration;
