@@ -149,7 +149,15 @@ pub fn server_side_apply(
             Err(e) => return Err(e),
         }
     }
+    // A resourceVersion in the applied configuration is a precondition, for the status
+    // subresource too (whose merge keeps only `.status` of the configuration).
+    let expected_version = meta_str(&applied, "resourceVersion").map(str::to_string);
     let updated = verbs::write_existing(store, info, namespace, name, &options, |old| {
+        if let Some(expected) = &expected_version
+            && meta_str(old, "resourceVersion") != Some(expected.as_str())
+        {
+            return Err(ApiError::stale(&info.group, &info.plural, name));
+        }
         let live = present(info, old.clone());
         let merged = merge(Some(&live))?;
         if merged == live {

@@ -729,10 +729,22 @@ async fn a_stack_install_and_a_cluster_stack_install_of_one_name_do_not_fight() 
     )
     .await;
 
-    // No retry loop: the refusal is settled, not an error retried with backoff (which would retry
-    // within the first second).
+    // No retry loop: the refusal is settled, not an error retried with backoff. Another reconcile
+    // (a label is an event that changes nothing) ends as the refusal did, without an error.
     let errors = metric(&daemon, "stackd_reconcile_errors_total", "ClusterStackInstall");
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let reconciled = daemon.reconciles_done(TENANT, "ClusterStackInstall");
+    cluster_installs
+        .patch(
+            "dup",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+        )
+        .await
+        .expect("label");
+    wait_until("the label's reconcile", SOON, &daemon, || async {
+        (daemon.reconciles_done(TENANT, "ClusterStackInstall") > reconciled).then_some(())
+    })
+    .await;
     let errors_later = metric(&daemon, "stackd_reconcile_errors_total", "ClusterStackInstall");
     assert_eq!(errors_later, errors, "the refused install is retried as an error");
     let params = ListParams::default().labels("stackd.dev/parent-kind=ClusterStackInstall");

@@ -1054,8 +1054,12 @@ async fn a_second_reconcile_of_an_unchanged_install_writes_nothing() {
     // Synced comes as soon as the Stack is applied; the Stack's own writes go on until it is
     // available, which the install's Ready reports.
     wait_for_reason(&tenant, "team-a", "sample", &daemon, "Available").await;
-    // Let the last status write and Events land.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The install's Available Event is the last write of the reconcile that reported it.
+    wait_until("the Available Event", Duration::from_secs(10), &daemon, || async {
+        let events = events_of(&tenant, "team-a", "sample").await;
+        events.iter().any(|(reason, _)| reason == "Available").then_some(())
+    })
+    .await;
     let (host_before, tenant_before) = (fleet._host.counters(), fleet.tenants["acme"].0.counters());
     let reconciled = daemon.reconciles_done("acme", "StackInstall");
     // A label on the install is an event (a reconcile) that changes nothing stackd cares about.

@@ -110,12 +110,26 @@ impl Env {
             .unwrap_or_default()
     }
 
-    fn reconciles(&self) -> u64 {
-        let needle = format!("stackd_reconciles_total{{tenant=\"{TENANT}\",controller=\"stack\"}} ");
+    /// How many reconciles of the Stack controller have finished (the duration histogram's count).
+    fn reconciles_done(&self) -> u64 {
+        let needle = format!("stackd_reconcile_duration_seconds_count{{tenant=\"{TENANT}\",controller=\"stack\"}} ");
         self.metrics()
             .lines()
             .find_map(|line| line.strip_prefix(&needle).and_then(|n| n.trim().parse().ok()))
             .unwrap_or(0)
+    }
+
+    /// Pokes the Stack (an annotation: an event that changes nothing stackd acts on) and waits until
+    /// a reconcile has finished since, so that what follows judges what that reconcile did.
+    async fn reconcile_again(&self, name: &str, poke: &str) {
+        let done = self.reconciles_done();
+        let patch = json!({"metadata": {"annotations": {"example.org/poke": poke}}});
+        self.stacks()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("poke");
+        self.until("the poke's reconcile", || async { self.reconciles_done() > done })
+            .await;
     }
 
     fn stacks(&self) -> Api<Stack> {
@@ -759,7 +773,7 @@ async fn a_host_object_at_the_mapped_name_owned_by_someone_else_is_never_touched
             .any(|r| r == "HostObjectConflict")
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    env.reconcile_again("widgets", "1").await;
     let after = env.host_deployments().get("team-a.widgets").await.expect("still there");
     assert_eq!(after.metadata.uid, stranger.metadata.uid);
     // Its status moves (the host's Deployment controller), its spec and labels never do.
@@ -886,16 +900,17 @@ async fn an_unchanged_stack_reconciles_again_with_zero_writes() {
     env.wait_ready("widgets", "True", "Available").await;
     // Let the last events of the first reconciles settle.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let before_reconciles = env.reconciles();
+    let before_reconciles = env.reconciles_done();
     let patch = json!({"metadata": {"annotations": {"example.org/poke": "1"}}});
     env.stacks()
         .patch("widgets", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .expect("poke");
     let (host_before, tenant_before) = (env.host.counters(), env.tenant.counters());
-    env.until("a second reconcile", || async { env.reconciles() > before_reconciles })
-        .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    env.until("a second reconcile to finish", || async {
+        env.reconciles_done() > before_reconciles
+    })
+    .await;
     let host_writes = writes(&env.host.counters().since(&host_before));
     let tenant_writes = writes(&env.tenant.counters().since(&tenant_before));
     assert!(host_writes.is_empty(), "host writes: {host_writes:?}");
@@ -905,11 +920,10 @@ async fn an_unchanged_stack_reconciles_again_with_zero_writes() {
     env.stop_daemon();
     let (host_before, tenant_before) = (env.host.counters(), env.tenant.counters());
     env.start_daemon(INSECURE);
-    env.until("the restarted daemon's first reconcile", || async {
-        env.reconciles() > 0
+    env.until("the restarted daemon's first reconcile to finish", || async {
+        env.reconciles_done() > 0
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
     let host_writes = writes(&env.host.counters().since(&host_before));
     let tenant_writes = writes(&env.tenant.counters().since(&tenant_before));
     assert!(host_writes.is_empty(), "host writes after a restart: {host_writes:?}");
@@ -1075,7 +1089,10 @@ async fn a_daemon_killed_midway_converges_without_duplicates() {
     // Kill it again after the token copy, and restart: still one of everything.
     env.stop_daemon();
     env.start_daemon(INSECURE);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    env.until("the restarted daemon's first reconcile to finish", || async {
+        env.reconciles_done() > 0
+    })
+    .await;
     env.wait_ready("widgets", "True", "Available").await;
     let mut objects = env.parented_host_objects().await;
     objects.sort();
@@ -1335,7 +1352,7 @@ async fn a_tenant_object_stackd_did_not_create_is_never_taken_over() {
     let stack = env.wait_ready("widgets", "False", "TenantObjectConflict").await;
     let message = condition(&stack, "Ready").expect("ready")["message"].to_string();
     assert!(message.contains("ServiceAccount team-a/widgets"), "{message}");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    env.reconcile_again("widgets", "1").await;
     let after = accounts.get("widgets").await.expect("sa");
     assert_eq!(
         after.metadata.resource_version, theirs.metadata.resource_version,

@@ -1,7 +1,7 @@
 //! Server-side apply, and the `managedFields` bookkeeping of ordinary writes, after
 //! kube-apiserver's field manager (structured-merge-diff v4).
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 use super::fieldset::{Element, FieldPath, FieldSet, path_string};
 use super::managed::{ManagedEntry, Operation, is_unowned, read_entries, without_managed_fields, write_entries};
@@ -234,17 +234,12 @@ fn applied_config(applied: &Value, subresource: Option<&str>) -> Result<Value, A
     }
 }
 
-/// What an apply to the status subresource may change: the status. A `resourceVersion` in the
-/// metadata stays, as on kube-apiserver, where it is a precondition of the write.
 fn status_only(config: &Value) -> Value {
     let mut kept = Map::new();
     for field in ["apiVersion", "kind", "status"] {
         if let Some(value) = config.get(field) {
             kept.insert(field.to_string(), value.clone());
         }
-    }
-    if let Some(version) = config.pointer("/metadata/resourceVersion") {
-        kept.insert("metadata".to_string(), json!({"resourceVersion": version}));
     }
     Value::Object(kept)
 }

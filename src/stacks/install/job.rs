@@ -67,6 +67,37 @@ pub struct JobInputs<'a> {
 pub fn desired_job(inputs: &JobInputs<'_>) -> Job {
     let namespace = inputs.parent.namespace.as_deref().unwrap_or_default();
     let package = package_image(inputs.spec);
+    let mut job = Job {
+        metadata: ObjectMeta {
+            name: Some(job_name(namespace, &inputs.parent.name)),
+            namespace: Some(inputs.host_namespace.to_string()),
+            annotations: Some(BTreeMap::from([
+                (PACKAGE_ANNOTATION.to_string(), package.clone()),
+                (ATTEMPT_ANNOTATION.to_string(), inputs.attempt.to_string()),
+            ])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(0),
+            active_deadline_seconds: Some(ACTIVE_DEADLINE_SECONDS),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(inputs.parent.labels(inputs.tenant)),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod_spec(inputs, &package)),
+            },
+            ..JobSpec::default()
+        }),
+        status: None,
+    };
+    stamp(&mut job, inputs.tenant, inputs.parent);
+    job
+}
+
+/// The install pod: the package image copies its `.registry` to an emptyDir, then `stackd unpack`
+/// reads it; no service account token, restricted on every level.
+fn pod_spec(inputs: &JobInputs<'_>, package: &str) -> PodSpec {
     let mount = VolumeMount {
         name: "package".into(),
         mount_path: PACKAGE_MOUNT.into(),
@@ -74,7 +105,7 @@ pub fn desired_job(inputs: &JobInputs<'_>) -> Job {
     };
     let copy = Container {
         name: "package".into(),
-        image: Some(package.clone()),
+        image: Some(package.to_string()),
         // Whatever the install asks for (DESIGN.md §8): the node's image cache is shared by every
         // tenant, so anything else would let one tenant run another's private package image.
         image_pull_policy: Some("Always".into()),
@@ -100,53 +131,28 @@ pub fn desired_job(inputs: &JobInputs<'_>) -> Job {
         ]),
         env: Some(vec![EnvVar {
             name: "STACK_IMAGE".into(),
-            value: Some(package.clone()),
+            value: Some(package.to_string()),
             ..EnvVar::default()
         }]),
         volume_mounts: Some(vec![mount]),
         security_context: Some(restricted_container()),
         ..Container::default()
     };
-    let mut job = Job {
-        metadata: ObjectMeta {
-            name: Some(job_name(namespace, &inputs.parent.name)),
-            namespace: Some(inputs.host_namespace.to_string()),
-            annotations: Some(BTreeMap::from([
-                (PACKAGE_ANNOTATION.to_string(), package),
-                (ATTEMPT_ANNOTATION.to_string(), inputs.attempt.to_string()),
-            ])),
-            ..ObjectMeta::default()
-        },
-        spec: Some(JobSpec {
-            backoff_limit: Some(0),
-            active_deadline_seconds: Some(ACTIVE_DEADLINE_SECONDS),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(inputs.parent.labels(inputs.tenant)),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(PodSpec {
-                    restart_policy: Some("Never".into()),
-                    automount_service_account_token: Some(false),
-                    enable_service_links: Some(false),
-                    security_context: Some(restricted_pod()),
-                    image_pull_secrets: pull_secrets::references(inputs.pull_secrets),
-                    volumes: Some(vec![Volume {
-                        name: "package".into(),
-                        empty_dir: Some(EmptyDirVolumeSource::default()),
-                        ..Volume::default()
-                    }]),
-                    init_containers: Some(vec![copy]),
-                    containers: vec![unpack],
-                    ..PodSpec::default()
-                }),
-            },
-            ..JobSpec::default()
-        }),
-        status: None,
-    };
-    stamp(&mut job, inputs.tenant, inputs.parent);
-    job
+    PodSpec {
+        restart_policy: Some("Never".into()),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        security_context: Some(restricted_pod()),
+        image_pull_secrets: pull_secrets::references(inputs.pull_secrets),
+        volumes: Some(vec![Volume {
+            name: "package".into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        }]),
+        init_containers: Some(vec![copy]),
+        containers: vec![unpack],
+        ..PodSpec::default()
+    }
 }
 
 /// Pod-level settings of the restricted Pod Security profile.

@@ -2,11 +2,13 @@
 //! install Job on the host, reads and verifies its output, applies the CRDs and the Stack on the
 //! tenant, and on deletion removes them again in order.
 
+mod complete;
 pub mod crd_policy;
 pub mod job;
 mod object;
 pub mod package;
 mod reconcile;
+mod status;
 mod uninstall;
 mod unpacked;
 
@@ -17,8 +19,10 @@ use std::time::Duration;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Error as FinalizerError, Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Resource, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
@@ -26,10 +30,10 @@ use tokio_util::sync::CancellationToken;
 use crate::api::stacks::{ClusterStackInstall, InstallSpec, PermissionScope, Stack, StackInstall, StackInstallStatus};
 use crate::context::tenant::{TenantContext, TenantError};
 use crate::host::labels::{TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION};
-use crate::runtime::controller::{ReconcileError, Scaffold};
+use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
 use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::written::Written;
-use crate::stacks::crd_parent_label;
+use crate::stacks::{INSTALL_FINALIZER, crd_parent_label};
 
 /// The two install kinds differ only in the permission scope of the stacks they install.
 pub trait InstallKind:
@@ -66,6 +70,9 @@ impl InstallKind for ClusterStackInstall {
         self.status.as_ref()
     }
 }
+
+/// The field manager of the install controller's writes to tenant objects.
+const FIELD_MANAGER: &str = "stackd/install";
 
 /// `Ready=False` reasons that say an install failed and why (published as Warning Events), as
 /// opposed to one still on its way.
@@ -108,6 +115,8 @@ pub enum InstallError {
     Host(#[from] crate::host::apply::HostWriteError),
     #[error("host API request failed: {0}")]
     HostApi(#[source] kube::Error),
+    #[error("{0}")]
+    Finalizer(String),
     #[error(transparent)]
     Panicked(#[from] ReconcilePanic),
 }
@@ -118,8 +127,69 @@ impl ReconcileError for InstallError {
             InstallError::Tenant(_) => "tenant_api",
             InstallError::Host(_) => "host_write",
             InstallError::HostApi(_) => "host_api",
+            InstallError::Finalizer(_) => "finalizer",
             InstallError::Panicked(_) => "panic",
         }
+    }
+}
+
+/// A step of one reconcile inside the finalizer: failed, or (an uninstall) not finished yet, which
+/// keeps the finalizer without counting as an error.
+#[derive(Debug, thiserror::Error)]
+enum Step {
+    #[error(transparent)]
+    Failed(#[from] InstallError),
+    #[error("the uninstall is not finished")]
+    Unfinished(Action),
+}
+
+/// One reconcile of an install (§3.2, §3.4) inside kube's finalizer: the finalizer is added before
+/// anything else is done, and removed once the uninstall is finished.
+async fn reconcile<K: InstallKind>(
+    install: Arc<K>,
+    ctx: Arc<InstallContext>,
+    _permit: Permit,
+) -> Result<Action, InstallError> {
+    let api: Api<K> = Api::namespaced(ctx.tenant.client.clone(), &install.namespace().unwrap_or_default());
+    let deleting = install.meta().deletion_timestamp.is_some();
+    let uid = install.uid().unwrap_or_default();
+    let outcome = finalizer(&api, INSTALL_FINALIZER, install, |event| async {
+        match event {
+            FinalizerEvent::Apply(install) => {
+                let (action, report) = reconcile::apply(install.as_ref(), &ctx).await?;
+                if let Some(report) = report {
+                    status::publish(install.as_ref(), &ctx, report).await?;
+                }
+                Ok(action)
+            }
+            FinalizerEvent::Cleanup(install) => match uninstall::run(install.as_ref(), &ctx).await? {
+                uninstall::Progress::Done => Ok(Action::await_change()),
+                uninstall::Progress::Waiting(action, report) => {
+                    status::publish(install.as_ref(), &ctx, report).await?;
+                    Err(Step::Unfinished(action))
+                }
+            },
+        }
+    })
+    .await;
+    if deleting {
+        ctx.unpacked.forget(&uid);
+        ctx.written.forget(&uid);
+    }
+    match outcome {
+        Ok(action) => Ok(action),
+        Err(FinalizerError::ApplyFailed(step) | FinalizerError::CleanupFailed(step)) => match step {
+            Step::Failed(err) => Err(err),
+            Step::Unfinished(action) => Ok(action),
+        },
+        // Our cached install was older than a change of its finalizers (our own write's watch event
+        // brings the current copy and another reconcile), or it is gone.
+        Err(
+            FinalizerError::AddFinalizer(kube::Error::Api(status))
+            | FinalizerError::RemoveFinalizer(kube::Error::Api(status)),
+        ) if matches!(status.code, 404 | 409 | 422) => Ok(Action::await_change()),
+        Err(FinalizerError::AddFinalizer(err) | FinalizerError::RemoveFinalizer(err)) => Err(InstallError::Tenant(err)),
+        Err(other) => Err(InstallError::Finalizer(other.to_string())),
     }
 }
 
@@ -171,7 +241,7 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
             Some(ObjectRef::new(&stack.name_any()).within(&stack.namespace().unwrap_or_default()))
         })
         .watches(&crds, move |crd| installs_using(&install_store, &crd))
-        .run(ctx, reconcile::reconcile::<K>, &cancel)
+        .run(ctx, reconcile::<K>, &cancel)
         .await;
 }
 

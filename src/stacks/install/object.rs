@@ -1,18 +1,18 @@
 //! The install object itself, as `reconcile` and `uninstall` both use it: who it is (its installer
-//! and its Stack's CRD label), its finalizers, its Events, and what a reconcile reports for its status.
+//! and its Stack's CRD label), its identity as a host parent, its Events, and what a reconcile reports for its status.
 
-use kube::api::{Patch, PatchParams};
+use kube::ResourceExt;
 use kube::runtime::events::{Event, EventType};
-use kube::{Api, ResourceExt};
-use serde_json::json;
 
 use super::crd_policy::{Installer, repository_of};
 use super::job;
-use super::{InstallContext, InstallError, InstallKind};
+use super::{InstallContext, InstallKind};
 use crate::api::common::HostObjectRef;
+use crate::host::Parent;
 use crate::stacks::crd_parent_label;
 
 /// What a reconcile found, to be written to the install's status (only when it changed).
+#[derive(Debug, PartialEq)]
 pub(super) struct Report {
     pub ready: (bool, &'static str, String),
     pub synced: Option<(bool, &'static str, String)>,
@@ -48,25 +48,14 @@ pub(super) fn installer_of<K: InstallKind>(install: &K) -> Installer {
     }
 }
 
-/// Sets the finalizer list, guarded by the resourceVersion so a concurrent change is not lost.
-pub(super) async fn patch_finalizers<K: InstallKind>(
-    install: &K,
-    ctx: &InstallContext,
-    finalizers: Vec<String>,
-) -> Result<(), InstallError> {
-    let api: Api<K> = Api::namespaced(ctx.tenant.client.clone(), &install.namespace().unwrap_or_default());
-    let patch = json!({"metadata": {
-        "finalizers": finalizers,
-        "resourceVersion": install.resource_version(),
-    }});
-    match api
-        .patch(&install.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(err) => Err(InstallError::Tenant(err)),
-    }
+/// The install as the parent of its host objects.
+pub(super) fn parent_of<K: InstallKind>(install: &K) -> Parent {
+    Parent::new(
+        K::kind(&()).as_ref(),
+        install.namespace().as_deref(),
+        &install.name_any(),
+        install.meta().uid.as_deref().unwrap_or_default(),
+    )
 }
 
 /// Publishes an Event on the install; a failure to publish is logged, never fatal.

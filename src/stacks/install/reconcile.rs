@@ -1,144 +1,49 @@
-//! One reconcile of an install: finalizer, Job, output, CRDs, Stack, status.
+//! The install Job of an install not being deleted (§3.2 steps 2–4, 6): create it, copy its pull
+//! secrets, replace it on an upgrade or after a failure (with backoff), and read a completed one's
+//! verified output, which `complete` applies.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, LogParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
-use serde_json::json;
 use tracing::info;
 
-use super::crd_policy::CrdRules;
+use super::complete;
 use super::job::{self, JobInputs, JobState};
-use super::object::{Report, event, installer_of, patch_finalizers};
-use super::package::{self, PackageError};
-use super::{FAILURE_REASONS, InstallContext, InstallError, InstallKind, SAFETY_NET, uninstall};
-use crate::api::common::{HostObjectRef, LocalObjectReference};
-use crate::api::stacks::Stack;
+use super::object::{Report, event, parent_of};
+use super::package;
+use super::{InstallContext, InstallError, InstallKind, SAFETY_NET};
+use crate::api::common::HostObjectRef;
 use crate::host::Parent;
 use crate::host::apply::{self, Applied};
-use crate::runtime::conditions::{DesiredCondition, set_condition};
-use crate::runtime::controller::Permit;
-use crate::stacks::INSTALL_FINALIZER;
 use crate::stacks::pull_secrets;
 use crate::stacks::stream::{self, LOG_LIMIT_BYTES, PackageContents};
 
-pub(super) async fn reconcile<K: InstallKind>(
-    install: Arc<K>,
-    ctx: Arc<InstallContext>,
-    _permit: Permit,
-) -> Result<Action, InstallError> {
-    let deleting = install.meta().deletion_timestamp.is_some();
-    let (action, report) = if deleting {
-        uninstall::run(install.as_ref(), &ctx).await?
-    } else {
-        apply(install.as_ref(), &ctx).await?
-    };
-    if let Some(report) = report {
-        publish(install.as_ref(), &ctx, report).await?;
-    }
-    if deleting {
-        let uid = install.uid().unwrap_or_default();
-        ctx.unpacked.forget(&uid);
-        ctx.written.forget(&uid);
-    }
-    Ok(action)
-}
-
-fn parent_of<K: InstallKind>(install: &K) -> Parent {
-    Parent::new(
-        K::kind(&()).as_ref(),
-        install.namespace().as_deref(),
-        &install.name_any(),
-        install.meta().uid.as_deref().unwrap_or_default(),
-    )
-}
-
-async fn apply<K: InstallKind>(install: &K, ctx: &InstallContext) -> Result<(Action, Option<Report>), InstallError> {
-    ensure_finalizer(install, ctx).await?;
-    let tenant = &ctx.tenant;
-    let namespace = install.namespace().unwrap_or_default();
-    let name = install.name_any();
+/// §3.2 steps 2–6 for an install that is not being deleted (the finalizer is in place).
+pub(super) async fn apply<K: InstallKind>(
+    install: &K,
+    ctx: &InstallContext,
+) -> Result<(Action, Option<Report>), InstallError> {
     let parent = parent_of(install);
-    let spec = install.install();
-    let package = job::package_image(spec);
-    let job_name = job::job_name(&namespace, &name);
-    let job_ref = HostObjectRef {
-        namespace: tenant.host_namespace.clone(),
-        name: job_name.clone(),
+    let package = job::package_image(install.install());
+    let observed = match settle_job(install, ctx, &parent, &package).await? {
+        Settled::Current(observed) => observed,
+        Settled::Acted(action, report) => return Ok((action, report)),
     };
-    let jobs: Api<Job> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
-    let observed = ctx.jobs.get(&ObjectRef::new(&job_name).within(&tenant.host_namespace));
-    let with_job = |mut report: Report| {
-        report.install_job = Some(job_ref.clone());
-        report
-    };
-    let started = |outcome: Result<(), Report>| match outcome {
-        Ok(()) => with_job(Report::waiting(
-            "InstallJobRunning",
-            format!("install Job {job_name} is unpacking {package}"),
-        )),
-        Err(report) => report,
-    };
-
-    let Some(observed) = observed else {
-        return Ok((
-            Action::requeue(SAFETY_NET),
-            Some(started(start_job(install, ctx, &parent, 1).await?)),
-        ));
-    };
-    if observed.metadata.deletion_timestamp.is_some() {
-        // The old Job is going away (an upgrade or a retry); its deletion event brings us back.
-        return Ok((Action::await_change(), None));
-    }
-    // The name may be taken by a stranger or by a previous incarnation: settle that first.
-    let desired = desired_job(install, ctx, &parent, 1, &job::pull_secrets_of(&observed));
-    let (applied, observed) = match apply::ensure_created(&jobs, &desired, Some(&observed), &tenant.name, &parent).await
-    {
-        Ok(created) => created,
-        // Its owner's events wake this install (see `install_of`) when the name is free again.
-        Err(err @ apply::HostWriteError::Conflict { .. }) => {
-            return Ok((Action::await_change(), Some(job_conflict(install, ctx, &err))));
-        }
-        Err(err) => return Err(err.into()),
-    };
-    if applied == Applied::Created {
-        return Ok((Action::requeue(SAFETY_NET), None));
-    }
     let attempt: u32 = job::annotation(&observed, job::ATTEMPT_ANNOTATION)
         .and_then(|a| a.parse().ok())
         .unwrap_or(1);
-    if job::annotation(&observed, job::PACKAGE_ANNOTATION) != Some(package.as_str()) {
-        // An upgrade (spec.package changed): replace the Job; Crossplane never did.
-        apply::delete(&jobs, &observed).await.map_err(InstallError::HostApi)?;
-        event(
-            install,
-            ctx,
-            EventType::Normal,
-            "Upgrading",
-            format!("package changed to {package}; replacing the install Job"),
-        )
-        .await;
-        return Ok((
-            Action::requeue(SAFETY_NET),
-            Some(started(start_job(install, ctx, &parent, 1).await?)),
-        ));
-    }
-
+    let job_name = observed.name_any();
     match job::state(&observed) {
         JobState::Running => {
             copy_pull_secrets(install, ctx, &parent, &observed).await?;
-            let report = with_job(Report::waiting(
-                "InstallJobRunning",
-                format!("install Job {job_name} is unpacking {package}"),
-            ));
+            let report = running(ctx, &job_name, &package);
             Ok((Action::requeue(SAFETY_NET), Some(report)))
         }
         JobState::Failed { message, at } => {
@@ -149,23 +54,87 @@ async fn apply<K: InstallKind>(install: &K, ctx: &InstallContext) -> Result<(Act
             } else {
                 format!("install Job {job_name} failed: {message}: {detail}")
             };
-            retry(
-                install,
-                ctx,
-                &parent,
-                &observed,
+            let failure = Failure {
                 attempt,
                 at,
-                "InstallJobFailed",
+                reason: "InstallJobFailed",
                 message,
-            )
-            .await
+            };
+            retry(install, ctx, &parent, &observed, failure).await
         }
         JobState::Complete => complete(install, ctx, &parent, &observed, attempt, &package).await,
     }
 }
 
-/// Output of a completed Job: verify, check, apply; then report the Stack's readiness.
+/// The install Job as it stands after `settle_job`.
+enum Settled {
+    /// This install's Job for the current package, to be judged by its state.
+    Current(Box<Job>),
+    /// The Job was created, replaced or is on its way out, or its name is taken: nothing more now.
+    Acted(Action, Option<Report>),
+}
+
+/// Makes sure the install Job of the current package exists and is this install's.
+async fn settle_job<K: InstallKind>(
+    install: &K,
+    ctx: &InstallContext,
+    parent: &Parent,
+    package: &str,
+) -> Result<Settled, InstallError> {
+    let tenant = &ctx.tenant;
+    let job_name = job::job_name(&install.namespace().unwrap_or_default(), &install.name_any());
+    let jobs: Api<Job> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
+    let started = |outcome: Result<(), Report>| {
+        let report = outcome.map_or_else(|report| report, |()| running(ctx, &job_name, package));
+        Settled::Acted(Action::requeue(SAFETY_NET), Some(report))
+    };
+    let Some(observed) = ctx.jobs.get(&ObjectRef::new(&job_name).within(&tenant.host_namespace)) else {
+        return Ok(started(start_job(install, ctx, parent, 1).await?));
+    };
+    if observed.metadata.deletion_timestamp.is_some() {
+        // The old Job is going away (an upgrade or a retry); its deletion event brings us back.
+        return Ok(Settled::Acted(Action::await_change(), None));
+    }
+    // The name may be taken by a stranger or by a previous incarnation: settle that first.
+    let desired = desired_job(install, ctx, parent, 1, &job::pull_secrets_of(&observed));
+    let (applied, observed) = match apply::ensure_created(&jobs, &desired, Some(&observed), &tenant.name, parent).await
+    {
+        Ok(created) => created,
+        // Its owner's events wake this install (see `install_of`) when the name is free again.
+        Err(err @ apply::HostWriteError::Conflict { .. }) => {
+            let report = job_conflict(install, ctx, &err);
+            return Ok(Settled::Acted(Action::await_change(), Some(report)));
+        }
+        Err(err) => return Err(err.into()),
+    };
+    if applied == Applied::Created {
+        return Ok(Settled::Acted(Action::requeue(SAFETY_NET), None));
+    }
+    if job::annotation(&observed, job::PACKAGE_ANNOTATION) == Some(package) {
+        return Ok(Settled::Current(Box::new(observed)));
+    }
+    // An upgrade (spec.package changed): replace the Job; Crossplane never did.
+    apply::delete(&jobs, &observed).await.map_err(InstallError::HostApi)?;
+    let note = format!("package changed to {package}; replacing the install Job");
+    event(install, ctx, EventType::Normal, "Upgrading", note).await;
+    Ok(started(start_job(install, ctx, parent, 1).await?))
+}
+
+/// The report of a running install Job.
+fn running(ctx: &InstallContext, job_name: &str, package: &str) -> Report {
+    let mut report = Report::waiting(
+        "InstallJobRunning",
+        format!("install Job {job_name} is unpacking {package}"),
+    );
+    report.install_job = Some(HostObjectRef {
+        namespace: ctx.tenant.host_namespace.clone(),
+        name: job_name.to_string(),
+    });
+    report
+}
+
+/// A completed Job: once its package is applied (the Stack is created last, so a current Stack
+/// means everything is), the Stack's readiness; before that, its verified output applied.
 async fn complete<K: InstallKind>(
     install: &K,
     ctx: &InstallContext,
@@ -174,241 +143,64 @@ async fn complete<K: InstallKind>(
     attempt: u32,
     package: &str,
 ) -> Result<(Action, Option<Report>), InstallError> {
-    let tenant = &ctx.tenant;
-    let namespace = install.namespace().unwrap_or_default();
-    let name = install.name_any();
+    let (namespace, name) = (install.namespace().unwrap_or_default(), install.name_any());
     let job_ref = HostObjectRef {
-        namespace: tenant.host_namespace.clone(),
+        namespace: ctx.tenant.host_namespace.clone(),
         name: observed.name_any(),
     };
     let uid = install.meta().uid.clone().unwrap_or_default();
     let stack = ctx.stacks.get(&ObjectRef::new(&name).within(&namespace));
-    let stack_current = stack
-        .as_ref()
-        .is_some_and(|s| package::stack_current(s, &uid, install.install(), package));
-    if stack_current {
-        // The Stack is created last: a current one means everything of this package is applied.
+    if let Some(current) = stack.filter(|s| package::stack_current(s, &uid, install.install(), package)) {
         ctx.unpacked.forget(&uid);
-    } else {
-        // Only now is the log read: once per Job, or when the Stack went missing.
-        let job_uid = observed.uid().unwrap_or_default();
-        let contents = match ctx.unpacked.get(&uid, &job_uid) {
-            Some(contents) => contents,
-            None => match read_output(ctx, observed).await {
-                Ok((contents, bytes)) => {
-                    let contents = Arc::new(contents);
-                    ctx.unpacked.keep(&uid, &job_uid, bytes, contents.clone());
-                    contents
-                }
-                Err(message) => {
-                    let at = completion_time(observed);
-                    return retry(install, ctx, parent, observed, attempt, at, "InvalidPackage", message).await;
-                }
-            },
-        };
-        if let Some(existing) = stack.as_ref().filter(|s| !package::controlled_by(s, &uid)) {
-            // Another's Stack at our name: its CRDs carry the same Stack label as ours would, so
-            // nothing may be written for this install.
-            ctx.unpacked.forget(&uid);
-            let mut report = stack_conflict(existing, &namespace, &name);
-            report.install_job = Some(job_ref);
-            return Ok((Action::await_change(), Some(report)));
-        }
-        let all_crds = ctx.crds.state();
-        let existing: BTreeMap<String, _> = all_crds.iter().map(|c| (c.name_any(), c.as_ref())).collect();
-        let settings = &tenant.shared.settings;
-        let installer = installer_of(install);
-        let inputs = package::CheckInputs {
-            scope: K::SCOPE,
-            installer: &installer,
-            existing_crds: &existing,
-            pass_full_deployment: settings.insecure_pass_full_deployment,
-            crd_rules: CrdRules {
-                groups: &settings.stack_crd_groups,
-                allow_conversion_webhooks: settings.insecure_allow_conversion_webhooks,
-            },
-            pod_policy: &settings.stack_pod_policy,
-        };
-        if let Err(err) = package::check(&contents, &inputs) {
-            ctx.unpacked.forget(&uid);
-            return Ok(refused(err, job_ref));
-        }
-        let crd_api = Api::all(tenant.client.clone());
-        let applied = package::apply_crds(&crd_api, &contents, &existing, &installer)
-            .await
-            .map_err(InstallError::Tenant)?;
-        let writes = applied.writes;
-        if writes > 0 {
-            event(
-                install,
-                ctx,
-                EventType::Normal,
-                "CRDsApplied",
-                format!("applied {writes} CustomResourceDefinition(s) of {package}"),
-            )
-            .await;
-        }
-        let waiting = package::not_established(&contents, &existing);
-        if applied.definitions > 0 && !applied.raced {
-            // Their Established events bring this install back to create the Stack, moments from
-            // now: a WaitingForCRDs status would be one more write per install, stale at once. If
-            // they are not established by the next look, that look says so.
-            return Ok((Action::requeue(ESTABLISH_WAIT), None));
-        }
-        if applied.raced || !waiting.is_empty() {
-            let names = if waiting.is_empty() {
+        let report = complete::applied_report(Some(&current), job_ref, package, &name);
+        return Ok((Action::requeue(SAFETY_NET), Some(report)));
+    }
+    // Only now is the log read: once per Job, or when the Stack went missing.
+    let job_uid = observed.uid().unwrap_or_default();
+    let contents = match ctx.unpacked.get(&uid, &job_uid) {
+        Some(contents) => contents,
+        None => match read_output(ctx, observed).await {
+            Ok((contents, bytes)) => {
+                let contents = Arc::new(contents);
+                ctx.unpacked.keep(&uid, &job_uid, bytes, contents.clone());
                 contents
-                    .crds
-                    .iter()
-                    .map(|c| c.name_any())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            } else {
-                waiting.join(", ")
-            };
-            let mut report = Report::waiting(
-                "WaitingForCRDs",
-                format!("waiting for CustomResourceDefinition(s) {names} to be Established"),
-            );
-            report.install_job = Some(job_ref);
-            // Each CRD carries our label now, so its Established update wakes this install; one
-            // created by another install meanwhile does not, so that case looks again soon.
-            let wait = if applied.raced {
-                tenant.shared.settings.backoff.base
-            } else {
-                SAFETY_NET
-            };
-            return Ok((Action::requeue(wait), Some(report)));
-        }
-        let desired = package::desired_stack(&contents, install, install.install(), package);
-        let stacks: Api<Stack> = Api::namespaced(tenant.client.clone(), &namespace);
-        match &stack {
-            Some(existing) if stack_matches(existing, &desired) => {}
-            Some(existing) => {
-                let mut replacement = desired.clone();
-                replacement.metadata.resource_version = existing.metadata.resource_version.clone();
-                replacement.metadata.uid = existing.metadata.uid.clone();
-                replacement.metadata.finalizers = existing.metadata.finalizers.clone();
-                replacement.status = None;
-                stacks
-                    .replace(&name, &PostParams::default(), &replacement)
-                    .await
-                    .map_err(InstallError::Tenant)?;
-                event(
-                    install,
-                    ctx,
-                    EventType::Normal,
-                    "StackUpdated",
-                    format!("updated Stack {name} to {package}"),
-                )
-                .await;
             }
-            None => match stacks.create(&PostParams::default(), &desired).await {
-                Ok(_) => {
-                    event(
-                        install,
-                        ctx,
-                        EventType::Normal,
-                        "StackCreated",
-                        format!("created Stack {name} from {package}"),
-                    )
-                    .await;
-                }
-                Err(kube::Error::Api(status)) if status.code == 409 => {}
-                Err(err) => return Err(InstallError::Tenant(err)),
-            },
-        }
-    }
-    let mut report = match stack.as_ref().filter(|_| stack_current) {
-        Some(stack) => stack_readiness(stack),
-        None => stack_on_its_way(&name),
-    };
-    report.synced = Some((
-        true,
-        "PackageApplied",
-        format!("{package} is applied: its CRDs and Stack {name}"),
-    ));
-    report.install_job = Some(job_ref);
-    report.stack_ref = Some(name);
-    Ok((Action::requeue(SAFETY_NET), Some(report)))
-}
-
-fn stack_matches(existing: &Stack, desired: &Stack) -> bool {
-    let labels = existing.labels();
-    existing.spec == desired.spec
-        && existing.annotations().get(job::PACKAGE_ANNOTATION) == desired.annotations().get(job::PACKAGE_ANNOTATION)
-        && desired.labels().iter().all(|(k, v)| labels.get(k) == Some(v))
-}
-
-fn stack_conflict(existing: &Stack, namespace: &str, name: &str) -> Report {
-    let owner = existing
-        .owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true))
-        .map(|o| format!(" (it belongs to the {} {namespace}/{})", o.kind, o.name))
-        .unwrap_or_default();
-    Report::failed(
-        "StackConflict",
-        format!(
-            "a Stack named {name} already exists in namespace {namespace} and is not this install's{owner}; delete it or install under another name"
-        ),
-    )
-}
-
-/// The Stack's `Ready` reasons that only say which step it waits for: the install says that the
-/// Stack is on its way, once, instead of a status write for each step (the Stack shows them).
-const STACK_PROGRESS_REASONS: &[&str] = &["WaitingForCrds", "WaitingForToken", "DeploymentUnavailable"];
-
-fn stack_readiness(stack: &Stack) -> Report {
-    let ready = stack
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
-    match ready {
-        Some(c) if c.status == "True" => Report {
-            ready: (true, "Available", format!("Stack {} is ready", stack.name_any())),
-            ..Report::waiting("", String::new())
+            Err(message) => {
+                let failure = Failure {
+                    attempt,
+                    at: completion_time(observed),
+                    reason: "InvalidPackage",
+                    message,
+                };
+                return retry(install, ctx, parent, observed, failure).await;
+            }
         },
-        Some(c) if !STACK_PROGRESS_REASONS.contains(&c.reason.as_str()) => Report::waiting(
-            "WaitingForStack",
-            format!("Stack {} is not ready: {}", stack.name_any(), c.message),
-        ),
-        _ => stack_on_its_way(&stack.name_any()),
-    }
-}
-
-fn stack_on_its_way(name: &str) -> Report {
-    Report::waiting(
-        "WaitingForStack",
-        format!("Stack {name} is not ready yet (its status says which step it is at)"),
-    )
-}
-
-fn refused(err: PackageError, job_ref: HostObjectRef) -> (Action, Option<Report>) {
-    let action = if err.retry_later() {
-        // CRD events wake an install refused for a CRD (see `installs_using`); this is the safety net.
-        Action::requeue(SAFETY_NET)
-    } else {
-        // Nothing but a new package (an edit of the install, which is an event) changes the outcome.
-        Action::await_change()
     };
-    let mut report = Report::failed(err.reason(), err.to_string());
-    report.install_job = Some(job_ref);
-    (action, Some(report))
+    complete::run(install, ctx, contents, job_ref, package).await
+}
+
+/// A failed attempt of the install Job.
+struct Failure {
+    attempt: u32,
+    at: Option<jiff::Timestamp>,
+    reason: &'static str,
+    message: String,
 }
 
 /// A failed attempt: report it, and once the backoff for this attempt has passed, replace the Job.
-#[allow(clippy::too_many_arguments)]
 async fn retry<K: InstallKind>(
     install: &K,
     ctx: &InstallContext,
     parent: &Parent,
     observed: &Job,
-    attempt: u32,
-    failed_at: Option<jiff::Timestamp>,
-    reason: &'static str,
-    message: String,
+    failure: Failure,
 ) -> Result<(Action, Option<Report>), InstallError> {
+    let Failure {
+        attempt,
+        at: failed_at,
+        reason,
+        message,
+    } = failure;
     let tenant = &ctx.tenant;
     let delay = tenant.shared.settings.backoff.delay(attempt);
     let elapsed = failed_at
@@ -632,90 +424,10 @@ fn last_lines(log: &str, count: usize) -> String {
     lines[lines.len().saturating_sub(count)..].join(" | ")
 }
 
-/// When a reconcile that created or changed CRDs looks again if their events have not brought it
-/// back: an API server establishes a CRD within moments.
-const ESTABLISH_WAIT: Duration = Duration::from_secs(2);
-
 /// The verified package contents in a completed Job's log and the log's size, or why there are none.
 async fn read_output(ctx: &InstallContext, job: &Job) -> Result<(PackageContents, usize), String> {
     let log = unpack_log(ctx, job).await?;
     let contents =
         stream::decode(&log).map_err(|err| format!("install Job {} output refused: {err}", job.name_any()))?;
     Ok((contents, log.len()))
-}
-
-async fn ensure_finalizer<K: InstallKind>(install: &K, ctx: &InstallContext) -> Result<(), InstallError> {
-    if install.finalizers().iter().any(|f| f == INSTALL_FINALIZER) {
-        return Ok(());
-    }
-    let mut finalizers = install.finalizers().to_vec();
-    finalizers.push(INSTALL_FINALIZER.to_string());
-    patch_finalizers(install, ctx, finalizers).await
-}
-
-/// Writes the status when it changed, with an Event for each condition that changed reason.
-pub(super) async fn publish<K: InstallKind>(
-    install: &K,
-    ctx: &InstallContext,
-    report: Report,
-) -> Result<(), InstallError> {
-    let uid = install.uid().unwrap_or_default();
-    let cached_version = install.resource_version();
-    let cached = install.install_status().cloned().unwrap_or_default();
-    let old = ctx.written.current(&uid, cached_version.as_deref(), cached);
-    let mut status = old.clone();
-    let generation = install.meta().generation;
-    let now = Time(jiff::Timestamp::now());
-    let mut changed = Vec::new();
-    let mut conditions = vec![("Ready", report.ready)];
-    conditions.extend(report.synced.map(|synced| ("Synced", synced)));
-    for (type_, (ok, reason, message)) in conditions {
-        let before = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == type_)
-            .map(|c| (c.status.clone(), c.reason.clone()));
-        let desired = DesiredCondition {
-            type_,
-            status: ok,
-            reason,
-            message: message.clone(),
-            observed_generation: generation,
-        };
-        if set_condition(&mut status.conditions, desired, now.clone()) {
-            let status_word = if ok { "True" } else { "False" }.to_string();
-            if before != Some((status_word, reason.to_string())) && type_ == "Ready" {
-                changed.push((reason, message));
-            }
-        }
-    }
-    if report.install_job.is_some() {
-        status.install_job = report.install_job;
-    }
-    if let Some(stack) = report.stack_ref {
-        status.stack_ref = Some(LocalObjectReference { name: stack });
-    }
-    status.observed_generation = generation;
-    if status == old {
-        return Ok(());
-    }
-    let api: Api<K> = Api::namespaced(ctx.tenant.client.clone(), &install.namespace().unwrap_or_default());
-    let patch = json!({"status": status});
-    match api
-        .patch_status(&install.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(stored) => ctx.written.record(&uid, stored.resource_version(), status),
-        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
-        Err(err) => return Err(InstallError::Tenant(err)),
-    }
-    for (reason, message) in changed {
-        let type_ = if FAILURE_REASONS.contains(&reason) {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        event(install, ctx, type_, reason, message).await;
-    }
-    Ok(())
 }

@@ -50,10 +50,13 @@ use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
 use crate::runtime::informers::SharedCache;
 use crate::runtime::panics::ReconcilePanic;
+use crate::runtime::status_writer::apply_status;
 use crate::runtime::written::Written;
 
 /// The controller's name in metrics and logs.
 pub const CONTROLLER: &str = "stack";
+/// The field manager of the Stack controller's writes to tenant objects.
+const FIELD_MANAGER: &str = "stackd/stack";
 /// The tenant kind named in host objects' parent labels.
 pub const KIND: &str = "Stack";
 /// How often a Stack with pull secrets reads them again: the tenant's Secrets are not watched (only
@@ -914,80 +917,36 @@ where
 async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes: Notes) -> Result<(), StackError> {
     let tenant = &ctx.tenant;
     let uid = stack.uid().unwrap_or_default();
-    let cached_version = stack.resource_version();
     let cached = stack.status.clone().unwrap_or_default();
-    let old = ctx.written.current(&uid, cached_version.as_deref(), cached);
-    let mut status = old.clone();
-    let generation = stack.metadata.generation;
-    let now = Time(jiff::Timestamp::now());
+    let old = ctx.written.current(&uid, stack.resource_version().as_deref(), cached);
     let key = stack_key(stack);
     let previous_ready = ctx.reported.get(&key).or_else(|| {
         let ready = old.conditions.iter().find(|c| c.type_ == "Ready")?;
         Some((ready.status == "True", ready.reason.clone()))
     });
-    set_condition(
-        &mut status.conditions,
-        DesiredCondition {
-            type_: "Ready",
-            status: outcome.ready,
-            reason: outcome.reason,
-            message: outcome.message.clone(),
-            observed_generation: generation,
-        },
-        now.clone(),
-    );
-    let (synced_reason, synced_message) = if outcome.synced {
-        ("ReconcileSuccess", "the stack's spec is applied".to_string())
-    } else {
-        (outcome.reason, outcome.message.clone())
-    };
-    set_condition(
-        &mut status.conditions,
-        DesiredCondition {
-            type_: "Synced",
-            status: outcome.synced,
-            reason: synced_reason,
-            message: synced_message,
-            observed_generation: generation,
-        },
-        now,
-    );
-    status.controller_ref = notes.controller_ref.take();
-    status.token_secret_ref = notes.token_secret_ref.take();
-    status.observed_generation = generation;
+    let refs = (notes.controller_ref.take(), notes.token_secret_ref.take());
+    let now = Time(jiff::Timestamp::now());
+    let status = next_status(&old, outcome, refs, stack.metadata.generation, now);
     let ready_changed = previous_ready
         .as_ref()
         .is_none_or(|(ready, reason)| reason != outcome.reason || *ready != outcome.ready);
-    if ready_changed {
+    // A conflict already has its own event with the host object named.
+    if ready_changed && outcome.reason != "HostObjectConflict" {
         let type_ = if outcome.ready || outcome.synced {
             EventType::Normal
         } else {
             EventType::Warning
         };
-        // A conflict already has its own event with the host object named.
-        if outcome.reason != "HostObjectConflict" {
-            notes.events.push((type_, outcome.reason, outcome.message.clone()));
-        }
+        notes.events.push((type_, outcome.reason, outcome.message.clone()));
     }
     for (type_, reason, note) in notes.events {
         publish(tenant, stack, type_, reason, note).await;
     }
     if status != old {
         let api: Api<Stack> = Api::namespaced(tenant.client.clone(), &stack.namespace().unwrap_or_default());
-        let mut body = serde_json::to_value(&status).map_err(kube::Error::SerdeError)?;
-        // A merge patch keeps fields it leaves out: a reference that no longer applies is nulled.
-        for key in ["controllerRef", "tokenSecretRef"] {
-            if let Some(fields) = body.as_object_mut() {
-                fields.entry(key).or_insert(serde_json::Value::Null);
-            }
-        }
-        let stored = api
-            .patch_status(
-                &stack.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "status": body })),
-            )
-            .await?;
+        // The whole status, as this controller owns it: a reference left out is removed.
+        let body = serde_json::to_value(&status).map_err(kube::Error::SerdeError)?;
+        let stored = apply_status(&api, &stack.name_any(), FIELD_MANAGER, &body, None).await?;
         ctx.written.record(&uid, stored.resource_version(), status);
         if ready_changed {
             info!(tenant = %tenant.name, stack = %key, ready = outcome.ready, reason = outcome.reason, "stack status");
@@ -995,6 +954,41 @@ async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes:
     }
     ctx.reported.set(&key, outcome.ready, outcome.reason);
     Ok(())
+}
+
+/// The status an outcome makes of `old`: its `Ready` and `Synced` conditions, and the host
+/// references (`controllerRef`, `tokenSecretRef`) that apply now.
+fn next_status(
+    old: &StackStatus,
+    outcome: &Outcome,
+    (controller_ref, token_secret_ref): (Option<HostObjectRef>, Option<HostObjectRef>),
+    generation: Option<i64>,
+    now: Time,
+) -> StackStatus {
+    let mut status = old.clone();
+    let (synced_reason, synced_message) = if outcome.synced {
+        ("ReconcileSuccess", "the stack's spec is applied".to_string())
+    } else {
+        (outcome.reason, outcome.message.clone())
+    };
+    let conditions = [
+        ("Ready", outcome.ready, outcome.reason, outcome.message.clone()),
+        ("Synced", outcome.synced, synced_reason, synced_message),
+    ];
+    for (type_, ok, reason, message) in conditions {
+        let desired = DesiredCondition {
+            type_,
+            status: ok,
+            reason,
+            message,
+            observed_generation: generation,
+        };
+        set_condition(&mut status.conditions, desired, now.clone());
+    }
+    status.controller_ref = controller_ref;
+    status.token_secret_ref = token_secret_ref;
+    status.observed_generation = generation;
+    status
 }
 
 /// Publishes an Event on the Stack; one that cannot be published is only logged.
