@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::{Api, ResourceExt};
+use kube::Api;
 
 use crate::api::common::LocalObjectReference;
 use crate::api::pools::{ClusterDeploymentCustomization, ClusterDeploymentCustomizationStatus};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
-use crate::runtime::status_writer::apply_status;
+use crate::runtime::status_writer::apply_status_to;
 
 pub const AVAILABLE: &str = "Available";
 pub const APPLY_SUCCEEDED: &str = "ApplySucceeded";
@@ -42,7 +42,7 @@ pub async fn write_status(
         return Ok(None);
     }
     let version = cached.metadata.resource_version.as_deref();
-    apply_status(api, &cached.name_any(), FIELD_MANAGER, &status, version)
+    apply_status_to(api, cached, FIELD_MANAGER, &status, version)
         .await
         .map(Some)
 }
@@ -227,6 +227,7 @@ pub fn rank(cdc: &Cdc, broken_backoff: impl Fn() -> Duration) -> Option<Rank> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::ResourceExt;
     use serde_json::json;
 
     fn cdc(name: &str, conditions: serde_json::Value) -> Cdc {

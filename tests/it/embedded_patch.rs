@@ -721,3 +721,95 @@ async fn a_released_lease_is_taken_by_the_next_contender_at_once() {
     assert_eq!(spec.holder_identity.as_deref(), Some("second"));
     assert_eq!(spec.lease_transitions, Some(2));
 }
+
+fn status_updates(object: &DynamicObject) -> usize {
+    let entries = object.metadata.managed_fields.as_deref().unwrap_or_default();
+    entries
+        .iter()
+        .filter(|m| m.subresource.as_deref() == Some("status") && m.operation.as_deref() == Some("Update"))
+        .count()
+}
+
+/// What client-go's csaupgrade and stackd's status writer rely on: as on kube-apiserver, a JSON
+/// patch of `metadata.managedFields` on the main resource, guarded by a `test` of the
+/// resourceVersion, replaces the entries (an old status updater's fields become the applier's,
+/// so its next apply removes what it no longer sends); a stale version fails the test; an empty
+/// list leaves the entries as they are.
+#[tokio::test]
+async fn a_json_patch_of_managed_fields_hands_an_updaters_fields_to_an_applier() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api = widgets(&t).await;
+    api.patch("w", &apply("fid"), &Patch::Apply(widget(json!({"size": 1}))))
+        .await
+        .unwrap();
+    let legacy = api
+        .patch_status(
+            "w",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"ready": true}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status_updates(&legacy), 1);
+    let mut entries = legacy.metadata.managed_fields.clone().unwrap_or_default();
+    for entry in &mut entries {
+        if entry.subresource.as_deref() == Some("status") {
+            entry.manager = Some("writer".to_string());
+            entry.operation = Some("Apply".to_string());
+        }
+    }
+    let rewrite = |version: String, entries: Value| {
+        serde_json::from_value::<json_patch::Patch>(json!([
+            {"op": "test", "path": "/metadata/resourceVersion", "value": version},
+            {"op": "replace", "path": "/metadata/managedFields", "value": entries},
+        ]))
+        .unwrap()
+    };
+
+    let empty = api
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Json::<()>(rewrite(resource_version(&legacy), json!([]))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(empty.metadata.managed_fields, legacy.metadata.managed_fields);
+
+    let taken = api
+        .patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Json::<()>(rewrite(resource_version(&legacy), json!(entries))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status_updates(&taken), 0);
+    assert_ne!(resource_version(&taken), resource_version(&legacy));
+    assert_eq!(taken.data["status"]["ready"], json!(true));
+    assert!(taken.metadata.managed_fields.iter().flatten().any(|m| {
+        m.manager.as_deref() == Some("writer")
+            && m.operation.as_deref() == Some("Apply")
+            && m.subresource.as_deref() == Some("status")
+    }));
+
+    let stale = api_error(
+        api.patch(
+            "w",
+            &PatchParams::default(),
+            &Patch::Json::<()>(rewrite(resource_version(&legacy), json!(entries))),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(stale.code, 422);
+
+    let mut without_ready = widget(json!({"size": 1}));
+    without_ready["status"] = json!({});
+    let applied = api
+        .patch_status("w", &apply("writer").force(), &Patch::Apply(without_ready))
+        .await
+        .unwrap();
+    assert_eq!(applied.data["status"].get("ready"), None, "{:?}", applied.data);
+}

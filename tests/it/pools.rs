@@ -18,6 +18,7 @@ use stackd::api::pools::{
 };
 use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
 use stackd::embedded::samples::{SampleImages, create_cluster, register_sample_runners};
+use stackd::runtime::status_writer::{apply_status, apply_status_to};
 
 use crate::daemon::{Daemon, Fleet};
 
@@ -860,6 +861,92 @@ async fn leases_without_a_cluster_are_released_after_the_minimum_age_and_empty_n
             .any(|(r, n)| r == "Released" && n.contains("p-ghost1")),
         "a Released event"
     );
+}
+
+/// An upgrade from a stackd that wrote CDC status with merge patches (no field manager): its
+/// `Update` entry co-owned the lease fields, so a release by server-side apply left the
+/// `clusterDeploymentRef` behind. The status writer takes those fields over first: the released
+/// CDC shows no cluster and no pool, and no status `Update` entry is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_written_by_an_older_stackd_is_released_completely() {
+    let (fleet, tenant) = setup().await;
+    named_cdc(&tenant, "old").await;
+    create_pool(&tenant, pool_json("p", 0, Some(&["old"]))).await;
+    let long_ago = jiff::Timestamp::now() - jiff::SignedDuration::from_hours(1);
+    let legacy = json!({"status": {
+        "clusterDeploymentRef": {"name": "p-ghost"},
+        "clusterPoolRef": {"name": "p"},
+        "conditions": [{"type": "Available", "status": "False", "reason": "Reserved", "message": "",
+            "lastTransitionTime": long_ago.to_string()}],
+    }});
+    let written = cdcs(&tenant)
+        .patch_status("old", &PatchParams::default(), &Patch::Merge(legacy))
+        .await
+        .expect("legacy lease");
+    assert_eq!(status_updates(&written), 1, "{:?}", written.metadata.managed_fields);
+    let daemon = daemon(&fleet, &[]);
+    until("the legacy lease to be released", &daemon, WITHIN, || async {
+        cdc_condition(&cdc(&tenant, "old").await, "Available").is_some_and(|(s, _, _)| s == "True")
+    })
+    .await;
+    let released = cdc(&tenant, "old").await;
+    let status = released.status.clone().unwrap_or_default();
+    assert_eq!(status.cluster_deployment_ref, None, "{status:?}");
+    assert_eq!(status.cluster_pool_ref, None, "{status:?}");
+    assert_eq!(status_updates(&released), 0, "{:?}", released.metadata.managed_fields);
+    assert!(released.metadata.managed_fields.iter().flatten().any(|m| {
+        m.manager.as_deref() == Some("stackd/cdc-lease")
+            && m.operation.as_deref() == Some("Apply")
+            && m.subresource.as_deref() == Some("status")
+    }));
+}
+
+/// Writers without the cached object (`apply_status` by name) take legacy status entries over
+/// when the answer to their apply shows some, and apply again; a takeover on a stale cached object
+/// is a 409 Conflict, as a stale lease write is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_writes_by_name_take_legacy_entries_over_and_stale_takeovers_conflict() {
+    let (_fleet, tenant) = setup().await;
+    named_cdc(&tenant, "old").await;
+    let legacy = json!({"status": {"clusterDeploymentRef": {"name": "p-ghost"}, "clusterPoolRef": {"name": "p"}}});
+    let api = cdcs(&tenant);
+    let written = api
+        .patch_status("old", &PatchParams::default(), &Patch::Merge(legacy.clone()))
+        .await
+        .expect("legacy status");
+    let released = stackd::api::pools::ClusterDeploymentCustomizationStatus::default();
+    let version = written.metadata.resource_version.as_deref();
+    let applied = apply_status(&api, "old", "stackd/cdc-lease", &released, version)
+        .await
+        .expect("apply by name");
+    assert_eq!(applied.status.clone().unwrap_or_default(), released);
+    assert_eq!(status_updates(&applied), 0, "{:?}", applied.metadata.managed_fields);
+
+    let again = api
+        .patch_status("old", &PatchParams::default(), &Patch::Merge(legacy))
+        .await
+        .expect("legacy status again");
+    api.patch(
+        "old",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"touched": "yes"}}})),
+    )
+    .await
+    .expect("a change meanwhile");
+    let version = again.metadata.resource_version.as_deref();
+    let stale = apply_status_to(&api, &again, "stackd/cdc-lease", &released, version)
+        .await
+        .expect_err("stale takeover");
+    assert!(matches!(stale, kube::Error::Api(ref s) if s.code == 409), "{stale:?}");
+}
+
+/// Status `Update` entries in `managedFields`: writes of the status not made by server-side apply.
+fn status_updates(cdc: &Cdc) -> usize {
+    let entries = cdc.metadata.managed_fields.as_deref().unwrap_or_default();
+    entries
+        .iter()
+        .filter(|m| m.subresource.as_deref() == Some("status") && m.operation.as_deref() == Some("Update"))
+        .count()
 }
 
 pub(crate) async fn create_claim(tenant: &Client, name: &str, pool: &str, lifetime: Option<&str>) {
