@@ -23,7 +23,7 @@ use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
 use crate::runtime::panics::ReconcilePanic;
-use crate::runtime::status_writer::apply_status_to;
+use crate::runtime::status_writer::apply_status;
 
 /// The field manager of claim status writes (made by the claim and the pool controllers alike).
 pub const FIELD_MANAGER: &str = "stackd/claim";
@@ -194,7 +194,7 @@ pub async fn set_status(
     if !changed {
         return Ok(false);
     }
-    apply_status_to(api, claim, FIELD_MANAGER, &status, None).await?;
+    apply_status(api, claim, FIELD_MANAGER, &status, None).await?;
     Ok(true)
 }
 

@@ -34,7 +34,7 @@ use crate::api::pools::{
 use crate::context::events::publish;
 use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::metrics::PoolLabels;
-use crate::runtime::status_writer::apply_status_to;
+use crate::runtime::status_writer::apply_status;
 
 type Cdc = ClusterDeploymentCustomization;
 
@@ -401,7 +401,7 @@ pub(super) async fn deleted_pool(
         let names: Vec<String> = cds.iter().map(|cd| cd.name_any()).collect();
         if let Some(status) = status::deletion_pending(pool, &names, Time(Timestamp::now())) {
             let pools = Api::<ClusterPool>::namespaced(tenant.client.clone(), &ns);
-            apply_status_to(&pools, pool, FIELD_MANAGER, &status, None).await?;
+            apply_status(&pools, pool, FIELD_MANAGER, &status, None).await?;
         }
         return Err(PoolError::CleanupPending(Action::requeue(RESYNC)));
     }

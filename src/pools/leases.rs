@@ -14,7 +14,7 @@ use kube::Api;
 use crate::api::common::LocalObjectReference;
 use crate::api::pools::{ClusterDeploymentCustomization, ClusterDeploymentCustomizationStatus};
 use crate::runtime::conditions::{DesiredCondition, set_condition};
-use crate::runtime::status_writer::apply_status_to;
+use crate::runtime::status_writer::apply_status;
 
 pub const AVAILABLE: &str = "Available";
 pub const APPLY_SUCCEEDED: &str = "ApplySucceeded";
@@ -42,7 +42,7 @@ pub async fn write_status(
         return Ok(None);
     }
     let version = cached.metadata.resource_version.as_deref();
-    apply_status_to(api, cached, FIELD_MANAGER, &status, version)
+    apply_status(api, cached, FIELD_MANAGER, &status, version)
         .await
         .map(Some)
 }

@@ -38,7 +38,7 @@ use crate::context::tenant::TenantContext;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
 use crate::runtime::panics::ReconcilePanic;
-use crate::runtime::status_writer::apply_status_to;
+use crate::runtime::status_writer::apply_status;
 use crate::runtime::written::Written;
 
 type Cdc = ClusterDeploymentCustomization;
@@ -545,7 +545,7 @@ async fn refuse_long_name(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolE
         Time(Timestamp::now()),
     );
     if changed {
-        apply_status_to(&pools, pool, FIELD_MANAGER, &status, None).await?;
+        apply_status(&pools, pool, FIELD_MANAGER, &status, None).await?;
         publish(&ctx.tenant, pool, true, "InvalidName", message).await;
     }
     Ok(Action::await_change())
@@ -584,7 +584,7 @@ async fn write_status(pool: &ClusterPool, ctx: &Ctx, status: &ClusterPoolStatus)
         return Ok(());
     }
     let pools = Api::<ClusterPool>::namespaced(ctx.tenant.client.clone(), &pool.namespace().unwrap_or_default());
-    let written = apply_status_to(&pools, pool, FIELD_MANAGER, status, None).await?;
+    let written = apply_status(&pools, pool, FIELD_MANAGER, status, None).await?;
     let uid = pool.uid().unwrap_or_default();
     ctx.written
         .record(&uid, written.metadata.resource_version, status.clone());

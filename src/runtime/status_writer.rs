@@ -29,36 +29,13 @@ const STATUS: &str = "status";
 const APPLY: &str = "Apply";
 const UPDATE: &str = "Update";
 
-/// Applies `status` as the whole status `field_manager` wants on object `name`, and returns the
-/// object written (its `resourceVersion` is what the write produced). With `resource_version`, the
-/// write is made only if the object is still at that version (409 Conflict otherwise).
-///
-/// When the written object turns out to carry legacy status `Update` entries, they are taken over
-/// and the status applied again, so that fields no longer sent are removed; [`apply_status_to`]
-/// spares that second apply when the caller has the object at hand.
-pub async fn apply_status<K>(
-    api: &Api<K>,
-    name: &str,
-    field_manager: &str,
-    status: &impl Serialize,
-    resource_version: Option<&str>,
-) -> Result<K, kube::Error>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
-{
-    let written = apply_once(api, name, field_manager, status, resource_version).await?;
-    let Some(taken) = take_over(api, &written, field_manager).await? else {
-        return Ok(written);
-    };
-    // The first apply passed the caller's precondition; the takeover changed only managedFields.
-    let version = resource_version.and(taken.meta().resource_version.as_deref());
-    apply_once(api, name, field_manager, status, version).await
-}
-
-/// [`apply_status`] on `cached`, the object as the caller last saw it: its legacy status `Update`
-/// entries, if any, are taken over first, so one apply removes what the status no longer has.
+/// Applies `status` as the whole status `field_manager` wants on `cached`, the object as the caller
+/// last saw it, and returns the object written (its `resourceVersion` is what the write produced).
+/// With `resource_version`, the write is made only if the object is still at that version (409
+/// Conflict otherwise). Its legacy status `Update` entries, if any, are taken over first, so one
+/// apply removes what the status no longer has.
 /// A `resource_version` equal to the cached one stays a precondition on the cached object.
-pub async fn apply_status_to<K>(
+pub async fn apply_status<K>(
     api: &Api<K>,
     cached: &K,
     field_manager: &str,

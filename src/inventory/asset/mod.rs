@@ -32,7 +32,7 @@ use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
 use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::retry;
-use crate::runtime::status_writer::apply_status_to;
+use crate::runtime::status_writer::apply_status;
 
 /// The field manager of BareMetalAsset status writes.
 pub const FIELD_MANAGER: &str = "stackd/asset";
@@ -181,7 +181,7 @@ async fn report(
     };
     let (status, notes) = status::build(asset, report, Time(Timestamp::now()));
     if status != asset.status.clone().unwrap_or_default() {
-        match apply_status_to(assets, asset, FIELD_MANAGER, &status, None).await {
+        match apply_status(assets, asset, FIELD_MANAGER, &status, None).await {
             Ok(_) => {}
             Err(err) if is_not_found(&err) => return Ok(Action::await_change()),
             Err(err) => return Err(err.into()),

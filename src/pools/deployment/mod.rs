@@ -39,7 +39,7 @@ use crate::pools::DEPROVISION_FINALIZER;
 use crate::runtime::api_errors::is_conflict;
 use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
 use crate::runtime::panics::ReconcilePanic;
-use crate::runtime::status_writer::apply_status_to;
+use crate::runtime::status_writer::apply_status;
 
 const KIND: &str = "ClusterDeployment";
 
@@ -185,7 +185,7 @@ async fn set_status(
         return Ok(false);
     }
     let version = cd.metadata.resource_version.as_deref();
-    match apply_status_to(&cd_api(ctx, cd), cd, FIELD_MANAGER, &status, version).await {
+    match apply_status(&cd_api(ctx, cd), cd, FIELD_MANAGER, &status, version).await {
         Ok(_) => Ok(true),
         Err(err) if is_conflict(&err) => Ok(false),
         Err(err) => Err(DeploymentError::Tenant(err)),

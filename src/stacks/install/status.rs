@@ -28,7 +28,7 @@ pub(super) async fn publish<K: InstallKind>(
     }
     let api: Api<K> = Api::namespaced(ctx.tenant.client.clone(), &install.namespace().unwrap_or_default());
     let body = serde_json::to_value(&status).map_err(|e| InstallError::Tenant(kube::Error::SerdeError(e)))?;
-    match apply_status(&api, &install.name_any(), FIELD_MANAGER, &body, None).await {
+    match apply_status(&api, install, FIELD_MANAGER, &body, None).await {
         Ok(stored) => ctx.written.record(&uid, stored.resource_version(), status),
         Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
         Err(err) => return Err(InstallError::Tenant(err)),

@@ -946,7 +946,7 @@ async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes:
         let api: Api<Stack> = Api::namespaced(tenant.client.clone(), &stack.namespace().unwrap_or_default());
         // The whole status, as this controller owns it: a reference left out is removed.
         let body = serde_json::to_value(&status).map_err(kube::Error::SerdeError)?;
-        let stored = apply_status(&api, &stack.name_any(), FIELD_MANAGER, &body, None).await?;
+        let stored = apply_status(&api, stack, FIELD_MANAGER, &body, None).await?;
         ctx.written.record(&uid, stored.resource_version(), status);
         if ready_changed {
             info!(tenant = %tenant.name, stack = %key, ready = outcome.ready, reason = outcome.reason, "stack status");
