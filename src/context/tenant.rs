@@ -9,7 +9,7 @@ use tokio::sync::Semaphore;
 
 use super::endpoint::{EndpointError, TenantEndpoint};
 use super::shared::Shared;
-use crate::host::apply::Reverts;
+use crate::host::apply::HostWrites;
 use crate::host::cluster_identity::IdentityError;
 use crate::host::labels::tenant_selector;
 use crate::host::namespace::NamespaceError;
@@ -36,7 +36,7 @@ pub struct TenantContext {
     /// Retry delays of failed reconciles, per object.
     pub object_backoff: ObjectBackoff,
     /// Host replaces the host changed back, held until their backoff has passed.
-    pub reverted_replaces: Reverts,
+    pub host_writes: HostWrites,
     /// One cache per kind the tenant's controllers read, tenant and host, shared by them all.
     pub caches: Informers,
 }

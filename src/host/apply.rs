@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kube::api::{DeleteParams, PostParams, Preconditions, PropagationPolicy};
 use kube::{Api, Resource, ResourceExt};
@@ -37,8 +37,9 @@ impl Applied {
 #[derive(Clone, Copy, Debug)]
 pub enum Update<'a> {
     /// Replace it (PUT with uid and resourceVersion preconditions) when a field stackd sets differs;
-    /// a replace the host changed back is held in `reverts` until its backoff has passed.
-    WhenDifferent(&'a Reverts),
+    /// a replace the host changed back is held until its backoff has passed, and an object created
+    /// moments ago is not created again while the cache has not shown it yet.
+    WhenDifferent(&'a HostWrites),
     /// Never update in place (e.g. a Job, whose template is immutable): the caller deletes and
     /// recreates it when it needs a different one.
     Never,
@@ -105,14 +106,28 @@ where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
     K::DynamicType: Default,
 {
+    let key = object_key(desired);
+    if let Update::WhenDifferent(writes) = update {
+        match observed {
+            Some(_) => writes.forget_created(&key),
+            // Ours, created by an earlier reconcile: the watch event that brings it to the cache
+            // brings this parent back, to be compared with it then.
+            None if writes.created_recently(&key) => return Ok(Applied::Unchanged),
+            None => {}
+        }
+    }
     let existing = match ensure_created(api, desired, observed, tenant, parent).await? {
-        (Applied::Created, _) => return Ok(Applied::Created),
+        (Applied::Created, _) => {
+            if let Update::WhenDifferent(writes) = update {
+                writes.remember_created(&key);
+            }
+            return Ok(Applied::Created);
+        }
         (_, existing) => existing,
     };
     let Update::WhenDifferent(reverts) = update else {
         return Ok(Applied::Unchanged);
     };
-    let key = revert_key(&existing);
     let Some(field) = changed_field(&existing, desired) else {
         reverts.forget(&key);
         return Ok(Applied::Unchanged);
@@ -135,15 +150,25 @@ where
     Ok(Applied::Updated)
 }
 
+/// What a tenant's controllers wrote to the host that their caches must not be trusted on yet.
+///
 /// Replaces the host changed back as they were written, per host object: the same replace is held
 /// until its own backoff has passed, whatever starts the next reconcile. A host that changes the
 /// object while changing stackd's fields back (a stamp, a re-injected sidecar) sends a watch event
 /// for every replace, which would otherwise start the next replace at once, in a loop.
+///
+/// Objects created moments ago: a reconcile woken by another event before the cache has shown
+/// the creation would otherwise create it again (a 409 and a GET, wasted).
 #[derive(Debug)]
-pub struct Reverts {
+pub struct HostWrites {
     backoff: Backoff,
     held: Mutex<HashMap<String, Revert>>,
+    created: Mutex<HashMap<String, Instant>>,
 }
+
+/// How long a creation stands for the object while the cache has not shown it: a cache catches up
+/// in moments; one that never shows it (it relisted past a deletion) is trusted again after this.
+const CREATED_STANDS_FOR: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
 struct Revert {
@@ -153,12 +178,29 @@ struct Revert {
     retry_at: Instant,
 }
 
-impl Reverts {
+impl HostWrites {
     pub fn new(backoff: Backoff) -> Self {
-        Reverts {
+        HostWrites {
             backoff,
             held: Mutex::new(HashMap::new()),
+            created: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn remember_created(&self, key: &str) {
+        let mut created = self.created.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        created.retain(|_, at| at.elapsed() < CREATED_STANDS_FOR);
+        created.insert(key.to_string(), Instant::now());
+    }
+
+    fn created_recently(&self, key: &str) -> bool {
+        let created = self.created.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        created.get(key).is_some_and(|at| at.elapsed() < CREATED_STANDS_FOR)
+    }
+
+    fn forget_created(&self, key: &str) {
+        let mut created = self.created.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        created.remove(key);
     }
 
     /// True when replacing `key` with `desired` waits: the host changed this very replace back and
@@ -196,7 +238,8 @@ impl Reverts {
     }
 }
 
-fn revert_key<K: Resource>(object: &K) -> String
+/// `Kind/namespace/name` of a host object.
+fn object_key<K: Resource>(object: &K) -> String
 where
     K::DynamicType: Default,
 {
@@ -506,7 +549,7 @@ mod tests {
 
     #[test]
     fn a_reverted_replace_is_held_until_its_backoff_passes_unless_the_desired_state_changes() {
-        let reverts = Reverts::new(Backoff::new(Duration::from_secs(3600), Duration::from_secs(3600)));
+        let reverts = HostWrites::new(Backoff::new(Duration::from_secs(3600), Duration::from_secs(3600)));
         let desired = json!({"spec": {"image": "a"}});
         assert!(!reverts.holds("Deployment/ns/d", &desired));
         reverts.reverted("Deployment/ns/d", desired.clone());
@@ -516,7 +559,7 @@ mod tests {
         reverts.forget("Deployment/ns/d");
         assert!(!reverts.holds("Deployment/ns/d", &desired));
 
-        let immediate = Reverts::new(Backoff::new(Duration::ZERO, Duration::ZERO));
+        let immediate = HostWrites::new(Backoff::new(Duration::ZERO, Duration::ZERO));
         immediate.reverted("Deployment/ns/d", desired.clone());
         assert!(
             !immediate.holds("Deployment/ns/d", &desired),

@@ -18,7 +18,7 @@ use super::directory::TenantFile;
 use crate::api::crds::is_established;
 use crate::context::shared::Shared;
 use crate::context::tenant::{TenantContext, TenantError};
-use crate::host::apply::Reverts;
+use crate::host::apply::HostWrites;
 use crate::host::cluster_identity;
 use crate::host::labels::tenant_selector;
 use crate::host::sweep::run::sweep_once;
@@ -61,7 +61,7 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
         reconcile_permits: Arc::new(Semaphore::new(shared.settings.max_concurrent_reconciles.max(1))),
         recorder: recorder.clone(),
         object_backoff: ObjectBackoff::new(shared.settings.backoff),
-        reverted_replaces: Reverts::new(shared.settings.backoff),
+        host_writes: HostWrites::new(shared.settings.backoff),
         caches: Informers::new(
             client.clone(),
             shared.host.clone(),

@@ -202,7 +202,7 @@ async fn a_sidecar_and_a_variable_a_webhook_injects_are_not_drift() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_field_the_host_changes_back_is_reported_once_and_retried_with_backoff() {
     // The policy leaves the object as it was: stackd's replace is a no-op on the host.
-    reverted_replaces_back_off(registry_mirror).await;
+    host_writes_back_off(registry_mirror).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -210,7 +210,7 @@ async fn a_replace_the_host_changes_back_and_stamps_is_not_retried_on_its_own_wa
     // The policy also records each mutation on the object: every replace stackd makes changes the
     // stored object, and its watch event would start the next replace at once.
     let mutations = AtomicU64::new(0);
-    reverted_replaces_back_off(move |deployment: &mut Value| {
+    host_writes_back_off(move |deployment: &mut Value| {
         registry_mirror(deployment);
         let stamp = mutations.fetch_add(1, Ordering::SeqCst).to_string();
         deployment["metadata"]["annotations"]["policy.example.org/mutation"] = json!(stamp);
@@ -221,7 +221,7 @@ async fn a_replace_the_host_changes_back_and_stamps_is_not_retried_on_its_own_wa
 /// Installs the sample stack on a host whose `policy` changes back what stackd writes to the
 /// Deployment; checks that stackd reports it once, retries with backoff, deletes nothing and takes
 /// up again once the policy is gone.
-async fn reverted_replaces_back_off(policy: impl Fn(&mut Value) + Send + Sync + 'static) {
+async fn host_writes_back_off(policy: impl Fn(&mut Value) + Send + Sync + 'static) {
     let fleet = StackFleet::start(&["acme"]).await;
     fleet._host.admission().mutate("apps", "deployments", policy);
     let tenant = fleet.tenant("acme");

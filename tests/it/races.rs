@@ -502,3 +502,44 @@ async fn an_uninstall_judging_a_stale_crd_cache_leaves_the_crd_a_new_install_jus
     let crd = assert_widgets_kept(&tenant, "team-b", &daemon).await;
     assert!(crd.labels().contains_key(&label_b), "{:?}", crd.labels());
 }
+
+/// A parent reconciled again before the cache shows the object its last reconcile created does
+/// not create it again: that would be a 409 and a GET for nothing (issue 20). Once the cache shows
+/// it, it is compared and updated as usual.
+#[tokio::test]
+async fn a_host_object_created_moments_ago_is_not_created_again_before_the_cache_shows_it() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use stackd::host::apply::{self, Applied, HostWrites, Update, stamp};
+    use stackd::runtime::backoff::Backoff;
+
+    let t = super::harness::start().await;
+    t.namespace("host-ns").await;
+    let api: Api<ConfigMap> = Api::namespaced(t.client.clone(), "host-ns");
+    let parent = Parent::new("Stack", Some("team"), "s", "uid-1");
+    let mut desired: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "c", "namespace": "host-ns"}, "data": {"k": "v"}})).unwrap();
+    stamp(&mut desired, "acme", &parent);
+    let writes = HostWrites::new(Backoff::new(Duration::from_secs(1), Duration::from_secs(1)));
+    let update = Update::WhenDifferent(&writes);
+    let first = apply::ensure(&api, &desired, None, "acme", &parent, update)
+        .await
+        .unwrap();
+    assert_eq!(first, Applied::Created);
+    let before = t.server.counters();
+    // The cache has not shown the creation yet: no request at all.
+    let again = apply::ensure(&api, &desired, None, "acme", &parent, update)
+        .await
+        .unwrap();
+    assert_eq!(again, Applied::Unchanged);
+    let requests: u64 = t.server.counters().since(&before).counts.values().sum();
+    assert_eq!(requests, 0, "requests before the cache caught up");
+    // The cache shows it now, and it differs: replaced as usual.
+    let cached = api.get("c").await.unwrap();
+    let mut changed = desired.clone();
+    changed.data = Some([("k".to_string(), "w".to_string())].into());
+    let applied = apply::ensure(&api, &changed, Some(&cached), "acme", &parent, update)
+        .await
+        .unwrap();
+    assert_eq!(applied, Applied::Updated);
+    assert_eq!(api.get("c").await.unwrap().data, changed.data);
+}

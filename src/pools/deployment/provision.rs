@@ -134,7 +134,7 @@ async fn write_installer_inputs(
     let cached = |name: &str| ctx.secrets.get(&ObjectRef::new(name).within(host_ns));
     let mut input = installer::input_secret(names, host_ns, inputs.data);
     stamp(&mut input, &tenant.name, parent);
-    let reverts = Update::WhenDifferent(&tenant.reverted_replaces);
+    let reverts = Update::WhenDifferent(&tenant.host_writes);
     let observed = cached(&names.input);
     ensure(
         &host_secrets,

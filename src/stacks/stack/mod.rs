@@ -683,7 +683,7 @@ async fn ensure_deployment(
         observed.as_deref(),
         &host.tenant,
         &host.parent,
-        Update::WhenDifferent(&tenant.reverted_replaces),
+        Update::WhenDifferent(&tenant.host_writes),
     )
     .await
     .inspect_err(|err| conflict_note(notes, err))?;
@@ -730,7 +730,7 @@ async fn ensure_host_secret(
         observed.as_deref(),
         &host.tenant,
         &host.parent,
-        Update::WhenDifferent(&ctx.tenant.reverted_replaces),
+        Update::WhenDifferent(&ctx.tenant.host_writes),
     )
     .await
     .inspect_err(|err| conflict_note(notes, err))?;
