@@ -187,6 +187,34 @@ impl HostWrites {
         }
     }
 
+    /// Records that `object` was just created (for writers that use [`ensure_created`]).
+    pub fn created<K: Resource>(&self, object: &K)
+    where
+        K::DynamicType: Default,
+    {
+        self.remember_created(&object_key(object));
+    }
+
+    /// Records that the cache has shown `object` (a watch event of it, its deletion included):
+    /// its creation is no longer pending.
+    pub fn seen<K: Resource>(&self, object: &K)
+    where
+        K::DynamicType: Default,
+    {
+        self.forget_created(&object_key(object));
+    }
+
+    /// True when the `K` named `name` in `namespace` was created moments ago (by [`ensure`] or a
+    /// writer that said so with [`HostWrites::created`]) and the cache has not shown it yet (the
+    /// controller's watch of that kind calls [`HostWrites::seen`] on every event).
+    pub fn was_created<K: Resource>(&self, namespace: &str, name: &str) -> bool
+    where
+        K::DynamicType: Default,
+    {
+        let kind = K::kind(&K::DynamicType::default()).into_owned();
+        self.created_recently(&format!("{kind}/{namespace}/{name}"))
+    }
+
     fn remember_created(&self, key: &str) {
         let mut created = self.created.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         created.retain(|_, at| at.elapsed() < CREATED_STANDS_FOR);

@@ -533,7 +533,14 @@ async fn a_host_object_created_moments_ago_is_not_created_again_before_the_cache
     assert_eq!(again, Applied::Unchanged);
     let requests: u64 = t.server.counters().since(&before).counts.values().sum();
     assert_eq!(requests, 0, "requests before the cache caught up");
-    // The cache shows it now, and it differs: replaced as usual.
+    // Its watch event (`seen`), then its deletion: created again.
+    writes.seen(&api.get("c").await.unwrap());
+    api.delete("c", &DeleteParams::default()).await.unwrap();
+    let recreated = apply::ensure(&api, &desired, None, "acme", &parent, update)
+        .await
+        .unwrap();
+    assert_eq!(recreated, Applied::Created);
+    // Once the cache shows it and it differs: replaced as usual.
     let cached = api.get("c").await.unwrap();
     let mut changed = desired.clone();
     changed.data = Some([("k".to_string(), "w".to_string())].into());

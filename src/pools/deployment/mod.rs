@@ -100,9 +100,14 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     // Decisions need the host caches too (the scaffold waits for every watched cache): with an
     // empty one a deleted cluster would look as if it never had an installer, and be let go
     // without its destroy Job.
+    // Every event of a host Secret means the cache has shown it: a creation is no longer pending.
+    let on_secret = context.clone();
     Scaffold::new("clusterdeployment", context, &cds)
         .watches(&jobs, |job| owner_of(job.as_ref()))
-        .watches(&secrets, |secret| owner_of(secret.as_ref()))
+        .watches(&secrets, move |secret| {
+            on_secret.host_writes.seen(secret.as_ref());
+            owner_of(secret.as_ref())
+        })
         .run(ctx, reconcile, &cancel)
         .await;
 }

@@ -233,8 +233,13 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
         written: Default::default(),
     });
     let install_store = installs.store();
+    let on_job = context.clone();
     Scaffold::new(K::kind(&()), context, &installs)
-        .watches(&jobs, |job| install_of::<K>(job.as_ref()))
+        .watches(&jobs, move |job| {
+            // The cache has shown this Job: its creation is no longer pending.
+            on_job.host_writes.seen(job.as_ref());
+            install_of::<K>(job.as_ref())
+        })
         // By name, not owner reference: a Stack at the install's name that another controls, or
         // one whose owner reference was removed, concerns the install as much as its own.
         .watches(&stacks, |stack| {

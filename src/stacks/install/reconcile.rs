@@ -89,6 +89,10 @@ async fn settle_job<K: InstallKind>(
         Settled::Acted(Action::requeue(SAFETY_NET), Some(report))
     };
     let Some(observed) = ctx.jobs.get(&ObjectRef::new(&job_name).within(&tenant.host_namespace)) else {
+        if tenant.host_writes.was_created::<Job>(&tenant.host_namespace, &job_name) {
+            // Created by a reconcile moments ago: its watch event brings this install back.
+            return Ok(Settled::Acted(Action::await_change(), None));
+        }
         return Ok(started(start_job(install, ctx, parent, 1).await?));
     };
     if observed.metadata.deletion_timestamp.is_some() {
@@ -276,7 +280,12 @@ async fn start_job<K: InstallKind>(
     let desired = desired_job(install, ctx, parent, attempt, &pull);
     let jobs: Api<Job> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
     let created = match apply::ensure_created(&jobs, &desired, None, &tenant.name, parent).await {
-        Ok((_, job)) => job,
+        Ok((applied, job)) => {
+            if applied == Applied::Created {
+                tenant.host_writes.created(&job);
+            }
+            job
+        }
         Err(err @ apply::HostWriteError::Conflict { .. }) => return Ok(Err(job_conflict(install, ctx, &err))),
         Err(err) => return Err(err.into()),
     };

@@ -163,6 +163,8 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
     let cluster_stack_installs = shared.tenant_guarded::<ClusterStackInstall>();
     let stacks = shared.tenant_guarded::<Stack>();
     let stack_store = stacks.store();
+    // Every event of a host object means the cache has shown it: a creation is no longer pending.
+    let (on_deployment, on_secret) = (context.clone(), context.clone());
     let scaffold = Scaffold::new(CONTROLLER, context.clone(), &stacks)
         .watches(&service_accounts, |o| stack_of(o.as_ref()))
         .watches(&tenant_secrets, |o| stack_of(o.as_ref()))
@@ -170,8 +172,14 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
         .watches(&role_bindings, |o| stack_of(o.as_ref()))
         .watches(&cluster_role_bindings, |o| stack_of(o.as_ref()))
         .watches(&crds, move |crd| stacks_using(&stack_store, &crd))
-        .watches(&deployments, |o| host_parent(o.as_ref()))
-        .watches(&host_secrets, |o| host_parent(o.as_ref()))
+        .watches(&deployments, move |o| {
+            on_deployment.host_writes.seen(o.as_ref());
+            host_parent(o.as_ref())
+        })
+        .watches(&host_secrets, move |o| {
+            on_secret.host_writes.seen(o.as_ref());
+            host_parent(o.as_ref())
+        })
         // A Stack is judged by its install: a new one decides whether it runs. (One that goes takes
         // its Stack with it, or leaves it without the owner reference, which is a Stack event.)
         .watches_stream(&stack_installs, new_generations(&stack_installs), |o| {
