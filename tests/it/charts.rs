@@ -22,7 +22,7 @@ use stackd::host::Parent;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use crate::daemon::Daemon;
+use crate::harness::Daemon;
 use rbac::{Authorizer, Permission, Request, Subject};
 
 /// The release namespace in the host and in each tenant.

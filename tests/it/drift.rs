@@ -17,8 +17,9 @@ use stackd::api::stacks::Stack;
 use stackd::embedded::Verb;
 use stackd::embedded::counters::RequestCounts;
 
-use super::daemon::Daemon;
-use super::stacks_install::{StackFleet, condition, create_install, wait_for_reason, wait_until};
+use super::stacks_install::{StackFleet, condition, create_install, wait_for_reason};
+use crate::harness::Daemon;
+use crate::harness::wait_until;
 
 const HOST_NS: &str = "tenant-acme-controllers";
 const NS: &str = "team-a";

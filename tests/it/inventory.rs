@@ -2,8 +2,7 @@
 //! binary against embedded host and tenant servers; the host's JobRunner plays the installer.
 
 use std::collections::BTreeSet;
-use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Namespace, Secret};
@@ -15,7 +14,7 @@ use stackd::api::inventory::BareMetalAsset;
 use stackd::api::pools::{ClusterDeployment, ClusterPool, MachineFailureDomain};
 use stackd::embedded::samples::{SampleImages, register_sample_runners};
 
-use crate::daemon::{Daemon, Fleet};
+use crate::harness::{Daemon, Fleet, until, wait_until};
 
 const NS: &str = "team";
 const HOST_NS: &str = "tenant-acme-controllers";
@@ -163,46 +162,6 @@ async fn events(tenant: &Client, namespace: &str, object: &str) -> Vec<(String, 
     out
 }
 
-/// Polls `check` until it holds, failing with the daemon's log after `within`.
-async fn until<F, Fut>(what: &str, daemon: &Daemon, within: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if check().await {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; daemon log:\n{}",
-            daemon.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Polls `find` until it returns something, failing with the daemon's log after `within`.
-async fn found<T, F, Fut>(what: &str, daemon: &Daemon, within: Duration, mut find: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(value) = find().await {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; daemon log:\n{}",
-            daemon.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 fn openstack_domains_pool(name: &str, size: i32) -> Value {
     let mut pool = pool_json(name, size, openstack());
     pool["spec"]["availabilityZones"] = json!(["fd-a", "az9"]);
@@ -226,7 +185,7 @@ async fn openstack_control_planes_spread_over_failure_domains_and_keep_their_rec
     let (fleet, tenant) = setup().await;
     create_pool(&tenant, openstack_domains_pool("os", 2)).await;
     let daemon = daemon(&fleet);
-    until("two clusters with their records", &daemon, WITHIN, || async {
+    until("two clusters with their records", WITHIN, &daemon, || async {
         let all = cds(&tenant, "os").await;
         all.len() == 2 && all.iter().all(|cd| records(cd).len() == 3)
     })
@@ -283,7 +242,7 @@ async fn openstack_control_planes_spread_over_failure_domains_and_keep_their_rec
     }
 
     // Claim one cluster so a pool edit leaves it in place, then change the pool's definitions.
-    until("a ready cluster", &daemon, WITHIN, || async {
+    until("a ready cluster", WITHIN, &daemon, || async {
         pool(&tenant, "os").await.status.is_some_and(|s| s.ready >= 1)
     })
     .await;
@@ -296,7 +255,7 @@ async fn openstack_control_planes_spread_over_failure_domains_and_keep_their_rec
         .create(&PostParams::default(), &claim)
         .await
         .expect("claim");
-    let claimed = found("the claim is assigned", &daemon, WITHIN, || async {
+    let claimed = wait_until("the claim is assigned", WITHIN, &daemon, || async {
         cds(&tenant, "os")
             .await
             .into_iter()
@@ -316,7 +275,7 @@ async fn openstack_control_planes_spread_over_failure_domains_and_keep_their_rec
         .await
         .expect("edit pool");
     let cd_api = Api::<ClusterDeployment>::namespaced(tenant.clone(), &claimed.name_any());
-    until("the pool reports its new domains", &daemon, WITHIN, || async {
+    until("the pool reports its new domains", WITHIN, &daemon, || async {
         !pool(&tenant, "os")
             .await
             .status
@@ -340,7 +299,7 @@ async fn openstack_control_planes_spread_over_failure_domains_and_keep_their_rec
         .replace_status(&claimed.name_any(), &PostParams::default(), &edited)
         .await
         .expect("edit status");
-    until("the record is restored", &daemon, WITHIN, || async {
+    until("the record is restored", WITHIN, &daemon, || async {
         records(&cd_api.get(&claimed.name_any()).await.unwrap()) == before
     })
     .await;
@@ -366,7 +325,7 @@ async fn contradicting_storage_zones_stop_the_cluster_and_vsphere_refuses_failur
     vsphere["spec"]["availabilityZones"] = json!(["az1"]);
     create_pool(&tenant, vsphere).await;
     let daemon = daemon(&fleet);
-    let stopped = found("the cluster stops with InvalidMachineSpec", &daemon, WITHIN, || async {
+    let stopped = wait_until("the cluster stops with InvalidMachineSpec", WITHIN, &daemon, || async {
         cds(&tenant, "bad").await.into_iter().find(|cd| {
             cd_condition(cd, "ProvisionStopped").is_some_and(|(s, r, _)| s == "True" && r == "InvalidMachineSpec")
         })
@@ -379,7 +338,7 @@ async fn contradicting_storage_zones_stop_the_cluster_and_vsphere_refuses_failur
     );
     let seen = events(&tenant, &stopped.name_any(), &stopped.name_any()).await;
     assert!(seen.iter().any(|(r, _)| r == "InvalidMachineSpec"), "{seen:?}");
-    until("vSphere refuses failure domains", &daemon, WITHIN, || async {
+    until("vSphere refuses failure domains", WITHIN, &daemon, || async {
         pool_condition(&pool(&tenant, "vs").await, "FailureDomainsUnsupported").is_some_and(|(s, _, _)| s == "True")
     })
     .await;
@@ -457,7 +416,7 @@ async fn assets_mirror_labels_check_credentials_and_own_only_unowned_secrets() {
     )
     .await;
     let daemon = daemon(&fleet);
-    until("a1 says its Secret is missing", &daemon, WITHIN, || async {
+    until("a1 says its Secret is missing", WITHIN, &daemon, || async {
         let a1 = assets(&tenant).get("a1").await.unwrap();
         asset_condition(&a1, "CredentialsFound")
             .is_some_and(|(s, r, m)| s == "False" && r == "SecretNotFound" && m.contains("bmc-a1"))
@@ -481,18 +440,18 @@ async fn assets_mirror_labels_check_credentials_and_own_only_unowned_secrets() {
     );
 
     bmc_secret(&tenant, "a1").await;
-    until("a1 finds its Secret", &daemon, WITHIN, || async {
+    until("a1 finds its Secret", WITHIN, &daemon, || async {
         let a1 = assets(&tenant).get("a1").await.unwrap();
         asset_condition(&a1, "CredentialsFound").is_some_and(|(s, _, _)| s == "True")
     })
     .await;
     let secrets = Api::<Secret>::namespaced(tenant.clone(), NS);
-    until("a1 owns its Secret", &daemon, WITHIN, || async {
+    until("a1 owns its Secret", WITHIN, &daemon, || async {
         let owners = secrets.get("bmc-a1").await.unwrap().owner_references().to_vec();
         owners.len() == 1 && owners[0].name == "a1" && owners[0].controller == Some(true)
     })
     .await;
-    until("a2 finds its Secret", &daemon, WITHIN, || async {
+    until("a2 finds its Secret", WITHIN, &daemon, || async {
         let a2 = assets(&tenant).get("a2").await.unwrap();
         asset_condition(&a2, "CredentialsFound").is_some_and(|(s, _, _)| s == "True")
     })
@@ -517,7 +476,7 @@ async fn assets_mirror_labels_check_credentials_and_own_only_unowned_secrets() {
         }
     };
     set(json!({"clusterName": "c1"})).await;
-    until("a1 carries its cluster label", &daemon, WITHIN, || async {
+    until("a1 carries its cluster label", WITHIN, &daemon, || async {
         let a1 = assets(&tenant).get("a1").await.unwrap();
         a1.labels().get("inventory.stackd.dev/cluster").map(String::as_str) == Some("c1")
             && asset_condition(&a1, "ClusterDeploymentFound")
@@ -525,7 +484,7 @@ async fn assets_mirror_labels_check_credentials_and_own_only_unowned_secrets() {
     })
     .await;
     set(json!({"clusterName": "", "role": "worker"})).await;
-    until("a1's labels follow the spec", &daemon, WITHIN, || async {
+    until("a1's labels follow the spec", WITHIN, &daemon, || async {
         let a1 = assets(&tenant).get("a1").await.unwrap();
         !a1.labels().contains_key("inventory.stackd.dev/cluster")
             && a1.labels().get("inventory.stackd.dev/role").map(String::as_str) == Some("worker")
@@ -598,7 +557,7 @@ async fn a_baremetal_pool_takes_hosts_by_role_and_releases_them_with_the_cluster
     create_asset(&tenant, "other", json!({"role": "worker"})).await;
     create_pool(&tenant, baremetal_pool("metal", 1, 3, 2)).await;
     let daemon = daemon(&fleet);
-    let cd = found("a cluster with its hosts", &daemon, WITHIN, || async {
+    let cd = wait_until("a cluster with its hosts", WITHIN, &daemon, || async {
         cds(&tenant, "metal")
             .await
             .into_iter()
@@ -667,7 +626,7 @@ async fn a_baremetal_pool_takes_hosts_by_role_and_releases_them_with_the_cluster
         )
         .await
         .unwrap();
-    until("the hosts are released with the cluster", &daemon, WITHIN, || async {
+    until("the hosts are released with the cluster", WITHIN, &daemon, || async {
         cds(&tenant, "metal").await.is_empty() && assignments(&tenant).await.is_empty()
     })
     .await;
@@ -689,12 +648,12 @@ async fn a_baremetal_pool_takes_hosts_by_role_and_releases_them_with_the_cluster
         status.failure_domains.into_keys().collect::<Vec<_>>()
     };
     zones(json!(["zone-z"])).await;
-    until("zone-z is a failure domain", &daemon, WITHIN, || async {
+    until("zone-z is a failure domain", WITHIN, &daemon, || async {
         domains().await.contains(&"zone-z".to_string())
     })
     .await;
     zones(Value::Null).await;
-    until("zone-z is no failure domain any more", &daemon, WITHIN, || async {
+    until("zone-z is no failure domain any more", WITHIN, &daemon, || async {
         domains().await == ["rack-a", "rack-b", "rack-c"]
     })
     .await;
@@ -710,7 +669,7 @@ async fn too_few_hosts_leave_nothing_assigned_and_say_insufficient_hosts() {
     }
     create_pool(&tenant, baremetal_pool("metal", 1, 3, 1)).await;
     let daemon = daemon(&fleet);
-    until("the pool says InsufficientHosts", &daemon, WITHIN, || async {
+    until("the pool says InsufficientHosts", WITHIN, &daemon, || async {
         pool_condition(&pool(&tenant, "metal").await, "CapacityAvailable")
             .is_some_and(|(s, r, m)| s == "False" && r == "InsufficientHosts" && m.contains("only 2 and 1"))
     })
@@ -718,7 +677,7 @@ async fn too_few_hosts_leave_nothing_assigned_and_say_insufficient_hosts() {
     assert!(assignments(&tenant).await.is_empty(), "nothing stays assigned");
     assert!(cds(&tenant, "metal").await.is_empty());
     lab_asset(&tenant, "x1", None, None).await;
-    until("a cluster once a role-less host fills in", &daemon, WITHIN, || async {
+    until("a cluster once a role-less host fills in", WITHIN, &daemon, || async {
         assignments(&tenant).await.len() == 4 && cds(&tenant, "metal").await.len() == 1
     })
     .await;
@@ -734,7 +693,7 @@ async fn two_racing_daemons_never_assign_one_asset_twice() {
     create_pool(&tenant, baremetal_pool("metal", 2, 3, 0)).await;
     let first = daemon(&fleet);
     let second = daemon(&fleet);
-    until("two ready clusters", &first, Duration::from_secs(40), || async {
+    until("two ready clusters", Duration::from_secs(40), &first, || async {
         let all = cds(&tenant, "metal").await;
         all.len() == 2 && all.iter().all(|cd| cd.status.as_ref().is_some_and(|s| s.installed))
     })
@@ -742,8 +701,8 @@ async fn two_racing_daemons_never_assign_one_asset_twice() {
     // Settle: a losing daemon's extra cluster (if any) is deleted and its hosts released.
     until(
         "every assignment belongs to a live cluster listing it",
-        &second,
         WITHIN,
+        &second,
         || async {
             let all = cds(&tenant, "metal").await;
             let taken = assignments(&tenant).await;
@@ -872,8 +831,8 @@ async fn assets_are_delivered_to_the_installed_cluster_and_detached_from_it() {
 
     until(
         "both hosts are on the cluster with their Secrets",
-        &daemon,
         WITHIN,
+        &daemon,
         || async {
             let m1 = bmh(&remote, "m1").await;
             let w1 = bmh(&remote, "w1").await;
@@ -894,7 +853,7 @@ async fn assets_are_delivered_to_the_installed_cluster_and_detached_from_it() {
     assert_eq!(w1.data["spec"]["online"], true, "online on create");
     let secret = remote_secret(&remote, "w1").await.unwrap();
     assert_eq!(secret.data.unwrap()["password"].0, b"s3cret");
-    until("w1 says HostCreated", &daemon, WITHIN, || async {
+    until("w1 says HostCreated", WITHIN, &daemon, || async {
         let w1 = assets(&tenant).get("w1").await.unwrap();
         asset_condition(&w1, "HostCreated").is_some_and(|(s, _, _)| s == "True")
             && w1.finalizers().iter().any(|f| f == "inventory.stackd.dev/delivery")
@@ -919,7 +878,7 @@ async fn assets_are_delivered_to_the_installed_cluster_and_detached_from_it() {
         )
         .await
         .unwrap();
-    until("the address and credentials follow", &daemon, WITHIN, || async {
+    until("the address and credentials follow", WITHIN, &daemon, || async {
         let address = bmh(&remote, "w1")
             .await
             .map(|h| h.data["spec"]["bmc"]["address"].clone());
@@ -931,7 +890,7 @@ async fn assets_are_delivered_to_the_installed_cluster_and_detached_from_it() {
     })
     .await;
     patch_asset("w1", json!({"bootMACAddress": "00:1B:44:11:3A:C8"})).await;
-    until("a new boot MAC replaces the host", &daemon, WITHIN, || async {
+    until("a new boot MAC replaces the host", WITHIN, &daemon, || async {
         bmh(&remote, "w1").await.is_some_and(|h| {
             h.metadata.uid != w1.metadata.uid && h.data["spec"]["bootMACAddress"] == "00:1B:44:11:3A:C8"
         })
@@ -940,7 +899,7 @@ async fn assets_are_delivered_to_the_installed_cluster_and_detached_from_it() {
 
     // Unassigning detaches: gone from the cluster, then the asset lets go.
     patch_asset("w1", json!({"clusterName": ""})).await;
-    until("w1 is detached", &daemon, WITHIN, || async {
+    until("w1 is detached", WITHIN, &daemon, || async {
         let asset = assets(&tenant).get("w1").await.unwrap();
         bmh(&remote, "w1").await.is_none()
             && remote_secret(&remote, "w1").await.is_none()
@@ -952,12 +911,12 @@ async fn assets_are_delivered_to_the_installed_cluster_and_detached_from_it() {
     // An asset assigned by hand to the installed cluster is delivered; deleting it detaches it.
     lab_asset(&tenant, "h1", Some("worker"), None).await;
     patch_asset("h1", json!({"clusterName": cd.name_any()})).await;
-    until("h1 is delivered", &daemon, WITHIN, || async {
+    until("h1 is delivered", WITHIN, &daemon, || async {
         bmh(&remote, "h1").await.is_some()
     })
     .await;
     assets(&tenant).delete("h1", &Default::default()).await.unwrap();
-    until("h1 is gone from both sides", &daemon, WITHIN, || async {
+    until("h1 is gone from both sides", WITHIN, &daemon, || async {
         bmh(&remote, "h1").await.is_none() && assets(&tenant).get_opt("h1").await.unwrap().is_none()
     })
     .await;
@@ -971,7 +930,7 @@ async fn assets_are_delivered_to_the_installed_cluster_and_detached_from_it() {
         )
         .await
         .unwrap();
-    until("m1 is released", &daemon, WITHIN, || async {
+    until("m1 is released", WITHIN, &daemon, || async {
         let asset = assets(&tenant).get("m1").await.unwrap();
         cds(&tenant, "metal").await.is_empty()
             && asset.spec.assigned_cluster().is_none()
@@ -1014,7 +973,7 @@ async fn assets_assigned_to_a_cluster_that_never_appeared_are_released() {
     // The pool needs more than it has, so it never assigns anything itself.
     create_pool(&tenant, baremetal_pool("metal", 1, 3, 0)).await;
     let daemon = daemon(&fleet);
-    until("g1 is released", &daemon, WITHIN, || async {
+    until("g1 is released", WITHIN, &daemon, || async {
         assets(&tenant)
             .get("g1")
             .await
@@ -1046,7 +1005,7 @@ async fn a_delivered_asset_writes_nothing_when_woken() {
     pool_value["spec"]["installerImage"] = json!(METAL_IMAGE);
     create_pool(&tenant, pool_value).await;
     let daemon = daemon(&fleet);
-    until("m1 is delivered and says HostCreated", &daemon, WITHIN, || async {
+    until("m1 is delivered and says HostCreated", WITHIN, &daemon, || async {
         let m1 = assets(&tenant).get("m1").await.unwrap();
         bmh(&remote, "m1").await.is_some()
             && asset_condition(&m1, "HostCreated").is_some_and(|(s, _, _)| s == "True")

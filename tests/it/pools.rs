@@ -2,7 +2,6 @@
 //! against embedded host and tenant servers; the host's JobRunner plays the installer.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -20,7 +19,7 @@ use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
 use stackd::embedded::samples::{SampleImages, create_cluster, register_sample_runners};
 use stackd::runtime::status_writer::apply_status;
 
-use crate::daemon::{Daemon, Fleet};
+use crate::harness::{Daemon, Fleet, until};
 
 pub(crate) const NS: &str = "team";
 const HOST_NS: &str = "tenant-acme-controllers";
@@ -193,26 +192,6 @@ fn entry(pool: &ClusterPool, name: &str) -> Option<stackd::api::pools::Inventory
     pool.status.as_ref()?.inventory.iter().find(|e| e.name == name).cloned()
 }
 
-/// Polls `check` until it holds, failing with the daemon's log after `within`.
-pub(crate) async fn until<F, Fut>(what: &str, daemon: &Daemon, within: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if check().await {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; daemon log:\n{}",
-            daemon.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 pub(crate) async fn ready(tenant: &Client, name: &str) -> i32 {
     pools(tenant)
         .get_opt(name)
@@ -287,7 +266,7 @@ where
     )
     .await
     .expect("label");
-    until("the label's reconciles", daemon, WITHIN, || async {
+    until("the label's reconciles", WITHIN, daemon, || async {
         controllers
             .iter()
             .zip(&reconciled)
@@ -326,7 +305,7 @@ async fn a_pool_fills_from_its_inventory_through_installer_jobs() {
     named_cdc(&tenant, "zed").await;
     create_pool(&tenant, pool_json("vsphere", 2, Some(&["foo", "bar", "zed"]))).await;
     let daemon = daemon(&fleet, &[]);
-    until("two ready clusters", &daemon, WITHIN, || async {
+    until("two ready clusters", WITHIN, &daemon, || async {
         ready(&tenant, "vsphere").await == 2
     })
     .await;
@@ -490,7 +469,7 @@ async fn a_pool_fills_from_its_inventory_through_installer_jobs() {
         .replace_status("bar", &PostParams::default(), &wiped)
         .await
         .expect("wipe the lease");
-    until("the lease restored", &daemon, WITHIN, || async {
+    until("the lease restored", WITHIN, &daemon, || async {
         lease(&cdc(&tenant, "bar").await).as_deref() == Some(holder.as_str())
     })
     .await;
@@ -548,7 +527,7 @@ async fn a_broken_patch_marks_its_cdc_and_the_pool_fills_from_the_others() {
     )
     .await;
     let daemon = daemon(&fleet, &[]);
-    until("two ready clusters", &daemon, WITHIN, || async {
+    until("two ready clusters", WITHIN, &daemon, || async {
         ready(&tenant, "p").await == 2
     })
     .await;
@@ -590,7 +569,7 @@ async fn a_broken_patch_marks_its_cdc_and_the_pool_fills_from_the_others() {
         .patch("aaa-broken", &PatchParams::default(), &Patch::Merge(&fixed))
         .await
         .expect("fix");
-    until("the fixed entry to be valid", &daemon, WITHIN, || async {
+    until("the fixed entry to be valid", WITHIN, &daemon, || async {
         let pool = pools(&tenant).get("p").await.unwrap();
         entry(&pool, "aaa-broken").is_some_and(|e| e.status == InventoryEntryState::Available)
             && pool_condition(&pool, "InventoryValid").is_some_and(|c| !c.2.contains("aaa-broken"))
@@ -675,7 +654,7 @@ async fn two_daemons_racing_for_one_inventory_never_lease_a_cdc_twice() {
             .delete("race", &DeleteParams::default())
             .await
             .expect("delete pool");
-        until("the pool to go", &second, WITHIN, || async {
+        until("the pool to go", WITHIN, &second, || async {
             pools(&tenant).get_opt("race").await.unwrap().is_none() && cds(&tenant, "race").await.is_empty()
         })
         .await;
@@ -822,7 +801,7 @@ async fn leases_without_a_cluster_are_released_after_the_minimum_age_and_empty_n
     let daemon = fleet.daemon(&["--lease-min-age", "3s"]);
     reserve(&tenant, "fresh", "p", "p-ghost2", Duration::ZERO).await;
     let fresh_at = Instant::now();
-    until("the old lease to be released", &daemon, WITHIN, || async {
+    until("the old lease to be released", WITHIN, &daemon, || async {
         lease(&cdc(&tenant, "old").await).is_none()
     })
     .await;
@@ -836,7 +815,7 @@ async fn leases_without_a_cluster_are_released_after_the_minimum_age_and_empty_n
         !pool_namespaces(&tenant, "p").await.is_empty(),
         "the namespace is younger than the minimum age"
     );
-    until("the fresh lease to be released", &daemon, WITHIN, || async {
+    until("the fresh lease to be released", WITHIN, &daemon, || async {
         lease(&cdc(&tenant, "fresh").await).is_none()
     })
     .await;
@@ -846,7 +825,7 @@ async fn leases_without_a_cluster_are_released_after_the_minimum_age_and_empty_n
         "{:?}",
         fresh_at.elapsed()
     );
-    until("the empty namespace to be reaped", &daemon, WITHIN, || async {
+    until("the empty namespace to be reaped", WITHIN, &daemon, || async {
         pool_namespaces(&tenant, "p").await.is_empty()
     })
     .await;
@@ -885,7 +864,7 @@ async fn a_lease_written_by_an_older_stackd_is_released_completely() {
         .expect("legacy lease");
     assert_eq!(status_updates(&written), 1, "{:?}", written.metadata.managed_fields);
     let daemon = daemon(&fleet, &[]);
-    until("the legacy lease to be released", &daemon, WITHIN, || async {
+    until("the legacy lease to be released", WITHIN, &daemon, || async {
         cdc_condition(&cdc(&tenant, "old").await, "Available").is_some_and(|(s, _, _)| s == "True")
     })
     .await;
@@ -972,7 +951,7 @@ async fn claims_get_the_oldest_ready_cluster_and_release_it_after_the_destroy_jo
     spec["spec"]["claimLifetime"] = json!({"maximum": "1h"});
     create_pool(&tenant, spec).await;
     let daemon = daemon(&fleet, &[]);
-    until("one ready cluster", &daemon, WITHIN, || async {
+    until("one ready cluster", WITHIN, &daemon, || async {
         ready(&tenant, "p").await == 1
     })
     .await;
@@ -983,7 +962,7 @@ async fn claims_get_the_oldest_ready_cluster_and_release_it_after_the_destroy_jo
     create_claim(&tenant, "first", "p", None).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     create_claim(&tenant, "second", "p", Some("3s")).await;
-    until("both claims assigned", &daemon, WITHIN, || async {
+    until("both claims assigned", WITHIN, &daemon, || async {
         claimed_namespace(&tenant, "first").await.is_some() && claimed_namespace(&tenant, "second").await.is_some()
     })
     .await;
@@ -1009,7 +988,7 @@ async fn claims_get_the_oldest_ready_cluster_and_release_it_after_the_destroy_jo
         .expect("the claimed cluster's admin kubeconfig");
     assert!(admin.data.unwrap().contains_key("kubeconfig"));
     // The pool refills to one unclaimed cluster besides the two claimed ones.
-    until("the pool refilled", &daemon, WITHIN, || async {
+    until("the pool refilled", WITHIN, &daemon, || async {
         ready(&tenant, "p").await == 1
     })
     .await;
@@ -1027,7 +1006,7 @@ async fn claims_get_the_oldest_ready_cluster_and_release_it_after_the_destroy_jo
         .expect("delete claim");
     let destroy = format!("{oldest}.{oldest}-destroy");
     let jobs: Api<Job> = Api::namespaced(fleet.host_client.clone(), HOST_NS);
-    until("the destroy Job", &daemon, WITHIN, || async {
+    until("the destroy Job", WITHIN, &daemon, || async {
         jobs.get_opt(&destroy).await.unwrap().is_some()
     })
     .await;
@@ -1044,7 +1023,7 @@ async fn claims_get_the_oldest_ready_cluster_and_release_it_after_the_destroy_jo
             .unwrap(),
         ["destroy", "cluster", "--dir", "/installer"]
     );
-    until("the CDC released", &daemon, WITHIN, || async {
+    until("the CDC released", WITHIN, &daemon, || async {
         lease(&cdc(&tenant, &entry_name).await) != Some(oldest.clone())
     })
     .await;
@@ -1055,7 +1034,7 @@ async fn claims_get_the_oldest_ready_cluster_and_release_it_after_the_destroy_jo
     assert!(cluster_gone.is_none_or(|cd| cd.metadata.deletion_timestamp.is_some()));
     // The cluster's host objects go with it.
     let prefix = format!("{oldest}.{oldest}");
-    until("the cluster's host objects deleted", &daemon, WITHIN, || async {
+    until("the cluster's host objects deleted", WITHIN, &daemon, || async {
         let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(fleet.host_client.clone(), HOST_NS);
         let role: Api<k8s_openapi::api::rbac::v1::Role> = Api::namespaced(fleet.host_client.clone(), HOST_NS);
         let secrets: Api<Secret> = Api::namespaced(fleet.host_client.clone(), HOST_NS);
@@ -1065,7 +1044,7 @@ async fn claims_get_the_oldest_ready_cluster_and_release_it_after_the_destroy_jo
             && jobs.get_opt(&destroy).await.unwrap().is_none()
     })
     .await;
-    until("a Released event naming the deprovision", &daemon, WITHIN, || async {
+    until("a Released event naming the deprovision", WITHIN, &daemon, || async {
         events(&tenant, NS, &entry_name)
             .await
             .iter()
@@ -1074,11 +1053,11 @@ async fn claims_get_the_oldest_ready_cluster_and_release_it_after_the_destroy_jo
     .await;
 
     // The second claim outlives its 3 s lifetime and is deleted with its cluster.
-    until("the expired claim deleted", &daemon, WITHIN, || async {
+    until("the expired claim deleted", WITHIN, &daemon, || async {
         claims(&tenant).get_opt("second").await.unwrap().is_none()
     })
     .await;
-    until("its cluster deleted", &daemon, WITHIN, || async {
+    until("its cluster deleted", WITHIN, &daemon, || async {
         Api::<ClusterDeployment>::namespaced(tenant.clone(), &second_cd)
             .get_opt(&second_cd)
             .await
@@ -1098,12 +1077,12 @@ async fn editing_or_removing_an_entry_replaces_only_its_unclaimed_cluster() {
     }
     create_pool(&tenant, pool_json("p", 2, Some(&["a", "b", "c", "d", "e"]))).await;
     let daemon = daemon(&fleet, &[]);
-    until("two ready clusters", &daemon, WITHIN, || async {
+    until("two ready clusters", WITHIN, &daemon, || async {
         ready(&tenant, "p").await == 2
     })
     .await;
     create_claim(&tenant, "mine", "p", None).await;
-    until("the claim assigned and the pool refilled", &daemon, WITHIN, || async {
+    until("the claim assigned and the pool refilled", WITHIN, &daemon, || async {
         // The claim's status is written before the pool's: until the refill shows in the pool's
         // status, `ready` may still count the claimed cluster, so count the clusters as well.
         let all = cds(&tenant, "p").await;
@@ -1174,7 +1153,7 @@ async fn editing_or_removing_an_entry_replaces_only_its_unclaimed_cluster() {
         )
         .await
         .unwrap();
-    until("the edited entry's cluster replaced", &daemon, WITHIN, || async {
+    until("the edited entry's cluster replaced", WITHIN, &daemon, || async {
         let now = by_entry(&cds(&tenant, "p").await);
         !now.values().any(|cd| *cd == edited_cd) && ready(&tenant, "p").await == 2
     })
@@ -1205,7 +1184,7 @@ async fn editing_or_removing_an_entry_replaces_only_its_unclaimed_cluster() {
         )
         .await
         .unwrap();
-    until("the removed entry's cluster replaced", &daemon, WITHIN, || async {
+    until("the removed entry's cluster replaced", WITHIN, &daemon, || async {
         let now = by_entry(&cds(&tenant, "p").await);
         !now.values().any(|cd| *cd == removed_cd) && ready(&tenant, "p").await == 2
     })
@@ -1214,7 +1193,7 @@ async fn editing_or_removing_an_entry_replaces_only_its_unclaimed_cluster() {
     assert!(now.values().any(|cd| *cd == claimed), "the claimed cluster stays");
     assert!(!now.contains_key(&removed_entry));
     // A CDC no longer listed and no longer leased loses the pool's finalizer.
-    until("the removed entry's finalizer gone", &daemon, WITHIN, || async {
+    until("the removed entry's finalizer gone", WITHIN, &daemon, || async {
         cdc(&tenant, &removed_entry).await.finalizers().is_empty()
     })
     .await;
@@ -1233,7 +1212,7 @@ async fn editing_or_removing_an_entry_replaces_only_its_unclaimed_cluster() {
         )
         .await
         .unwrap();
-    until("the claimed entry ToBeDeleted", &daemon, WITHIN, || async {
+    until("the claimed entry ToBeDeleted", WITHIN, &daemon, || async {
         let pool = pools(&tenant).get("p").await.unwrap();
         entry(&pool, &claimed_entry).is_some_and(|e| e.status == InventoryEntryState::ToBeDeleted)
     })
@@ -1259,7 +1238,7 @@ async fn adding_or_removing_the_inventory_replaces_unclaimed_clusters_one_at_a_t
     }
     create_pool(&tenant, pool_json("p", 2, None)).await;
     let daemon = daemon(&fleet, &[]);
-    until("two ready clusters", &daemon, WITHIN, || async {
+    until("two ready clusters", WITHIN, &daemon, || async {
         ready(&tenant, "p").await == 2
     })
     .await;
@@ -1297,12 +1276,12 @@ async fn adding_or_removing_the_inventory_replaces_unclaimed_clusters_one_at_a_t
         )
         .await
         .unwrap();
-    until("clusters without an inventory", &daemon, WITHIN, || async {
+    until("clusters without an inventory", WITHIN, &daemon, || async {
         let all = cds(&tenant, "p").await;
         live(&all).len() == 2 && live(&all).iter().all(|cd| cdc_of(cd).is_none()) && ready(&tenant, "p").await == 2
     })
     .await;
-    until("every CDC released", &daemon, WITHIN, || async {
+    until("every CDC released", WITHIN, &daemon, || async {
         let mut free = true;
         for name in ["a", "b", "c"] {
             free &= lease(&cdc(&tenant, name).await).is_none();
@@ -1321,13 +1300,13 @@ async fn a_cdc_listed_by_two_pools_is_never_released_by_the_pool_not_holding_it(
     named_cdc(&tenant, "own").await;
     create_pool(&tenant, pool_json("alpha", 1, Some(&["shared"]))).await;
     let daemon = daemon(&fleet, &[]);
-    until("alpha ready", &daemon, WITHIN, || async {
+    until("alpha ready", WITHIN, &daemon, || async {
         ready(&tenant, "alpha").await == 1
     })
     .await;
     let holder = lease(&cdc(&tenant, "shared").await).expect("alpha holds it");
     create_pool(&tenant, pool_json("beta", 1, Some(&["shared", "own"]))).await;
-    until("beta ready", &daemon, WITHIN, || async {
+    until("beta ready", WITHIN, &daemon, || async {
         ready(&tenant, "beta").await == 1
     })
     .await;
@@ -1348,7 +1327,7 @@ async fn a_cdc_listed_by_two_pools_is_never_released_by_the_pool_not_holding_it(
     );
     // Deleting beta removes only beta's finalizer from the shared CDC.
     pools(&tenant).delete("beta", &DeleteParams::default()).await.unwrap();
-    until("beta gone", &daemon, WITHIN, || async {
+    until("beta gone", WITHIN, &daemon, || async {
         pools(&tenant).get_opt("beta").await.unwrap().is_none()
     })
     .await;
@@ -1368,7 +1347,7 @@ async fn a_leased_cdc_is_deleted_only_after_its_release_and_pool_deletion_strips
     }
     create_pool(&tenant, pool_json("p", 1, Some(&["x", "y", "z"]))).await;
     let daemon = daemon(&fleet, &[]);
-    until("one ready cluster", &daemon, WITHIN, || async {
+    until("one ready cluster", WITHIN, &daemon, || async {
         ready(&tenant, "p").await == 1
     })
     .await;
@@ -1391,8 +1370,8 @@ async fn a_leased_cdc_is_deleted_only_after_its_release_and_pool_deletion_strips
     pools(&tenant).delete("p", &DeleteParams::default()).await.unwrap();
     until(
         "the pool, its clusters and the deleted CDC gone",
-        &daemon,
         WITHIN,
+        &daemon,
         || async {
             pools(&tenant).get_opt("p").await.unwrap().is_none()
                 && cds(&tenant, "p").await.is_empty()
@@ -1422,8 +1401,8 @@ async fn a_failing_installer_is_retried_up_to_the_limit_then_the_cluster_is_repl
     let daemon = daemon(&fleet, &[]);
     until(
         "the cluster installed on its third attempt",
-        &daemon,
         WITHIN,
+        &daemon,
         || async { ready(&tenant, "flaky").await == 1 },
     )
     .await;
@@ -1444,12 +1423,12 @@ async fn a_failing_installer_is_retried_up_to_the_limit_then_the_cluster_is_repl
     spec["spec"]["installerImage"] = json!(broken);
     spec["spec"]["installAttemptsLimit"] = json!(2);
     create_pool(&tenant, spec).await;
-    until("the first cluster", &daemon, WITHIN, || async {
+    until("the first cluster", WITHIN, &daemon, || async {
         !cds(&tenant, "broken").await.is_empty()
     })
     .await;
     let first = cds(&tenant, "broken").await[0].name_any();
-    until("the broken cluster replaced", &daemon, WITHIN, || async {
+    until("the broken cluster replaced", WITHIN, &daemon, || async {
         let all = cds(&tenant, "broken").await;
         let pool = pools(&tenant).get("broken").await.unwrap();
         entry(&pool, "b").is_some_and(|e| e.attempts >= 1) && all.iter().any(|cd| cd.name_any() != first)
@@ -1544,7 +1523,7 @@ async fn a_pool_waits_for_its_secrets_then_fills_within_max_concurrent_and_max_s
     spec["spec"]["maxConcurrent"] = json!(1);
     create_pool(&tenant, spec).await;
     let daemon = daemon(&fleet, &[]);
-    until("MissingDependencies", &daemon, WITHIN, || async {
+    until("MissingDependencies", WITHIN, &daemon, || async {
         pool_condition(&pool(&tenant, "p").await, "MissingDependencies")
             .is_some_and(|(status, _, message)| status == "True" && message.contains("pull Secret late-pull"))
     })
@@ -1581,7 +1560,7 @@ async fn a_pool_waits_for_its_secrets_then_fills_within_max_concurrent_and_max_s
         assert!(Instant::now() < deadline, "did not fill:\n{}", daemon.log_text());
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
-    until("MaxCapacity", &daemon, WITHIN, || async {
+    until("MaxCapacity", WITHIN, &daemon, || async {
         let pool = pool(&tenant, "p").await;
         pool_condition(&pool, "CapacityAvailable").is_some_and(|(s, r, _)| s == "False" && r == "MaxCapacity")
             && pool_condition(&pool, "MissingDependencies").is_some_and(|(s, _, _)| s == "False")
@@ -1598,7 +1577,7 @@ async fn a_claim_without_a_pool_and_a_pool_with_a_too_long_name_are_reported() {
     let long = "p".repeat(58);
     create_pool(&tenant, pool_json(&long, 1, None)).await;
     let daemon = daemon(&fleet, &[]);
-    until("the claim reported", &daemon, WITHIN, || async {
+    until("the claim reported", WITHIN, &daemon, || async {
         let claim = claims(&tenant).get("orphan").await.unwrap();
         let conditions = claim.status.map(|s| s.conditions).unwrap_or_default();
         condition(&conditions, "Pending").is_some_and(|c| {
@@ -1608,14 +1587,14 @@ async fn a_claim_without_a_pool_and_a_pool_with_a_too_long_name_are_reported() {
         })
     })
     .await;
-    until("an Event on the claim", &daemon, WITHIN, || async {
+    until("an Event on the claim", WITHIN, &daemon, || async {
         events(&tenant, NS, "orphan")
             .await
             .iter()
             .any(|(r, _)| r == "ClusterPoolNotFound")
     })
     .await;
-    until("the long name reported", &daemon, WITHIN, || async {
+    until("the long name reported", WITHIN, &daemon, || async {
         pool_condition(&pool(&tenant, &long).await, "CapacityAvailable")
             .is_some_and(|(s, r, m)| s == "False" && r == "InvalidName" && m.contains("at most 57"))
     })
@@ -1623,7 +1602,7 @@ async fn a_claim_without_a_pool_and_a_pool_with_a_too_long_name_are_reported() {
     assert!(cds(&tenant, &long).await.is_empty());
     // Once the pool exists, the claim is served by it.
     create_pool(&tenant, pool_json("nowhere", 0, None)).await;
-    until("the claim served", &daemon, WITHIN, || async {
+    until("the claim served", WITHIN, &daemon, || async {
         claimed_namespace(&tenant, "orphan").await.is_some()
     })
     .await;
@@ -1641,7 +1620,7 @@ async fn an_absurd_claim_lifetime_neither_panics_nor_stops_the_tenant() {
     spec["spec"]["claimLifetime"] = json!({"maximum": "1h"});
     create_pool(&tenant, spec).await;
     let daemon = daemon(&fleet, &[]);
-    until("one ready cluster", &daemon, WITHIN, || async {
+    until("one ready cluster", WITHIN, &daemon, || async {
         ready(&tenant, "p").await == 1
     })
     .await;
@@ -1658,13 +1637,13 @@ async fn an_absurd_claim_lifetime_neither_panics_nor_stops_the_tenant() {
         "{refused:?}"
     );
     create_claim(&tenant, "absurd", "p", Some("99999999999999999999h")).await;
-    until("the claim assigned", &daemon, WITHIN, || async {
+    until("the claim assigned", WITHIN, &daemon, || async {
         claimed_namespace(&tenant, "absurd").await.is_some()
     })
     .await;
     let status = claims(&tenant).get("absurd").await.unwrap().status.unwrap();
     assert_eq!(status.lifetime.as_deref(), Some("1h"), "the pool's maximum applies");
-    until("the pool refilled", &daemon, WITHIN, || async {
+    until("the pool refilled", WITHIN, &daemon, || async {
         ready(&tenant, "p").await == 1
     })
     .await;
@@ -1682,7 +1661,7 @@ async fn a_steady_pool_and_its_installed_cluster_write_nothing_when_woken() {
     named_cdc(&tenant, "foo").await;
     create_pool(&tenant, pool_json("steady", 1, Some(&["foo"]))).await;
     let daemon = daemon(&fleet, &[]);
-    until("a ready cluster built from foo", &daemon, WITHIN, || async {
+    until("a ready cluster built from foo", WITHIN, &daemon, || async {
         let applied = cdc_condition(&cdc(&tenant, "foo").await, "ApplySucceeded");
         ready(&tenant, "steady").await == 1 && applied.is_some_and(|(s, r, _)| s == "True" && r == "Succeeded")
     })

@@ -21,11 +21,11 @@ use stackd::embedded::{ApiServer, ServerOptions, Verb};
 use stackd::host::Parent;
 use stackd::stacks::crd_parent_label;
 
-use super::daemon::{Daemon, Fleet};
 use super::pools;
 use super::stacks_install::{
-    STACKD_TEST_IMAGE, StackFleet, WIDGETS, condition, create_install, create_namespace, events_of, wait_until,
+    STACKD_TEST_IMAGE, StackFleet, WIDGETS, condition, create_install, create_namespace, events_of,
 };
+use crate::harness::{Daemon, Fleet, until, wait_until};
 
 const SOON: Duration = Duration::from_secs(10);
 
@@ -169,7 +169,7 @@ async fn a_cluster_deleted_while_the_daemon_restarts_still_gets_its_destroy_job(
     }
     pools::create_pool(&tenant, pools::pool_json("p", 1, Some(&["a", "b"]))).await;
     let first = pools::daemon(&fleet, &[]);
-    pools::until("one ready cluster", &first, pools::WITHIN, || async {
+    until("one ready cluster", pools::WITHIN, &first, || async {
         pools::ready(&tenant, "p").await == 1
     })
     .await;
@@ -203,7 +203,7 @@ async fn a_cluster_deleted_while_the_daemon_restarts_still_gets_its_destroy_job(
     }));
     let second = pools::daemon(&fleet, &[]);
     let clusters: Api<ClusterDeployment> = Api::namespaced(tenant.clone(), &cluster);
-    pools::until("the cluster deleted", &second, pools::WITHIN, || async {
+    until("the cluster deleted", pools::WITHIN, &second, || async {
         clusters.get_opt(&cluster).await.unwrap().is_none()
     })
     .await;

@@ -9,7 +9,7 @@ use kube::api::{Api, PostParams};
 use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::{ApiServer, RestartState, ServerOptions, Verb};
 
-use super::daemon::Fleet;
+use crate::harness::Fleet;
 
 /// The promise: up again within 5 s of the server answering.
 const BACK_WITHIN: Duration = Duration::from_secs(5);

@@ -4,7 +4,6 @@
 //! Each attack is performed through the daemon binary against embedded servers.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::Path;
@@ -23,7 +22,7 @@ use stackd::api::inventory::BareMetalAsset;
 use stackd::api::pools::ClusterDeployment;
 use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
 
-use crate::daemon::{Daemon, Fleet};
+use crate::harness::{Fleet, until};
 
 const NS: &str = "team";
 const WITHIN: Duration = Duration::from_secs(20);
@@ -219,26 +218,6 @@ async fn events(tenant: &Client, namespace: &str, object: &str) -> Vec<(String, 
     out
 }
 
-/// Polls `check` until it holds, failing with the daemon's log after `within`.
-async fn until<F, Fut>(what: &str, daemon: &Daemon, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + WITHIN;
-    loop {
-        if check().await {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; daemon log:\n{}",
-            daemon.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// An installed ClusterDeployment `name` (in namespace `name`, as pools make them) whose admin
 /// kubeconfig Secret holds `kubeconfig`, and an asset assigned to it with its BMC Secret.
 async fn installed_cluster_with_asset(tenant: &Client, name: &str, kubeconfig: &str) {
@@ -309,18 +288,23 @@ async fn admin_kubeconfigs_that_run_code_read_files_or_proxy_are_refused_by_deli
     let daemon = fleet.daemon(&["--sweep-interval", "1h"]);
 
     for (name, _, field) in &attacks {
-        until(&format!("asset {name} names {field}"), &daemon, || async {
+        until(&format!("asset {name} names {field}"), WITHIN, &daemon, || async {
             asset_host_created(&tenant, name)
                 .await
                 .is_some_and(|(s, r, m)| s == "False" && r == "AdminKubeconfigRefused" && m.contains(field))
         })
         .await;
-        until(&format!("an Event on {name} names {field}"), &daemon, || async {
-            events(&tenant, NS, name)
-                .await
-                .iter()
-                .any(|(r, note)| r == "AdminKubeconfigRefused" && note.contains(field))
-        })
+        until(
+            &format!("an Event on {name} names {field}"),
+            WITHIN,
+            &daemon,
+            || async {
+                events(&tenant, NS, name)
+                    .await
+                    .iter()
+                    .any(|(r, note)| r == "AdminKubeconfigRefused" && note.contains(field))
+            },
+        )
         .await;
     }
     assert_eq!(markers(dir.path()), Vec::<String>::new(), "a command ran in the daemon");
@@ -336,13 +320,18 @@ async fn a_malformed_admin_kubeconfig_never_shows_its_token() {
     let witness = Witness::start().await;
     installed_cluster_with_asset(&tenant, "broken", &malformed_kubeconfig(&witness.url("http"))).await;
     let daemon = fleet.daemon(&["--sweep-interval", "1h"]);
-    until("the asset says where the kubeconfig breaks", &daemon, || async {
-        asset_host_created(&tenant, "broken")
-            .await
-            .is_some_and(|(s, r, m)| s == "False" && r == "AdminKubeconfigRefused" && m.contains("line"))
-    })
+    until(
+        "the asset says where the kubeconfig breaks",
+        WITHIN,
+        &daemon,
+        || async {
+            asset_host_created(&tenant, "broken")
+                .await
+                .is_some_and(|(s, r, m)| s == "False" && r == "AdminKubeconfigRefused" && m.contains("line"))
+        },
+    )
     .await;
-    until("an Event says so", &daemon, || async {
+    until("an Event says so", WITHIN, &daemon, || async {
         events(&tenant, NS, "broken")
             .await
             .iter()
@@ -475,17 +464,22 @@ async fn installer_output_kubeconfigs_that_run_code_read_files_or_proxy_are_not_
 
     for (name, _, detail) in &outputs {
         let name = name.as_str();
-        until(&format!("{name} stops naming {detail}"), &daemon, || async {
+        until(&format!("{name} stops naming {detail}"), WITHIN, &daemon, || async {
             condition(&cd_conditions(&tenant, name).await, "ProvisionStopped")
                 .is_some_and(|(s, r, m)| s == "True" && r == "AdminKubeconfigRefused" && m.contains(detail))
         })
         .await;
-        until(&format!("an Event on {name} names {detail}"), &daemon, || async {
-            events(&tenant, name, name)
-                .await
-                .iter()
-                .any(|(r, note)| r == "AdminKubeconfigRefused" && note.contains(detail))
-        })
+        until(
+            &format!("an Event on {name} names {detail}"),
+            WITHIN,
+            &daemon,
+            || async {
+                events(&tenant, name, name)
+                    .await
+                    .iter()
+                    .any(|(r, note)| r == "AdminKubeconfigRefused" && note.contains(detail))
+            },
+        )
         .await;
         assert!(
             admin_secret(&tenant, name).await.is_none(),
@@ -625,6 +619,7 @@ async fn a_managed_cluster_address_that_is_no_api_server_reads_nothing_back_and_
     ] {
         until(
             &format!("asset {name} says delivery failed: {detail}"),
+            WITHIN,
             &daemon,
             || async {
                 asset_host_created(&tenant, name)
@@ -695,6 +690,7 @@ async fn an_admin_kubeconfig_secret_stackd_did_not_create_is_never_overwritten()
     for name in ["own-x", "own-y"] {
         until(
             &format!("{name} says its admin kubeconfig Secret is not stackd's"),
+            WITHIN,
             &daemon,
             || async {
                 condition(&cd_conditions(&tenant, name).await, "Provisioned").is_some_and(|(s, r, m)| {
@@ -703,7 +699,7 @@ async fn an_admin_kubeconfig_secret_stackd_did_not_create_is_never_overwritten()
             },
         )
         .await;
-        until(&format!("an Event on {name} says so"), &daemon, || async {
+        until(&format!("an Event on {name} says so"), WITHIN, &daemon, || async {
             events(&tenant, name, name)
                 .await
                 .iter()
@@ -735,7 +731,7 @@ async fn an_admin_kubeconfig_secret_stackd_did_not_create_is_never_overwritten()
         .delete("own-x-admin-kubeconfig", &Default::default())
         .await
         .unwrap();
-    until("own-x is installed", &daemon, || async {
+    until("own-x is installed", WITHIN, &daemon, || async {
         Api::<ClusterDeployment>::namespaced(tenant.clone(), "own-x")
             .get("own-x")
             .await

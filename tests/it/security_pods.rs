@@ -13,8 +13,9 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use stackd::api::stacks::Stack;
 
-use super::daemon::{Daemon, Fleet};
-use super::stacks_install::{StackFleet, create_install, wait_for_reason, wait_until};
+use super::stacks_install::{StackFleet, create_install, wait_for_reason};
+use crate::harness::wait_until;
+use crate::harness::{Daemon, Fleet};
 
 const HOST_NS: &str = "tenant-acme-controllers";
 const SOON: Duration = Duration::from_secs(20);

@@ -11,9 +11,10 @@ use serde_json::{Value, json};
 use stackd::api::inventory::BareMetalAsset;
 use stackd::api::pools::{ClusterDeployment, ClusterHost, ClusterPool, HostRole};
 
+use crate::harness::until;
 use crate::pools::{
     INSTALLER, NS, WITHIN, claimed_namespace, claims, create_claim, create_pool, daemon, events, lease, named_cdc,
-    pool, pool_json, pool_namespaces, pools, ready, setup, until,
+    pool, pool_json, pool_namespaces, pools, ready, setup,
 };
 
 const POOL_NAMESPACE_LABEL: &str = "pools.stackd.dev/clusterpool-namespace";
@@ -124,19 +125,19 @@ async fn a_cluster_from_another_namespace_naming_a_pool_is_never_counted_claimed
     create_pool(&tenant, pool_json("p", 1, None)).await;
     let daemon = daemon(&fleet, &[]);
 
-    until("the hand-made cluster installed", &daemon, WITHIN, || async {
+    until("the hand-made cluster installed", WITHIN, &daemon, || async {
         cluster(&tenant, "evil", "evil").await.is_some_and(|cd| installed(&cd))
     })
     .await;
-    until("the pool's own cluster ready", &daemon, WITHIN, || async {
+    until("the pool's own cluster ready", WITHIN, &daemon, || async {
         let own = own_clusters(&tenant, "p").await;
         own.len() == 1 && own.iter().all(installed) && ready(&tenant, "p").await == 1
     })
     .await;
     until(
         "a NotPoolMember warning on the hand-made cluster",
-        &daemon,
         WITHIN,
+        &daemon,
         || async {
             refused_with(
                 &tenant,
@@ -157,7 +158,7 @@ async fn a_cluster_from_another_namespace_naming_a_pool_is_never_counted_claimed
 
     // A claim gets the pool's own cluster, and the pool refills with its own.
     create_claim(&tenant, "c", "p", None).await;
-    until("the claim assigned", &daemon, WITHIN, || async {
+    until("the claim assigned", WITHIN, &daemon, || async {
         claimed_namespace(&tenant, "c").await.is_some()
     })
     .await;
@@ -169,7 +170,7 @@ async fn a_cluster_from_another_namespace_naming_a_pool_is_never_counted_claimed
             .iter()
             .any(|cd| cd.name_any() == claimed)
     );
-    until("the pool refilled with its own cluster", &daemon, WITHIN, || async {
+    until("the pool refilled with its own cluster", WITHIN, &daemon, || async {
         let own = own_clusters(&tenant, "p").await;
         own.len() == 2 && own.iter().all(installed) && ready(&tenant, "p").await == 1
     })
@@ -185,7 +186,7 @@ async fn a_cluster_from_another_namespace_naming_a_pool_is_never_counted_claimed
         )
         .await
         .expect("scale");
-    until("the pool's unclaimed cluster deleted", &daemon, WITHIN, || async {
+    until("the pool's unclaimed cluster deleted", WITHIN, &daemon, || async {
         unclaimed_and_ready(&pool(&tenant, "p").await) == (0, 0) && own_clusters(&tenant, "p").await.len() == 1
     })
     .await;
@@ -202,7 +203,7 @@ async fn a_cluster_from_another_namespace_naming_a_pool_is_never_counted_claimed
         .delete("p", &DeleteParams::default())
         .await
         .expect("delete pool");
-    until("the pool and its clusters gone", &daemon, WITHIN, || async {
+    until("the pool and its clusters gone", WITHIN, &daemon, || async {
         pools(&tenant).get_opt("p").await.unwrap().is_none() && own_clusters(&tenant, "p").await.is_empty()
     })
     .await;
@@ -223,7 +224,7 @@ async fn editing_a_clusters_pool_reference_does_not_move_it_to_another_pool() {
     create_pool(&tenant, pool_json("p", 1, None)).await;
     create_pool(&tenant, pool_json("q", 0, None)).await;
     let daemon = daemon(&fleet, &[]);
-    until("p's cluster ready", &daemon, WITHIN, || async {
+    until("p's cluster ready", WITHIN, &daemon, || async {
         ready(&tenant, "p").await == 1
     })
     .await;
@@ -231,8 +232,8 @@ async fn editing_a_clusters_pool_reference_does_not_move_it_to_another_pool() {
     // Old enough that p would reap its namespace if it thought it empty.
     until(
         "the cluster's namespace older than the minimum lease age",
-        &daemon,
         WITHIN,
+        &daemon,
         || async {
             let ns = namespace(&tenant, &edited).await.unwrap();
             let created = ns.metadata.creation_timestamp.unwrap().0;
@@ -253,8 +254,8 @@ async fn editing_a_clusters_pool_reference_does_not_move_it_to_another_pool() {
 
     until(
         "a NotPoolMember warning from q on the edited cluster",
-        &daemon,
         WITHIN,
+        &daemon,
         || async {
             refused_with(
                 &tenant,
@@ -269,8 +270,8 @@ async fn editing_a_clusters_pool_reference_does_not_move_it_to_another_pool() {
     .await;
     until(
         "p replaced it with a ready cluster of its own",
-        &daemon,
         WITHIN,
+        &daemon,
         || async {
             let own = own_clusters(&tenant, "p").await;
             let others: Vec<_> = own.iter().filter(|cd| cd.name_any() != edited).collect();
@@ -286,7 +287,7 @@ async fn editing_a_clusters_pool_reference_does_not_move_it_to_another_pool() {
 
     // A claim on q gets a cluster q builds, not the edited one.
     create_claim(&tenant, "cq", "q", None).await;
-    until("q's claim assigned", &daemon, WITHIN, || async {
+    until("q's claim assigned", WITHIN, &daemon, || async {
         claimed_namespace(&tenant, "cq").await.is_some()
     })
     .await;
@@ -320,7 +321,7 @@ async fn a_copy_of_a_pool_cluster_with_forged_markers_is_ignored_and_its_deletio
     named_cdc(&tenant, "b").await;
     create_pool(&tenant, pool_json("p", 1, Some(&["a", "b"]))).await;
     let daemon = daemon(&fleet, &[]);
-    until("p's cluster ready", &daemon, WITHIN, || async {
+    until("p's cluster ready", WITHIN, &daemon, || async {
         ready(&tenant, "p").await == 1
     })
     .await;
@@ -369,7 +370,7 @@ async fn a_copy_of_a_pool_cluster_with_forged_markers_is_ignored_and_its_deletio
         failure_domain: None,
     }];
     create_cluster(&tenant, &copy).await;
-    until("a NotPoolMember warning on the copy", &daemon, WITHIN, || async {
+    until("a NotPoolMember warning on the copy", WITHIN, &daemon, || async {
         refused_with(
             &tenant,
             "evil",
@@ -381,7 +382,7 @@ async fn a_copy_of_a_pool_cluster_with_forged_markers_is_ignored_and_its_deletio
     })
     .await;
     // The copy's inputs are not in namespace evil: it stops there, and is written no more.
-    until("the copy stopped on its missing inputs", &daemon, WITHIN, || async {
+    until("the copy stopped on its missing inputs", WITHIN, &daemon, || async {
         cluster(&tenant, "evil", &real_name).await.is_some_and(|cd| {
             cd.status.as_ref().is_some_and(|s| {
                 s.conditions
@@ -402,7 +403,7 @@ async fn a_copy_of_a_pool_cluster_with_forged_markers_is_ignored_and_its_deletio
         )
         .await
         .expect("scale");
-    until("p has two ready clusters of its own", &daemon, WITHIN, || async {
+    until("p has two ready clusters of its own", WITHIN, &daemon, || async {
         own_clusters(&tenant, "p")
             .await
             .iter()
@@ -421,7 +422,7 @@ async fn a_copy_of_a_pool_cluster_with_forged_markers_is_ignored_and_its_deletio
         .delete(&real_name, &DeleteParams::default())
         .await
         .expect("delete the copy");
-    until("the copy gone", &daemon, WITHIN, || async {
+    until("the copy gone", WITHIN, &daemon, || async {
         cluster(&tenant, "evil", &real_name).await.is_none()
     })
     .await;
@@ -472,7 +473,7 @@ async fn a_pool_reaps_only_the_empty_namespaces_it_created() {
     .await;
     let daemon = daemon(&fleet, &[]);
     // p-empty is the youngest: the pass that reaps it found the other two old enough as well.
-    until("the pool's empty namespace reaped", &daemon, WITHIN, || async {
+    until("the pool's empty namespace reaped", WITHIN, &daemon, || async {
         namespace(&tenant, "p-empty")
             .await
             .is_none_or(|ns| ns.metadata.deletion_timestamp.is_some())

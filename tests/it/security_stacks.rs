@@ -15,11 +15,12 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use stackd::api::stacks::{ClusterStackInstall, Stack, StackInstall};
 
-use super::daemon::Daemon;
 use super::stacks_install::{
     StackFleet, WIDGETS, condition, crd_names, create_install, create_namespace, events_of, stacks_on, wait_for_reason,
-    wait_synced, wait_until,
+    wait_synced,
 };
+use crate::harness::Daemon;
+use crate::harness::wait_until;
 
 const TENANT: &str = "acme";
 const HOST_NS: &str = "tenant-acme-controllers";

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use stackd::bench::partition::{Partition, upstream_of};
 use stackd::bench::shards::serving_intervals;
 
-use super::daemon::{Daemon, Fleet};
+use crate::harness::{Daemon, Fleet};
 
 const SHARDS: u32 = 8;
 /// `--shard-lease-duration`: short, so takeovers fit a test; long enough that a renewal on a

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
@@ -23,7 +23,7 @@ use stackd::embedded::{ApiServer, ServerOptions};
 use stackd::host::names::{NameKind, host_name, label_value};
 use stackd::stacks::{crd_parent_label, stream, unpack};
 
-use super::daemon::Daemon;
+use crate::harness::{Daemon, wait_until};
 
 pub(crate) const STACKD_TEST_IMAGE: &str = "stackd:test";
 pub(crate) const WIDGETS: &str = "widgets.samples.example.org";
@@ -250,26 +250,6 @@ pub(crate) async fn create_install(
         .create(&PostParams::default(), &install)
         .await
         .expect("create install")
-}
-
-/// Polls `check` (a read of what a user would look at) until it returns Some.
-pub(crate) async fn wait_until<T, F, Fut>(what: &str, within: Duration, daemon: &Daemon, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(found) = check().await {
-            return found;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not within {within:?}; daemon log:\n{}",
-            daemon.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// The install's condition `type_` as (status, reason, message).
@@ -1037,6 +1017,34 @@ async fn a_daemon_killed_mid_install_converges_without_duplicates() {
         secrets.iter().map(|s| s.name_any()).collect::<Vec<_>>()
     );
     assert_eq!(stacks_on(&tenant).await.len(), 1);
+}
+
+/// The install creates its Stack with the Stack controller's finalizer, so nobody patches the
+/// Stack's metadata on the way to Ready (issue 20: one request fewer per install).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_installs_stack_is_born_with_its_finalizer_and_its_metadata_is_never_patched() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let tenant = fleet.tenant("acme");
+    let daemon = fleet.daemon(&[]);
+    let before = fleet.tenants["acme"].0.counters();
+    create_install(
+        &tenant,
+        "team-a",
+        "sample",
+        json!({"package": "examples/sample-stack:v1"}),
+    )
+    .await;
+    wait_for_reason(&tenant, "team-a", "sample", &daemon, "Available").await;
+    let stack = Api::<Stack>::namespaced(tenant.clone(), "team-a")
+        .get("sample")
+        .await
+        .expect("the Stack");
+    assert_eq!(stack.finalizers(), [stackd::stacks::STACK_FINALIZER]);
+    let stack_patches: Vec<String> = writes(&fleet.tenants["acme"].0.counters().since(&before))
+        .into_iter()
+        .filter(|write| write.starts_with("patch stacks.stacks.stackd.dev in"))
+        .collect();
+    assert!(stack_patches.is_empty(), "Stack metadata patches: {stack_patches:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

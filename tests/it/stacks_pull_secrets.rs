@@ -14,10 +14,11 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use stackd::api::stacks::{Stack, StackInstall};
 
-use super::daemon::Daemon;
 use super::stacks_install::{
-    StackFleet, condition, create_install, create_namespace, events_of, stacks_on, wait_for_reason, wait_until,
+    StackFleet, condition, create_install, create_namespace, events_of, stacks_on, wait_for_reason,
 };
+use crate::harness::Daemon;
+use crate::harness::wait_until;
 
 const HOST_NS: &str = "tenant-acme-controllers";
 const WITHIN: Duration = Duration::from_secs(20);

@@ -21,7 +21,7 @@ use stackd::embedded::{ApiServer, ServerOptions, Verb};
 use stackd::host::names::{NameKind, host_name};
 use stackd::stacks::{STACK_FINALIZER, crd_parent_label};
 
-use super::daemon::Daemon;
+use crate::harness::Daemon;
 
 const TENANT: &str = "acme";
 const HOST_NS: &str = "tenant-acme-controllers";
@@ -196,20 +196,13 @@ impl Env {
     }
 
     /// Waits until `check` holds, failing with `what` and the daemon log.
-    async fn until<F, Fut>(&self, what: &str, mut check: F)
+    async fn until<F, Fut>(&self, what: &str, check: F)
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = bool>,
     {
-        let deadline = Instant::now() + SOON;
-        while !check().await {
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}\nlog:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let daemon = self.daemon.as_ref().expect("a daemon runs");
+        crate::harness::until(what, SOON, daemon, check).await
     }
 
     async fn event_reasons(&self, stack: &str) -> Vec<String> {
@@ -1240,7 +1233,7 @@ async fn a_stack_install_ends_with_its_controller_available_on_the_host_and_unin
         .expect("delete install");
     let stacks: Api<Stack> = Api::namespaced(tenant.clone(), NS);
     let host = fleet.host_client.clone();
-    crate::stacks_install::wait_until("everything gone", SOON, &daemon, || {
+    crate::harness::wait_until("everything gone", SOON, &daemon, || {
         let (stacks, host) = (stacks.clone(), host.clone());
         async move {
             let params = ListParams::default().labels(&format!("stackd.dev/tenant={TENANT},stackd.dev/parent-kind"));

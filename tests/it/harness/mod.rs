@@ -1,4 +1,11 @@
-//! Starting embedded API servers and common setup for tests.
+//! What the integration tests share: embedded API servers (here), a fleet of them with daemon
+//! processes (`fleet`), and waiting for what a user would see (`wait`).
+
+mod fleet;
+mod wait;
+
+pub(crate) use fleet::{Daemon, Fleet, free_port};
+pub(crate) use wait::{until, wait_until};
 
 use std::time::Duration;
 

@@ -1,0 +1,246 @@
+//! The daemon binary against embedded host and tenant API servers: a fleet of servers with their
+//! kubeconfigs in a temp dir, and daemon processes with their logs and metrics.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::Api;
+use stackd::embedded::{ApiServer, ServerOptions};
+
+/// One host, some tenants, their kubeconfigs in a temp dir, and daemon processes.
+pub(crate) struct Fleet {
+    /// Kept so the host server lives as long as the fleet.
+    _host: ApiServer,
+    pub(crate) host_client: kube::Client,
+    pub(crate) tenants: Vec<(String, Option<ApiServer>)>,
+    pub(crate) dir: tempfile::TempDir,
+}
+
+impl Fleet {
+    pub(crate) async fn start(tenants: &[&str]) -> Fleet {
+        let host = ApiServer::start(ServerOptions {
+            name: "host".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("host");
+        let host_client = host.client().await;
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::create_dir(dir.path().join("tenants")).expect("tenants dir");
+        std::fs::write(dir.path().join("host.yaml"), host.kubeconfig_yaml()).expect("host kubeconfig");
+        let mut fleet = Fleet {
+            _host: host,
+            host_client,
+            tenants: Vec::new(),
+            dir,
+        };
+        for name in tenants {
+            fleet.add_tenant(name).await;
+        }
+        fleet
+    }
+
+    pub(crate) async fn add_tenant(&mut self, name: &str) {
+        let server = ApiServer::start(ServerOptions {
+            name: name.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("tenant");
+        std::fs::write(self.tenant_file(name), server.kubeconfig_yaml()).expect("tenant kubeconfig");
+        self.tenants.push((name.to_string(), Some(server)));
+    }
+
+    pub(crate) fn tenant_file(&self, name: &str) -> PathBuf {
+        self.dir.path().join("tenants").join(format!("{name}.yaml"))
+    }
+
+    pub(crate) async fn stop_tenant_server(&mut self, name: &str) {
+        let slot = self.tenants.iter_mut().find(|(n, _)| n == name).expect("known tenant");
+        if let Some(server) = slot.1.take() {
+            server.shutdown().await;
+        }
+    }
+
+    /// The host API server, e.g. to script its Job runners.
+    pub(crate) fn host(&self) -> &ApiServer {
+        &self._host
+    }
+
+    /// The host namespace the leader Lease lives in (`--leader-elect-namespace`'s default).
+    pub(crate) async fn leader_election_namespace(&self) {
+        let system: Namespace =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "stackd-system"}})).expect("ns");
+        self.namespaces()
+            .create(&Default::default(), &system)
+            .await
+            .expect("create stackd-system");
+    }
+
+    pub(crate) fn daemon(&self, extra: &[&str]) -> Daemon {
+        Daemon::spawn(self.dir.path(), extra)
+    }
+
+    pub(crate) fn namespaces(&self) -> Api<Namespace> {
+        Api::all(self.host_client.clone())
+    }
+
+    pub(crate) async fn namespace(&self, tenant: &str) -> Option<Namespace> {
+        self.namespaces()
+            .get_opt(&format!("tenant-{tenant}-controllers"))
+            .await
+            .expect("get namespace")
+    }
+
+    pub(crate) async fn binding(&self, tenant: &str) -> Option<RoleBinding> {
+        let api: Api<RoleBinding> = Api::namespaced(self.host_client.clone(), &format!("tenant-{tenant}-controllers"));
+        api.get_opt("stackd-tenant-namespace").await.expect("get binding")
+    }
+
+    pub(crate) async fn wait_for_namespace(&self, tenant: &str, within: Duration) -> Namespace {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(ns) = self.namespace(tenant).await
+                && ns.metadata.deletion_timestamp.is_none()
+                && self.binding(tenant).await.is_some()
+            {
+                return ns;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "host namespace of {tenant} did not appear within {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// A `stackd run` child process, killed when dropped.
+pub(crate) struct Daemon {
+    child: Child,
+    admin: SocketAddr,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// `stackd run` with `dir/host.yaml` and `dir/tenants`, fast timing flags and `extra`.
+    pub(crate) fn spawn(dir: &Path, extra: &[&str]) -> Daemon {
+        Daemon::spawn_with_host(dir, &dir.join("host.yaml"), extra)
+    }
+
+    /// Like [`Daemon::spawn`], with another host kubeconfig (e.g. one through a proxy).
+    pub(crate) fn spawn_with_host(dir: &Path, host_kubeconfig: &Path, extra: &[&str]) -> Daemon {
+        let admin = free_port();
+        let log = dir.join(format!("daemon-{}.log", admin.port()));
+        let log_file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_stackd"))
+            .args(["run", "--host-kubeconfig"])
+            .arg(host_kubeconfig)
+            .arg("--tenants-dir")
+            .arg(dir.join("tenants"))
+            .args(["--metrics-addr", &admin.to_string()])
+            .args(if extra.contains(&"--backoff-base") {
+                &[][..]
+            } else {
+                &["--backoff-base", "100ms"][..]
+            })
+            .args(["--debounce", "50ms", "--rescan-interval", "2s"])
+            .args(extra)
+            .env(
+                "RUST_LOG",
+                std::env::var("STACKD_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("spawn stackd run");
+        Daemon { child, admin, log }
+    }
+
+    pub(crate) fn http_get(&self, path: &str) -> Option<String> {
+        let mut stream = TcpStream::connect_timeout(&self.admin, Duration::from_secs(1)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        Some(response)
+    }
+
+    /// How many reconciles of `controller` for `tenant` have finished (the duration histogram's
+    /// count), to wait for a reconcile instead of sleeping.
+    pub(crate) fn reconciles_done(&self, tenant: &str, controller: &str) -> u64 {
+        self.controller_metric("stackd_reconcile_duration_seconds_count", tenant, controller)
+    }
+
+    /// A per-controller series of `/metrics` (0 while it has none).
+    pub(crate) fn controller_metric(&self, name: &str, tenant: &str, controller: &str) -> u64 {
+        let needle = format!("{name}{{tenant=\"{tenant}\",controller=\"{controller}\"}} ");
+        self.http_get("/metrics")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|line| line.strip_prefix(&needle).and_then(|n| n.trim().parse().ok()))
+            .unwrap_or(0)
+    }
+
+    /// Waits until `/readyz?verbose` (or `/metrics`) contains `needle`.
+    pub(crate) async fn wait_for(&self, path: &str, needle: &str, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let body = self.http_get(path).unwrap_or_default();
+            if body.contains(needle) {
+                return body;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{path} never showed {needle:?}; last:\n{body}\nlog:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub(crate) fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `kill -9`.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub(crate) fn terminate(&self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+    }
+
+    /// Waits for the process to exit; `None` if it is still running after `within`.
+    pub(crate) async fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub(crate) fn free_port() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.local_addr().expect("addr")
+}
