@@ -53,9 +53,12 @@ enum AfterCrds {
     /// CRDs were just created or redefined: their Established events bring the install back (a
     /// WaitingForCRDs status would be one more write per install, stale at once).
     AwaitEstablished,
-    /// Some CRDs are not Established (or one was created by another meanwhile, `raced`, whose
-    /// events do not wake this install).
-    WaitForCrds { names: Vec<String>, raced: bool },
+    /// A CRD was created by another install between our cache and our create: it does not carry
+    /// our label yet, so its events do not wake this install; look again in a moment, unreported
+    /// (a WaitingForCRDs status would be stale at once).
+    Raced,
+    /// Some CRDs are not Established.
+    WaitForCrds { names: Vec<String> },
     /// Every CRD is Established: the Stack, created last.
     Stack(StackWrite),
 }
@@ -67,26 +70,15 @@ enum StackWrite {
     Replace(Box<Stack>),
 }
 
-fn after_crds(
-    applied: &CrdWrites,
-    not_established: Vec<String>,
-    contents: &PackageContents,
-    stack: Option<&Stack>,
-    desired: Stack,
-) -> AfterCrds {
+fn after_crds(applied: &CrdWrites, not_established: Vec<String>, stack: Option<&Stack>, desired: Stack) -> AfterCrds {
     if applied.definitions > 0 && !applied.raced {
         return AfterCrds::AwaitEstablished;
     }
-    if applied.raced || !not_established.is_empty() {
-        let names = if not_established.is_empty() {
-            contents.crds.iter().map(|c| c.name_any()).collect()
-        } else {
-            not_established
-        };
-        return AfterCrds::WaitForCrds {
-            names,
-            raced: applied.raced,
-        };
+    if applied.raced {
+        return AfterCrds::Raced;
+    }
+    if !not_established.is_empty() {
+        return AfterCrds::WaitForCrds { names: not_established };
     }
     AfterCrds::Stack(match stack {
         None => StackWrite::Create(Box::new(desired)),
@@ -157,9 +149,10 @@ pub(super) async fn run<K: InstallKind>(
     }
     let waiting = package::not_established(&contents, &existing);
     let desired = package::desired_stack(&contents, install, install.install(), package);
-    match after_crds(&applied, waiting, &contents, stack.as_deref(), desired) {
+    match after_crds(&applied, waiting, stack.as_deref(), desired) {
         AfterCrds::AwaitEstablished => Ok((Action::requeue(ESTABLISH_WAIT), None)),
-        AfterCrds::WaitForCrds { names, raced } => {
+        AfterCrds::Raced => Ok((Action::requeue(settings.backoff.base), None)),
+        AfterCrds::WaitForCrds { names } => {
             let report = Report::waiting(
                 "WaitingForCRDs",
                 format!(
@@ -167,10 +160,8 @@ pub(super) async fn run<K: InstallKind>(
                     names.join(", ")
                 ),
             );
-            // Each CRD carries our label now, so its Established update wakes this install; one
-            // created by another install meanwhile does not, so that case looks again soon.
-            let wait = if raced { settings.backoff.base } else { SAFETY_NET };
-            Ok((Action::requeue(wait), with_job(report)))
+            // Each CRD carries our label now, so its Established update wakes this install.
+            Ok((Action::requeue(SAFETY_NET), with_job(report)))
         }
         AfterCrds::Stack(write) => {
             write_stack(install, ctx, write, package).await?;
@@ -290,8 +281,6 @@ fn stack_on_its_way(name: &str) -> Report {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::api::ObjectMeta;
 
     use super::*;
     use crate::api::stacks::{StackInstall, StackSpec};
@@ -316,20 +305,6 @@ mod tests {
         stack.metadata.namespace = Some("team".into());
         stack.metadata.owner_references = owner.map(|o| vec![package::owner_reference(o)]);
         stack
-    }
-
-    fn contents() -> PackageContents {
-        let crd = CustomResourceDefinition {
-            metadata: ObjectMeta {
-                name: Some("widgets.example.org".into()),
-                ..ObjectMeta::default()
-            },
-            ..CustomResourceDefinition::default()
-        };
-        PackageContents {
-            crds: vec![crd],
-            stack: stack_of(None, "db"),
-        }
     }
 
     fn written(definitions: usize, raced: bool) -> CrdWrites {
@@ -383,52 +358,33 @@ mod tests {
     #[test]
     fn crds_just_written_are_awaited_through_their_events_without_a_status() {
         let desired = stack_of(Some(&install()), "db");
-        let after = after_crds(
-            &written(1, false),
-            vec!["widgets.example.org".into()],
-            &contents(),
-            None,
-            desired,
-        );
+        let after = after_crds(&written(1, false), vec!["widgets.example.org".into()], None, desired);
         assert_eq!(after, AfterCrds::AwaitEstablished);
     }
 
     #[test]
     fn crds_not_established_keep_the_stack_waiting() {
         let desired = stack_of(Some(&install()), "db");
-        let after = after_crds(
-            &written(0, false),
-            vec!["widgets.example.org".into()],
-            &contents(),
-            None,
-            desired,
-        );
+        let after = after_crds(&written(0, false), vec!["widgets.example.org".into()], None, desired);
         assert_eq!(
             after,
             AfterCrds::WaitForCrds {
                 names: vec!["widgets.example.org".into()],
-                raced: false
             }
         );
     }
 
     #[test]
-    fn a_crd_created_by_another_meanwhile_waits_for_all_of_the_package_s_crds() {
+    fn a_crd_created_by_another_meanwhile_is_looked_at_again_in_a_moment() {
         let desired = stack_of(Some(&install()), "db");
-        let after = after_crds(&written(1, true), vec![], &contents(), None, desired);
-        assert_eq!(
-            after,
-            AfterCrds::WaitForCrds {
-                names: vec!["widgets.example.org".into()],
-                raced: true
-            }
-        );
+        let after = after_crds(&written(1, true), vec![], None, desired);
+        assert_eq!(after, AfterCrds::Raced);
     }
 
     #[test]
     fn established_crds_let_the_stack_be_created_last() {
         let desired = stack_of(Some(&install()), "db");
-        let after = after_crds(&written(0, false), vec![], &contents(), None, desired.clone());
+        let after = after_crds(&written(0, false), vec![], None, desired.clone());
         assert_eq!(after, AfterCrds::Stack(StackWrite::Create(Box::new(desired))));
     }
 
@@ -440,7 +396,7 @@ mod tests {
         existing.metadata.finalizers = Some(vec!["stacks.stackd.dev/stack".into()]);
         let desired = stack_of(Some(&install()), "new");
         let AfterCrds::Stack(StackWrite::Replace(replacement)) =
-            after_crds(&written(0, false), vec![], &contents(), Some(&existing), desired)
+            after_crds(&written(0, false), vec![], Some(&existing), desired)
         else {
             panic!("expected a replacement");
         };
@@ -454,7 +410,7 @@ mod tests {
     fn a_matching_stack_is_left_alone() {
         let existing = stack_of(Some(&install()), "db");
         let desired = existing.clone();
-        let after = after_crds(&written(0, false), vec![], &contents(), Some(&existing), desired);
+        let after = after_crds(&written(0, false), vec![], Some(&existing), desired);
         assert_eq!(after, AfterCrds::Stack(StackWrite::Keep));
     }
 

@@ -312,6 +312,10 @@ struct Outcome {
     message: String,
     /// False when the spec could not be applied (refused, or an error).
     synced: bool,
+    /// A wait that ends within moments as a rule (a token Secret just created, which the
+    /// tenant's token controller fills at once): not reported unless it lasts, so the usual install
+    /// costs no status write and Event for it.
+    brief: bool,
 }
 
 impl Outcome {
@@ -321,6 +325,7 @@ impl Outcome {
             reason,
             message,
             synced: false,
+            brief: false,
         }
     }
 
@@ -330,6 +335,7 @@ impl Outcome {
             reason,
             message,
             synced: true,
+            brief: false,
         }
     }
 }
@@ -359,6 +365,11 @@ async fn apply(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError> 
         Ok(outcome) => outcome.clone(),
         Err(err) => Outcome::refused(err.reason(), err.to_string()),
     };
+    if outcome.brief {
+        // Reported only if it lasts: the event that ends it comes first as a rule.
+        publish_notes(stack, ctx, notes.events).await;
+        return Ok(Action::requeue(BRIEF_WAIT));
+    }
     let reported = report(stack, ctx, &outcome, notes).await;
     // The reconcile's own error says more than a status write that failed for the same reason.
     result?;
@@ -410,6 +421,7 @@ async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Resul
             reason: "NoController",
             message: "the stack has no controller Deployment; its CRDs and permissions are installed".into(),
             synced: true,
+            brief: false,
         });
     };
     // 3–4. The controller Deployment on the host, then the token and pull-secret copies (owned by it).
@@ -608,8 +620,10 @@ async fn write_tenant_objects(
     let applied = tenant::ensure(&api, &identity, &secret, observed.as_deref()).await?;
     writes.record(format!("Secret {}", secret.name_any()), applied);
     let filled = observed.as_deref().and_then(|s| token::filled_keys(s, &identity));
-    Ok(filled.ok_or_else(|| {
-        Outcome::waiting(
+    Ok(filled.ok_or_else(|| Outcome {
+        // Created just now: its fill is a watch event away.
+        brief: applied == Applied::Created,
+        ..Outcome::waiting(
             "WaitingForToken",
             format!(
                 "waiting for the tenant's token controller to fill Secret {ns}/{}",
@@ -877,6 +891,7 @@ fn readiness(host: &HostNames, current: &Deployment) -> Outcome {
             reason: "Available",
             message: format!("the controller Deployment {namespace}/{name} has an available replica"),
             synced: true,
+            brief: false,
         };
     }
     let why = current
@@ -922,6 +937,15 @@ where
 
 /// Writes the status when it changed, and publishes the reconcile's Events plus one for a change of
 /// the Ready condition.
+/// How long a brief wait goes unreported when nothing ends it sooner.
+const BRIEF_WAIT: Duration = Duration::from_secs(2);
+
+async fn publish_notes(stack: &Stack, ctx: &StackContext, events: Vec<(EventType, &'static str, String)>) {
+    for (type_, reason, note) in events {
+        publish(&ctx.tenant, stack, type_, reason, note).await;
+    }
+}
+
 async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes: Notes) -> Result<(), StackError> {
     let tenant = &ctx.tenant;
     let uid = stack.uid().unwrap_or_default();
@@ -947,9 +971,7 @@ async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes:
         };
         notes.events.push((type_, outcome.reason, outcome.message.clone()));
     }
-    for (type_, reason, note) in notes.events {
-        publish(tenant, stack, type_, reason, note).await;
-    }
+    publish_notes(stack, ctx, notes.events).await;
     if status != old {
         let api: Api<Stack> = Api::namespaced(tenant.client.clone(), &stack.namespace().unwrap_or_default());
         // The whole status, as this controller owns it: a reference left out is removed.
