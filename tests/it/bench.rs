@@ -32,9 +32,13 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
     }
     assert_eq!(report["double_leases"], 0);
     let ratio = report["requests_per_install_ratio"].as_f64().unwrap();
-    // Nothing installs with fewer requests than the design's minimum; far more means a reconcile
-    // started writing or reading what it should not.
-    assert!((1.0..3.0).contains(&ratio), "requests per install ratio {ratio}");
+    // Nothing installs with fewer requests than the design's minimum; more than 1.3 times it (issue
+    // 20's goal) means a reconcile started writing or reading what it should not.
+    assert!(
+        (1.0..=1.3).contains(&ratio),
+        "requests per install ratio {ratio}: {:#}",
+        report["stacks"]["requests_per_install_by_resource"]
+    );
     let idle = report["tenants"].as_array().expect("tenants");
     assert!(idle.len() >= 2);
     for figures in idle {
