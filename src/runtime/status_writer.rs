@@ -33,8 +33,8 @@ const UPDATE: &str = "Update";
 /// last saw it, and returns the object written (its `resourceVersion` is what the write produced).
 /// With `resource_version`, the write is made only if the object is still at that version (409
 /// Conflict otherwise). Its legacy status `Update` entries, if any, are taken over first, so one
-/// apply removes what the status no longer has.
-/// A `resource_version` equal to the cached one stays a precondition on the cached object.
+/// apply removes what the status no longer has (a `resource_version` equal to the cached one then
+/// guards the apply with the version the takeover produced).
 pub async fn apply_status<K>(
     api: &Api<K>,
     cached: &K,
@@ -53,22 +53,9 @@ where
     {
         version.clone_from(&taken.meta().resource_version);
     }
-    apply_once(api, &name, field_manager, status, version.as_deref()).await
-}
-
-async fn apply_once<K>(
-    api: &Api<K>,
-    name: &str,
-    field_manager: &str,
-    status: &impl Serialize,
-    resource_version: Option<&str>,
-) -> Result<K, kube::Error>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
-{
-    let body = apply_body::<K>(name, status, resource_version)?;
+    let body = apply_body::<K>(&name, status, version.as_deref())?;
     let params = PatchParams::apply(field_manager).force();
-    api.patch_status(name, &params, &Patch::Apply(body)).await
+    api.patch_status(&name, &params, &Patch::Apply(body)).await
 }
 
 /// Moves the fields of `object`'s legacy status `Update` entries to `field_manager`'s status

@@ -13,7 +13,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use stackd::api::stacks::Stack;
 
-use super::stacks_install::{StackFleet, create_install, wait_for_reason};
+use super::stacks_install::{StackFleet, create_install, install_sample, wait_for_reason};
 use crate::harness::wait_until;
 use crate::harness::{Daemon, Fleet};
 
@@ -125,14 +125,7 @@ async fn a_package_mounting_another_stacks_token_is_refused() {
     let tenant = fleet.tenant("acme");
     let daemon = fleet.daemon(&[]);
     // The victim: a stack in team-a whose token copy is on the host at a predictable name.
-    create_install(
-        &tenant,
-        "team-a",
-        "sample",
-        json!({"package": "examples/sample-stack:v1"}),
-    )
-    .await;
-    wait_for_reason(&tenant, "team-a", "sample", &daemon, "Available").await;
+    install_sample(&tenant, &daemon).await;
     let victim = fleet
         .host_secrets("acme")
         .get_opt("team-a.sample-token")

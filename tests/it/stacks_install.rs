@@ -263,6 +263,18 @@ pub(crate) fn condition(install: &StackInstall, type_: &str) -> Option<(String, 
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
+/// Installs the sample stack as `team-a/sample` and waits until it is Available.
+pub(crate) async fn install_sample(tenant: &Client, daemon: &Daemon) {
+    create_install(
+        tenant,
+        "team-a",
+        "sample",
+        json!({"package": "examples/sample-stack:v1"}),
+    )
+    .await;
+    wait_for_reason(tenant, "team-a", "sample", daemon, "Available").await;
+}
+
 pub(crate) async fn wait_for_reason(
     client: &Client,
     namespace: &str,
@@ -1027,14 +1039,7 @@ async fn an_installs_stack_is_born_with_its_finalizer_and_its_metadata_is_never_
     let tenant = fleet.tenant("acme");
     let daemon = fleet.daemon(&[]);
     let before = fleet.tenants["acme"].0.counters();
-    create_install(
-        &tenant,
-        "team-a",
-        "sample",
-        json!({"package": "examples/sample-stack:v1"}),
-    )
-    .await;
-    wait_for_reason(&tenant, "team-a", "sample", &daemon, "Available").await;
+    install_sample(&tenant, &daemon).await;
     let stack = Api::<Stack>::namespaced(tenant.clone(), "team-a")
         .get("sample")
         .await
@@ -1052,16 +1057,9 @@ async fn a_second_reconcile_of_an_unchanged_install_writes_nothing() {
     let fleet = StackFleet::start(&["acme"]).await;
     let tenant = fleet.tenant("acme");
     let daemon = fleet.daemon(&[]);
-    create_install(
-        &tenant,
-        "team-a",
-        "sample",
-        json!({"package": "examples/sample-stack:v1"}),
-    )
-    .await;
     // Synced comes as soon as the Stack is applied; the Stack's own writes go on until it is
     // available, which the install's Ready reports.
-    wait_for_reason(&tenant, "team-a", "sample", &daemon, "Available").await;
+    install_sample(&tenant, &daemon).await;
     // The install's Available Event is the last write of the reconcile that reported it.
     wait_until("the Available Event", Duration::from_secs(10), &daemon, || async {
         let events = events_of(&tenant, "team-a", "sample").await;
