@@ -284,7 +284,9 @@ async fn openstack_control_planes_spread_over_failure_domains_and_keep_their_rec
             .contains_key("fd-c")
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Judged once the pool and its clusters were reconciled again, not after a guessed pause.
+    let controllers = ["clusterpool", "clusterdeployment"];
+    crate::pools::writes_when_woken(&fleet, &daemon, &cd_api, &claimed.name_any(), &controllers, &[]).await;
     assert_eq!(
         records(&cd_api.get(&claimed.name_any()).await.unwrap()),
         before,
@@ -342,7 +344,8 @@ async fn contradicting_storage_zones_stop_the_cluster_and_vsphere_refuses_failur
         pool_condition(&pool(&tenant, "vs").await, "FailureDomainsUnsupported").is_some_and(|(s, _, _)| s == "True")
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Judged after the pool's next reconcile, not a guessed pause.
+    crate::pools::writes_when_woken(&fleet, &daemon, &pools(&tenant), "bad", &["clusterpool"], &[]).await;
     let now: Vec<String> = cds(&tenant, "bad").await.iter().map(|cd| cd.name_any()).collect();
     assert_eq!(
         now,

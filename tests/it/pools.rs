@@ -473,7 +473,8 @@ async fn a_pool_fills_from_its_inventory_through_installer_jobs() {
         lease(&cdc(&tenant, "bar").await).as_deref() == Some(holder.as_str())
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Judged after the pool's next reconcile, not a guessed pause.
+    writes_when_woken(&fleet, &daemon, &pools(&tenant), "vsphere", &["clusterpool"], &[]).await;
     let backing: Vec<Option<String>> = live(&cds(&tenant, "vsphere").await)
         .iter()
         .map(|cd| cdc_of(cd))
