@@ -16,7 +16,7 @@ use super::store::{GroupResource, Store, Write};
 use super::validation::finalizers;
 use super::verbs::{self, DeleteOptions, FOREGROUND_FINALIZER, ORPHAN_FINALIZER};
 
-/// One stored object, located.
+/// One stored object, located, with its ownership metadata (`Store::all_ownership`).
 struct Located {
     resource: GroupResource,
     namespace: String,
@@ -69,7 +69,7 @@ impl Located {
 /// next pass, which the resulting events trigger.
 pub fn collect(store: &Store, resources: &Resources) {
     let objects: Vec<Located> = store
-        .all_objects()
+        .all_ownership()
         .into_iter()
         .map(|(r, o)| Located::new(r, o))
         .collect();

@@ -173,12 +173,28 @@ impl Store {
             .all(|map| map.keys().all(|(ns, _)| ns != namespace))
     }
 
-    /// Every stored object with its resource (for the garbage collector's ownership index).
-    pub fn all_objects(&self) -> Vec<(GroupResource, Value)> {
+    /// Every object's identity and ownership metadata (name, namespace, uid, owner references,
+    /// finalizers, deletion timestamp), as `{"metadata": …}`: what the garbage collector judges
+    /// by, without copying every object whole on each of its passes.
+    pub fn all_ownership(&self) -> Vec<(GroupResource, Value)> {
+        const KEPT: [&str; 6] = [
+            "name",
+            "namespace",
+            "uid",
+            "ownerReferences",
+            "finalizers",
+            "deletionTimestamp",
+        ];
         let inner = self.lock();
         let mut all = Vec::new();
         for (resource, map) in &inner.objects {
-            all.extend(map.values().map(|obj| (resource.clone(), obj.clone())));
+            all.extend(map.values().map(|object| {
+                let metadata: serde_json::Map<String, Value> = KEPT
+                    .iter()
+                    .filter_map(|field| Some((field.to_string(), object["metadata"].get(*field)?.clone())))
+                    .collect();
+                (resource.clone(), serde_json::json!({ "metadata": metadata }))
+            }));
         }
         all
     }
