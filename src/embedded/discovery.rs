@@ -308,11 +308,19 @@ fn version_priority(version: &str) -> (u8, u32, u32, String) {
     (stage, major, minor, String::new())
 }
 
-/// The resource table of one server, rebuilt only when a CRD changes (CRDs can be large, and every
-/// request needs the table).
+/// The resource table of one server, rebuilt only when a CRD's definition changes (CRDs can be
+/// large, and every request needs the table): a label or status update of a CRD, which every
+/// install sharing it makes, keeps the table.
 pub struct ResourceTable {
     store: Arc<Store>,
-    cached: Mutex<Option<(u64, Arc<Resources>)>>,
+    cached: Mutex<Option<Built>>,
+}
+
+/// A table, the CRD change it was last checked at, and the definitions it was built from.
+struct Built {
+    checked_at: u64,
+    definitions: Vec<(String, i64)>,
+    resources: Arc<Resources>,
 }
 
 impl ResourceTable {
@@ -326,14 +334,33 @@ impl ResourceTable {
     pub fn current(&self) -> Arc<Resources> {
         let version = self.store.last_change(&crd::crd_resource());
         let mut cached = self.cached.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some((built_at, resources)) = cached.as_ref()
-            && *built_at == version
-        {
-            return resources.clone();
+        if let Some(built) = cached.as_mut() {
+            if built.checked_at == version {
+                return built.resources.clone();
+            }
+            // A CRD's generation moves with its spec, which is all the table is built from.
+            if self.definitions() == built.definitions {
+                built.checked_at = version;
+                return built.resources.clone();
+            }
         }
+        let definitions = self.definitions();
         let resources = Arc::new(Resources::current(&self.store));
-        *cached = Some((version, resources.clone()));
+        *cached = Some(Built {
+            checked_at: version,
+            definitions,
+            resources: resources.clone(),
+        });
         resources
+    }
+
+    /// Each CRD's uid and generation.
+    fn definitions(&self) -> Vec<(String, i64)> {
+        self.store.project(&crd::crd_resource(), |crd| {
+            let meta = &crd["metadata"];
+            let uid = meta["uid"].as_str().unwrap_or_default().to_string();
+            (uid, meta["generation"].as_i64().unwrap_or_default())
+        })
     }
 }
 

@@ -164,6 +164,16 @@ impl Store {
             .collect()
     }
 
+    /// `project` of every object of `resource`, ordered by namespace and name, read in place.
+    pub fn project<T>(&self, resource: &GroupResource, project: impl Fn(&Value) -> T) -> Vec<T> {
+        let inner = self.lock();
+        inner
+            .objects
+            .get(resource)
+            .map(|map| map.values().map(project).collect())
+            .unwrap_or_default()
+    }
+
     /// Whether no object of any resource is left in `namespace`.
     pub fn namespace_is_empty(&self, namespace: &str) -> bool {
         let inner = self.lock();
