@@ -107,14 +107,12 @@ where
     K::DynamicType: Default,
 {
     let key = object_key(desired);
-    if let Update::WhenDifferent(writes) = update {
-        match observed {
-            Some(_) => writes.forget_created(&key),
-            // Ours, created by an earlier reconcile: the watch event that brings it to the cache
-            // brings this parent back, to be compared with it then.
-            None if writes.created_recently(&key) => return Ok(Applied::Unchanged),
-            None => {}
-        }
+    // Ours, created by an earlier reconcile and not yet reported by its watch (`HostWrites::seen`):
+    // the watch event that brings it to the cache brings this parent back, to compare it then.
+    if let (Update::WhenDifferent(writes), None) = (update, observed)
+        && writes.created_recently(&key)
+    {
+        return Ok(Applied::Unchanged);
     }
     let existing = match ensure_created(api, desired, observed, tenant, parent).await? {
         (Applied::Created, _) => {

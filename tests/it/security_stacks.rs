@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 use stackd::api::stacks::{ClusterStackInstall, Stack, StackInstall};
 
 use super::stacks_install::{
-    StackFleet, WIDGETS, condition, crd_names, create_install, create_namespace, events_of, stacks_on, wait_for_reason,
-    wait_synced,
+    StackFleet, WIDGETS, condition, crd_names, create_install, create_namespace, events_of, install_sample, stacks_on,
+    wait_for_reason, wait_synced,
 };
 use crate::harness::Daemon;
 use crate::harness::wait_until;
@@ -161,19 +161,6 @@ async fn cluster_role_bindings(tenant: &Client) -> Vec<String> {
         .iter()
         .map(ResourceExt::name_any)
         .collect()
-}
-
-/// Installs the sample stack as `team-a/sample` and waits until it is Ready.
-async fn install_sample(tenant: &Client, daemon: &Daemon) {
-    create_install(
-        tenant,
-        "team-a",
-        "sample",
-        json!({"package": "examples/sample-stack:v1"}),
-    )
-    .await;
-    let (status, _, message) = wait_for_reason(tenant, "team-a", "sample", daemon, "Available").await;
-    assert_eq!(status, "True", "{message}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -263,7 +263,7 @@ pub(crate) fn condition(install: &StackInstall, type_: &str) -> Option<(String, 
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-/// Installs the sample stack as `team-a/sample` and waits until it is Available.
+/// Installs the sample stack as `team-a/sample` and waits until it is Ready (reason Available).
 pub(crate) async fn install_sample(tenant: &Client, daemon: &Daemon) {
     create_install(
         tenant,
@@ -272,7 +272,8 @@ pub(crate) async fn install_sample(tenant: &Client, daemon: &Daemon) {
         json!({"package": "examples/sample-stack:v1"}),
     )
     .await;
-    wait_for_reason(tenant, "team-a", "sample", daemon, "Available").await;
+    let (status, _, message) = wait_for_reason(tenant, "team-a", "sample", daemon, "Available").await;
+    assert_eq!(status, "True", "{message}");
 }
 
 pub(crate) async fn wait_for_reason(
