@@ -6,11 +6,13 @@ mod buckets;
 pub mod claim;
 mod create;
 pub mod deployment;
+pub mod document_bounds;
 mod execute;
 pub mod failure_domains;
 pub mod hosts;
 pub mod install_config;
 pub mod leases;
+pub mod limits;
 pub mod machines;
 pub mod membership;
 mod plan;
@@ -67,6 +69,18 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
         }
     }
     Ok(())
+}
+
+/// Runs tenant-sized work (parsing, patching and rendering documents of up to the install config's
+/// bounds) on the blocking pool, off the async workers every tenant shares. A panic there is the
+/// reconcile's own panic, contained like one.
+pub(crate) async fn off_the_async_workers<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(value) => value,
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        // Only a runtime shutting down cancels blocking work: the reconcile goes with it.
+        Err(_) => std::future::pending().await,
+    }
 }
 
 /// Sets the finalizers of `object` with a merge patch carrying its resourceVersion, so a stale copy

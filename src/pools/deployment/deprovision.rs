@@ -75,7 +75,8 @@ async fn start_destroy(
     let tenant = &ctx.tenant;
     let host_ns = tenant.host_namespace.as_str();
     ensure_installer_identity(ctx, parent, names).await?;
-    let mut job = installer::installer_job(&names.destroy, host_ns, names, image, &cd.spec.cluster_name, true);
+    let deadline = tenant.shared.settings.installer_deadline;
+    let mut job = installer::installer_job(&names.destroy, host_ns, names, image, &cd.spec.cluster_name, true, deadline);
     stamp(&mut job, &tenant.name, parent);
     let jobs = Api::<Job>::namespaced(tenant.host.clone(), host_ns);
     if ensure(&jobs, &job, None, &tenant.name, parent, Update::Never)

@@ -9,7 +9,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 
-use super::installer::{JobState, Names, has_state, job_state, output_text};
+use super::installer::{JobState, Names, deadline_exceeded, has_state, job_state, output_text};
 use super::status::Outcome;
 use crate::api::pools::ClusterDeployment;
 use crate::pools::DEPROVISION_FINALIZER;
@@ -82,17 +82,22 @@ pub fn provision<'a>(snapshot: &Snapshot<'a>) -> Provision<'a> {
         None => AttemptStep::Start,
         Some(JobState::Running) => AttemptStep::Wait,
         Some(JobState::Succeeded) => AttemptStep::Succeeded,
-        Some(JobState::Failed) => AttemptStep::Failed(failed_attempt(snapshot.cd)),
+        Some(JobState::Failed) => {
+            let timed_out = snapshot.current.is_some_and(deadline_exceeded);
+            AttemptStep::Failed(failed_attempt(snapshot.cd, timed_out))
+        }
     };
     Provision::Attempt { stale, next }
 }
 
-/// The failed attempt counted against `installAttemptsLimit` (default 3, at least 1).
-fn failed_attempt(cd: &ClusterDeployment) -> Outcome {
+/// The failed attempt counted against `installAttemptsLimit` (default 3, at least 1);
+/// `timed_out` when its Job ran past the installer deadline.
+fn failed_attempt(cd: &ClusterDeployment, timed_out: bool) -> Outcome {
     let limit = cd.spec.install_attempts_limit.unwrap_or(DEFAULT_ATTEMPTS).max(1);
     Outcome::InstallFailed {
         attempts: attempt(cd) + 1,
         limit,
+        timed_out,
     }
 }
 
@@ -426,7 +431,21 @@ mod tests {
         );
         assert_eq!(
             next_step(&cd, Some(&job("j", Some("Failed")))),
-            AttemptStep::Failed(Outcome::InstallFailed { attempts: 1, limit: 3 })
+            AttemptStep::Failed(Outcome::InstallFailed {
+                attempts: 1,
+                limit: 3,
+                timed_out: false
+            })
+        );
+        let mut late = job("j", Some("Failed"));
+        late.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].reason = Some("DeadlineExceeded".into());
+        assert_eq!(
+            next_step(&cd, Some(&late)),
+            AttemptStep::Failed(Outcome::InstallFailed {
+                attempts: 1,
+                limit: 3,
+                timed_out: true
+            })
         );
     }
 
@@ -435,9 +454,14 @@ mod tests {
         let mut cd = provisioned();
         set_status(&mut cd, |s| s.install_restarts = 1);
         cd.spec.install_attempts_limit = Some(2);
-        assert_eq!(failed_attempt(&cd), Outcome::InstallFailed { attempts: 2, limit: 2 });
+        let failed = |attempts, limit| Outcome::InstallFailed {
+            attempts,
+            limit,
+            timed_out: false,
+        };
+        assert_eq!(failed_attempt(&cd, false), failed(2, 2));
         cd.spec.install_attempts_limit = Some(0);
-        assert_eq!(failed_attempt(&cd), Outcome::InstallFailed { attempts: 2, limit: 1 });
+        assert_eq!(failed_attempt(&cd, false), failed(2, 1));
     }
 
     #[test]

@@ -100,7 +100,8 @@ async fn start(cd: &ClusterDeployment, ctx: &Ctx, names: &Names, job_name: &str)
     let image = inputs.installer_image.clone();
     write_installer_inputs(ctx, &parent, names, inputs).await?;
     ensure_installer_identity(ctx, &parent, names).await?;
-    let mut job = installer::installer_job(job_name, host_ns, names, &image, &cd.spec.cluster_name, false);
+    let deadline = tenant.shared.settings.installer_deadline;
+    let mut job = installer::installer_job(job_name, host_ns, names, &image, &cd.spec.cluster_name, false, deadline);
     stamp(&mut job, &tenant.name, &parent);
     let jobs = Api::<Job>::namespaced(tenant.host.clone(), host_ns);
     let attempt = plan::attempt(cd);
