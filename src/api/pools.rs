@@ -41,6 +41,14 @@ pub const MAX_CONTROL_PLANE_REPLICAS: i32 = 7;
 /// every host is a BareMetalAsset the pool assigns, releases and delivers one by one.
 pub const MAX_CLUSTER_HOSTS: usize = 500;
 
+/// Labels on the namespace a pool creates for each of its clusters (named after the cluster): the
+/// pool's namespace and name. With [`POOL_UID_ANNOTATION`] they prove which pool created a
+/// cluster: a namespaced `edit` user can neither create a namespace nor change its metadata.
+pub const POOL_NAMESPACE_LABEL: &str = "pools.stackd.dev/clusterpool-namespace";
+pub const POOL_NAME_LABEL: &str = "pools.stackd.dev/clusterpool-name";
+/// Annotation on a pool cluster's namespace, set when the pool creates it: the pool's uid.
+pub const POOL_UID_ANNOTATION: &str = "pools.stackd.dev/clusterpool-uid";
+
 /// A set of zone names, bounded like the failure domains they become.
 fn zones_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({

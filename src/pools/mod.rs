@@ -42,8 +42,7 @@ pub const DEPROVISION_FINALIZER: &str = "pools.stackd.dev/deprovision";
 pub const POOL_FINALIZER: &str = "pools.stackd.dev/clusters";
 /// Labels on a pool cluster's namespace (and on the cluster); see [`membership`] for what proves
 /// that a pool created a cluster.
-pub const POOL_NAMESPACE_LABEL: &str = "pools.stackd.dev/clusterpool-namespace";
-pub const POOL_NAME_LABEL: &str = "pools.stackd.dev/clusterpool-name";
+pub use crate::api::pools::{POOL_NAME_LABEL, POOL_NAMESPACE_LABEL};
 /// Annotations on a pool's ClusterDeployment.
 pub const POOL_VERSION_ANNOTATION: &str = "pools.stackd.dev/pool-version";
 pub const CDC_GENERATION_ANNOTATION: &str = "pools.stackd.dev/customization-generation";

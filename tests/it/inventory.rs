@@ -338,8 +338,12 @@ async fn contradicting_storage_zones_stop_the_cluster_and_vsphere_refuses_failur
         message.contains("storageAvailabilityZone cinder-a") && message.contains("cinder-x"),
         "{message}"
     );
-    let seen = events(&tenant, &stopped.name_any(), &stopped.name_any()).await;
-    assert!(seen.iter().any(|(r, _)| r == "InvalidMachineSpec"), "{seen:?}");
+    // The Event follows the status write that the condition came with.
+    until("an InvalidMachineSpec Event on the cluster", WITHIN, &daemon, || async {
+        let seen = events(&tenant, &stopped.name_any(), &stopped.name_any()).await;
+        seen.iter().any(|(r, _)| r == "InvalidMachineSpec")
+    })
+    .await;
     until("vSphere refuses failure domains", WITHIN, &daemon, || async {
         pool_condition(&pool(&tenant, "vs").await, "FailureDomainsUnsupported").is_some_and(|(s, _, _)| s == "True")
     })
