@@ -209,10 +209,7 @@ mod tests {
             measure(&json!({"a": "0123456789"}), tight),
             Err(Exceeded::Size { max_bytes: 10 })
         );
-        assert_eq!(
-            measure(&json!([[[]]]), tight),
-            Err(Exceeded::Depth { max_depth: 2 })
-        );
+        assert_eq!(measure(&json!([[[]]]), tight), Err(Exceeded::Depth { max_depth: 2 }));
         assert_eq!(measure(&json!([[1]]), tight).unwrap().depth, 2);
         let message = Exceeded::Size {
             max_bytes: MAX_CONFIG_BYTES,

@@ -428,10 +428,7 @@ mod tests {
             patches.push(moved("/s/0", "/a"));
         }
         let err = apply_patches(&mut config, &patches[..MAX_INSTALL_CONFIG_PATCHES]).unwrap_err();
-        assert!(
-            err.contains("nest lists and mappings deeper than 64 levels"),
-            "{err}"
-        );
+        assert!(err.contains("nest lists and mappings deeper than 64 levels"), "{err}");
         assert!(err.contains("(move /s/0/a)") || err.contains("(move /a)"), "{err}");
     }
 

@@ -63,15 +63,27 @@ fn list_over_bound(pool: &ClusterPool) -> Option<String> {
     let baremetal = spec.platform.baremetal.as_ref();
     let lists = [
         ("spec.failureDomains", spec.failure_domains.len(), MAX_FAILURE_DOMAINS),
-        ("spec.availabilityZones", spec.availability_zones.len(), MAX_FAILURE_DOMAINS),
+        (
+            "spec.availabilityZones",
+            spec.availability_zones.len(),
+            MAX_FAILURE_DOMAINS,
+        ),
         (
             "spec.controlPlaneAvailabilityZones",
             spec.control_plane_availability_zones.len(),
             MAX_FAILURE_DOMAINS,
         ),
         ("spec.failureDomains[].ports", domain_ports, MAX_PORTS),
-        ("spec.controlPlane.ports", control_plane.map_or(0, |c| c.ports.len()), MAX_PORTS),
-        ("spec.platform.baremetal.apiVIPs", baremetal.map_or(0, |b| b.api_vips.len()), MAX_VIPS),
+        (
+            "spec.controlPlane.ports",
+            control_plane.map_or(0, |c| c.ports.len()),
+            MAX_PORTS,
+        ),
+        (
+            "spec.platform.baremetal.apiVIPs",
+            baremetal.map_or(0, |b| b.api_vips.len()),
+            MAX_VIPS,
+        ),
         (
             "spec.platform.baremetal.ingressVIPs",
             baremetal.map_or(0, |b| b.ingress_vips.len()),
@@ -175,15 +187,24 @@ mod tests {
         assert_eq!(namespace_refusal(&all[1], &all, 2), None);
         assert_eq!(namespace_refusal(&all[2], &all, 2), None, "same second: by name");
         let refused = namespace_refusal(&all[0], &all, 2).expect("the newest is refused");
-        assert_eq!((refused.condition, refused.reason), ("CapacityAvailable", "TooManyPools"));
+        assert_eq!(
+            (refused.condition, refused.reason),
+            ("CapacityAvailable", "TooManyPools")
+        );
         assert!(
             refused.message.contains("Namespace team has 3 ClusterPools")
-                && refused.message.contains("at most 2 per namespace (--namespace-max-pools)"),
+                && refused
+                    .message
+                    .contains("at most 2 per namespace (--namespace-max-pools)"),
             "{}",
             refused.message
         );
         assert_eq!(namespace_refusal(&all[0], &all, 0), None, "0 is no limit");
-        assert_eq!(namespace_refusal(&all[3], &all, 1), None, "other namespaces are not counted");
+        assert_eq!(
+            namespace_refusal(&all[3], &all, 1),
+            None,
+            "other namespaces are not counted"
+        );
     }
 
     #[test]
@@ -211,13 +232,29 @@ mod tests {
         let zones: Vec<String> = (0..=MAX_FAILURE_DOMAINS).map(|i| format!("z{i}")).collect();
         let refused = spec_refusal(&pool("team", "p", 1, json!({"availabilityZones": zones}))).unwrap();
         assert_eq!(refused.reason, "SpecTooLarge");
-        assert!(refused.message.starts_with("spec.availabilityZones has 65 items, more than the 64"));
-        let entries: Vec<_> = (0..=MAX_INVENTORY_ENTRIES).map(|i| json!({"name": format!("e{i}")})).collect();
+        assert!(
+            refused
+                .message
+                .starts_with("spec.availabilityZones has 65 items, more than the 64")
+        );
+        let entries: Vec<_> = (0..=MAX_INVENTORY_ENTRIES)
+            .map(|i| json!({"name": format!("e{i}")}))
+            .collect();
         let refused = spec_refusal(&pool("team", "p", 1, json!({"inventory": entries}))).unwrap();
-        assert_eq!((refused.condition, refused.reason), ("InventoryValid", "TooManyEntries"));
+        assert_eq!(
+            (refused.condition, refused.reason),
+            ("InventoryValid", "TooManyEntries")
+        );
         let refused = spec_refusal(&pool("team", "p", 1, json!({"controlPlane": {"replicas": 2147483647}}))).unwrap();
-        assert!(refused.message.contains("replicas is 2147483647"), "{}", refused.message);
-        assert_eq!(spec_refusal(&pool("team", "p", 1, json!({"availabilityZones": ["a"]}))), None);
+        assert!(
+            refused.message.contains("replicas is 2147483647"),
+            "{}",
+            refused.message
+        );
+        assert_eq!(
+            spec_refusal(&pool("team", "p", 1, json!({"availabilityZones": ["a"]}))),
+            None
+        );
     }
 
     #[test]

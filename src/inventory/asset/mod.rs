@@ -241,7 +241,10 @@ fn deliver(
         ),
     };
     let start = || {
-        let (client, timeout) = (ctx.tenant.client.clone(), ctx.tenant.shared.settings.managed_cluster_timeout);
+        let (client, timeout) = (
+            ctx.tenant.client.clone(),
+            ctx.tenant.shared.settings.managed_cluster_timeout,
+        );
         let (asset, cd, cluster) = (asset.clone(), cd.clone(), cluster.to_string());
         let credentials = secret.and_then(|s| s.data.clone()).unwrap_or_default();
         async move {
@@ -263,7 +266,11 @@ fn deliver(
 /// When to look at a delivered asset again.
 fn after_delivery(asset: &BareMetalAsset, ctx: &Ctx, cluster: &str, outcome: &Outcome) -> Duration {
     let tenant = &ctx.tenant;
-    let key = format!("bma-delivery/{}/{}", asset.namespace().unwrap_or_default(), asset.name_any());
+    let key = format!(
+        "bma-delivery/{}/{}",
+        asset.namespace().unwrap_or_default(),
+        asset.name_any()
+    );
     match outcome {
         Ok(true) => {
             tenant.object_backoff.succeeded(&key);

@@ -526,7 +526,10 @@ mod tests {
         let Step::Detach(Detach::Refused { cluster, why }) = step(&forged) else {
             panic!("refused");
         };
-        assert_eq!((cluster.as_str(), why.as_str()), ("v1", "ClusterDeployment v1 is in namespace v1"));
+        assert_eq!(
+            (cluster.as_str(), why.as_str()),
+            ("v1", "ClusterDeployment v1 is in namespace v1")
+        );
     }
 
     #[test]

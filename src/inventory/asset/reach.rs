@@ -26,7 +26,10 @@ pub fn check(asset_namespace: &str, cd: &ClusterDeployment, cd_namespace: Option
     let created_for_asset_namespace = cd_namespace.is_some_and(|ns| {
         ns.name_any() == namespace
             && ns.labels().get(POOL_NAMESPACE_LABEL).map(String::as_str) == Some(asset_namespace)
-            && ns.annotations().get(POOL_UID_ANNOTATION).is_some_and(|uid| !uid.is_empty())
+            && ns
+                .annotations()
+                .get(POOL_UID_ANNOTATION)
+                .is_some_and(|uid| !uid.is_empty())
     });
     if created_for_asset_namespace {
         return Ok(());
@@ -87,10 +90,15 @@ mod tests {
         let victims = namespace("v-x7k2p", Some("victim"), Some("pool-uid"));
         let err = check("attacker", &cd("v-x7k2p", "v-x7k2p"), Some(&victims)).unwrap_err();
         assert!(
-            err.contains("ClusterDeployment v-x7k2p is in namespace v-x7k2p, which no ClusterPool of namespace attacker created"),
+            err.contains(
+                "ClusterDeployment v-x7k2p is in namespace v-x7k2p, which no ClusterPool of namespace attacker created"
+            ),
             "{err}"
         );
-        assert!(check("attacker", &cd("v-x7k2p", "v-x7k2p"), None).is_err(), "not cached: not proven");
+        assert!(
+            check("attacker", &cd("v-x7k2p", "v-x7k2p"), None).is_err(),
+            "not cached: not proven"
+        );
         let unannotated = namespace("v-x7k2p", Some("attacker"), None);
         assert!(
             check("attacker", &cd("v-x7k2p", "v-x7k2p"), Some(&unannotated)).is_err(),

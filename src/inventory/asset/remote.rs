@@ -231,9 +231,15 @@ mod tests {
             let _ = held.await;
             Ok(true)
         };
-        assert!(matches!(work.poll(asset("a"), intent("c1", "1"), || operation), Poll::Running));
+        assert!(matches!(
+            work.poll(asset("a"), intent("c1", "1"), || operation),
+            Poll::Running
+        ));
         let never = async { panic!("a second operation of the same asset must not start") };
-        assert!(matches!(work.poll(asset("a"), intent("c1", "1"), || never), Poll::Running));
+        assert!(matches!(
+            work.poll(asset("a"), intent("c1", "1"), || never),
+            Poll::Running
+        ));
         release.send(()).unwrap();
         assert_eq!(woken.recv().await, Some(asset("a")));
         assert!(matches!(
@@ -253,7 +259,10 @@ mod tests {
             counted.fetch_add(1, Ordering::SeqCst);
             Ok(false)
         };
-        assert!(matches!(work.poll(asset("a"), intent("c1", "2"), || again), Poll::Running));
+        assert!(matches!(
+            work.poll(asset("a"), intent("c1", "2"), || again),
+            Poll::Running
+        ));
         woken.recv().await;
         assert_eq!(started.load(Ordering::SeqCst), 1);
     }
@@ -268,7 +277,8 @@ mod tests {
             work.poll(asset("a"), intent("c1", "1"), || async { Ok(true) }),
             Poll::Done(Err(DeliveryError::TimedOut(_)))
         ));
-        let Poll::ClusterBackingOff { failures, left } = work.poll(asset("b"), intent("c1", "1"), || async { Ok(true) })
+        let Poll::ClusterBackingOff { failures, left } =
+            work.poll(asset("b"), intent("c1", "1"), || async { Ok(true) })
         else {
             panic!("the cluster backs off");
         };

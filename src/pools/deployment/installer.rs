@@ -89,10 +89,20 @@ fn meta(name: &str, namespace: &str) -> kube::api::ObjectMeta {
     }
 }
 
-/// The installer's inputs: the rendered install config, the pull secret and the credentials.
-pub fn input_secret(names: &Names, namespace: &str, data: BTreeMap<String, ByteString>) -> Secret {
+/// Annotation on the input Secret (which only stackd writes): the uid of the output Secret stackd
+/// created for the installer, the proof that a Secret of that name is still that one.
+pub const OUTPUT_UID_ANNOTATION: &str = "pools.stackd.dev/output-secret-uid";
+
+/// The installer's inputs: the rendered install config, the pull secret and the credentials; and
+/// the uid of the output Secret made for it.
+pub fn input_secret(names: &Names, namespace: &str, data: BTreeMap<String, ByteString>, output_uid: &str) -> Secret {
+    let mut metadata = meta(&names.input, namespace);
+    metadata.annotations = Some(BTreeMap::from([(
+        OUTPUT_UID_ANNOTATION.to_string(),
+        output_uid.to_string(),
+    )]));
     Secret {
-        metadata: meta(&names.input, namespace),
+        metadata,
         data: Some(data),
         ..Default::default()
     }
@@ -196,6 +206,11 @@ pub fn installer_job(
     .expect("static shape")
 }
 
+/// The keys stackd reads from the installer's output Secret, and how many bytes of each at most
+/// (checked before anything is parsed): an admin kubeconfig with its certificates is some 10 KiB,
+/// `metadata.json` a few hundred bytes.
+pub const OUTPUT_KEYS: [(&str, usize); 2] = [("kubeconfig", 256 * 1024), ("metadata.json", 64 * 1024)];
+
 /// A key of the installer's output Secret, as text.
 pub fn output_text(secret: &Secret, key: &str) -> Option<String> {
     secret
@@ -207,7 +222,10 @@ pub fn output_text(secret: &Secret, key: &str) -> Option<String> {
 
 /// Whether the installer left state a destroy Job needs (`metadata.json`).
 pub fn has_state(output: Option<&Secret>) -> bool {
-    output.and_then(|s| output_text(s, "metadata.json")).is_some()
+    output
+        .and_then(|s| s.data.as_ref())
+        .and_then(|d| d.get("metadata.json"))
+        .is_some_and(|b| std::str::from_utf8(&b.0).is_ok())
 }
 
 #[cfg(test)]

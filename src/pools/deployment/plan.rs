@@ -9,7 +9,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 
-use super::installer::{JobState, Names, deadline_exceeded, has_state, job_state, output_text};
+use super::installer::{JobState, Names, OUTPUT_KEYS, deadline_exceeded, has_state, job_state, output_text};
 use super::status::Outcome;
 use crate::api::pools::ClusterDeployment;
 use crate::pools::DEPROVISION_FINALIZER;
@@ -174,6 +174,8 @@ pub enum Output {
     Pending,
     /// The installer image is the tenant's choice, so its kubeconfig is as untrusted as the tenant.
     Refused(UntrustedKubeconfigError),
+    /// A key larger than stackd reads (the refusal says which): nothing of it is parsed.
+    TooLarge(String),
     /// A kubeconfig stackd may copy to the tenant.
     Accepted {
         kubeconfig: String,
@@ -182,6 +184,15 @@ pub enum Output {
 }
 
 pub fn output(secret: Option<&Secret>) -> Output {
+    let data = secret.and_then(|s| s.data.as_ref());
+    let oversized = OUTPUT_KEYS.iter().find_map(|(key, max)| {
+        let len = data.and_then(|d| d.get(*key)).map_or(0, |b| b.0.len());
+        (len > *max)
+            .then(|| format!("key {key} of the installer's output Secret is {len} bytes; stackd reads at most {max}"))
+    });
+    if let Some(refusal) = oversized {
+        return Output::TooLarge(refusal);
+    }
     let (Some(kubeconfig), Some(metadata)) = (
         secret.and_then(|s| output_text(s, "kubeconfig")),
         secret.and_then(|s| output_text(s, "metadata.json")),
@@ -602,6 +613,23 @@ mod tests {
             panic!("accepted");
         };
         assert_eq!(infra_id, None);
+    }
+
+    #[test]
+    fn an_output_key_larger_than_stackd_reads_is_refused_unparsed() {
+        let huge = format!("{KUBECONFIG}# {}\n", "x".repeat(300 * 1024));
+        let found = secret(&[("kubeconfig", huge.as_str()), ("metadata.json", "{}")]);
+        let Output::TooLarge(refusal) = output(Some(&found)) else {
+            panic!("refused");
+        };
+        assert!(
+            refusal.starts_with("key kubeconfig of the installer's output Secret is")
+                && refusal.ends_with("stackd reads at most 262144"),
+            "{refusal}"
+        );
+        let metadata = "m".repeat(65 * 1024);
+        let found = secret(&[("kubeconfig", KUBECONFIG), ("metadata.json", metadata.as_str())]);
+        assert!(matches!(output(Some(&found)), Output::TooLarge(r) if r.contains("metadata.json")));
     }
 
     #[test]

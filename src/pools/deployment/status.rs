@@ -32,6 +32,9 @@ pub enum Outcome {
     InstallFailed { attempts: i32, limit: i32, timed_out: bool },
     /// The installer wrote an admin kubeconfig stackd will not use or hand on.
     KubeconfigRefused { secret: String, refusal: String },
+    /// The installer's output Secret is not read: a key is too large, or the Secret is not the one
+    /// stackd made.
+    OutputRefused(String),
     /// A Secret of the admin kubeconfig's name belongs to someone else.
     KubeconfigConflict { secret: String },
     /// Installed; the admin kubeconfig is in `secret`.
@@ -95,6 +98,11 @@ impl Outcome {
                 "The installer's admin kubeconfig was refused and not copied to Secret {secret}: {refusal}. \
                  The installer image must write a kubeconfig with inline credentials only"
             ),
+            Outcome::OutputRefused(refusal) => format!(
+                "The installer's output was refused: {refusal}. Nothing of it was used; the installer image must write \
+                 keys kubeconfig and metadata.json of the usual size into the output Secret stackd made, and leave \
+                 that Secret otherwise as it is"
+            ),
             Outcome::KubeconfigConflict { secret } => format!(
                 "Secret {secret} already exists and was not created by stackd for this ClusterDeployment, so the admin \
                  kubeconfig was not copied and the Secret is left untouched; delete or rename it and stackd copies the \
@@ -116,6 +124,7 @@ impl Outcome {
             }
             Outcome::InstallFailed { .. } => (Some("InstallFailed"), None),
             Outcome::KubeconfigRefused { .. } => (Some("AdminKubeconfigRefused"), Some("AdminKubeconfigRefused")),
+            Outcome::OutputRefused(_) => (Some("InstallerOutputRefused"), Some("InstallerOutputRefused")),
             Outcome::KubeconfigConflict { .. } => (Some("AdminKubeconfigConflict"), None),
             Outcome::Installed { .. } => (Some("Provisioned"), None),
         }
@@ -168,6 +177,7 @@ impl Outcome {
             Outcome::Provisioning { .. }
             | Outcome::MissingInputs(_)
             | Outcome::KubeconfigRefused { .. }
+            | Outcome::OutputRefused(_)
             | Outcome::KubeconfigConflict { .. } => false,
         }
     }
@@ -189,6 +199,7 @@ impl Outcome {
             Outcome::InstallFailed { attempts, limit, .. } if attempts >= limit => warning("ProvisionStopped"),
             Outcome::InstallFailed { .. } => warning("InstallFailed"),
             Outcome::KubeconfigRefused { .. } => warning("AdminKubeconfigRefused"),
+            Outcome::OutputRefused(_) => warning("InstallerOutputRefused"),
             Outcome::KubeconfigConflict { .. } => warning("AdminKubeconfigConflict"),
             Outcome::Installed { secret, .. } => Some(Note {
                 warning: false,
@@ -306,7 +317,11 @@ mod tests {
         };
         let (status, _) = recorded(&outcome);
         assert!(
-            outcome.note().unwrap().message.contains("ran longer than the installer deadline"),
+            outcome
+                .note()
+                .unwrap()
+                .message
+                .contains("ran longer than the installer deadline"),
             "{:?}",
             outcome.note()
         );
