@@ -538,6 +538,20 @@ fn deep_nesting() -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_patch_bomb_and_a_deep_nesting_are_refused_and_the_daemon_keeps_serving() {
     let (fleet, tenant) = setup().await;
+    // More patches than stackd applies never get in.
+    let many: Vec<Value> = (0..101)
+        .map(|_| json!({"op": "add", "path": "/x", "value": 1}))
+        .collect();
+    let cdc: stackd::api::pools::ClusterDeploymentCustomization = serde_json::from_value(json!({
+        "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterDeploymentCustomization",
+        "metadata": {"name": "many", "namespace": NS}, "spec": {"installConfigPatches": many},
+    }))
+    .expect("cdc");
+    let refused = Api::<stackd::api::pools::ClusterDeploymentCustomization>::namespaced(tenant.clone(), NS)
+        .create(&PostParams::default(), &cdc)
+        .await
+        .expect_err("101 patches refused by the schema");
+    assert!(refused.to_string().contains("must have at most 100 items"), "{refused}");
     crate::pools::create_cdc(&tenant, "bomb", patch_bomb()).await;
     crate::pools::create_cdc(&tenant, "deep", deep_nesting()).await;
     named_cdc(&tenant, "good").await;
