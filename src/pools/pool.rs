@@ -181,10 +181,13 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     Scaffold::new("clusterpool", context, &pools)
         // A pool being deleted frees its place in its namespace for a refused one.
         .watches(&pools, move |pool| {
+            if pool.metadata.deletion_timestamp.is_none() {
+                return Vec::new();
+            }
             limits::admitted_by_deletion(&pool, &siblings.state(), limit)
                 .iter()
                 .map(|p| ObjectRef::from_obj(&**p))
-                .collect::<Vec<_>>()
+                .collect()
         })
         .watches(&cds, |cd| pools_of_cluster(&cd))
         .watches(&claims, |claim| pool_of_claim(&claim))

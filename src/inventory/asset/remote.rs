@@ -19,6 +19,7 @@ use crate::api::inventory::BareMetalAsset;
 use crate::inventory::delivery::DeliveryError;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::cause::diagnose;
+use crate::runtime::panics;
 
 /// Managed-cluster operations running at once for one tenant. Each is a handful of requests; a
 /// stalled one holds its place for up to six times `--managed-cluster-timeout`.
@@ -129,7 +130,8 @@ impl RemoteWork {
                     return None;
                 }
                 let _slot = slots.acquire().await.ok()?;
-                let outcome = operation.await;
+                // A panic is this asset's failure: its entry must not stay Running for good.
+                let outcome = panics::contain(operation).await;
                 backoff.record(&intent.cluster, &outcome);
                 Some(outcome)
             };
@@ -287,6 +289,17 @@ mod tests {
         assert!(matches!(
             work.poll(asset("c"), intent("c2", "1"), || async { Ok(true) }),
             Poll::Running
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_panicking_operation_ends_as_a_failure_of_its_asset() {
+        let (work, mut woken) = work();
+        work.poll(asset("a"), intent("c1", "1"), || async { panic!("a bug") });
+        assert_eq!(woken.recv().await, Some(asset("a")));
+        assert!(matches!(
+            work.poll(asset("a"), intent("c1", "1"), || async { Ok(true) }),
+            Poll::Done(Err(DeliveryError::Panicked(_)))
         ));
     }
 
