@@ -156,6 +156,18 @@ struct RunArgs {
     /// hold the tenant's reconciles.
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     managed_cluster_timeout: Duration,
+    /// `activeDeadlineSeconds` of the installer Jobs (install and destroy): a Job still running
+    /// after this long fails with reason DeadlineExceeded, and counts as a failed install attempt.
+    /// openshift-install itself gives up within about two hours (up to 20 minutes for the API,
+    /// 30 to 60 for bootstrap, 40 for the cluster to initialize, plus creating the infrastructure).
+    #[arg(long, default_value = "3h", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    installer_deadline: Duration,
+    /// ClusterPools served per tenant namespace, the oldest first; the newer ones get
+    /// `CapacityAvailable=False` (reason TooManyPools) and create nothing. 0 means no limit. A
+    /// team's pools are a handful (one per platform or version); the limit keeps one namespace from
+    /// taking the tenant's controllers, quota and API calls from the others.
+    #[arg(long, default_value_t = 50, value_name = "N")]
+    namespace_max_pools: usize,
     /// Interval of the orphan sweep over host objects.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration, value_name = "DURATION")]
     sweep_interval: Duration,
@@ -438,6 +450,8 @@ async fn run(args: RunArgs) -> ExitCode {
         max_concurrent_reconciles: usize::from(args.max_concurrent_reconciles),
         lease_min_age: args.lease_min_age,
         managed_cluster_timeout: args.managed_cluster_timeout,
+        installer_deadline: args.installer_deadline,
+        namespace_max_pools: args.namespace_max_pools,
         sweep_interval: args.sweep_interval,
         backoff: stackd::runtime::backoff::Backoff::new(args.backoff_base, Duration::from_secs(300)),
         debounce: args.debounce,

@@ -11,9 +11,53 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::common::{
-    Condition, DURATION_PATTERN, LocalObjectReference, any_json_schema, conditions_schema, string_set_schema,
-};
+use schemars::{Schema, SchemaGenerator, json_schema};
+
+use super::common::{Condition, DURATION_PATTERN, LocalObjectReference, any_json_schema, conditions_schema};
+
+// ---------------------------------------------------------------------------------------------
+// Bounds (DESIGN.md §8, "Blast radius"): every list a controller iterates has a maximum in the
+// schema, checked by the controllers too (objects written before the schema had it, or to a server
+// that does not validate, get a clear refusal rather than unbounded work).
+
+/// Entries of a pool's `inventory`. Each is looked up, ranked and reported in the pool's status on
+/// every pass (about 200 bytes of status each); Hive has no bound, and inventories in use hold tens
+/// of entries, one per DNS name or VIP set the pool may use.
+pub const MAX_INVENTORY_ENTRIES: usize = 500;
+/// Patches of one ClusterDeploymentCustomization. A customization sets one cluster's name, VIPs and
+/// networks: a handful of patches; each costs a bounded measurement of the install config.
+pub const MAX_INSTALL_CONFIG_PATCHES: usize = 100;
+/// Failure domains of a pool (`failureDomains`, `availabilityZones`,
+/// `controlPlaneAvailabilityZones`): racks or zones, each weighed for every machine placed.
+pub const MAX_FAILURE_DOMAINS: usize = 64;
+/// Ports of a failure domain or of the control plane, copied into each machine's record.
+pub const MAX_PORTS: usize = 16;
+/// Virtual IPs of each kind (`apiVIPs`, `ingressVIPs`): one per IP family.
+pub const MAX_VIPS: usize = 8;
+/// Control-plane machines of a cluster: OpenShift runs 1, 3, 4 or 5, and etcd is not run with more
+/// than 7 members. Each machine is placed and recorded one by one.
+pub const MAX_CONTROL_PLANE_REPLICAS: i32 = 7;
+/// Hosts of one bare-metal cluster (`spec.hosts`, and the machine records of `status.failureDomains`):
+/// every host is a BareMetalAsset the pool assigns, releases and delivers one by one.
+pub const MAX_CLUSTER_HOSTS: usize = 500;
+
+/// Labels on the namespace a pool creates for each of its clusters (named after the cluster): the
+/// pool's namespace and name. With [`POOL_UID_ANNOTATION`] they prove which pool created a
+/// cluster: a namespaced `edit` user can neither create a namespace nor change its metadata.
+pub const POOL_NAMESPACE_LABEL: &str = "pools.stackd.dev/clusterpool-namespace";
+pub const POOL_NAME_LABEL: &str = "pools.stackd.dev/clusterpool-name";
+/// Annotation on a pool cluster's namespace, set when the pool creates it: the pool's uid.
+pub const POOL_UID_ANNOTATION: &str = "pools.stackd.dev/clusterpool-uid";
+
+/// A set of zone names, bounded like the failure domains they become.
+fn zones_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "items": { "type": "string" },
+        "maxItems": MAX_FAILURE_DOMAINS,
+        "x-kubernetes-list-type": "set",
+    })
+}
 
 // ---------------------------------------------------------------------------------------------
 // ClusterPool
@@ -82,21 +126,27 @@ pub struct ClusterPoolSpec {
     /// ClusterDeploymentCustomizations in this namespace to build clusters from. Each cluster leases
     /// one entry; the pool never has more clusters than it can lease entries.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[schemars(
+        length(min = 1, max = MAX_INVENTORY_ENTRIES),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
     pub inventory: Option<Vec<InventoryEntry>>,
     /// Failure domains defined explicitly. They add to the zones discovered from `availabilityZones`
     /// and from the pool's BareMetalAssets, and override a discovered zone of the same name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[schemars(
+        length(max = MAX_FAILURE_DOMAINS),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
     pub failure_domains: Vec<FailureDomainDefinition>,
     /// Availability zones clusters may use; each becomes a discovered failure domain.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "string_set_schema")]
+    #[schemars(schema_with = "zones_schema")]
     pub availability_zones: Vec<String>,
     /// When not empty, only these discovered zones may hold control-plane machines (this overrides
     /// `controlPlaneOmitAvailabilityZone`). Explicit failure domains are not affected.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "string_set_schema")]
+    #[schemars(schema_with = "zones_schema")]
     pub control_plane_availability_zones: Vec<String>,
     /// When true, discovered zones hold no control-plane machines unless listed in
     /// `controlPlaneAvailabilityZones`.
@@ -200,9 +250,11 @@ pub struct BareMetalPlatform {
     pub credentials_secret_ref: LocalObjectReference,
     /// Virtual IPs of the API server.
     #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "apiVIPs")]
+    #[schemars(length(max = MAX_VIPS))]
     pub api_vips: Vec<String>,
     /// Virtual IPs of the ingress routers.
     #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "ingressVIPs")]
+    #[schemars(length(max = MAX_VIPS))]
     pub ingress_vips: Vec<String>,
     /// How the provisioning network is run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -270,6 +322,7 @@ pub struct FailureDomainDefinition {
     pub storage_availability_zone: Option<String>,
     /// Ports of machines in this domain; they come before the pool's `controlPlane.ports`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_PORTS))]
     pub ports: Vec<PortOpts>,
 }
 
@@ -330,15 +383,16 @@ pub struct ResourceFilter {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ControlPlaneMachines {
-    /// Number of control-plane machines. Default 3.
+    /// Number of control-plane machines. Default 3, at most 7.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_CONTROL_PLANE_REPLICAS))]
     pub replicas: Option<i32>,
     /// Root volume of control-plane machines (OpenStack).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub root_volume: Option<RootVolume>,
     /// Ports of every control-plane machine, after its failure domain's ports.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_PORTS))]
     pub ports: Vec<PortOpts>,
 }
 
@@ -391,7 +445,10 @@ pub struct ClusterPoolStatus {
     pub conditions: Vec<Condition>,
     /// One entry per inventory entry: what the pool knows about it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[schemars(
+        length(max = MAX_INVENTORY_ENTRIES),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
     pub inventory: Vec<InventoryEntryStatus>,
     /// Failure domains in effect, by name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -501,8 +558,10 @@ pub enum FailureDomainType {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterDeploymentCustomizationSpec {
-    /// Patches applied in order to the install config generated by the pool.
+    /// Patches applied in order to the install config generated by the pool: at most 100, and
+    /// the config they produce may not grow past 1 MiB (as JSON) or nest deeper than 64 levels.
     #[serde(default)]
+    #[schemars(length(max = MAX_INSTALL_CONFIG_PATCHES))]
     pub install_config_patches: Vec<PatchEntity>,
 }
 
@@ -610,7 +669,10 @@ pub struct ClusterDeploymentSpec {
     pub cluster_pool_ref: Option<ClusterPoolReference>,
     /// Bare-metal hosts of the cluster, assigned from BareMetalAssets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[schemars(
+        length(max = MAX_CLUSTER_HOSTS),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
     pub hosts: Vec<ClusterHost>,
 }
 
@@ -684,7 +746,10 @@ pub struct ClusterDeploymentStatus {
     pub infra_id: Option<String>,
     /// Failure domain of each machine, recorded once when the cluster is created and never changed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["machine"]))]
+    #[schemars(
+        length(max = MAX_CLUSTER_HOSTS),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["machine"])
+    )]
     pub failure_domains: Vec<MachineFailureDomain>,
     /// `Provisioned`, `ProvisionStopped` and others.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -710,6 +775,7 @@ pub struct MachineFailureDomain {
     pub storage_availability_zone: Option<String>,
     /// Ports of the machine: the domain's first, then the pool's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 2 * MAX_PORTS))]
     pub ports: Vec<PortOpts>,
 }
 

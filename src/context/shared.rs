@@ -49,6 +49,11 @@ pub struct DaemonSettings {
     pub lease_min_age: Duration,
     /// Bound on one request to a managed cluster (`--managed-cluster-timeout`).
     pub managed_cluster_timeout: Duration,
+    /// `activeDeadlineSeconds` of every installer Job, install and destroy (`--installer-deadline`).
+    pub installer_deadline: Duration,
+    /// ClusterPools served per tenant namespace, the oldest first; 0 for no limit
+    /// (`--namespace-max-pools`).
+    pub namespace_max_pools: usize,
     pub sweep_interval: Duration,
     pub backoff: Backoff,
     pub debounce: Duration,

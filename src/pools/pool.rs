@@ -26,7 +26,8 @@ use super::membership::{self, PoolIdentity};
 use super::plan::{self, Plan, Progress};
 use super::status::{self, record_metrics};
 use super::{
-    POOL_FINALIZER, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, cdc_finalizer, claim, hosts, leases, machines, repair,
+    POOL_FINALIZER, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, cdc_finalizer, claim, hosts, leases, limits, machines,
+    repair,
 };
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{
@@ -85,6 +86,8 @@ struct Expectations {
 
 pub(super) struct Ctx {
     pub(super) tenant: Arc<TenantContext>,
+    /// Every pool of the tenant, to rank a pool among its namespace's.
+    pools: Store<ClusterPool>,
     pub(super) cds: Store<ClusterDeployment>,
     pub(super) cdcs: Store<Cdc>,
     claims: Store<ClusterClaim>,
@@ -162,6 +165,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     let assets = caches.tenant_guarded::<BareMetalAsset>();
     let ctx = Arc::new(Ctx {
         tenant: context.clone(),
+        pools: pools.store(),
         cds: cds.store(),
         cdcs: cdcs.store(),
         claims: claims.store(),
@@ -173,7 +177,18 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
         refusals: Mutex::default(),
     });
     let (pools_of_cdc_store, pools_of_asset_store) = (pools.store(), pools.store());
+    let (siblings, limit) = (pools.store(), context.shared.settings.namespace_max_pools);
     Scaffold::new("clusterpool", context, &pools)
+        // A pool being deleted frees its place in its namespace for a refused one.
+        .watches(&pools, move |pool| {
+            if pool.metadata.deletion_timestamp.is_none() {
+                return Vec::new();
+            }
+            limits::admitted_by_deletion(&pool, &siblings.state(), limit)
+                .iter()
+                .map(|p| ObjectRef::from_obj(&**p))
+                .collect()
+        })
         .watches(&cds, |cd| pools_of_cluster(&cd))
         .watches(&claims, |claim| pool_of_claim(&claim))
         .watches(&cdcs, move |cdc| pools_of_cdc(&pools_of_cdc_store, &cdc))
@@ -240,9 +255,6 @@ fn pool_of_namespace(ns: &Namespace) -> Option<ObjectRef<ClusterPool>> {
     Some(ObjectRef::new(labels.get(POOL_NAME_LABEL)?).within(labels.get(POOL_NAMESPACE_LABEL)?))
 }
 
-/// Longest pool name: its clusters are named `<pool>-<5 characters>`, a namespace name (63).
-const MAX_POOL_NAME: usize = 57;
-
 /// Everything one reconcile found and decided, for the status at the end.
 pub(super) struct Round {
     requeue: Duration,
@@ -281,8 +293,8 @@ impl Round {
 
 async fn reconcile(pool: Arc<ClusterPool>, ctx: Arc<Ctx>, _permit: Permit) -> Result<Action, PoolError> {
     let deleting_pool = pool.metadata.deletion_timestamp.is_some();
-    if pool.name_any().len() > MAX_POOL_NAME && !deleting_pool {
-        return refuse_long_name(&pool, &ctx).await;
+    if !deleting_pool && let Some(refusal) = refusal(&pool, &ctx) {
+        return refuse(&pool, &ctx, refusal).await;
     }
     if deleting_pool && !pool.finalizers().iter().any(|f| f == POOL_FINALIZER) {
         // Nothing left to hold the deletion for; only CDC finalizers of this pool may remain.
@@ -524,31 +536,34 @@ async fn delete_as_planned(
     }
 }
 
-/// A pool whose name is too long for its clusters' names gets no cluster, and says why.
-async fn refuse_long_name(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolError> {
-    let name = pool.name_any();
+/// Why a live pool gets no work done, if it does not (see [`limits`]).
+fn refusal(pool: &ClusterPool, ctx: &Ctx) -> Option<limits::Refusal> {
+    let limit = ctx.tenant.shared.settings.namespace_max_pools;
+    limits::spec_refusal(pool).or_else(|| limits::namespace_refusal(pool, &ctx.pools.state(), limit))
+}
+
+/// A refused pool creates, repairs and deletes nothing; its condition and an Event say why. It is
+/// looked at again when it changes, when an older pool of its namespace is deleted, and on the
+/// resync.
+async fn refuse(pool: &ClusterPool, ctx: &Ctx, refusal: limits::Refusal) -> Result<Action, PoolError> {
     let pools = Api::<ClusterPool>::namespaced(ctx.tenant.client.clone(), &pool.namespace().unwrap_or_default());
-    let message = format!(
-        "The pool name is {} characters long; at most {MAX_POOL_NAME} leave room for the cluster names <pool>-<5 characters>: recreate the pool with a shorter name",
-        name.len()
-    );
     let mut status = pool.status.clone().unwrap_or_default();
     let changed = set_condition(
         &mut status.conditions,
         DesiredCondition {
-            type_: "CapacityAvailable",
+            type_: refusal.condition,
             status: false,
-            reason: "InvalidName",
-            message: message.clone(),
+            reason: refusal.reason,
+            message: refusal.message.clone(),
             observed_generation: pool.metadata.generation,
         },
         Time(Timestamp::now()),
     );
     if changed {
         apply_status(&pools, pool, FIELD_MANAGER, &status, None).await?;
-        publish(&ctx.tenant, pool, true, "InvalidName", message).await;
+        publish(&ctx.tenant, pool, true, refusal.reason, refusal.message).await;
     }
-    Ok(Action::await_change())
+    Ok(Action::requeue(RESYNC))
 }
 
 /// The pool version of §4.3.8: a hash of what every cluster is built from, plus a marker when the

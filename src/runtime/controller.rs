@@ -119,6 +119,13 @@ where
         self
     }
 
+    /// Reconciles the objects `trigger` names: work the controller started outside a reconcile
+    /// (on a managed cluster, say) has ended, and its result waits to be read.
+    pub fn reconcile_on(mut self, trigger: impl Stream<Item = ObjectRef<K>> + Send + 'static) -> Self {
+        self.controller = self.controller.reconcile_on(trigger);
+        self
+    }
+
     /// Waits for `cache` before the first reconcile: the controller reads it without watching it.
     pub fn reads<O>(mut self, cache: &SharedCache<O>) -> Self
     where

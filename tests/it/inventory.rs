@@ -16,13 +16,13 @@ use stackd::embedded::samples::{SampleImages, register_sample_runners};
 
 use crate::harness::{Daemon, Fleet, until, wait_until};
 
-const NS: &str = "team";
+pub(crate) const NS: &str = "team";
 const HOST_NS: &str = "tenant-acme-controllers";
 const INSTALLER: &str = "quay.io/example/installer:4.14";
-const WITHIN: Duration = Duration::from_secs(20);
+pub(crate) const WITHIN: Duration = Duration::from_secs(20);
 
 /// A host, tenant `acme` with the stackd CRDs, the pool's Secrets in namespace `team`.
-async fn setup() -> (Fleet, Client) {
+pub(crate) async fn setup() -> (Fleet, Client) {
     let fleet = Fleet::start(&["acme"]).await;
     register_sample_runners(&fleet.host().runners(), &SampleImages::new("stackd:dev"));
     let tenant = fleet.tenants[0].1.as_ref().expect("tenant server").client().await;
@@ -44,7 +44,7 @@ async fn setup() -> (Fleet, Client) {
     (fleet, tenant)
 }
 
-async fn create_secret(tenant: &Client, secret: Value) {
+pub(crate) async fn create_secret(tenant: &Client, secret: Value) {
     let secret: Secret = serde_json::from_value(secret).expect("secret");
     Api::<Secret>::namespaced(tenant.clone(), NS)
         .create(&PostParams::default(), &secret)
@@ -52,11 +52,11 @@ async fn create_secret(tenant: &Client, secret: Value) {
         .expect("secret");
 }
 
-fn daemon(fleet: &Fleet) -> Daemon {
+pub(crate) fn daemon(fleet: &Fleet) -> Daemon {
     fleet.daemon(&["--lease-min-age", "2s", "--sweep-interval", "1h"])
 }
 
-fn pool_json(name: &str, size: i32, platform: Value) -> Value {
+pub(crate) fn pool_json(name: &str, size: i32, platform: Value) -> Value {
     json!({
         "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterPool",
         "metadata": {"name": name, "namespace": NS},
@@ -74,7 +74,7 @@ fn openstack() -> Value {
     json!({"openstack": {"credentialsSecretRef": {"name": "creds"}, "cloud": "mycloud"}})
 }
 
-async fn create_pool(tenant: &Client, pool: Value) {
+pub(crate) async fn create_pool(tenant: &Client, pool: Value) {
     let pool: ClusterPool = serde_json::from_value(pool).expect("pool");
     pools(tenant)
         .create(&PostParams::default(), &pool)
@@ -82,7 +82,7 @@ async fn create_pool(tenant: &Client, pool: Value) {
         .expect("create pool");
 }
 
-fn pools(tenant: &Client) -> Api<ClusterPool> {
+pub(crate) fn pools(tenant: &Client) -> Api<ClusterPool> {
     Api::namespaced(tenant.clone(), NS)
 }
 
@@ -91,7 +91,7 @@ async fn pool(tenant: &Client, name: &str) -> ClusterPool {
 }
 
 /// The pool's ClusterDeployments, live ones only.
-async fn cds(tenant: &Client, pool: &str) -> Vec<ClusterDeployment> {
+pub(crate) async fn cds(tenant: &Client, pool: &str) -> Vec<ClusterDeployment> {
     Api::<ClusterDeployment>::all(tenant.clone())
         .list(&ListParams::default())
         .await
@@ -103,7 +103,7 @@ async fn cds(tenant: &Client, pool: &str) -> Vec<ClusterDeployment> {
         .collect()
 }
 
-fn condition_of(
+pub(crate) fn condition_of(
     conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
     type_: &str,
 ) -> Option<(String, String, String)> {
@@ -138,7 +138,7 @@ async fn install_config(tenant: &Client, cd: &str) -> Value {
     serde_saphyr::from_str(&String::from_utf8(data["install-config.yaml"].0.clone()).expect("utf-8")).expect("yaml")
 }
 
-async fn events(tenant: &Client, namespace: &str, object: &str) -> Vec<(String, String)> {
+pub(crate) async fn events(tenant: &Client, namespace: &str, object: &str) -> Vec<(String, String)> {
     let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(tenant.clone(), namespace);
     let core: Api<Event> = Api::namespaced(tenant.clone(), namespace);
     let mut out: Vec<(String, String)> = api
@@ -338,8 +338,17 @@ async fn contradicting_storage_zones_stop_the_cluster_and_vsphere_refuses_failur
         message.contains("storageAvailabilityZone cinder-a") && message.contains("cinder-x"),
         "{message}"
     );
-    let seen = events(&tenant, &stopped.name_any(), &stopped.name_any()).await;
-    assert!(seen.iter().any(|(r, _)| r == "InvalidMachineSpec"), "{seen:?}");
+    // The Event follows the status write that the condition came with.
+    until(
+        "an InvalidMachineSpec Event on the cluster",
+        WITHIN,
+        &daemon,
+        || async {
+            let seen = events(&tenant, &stopped.name_any(), &stopped.name_any()).await;
+            seen.iter().any(|(r, _)| r == "InvalidMachineSpec")
+        },
+    )
+    .await;
     until("vSphere refuses failure domains", WITHIN, &daemon, || async {
         pool_condition(&pool(&tenant, "vs").await, "FailureDomainsUnsupported").is_some_and(|(s, _, _)| s == "True")
     })
@@ -363,11 +372,11 @@ async fn contradicting_storage_zones_stop_the_cluster_and_vsphere_refuses_failur
     );
 }
 
-fn assets(tenant: &Client) -> Api<BareMetalAsset> {
+pub(crate) fn assets(tenant: &Client) -> Api<BareMetalAsset> {
     Api::namespaced(tenant.clone(), NS)
 }
 
-async fn create_asset(tenant: &Client, name: &str, spec: Value) {
+pub(crate) async fn create_asset(tenant: &Client, name: &str, spec: Value) {
     let mut full = json!({"bmc": {"address": format!("ipmi://10.0.0.1/{name}"), "credentialsName": format!("bmc-{name}")},
         "bootMACAddress": "00:1B:44:11:3A:B7"});
     for (k, v) in spec.as_object().unwrap() {
@@ -384,7 +393,7 @@ async fn create_asset(tenant: &Client, name: &str, spec: Value) {
         .expect("create asset");
 }
 
-async fn bmc_secret(tenant: &Client, name: &str) {
+pub(crate) async fn bmc_secret(tenant: &Client, name: &str) {
     create_secret(
         tenant,
         json!({"metadata": {"name": format!("bmc-{name}")}, "stringData": {"username": "admin", "password": "s3cret"}}),
@@ -392,7 +401,7 @@ async fn bmc_secret(tenant: &Client, name: &str) {
     .await;
 }
 
-fn asset_condition(asset: &BareMetalAsset, type_: &str) -> Option<(String, String, String)> {
+pub(crate) fn asset_condition(asset: &BareMetalAsset, type_: &str) -> Option<(String, String, String)> {
     condition_of(&asset.status.clone().unwrap_or_default().conditions, type_)
 }
 
@@ -495,7 +504,7 @@ async fn assets_mirror_labels_check_credentials_and_own_only_unowned_secrets() {
     .await;
 }
 
-fn baremetal_pool(name: &str, size: i32, masters: i32, workers: i32) -> Value {
+pub(crate) fn baremetal_pool(name: &str, size: i32, masters: i32, workers: i32) -> Value {
     let mut pool = pool_json(
         name,
         size,
@@ -507,7 +516,7 @@ fn baremetal_pool(name: &str, size: i32, masters: i32, workers: i32) -> Value {
     pool
 }
 
-async fn lab_asset(tenant: &Client, name: &str, role: Option<&str>, domain: Option<&str>) {
+pub(crate) async fn lab_asset(tenant: &Client, name: &str, role: Option<&str>, domain: Option<&str>) {
     let mut spec = json!({});
     if let Some(role) = role {
         spec["role"] = json!(role);
@@ -729,7 +738,7 @@ async fn two_racing_daemons_never_assign_one_asset_twice() {
 
 /// The embedded "managed cluster" an installed cluster's kubeconfig points at, with the fixtures a
 /// real one has: a minimal BareMetalHost CRD and the `openshift-machine-api` namespace.
-async fn managed_cluster() -> (stackd::embedded::ApiServer, Client) {
+pub(crate) async fn managed_cluster() -> (stackd::embedded::ApiServer, Client) {
     let server = stackd::embedded::ApiServer::start(stackd::embedded::ServerOptions {
         name: "managed".into(),
         ..Default::default()
@@ -761,7 +770,7 @@ async fn managed_cluster() -> (stackd::embedded::ApiServer, Client) {
     (server, client)
 }
 
-fn bmh_api(client: &Client) -> Api<kube::api::DynamicObject> {
+pub(crate) fn bmh_api(client: &Client) -> Api<kube::api::DynamicObject> {
     let resource = kube::api::ApiResource::from_gvk_with_plural(
         &kube::api::GroupVersionKind::gvk("metal3.io", "v1alpha1", "BareMetalHost"),
         "baremetalhosts",
@@ -769,24 +778,28 @@ fn bmh_api(client: &Client) -> Api<kube::api::DynamicObject> {
     Api::namespaced_with(client.clone(), "openshift-machine-api", &resource)
 }
 
-async fn bmh(client: &Client, name: &str) -> Option<kube::api::DynamicObject> {
+pub(crate) async fn bmh(client: &Client, name: &str) -> Option<kube::api::DynamicObject> {
     bmh_api(client).get_opt(name).await.expect("get bmh")
 }
 
-async fn remote_secret(client: &Client, name: &str) -> Option<Secret> {
+pub(crate) async fn remote_secret(client: &Client, name: &str) -> Option<Secret> {
     Api::<Secret>::namespaced(client.clone(), "openshift-machine-api")
         .get_opt(&format!("{name}-bmc-secret"))
         .await
         .expect("get secret")
 }
 
-const METAL_IMAGE: &str = "quay.io/example/metal-installer:4.14";
+pub(crate) const METAL_IMAGE: &str = "quay.io/example/metal-installer:4.14";
 
 /// The installer [`METAL_IMAGE`] plays: its clusters are all `managed`.
-fn metal_installer(fleet: &Fleet, managed: &stackd::embedded::ApiServer) {
-    let kubeconfig = managed.kubeconfig_yaml();
+pub(crate) fn metal_installer(fleet: &Fleet, managed: &stackd::embedded::ApiServer) {
+    cluster_installer(fleet, METAL_IMAGE, managed.kubeconfig_yaml());
+}
+
+/// An installer `image` whose clusters' admin kubeconfig is `kubeconfig`.
+pub(crate) fn cluster_installer(fleet: &Fleet, image: &str, kubeconfig: String) {
     fleet.host().runners().register(
-        stackd::embedded::controller_manager::ImageMatch::Exact(METAL_IMAGE.into()),
+        stackd::embedded::controller_manager::ImageMatch::Exact(image.into()),
         move |ctx: &stackd::embedded::controller_manager::JobContext| {
             use stackd::embedded::controller_manager::JobOutcome;
             if ctx.pod.to_string().contains("\"destroy\"") {

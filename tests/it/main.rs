@@ -26,6 +26,7 @@ mod kubectl;
 mod pools;
 mod races;
 mod recovery;
+mod security_inventory;
 mod security_kubeconfig;
 mod security_pods;
 mod security_pools;

@@ -89,7 +89,7 @@ pub(crate) async fn create_pool(tenant: &Client, pool: Value) -> ClusterPool {
         .expect("create pool")
 }
 
-async fn create_cdc(tenant: &Client, name: &str, patches: Value) {
+pub(crate) async fn create_cdc(tenant: &Client, name: &str, patches: Value) {
     let cdc: Cdc = serde_json::from_value(json!({
         "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterDeploymentCustomization",
         "metadata": {"name": name, "namespace": NS},
@@ -150,7 +150,7 @@ pub(crate) fn live(cds: &[ClusterDeployment]) -> Vec<&ClusterDeployment> {
         .collect()
 }
 
-fn cdc_of(cd: &ClusterDeployment) -> Option<String> {
+pub(crate) fn cdc_of(cd: &ClusterDeployment) -> Option<String> {
     cd.spec
         .cluster_pool_ref
         .as_ref()
@@ -165,12 +165,12 @@ fn condition<'a>(
     conditions.iter().find(|c| c.type_ == type_)
 }
 
-fn pool_condition(pool: &ClusterPool, type_: &str) -> Option<(String, String, String)> {
+pub(crate) fn pool_condition(pool: &ClusterPool, type_: &str) -> Option<(String, String, String)> {
     let conditions = pool.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
     condition(&conditions, type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-fn cdc_condition(cdc: &Cdc, type_: &str) -> Option<(String, String, String)> {
+pub(crate) fn cdc_condition(cdc: &Cdc, type_: &str) -> Option<(String, String, String)> {
     let conditions = cdc.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
     condition(&conditions, type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
