@@ -335,10 +335,9 @@ where
     for directive in QUIET_KUBE_CLIENT {
         filter = filter.add_directive(directive.parse().expect("static directive"));
     }
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(writer);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
+    // Colours where the default puts them (a terminal, unless NO_COLOR), never into a file.
+    let builder = if ansi { builder } else { builder.with_ansi(false) };
     match format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Text => builder.init(),

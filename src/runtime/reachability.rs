@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::cause::{Cause, diagnose};
+use super::cause::{Cause, CauseKind, diagnose};
 use super::health::{Health, TenantHealth};
 use super::metrics::Metrics;
 use super::recovery::probe_delay;
@@ -245,12 +245,19 @@ impl Reachability {
 }
 
 /// A one-item list of the tenant's CRDs: what the daemon watches anyway. (`/version` may answer
-/// while the API does not.)
+/// while the API does not.) A connection that broke is asked again once on a new one: a stopping
+/// server closes the client's idle connections, and the one picked may be such.
 async fn probe(client: &Client) -> Result<(), Cause> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    match crds.list_metadata(&ListParams::default().limit(1)).await {
-        Ok(_) => Ok(()),
-        Err(err) => Err(diagnose(&err)),
+    let mut broke_once = false;
+    loop {
+        let cause = match crds.list_metadata(&ListParams::default().limit(1)).await {
+            Ok(_) => return Ok(()),
+            Err(err) => diagnose(&err),
+        };
+        if cause.kind != CauseKind::Reset || std::mem::replace(&mut broke_once, true) {
+            return Err(cause);
+        }
     }
 }
 
@@ -314,7 +321,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::cause::CauseKind;
 
     fn refused() -> Cause {
         Cause {
