@@ -427,6 +427,12 @@ async fn a_graceful_stop_refuses_new_connections_and_keeps_open_watches_for_a_wh
     let t = harness::start().await;
     t.namespace("ns").await;
     let mut events = started_watcher(&t).await;
+    // Something delivered through the watch: its connection is open.
+    t.configmaps("ns")
+        .create(&PostParams::default(), &configmap("before", json!({})))
+        .await
+        .unwrap();
+    assert!(!applied(&mut events, "before").await);
     t.server.stop_gracefully(KEPT).await;
     let stopped = Instant::now();
     let fresh = client_without_retries(&t).await;
