@@ -351,7 +351,7 @@ mod tests {
             health.tenant("acme"),
             Some(TenantHealth::Down("connection refused".into()))
         );
-        let mut back = reachability.back();
+        let back = reachability.back();
         reachability.report_answering();
         assert!(back.has_changed().unwrap_or(false), "the return is signalled");
         assert_eq!(health.tenant("acme"), Some(TenantHealth::Degraded("no CRDs".into())));

@@ -66,7 +66,7 @@ fn report(cause: Cause, failures: u32, delay: Duration, (tenant, controller, obj
         CauseKind::Conflict => failures < CONFLICTS_BEFORE_WARNING,
         CauseKind::Expired => true,
         // A server that stays away is retried often: say so at the first failure and now and then.
-        kind if kind.is_unreachable() => failures > 1 && failures % UNREACHABLE_WARNING_EVERY != 0,
+        kind if kind.is_unreachable() => failures > 1 && !failures.is_multiple_of(UNREACHABLE_WARNING_EVERY),
         _ => false,
     };
     if quiet {
