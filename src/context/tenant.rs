@@ -118,9 +118,4 @@ impl TenantError {
             _ => None,
         }
     }
-
-    /// True when waiting can help: see [`TenantError::outage`].
-    pub fn is_transient(&self) -> bool {
-        self.outage().is_some()
-    }
 }
