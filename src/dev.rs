@@ -1,5 +1,7 @@
 //! `stackd dev`: embedded host and tenant API servers on loopback, their kubeconfigs on disk, the
-//! stackd CRDs installed in every tenant, and (unless `--no-daemon`) the daemon serving them.
+//! stackd CRDs installed in every tenant, and (unless `--no-daemon`) the daemon serving them. The
+//! terminal shows progress lines only; the daemon's log goes to a file (`--log-file`), or between
+//! them with `--verbose`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -34,6 +36,8 @@ pub struct DevOptions {
     pub tenants: u16,
     pub no_daemon: bool,
     pub kubeconfig_dir: PathBuf,
+    /// Where the daemon's log goes; `None` when it is shown in the terminal.
+    pub log_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -172,6 +176,12 @@ fn print_usage(options: &DevOptions, host: &ApiServer, tenants: &[(String, ApiSe
         println!(
             "  {name:<8} {}   kubeconfig {dir}/tenants/{name}.yaml (stackd CRDs installed)",
             server.url()
+        );
+    }
+    if let Some(log_file) = &options.log_file {
+        println!(
+            "\n  log      {} (the daemon's; --verbose shows it here instead)",
+            log_file.display()
         );
     }
     if let Some((name, _)) = tenants.first() {

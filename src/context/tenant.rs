@@ -14,10 +14,11 @@ use crate::host::cluster_identity::IdentityError;
 use crate::host::labels::tenant_selector;
 use crate::host::namespace::NamespaceError;
 use crate::runtime::backoff::ObjectBackoff;
-use crate::runtime::cause::Cause;
+use crate::runtime::cause::{Cause, diagnose};
 use crate::runtime::controller::Tenant;
 use crate::runtime::informers::Informers;
 use crate::runtime::metrics::Metrics;
+use crate::runtime::reachability::Reachability;
 
 /// Everything a tenant's controllers need.
 pub struct TenantContext {
@@ -39,6 +40,8 @@ pub struct TenantContext {
     pub host_writes: HostWrites,
     /// One cache per kind the tenant's controllers read, tenant and host, shared by them all.
     pub caches: Informers,
+    /// Whether the tenant API server answers; told once per change.
+    pub reachability: Arc<Reachability>,
 }
 
 impl Tenant for TenantContext {
@@ -60,6 +63,10 @@ impl Tenant for TenantContext {
 
     fn concurrency(&self) -> u16 {
         u16::try_from(self.shared.settings.max_concurrent_reconciles.max(1)).unwrap_or(u16::MAX)
+    }
+
+    fn reachability(&self) -> &Reachability {
+        &self.reachability
     }
 }
 
@@ -92,15 +99,23 @@ impl TenantError {
             TenantError::Config(_) => "config",
             TenantError::Unreachable(cause) => cause.kind.label(),
             TenantError::ClusterIdentity(IdentityError::OtherCluster { .. }) => "other-cluster",
+            TenantError::ClusterIdentity(IdentityError::Api(err)) if diagnose(err).kind.is_outage() => {
+                diagnose(err).kind.label()
+            }
             TenantError::HostNamespace(_) | TenantError::Controller(_) | TenantError::ClusterIdentity(_) => {
                 "controller"
             }
         }
     }
 
-    /// True when waiting can help (the server is down or restarting): the supervisor then restarts
-    /// the tenant as soon as its server answers instead of after the restart backoff.
-    pub fn is_transient(&self) -> bool {
-        matches!(self, TenantError::Unreachable(cause) if !cause.kind.is_permanent())
+    /// The outage behind this error, when waiting can help (the server is down, restarting, or
+    /// answers 5xx): the supervisor then reports the tenant down and restarts it as soon as its
+    /// server answers instead of after the restart backoff.
+    pub fn outage(&self) -> Option<Cause> {
+        match self {
+            TenantError::Unreachable(cause) if !cause.kind.is_permanent() => Some(cause.clone()),
+            TenantError::ClusterIdentity(IdentityError::Api(err)) => Some(diagnose(err)).filter(|c| c.kind.is_outage()),
+            _ => None,
+        }
     }
 }

@@ -348,6 +348,36 @@ impl ApiServer {
         Ok(())
     }
 
+    /// Stops as kube-apiserver does on SIGTERM: the listener closes at once (new connections are
+    /// refused; idle kept-alive ones are closed, so every new request needs one), while the watches
+    /// open now go on delivering for `keep_watches` (its shutdown timeout, up to 60 s) and then
+    /// end. [`ApiServer::serve_again`] serves again on the same address.
+    pub async fn stop_gracefully(&self, keep_watches: Duration) {
+        let mut serving = self.serving.lock().await;
+        let open_watches = self.shared.faults.detach_watches();
+        serving.stop.cancel();
+        // The old listener's task ends once its last watch does; it holds no address.
+        drop(std::mem::replace(&mut serving.task, tokio::spawn(async {})));
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(keep_watches) => open_watches.cancel(),
+                _ = open_watches.cancelled() => {}
+            }
+        });
+    }
+
+    /// Serves again on the same address after [`ApiServer::stop_gracefully`] (open watches it kept
+    /// go on until their time is up); does nothing while serving.
+    pub async fn serve_again(&self) -> Result<(), Error> {
+        let mut serving = self.serving.lock().await;
+        if !serving.stop.is_cancelled() {
+            return Ok(());
+        }
+        let listener = bind_again(serving.address).await?;
+        *serving = Serving::start(listener, &self.shared, serving.tls.clone())?;
+        Ok(())
+    }
+
     pub fn kubeconfig(&self) -> Kubeconfig {
         let name = self.options.name.clone();
         let ca_data = self.ca_pem.as_ref().map(|pem| {

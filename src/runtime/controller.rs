@@ -1,8 +1,9 @@
 //! The scaffold every tenant controller is built with, so that each does the same around its
 //! reconcile: it waits until all of its caches (tenant and host) are filled, then takes one of the
 //! tenant's reconcile permits (a controller waiting for its caches must not hold a permit the
-//! tenant's other controllers need), contains panics, records metrics, backs off per object and
-//! stops through [`run_controller`] (in-flight reconciles get their grace).
+//! tenant's other controllers need), contains panics, records metrics, backs off per object (an
+//! object that failed while its tenant was down runs again the moment it answers) and stops through
+//! [`run_controller`] (in-flight reconciles get their grace).
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -12,7 +13,7 @@ use std::time::Instant;
 
 use futures::{Stream, StreamExt};
 use kube::runtime::controller::{Action, Config, Controller};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -24,8 +25,9 @@ use super::backoff::ObjectBackoff;
 use super::informers::SharedCache;
 use super::metrics::{ErrorLabels, Metrics};
 use super::panics::{self, ReconcilePanic};
+use super::reachability::Reachability;
 use super::readiness::Readiness;
-use super::recovery::NoTriggerBackoff;
+use super::recovery::{HeldForReturn, NoTriggerBackoff};
 use super::retry;
 use super::shutdown::run_controller;
 
@@ -47,6 +49,8 @@ pub trait Tenant: Send + Sync + 'static {
     fn object_backoff(&self) -> &ObjectBackoff;
     /// Reconciles one controller may run at once.
     fn concurrency(&self) -> u16;
+    /// Whether the tenant's API server answers, and the signal of its return.
+    fn reachability(&self) -> &Reachability;
 }
 
 /// The tenant's reconcile permit a reconcile holds; [`Permit::release`] gives it back early (before
@@ -68,6 +72,8 @@ where
     tenant: Arc<T>,
     controller: Controller<K>,
     caches: Vec<Readiness>,
+    /// The cache of the objects reconciled.
+    main: Store<K>,
 }
 
 impl<K, T> Scaffold<K, T>
@@ -87,6 +93,7 @@ where
             tenant,
             controller,
             caches: vec![main.readiness()],
+            main: main.store(),
         }
     }
 
@@ -144,6 +151,14 @@ where
         E: ReconcileError,
     {
         let ready = Readiness::all(self.caches);
+        let held = Arc::new(HeldForReturn::default());
+        let forget = {
+            let tenant = self.tenant.clone();
+            move |key: &str| tenant.object_backoff().succeeded(key)
+        };
+        let returned = held
+            .clone()
+            .on_return(self.tenant.reachability().back(), self.main, backoff_key, forget);
         let runner = Arc::new(Runner {
             name: self.name,
             tenant: self.tenant,
@@ -151,10 +166,12 @@ where
             ready: ready.clone(),
             cancel: cancel.clone(),
             reconcile,
+            held,
         });
         let (tenant, name) = (runner.tenant.name().to_string(), runner.name.clone());
         let run = self
             .controller
+            .watches_shared_stream(returned, |object: Arc<K>| Some(ObjectRef::from_obj(object.as_ref())))
             .graceful_shutdown_on(cancel.clone().cancelled_owned())
             .run(
                 |object, runner| {
@@ -183,6 +200,8 @@ struct Runner<T, C, F> {
     ready: Readiness,
     cancel: CancellationToken,
     reconcile: F,
+    /// Objects that failed while the tenant was down, run again at its return.
+    held: Arc<HeldForReturn>,
 }
 
 impl<T: Tenant, C, F> Runner<T, C, F> {
@@ -229,8 +248,16 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
             None => object.name_any(),
         };
         let logged = (self.tenant.name(), self.name.as_str(), shown.as_str());
-        let backoff = self.tenant.object_backoff();
-        Action::requeue(retry::after_failure(backoff, &backoff_key(object), logged, err))
+        let (backoff, key) = (self.tenant.object_backoff(), backoff_key(object));
+        let reachability = self.tenant.reachability();
+        let hold = || self.held.hold(reachability, &key);
+        Action::requeue(retry::after_tenant_failure(
+            backoff,
+            &key,
+            logged,
+            err,
+            (reachability, hold),
+        ))
     }
 }
 
@@ -274,6 +301,7 @@ mod tests {
         metrics: Metrics,
         permits: Arc<Semaphore>,
         backoff: ObjectBackoff,
+        reachability: Arc<Reachability>,
     }
 
     impl Tenant for TestTenant {
@@ -292,6 +320,9 @@ mod tests {
         fn concurrency(&self) -> u16 {
             2
         }
+        fn reachability(&self) -> &Reachability {
+            &self.reachability
+        }
     }
 
     fn tenant() -> Arc<TestTenant> {
@@ -299,6 +330,7 @@ mod tests {
             metrics: Metrics::new(),
             permits: Arc::new(Semaphore::new(1)),
             backoff: ObjectBackoff::new(Backoff::new(Duration::from_secs(60), Duration::from_secs(60))),
+            reachability: Reachability::new("acme", Arc::new(Metrics::new()), Arc::default()),
         })
     }
 
@@ -306,11 +338,16 @@ mod tests {
     enum TestError {
         #[error(transparent)]
         Panicked(#[from] ReconcilePanic),
+        #[error("client error (Connect)")]
+        Unreachable(#[source] std::io::Error),
     }
 
     impl ReconcileError for TestError {
         fn metric_label(&self) -> &'static str {
-            "panic"
+            match self {
+                TestError::Panicked(_) => "panic",
+                TestError::Unreachable(_) => "unreachable",
+            }
         }
     }
 
@@ -416,6 +453,45 @@ mod tests {
             1,
             "the panicked reconcile gave its permit back"
         );
+        cancel.cancel();
+        run.await.unwrap();
+    }
+
+    /// A reconcile that failed while its tenant was down waits for the tenant, not its backoff
+    /// (60 s here): it runs again the moment the tenant answers.
+    #[tokio::test]
+    async fn a_reconcile_failed_while_the_tenant_was_down_runs_again_at_its_return() {
+        let (feed, main, _driver) = fed::<ConfigMap>();
+        listed(&feed, &[config_map("a")]);
+        let tenant = tenant();
+        tenant.reachability.report_down(crate::runtime::cause::Cause {
+            kind: crate::runtime::cause::CauseKind::Refused,
+            message: "connection refused".into(),
+        });
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let cancel = CancellationToken::new();
+        let scaffold = Scaffold::new("test", tenant.clone(), &main);
+        let run = tokio::spawn({
+            let (attempts, cancel) = (attempts.clone(), cancel.clone());
+            async move {
+                let reconcile = |_: Arc<ConfigMap>, attempts: Arc<AtomicUsize>, _permit: Permit| async move {
+                    if attempts.fetch_add(1, Ordering::SeqCst) == 0 {
+                        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+                        return Err(TestError::Unreachable(refused));
+                    }
+                    Ok(Action::await_change())
+                };
+                scaffold.run(attempts, reconcile, &cancel).await
+            }
+        });
+        let key = backoff_key(&config_map("a"));
+        eventually("the failure counted", || tenant.backoff.failures(&key) == 1).await;
+        let returned = Instant::now();
+        tenant.reachability.report_answering();
+        eventually("the retry at the return", || attempts.load(Ordering::SeqCst) == 2).await;
+        // Not the probe interval's 2 to 4 s, not the 60 s backoff.
+        assert!(returned.elapsed() < Duration::from_secs(1), "{:?}", returned.elapsed());
+        assert_eq!(tenant.backoff.failures(&key), 0, "its backoff starts over");
         cancel.cancel();
         run.await.unwrap();
     }

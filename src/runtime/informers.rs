@@ -32,7 +32,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, warn};
 
 use super::readiness::{Readiness, ReadySignal};
-use super::recovery::WatchBackoff;
+use super::recovery::retry_watch;
 
 /// Changes a subscriber may fall behind by before the watch waits for it.
 const SUBSCRIBER_BUFFER: usize = 1024;
@@ -307,6 +307,8 @@ pub struct Informers {
     drivers: Mutex<Vec<AbortOnDropHandle<()>>>,
     /// Where malformed tenant objects are reported.
     recorder: Option<Recorder>,
+    /// Changes when the tenant answers again after an outage: its watches retry at once.
+    tenant_back: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 impl Informers {
@@ -319,6 +321,15 @@ impl Informers {
             caches: Mutex::default(),
             drivers: Mutex::default(),
             recorder: None,
+            tenant_back: None,
+        }
+    }
+
+    /// Tenant watches waiting to retry do so at once when `back` changes (the tenant answers again).
+    pub fn resuming_on(self, back: tokio::sync::watch::Receiver<u64>) -> Informers {
+        Informers {
+            tenant_back: Some(back),
+            ..self
         }
     }
 
@@ -399,7 +410,8 @@ impl Informers {
         if let Some(cache) = caches.get(&key).and_then(|c| c.downcast_ref::<SharedCache<K>>()) {
             return cache.clone();
         }
-        let (cache, driver) = start(key.clone(), |cached| watch(cached).backoff(WatchBackoff::default()));
+        let back = self.tenant_back.clone().filter(|_| key.starts_with("tenant "));
+        let (cache, driver) = start(key.clone(), |cached| retry_watch(watch(cached), back));
         self.drivers
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -14,6 +14,7 @@ pub mod leader;
 pub mod metrics;
 pub mod panics;
 pub mod parse_error;
+pub mod reachability;
 pub mod readiness;
 pub mod recovery;
 pub mod retry;

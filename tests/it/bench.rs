@@ -94,6 +94,11 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
         "{recovery:#}"
     );
     assert!(recovery["install_after_restart_ratio"].is_number(), "{recovery:#}");
+    assert!(recovery["install_after_restart_extra_s"].is_number(), "{recovery:#}");
+    assert!(
+        recovery["after_restart_breakdown"]["phases_p50_s"]["pickup"].is_number(),
+        "where the time after a restart goes: {recovery:#}"
+    );
     let shards = &report["shards"];
     assert_eq!(shards["served_twice_by_records"], 0, "{shards:#}");
     assert_eq!(shards["served_twice_by_requests"], 0, "{shards:#}");

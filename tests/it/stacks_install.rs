@@ -1121,10 +1121,14 @@ async fn an_uninstall_waits_out_an_unreachable_tenant_and_then_completes() {
         .faults()
         .fail_next(1_000_000, stackd::embedded::faults::RequestMatch::any(), 503);
     let daemon = fleet.daemon(&[]);
+    // The daemon has met the 503s: it reports the tenant down.
     daemon
-        .wait_for("/readyz?verbose", "acme", Duration::from_secs(10))
+        .wait_for(
+            "/metrics",
+            "stackd_tenant_down_cause{tenant=\"acme\",cause=\"server_busy\"} 1",
+            Duration::from_secs(10),
+        )
         .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
     let (jobs, _) = objects_of_kind(&fleet, "StackInstall").await;
     assert_eq!(
         jobs.len(),

@@ -299,6 +299,8 @@ async fn reconcile(stack: Arc<Stack>, ctx: Arc<StackContext>, _permit: Permit) -
             FinalizerError::AddFinalizer(kube::Error::Api(status))
             | FinalizerError::RemoveFinalizer(kube::Error::Api(status)),
         ) if status.code == 409 || status.code == 422 => Action::await_change(),
+        // The Stack is gone already (our cached copy still showed the finalizer): done.
+        Err(FinalizerError::RemoveFinalizer(kube::Error::Api(status))) if status.code == 404 => Action::await_change(),
         Err(other) => return Err(StackError::Finalizer(other.to_string())),
     };
     Ok(action)
