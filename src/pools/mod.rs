@@ -10,6 +10,7 @@ mod execute;
 pub mod failure_domains;
 pub mod hosts;
 pub mod install_config;
+mod installer_image;
 pub mod leases;
 pub mod machines;
 pub mod membership;

@@ -98,6 +98,12 @@ async fn start(cd: &ClusterDeployment, ctx: &Ctx, names: &Names, job_name: &str)
     let parent = parent(cd);
     let host_ns = tenant.host_namespace.as_str();
     let image = inputs.installer_image.clone();
+    let registries = &tenant.shared.settings.allowed_registries;
+    if let Some(refusal) = registries.refusal("the installer image", &image) {
+        // Checked where the Job is made, so a ClusterDeployment made by hand is bounded too.
+        report(cd, ctx, &Outcome::InstallerImageRefused(refusal)).await?;
+        return Ok(Action::await_change());
+    }
     write_installer_inputs(ctx, &parent, names, inputs).await?;
     ensure_installer_identity(ctx, &parent, names).await?;
     let mut job = installer::installer_job(job_name, host_ns, names, &image, &cd.spec.cluster_name, false);
