@@ -209,6 +209,8 @@ async fn run_daemon(
         tenant_quota: Default::default(),
         stack_crd_groups: Default::default(),
         insecure_allow_conversion_webhooks: false,
+        stack_limits: Default::default(),
+        allowed_registries: Default::default(),
         metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         health_addr: None,
         leader_election: None,

@@ -11,6 +11,8 @@ use stackd::api::stacks::PermissionScope;
 use stackd::context::crd_groups::CrdGroups;
 use stackd::context::namespace_template::NamespaceTemplate;
 use stackd::context::pod_policy::{AllowedToleration, NodeLabel, PodPolicy};
+use stackd::context::registries::AllowedRegistries;
+use stackd::context::stack_limits::{DEFAULT_MAX_PACKAGE_CRDS, DEFAULT_NAMESPACE_MAX_INSTALLS, StackLimits};
 use stackd::host::namespace::ServiceAccountRef;
 use stackd::host::quota::{ContainerDefaults, DEFAULT_CONTAINER_DEFAULTS, DEFAULT_QUOTA, ResourceList, TenantQuota};
 use stackd::runtime::parse_error::kubeconfig_error_message;
@@ -101,6 +103,21 @@ struct RunArgs {
     /// rewrite every object of the CRD the tenant API server serves.
     #[arg(long)]
     insecure_allow_conversion_webhooks: bool,
+    /// The most CRDs one stack package may hold; a package with more is refused before it is
+    /// parsed. The default admits the largest real packages (the monolithic Crossplane provider-aws
+    /// held 872).
+    #[arg(long, default_value_t = DEFAULT_MAX_PACKAGE_CRDS, value_name = "N", value_parser = at_least_one)]
+    max_package_crds: usize,
+    /// The most StackInstalls and ClusterStackInstalls one tenant namespace may have (0: no bound);
+    /// the newest past it are refused and create nothing on the host, so one namespace cannot fill
+    /// the quota the tenant's namespaces share.
+    #[arg(long, default_value_t = DEFAULT_NAMESPACE_MAX_INSTALLS, value_name = "N")]
+    namespace_max_installs: usize,
+    /// Registries stack packages, stack controller images and pool installer images may come from:
+    /// comma-separated registry hosts (`quay.io`, `registry.example.com:5000`) or host/path prefixes
+    /// (`quay.io/acme`). Without it, any registry.
+    #[arg(long, default_value = "", value_name = "HOST[/PATH],...")]
+    allowed_registries: AllowedRegistries,
     /// Address of /metrics, and of /healthz and /readyz unless --health-addr is given (loopback
     /// unless told otherwise; the `/readyz?verbose` tenant detail is answered to loopback clients
     /// only, on any address).
@@ -184,6 +201,15 @@ struct RunArgs {
     /// in-flight reconciles before they are aborted.
     #[arg(long, default_value = "20s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     tenant_stop_grace: Duration,
+}
+
+/// A count that must be at least 1.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(err) => Err(err.to_string()),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -449,6 +475,11 @@ async fn run(args: RunArgs) -> ExitCode {
         },
         stack_crd_groups: args.stack_crd_groups,
         insecure_allow_conversion_webhooks: args.insecure_allow_conversion_webhooks,
+        stack_limits: StackLimits {
+            max_package_crds: args.max_package_crds,
+            namespace_max_installs: args.namespace_max_installs,
+        },
+        allowed_registries: args.allowed_registries,
         metrics_addr: args.metrics_addr,
         health_addr: args.health_addr,
         shards: args.shards.map(|shards| stackd::runtime::shards::ShardSettings {

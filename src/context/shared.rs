@@ -10,6 +10,8 @@ use kube::Client;
 use super::crd_groups::CrdGroups;
 use super::namespace_template::NamespaceTemplate;
 use super::pod_policy::PodPolicy;
+use super::registries::AllowedRegistries;
+use super::stack_limits::StackLimits;
 use crate::host::namespace::ServiceAccountRef;
 use crate::host::quota::TenantQuota;
 use crate::runtime::backoff::Backoff;
@@ -36,6 +38,11 @@ pub struct DaemonSettings {
     pub stack_crd_groups: CrdGroups,
     /// Let packages ship CRDs with conversion webhooks.
     pub insecure_allow_conversion_webhooks: bool,
+    /// Bounds on packages and on installs per namespace (`--max-package-crds`,
+    /// `--namespace-max-installs`).
+    pub stack_limits: StackLimits,
+    /// Where packages, stack controllers and pool installers may come from (`--allowed-registries`).
+    pub allowed_registries: AllowedRegistries,
     pub metrics_addr: SocketAddr,
     /// A listener of its own for `/healthz` and `/readyz`; unset, they are served beside
     /// `/metrics`.

@@ -11,6 +11,7 @@ mod execute;
 pub mod failure_domains;
 pub mod hosts;
 pub mod install_config;
+mod installer_image;
 pub mod leases;
 pub mod limits;
 pub mod machines;

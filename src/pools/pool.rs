@@ -296,6 +296,9 @@ async fn reconcile(pool: Arc<ClusterPool>, ctx: Arc<Ctx>, _permit: Permit) -> Re
     if !deleting_pool && let Some(refusal) = refusal(&pool, &ctx) {
         return refuse(&pool, &ctx, refusal).await;
     }
+    if !deleting_pool && let Some(refused) = super::installer_image::refuse_if_not_allowed(&pool, &ctx.tenant).await {
+        return refused.map_err(PoolError::from);
+    }
     if deleting_pool && !pool.finalizers().iter().any(|f| f == POOL_FINALIZER) {
         // Nothing left to hold the deletion for; only CDC finalizers of this pool may remain.
         let mut seen = observe(&pool, &ctx).await?;

@@ -133,6 +133,24 @@ where
         self
     }
 
+    /// [`Self::watches_stream`] for a stream of a cache of the controller's own (not a shared one):
+    /// the first reconcile waits for `ready`.
+    pub fn watches_ready_stream<O, I>(
+        mut self,
+        ready: Readiness,
+        stream: impl Stream<Item = Result<O, watcher::Error>> + Send + 'static,
+        mapper: impl Fn(O) -> I + Send + Sync + 'static,
+    ) -> Self
+    where
+        O: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+        I: IntoIterator<Item = ObjectRef<K>> + 'static,
+        I::IntoIter: Send,
+    {
+        self.caches.push(ready);
+        self.controller = self.controller.watches_stream(stream, mapper);
+        self
+    }
+
     /// Waits for `cache` before the first reconcile: the controller reads it without watching it.
     pub fn reads<O>(mut self, cache: &SharedCache<O>) -> Self
     where

@@ -391,6 +391,8 @@ resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {memory: 256Mi}}
 tenantQuota: {pods: "9", secrets: null}
 stackPods: {nodeSelector: {pool: stacks}, tolerations: ["dedicated=stacks:NoSchedule"]}
 stackCrdGroups: ["*.example.org", "widgets.acme.io"]
+stackLimits: {maxPackageCrds: 200, namespaceMaxInstalls: 5}
+allowedRegistries: ["quay.io/acme", "registry.example.com:5000"]
 "#;
 
 const TENANT_VALUES: &str = r#"
@@ -450,6 +452,9 @@ async fn the_controllers_chart_applied_to_a_host_is_what_the_values_say() {
         "--stack-node-selector=pool=stacks",
         "--stack-toleration=dedicated=stacks:NoSchedule",
         "--stack-crd-groups=*.example.org,widgets.acme.io",
+        "--max-package-crds=200",
+        "--namespace-max-installs=5",
+        "--allowed-registries=quay.io/acme,registry.example.com:5000",
     ] {
         assert!(args.iter().any(|a| a == expected), "{expected} missing from {args:?}");
     }

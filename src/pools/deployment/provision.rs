@@ -99,6 +99,12 @@ async fn start(cd: &ClusterDeployment, ctx: &Ctx, names: &Names, job_name: &str)
     let parent = parent(cd);
     let host_ns = tenant.host_namespace.as_str();
     let image = inputs.installer_image.clone();
+    let registries = &tenant.shared.settings.allowed_registries;
+    if let Some(refusal) = registries.refusal("the installer image", &image) {
+        // Checked where the Job is made, so a ClusterDeployment made by hand is bounded too.
+        report(cd, ctx, &Outcome::InstallerImageRefused(refusal)).await?;
+        return Ok(Action::await_change());
+    }
     write_installer_inputs(ctx, cd, &parent, names, inputs).await?;
     ensure_installer_identity(ctx, &parent, names).await?;
     let deadline = tenant.shared.settings.installer_deadline;

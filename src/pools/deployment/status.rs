@@ -27,6 +27,8 @@ pub enum Outcome {
     MissingInputs(Vec<String>),
     /// The machines cannot be placed as configured (§6 merge rules).
     InvalidMachineSpec(String),
+    /// The installer image is not from a registry the host allows (`--allowed-registries`).
+    InstallerImageRefused(String),
     /// The installer failed its `attempts`-th time of at most `limit`; `timed_out` when its Job
     /// ran past the installer deadline.
     InstallFailed { attempts: i32, limit: i32, timed_out: bool },
@@ -78,6 +80,7 @@ impl Outcome {
                 missing.join(", ")
             ),
             Outcome::InvalidMachineSpec(detail) => format!("The machine configuration is invalid: {detail}"),
+            Outcome::InstallerImageRefused(refusal) => format!("Cannot start the installer: {refusal}"),
             Outcome::InstallFailed {
                 attempts,
                 limit,
@@ -119,6 +122,7 @@ impl Outcome {
             Outcome::Provisioning { .. } => (Some("Provisioning"), None),
             Outcome::MissingInputs(_) => (Some("MissingInputs"), None),
             Outcome::InvalidMachineSpec(_) => (Some("InvalidMachineSpec"), Some("InvalidMachineSpec")),
+            Outcome::InstallerImageRefused(_) => (Some("RegistryNotAllowed"), Some("RegistryNotAllowed")),
             Outcome::InstallFailed { attempts, limit, .. } if attempts >= limit => {
                 (Some("ProvisionFailed"), Some("InstallAttemptsLimitReached"))
             }
@@ -175,6 +179,7 @@ impl Outcome {
                 true
             }
             Outcome::Provisioning { .. }
+            | Outcome::InstallerImageRefused(_)
             | Outcome::MissingInputs(_)
             | Outcome::KubeconfigRefused { .. }
             | Outcome::OutputRefused(_)
@@ -196,6 +201,7 @@ impl Outcome {
             Outcome::RecordRestored { edited: false, .. } | Outcome::Provisioning { .. } => None,
             Outcome::MissingInputs(_) => warning("MissingInputs"),
             Outcome::InvalidMachineSpec(_) => warning("InvalidMachineSpec"),
+            Outcome::InstallerImageRefused(_) => warning("RegistryNotAllowed"),
             Outcome::InstallFailed { attempts, limit, .. } if attempts >= limit => warning("ProvisionStopped"),
             Outcome::InstallFailed { .. } => warning("InstallFailed"),
             Outcome::KubeconfigRefused { .. } => warning("AdminKubeconfigRefused"),
