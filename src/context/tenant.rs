@@ -5,7 +5,6 @@ use std::sync::Arc;
 use kube::Client;
 use kube::runtime::events::Recorder;
 use kube::runtime::watcher;
-use tokio::sync::Semaphore;
 
 use super::endpoint::{EndpointError, TenantEndpoint};
 use super::shared::Shared;
@@ -15,8 +14,9 @@ use crate::host::labels::tenant_selector;
 use crate::host::namespace::NamespaceError;
 use crate::runtime::backoff::ObjectBackoff;
 use crate::runtime::cause::Cause;
-use crate::runtime::controller::Tenant;
+use crate::runtime::controller::{FairPermits, Tenant};
 use crate::runtime::informers::Informers;
+use crate::runtime::memory_budget::Overage;
 use crate::runtime::metrics::Metrics;
 
 /// Everything a tenant's controllers need.
@@ -29,8 +29,9 @@ pub struct TenantContext {
     pub host_namespace: String,
     pub endpoint: Result<TenantEndpoint, EndpointError>,
     pub shared: Arc<Shared>,
-    /// Bounds the reconciles running at once for this tenant.
-    pub reconcile_permits: Arc<Semaphore>,
+    /// Bounds the reconciles running at once for this tenant, shared fairly between its
+    /// namespaces.
+    pub reconcile_permits: Arc<FairPermits>,
     /// Publishes Events on tenant objects.
     pub recorder: Recorder,
     /// Retry delays of failed reconciles, per object.
@@ -50,16 +51,12 @@ impl Tenant for TenantContext {
         &self.shared.metrics
     }
 
-    fn permits(&self) -> Arc<Semaphore> {
+    fn permits(&self) -> Arc<FairPermits> {
         self.reconcile_permits.clone()
     }
 
     fn object_backoff(&self) -> &ObjectBackoff {
         &self.object_backoff
-    }
-
-    fn concurrency(&self) -> u16 {
-        u16::try_from(self.shared.settings.max_concurrent_reconciles.max(1)).unwrap_or(u16::MAX)
     }
 }
 
@@ -83,6 +80,9 @@ pub enum TenantError {
     Controller(String),
     #[error(transparent)]
     ClusterIdentity(#[from] IdentityError),
+    /// Its caches outgrew `--tenant-memory-budget`: the supervisor suspends it.
+    #[error("suspended: {0}")]
+    OverMemoryBudget(Overage),
 }
 
 impl TenantError {
@@ -92,6 +92,7 @@ impl TenantError {
             TenantError::Config(_) => "config",
             TenantError::Unreachable(cause) => cause.kind.label(),
             TenantError::ClusterIdentity(IdentityError::OtherCluster { .. }) => "other-cluster",
+            TenantError::OverMemoryBudget(_) => "controller",
             TenantError::HostNamespace(_) | TenantError::Controller(_) | TenantError::ClusterIdentity(_) => {
                 "controller"
             }

@@ -6,6 +6,7 @@ pub mod cluster_identity;
 pub mod labels;
 pub mod names;
 pub mod namespace;
+pub mod network_policy;
 pub mod ownership;
 pub mod purge;
 pub mod quota;
