@@ -80,6 +80,8 @@ pub enum TenantError {
     Controller(String),
     #[error(transparent)]
     ClusterIdentity(#[from] IdentityError),
+    #[error("cannot move host objects named by an older stackd to their current names: {0}")]
+    LegacyNames(kube::Error),
     /// Its caches outgrew `--tenant-memory-budget`: the supervisor suspends it.
     #[error("suspended: {0}")]
     OverMemoryBudget(Overage),
@@ -93,9 +95,10 @@ impl TenantError {
             TenantError::Unreachable(cause) => cause.kind.label(),
             TenantError::ClusterIdentity(IdentityError::OtherCluster { .. }) => "other-cluster",
             TenantError::OverMemoryBudget(_) => "controller",
-            TenantError::HostNamespace(_) | TenantError::Controller(_) | TenantError::ClusterIdentity(_) => {
-                "controller"
-            }
+            TenantError::HostNamespace(_)
+            | TenantError::Controller(_)
+            | TenantError::ClusterIdentity(_)
+            | TenantError::LegacyNames(_) => "controller",
         }
     }
 

@@ -4,6 +4,7 @@
 pub mod apply;
 pub mod cluster_identity;
 pub mod labels;
+pub mod legacy_names;
 pub mod names;
 pub mod namespace;
 pub mod network_policy;

@@ -99,6 +99,7 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
     if let Some(stopped) = wait_until_ready(quota_ready, &mut controllers, &cancel).await {
         return stopped;
     }
+    move_legacy_names(&context).await?;
     controllers.spawn(super::budget::watch(context.clone(), cancel.clone()));
     controllers.spawn(orphan_sweeper(context.clone(), cancel.clone()));
     controllers.spawn(crate::stacks::install::run(context.clone(), cancel.clone()));
@@ -113,6 +114,15 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
         }
     }
     Ok(())
+}
+
+/// Host objects an older stackd named move to their current names before a controller looks.
+async fn move_legacy_names(context: &TenantContext) -> Result<(), TenantError> {
+    let (host, namespace) = (&context.host, &context.host_namespace);
+    crate::host::legacy_names::move_to_current_names(host, &context.name, namespace, &host_kinds())
+        .await
+        .map(drop)
+        .map_err(TenantError::LegacyNames)
 }
 
 /// A fresh budget for one run of the tenant, reported as `stackd_tenant_cached_bytes`.

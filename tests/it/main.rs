@@ -29,6 +29,7 @@ mod recovery;
 mod security_fairness;
 mod security_kubeconfig;
 mod security_memory;
+mod security_names;
 mod security_network;
 mod security_pods;
 mod security_pools;

@@ -30,6 +30,7 @@ use crate::context::events::publish;
 use crate::context::tenant::TenantContext;
 use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
+use crate::runtime::informers::refusals::Refusals;
 use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::retry;
 use crate::runtime::status_writer::apply_status;
@@ -57,6 +58,8 @@ impl ReconcileError for AssetError {
 struct Ctx {
     tenant: Arc<TenantContext>,
     cds: Store<ClusterDeployment>,
+    /// Clusters too large to cache: not destroyed ones (see `runtime::informers::refusals`).
+    refused_cds: Refusals,
 }
 
 /// Runs the controller until `cancel` fires.
@@ -66,6 +69,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     let ctx = Arc::new(Ctx {
         tenant: context.clone(),
         cds: cds.store(),
+        refused_cds: cds.refusals(),
     });
     let assets_of_cd = assets.store();
     Scaffold::new("baremetalasset", context, &assets)
@@ -87,6 +91,9 @@ async fn reconcile(asset: Arc<BareMetalAsset>, ctx: Arc<Ctx>, permit: Permit) ->
     reconcile_asset(&asset, &ctx, permit).await
 }
 
+/// How often an asset whose cluster is too large to cache looks again.
+const REFUSED_CLUSTER_RECHECK: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Finalizer on an asset delivered to a cluster, until it is removed from there again.
 pub const DELIVERY_FINALIZER: &str = "inventory.stackd.dev/delivery";
 /// The cluster an asset was delivered to (it may have been unassigned since).
@@ -100,6 +107,12 @@ fn cached_cd(ctx: &Ctx, name: Option<&str>) -> Option<Arc<ClusterDeployment>> {
 /// `permit` bounds tenant API load; it is given back before talking to a managed cluster, which
 /// may be slow or unreachable and must not starve the tenant's other controllers.
 async fn reconcile_asset(asset: &BareMetalAsset, ctx: &Ctx, permit: Permit) -> Result<Action, AssetError> {
+    // A cluster in another namespace that is too large to cache must not look destroyed (which
+    // would release the asset while it is still in that cluster): wait until it can be read.
+    let refused = |name: Option<&str>| name.is_some_and(|name| ctx.refused_cds.contains(Some(name), name));
+    if refused(asset.spec.assigned_cluster()) || refused(plan::delivered_to(asset)) {
+        return Ok(Action::requeue(REFUSED_CLUSTER_RECHECK));
+    }
     let assigned = cached_cd(ctx, asset.spec.assigned_cluster());
     let delivered = cached_cd(ctx, plan::delivered_to(asset));
     let snapshot = Snapshot {
