@@ -265,7 +265,9 @@ fn suspend(shared: &Shared, name: &str, overage: &Overage, suspensions: u32) -> 
     let reason = format!(
         "{overage}; delete or shrink objects (stackd_tenant_cached_bytes shows the total), or raise the budget; retried with backoff"
     );
-    if !shared.health.is_suspended(name) {
+    if shared.health.is_suspended(name) {
+        info!(tenant = %name, %overage, retry_in = ?delay, "tenant still over its memory budget; it stays suspended");
+    } else {
         warn!(tenant = %name, %overage, retry_in = ?delay, "tenant suspended: over its memory budget; its controllers and watches are stopped");
     }
     shared.health.suspend(name, &reason);
