@@ -175,7 +175,7 @@ struct RunArgs {
     tenant_stop_grace: Duration,
     /// Tenant and host objects larger than this as JSON are not read: each gets a Warning Event
     /// `ObjectTooLarge`, and stackd holds off the work in its namespace that reads its kind until it
-    /// is smaller (an API server stores up to ~1.5 MiB; decoded, arrays of small numbers cost 16
+    /// is smaller (an API server stores up to ~1.5 MiB; decoded, arrays of small numbers cost 20
     /// times their JSON).
     #[arg(long, default_value = DEFAULT_MAX_OBJECT_BYTES, value_name = "SIZE")]
     max_cached_object_bytes: ByteSize,

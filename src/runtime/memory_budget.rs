@@ -17,7 +17,7 @@ use tokio::sync::watch;
 
 /// `--max-cached-object-bytes` when not given: far above what stackd's own objects need (a Stack
 /// with a large controller Deployment, a rendered install config: tens of KiB), a third of what an
-/// API server stores, and at most ~8 MiB decoded even as arrays of small numbers.
+/// API server stores, and at most ~10 MiB decoded even as arrays of small numbers.
 pub const DEFAULT_MAX_OBJECT_BYTES: &str = "512Ki";
 /// `--tenant-memory-budget` when not given: with the controllers chart's 512 MiB limit, 24 tenants
 /// each at their full budget (384 MiB) leave 128 MiB for the daemon itself (README, "Sizing").

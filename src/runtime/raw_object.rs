@@ -2,8 +2,8 @@
 //!
 //! kube's client decodes every list page and watch event with serde_json; decoding straight into a
 //! typed object gives no chance to refuse one that is too big before it costs its full size in
-//! memory (a `serde_json::Value` costs about 32 bytes per array element: 1.3 MiB of small numbers is
-//! some 20 MiB decoded). [`RawObject`] instead copies the object as compact JSON (about its size on
+//! memory (a `serde_json::Value` costs 32 bytes per array element, 40 with what a growing vector
+//! over-allocates: 1.3 MiB of small numbers is some 26 MiB decoded). [`RawObject`] instead copies the object as compact JSON (about its size on
 //! the wire, transiently) while counting what decoding it would build, and keeps its metadata; the
 //! shared caches then decide on the size before the typed decode (`runtime::informers`).
 //!

@@ -88,7 +88,7 @@ async fn too_large_reported(tenant: &Client, name: &str) -> bool {
 }
 
 /// A user floods namespace `team` with ClusterDeploymentCustomizations of 1 MiB of small numbers
-/// (some 16 MiB each decoded) and inflates the one their installed cluster was made from. Each is
+/// (some 20 MiB each decoded) and inflates the one their installed cluster was made from. Each is
 /// refused with an `ObjectTooLarge` Event; the daemon's memory stays bounded, also when it restarts
 /// and lists them all; the cluster, its host objects and the CDCs stay; another tenant keeps
 /// filling its pool.

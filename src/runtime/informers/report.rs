@@ -81,7 +81,7 @@ impl Reporter {
             None => (
                 reference_to(&refusal.kind, api_version, metadata),
                 format!(
-                    "This {} is {size} of JSON, over the {cap} stackd reads (--max-cached-object-bytes): stackd ignores it, and {waits}, until it is made smaller or deleted. Keep bulky data out of it.",
+                    "This {} is {size} of JSON, over the {cap} stackd reads (--max-cached-object-bytes): stackd ignores it, and {waits}, until it is made smaller or deleted. Keep bulky data out of it (a deletion that waits for a stackd finalizer finishes once the object is small enough to read).",
                     refusal.kind
                 ),
             ),
