@@ -305,8 +305,12 @@ async fn openstack_control_planes_spread_over_failure_domains_and_keep_their_rec
         records(&cd_api.get(&claimed.name_any()).await.unwrap()) == before
     })
     .await;
-    let seen = events(&tenant, &claimed.name_any(), &claimed.name_any()).await;
-    assert!(seen.iter().any(|(r, _)| r == "FailureDomainsRestored"), "{seen:?}");
+    // The Event follows the status write that restored the record.
+    until("the restore told", WITHIN, &daemon, || async {
+        let seen = events(&tenant, &claimed.name_any(), &claimed.name_any()).await;
+        seen.iter().any(|(r, _)| r == "FailureDomainsRestored")
+    })
+    .await;
 }
 
 /// §6 merge rules: a domain storage zone with an explicit root-volume zone stops the cluster with

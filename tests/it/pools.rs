@@ -33,6 +33,12 @@ pub(crate) async fn setup() -> (Fleet, Client) {
     let fleet = Fleet::start(&["acme"]).await;
     register_sample_runners(&fleet.host().runners(), &SampleImages::new("stackd:dev"));
     let tenant = fleet.tenants[0].1.as_ref().expect("tenant server").client().await;
+    prepare(&tenant).await;
+    (fleet, tenant)
+}
+
+/// The stackd CRDs, namespace `team` and the Secrets a pool there installs from.
+pub(crate) async fn prepare(tenant: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
     for crd in stackd::api::crds::all() {
         crds.create(&PostParams::default(), &crd).await.expect("crd");
@@ -52,7 +58,6 @@ pub(crate) async fn setup() -> (Fleet, Client) {
         let secret: Secret = serde_json::from_value(secret).expect("secret");
         secrets.create(&PostParams::default(), &secret).await.expect("secret");
     }
-    (fleet, tenant)
 }
 
 pub(crate) fn daemon(fleet: &Fleet, extra: &[&str]) -> Daemon {
@@ -116,7 +121,7 @@ pub(crate) fn pools(tenant: &Client) -> Api<ClusterPool> {
     Api::namespaced(tenant.clone(), NS)
 }
 
-fn cdcs(tenant: &Client) -> Api<Cdc> {
+pub(crate) fn cdcs(tenant: &Client) -> Api<Cdc> {
     Api::namespaced(tenant.clone(), NS)
 }
 
