@@ -19,6 +19,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
 use super::buckets::Buckets;
 use super::execute::{self, Placement};
@@ -26,13 +27,13 @@ use super::membership::{self, PoolIdentity};
 use super::plan::{self, Plan, Progress};
 use super::status::{self, record_metrics};
 use super::{
-    POOL_FINALIZER, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, cdc_finalizer, claim, hosts, leases, limits, machines,
-    repair,
+    POOL_FINALIZER, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, cdc_finalizer, claim, failure_domains, hosts, leases,
+    limits, machines, repair,
 };
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{
     ClusterClaim, ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus,
-    MachineFailureDomain,
+    InventoryEntryState, MachineFailureDomain,
 };
 use crate::context::events::publish;
 use crate::context::tenant::TenantContext;
@@ -270,6 +271,8 @@ pub(super) struct Round {
     pub(super) hosts_taken: BTreeSet<String>,
     /// Why a cluster could not get its bare-metal hosts.
     pub(super) insufficient_hosts: Option<String>,
+    /// Why the pool's failure domains contradict themselves (§6 merge rules): no cluster is added.
+    pub(super) contradiction: Option<String>,
 }
 
 impl Round {
@@ -283,6 +286,7 @@ impl Round {
             missing_dependencies: Vec::new(),
             hosts_taken: BTreeSet::new(),
             insufficient_hosts: None,
+            contradiction: None,
         }
     }
 
@@ -367,19 +371,25 @@ async fn repair_leases(
 ) -> Result<BTreeMap<String, Arc<Cdc>>, PoolError> {
     let cached = std::mem::take(&mut seen.cdcs);
     let listed: BTreeSet<&str> = seen.inventory.iter().map(String::as_str).collect();
-    repair::leases(
-        &ctx.tenant,
-        &pool.name_any(),
-        &pool.namespace().unwrap_or_default(),
-        pool.metadata.deletion_timestamp.is_some(),
-        &listed,
-        cached,
-        &seen.cds,
-        &seen.live,
-        &seen.expected_created,
-        round,
-    )
-    .await
+    let (name, ns) = (pool.name_any(), pool.namespace().unwrap_or_default());
+    let pools: BTreeSet<String> = ctx
+        .pools
+        .state()
+        .iter()
+        .filter(|p| p.namespace().as_deref() == Some(ns.as_str()))
+        .map(|p| p.name_any())
+        .collect();
+    let scope = repair::Scope {
+        name: &name,
+        ns: &ns,
+        deleting_pool: pool.metadata.deletion_timestamp.is_some(),
+        listed: &listed,
+        pools: &pools,
+        cds: &seen.cds,
+        live: &seen.live,
+        expected_created: &seen.expected_created,
+    };
+    repair::leases(&ctx.tenant, &scope, cached, round).await
 }
 
 /// Plans the pass, carries it out and writes the status, for a pool that is not being deleted.
@@ -393,6 +403,7 @@ async fn converge(
     let seen = world.seen;
     let assets = machines::pool_assets(pool, ctx);
     let domains = machines::domains(pool, &assets);
+    round.contradiction = failure_domains::contradiction(&pool.spec, &domains);
     let mut usage = machines::usage(ctx, &seen.cds, &seen.expected_created);
     let (plan, deleted) = delete_as_planned(pool, ctx, world, &assets, &mut buckets, &mut round).await?;
     round.broken_entries = plan.broken_entries.clone();
@@ -426,9 +437,47 @@ async fn converge(
     };
     let status = status::build(&report, Time(Timestamp::now()));
     write_status(pool, ctx, &status).await?;
+    announce(pool, ctx, &seen.previous, &status).await;
     let (ns, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
     record_metrics(ctx, &ns, &name, &buckets, &plan.stale, &status);
     Ok(Action::requeue(round.requeue))
+}
+
+/// Logs and Events for what went wrong since the last status, once per transition rather than on
+/// every pass: an inventory entry whose ClusterDeploymentCustomization is missing, failure domains
+/// found contradicting themselves.
+async fn announce(pool: &ClusterPool, ctx: &Ctx, previous: &ClusterPoolStatus, status: &ClusterPoolStatus) {
+    let tenant = &ctx.tenant;
+    let (ns, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
+    let missing = |s: &ClusterPoolStatus, entry: &str| {
+        s.inventory
+            .iter()
+            .any(|e| e.name == entry && e.status == InventoryEntryState::Missing)
+    };
+    for entry in status
+        .inventory
+        .iter()
+        .filter(|e| missing(status, &e.name) && !missing(previous, &e.name))
+    {
+        warn!(tenant = %tenant.name, namespace = %ns, pool = %name, cdc = %entry.name, "an inventory entry's ClusterDeploymentCustomization does not exist");
+        let note = format!(
+            "Inventory entry {}: ClusterDeploymentCustomization {ns}/{} does not exist; create it (the pool leases it then) or remove the entry from spec.inventory",
+            entry.name, entry.name
+        );
+        publish(tenant, pool, true, "InventoryEntryMissing", note).await;
+    }
+    let contradiction = |s: &ClusterPoolStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == status::FAILURE_DOMAINS_VALID && c.status == "False")
+            .map(|c| c.message.clone())
+    };
+    if let Some(message) = contradiction(status)
+        && contradiction(previous).as_ref() != Some(&message)
+    {
+        warn!(tenant = %tenant.name, namespace = %ns, pool = %name, %message, "the pool's failure domains contradict themselves");
+        publish(tenant, pool, true, status::INVALID_MACHINE_SPEC, message).await;
+    }
 }
 
 /// What the caches show of one pool, corrected by this controller's own writes they do not show yet.
@@ -526,6 +575,7 @@ async fn delete_as_planned(
             backoff: settings.backoff,
             assets,
             pending_claims: world.pending_claims,
+            contradiction: round.contradiction.is_some(),
         };
         let planned = plan::plan(&inputs, buckets, &progress);
         let kept = execute::deletes(ctx, pool, &planned.deletes, world.cdcs, buckets, round, &mut deleted).await?;
