@@ -333,7 +333,8 @@ async fn reconcile(pool: Arc<ClusterPool>, ctx: Arc<Ctx>, _permit: Permit) -> Re
     }
 }
 
-/// One pass over a live pool: observe → repair leases → buckets → claims → plan → execute → status.
+/// One pass over a live pool: observe → repair leases → buckets → claims → plan → execute → free
+/// CDCs marked available → status.
 async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolError> {
     let mut round = Round::new();
     let mut seen = observe(pool, ctx).await?;
@@ -370,26 +371,44 @@ async fn repair_leases(
     round: &mut Round,
 ) -> Result<BTreeMap<String, Arc<Cdc>>, PoolError> {
     let cached = std::mem::take(&mut seen.cdcs);
-    let listed: BTreeSet<&str> = seen.inventory.iter().map(String::as_str).collect();
+    let (listed, pools) = scope_lists(pool, ctx, seen);
     let (name, ns) = (pool.name_any(), pool.namespace().unwrap_or_default());
-    let pools: BTreeSet<String> = ctx
+    let scope = repair_scope(pool, seen, &name, &ns, &listed, &pools);
+    repair::leases(&ctx.tenant, &scope, cached, round).await
+}
+
+/// The pool's inventory entries and the pools of its namespace, for [`repair_scope`].
+fn scope_lists<'a>(pool: &ClusterPool, ctx: &Ctx, seen: &'a Seen) -> (BTreeSet<&'a str>, BTreeSet<String>) {
+    let ns = pool.namespace().unwrap_or_default();
+    let listed = seen.inventory.iter().map(String::as_str).collect();
+    let pools = ctx
         .pools
         .state()
         .iter()
         .filter(|p| p.namespace().as_deref() == Some(ns.as_str()))
         .map(|p| p.name_any())
         .collect();
-    let scope = repair::Scope {
-        name: &name,
-        ns: &ns,
+    (listed, pools)
+}
+
+fn repair_scope<'a>(
+    pool: &ClusterPool,
+    seen: &'a Seen,
+    name: &'a str,
+    ns: &'a str,
+    listed: &'a BTreeSet<&'a str>,
+    pools: &'a BTreeSet<String>,
+) -> repair::Scope<'a> {
+    repair::Scope {
+        name,
+        ns,
         deleting_pool: pool.metadata.deletion_timestamp.is_some(),
-        listed: &listed,
-        pools: &pools,
+        listed,
+        pools,
         cds: &seen.cds,
         live: &seen.live,
         expected_created: &seen.expected_created,
-    };
-    repair::leases(&ctx.tenant, &scope, cached, round).await
+    }
 }
 
 /// Plans the pass, carries it out and writes the status, for a pool that is not being deleted.
@@ -423,6 +442,11 @@ async fn converge(
     hosts::repair(pool, ctx, &assets, &seen.live, &seen.expected_created, &mut round).await?;
     // Empty pool namespaces (a CD never created, or one deleted) are reaped after the minimum age.
     execute::reap_namespaces(ctx, &PoolIdentity::of(pool), &seen.expected_created, &mut round).await?;
+    // The inventory's free CDCs read Available=True, once this pass's leases are taken.
+    let (listed, pools) = scope_lists(pool, ctx, seen);
+    let (name, ns) = (pool.name_any(), pool.namespace().unwrap_or_default());
+    let scope = repair_scope(pool, seen, &name, &ns, &listed, &pools);
+    repair::mark_free(&ctx.tenant, &scope, world.cdcs, &mut round).await?;
     let report = status::Report {
         pool,
         previous: &seen.previous,
@@ -438,7 +462,6 @@ async fn converge(
     let status = status::build(&report, Time(Timestamp::now()));
     write_status(pool, ctx, &status).await?;
     announce(pool, ctx, &seen.previous, &status).await;
-    let (ns, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
     record_metrics(ctx, &ns, &name, &buckets, &plan.stale, &status);
     Ok(Action::requeue(round.requeue))
 }

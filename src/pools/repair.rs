@@ -1,7 +1,8 @@
-//! Keeping a pool's leases true before it acts (DESIGN.md §4.3 items 1, 2, 6, 9): its finalizer on
+//! Keeping a pool's leases true (DESIGN.md §4.3 items 1, 2, 6, 9). Before it acts: its finalizer on
 //! the CDCs it lists or holds, leases of clusters that never appeared and interrupted leases (no
 //! cluster named) released after the minimum age, lost leases of live clusters restored, CDCs of
-//! installed clusters marked Succeeded, and the free CDCs of its inventory reading `Available=True`.
+//! installed clusters marked Succeeded. After it leased: the free CDCs of its inventory read
+//! `Available=True`.
 //!
 //! Who makes a free CDC read `Available=True`: the pools that list it, as the seeds have the
 //! ClusterPool controller keep the lease state of the customizations in its inventory ("update
@@ -97,13 +98,27 @@ pub(super) async fn leases(
             pool.mark_succeeded(cd, cdc, round).await?;
         }
     }
-    if !scope.deleting_pool {
-        let free = scope.listed.iter().filter_map(|entry| cdcs.get(*entry));
-        for cdc in free.filter(|c| c.metadata.deletion_timestamp.is_none()) {
-            pool.mark_available(&newest(cdc, round), round).await?;
-        }
-    }
     Ok(cdcs)
+}
+
+/// §4.3.1: the CDCs of the pool's inventory that no pool holds read `Available=True`. Run after the
+/// pass's leases, so that an entry leased in this pass is written once, not made available first.
+pub(super) async fn mark_free(
+    tenant: &TenantContext,
+    scope: &Scope<'_>,
+    cdcs: &BTreeMap<String, Arc<Cdc>>,
+    round: &mut Round,
+) -> Result<(), PoolError> {
+    let pool = Pool {
+        tenant,
+        name: scope.name,
+        api: Api::<Cdc>::namespaced(tenant.client.clone(), scope.ns),
+    };
+    let listed = scope.listed.iter().filter_map(|entry| cdcs.get(*entry));
+    for cdc in listed.filter(|c| c.metadata.deletion_timestamp.is_none()) {
+        pool.mark_available(&newest(cdc, round), round).await?;
+    }
+    Ok(())
 }
 
 /// The copy of `cdc` to write from: the one this pass wrote, else the cached one.
