@@ -17,6 +17,7 @@ use crate::api::pools::{
     ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus, FailureDomainStatus,
     InventoryEntryState, InventoryEntryStatus,
 };
+use crate::context::namespace_template::is_dns_label;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::metrics::PoolLabels;
 
@@ -220,7 +221,8 @@ fn held_by(cdc: &Cdc) -> String {
         _ if leases::interrupted(cdc) => {
             "an interrupted lease: Available=False with no clusterDeploymentRef; released after --lease-min-age".into()
         }
-        Some((Some(pool), _)) => format!("leased by ClusterPool {pool}"),
+        // The name is read from the CDC's status, anyone's to write: shown only when it can be a name.
+        Some((Some(pool), _)) if is_dns_label(&pool) => format!("leased by ClusterPool {pool}"),
         _ => "leased by another pool".into(),
     }
 }
@@ -719,6 +721,13 @@ mod tests {
                 "Some inventory entries cannot be used (BrokenByCloud: cloud; BrokenBySyntax: syntax (bad path /x); Missing: missing; Unavailable: theirs (leased by ClusterPool q)); fix the patches of BrokenBySyntax entries, create Missing ones, or remove them from spec.inventory; Unavailable ones are leased by another pool or hold an interrupted lease".into()
             )
         );
+    }
+
+    #[test]
+    fn a_holder_name_that_cannot_be_a_pool_name_is_not_echoed() {
+        let long = "x".repeat(300);
+        assert_eq!(held_by(&cdc("a", 1, leased(&long, "c"))), "leased by another pool");
+        assert_eq!(held_by(&cdc("a", 1, leased("q", "c"))), "leased by ClusterPool q");
     }
 
     /// `Available=False` without a `clusterDeploymentRef`, naming pool `p`.
