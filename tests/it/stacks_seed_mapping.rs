@@ -91,11 +91,13 @@ async fn one_package_in_two_tenants_maps_to_the_seeds_names_and_one_uninstall_to
             assert_eq!(labels["stackd.dev/tenant"], tenant);
             assert_eq!(labels["stackd.dev/parent-namespace"], namespace);
             assert_eq!(labels["stackd.dev/parent-name"], name);
-            fleet
-                .host_jobs(tenant)
-                .get(&format!("{mapped}-install"))
+            // The install Job is removed once the package is applied; its status keeps the name.
+            let install = Api::<StackInstall>::namespaced(fleet.tenant(tenant), namespace)
+                .get(name)
                 .await
-                .unwrap_or_else(|e| panic!("{ns}/{mapped}-install: {e}"));
+                .expect("install");
+            let job = install.status.and_then(|s| s.install_job).expect("installJob");
+            assert_eq!((job.namespace, job.name), (ns.clone(), format!("{mapped}-install")));
             fleet
                 .host_secrets(tenant)
                 .get(&format!("{mapped}-token"))
@@ -103,6 +105,26 @@ async fn one_package_in_two_tenants_maps_to_the_seeds_names_and_one_uninstall_to
                 .unwrap_or_else(|e| panic!("{ns}/{mapped}-token: {e}"));
         }
     }
+    // Completed install Jobs go after Available: wait for that, so the snapshots below hold still.
+    wait_until(
+        "the completed install Jobs removed",
+        Duration::from_secs(20),
+        &daemon,
+        || {
+            let host = fleet.host_client.clone();
+            async move {
+                for tenant in ["1", "2"] {
+                    let jobs = Api::<Job>::namespaced(host.clone(), &host_namespace(tenant));
+                    let params = ListParams::default().labels("stackd.dev/parent-kind");
+                    if !jobs.list(&params).await.ok()?.items.is_empty() {
+                        return None;
+                    }
+                }
+                Some(())
+            }
+        },
+    )
+    .await;
     let before_other = host_objects(&fleet.host_client, "2").await;
     let before_same: BTreeMap<String, (String, String)> = host_objects(&fleet.host_client, "1")
         .await
