@@ -24,7 +24,7 @@ use crate::context::namespace_template::NamespaceTemplate;
 use crate::runtime::cause::diagnose;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::health::{Health, TenantFacts, TenantHealth};
-use crate::runtime::metrics::Metrics;
+use crate::runtime::metrics::{ErrorLabels, Metrics};
 use crate::runtime::shards::{Board, slot_of};
 use crate::runtime::status_writer::apply_status;
 use crate::runtime::written::Written;
@@ -267,8 +267,15 @@ impl StatusWriter {
                     }
                     Err(err) => {
                         failed = true;
+                        let cause = diagnose(&err);
                         self.metrics.reconcile_errors.get_or_create(&labels).inc();
-                        warn!(tenant = %name, cause = %diagnose(&err), "cannot write the Tenant's status; retrying");
+                        let by_kind = ErrorLabels {
+                            tenant: name.clone(),
+                            controller: CONTROLLER.to_string(),
+                            kind: cause.kind.label().to_string(),
+                        };
+                        self.metrics.reconcile_errors_by_kind.get_or_create(&by_kind).inc();
+                        warn!(tenant = %name, %cause, "cannot write the Tenant's status; retrying");
                     }
                 }
             }
