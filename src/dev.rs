@@ -262,7 +262,11 @@ fn print_usage(options: &DevOptions, host: &ApiServer, tenants: &[(String, ApiSe
     }
 }
 
-async fn run_daemon(host: &ApiServer, tenants: &[(String, ApiServer)], shutdown: CancellationToken) -> Result<(), DevError> {
+async fn run_daemon(
+    host: &ApiServer,
+    tenants: &[(String, ApiServer)],
+    shutdown: CancellationToken,
+) -> Result<(), DevError> {
     // The daemon serves the Tenant objects; the files in the tenants directory are for kubectl.
     let settings = DaemonSettings {
         tenants_dir: None,

@@ -220,7 +220,9 @@ fn namespace_name(text: &str) -> Result<String, String> {
     let text = text.trim();
     let valid = !text.is_empty()
         && text.len() <= 63
-        && text.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !text.starts_with('-')
         && !text.ends_with('-');
     if valid {

@@ -490,7 +490,10 @@ mod tests {
         };
         let task = tokio::spawn(watch(directory, timing, tx, cancel.clone()));
         // The first scan comes first, empty: the watch started before it.
-        assert!(next_batch(&mut rx).await.is_empty(), "the first scan is sent even when empty");
+        assert!(
+            next_batch(&mut rx).await.is_empty(),
+            "the first scan is sent even when empty"
+        );
         std::fs::write(dir.path().join("late.yaml"), kubeconfig("https://x")).expect("write");
         assert_eq!(names(&next_batch(&mut rx).await), ["start late"]);
         cancel.cancel();

@@ -233,10 +233,18 @@ impl Sources {
 
     /// Both sources' first batches, merged: the directory's first, then the objects'.
     async fn first(&mut self) -> Vec<TenantChange> {
-        let (files, objects) = tokio::join!(recv(&mut self.directory), recv(&mut self.objects));
+        let (files, objects) = tokio::join!(first(&mut self.directory), first(&mut self.objects));
         let mut out = self.merger.apply(Side::Directory, files.unwrap_or_default());
         out.extend(self.merger.apply(Side::Objects, objects.unwrap_or_default()));
         out
+    }
+}
+
+/// A source's first batch; none at once for a source that is absent.
+async fn first(source: &mut Option<mpsc::Receiver<Vec<TenantChange>>>) -> Option<Vec<TenantChange>> {
+    match source {
+        Some(receiver) => receiver.recv().await,
+        None => None,
     }
 }
 
@@ -252,8 +260,8 @@ async fn recv(source: &mut Option<mpsc::Receiver<Vec<TenantChange>>>) -> Option<
 mod tests {
     use super::*;
     use crate::api::tenancy::KubeconfigSecretRef;
-    use crate::tenancy::directory::TenantOrigin;
     use crate::context::namespace_template::NamespaceTemplate;
+    use crate::tenancy::directory::TenantOrigin;
 
     fn file(name: &str, side: Side, digest: &str) -> Box<TenantFile> {
         let origin = match side {
@@ -305,7 +313,10 @@ mod tests {
     #[test]
     fn each_source_starts_its_own_names() {
         let mut merger = merger();
-        let out = merger.apply(Side::Directory, vec![TenantChange::Start(file("a", Side::Directory, "1"))]);
+        let out = merger.apply(
+            Side::Directory,
+            vec![TenantChange::Start(file("a", Side::Directory, "1"))],
+        );
         assert_eq!(said(&out), ["start a 1"]);
         let out = merger.apply(Side::Objects, vec![TenantChange::Start(file("b", Side::Objects, "2"))]);
         assert_eq!(said(&out), ["start b 2"]);
@@ -316,7 +327,10 @@ mod tests {
     #[test]
     fn a_name_in_both_is_refused_and_the_running_one_keeps_running() {
         let mut merger = merger();
-        merger.apply(Side::Directory, vec![TenantChange::Start(file("a", Side::Directory, "1"))]);
+        merger.apply(
+            Side::Directory,
+            vec![TenantChange::Start(file("a", Side::Directory, "1"))],
+        );
         let out = merger.apply(Side::Objects, vec![TenantChange::Start(file("a", Side::Objects, "2"))]);
         assert_eq!(said(&out), ["conflict a kept=true"]);
         assert!(merger.view.conflict("a").is_some_and(|c| c.contains("/tenants/a.yaml")));
@@ -332,8 +346,15 @@ mod tests {
         // The objects source's first batch comes once the Tenants are listed: they are known
         // before the directory's first batch is applied.
         merger.view.publish_names(["a".to_string()].into());
-        let out = merger.apply(Side::Directory, vec![TenantChange::Start(file("a", Side::Directory, "1"))]);
-        assert_eq!(said(&out), ["conflict a kept=false"], "the Tenant is listed before the files are applied");
+        let out = merger.apply(
+            Side::Directory,
+            vec![TenantChange::Start(file("a", Side::Directory, "1"))],
+        );
+        assert_eq!(
+            said(&out),
+            ["conflict a kept=false"],
+            "the Tenant is listed before the files are applied"
+        );
     }
 
     #[test]
@@ -348,7 +369,10 @@ mod tests {
             },
             kept_running: false,
         };
-        assert_eq!(said(&merger.apply(Side::Objects, vec![invalid])), ["invalid a kept=false"]);
+        assert_eq!(
+            said(&merger.apply(Side::Objects, vec![invalid])),
+            ["invalid a kept=false"]
+        );
         let out = merger.apply(Side::Objects, vec![TenantChange::Suspend("a".into())]);
         assert_eq!(said(&out), ["suspend a"], "the registry forgets what it was told");
     }
@@ -356,7 +380,10 @@ mod tests {
     #[test]
     fn an_object_gone_while_in_conflict_leaves_the_file_running() {
         let mut merger = merger();
-        merger.apply(Side::Directory, vec![TenantChange::Start(file("a", Side::Directory, "1"))]);
+        merger.apply(
+            Side::Directory,
+            vec![TenantChange::Start(file("a", Side::Directory, "1"))],
+        );
         merger.apply(Side::Objects, vec![TenantChange::Start(file("a", Side::Objects, "2"))]);
         let out = merger.apply(Side::Objects, vec![TenantChange::Suspend("a".into())]);
         assert!(out.is_empty(), "{:?}", said(&out));

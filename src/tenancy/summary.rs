@@ -71,13 +71,19 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
         }
         let counts = KindCounts {
             stack_installs: count(&installs.store().state(), |i| {
-                i.status.as_ref().is_some_and(|status| is_true(&status.conditions, "Ready"))
+                i.status
+                    .as_ref()
+                    .is_some_and(|status| is_true(&status.conditions, "Ready"))
             }),
             cluster_stack_installs: count(&cluster_installs.store().state(), |i| {
-                i.status.as_ref().is_some_and(|status| is_true(&status.conditions, "Ready"))
+                i.status
+                    .as_ref()
+                    .is_some_and(|status| is_true(&status.conditions, "Ready"))
             }),
             stacks: count(&stacks.store().state(), |s| {
-                s.status.as_ref().is_some_and(|status| is_true(&status.conditions, "Ready"))
+                s.status
+                    .as_ref()
+                    .is_some_and(|status| is_true(&status.conditions, "Ready"))
             }),
             pools: count(&pools.store().state(), |p| {
                 p.status.as_ref().is_some_and(|status| status.ready >= p.spec.size)
@@ -111,7 +117,10 @@ fn publish(context: &TenantContext, counts: &KindCounts) {
         metrics.set_tenant_objects(&context.name, kind, false, i64::from(count.not_ready));
     }
     let installs = ReadinessCount {
-        ready: counts.stack_installs.ready.saturating_add(counts.cluster_stack_installs.ready),
+        ready: counts
+            .stack_installs
+            .ready
+            .saturating_add(counts.cluster_stack_installs.ready),
         not_ready: counts
             .stack_installs
             .not_ready

@@ -440,8 +440,14 @@ async fn the_host_chart_renders_monitoring_and_secret_grants_when_asked() {
     assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics");
     assert_eq!(monitor["spec"]["endpoints"][0]["interval"], "15s");
     let service = find(&objects, "Service", "stackd-metrics");
-    for (key, value) in monitor["spec"]["selector"]["matchLabels"].as_object().expect("selector") {
-        assert_eq!(&service["metadata"]["labels"][key], value, "the ServiceMonitor selects the Service");
+    for (key, value) in monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("selector")
+    {
+        assert_eq!(
+            &service["metadata"]["labels"][key], value,
+            "the ServiceMonitor selects the Service"
+        );
     }
     let rule = find(&objects, "PrometheusRule", "stackd");
     let alerts: Vec<&str> = rule["spec"]["groups"][0]["rules"]
@@ -452,24 +458,34 @@ async fn the_host_chart_renders_monitoring_and_secret_grants_when_asked() {
         .collect();
     assert_eq!(
         alerts,
-        ["StackdTenantDown", "StackdReconcileErrorsRising", "StackdShardSlotUnheld", "StackdInstallNotReady"]
+        [
+            "StackdTenantDown",
+            "StackdReconcileErrorsRising",
+            "StackdShardSlotUnheld",
+            "StackdInstallNotReady"
+        ]
     );
     assert_eq!(rule["spec"]["groups"][0]["rules"][0]["for"], "7m");
     let dashboard = find(&objects, "ConfigMap", "stackd-dashboard");
     assert_eq!(dashboard["metadata"]["namespace"], "monitoring");
     assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
-    let json: Value = serde_json::from_str(dashboard["data"]["stackd.json"].as_str().expect("JSON")).expect("dashboard JSON");
+    let json: Value =
+        serde_json::from_str(dashboard["data"]["stackd.json"].as_str().expect("JSON")).expect("dashboard JSON");
     assert_eq!(json["title"], "stackd");
     let args = deployment_args(find(&objects, "Deployment", "stackd"));
     assert!(
-        args.iter().any(|a| a == "--tenant-secret-namespaces=stackd-system,vcluster-tenants"),
+        args.iter()
+            .any(|a| a == "--tenant-secret-namespaces=stackd-system,vcluster-tenants"),
         "{args:?}"
     );
     let daemon = Subject::service_account(RELEASE_NAMESPACE, "stackd");
     let rbac = Authorizer::for_subject(&objects, &daemon);
     for namespace in ["stackd-system", "vcluster-tenants"] {
         for verb in ["get", "list", "watch"] {
-            assert!(rbac.allows(&Request::new(verb, "", "secrets", namespace)), "{verb} secrets in {namespace}");
+            assert!(
+                rbac.allows(&Request::new(verb, "", "secrets", namespace)),
+                "{verb} secrets in {namespace}"
+            );
         }
     }
     for request in [
@@ -487,10 +503,16 @@ async fn the_host_chart_renders_monitoring_and_secret_grants_when_asked() {
     let values = values.display().to_string();
     let output = ok("helm", &["lint", "--strict", &path, "-f", &values], None).await;
     assert!(output.contains("0 chart(s) failed"), "{output}");
-    let err = template("stackd-controllers", "metrics: {service: false, serviceMonitor: {enabled: true}}")
-        .await
-        .expect_err("a ServiceMonitor without its Service");
-    assert!(err.contains("metrics.serviceMonitor.enabled needs metrics.service"), "{err}");
+    let err = template(
+        "stackd-controllers",
+        "metrics: {service: false, serviceMonitor: {enabled: true}}",
+    )
+    .await
+    .expect_err("a ServiceMonitor without its Service");
+    assert!(
+        err.contains("metrics.serviceMonitor.enabled needs metrics.service"),
+        "{err}"
+    );
 }
 
 /// The metric names in `text`: every `stackd_…` word.
@@ -506,9 +528,10 @@ fn metric_names(text: &str) -> BTreeSet<String> {
 /// gauges without sharding) as a family whose samples are so named: a counter's `_total`, a
 /// histogram's `_bucket`, `_sum` and `_count`.
 fn exposes(metrics: &str, name: &str) -> bool {
-    let sample = metrics
-        .lines()
-        .any(|line| line.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')));
+    let sample = metrics.lines().any(|line| {
+        line.strip_prefix(name)
+            .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+    });
     let family = |base: &str, kind: &str| metrics.lines().any(|line| line == format!("# TYPE {base} {kind}"));
     let counter = name.strip_suffix("_total").is_some_and(|base| family(base, "counter"));
     let histogram = ["_bucket", "_sum", "_count"]
@@ -532,10 +555,10 @@ async fn every_metric_the_alerts_and_the_dashboard_use_is_on_a_running_daemons_m
         tenant.create(&PostParams::default(), &crd).await.expect("CRD");
     }
     let dead = crate::harness::free_port();
-    let ghost = fleet.tenant_server("acme").kubeconfig_yaml().replace(
-        &fleet.tenant_server("acme").url(),
-        &format!("http://{dead}"),
-    );
+    let ghost = fleet
+        .tenant_server("acme")
+        .kubeconfig_yaml()
+        .replace(&fleet.tenant_server("acme").url(), &format!("http://{dead}"));
     std::fs::write(fleet.tenant_file("ghost"), ghost).expect("ghost's kubeconfig");
     // acme's host namespace cannot be made at first: a reconcile fails.
     let create_namespace = stackd::embedded::faults::RequestMatch::any()
@@ -1704,11 +1727,15 @@ async fn tenant_objects(installation: &Installation) -> ScenarioRun {
     let tenants = GroupResource::new(TENANCY, "tenants");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let ready = installation.host.store().get(&tenants, "", "acme").is_some_and(|tenant| {
-            tenant["status"]["conditions"]
-                .as_array()
-                .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
-        });
+        let ready = installation
+            .host
+            .store()
+            .get(&tenants, "", "acme")
+            .is_some_and(|tenant| {
+                tenant["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+            });
         let events = installation.host.counters().since(&host_window.counts).get(
             stackd::embedded::Verb::Create,
             "events",

@@ -434,9 +434,17 @@ fn the_tenant_crd_is_cluster_scoped_and_prints_the_operators_columns() {
     let root = schema("Tenant");
     assert_eq!(root["properties"]["metadata"]["properties"]["name"]["maxLength"], 63);
     let secret = node(&root, "spec.kubeconfigSecretRef");
-    let required: BTreeSet<&str> = secret["required"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    let required: BTreeSet<&str> = secret["required"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
     assert_eq!(required, BTreeSet::from(["namespace", "name", "key"]));
-    assert_eq!(node(&root, "status.conditions")["x-kubernetes-list-map-keys"], serde_json::json!(["type"]));
+    assert_eq!(
+        node(&root, "status.conditions")["x-kubernetes-list-map-keys"],
+        serde_json::json!(["type"])
+    );
 }
 
 #[test]

@@ -23,7 +23,13 @@ async fn a_tenant_naming_a_secret_outside_the_given_namespaces_never_has_it_read
     let kubectl = HostKubectl::new(&fleet);
     install_tenant_crd(&kubectl).await;
     kubectl
-        .apply(&registration("acme", "kube-system", "admin-kubeconfig", "value", &kubeconfig))
+        .apply(&registration(
+            "acme",
+            "kube-system",
+            "admin-kubeconfig",
+            "value",
+            &kubeconfig,
+        ))
         .await;
     let before = fleet.host().counters();
     let daemon = fleet.daemon(&["--tenant-secret-namespaces", SECRETS_NAMESPACE]);
@@ -42,7 +48,11 @@ async fn a_tenant_naming_a_secret_outside_the_given_namespaces_never_has_it_read
     .await;
     let asked = fleet.host().counters().since(&before);
     for verb in [Verb::Get, Verb::List, Verb::Watch] {
-        assert_eq!(asked.get(verb, "secrets", Some("kube-system")), 0, "{verb:?} of a Secret in kube-system");
+        assert_eq!(
+            asked.get(verb, "secrets", Some("kube-system")),
+            0,
+            "{verb:?} of a Secret in kube-system"
+        );
     }
     assert!(fleet.namespace("acme").await.is_none(), "nothing is made for it");
 }
@@ -55,7 +65,8 @@ async fn a_tenant_kubeconfig_that_runs_a_command_or_reads_a_file_is_refused() {
     let mut fleet = Fleet::start(&[]).await;
     let kubeconfig = fleet.add_tenant_server("acme").await;
     let marker = fleet.dir.path().join("exec-ran");
-    let credential = r#"{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"x"}}"#;
+    let credential =
+        r#"{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"x"}}"#;
     let exec = json!({"exec": {
         "apiVersion": "client.authentication.k8s.io/v1",
         "command": "/bin/sh",
@@ -67,10 +78,22 @@ async fn a_tenant_kubeconfig_that_runs_a_command_or_reads_a_file_is_refused() {
     let kubectl = HostKubectl::new(&fleet);
     install_tenant_crd(&kubectl).await;
     kubectl
-        .apply(&registration("acme", SECRETS_NAMESPACE, "acme-kubeconfig", "value", &with_exec))
+        .apply(&registration(
+            "acme",
+            SECRETS_NAMESPACE,
+            "acme-kubeconfig",
+            "value",
+            &with_exec,
+        ))
         .await;
     kubectl
-        .apply(&registration("globex", SECRETS_NAMESPACE, "globex-kubeconfig", "value", &with_token_file))
+        .apply(&registration(
+            "globex",
+            SECRETS_NAMESPACE,
+            "globex-kubeconfig",
+            "value",
+            &with_token_file,
+        ))
         .await;
     let daemon = fleet.daemon(&[]);
     let message = wait_condition(&fleet, &daemon, "acme", "Served", "False", "KubeconfigRefused").await;
@@ -79,7 +102,10 @@ async fn a_tenant_kubeconfig_that_runs_a_command_or_reads_a_file_is_refused() {
     assert!(message.contains("users[0].user.tokenFile"), "{message}");
     assert!(!marker.exists(), "the command ran");
     let log = daemon.log_text();
-    assert!(!log.contains("/bin/sh") && !log.contains("serviceaccount/token"), "{log}");
+    assert!(
+        !log.contains("/bin/sh") && !log.contains("serviceaccount/token"),
+        "{log}"
+    );
     assert!(fleet.namespace("acme").await.is_none() && fleet.namespace("globex").await.is_none());
 }
 

@@ -24,7 +24,11 @@ pub(crate) const SECRETS_NAMESPACE: &str = "stackd-system";
 
 fn kubectl_binary() -> PathBuf {
     let on_path = std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).map(|p| p.join("kubectl")).collect::<Vec<_>>())
+        .map(|paths| {
+            std::env::split_paths(&paths)
+                .map(|p| p.join("kubectl"))
+                .collect::<Vec<_>>()
+        })
         .unwrap_or_default();
     let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/bin/kubectl");
     on_path
@@ -132,7 +136,14 @@ pub(crate) async fn condition(fleet: &Fleet, tenant: &str, type_: &str) -> Optio
 }
 
 /// Waits until a Tenant's condition has this status and reason; its message.
-pub(crate) async fn wait_condition(fleet: &Fleet, daemon: &Daemon, tenant: &str, type_: &str, status: &str, reason: &str) -> String {
+pub(crate) async fn wait_condition(
+    fleet: &Fleet,
+    daemon: &Daemon,
+    tenant: &str,
+    type_: &str,
+    status: &str,
+    reason: &str,
+) -> String {
     let what = format!("Tenant {tenant} {type_}={status} {reason}");
     wait_until(&what, SOON, daemon, || async {
         condition(fleet, tenant, type_)
@@ -171,7 +182,13 @@ async fn served_acme() -> (Fleet, HostKubectl, Daemon) {
     let kubectl = HostKubectl::new(&fleet);
     install_tenant_crd(&kubectl).await;
     kubectl
-        .apply(&registration("acme", SECRETS_NAMESPACE, "vc-acme", "config", &kubeconfig))
+        .apply(&registration(
+            "acme",
+            SECRETS_NAMESPACE,
+            "vc-acme",
+            "config",
+            &kubeconfig,
+        ))
         .await;
     let daemon = fleet.daemon(&[]);
     wait_condition(&fleet, &daemon, "acme", "Ready", "True", "Up").await;
@@ -185,7 +202,10 @@ async fn a_tenant_applied_with_kubectl_is_served_and_kubectl_shows_it_ready() {
     let waited = kubectl
         .ok(&["wait", "--for=condition=Ready", "tenant/acme", "--timeout=20s"], None)
         .await;
-    assert!(waited.contains("tenant.tenancy.stackd.dev/acme condition met"), "{waited}");
+    assert!(
+        waited.contains("tenant.tenancy.stackd.dev/acme condition met"),
+        "{waited}"
+    );
 
     let table = kubectl.ok(&["get", "tenants"], None).await;
     let lines: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
@@ -205,14 +225,20 @@ async fn a_tenant_applied_with_kubectl_is_served_and_kubectl_shows_it_ready() {
     assert_eq!(status.observed_generation, tenant.metadata.generation);
     let served = condition(&fleet, "acme", "Served").await.expect("Served");
     assert_eq!((served.0.as_str(), served.1.as_str()), ("True", "Served"));
-    assert!(served.2.contains(status.served_by.as_deref().unwrap_or("?")), "{served:?}");
+    assert!(
+        served.2.contains(status.served_by.as_deref().unwrap_or("?")),
+        "{served:?}"
+    );
     until("the counts of the tenant's objects", SOON, &daemon, || async {
         let status = tenants(&fleet).get("acme").await.ok().and_then(|t| t.status);
         status.is_some_and(|s| s.installs.is_some() && s.stacks.is_some() && s.pools.is_some())
     })
     .await;
     let reasons = event_reasons(&fleet, "acme").await;
-    assert!(reasons.contains(&"Up".to_string()) && reasons.contains(&"Served".to_string()), "{reasons:?}");
+    assert!(
+        reasons.contains(&"Up".to_string()) && reasons.contains(&"Served".to_string()),
+        "{reasons:?}"
+    );
 
     // `stackd status` reads the Tenants too.
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_stackd"))
@@ -222,7 +248,11 @@ async fn a_tenant_applied_with_kubectl_is_served_and_kubectl_shows_it_ready() {
         .await
         .expect("stackd status");
     let printed = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{printed}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{printed}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let acme: Vec<&str> = printed
         .lines()
         .find(|l| l.starts_with("acme"))
@@ -244,7 +274,12 @@ async fn an_unchanged_tenant_gets_no_status_write_and_no_event() {
             .is_some_and(|s| s.installs.is_some())
     })
     .await;
-    let status_writes = || fleet.host().counters().get(Verb::Patch, "tenants.tenancy.stackd.dev/status", None);
+    let status_writes = || {
+        fleet
+            .host()
+            .counters()
+            .get(Verb::Patch, "tenants.tenancy.stackd.dev/status", None)
+    };
     let (writes, events) = (status_writes(), event_reasons(&fleet, "acme").await.len());
     let passes = daemon.reconciles_done("acme", "tenant-object");
     // A change of the Tenant that its status does not depend on: the writer looks again.
@@ -254,7 +289,11 @@ async fn an_unchanged_tenant_gets_no_status_write_and_no_event() {
     })
     .await;
     assert_eq!(status_writes(), writes, "nothing changed: no status write");
-    assert_eq!(event_reasons(&fleet, "acme").await.len(), events, "no transition: no Event");
+    assert_eq!(
+        event_reasons(&fleet, "acme").await.len(),
+        events,
+        "no transition: no Event"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -264,7 +303,13 @@ async fn a_tenant_whose_server_stops_is_down_with_the_root_cause() {
     let message = wait_condition(&fleet, &daemon, "acme", "Ready", "False", "Down").await;
     assert!(message.contains("connection refused"), "{message}");
     let table = kubectl.ok(&["get", "tenants"], None).await;
-    assert!(table.lines().nth(1).is_some_and(|row| row.contains("False") && row.contains("Down")), "{table}");
+    assert!(
+        table
+            .lines()
+            .nth(1)
+            .is_some_and(|row| row.contains("False") && row.contains("Down")),
+        "{table}"
+    );
     until("a Down Event", SOON, &daemon, || async {
         event_reasons(&fleet, "acme").await.contains(&"Down".to_string())
     })
@@ -277,11 +322,21 @@ async fn deleting_a_tenant_suspends_it_and_keeps_its_host_objects() {
     fleet.wait_for_namespace("acme", SOON).await;
     kubectl.ok(&["delete", "tenant", "acme"], None).await;
     until("acme no longer served", SOON, &daemon, || async {
-        !daemon.http_get("/readyz?verbose").unwrap_or_default().contains("tenant acme")
+        !daemon
+            .http_get("/readyz?verbose")
+            .unwrap_or_default()
+            .contains("tenant acme")
     })
     .await;
-    assert!(daemon.log_text().contains("Tenant object deleted; suspending the tenant"));
-    assert!(fleet.namespace("acme").await.is_some(), "a deleted Tenant never deletes host objects");
+    assert!(
+        daemon
+            .log_text()
+            .contains("Tenant object deleted; suspending the tenant")
+    );
+    assert!(
+        fleet.namespace("acme").await.is_some(),
+        "a deleted Tenant never deletes host objects"
+    );
     // Suspended: nothing repairs its host objects any more.
     let bindings: Api<RoleBinding> = Api::namespaced(fleet.host_client.clone(), "tenant-acme-controllers");
     bindings
@@ -289,7 +344,10 @@ async fn deleting_a_tenant_suspends_it_and_keeps_its_host_objects() {
         .await
         .expect("delete binding");
     // The tenant's task tree is gone (readiness forgets it only after): nothing puts it back.
-    assert!(fleet.binding("acme").await.is_none(), "a suspended tenant is not reconciled");
+    assert!(
+        fleet.binding("acme").await.is_none(),
+        "a suspended tenant is not reconciled"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -304,7 +362,13 @@ async fn a_changed_secret_takes_effect_at_once_and_a_broken_one_keeps_the_old_ku
     let kubectl = HostKubectl::new(&fleet);
     install_tenant_crd(&kubectl).await;
     kubectl
-        .apply(&registration("acme", SECRETS_NAMESPACE, "acme-kubeconfig", "value", &old))
+        .apply(&registration(
+            "acme",
+            SECRETS_NAMESPACE,
+            "acme-kubeconfig",
+            "value",
+            &old,
+        ))
         .await;
     let daemon = fleet.daemon(&[]);
     let down = wait_condition(&fleet, &daemon, "acme", "Ready", "False", "Down").await;
@@ -318,8 +382,19 @@ async fn a_changed_secret_takes_effect_at_once_and_a_broken_one_keeps_the_old_ku
     kubectl
         .apply(&secret_yaml(SECRETS_NAMESPACE, "acme-kubeconfig", "value", &broken))
         .await;
-    let message = wait_condition(&fleet, &daemon, "acme", "Served", "True", "ServedWithPreviousKubeconfig").await;
-    assert!(message.contains("Secret stackd-system/acme-kubeconfig key \"value\""), "{message}");
+    let message = wait_condition(
+        &fleet,
+        &daemon,
+        "acme",
+        "Served",
+        "True",
+        "ServedWithPreviousKubeconfig",
+    )
+    .await;
+    assert!(
+        message.contains("Secret stackd-system/acme-kubeconfig key \"value\""),
+        "{message}"
+    );
     assert!(message.contains("line"), "where in the text: {message}");
     assert!(!message.contains("token"), "never the text: {message}");
     assert_eq!(
@@ -344,7 +419,13 @@ async fn a_name_in_both_sources_is_refused_naming_both_until_one_goes() {
     let kubectl = HostKubectl::new(&fleet);
     install_tenant_crd(&kubectl).await;
     kubectl
-        .apply(&registration("acme", SECRETS_NAMESPACE, "vc-acme", "config", &kubeconfig))
+        .apply(&registration(
+            "acme",
+            SECRETS_NAMESPACE,
+            "vc-acme",
+            "config",
+            &kubeconfig,
+        ))
         .await;
     let daemon = fleet.daemon(&[]);
     let message = wait_condition(&fleet, &daemon, "acme", "Served", "False", "NameConflict").await;

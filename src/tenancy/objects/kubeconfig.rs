@@ -100,7 +100,10 @@ pub fn parse(source: &Source<'_>, bytes: &[u8]) -> Result<TenantFile, Refusal> {
     if bytes.len() > KUBECONFIG_MAX_BYTES {
         return Err(Refusal::new(
             "KubeconfigTooLarge",
-            format!("{secret}: {} bytes, more than a kubeconfig may have ({KUBECONFIG_MAX_BYTES})", bytes.len()),
+            format!(
+                "{secret}: {} bytes, more than a kubeconfig may have ({KUBECONFIG_MAX_BYTES})",
+                bytes.len()
+            ),
         ));
     }
     let text = std::str::from_utf8(bytes)
@@ -112,10 +115,17 @@ pub fn parse(source: &Source<'_>, bytes: &[u8]) -> Result<TenantFile, Refusal> {
         };
         return Err(Refusal::new(reason, format!("{secret}: {err}")));
     }
-    let kubeconfig = Kubeconfig::from_yaml(text)
-        .map_err(|err| Refusal::new("InvalidKubeconfig", format!("{secret}: {}", kubeconfig_error_message(&err))))?;
+    let kubeconfig = Kubeconfig::from_yaml(text).map_err(|err| {
+        Refusal::new(
+            "InvalidKubeconfig",
+            format!("{secret}: {}", kubeconfig_error_message(&err)),
+        )
+    })?;
     let from_kubeconfig = TenantEndpoint::from_kubeconfig(&kubeconfig);
-    if matches!(from_kubeconfig, Err(EndpointError::NoCluster | EndpointError::NoServer(_))) {
+    if matches!(
+        from_kubeconfig,
+        Err(EndpointError::NoCluster | EndpointError::NoServer(_))
+    ) {
         return Err(Refusal::new(
             "InvalidKubeconfig",
             format!("{secret}: the current context names no cluster with a server URL"),
@@ -205,7 +215,11 @@ mod tests {
             let refusal = parsed(&kubeconfig(user), None).err().expect("refused");
             assert_eq!(refusal.reason, "KubeconfigRefused", "{user}");
             assert!(refusal.message.contains("users[0].user."), "{}", refusal.message);
-            assert!(refusal.message.contains("Secret stackd-system/vc-acme"), "{}", refusal.message);
+            assert!(
+                refusal.message.contains("Secret stackd-system/vc-acme"),
+                "{}",
+                refusal.message
+            );
             assert!(!refusal.message.contains("/bin/sh") && !refusal.message.contains("/var/run"));
         }
     }
@@ -222,7 +236,11 @@ mod tests {
     #[test]
     fn a_kubeconfig_without_a_server_or_too_large_is_refused() {
         let refusal = parsed("apiVersion: v1\nkind: Config\n", None).err().expect("refused");
-        assert!(refusal.message.contains("no cluster with a server URL"), "{}", refusal.message);
+        assert!(
+            refusal.message.contains("no cluster with a server URL"),
+            "{}",
+            refusal.message
+        );
         let huge = format!("# {}\n", "x".repeat(KUBECONFIG_MAX_BYTES));
         assert_eq!(parsed(&huge, None).err().expect("refused").reason, "KubeconfigTooLarge");
     }

@@ -21,9 +21,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::watcher::{self, Event, watcher};
-use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
@@ -165,7 +165,11 @@ pub fn start(
     host: Client,
     settings: ObjectSettings,
     cancel: CancellationToken,
-) -> (Arc<TenantObjects>, mpsc::Receiver<Vec<TenantChange>>, tokio::task::JoinHandle<()>) {
+) -> (
+    Arc<TenantObjects>,
+    mpsc::Receiver<Vec<TenantChange>>,
+    tokio::task::JoinHandle<()>,
+) {
     let (store, writer) = reflector::store();
     let view = TenantObjects::new(store);
     let (changes_tx, changes) = mpsc::channel(16);
@@ -259,7 +263,12 @@ impl WatchState {
 }
 
 impl ObjectSource {
-    async fn run(mut self, writer: Writer<Tenant>, changes: mpsc::Sender<Vec<TenantChange>>, cancel: CancellationToken) {
+    async fn run(
+        mut self,
+        writer: Writer<Tenant>,
+        changes: mpsc::Sender<Vec<TenantChange>>,
+        cancel: CancellationToken,
+    ) {
         let api: Api<Tenant> = Api::all(self.host.clone());
         let mut events = watcher(api, watcher::Config::default())
             .default_backoff()
@@ -296,7 +305,10 @@ impl ObjectSource {
             }
             let hold = !state.first_sent && pending && listed_at.elapsed() < FIRST_BATCH_WAIT;
             if hold {
-                self.retry_at = Some(self.retry_at.map_or(listed_at + FIRST_BATCH_WAIT, |at| at.min(listed_at + FIRST_BATCH_WAIT)));
+                self.retry_at = Some(
+                    self.retry_at
+                        .map_or(listed_at + FIRST_BATCH_WAIT, |at| at.min(listed_at + FIRST_BATCH_WAIT)),
+                );
                 continue;
             }
             if (!state.first_sent || !batch.is_empty() || names_changed) && changes.send(batch).await.is_err() {

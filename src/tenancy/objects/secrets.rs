@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::core::PartialObjectMeta;
-use kube::runtime::watcher::{self, Event, watcher};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::Notify;
 use tokio_util::task::AbortOnDropHandle;
@@ -121,9 +121,7 @@ async fn watch_namespace(
     index: Arc<SecretIndex>,
     wake: Arc<Notify>,
 ) {
-    let mut events = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
+    let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
     let mut listing = BTreeMap::new();
     let mut failures_told = false;
     while let Some(event) = events.next().await {

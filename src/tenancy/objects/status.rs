@@ -78,6 +78,21 @@ pub struct Inputs {
     pub shard: Option<(u32, u32)>,
 }
 
+impl Inputs {
+    /// Nothing new to say yet: its Secret is not read (never written: it takes a moment), or its
+    /// server not reached, since this replica began serving it. A Tenant with a status keeps it
+    /// meanwhile (a restarted daemon does not flash every Tenant through Starting); a new one is
+    /// told it is starting.
+    fn is_undecided(&self) -> bool {
+        self.conflict.is_none()
+            && match self.registration {
+                Registration::Pending => true,
+                Registration::Accepted { .. } => matches!(self.health, None | Some(TenantHealth::Starting)),
+                Registration::Suspended | Registration::Refused(_) => false,
+            }
+    }
+}
+
 struct Said {
     status: bool,
     reason: String,
@@ -106,7 +121,11 @@ fn served(name: &str, inputs: &Inputs) -> Said {
         );
     }
     match &inputs.registration {
-        Registration::Pending => Said::new(false, "Pending", "waiting for the Secrets of its namespace to be listed"),
+        Registration::Pending => Said::new(
+            false,
+            "Pending",
+            "waiting for the Secrets of its namespace to be listed",
+        ),
         Registration::Suspended => Said::new(
             false,
             "Suspended",
@@ -139,7 +158,9 @@ fn ready(served: &Said, health: Option<&TenantHealth>) -> Said {
         None | Some(TenantHealth::Starting) => Said::new(false, "Starting", "connecting to the tenant API server"),
         Some(TenantHealth::Up) => Said::new(true, "Up", "the tenant API server answers and serves stackd's CRDs"),
         Some(TenantHealth::Degraded(why)) => Said::new(true, "Degraded", why.clone()),
-        Some(TenantHealth::Down(why)) => Said::new(false, "Down", format!("the tenant API server does not answer: {why}")),
+        Some(TenantHealth::Down(why)) => {
+            Said::new(false, "Down", format!("the tenant API server does not answer: {why}"))
+        }
         Some(TenantHealth::Invalid(why)) => Said::new(false, "Invalid", why.clone()),
     }
 }
@@ -180,10 +201,9 @@ pub fn transitions(before: &TenantStatus, after: &TenantStatus) -> Vec<Event> {
         .conditions
         .iter()
         .filter(|condition| {
-            !before
-                .conditions
-                .iter()
-                .any(|old| old.type_ == condition.type_ && old.status == condition.status && old.reason == condition.reason)
+            !before.conditions.iter().any(|old| {
+                old.type_ == condition.type_ && old.status == condition.status && old.reason == condition.reason
+            })
         })
         .map(|condition| Event {
             type_: if condition.status == "True" {
@@ -252,14 +272,18 @@ impl StatusWriter {
             let name = tenant.name_any();
             let uid = tenant.uid().unwrap_or_default();
             present.insert(uid.clone());
-            let Some(shard) = self.serving.serves(&name) else { continue };
+            let Some(shard) = self.serving.serves(&name) else {
+                continue;
+            };
             let started = Instant::now();
             let labels = Metrics::controller(&name, CONTROLLER);
             let cached = tenant.status.clone().unwrap_or_default();
             let current = written.current(&uid, tenant.resource_version().as_deref(), cached);
             let inputs = self.inputs(&name, shard);
             let status = desired(&tenant, &current, &inputs, Time(Timestamp::now()));
-            if status != current {
+            let pending = inputs.registration == Registration::Pending && inputs.conflict.is_none();
+            let holds = pending || (inputs.is_undecided() && tenant.status.is_some());
+            if status != current && !holds {
                 match apply_status(&api, &tenant, FIELD_MANAGER, &status, None).await {
                     Ok(stored) => {
                         written.record(&uid, stored.resource_version(), status.clone());
@@ -371,7 +395,12 @@ mod tests {
     #[test]
     fn a_served_tenant_that_answers_is_ready_with_its_replica_version_and_counts() {
         let accepted = Registration::Accepted { kept: None };
-        let status = desired(&tenant(), &TenantStatus::default(), &inputs(accepted, Some(TenantHealth::Up)), time(1));
+        let status = desired(
+            &tenant(),
+            &TenantStatus::default(),
+            &inputs(accepted, Some(TenantHealth::Up)),
+            time(1),
+        );
         assert_eq!(condition(&status, "Ready").0, "True");
         assert_eq!(condition(&status, "Ready").1, "Up");
         assert_eq!(condition(&status, "Served").2, "served by replica stackd-0-42");
@@ -406,7 +435,10 @@ mod tests {
 
     #[test]
     fn a_tenant_not_served_says_why_in_both_conditions_and_shows_no_replica() {
-        let refused = Registration::Refused(Refusal::new("SecretNamespaceNotAllowed", "Secret kube-system/x is elsewhere"));
+        let refused = Registration::Refused(Refusal::new(
+            "SecretNamespaceNotAllowed",
+            "Secret kube-system/x is elsewhere",
+        ));
         let status = desired(&tenant(), &TenantStatus::default(), &inputs(refused, None), time(1));
         assert_eq!(condition(&status, "Served").1, "SecretNamespaceNotAllowed");
         assert_eq!(condition(&status, "Ready").1, "SecretNamespaceNotAllowed");
@@ -422,6 +454,18 @@ mod tests {
     }
 
     #[test]
+    fn a_tenant_not_yet_read_or_reached_is_undecided_unless_refused_or_in_conflict() {
+        let accepted = || Registration::Accepted { kept: None };
+        assert!(inputs(Registration::Pending, None).is_undecided());
+        assert!(inputs(accepted(), Some(TenantHealth::Starting)).is_undecided());
+        assert!(!inputs(accepted(), Some(TenantHealth::Up)).is_undecided());
+        assert!(!inputs(Registration::Suspended, None).is_undecided());
+        let mut conflict = inputs(accepted(), None);
+        conflict.conflict = Some("file /tenants/acme.yaml".into());
+        assert!(!conflict.is_undecided());
+    }
+
+    #[test]
     fn a_sharded_tenant_names_its_slot_and_a_kept_kubeconfig_is_told() {
         let kept = Registration::Accepted {
             kept: Some(Refusal::new("InvalidKubeconfig", "Secret x: line 3")),
@@ -432,6 +476,9 @@ mod tests {
         assert_eq!(status.shard, Some(5));
         let (state, reason, message) = condition(&status, "Served");
         assert_eq!((state, reason), ("True", "ServedWithPreviousKubeconfig"));
-        assert!(message.contains("shard slot 5 of 32") && message.contains("line 3"), "{message}");
+        assert!(
+            message.contains("shard slot 5 of 32") && message.contains("line 3"),
+            "{message}"
+        );
     }
 }
