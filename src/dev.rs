@@ -301,6 +301,9 @@ async fn run_daemon(
         debounce: Duration::from_millis(200),
         rescan_interval: Duration::from_secs(30),
         tenant_stop_grace: Duration::from_secs(20),
+        max_cached_object_bytes: crate::runtime::memory_budget::ByteSize::DEFAULT_MAX_OBJECT,
+        tenant_memory_budget: crate::runtime::memory_budget::ByteSize::DEFAULT_TENANT_BUDGET,
+        monitoring_namespace: None,
     };
     println!("\nThe daemon is serving every tenant; progress follows. Ctrl-C stops everything.\n");
     let progress = tokio::spawn(print_progress(host.client().await, shutdown.clone()));

@@ -15,6 +15,7 @@ use stackd::context::registries::AllowedRegistries;
 use stackd::context::stack_limits::{DEFAULT_MAX_PACKAGE_CRDS, DEFAULT_NAMESPACE_MAX_INSTALLS, StackLimits};
 use stackd::host::namespace::ServiceAccountRef;
 use stackd::host::quota::{ContainerDefaults, DEFAULT_CONTAINER_DEFAULTS, DEFAULT_QUOTA, ResourceList, TenantQuota};
+use stackd::runtime::memory_budget::{ByteSize, DEFAULT_MAX_OBJECT_BYTES, DEFAULT_TENANT_BUDGET};
 use stackd::runtime::parse_error::kubeconfig_error_message;
 use tokio_util::sync::CancellationToken;
 
@@ -213,6 +214,22 @@ struct RunArgs {
     /// in-flight reconciles before they are aborted.
     #[arg(long, default_value = "20s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     tenant_stop_grace: Duration,
+    /// Tenant and host objects larger than this as JSON are not read: each gets a Warning Event
+    /// `ObjectTooLarge`, and stackd holds off the work in its namespace that reads its kind until it
+    /// is smaller (an API server stores up to ~1.5 MiB; decoded, arrays of small numbers cost 20
+    /// times their JSON).
+    #[arg(long, default_value = DEFAULT_MAX_OBJECT_BYTES, value_name = "SIZE")]
+    max_cached_object_bytes: ByteSize,
+    /// The estimated memory one tenant's cached objects may take; a tenant over it is suspended
+    /// (its controllers and watches stop, shown on /readyz?verbose and `stackd_tenant_suspended`)
+    /// and retried with backoff. Size it so that tenants × budget fits the daemon's memory limit.
+    #[arg(long, default_value = DEFAULT_TENANT_BUDGET, value_name = "SIZE")]
+    tenant_memory_budget: ByteSize,
+    /// The host namespace whose pods (e.g. Prometheus) may reach the pods of tenant host namespaces.
+    /// Without it, each tenant host namespace admits traffic from its own pods only (a
+    /// NetworkPolicy `stackd-tenant-isolation`).
+    #[arg(long, value_name = "NAMESPACE", value_parser = namespace_name)]
+    monitoring_namespace: Option<String>,
 }
 
 /// A namespace name: a DNS-1123 label.
@@ -546,6 +563,9 @@ async fn run(args: RunArgs) -> ExitCode {
         debounce: args.debounce,
         rescan_interval: args.rescan_interval,
         tenant_stop_grace: args.tenant_stop_grace,
+        max_cached_object_bytes: args.max_cached_object_bytes,
+        tenant_memory_budget: args.tenant_memory_budget,
+        monitoring_namespace: args.monitoring_namespace,
     };
     match stackd::daemon::run(host, settings, shutdown_on_signals()).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -18,6 +18,7 @@ use crate::host::quota::TenantQuota;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::health::Health;
 use crate::runtime::leader::LeaderElectionSettings;
+use crate::runtime::memory_budget::ByteSize;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::shards::ShardSettings;
 
@@ -74,6 +75,13 @@ pub struct DaemonSettings {
     pub rescan_interval: Duration,
     /// How long a stopping tenant may take to finish its in-flight reconciles.
     pub tenant_stop_grace: Duration,
+    /// Objects larger than this (as JSON) are not cached (`--max-cached-object-bytes`).
+    pub max_cached_object_bytes: ByteSize,
+    /// What one tenant's caches may hold before it is suspended (`--tenant-memory-budget`).
+    pub tenant_memory_budget: ByteSize,
+    /// The host namespace whose pods may reach tenant pods, to scrape them
+    /// (`--monitoring-namespace`); none when unset.
+    pub monitoring_namespace: Option<String>,
 }
 
 /// What every tenant shares.

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use kube::Client;
 use kube::runtime::events::Recorder;
 use kube::runtime::watcher;
-use tokio::sync::Semaphore;
 
 use super::endpoint::{EndpointError, TenantEndpoint};
 use super::shared::Shared;
@@ -15,8 +14,9 @@ use crate::host::labels::tenant_selector;
 use crate::host::namespace::NamespaceError;
 use crate::runtime::backoff::ObjectBackoff;
 use crate::runtime::cause::{Cause, diagnose};
-use crate::runtime::controller::Tenant;
+use crate::runtime::controller::{FairPermits, Tenant};
 use crate::runtime::informers::Informers;
+use crate::runtime::memory_budget::Overage;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::reachability::Reachability;
 
@@ -30,8 +30,9 @@ pub struct TenantContext {
     pub host_namespace: String,
     pub endpoint: Result<TenantEndpoint, EndpointError>,
     pub shared: Arc<Shared>,
-    /// Bounds the reconciles running at once for this tenant.
-    pub reconcile_permits: Arc<Semaphore>,
+    /// Bounds the reconciles running at once for this tenant, shared fairly between its
+    /// namespaces.
+    pub reconcile_permits: Arc<FairPermits>,
     /// Publishes Events on tenant objects.
     pub recorder: Recorder,
     /// Retry delays of failed reconciles, per object.
@@ -53,16 +54,12 @@ impl Tenant for TenantContext {
         &self.shared.metrics
     }
 
-    fn permits(&self) -> Arc<Semaphore> {
+    fn permits(&self) -> Arc<FairPermits> {
         self.reconcile_permits.clone()
     }
 
     fn object_backoff(&self) -> &ObjectBackoff {
         &self.object_backoff
-    }
-
-    fn concurrency(&self) -> u16 {
-        u16::try_from(self.shared.settings.max_concurrent_reconciles.max(1)).unwrap_or(u16::MAX)
     }
 
     fn reachability(&self) -> &Reachability {
@@ -90,6 +87,11 @@ pub enum TenantError {
     Controller(String),
     #[error(transparent)]
     ClusterIdentity(#[from] IdentityError),
+    #[error("cannot move host objects named by an older stackd to their current names: {0}")]
+    LegacyNames(kube::Error),
+    /// Its caches outgrew `--tenant-memory-budget`: the supervisor suspends it.
+    #[error("suspended: {0}")]
+    OverMemoryBudget(Overage),
 }
 
 impl TenantError {
@@ -102,9 +104,11 @@ impl TenantError {
             TenantError::ClusterIdentity(IdentityError::Api(err)) if diagnose(err).kind.is_outage() => {
                 diagnose(err).kind.label()
             }
-            TenantError::HostNamespace(_) | TenantError::Controller(_) | TenantError::ClusterIdentity(_) => {
-                "controller"
-            }
+            TenantError::OverMemoryBudget(_) => "controller",
+            TenantError::HostNamespace(_)
+            | TenantError::Controller(_)
+            | TenantError::ClusterIdentity(_)
+            | TenantError::LegacyNames(_) => "controller",
         }
     }
 

@@ -26,6 +26,8 @@
 //! - Watches resume from the last [`store::HISTORY_WINDOW`] events of the whole server;
 //!   bookmarks come every [`watch::BOOKMARK_INTERVAL`].
 //! - No kubelet: pods run only through the Job and Deployment loops; Services get no cluster IP.
+//! - NetworkPolicies are stored, defaulted and validated, never enforced: there is no network
+//!   between pods to enforce them on.
 //!   No `kube-root-ca.crt` ConfigMaps, `default` ServiceAccounts or bootstrap RBAC roles.
 //! - CRD schemas are checked for the structural rules generated schemas break (typed fields,
 //!   `properties` xor `additionalProperties`), not all of them.

@@ -209,7 +209,7 @@ impl Watcher {
 
     async fn send(&self, event_type: &str, object: Value) -> bool {
         let object = verbs::present(&self.info, object);
-        self.send_line(json!({"type": event_type, "object": object})).await
+        self.send_line(event_type, &object).await
     }
 
     async fn send_bookmark(&self) -> bool {
@@ -218,16 +218,17 @@ impl Watcher {
             "apiVersion": self.info.api_version(),
             "metadata": {"resourceVersion": self.seen.to_string()},
         });
-        self.send_line(json!({"type": "BOOKMARK", "object": object})).await
+        self.send_line("BOOKMARK", &object).await
     }
 
     async fn send_error(&self, error: &ApiError) {
-        self.send_line(json!({"type": "ERROR", "object": error.to_status()}))
-            .await;
+        self.send_line("ERROR", &error.to_status()).await;
     }
 
-    async fn send_line(&self, line: Value) -> bool {
-        let mut text = line.to_string();
+    /// One event line, `type` first as kube-apiserver writes it (a client may then decode the
+    /// object as it streams by instead of buffering it to find the type).
+    async fn send_line(&self, event_type: &str, object: &Value) -> bool {
+        let mut text = format!("{{\"type\":{},\"object\":{object}}}", Value::from(event_type));
         text.push('\n');
         self.sink.send(Ok(Bytes::from(text))).await.is_ok()
     }

@@ -1,15 +1,21 @@
 //! The scaffold every tenant controller is built with, so that each does the same around its
-//! reconcile: it waits until all of its caches (tenant and host) are filled, then takes one of the
-//! tenant's reconcile permits (a controller waiting for its caches must not hold a permit the
-//! tenant's other controllers need), contains panics, records metrics, backs off per object (an
-//! object that failed while its tenant was down runs again the moment it answers) and stops through
-//! [`run_controller`] (in-flight reconciles get their grace).
+//! reconcile: it waits until all of its caches (tenant and host) are filled, holds off objects of a
+//! namespace where one of those caches refused an object as too large (absent is not gone: see
+//! [`super::informers::refusals`]), then takes one of the tenant's reconcile permits, shared
+//! fairly between its namespaces ([`FairPermits`]; a controller waiting for its caches must not
+//! hold a permit the tenant's other controllers need), contains panics, records metrics, backs off
+//! per object (an object that failed while its tenant was down runs again the moment it answers)
+//! and stops through [`run_controller`] (in-flight reconciles get their grace).
+//!
+//! kube's own runner is given no concurrency limit: every object due is handed to the scaffold at
+//! once and waits for a permit in its namespace's queue, instead of in kube's single queue where
+//! one namespace's backlog would come first.
 
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::Hash;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use kube::runtime::controller::{Action, Config, Controller};
@@ -17,12 +23,12 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::backoff::ObjectBackoff;
 use super::informers::SharedCache;
+use super::informers::refusals::{Refusal, Refusals};
 use super::metrics::{ErrorLabels, Metrics};
 use super::panics::{self, ReconcilePanic};
 use super::reachability::Reachability;
@@ -31,8 +37,14 @@ use super::recovery::{HeldForReturn, NoTriggerBackoff};
 use super::retry;
 use super::shutdown::run_controller;
 
+mod permits;
 mod singleton;
+pub use permits::{FairPermit, FairPermits};
 pub use singleton::Singleton;
+
+/// How often an object held up by a refused object looks again (a refused object that is deleted
+/// brings no event of its own to the objects it held up; one made smaller does).
+const HELD_UP_RECHECK: Duration = Duration::from_secs(30);
 
 /// A controller's error: retried with the object's backoff and counted by `metric_label`.
 pub trait ReconcileError: std::error::Error + From<ReconcilePanic> + Send + Sync + 'static {
@@ -44,11 +56,10 @@ pub trait ReconcileError: std::error::Error + From<ReconcilePanic> + Send + Sync
 pub trait Tenant: Send + Sync + 'static {
     fn name(&self) -> &str;
     fn metrics(&self) -> &Metrics;
-    /// Bounds the reconciles running at once for this tenant, across its controllers.
-    fn permits(&self) -> Arc<Semaphore>;
+    /// Bounds the reconciles running at once for this tenant, across its controllers, shared
+    /// fairly between its namespaces.
+    fn permits(&self) -> Arc<FairPermits>;
     fn object_backoff(&self) -> &ObjectBackoff;
-    /// Reconciles one controller may run at once.
-    fn concurrency(&self) -> u16;
     /// Whether the tenant's API server answers, and the signal of its return.
     fn reachability(&self) -> &Reachability;
 }
@@ -56,7 +67,7 @@ pub trait Tenant: Send + Sync + 'static {
 /// The tenant's reconcile permit a reconcile holds; [`Permit::release`] gives it back early (before
 /// a wait that must not starve the tenant's other controllers).
 pub struct Permit {
-    _held: OwnedSemaphorePermit,
+    _held: FairPermit,
 }
 
 impl Permit {
@@ -74,6 +85,7 @@ where
     caches: Vec<Readiness>,
     /// The cache of the objects reconciled.
     main: Store<K>,
+    refusals: Vec<Refusals>,
 }
 
 impl<K, T> Scaffold<K, T>
@@ -84,7 +96,8 @@ where
     /// A controller named `name` (its `controller` metric label) reconciling the objects of `main`.
     pub fn new(name: impl Into<String>, tenant: Arc<T>, main: &SharedCache<K>) -> Self {
         let controller = Controller::for_shared_stream(main.touched(), main.store())
-            .with_config(Config::default().concurrency(tenant.concurrency()))
+            // Unbounded here: the tenant's fair permits bound what runs (see the module docs).
+            .with_config(Config::default().concurrency(0))
             // Each shared watch retries on its own backoff; one on the merged triggers would pause
             // them all whenever one watch failed (runtime::recovery).
             .trigger_backoff(NoTriggerBackoff);
@@ -94,6 +107,7 @@ where
             controller,
             caches: vec![main.readiness()],
             main: main.store(),
+            refusals: vec![main.refusals()],
         }
     }
 
@@ -105,6 +119,7 @@ where
         I::IntoIter: Send,
     {
         self.caches.push(cache.readiness());
+        self.refusals.push(cache.refusals());
         self.controller = self.controller.watches_shared_stream(cache.touched(), mapper);
         self
     }
@@ -122,6 +137,7 @@ where
         I::IntoIter: Send,
     {
         self.caches.push(cache.readiness());
+        self.refusals.push(cache.refusals());
         self.controller = self.controller.watches_stream(stream, mapper);
         self
     }
@@ -157,6 +173,7 @@ where
         O: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     {
         self.caches.push(cache.readiness());
+        self.refusals.push(cache.refusals());
         self
     }
 
@@ -182,6 +199,7 @@ where
             tenant: self.tenant,
             context,
             ready: ready.clone(),
+            refusals: self.refusals,
             cancel: cancel.clone(),
             reconcile,
             held,
@@ -216,6 +234,8 @@ struct Runner<T, C, F> {
     tenant: Arc<T>,
     context: Arc<C>,
     ready: Readiness,
+    /// What the caches this controller reads refused.
+    refusals: Vec<Refusals>,
     cancel: CancellationToken,
     reconcile: F,
     /// Objects that failed while the tenant was down, run again at its return.
@@ -239,9 +259,12 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
         if !filled {
             return Ok(Action::await_change());
         }
-        let Ok(permit) = self.tenant.permits().acquire_owned().await else {
-            return Ok(Action::await_change());
-        };
+        let namespace = object.meta().namespace.clone().unwrap_or_default();
+        if let Some(refused) = self.held_up(&namespace) {
+            debug!(tenant = %self.tenant.name(), controller = %self.name, namespace = %namespace, refused = %refused.describe(), "held up by an object over --max-cached-object-bytes");
+            return Ok(Action::requeue(HELD_UP_RECHECK));
+        }
+        let permit = self.tenant.permits().acquire(&namespace).await;
         let started = Instant::now();
         let result = panics::contain((self.reconcile)(
             object.clone(),
@@ -254,6 +277,11 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
             self.tenant.object_backoff().succeeded(&backoff_key(object.as_ref()));
         }
         result
+    }
+
+    /// A refused object that holds up work in `namespace`, from any cache this controller reads.
+    fn held_up(&self, namespace: &str) -> Option<Refusal> {
+        self.refusals.iter().find_map(|refusals| refusals.holding(namespace))
     }
 
     fn error_policy<K, E>(&self, object: &K, err: &E) -> Action
@@ -317,7 +345,7 @@ mod tests {
 
     struct TestTenant {
         metrics: Metrics,
-        permits: Arc<Semaphore>,
+        permits: Arc<FairPermits>,
         backoff: ObjectBackoff,
         reachability: Arc<Reachability>,
     }
@@ -329,14 +357,11 @@ mod tests {
         fn metrics(&self) -> &Metrics {
             &self.metrics
         }
-        fn permits(&self) -> Arc<Semaphore> {
+        fn permits(&self) -> Arc<FairPermits> {
             self.permits.clone()
         }
         fn object_backoff(&self) -> &ObjectBackoff {
             &self.backoff
-        }
-        fn concurrency(&self) -> u16 {
-            2
         }
         fn reachability(&self) -> &Reachability {
             &self.reachability
@@ -346,7 +371,7 @@ mod tests {
     fn tenant() -> Arc<TestTenant> {
         Arc::new(TestTenant {
             metrics: Metrics::new(),
-            permits: Arc::new(Semaphore::new(1)),
+            permits: FairPermits::new(1),
             backoff: ObjectBackoff::new(Backoff::new(Duration::from_secs(60), Duration::from_secs(60))),
             reachability: Reachability::new("acme", Arc::new(Metrics::new()), Arc::default()),
         })
@@ -423,11 +448,7 @@ mod tests {
             0,
             "reconciled before every cache was filled"
         );
-        assert_eq!(
-            tenant.permits.available_permits(),
-            1,
-            "a waiting reconcile holds no permit"
-        );
+        assert_eq!(tenant.permits.available(), 1, "a waiting reconcile holds no permit");
         listed(&other_feed, &[]);
         eventually("the reconcile after the caches filled", || {
             reconciled.load(Ordering::SeqCst) == 1
@@ -467,7 +488,7 @@ mod tests {
         let key = backoff_key(&config_map("a"));
         eventually("the failure counted", || tenant.backoff.failures(&key) == 1).await;
         assert_eq!(
-            tenant.permits.available_permits(),
+            tenant.permits.available(),
             1,
             "the panicked reconcile gave its permit back"
         );

@@ -46,6 +46,9 @@ pub struct Health {
     ready: AtomicBool,
     tenants: Mutex<BTreeMap<String, TenantHealth>>,
     facts: Mutex<BTreeMap<String, TenantFacts>>,
+    /// Tenants suspended by the daemon (over their memory budget), with why: shown instead of
+    /// their health until they are resumed.
+    suspended: Mutex<BTreeMap<String, String>>,
     /// With `--shards`: which slots (and so which tenants) this replica holds, one line each.
     shards: Mutex<Vec<(bool, String)>>,
     /// Bumped whenever a tenant's health or facts change.
@@ -74,9 +77,39 @@ impl Health {
     pub fn remove_tenant(&self, tenant: &str) {
         let removed = self.lock().remove(tenant).is_some();
         let forgotten = self.facts().remove(tenant).is_some();
-        if removed || forgotten {
+        let resumed = self.suspensions().remove(tenant).is_some();
+        if removed || forgotten || resumed {
             self.signal();
         }
+    }
+
+    /// Marks a tenant suspended for `reason` until [`Health::resume`].
+    pub fn suspend(&self, tenant: &str, reason: &str) {
+        let previous = self
+            .suspensions()
+            .insert(tenant.to_string(), reason.to_string());
+        if previous.as_deref() != Some(reason) {
+            self.signal();
+        }
+    }
+
+    pub fn resume(&self, tenant: &str) {
+        if self.suspensions().remove(tenant).is_some() {
+            self.signal();
+        }
+    }
+
+    pub fn is_suspended(&self, tenant: &str) -> bool {
+        self.suspensions().contains_key(tenant)
+    }
+
+    /// Why the daemon suspended the tenant, while it is.
+    pub fn suspension(&self, tenant: &str) -> Option<String> {
+        self.suspensions().get(tenant).cloned()
+    }
+
+    fn suspensions(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
+        self.suspended.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Records the tenant API server's version.
@@ -135,7 +168,12 @@ impl Health {
             mark(self.is_ready()),
             if self.is_ready() { "ok" } else { "not ready" }
         );
+        let suspended = self.suspensions().clone();
         for (tenant, health) in self.lock().iter() {
+            if let Some(why) = suspended.get(tenant) {
+                out.push_str(&format!("[-]tenant {tenant} suspended: {why}\n"));
+                continue;
+            }
             let (ok, text) = match health {
                 TenantHealth::Starting => (false, "starting".to_string()),
                 TenantHealth::Up => (true, "ok".to_string()),
@@ -185,6 +223,21 @@ mod tests {
         health.remove_tenant("a");
         assert!(changes.has_changed().unwrap_or(false));
         assert_eq!(health.tenant_facts("a"), TenantFacts::default());
+    }
+
+    #[test]
+    fn a_suspended_tenant_shows_why_until_it_is_resumed() {
+        let health = Health::default();
+        health.set_tenant("a", TenantHealth::Up);
+        health.suspend("a", "over its memory budget");
+        health.set_tenant("a", TenantHealth::Up);
+        assert!(
+            health
+                .detail()
+                .contains("[-]tenant a suspended: over its memory budget\n")
+        );
+        health.resume("a");
+        assert!(health.detail().contains("[+]tenant a ok\n"));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! namespace, quota, CRD monitor, orphan sweep, its objects by readiness, and the controllers of
 //! `stacks`, `pools` and `inventory`).
 
+mod budget;
 pub mod directory;
 mod host_namespace;
 pub mod objects;

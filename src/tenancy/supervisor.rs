@@ -12,7 +12,9 @@ use tracing::{error, info, warn};
 use super::directory::{TenantChange, TenantFile};
 use super::tenant;
 use crate::context::shared::Shared;
+use crate::context::tenant::TenantError;
 use crate::runtime::health::TenantHealth;
+use crate::runtime::memory_budget::Overage;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::panics;
 use crate::runtime::reachability::Reachability;
@@ -194,6 +196,7 @@ async fn supervise(file: TenantFile, shared: Arc<Shared>, cancel: CancellationTo
     let labels = Metrics::tenant(&name);
     let reachability = Reachability::new(&name, shared.metrics.clone(), shared.health.clone());
     let mut failures = 0u32;
+    let mut suspensions = 0u32;
     loop {
         let started = tokio::time::Instant::now();
         // A panic in the tenant's task surfaces as a JoinError here: it fails this tenant only.
@@ -208,6 +211,17 @@ async fn supervise(file: TenantFile, shared: Arc<Shared>, cancel: CancellationTo
         let outcome = AbortOnDropHandle::new(run).await;
         if cancel.is_cancelled() {
             return;
+        }
+        if let Ok(Err(TenantError::OverMemoryBudget(overage))) = &outcome {
+            if started.elapsed() >= HEALTHY_RUN {
+                suspensions = 0;
+            }
+            suspensions += 1;
+            let delay = suspend(&shared, &name, overage, suspensions);
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(delay) => continue,
+            }
         }
         let (reason, cause, outage) = match outcome {
             Ok(Ok(())) => ("its controllers stopped".to_string(), "controller", None),
@@ -245,6 +259,33 @@ async fn supervise(file: TenantFile, shared: Arc<Shared>, cancel: CancellationTo
             _ = wait => {}
         }
     }
+}
+
+/// The least a suspended tenant waits before it is tried again: it relists everything it caches.
+const SUSPENDED_RETRY_MIN: Duration = Duration::from_secs(2);
+
+/// Suspends a tenant over its memory budget (its task tree has ended, its caches are freed): shown
+/// on `/readyz?verbose` and `stackd_tenant_suspended` until it runs within its budget again, told
+/// in one log line per suspension (not per retry). Returns when to try it again.
+fn suspend(shared: &Shared, name: &str, overage: &Overage, suspensions: u32) -> Duration {
+    let delay = shared.settings.backoff.delay(suspensions).max(SUSPENDED_RETRY_MIN);
+    let reason = format!(
+        "{overage}; delete or shrink objects (stackd_tenant_cached_bytes shows the total), or raise the budget; retried with backoff"
+    );
+    if shared.health.is_suspended(name) {
+        info!(tenant = %name, %overage, retry_in = ?delay, "tenant still over its memory budget; it stays suspended");
+    } else {
+        warn!(tenant = %name, %overage, retry_in = ?delay, "tenant suspended: over its memory budget; its controllers and watches are stopped");
+    }
+    shared.health.suspend(name, &reason);
+    shared.metrics.set_tenant_suspended(name, "memory_budget");
+    // Its caches are gone with its task tree.
+    shared
+        .metrics
+        .tenant_cached_bytes
+        .get_or_create(&Metrics::tenant(name))
+        .set(0);
+    delay
 }
 
 /// Returns once the tenant's API server answers the probe, asking every few seconds (after

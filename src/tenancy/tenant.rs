@@ -10,7 +10,6 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::ApiResource;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Client, Config};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -24,8 +23,11 @@ use crate::host::labels::tenant_selector;
 use crate::host::sweep::run::sweep_once;
 use crate::runtime::backoff::ObjectBackoff;
 use crate::runtime::cause::{CauseKind, diagnose};
+use crate::runtime::controller::FairPermits;
 use crate::runtime::health::TenantHealth;
 use crate::runtime::informers::{Change, Informers};
+use crate::runtime::memory_budget::MemoryBudget;
+use crate::runtime::metrics::Metrics;
 use crate::runtime::reachability::Reachability;
 
 /// The CRDs every tenant must serve for stackd to work there.
@@ -66,7 +68,7 @@ pub async fn run(
         host: shared.host.clone(),
         host_namespace: file.host_namespace.clone(),
         endpoint: file.endpoint.clone(),
-        reconcile_permits: Arc::new(Semaphore::new(shared.settings.max_concurrent_reconciles.max(1))),
+        reconcile_permits: FairPermits::new(shared.settings.max_concurrent_reconciles),
         recorder: recorder.clone(),
         object_backoff: ObjectBackoff::new(shared.settings.backoff),
         host_writes: HostWrites::new(shared.settings.backoff),
@@ -76,7 +78,11 @@ pub async fn run(
             &file.host_namespace,
             &tenant_selector(&name),
         )
-        .reporting_to(recorder)
+        .reporting_to(recorder, crate::host::labels::parent_of_host_object)
+        .limited(
+            shared.settings.max_cached_object_bytes,
+            Some(memory_budget(&shared, &name)),
+        )
         .resuming_on(reachability.back()),
         shared,
         reachability,
@@ -104,6 +110,8 @@ pub async fn run(
     if let Some(stopped) = wait_until_ready(quota_ready, &mut controllers, &cancel).await {
         return stopped;
     }
+    move_legacy_names(&context).await?;
+    controllers.spawn(super::budget::watch(context.clone(), cancel.clone()));
     controllers.spawn(orphan_sweeper(context.clone(), cancel.clone()));
     controllers.spawn(crate::stacks::install::run(context.clone(), cancel.clone()));
     controllers.spawn(crate::stacks::stack::run(context.clone(), cancel.clone()));
@@ -118,6 +126,25 @@ pub async fn run(
         }
     }
     Ok(())
+}
+
+/// Host objects an older stackd named move to their current names before a controller looks.
+async fn move_legacy_names(context: &TenantContext) -> Result<(), TenantError> {
+    let (host, namespace) = (&context.host, &context.host_namespace);
+    crate::host::legacy_names::move_to_current_names(host, &context.name, namespace, &host_kinds())
+        .await
+        .map(drop)
+        .map_err(TenantError::LegacyNames)
+}
+
+/// A fresh budget for one run of the tenant, reported as `stackd_tenant_cached_bytes`.
+fn memory_budget(shared: &Shared, name: &str) -> Arc<MemoryBudget> {
+    let gauge = shared
+        .metrics
+        .tenant_cached_bytes
+        .get_or_create(&Metrics::tenant(name))
+        .clone();
+    MemoryBudget::new(shared.settings.tenant_memory_budget, Some(gauge))
 }
 
 /// Stops the tenant's shared watches when its task tree ends, however it ends.

@@ -38,6 +38,7 @@ use crate::context::events::publish;
 use crate::context::tenant::TenantContext;
 use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
+use crate::runtime::informers::refusals::Refusals;
 use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::retry;
 use crate::runtime::status_writer::apply_status;
@@ -68,6 +69,8 @@ struct Ctx {
     /// Namespaces pools created for their clusters: what proves an asset may reach one.
     namespaces: Store<Namespace>,
     remote: RemoteWork,
+    /// Clusters too large to cache: not destroyed ones (see `runtime::informers::refusals`).
+    refused_cds: Refusals,
 }
 
 /// Runs the controller until `cancel` fires.
@@ -82,6 +85,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
         cds: cds.store(),
         namespaces: namespaces.store(),
         remote: RemoteWork::new(context.shared.settings.backoff, wake, cancel.child_token()),
+        refused_cds: cds.refusals(),
     });
     let (assets_of_cd, assets_of_namespace) = (assets.store(), assets.store());
     Scaffold::new("baremetalasset", context, &assets)
@@ -109,6 +113,9 @@ async fn reconcile(asset: Arc<BareMetalAsset>, ctx: Arc<Ctx>, _permit: Permit) -
     reconcile_asset(&asset, &ctx).await
 }
 
+/// How often an asset whose cluster is too large to cache looks again.
+const REFUSED_CLUSTER_RECHECK: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Finalizer on an asset delivered to a cluster, until it is removed from there again.
 pub const DELIVERY_FINALIZER: &str = "inventory.stackd.dev/delivery";
 /// The cluster an asset was delivered to (it may have been unassigned since).
@@ -129,6 +136,12 @@ fn lookup(ctx: &Ctx, namespace: &str, name: Option<&str>) -> (Option<Arc<Cluster
 
 /// Nothing here waits on a managed cluster (see `remote`): the reconcile keeps its permit.
 async fn reconcile_asset(asset: &BareMetalAsset, ctx: &Ctx) -> Result<Action, AssetError> {
+    // A cluster that is too large to cache must not look destroyed (which would release the asset
+    // while it is still in that cluster): wait until it can be read.
+    let refused = |name: Option<&str>| name.is_some_and(|name| ctx.refused_cds.contains(Some(name), name));
+    if refused(asset.spec.assigned_cluster()) || refused(plan::delivered_to(asset)) {
+        return Ok(Action::requeue(REFUSED_CLUSTER_RECHECK));
+    }
     let namespace = asset.namespace().unwrap_or_default();
     let (assigned, assigned_refused) = lookup(ctx, &namespace, asset.spec.assigned_cluster());
     let (delivered, delivered_refused) = lookup(ctx, &namespace, plan::delivered_to(asset));

@@ -156,7 +156,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
     let ours = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
     let service_accounts = shared.tenant::<ServiceAccount>(&ours);
     // Not a shared cache of Secrets: any user can label a Secret as stackd's (see `token_watch`).
-    let (token_secrets, token_events) = token_watch::watch(context.client.clone(), &ours);
+    let (token_secrets, token_events) = token_watch::watch(context.client.clone(), &ours, context.reachability.back());
     let cluster_roles = shared.tenant::<ClusterRole>(&ours);
     let role_bindings = shared.tenant::<RoleBinding>(&ours);
     let cluster_role_bindings = shared.tenant::<ClusterRoleBinding>(&ours);

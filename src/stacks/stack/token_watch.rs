@@ -26,7 +26,7 @@ use kube::{Client, ResourceExt};
 
 use super::tenant::STACK_ANNOTATION;
 use crate::runtime::readiness::Readiness;
-use crate::runtime::recovery::WatchBackoff;
+use crate::runtime::recovery::retry_watch;
 
 /// The metadata of a tenant Secret.
 pub type SecretMeta = PartialObjectMeta<Secret>;
@@ -48,6 +48,7 @@ pub struct TokenSecrets {
 pub fn watch(
     client: Client,
     labels: &str,
+    tenant_back: tokio::sync::watch::Receiver<u64>,
 ) -> (
     TokenSecrets,
     impl Stream<Item = Result<SecretMeta, watcher::Error>> + Send + 'static,
@@ -56,9 +57,12 @@ pub fn watch(
     let store = writer.as_reader();
     let kept = writer.as_reader();
     let api = Api::<SecretMeta>::all(client);
-    let events = list_and_watch(api, watcher::Config::default().labels(labels))
-        .backoff(WatchBackoff::default())
-        .try_filter_map(move |event| futures::future::ready(Ok(ours_only(event, &kept))));
+    // Like the shared caches, the watch resumes the moment the tenant answers again.
+    let events = retry_watch(
+        list_and_watch(api, watcher::Config::default().labels(labels)).boxed(),
+        Some(tenant_back),
+    )
+    .try_filter_map(move |event| futures::future::ready(Ok(ours_only(event, &kept))));
     let stream = reflector::reflector(writer, events).touched_objects();
     let waiting = store.clone();
     let readiness = Readiness::after(async move { waiting.wait_until_ready().await.is_ok() });

@@ -244,14 +244,19 @@ impl Daemon {
         }
     }
 
-    /// The process's resident memory in KiB (`VmRSS` of `/proc/<pid>/status`; 0 where unknown).
+    /// The process's resident memory in KiB (0 where unknown).
     pub(crate) fn rss_kib(&self) -> u64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default()
+        self.rss_bytes() / 1024
+    }
+
+    /// The daemon's resident memory now, from `/proc` (Linux).
+    pub(crate) fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
             .lines()
             .find_map(|line| line.strip_prefix("VmRSS:"))
-            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
+            .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kib| kib * 1024)
     }
 
     pub(crate) fn log_text(&self) -> String {
