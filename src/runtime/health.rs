@@ -85,9 +85,7 @@ impl Health {
 
     /// Marks a tenant suspended for `reason` until [`Health::resume`].
     pub fn suspend(&self, tenant: &str, reason: &str) {
-        let previous = self
-            .suspensions()
-            .insert(tenant.to_string(), reason.to_string());
+        let previous = self.suspensions().insert(tenant.to_string(), reason.to_string());
         if previous.as_deref() != Some(reason) {
             self.signal();
         }

@@ -440,3 +440,55 @@ async fn a_name_in_both_sources_is_refused_naming_both_until_one_goes() {
     wait_condition(&fleet, &daemon, "acme", "Ready", "True", "Up").await;
     fleet.wait_for_namespace("acme", SOON).await;
 }
+
+/// A tenant the daemon suspends for outgrowing `--tenant-memory-budget` says so on its Tenant
+/// (`Ready=False OverMemoryBudget`, with an Event), and is Up there again once it has cleaned up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_memory_budget_is_not_ready_on_its_tenant_until_it_cleaned_up() {
+    let mut fleet = Fleet::start(&[]).await;
+    let kubeconfig = fleet.add_tenant_server("acme").await;
+    let acme = fleet.tenant_server("acme").client().await;
+    crate::pools::prepare(&acme).await;
+    let kubectl = HostKubectl::new(&fleet);
+    install_tenant_crd(&kubectl).await;
+    kubectl
+        .apply(&registration(
+            "acme",
+            SECRETS_NAMESPACE,
+            "vc-acme",
+            "config",
+            &kubeconfig,
+        ))
+        .await;
+    let daemon = fleet.daemon(&["--tenant-memory-budget", "2Mi", "--sweep-interval", "1h"]);
+    wait_condition(&fleet, &daemon, "acme", "Ready", "True", "Up").await;
+    // Many mid-sized objects, each under the size cap: some 12 MiB decoded.
+    let numbers: Vec<usize> = (0..32 * 1024).map(|i| i % 10).collect();
+    let patches = serde_json::json!([
+        {"op": "replace", "path": "/metadata/name", "value": "c"},
+        {"op": "add", "path": "/bulk", "value": numbers},
+    ]);
+    for i in 0..12 {
+        crate::pools::create_cdc(&acme, &format!("mid-{i}"), patches.clone()).await;
+    }
+    let message = wait_condition(&fleet, &daemon, "acme", "Ready", "False", "OverMemoryBudget").await;
+    assert!(message.contains("--tenant-memory-budget"), "{message}");
+    assert_eq!(
+        condition(&fleet, "acme", "Served").await.map(|c| c.1),
+        Some("Served".to_string()),
+        "still this replica's to serve"
+    );
+    until("an OverMemoryBudget Event", SOON, &daemon, || async {
+        event_reasons(&fleet, "acme")
+            .await
+            .contains(&"OverMemoryBudget".to_string())
+    })
+    .await;
+    for i in 0..12 {
+        crate::pools::cdcs(&acme)
+            .delete(&format!("mid-{i}"), &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+    wait_condition(&fleet, &daemon, "acme", "Ready", "True", "Up").await;
+}

@@ -70,6 +70,8 @@ pub struct Inputs {
     /// The file of the tenants directory that defines this name too.
     pub conflict: Option<String>,
     pub health: Option<TenantHealth>,
+    /// Why the daemon suspended the tenant (over its memory budget), while it is.
+    pub suspension: Option<String>,
     pub facts: TenantFacts,
     pub host_namespace: Option<String>,
     /// This replica's identity.
@@ -85,6 +87,7 @@ impl Inputs {
     /// told it is starting.
     fn is_undecided(&self) -> bool {
         self.conflict.is_none()
+            && self.suspension.is_none()
             && match self.registration {
                 Registration::Pending => true,
                 Registration::Accepted { .. } => matches!(self.health, None | Some(TenantHealth::Starting)),
@@ -150,9 +153,12 @@ fn served(name: &str, inputs: &Inputs) -> Said {
 }
 
 /// `Ready`: what `/readyz?verbose` says of a served tenant; for one not served, why not.
-fn ready(served: &Said, health: Option<&TenantHealth>) -> Said {
+fn ready(served: &Said, health: Option<&TenantHealth>, suspension: Option<&str>) -> Said {
     if !served.status {
         return Said::new(false, &served.reason, format!("not served: {}", served.message));
+    }
+    if let Some(why) = suspension {
+        return Said::new(false, "OverMemoryBudget", format!("suspended by the daemon: {why}"));
     }
     match health {
         None | Some(TenantHealth::Starting) => Said::new(false, "Starting", "connecting to the tenant API server"),
@@ -170,7 +176,7 @@ pub fn desired(tenant: &Tenant, current: &TenantStatus, inputs: &Inputs, now: Ti
     let name = tenant.name_any();
     let generation = tenant.meta().generation;
     let served = served(&name, inputs);
-    let ready = ready(&served, inputs.health.as_ref());
+    let ready = ready(&served, inputs.health.as_ref(), inputs.suspension.as_deref());
     let mut status = current.clone();
     for (type_, said) in [("Ready", &ready), ("Served", &served)] {
         let condition = DesiredCondition {
@@ -318,6 +324,7 @@ impl StatusWriter {
             registration: self.view.registration(name),
             conflict: self.view.conflict(name),
             health: self.health.tenant(name),
+            suspension: self.health.suspension(name),
             facts: self.health.tenant_facts(name),
             host_namespace: self.template.namespace_for(name).ok(),
             replica: self.replica.clone(),
@@ -370,6 +377,7 @@ mod tests {
             registration,
             conflict: None,
             health,
+            suspension: None,
             facts: TenantFacts {
                 server_version: Some("v1.30.2".into()),
                 counts: Some(ObjectCounts {
@@ -463,6 +471,18 @@ mod tests {
         let mut conflict = inputs(accepted(), None);
         conflict.conflict = Some("file /tenants/acme.yaml".into());
         assert!(!conflict.is_undecided());
+    }
+
+    #[test]
+    fn a_tenant_suspended_over_its_memory_budget_is_not_ready_and_says_why() {
+        let mut over = inputs(Registration::Accepted { kept: None }, Some(TenantHealth::Up));
+        over.suspension = Some("cached 9 MiB, over its budget of 8 MiB".into());
+        let status = desired(&tenant(), &TenantStatus::default(), &over, time(1));
+        let (state, reason, message) = condition(&status, "Ready");
+        assert_eq!((state, reason), ("False", "OverMemoryBudget"));
+        assert!(message.contains("over its budget of 8 MiB"), "{message}");
+        assert_eq!(condition(&status, "Served").0, "True");
+        assert!(!over.is_undecided());
     }
 
     #[test]
