@@ -212,7 +212,7 @@ mod tests {
             "{exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/sh, args: [-c, 'touch /tmp/x']}}",
             "{tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token}",
         ] {
-            let refusal = parsed(&kubeconfig(user), None).err().expect("refused");
+            let refusal = parsed(&kubeconfig(user), None).expect_err("refused");
             assert_eq!(refusal.reason, "KubeconfigRefused", "{user}");
             assert!(refusal.message.contains("users[0].user."), "{}", refusal.message);
             assert!(
@@ -227,7 +227,7 @@ mod tests {
     #[test]
     fn a_malformed_kubeconfig_is_reported_by_line_without_its_token() {
         let broken = kubeconfig(&format!("{{token: \"{TOKEN}}}\n  - ["));
-        let refusal = parsed(&broken, None).err().expect("refused");
+        let refusal = parsed(&broken, None).expect_err("refused");
         assert_eq!(refusal.reason, "InvalidKubeconfig");
         assert!(refusal.message.contains("line"), "{}", refusal.message);
         assert!(!refusal.message.contains(TOKEN), "{}", refusal.message);
@@ -235,13 +235,13 @@ mod tests {
 
     #[test]
     fn a_kubeconfig_without_a_server_or_too_large_is_refused() {
-        let refusal = parsed("apiVersion: v1\nkind: Config\n", None).err().expect("refused");
+        let refusal = parsed("apiVersion: v1\nkind: Config\n", None).expect_err("refused");
         assert!(
             refusal.message.contains("no cluster with a server URL"),
             "{}",
             refusal.message
         );
         let huge = format!("# {}\n", "x".repeat(KUBECONFIG_MAX_BYTES));
-        assert_eq!(parsed(&huge, None).err().expect("refused").reason, "KubeconfigTooLarge");
+        assert_eq!(parsed(&huge, None).expect_err("refused").reason, "KubeconfigTooLarge");
     }
 }

@@ -205,7 +205,7 @@ struct ReadBasis {
 
 /// What one Tenant should come to now.
 enum Verdict {
-    Run(TenantFile),
+    Run(Box<TenantFile>),
     Refuse(Refusal),
     Stop,
     /// Not known yet (its Secrets are not listed, or its Secret could not be read just now).
@@ -371,8 +371,8 @@ impl ObjectSource {
                 self.reported.remove(name);
                 match self.running.insert(name.to_string(), file.digest.clone()) {
                     Some(digest) if digest == file.digest => {}
-                    Some(_) => batch.push(TenantChange::Restart(Box::new(file))),
-                    None => batch.push(TenantChange::Start(Box::new(file))),
+                    Some(_) => batch.push(TenantChange::Restart(file)),
+                    None => batch.push(TenantChange::Start(file)),
                 }
                 Registration::Accepted { kept: None }
             }
@@ -485,7 +485,7 @@ impl ObjectSource {
 
 fn verdict_of(outcome: &Result<TenantFile, Refusal>) -> Verdict {
     match outcome {
-        Ok(file) => Verdict::Run(file.clone()),
+        Ok(file) => Verdict::Run(Box::new(file.clone())),
         Err(refusal) => Verdict::Refuse(refusal.clone()),
     }
 }
