@@ -1,4 +1,5 @@
-//! `stackd run`: one host client, one task tree per tenant kubeconfig, until told to stop.
+//! `stackd run`: one host client, one task tree per tenant (from the tenants directory and from
+//! Tenant objects on the host, whose status the replica serving each writes), until told to stop.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,7 +16,10 @@ use crate::runtime::leader;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::shards::{self, Shards};
 use crate::tenancy::directory::{self, TenantChange, TenantDirectory, WatchTiming};
+use crate::tenancy::objects::status::{Serving, StatusWriter};
+use crate::tenancy::objects::{self, ObjectSettings, TenantObjects};
 use crate::tenancy::sharded::ShardedTenants;
+use crate::tenancy::sources::Sources;
 use crate::tenancy::supervisor::Registry;
 
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +59,11 @@ pub async fn run(host: Client, settings: DaemonSettings, shutdown: CancellationT
         info!(admin_addr = %bound, ?endpoints, "admin server listening");
         admin_tasks.push(task);
     }
-    info!(tenants_dir = %settings.tenants_dir.display(), "stackd running");
+    info!(
+        tenants_dir = ?settings.tenants_dir,
+        tenant_secret_namespaces = ?settings.tenant_secret_namespaces,
+        "stackd running"
+    );
     health.set_ready(true);
 
     let result = if settings.shards.is_some() {
@@ -94,13 +102,14 @@ async fn run_controllers(
         }
     };
     let watch_cancel = shutdown.child_token();
-    let (mut changes, watch) = watch_directory(&settings, watch_cancel.clone());
+    let (mut sources, view, watches) = start_sources(&host, &settings, watch_cancel.clone());
     let shared = Arc::new(Shared {
         host,
         settings,
         metrics,
         health,
     });
+    let status = start_status_writer(&shared, view, Serving::All, watch_cancel.clone());
     let mut registry = Registry::new(shared);
 
     let outcome = loop {
@@ -110,7 +119,7 @@ async fn run_controllers(
                 error!("lost the leader lease; stopping controllers");
                 break Err(DaemonError::LostLease);
             }
-            batch = changes.recv() => match batch {
+            batch = sources.next() => match batch {
                 Some(batch) => {
                     // A tenant's stop may take its whole grace, longer than the lease lasts.
                     let applied = async { for change in batch { registry.apply(change).await } };
@@ -124,10 +133,14 @@ async fn run_controllers(
     };
     if matches!(outcome, Err(DaemonError::LostLease)) {
         // Stop at once: a standby may take the lease soon, and it must find no one acting.
+        status.abort();
         registry.abort_all().await;
     }
     watch_cancel.cancel();
-    let _ = watch.await;
+    let _ = status.await;
+    for watch in watches {
+        let _ = watch.await;
+    }
     if outcome.is_ok() && !while_leading(registry.stop_all(), &mut leadership).await {
         registry.abort_all().await;
     }
@@ -138,12 +151,54 @@ async fn run_controllers(
     outcome
 }
 
+/// Starts both sources of tenants: the tenants directory (when there is one) and the Tenant
+/// objects; their merged changes come from the [`Sources`].
+fn start_sources(
+    host: &Client,
+    settings: &DaemonSettings,
+    cancel: CancellationToken,
+) -> (Sources, Arc<TenantObjects>, Vec<tokio::task::JoinHandle<()>>) {
+    let mut tasks = Vec::new();
+    let directory = settings.tenants_dir.as_ref().map(|dir| {
+        let (changes, task) = watch_directory(dir, settings, cancel.clone());
+        tasks.push(task);
+        changes
+    });
+    let object_settings = ObjectSettings {
+        secret_namespaces: settings.tenant_secret_namespaces.clone(),
+        template: settings.namespace_template.clone(),
+    };
+    let (view, objects, task) = objects::start(host.clone(), object_settings, cancel);
+    tasks.push(task);
+    (Sources::new(directory, objects, view.clone()), view, tasks)
+}
+
+/// Starts writing the status of the Tenants `serving` says this replica serves.
+fn start_status_writer(
+    shared: &Shared,
+    view: Arc<TenantObjects>,
+    serving: Serving,
+    cancel: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let writer = StatusWriter {
+        host: shared.host.clone(),
+        view,
+        health: shared.health.clone(),
+        metrics: shared.metrics.clone(),
+        template: shared.settings.namespace_template.clone(),
+        replica: shared.settings.identity.clone(),
+        serving,
+    };
+    tokio::spawn(writer.run(cancel))
+}
+
 /// Starts watching the tenants directory: batches of changes arrive on the receiver.
 fn watch_directory(
+    dir: &std::path::Path,
     settings: &DaemonSettings,
     cancel: CancellationToken,
 ) -> (mpsc::Receiver<Vec<TenantChange>>, tokio::task::JoinHandle<()>) {
-    let directory = TenantDirectory::new(settings.tenants_dir.clone(), settings.namespace_template.clone());
+    let directory = TenantDirectory::new(dir.to_path_buf(), settings.namespace_template.clone());
     let timing = WatchTiming {
         debounce: settings.debounce,
         rescan: settings.rescan_interval,
@@ -169,21 +224,27 @@ async fn run_sharded(
     info!(shards = count, namespace = %shard_settings.namespace, identity = %shard_settings.identity, "sharding tenants over shard leases");
     let mut shards = Shards::start(shard_settings)?;
     let board = shards.board.clone();
+    metrics.shards.set(i64::from(count));
     let watch_cancel = shutdown.child_token();
-    let (mut changes, watch) = watch_directory(&settings, watch_cancel.clone());
+    let (mut sources, view, watches) = start_sources(&host, &settings, watch_cancel.clone());
     let shared = Arc::new(Shared {
         host,
         settings,
         metrics,
         health,
     });
+    let serving = Serving::Shards {
+        board: board.clone(),
+        shards: count,
+    };
+    let status = start_status_writer(&shared, view, serving, watch_cancel.clone());
     let mut tenants = ShardedTenants::new(shared, board.clone(), count);
     let outcome = loop {
         let wake = tenants.next_deadline();
         tokio::select! {
             _ = shutdown.cancelled() => break Ok(()),
             _ = shards.ended() => break Err(DaemonError::ShardsStopped),
-            batch = changes.recv() => match batch {
+            batch = sources.next() => match batch {
                 // Synced after each change: a long batch must not delay aborting a lost slot.
                 Some(batch) => for change in batch {
                     tenants.apply(change).await;
@@ -197,7 +258,10 @@ async fn run_sharded(
         tenants.sync().await;
     };
     watch_cancel.cancel();
-    let _ = watch.await;
+    let _ = status.await;
+    for watch in watches {
+        let _ = watch.await;
+    }
     tenants.stop_all().await;
     shards.release().await;
     outcome

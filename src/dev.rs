@@ -1,19 +1,22 @@
 //! `stackd dev`: embedded host and tenant API servers on loopback, their kubeconfigs on disk, the
-//! stackd CRDs installed in every tenant, and (unless `--no-daemon`) the daemon serving them. The
-//! terminal shows progress lines only; the daemon's log goes to a file (`--log-file`), or between
-//! them with `--verbose`.
+//! stackd CRDs installed in every tenant, and (unless `--no-daemon`) the daemon serving them,
+//! registered as Tenant objects on the host (their kubeconfigs in Secrets of `stackd-system`), as
+//! a platform team would register them. The terminal shows progress lines only; the daemon's log
+//! goes to a file (`--log-file`), or between them with `--verbose`.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio_util::sync::CancellationToken;
 
+use crate::api::tenancy::{KubeconfigSecretRef, Tenant, TenantSpec};
 use crate::context::shared::DaemonSettings;
 use crate::daemon;
 
@@ -27,6 +30,11 @@ use crate::runtime::backoff::Backoff;
 
 /// The image `stackd dev` gives install Jobs for their unpack container.
 const STACKD_DEV_IMAGE: &str = "stackd:dev";
+
+/// The host namespace of the tenants' kubeconfig Secrets, the one the daemon is given.
+pub const TENANT_SECRETS_NAMESPACE: &str = "stackd-system";
+/// The key of each kubeconfig Secret (Cluster API's, `<cluster>-kubeconfig` key `value`).
+const KUBECONFIG_KEY: &str = "value";
 
 /// Names given to the first tenants; later ones are `tenant-<n>`.
 const TENANT_NAMES: [&str; 6] = ["acme", "globex", "initech", "umbrella", "hooli", "stark"];
@@ -48,6 +56,8 @@ pub enum DevError {
     Write { path: PathBuf, source: std::io::Error },
     #[error("cannot install the CRDs into tenant {tenant}: {source}")]
     Crds { tenant: String, source: kube::Error },
+    #[error("cannot register the tenants as Tenant objects on the host: {0}")]
+    Register(kube::Error),
     #[error(transparent)]
     Daemon(#[from] daemon::DaemonError),
 }
@@ -110,7 +120,10 @@ pub async fn run(options: DevOptions, shutdown: CancellationToken) -> Result<(),
         shutdown.cancelled().await;
         Ok(())
     } else {
-        run_daemon(&host, &tenants, &tenants_dir, shutdown).await
+        match register_tenants(&host, &tenants).await {
+            Ok(()) => run_daemon(&host, &tenants, shutdown).await,
+            Err(err) => Err(err),
+        }
     };
     if let Some(progress) = sample_progress {
         progress.abort();
@@ -155,6 +168,60 @@ fn write(path: &Path, content: &str) -> Result<(), DevError> {
     Ok(())
 }
 
+/// Registers every tenant on the host as a platform team would: its kubeconfig in a Secret of
+/// [`TENANT_SECRETS_NAMESPACE`] and a Tenant naming it.
+async fn register_tenants(host: &ApiServer, tenants: &[(String, ApiServer)]) -> Result<(), DevError> {
+    let client = host.client().await;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in crate::api::crds::host() {
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .map_err(DevError::Register)?;
+    }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespace = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(TENANT_SECRETS_NAMESPACE.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .map_err(DevError::Register)?;
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), TENANT_SECRETS_NAMESPACE);
+    let objects: Api<Tenant> = Api::all(client);
+    for (name, server) in tenants {
+        let secret_name = format!("{name}-kubeconfig");
+        let secret = Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(secret_name.clone()),
+                ..Default::default()
+            },
+            string_data: Some(BTreeMap::from([(KUBECONFIG_KEY.to_string(), server.kubeconfig_yaml())])),
+            ..Default::default()
+        };
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .map_err(DevError::Register)?;
+        let spec = TenantSpec {
+            kubeconfig_secret_ref: KubeconfigSecretRef {
+                namespace: TENANT_SECRETS_NAMESPACE.to_string(),
+                name: secret_name,
+                key: KUBECONFIG_KEY.to_string(),
+            },
+            ..Default::default()
+        };
+        objects
+            .create(&PostParams::default(), &Tenant::new(name, spec))
+            .await
+            .map_err(DevError::Register)?;
+    }
+    Ok(())
+}
+
 async fn install_crds(server: &ApiServer, tenant: &str) -> Result<(), DevError> {
     let api: Api<CustomResourceDefinition> = Api::all(server.client().await);
     for crd in crate::api::crds::all() {
@@ -186,6 +253,9 @@ fn print_usage(options: &DevOptions, host: &ApiServer, tenants: &[(String, ApiSe
     }
     if let Some((name, _)) = tenants.first() {
         println!("\nTry:");
+        if !options.no_daemon {
+            println!("  kubectl --kubeconfig {dir}/host.yaml get tenants");
+        }
         println!("  kubectl --kubeconfig {dir}/tenants/{name}.yaml get crds");
         println!("  kubectl --kubeconfig {dir}/tenants/{name}.yaml apply -f examples/pools/clusterpool-vsphere.yaml");
         println!("  kubectl --kubeconfig {dir}/host.yaml get namespaces -l app.kubernetes.io/managed-by=stackd");
@@ -195,11 +265,13 @@ fn print_usage(options: &DevOptions, host: &ApiServer, tenants: &[(String, ApiSe
 async fn run_daemon(
     host: &ApiServer,
     tenants: &[(String, ApiServer)],
-    tenants_dir: &Path,
     shutdown: CancellationToken,
 ) -> Result<(), DevError> {
+    // The daemon serves the Tenant objects; the files in the tenants directory are for kubectl.
     let settings = DaemonSettings {
-        tenants_dir: tenants_dir.to_path_buf(),
+        tenants_dir: None,
+        tenant_secret_namespaces: [TENANT_SECRETS_NAMESPACE.to_string()].into(),
+        identity: "stackd-dev".to_string(),
         namespace_template: NamespaceTemplate::default(),
         stackd_image: Some(STACKD_DEV_IMAGE.to_string()),
         allow_insecure_tenant_endpoint: true,
@@ -235,6 +307,7 @@ async fn run_daemon(
     };
     println!("\nThe daemon is serving every tenant; progress follows. Ctrl-C stops everything.\n");
     let progress = tokio::spawn(print_progress(host.client().await, shutdown.clone()));
+    let tenant_states = tokio::spawn(print_tenant_states(host.client().await, shutdown.clone()));
     let mut samples = Vec::new();
     if let Some((name, server)) = tenants.first() {
         samples.push(tokio::spawn(sample_stack::run(
@@ -246,6 +319,7 @@ async fn run_daemon(
     let restart = restart_and_install(tenants.get(1), shutdown.clone());
     let (result, ()) = tokio::join!(daemon::run(host.client().await, settings, shutdown), restart);
     progress.abort();
+    tenant_states.abort();
     for sample in samples {
         sample.abort();
     }
@@ -279,6 +353,36 @@ async fn restart_and_install(tenant: Option<&(String, ApiServer)>, shutdown: Can
     }
     println!("  [{name}] API server answering again; installing the sample stack there");
     sample_stack::run(name.clone(), server.client().await, shutdown).await;
+}
+
+/// Prints each Tenant's `Ready` condition when its reason changes, as its status says it.
+async fn print_tenant_states(host: kube::Client, shutdown: CancellationToken) {
+    let tenants: Api<Tenant> = Api::all(host);
+    let mut events = watcher(tenants, watcher::Config::default())
+        .default_backoff()
+        .applied_objects()
+        .boxed();
+    let mut told: BTreeMap<String, String> = BTreeMap::new();
+    loop {
+        let tenant = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            event = events.next() => match event {
+                Some(Ok(tenant)) => tenant,
+                Some(Err(_)) => continue,
+                None => return,
+            },
+        };
+        let name = tenant.metadata.name.clone().unwrap_or_default();
+        let status = tenant.status.unwrap_or_default();
+        let Some(ready) = status.conditions.iter().find(|c| c.type_ == "Ready") else {
+            continue;
+        };
+        let state = format!("Ready={} {}", ready.status, ready.reason);
+        if told.get(&name) != Some(&state) {
+            println!("  [{name}] Tenant {name}: {state}: {}", ready.message);
+            told.insert(name, state);
+        }
+    }
 }
 
 /// Prints each tenant's host namespace as the daemon creates it.

@@ -37,14 +37,16 @@ enum Command {
     /// Turn a stack package's `.registry` directory into the YAML stream the daemon applies (the
     /// install Job's main container).
     Unpack(UnpackArgs),
-    /// Print the CustomResourceDefinitions generated from the Rust types.
+    /// Print the CustomResourceDefinitions generated from the Rust types (the tenants'; `--host`: the
+    /// host's).
     Crds(CrdsArgs),
     /// Manage tenants on the host cluster.
     #[command(subcommand)]
     Tenant(TenantCommand),
     /// Measure scale, speed and fault tolerance against embedded API servers.
     Bench(BenchArgs),
-    /// Show which replica holds each shard slot and so serves which tenants (`run --shards`).
+    /// Show the Tenant objects on the host (ready, why not, which replica serves each) and, with
+    /// `run --shards`, which replica holds each shard slot and so serves which tenants.
     Status(StatusArgs),
     /// Print the version.
     Version,
@@ -68,6 +70,16 @@ struct RunArgs {
     /// watched for changes.
     #[arg(long, default_value = "kubeconfigs/tenants", value_name = "DIR")]
     tenants_dir: PathBuf,
+    /// Namespaces whose Secrets Tenant objects on the host may name (comma-separated): the daemon
+    /// reads Secrets there and nowhere else; a Tenant naming a Secret elsewhere is refused.
+    #[arg(
+        long,
+        default_value = "stackd-system",
+        value_name = "NAMESPACE,...",
+        value_delimiter = ',',
+        value_parser = namespace_name
+    )]
+    tenant_secret_namespaces: Vec<String>,
     /// Image of the install Job's `unpack` container; defaults to the daemon's own image.
     #[arg(long, value_name = "IMAGE")]
     stackd_image: Option<String>,
@@ -221,17 +233,19 @@ struct RunArgs {
 }
 
 /// A namespace name: a DNS-1123 label.
-fn namespace_name(value: &str) -> Result<String, String> {
-    let label = value.len() <= 63
-        && value.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-        && value.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-        && value
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-    if label {
-        Ok(value.to_string())
+fn namespace_name(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    let valid = !text.is_empty()
+        && text.len() <= 63
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !text.starts_with('-')
+        && !text.ends_with('-');
+    if valid {
+        Ok(text.to_string())
     } else {
-        Err(format!("{value:?} is not a namespace name (a DNS-1123 label)"))
+        Err(format!("{text:?} is not a namespace name (a DNS-1123 label)"))
     }
 }
 
@@ -286,7 +300,8 @@ struct StatusArgs {
     /// Namespace of the shard Leases (`run --shard-namespace`).
     #[arg(long, default_value = "stackd-system", value_name = "NAMESPACE")]
     namespace: String,
-    /// The tenants directory (`run --tenants-dir`), to list each slot's tenants.
+    /// The tenants directory (`run --tenants-dir`), to list each slot's tenants besides the Tenant
+    /// objects'.
     #[arg(long, value_name = "DIR")]
     tenants_dir: Option<PathBuf>,
     /// The slot count; by default the one the live replicas announce.
@@ -296,9 +311,14 @@ struct StatusArgs {
 
 #[derive(Args, Debug)]
 struct CrdsArgs {
-    /// Write one file per CRD into this directory instead of printing one stream.
-    #[arg(long, value_name = "DIR")]
+    /// Write one file per CRD into this directory instead of printing one stream: the tenants'
+    /// CRDs, and the host's (Tenant) in its `host/` subdirectory.
+    #[arg(long, value_name = "DIR", conflicts_with = "host")]
     out: Option<PathBuf>,
+    /// Print the CRDs of the host cluster (Tenant) instead of the tenants' (for
+    /// `stackd crds --host | kubectl apply -f -` on the host, when not using the controllers chart).
+    #[arg(long)]
+    host: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -487,7 +507,9 @@ async fn run(args: RunArgs) -> ExitCode {
         rand::random::<u32>()
     );
     let settings = stackd::context::shared::DaemonSettings {
-        tenants_dir: args.tenants_dir,
+        tenants_dir: Some(args.tenants_dir),
+        tenant_secret_namespaces: args.tenant_secret_namespaces.into_iter().collect(),
+        identity: identity.clone(),
         namespace_template: template,
         stackd_image: args.stackd_image,
         allow_insecure_tenant_endpoint: args.allow_insecure_tenant_endpoint,
@@ -729,19 +751,35 @@ async fn status(args: StatusArgs) -> ExitCode {
             Err(err) => return fail("stackd status", format!("cannot read {}: {err}", dir.display())),
         },
     };
+    let mut tenants = tenants;
     let host = match host_client(args.host_kubeconfig.as_ref()).await {
         Ok(client) => client,
         Err(err) => return fail("stackd status", err),
     };
+    let objects = match stackd::tenancy::objects::table::read(host.clone()).await {
+        Ok(objects) => objects,
+        Err(err) => return fail("stackd status", format!("cannot list the Tenant objects: {err}")),
+    };
+    if let Some(objects) = &objects {
+        print!("{}", stackd::tenancy::objects::table::render(objects));
+        tenants.extend(objects.iter().filter_map(|tenant| tenant.metadata.name.clone()));
+        tenants.sort();
+        tenants.dedup();
+    }
     match stackd::runtime::shards::status::read(host, &args.namespace, args.shards, &tenants).await {
+        // Not sharded: the Tenants' table is the whole answer.
+        Ok((0, _)) if objects.is_some() => ExitCode::SUCCESS,
         Ok((0, _)) => fail(
             "stackd status",
             format!(
-                "no live replica announces --shards in {}; pass --shards",
+                "the host serves no Tenant objects and no live replica announces --shards in {}; pass --shards",
                 args.namespace
             ),
         ),
         Ok((shards, rows)) => {
+            if objects.is_some() {
+                println!();
+            }
             print!("{}", stackd::runtime::shards::status::render(shards, &rows));
             ExitCode::SUCCESS
         }
@@ -755,10 +793,14 @@ fn fail(command: &str, err: impl std::fmt::Display) -> ExitCode {
 }
 
 fn print_crds(args: CrdsArgs) -> ExitCode {
-    let crds = stackd::api::crds::all();
-    let result = match args.out {
-        Some(dir) => stackd::api::crds::write_files(&crds, &dir),
-        None => stackd::api::crds::to_yaml_stream(&crds).map(|yaml| print!("{yaml}")),
+    use stackd::api::crds;
+    let result = match (args.out, args.host) {
+        (Some(dir), _) => crds::write_files(&crds::all(), &dir)
+            .and_then(|()| crds::write_files(&crds::host(), &dir.join(crds::HOST_DIR))),
+        (None, host) => {
+            let printed = if host { crds::host() } else { crds::all() };
+            crds::to_yaml_stream(&printed).map(|yaml| print!("{yaml}"))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

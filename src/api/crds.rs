@@ -9,12 +9,14 @@ use serde_json::{Value, json};
 use super::inventory::BareMetalAsset;
 use super::pools::{ClusterClaim, ClusterDeployment, ClusterDeploymentCustomization, ClusterPool};
 use super::stacks::{ClusterStackInstall, Stack, StackInstall};
+use super::tenancy::Tenant;
 
 /// Longest ClusterPool name: the pool name plus `-` and a 5-character suffix names each cluster's
 /// namespace, which must stay a DNS label of at most 63 characters.
 pub const CLUSTER_POOL_NAME_MAX: usize = 57;
 
-/// Every CRD stackd serves, in a stable order.
+/// Every CRD stackd serves in a tenant API server, in a stable order (what `stackd crds` prints and
+/// the stackd-types chart installs).
 pub fn all() -> Vec<CustomResourceDefinition> {
     [
         StackInstall::crd(),
@@ -30,6 +32,23 @@ pub fn all() -> Vec<CustomResourceDefinition> {
     .map(without_null_enum_values)
     .collect()
 }
+
+/// The CRDs stackd serves on the host cluster: Tenant (what `stackd crds --host` prints and the
+/// controllers chart installs). `stackd crds --out DIR` writes them into `DIR/host/`.
+pub fn host() -> Vec<CustomResourceDefinition> {
+    [with_max_name_length(Tenant::crd(), TENANT_NAME_MAX)]
+        .into_iter()
+        .map(without_null_enum_values)
+        .collect()
+}
+
+/// Longest Tenant name: a tenant's name is a DNS label (and must also fit the host namespace
+/// template, which the daemon checks).
+pub const TENANT_NAME_MAX: usize = 63;
+
+/// The subdirectory of `stackd crds --out` holding [`host`]'s CRDs: `cp crds/*.yaml` copies the
+/// tenant CRDs alone.
+pub const HOST_DIR: &str = "host";
 
 /// Why CRDs could not be written out.
 #[derive(Debug, thiserror::Error)]

@@ -11,6 +11,7 @@ pub mod crds;
 pub mod inventory;
 pub mod pools;
 pub mod stacks;
+pub mod tenancy;
 
 /// API group of StackInstall, ClusterStackInstall and Stack.
 pub const STACKS_GROUP: &str = "stacks.stackd.dev";
@@ -18,5 +19,7 @@ pub const STACKS_GROUP: &str = "stacks.stackd.dev";
 pub const POOLS_GROUP: &str = "pools.stackd.dev";
 /// API group of BareMetalAsset.
 pub const INVENTORY_GROUP: &str = "inventory.stackd.dev";
+/// API group of Tenant, the one kind stackd serves on the host rather than in the tenants.
+pub const TENANCY_GROUP: &str = "tenancy.stackd.dev";
 /// The one version every group serves today.
 pub const VERSION: &str = "v1alpha1";

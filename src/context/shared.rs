@@ -1,5 +1,6 @@
 //! What the daemon is configured with and what every tenant shares.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,7 +25,13 @@ use crate::runtime::shards::ShardSettings;
 /// Everything `stackd run` is configured with.
 #[derive(Clone, Debug)]
 pub struct DaemonSettings {
-    pub tenants_dir: PathBuf,
+    /// The tenants directory (`--tenants-dir`); `None` serves Tenant objects only (`stackd dev`).
+    pub tenants_dir: Option<PathBuf>,
+    /// The namespaces whose Secrets Tenant objects may name (`--tenant-secret-namespaces`).
+    pub tenant_secret_namespaces: BTreeSet<String>,
+    /// This process among the replicas: the leader and shard Leases' holder identity, and the
+    /// replica a Tenant's status names.
+    pub identity: String,
     pub namespace_template: NamespaceTemplate,
     /// Image of the install Job's unpack container.
     pub stackd_image: Option<String>,

@@ -1,8 +1,14 @@
-//! Liveness and readiness, with a line of detail per tenant.
+//! Liveness and readiness, with a line of detail per tenant, and what each tenant's run found
+//! (its API server's version, its objects by readiness) for its Tenant object's status. Every change
+//! of a tenant's state is signalled ([`Health::changes`]): the Tenant status writer waits on it.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::watch;
+
+use crate::api::tenancy::ReadinessCount;
 
 /// What is known about one tenant.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,16 +22,37 @@ pub enum TenantHealth {
     Invalid(String),
 }
 
+/// What a tenant's runs found besides its health.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TenantFacts {
+    /// The API server's `gitVersion`, as it last answered.
+    pub server_version: Option<String>,
+    /// Its objects by readiness, once its caches filled.
+    pub counts: Option<ObjectCounts>,
+}
+
+/// A tenant's objects by readiness, from its caches.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ObjectCounts {
+    /// StackInstalls and ClusterStackInstalls.
+    pub installs: ReadinessCount,
+    pub stacks: ReadinessCount,
+    pub pools: ReadinessCount,
+}
+
 /// Shared health state: the admin server reads it, tenants and the daemon write it.
 #[derive(Debug, Default)]
 pub struct Health {
     ready: AtomicBool,
     tenants: Mutex<BTreeMap<String, TenantHealth>>,
+    facts: Mutex<BTreeMap<String, TenantFacts>>,
     /// Tenants suspended by the daemon (over their memory budget), with why: shown instead of
     /// their health until they are resumed.
     suspended: Mutex<BTreeMap<String, String>>,
     /// With `--shards`: which slots (and so which tenants) this replica holds, one line each.
     shards: Mutex<Vec<(bool, String)>>,
+    /// Bumped whenever a tenant's health or facts change.
+    changed: watch::Sender<u64>,
 }
 
 impl Health {
@@ -40,29 +67,87 @@ impl Health {
     }
 
     pub fn set_tenant(&self, tenant: &str, health: TenantHealth) {
-        self.lock().insert(tenant.to_string(), health);
+        let previous = self.lock().insert(tenant.to_string(), health.clone());
+        if previous != Some(health) {
+            self.signal();
+        }
     }
 
+    /// Forgets a tenant no longer served here, its facts included.
     pub fn remove_tenant(&self, tenant: &str) {
-        self.lock().remove(tenant);
-        self.resume(tenant);
+        let removed = self.lock().remove(tenant).is_some();
+        let forgotten = self.facts().remove(tenant).is_some();
+        let resumed = self.suspensions().remove(tenant).is_some();
+        if removed || forgotten || resumed {
+            self.signal();
+        }
     }
 
     /// Marks a tenant suspended for `reason` until [`Health::resume`].
     pub fn suspend(&self, tenant: &str, reason: &str) {
-        self.suspensions().insert(tenant.to_string(), reason.to_string());
+        let previous = self.suspensions().insert(tenant.to_string(), reason.to_string());
+        if previous.as_deref() != Some(reason) {
+            self.signal();
+        }
     }
 
     pub fn resume(&self, tenant: &str) {
-        self.suspensions().remove(tenant);
+        if self.suspensions().remove(tenant).is_some() {
+            self.signal();
+        }
     }
 
     pub fn is_suspended(&self, tenant: &str) -> bool {
         self.suspensions().contains_key(tenant)
     }
 
+    /// Why the daemon suspended the tenant, while it is.
+    pub fn suspension(&self, tenant: &str) -> Option<String> {
+        self.suspensions().get(tenant).cloned()
+    }
+
     fn suspensions(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
         self.suspended.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Records the tenant API server's version.
+    pub fn set_server_version(&self, tenant: &str, version: &str) {
+        self.update_facts(tenant, |facts| facts.server_version = Some(version.to_string()));
+    }
+
+    /// Records the tenant's objects by readiness.
+    pub fn set_counts(&self, tenant: &str, counts: ObjectCounts) {
+        self.update_facts(tenant, |facts| facts.counts = Some(counts));
+    }
+
+    pub fn tenant_facts(&self, tenant: &str) -> TenantFacts {
+        self.facts().get(tenant).cloned().unwrap_or_default()
+    }
+
+    /// Changes whenever a tenant's health or facts change.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    fn update_facts(&self, tenant: &str, update: impl FnOnce(&mut TenantFacts)) {
+        let changed = {
+            let mut facts = self.facts();
+            let entry = facts.entry(tenant.to_string()).or_default();
+            let before = entry.clone();
+            update(entry);
+            *entry != before
+        };
+        if changed {
+            self.signal();
+        }
+    }
+
+    fn signal(&self) {
+        self.changed.send_modify(|version| *version = version.wrapping_add(1));
+    }
+
+    fn facts(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, TenantFacts>> {
+        self.facts.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Replaces the shard lines of the detail.
@@ -119,6 +204,24 @@ fn mark(ok: bool) -> char {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_change_of_a_tenant_is_signalled_and_a_repeat_is_not() {
+        let health = Health::default();
+        let mut changes = health.changes();
+        health.set_tenant("a", TenantHealth::Up);
+        assert!(changes.has_changed().unwrap_or(false));
+        changes.borrow_and_update();
+        health.set_tenant("a", TenantHealth::Up);
+        health.set_server_version("a", "v1.30.0");
+        assert!(changes.has_changed().unwrap_or(false), "a new version is news");
+        changes.borrow_and_update();
+        health.set_server_version("a", "v1.30.0");
+        assert!(!changes.has_changed().unwrap_or(true), "the same state twice is not");
+        health.remove_tenant("a");
+        assert!(changes.has_changed().unwrap_or(false));
+        assert_eq!(health.tenant_facts("a"), TenantFacts::default());
+    }
 
     #[test]
     fn a_suspended_tenant_shows_why_until_it_is_resumed() {

@@ -1,5 +1,6 @@
 //! Prometheus metrics. Labels stay bounded: tenant and controller, never an object, except pools
-//! (one small set of series per ClusterPool, removed when the pool goes).
+//! (one small set of series per ClusterPool, removed when the pool goes). The controllers chart's
+//! alerts and dashboard use these names (a test checks each exists on `/metrics`).
 
 use std::sync::Mutex;
 
@@ -52,6 +53,18 @@ pub struct SlotLabels {
     pub slot: String,
 }
 
+/// A tenant's objects of one kind by readiness: `kind` is a stackd kind (StackInstall,
+/// ClusterStackInstall, Stack, ClusterPool), `ready` is `true` or `false`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantObjectLabels {
+    pub tenant: String,
+    pub kind: String,
+    pub ready: String,
+}
+
+/// The kinds `stackd_tenant_objects` counts.
+pub const COUNTED_KINDS: [&str; 4] = ["StackInstall", "ClusterStackInstall", "Stack", "ClusterPool"];
+
 /// One pool's gauge: `state` is a cluster bucket (installing, ready, claimed, broken, deleting,
 /// stale) or an inventory state (available, reserved, cdc_broken).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -98,6 +111,12 @@ pub struct Metrics {
     pub pool_clusters: Family<PoolLabels, Gauge>,
     /// 1 for each shard slot this replica holds (`--shards`); absent otherwise.
     pub shard_held: Family<SlotLabels, Gauge>,
+    /// The slot count (`--shards`), 0 without sharding: with `shard_held`, whether every slot is held.
+    pub shards: Gauge,
+    /// A tenant's objects by kind and readiness, from its caches.
+    pub tenant_objects: Family<TenantObjectLabels, Gauge>,
+    /// The daemon's resident memory, read when `/metrics` is asked for.
+    pub resident_memory: Gauge,
 }
 
 fn duration_histogram() -> Histogram {
@@ -173,9 +192,30 @@ impl Metrics {
             "Shard slots this replica holds (1); its tenants are those of these slots",
             shard_held.clone(),
         );
+        let shards = Gauge::default();
+        registry.register(
+            "shards",
+            "Shard slots the tenants map to (--shards); 0 without sharding",
+            shards.clone(),
+        );
+        let tenant_objects = Family::<TenantObjectLabels, Gauge>::default();
+        registry.register(
+            "tenant_objects",
+            "A tenant's StackInstalls, ClusterStackInstalls, Stacks and ClusterPools by readiness",
+            tenant_objects.clone(),
+        );
+        let resident_memory = Gauge::default();
+        registry.register(
+            "process_resident_memory_bytes",
+            "Resident memory of the daemon process",
+            resident_memory.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             shard_held,
+            shards,
+            tenant_objects,
+            resident_memory,
             tenant_up,
             tenant_down_cause,
             tenant_restarts,
@@ -229,12 +269,31 @@ impl Metrics {
         }
     }
 
+    /// Sets a tenant's count of `kind` objects that are (not) ready.
+    pub fn set_tenant_objects(&self, tenant: &str, kind: &str, ready: bool, count: i64) {
+        let labels = TenantObjectLabels {
+            tenant: tenant.to_string(),
+            kind: kind.to_string(),
+            ready: ready.to_string(),
+        };
+        self.tenant_objects.get_or_create(&labels).set(count);
+    }
+
     /// Forgets a tenant that is no longer served.
     pub fn remove_tenant(&self, tenant: &str) {
         self.tenant_up.remove(&Metrics::tenant(tenant));
         self.tenant_cached_bytes.remove(&Metrics::tenant(tenant));
         self.clear_down_causes(tenant);
         self.clear_tenant_suspended(tenant);
+        for kind in COUNTED_KINDS {
+            for ready in [true, false] {
+                self.tenant_objects.remove(&TenantObjectLabels {
+                    tenant: tenant.to_string(),
+                    kind: kind.to_string(),
+                    ready: ready.to_string(),
+                });
+            }
+        }
     }
 
     /// The tenant is suspended for `reason` (one of [`SUSPENSION_REASONS`]).
@@ -266,12 +325,28 @@ impl Metrics {
 
     /// The OpenMetrics text exposition.
     pub fn encode(&self) -> String {
+        if let Some(bytes) = resident_bytes() {
+            self.resident_memory.set(bytes);
+        }
         let mut out = String::new();
         let registry = self.registry.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
         out
     }
+}
+
+/// The process's resident memory (`VmRSS` of `/proc/self/status`; Linux only).
+fn resident_bytes() -> Option<i64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: i64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kib.saturating_mul(1024))
 }
 
 #[cfg(test)]
@@ -300,5 +375,19 @@ mod tests {
             text.contains("stackd_tenant_restarts_total{tenant=\"acme\"} 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn tenant_objects_and_memory_are_exposed_and_a_tenant_is_forgotten_whole() {
+        let metrics = Metrics::new();
+        metrics.set_tenant_objects("acme", "StackInstall", false, 2);
+        let text = metrics.encode();
+        assert!(
+            text.contains("stackd_tenant_objects{tenant=\"acme\",kind=\"StackInstall\",ready=\"false\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("stackd_process_resident_memory_bytes "), "{text}");
+        metrics.remove_tenant("acme");
+        assert!(!metrics.encode().contains("tenant=\"acme\""));
     }
 }

@@ -55,6 +55,12 @@ impl<S: Clone> Written<S> {
         entries.insert(uid.to_string(), Entry { produced, at, status });
     }
 
+    /// Keeps only the objects whose uid `keep` accepts (the others are gone).
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        let mut entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        entries.retain(|uid, _| keep(uid));
+    }
+
     /// Forgets a deleted object.
     pub fn forget(&self, uid: &str) {
         let mut entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

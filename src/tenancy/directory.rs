@@ -22,14 +22,17 @@ use crate::runtime::parse_error::kubeconfig_error_message;
 /// File name extensions of tenant kubeconfigs.
 pub const EXTENSIONS: [&str; 3] = ["yaml", "yml", "kubeconfig"];
 
-/// A valid tenant kubeconfig file.
+/// A valid tenant kubeconfig: a file of the tenants directory, or the Secret a Tenant object names
+/// (`tenancy::objects`).
 #[derive(Clone, Debug)]
 pub struct TenantFile {
-    /// The file stem.
+    /// The file stem, or the Tenant object's name.
     pub name: String,
-    pub path: PathBuf,
+    /// Where the kubeconfig came from.
+    pub origin: TenantOrigin,
     pub kubeconfig: Kubeconfig,
-    /// SHA-256 of the file's bytes: a changed digest restarts the tenant.
+    /// SHA-256 of what the tenant runs on (the file's bytes; an object's kubeconfig and endpoint):
+    /// a changed digest restarts the tenant.
     pub digest: String,
     /// The tenant's host namespace.
     pub host_namespace: String,
@@ -37,7 +40,25 @@ pub struct TenantFile {
     pub endpoint: Result<TenantEndpoint, EndpointError>,
 }
 
-/// Why a tenant file is not used.
+/// Where a tenant's kubeconfig came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TenantOrigin {
+    /// A file of the tenants directory.
+    File(PathBuf),
+    /// The Secret a Tenant object on the host names.
+    Object(crate::api::tenancy::KubeconfigSecretRef),
+}
+
+impl std::fmt::Display for TenantOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TenantOrigin::File(path) => write!(f, "file {}", path.display()),
+            TenantOrigin::Object(secret) => write!(f, "Tenant object ({secret})"),
+        }
+    }
+}
+
+/// Why a tenant's kubeconfig (a file, or a Tenant object's Secret) is not used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TenantFileError {
     #[error("cannot read {path}: {message}")]
@@ -50,6 +71,18 @@ pub enum TenantFileError {
     NoServer { path: PathBuf },
     #[error("tenant {name:?} has several files ({paths}); keep one")]
     Ambiguous { name: String, paths: String },
+    /// A Tenant object that cannot be served; `reason` is its `Served` condition's reason.
+    #[error("Tenant {name}: {message}")]
+    Object {
+        name: String,
+        reason: &'static str,
+        message: String,
+    },
+    /// A name both sources define (`tenancy::sources`).
+    #[error(
+        "tenant {name:?} is defined twice, by {path} in the tenants directory and by the Tenant object {name}; neither is started while both exist: delete one"
+    )]
+    Conflict { name: String, path: String },
 }
 
 /// A change to the set of tenants.
@@ -137,9 +170,20 @@ impl TenantDirectory {
             .collect();
         for name in removed {
             self.running.remove(&name);
+            self.reported.remove(&name);
             changes.push(TenantChange::Suspend(name));
         }
-        self.reported.retain(|name, _| scanned.contains_key(name));
+        // An invalid file removed: what was reported of it goes too.
+        let forgotten: Vec<String> = self
+            .reported
+            .keys()
+            .filter(|name| !scanned.contains_key(*name) && !self.running.contains_key(*name))
+            .cloned()
+            .collect();
+        for name in forgotten {
+            self.reported.remove(&name);
+            changes.push(TenantChange::Suspend(name));
+        }
         changes
     }
 }
@@ -215,7 +259,7 @@ fn read_tenant_file(name: &str, path: &Path, template: &NamespaceTemplate) -> Re
     }
     Ok(TenantFile {
         name: name.to_string(),
-        path: path.to_path_buf(),
+        origin: TenantOrigin::File(path.to_path_buf()),
         kubeconfig,
         digest: hex::encode(Sha256::digest(&bytes)),
         host_namespace,
@@ -232,8 +276,8 @@ pub struct WatchTiming {
     pub rescan: Duration,
 }
 
-/// Watches the directory and sends each non-empty batch of changes, starting with the first scan,
-/// until `cancel` fires or the receiver is dropped.
+/// Watches the directory and sends the first scan (empty or not) and then each non-empty batch of
+/// changes, until `cancel` fires or the receiver is dropped.
 pub async fn watch(
     mut directory: TenantDirectory,
     timing: WatchTiming,
@@ -244,14 +288,17 @@ pub async fn watch(
     let mut watcher = None;
     let mut rescan = tokio::time::interval(timing.rescan);
     rescan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first scan is sent even when empty: it says what the directory holds at the start.
+    let mut first = true;
     loop {
         if watcher.is_none() {
             watcher = start_watcher(directory.dir(), timing.debounce, wake_tx.clone());
         }
         let batch = directory.rescan();
-        if !batch.is_empty() && changes.send(batch).await.is_err() {
+        if (first || !batch.is_empty()) && changes.send(batch).await.is_err() {
             return;
         }
+        first = false;
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = rescan.tick() => {}
@@ -380,6 +427,16 @@ mod tests {
     }
 
     #[test]
+    fn removing_an_invalid_file_forgets_it() {
+        let (dir, mut directory) = directory();
+        std::fs::write(dir.path().join("a.yaml"), "clusters: [oops").expect("write");
+        assert_eq!(names(&directory.rescan()), ["invalid a kept=false"]);
+        std::fs::remove_file(dir.path().join("a.yaml")).expect("remove");
+        assert_eq!(names(&directory.rescan()), ["suspend a"]);
+        assert!(directory.rescan().is_empty());
+    }
+
+    #[test]
     fn removing_a_file_suspends_its_tenant() {
         let (dir, mut directory) = directory();
         std::fs::write(dir.path().join("a.yaml"), kubeconfig("https://x")).expect("write");
@@ -415,6 +472,13 @@ mod tests {
         assert!(messages[2].contains("keep one"), "{}", messages[2]);
     }
 
+    async fn next_batch(rx: &mut mpsc::Receiver<Vec<TenantChange>>) -> Vec<TenantChange> {
+        tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("in time")
+            .expect("batch")
+    }
+
     #[tokio::test]
     async fn watch_picks_up_a_file_added_at_runtime() {
         let (dir, directory) = directory();
@@ -425,13 +489,13 @@ mod tests {
             rescan: Duration::from_secs(3600),
         };
         let task = tokio::spawn(watch(directory, timing, tx, cancel.clone()));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The first scan comes first, empty: the watch started before it.
+        assert!(
+            next_batch(&mut rx).await.is_empty(),
+            "the first scan is sent even when empty"
+        );
         std::fs::write(dir.path().join("late.yaml"), kubeconfig("https://x")).expect("write");
-        let batch = tokio::time::timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .expect("in time")
-            .expect("batch");
-        assert_eq!(names(&batch), ["start late"]);
+        assert_eq!(names(&next_batch(&mut rx).await), ["start late"]);
         cancel.cancel();
         task.await.expect("watch ends");
     }
@@ -451,10 +515,11 @@ mod tests {
         let task = tokio::spawn(watch(directory, timing, tx, cancel.clone()));
         std::fs::create_dir(&tenants).expect("mkdir");
         std::fs::write(tenants.join("a.yaml"), kubeconfig("https://x")).expect("write");
-        let batch = tokio::time::timeout(Duration::from_secs(5), rx.recv())
-            .await
-            .expect("in time")
-            .expect("batch");
+        // The first scan may have run before the file was there (an empty batch) or after it.
+        let mut batch = next_batch(&mut rx).await;
+        if batch.is_empty() {
+            batch = next_batch(&mut rx).await;
+        }
         assert_eq!(names(&batch), ["start a"]);
         cancel.cancel();
         task.await.expect("watch ends");

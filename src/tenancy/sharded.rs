@@ -88,6 +88,9 @@ impl ShardedTenants {
                     info!(tenant = %name, "tenant kubeconfig removed; suspending tenant (its host objects stay)");
                     let grace = self.serving(&name).map_or(Duration::ZERO, |d| self.grace_until(d));
                     self.registry.hand_over(&[name], grace).await;
+                } else if self.invalid.remove(&name).is_some() && self.serving(&name).is_some() {
+                    // What was reported of a tenant never started goes with it.
+                    self.shared.health.remove_tenant(&name);
                 }
             }
             TenantChange::Invalid {

@@ -44,7 +44,7 @@ impl Registry {
     pub async fn apply(&mut self, change: TenantChange) {
         match change {
             TenantChange::Start(file) => {
-                info!(tenant = %file.name, path = %file.path.display(), "starting tenant");
+                info!(tenant = %file.name, from = %file.origin, "starting tenant");
                 self.stop(&file.name).await;
                 self.start(*file);
             }
@@ -54,7 +54,9 @@ impl Registry {
                 self.start(*file);
             }
             TenantChange::Suspend(name) => {
-                info!(tenant = %name, "tenant kubeconfig removed; suspending tenant (its host objects stay)");
+                if self.is_running(&name) {
+                    info!(tenant = %name, "tenant kubeconfig removed; suspending tenant (its host objects stay)");
+                }
                 self.stop(&name).await;
                 self.shared.health.remove_tenant(&name);
                 self.shared.metrics.remove_tenant(&name);
@@ -92,7 +94,7 @@ impl Registry {
 
     /// Starts a tenant that is not running (a shard slot of this replica's was taken).
     pub fn start_tenant(&mut self, file: TenantFile) {
-        info!(tenant = %file.name, path = %file.path.display(), "starting tenant");
+        info!(tenant = %file.name, from = %file.origin, "starting tenant");
         self.start(file);
     }
 

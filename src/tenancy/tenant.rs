@@ -54,6 +54,7 @@ pub async fn run(
         version = client.apiserver_version() => version.map_err(|e| TenantError::Unreachable(diagnose(&e)))?,
     };
     info!(tenant = %name, version = %version.git_version, "tenant API server reached");
+    shared.health.set_server_version(&name, &version.git_version);
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -116,6 +117,7 @@ pub async fn run(
     controllers.spawn(crate::stacks::stack::run(context.clone(), cancel.clone()));
     controllers.spawn(crate::pools::run(context.clone(), cancel.clone()));
     controllers.spawn(crate::inventory::run(context.clone(), cancel.clone()));
+    controllers.spawn(super::summary::run(context.clone(), cancel.clone()));
     while let Some(result) = controllers.join_next().await {
         match result {
             Ok(Ok(())) => {}

@@ -182,12 +182,32 @@ async fn both_charts_render_with_their_default_values() {
         !args.iter().any(|a| a == "--leader-elect"),
         "one replica, no election: {args:?}"
     );
+    // Tenant objects: the CRD, and Secrets read in the release namespace alone.
+    find(&controllers, "CustomResourceDefinition", "tenants.tenancy.stackd.dev");
+    assert!(
+        args.iter().any(|a| a == "--tenant-secret-namespaces=stackd-system"),
+        "{args:?}"
+    );
+    let secret_roles: Vec<&str> = controllers
+        .iter()
+        .filter(|o| o["kind"] == "Role" && o["metadata"]["name"] == "stackd-tenant-secrets")
+        .filter_map(|o| o["metadata"]["namespace"].as_str())
+        .collect();
+    assert_eq!(secret_roles, ["stackd-system"]);
+    for kind in ["ServiceMonitor", "PrometheusRule", "ConfigMap"] {
+        assert!(
+            !controllers.iter().any(|o| o["kind"] == kind),
+            "no {kind} unless asked for"
+        );
+    }
     assert_eq!(
         deployment["spec"]["strategy"]["type"], "Recreate",
         "never two daemons at once"
     );
     assert!(
-        !controllers.iter().any(|o| o["kind"] == "Role"),
+        !controllers
+            .iter()
+            .any(|o| o["kind"] == "Role" && o["rules"][0]["resources"] == json!(["leases"])),
         "no Lease permissions without leader election"
     );
 }
@@ -374,8 +394,12 @@ async fn the_types_chart_carries_exactly_the_crds_directory_kept_on_uninstall() 
     let crds_dir = repository().join("crds");
     let copies = repository().join("charts/stackd-types/files/crds");
     let mut expected = BTreeMap::new();
+    // The tenants' CRDs are the files of crds/; crds/host/ is the host chart's.
     for entry in std::fs::read_dir(&crds_dir).expect("crds/") {
         let path = entry.expect("entry").path();
+        if !path.is_file() {
+            continue;
+        }
         let text = std::fs::read_to_string(&path).expect("CRD file");
         let name = path.file_name().expect("file name").to_owned();
         let copy = std::fs::read_to_string(copies.join(&name)).unwrap_or_default();
@@ -407,6 +431,203 @@ async fn the_types_chart_carries_exactly_the_crds_directory_kept_on_uninstall() 
     assert_eq!(rendered.keys().collect::<Vec<_>>(), expected.keys().collect::<Vec<_>>());
     for (name, crd) in &expected {
         pretty_assertions::assert_eq!(&rendered[name], crd, "{name}");
+    }
+}
+
+/// Issue 31: the host chart carries the host's CRDs (crds/host/: Tenant), kept on uninstall.
+#[tokio::test]
+async fn the_controllers_chart_carries_exactly_the_host_crds_kept_on_uninstall() {
+    let host_dir = repository().join("crds/host");
+    let copies = repository().join("charts/stackd-controllers/files/crds");
+    let mut expected = BTreeMap::new();
+    for entry in std::fs::read_dir(&host_dir).expect("crds/host/") {
+        let path = entry.expect("entry").path();
+        let text = std::fs::read_to_string(&path).expect("CRD file");
+        let name = path.file_name().expect("file name").to_owned();
+        let copy = std::fs::read_to_string(copies.join(&name)).unwrap_or_default();
+        assert_eq!(
+            copy,
+            text,
+            "charts/stackd-controllers/files/crds/{} differs from crds/host/: run `cp crds/host/*.yaml charts/stackd-controllers/files/crds/`",
+            name.to_string_lossy()
+        );
+        let crd: Value = serde_saphyr::from_str(&text).expect("CRD YAML");
+        let name = crd["metadata"]["name"].as_str().expect("name").to_string();
+        expected.insert(name, numbers_as_floats(crd));
+    }
+    assert_eq!(std::fs::read_dir(&copies).expect("copies").count(), expected.len());
+    let (_, objects) = render("stackd-controllers", "").await;
+    let rendered: BTreeMap<String, Value> = objects
+        .into_iter()
+        .filter(|o| o["kind"] == "CustomResourceDefinition")
+        .map(|crd| {
+            assert_eq!(crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
+            let name = crd["metadata"]["name"].as_str().expect("name").to_string();
+            (name, numbers_as_floats(without_chart_metadata(crd)))
+        })
+        .collect();
+    assert_eq!(rendered, expected);
+    let (_, objects) = render("stackd-controllers", "crds: {install: false}").await;
+    assert!(!objects.iter().any(|o| o["kind"] == "CustomResourceDefinition"));
+}
+
+const MONITORING_VALUES: &str = r#"
+metrics:
+  serviceMonitor: {enabled: true, interval: 15s, labels: {release: prometheus}}
+  prometheusRule: {enabled: true, labels: {release: prometheus}, tenantDownFor: 7m}
+  dashboard: {enabled: true, namespace: monitoring}
+tenants: {secretNamespaces: [stackd-system, vcluster-tenants]}
+"#;
+
+/// Issue 31: the ServiceMonitor, PrometheusRule and dashboard, each off by default, and the
+/// Secret grants in the namespaces given and nowhere else.
+#[tokio::test]
+async fn the_host_chart_renders_monitoring_and_secret_grants_when_asked() {
+    let (_, objects) = render("stackd-controllers", MONITORING_VALUES).await;
+    let monitor = find(&objects, "ServiceMonitor", "stackd");
+    assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
+    assert_eq!(monitor["spec"]["endpoints"][0]["port"], "metrics");
+    assert_eq!(monitor["spec"]["endpoints"][0]["interval"], "15s");
+    let service = find(&objects, "Service", "stackd-metrics");
+    for (key, value) in monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("selector")
+    {
+        assert_eq!(
+            &service["metadata"]["labels"][key], value,
+            "the ServiceMonitor selects the Service"
+        );
+    }
+    let rule = find(&objects, "PrometheusRule", "stackd");
+    let alerts: Vec<&str> = rule["spec"]["groups"][0]["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .filter_map(|r| r["alert"].as_str())
+        .collect();
+    assert_eq!(
+        alerts,
+        [
+            "StackdTenantDown",
+            "StackdReconcileErrorsRising",
+            "StackdShardSlotUnheld",
+            "StackdInstallNotReady"
+        ]
+    );
+    assert_eq!(rule["spec"]["groups"][0]["rules"][0]["for"], "7m");
+    let dashboard = find(&objects, "ConfigMap", "stackd-dashboard");
+    assert_eq!(dashboard["metadata"]["namespace"], "monitoring");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json: Value =
+        serde_json::from_str(dashboard["data"]["stackd.json"].as_str().expect("JSON")).expect("dashboard JSON");
+    assert_eq!(json["title"], "stackd");
+    let args = deployment_args(find(&objects, "Deployment", "stackd"));
+    assert!(
+        args.iter()
+            .any(|a| a == "--tenant-secret-namespaces=stackd-system,vcluster-tenants"),
+        "{args:?}"
+    );
+    let daemon = Subject::service_account(RELEASE_NAMESPACE, "stackd");
+    let rbac = Authorizer::for_subject(&objects, &daemon);
+    for namespace in ["stackd-system", "vcluster-tenants"] {
+        for verb in ["get", "list", "watch"] {
+            assert!(
+                rbac.allows(&Request::new(verb, "", "secrets", namespace)),
+                "{verb} secrets in {namespace}"
+            );
+        }
+    }
+    for request in [
+        Request::new("get", "", "secrets", "kube-system"),
+        Request::new("list", "", "secrets", ""),
+        Request::new("create", "", "secrets", "stackd-system"),
+        Request::new("update", "tenancy.stackd.dev", "tenants", ""),
+    ] {
+        assert!(!rbac.allows(&request), "{request} allowed");
+    }
+    let path = chart("stackd-controllers");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let values = dir.path().join("values.yaml");
+    std::fs::write(&values, MONITORING_VALUES).expect("values");
+    let values = values.display().to_string();
+    let output = ok("helm", &["lint", "--strict", &path, "-f", &values], None).await;
+    assert!(output.contains("0 chart(s) failed"), "{output}");
+    let err = template(
+        "stackd-controllers",
+        "metrics: {service: false, serviceMonitor: {enabled: true}}",
+    )
+    .await
+    .expect_err("a ServiceMonitor without its Service");
+    assert!(
+        err.contains("metrics.serviceMonitor.enabled needs metrics.service"),
+        "{err}"
+    );
+}
+
+/// The metric names in `text`: every `stackd_…` word.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    regex::Regex::new(r"stackd_[a-z_]+[a-z]")
+        .expect("regex")
+        .find_iter(text)
+        .map(|m| m.as_str().to_string())
+        .collect()
+}
+
+/// Whether `/metrics` has `name`: as a sample, or (a family with no sample yet, such as the shard
+/// gauges without sharding) as a family whose samples are so named: a counter's `_total`, a
+/// histogram's `_bucket`, `_sum` and `_count`.
+fn exposes(metrics: &str, name: &str) -> bool {
+    let sample = metrics.lines().any(|line| {
+        line.strip_prefix(name)
+            .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+    });
+    let family = |base: &str, kind: &str| metrics.lines().any(|line| line == format!("# TYPE {base} {kind}"));
+    let counter = name.strip_suffix("_total").is_some_and(|base| family(base, "counter"));
+    let histogram = ["_bucket", "_sum", "_count"]
+        .iter()
+        .any(|suffix| name.strip_suffix(suffix).is_some_and(|base| family(base, "histogram")));
+    sample || counter || histogram || family(name, "gauge")
+}
+
+/// Issue 31: every metric the alerts and the dashboard use is one a running daemon serves, in the
+/// situations they watch for: a tenant served with its objects counted, one down (restarted, its
+/// cause told), a reconcile failing, and a shard slot held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_the_alerts_and_the_dashboard_use_is_on_a_running_daemons_metrics() {
+    let (yaml, _) = render("stackd-controllers", MONITORING_VALUES).await;
+    let used = metric_names(&yaml);
+    assert!(used.len() >= 8, "{used:?}");
+    let fleet = crate::harness::Fleet::start(&["acme"]).await;
+    fleet.leader_election_namespace().await;
+    let tenant: Api<CustomResourceDefinition> = Api::all(fleet.tenant_server("acme").client().await);
+    for crd in stackd::api::crds::all() {
+        tenant.create(&PostParams::default(), &crd).await.expect("CRD");
+    }
+    let dead = crate::harness::free_port();
+    let ghost = fleet
+        .tenant_server("acme")
+        .kubeconfig_yaml()
+        .replace(&fleet.tenant_server("acme").url(), &format!("http://{dead}"));
+    std::fs::write(fleet.tenant_file("ghost"), ghost).expect("ghost's kubeconfig");
+    // acme's host namespace cannot be made at first: a reconcile fails.
+    let create_namespace = stackd::embedded::faults::RequestMatch::any()
+        .verb(stackd::embedded::Verb::Create)
+        .resource("namespaces");
+    fleet.host().faults().fail_next(1, create_namespace, 500);
+    let daemon = fleet.daemon(&["--shards", "1", "--shard-namespace", "stackd-system"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let metrics = daemon.http_get("/metrics").unwrap_or_default();
+        let missing: Vec<&String> = used.iter().filter(|name| !exposes(&metrics, name)).collect();
+        if missing.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not on /metrics: {missing:?}\n{metrics}\nlog:\n{}",
+            daemon.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -713,6 +934,10 @@ enum Scenario {
     /// Jobs with their output ServiceAccount, Role and RoleBinding. Runs once the pool controllers
     /// land.
     PoolFill,
+    /// A tenant registered by a Tenant object naming a Secret of the release namespace: the
+    /// namespace's Secrets watched by metadata, that one read, the Tenant's status written, Events
+    /// on it.
+    TenantObjects,
 }
 
 use Scenario::*;
@@ -746,6 +971,9 @@ const HOST_ROLE: &str = "ClusterRole/stackd";
 const NAMESPACE_ROLE: &str = "ClusterRole/stackd-tenant-namespace";
 const LEADER_ROLE: &str = "Role/stackd-system/stackd-leader-election";
 const SHARDS_ROLE: &str = "Role/stackd-system/stackd-shards";
+const TENANT_SECRETS_ROLE: &str = "Role/stackd-system/stackd-tenant-secrets";
+const TENANT_EVENTS_ROLE: &str = "Role/default/stackd-tenant-events";
+const TENANCY: &str = "tenancy.stackd.dev";
 const RBAC: &str = "rbac.authorization.k8s.io";
 
 /// Every permission of stackd-controllers, and who uses it.
@@ -757,6 +985,12 @@ const HOST_USES: &[Use] = &[
     uses(HOST_ROLE, RBAC, &["rolebindings"], &["update"], BindingRepair),
     uses(HOST_ROLE, RBAC, &["rolebindings"], &["get"], CreateRace),
     uses(HOST_ROLE, RBAC, &["clusterroles"], &["bind"], DaemonStartup),
+    uses(HOST_ROLE, TENANCY, &["tenants"], &["list", "watch"], DaemonStartup),
+    uses(HOST_ROLE, TENANCY, &["tenants/status"], &["patch"], TenantObjects),
+    uses(TENANT_SECRETS_ROLE, "", &["secrets"], &["get", "list", "watch"], TenantObjects),
+    uses(TENANT_EVENTS_ROLE, "events.k8s.io", &["events"], &["create"], TenantObjects),
+    // A repeat of the same Event within minutes is a patch of the first.
+    uses(TENANT_EVENTS_ROLE, "events.k8s.io", &["events"], &["patch"], RarePaths),
     uses(LEADER_ROLE, "coordination.k8s.io", &["leases"], &["get", "list", "watch", "create", "patch"], LeaderElection),
     uses(SHARDS_ROLE, "coordination.k8s.io", &["leases"], &["list", "watch", "create", "update", "delete"], Sharding),
     uses(NAMESPACE_ROLE, "batch", &["jobs"], &["list", "delete"], OrphanSweep),
@@ -1523,6 +1757,70 @@ async fn pool_fill(installation: &Installation) -> ScenarioRun {
     }
 }
 
+/// `acme` moves from the tenants directory to a Tenant object, its kubeconfig in a Secret of the
+/// release namespace (created by an administrator before the window opens): the daemon watches
+/// that namespace's Secrets by metadata, reads the one named, serves acme, writes its status and
+/// puts Events on it.
+async fn tenant_objects(installation: &Installation) -> ScenarioRun {
+    let file = installation.dir.path().join("tenants/acme.yaml");
+    let kubeconfig = std::fs::read_to_string(&file).expect("acme's kubeconfig");
+    std::fs::remove_file(&file).expect("remove acme's file");
+    let host = installation.host.client().await;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "acme-kubeconfig", "namespace": RELEASE_NAMESPACE},
+        "stringData": {"value": kubeconfig},
+    }))
+    .expect("Secret");
+    Api::<Secret>::namespaced(host.clone(), RELEASE_NAMESPACE)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("the kubeconfig Secret");
+    let tenant: stackd::api::tenancy::Tenant = serde_json::from_value(json!({
+        "metadata": {"name": "acme"},
+        "spec": {"kubeconfigSecretRef": {"namespace": RELEASE_NAMESPACE, "name": "acme-kubeconfig", "key": "value"}},
+    }))
+    .expect("Tenant");
+    Api::<stackd::api::tenancy::Tenant>::all(host)
+        .create(&PostParams::default(), &tenant)
+        .await
+        .expect("the Tenant");
+    let (host_window, tenant_window) = (Window::open(&installation.host), Window::open(&installation.tenant));
+    let mut daemon = installation.daemon(&[]);
+    let tenants = GroupResource::new(TENANCY, "tenants");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = installation
+            .host
+            .store()
+            .get(&tenants, "", "acme")
+            .is_some_and(|tenant| {
+                tenant["status"]["conditions"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+            });
+        let events = installation.host.counters().since(&host_window.counts).get(
+            stackd::embedded::Verb::Create,
+            "events",
+            Some("default"),
+        );
+        if ready && events > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the Tenant never became Ready with an Event:\n{}",
+            daemon.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop(&mut daemon).await;
+    ScenarioRun {
+        covers: &[TenantObjects],
+        host: host_window.close(&installation.host, &installation.host_subject),
+        tenant: tenant_window.close(&installation.tenant, &installation.tenant_subject),
+    }
+}
+
 /// Each scenario function plants what it needs, runs the daemon with the chart's arguments
 /// against `installation`, waits (reading the stores, never through the API) until the daemon has
 /// done its part, stops it and returns what each server saw. A stack install and a pool fill join
@@ -1535,6 +1833,7 @@ async fn every_daemon_request_is_allowed_by_the_charts_and_every_permission_is_u
     runs.push(sharding(&installation).await);
     runs.extend(stack_install_and_uninstall(&installation).await);
     runs.push(pool_fill(&installation).await);
+    runs.push(tenant_objects(&installation).await);
     let covered: BTreeSet<Scenario> = runs.iter().flat_map(|r| r.covers.iter().copied()).collect();
     let host: Vec<&Observed> = runs.iter().map(|r| &r.host).collect();
     let tenant: Vec<&Observed> = runs.iter().map(|r| &r.tenant).collect();

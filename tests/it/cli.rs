@@ -20,11 +20,30 @@ fn crds_command_prints_the_eight_crds() {
 }
 
 #[test]
-fn crds_out_writes_one_file_per_crd() {
+fn crds_out_writes_one_file_per_crd_and_the_hosts_in_host() {
     let dir = tempfile::tempdir().expect("temp dir");
     let out = stackd(&["crds", "--out", dir.path().to_str().expect("path")]);
     assert!(out.status.success());
-    assert_eq!(std::fs::read_dir(dir.path()).expect("read dir").count(), 8);
+    let files = |dir: &std::path::Path| {
+        std::fs::read_dir(dir)
+            .expect("read dir")
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path().is_file())
+            .count()
+    };
+    assert_eq!(files(dir.path()), 8);
+    assert!(dir.path().join("host/tenancy.stackd.dev_tenants.yaml").is_file());
+    assert_eq!(files(&dir.path().join("host")), 1);
+}
+
+#[test]
+fn crds_host_prints_the_tenant_crd_alone() {
+    let out = stackd(&["crds", "--host"]);
+    assert!(out.status.success());
+    let stream = String::from_utf8(out.stdout).expect("utf-8");
+    let crds: Vec<serde_json::Value> = serde_saphyr::from_multiple(&stream).expect("YAML stream");
+    assert_eq!(crds.len(), 1);
+    assert_eq!(crds[0]["metadata"]["name"], "tenants.tenancy.stackd.dev");
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! The generated CRDs: what they declare, that they are structural, and that `crds/` matches them.
+//! The generated CRDs: what they declare, that they are structural, and that `crds/` matches them
+//! (the tenants' CRDs at its top, the host's in `crds/host/`).
 
 use std::collections::BTreeSet;
 
@@ -6,8 +7,13 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use serde_json::Value;
 use stackd::api::crds;
 
+/// Every CRD: the tenants' and the host's.
+fn every_crd() -> Vec<CustomResourceDefinition> {
+    crds::all().into_iter().chain(crds::host()).collect()
+}
+
 fn crd(kind: &str) -> CustomResourceDefinition {
-    crds::all()
+    every_crd()
         .into_iter()
         .find(|c| c.spec.names.kind == kind)
         .unwrap_or_else(|| panic!("no CRD for {kind}"))
@@ -323,7 +329,7 @@ fn structural_violations(node: &Value, path: &str, out: &mut Vec<String>) {
 
 #[test]
 fn every_schema_is_structural() {
-    for crd in crds::all() {
+    for crd in every_crd() {
         let root = schema(&crd.spec.names.kind);
         let mut violations = Vec::new();
         structural_violations(&root, &crd.spec.names.kind, &mut violations);
@@ -350,7 +356,7 @@ fn every_schema_is_structural() {
 
 #[test]
 fn every_crd_is_smaller_than_256_kib() {
-    for crd in crds::all() {
+    for crd in every_crd() {
         let json = serde_json::to_vec(&crd).expect("serialise");
         let yaml = crds::to_yaml(&crd).expect("yaml");
         assert!(
@@ -361,27 +367,84 @@ fn every_crd_is_smaller_than_256_kib() {
     }
 }
 
+/// The YAML files of `dir`, by name.
+fn yaml_files(dir: &std::path::Path) -> BTreeSet<String> {
+    std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{} exists: {e}", dir.display()))
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
 #[test]
 fn committed_crds_match_the_types() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crds");
-    let expected: BTreeSet<String> = crds::all().iter().map(crds::file_name).collect();
-    let present: BTreeSet<String> = std::fs::read_dir(&dir)
-        .expect("crds/ exists")
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    assert_eq!(
-        present, expected,
-        "crds/ has other files than the types produce; run `cargo run -- crds --out crds`"
-    );
-    for crd in crds::all() {
-        let committed = std::fs::read_to_string(dir.join(crds::file_name(&crd))).expect("read CRD file");
-        assert!(
-            committed == crds::to_yaml(&crd).expect("yaml"),
-            "crds/{} differs from the Rust types; run `cargo run -- crds --out crds` and commit",
-            crds::file_name(&crd)
+    for (dir, crds) in [(dir.clone(), crds::all()), (dir.join(crds::HOST_DIR), crds::host())] {
+        let expected: BTreeSet<String> = crds.iter().map(crds::file_name).collect();
+        assert_eq!(
+            yaml_files(&dir),
+            expected,
+            "{} has other files than the types produce; run `cargo run -- crds --out crds`",
+            dir.display()
         );
+        for crd in crds {
+            let committed = std::fs::read_to_string(dir.join(crds::file_name(&crd))).expect("read CRD file");
+            assert!(
+                committed == crds::to_yaml(&crd).expect("yaml"),
+                "{}/{} differs from the Rust types; run `cargo run -- crds --out crds` and commit",
+                dir.display(),
+                crds::file_name(&crd)
+            );
+        }
     }
+}
+
+/// Issue 31: the host's Tenant kind, cluster-scoped, printing what `kubectl get tenants` shows.
+#[test]
+fn the_tenant_crd_is_cluster_scoped_and_prints_the_operators_columns() {
+    let host = crds::host();
+    assert_eq!(host.len(), 1, "Tenant alone lives on the host");
+    let tenant = &host[0];
+    assert_eq!(tenant.metadata.name.as_deref(), Some("tenants.tenancy.stackd.dev"));
+    assert_eq!(tenant.spec.scope, "Cluster");
+    assert!(
+        !crds::all().iter().any(|crd| crd.spec.group == "tenancy.stackd.dev"),
+        "the tenants' CRDs (stackd-types) do not carry it"
+    );
+    let version = &tenant.spec.versions[0];
+    assert!(version.subresources.as_ref().is_some_and(|s| s.status.is_some()));
+    let columns: Vec<(String, String)> = version
+        .additional_printer_columns
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|c| (c.name.to_uppercase(), c.json_path.clone()))
+        .collect();
+    let expected = [
+        ("READY", r#".status.conditions[?(@.type=="Ready")].status"#),
+        ("REASON", r#".status.conditions[?(@.type=="Ready")].reason"#),
+        ("REPLICA", ".status.servedBy"),
+        ("NAMESPACE", ".status.hostNamespace"),
+        ("VERSION", ".status.serverVersion"),
+        ("AGE", ".metadata.creationTimestamp"),
+    ];
+    let expected: Vec<(String, String)> = expected.iter().map(|(n, p)| (n.to_string(), p.to_string())).collect();
+    assert_eq!(columns, expected);
+    let root = schema("Tenant");
+    assert_eq!(root["properties"]["metadata"]["properties"]["name"]["maxLength"], 63);
+    let secret = node(&root, "spec.kubeconfigSecretRef");
+    let required: BTreeSet<&str> = secret["required"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(required, BTreeSet::from(["namespace", "name", "key"]));
+    assert_eq!(
+        node(&root, "status.conditions")["x-kubernetes-list-map-keys"],
+        serde_json::json!(["type"])
+    );
 }
 
 #[test]

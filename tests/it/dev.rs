@@ -93,6 +93,31 @@ async fn dev_runs_the_daemon_which_creates_each_tenants_host_namespace() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The tenant is registered as a Tenant object on the host, and its status says it is up.
+    let tenants: Api<stackd::api::tenancy::Tenant> = Api::all(client_for(&host_file).await);
+    let ready = |tenant: &stackd::api::tenancy::Tenant| {
+        tenant.status.as_ref().is_some_and(|status| {
+            status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    };
+    while !tenants
+        .get_opt("acme")
+        .await
+        .expect("get Tenant")
+        .is_some_and(|t| ready(&t))
+    {
+        assert!(Instant::now() < deadline, "the Tenant acme never showed Ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let acme = tenants.get("acme").await.expect("Tenant");
+    let secret = acme.spec.kubeconfig_secret_ref;
+    assert_eq!(
+        (secret.namespace.as_str(), secret.key.as_str()),
+        ("stackd-system", "value")
+    );
     assert!(stop(child).await.success());
 }
 
@@ -128,6 +153,7 @@ async fn dev_installs_the_sample_stack_and_prints_it_becoming_ready() {
     );
     let progress = seen.join("\n");
     for step in [
+        "[acme] Tenant acme: Ready=True Up",
         "created StackInstall team-a/sample-stack",
         "InstallJobRunning",
         "Stack team-a/sample-stack: Ready=True",

@@ -29,6 +29,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if and (not .Values.sharding.enabled) (or .Values.leaderElection.enabled (gt (int .Values.replicas) 1)) }}true{{ end -}}
 {{- end }}
 
+{{/* The namespaces whose Secrets Tenant objects may name, comma-separated: the release namespace
+unless tenants.secretNamespaces lists others. */}}
+{{- define "stackd.tenantSecretNamespaces" -}}
+{{- $namespaces := .Values.tenants.secretNamespaces | default (list .Release.Namespace) -}}
+{{- range $namespaces }}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" .) }}
+{{- fail (printf "tenants.secretNamespaces entry %q is not a namespace name" .) }}
+{{- end }}
+{{- end }}
+{{- $namespaces | uniq | join "," -}}
+{{- end }}
+
 {{- define "stackd.tenantsSecret" -}}
 {{- .Values.tenants.existingSecret | default (printf "%s-tenants" (include "stackd.fullname" .)) -}}
 {{- end }}

@@ -46,14 +46,31 @@ impl Fleet {
     }
 
     pub(crate) async fn add_tenant(&mut self, name: &str) {
+        let kubeconfig = self.add_tenant_server(name).await;
+        std::fs::write(self.tenant_file(name), kubeconfig).expect("tenant kubeconfig");
+    }
+
+    /// A tenant API server with no file in the tenants directory (for a Tenant object to name):
+    /// its kubeconfig.
+    pub(crate) async fn add_tenant_server(&mut self, name: &str) -> String {
         let server = ApiServer::start(ServerOptions {
             name: name.into(),
             ..Default::default()
         })
         .await
         .expect("tenant");
-        std::fs::write(self.tenant_file(name), server.kubeconfig_yaml()).expect("tenant kubeconfig");
+        let kubeconfig = server.kubeconfig_yaml();
         self.tenants.push((name.to_string(), Some(server)));
+        kubeconfig
+    }
+
+    /// A tenant's API server, while it runs.
+    pub(crate) fn tenant_server(&self, name: &str) -> &ApiServer {
+        self.tenants
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, server)| server.as_ref())
+            .expect("a running tenant server")
     }
 
     pub(crate) fn tenant_file(&self, name: &str) -> PathBuf {

@@ -1,0 +1,504 @@
+//! The status of Tenant objects, written by the replica serving each tenant: unsharded, the one
+//! daemon (the leader); with `--shards`, the holder of the tenant's slot alone. It says what
+//! `/readyz?verbose` says of the tenant (`Ready`: Up, Degraded or Down with the root cause), which
+//! replica serves it or why none does (`Served`), its host namespace, its API server's version and
+//! its objects by readiness (from the tenant's caches, no extra request to it). Written by
+//! server-side apply to `/status` when something changed and only then, with an Event on the Tenant
+//! at every transition of a condition.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
+
+use super::{Registration, TenantObjects};
+use crate::api::tenancy::{Tenant, TenantStatus};
+use crate::context::namespace_template::NamespaceTemplate;
+use crate::runtime::cause::diagnose;
+use crate::runtime::conditions::{DesiredCondition, set_condition};
+use crate::runtime::health::{Health, TenantFacts, TenantHealth};
+use crate::runtime::metrics::{ErrorLabels, Metrics};
+use crate::runtime::shards::{Board, slot_of};
+use crate::runtime::status_writer::apply_status;
+use crate::runtime::written::Written;
+
+/// The field manager of Tenant status writes.
+pub const FIELD_MANAGER: &str = "stackd/tenant";
+/// The controller label of the writer's passes in the reconcile metrics.
+pub const CONTROLLER: &str = "tenant-object";
+/// A pass now and then even when nothing signalled: a safety net, as for every controller.
+const SAFETY_PASS: Duration = Duration::from_secs(60);
+/// After a failed write, the pass is made again this soon.
+const RETRY: Duration = Duration::from_secs(2);
+
+/// Which Tenants this replica writes the status of.
+#[derive(Clone)]
+pub enum Serving {
+    /// Every Tenant: the one daemon, or the leader.
+    All,
+    /// The Tenants of the shard slots this replica serves.
+    Shards { board: Arc<Board>, shards: u32 },
+}
+
+impl Serving {
+    /// The tenant's slot (and the slot count) when sharded; `None` when this replica does not
+    /// serve it.
+    fn serves(&self, tenant: &str) -> Option<Option<(u32, u32)>> {
+        match self {
+            Serving::All => Some(None),
+            Serving::Shards { board, shards } => {
+                let slot = slot_of(tenant, *shards);
+                let table = board.lock();
+                let entry = table.slots.get(&slot)?;
+                (entry.serving && entry.lease.may_serve(Instant::now())).then_some(Some((slot, *shards)))
+            }
+        }
+    }
+}
+
+/// What the status is made of, besides the Tenant itself.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Inputs {
+    pub registration: Registration,
+    /// The file of the tenants directory that defines this name too.
+    pub conflict: Option<String>,
+    pub health: Option<TenantHealth>,
+    /// Why the daemon suspended the tenant (over its memory budget), while it is.
+    pub suspension: Option<String>,
+    pub facts: TenantFacts,
+    pub host_namespace: Option<String>,
+    /// This replica's identity.
+    pub replica: String,
+    /// The slot and the slot count, when sharded.
+    pub shard: Option<(u32, u32)>,
+}
+
+impl Inputs {
+    /// Nothing new to say yet: its Secret is not read (never written: it takes a moment), or its
+    /// server not reached, since this replica began serving it. A Tenant with a status keeps it
+    /// meanwhile (a restarted daemon does not flash every Tenant through Starting); a new one is
+    /// told it is starting.
+    fn is_undecided(&self) -> bool {
+        self.conflict.is_none()
+            && self.suspension.is_none()
+            && match self.registration {
+                Registration::Pending => true,
+                Registration::Accepted { .. } => matches!(self.health, None | Some(TenantHealth::Starting)),
+                Registration::Suspended | Registration::Refused(_) => false,
+            }
+    }
+}
+
+struct Said {
+    status: bool,
+    reason: String,
+    message: String,
+}
+
+impl Said {
+    fn new(status: bool, reason: &str, message: impl Into<String>) -> Said {
+        Said {
+            status,
+            reason: reason.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// `Served`: which replica serves the tenant, or why none does.
+fn served(name: &str, inputs: &Inputs) -> Said {
+    if let Some(file) = &inputs.conflict {
+        return Said::new(
+            false,
+            "NameConflict",
+            format!(
+                "tenant {name} is also defined by {file} in the tenants directory (--tenants-dir); a name in both is refused, and this Tenant is not served while the file exists: delete one"
+            ),
+        );
+    }
+    match &inputs.registration {
+        Registration::Pending => Said::new(
+            false,
+            "Pending",
+            "waiting for the Secrets of its namespace to be listed",
+        ),
+        Registration::Suspended => Said::new(
+            false,
+            "Suspended",
+            "spec.suspend is true: the tenant's controllers are stopped and its host objects kept",
+        ),
+        Registration::Refused(refusal) => Said::new(false, refusal.reason, refusal.message.clone()),
+        Registration::Accepted { kept } => {
+            let by = match inputs.shard {
+                Some((slot, shards)) => format!("served by replica {} (shard slot {slot} of {shards})", inputs.replica),
+                None => format!("served by replica {}", inputs.replica),
+            };
+            match kept {
+                None => Said::new(true, "Served", by),
+                Some(refusal) => Said::new(
+                    true,
+                    "ServedWithPreviousKubeconfig",
+                    format!("{by}, on its previous kubeconfig: {}", refusal.message),
+                ),
+            }
+        }
+    }
+}
+
+/// `Ready`: what `/readyz?verbose` says of a served tenant; for one not served, why not.
+fn ready(served: &Said, health: Option<&TenantHealth>, suspension: Option<&str>) -> Said {
+    if !served.status {
+        return Said::new(false, &served.reason, format!("not served: {}", served.message));
+    }
+    if let Some(why) = suspension {
+        return Said::new(false, "OverMemoryBudget", format!("suspended by the daemon: {why}"));
+    }
+    match health {
+        None | Some(TenantHealth::Starting) => Said::new(false, "Starting", "connecting to the tenant API server"),
+        Some(TenantHealth::Up) => Said::new(true, "Up", "the tenant API server answers and serves stackd's CRDs"),
+        Some(TenantHealth::Degraded(why)) => Said::new(true, "Degraded", why.clone()),
+        Some(TenantHealth::Down(why)) => {
+            Said::new(false, "Down", format!("the tenant API server does not answer: {why}"))
+        }
+        Some(TenantHealth::Invalid(why)) => Said::new(false, "Invalid", why.clone()),
+    }
+}
+
+/// The status `tenant` should have, from `current` (its conditions' transition times kept).
+pub fn desired(tenant: &Tenant, current: &TenantStatus, inputs: &Inputs, now: Time) -> TenantStatus {
+    let name = tenant.name_any();
+    let generation = tenant.meta().generation;
+    let served = served(&name, inputs);
+    let ready = ready(&served, inputs.health.as_ref(), inputs.suspension.as_deref());
+    let mut status = current.clone();
+    for (type_, said) in [("Ready", &ready), ("Served", &served)] {
+        let condition = DesiredCondition {
+            type_,
+            status: said.status,
+            reason: &said.reason,
+            message: said.message.clone(),
+            observed_generation: generation,
+        };
+        set_condition(&mut status.conditions, condition, now.clone());
+    }
+    status.observed_generation = generation;
+    status.shard = inputs.shard.and_then(|(slot, _)| i32::try_from(slot).ok());
+    status.host_namespace.clone_from(&inputs.host_namespace);
+    let facts = served.status.then_some(&inputs.facts);
+    status.served_by = served.status.then(|| inputs.replica.clone());
+    status.server_version = facts.and_then(|f| f.server_version.clone());
+    let counts = facts.and_then(|f| f.counts);
+    status.installs = counts.map(|c| c.installs);
+    status.stacks = counts.map(|c| c.stacks);
+    status.pools = counts.map(|c| c.pools);
+    status
+}
+
+/// The Events of going from `before` to `after`: one per condition whose status or reason changed.
+pub fn transitions(before: &TenantStatus, after: &TenantStatus) -> Vec<Event> {
+    after
+        .conditions
+        .iter()
+        .filter(|condition| {
+            !before.conditions.iter().any(|old| {
+                old.type_ == condition.type_ && old.status == condition.status && old.reason == condition.reason
+            })
+        })
+        .map(|condition| Event {
+            type_: if condition.status == "True" {
+                EventType::Normal
+            } else {
+                EventType::Warning
+            },
+            reason: condition.reason.clone(),
+            note: Some(format!("{}: {}", condition.type_, condition.message)),
+            action: condition.type_.clone(),
+            secondary: None,
+        })
+        .collect()
+}
+
+/// Writes the status of the Tenants this replica serves.
+pub struct StatusWriter {
+    pub host: Client,
+    pub view: Arc<TenantObjects>,
+    pub health: Arc<Health>,
+    pub metrics: Arc<Metrics>,
+    pub template: NamespaceTemplate,
+    pub replica: String,
+    pub serving: Serving,
+}
+
+impl StatusWriter {
+    /// Passes over the Tenants whenever a tenant's state or a Tenant changes, until `cancel`.
+    pub async fn run(self, cancel: CancellationToken) {
+        let recorder = Recorder::new(
+            self.host.clone(),
+            Reporter {
+                controller: "stackd".into(),
+                instance: Some(self.replica.clone()),
+            },
+        );
+        let written = Written::<TenantStatus>::default();
+        let (mut health, mut objects) = (self.health.changes(), self.view.changes());
+        let mut retry_at = None;
+        loop {
+            let safety = tokio::time::sleep(SAFETY_PASS);
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = health.changed() => {}
+                _ = objects.changed() => {}
+                _ = sleep_until(retry_at) => {}
+                _ = safety => {}
+            }
+            health.borrow_and_update();
+            objects.borrow_and_update();
+            // A replica that may no longer act (its lease is running out) stops mid-pass.
+            let failed = tokio::select! {
+                _ = cancel.cancelled() => return,
+                failed = self.pass(&written, &recorder) => failed,
+            };
+            retry_at = failed.then(|| Instant::now() + RETRY);
+        }
+    }
+
+    /// One look at every Tenant this replica serves; whether a write failed.
+    async fn pass(&self, written: &Written<TenantStatus>, recorder: &Recorder) -> bool {
+        let api: Api<Tenant> = Api::all(self.host.clone());
+        let mut failed = false;
+        let mut present = BTreeSet::new();
+        for tenant in self.view.store().state() {
+            let name = tenant.name_any();
+            let uid = tenant.uid().unwrap_or_default();
+            present.insert(uid.clone());
+            let Some(shard) = self.serving.serves(&name) else {
+                continue;
+            };
+            let started = Instant::now();
+            let labels = Metrics::controller(&name, CONTROLLER);
+            let cached = tenant.status.clone().unwrap_or_default();
+            let current = written.current(&uid, tenant.resource_version().as_deref(), cached);
+            let inputs = self.inputs(&name, shard);
+            let status = desired(&tenant, &current, &inputs, Time(Timestamp::now()));
+            let pending = inputs.registration == Registration::Pending && inputs.conflict.is_none();
+            let holds = pending || (inputs.is_undecided() && tenant.status.is_some());
+            if status != current && !holds {
+                match apply_status(&api, &tenant, FIELD_MANAGER, &status, None).await {
+                    Ok(stored) => {
+                        written.record(&uid, stored.resource_version(), status.clone());
+                        self.publish(recorder, &tenant, &current, &status).await;
+                    }
+                    Err(err) => {
+                        failed = true;
+                        let cause = diagnose(&err);
+                        self.metrics.reconcile_errors.get_or_create(&labels).inc();
+                        let by_kind = ErrorLabels {
+                            tenant: name.clone(),
+                            controller: CONTROLLER.to_string(),
+                            kind: cause.kind.label().to_string(),
+                        };
+                        self.metrics.reconcile_errors_by_kind.get_or_create(&by_kind).inc();
+                        warn!(tenant = %name, %cause, "cannot write the Tenant's status; retrying");
+                    }
+                }
+            }
+            self.metrics.reconciles.get_or_create(&labels).inc();
+            self.metrics
+                .reconcile_duration
+                .get_or_create(&labels)
+                .observe(started.elapsed().as_secs_f64());
+        }
+        written.retain(|uid| present.contains(uid));
+        failed
+    }
+
+    fn inputs(&self, name: &str, shard: Option<(u32, u32)>) -> Inputs {
+        Inputs {
+            registration: self.view.registration(name),
+            conflict: self.view.conflict(name),
+            health: self.health.tenant(name),
+            suspension: self.health.suspension(name),
+            facts: self.health.tenant_facts(name),
+            host_namespace: self.template.namespace_for(name).ok(),
+            replica: self.replica.clone(),
+            shard,
+        }
+    }
+
+    async fn publish(&self, recorder: &Recorder, tenant: &Tenant, before: &TenantStatus, after: &TenantStatus) {
+        let reference = tenant.object_ref(&());
+        for event in transitions(before, after) {
+            if let Err(err) = recorder.publish(&event, &reference).await {
+                debug!(tenant = %tenant.name_any(), error = %err, "cannot publish an Event on the Tenant");
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::tenancy::{KubeconfigSecretRef, ReadinessCount, TenantSpec};
+    use crate::runtime::health::ObjectCounts;
+    use crate::tenancy::objects::kubeconfig::Refusal;
+
+    fn tenant() -> Tenant {
+        let mut tenant = Tenant::new(
+            "acme",
+            TenantSpec {
+                kubeconfig_secret_ref: KubeconfigSecretRef {
+                    namespace: "stackd-system".into(),
+                    name: "vc-acme".into(),
+                    key: "config".into(),
+                },
+                ..Default::default()
+            },
+        );
+        tenant.metadata.generation = Some(3);
+        tenant
+    }
+
+    fn inputs(registration: Registration, health: Option<TenantHealth>) -> Inputs {
+        Inputs {
+            registration,
+            conflict: None,
+            health,
+            suspension: None,
+            facts: TenantFacts {
+                server_version: Some("v1.30.2".into()),
+                counts: Some(ObjectCounts {
+                    installs: ReadinessCount { ready: 2, not_ready: 1 },
+                    ..Default::default()
+                }),
+            },
+            host_namespace: Some("tenant-acme-controllers".into()),
+            replica: "stackd-0-42".into(),
+            shard: None,
+        }
+    }
+
+    fn time(seconds: i64) -> Time {
+        Time(Timestamp::from_second(seconds).unwrap_or_default())
+    }
+
+    fn condition<'a>(status: &'a TenantStatus, type_: &str) -> (&'a str, &'a str, &'a str) {
+        let c = status.conditions.iter().find(|c| c.type_ == type_).expect("condition");
+        (c.status.as_str(), c.reason.as_str(), c.message.as_str())
+    }
+
+    #[test]
+    fn a_served_tenant_that_answers_is_ready_with_its_replica_version_and_counts() {
+        let accepted = Registration::Accepted { kept: None };
+        let status = desired(
+            &tenant(),
+            &TenantStatus::default(),
+            &inputs(accepted, Some(TenantHealth::Up)),
+            time(1),
+        );
+        assert_eq!(condition(&status, "Ready").0, "True");
+        assert_eq!(condition(&status, "Ready").1, "Up");
+        assert_eq!(condition(&status, "Served").2, "served by replica stackd-0-42");
+        assert_eq!(status.served_by.as_deref(), Some("stackd-0-42"));
+        assert_eq!(status.server_version.as_deref(), Some("v1.30.2"));
+        assert_eq!(status.installs, Some(ReadinessCount { ready: 2, not_ready: 1 }));
+        assert_eq!(status.observed_generation, Some(3));
+    }
+
+    #[test]
+    fn a_tenant_down_says_the_root_cause_and_an_unchanged_one_is_the_same_status() {
+        let down = inputs(
+            Registration::Accepted { kept: None },
+            Some(TenantHealth::Down("connection refused".into())),
+        );
+        let status = desired(&tenant(), &TenantStatus::default(), &down, time(1));
+        assert_eq!(
+            condition(&status, "Ready"),
+            (
+                "False",
+                "Down",
+                "the tenant API server does not answer: connection refused"
+            )
+        );
+        let again = desired(&tenant(), &status, &down, time(2));
+        assert_eq!(again, status, "nothing changed: nothing to write");
+        assert!(transitions(&status, &again).is_empty());
+        let events = transitions(&TenantStatus::default(), &status);
+        let reasons: Vec<&str> = events.iter().map(|e| e.reason.as_str()).collect();
+        assert_eq!(reasons, ["Down", "Served"]);
+    }
+
+    #[test]
+    fn a_tenant_not_served_says_why_in_both_conditions_and_shows_no_replica() {
+        let refused = Registration::Refused(Refusal::new(
+            "SecretNamespaceNotAllowed",
+            "Secret kube-system/x is elsewhere",
+        ));
+        let status = desired(&tenant(), &TenantStatus::default(), &inputs(refused, None), time(1));
+        assert_eq!(condition(&status, "Served").1, "SecretNamespaceNotAllowed");
+        assert_eq!(condition(&status, "Ready").1, "SecretNamespaceNotAllowed");
+        assert!(condition(&status, "Ready").2.starts_with("not served: "));
+        assert_eq!(status.served_by, None);
+        assert_eq!(status.server_version, None);
+        assert_eq!(status.host_namespace.as_deref(), Some("tenant-acme-controllers"));
+        let mut conflict = inputs(Registration::Accepted { kept: None }, Some(TenantHealth::Up));
+        conflict.conflict = Some("file /tenants/acme.yaml".into());
+        let status = desired(&tenant(), &TenantStatus::default(), &conflict, time(1));
+        assert_eq!(condition(&status, "Served").1, "NameConflict");
+        assert!(condition(&status, "Served").2.contains("/tenants/acme.yaml"));
+    }
+
+    #[test]
+    fn a_tenant_not_yet_read_or_reached_is_undecided_unless_refused_or_in_conflict() {
+        let accepted = || Registration::Accepted { kept: None };
+        assert!(inputs(Registration::Pending, None).is_undecided());
+        assert!(inputs(accepted(), Some(TenantHealth::Starting)).is_undecided());
+        assert!(!inputs(accepted(), Some(TenantHealth::Up)).is_undecided());
+        assert!(!inputs(Registration::Suspended, None).is_undecided());
+        let mut conflict = inputs(accepted(), None);
+        conflict.conflict = Some("file /tenants/acme.yaml".into());
+        assert!(!conflict.is_undecided());
+    }
+
+    #[test]
+    fn a_tenant_suspended_over_its_memory_budget_is_not_ready_and_says_why() {
+        let mut over = inputs(Registration::Accepted { kept: None }, Some(TenantHealth::Up));
+        over.suspension = Some("cached 9 MiB, over its budget of 8 MiB".into());
+        let status = desired(&tenant(), &TenantStatus::default(), &over, time(1));
+        let (state, reason, message) = condition(&status, "Ready");
+        assert_eq!((state, reason), ("False", "OverMemoryBudget"));
+        assert!(message.contains("over its budget of 8 MiB"), "{message}");
+        assert_eq!(condition(&status, "Served").0, "True");
+        assert!(!over.is_undecided());
+    }
+
+    #[test]
+    fn a_sharded_tenant_names_its_slot_and_a_kept_kubeconfig_is_told() {
+        let kept = Registration::Accepted {
+            kept: Some(Refusal::new("InvalidKubeconfig", "Secret x: line 3")),
+        };
+        let mut sharded = inputs(kept, Some(TenantHealth::Up));
+        sharded.shard = Some((5, 32));
+        let status = desired(&tenant(), &TenantStatus::default(), &sharded, time(1));
+        assert_eq!(status.shard, Some(5));
+        let (state, reason, message) = condition(&status, "Served");
+        assert_eq!((state, reason), ("True", "ServedWithPreviousKubeconfig"));
+        assert!(
+            message.contains("shard slot 5 of 32") && message.contains("line 3"),
+            "{message}"
+        );
+    }
+}

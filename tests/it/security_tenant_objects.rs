@@ -1,0 +1,117 @@
+//! Tenant objects (issue 31): a Tenant names a Secret, and the daemon must read Secrets only in the
+//! namespaces it is given, and nothing a Secret holds may make it run a command or read its own
+//! files. Each attack is performed and its refusal observed on the Tenant.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use stackd::embedded::Verb;
+
+use crate::harness::{Fleet, until};
+use crate::tenant_objects::{
+    HostKubectl, SECRETS_NAMESPACE, event_reasons, install_tenant_crd, registration, wait_condition,
+};
+
+const SOON: Duration = Duration::from_secs(20);
+
+/// A Tenant naming a Secret in `kube-system` (not given to the daemon), which holds a working
+/// kubeconfig: the daemon refuses it before asking the host anything, and says so on the Tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_naming_a_secret_outside_the_given_namespaces_never_has_it_read() {
+    let mut fleet = Fleet::start(&[]).await;
+    let kubeconfig = fleet.add_tenant_server("acme").await;
+    let kubectl = HostKubectl::new(&fleet);
+    install_tenant_crd(&kubectl).await;
+    kubectl
+        .apply(&registration(
+            "acme",
+            "kube-system",
+            "admin-kubeconfig",
+            "value",
+            &kubeconfig,
+        ))
+        .await;
+    let before = fleet.host().counters();
+    let daemon = fleet.daemon(&["--tenant-secret-namespaces", SECRETS_NAMESPACE]);
+    let message = wait_condition(&fleet, &daemon, "acme", "Served", "False", "SecretNamespaceNotAllowed").await;
+    assert!(
+        message.contains("kube-system") && message.contains("--tenant-secret-namespaces: stackd-system"),
+        "{message}"
+    );
+    let ready = wait_condition(&fleet, &daemon, "acme", "Ready", "False", "SecretNamespaceNotAllowed").await;
+    assert!(ready.starts_with("not served: "), "{ready}");
+    until("a Warning Event naming the refusal", SOON, &daemon, || async {
+        event_reasons(&fleet, "acme")
+            .await
+            .contains(&"SecretNamespaceNotAllowed".to_string())
+    })
+    .await;
+    let asked = fleet.host().counters().since(&before);
+    for verb in [Verb::Get, Verb::List, Verb::Watch] {
+        assert_eq!(
+            asked.get(verb, "secrets", Some("kube-system")),
+            0,
+            "{verb:?} of a Secret in kube-system"
+        );
+    }
+    assert!(fleet.namespace("acme").await.is_none(), "nothing is made for it");
+}
+
+/// Whoever may write Secrets in a given namespace writes a kubeconfig whose user runs a command
+/// (`exec`), or sends the daemon's own service-account token (`tokenFile`): refused by field, the
+/// command never runs, and the text is never logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_kubeconfig_that_runs_a_command_or_reads_a_file_is_refused() {
+    let mut fleet = Fleet::start(&[]).await;
+    let kubeconfig = fleet.add_tenant_server("acme").await;
+    let marker = fleet.dir.path().join("exec-ran");
+    let credential =
+        r#"{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"x"}}"#;
+    let exec = json!({"exec": {
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "command": "/bin/sh",
+        "args": ["-c", format!("touch {} && echo '{credential}'", marker.display())],
+    }});
+    let with_exec = with_user(&kubeconfig, exec);
+    let token_file = json!({"tokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token"});
+    let with_token_file = with_user(&kubeconfig, token_file);
+    let kubectl = HostKubectl::new(&fleet);
+    install_tenant_crd(&kubectl).await;
+    kubectl
+        .apply(&registration(
+            "acme",
+            SECRETS_NAMESPACE,
+            "acme-kubeconfig",
+            "value",
+            &with_exec,
+        ))
+        .await;
+    kubectl
+        .apply(&registration(
+            "globex",
+            SECRETS_NAMESPACE,
+            "globex-kubeconfig",
+            "value",
+            &with_token_file,
+        ))
+        .await;
+    let daemon = fleet.daemon(&[]);
+    let message = wait_condition(&fleet, &daemon, "acme", "Served", "False", "KubeconfigRefused").await;
+    assert!(message.contains("users[0].user.exec"), "{message}");
+    let message = wait_condition(&fleet, &daemon, "globex", "Served", "False", "KubeconfigRefused").await;
+    assert!(message.contains("users[0].user.tokenFile"), "{message}");
+    assert!(!marker.exists(), "the command ran");
+    let log = daemon.log_text();
+    assert!(
+        !log.contains("/bin/sh") && !log.contains("serviceaccount/token"),
+        "{log}"
+    );
+    assert!(fleet.namespace("acme").await.is_none() && fleet.namespace("globex").await.is_none());
+}
+
+/// The embedded server's kubeconfig with its user replaced by `user`.
+fn with_user(kubeconfig: &str, user: Value) -> String {
+    let mut value: Value = serde_saphyr::from_str(kubeconfig).expect("kubeconfig YAML");
+    value["users"][0]["user"] = user;
+    serde_saphyr::to_string(&value).expect("YAML")
+}
