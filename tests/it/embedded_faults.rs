@@ -205,7 +205,10 @@ async fn dropped_watches_make_the_kube_runtime_watcher_reconnect_without_relisti
     let before = t.server.counters();
     t.server.faults().drop_watches();
     // The dropped watch has ended before the change, so that only a new watch can deliver it.
-    until("the watch dropped", WAIT, &NoDaemon, || async { t.server.open_watches() == 0 }).await;
+    until("the watch dropped", WAIT, &NoDaemon, || async {
+        t.server.open_watches() == 0
+    })
+    .await;
     t.configmaps("ns")
         .create(&PostParams::default(), &configmap("after", json!({})))
         .await
