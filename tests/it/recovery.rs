@@ -318,7 +318,8 @@ async fn a_thirty_second_outage_of_a_tenant_is_told_in_a_few_lines() {
         acme.open_watches() == 0
     })
     .await;
-    // The outage lasts its 30 s whatever happened in it.
+    // The outage lasts its 30 s whatever happened in it: the scenario's length, not a wait for the
+    // daemon, so the one sleep left in the tests (what the daemon does meanwhile is waited for above).
     tokio::time::sleep(OUTAGE.saturating_sub(stopped.elapsed())).await;
     acme.serve_again().await.expect("serves again");
     daemon

@@ -1,6 +1,9 @@
 //! Waiting until the daemon has acted on a change and stopped, so that a test may then check that
 //! nothing (more) happened: the reconciles after the change have finished and the API servers saw
 //! no write for a moment. This replaces "sleep, then check": the daemon provably had its chance.
+//! It reads the daemon's reconcile counters (`stackd_reconcile_duration_seconds_count`, per tenant
+//! and controller) and the embedded servers' request counters; a test that changes one object of a
+//! controller takes the mark just before the change.
 
 use std::time::{Duration, Instant};
 
@@ -115,7 +118,7 @@ impl Window {
 }
 
 /// The writes among `counts`, as "verb resource in namespace xN", Leases left out.
-pub(crate) fn writes(counts: &RequestCounts) -> Vec<String> {
+fn writes(counts: &RequestCounts) -> Vec<String> {
     counts
         .counts
         .iter()
