@@ -8,7 +8,7 @@ mod rbac;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
@@ -22,7 +22,7 @@ use stackd::host::Parent;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use crate::harness::Daemon;
+use crate::harness::{Daemon, LastSeen, NoDaemon, until, wait_until};
 use rbac::{Authorizer, Permission, Request, Subject};
 
 /// The release namespace in the host and in each tenant.
@@ -875,16 +875,11 @@ async fn the_types_chart_applied_to_a_tenant_is_what_the_values_say() {
 
     // The token controller fills the daemon's long-lived token: what a token kubeconfig is made of.
     let secrets: Api<Secret> = Api::namespaced(client, RELEASE_NAMESPACE);
-    let mut filled = false;
-    for _ in 0..100 {
+    until("the token Secret filled", Duration::from_secs(5), &NoDaemon, || async {
         let secret = secrets.get("stackd-daemon-token").await.expect("token Secret");
-        if secret.data.as_ref().is_some_and(|d| d.contains_key("token")) {
-            filled = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(filled, "the token Secret was never filled");
+        secret.data.as_ref().is_some_and(|d| d.contains_key("token"))
+    })
+    .await;
     tenant.shutdown().await;
 }
 
@@ -1193,18 +1188,16 @@ impl Installation {
 async fn service_account_kubeconfig(server: &ApiServer, secret: &str) -> String {
     use base64::Engine;
     let secrets = GroupResource::new("", "secrets");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let token = loop {
+    let what = format!("the token Secret {secret} filled");
+    let token = wait_until(&what, Duration::from_secs(10), &NoDaemon, || async {
         let filled = server.store().get(&secrets, RELEASE_NAMESPACE, secret);
-        if let Some(token) = filled.as_ref().and_then(|s| s["data"]["token"].as_str()) {
-            let decoded = base64::engine::general_purpose::STANDARD
-                .decode(token)
-                .expect("base64 token");
-            break String::from_utf8(decoded).expect("UTF-8 token");
-        }
-        assert!(Instant::now() < deadline, "the token Secret {secret} was never filled");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        let token = filled.as_ref().and_then(|s| s["data"]["token"].as_str())?;
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(token)
+            .expect("base64 token");
+        Some(String::from_utf8(decoded).expect("UTF-8 token"))
+    })
+    .await;
     let mut kubeconfig = server.kubeconfig();
     for user in &mut kubeconfig.auth_infos {
         if let Some(auth) = user.auth_info.as_mut() {
@@ -1400,39 +1393,42 @@ async fn daemon_startup_repair_sweep_and_leader_election(installation: &Installa
     let (host_window, tenant_window) = (Window::open(&installation.host), Window::open(&installation.tenant));
     let timing = ["--sweep-interval", "300ms", "--leader-elect-lease-duration", "2"];
     let mut daemon = installation.daemon(&timing);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let namespaces_ready = ["acme", "globex"].iter().all(|tenant| {
-            let name = format!("tenant-{tenant}-controllers");
-            let ns = installation.host_has("", "namespaces", "", &name);
-            let binding = installation.host_has(RBAC, "rolebindings", &name, "stackd-tenant-namespace");
-            let quota = installation.host_has("", "resourcequotas", &name, "stackd-tenant-quota");
-            let limits = installation.host_has("", "limitranges", &name, "stackd-tenant-limits");
-            let policy =
-                installation.host_has("networking.k8s.io", "networkpolicies", &name, "stackd-tenant-isolation");
-            ns.is_some_and(|ns| ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted")
-                && binding.is_some_and(|b| b["subjects"][0]["name"] == "stackd")
-                && quota.is_some_and(|q| q["spec"]["hard"]["pods"] == "50")
-                && limits.is_some_and(|l| l["spec"]["limits"][0]["default"]["cpu"] == "1")
-                && policy.is_some_and(|p| p["spec"]["ingress"][0]["from"][0]["podSelector"] == json!({}))
-        });
-        let swept = orphans("globex", globex).iter().all(|(group, plural, object)| {
-            let name = object["metadata"]["name"].as_str().expect("name");
-            installation.host_has(group, plural, globex, name).is_none()
-        });
-        let leader = installation
-            .host_has("coordination.k8s.io", "leases", RELEASE_NAMESPACE, "stackd-leader")
-            .is_some();
-        if namespaces_ready && swept && leader {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "namespaces ready: {namespaces_ready}, orphans swept: {swept}, lease taken: {leader}\nlog:\n{}",
-            daemon.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let last = LastSeen::new(&daemon);
+    until(
+        "namespaces ready, orphans swept, lease taken",
+        Duration::from_secs(20),
+        &last,
+        || async {
+            let namespaces_ready = ["acme", "globex"].iter().all(|tenant| {
+                let name = format!("tenant-{tenant}-controllers");
+                let ns = installation.host_has("", "namespaces", "", &name);
+                let binding = installation.host_has(RBAC, "rolebindings", &name, "stackd-tenant-namespace");
+                let quota = installation.host_has("", "resourcequotas", &name, "stackd-tenant-quota");
+                let limits = installation.host_has("", "limitranges", &name, "stackd-tenant-limits");
+                let policy =
+                    installation.host_has("networking.k8s.io", "networkpolicies", &name, "stackd-tenant-isolation");
+                ns.is_some_and(|ns| ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted")
+                    && binding.is_some_and(|b| b["subjects"][0]["name"] == "stackd")
+                    && quota.is_some_and(|q| q["spec"]["hard"]["pods"] == "50")
+                    && limits.is_some_and(|l| l["spec"]["limits"][0]["default"]["cpu"] == "1")
+                    && policy.is_some_and(|p| p["spec"]["ingress"][0]["from"][0]["podSelector"] == json!({}))
+            });
+            let swept = orphans("globex", globex).iter().all(|(group, plural, object)| {
+                let name = object["metadata"]["name"].as_str().expect("name");
+                installation.host_has(group, plural, globex, name).is_none()
+            });
+            let leader = installation
+                .host_has("coordination.k8s.io", "leases", RELEASE_NAMESPACE, "stackd-leader")
+                .is_some();
+            last.saw(&(
+                ("namespaces ready", namespaces_ready),
+                ("orphans swept", swept),
+                ("lease taken", leader),
+            ));
+            namespaces_ready && swept && leader
+        },
+    )
+    .await;
     let mut standby = installation.daemon(&timing);
     wait_for_log(&standby, "waiting for the leader lease").await;
     stop(&mut daemon).await;
@@ -1469,15 +1465,13 @@ async fn sharding(installation: &Installation) -> ScenarioRun {
 }
 
 async fn wait_for_log(daemon: &Daemon, needle: &str) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !daemon.log_text().contains(needle) {
-        assert!(
-            Instant::now() < deadline,
-            "never logged {needle:?}:\n{}",
-            daemon.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until(
+        &format!("{needle:?} logged"),
+        Duration::from_secs(15),
+        daemon,
+        || async { daemon.log_text().contains(needle) },
+    )
+    .await;
 }
 
 /// SIGTERM, and a clean exit.
@@ -1613,15 +1607,10 @@ async fn stack_install_and_uninstall(installation: &Installation) -> Vec<Scenari
 
     let (host_window, tenant_window) = (Window::open(&installation.host), Window::open(&installation.tenant));
     let mut daemon = installation.daemon(&[]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !ready(&installation.tenant) {
-        assert!(
-            Instant::now() < deadline,
-            "the install never became Ready:\n{}",
-            daemon.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until("the install Ready", Duration::from_secs(30), &daemon, || async {
+        ready(&installation.tenant)
+    })
+    .await;
     let install_run = ScenarioRun {
         covers: &[StackInstall],
         host: host_window.close(&installation.host, &installation.host_subject),
@@ -1654,8 +1643,7 @@ async fn stack_install_and_uninstall(installation: &Installation) -> Vec<Scenari
     let mut daemon = installation.daemon(&[]);
     let deployed = GroupResource::new("apps", "deployments");
     let tokens = GroupResource::new("", "secrets");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    until("the host drift repaired", Duration::from_secs(30), &daemon, || async {
         let replicas = installation
             .host
             .store()
@@ -1670,16 +1658,9 @@ async fn stack_install_and_uninstall(installation: &Installation) -> Vec<Scenari
             &base64::engine::general_purpose::STANDARD,
             "forged"
         ));
-        if replicas.is_some_and(|r| r != json!(7)) && token.is_some_and(|t| t != forged) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the host drift was never repaired:\n{}",
-            daemon.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        replicas.is_some_and(|r| r != json!(7)) && token.is_some_and(|t| t != forged)
+    })
+    .await;
     let drift_run = ScenarioRun {
         covers: &[HostDriftRepair, StackInstall],
         host: host_window.close(&installation.host, &installation.host_subject),
@@ -1696,25 +1677,12 @@ async fn stack_install_and_uninstall(installation: &Installation) -> Vec<Scenari
         .expect("uninstall");
     let (host_window, tenant_window) = (Window::open(&installation.host), Window::open(&installation.tenant));
     let mut daemon = installation.daemon(&[]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while installation
-        .tenant
-        .store()
-        .get(&installed, "team-a", "sample")
-        .is_some()
-        || installation
-            .tenant
-            .store()
-            .get(&cluster_installed, "team-a", "gadgets")
-            .is_some()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the uninstall never finished:\n{}",
-            daemon.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until("the uninstall finished", Duration::from_secs(30), &daemon, || async {
+        let tenant = installation.tenant.store();
+        tenant.get(&installed, "team-a", "sample").is_none()
+            && tenant.get(&cluster_installed, "team-a", "gadgets").is_none()
+    })
+    .await;
     stop(&mut daemon).await;
     let uninstall_run = ScenarioRun {
         covers: &[StackInstall],
@@ -1740,15 +1708,10 @@ async fn pool_fill(installation: &Installation) -> ScenarioRun {
     };
     let (host_window, tenant_window) = (Window::open(&installation.host), Window::open(&installation.tenant));
     let mut daemon = installation.daemon(&[]);
-    let deadline = Instant::now() + Duration::from_secs(45);
-    while !filled(&installation.tenant) {
-        assert!(
-            Instant::now() < deadline,
-            "the pool never filled:\n{}",
-            daemon.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until("the pool filled", Duration::from_secs(45), &daemon, || async {
+        filled(&installation.tenant)
+    })
+    .await;
     stop(&mut daemon).await;
     ScenarioRun {
         covers: &[PoolFill],

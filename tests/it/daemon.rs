@@ -4,9 +4,10 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams};
+use stackd::embedded::Verb;
 use stackd::embedded::faults::RequestMatch;
 
-use crate::harness::{Fleet, free_port};
+use crate::harness::{Fleet, free_port, settled, until};
 
 const SOON: Duration = Duration::from_secs(10);
 
@@ -65,30 +66,30 @@ async fn a_removed_tenant_file_suspends_the_tenant_and_keeps_its_namespace() {
     fleet.wait_for_namespace("globex", SOON).await;
     daemon.wait_for("/readyz?verbose", "tenant globex", SOON).await;
     std::fs::remove_file(fleet.tenant_file("globex")).expect("remove");
-    let deadline = Instant::now() + SOON;
-    while daemon
-        .http_get("/readyz?verbose")
-        .unwrap_or_default()
-        .contains("tenant globex")
-    {
-        assert!(
-            Instant::now() < deadline,
-            "globex still running:\n{}",
-            daemon.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until("globex stopped", SOON, &daemon, || async {
+        !daemon
+            .http_get("/readyz?verbose")
+            .unwrap_or_default()
+            .contains("tenant globex")
+    })
+    .await;
     // Suspended: its namespace stays, and nothing repairs it any more.
     assert!(
         fleet.namespace("globex").await.is_some(),
         "a removed file never deletes host objects"
     );
-    let bindings: Api<RoleBinding> = Api::namespaced(fleet.host_client.clone(), "tenant-globex-controllers");
-    bindings
-        .delete("stackd-tenant-namespace", &DeleteParams::default())
-        .await
-        .expect("delete binding");
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Both bindings deleted: the daemon repairs acme's, and once it has and writes nothing more,
+    // it has had its chance to repair globex's.
+    let reconciled = daemon.reconciles(&[("acme", "host-namespace")]);
+    for tenant in ["globex", "acme"] {
+        let bindings: Api<RoleBinding> =
+            Api::namespaced(fleet.host_client.clone(), &format!("tenant-{tenant}-controllers"));
+        bindings
+            .delete("stackd-tenant-namespace", &DeleteParams::default())
+            .await
+            .expect("delete binding");
+    }
+    settled(&daemon, &reconciled, &[fleet.host()]).await;
     assert!(
         fleet.binding("globex").await.is_none(),
         "a suspended tenant is not reconciled"
@@ -141,20 +142,12 @@ async fn an_unreachable_tenant_is_reported_while_the_others_keep_being_reconcile
         .delete("tenant-acme-controllers", &DeleteParams::default())
         .await
         .expect("delete");
-    let deadline = Instant::now() + SOON;
-    loop {
+    until("acme's namespace repaired", SOON, &daemon, || async {
         let ns = fleet.namespace("acme").await;
         let fresh = ns.as_ref().is_some_and(|ns| ns.metadata.deletion_timestamp.is_none());
-        if fresh && fleet.binding("acme").await.is_some() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "acme's namespace was not repaired:\n{}",
-            daemon.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        fresh && fleet.binding("acme").await.is_some()
+    })
+    .await;
     let ready = daemon.http_get("/readyz?verbose").unwrap_or_default();
     assert!(ready.contains("[+]tenant initech"), "{ready}");
 }
@@ -221,12 +214,10 @@ async fn an_invalid_tenant_file_is_reported_and_a_running_tenant_keeps_running()
         .wait_for("/readyz?verbose", "[-]tenant Bad_Name invalid", SOON)
         .await;
     std::fs::write(fleet.tenant_file("acme"), "not: [a kubeconfig").expect("write");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        daemon.log_text().contains("keeps running on the previous one"),
-        "{}",
-        daemon.log_text()
-    );
+    until("the bad file reported", SOON, &daemon, || async {
+        daemon.log_text().contains("keeps running on the previous one")
+    })
+    .await;
     // Still reconciled: delete the binding and it comes back.
     let bindings: Api<RoleBinding> = Api::namespaced(fleet.host_client.clone(), "tenant-acme-controllers");
     bindings
@@ -277,12 +268,19 @@ async fn of_two_daemons_with_leader_election_only_one_reconciles_until_it_exits(
     let mut first = fleet.daemon(&args);
     fleet.wait_for_namespace("acme", SOON).await;
     let second = fleet.daemon(&args);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(
-        second.log_text().contains("waiting for the leader lease"),
-        "{}",
-        second.log_text()
-    );
+    until("the second to wait for the lease", SOON, &second, || async {
+        second.log_text().contains("waiting for the leader lease")
+    })
+    .await;
+    // The second had its chance while the first renewed the lease twice.
+    let before = fleet.host().counters();
+    until("two renewals of the lease", SOON, &second, || async {
+        let renewals = fleet.host().counters().since(&before);
+        renewals.get(Verb::Update, "leases", Some("stackd-system"))
+            + renewals.get(Verb::Patch, "leases", Some("stackd-system"))
+            >= 2
+    })
+    .await;
     assert!(
         !second.log_text().contains("acquired the leader lease"),
         "only one leader:\n{}",
@@ -290,15 +288,10 @@ async fn of_two_daemons_with_leader_election_only_one_reconciles_until_it_exits(
     );
     first.terminate();
     first.wait_exit(Duration::from_secs(5)).await.expect("first exits");
-    let deadline = Instant::now() + SOON;
-    while !second.log_text().contains("acquired the leader lease") {
-        assert!(
-            Instant::now() < deadline,
-            "the standby never took over:\n{}",
-            second.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until("the standby to take over", SOON, &second, || async {
+        second.log_text().contains("acquired the leader lease")
+    })
+    .await;
     // The new leader reconciles: delete the binding and it comes back.
     let bindings: Api<RoleBinding> = Api::namespaced(fleet.host_client.clone(), "tenant-acme-controllers");
     bindings

@@ -1,10 +1,15 @@
 //! `stackd dev`: the embedded servers a new user starts first.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
+
+use crate::harness::{NoDaemon, until};
+
+/// How long `stackd dev` may take to write its kubeconfigs and set a tenant up.
+const DEV_WITHIN: Duration = Duration::from_secs(20);
 
 async fn client_for(path: &std::path::Path) -> kube::Client {
     let kubeconfig = kube::config::Kubeconfig::read_from(path).expect("kubeconfig");
@@ -15,11 +20,13 @@ async fn client_for(path: &std::path::Path) -> kube::Client {
 }
 
 async fn wait_for_file(path: &std::path::Path) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !path.exists() {
-        assert!(Instant::now() < deadline, "{} was not written", path.display());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until(
+        &format!("{} written", path.display()),
+        DEV_WITHIN,
+        &NoDaemon,
+        || async { path.exists() },
+    )
+    .await;
 }
 
 async fn stop(mut child: tokio::process::Child) -> std::process::ExitStatus {
@@ -80,19 +87,19 @@ async fn dev_runs_the_daemon_which_creates_each_tenants_host_namespace() {
     let host_file = dir.path().join("host.yaml");
     wait_for_file(&dir.path().join("tenants/acme.yaml")).await;
     let namespaces: Api<Namespace> = Api::all(client_for(&host_file).await);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while namespaces
-        .get_opt("tenant-acme-controllers")
-        .await
-        .expect("get")
-        .is_none()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the daemon did not create the host namespace"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until(
+        "the daemon to create the host namespace",
+        DEV_WITHIN,
+        &NoDaemon,
+        || async {
+            namespaces
+                .get_opt("tenant-acme-controllers")
+                .await
+                .expect("get")
+                .is_some()
+        },
+    )
+    .await;
     // The tenant is registered as a Tenant object on the host, and its status says it is up.
     let tenants: Api<stackd::api::tenancy::Tenant> = Api::all(client_for(&host_file).await);
     let ready = |tenant: &stackd::api::tenancy::Tenant| {
@@ -103,15 +110,14 @@ async fn dev_runs_the_daemon_which_creates_each_tenants_host_namespace() {
                 .any(|c| c.type_ == "Ready" && c.status == "True")
         })
     };
-    while !tenants
-        .get_opt("acme")
-        .await
-        .expect("get Tenant")
-        .is_some_and(|t| ready(&t))
-    {
-        assert!(Instant::now() < deadline, "the Tenant acme never showed Ready");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until("the Tenant acme to show Ready", DEV_WITHIN, &NoDaemon, || async {
+        tenants
+            .get_opt("acme")
+            .await
+            .expect("get Tenant")
+            .is_some_and(|t| ready(&t))
+    })
+    .await;
     let acme = tenants.get("acme").await.expect("Tenant");
     let secret = acme.spec.kubeconfig_secret_ref;
     assert_eq!(

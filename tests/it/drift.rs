@@ -263,6 +263,8 @@ async fn host_writes_back_off(policy: impl Fn(&mut Value) + Send + Sync + 'stati
         (replaces >= 2).then_some(())
     })
     .await;
+    // A rate needs its window: nothing marks its end but time, so this sleep stays (the retries
+    // themselves were waited for above).
     tokio::time::sleep(RATE_WINDOW.saturating_sub(since.elapsed())).await;
     let replaces = deployment_requests(&fleet._host.counters().since(&before), Verb::Update);
     let elapsed = since.elapsed();

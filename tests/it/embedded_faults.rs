@@ -13,7 +13,7 @@ use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::{RestartState, Verb};
 use tokio::time::timeout;
 
-use crate::harness::{self, TestServer, api_error, configmap};
+use crate::harness::{self, NoDaemon, TestServer, api_error, configmap, until};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -204,7 +204,11 @@ async fn dropped_watches_make_the_kube_runtime_watcher_reconnect_without_relisti
     let mut events = started_watcher(&t).await;
     let before = t.server.counters();
     t.server.faults().drop_watches();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The dropped watch has ended before the change, so that only a new watch can deliver it.
+    until("the watch dropped", WAIT, &NoDaemon, || async {
+        t.server.open_watches() == 0
+    })
+    .await;
     t.configmaps("ns")
         .create(&PostParams::default(), &configmap("after", json!({})))
         .await
@@ -449,11 +453,10 @@ async fn a_graceful_stop_refuses_new_connections_and_keeps_open_watches_for_a_wh
     verbs::create(&store, &info, "ns", during, Default::default()).unwrap();
     assert!(!applied(&mut events, "during").await, "delivered by the open watch");
     assert!(t.server.open_watches() >= 1);
-    let deadline = Instant::now() + WAIT;
-    while t.server.open_watches() > 0 {
-        assert!(Instant::now() < deadline, "the kept watch never ended");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until("the kept watch to end", WAIT, &NoDaemon, || async {
+        t.server.open_watches() == 0
+    })
+    .await;
     assert!(stopped.elapsed() >= KEPT - Duration::from_millis(100), "ended early");
     t.server.serve_again().await.unwrap();
     t.configmaps("ns")

@@ -12,7 +12,10 @@ use serde_json::json;
 use stackd::embedded::ServerOptions;
 use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
 
-use crate::harness::{self, TestServer, api_error, eventually};
+use crate::harness::{self, NoDaemon, TestServer, api_error, eventually, wait_until};
+
+/// How long a Job may take to reach a condition (200 polls of 50 ms before).
+const JOB_WITHIN: Duration = Duration::from_secs(10);
 
 fn object<K: serde::de::DeserializeOwned>(value: serde_json::Value) -> K {
     serde_json::from_value(value).expect("test object deserialises")
@@ -177,19 +180,16 @@ fn job(name: &str, image: &str, backoff_limit: i32) -> Job {
 }
 
 async fn wait_for_condition(jobs: &Api<Job>, name: &str, kind: &str) -> Job {
-    for _ in 0..200 {
+    wait_until(&format!("Job {name} to be {kind}"), JOB_WITHIN, &NoDaemon, || async {
         let job = jobs.get(name).await.unwrap();
         let done = job
             .status
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
             .is_some_and(|c| c.iter().any(|c| c.type_ == kind && c.status == "True"));
-        if done {
-            return job;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting for Job {name} to be {kind}");
+        done.then_some(job)
+    })
+    .await
 }
 
 async fn job_pods(t: &TestServer, job: &Job) -> Vec<Pod> {

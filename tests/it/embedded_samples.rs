@@ -9,7 +9,10 @@ use serde_json::json;
 use stackd::embedded::samples::{SampleImages, register_sample_runners};
 use stackd::stacks::stream;
 
-use crate::harness::{self, TestServer};
+use crate::harness::{self, NoDaemon, TestServer, wait_until};
+
+/// How long a sample Job may take to finish (200 polls of 50 ms before).
+const JOB_WITHIN: Duration = Duration::from_secs(10);
 
 const STACKD_IMAGE: &str = "stackd.dev/stackd:dev";
 
@@ -37,22 +40,25 @@ fn install_job(name: &str, package: &str, scope: &str) -> Job {
 /// Waits for the Job to finish; returns its only pod and whether it succeeded.
 async fn finished(t: &TestServer, name: &str) -> (Pod, bool) {
     let jobs: Api<Job> = Api::namespaced(t.client.clone(), "ns");
-    for _ in 0..200 {
+    let (job, complete) = wait_until(&format!("Job {name} to finish"), JOB_WITHIN, &NoDaemon, || async {
         let job = jobs.get(name).await.unwrap();
-        let conditions = job.status.and_then(|s| s.conditions).unwrap_or_default();
-        if let Some(c) = conditions.iter().find(|c| c.status == "True") {
-            let pods: Api<Pod> = Api::namespaced(t.client.clone(), "ns");
-            let uid = job.metadata.uid.unwrap();
-            let mut found = pods
-                .list(&ListParams::default().labels(&format!("controller-uid={uid}")))
-                .await
-                .unwrap()
-                .items;
-            return (found.remove(0), c.type_ == "Complete");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("Job {name} did not finish");
+        let conditions = job
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default();
+        let finished = conditions.iter().find(|c| c.status == "True")?;
+        Some((job, finished.type_ == "Complete"))
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(t.client.clone(), "ns");
+    let uid = job.metadata.uid.unwrap();
+    let mut found = pods
+        .list(&ListParams::default().labels(&format!("controller-uid={uid}")))
+        .await
+        .unwrap()
+        .items;
+    (found.remove(0), complete)
 }
 
 async fn log(t: &TestServer, pod: &Pod, container: &str) -> String {

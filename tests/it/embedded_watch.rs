@@ -13,9 +13,11 @@ use stackd::embedded::discovery::Resources;
 use stackd::embedded::verbs;
 use tokio::time::timeout;
 
-use crate::harness::{self, configmap, eventually, resource_version};
+use crate::harness::{self, NoDaemon, configmap, eventually, holds_for, resource_version, until};
 
 const WAIT: Duration = Duration::from_secs(5);
+/// How long an idle watcher is watched for requests.
+const IDLE: Duration = Duration::from_secs(5);
 
 fn summary(event: &WatchEvent<ConfigMap>) -> (String, String) {
     match event {
@@ -203,15 +205,17 @@ async fn idle_watcher_issues_no_requests_beyond_its_open_watch() {
         Event::InitDone
     ) {}
     let drive = tokio::spawn(async move { while events.next().await.is_some() {} });
-    // Let the watch request itself arrive before counting.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The watch request itself arrived before counting.
+    until("the watch to open", WAIT, &NoDaemon, || async {
+        t.server.open_watches() > 0
+    })
+    .await;
     let before = t.server.request_count();
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(
-        t.server.request_count(),
-        before,
-        "an idle watcher only holds its watch open"
-    );
+    // Nothing to wait for: the point is that five idle seconds bring no request.
+    holds_for("an idle watcher only holds its watch open", IDLE, &NoDaemon, || async {
+        t.server.request_count() == before
+    })
+    .await;
     drive.abort();
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{Value, json};
 
-use crate::harness::{self, TestServer};
+use crate::harness::{self, NoDaemon, TestServer, until};
 
 const NS: &str = "fidelity";
 
@@ -405,23 +405,14 @@ async fn fixture_create_token_secret() {
     });
     let secrets = format!("/api/v1/namespaces/{NS}/secrets");
     raw.post(&secrets, secret).await.expect(201, "");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
-    loop {
+    until("the token Secret filled", Duration::from_secs(1), &NoDaemon, || async {
         let answer = raw.get(&format!("{secrets}/robot-token")).await;
         answer.expect(200, "");
-        if ["token", "ca.crt", "namespace"]
+        ["token", "ca.crt", "namespace"]
             .iter()
             .all(|k| answer.data_keys().iter().any(|have| have == k))
-        {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not filled within 1 s: {}",
-            answer.body
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 }
 
 fn job(name: &str) -> Value {

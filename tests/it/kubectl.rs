@@ -10,7 +10,14 @@ use kube::api::{Api, PostParams};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use crate::harness::{self, TestServer};
+use stackd::embedded::Verb;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::time::timeout;
+
+use crate::harness::{self, NoDaemon, TestServer, until};
+
+/// How long kubectl may take to open its watch, and then to print a change.
+const WATCH_WITHIN: Duration = Duration::from_secs(10);
 
 fn kubectl_binary() -> PathBuf {
     let on_path = std::env::var_os("PATH")
@@ -345,8 +352,15 @@ async fn kubectl_get_watch_picks_up_a_change() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("kubectl starts");
-    // Let the watch list and start before changing the pool.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The watch listed and started before the pool changes.
+    until("kubectl's watch to open", WATCH_WITHIN, &NoDaemon, || async {
+        k._server
+            .server
+            .counters()
+            .get(Verb::Watch, "clusterpools", Some("my-project"))
+            > 0
+    })
+    .await;
     k.ok(&[
         "patch",
         "clusterpool",
@@ -359,16 +373,22 @@ async fn kubectl_get_watch_picks_up_a_change() {
         r#"{"spec":{"size":7}}"#,
     ])
     .await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut lines = BufReader::new(watch.stdout.take().expect("stdout")).lines();
+    let mut text = String::new();
+    let modified = loop {
+        let line = timeout(WATCH_WITHIN, lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("no MODIFIED event within {WATCH_WITHIN:?} in:\n{text}"))
+            .expect("kubectl's output")
+            .unwrap_or_else(|| panic!("the watch ended without a MODIFIED event:\n{text}"));
+        text.push_str(&line);
+        text.push('\n');
+        if line.starts_with("MODIFIED") {
+            break line;
+        }
+    };
     let _ = watch.start_kill();
-    let output = watch.wait_with_output().await.expect("kubectl watch ends");
-    let text = String::from_utf8_lossy(&output.stdout);
-    let modified = text.lines().find(|l| l.starts_with("MODIFIED")).unwrap_or_else(|| {
-        panic!(
-            "no MODIFIED event in:\n{text}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        )
-    });
+    let _ = watch.wait().await;
     assert_eq!(modified.split_whitespace().nth(2), Some("7"), "{text}");
 }
 

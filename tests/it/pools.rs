@@ -1,6 +1,7 @@
 //! Cluster pools with an inventory (DESIGN.md §4.3 items 1–11, issue 8), through the daemon binary
 //! against embedded host and tenant servers; the host's JobRunner plays the installer.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,7 +20,7 @@ use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
 use stackd::embedded::samples::{SampleImages, create_cluster, register_sample_runners};
 use stackd::runtime::status_writer::apply_status;
 
-use crate::harness::{Daemon, Fleet, until};
+use crate::harness::{Daemon, Fleet, Reconciles, settled, until};
 
 pub(crate) const NS: &str = "team";
 const HOST_NS: &str = "tenant-acme-controllers";
@@ -178,6 +179,34 @@ pub(crate) fn pool_condition(pool: &ClusterPool, type_: &str) -> Option<(String,
 pub(crate) fn cdc_condition(cdc: &Cdc, type_: &str) -> Option<(String, String, String)> {
     let conditions = cdc.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
     condition(&conditions, type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// What the pool controller reconciled so far: taken before a change, for [`pool_settled`].
+pub(crate) fn pool_reconciles(daemon: &Daemon) -> Reconciles {
+    daemon.reconciles(&[("acme", "clusterpool")])
+}
+
+/// Waits until the pool controller reconciled after `since` and the host and tenant servers saw no
+/// write for a moment: what a test checks next, the daemon had its chance to change.
+pub(crate) async fn pool_settled(fleet: &Fleet, daemon: &Daemon, since: &Reconciles) {
+    let tenant_server = fleet.tenants[0].1.as_ref().expect("tenant server");
+    settled(daemon, since, &[fleet.host(), tenant_server]).await;
+}
+
+/// Waits until the lease on the CDC `name` is older than `--lease-min-age` (2 s, as [`daemon`]
+/// sets it), by its Available=False transition: from then on a repair may release it.
+async fn lease_past_min_age(tenant: &Client, name: &str, daemon: &Daemon) {
+    let leased = cdc(tenant, name).await;
+    let conditions = leased.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
+    let since = condition(&conditions, "Available")
+        .filter(|c| c.status == "False")
+        .map(|c| c.last_transition_time.0)
+        .expect("a leased CDC");
+    let aged = since + jiff::SignedDuration::from_secs(2);
+    until("the lease older than --lease-min-age", WITHIN, daemon, || async {
+        jiff::Timestamp::now() > aged
+    })
+    .await;
 }
 
 pub(crate) fn lease(cdc: &Cdc) -> Option<String> {
@@ -595,13 +624,12 @@ async fn two_daemons_racing_for_one_inventory_never_lease_a_cdc_twice() {
     let entries: Vec<&str> = names.iter().map(String::as_str).collect();
     let first = daemon(&fleet, &[]);
     let second = daemon(&fleet, &[]);
-    let mut double_leases = 0;
-    let mut observations = 0;
+    let (double_leases, observations) = (Cell::new(0), Cell::new(0));
     for round in 0..3 {
         create_pool(&tenant, pool_json("race", 6, Some(&entries))).await;
         // Two daemons and twelve installs per round: allow for a loaded machine.
-        let deadline = Instant::now() + 2 * WITHIN;
-        loop {
+        let what = format!("round {round} to fill");
+        until(&what, 2 * WITHIN, &(&first, &second), || async {
             let all = cds(&tenant, "race").await;
             let mut by_cdc: BTreeMap<String, Vec<String>> = BTreeMap::new();
             for cd in live(&all) {
@@ -610,19 +638,12 @@ async fn two_daemons_racing_for_one_inventory_never_lease_a_cdc_twice() {
                     .or_default()
                     .push(cd.name_any());
             }
-            double_leases += by_cdc.values().filter(|cds| cds.len() > 1).count();
-            observations += 1;
-            if ready(&tenant, "race").await == 6 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "round {round} did not fill ({double_leases} double leases, {by_cdc:?}):\n{}\nSECOND:\n{}",
-                first.log_text(),
-                second.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            let doubled = by_cdc.values().filter(|cds| cds.len() > 1).count();
+            double_leases.set(double_leases.get() + doubled);
+            observations.set(observations.get() + 1);
+            ready(&tenant, "race").await == 6
+        })
+        .await;
         // Every lease names a live cluster built from that very CDC.
         let all = cds(&tenant, "race").await;
         let mut leases = BTreeMap::new();
@@ -665,7 +686,12 @@ async fn two_daemons_racing_for_one_inventory_never_lease_a_cdc_twice() {
         })
         .await;
     }
-    assert_eq!(double_leases, 0, "CDCs leased twice over {observations} observations");
+    assert_eq!(
+        double_leases.get(),
+        0,
+        "CDCs leased twice over {} observations",
+        observations.get()
+    );
     // Every CDC was released and lost the deleted pool's finalizer.
     for name in &names {
         let cdc = cdc(&tenant, name).await;
@@ -713,28 +739,26 @@ async fn broken_clusters_are_replaced_after_a_backoff_when_the_inventory_is_exha
     create_pool(&tenant, spec).await;
     let daemon = daemon(&fleet, &[]);
     let started = Instant::now();
-    let deadline = Instant::now() + WITHIN;
-    let (mut saw_invalid, mut saw_broken_entry) = (false, false);
-    loop {
+    let (saw_invalid, saw_broken_entry) = (Cell::new(false), Cell::new(false));
+    until("broken clusters replaced", WITHIN, &daemon, || async {
         let all = cds(&tenant, "p").await;
         assert!(live(&all).len() <= 2, "never more clusters than entries");
         let pool = pool(&tenant, "p").await;
-        saw_invalid |= pool_condition(&pool, "InventoryValid")
-            .is_some_and(|(status, _, message)| status == "False" && message.contains("BrokenByCloud"));
-        saw_broken_entry |= ["x", "y"]
-            .iter()
-            .any(|n| entry(&pool, n).is_some_and(|e| e.status == InventoryEntryState::BrokenByCloud));
-        let attempts = |name| entry(&pool, name).map_or(0, |e| e.attempts);
-        if attempts("x") >= 2 && attempts("y") >= 2 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "broken clusters were not replaced:\n{}",
-            daemon.log_text()
+        saw_invalid.set(
+            saw_invalid.get()
+                | pool_condition(&pool, "InventoryValid")
+                    .is_some_and(|(status, _, message)| status == "False" && message.contains("BrokenByCloud")),
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        saw_broken_entry.set(
+            saw_broken_entry.get()
+                | ["x", "y"]
+                    .iter()
+                    .any(|n| entry(&pool, n).is_some_and(|e| e.status == InventoryEntryState::BrokenByCloud)),
+        );
+        let attempts = |name| entry(&pool, name).map_or(0, |e| e.attempts);
+        attempts("x") >= 2 && attempts("y") >= 2
+    })
+    .await;
     let elapsed = started.elapsed();
     let pool = pool(&tenant, "p").await;
     let (status, reason, message) = pool_condition(&pool, "CapacityAvailable").unwrap();
@@ -744,8 +768,14 @@ async fn broken_clusters_are_replaced_after_a_backoff_when_the_inventory_is_exha
         "{message}"
     );
     assert!(message.contains("can back only 2"), "{message}");
-    assert!(saw_invalid, "InventoryValid=False named the BrokenByCloud entries");
-    assert!(saw_broken_entry, "an entry showed BrokenByCloud between its attempts");
+    assert!(
+        saw_invalid.get(),
+        "InventoryValid=False named the BrokenByCloud entries"
+    );
+    assert!(
+        saw_broken_entry.get(),
+        "an entry showed BrokenByCloud between its attempts"
+    );
     // No install storm: the per-entry backoff (from --backoff-base, doubling) spaces the retries.
     let created = events(&tenant, NS, "p")
         .await
@@ -970,8 +1000,8 @@ async fn claims_get_the_oldest_ready_cluster_and_release_it_after_the_destroy_jo
 
     // Two claims on a pool of one: the first (oldest) gets the ready cluster, the second makes the
     // pool add one and gets that.
+    // Claims created in one second go by name: "first" is the older either way.
     create_claim(&tenant, "first", "p", None).await;
-    tokio::time::sleep(Duration::from_millis(20)).await;
     create_claim(&tenant, "second", "p", Some("3s")).await;
     until("both claims assigned", WITHIN, &daemon, || async {
         claimed_namespace(&tenant, "first").await.is_some() && claimed_namespace(&tenant, "second").await.is_some()
@@ -1124,6 +1154,7 @@ async fn editing_or_removing_an_entry_replaces_only_its_unclaimed_cluster() {
 
     // Reordering: nothing becomes stale.
     let reversed: Vec<Value> = ["e", "d", "c", "b", "a"].iter().map(|n| json!({"name": n})).collect();
+    let reordered = pool_reconciles(&daemon);
     pools(&tenant)
         .patch(
             "p",
@@ -1132,7 +1163,7 @@ async fn editing_or_removing_an_entry_replaces_only_its_unclaimed_cluster() {
         )
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    pool_settled(&fleet, &daemon, &reordered).await;
     assert_eq!(
         by_entry(&cds(&tenant, "p").await),
         before,
@@ -1215,6 +1246,7 @@ async fn editing_or_removing_an_entry_replaces_only_its_unclaimed_cluster() {
         .filter(|n| **n != removed_entry && **n != claimed_entry)
         .map(|n| json!({"name": n}))
         .collect();
+    let shrunk = pool_reconciles(&daemon);
     pools(&tenant)
         .patch(
             "p",
@@ -1228,7 +1260,7 @@ async fn editing_or_removing_an_entry_replaces_only_its_unclaimed_cluster() {
         entry(&pool, &claimed_entry).is_some_and(|e| e.status == InventoryEntryState::ToBeDeleted)
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    pool_settled(&fleet, &daemon, &shrunk).await;
     assert!(
         by_entry(&cds(&tenant, "p").await).values().any(|cd| *cd == claimed),
         "the claimed cluster stays"
@@ -1263,21 +1295,21 @@ async fn adding_or_removing_the_inventory_replaces_unclaimed_clusters_one_at_a_t
         )
         .await
         .unwrap();
-    let mut saw_stale = false;
-    let deadline = Instant::now() + WITHIN;
-    loop {
+    let saw_stale = Cell::new(false);
+    until("the stale clusters replaced", WITHIN, &daemon, || async {
         let all = cds(&tenant, "p").await;
         let deleting = all.iter().filter(|cd| cd.metadata.deletion_timestamp.is_some()).count();
         assert!(deleting <= 1, "stale clusters are replaced one at a time");
-        saw_stale |= pool_condition(&pool(&tenant, "p").await, "AllClustersCurrent").is_some_and(|c| c.0 == "False");
+        let stale = pool_condition(&pool(&tenant, "p").await, "AllClustersCurrent").is_some_and(|c| c.0 == "False");
+        saw_stale.set(saw_stale.get() | stale);
         let current = live(&all).iter().filter(|cd| cdc_of(cd).is_some()).count();
-        if current == 2 && live(&all).len() == 2 && ready(&tenant, "p").await == 2 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "not replaced:\n{}", daemon.log_text());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(saw_stale, "AllClustersCurrent=False while stale clusters remained");
+        current == 2 && live(&all).len() == 2 && ready(&tenant, "p").await == 2
+    })
+    .await;
+    assert!(
+        saw_stale.get(),
+        "AllClustersCurrent=False while stale clusters remained"
+    );
     // Removing the inventory makes them stale again.
     pools(&tenant)
         .patch(
@@ -1326,8 +1358,18 @@ async fn a_cdc_listed_by_two_pools_is_never_released_by_the_pool_not_holding_it(
         .map(|cd| cdc_of(cd))
         .collect::<Vec<_>>();
     assert_eq!(beta, [Some("own".to_string())]);
-    // Longer than --lease-min-age: beta's repair pass never touches alpha's lease.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Once the lease is older than --lease-min-age, beta's repair pass never touches alpha's lease.
+    lease_past_min_age(&tenant, "shared", &daemon).await;
+    let woken = pool_reconciles(&daemon);
+    pools(&tenant)
+        .patch(
+            "beta",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"touched": "after-min-age"}}})),
+        )
+        .await
+        .unwrap();
+    pool_settled(&fleet, &daemon, &woken).await;
     let shared = cdc(&tenant, "shared").await;
     assert_eq!(lease(&shared).as_deref(), Some(holder.as_str()));
     assert_eq!(shared.status.unwrap().cluster_pool_ref.unwrap().name, "alpha");
@@ -1380,8 +1422,9 @@ async fn a_leased_cdc_is_deleted_only_after_its_release_and_pool_deletion_strips
         )
         .await
         .unwrap();
+    let deleted = pool_reconciles(&daemon);
     cdcs(&tenant).delete(&leased, &DeleteParams::default()).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    pool_settled(&fleet, &daemon, &deleted).await;
     let held = cdc(&tenant, &leased).await;
     assert!(held.metadata.deletion_timestamp.is_some());
     assert!(lease(&held).is_some(), "still leased, so still there");
@@ -1563,8 +1606,7 @@ async fn a_pool_waits_for_its_secrets_then_fills_within_max_concurrent_and_max_s
         .create(&PostParams::default(), &secret)
         .await
         .unwrap();
-    let deadline = Instant::now() + WITHIN;
-    loop {
+    until("the pool to fill", WITHIN, &daemon, || async {
         let all = cds(&tenant, "p").await;
         let installing = all
             .iter()
@@ -1572,12 +1614,9 @@ async fn a_pool_waits_for_its_secrets_then_fills_within_max_concurrent_and_max_s
             .count();
         assert!(installing <= 1, "maxConcurrent 1: {installing} installing at once");
         assert!(all.len() <= 2, "maxSize 2: {} clusters", all.len());
-        if ready(&tenant, "p").await == 2 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "did not fill:\n{}", daemon.log_text());
-        tokio::time::sleep(Duration::from_millis(30)).await;
-    }
+        ready(&tenant, "p").await == 2
+    })
+    .await;
     until("MaxCapacity", WITHIN, &daemon, || async {
         let pool = pool(&tenant, "p").await;
         pool_condition(&pool, "CapacityAvailable").is_some_and(|(s, r, _)| s == "False" && r == "MaxCapacity")

@@ -319,35 +319,31 @@ async fn deleting_the_inventory_marks_its_entries_to_be_deleted_and_drops_its_co
     })
     .await;
     let generation = patch_pool(&tenant, "p", json!({"inventory": null})).await;
-    let deadline = Instant::now() + 2 * WITHIN;
-    let mut saw_to_be_deleted = false;
-    loop {
-        if let Some(pool) = pool_at(&tenant, "p", generation).await {
-            assert_eq!(
-                pool_condition(&pool, "InventoryValid"),
-                None,
-                "the condition outlived the inventory"
-            );
-            let entries = pool.status.clone().unwrap_or_default().inventory;
-            assert!(
-                entries.iter().all(|e| e.status == InventoryEntryState::ToBeDeleted),
-                "{entries:?}"
-            );
-            saw_to_be_deleted |= !entries.is_empty();
-            let clusters = crate::pools::cds(&tenant, "p").await;
-            let done = entries.is_empty()
-                && live(&clusters).len() == 2
-                && live(&clusters).iter().all(|cd| cdc_of(cd).is_none())
-                && ready(&tenant, "p").await == 2;
-            if done {
-                break;
-            }
-        }
-        assert!(Instant::now() < deadline, "not replaced:\n{}", daemon.log_text());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let saw_to_be_deleted = std::cell::Cell::new(false);
+    until("the clusters replaced", 2 * WITHIN, &daemon, || async {
+        let Some(pool) = pool_at(&tenant, "p", generation).await else {
+            return false;
+        };
+        assert_eq!(
+            pool_condition(&pool, "InventoryValid"),
+            None,
+            "the condition outlived the inventory"
+        );
+        let entries = pool.status.clone().unwrap_or_default().inventory;
+        assert!(
+            entries.iter().all(|e| e.status == InventoryEntryState::ToBeDeleted),
+            "{entries:?}"
+        );
+        saw_to_be_deleted.set(saw_to_be_deleted.get() | !entries.is_empty());
+        let clusters = crate::pools::cds(&tenant, "p").await;
+        entries.is_empty()
+            && live(&clusters).len() == 2
+            && live(&clusters).iter().all(|cd| cdc_of(cd).is_none())
+            && ready(&tenant, "p").await == 2
+    })
+    .await;
     assert!(
-        saw_to_be_deleted,
+        saw_to_be_deleted.get(),
         "entries showed ToBeDeleted while their clusters lived"
     );
     until(

@@ -25,20 +25,13 @@ use super::pools;
 use super::stacks_install::{
     STACKD_TEST_IMAGE, StackFleet, WIDGETS, condition, create_install, create_namespace, events_of,
 };
-use crate::harness::{Daemon, Fleet, until, wait_until};
+use crate::harness::{Daemon, Fleet, NoDaemon, holds_for, until, wait_until};
 
 const SOON: Duration = Duration::from_secs(10);
 
 /// Polls `check` until it is true; the time it first was.
 async fn when(what: &str, within: Duration, check: impl Fn() -> bool) -> Instant {
-    let deadline = Instant::now() + within;
-    loop {
-        if check() {
-            return Instant::now();
-        }
-        assert!(Instant::now() < deadline, "{what} did not happen within {within:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until(what, within, &NoDaemon, || async { check().then(Instant::now) }).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,16 +142,16 @@ async fn a_tenant_whose_stop_outlasts_its_grace_leaves_none_of_its_controllers_r
     })
     .await;
     let stopped = first.counters();
-    // Long enough for the hung Job creation to return: a controller of the stopped tenant still
+    // The hung Job creation leaves no trace once its controller is gone: nothing to wait for but
+    // its latency (and a second) to run out, in which a controller of the stopped tenant still
     // running would go on to write the install's status on the first server.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let after = first.counters().since(&stopped);
-    assert_eq!(
-        after.total(),
-        0,
-        "the first server was still called after its tenant stopped: {after:?}\n{}",
-        daemon.log_text()
-    );
+    holds_for(
+        "the first server not called after its tenant stopped",
+        Duration::from_secs(4),
+        &daemon,
+        || async { first.counters().since(&stopped).total() == 0 },
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -287,13 +280,15 @@ async fn a_tenant_file_pointed_at_another_cluster_stops_the_tenant_instead_of_sw
         .wait_for("/readyz?verbose", "now points at another cluster", SOON)
         .await;
     assert!(ready.contains("stackd.dev/tenant-cluster-uid"), "{ready}");
-    // Several sweep intervals: a sweep of the other cluster would find no parent for the Secret.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(
-        host_secrets.get_opt("team-a.kept-state").await.expect("get").is_some(),
-        "the host objects of the first cluster were swept:\n{}",
-        daemon.log_text()
-    );
+    // A stopped tenant is not swept, so there is no sweep to wait for: over several sweep
+    // intervals, a sweep of the other cluster would find no parent for the Secret.
+    holds_for(
+        "the host objects of the first cluster kept",
+        Duration::from_secs(3),
+        &daemon,
+        || async { host_secrets.get_opt("team-a.kept-state").await.expect("get").is_some() },
+    )
+    .await;
 }
 
 const SAMPLE_PACKAGE: &str = "examples/sample-stack:v1";

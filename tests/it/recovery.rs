@@ -16,7 +16,7 @@ use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::samples::{SampleImages, register_sample_runners};
 use stackd::embedded::{ApiServer, RestartState, ServerOptions, Verb, verbs};
 
-use crate::harness::{Fleet, until};
+use crate::harness::{Fleet, NoDaemon, until};
 
 /// The promise: up again within 5 s of the server answering.
 const BACK_WITHIN: Duration = Duration::from_secs(5);
@@ -88,7 +88,17 @@ async fn a_tenant_down_at_start_is_served_within_seconds_of_answering_though_its
     // longer than 30 s, so only the probe can bring the tenant back in time.
     let outage = acme.restart_after(RestartState::FreshWatchCache, Duration::from_secs(6));
     let observe = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        let address = acme
+            .url()
+            .split("://")
+            .nth(1)
+            .expect("a URL")
+            .trim_end_matches('/')
+            .to_string();
+        until("the tenant server down", SOON, &NoDaemon, || async {
+            tokio::net::TcpStream::connect(&address).await.is_err()
+        })
+        .await;
         let daemon = fleet.daemon(&["--backoff-base", "40s"]);
         let ready = daemon.wait_for("/readyz?verbose", "[-]tenant acme down", SOON).await;
         assert!(
@@ -308,7 +318,8 @@ async fn a_thirty_second_outage_of_a_tenant_is_told_in_a_few_lines() {
         acme.open_watches() == 0
     })
     .await;
-    // The outage lasts its 30 s whatever happened in it.
+    // The outage lasts its 30 s whatever happened in it: the scenario's length, not a wait for the
+    // daemon, so the one sleep left in the tests (what the daemon does meanwhile is waited for above).
     tokio::time::sleep(OUTAGE.saturating_sub(stopped.elapsed())).await;
     acme.serve_again().await.expect("serves again");
     daemon

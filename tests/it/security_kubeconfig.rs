@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -22,7 +22,7 @@ use stackd::api::inventory::BareMetalAsset;
 use stackd::api::pools::ClusterDeployment;
 use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
 
-use crate::harness::{Fleet, until};
+use crate::harness::{Fleet, LogFile, until};
 
 const NS: &str = "team";
 const WITHIN: Duration = Duration::from_secs(20);
@@ -575,10 +575,8 @@ async fn foreign_server(answer: Answer) -> (SocketAddr, Arc<AtomicUsize>) {
                         "application/json",
                         json!({"apiVersion": "v1", "kind": "Secret", "data": INTERNAL_TEXT}).to_string(),
                     ),
-                    Answer::Stall => {
-                        tokio::time::sleep(Duration::from_secs(3600)).await;
-                        return;
-                    }
+                    // Holds the connection open and never answers.
+                    Answer::Stall => std::future::pending().await,
                     Answer::EndlessError => {
                         "HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n".into()
                     }
@@ -835,19 +833,13 @@ async fn verbose_readiness_is_served_with_detail_to_loopback_clients_only() {
             .expect("spawn stackd run"),
     );
     let loopback = SocketAddr::from(([127, 0, 0, 1], port));
-    let deadline = Instant::now() + WITHIN;
-    loop {
-        let body = http_get(loopback, "/readyz?verbose").unwrap_or_default();
-        if body.contains("[+]tenant acme") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no detail on loopback; last:\n{body}\nlog:\n{}",
-            std::fs::read_to_string(dir.join("open-daemon.log")).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let log = dir.join("open-daemon.log");
+    until("the readiness detail on loopback", WITHIN, &LogFile(&log), || async {
+        http_get(loopback, "/readyz?verbose")
+            .unwrap_or_default()
+            .contains("[+]tenant acme")
+    })
+    .await;
     let remote = SocketAddr::new(outside, port);
     let verbose = http_get(remote, "/readyz?verbose").expect("readyz from outside");
     assert!(
@@ -893,19 +885,18 @@ async fn the_metrics_listener_answers_only_metrics_when_health_has_its_own() {
             .spawn()
             .expect("spawn stackd run"),
     );
-    let deadline = Instant::now() + WITHIN;
-    loop {
-        let body = http_get(health_addr, "/readyz?verbose").unwrap_or_default();
-        if body.contains("[+]tenant acme") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no detail on the health listener; last:\n{body}\nlog:\n{}",
-            std::fs::read_to_string(dir.join("split-daemon.log")).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let log = dir.join("split-daemon.log");
+    until(
+        "the readiness detail on the health listener",
+        WITHIN,
+        &LogFile(&log),
+        || async {
+            http_get(health_addr, "/readyz?verbose")
+                .unwrap_or_default()
+                .contains("[+]tenant acme")
+        },
+    )
+    .await;
     let metrics = http_get(metrics_addr, "/metrics").expect("metrics");
     assert!(status_of(&metrics).contains(" 200 "), "{metrics}");
     assert!(metrics.contains("stackd_tenant_up"), "{metrics}");

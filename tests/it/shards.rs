@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use stackd::bench::partition::{Partition, upstream_of};
 use stackd::bench::shards::serving_intervals;
 
-use crate::harness::{Daemon, Fleet};
+use crate::harness::{Daemon, Explain, Fleet, LastSeen, holds_for, until, wait_until};
 
 const SHARDS: u32 = 8;
 /// `--shard-lease-duration`: short, so takeovers fit a test; long enough that a renewal on a
@@ -48,6 +48,12 @@ struct ShardedFleet {
 
 fn tenant_names() -> Vec<String> {
     (0..TENANTS).map(|i| format!("t{i:02}")).collect()
+}
+
+impl Explain for ShardedFleet {
+    fn explain(&self) -> String {
+        self.logs()
+    }
 }
 
 impl ShardedFleet {
@@ -104,8 +110,8 @@ impl ShardedFleet {
     /// Waits until every tenant is up on exactly one replica (of those not excluded) and every slot
     /// is held; returns each replica's tenants.
     async fn wait_settled(&self, excluded: &[usize], within: Duration) -> Vec<BTreeSet<String>> {
-        let deadline = Instant::now() + within;
-        loop {
+        let last = LastSeen::new(self);
+        wait_until(&format!("settled within {within:?}"), within, &last, || async {
             let served: Vec<BTreeSet<String>> = self
                 .replicas
                 .iter()
@@ -127,22 +133,17 @@ impl ShardedFleet {
                 .sum();
             let total: usize = served.iter().map(BTreeSet::len).sum();
             let union: BTreeSet<&String> = served.iter().flatten().collect();
-            if total == TENANTS && union.len() == TENANTS && slots == SHARDS as usize {
-                return served;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "not settled within {within:?}: tenants {served:?}, {slots} slots held\n{}",
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            last.saw(&(&served, slots));
+            (total == TENANTS && union.len() == TENANTS && slots == SHARDS as usize).then_some(served)
+        })
+        .await
     }
 
     /// Waits until the replicas not excluded hold every slot; returns how long it took.
     async fn wait_all_slots_held(&self, excluded: &[usize], within: Duration) -> Duration {
         let started = Instant::now();
-        loop {
+        let last = LastSeen::new(self);
+        wait_until("every slot held", within, &last, || async {
             let slots: BTreeSet<u32> = self
                 .replicas
                 .iter()
@@ -150,16 +151,10 @@ impl ShardedFleet {
                 .filter(|(i, _)| !excluded.contains(i))
                 .flat_map(|(_, r)| held_slots(&r.daemon))
                 .collect();
-            if slots.len() == SHARDS as usize {
-                return started.elapsed();
-            }
-            assert!(
-                started.elapsed() < within,
-                "slots {slots:?} held after {within:?}\n{}",
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            last.saw(&slots);
+            (slots.len() == SHARDS as usize).then(|| started.elapsed())
+        })
+        .await
     }
 
     fn logs(&self) -> String {
@@ -295,15 +290,10 @@ async fn a_joining_daemon_takes_its_share_and_a_stopping_one_hands_its_slots_ove
     let before: Vec<BTreeSet<u32>> = fleet.replicas.iter().map(|r| held_slots(&r.daemon)).collect();
     let joiner = fleet.replica(2).await;
     fleet.replicas.push(joiner);
-    let deadline = Instant::now() + SETTLE;
-    while held_slots(&fleet.replicas[2].daemon).len() < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "the joiner never got slots\n{}",
-            fleet.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until("the joiner to get slots", SETTLE, &fleet, || async {
+        held_slots(&fleet.replicas[2].daemon).len() >= 2
+    })
+    .await;
     fleet.wait_settled(&[], SETTLE).await;
     let after: Vec<BTreeSet<u32>> = fleet.replicas.iter().map(|r| held_slots(&r.daemon)).collect();
     assert!(
@@ -356,21 +346,13 @@ async fn a_tenant_file_added_at_runtime_is_served_by_one_replica_and_suspended_b
         std::fs::write(replica.dir.join("tenants/late.yaml"), yaml).expect("tenant file");
         proxies.push(tenant_proxy);
     }
-    let deadline = Instant::now() + TENANT_START;
-    let servers = loop {
+    let servers = wait_until("the new tenant to come up", TENANT_START, &fleet, || async {
         let servers: Vec<usize> = (0..2)
             .filter(|i| tenants_up(&fleet.replicas[*i].daemon).contains("late"))
             .collect();
-        if !servers.is_empty() {
-            break servers;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the new tenant never came up\n{}",
-            fleet.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        (!servers.is_empty()).then_some(servers)
+    })
+    .await;
     assert_eq!(servers.len(), 1, "served by one replica");
     let holder = servers[0];
     let other = 1 - holder;
@@ -378,23 +360,17 @@ async fn a_tenant_file_added_at_runtime_is_served_by_one_replica_and_suspended_b
     for replica in &fleet.replicas {
         std::fs::remove_file(replica.dir.join("tenants/late.yaml")).expect("removed");
     }
-    let deadline = Instant::now() + TENANT_START;
-    while tenants_up(&fleet.replicas[holder].daemon).contains("late") {
-        assert!(
-            Instant::now() < deadline,
-            "the removed tenant still runs\n{}",
-            fleet.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until("the removed tenant to stop", TENANT_START, &fleet, || async {
+        !tenants_up(&fleet.replicas[holder].daemon).contains("late")
+    })
+    .await;
     assert!(fleet.replicas[holder].daemon.log_text().contains("suspending tenant"));
     assert!(proxies[other].sent().is_none(), "the other replica never talked to it");
     // A file that cannot be used is reported by the replica holding its slot alone.
     for replica in &fleet.replicas {
         std::fs::write(replica.dir.join("tenants/broken.yaml"), "not: [a kubeconfig").expect("broken file");
     }
-    let deadline = Instant::now() + TENANT_START;
-    loop {
+    until("a replica to report the invalid file", TENANT_START, &fleet, || async {
         let reporting = fleet
             .replicas
             .iter()
@@ -405,17 +381,10 @@ async fn a_tenant_file_added_at_runtime_is_served_by_one_replica_and_suspended_b
                     .contains("[-]tenant broken invalid")
             })
             .count();
-        if reporting == 1 {
-            break;
-        }
-        assert!(reporting == 0, "both replicas report the invalid file");
-        assert!(
-            Instant::now() < deadline,
-            "no replica reports the invalid file\n{}",
-            fleet.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        assert!(reporting <= 1, "both replicas report the invalid file");
+        reporting == 1
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -428,11 +397,10 @@ async fn a_sharded_daemon_cut_off_from_the_host_takes_its_share_again_once_it_re
         .await;
     fleet.wait_settled(&[0], TENANT_START).await;
     fleet.replicas[0].host_proxy.heal();
-    let deadline = Instant::now() + SETTLE;
-    while held_slots(&fleet.replicas[0].daemon).len() < 2 {
-        assert!(Instant::now() < deadline, "it never got slots back\n{}", fleet.logs());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until("it to get slots back", SETTLE, &fleet, || async {
+        held_slots(&fleet.replicas[0].daemon).len() >= 2
+    })
+    .await;
     fleet.wait_settled(&[], SETTLE).await;
     fleet.assert_never_served_twice();
 }
@@ -446,19 +414,18 @@ async fn replicas_disagreeing_on_the_slot_count_serve_nothing_until_one_count_is
     other_count[at] = "4";
     let odd = fleet.replica_with(2, &other_count).await;
     fleet.replicas.push(odd);
-    let deadline = Instant::now() + SETTLE;
-    while fleet
-        .replicas
-        .iter()
-        .any(|r| !tenants_up(&r.daemon).is_empty() || !held_slots(&r.daemon).is_empty())
-    {
-        assert!(
-            Instant::now() < deadline,
-            "replicas with two slot counts kept serving\n{}",
-            fleet.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until(
+        "replicas with two slot counts to stop serving",
+        SETTLE,
+        &fleet,
+        || async {
+            !fleet
+                .replicas
+                .iter()
+                .any(|r| !tenants_up(&r.daemon).is_empty() || !held_slots(&r.daemon).is_empty())
+        },
+    )
+    .await;
     fleet.replicas[2].killed_at = Some(jiff::Timestamp::now());
     fleet.replicas[2].daemon.kill();
     fleet
@@ -535,15 +502,15 @@ async fn a_sharded_daemon_cut_off_from_the_host_stops_its_tenants_before_others_
         .iter()
         .map(|t| isolated.tenant_proxies[t.as_str()].sent())
         .collect();
-    tokio::time::sleep(renew_interval()).await;
-    let now: Vec<_> = served[cut]
-        .iter()
-        .map(|t| isolated.tenant_proxies[t.as_str()].sent())
-        .collect();
-    assert_eq!(
-        last, now,
-        "the cut-off replica still talks to its former tenants {:?}",
-        served[cut]
-    );
+    // Nothing marks that a stopped tenant makes no request: watch its servers for a renew interval.
+    let what = format!("the cut-off replica silent to its former tenants {:?}", served[cut]);
+    holds_for(&what, renew_interval(), &fleet, || async {
+        let now: Vec<_> = served[cut]
+            .iter()
+            .map(|t| isolated.tenant_proxies[t.as_str()].sent())
+            .collect();
+        now == last
+    })
+    .await;
     fleet.assert_never_served_twice();
 }

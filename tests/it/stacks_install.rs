@@ -23,7 +23,7 @@ use stackd::embedded::{ApiServer, ServerOptions};
 use stackd::host::names::{NameKind, host_name, label_value};
 use stackd::stacks::{crd_parent_label, stream, unpack};
 
-use crate::harness::{Daemon, wait_until};
+use crate::harness::{Daemon, LastSeen, wait_until};
 
 pub(crate) const STACKD_TEST_IMAGE: &str = "stackd:test";
 pub(crate) const WIDGETS: &str = "widgets.samples.example.org";
@@ -333,28 +333,15 @@ pub(crate) async fn wait_for_reason(
     reason: &str,
 ) -> (String, String, String) {
     let api: Api<StackInstall> = Api::namespaced(client.clone(), namespace);
-    let last = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let last = LastSeen::new(daemon);
     let what = format!("{namespace}/{name} Ready reason {reason}");
-    let found = tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            if let Ok(Some(install)) = api.get_opt(name).await {
-                let ready = condition(&install, "Ready");
-                *last.lock().unwrap() = ready.clone();
-                if let Some(ready) = ready.filter(|(_, r, _)| r == reason) {
-                    return ready;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    wait_until(&what, Duration::from_secs(20), &last, || async {
+        let install = api.get_opt(name).await.ok()??;
+        let ready = condition(&install, "Ready");
+        last.saw(&ready);
+        ready.filter(|(_, r, _)| r == reason)
     })
-    .await;
-    found.unwrap_or_else(|_| {
-        panic!(
-            "{what}: not within 20s; last Ready: {:?}; daemon log:\n{}",
-            last.lock().unwrap(),
-            daemon.log_text()
-        )
-    })
+    .await
 }
 
 pub(crate) async fn events_of(client: &Client, namespace: &str, name: &str) -> Vec<(String, String)> {

@@ -4,7 +4,7 @@
 //! decides the Stack's spec.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
@@ -21,7 +21,7 @@ use stackd::embedded::{ApiServer, ServerOptions, Verb};
 use stackd::host::names::{NameKind, host_name};
 use stackd::stacks::{STACK_FINALIZER, crd_parent_label};
 
-use crate::harness::Daemon;
+use crate::harness::{Daemon, LastSeen, quiet};
 
 const TENANT: &str = "acme";
 const HOST_NS: &str = "tenant-acme-controllers";
@@ -175,24 +175,16 @@ impl Env {
 
     /// Waits until the Stack's Ready condition has `status` and `reason`.
     async fn wait_ready(&self, name: &str, status: &str, reason: &str) -> Stack {
-        let deadline = Instant::now() + SOON;
-        loop {
-            let stack = self.stacks().get_opt(name).await.ok().flatten();
-            if let Some(stack) = &stack
-                && let Some(ready) = condition(stack, "Ready")
-                && ready["status"] == status
-                && ready["reason"] == reason
-            {
-                return stack.clone();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "stack {name} never got Ready={status} ({reason}); status: {:?}\nlog:\n{}",
-                stack.and_then(|s| s.status),
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let daemon = self.daemon.as_ref().expect("a daemon runs");
+        let last = LastSeen::new(daemon);
+        let what = format!("stack {name} Ready={status} ({reason})");
+        crate::harness::wait_until(&what, SOON, &last, || async {
+            let stack = self.stacks().get_opt(name).await.ok().flatten()?;
+            let holds = condition(&stack, "Ready").is_some_and(|r| r["status"] == status && r["reason"] == reason);
+            last.saw(&stack.status);
+            holds.then_some(stack)
+        })
+        .await
     }
 
     /// Waits until `check` holds, failing with `what` and the daemon log.
@@ -891,8 +883,14 @@ async fn an_unchanged_stack_reconciles_again_with_zero_writes() {
     let mut env = Env::start(INSECURE).await;
     env.create_stack("widgets", default_spec()).await;
     env.wait_ready("widgets", "True", "Available").await;
-    // Let the last events of the first reconciles settle.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // The last events of the first reconciles are written before the poke.
+    let daemon = env.daemon.as_ref().expect("a daemon runs");
+    quiet(
+        daemon,
+        &daemon.reconciles(&[(TENANT, "stack")]),
+        &[&env.host, &env.tenant],
+    )
+    .await;
     let before_reconciles = env.reconciles_done();
     let patch = json!({"metadata": {"annotations": {"example.org/poke": "1"}}});
     env.stacks()

@@ -13,6 +13,11 @@ use stackd::embedded::{ApiServer, ServerOptions, Verb};
 use stackd::host::Parent;
 use stackd::host::sweep::run::sweep_once;
 
+use crate::harness::{NoDaemon, until};
+
+/// How long a sweep's step, or host Secrets' aging, may take.
+const SWEPT_WITHIN: Duration = Duration::from_secs(10);
+
 const HOST_NS: &str = "tenant-acme-controllers";
 
 async fn servers(install_crd: bool) -> (ApiServer, ApiServer, Client, Client) {
@@ -73,10 +78,28 @@ async fn exists(host: &Client, name: &str) -> bool {
         .is_some()
 }
 
-/// Creation timestamps have whole seconds: after this, objects made before it are older than the
-/// next sweep's lists.
-async fn older_than_a_sweep() {
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+/// Waits until the host Secrets made so far are older than the next sweep's lists: their creation
+/// timestamps (whole seconds) plus the second the sweep allows for are past.
+async fn older_than_a_sweep(host: &Client) {
+    let secrets = Api::<Secret>::namespaced(host.clone(), HOST_NS)
+        .list(&Default::default())
+        .await
+        .expect("list");
+    let newest = secrets
+        .items
+        .iter()
+        .filter_map(|s| s.metadata.creation_timestamp.as_ref())
+        .map(|created| created.0)
+        .max()
+        .expect("host Secrets to age");
+    let aged = newest + jiff::SignedDuration::from_secs(1);
+    until(
+        "the host Secrets older than a sweep",
+        SWEPT_WITHIN,
+        &NoDaemon,
+        || async { jiff::Timestamp::now() > aged },
+    )
+    .await;
 }
 
 fn kinds() -> (Vec<ApiResource>, Vec<ApiResource>) {
@@ -123,14 +146,10 @@ async fn sweep_deletes_host_objects_whose_parent_is_gone_and_keeps_the_rest() {
         async move { sweep_once(&host, &tenant, "acme", HOST_NS, &parents, &hosts).await }
     });
     // The list has reached the tenant (counted before its latency): the sweep's lists have begun.
-    let listing = async {
-        while tenant_server.counters().get(Verb::List, "stackinstalls", None) == 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), listing)
-        .await
-        .expect("the sweep lists the tenant");
+    until("the sweep to list the tenant", SWEPT_WITHIN, &NoDaemon, || async {
+        tenant_server.counters().get(Verb::List, "stackinstalls", None) > 0
+    })
+    .await;
     host_secret(&host, "live-token", "acme", &live).await;
     host_secret(&host, "gone-token", "acme", &gone).await;
     host_secret(&host, "other-tenant", "globex", &gone).await;
@@ -140,7 +159,7 @@ async fn sweep_deletes_host_objects_whose_parent_is_gone_and_keeps_the_rest() {
         "objects younger than the sweep's lists wait for the next one"
     );
     tenant_server.faults().clear();
-    older_than_a_sweep().await;
+    older_than_a_sweep(&host).await;
     let report = sweep_once(&host, &tenant, "acme", HOST_NS, &parents, &hosts)
         .await
         .expect("sweep");
@@ -225,7 +244,7 @@ async fn a_parent_created_during_a_sweep_keeps_its_host_objects() {
     let (host_server, _tenant, host, tenant) = servers(true).await;
     let gone = Parent::new("StackInstall", Some("team-a"), "gone", "uid-gone");
     host_secret(&host, "gone-token", "acme", &gone).await;
-    older_than_a_sweep().await;
+    older_than_a_sweep(&host).await;
     // The sweep's list of host Secrets is slow: it answers after the tenant lists, and after a
     // parent and its host Secret were created in between (a pool creating a ClusterDeployment).
     host_server.faults().add_latency(
@@ -238,14 +257,14 @@ async fn a_parent_created_during_a_sweep_keeps_its_host_objects() {
         let (host, tenant) = (host.clone(), tenant.clone());
         async move { sweep_once(&host, &tenant, "acme", HOST_NS, &parents, &hosts).await }
     });
-    while host_server
-        .counters()
-        .since(&counted)
-        .get(Verb::List, "secrets", Some(HOST_NS))
-        == 0
-    {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until("the sweep to list host Secrets", SWEPT_WITHIN, &NoDaemon, || async {
+        host_server
+            .counters()
+            .since(&counted)
+            .get(Verb::List, "secrets", Some(HOST_NS))
+            > 0
+    })
+    .await;
     let spec = StackInstallSpec {
         install: InstallSpec {
             package: "p:1".into(),

@@ -1,11 +1,14 @@
 //! What the integration tests share: embedded API servers (here), a fleet of them with daemon
-//! processes (`fleet`), and waiting for what a user would see (`wait`).
+//! processes (`fleet`), waiting for what a user would see (`wait`), and for the daemon to have
+//! acted on a change and stopped (`settle`).
 
 mod fleet;
+mod settle;
 mod wait;
 
 pub(crate) use fleet::{Daemon, Fleet, free_port};
-pub(crate) use wait::{until, wait_until};
+pub(crate) use settle::{Reconciles, quiet, settled};
+pub(crate) use wait::{Explain, LastSeen, LogFile, NoDaemon, holds_for, until, wait_until};
 
 use std::time::Duration;
 
