@@ -2,9 +2,10 @@
 //! ([`tokens`]), Job → Pod with scripted outcomes ([`jobs`]), Deployment → ReplicaSet → Pods
 //! ([`deployments`]). Namespace deletion and garbage collection live in `namespaces` and `gc`.
 //!
-//! Each loop is a [`passes::Controller`]: a store event names the objects worth a look (a Job for
-//! an event about one of its Pods, found through the store's owner index), and a pass looks at
-//! those only; a pass that finds nothing to do writes nothing, so the loops settle.
+//! Each loop is a [`Controller`](crate::embedded::passes::Controller): a store event names the
+//! objects worth a look (a Job for an event about one of its Pods, found through the store's owner
+//! index), and a pass looks at those only; a pass that finds nothing to do writes nothing, so the
+//! loops settle.
 
 pub mod deployments;
 pub mod jobs;
