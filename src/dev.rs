@@ -1,5 +1,7 @@
 //! `stackd dev`: embedded host and tenant API servers on loopback, their kubeconfigs on disk, the
-//! stackd CRDs installed in every tenant, and (unless `--no-daemon`) the daemon serving them.
+//! stackd CRDs installed in every tenant, and (unless `--no-daemon`) the daemon serving them. The
+//! terminal shows progress lines only; the daemon's log goes to a file (`--log-file`), or between
+//! them with `--verbose`.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -34,6 +36,8 @@ pub struct DevOptions {
     pub tenants: u16,
     pub no_daemon: bool,
     pub kubeconfig_dir: PathBuf,
+    /// Where the daemon's log goes; `None` when it is shown in the terminal.
+    pub log_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -174,6 +178,12 @@ fn print_usage(options: &DevOptions, host: &ApiServer, tenants: &[(String, ApiSe
             server.url()
         );
     }
+    if let Some(log_file) = &options.log_file {
+        println!(
+            "\n  log      {} (the daemon's; --verbose shows it here instead)",
+            log_file.display()
+        );
+    }
     if let Some((name, _)) = tenants.first() {
         println!("\nTry:");
         println!("  kubectl --kubeconfig {dir}/tenants/{name}.yaml get crds");
@@ -199,6 +209,8 @@ async fn run_daemon(
         tenant_quota: Default::default(),
         stack_crd_groups: Default::default(),
         insecure_allow_conversion_webhooks: false,
+        stack_limits: Default::default(),
+        allowed_registries: Default::default(),
         metrics_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         health_addr: None,
         leader_election: None,
@@ -210,11 +222,16 @@ async fn run_daemon(
         max_concurrent_reconciles: 4,
         lease_min_age: Duration::from_secs(10),
         managed_cluster_timeout: Duration::from_secs(15),
+        installer_deadline: Duration::from_secs(3 * 60 * 60),
+        namespace_max_pools: 50,
         sweep_interval: Duration::from_secs(60),
         backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30)),
         debounce: Duration::from_millis(200),
         rescan_interval: Duration::from_secs(30),
         tenant_stop_grace: Duration::from_secs(20),
+        max_cached_object_bytes: crate::runtime::memory_budget::ByteSize::DEFAULT_MAX_OBJECT,
+        tenant_memory_budget: crate::runtime::memory_budget::ByteSize::DEFAULT_TENANT_BUDGET,
+        monitoring_namespace: None,
     };
     println!("\nThe daemon is serving every tenant; progress follows. Ctrl-C stops everything.\n");
     let progress = tokio::spawn(print_progress(host.client().await, shutdown.clone()));

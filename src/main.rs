@@ -11,8 +11,11 @@ use stackd::api::stacks::PermissionScope;
 use stackd::context::crd_groups::CrdGroups;
 use stackd::context::namespace_template::NamespaceTemplate;
 use stackd::context::pod_policy::{AllowedToleration, NodeLabel, PodPolicy};
+use stackd::context::registries::AllowedRegistries;
+use stackd::context::stack_limits::{DEFAULT_MAX_PACKAGE_CRDS, DEFAULT_NAMESPACE_MAX_INSTALLS, StackLimits};
 use stackd::host::namespace::ServiceAccountRef;
 use stackd::host::quota::{ContainerDefaults, DEFAULT_CONTAINER_DEFAULTS, DEFAULT_QUOTA, ResourceList, TenantQuota};
+use stackd::runtime::memory_budget::{ByteSize, DEFAULT_MAX_OBJECT_BYTES, DEFAULT_TENANT_BUDGET};
 use stackd::runtime::parse_error::kubeconfig_error_message;
 use tokio_util::sync::CancellationToken;
 
@@ -101,6 +104,21 @@ struct RunArgs {
     /// rewrite every object of the CRD the tenant API server serves.
     #[arg(long)]
     insecure_allow_conversion_webhooks: bool,
+    /// The most CRDs one stack package may hold; a package with more is refused before it is
+    /// parsed. The default admits the largest real packages (the monolithic Crossplane provider-aws
+    /// held 872).
+    #[arg(long, default_value_t = DEFAULT_MAX_PACKAGE_CRDS, value_name = "N", value_parser = at_least_one)]
+    max_package_crds: usize,
+    /// The most StackInstalls and ClusterStackInstalls one tenant namespace may have (0: no bound);
+    /// the newest past it are refused and create nothing on the host, so one namespace cannot fill
+    /// the quota the tenant's namespaces share.
+    #[arg(long, default_value_t = DEFAULT_NAMESPACE_MAX_INSTALLS, value_name = "N")]
+    namespace_max_installs: usize,
+    /// Registries stack packages, stack controller images and pool installer images may come from:
+    /// comma-separated registry hosts (`quay.io`, `registry.example.com:5000`) or host/path prefixes
+    /// (`quay.io/acme`). Without it, any registry.
+    #[arg(long, default_value = "", value_name = "HOST[/PATH],...")]
+    allowed_registries: AllowedRegistries,
     /// Address of /metrics, and of /healthz and /readyz unless --health-addr is given (loopback
     /// unless told otherwise; the `/readyz?verbose` tenant detail is answered to loopback clients
     /// only, on any address).
@@ -156,6 +174,18 @@ struct RunArgs {
     /// hold the tenant's reconciles.
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     managed_cluster_timeout: Duration,
+    /// `activeDeadlineSeconds` of the installer Jobs (install and destroy): a Job still running
+    /// after this long fails with reason DeadlineExceeded, and counts as a failed install attempt.
+    /// openshift-install itself gives up within about two hours (up to 20 minutes for the API,
+    /// 30 to 60 for bootstrap, 40 for the cluster to initialize, plus creating the infrastructure).
+    #[arg(long, default_value = "3h", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    installer_deadline: Duration,
+    /// ClusterPools served per tenant namespace, the oldest first; the newer ones get
+    /// `CapacityAvailable=False` (reason TooManyPools) and create nothing. 0 means no limit. A
+    /// team's pools are a handful (one per platform or version); the limit keeps one namespace from
+    /// taking the tenant's controllers, quota and API calls from the others.
+    #[arg(long, default_value_t = 50, value_name = "N")]
+    namespace_max_pools: usize,
     /// Interval of the orphan sweep over host objects.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration, value_name = "DURATION")]
     sweep_interval: Duration,
@@ -172,6 +202,46 @@ struct RunArgs {
     /// in-flight reconciles before they are aborted.
     #[arg(long, default_value = "20s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     tenant_stop_grace: Duration,
+    /// Tenant and host objects larger than this as JSON are not read: each gets a Warning Event
+    /// `ObjectTooLarge`, and stackd holds off the work in its namespace that reads its kind until it
+    /// is smaller (an API server stores up to ~1.5 MiB; decoded, arrays of small numbers cost 20
+    /// times their JSON).
+    #[arg(long, default_value = DEFAULT_MAX_OBJECT_BYTES, value_name = "SIZE")]
+    max_cached_object_bytes: ByteSize,
+    /// The estimated memory one tenant's cached objects may take; a tenant over it is suspended
+    /// (its controllers and watches stop, shown on /readyz?verbose and `stackd_tenant_suspended`)
+    /// and retried with backoff. Size it so that tenants × budget fits the daemon's memory limit.
+    #[arg(long, default_value = DEFAULT_TENANT_BUDGET, value_name = "SIZE")]
+    tenant_memory_budget: ByteSize,
+    /// The host namespace whose pods (e.g. Prometheus) may reach the pods of tenant host namespaces.
+    /// Without it, each tenant host namespace admits traffic from its own pods only (a
+    /// NetworkPolicy `stackd-tenant-isolation`).
+    #[arg(long, value_name = "NAMESPACE", value_parser = namespace_name)]
+    monitoring_namespace: Option<String>,
+}
+
+/// A namespace name: a DNS-1123 label.
+fn namespace_name(value: &str) -> Result<String, String> {
+    let label = value.len() <= 63
+        && value.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && value.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && value
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if label {
+        Ok(value.to_string())
+    } else {
+        Err(format!("{value:?} is not a namespace name (a DNS-1123 label)"))
+    }
+}
+
+/// A count that must be at least 1.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(err) => Err(err.to_string()),
+    }
 }
 
 #[derive(Args, Debug)]
@@ -185,6 +255,13 @@ struct DevArgs {
     /// Where to write `host.yaml` and `tenants/<name>.yaml`.
     #[arg(long, default_value = "kubeconfigs", value_name = "DIR")]
     kubeconfig_dir: PathBuf,
+    /// Where the daemon's log goes (the terminal shows progress lines only); by default
+    /// `stackd.log` in the kubeconfig directory.
+    #[arg(long, value_name = "FILE", conflicts_with = "verbose")]
+    log_file: Option<PathBuf>,
+    /// Show the daemon's log in the terminal, between the progress lines, instead of in a file.
+    #[arg(long)]
+    verbose: bool,
 }
 
 #[derive(Args, Debug)]
@@ -270,6 +347,8 @@ enum BenchScenario {
     Shards,
     /// Stack installs in several tenants at once: requests per install and where the time goes.
     Stacks,
+    /// Tenant API server restarts: how soon the tenant is up, and an install right after.
+    Recovery,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -305,18 +384,30 @@ fn block_on(future: impl std::future::Future<Output = ExitCode>) -> ExitCode {
     }
 }
 
-/// kube's client logs the whole text of an answer it could not decode (a warning) or that was an
-/// error (debug): a tenant Secret, or whatever a server a tenant named answered. Whatever filter is
-/// set, those lines are never written; stackd logs the error itself, without the text.
-const QUIET_KUBE_CLIENT: &str = "kube_client::client=error";
+/// Lines of kube's client that are never written, whatever filter is set. It logs the whole text of
+/// an answer it could not decode (a warning) or that was an error (debug): a tenant Secret, or
+/// whatever a server a tenant named answered. And its request layer logs every failed request as an
+/// error ("failed with error client error (Connect)"): 18 a second from one tenant while its server
+/// restarts. stackd logs each error itself, without the text, and an outage once.
+const QUIET_KUBE_CLIENT: [&str; 2] = ["kube_client::client=error", "kube_client::client::builder=off"];
 
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_runtime=warn,kube_client=warn"))
-        .add_directive(QUIET_KUBE_CLIENT.parse().expect("static directive"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    init_logging_to(format, std::io::stderr, true);
+}
+
+/// Logging into `writer` (colours only where `ansi`).
+fn init_logging_to<W>(format: LogFormat, writer: W, ansi: bool)
+where
+    W: for<'writer> tracing_subscriber::fmt::MakeWriter<'writer> + Send + Sync + 'static,
+{
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_runtime=warn,kube_client=warn"));
+    for directive in QUIET_KUBE_CLIENT {
+        filter = filter.add_directive(directive.parse().expect("static directive"));
+    }
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
+    // Colours where the default puts them (a terminal, unless NO_COLOR), never into a file.
+    let builder = if ansi { builder } else { builder.with_ansi(false) };
     match format {
         LogFormat::Json => builder.json().flatten_event(true).init(),
         LogFormat::Text => builder.init(),
@@ -416,6 +507,11 @@ async fn run(args: RunArgs) -> ExitCode {
         },
         stack_crd_groups: args.stack_crd_groups,
         insecure_allow_conversion_webhooks: args.insecure_allow_conversion_webhooks,
+        stack_limits: StackLimits {
+            max_package_crds: args.max_package_crds,
+            namespace_max_installs: args.namespace_max_installs,
+        },
+        allowed_registries: args.allowed_registries,
         metrics_addr: args.metrics_addr,
         health_addr: args.health_addr,
         shards: args.shards.map(|shards| stackd::runtime::shards::ShardSettings {
@@ -438,11 +534,16 @@ async fn run(args: RunArgs) -> ExitCode {
         max_concurrent_reconciles: usize::from(args.max_concurrent_reconciles),
         lease_min_age: args.lease_min_age,
         managed_cluster_timeout: args.managed_cluster_timeout,
+        installer_deadline: args.installer_deadline,
+        namespace_max_pools: args.namespace_max_pools,
         sweep_interval: args.sweep_interval,
         backoff: stackd::runtime::backoff::Backoff::new(args.backoff_base, Duration::from_secs(300)),
         debounce: args.debounce,
         rescan_interval: args.rescan_interval,
         tenant_stop_grace: args.tenant_stop_grace,
+        max_cached_object_bytes: args.max_cached_object_bytes,
+        tenant_memory_budget: args.tenant_memory_budget,
+        monitoring_namespace: args.monitoring_namespace,
     };
     match stackd::daemon::run(host, settings, shutdown_on_signals()).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -465,6 +566,7 @@ async fn bench(args: BenchArgs) -> ExitCode {
     match args.only {
         Some(BenchScenario::Shards) => return bench_shards(&args, &options).await,
         Some(BenchScenario::Stacks) => return bench_stacks(&args, &options).await,
+        Some(BenchScenario::Recovery) => return bench_recovery(&args, &options).await,
         None => {}
     }
     let report = match stackd::bench::run(&options).await {
@@ -510,6 +612,14 @@ async fn bench_stacks(args: &BenchArgs, options: &stackd::bench::BenchOptions) -
     }
 }
 
+/// `stackd bench --only recovery`.
+async fn bench_recovery(args: &BenchArgs, options: &stackd::bench::BenchOptions) -> ExitCode {
+    match stackd::bench::run_recovery(options).await {
+        Ok(figures) => report_bench(args, &figures, || stackd::bench::recovery_lines(&figures)),
+        Err(err) => fail("stackd bench", err),
+    }
+}
+
 /// `stackd bench --chaos`: exits non-zero when an invariant fails.
 async fn chaos(args: &BenchArgs) -> ExitCode {
     let seed = args.seed.unwrap_or_else(|| {
@@ -546,16 +656,43 @@ async fn chaos(args: &BenchArgs) -> ExitCode {
 }
 
 async fn dev(args: DevArgs) -> ExitCode {
-    init_logging(LogFormat::Text);
+    let log_file = if args.verbose {
+        init_logging(LogFormat::Text);
+        None
+    } else {
+        let path = args
+            .log_file
+            .clone()
+            .unwrap_or_else(|| args.kubeconfig_dir.join("stackd.log"));
+        match open_log_file(&path) {
+            Ok(file) => init_logging_to(LogFormat::Text, std::sync::Arc::new(file), false),
+            Err(err) => {
+                return fail(
+                    "stackd dev",
+                    format!("cannot write the log file {}: {err}", path.display()),
+                );
+            }
+        }
+        Some(path)
+    };
     let options = stackd::dev::DevOptions {
         tenants: args.tenants,
         no_daemon: args.no_daemon,
         kubeconfig_dir: args.kubeconfig_dir,
+        log_file,
     };
     match stackd::dev::run(options, shutdown_on_signals()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => fail("stackd dev", err),
     }
+}
+
+/// A new log file at `path` (its directory made first), replacing an earlier run's.
+fn open_log_file(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::File::create(path)
 }
 
 async fn purge(tenant: String, host_args: HostArgs) -> ExitCode {

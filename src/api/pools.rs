@@ -11,9 +11,53 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::common::{
-    Condition, DURATION_PATTERN, LocalObjectReference, any_json_schema, conditions_schema, string_set_schema,
-};
+use schemars::{Schema, SchemaGenerator, json_schema};
+
+use super::common::{Condition, DURATION_PATTERN, LocalObjectReference, any_json_schema, conditions_schema};
+
+// ---------------------------------------------------------------------------------------------
+// Bounds (DESIGN.md §8, "Blast radius"): every list a controller iterates has a maximum in the
+// schema, checked by the controllers too (objects written before the schema had it, or to a server
+// that does not validate, get a clear refusal rather than unbounded work).
+
+/// Entries of a pool's `inventory`. Each is looked up, ranked and reported in the pool's status on
+/// every pass (about 200 bytes of status each); Hive has no bound, and inventories in use hold tens
+/// of entries, one per DNS name or VIP set the pool may use.
+pub const MAX_INVENTORY_ENTRIES: usize = 500;
+/// Patches of one ClusterDeploymentCustomization. A customization sets one cluster's name, VIPs and
+/// networks: a handful of patches; each costs a bounded measurement of the install config.
+pub const MAX_INSTALL_CONFIG_PATCHES: usize = 100;
+/// Failure domains of a pool (`failureDomains`, `availabilityZones`,
+/// `controlPlaneAvailabilityZones`): racks or zones, each weighed for every machine placed.
+pub const MAX_FAILURE_DOMAINS: usize = 64;
+/// Ports of a failure domain or of the control plane, copied into each machine's record.
+pub const MAX_PORTS: usize = 16;
+/// Virtual IPs of each kind (`apiVIPs`, `ingressVIPs`): one per IP family.
+pub const MAX_VIPS: usize = 8;
+/// Control-plane machines of a cluster: OpenShift runs 1, 3, 4 or 5, and etcd is not run with more
+/// than 7 members. Each machine is placed and recorded one by one.
+pub const MAX_CONTROL_PLANE_REPLICAS: i32 = 7;
+/// Hosts of one bare-metal cluster (`spec.hosts`, and the machine records of `status.failureDomains`):
+/// every host is a BareMetalAsset the pool assigns, releases and delivers one by one.
+pub const MAX_CLUSTER_HOSTS: usize = 500;
+
+/// Labels on the namespace a pool creates for each of its clusters (named after the cluster): the
+/// pool's namespace and name. With [`POOL_UID_ANNOTATION`] they prove which pool created a
+/// cluster: a namespaced `edit` user can neither create a namespace nor change its metadata.
+pub const POOL_NAMESPACE_LABEL: &str = "pools.stackd.dev/clusterpool-namespace";
+pub const POOL_NAME_LABEL: &str = "pools.stackd.dev/clusterpool-name";
+/// Annotation on a pool cluster's namespace, set when the pool creates it: the pool's uid.
+pub const POOL_UID_ANNOTATION: &str = "pools.stackd.dev/clusterpool-uid";
+
+/// A set of zone names, bounded like the failure domains they become.
+fn zones_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "items": { "type": "string" },
+        "maxItems": MAX_FAILURE_DOMAINS,
+        "x-kubernetes-list-type": "set",
+    })
+}
 
 // ---------------------------------------------------------------------------------------------
 // ClusterPool
@@ -79,24 +123,40 @@ pub struct ClusterPoolSpec {
     /// How long a claim may keep its cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_lifetime: Option<ClaimLifetime>,
-    /// ClusterDeploymentCustomizations in this namespace to build clusters from. Each cluster leases
-    /// one entry; the pool never has more clusters than it can lease entries.
+    /// ClusterDeploymentCustomizations in this namespace to build clusters from: a list of entries
+    /// naming them, as Hive ships it. Each cluster leases one entry; the pool never has more
+    /// clusters than it can lease entries. At least one entry (leave the field out for a pool
+    /// without an inventory). Write
+    ///
+    /// ```yaml
+    /// inventory:
+    /// - name: foo-cluster-deployment-customization
+    /// - name: bar-cluster-deployment-customization
+    /// ```
+    ///
+    /// not the design document's `inventory: {ClusterDeploymentCustomizations: [...]}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[schemars(
+        length(min = 1, max = MAX_INVENTORY_ENTRIES),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
     pub inventory: Option<Vec<InventoryEntry>>,
     /// Failure domains defined explicitly. They add to the zones discovered from `availabilityZones`
     /// and from the pool's BareMetalAssets, and override a discovered zone of the same name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[schemars(
+        length(max = MAX_FAILURE_DOMAINS),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
     pub failure_domains: Vec<FailureDomainDefinition>,
     /// Availability zones clusters may use; each becomes a discovered failure domain.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "string_set_schema")]
+    #[schemars(schema_with = "zones_schema")]
     pub availability_zones: Vec<String>,
     /// When not empty, only these discovered zones may hold control-plane machines (this overrides
     /// `controlPlaneOmitAvailabilityZone`). Explicit failure domains are not affected.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(schema_with = "string_set_schema")]
+    #[schemars(schema_with = "zones_schema")]
     pub control_plane_availability_zones: Vec<String>,
     /// When true, discovered zones hold no control-plane machines unless listed in
     /// `controlPlaneAvailabilityZones`.
@@ -200,9 +260,11 @@ pub struct BareMetalPlatform {
     pub credentials_secret_ref: LocalObjectReference,
     /// Virtual IPs of the API server.
     #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "apiVIPs")]
+    #[schemars(length(max = MAX_VIPS))]
     pub api_vips: Vec<String>,
     /// Virtual IPs of the ingress routers.
     #[serde(default, skip_serializing_if = "Vec::is_empty", rename = "ingressVIPs")]
+    #[schemars(length(max = MAX_VIPS))]
     pub ingress_vips: Vec<String>,
     /// How the provisioning network is run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -231,7 +293,7 @@ pub struct ClaimLifetime {
     pub maximum: Option<String>,
 }
 
-/// One entry of a pool's inventory.
+/// One entry of a pool's inventory, e.g. `{name: foo-cluster-deployment-customization}`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InventoryEntry {
@@ -268,8 +330,14 @@ pub struct FailureDomainDefinition {
     /// volume; an error together with an explicit `controlPlane.rootVolume.availabilityZone`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_availability_zone: Option<String>,
-    /// Ports of machines in this domain; they come before the pool's `controlPlane.ports`.
+    /// Ports of machines in this domain; they come before the pool's `controlPlane.ports`. The
+    /// install config gets them as openshift-install's `failureDomains[].portTargets` (a port
+    /// tagged `control_plane` replaces the machine's primary network), which openshift-install
+    /// takes only with `featureSet: TechPreviewNoUpgrade`: stackd sets it when the install-config
+    /// template sets none (such clusters cannot be upgraded), and a template with another feature
+    /// set makes the pool create no clusters.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_PORTS))]
     pub ports: Vec<PortOpts>,
 }
 
@@ -330,15 +398,17 @@ pub struct ResourceFilter {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ControlPlaneMachines {
-    /// Number of control-plane machines. Default 3.
+    /// Number of control-plane machines. Default 3, at most 7.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1))]
+    #[schemars(range(min = 1, max = MAX_CONTROL_PLANE_REPLICAS))]
     pub replicas: Option<i32>,
     /// Root volume of control-plane machines (OpenStack).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub root_volume: Option<RootVolume>,
-    /// Ports of every control-plane machine, after its failure domain's ports.
+    /// Ports of every control-plane machine, after its failure domain's ports (rendered as the
+    /// domain's are).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_PORTS))]
     pub ports: Vec<PortOpts>,
 }
 
@@ -353,7 +423,9 @@ pub struct RootVolume {
     /// Volume type.
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "type")]
     pub volume_type: Option<String>,
-    /// Storage availability zone. Must not be set when failure domains set a storage zone.
+    /// Storage availability zone. Must not be set when a failure domain control-plane machines
+    /// go to sets a storage zone (the pool then creates no clusters and says so). Unset, a root
+    /// volume goes to its domain's storage zone, else to its machine's compute zone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub availability_zone: Option<String>,
 }
@@ -384,14 +456,18 @@ pub struct ClusterPoolStatus {
     /// The platform in use, for display.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub platform: Option<String>,
-    /// `InventoryValid`, `CapacityAvailable`, `AllClustersCurrent`, `MissingDependencies`,
-    /// `DeletionPossible`.
+    /// `InventoryValid` (with an inventory), `CapacityAvailable`, `AllClustersCurrent`,
+    /// `MissingDependencies`, `DeletionPossible`, `FailureDomainsValid` (OpenStack pools with
+    /// failure domains), `FailureDomainsUnsupported` (vSphere pools).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
     /// One entry per inventory entry: what the pool knows about it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[schemars(
+        length(max = MAX_INVENTORY_ENTRIES),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
     pub inventory: Vec<InventoryEntryStatus>,
     /// Failure domains in effect, by name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -407,7 +483,8 @@ pub struct ClusterPoolStatus {
 pub struct InventoryEntryStatus {
     /// Name of the ClusterDeploymentCustomization.
     pub name: String,
-    /// The ClusterDeploymentCustomization's `metadata.generation` last applied to a cluster.
+    /// The ClusterDeploymentCustomization's `metadata.generation` last applied to a cluster;
+    /// the new generation once it is edited while no cluster holds it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<i64>,
     /// State of the entry.
@@ -434,7 +511,8 @@ pub enum InventoryEntryState {
     BrokenByCloud,
     /// The ClusterDeploymentCustomization does not exist.
     Missing,
-    /// Leased by another pool.
+    /// Leased by another pool, or holding an interrupted lease (`Available=False` without a
+    /// `clusterDeploymentRef`) until it is released after `--lease-min-age`.
     Unavailable,
     /// Removed from the inventory; its cluster is replaced.
     ToBeDeleted,
@@ -501,8 +579,20 @@ pub enum FailureDomainType {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterDeploymentCustomizationSpec {
-    /// Patches applied in order to the install config generated by the pool.
+    /// RFC 6902 patches applied in order to the install config generated by the pool: at most
+    /// 100, and the config they produce may not grow past 1 MiB (as JSON) or nest deeper than 64
+    /// levels. Paths are JSON pointers starting with `/`; to name a cluster `foo`, write
+    ///
+    /// ```yaml
+    /// installConfigPatches:
+    /// - op: replace
+    ///   path: /metadata/name
+    ///   value: foo
+    /// ```
+    ///
+    /// (the design document's `path: metadata/name` is refused).
     #[serde(default)]
+    #[schemars(length(max = MAX_INSTALL_CONFIG_PATCHES))]
     pub install_config_patches: Vec<PatchEntity>,
 }
 
@@ -512,7 +602,8 @@ pub struct ClusterDeploymentCustomizationSpec {
 pub struct PatchEntity {
     /// The operation: add, remove, replace, move, copy or test.
     pub op: PatchOp,
-    /// JSON pointer to the target, starting with `/`: write `/metadata/name`, not `metadata/name`.
+    /// JSON pointer to the target, starting with `/`: write `/metadata/name`, not `metadata/name`
+    /// (e.g. `{op: replace, path: /metadata/name, value: foo}`).
     #[schemars(regex(pattern = r"^/"))]
     pub path: String,
     /// JSON pointer to the source of a move or copy, starting with `/`: write `/metadata/name`,
@@ -552,8 +643,9 @@ pub struct ClusterDeploymentCustomizationStatus {
     /// JSON of the spec applied by the lease holder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_applied_configuration: Option<String>,
-    /// `Available` (False with reason Reserved while leased) and `ApplySucceeded` (Succeeded,
-    /// InstallationPending, BrokenBySyntax or BrokenByCloud).
+    /// `Available` (True while no pool holds it, once a pool lists it; False with reason Reserved
+    /// while leased, so `kubectl wait --for=condition=Available` waits for it to be free) and
+    /// `ApplySucceeded` (Succeeded, InstallationPending, BrokenBySyntax or BrokenByCloud).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -610,7 +702,10 @@ pub struct ClusterDeploymentSpec {
     pub cluster_pool_ref: Option<ClusterPoolReference>,
     /// Bare-metal hosts of the cluster, assigned from BareMetalAssets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[schemars(
+        length(max = MAX_CLUSTER_HOSTS),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"])
+    )]
     pub hosts: Vec<ClusterHost>,
 }
 
@@ -684,7 +779,10 @@ pub struct ClusterDeploymentStatus {
     pub infra_id: Option<String>,
     /// Failure domain of each machine, recorded once when the cluster is created and never changed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["machine"]))]
+    #[schemars(
+        length(max = MAX_CLUSTER_HOSTS),
+        extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["machine"])
+    )]
     pub failure_domains: Vec<MachineFailureDomain>,
     /// `Provisioned`, `ProvisionStopped` and others.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -710,6 +808,7 @@ pub struct MachineFailureDomain {
     pub storage_availability_zone: Option<String>,
     /// Ports of the machine: the domain's first, then the pool's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 2 * MAX_PORTS))]
     pub ports: Vec<PortOpts>,
 }
 

@@ -12,6 +12,12 @@ use serde::{Deserialize, Serialize};
 
 use super::common::{Condition, HostObjectRef, LocalObjectReference, conditions_schema, free_form_object_schema};
 
+/// The most `imagePullSecrets` an install (and so its Stack) may name. Each is copied to the tenant's
+/// host namespace twice (for the install Job and for the controller Deployment), where all of the
+/// tenant's namespaces share one `secrets` quota; a stack pulls its package and its controllers from
+/// a registry or two, and 4 leaves room for a mirror and for rotating credentials under a new name.
+pub const MAX_IMAGE_PULL_SECRETS: u32 = 4;
+
 /// What to install and how to pull it; shared by StackInstall and ClusterStackInstall.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -28,9 +34,10 @@ pub struct InstallSpec {
     /// tenants and any other policy would let one tenant run another's private image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<ImagePullPolicy>,
-    /// Secrets in this namespace used to pull the package and controller images. stackd copies them
-    /// to the host under names that cannot be guessed.
+    /// Secrets in this namespace used to pull the package and controller images, at most 4. stackd
+    /// copies them to the host under names that cannot be guessed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_IMAGE_PULL_SECRETS))]
     pub image_pull_secrets: Vec<LocalObjectReference>,
     /// Settings for the ServiceAccount the stack's controller runs as: stackd copies them to the
     /// Stack's `controller.serviceAccount`, and its annotations land on that ServiceAccount in this
@@ -244,9 +251,10 @@ pub struct ControllerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployment: Option<ControllerDeployment>,
     /// Secrets in this namespace used to pull the controller's images: the install's
-    /// `imagePullSecrets`, set by the install. stackd copies them to the host under names that cannot
-    /// be guessed, owned by the controller Deployment, and gives its pods those copies.
+    /// `imagePullSecrets`, set by the install (at most 4). stackd copies them to the host under names
+    /// that cannot be guessed, owned by the controller Deployment, and gives its pods those copies.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = MAX_IMAGE_PULL_SECRETS))]
     pub image_pull_secrets: Vec<LocalObjectReference>,
 }
 

@@ -187,6 +187,11 @@ pub async fn run_stacks(options: &BenchOptions) -> Result<StackFigures, BenchErr
     stacks::measure(tenants, installs, &latency_floor, options.keep_logs.as_deref()).await
 }
 
+/// The recovery scenario alone (`stackd bench --only recovery`).
+pub async fn run_recovery(options: &BenchOptions) -> Result<RecoveryFigures, BenchError> {
+    recovery::measure(options.restarts()).await
+}
+
 /// The figures compared between runs, by name (lower is better for all of them).
 fn headline(report: &Report) -> BTreeMap<&'static str, f64> {
     BTreeMap::from([
@@ -316,6 +321,46 @@ pub fn stacks_lines(s: &StackFigures) -> String {
     out
 }
 
+/// The recovery scenario's lines of the table.
+pub fn recovery_lines(r: &RecoveryFigures) -> String {
+    let mut out = String::new();
+    line(
+        &mut out,
+        format!(
+            "\nrecovery: {} tenant server restarts ({:.0} s down, fresh watch cache); tenant up {:.2} s (p50), {:.2} s (max) after the server answered; an install then Ready in {:.2} s vs {:.2} s without a restart ({:.2}x, {:+.2} s; goal at most 1 s more)",
+            r.restarts,
+            r.downtime_s,
+            r.up_after_restart_s_p50,
+            r.up_after_restart_s_max,
+            r.install_after_restart_s,
+            r.install_baseline_s,
+            r.install_after_restart_ratio,
+            r.install_after_restart_extra_s
+        ),
+    );
+    for (what, b) in [
+        ("after a restart", &r.after_restart_breakdown),
+        ("settled", &r.baseline_breakdown),
+    ] {
+        let phases: Vec<String> = b
+            .phases_p50_s
+            .iter()
+            .map(|(phase, seconds)| format!("{phase} {seconds:.3}"))
+            .collect();
+        line(
+            &mut out,
+            format!(
+                "install time {what} p50: daemon {:.3} s, embedded loops {:.3} s ({} timelines); phases s: {}",
+                b.daemon_p50_s,
+                b.embedded_loops_p50_s,
+                b.complete_timelines,
+                phases.join(", ")
+            ),
+        );
+    }
+    out
+}
+
 /// Reads an earlier `--json` report.
 pub fn load(path: &PathBuf) -> Result<Report, BenchError> {
     let text = std::fs::read_to_string(path).map_err(|e| BenchError::Baseline {
@@ -407,20 +452,7 @@ pub fn table(report: &Report, baseline: Option<&Report>) -> String {
             p.size, p.daemons, p.fill_s, p.lease_conflicts, p.double_leases
         ),
     );
-    let r = &report.recovery;
-    line(
-        &mut out,
-        format!(
-            "\nrecovery: {} tenant server restarts ({:.0} s down, fresh watch cache); tenant up {:.2} s (p50), {:.2} s (max) after the server answered; an install then Ready in {:.2} s vs {:.2} s without a restart ({:.2}x)",
-            r.restarts,
-            r.downtime_s,
-            r.up_after_restart_s_p50,
-            r.up_after_restart_s_max,
-            r.install_after_restart_s,
-            r.install_baseline_s,
-            r.install_after_restart_ratio
-        ),
-    );
+    out.push_str(&recovery_lines(&report.recovery));
     if let Some(s) = &report.shards {
         line(&mut out, shard_line(s));
     }
@@ -477,6 +509,9 @@ mod tests {
                 install_after_restart_s: 1.0,
                 install_baseline_s: 1.0,
                 install_after_restart_ratio: 1.0,
+                install_after_restart_extra_s: 0.0,
+                after_restart_breakdown: Default::default(),
+                baseline_breakdown: Default::default(),
             },
             shards: None,
         }

@@ -133,10 +133,16 @@ impl Recorder {
     }
 
     pub fn breakdown(&self) -> LatencyBreakdown {
+        self.breakdown_of(|_| true)
+    }
+
+    /// The breakdown of the installs whose namespace `namespace` accepts.
+    pub fn breakdown_of(&self, namespace: impl Fn(&str) -> bool) -> LatencyBreakdown {
         let stamps = self.stamps.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut phases: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
         let (mut daemon, mut embedded) = (Vec::new(), Vec::new());
-        for milestones in stamps.first.values() {
+        let chosen = stamps.first.iter().filter(|((_, ns), _)| namespace(ns));
+        for (_, milestones) in chosen {
             let Some(durations) = phase_durations(milestones) else {
                 continue;
             };

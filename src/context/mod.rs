@@ -8,5 +8,7 @@ pub mod endpoint;
 pub mod events;
 pub mod namespace_template;
 pub mod pod_policy;
+pub mod registries;
 pub mod shared;
+pub mod stack_limits;
 pub mod tenant;

@@ -10,11 +10,14 @@ use kube::Client;
 use super::crd_groups::CrdGroups;
 use super::namespace_template::NamespaceTemplate;
 use super::pod_policy::PodPolicy;
+use super::registries::AllowedRegistries;
+use super::stack_limits::StackLimits;
 use crate::host::namespace::ServiceAccountRef;
 use crate::host::quota::TenantQuota;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::health::Health;
 use crate::runtime::leader::LeaderElectionSettings;
+use crate::runtime::memory_budget::ByteSize;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::shards::ShardSettings;
 
@@ -36,6 +39,11 @@ pub struct DaemonSettings {
     pub stack_crd_groups: CrdGroups,
     /// Let packages ship CRDs with conversion webhooks.
     pub insecure_allow_conversion_webhooks: bool,
+    /// Bounds on packages and on installs per namespace (`--max-package-crds`,
+    /// `--namespace-max-installs`).
+    pub stack_limits: StackLimits,
+    /// Where packages, stack controllers and pool installers may come from (`--allowed-registries`).
+    pub allowed_registries: AllowedRegistries,
     pub metrics_addr: SocketAddr,
     /// A listener of its own for `/healthz` and `/readyz`; unset, they are served beside
     /// `/metrics`.
@@ -49,12 +57,24 @@ pub struct DaemonSettings {
     pub lease_min_age: Duration,
     /// Bound on one request to a managed cluster (`--managed-cluster-timeout`).
     pub managed_cluster_timeout: Duration,
+    /// `activeDeadlineSeconds` of every installer Job, install and destroy (`--installer-deadline`).
+    pub installer_deadline: Duration,
+    /// ClusterPools served per tenant namespace, the oldest first; 0 for no limit
+    /// (`--namespace-max-pools`).
+    pub namespace_max_pools: usize,
     pub sweep_interval: Duration,
     pub backoff: Backoff,
     pub debounce: Duration,
     pub rescan_interval: Duration,
     /// How long a stopping tenant may take to finish its in-flight reconciles.
     pub tenant_stop_grace: Duration,
+    /// Objects larger than this (as JSON) are not cached (`--max-cached-object-bytes`).
+    pub max_cached_object_bytes: ByteSize,
+    /// What one tenant's caches may hold before it is suspended (`--tenant-memory-budget`).
+    pub tenant_memory_budget: ByteSize,
+    /// The host namespace whose pods may reach tenant pods, to scrape them
+    /// (`--monitoring-namespace`); none when unset.
+    pub monitoring_namespace: Option<String>,
 }
 
 /// What every tenant shares.

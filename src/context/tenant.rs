@@ -5,7 +5,6 @@ use std::sync::Arc;
 use kube::Client;
 use kube::runtime::events::Recorder;
 use kube::runtime::watcher;
-use tokio::sync::Semaphore;
 
 use super::endpoint::{EndpointError, TenantEndpoint};
 use super::shared::Shared;
@@ -14,10 +13,12 @@ use crate::host::cluster_identity::IdentityError;
 use crate::host::labels::tenant_selector;
 use crate::host::namespace::NamespaceError;
 use crate::runtime::backoff::ObjectBackoff;
-use crate::runtime::cause::Cause;
-use crate::runtime::controller::Tenant;
+use crate::runtime::cause::{Cause, diagnose};
+use crate::runtime::controller::{FairPermits, Tenant};
 use crate::runtime::informers::Informers;
+use crate::runtime::memory_budget::Overage;
 use crate::runtime::metrics::Metrics;
+use crate::runtime::reachability::Reachability;
 
 /// Everything a tenant's controllers need.
 pub struct TenantContext {
@@ -29,8 +30,9 @@ pub struct TenantContext {
     pub host_namespace: String,
     pub endpoint: Result<TenantEndpoint, EndpointError>,
     pub shared: Arc<Shared>,
-    /// Bounds the reconciles running at once for this tenant.
-    pub reconcile_permits: Arc<Semaphore>,
+    /// Bounds the reconciles running at once for this tenant, shared fairly between its
+    /// namespaces.
+    pub reconcile_permits: Arc<FairPermits>,
     /// Publishes Events on tenant objects.
     pub recorder: Recorder,
     /// Retry delays of failed reconciles, per object.
@@ -39,6 +41,8 @@ pub struct TenantContext {
     pub host_writes: HostWrites,
     /// One cache per kind the tenant's controllers read, tenant and host, shared by them all.
     pub caches: Informers,
+    /// Whether the tenant API server answers; told once per change.
+    pub reachability: Arc<Reachability>,
 }
 
 impl Tenant for TenantContext {
@@ -50,7 +54,7 @@ impl Tenant for TenantContext {
         &self.shared.metrics
     }
 
-    fn permits(&self) -> Arc<Semaphore> {
+    fn permits(&self) -> Arc<FairPermits> {
         self.reconcile_permits.clone()
     }
 
@@ -58,8 +62,8 @@ impl Tenant for TenantContext {
         &self.object_backoff
     }
 
-    fn concurrency(&self) -> u16 {
-        u16::try_from(self.shared.settings.max_concurrent_reconciles.max(1)).unwrap_or(u16::MAX)
+    fn reachability(&self) -> &Reachability {
+        &self.reachability
     }
 }
 
@@ -83,6 +87,11 @@ pub enum TenantError {
     Controller(String),
     #[error(transparent)]
     ClusterIdentity(#[from] IdentityError),
+    #[error("cannot move host objects named by an older stackd to their current names: {0}")]
+    LegacyNames(kube::Error),
+    /// Its caches outgrew `--tenant-memory-budget`: the supervisor suspends it.
+    #[error("suspended: {0}")]
+    OverMemoryBudget(Overage),
 }
 
 impl TenantError {
@@ -92,15 +101,25 @@ impl TenantError {
             TenantError::Config(_) => "config",
             TenantError::Unreachable(cause) => cause.kind.label(),
             TenantError::ClusterIdentity(IdentityError::OtherCluster { .. }) => "other-cluster",
-            TenantError::HostNamespace(_) | TenantError::Controller(_) | TenantError::ClusterIdentity(_) => {
-                "controller"
+            TenantError::ClusterIdentity(IdentityError::Api(err)) if diagnose(err).kind.is_outage() => {
+                diagnose(err).kind.label()
             }
+            TenantError::OverMemoryBudget(_) => "controller",
+            TenantError::HostNamespace(_)
+            | TenantError::Controller(_)
+            | TenantError::ClusterIdentity(_)
+            | TenantError::LegacyNames(_) => "controller",
         }
     }
 
-    /// True when waiting can help (the server is down or restarting): the supervisor then restarts
-    /// the tenant as soon as its server answers instead of after the restart backoff.
-    pub fn is_transient(&self) -> bool {
-        matches!(self, TenantError::Unreachable(cause) if !cause.kind.is_permanent())
+    /// The outage behind this error, when waiting can help (the server is down, restarting, or
+    /// answers 5xx): the supervisor then reports the tenant down and restarts it as soon as its
+    /// server answers instead of after the restart backoff.
+    pub fn outage(&self) -> Option<Cause> {
+        match self {
+            TenantError::Unreachable(cause) if !cause.kind.is_permanent() => Some(cause.clone()),
+            TenantError::ClusterIdentity(IdentityError::Api(err)) => Some(diagnose(err)).filter(|c| c.kind.is_outage()),
+            _ => None,
+        }
     }
 }

@@ -50,6 +50,7 @@ pub fn apply_builtin_defaults(info: &ResourceInfo, object: &mut Value, uid: &str
         }
         ("apps", "replicasets") => default_replicated(object),
         ("batch", "jobs") => default_job(object, uid),
+        ("networking.k8s.io", "networkpolicies") => super::kinds::network_policy::apply_defaults(object),
         _ => {}
     }
 }

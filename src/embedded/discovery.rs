@@ -216,6 +216,15 @@ const BUILTINS: &[Builtin] = &[
     .with_status()
     .with_generation(),
     builtin("coordination.k8s.io", "v1", "leases", "Lease", true, &[]),
+    builtin(
+        "networking.k8s.io",
+        "v1",
+        "networkpolicies",
+        "NetworkPolicy",
+        true,
+        &["netpol"],
+    )
+    .with_generation(),
 ];
 
 fn builtin_info(b: &Builtin) -> ResourceInfo {

@@ -1,7 +1,9 @@
 //! Fault injection for tests: fail the next N requests matching verb/resource/namespace with a status
 //! code (and a proper `Status` body), add latency to matching requests, drop every open watch, pause
 //! the delivery of watch events (a watch cache that fell behind).
-//! Restarting the server (keeping or losing its state) is [`super::ApiServer::restart`].
+//! Restarting the server (keeping or losing its state) is [`super::ApiServer::restart`]; stopping
+//! it as kube-apiserver does on SIGTERM (new connections refused at once, open watches kept for a
+//! while) is [`super::ApiServer::stop_gracefully`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -142,6 +144,13 @@ impl Faults {
         let mut current = lock(&self.watches);
         current.cancel();
         *current = self.parent.child_token();
+    }
+
+    /// Hands over what ends the watches open now, and gives watches opened from now on another:
+    /// the open ones end only when the returned token is cancelled.
+    pub(crate) fn detach_watches(&self) -> CancellationToken {
+        let mut current = lock(&self.watches);
+        std::mem::replace(&mut *current, self.parent.child_token())
     }
 
     /// What ends the watches opened now.

@@ -136,6 +136,7 @@ fn builtin_fields(group: &str, kind: &str) -> Option<&'static [&'static str]> {
         ("rbac.authorization.k8s.io", "RoleBinding" | "ClusterRoleBinding") => &["subjects", "roleRef"],
         ("", "LimitRange") => &["spec"],
         ("", "Namespace" | "Service" | "Pod" | "ResourceQuota")
+        | ("networking.k8s.io", "NetworkPolicy")
         | ("apps", "Deployment" | "ReplicaSet")
         | ("batch", "Job")
         | ("coordination.k8s.io", "Lease")

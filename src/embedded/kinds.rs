@@ -10,6 +10,8 @@ use super::discovery::ResourceInfo;
 use super::status::{ApiError, Cause, go_value};
 use super::validation::{is_dns1123_label, validate_labels};
 
+pub mod network_policy;
+
 static CONFIG_KEY: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"^[-._a-zA-Z0-9]+$").unwrap_or_else(|e| panic!("{e}")));
 const CONFIG_KEY_MSG: &str = "a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')";
@@ -27,6 +29,7 @@ pub fn validate_spec(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
         (RBAC_GROUP, "roles" | "clusterroles") => validate_rules(object),
         (RBAC_GROUP, "rolebindings") => validate_binding(object, &["Role", "ClusterRole"], true),
         (RBAC_GROUP, "clusterrolebindings") => validate_binding(object, &["ClusterRole"], false),
+        ("networking.k8s.io", "networkpolicies") => network_policy::validate(object),
         _ => Vec::new(),
     }
 }

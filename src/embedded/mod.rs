@@ -29,6 +29,8 @@
 //! - Watches resume from the last [`store::HISTORY_WINDOW`] events of the whole server;
 //!   bookmarks come every [`watch::BOOKMARK_INTERVAL`].
 //! - No kubelet: pods run only through the Job and Deployment loops; Services get no cluster IP.
+//! - NetworkPolicies are stored, defaulted and validated, never enforced: there is no network
+//!   between pods to enforce them on.
 //!   No `kube-root-ca.crt` ConfigMaps, `default` ServiceAccounts or bootstrap RBAC roles.
 //! - CRD schemas are checked for the structural rules generated schemas break (typed fields,
 //!   `properties` xor `additionalProperties`), not all of them.
@@ -348,6 +350,36 @@ impl ApiServer {
             RestartState::Lose => self.shared.store.reset(),
         }
         tokio::time::sleep(downtime).await;
+        let listener = bind_again(serving.address).await?;
+        *serving = Serving::start(listener, &self.shared, serving.tls.clone())?;
+        Ok(())
+    }
+
+    /// Stops as kube-apiserver does on SIGTERM: the listener closes at once (new connections are
+    /// refused; idle kept-alive ones are closed, so every new request needs one), while the watches
+    /// open now go on delivering for `keep_watches` (its shutdown timeout, up to 60 s) and then
+    /// end. [`ApiServer::serve_again`] serves again on the same address.
+    pub async fn stop_gracefully(&self, keep_watches: Duration) {
+        let mut serving = self.serving.lock().await;
+        let open_watches = self.shared.faults.detach_watches();
+        serving.stop.cancel();
+        // The old listener's task ends once its last watch does; it holds no address.
+        drop(std::mem::replace(&mut serving.task, tokio::spawn(async {})));
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(keep_watches) => open_watches.cancel(),
+                _ = open_watches.cancelled() => {}
+            }
+        });
+    }
+
+    /// Serves again on the same address after [`ApiServer::stop_gracefully`] (open watches it kept
+    /// go on until their time is up); does nothing while serving.
+    pub async fn serve_again(&self) -> Result<(), Error> {
+        let mut serving = self.serving.lock().await;
+        if !serving.stop.is_cancelled() {
+            return Ok(());
+        }
         let listener = bind_again(serving.address).await?;
         *serving = Serving::start(listener, &self.shared, serving.tls.clone())?;
         Ok(())

@@ -139,12 +139,13 @@ impl Serialize for ServedList<'_> {
     }
 }
 
-/// One watch event line's object and type, in key order (`object` before `type`).
+/// One watch event line, `type` first as kube-apiserver writes it (a client may then decode the
+/// object as it streams by instead of buffering it to find the type).
 #[derive(serde::Serialize)]
 pub struct WatchLine<'a> {
-    pub object: Served<'a>,
     #[serde(rename = "type")]
     pub event_type: &'a str,
+    pub object: Served<'a>,
 }
 
 #[cfg(test)]

@@ -245,9 +245,12 @@ fn workload_columns(group: &str, kind: &str) -> Vec<Column> {
     }
 }
 
-/// Columns of Leases and role bindings.
+/// Columns of Leases, role bindings and network policies.
 fn other_columns(group: &str, kind: &str) -> Vec<Column> {
     match (group, kind) {
+        ("networking.k8s.io", "NetworkPolicy") => vec![builtin("Pod-Selector", "string", |o| {
+            json!(format_selector(&o["spec"]["podSelector"]))
+        })],
         ("coordination.k8s.io", "Lease") => vec![builtin("Holder", "string", |o| {
             json!(o["spec"]["holderIdentity"].as_str().unwrap_or(""))
         })],
@@ -259,6 +262,36 @@ fn other_columns(group: &str, kind: &str) -> Vec<Column> {
             ))
         })],
         _ => vec![],
+    }
+}
+
+/// A label selector as kubectl prints it (`app=x,tier in (a,b),!gone`), `<none>` when empty.
+fn format_selector(selector: &Value) -> String {
+    let mut parts: Vec<String> = selector["matchLabels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(key, value)| format!("{key}={}", value.as_str().unwrap_or_default()))
+        .collect();
+    for expression in selector["matchExpressions"].as_array().into_iter().flatten() {
+        let key = expression["key"].as_str().unwrap_or_default();
+        let values: Vec<&str> = expression["values"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        parts.push(match expression["operator"].as_str().unwrap_or_default() {
+            "In" => format!("{key} in ({})", values.join(",")),
+            "NotIn" => format!("{key} notin ({})", values.join(",")),
+            "Exists" => key.to_string(),
+            _ => format!("!{key}"),
+        });
+    }
+    if parts.is_empty() {
+        "<none>".into()
+    } else {
+        parts.join(",")
     }
 }
 
@@ -628,6 +661,16 @@ mod tests {
         assert_eq!(ready, Some(json!("True")));
         assert_eq!(json_path(&object, ".spec.items[1]"), Some(json!(2)));
         assert_eq!(json_path(&object, ".spec.missing"), None);
+    }
+
+    #[test]
+    fn selectors_print_like_kubectl() {
+        assert_eq!(format_selector(&json!({})), "<none>");
+        let selector = json!({"matchLabels": {"app": "x"}, "matchExpressions": [
+            {"key": "tier", "operator": "In", "values": ["a", "b"]},
+            {"key": "gone", "operator": "DoesNotExist"},
+        ]});
+        assert_eq!(format_selector(&selector), "app=x,tier in (a,b),!gone");
     }
 
     #[test]

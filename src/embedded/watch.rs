@@ -210,8 +210,8 @@ impl Watcher {
     /// Sends one event, written out from the shared stored object.
     async fn send(&self, event_type: &str, object: Arc<Value>) -> bool {
         let line = WatchLine {
-            object: Served::new(&self.info, object),
             event_type,
+            object: Served::new(&self.info, object),
         };
         self.send_text(serde_json::to_string(&line).unwrap_or_default()).await
     }
@@ -222,16 +222,18 @@ impl Watcher {
             "apiVersion": self.info.api_version(),
             "metadata": {"resourceVersion": self.seen.to_string()},
         });
-        self.send_line(json!({"type": "BOOKMARK", "object": object})).await
+        self.send_line("BOOKMARK", &object).await
     }
 
     async fn send_error(&self, error: &ApiError) {
-        self.send_line(json!({"type": "ERROR", "object": error.to_status()}))
-            .await;
+        self.send_line("ERROR", &error.to_status()).await;
     }
 
-    async fn send_line(&self, line: Value) -> bool {
-        self.send_text(line.to_string()).await
+    /// One event line, `type` first as kube-apiserver writes it (a client may then decode the
+    /// object as it streams by instead of buffering it to find the type).
+    async fn send_line(&self, event_type: &str, object: &Value) -> bool {
+        let text = format!("{{\"type\":{},\"object\":{object}}}", Value::from(event_type));
+        self.send_text(text).await
     }
 
     async fn send_text(&self, mut text: String) -> bool {

@@ -2,7 +2,12 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+
 use super::names::label_value;
+use crate::runtime::informers::report::HostParent;
 
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "stackd";
@@ -85,6 +90,48 @@ pub fn selector_of(labels: &BTreeMap<String, String>) -> String {
         .join(",")
 }
 
+/// The tenant object a host object was made for, from its name (`<tenant ns>.<name><suffix>`: set
+/// at creation, which nobody on the host can change) and its identity annotations, which must agree
+/// with that name. `None` when they do not, or the name says no namespace (a capped one).
+pub fn parent_of_host_object(meta: &ObjectMeta) -> Option<HostParent> {
+    let annotations = meta.annotations.as_ref()?;
+    let (namespace, _) = meta.name.as_deref()?.split_once('.')?;
+    let annotation = |key: &str| annotations.get(key).filter(|v| !v.is_empty()).cloned();
+    if annotation(TENANT_NAMESPACE_ANNOTATION).as_deref() != Some(namespace) {
+        return None;
+    }
+    let kind = annotation(TENANT_KIND_ANNOTATION)?;
+    let reference = ObjectReference {
+        api_version: Some(parent_api_version(&kind)?),
+        kind: Some(kind),
+        namespace: Some(namespace.to_string()),
+        name: annotation(TENANT_NAME_ANNOTATION),
+        uid: annotation(TENANT_UID_ANNOTATION),
+        ..Default::default()
+    };
+    Some(HostParent {
+        reference,
+        namespace: namespace.to_string(),
+    })
+}
+
+/// The API version of a tenant kind that owns host objects.
+fn parent_api_version(kind: &str) -> Option<String> {
+    use crate::api::{inventory::*, pools::*, stacks::*};
+    let version = match kind {
+        "StackInstall" => StackInstall::api_version(&()),
+        "ClusterStackInstall" => ClusterStackInstall::api_version(&()),
+        "Stack" => Stack::api_version(&()),
+        "ClusterPool" => ClusterPool::api_version(&()),
+        "ClusterDeploymentCustomization" => ClusterDeploymentCustomization::api_version(&()),
+        "ClusterDeployment" => ClusterDeployment::api_version(&()),
+        "ClusterClaim" => ClusterClaim::api_version(&()),
+        "BareMetalAsset" => BareMetalAsset::api_version(&()),
+        _ => return None,
+    };
+    Some(version.into_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -113,6 +160,28 @@ mod tests {
     fn cluster_scoped_parent_has_empty_namespace_label() {
         let parent = Parent::new("Thing", None, "x", "u");
         assert_eq!(parent.labels("t")[PARENT_NAMESPACE_LABEL], "");
+    }
+
+    #[test]
+    fn a_host_object_names_its_parent_only_when_its_name_and_annotations_agree() {
+        let parent = Parent::new("ClusterDeployment", Some("team-a"), "c1", "uid-1");
+        let mut meta = ObjectMeta {
+            name: Some("team-a.c1-output".into()),
+            annotations: Some(parent.annotations()),
+            ..Default::default()
+        };
+        let found = parent_of_host_object(&meta).unwrap();
+        assert_eq!(found.namespace, "team-a");
+        assert_eq!(found.reference.name.as_deref(), Some("c1"));
+        assert_eq!(
+            found.reference.api_version.as_deref(),
+            Some("pools.stackd.dev/v1alpha1")
+        );
+        meta.annotations
+            .as_mut()
+            .unwrap()
+            .insert(TENANT_NAMESPACE_ANNOTATION.into(), "team-b".into());
+        assert_eq!(parent_of_host_object(&meta), None, "annotations pointing elsewhere");
     }
 
     #[test]

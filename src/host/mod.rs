@@ -4,8 +4,10 @@
 pub mod apply;
 pub mod cluster_identity;
 pub mod labels;
+pub mod legacy_names;
 pub mod names;
 pub mod namespace;
+pub mod network_policy;
 pub mod ownership;
 pub mod purge;
 pub mod quota;

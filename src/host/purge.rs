@@ -6,6 +6,7 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, LimitRange, Namespace, ResourceQuota, Secret, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, ListParams, PropagationPolicy};
 use kube::{Client, Resource, ResourceExt};
@@ -61,6 +62,7 @@ pub async fn purge(host: &Client, tenant: &str, namespace: &str) -> Result<Purge
     delete_labelled::<ServiceAccount>(host, tenant, namespace, &mut report).await?;
     delete_labelled::<ResourceQuota>(host, tenant, namespace, &mut report).await?;
     delete_labelled::<LimitRange>(host, tenant, namespace, &mut report).await?;
+    delete_labelled::<NetworkPolicy>(host, tenant, namespace, &mut report).await?;
     delete_labelled::<RoleBinding>(host, tenant, namespace, &mut report).await?;
     delete_labelled::<Role>(host, tenant, namespace, &mut report).await?;
     let ours = ns.labels().get(TENANT_LABEL) == Some(&label_value(tenant));

@@ -185,7 +185,8 @@ fn labels(tenant: &str) -> BTreeMap<String, String> {
     ])
 }
 
-fn metadata(name: &str, namespace: &str, tenant: &str) -> ObjectMeta {
+/// The metadata of a per-tenant object of the host namespace (quota, limits, network policy).
+pub(super) fn metadata(name: &str, namespace: &str, tenant: &str) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.to_string()),
         namespace: Some(namespace.to_string()),
@@ -244,7 +245,7 @@ fn same_limit_range(existing: &LimitRange, desired: &LimitRange) -> bool {
 #[derive(Debug, thiserror::Error)]
 pub enum QuotaError {
     #[error(
-        "{kind} {namespace}/{name} exists but was not created by stackd for this tenant; remove it so stackd can set the tenant's limits"
+        "{kind} {namespace}/{name} exists but was not created by stackd for this tenant; remove it so stackd can set the tenant's limits and isolation"
     )]
     Foreign {
         kind: String,
@@ -258,7 +259,7 @@ pub enum QuotaError {
 /// Creates `desired`, or brings our existing copy (`observed`, from the watch cache) back to it with
 /// its uid and resourceVersion as preconditions; an object at that name that is not ours is left
 /// alone.
-async fn ensure<K>(
+pub(super) async fn ensure<K>(
     api: &Api<K>,
     desired: &K,
     observed: Option<&K>,

@@ -18,6 +18,7 @@ use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::ClusterDeployment;
 use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::cause::diagnose;
+use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::untrusted_kubeconfig::{UntrustedKubeconfigError, config_from_untrusted};
 use crate::runtime::untrusted_server;
 
@@ -44,6 +45,9 @@ pub enum DeliveryError {
     TimedOut(Duration),
     #[error("tenant API request failed: {0}")]
     Tenant(#[source] kube::Error),
+    /// A bug in stackd's delivery code, contained to this asset.
+    #[error(transparent)]
+    Panicked(#[from] ReconcilePanic),
 }
 
 impl DeliveryError {

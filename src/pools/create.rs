@@ -89,7 +89,8 @@ pub(super) async fn read_inputs(pool: &ClusterPool, ctx: &Ctx, round: &mut Round
         .and_then(|d| d.get("install-config.yaml"))
         .map(|b| String::from_utf8_lossy(&b.0).into_owned())
         .unwrap_or_default();
-    match install_config::parse_template(&text) {
+    // Up to a Secret's megabyte of tenant YAML: parsed on the blocking pool.
+    match super::off_the_async_workers(move || install_config::parse_template(&text)).await {
         Ok(template) => Ok(Some(Inputs {
             template,
             pull,
@@ -113,7 +114,7 @@ pub(super) async fn create_cluster(
     inputs: &Inputs,
     cd_name: &str,
     version: &str,
-    config: &Value,
+    rendered: BTreeMap<String, String>,
     cdc: Option<&Cdc>,
     plan: &MachinePlan,
 ) -> Result<(), PoolError> {
@@ -133,7 +134,7 @@ pub(super) async fn create_cluster(
     Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &namespace)
         .await?;
-    let copies = create_secrets(pool, ctx, inputs, cd_name, config, plan).await?;
+    let copies = create_secrets(pool, ctx, inputs, cd_name, rendered).await?;
     let cd = cluster_deployment(pool, &identity, cd_name, version, cdc, plan, copies);
     Api::<ClusterDeployment>::namespaced(client.clone(), cd_name)
         .create(&PostParams::default(), &cd)
@@ -155,8 +156,7 @@ async fn create_secrets(
     ctx: &Ctx,
     inputs: &Inputs,
     cd_name: &str,
-    config: &Value,
-    plan: &MachinePlan,
+    rendered: BTreeMap<String, String>,
 ) -> Result<Copies, PoolError> {
     let secrets = Api::<Secret>::namespaced(ctx.tenant.client.clone(), cd_name);
     let config_name = format!("{cd_name}-install-config");
@@ -165,7 +165,7 @@ async fn create_secrets(
             name: Some(config_name.clone()),
             ..Default::default()
         },
-        string_data: Some(config_data(config, plan)),
+        string_data: Some(rendered),
         type_: Some("Opaque".into()),
         ..Default::default()
     };
@@ -266,7 +266,7 @@ fn cluster_deployment(
 
 /// The install-config Secret's keys: the config, and the machines' failure-domain record (the
 /// source a user-edited record is restored from) or why the machines cannot be placed.
-fn config_data(config: &Value, plan: &MachinePlan) -> BTreeMap<String, String> {
+pub(super) fn config_data(config: &Value, plan: &MachinePlan) -> BTreeMap<String, String> {
     let mut data = BTreeMap::from([("install-config.yaml".to_string(), install_config::to_yaml(config))]);
     if let Some(invalid) = &plan.invalid {
         data.insert(INVALID_KEY.into(), invalid.clone());

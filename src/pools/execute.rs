@@ -17,7 +17,7 @@ use serde_json::Value;
 use tracing::info;
 
 use super::buckets::{Bucket, Buckets};
-use super::create::{Inputs, cluster_name, create_cluster, read_inputs};
+use super::create::{Inputs, cluster_name, config_data, create_cluster, read_inputs};
 use super::hosts;
 use super::install_config;
 use super::leases::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX};
@@ -79,7 +79,7 @@ pub(super) async fn deletes(
         delete_cd(&api, cd, why.logged()).await?;
         let (reason, warning, note) = why.event(&cd_name);
         publish(tenant, pool, warning, reason, note).await;
-        if matches!(why, Why::ClaimDeleted | Why::Broken { .. }) {
+        if matches!(why, Why::ClaimDeleted | Why::Broken { .. } | Why::InvalidMachineSpec) {
             buckets.set(&cd_name, Bucket::Deleting);
         }
         deleted.push(cd_name);
@@ -129,10 +129,16 @@ pub(super) async fn add_clusters(
         let mut config = install_config::generate(&inputs.template, &pool.spec, &cd_name);
         let mut usage = placement.usage.clone();
         let mut plan: MachinePlan = machines::plan(pool, placement.domains, &mut usage, &mut config);
+        if let Some(invalid) = plan.invalid.take() {
+            // Every cluster would be stopped on its machines: none is made (§6, issue 29).
+            round.contradiction = Some(invalid);
+            return Ok(());
+        }
         let mut leased: Option<Cdc> = None;
         if pool.spec.inventory.is_some() {
             // Try entries in order until one applies and its lease write wins.
-            let Some((cdc, patched)) = lease_entry(pool, ctx, &cd_name, &config, &mut leases, round).await? else {
+            let generated = Arc::new(config);
+            let Some((cdc, patched)) = lease_entry(pool, ctx, &cd_name, &generated, &mut leases, round).await? else {
                 return Ok(());
             };
             config = patched;
@@ -153,7 +159,7 @@ pub(super) async fn add_clusters(
         let new = NewCluster {
             name: &cd_name,
             version,
-            config: &config,
+            config,
             cdc: leased.as_ref(),
             plan: &plan,
         };
@@ -169,7 +175,7 @@ async fn lease_entry(
     pool: &ClusterPool,
     ctx: &Ctx,
     cd_name: &str,
-    config: &Value,
+    config: &Arc<Value>,
     leases: &mut std::slice::Iter<'_, String>,
     round: &mut Round,
 ) -> Result<Option<(Cdc, Value)>, PoolError> {
@@ -182,11 +188,13 @@ async fn lease_entry(
         let Some(cdc) = newest(round.written.get(entry).cloned(), cached) else {
             continue;
         };
-        let mut patched = config.clone();
-        if let Err(error) = install_config::apply_patches(&mut patched, &cdc.spec.install_config_patches) {
-            refuse_patches(pool, ctx, &cdc_api, &cdc, error, round).await?;
-            continue;
-        }
+        let patched = match patch(config, &cdc).await {
+            Ok(patched) => patched,
+            Err(error) => {
+                refuse_patches(pool, ctx, &cdc_api, &cdc, error, round).await?;
+                continue;
+            }
+        };
         match leases::lease(&cdc_api, &cdc, cd_name, &name).await {
             // Leased by someone else since this pass began.
             Ok(None) => continue,
@@ -214,6 +222,18 @@ async fn lease_entry(
         }
     }
     Ok(None)
+}
+
+/// The generated `config` with `cdc`'s patches applied, on the blocking pool: tenant-sized work.
+async fn patch(config: &Arc<Value>, cdc: &Cdc) -> Result<Value, String> {
+    let patches = &cdc.spec.install_config_patches;
+    install_config::count_patches(patches)?;
+    let (config, patches) = (config.clone(), patches.clone());
+    super::off_the_async_workers(move || {
+        let mut patched = Value::clone(&config);
+        install_config::apply_patches(&mut patched, &patches).map(|()| patched)
+    })
+    .await
 }
 
 /// A CDC whose patches do not apply: `ApplySucceeded=False/BrokenBySyntax` with the error, and
@@ -293,14 +313,17 @@ async fn place_on_hosts(
 struct NewCluster<'a> {
     name: &'a str,
     version: &'a str,
-    config: &'a Value,
+    config: Value,
     cdc: Option<&'a Cdc>,
     plan: &'a MachinePlan,
 }
 
 async fn create(pool: &ClusterPool, ctx: &Ctx, inputs: &Inputs, new: NewCluster<'_>) -> Result<(), PoolError> {
     let cd_name = new.name;
-    let created = create_cluster(pool, ctx, inputs, cd_name, new.version, new.config, new.cdc, new.plan).await;
+    // Rendering up to a 1 MiB document is tenant-sized work.
+    let (config, plan) = (new.config, new.plan.clone());
+    let rendered = super::off_the_async_workers(move || config_data(&config, &plan)).await;
+    let created = create_cluster(pool, ctx, inputs, cd_name, new.version, rendered, new.cdc, new.plan).await;
     if let Err(err) = created {
         // Not coming: stop counting it. Its lease and namespace are repaired after the minimum age.
         ctx.forget_created(pool, cd_name);

@@ -5,7 +5,8 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::api::pools::{ClusterPoolSpec, PatchEntity, PatchOp, Platform};
+use super::document_bounds::{self, INSTALL_CONFIG};
+use crate::api::pools::{ClusterPoolSpec, MAX_INSTALL_CONFIG_PATCHES, PatchEntity, PatchOp, Platform};
 use crate::runtime::parse_error::LocatedParseError;
 
 /// The template could not be read. It holds passwords and pull secrets, so the message says
@@ -14,13 +15,23 @@ use crate::runtime::parse_error::LocatedParseError;
 #[error("the install-config template is not a YAML mapping: {0}")]
 pub struct TemplateError(String);
 
-/// Parses the template's `install-config.yaml` (empty means "no template").
+/// Parses the template's `install-config.yaml` (empty means "no template"). The template is
+/// tenant-written: the parse is held to a budget (aliases may not expand it far past the size of a
+/// Secret), and the result to the install config's bounds, so every patch starts within them.
 pub fn parse_template(text: &str) -> Result<Value, TemplateError> {
     if text.trim().is_empty() {
         return Ok(Value::Object(Map::new()));
     }
-    let value: Value =
-        serde_saphyr::from_str(text).map_err(|e| TemplateError(LocatedParseError::yaml(&e).to_string()))?;
+    let options = serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_depth: document_bounds::MAX_CONFIG_DEPTH,
+            max_total_scalar_bytes: 2 * document_bounds::MAX_CONFIG_BYTES,
+            max_recorded_anchor_bytes: 2 * document_bounds::MAX_CONFIG_BYTES,
+        },
+    };
+    let value: Value = serde_saphyr::from_str_with_options(text, options)
+        .map_err(|e| TemplateError(LocatedParseError::yaml(&e).to_string()))?;
+    document_bounds::measure(&value, INSTALL_CONFIG).map_err(|e| TemplateError(format!("{e}")))?;
     match value {
         Value::Object(_) => Ok(value),
         Value::Null => Ok(Value::Object(Map::new())),
@@ -114,11 +125,31 @@ fn platform_fields(platform: &Platform) -> (Option<&'static str>, Vec<(&'static 
 }
 
 /// Applies `patches` in order. The error names the failing patch (1-based) and how to fix it.
+///
+/// The patches are tenant-written, and a few of them can double the document again and again
+/// (`copy` of a value into itself) or nest it deeper one level at a time (`move`): after every
+/// patch the document is measured against the install config's bounds, before the next one can
+/// grow it further. One patch at most doubles the document, so it never gets far past them.
 pub fn apply_patches(config: &mut Value, patches: &[PatchEntity]) -> Result<(), String> {
+    count_patches(patches)?;
     for (index, entity) in patches.iter().enumerate() {
         let number = index + 1;
         let op = to_operation(entity).map_err(|e| format!("patch {number}: {e}"))?;
         json_patch::patch(config, &[op]).map_err(|e| format!("patch {number} ({}): {e}", describe(entity)))?;
+        document_bounds::measure(config, INSTALL_CONFIG)
+            .map_err(|e| format!("patch {number} ({}) is refused: {e}", describe(entity)))?;
+    }
+    Ok(())
+}
+
+/// Refuses more patches than stackd applies (a customization written before the schema had its
+/// `maxItems`), before anything is copied for them.
+pub fn count_patches(patches: &[PatchEntity]) -> Result<(), String> {
+    if patches.len() > MAX_INSTALL_CONFIG_PATCHES {
+        return Err(format!(
+            "{} installConfigPatches are more than the {MAX_INSTALL_CONFIG_PATCHES} stackd applies; merge or remove some",
+            patches.len()
+        ));
     }
     Ok(())
 }
@@ -352,6 +383,71 @@ mod tests {
                 .unwrap_err()
                 .contains("must start with '/'")
         );
+    }
+
+    fn moved(from: &str, path: &str) -> PatchEntity {
+        PatchEntity {
+            op: PatchOp::Move,
+            path: path.into(),
+            from: Some(from.into()),
+            value: None,
+        }
+    }
+
+    #[test]
+    fn a_patch_that_doubles_the_config_again_and_again_is_refused_at_the_size_bound() {
+        let mut config = generate(&Value::Object(Map::new()), &pool(), "x");
+        let mut bomb = vec![patch(PatchOp::Add, "/b", Some(json!(["x".repeat(2048)])))];
+        bomb.extend((0..30).map(|_| PatchEntity {
+            op: PatchOp::Copy,
+            path: "/b/-".into(),
+            from: Some("/b".into()),
+            value: None,
+        }));
+        let err = apply_patches(&mut config, &bomb).unwrap_err();
+        // 2 KiB doubled: past 1 MiB at the ninth copy.
+        assert!(err.starts_with("patch 10 (copy /b/-) is refused"), "{err}");
+        assert!(err.contains("larger than 1 MiB serialized"), "{err}");
+    }
+
+    #[test]
+    fn moves_nesting_the_config_deeper_are_refused_at_the_depth_bound() {
+        let mut config = generate(&Value::Object(Map::new()), &pool(), "x");
+        // /a nested 30 levels and spare mappings, then pairs of moves: each nests /a one level
+        // deeper in a spare.
+        let mut nested = json!({});
+        for _ in 0..30 {
+            nested = json!({ "a": nested });
+        }
+        let mut patches = vec![
+            patch(PatchOp::Add, "/a", Some(nested)),
+            patch(PatchOp::Add, "/s", Some(json!(vec![json!({}); 49]))),
+        ];
+        for _ in 0..49 {
+            patches.push(moved("/a", "/s/0/a"));
+            patches.push(moved("/s/0", "/a"));
+        }
+        let err = apply_patches(&mut config, &patches[..MAX_INSTALL_CONFIG_PATCHES]).unwrap_err();
+        assert!(err.contains("nest lists and mappings deeper than 64 levels"), "{err}");
+        assert!(err.contains("(move /s/0/a)") || err.contains("(move /a)"), "{err}");
+    }
+
+    #[test]
+    fn more_patches_than_stackd_applies_are_refused_before_any_is_applied() {
+        let mut config = json!({"untouched": true});
+        let many = vec![patch(PatchOp::Add, "/x", Some(json!(1))); MAX_INSTALL_CONFIG_PATCHES + 1];
+        let err = apply_patches(&mut config, &many).unwrap_err();
+        assert!(err.contains("101 installConfigPatches are more than the 100"), "{err}");
+        assert_eq!(config, json!({"untouched": true}));
+    }
+
+    #[test]
+    fn a_template_past_the_bounds_is_refused() {
+        let deep = format!("a: {}1{}\n", "[".repeat(70), "]".repeat(70));
+        assert!(parse_template(&deep).is_err());
+        let big = format!("a: {}\n", "x".repeat(document_bounds::MAX_CONFIG_BYTES + 1));
+        let err = parse_template(&big).unwrap_err().to_string();
+        assert!(err.contains("1 MiB"), "{err}");
     }
 
     #[test]

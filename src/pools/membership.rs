@@ -25,7 +25,7 @@ use crate::context::tenant::TenantContext;
 
 /// Annotation on a pool cluster's namespace, set when the pool creates it: the pool's uid. The same
 /// annotation on the ClusterDeployment is for people reading it; only the namespace's is trusted.
-pub const POOL_UID_ANNOTATION: &str = "pools.stackd.dev/clusterpool-uid";
+pub use crate::api::pools::POOL_UID_ANNOTATION;
 /// Event reason on a ClusterDeployment whose reference names a pool that did not create it.
 pub const NOT_POOL_MEMBER: &str = "NotPoolMember";
 /// Event reason on such a ClusterDeployment when its deprovision leaves the pool's leases and hosts

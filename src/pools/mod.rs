@@ -6,11 +6,14 @@ mod buckets;
 pub mod claim;
 mod create;
 pub mod deployment;
+pub mod document_bounds;
 mod execute;
 pub mod failure_domains;
 pub mod hosts;
 pub mod install_config;
+mod installer_image;
 pub mod leases;
+pub mod limits;
 pub mod machines;
 pub mod membership;
 mod plan;
@@ -40,8 +43,7 @@ pub const DEPROVISION_FINALIZER: &str = "pools.stackd.dev/deprovision";
 pub const POOL_FINALIZER: &str = "pools.stackd.dev/clusters";
 /// Labels on a pool cluster's namespace (and on the cluster); see [`membership`] for what proves
 /// that a pool created a cluster.
-pub const POOL_NAMESPACE_LABEL: &str = "pools.stackd.dev/clusterpool-namespace";
-pub const POOL_NAME_LABEL: &str = "pools.stackd.dev/clusterpool-name";
+pub use crate::api::pools::{POOL_NAME_LABEL, POOL_NAMESPACE_LABEL};
 /// Annotations on a pool's ClusterDeployment.
 pub const POOL_VERSION_ANNOTATION: &str = "pools.stackd.dev/pool-version";
 pub const CDC_GENERATION_ANNOTATION: &str = "pools.stackd.dev/customization-generation";
@@ -67,6 +69,18 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
         }
     }
     Ok(())
+}
+
+/// Runs tenant-sized work (parsing, patching and rendering documents of up to the install config's
+/// bounds) on the blocking pool, off the async workers every tenant shares. A panic there is the
+/// reconcile's own panic, contained like one.
+pub(crate) async fn off_the_async_workers<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(value) => value,
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        // Only a runtime shutting down cancels blocking work: the reconcile goes with it.
+        Err(_) => std::future::pending().await,
+    }
 }
 
 /// Sets the finalizers of `object` with a merge patch carrying its resourceVersion, so a stale copy

@@ -76,6 +76,15 @@ impl CauseKind {
         )
     }
 
+    /// Trouble of the whole server, not of one request, which waiting can end: it did not answer
+    /// (refused, unresolvable, timed out, cut off), or answered that it cannot serve now (5xx, 429).
+    pub fn is_outage(self) -> bool {
+        matches!(
+            self,
+            CauseKind::Refused | CauseKind::Dns | CauseKind::Timeout | CauseKind::Reset | CauseKind::ServerBusy
+        )
+    }
+
     /// The server did not answer at all (as opposed to answering with an error).
     pub fn is_unreachable(self) -> bool {
         matches!(
@@ -223,5 +232,7 @@ mod tests {
         assert_eq!(diagnose(&status(410)).kind, CauseKind::Expired);
         assert_eq!(diagnose(&status(503)).kind, CauseKind::ServerBusy);
         assert!(!CauseKind::Expired.is_unreachable());
+        assert!(CauseKind::ServerBusy.is_outage() && CauseKind::Refused.is_outage());
+        assert!(!CauseKind::Certificate.is_outage() && !CauseKind::Expired.is_outage());
     }
 }

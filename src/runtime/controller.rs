@@ -1,36 +1,50 @@
 //! The scaffold every tenant controller is built with, so that each does the same around its
-//! reconcile: it waits until all of its caches (tenant and host) are filled, then takes one of the
-//! tenant's reconcile permits (a controller waiting for its caches must not hold a permit the
-//! tenant's other controllers need), contains panics, records metrics, backs off per object and
-//! stops through [`run_controller`] (in-flight reconciles get their grace).
+//! reconcile: it waits until all of its caches (tenant and host) are filled, holds off objects of a
+//! namespace where one of those caches refused an object as too large (absent is not gone: see
+//! [`super::informers::refusals`]), then takes one of the tenant's reconcile permits, shared
+//! fairly between its namespaces ([`FairPermits`]; a controller waiting for its caches must not
+//! hold a permit the tenant's other controllers need), contains panics, records metrics, backs off
+//! per object (an object that failed while its tenant was down runs again the moment it answers)
+//! and stops through [`run_controller`] (in-flight reconciles get their grace).
+//!
+//! kube's own runner is given no concurrency limit: every object due is handed to the scaffold at
+//! once and waits for a permit in its namespace's queue, instead of in kube's single queue where
+//! one namespace's backlog would come first.
 
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::Hash;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use kube::runtime::controller::{Action, Config, Controller};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::backoff::ObjectBackoff;
 use super::informers::SharedCache;
+use super::informers::refusals::{Refusal, Refusals};
 use super::metrics::{ErrorLabels, Metrics};
 use super::panics::{self, ReconcilePanic};
+use super::reachability::Reachability;
 use super::readiness::Readiness;
-use super::recovery::NoTriggerBackoff;
+use super::recovery::{HeldForReturn, NoTriggerBackoff};
 use super::retry;
 use super::shutdown::run_controller;
 
+mod permits;
 mod singleton;
+pub use permits::{FairPermit, FairPermits};
 pub use singleton::Singleton;
+
+/// How often an object held up by a refused object looks again (a refused object that is deleted
+/// brings no event of its own to the objects it held up; one made smaller does).
+const HELD_UP_RECHECK: Duration = Duration::from_secs(30);
 
 /// A controller's error: retried with the object's backoff and counted by `metric_label`.
 pub trait ReconcileError: std::error::Error + From<ReconcilePanic> + Send + Sync + 'static {
@@ -42,17 +56,18 @@ pub trait ReconcileError: std::error::Error + From<ReconcilePanic> + Send + Sync
 pub trait Tenant: Send + Sync + 'static {
     fn name(&self) -> &str;
     fn metrics(&self) -> &Metrics;
-    /// Bounds the reconciles running at once for this tenant, across its controllers.
-    fn permits(&self) -> Arc<Semaphore>;
+    /// Bounds the reconciles running at once for this tenant, across its controllers, shared
+    /// fairly between its namespaces.
+    fn permits(&self) -> Arc<FairPermits>;
     fn object_backoff(&self) -> &ObjectBackoff;
-    /// Reconciles one controller may run at once.
-    fn concurrency(&self) -> u16;
+    /// Whether the tenant's API server answers, and the signal of its return.
+    fn reachability(&self) -> &Reachability;
 }
 
 /// The tenant's reconcile permit a reconcile holds; [`Permit::release`] gives it back early (before
 /// a wait that must not starve the tenant's other controllers).
 pub struct Permit {
-    _held: OwnedSemaphorePermit,
+    _held: FairPermit,
 }
 
 impl Permit {
@@ -68,6 +83,9 @@ where
     tenant: Arc<T>,
     controller: Controller<K>,
     caches: Vec<Readiness>,
+    /// The cache of the objects reconciled.
+    main: Store<K>,
+    refusals: Vec<Refusals>,
 }
 
 impl<K, T> Scaffold<K, T>
@@ -78,7 +96,8 @@ where
     /// A controller named `name` (its `controller` metric label) reconciling the objects of `main`.
     pub fn new(name: impl Into<String>, tenant: Arc<T>, main: &SharedCache<K>) -> Self {
         let controller = Controller::for_shared_stream(main.touched(), main.store())
-            .with_config(Config::default().concurrency(tenant.concurrency()))
+            // Unbounded here: the tenant's fair permits bound what runs (see the module docs).
+            .with_config(Config::default().concurrency(0))
             // Each shared watch retries on its own backoff; one on the merged triggers would pause
             // them all whenever one watch failed (runtime::recovery).
             .trigger_backoff(NoTriggerBackoff);
@@ -87,6 +106,8 @@ where
             tenant,
             controller,
             caches: vec![main.readiness()],
+            main: main.store(),
+            refusals: vec![main.refusals()],
         }
     }
 
@@ -98,6 +119,7 @@ where
         I::IntoIter: Send,
     {
         self.caches.push(cache.readiness());
+        self.refusals.push(cache.refusals());
         self.controller = self.controller.watches_shared_stream(cache.touched(), mapper);
         self
     }
@@ -115,6 +137,32 @@ where
         I::IntoIter: Send,
     {
         self.caches.push(cache.readiness());
+        self.refusals.push(cache.refusals());
+        self.controller = self.controller.watches_stream(stream, mapper);
+        self
+    }
+
+    /// Reconciles the objects `trigger` names: work the controller started outside a reconcile
+    /// (on a managed cluster, say) has ended, and its result waits to be read.
+    pub fn reconcile_on(mut self, trigger: impl Stream<Item = ObjectRef<K>> + Send + 'static) -> Self {
+        self.controller = self.controller.reconcile_on(trigger);
+        self
+    }
+
+    /// [`Self::watches_stream`] for a stream of a cache of the controller's own (not a shared one):
+    /// the first reconcile waits for `ready`.
+    pub fn watches_ready_stream<O, I>(
+        mut self,
+        ready: Readiness,
+        stream: impl Stream<Item = Result<O, watcher::Error>> + Send + 'static,
+        mapper: impl Fn(O) -> I + Send + Sync + 'static,
+    ) -> Self
+    where
+        O: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+        I: IntoIterator<Item = ObjectRef<K>> + 'static,
+        I::IntoIter: Send,
+    {
+        self.caches.push(ready);
         self.controller = self.controller.watches_stream(stream, mapper);
         self
     }
@@ -125,6 +173,7 @@ where
         O: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
     {
         self.caches.push(cache.readiness());
+        self.refusals.push(cache.refusals());
         self
     }
 
@@ -137,17 +186,28 @@ where
         E: ReconcileError,
     {
         let ready = Readiness::all(self.caches);
+        let held = Arc::new(HeldForReturn::default());
+        let forget = {
+            let tenant = self.tenant.clone();
+            move |key: &str| tenant.object_backoff().succeeded(key)
+        };
+        let returned = held
+            .clone()
+            .on_return(self.tenant.reachability().back(), self.main, backoff_key, forget);
         let runner = Arc::new(Runner {
             name: self.name,
             tenant: self.tenant,
             context,
             ready: ready.clone(),
+            refusals: self.refusals,
             cancel: cancel.clone(),
             reconcile,
+            held,
         });
         let (tenant, name) = (runner.tenant.name().to_string(), runner.name.clone());
         let run = self
             .controller
+            .watches_shared_stream(returned, |object: Arc<K>| Some(ObjectRef::from_obj(object.as_ref())))
             .graceful_shutdown_on(cancel.clone().cancelled_owned())
             .run(
                 |object, runner| {
@@ -174,8 +234,12 @@ struct Runner<T, C, F> {
     tenant: Arc<T>,
     context: Arc<C>,
     ready: Readiness,
+    /// What the caches this controller reads refused.
+    refusals: Vec<Refusals>,
     cancel: CancellationToken,
     reconcile: F,
+    /// Objects that failed while the tenant was down, run again at its return.
+    held: Arc<HeldForReturn>,
 }
 
 impl<T: Tenant, C, F> Runner<T, C, F> {
@@ -195,9 +259,12 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
         if !filled {
             return Ok(Action::await_change());
         }
-        let Ok(permit) = self.tenant.permits().acquire_owned().await else {
-            return Ok(Action::await_change());
-        };
+        let namespace = object.meta().namespace.clone().unwrap_or_default();
+        if let Some(refused) = self.held_up(&namespace) {
+            debug!(tenant = %self.tenant.name(), controller = %self.name, namespace = %namespace, refused = %refused.describe(), "held up by an object over --max-cached-object-bytes");
+            return Ok(Action::requeue(HELD_UP_RECHECK));
+        }
+        let permit = self.tenant.permits().acquire(&namespace).await;
         let started = Instant::now();
         let result = panics::contain((self.reconcile)(
             object.clone(),
@@ -212,6 +279,11 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
         result
     }
 
+    /// A refused object that holds up work in `namespace`, from any cache this controller reads.
+    fn held_up(&self, namespace: &str) -> Option<Refusal> {
+        self.refusals.iter().find_map(|refusals| refusals.holding(namespace))
+    }
+
     fn error_policy<K, E>(&self, object: &K, err: &E) -> Action
     where
         K: Resource<DynamicType = ()>,
@@ -222,8 +294,16 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
             None => object.name_any(),
         };
         let logged = (self.tenant.name(), self.name.as_str(), shown.as_str());
-        let backoff = self.tenant.object_backoff();
-        Action::requeue(retry::after_failure(backoff, &backoff_key(object), logged, err))
+        let (backoff, key) = (self.tenant.object_backoff(), backoff_key(object));
+        let reachability = self.tenant.reachability();
+        let hold = || self.held.hold(reachability, &key);
+        Action::requeue(retry::after_tenant_failure(
+            backoff,
+            &key,
+            logged,
+            err,
+            (reachability, hold),
+        ))
     }
 }
 
@@ -265,8 +345,9 @@ mod tests {
 
     struct TestTenant {
         metrics: Metrics,
-        permits: Arc<Semaphore>,
+        permits: Arc<FairPermits>,
         backoff: ObjectBackoff,
+        reachability: Arc<Reachability>,
     }
 
     impl Tenant for TestTenant {
@@ -276,22 +357,23 @@ mod tests {
         fn metrics(&self) -> &Metrics {
             &self.metrics
         }
-        fn permits(&self) -> Arc<Semaphore> {
+        fn permits(&self) -> Arc<FairPermits> {
             self.permits.clone()
         }
         fn object_backoff(&self) -> &ObjectBackoff {
             &self.backoff
         }
-        fn concurrency(&self) -> u16 {
-            2
+        fn reachability(&self) -> &Reachability {
+            &self.reachability
         }
     }
 
     fn tenant() -> Arc<TestTenant> {
         Arc::new(TestTenant {
             metrics: Metrics::new(),
-            permits: Arc::new(Semaphore::new(1)),
+            permits: FairPermits::new(1),
             backoff: ObjectBackoff::new(Backoff::new(Duration::from_secs(60), Duration::from_secs(60))),
+            reachability: Reachability::new("acme", Arc::new(Metrics::new()), Arc::default()),
         })
     }
 
@@ -299,11 +381,16 @@ mod tests {
     enum TestError {
         #[error(transparent)]
         Panicked(#[from] ReconcilePanic),
+        #[error("client error (Connect)")]
+        Unreachable(#[source] std::io::Error),
     }
 
     impl ReconcileError for TestError {
         fn metric_label(&self) -> &'static str {
-            "panic"
+            match self {
+                TestError::Panicked(_) => "panic",
+                TestError::Unreachable(_) => "unreachable",
+            }
         }
     }
 
@@ -361,11 +448,7 @@ mod tests {
             0,
             "reconciled before every cache was filled"
         );
-        assert_eq!(
-            tenant.permits.available_permits(),
-            1,
-            "a waiting reconcile holds no permit"
-        );
+        assert_eq!(tenant.permits.available(), 1, "a waiting reconcile holds no permit");
         listed(&other_feed, &[]);
         eventually("the reconcile after the caches filled", || {
             reconciled.load(Ordering::SeqCst) == 1
@@ -405,10 +488,49 @@ mod tests {
         let key = backoff_key(&config_map("a"));
         eventually("the failure counted", || tenant.backoff.failures(&key) == 1).await;
         assert_eq!(
-            tenant.permits.available_permits(),
+            tenant.permits.available(),
             1,
             "the panicked reconcile gave its permit back"
         );
+        cancel.cancel();
+        run.await.unwrap();
+    }
+
+    /// A reconcile that failed while its tenant was down waits for the tenant, not its backoff
+    /// (60 s here): it runs again the moment the tenant answers.
+    #[tokio::test]
+    async fn a_reconcile_failed_while_the_tenant_was_down_runs_again_at_its_return() {
+        let (feed, main, _driver) = fed::<ConfigMap>();
+        listed(&feed, &[config_map("a")]);
+        let tenant = tenant();
+        tenant.reachability.report_down(crate::runtime::cause::Cause {
+            kind: crate::runtime::cause::CauseKind::Refused,
+            message: "connection refused".into(),
+        });
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let cancel = CancellationToken::new();
+        let scaffold = Scaffold::new("test", tenant.clone(), &main);
+        let run = tokio::spawn({
+            let (attempts, cancel) = (attempts.clone(), cancel.clone());
+            async move {
+                let reconcile = |_: Arc<ConfigMap>, attempts: Arc<AtomicUsize>, _permit: Permit| async move {
+                    if attempts.fetch_add(1, Ordering::SeqCst) == 0 {
+                        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+                        return Err(TestError::Unreachable(refused));
+                    }
+                    Ok(Action::await_change())
+                };
+                scaffold.run(attempts, reconcile, &cancel).await
+            }
+        });
+        let key = backoff_key(&config_map("a"));
+        eventually("the failure counted", || tenant.backoff.failures(&key) == 1).await;
+        let returned = Instant::now();
+        tenant.reachability.report_answering();
+        eventually("the retry at the return", || attempts.load(Ordering::SeqCst) == 2).await;
+        // Not the probe interval's 2 to 4 s, not the 60 s backoff.
+        assert!(returned.elapsed() < Duration::from_secs(1), "{:?}", returned.elapsed());
+        assert_eq!(tenant.backoff.failures(&key), 0, "its backoff starts over");
         cancel.cancel();
         run.await.unwrap();
     }

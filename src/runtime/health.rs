@@ -21,6 +21,9 @@ pub enum TenantHealth {
 pub struct Health {
     ready: AtomicBool,
     tenants: Mutex<BTreeMap<String, TenantHealth>>,
+    /// Tenants suspended by the daemon (over their memory budget), with why: shown instead of
+    /// their health until they are resumed.
+    suspended: Mutex<BTreeMap<String, String>>,
     /// With `--shards`: which slots (and so which tenants) this replica holds, one line each.
     shards: Mutex<Vec<(bool, String)>>,
 }
@@ -42,6 +45,24 @@ impl Health {
 
     pub fn remove_tenant(&self, tenant: &str) {
         self.lock().remove(tenant);
+        self.resume(tenant);
+    }
+
+    /// Marks a tenant suspended for `reason` until [`Health::resume`].
+    pub fn suspend(&self, tenant: &str, reason: &str) {
+        self.suspensions().insert(tenant.to_string(), reason.to_string());
+    }
+
+    pub fn resume(&self, tenant: &str) {
+        self.suspensions().remove(tenant);
+    }
+
+    pub fn is_suspended(&self, tenant: &str) -> bool {
+        self.suspensions().contains_key(tenant)
+    }
+
+    fn suspensions(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, String>> {
+        self.suspended.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Replaces the shard lines of the detail.
@@ -60,7 +81,12 @@ impl Health {
             mark(self.is_ready()),
             if self.is_ready() { "ok" } else { "not ready" }
         );
+        let suspended = self.suspensions().clone();
         for (tenant, health) in self.lock().iter() {
+            if let Some(why) = suspended.get(tenant) {
+                out.push_str(&format!("[-]tenant {tenant} suspended: {why}\n"));
+                continue;
+            }
             let (ok, text) = match health {
                 TenantHealth::Starting => (false, "starting".to_string()),
                 TenantHealth::Up => (true, "ok".to_string()),
@@ -93,6 +119,21 @@ fn mark(ok: bool) -> char {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_suspended_tenant_shows_why_until_it_is_resumed() {
+        let health = Health::default();
+        health.set_tenant("a", TenantHealth::Up);
+        health.suspend("a", "over its memory budget");
+        health.set_tenant("a", TenantHealth::Up);
+        assert!(
+            health
+                .detail()
+                .contains("[-]tenant a suspended: over its memory budget\n")
+        );
+        health.resume("a");
+        assert!(health.detail().contains("[+]tenant a ok\n"));
+    }
 
     #[test]
     fn detail_lists_each_tenant() {

@@ -6,6 +6,13 @@
 //! Each subscriber has a bounded channel and the watch waits for the slowest one, so a busy
 //! controller slows the watch instead of losing events. A subscriber that joins late first gets
 //! every object already cached.
+//!
+//! What a tenant can make the daemon hold is bounded (DESIGN.md §8): each object is measured as
+//! raw JSON before it is decoded ([`super::raw_object`]); one over `--max-cached-object-bytes` is
+//! refused ([`refusals`]: not cached, remembered, reported with an `ObjectTooLarge` Event), and
+//! what the caches keep is charged to the tenant's memory budget ([`super::memory_budget`]). Lists
+//! come in pages of [`LIST_PAGE_SIZE`] objects, so a list holds at most that many objects' JSON at
+//! once whatever the tenant stored.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -16,12 +23,9 @@ use std::sync::{Arc, Mutex};
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::core::DeserializeGuard;
-use kube::core::error_boundary::InvalidObject;
-use kube::runtime::events::{self, EventType, Recorder};
-use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::{Store, store::Writer};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher::watcher};
 use kube::{Api, Client, Resource};
@@ -29,10 +33,23 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::task::AbortOnDropHandle;
-use tracing::{debug, warn};
 
-use super::readiness::{Readiness, ReadySignal};
-use super::recovery::WatchBackoff;
+use super::memory_budget::{ByteSize, Ledger, MemoryBudget};
+use super::raw_object::RawObject;
+use super::readiness::Readiness;
+use super::recovery::retry_watch;
+
+mod driver;
+pub mod refusals;
+pub mod report;
+
+use driver::Driver;
+pub use driver::{CacheLimits, Incoming};
+use refusals::Refusals;
+use report::{HostParentOf, Reporter};
+
+/// Objects per list page: a list holds at most this many objects' JSON in memory at once.
+pub const LIST_PAGE_SIZE: u32 = 50;
 
 /// Changes a subscriber may fall behind by before the watch waits for it.
 const SUBSCRIBER_BUFFER: usize = 1024;
@@ -67,6 +84,7 @@ where
     store: Store<K>,
     ready: Readiness,
     subscribers: Subscribers<K>,
+    refusals: Refusals,
 }
 
 impl<K: Resource + 'static> Clone for SharedCache<K>
@@ -78,6 +96,7 @@ where
             store: self.store.clone(),
             ready: self.ready.clone(),
             subscribers: self.subscribers.clone(),
+            refusals: self.refusals.clone(),
         }
     }
 }
@@ -89,6 +108,11 @@ where
 {
     pub fn store(&self) -> Store<K> {
         self.store.clone()
+    }
+
+    /// The objects this cache refused as too large: absent from the store, yet not gone.
+    pub fn refusals(&self) -> Refusals {
+        self.refusals.clone()
     }
 
     /// Resolves once the first list completed (never await the store's own `wait_until_ready`).
@@ -131,85 +155,63 @@ pub(crate) type Feed<K> = mpsc::UnboundedSender<Result<Event<K>, watcher::Error>
 #[cfg(test)]
 pub(crate) fn fed<K>() -> (Feed<K>, SharedCache<K>, tokio::task::JoinHandle<()>)
 where
-    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Send + Sync + 'static,
 {
-    let (feed, events) = mpsc::unbounded_channel();
-    let (cache, driver) = start("test".into(), |_| {
+    let (feed, events) = mpsc::unbounded_channel::<Result<Event<K>, watcher::Error>>();
+    let (cache, driver) = start(
+        "test".into(),
+        CacheParts::default(),
         tokio_stream::wrappers::UnboundedReceiverStream::new(events)
-    });
+            .map(|event| event.map(|event| map_event(event, Incoming::Decoded))),
+    );
     (feed, cache, driver)
 }
 
+/// What a cache is made with besides its watch.
+#[derive(Clone)]
+struct CacheParts {
+    limits: CacheLimits,
+    reporter: Reporter,
+}
+
+impl Default for CacheParts {
+    fn default() -> Self {
+        CacheParts {
+            limits: CacheLimits {
+                max_object_bytes: ByteSize::DEFAULT_MAX_OBJECT.0,
+                budget: None,
+            },
+            reporter: Reporter::default(),
+        }
+    }
+}
+
 /// A cache kept up to date with `events` by the returned task.
-fn start<K, S>(name: String, events: impl FnOnce(Store<K>) -> S) -> (SharedCache<K>, tokio::task::JoinHandle<()>)
+fn start<K, S>(name: String, parts: CacheParts, events: S) -> (SharedCache<K>, tokio::task::JoinHandle<()>)
 where
-    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
-    S: Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Send + Sync + 'static,
+    S: Stream<Item = Result<Event<Incoming<K>>, watcher::Error>> + Send + 'static,
 {
     let writer = Writer::<K>::default();
-    let events = events(writer.as_reader());
     let (signal, ready) = Readiness::signal();
     let cache = SharedCache {
         store: writer.as_reader(),
         ready,
         subscribers: Subscribers::default(),
+        refusals: Refusals::default(),
     };
-    let driver = tokio::spawn(drive(name, events, writer, cache.subscribers.clone(), signal));
-    (cache, driver)
-}
-
-/// Keeps a store and its subscribers up to date with `events`.
-async fn drive<K>(
-    name: String,
-    events: impl Stream<Item = Result<Event<K>, watcher::Error>>,
-    mut writer: Writer<K>,
-    subscribers: Subscribers<K>,
-    ready: ReadySignal,
-) where
-    K: Resource + Clone + Send + Sync + 'static,
-    K::DynamicType: Hash + Eq + Clone + Default,
-{
-    let reader = writer.as_reader();
-    let mut events = std::pin::pin!(events);
-    // What the cache held before a relist: objects gone from the new list are deletions too.
-    let mut before_relist: Vec<Arc<K>> = Vec::new();
-    while let Some(event) = events.next().await {
-        let event = match event {
-            Ok(event) => event,
-            Err(err) => {
-                // Retried with backoff; the tenant's CRD monitor reports an outage.
-                debug!(watch = %name, error = %err, cause = %super::cause::diagnose(&err), "watch failed; retrying");
-                dispatch(&subscribers, vec![Change::Failed(Arc::new(err))]).await;
-                continue;
-            }
-        };
-        if matches!(event, Event::Init) {
-            before_relist = reader.state();
-        }
-        writer.apply_watcher_event(&event);
-        let changes = match event {
-            Event::Apply(object) => {
-                let cached = reader.get(&ObjectRef::from_obj(&object));
-                vec![Change::Touched(cached.unwrap_or_else(|| Arc::new(object)))]
-            }
-            Event::Delete(object) => vec![Change::Touched(Arc::new(object))],
-            Event::Init | Event::InitApply(_) => continue,
-            Event::InitDone => {
-                ready.ready();
-                let listed = reader.state();
-                let gone = std::mem::take(&mut before_relist)
-                    .into_iter()
-                    .filter(|old| reader.get(&ObjectRef::from_obj(old.as_ref())).is_none());
-                listed
-                    .into_iter()
-                    .chain(gone)
-                    .map(Change::Touched)
-                    .chain([Change::Synced])
-                    .collect()
-            }
-        };
-        dispatch(&subscribers, changes).await;
-    }
+    let driver = Driver {
+        name,
+        writer,
+        subscribers: cache.subscribers.clone(),
+        ready: Some(signal),
+        refusals: cache.refusals.clone(),
+        limits: parts.limits,
+        reporter: parts.reporter,
+        ledger: Ledger::default(),
+        before_relist: Vec::new(),
+    };
+    (cache, tokio::spawn(driver.run(events)))
 }
 
 /// Sends `changes` to every subscriber, waiting while one is full; forgets those that left.
@@ -226,76 +228,6 @@ async fn dispatch<K>(subscribers: &Subscribers<K>, changes: Vec<Change<K>>) {
         .retain(|sender| !sender.is_closed());
 }
 
-/// Tenant objects whose body does not decode are logged, reported and left out, so that one
-/// malformed object cannot stop the watch of its kind (and with it every controller reading it).
-/// The deletion of one still goes through, with the last copy that could be read.
-fn valid_only<K>(event: Event<DeserializeGuard<K>>, recorder: Option<&Recorder>, cached: &Store<K>) -> Option<Event<K>>
-where
-    K: Resource<DynamicType = ()> + Clone,
-{
-    let valid = |guard: DeserializeGuard<K>| match guard.0 {
-        Ok(object) => Some(object),
-        Err(invalid) => {
-            report_invalid::<K>(invalid, recorder);
-            None
-        }
-    };
-    Some(match event {
-        Event::Apply(guard) => Event::Apply(valid(guard)?),
-        Event::Delete(DeserializeGuard(Ok(object))) => Event::Delete(object),
-        Event::Delete(DeserializeGuard(Err(invalid))) => {
-            let name = invalid.metadata.name.as_deref()?;
-            let at = ObjectRef::<K>::new(name);
-            let at = match invalid.metadata.namespace.as_deref() {
-                Some(namespace) => at.within(namespace),
-                None => at,
-            };
-            Event::Delete(cached.get(&at)?.as_ref().clone())
-        }
-        Event::InitApply(guard) => Event::InitApply(valid(guard)?),
-        Event::Init => Event::Init,
-        Event::InitDone => Event::InitDone,
-    })
-}
-
-/// Logs a malformed object and, given a recorder, tells its owner with a Warning Event on it.
-fn report_invalid<K: Resource<DynamicType = ()>>(invalid: InvalidObject, recorder: Option<&Recorder>) {
-    let metadata = invalid.metadata;
-    warn!(
-        kind = %K::kind(&()),
-        namespace = metadata.namespace.as_deref().unwrap_or_default(),
-        name = metadata.name.as_deref().unwrap_or_default(),
-        error = %invalid.error,
-        "ignoring an object that does not match its schema; fix or delete it"
-    );
-    let Some(recorder) = recorder.cloned() else {
-        return;
-    };
-    let reference = ObjectReference {
-        api_version: Some(K::api_version(&()).into_owned()),
-        kind: Some(K::kind(&()).into_owned()),
-        namespace: metadata.namespace,
-        name: metadata.name,
-        uid: metadata.uid,
-        ..Default::default()
-    };
-    let event = events::Event {
-        type_: EventType::Warning,
-        reason: "InvalidObject".into(),
-        note: Some(format!(
-            "stackd cannot read this object and ignores it until it is fixed: {}",
-            invalid.error
-        )),
-        action: "Read".into(),
-        secondary: None,
-    };
-    tokio::spawn(async move {
-        if let Err(err) = recorder.publish(&event, &reference).await {
-            debug!(error = %err, "cannot publish an event");
-        }
-    });
-}
-
 /// A tenant's shared caches, started on first use. Dropping it stops their watches.
 pub struct Informers {
     tenant: Client,
@@ -305,8 +237,15 @@ pub struct Informers {
     host_selector: String,
     caches: Mutex<HashMap<String, Box<dyn Any + Send + Sync>>>,
     drivers: Mutex<Vec<AbortOnDropHandle<()>>>,
-    /// Where malformed tenant objects are reported.
+    /// When each cache opened so far is filled.
+    filled: Mutex<Vec<Readiness>>,
+    limits: CacheLimits,
+    /// Where left-out tenant objects are reported.
     recorder: Option<Recorder>,
+    /// Finds the tenant object a host object was made for.
+    host_parent: Option<HostParentOf>,
+    /// Changes when the tenant answers again after an outage: its watches retry at once.
+    tenant_back: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 impl Informers {
@@ -318,58 +257,93 @@ impl Informers {
             host_selector: host_selector.to_string(),
             caches: Mutex::default(),
             drivers: Mutex::default(),
+            filled: Mutex::default(),
+            limits: CacheParts::default().limits,
             recorder: None,
+            host_parent: None,
+            tenant_back: None,
         }
     }
 
-    /// Malformed tenant objects get a Warning Event from `recorder`.
-    pub fn reporting_to(self, recorder: Recorder) -> Informers {
+    /// Tenant watches waiting to retry do so at once when `back` changes (the tenant answers again).
+    pub fn resuming_on(self, back: tokio::sync::watch::Receiver<u64>) -> Informers {
         Informers {
-            recorder: Some(recorder),
+            tenant_back: Some(back),
             ..self
         }
     }
 
-    /// Tenant objects of a built-in kind, in every namespace, selected by `labels` ("" for all).
+    /// Left-out tenant objects get a Warning Event from `recorder`; left-out host objects one on
+    /// the tenant object `host_parent` finds for them.
+    pub fn reporting_to(self, recorder: Recorder, host_parent: HostParentOf) -> Informers {
+        Informers {
+            recorder: Some(recorder),
+            host_parent: Some(host_parent),
+            ..self
+        }
+    }
+
+    /// Objects over `max_object_bytes` are refused; what is cached is charged to `budget`.
+    pub fn limited(self, max_object_bytes: ByteSize, budget: Option<Arc<MemoryBudget>>) -> Informers {
+        Informers {
+            limits: CacheLimits {
+                max_object_bytes: max_object_bytes.0,
+                budget,
+            },
+            ..self
+        }
+    }
+
+    /// The tenant's memory budget, when it has one.
+    pub fn budget(&self) -> Option<Arc<MemoryBudget>> {
+        self.limits.budget.clone()
+    }
+
+    fn parts(&self, host: bool) -> CacheParts {
+        CacheParts {
+            limits: self.limits.clone(),
+            reporter: Reporter {
+                recorder: self.recorder.clone(),
+                host_parent: if host { self.host_parent } else { None },
+            },
+        }
+    }
+
+    /// Tenant objects of a built-in kind, in every namespace, selected by `labels` ("" for all):
+    /// malformed and oversized ones are left out and reported.
     pub fn tenant<K>(&self, labels: &str) -> SharedCache<K>
     where
         K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
     {
-        let config = selected(labels);
         let key = format!("tenant {}/{} {labels}", K::api_version(&()), K::plural(&()));
-        let api = Api::<K>::all(self.tenant.clone());
-        self.cache(key, move |_| watcher(api, config).boxed())
+        let api = Api::<RawObject<K>>::all(self.tenant.clone());
+        self.cache(key, self.parts(false), raw_watch(api, selected(labels)))
     }
 
-    /// Tenant objects of a stackd kind, every namespace: malformed ones are left out and logged.
+    /// Tenant objects of a stackd kind, every namespace: malformed and oversized ones are left out
+    /// and reported.
     pub fn tenant_guarded<K>(&self) -> SharedCache<K>
     where
         K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
     {
         let key = format!("tenant {}/{} (guarded)", K::api_version(&()), K::plural(&()));
-        let api = Api::<DeserializeGuard<K>>::all(self.tenant.clone());
-        let recorder = self.recorder.clone();
-        self.cache(key, move |cached| {
-            watcher(api, watcher::Config::default())
-                .filter_map(move |event| {
-                    let event = event.map(|event| valid_only(event, recorder.as_ref(), &cached));
-                    futures::future::ready(event.transpose())
-                })
-                .boxed()
-        })
+        let api = Api::<RawObject<K>>::all(self.tenant.clone());
+        self.cache(key, self.parts(false), raw_watch(api, watcher::Config::default()))
     }
 
-    /// The tenant's CRDs, cached slim (see [`crate::api::crds::slim`]).
+    /// The tenant's CRDs, cached slim (see [`crate::api::crds::slim`]): no size cap, since a
+    /// package's CRDs may be large and only their names, versions and conditions are kept.
     pub fn tenant_crds(&self) -> SharedCache<CustomResourceDefinition> {
         let api = Api::<CustomResourceDefinition>::all(self.tenant.clone());
-        self.cache("tenant crds".to_string(), move |_| {
-            watcher(api, watcher::Config::default())
-                .modify(crate::api::crds::slim)
-                .boxed()
-        })
+        let events = watcher(api, watcher::Config::default().page_size(LIST_PAGE_SIZE))
+            .modify(crate::api::crds::slim)
+            .map(|event| event.map(|event| map_event(event, Incoming::Decoded)))
+            .boxed();
+        self.cache("tenant crds".to_string(), self.parts(false), events)
     }
 
-    /// This tenant's objects of a kind in its host namespace.
+    /// This tenant's objects of a kind in its host namespace: malformed and oversized ones are
+    /// left out (the oversized reported on their tenant parent).
     pub fn host<K>(&self) -> SharedCache<K>
     where
         K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
@@ -381,29 +355,35 @@ impl Informers {
             + 'static,
     {
         let key = format!("host {}/{}", K::api_version(&()), K::plural(&()));
-        let api = Api::<K>::namespaced(self.host.clone(), &self.host_namespace);
-        let config = selected(&self.host_selector);
-        self.cache(key, move |_| watcher(api, config).boxed())
+        let api = Api::<RawObject<K>>::namespaced(self.host.clone(), &self.host_namespace);
+        self.cache(key, self.parts(true), raw_watch(api, selected(&self.host_selector)))
     }
 
-    /// The cache under `key`, started from `watch` when it is the first.
+    /// The cache under `key`, started from `events` when it is the first.
     fn cache<K>(
         &self,
         key: String,
-        watch: impl FnOnce(Store<K>) -> BoxStream<'static, Result<Event<K>, watcher::Error>>,
+        parts: CacheParts,
+        events: BoxStream<'static, Result<Event<Incoming<K>>, watcher::Error>>,
     ) -> SharedCache<K>
     where
-        K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Send + Sync + 'static,
     {
         let mut caches = self.caches.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(cache) = caches.get(&key).and_then(|c| c.downcast_ref::<SharedCache<K>>()) {
             return cache.clone();
         }
-        let (cache, driver) = start(key.clone(), |cached| watch(cached).backoff(WatchBackoff::default()));
+        // Retried with backoff; a tenant watch at once when its tenant answers again.
+        let back = self.tenant_back.clone().filter(|_| key.starts_with("tenant "));
+        let (cache, driver) = start(key.clone(), parts, retry_watch(events, back));
         self.drivers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(AbortOnDropHandle::new(driver));
+        self.filled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(cache.readiness());
         caches.insert(key, Box::new(cache.clone()));
         cache
     }
@@ -413,6 +393,24 @@ impl Informers {
     pub fn stop(&self) {
         self.drivers.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.caches.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.filled.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// Resolves once every cache opened so far is filled and no other opened for `quiet` (the
+    /// controllers open theirs as they start); early if one never fills (it stopped).
+    pub async fn settled(&self, quiet: std::time::Duration) {
+        loop {
+            let filled = self.filled.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            for readiness in &filled {
+                if !readiness.wait().await {
+                    return;
+                }
+            }
+            tokio::time::sleep(quiet).await;
+            if self.filled.lock().unwrap_or_else(|p| p.into_inner()).len() == filled.len() {
+                return;
+            }
+        }
     }
 
     /// How many watches are open: (tenant, host).
@@ -420,6 +418,30 @@ impl Informers {
         let caches = self.caches.lock().unwrap_or_else(|p| p.into_inner());
         let host = caches.keys().filter(|key| key.starts_with("host ")).count();
         (caches.len() - host, host)
+    }
+}
+
+/// A watch of raw objects, in pages of [`LIST_PAGE_SIZE`] (retried by [`Informers::cache`]).
+fn raw_watch<K>(
+    api: Api<RawObject<K>>,
+    config: watcher::Config,
+) -> BoxStream<'static, Result<Event<Incoming<K>>, watcher::Error>>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    watcher(api, config.page_size(LIST_PAGE_SIZE))
+        .map(|event| event.map(|event| map_event(event, |raw| Incoming::Raw(Box::new(raw)))))
+        .boxed()
+}
+
+/// The same event about `f` of its objects.
+fn map_event<A, B>(event: Event<A>, f: impl Fn(A) -> B) -> Event<B> {
+    match event {
+        Event::Apply(object) => Event::Apply(f(object)),
+        Event::Delete(object) => Event::Delete(f(object)),
+        Event::Init => Event::Init,
+        Event::InitApply(object) => Event::InitApply(f(object)),
+        Event::InitDone => Event::InitDone,
     }
 }
 

@@ -61,6 +61,10 @@ pub enum LeaderError {
     Duration(u64),
     #[error("leader election failed: {0}")]
     Lease(String),
+    #[error(
+        "leader election failed: the namespace {0} of the leader Lease does not exist on the host; create it, or pass --leader-elect-namespace with one that does"
+    )]
+    NoNamespace(String),
     #[error("cannot start the leader lease's thread: {0}")]
     Thread(std::io::Error),
 }
@@ -237,6 +241,11 @@ async fn keep_lease(settings: LeaderElectionSettings, started: oneshot::Sender<R
         .await;
     let manager = match manager {
         Ok(manager) => manager,
+        // The manager creates the Lease when it is missing: a 404 then says the namespace is.
+        Err(kube_lease_manager::LeaseManagerError::KubeError(kube::Error::Api(status))) if status.code == 404 => {
+            let _ = started.send(Err(LeaderError::NoNamespace(settings.namespace.clone())));
+            return;
+        }
         Err(err) => {
             let _ = started.send(Err(LeaderError::Lease(err.to_string())));
             return;

@@ -22,6 +22,16 @@ pub struct TenantCauseLabels {
     pub cause: String,
 }
 
+/// Why a tenant is suspended: `reason` is one of [`SUSPENSION_REASONS`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantReasonLabels {
+    pub tenant: String,
+    pub reason: String,
+}
+
+/// The reasons a tenant is suspended for.
+pub const SUSPENSION_REASONS: &[&str] = &["memory_budget"];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ControllerLabels {
     pub tenant: String,
@@ -72,6 +82,10 @@ pub struct Metrics {
     pub tenant_down_cause: Family<TenantCauseLabels, Gauge>,
     /// Restarts of a tenant's task tree after an error or panic.
     pub tenant_restarts: Family<TenantLabels, Counter>,
+    /// 1 while a tenant is suspended (its controllers and watches stopped), by reason.
+    pub tenant_suspended: Family<TenantReasonLabels, Gauge>,
+    /// The estimated bytes a tenant's caches hold (what `--tenant-memory-budget` bounds).
+    pub tenant_cached_bytes: Family<TenantLabels, Gauge>,
     /// Reconciles run, per tenant and controller.
     pub reconciles: Family<ControllerLabels, Counter>,
     /// Reconciles that failed, per tenant and controller.
@@ -120,6 +134,18 @@ impl Metrics {
             "Restarts of a tenant's controllers after a failure",
             tenant_restarts.clone(),
         );
+        let tenant_suspended = Family::<TenantReasonLabels, Gauge>::default();
+        registry.register(
+            "tenant_suspended",
+            "Tenants suspended by the daemon (1), with why; absent while a tenant runs",
+            tenant_suspended.clone(),
+        );
+        let tenant_cached_bytes = Family::<TenantLabels, Gauge>::default();
+        registry.register(
+            "tenant_cached_bytes",
+            "Estimated bytes a tenant's cached objects take (bounded by --tenant-memory-budget)",
+            tenant_cached_bytes.clone(),
+        );
         registry.register("reconciles", "Reconciles run", reconciles.clone());
         registry.register("reconcile_errors", "Reconciles that failed", reconcile_errors.clone());
         let reconcile_errors_by_kind = Family::<ErrorLabels, Counter>::default();
@@ -153,6 +179,8 @@ impl Metrics {
             tenant_up,
             tenant_down_cause,
             tenant_restarts,
+            tenant_suspended,
+            tenant_cached_bytes,
             reconciles,
             reconcile_errors,
             reconcile_errors_by_kind,
@@ -204,7 +232,27 @@ impl Metrics {
     /// Forgets a tenant that is no longer served.
     pub fn remove_tenant(&self, tenant: &str) {
         self.tenant_up.remove(&Metrics::tenant(tenant));
+        self.tenant_cached_bytes.remove(&Metrics::tenant(tenant));
         self.clear_down_causes(tenant);
+        self.clear_tenant_suspended(tenant);
+    }
+
+    /// The tenant is suspended for `reason` (one of [`SUSPENSION_REASONS`]).
+    pub fn set_tenant_suspended(&self, tenant: &str, reason: &str) {
+        let labels = TenantReasonLabels {
+            tenant: tenant.to_string(),
+            reason: reason.to_string(),
+        };
+        self.tenant_suspended.get_or_create(&labels).set(1);
+    }
+
+    pub fn clear_tenant_suspended(&self, tenant: &str) {
+        for reason in SUSPENSION_REASONS {
+            self.tenant_suspended.remove(&TenantReasonLabels {
+                tenant: tenant.to_string(),
+                reason: reason.to_string(),
+            });
+        }
     }
 
     fn clear_down_causes(&self, tenant: &str) {

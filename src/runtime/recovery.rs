@@ -1,11 +1,24 @@
 //! Coming back after an outage. A server that is down is asked again on a short, capped, jittered
 //! interval, apart from the restart backoff: a tenant API server restarting for an upgrade must be
-//! served again seconds after it answers, not after a minute of accumulated backoff.
+//! served again seconds after it answers, not after a minute of accumulated backoff. And the moment
+//! its probe finds it answering ([`super::reachability::Reachability::back`]), the tenant's watches
+//! stop waiting out their retry delay ([`retry_watch`]) and the reconciles that failed while it was
+//! down run again ([`HeldForReturn`]).
 
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use kube::Resource;
+use kube::runtime::reflector::Store;
 use kube::runtime::utils::Backoff;
 use rand::RngExt;
+use tokio::sync::watch;
+
+use super::cause::{CauseKind, diagnose};
+use super::reachability::Reachability;
 
 /// The longest wait between two attempts to reach a server that is down (probes and watch retries).
 pub const RECOVERY_INTERVAL: Duration = Duration::from_secs(4);
@@ -66,6 +79,132 @@ impl Backoff for NoTriggerBackoff {
     fn reset(&mut self) {}
 }
 
+/// A watch retried on [`WatchBackoff`], whose wait ends early when the tenant answers again
+/// (`back` changes): the watch resumes as soon as its server serves, not after the rest of its
+/// delay. The first 410 after a success (or a return) is retried at once: the server answered and
+/// the watch only has to relist; a server answering nothing but 410 still gets the backoff.
+pub fn retry_watch<T, E>(
+    events: BoxStream<'static, Result<T, E>>,
+    back: Option<watch::Receiver<u64>>,
+) -> BoxStream<'static, Result<T, E>>
+where
+    T: Send + 'static,
+    E: std::error::Error + Send + 'static,
+{
+    let state = RetriedWatch {
+        events,
+        backoff: WatchBackoff::default(),
+        back,
+        wait: None,
+        fresh: true,
+    };
+    futures::stream::unfold(state, |mut watch| async move {
+        if let Some(delay) = watch.wait.take()
+            && wait_or_return(delay, &mut watch.back).await
+        {
+            watch.backoff.reset();
+            watch.fresh = true;
+        }
+        let item = watch.events.next().await?;
+        match &item {
+            Ok(_) => {
+                watch.backoff.reset();
+                watch.fresh = true;
+                // A return signalled while the watch was fine is old news at its next failure.
+                if let Some(back) = &mut watch.back {
+                    back.borrow_and_update();
+                }
+            }
+            Err(err) => {
+                let delay = watch.backoff.next().unwrap_or(RECOVERY_INTERVAL);
+                let relist = watch.fresh && diagnose(err).kind == CauseKind::Expired;
+                watch.wait = Some(if relist { Duration::ZERO } else { delay });
+                watch.fresh = false;
+            }
+        }
+        Some((item, watch))
+    })
+    .boxed()
+}
+
+struct RetriedWatch<T, E> {
+    events: BoxStream<'static, Result<T, E>>,
+    backoff: WatchBackoff,
+    back: Option<watch::Receiver<u64>>,
+    /// The delay before the next attempt, after a failure.
+    wait: Option<Duration>,
+    /// No failure since the last success or return.
+    fresh: bool,
+}
+
+/// Waits `delay`, or less if the tenant answers again first: whether it did.
+async fn wait_or_return(delay: Duration, back: &mut Option<watch::Receiver<u64>>) -> bool {
+    let sleep = tokio::time::sleep(delay);
+    tokio::pin!(sleep);
+    if let Some(receiver) = back {
+        tokio::select! {
+            _ = &mut sleep => return false,
+            changed = receiver.changed() => if changed.is_ok() { return true },
+        }
+        // The tenant is gone: nothing will signal any more.
+        *back = None;
+    }
+    sleep.await;
+    false
+}
+
+/// The objects of one controller whose reconcile failed because their tenant was down: they wait
+/// for its return, not for their grown backoff, and run again the moment it answers.
+#[derive(Debug, Default)]
+pub struct HeldForReturn {
+    keys: Mutex<HashSet<String>>,
+}
+
+impl HeldForReturn {
+    /// Holds the object under `key` for the tenant's return if the tenant is down now; whether it
+    /// was held. Checked and held under one lock, so a return cannot slip in between unseen.
+    pub fn hold(&self, reachability: &Reachability, key: &str) -> bool {
+        let mut keys = self.keys.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !reachability.is_down() {
+            return false;
+        }
+        keys.insert(key.to_string());
+        true
+    }
+
+    /// At each return of the tenant (`back` changes), the held objects still in `store`, each
+    /// after `forget(key)` (its backoff starts over).
+    pub fn on_return<K>(
+        self: Arc<Self>,
+        back: watch::Receiver<u64>,
+        store: Store<K>,
+        key_of: fn(&K) -> String,
+        forget: impl Fn(&str) + Send + 'static,
+    ) -> impl Stream<Item = Arc<K>> + Send + 'static
+    where
+        K: Resource + Clone + Send + Sync + 'static,
+        K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
+    {
+        futures::stream::unfold(
+            (back, self, store, forget),
+            move |(mut back, held, store, forget)| async move {
+                back.changed().await.ok()?;
+                let keys = std::mem::take(&mut *held.keys.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+                for key in &keys {
+                    forget(key);
+                }
+                let returned: Vec<Arc<K>> = store
+                    .state()
+                    .into_iter()
+                    .filter(|object| keys.contains(&key_of(object)))
+                    .collect();
+                Some((futures::stream::iter(returned), (back, held, store, forget)))
+            },
+        )
+        .flatten()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,5 +226,99 @@ mod tests {
             let delay = probe_delay();
             assert!(delay >= RECOVERY_INTERVAL / 2 && delay <= RECOVERY_INTERVAL);
         }
+    }
+
+    fn expired() -> kube::Error {
+        let mut status = kube::core::Status::failure("too old resource version", "Expired");
+        status.code = 410;
+        kube::Error::Api(Box::new(status))
+    }
+
+    fn refused() -> kube::Error {
+        kube::Error::Service(Box::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "Connection refused",
+        )))
+    }
+
+    #[tokio::test]
+    async fn a_failing_watch_retries_at_once_when_its_tenant_answers_again() {
+        use crate::runtime::health::Health;
+        use crate::runtime::metrics::Metrics;
+        let reachability = Reachability::new("acme", Arc::new(Metrics::new()), Arc::new(Health::default()));
+        let failures = futures::stream::repeat_with(|| Err::<(), _>(refused())).boxed();
+        let mut watch = retry_watch(failures, Some(reachability.back()));
+        // Four failures in a row: the next attempt waits 0.5 to 1 s.
+        for _ in 0..4 {
+            assert!(watch.next().await.is_some_and(|item| item.is_err()));
+        }
+        let returned = tokio::time::Instant::now();
+        reachability.report_down(crate::runtime::cause::diagnose(&refused()));
+        reachability.report_answering();
+        assert!(watch.next().await.is_some());
+        assert!(
+            returned.elapsed() < Duration::from_millis(200),
+            "the watch waited {:?} after its tenant answered",
+            returned.elapsed()
+        );
+    }
+
+    #[tokio::test]
+    async fn the_first_expired_watch_relists_at_once_but_a_server_answering_only_410_waits() {
+        let events = futures::stream::iter([Ok(()), Err(expired()), Err(expired()), Ok(())]).boxed();
+        let mut watch = retry_watch(events, None);
+        let mut gaps = Vec::new();
+        let mut last = tokio::time::Instant::now();
+        while let Some(_item) = watch.next().await {
+            gaps.push(last.elapsed());
+            last = tokio::time::Instant::now();
+        }
+        assert_eq!(gaps.len(), 4);
+        assert!(gaps[2] < Duration::from_millis(50), "{gaps:?}");
+        assert!(gaps[3] >= FIRST_RETRY / 2, "{gaps:?}");
+    }
+
+    #[tokio::test]
+    async fn objects_held_while_the_tenant_is_down_return_with_it() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        use kube::runtime::reflector::store::Writer;
+        use kube::runtime::watcher::Event;
+
+        use crate::runtime::health::Health;
+        use crate::runtime::metrics::Metrics;
+        let config_map = |name: &str| ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let mut writer = Writer::<ConfigMap>::default();
+        for name in ["a", "b"] {
+            writer.apply_watcher_event(&Event::Apply(config_map(name)));
+        }
+        let key_of = |object: &ConfigMap| object.metadata.name.clone().unwrap_or_default();
+        let reachability = Reachability::new("acme", Arc::new(Metrics::new()), Arc::new(Health::default()));
+        let held = Arc::new(HeldForReturn::default());
+        assert!(!held.hold(&reachability, "a"), "nothing is held while the tenant is up");
+        reachability.report_down(crate::runtime::cause::diagnose(&refused()));
+        assert!(held.hold(&reachability, "a"));
+        let forgotten = Arc::new(Mutex::new(Vec::new()));
+        let forget = {
+            let forgotten = forgotten.clone();
+            move |key: &str| forgotten.lock().unwrap().push(key.to_string())
+        };
+        let mut returned = Box::pin(
+            held.clone()
+                .on_return(reachability.back(), writer.as_reader(), key_of, forget),
+        );
+        reachability.report_answering();
+        let object = tokio::time::timeout(Duration::from_secs(5), returned.next())
+            .await
+            .expect("the held object returns")
+            .expect("an object");
+        assert_eq!(object.metadata.name.as_deref(), Some("a"));
+        assert_eq!(*forgotten.lock().unwrap(), vec!["a".to_string()]);
     }
 }

@@ -1,7 +1,9 @@
 //! What a failed reconcile does next, by the root cause of its error: one rule for every
 //! controller. A conflict is the normal end of an optimistic write and is retried quietly; a server
 //! that does not answer is retried on the probe interval, so work resumes seconds after it is back;
-//! anything else backs off per object and is reported.
+//! anything else backs off per object and is reported. A tenant that does not answer is its
+//! probe's to tell (`runtime::reachability`): its reconciles' failures meanwhile are debug, and
+//! while it is down they wait for its return instead of their backoff.
 
 use std::error::Error;
 use std::time::Duration;
@@ -9,7 +11,8 @@ use std::time::Duration;
 use tracing::{debug, warn};
 
 use super::backoff::ObjectBackoff;
-use super::cause::{CauseKind, diagnose};
+use super::cause::{Cause, CauseKind, diagnose};
+use super::reachability::Reachability;
 use super::recovery::probe_delay;
 
 /// Conflicts in a row on one object before they are worth a warning.
@@ -27,6 +30,33 @@ pub fn after_failure(
 ) -> Duration {
     let cause = diagnose(err);
     let (failures, delay) = backoff.failed_counted(key);
+    report(cause, failures, delay, (tenant, controller, object))
+}
+
+/// [`after_failure`] of a reconcile of the tenant's own objects. While the tenant is in doubt (down,
+/// or a request just failed to reach it and its probe is on it), a failure that waiting can end is
+/// debug: the probe tells the outage once. While it is down, `hold` puts the object on the list run
+/// again at the tenant's return, and it waits its own backoff meanwhile instead of asking a server
+/// known to be down every few seconds.
+pub fn after_tenant_failure(
+    backoff: &ObjectBackoff,
+    key: &str,
+    (tenant, controller, object): (&str, &str, &str),
+    err: &(dyn Error + 'static),
+    (reachability, hold): (&Reachability, impl FnOnce() -> bool),
+) -> Duration {
+    let cause = diagnose(err);
+    let (failures, delay) = backoff.failed_counted(key);
+    if !(cause.kind.is_outage() && reachability.in_doubt()) {
+        return report(cause, failures, delay, (tenant, controller, object));
+    }
+    let delay = if hold() { delay } else { delay.min(probe_delay()) };
+    debug!(tenant, controller, object, %cause, retry_in = ?delay, "reconcile will be retried when the tenant answers");
+    delay
+}
+
+/// Logs a failure at the level it deserves; returns the wait before the retry.
+fn report(cause: Cause, failures: u32, delay: Duration, (tenant, controller, object): (&str, &str, &str)) -> Duration {
     let delay = if cause.kind.is_unreachable() && !cause.kind.is_permanent() {
         delay.min(probe_delay())
     } else {
@@ -36,7 +66,7 @@ pub fn after_failure(
         CauseKind::Conflict => failures < CONFLICTS_BEFORE_WARNING,
         CauseKind::Expired => true,
         // A server that stays away is retried often: say so at the first failure and now and then.
-        kind if kind.is_unreachable() => failures > 1 && failures % UNREACHABLE_WARNING_EVERY != 0,
+        kind if kind.is_unreachable() => failures > 1 && !failures.is_multiple_of(UNREACHABLE_WARNING_EVERY),
         _ => false,
     };
     if quiet {

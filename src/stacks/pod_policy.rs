@@ -101,29 +101,22 @@ const ALLOWED_TEMPLATE_ANNOTATIONS: &[&str] = &[
     "kubectl.kubernetes.io/restartedAt",
 ];
 
-/// The Kubernetes-domain labels a stack's pod may carry: the recommended ones, which describe the
+/// The domain-qualified labels a stack's pod may carry: the recommended ones, which describe the
 /// application and select nothing on the host.
-const ALLOWED_KUBERNETES_LABELS: &[&str] = &[
+const ALLOWED_QUALIFIED_LABELS: &[&str] = &[
     "app.kubernetes.io/name",
     "app.kubernetes.io/instance",
     "app.kubernetes.io/version",
     "app.kubernetes.io/component",
     "app.kubernetes.io/part-of",
 ];
-const LABEL_NOT_ALLOWED: &str = "is not allowed: labels in stackd's, kubernetes.io's and k8s.io's domains are what the host's policies and stackd select pods by; a stack's pod may carry labels of its own and app.kubernetes.io/{name,instance,version,component,part-of}";
+const LABEL_NOT_ALLOWED: &str = "is not allowed: domain-qualified labels are what the host's service meshes (sidecar.istio.io/inject, istio.io/rev), network policies and stackd select pods by; a stack's pod may carry labels without a domain prefix and app.kubernetes.io/{name,instance,version,component,part-of}";
 
-/// Whether a package may put `key` on its pod: any key of its own domain (or none), and of the
-/// reserved domains only [`ALLOWED_KUBERNETES_LABELS`].
+/// Whether a package may put label `key` on its pod: an allow-list, since any domain may be one a
+/// host plugin selects pods by (a mesh's injection label, a policy engine's): keys without a domain
+/// prefix, and of the domain-qualified ones only [`ALLOWED_QUALIFIED_LABELS`].
 fn allowed_template_label(key: &str) -> bool {
-    let Some((prefix, _)) = key.split_once('/') else {
-        return true;
-    };
-    let under = |domain: &str| prefix == domain || prefix.ends_with(&format!(".{domain}"));
-    if under("stackd.dev") || under("kubernetes.io") || under("k8s.io") {
-        ALLOWED_KUBERNETES_LABELS.contains(&key)
-    } else {
-        true
-    }
+    !key.contains('/') || ALLOWED_QUALIFIED_LABELS.contains(&key)
 }
 
 fn check_metadata(path: &str, metadata: &Value, found: &mut Found) {
@@ -178,9 +171,9 @@ fn check_pod(path: &str, pod: &Value, policy: &PodPolicy, found: &mut Found) {
             "automountServiceAccountToken" if value == &Value::Bool(true) => {
                 found.refuse(&path, "is true: it would mount a host service-account token")
             }
+            "terminationGracePeriodSeconds" => check_grace_period(&path, value, found),
             "automountServiceAccountToken"
             | "restartPolicy"
-            | "terminationGracePeriodSeconds"
             | "dnsPolicy"
             | "dnsConfig"
             | "hostname"
@@ -349,7 +342,13 @@ fn check_container(path: &str, container: &Value, found: &mut Found) {
                     }
                 }
             }
-            "livenessProbe" | "readinessProbe" | "startupProbe" => check_handler_hosts(&path, value, found),
+            "livenessProbe" | "readinessProbe" | "startupProbe" => {
+                check_handler_hosts(&path, value, found);
+                if let Some(grace) = value.get("terminationGracePeriodSeconds").filter(|g| !g.is_null()) {
+                    check_grace_period(&format!("{path}.terminationGracePeriodSeconds"), grace, found);
+                }
+            }
+            "resources" => check_resources(&path, value, found),
             "lifecycle" => {
                 for (hook, handler) in fields(value) {
                     check_handler_hosts(&format!("{path}.{hook}"), handler, found);
@@ -364,7 +363,6 @@ fn check_container(path: &str, container: &Value, found: &mut Found) {
             | "command"
             | "args"
             | "workingDir"
-            | "resources"
             | "resizePolicy"
             | "restartPolicy"
             | "terminationMessagePath"
@@ -372,6 +370,54 @@ fn check_container(path: &str, container: &Value, found: &mut Found) {
             | "stdin"
             | "stdinOnce"
             | "tty" => {}
+            _ => found.refuse(&path, NOT_ALLOWED),
+        }
+    }
+}
+
+/// The longest `terminationGracePeriodSeconds` a stack's pod may ask for. A deleted pod keeps its
+/// quota (and its node resources) until it is gone, and an uninstall or `tenant purge` waits for
+/// it: an unbounded period would keep an "uninstalled" stack running for years. Five minutes is ten
+/// times Kubernetes' default, enough for a controller to hand over its leader lease and finish its
+/// work in flight. Refused rather than clamped: a package that relies on a longer shutdown should
+/// hear so when it is installed, not be cut short on the host.
+pub const MAX_TERMINATION_GRACE_SECONDS: i64 = 300;
+
+fn check_grace_period(path: &str, value: &Value, found: &mut Found) {
+    match value.as_i64() {
+        Some(seconds) if (0..=MAX_TERMINATION_GRACE_SECONDS).contains(&seconds) => {}
+        _ => found.refuse(
+            path,
+            &format!(
+                "is not between 0 and {MAX_TERMINATION_GRACE_SECONDS} seconds: a stopping stack pod holds the tenant's quota and holds up its uninstall for that long; ask for at most {MAX_TERMINATION_GRACE_SECONDS}"
+            ),
+        ),
+    }
+}
+
+/// The compute resources a stack's container may request or be limited to: those the tenant's
+/// ResourceQuota and LimitRange bound (`--tenant-quota`). Extended resources (`nvidia.com/gpu`),
+/// hugepages and anything else would be granted outside the quota, from whatever the node has.
+const ALLOWED_RESOURCES: &[&str] = &["cpu", "memory", "ephemeral-storage"];
+
+fn check_resources(path: &str, resources: &Value, found: &mut Found) {
+    for (key, value) in fields(resources) {
+        let path = format!("{path}.{key}");
+        match key {
+            "requests" | "limits" => {
+                for (resource, _) in fields(value) {
+                    if !ALLOWED_RESOURCES.contains(&resource) {
+                        found.refuse(
+                            &format!("{path}[{resource}]"),
+                            &format!(
+                                "is not allowed: a stack's pod may ask for {} only, which the tenant's quota bounds",
+                                ALLOWED_RESOURCES.join(", ")
+                            ),
+                        );
+                    }
+                }
+            }
+            "claims" => found.refuse(&path, "is not allowed: it claims host devices"),
             _ => found.refuse(&path, NOT_ALLOWED),
         }
     }
@@ -549,7 +595,7 @@ mod tests {
     }
 
     #[test]
-    fn pod_labels_in_stackds_or_the_hosts_domains_are_refused_and_the_packages_own_pass() {
+    fn pod_labels_pass_only_without_a_domain_or_as_recommended_app_labels() {
         let labelled = |labels: Value| -> Vec<String> {
             let template: PodTemplateSpec = serde_json::from_value(json!({
                 "metadata": {"labels": labels},
@@ -558,7 +604,7 @@ mod tests {
             .unwrap();
             violations(&template, &PodPolicy::default())
         };
-        let own = json!({"app": "c", "example.org/tier": "x", "app.kubernetes.io/name": "c"});
+        let own = json!({"app": "c", "tier": "x", "app.kubernetes.io/name": "c", "app.kubernetes.io/part-of": "p"});
         assert_eq!(labelled(own), Vec::<String>::new());
         for key in [
             "stackd.dev/tenant",
@@ -566,11 +612,54 @@ mod tests {
             "app.kubernetes.io/managed-by",
             "node-role.kubernetes.io/control-plane",
             "x.k8s.io/anything",
+            "sidecar.istio.io/inject",
+            "istio.io/rev",
+            "example.org/tier",
         ] {
             let found = labelled(json!({ key: "v" }));
             assert_eq!(found.len(), 1, "{key}: {found:?}");
             assert!(found[0].contains(&format!("labels[{key}]")), "{found:?}");
         }
+    }
+
+    #[test]
+    fn resources_beyond_cpu_memory_and_ephemeral_storage_are_refused_by_name() {
+        let found = refused(json!({"containers": [container(json!({"resources": {
+            "requests": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "1Gi", "nvidia.com/gpu": "1"},
+            "limits": {"hugepages-2Mi": "1Gi", "memory": "2Gi"},
+            "claims": [{"name": "gpu"}],
+        }}))]}));
+        assert_eq!(found.len(), 3, "{found:?}");
+        assert!(
+            found[0].starts_with("spec.template.spec.containers[0].resources.claims"),
+            "{found:?}"
+        );
+        assert!(
+            found[1].starts_with("spec.template.spec.containers[0].resources.limits[hugepages-2Mi]"),
+            "{found:?}"
+        );
+        assert!(
+            found[2].starts_with("spec.template.spec.containers[0].resources.requests[nvidia.com/gpu]"),
+            "{found:?}"
+        );
+        assert!(found[2].contains("cpu, memory, ephemeral-storage"), "{found:?}");
+    }
+
+    #[test]
+    fn a_grace_period_over_five_minutes_is_refused() {
+        let pod =
+            |seconds: i64| json!({"terminationGracePeriodSeconds": seconds, "containers": [container(json!({}))]});
+        assert_eq!(refused(pod(MAX_TERMINATION_GRACE_SECONDS)), Vec::<String>::new());
+        let message = one_refusal(pod(31_536_000), "spec.template.spec.terminationGracePeriodSeconds");
+        assert!(message.contains("300"), "{message}");
+        one_refusal(pod(-1), "spec.template.spec.terminationGracePeriodSeconds");
+        let probe = json!({"containers": [container(json!({
+            "livenessProbe": {"exec": {"command": ["true"]}, "terminationGracePeriodSeconds": 86_400},
+        }))]});
+        one_refusal(
+            probe,
+            "spec.template.spec.containers[0].livenessProbe.terminationGracePeriodSeconds",
+        );
     }
 
     #[test]

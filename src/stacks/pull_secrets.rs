@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::Api;
 use rand::RngExt;
 
+use crate::api::stacks::MAX_IMAGE_PULL_SECRETS;
 use crate::host::Parent;
 use crate::host::apply::stamp;
 use crate::host::names::{NameKind, host_name};
@@ -35,6 +36,10 @@ pub enum PullSecretError {
     )]
     InvalidName { names: String, namespace: String },
     #[error(
+        "imagePullSecrets names {count} Secrets, more than the {max} an install may name; name at most {max} (one per registry the stack pulls from)"
+    )]
+    TooMany { count: usize, max: usize },
+    #[error(
         "imagePullSecret(s) {names} not found in namespace {namespace}; create them or remove them from the install's spec.imagePullSecrets"
     )]
     Missing { names: String, namespace: String },
@@ -48,6 +53,7 @@ impl PullSecretError {
     pub fn reason(&self) -> &'static str {
         match self {
             PullSecretError::InvalidName { .. } => "InvalidPullSecretName",
+            PullSecretError::TooMany { .. } => "TooManyPullSecrets",
             PullSecretError::Missing { .. } => "PullSecretMissing",
             PullSecretError::NotPullSecret { .. } => "PullSecretRefused",
         }
@@ -57,6 +63,12 @@ impl PullSecretError {
 /// The names as given, once each, after checking that every one is a Secret name: a name is only
 /// ever looked up in the parent's own namespace, and one with `/` or `..` must not reach further.
 pub fn checked_names(refs: &[LocalObjectReference], namespace: &str) -> Result<Vec<String>, PullSecretError> {
+    // Bounded before anything is looked up: the schema says so too, but a CRD from before the bound
+    // (or a server that does not check it) lets more through.
+    let max = MAX_IMAGE_PULL_SECRETS as usize;
+    if refs.len() > max {
+        return Err(PullSecretError::TooMany { count: refs.len(), max });
+    }
     let invalid: Vec<String> = refs
         .iter()
         .filter(|r| !is_secret_name(&r.name))

@@ -47,6 +47,10 @@ pub enum StreamError {
     UnexpectedKind { api_version: String, kind: String },
     #[error("the install output contains {0} Stacks; a package holds exactly one")]
     StackCount(usize),
+    #[error(
+        "the package holds {found} CustomResourceDefinitions, more than the {max} this host admits in one package (--max-package-crds); split the package, or ask the host's operators to raise the limit"
+    )]
+    TooManyCrds { found: usize, max: usize },
     #[error("cannot render the install output: {0}")]
     Render(String),
 }
@@ -73,8 +77,10 @@ pub fn encode(contents: &PackageContents) -> Result<String, StreamError> {
     Ok(body)
 }
 
-/// Verifies the trailer and parses the stream. Nothing is returned unless everything checks out.
-pub fn decode(log: &str) -> Result<PackageContents, StreamError> {
+/// Verifies the trailer and parses the stream, refusing more than `max_crds` CRDs before any YAML is
+/// parsed (the trailer's count is verified against what is parsed). Nothing is returned unless
+/// everything checks out. CPU-bound on up to 8 MiB of tenant input: call it off the async workers.
+pub fn decode(log: &str, max_crds: usize) -> Result<PackageContents, StreamError> {
     if log.len() > MAX_STREAM_BYTES {
         return Err(StreamError::TooLarge(log.len()));
     }
@@ -87,6 +93,13 @@ pub fn decode(log: &str) -> Result<PackageContents, StreamError> {
         .strip_prefix(TRAILER_PREFIX)
         .ok_or(StreamError::MissingTrailer)?;
     let (docs, digest) = parse_trailer(fields)?;
+    // One of the documents is the Stack.
+    if docs.saturating_sub(1) > max_crds {
+        return Err(StreamError::TooManyCrds {
+            found: docs - 1,
+            max: max_crds,
+        });
+    }
     let found = sha256_hex(body);
     if found != digest {
         return Err(StreamError::Mismatch {
@@ -157,6 +170,11 @@ fn to_yaml<T: serde::Serialize>(document: &T) -> Result<String, StreamError> {
 mod tests {
     use super::*;
     use crate::api::stacks::StackSpec;
+
+    /// Without a bound on CRDs.
+    fn decode(log: &str) -> Result<PackageContents, StreamError> {
+        super::decode(log, usize::MAX)
+    }
 
     fn contents() -> PackageContents {
         let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
@@ -253,6 +271,22 @@ mod tests {
             decode("---\n# stackd-trailer v1 docs=x sha256=00\n"),
             Err(StreamError::BadTrailer(_))
         ));
+    }
+
+    #[test]
+    fn more_crds_than_the_bound_are_refused_before_parsing() {
+        let stream = encode(&contents()).expect("encode");
+        assert_eq!(super::decode(&stream, 1), Ok(contents()));
+        assert_eq!(
+            super::decode(&stream, 0),
+            Err(StreamError::TooManyCrds { found: 1, max: 0 })
+        );
+        // The count comes from the trailer, checked before the (here unparsable) body is read.
+        let unparsable = with_trailer("---\nkind: [unclosed\n", 5001);
+        assert_eq!(
+            super::decode(&unparsable, 1000),
+            Err(StreamError::TooManyCrds { found: 5000, max: 1000 })
+        );
     }
 
     #[test]

@@ -12,10 +12,12 @@ use tracing::{error, info, warn};
 use super::directory::{TenantChange, TenantFile};
 use super::tenant;
 use crate::context::shared::Shared;
+use crate::context::tenant::TenantError;
 use crate::runtime::health::TenantHealth;
+use crate::runtime::memory_budget::Overage;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::panics;
-use crate::runtime::recovery::probe_delay;
+use crate::runtime::reachability::Reachability;
 
 struct RunningTenant {
     cancel: CancellationToken,
@@ -185,52 +187,69 @@ async fn stop_running(name: &str, mut running: RunningTenant, grace: Duration) {
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
 
 /// Runs the tenant, restarting it when it fails or panics: with exponential backoff, or, when its
-/// API server merely does not answer, as soon as a probe finds it answering again.
+/// API server merely does not answer, as soon as a probe finds it answering again. An outage is
+/// the tenant's [`Reachability`]'s to tell, once however many runs it ends.
 async fn supervise(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToken) {
     let name = file.name.clone();
     let labels = Metrics::tenant(&name);
+    let reachability = Reachability::new(&name, shared.metrics.clone(), shared.health.clone());
     let mut failures = 0u32;
+    let mut suspensions = 0u32;
     loop {
         let started = tokio::time::Instant::now();
         // A panic in the tenant's task surfaces as a JoinError here: it fails this tenant only.
         // The handle aborts the tenant's task tree when this task is aborted: a detached tree
         // would go on reconciling beside the one started after it.
-        let run = tokio::spawn(tenant::run(file.clone(), shared.clone(), cancel.child_token()));
+        let run = tokio::spawn(tenant::run(
+            file.clone(),
+            shared.clone(),
+            cancel.child_token(),
+            reachability.clone(),
+        ));
         let outcome = AbortOnDropHandle::new(run).await;
         if cancel.is_cancelled() {
             return;
         }
-        let (reason, cause, transient) = match outcome {
-            Ok(Ok(())) => ("its controllers stopped".to_string(), "controller", false),
-            Ok(Err(err)) => (err.to_string(), err.cause_label(), err.is_transient()),
+        if let Ok(Err(TenantError::OverMemoryBudget(overage))) = &outcome {
+            if started.elapsed() >= HEALTHY_RUN {
+                suspensions = 0;
+            }
+            suspensions += 1;
+            let delay = suspend(&shared, &name, overage, suspensions);
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(delay) => continue,
+            }
+        }
+        let (reason, cause, outage) = match outcome {
+            Ok(Ok(())) => ("its controllers stopped".to_string(), "controller", None),
+            Ok(Err(err)) => (err.to_string(), err.cause_label(), err.outage()),
             Err(join) if join.is_panic() => (
                 format!("panicked: {}", panics::message(join.into_panic())),
                 "controller",
-                false,
+                None,
             ),
-            Err(join) => (join.to_string(), "controller", false),
+            Err(join) => (join.to_string(), "controller", None),
         };
         if started.elapsed() >= HEALTHY_RUN {
             failures = 0;
         }
         failures += 1;
-        shared.metrics.set_tenant_down(&name, cause);
         shared.metrics.tenant_restarts.get_or_create(&labels).inc();
-        shared.health.set_tenant(&name, TenantHealth::Down(reason.clone()));
         let delay = shared.settings.backoff.delay(failures);
-        if transient {
-            warn!(tenant = %name, %reason, "tenant API server does not answer; restarting the tenant once it does");
-        } else {
-            error!(tenant = %name, %reason, retry_in = ?delay, "tenant failed; restarting it");
-        }
         let wait = async {
-            if transient {
-                tokio::select! {
-                    _ = tokio::time::sleep(delay) => {}
-                    _ = answers_again(&file) => {}
+            match outage {
+                // Restarted when it answers, whatever the backoff: only then can the run get further.
+                Some(cause) => {
+                    reachability.report_down(cause);
+                    answers_again(&file, &reachability, delay).await;
                 }
-            } else {
-                tokio::time::sleep(delay).await;
+                None => {
+                    shared.metrics.set_tenant_down(&name, cause);
+                    shared.health.set_tenant(&name, TenantHealth::Down(reason.clone()));
+                    error!(tenant = %name, %reason, retry_in = ?delay, "tenant failed; restarting it");
+                    tokio::time::sleep(delay).await;
+                }
             }
         };
         tokio::select! {
@@ -240,15 +259,38 @@ async fn supervise(file: TenantFile, shared: Arc<Shared>, cancel: CancellationTo
     }
 }
 
-/// Returns once the tenant's API server answers `/version`, probing it every few seconds.
-async fn answers_again(file: &TenantFile) {
-    let Ok(client) = tenant::tenant_client(file).await else {
-        return std::future::pending().await;
-    };
-    loop {
-        tokio::time::sleep(probe_delay()).await;
-        if client.apiserver_version().await.is_ok() {
-            return;
-        }
+/// The least a suspended tenant waits before it is tried again: it relists everything it caches.
+const SUSPENDED_RETRY_MIN: Duration = Duration::from_secs(2);
+
+/// Suspends a tenant over its memory budget (its task tree has ended, its caches are freed): shown
+/// on `/readyz?verbose` and `stackd_tenant_suspended` until it runs within its budget again, told
+/// in one log line per suspension (not per retry). Returns when to try it again.
+fn suspend(shared: &Shared, name: &str, overage: &Overage, suspensions: u32) -> Duration {
+    let delay = shared.settings.backoff.delay(suspensions).max(SUSPENDED_RETRY_MIN);
+    let reason = format!(
+        "{overage}; delete or shrink objects (stackd_tenant_cached_bytes shows the total), or raise the budget; retried with backoff"
+    );
+    if shared.health.is_suspended(name) {
+        info!(tenant = %name, %overage, retry_in = ?delay, "tenant still over its memory budget; it stays suspended");
+    } else {
+        warn!(tenant = %name, %overage, retry_in = ?delay, "tenant suspended: over its memory budget; its controllers and watches are stopped");
+    }
+    shared.health.suspend(name, &reason);
+    shared.metrics.set_tenant_suspended(name, "memory_budget");
+    // Its caches are gone with its task tree.
+    shared
+        .metrics
+        .tenant_cached_bytes
+        .get_or_create(&Metrics::tenant(name))
+        .set(0);
+    delay
+}
+
+/// Returns once the tenant's API server answers the probe, asking every few seconds (after
+/// `delay` if no client can be made to ask it).
+async fn answers_again(file: &TenantFile, reachability: &Arc<Reachability>, delay: Duration) {
+    match tenant::tenant_client(file, reachability).await {
+        Ok(client) => reachability.until_answering(&client).await,
+        Err(_) => tokio::time::sleep(delay).await,
     }
 }

@@ -9,8 +9,7 @@ use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::ApiResource;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::{Api, Client, Config};
-use tokio::sync::Semaphore;
+use kube::{Client, Config};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -23,10 +22,13 @@ use crate::host::cluster_identity;
 use crate::host::labels::tenant_selector;
 use crate::host::sweep::run::sweep_once;
 use crate::runtime::backoff::ObjectBackoff;
-use crate::runtime::cause::{Cause, CauseKind, diagnose};
+use crate::runtime::cause::{CauseKind, diagnose};
+use crate::runtime::controller::FairPermits;
 use crate::runtime::health::TenantHealth;
 use crate::runtime::informers::{Change, Informers};
-use crate::runtime::recovery::probe_delay;
+use crate::runtime::memory_budget::MemoryBudget;
+use crate::runtime::metrics::Metrics;
+use crate::runtime::reachability::Reachability;
 
 /// The CRDs every tenant must serve for stackd to work there.
 fn required_crds() -> BTreeSet<String> {
@@ -36,10 +38,17 @@ fn required_crds() -> BTreeSet<String> {
         .collect()
 }
 
-/// Runs a tenant until `cancel` fires (Ok) or something fails (Err).
-pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToken) -> Result<(), TenantError> {
+/// Runs a tenant until `cancel` fires (Ok) or something fails (Err). Every request to the tenant
+/// tells `reachability` whether it reached the server.
+pub async fn run(
+    file: TenantFile,
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+    reachability: Arc<Reachability>,
+) -> Result<(), TenantError> {
     let name = file.name.clone();
-    let client = tenant_client(&file).await?;
+    let client = tenant_client(&file, &reachability).await?;
+    reachability.restarting();
     let version = tokio::select! {
         _ = cancel.cancelled() => return Ok(()),
         version = client.apiserver_version() => version.map_err(|e| TenantError::Unreachable(diagnose(&e)))?,
@@ -58,7 +67,7 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
         host: shared.host.clone(),
         host_namespace: file.host_namespace.clone(),
         endpoint: file.endpoint.clone(),
-        reconcile_permits: Arc::new(Semaphore::new(shared.settings.max_concurrent_reconciles.max(1))),
+        reconcile_permits: FairPermits::new(shared.settings.max_concurrent_reconciles),
         recorder: recorder.clone(),
         object_backoff: ObjectBackoff::new(shared.settings.backoff),
         host_writes: HostWrites::new(shared.settings.backoff),
@@ -68,14 +77,21 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
             &file.host_namespace,
             &tenant_selector(&name),
         )
-        .reporting_to(recorder),
+        .reporting_to(recorder, crate::host::labels::parent_of_host_object)
+        .limited(
+            shared.settings.max_cached_object_bytes,
+            Some(memory_budget(&shared, &name)),
+        )
+        .resuming_on(reachability.back()),
         shared,
+        reachability,
     });
     let _caches = StopCaches(context.clone());
     if let Err(err) = &context.endpoint {
         warn!(tenant = %name, error = %err, "host pods cannot reach this tenant; stacks will not become ready");
     }
     let mut controllers = tokio::task::JoinSet::new();
+    controllers.spawn(probe(context.clone(), cancel.clone()));
     let (host_ready, host_namespace_ready) = tokio::sync::watch::channel(false);
     controllers.spawn(super::host_namespace::run(context.clone(), cancel.clone(), host_ready));
     controllers.spawn(crd_monitor(context.clone(), cancel.clone()));
@@ -93,6 +109,8 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
     if let Some(stopped) = wait_until_ready(quota_ready, &mut controllers, &cancel).await {
         return stopped;
     }
+    move_legacy_names(&context).await?;
+    controllers.spawn(super::budget::watch(context.clone(), cancel.clone()));
     controllers.spawn(orphan_sweeper(context.clone(), cancel.clone()));
     controllers.spawn(crate::stacks::install::run(context.clone(), cancel.clone()));
     controllers.spawn(crate::stacks::stack::run(context.clone(), cancel.clone()));
@@ -106,6 +124,25 @@ pub async fn run(file: TenantFile, shared: Arc<Shared>, cancel: CancellationToke
         }
     }
     Ok(())
+}
+
+/// Host objects an older stackd named move to their current names before a controller looks.
+async fn move_legacy_names(context: &TenantContext) -> Result<(), TenantError> {
+    let (host, namespace) = (&context.host, &context.host_namespace);
+    crate::host::legacy_names::move_to_current_names(host, &context.name, namespace, &host_kinds())
+        .await
+        .map(drop)
+        .map_err(TenantError::LegacyNames)
+}
+
+/// A fresh budget for one run of the tenant, reported as `stackd_tenant_cached_bytes`.
+fn memory_budget(shared: &Shared, name: &str) -> Arc<MemoryBudget> {
+    let gauge = shared
+        .metrics
+        .tenant_cached_bytes
+        .get_or_create(&Metrics::tenant(name))
+        .clone();
+    MemoryBudget::new(shared.settings.tenant_memory_budget, Some(gauge))
 }
 
 /// Stops the tenant's shared watches when its task tree ends, however it ends.
@@ -135,21 +172,26 @@ async fn wait_until_ready(
     }
 }
 
-/// A client of the tenant API server, as its kubeconfig file says.
-pub async fn tenant_client(file: &TenantFile) -> Result<Client, TenantError> {
+/// A client of the tenant API server, as its kubeconfig file says, whose every request tells
+/// `reachability` whether it reached the server.
+pub async fn tenant_client(file: &TenantFile, reachability: &Arc<Reachability>) -> Result<Client, TenantError> {
     let options = kube::config::KubeConfigOptions::default();
     let mut config = Config::from_custom_kubeconfig(file.kubeconfig.clone(), &options)
         .await
         .map_err(|e| TenantError::Config(e.to_string()))?;
     // A dead tenant must fail fast instead of holding its task for minutes.
     config.connect_timeout = Some(Duration::from_secs(5));
-    Client::try_from(config).map_err(|e| TenantError::Config(e.to_string()))
+    // kube retries a 503 up to 15 times, minutes in all: every request to a tenant answering
+    // nothing else would hang, its probe included. stackd retries itself (per object, per watch).
+    config.default_retry = false;
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(|e| TenantError::Config(e.to_string()))?;
+    Ok(builder.with_layer(&reachability.layer()).build())
 }
 
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    if let Some(deadline) = deadline {
-        tokio::time::sleep_until(deadline).await;
-    }
+/// Runs the tenant's probe: down and up are its verdicts (`runtime::reachability`).
+async fn probe(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
+    context.reachability.run_probes(&context.client, &cancel).await;
+    Ok(())
 }
 
 /// Tenant kinds that own host objects.
@@ -192,6 +234,10 @@ async fn orphan_sweeper(context: Arc<TenantContext>, cancel: CancellationToken) 
             _ = cancel.cancelled() => return Ok(()),
             _ = interval.tick() => {}
         }
+        if context.reachability.is_down() {
+            debug!(tenant = %context.name, "orphan sweep skipped: the tenant API server is down");
+            continue;
+        }
         let sweep = sweep_once(
             &context.host,
             &context.client,
@@ -201,85 +247,46 @@ async fn orphan_sweeper(context: Arc<TenantContext>, cancel: CancellationToken) 
             &hosts,
         );
         if let Err(err) = sweep.await {
-            warn!(tenant = %context.name, error = %err, "orphan sweep failed; retrying at the next interval");
+            let cause = diagnose(&err);
+            if cause.kind.is_outage() && context.reachability.in_doubt() {
+                debug!(tenant = %context.name, %cause, "orphan sweep failed; retrying at the next interval");
+            } else {
+                warn!(tenant = %context.name, error = %err, "orphan sweep failed; retrying at the next interval");
+            }
         }
     }
 }
 
-/// Watches the tenant's CRDs: reports the tenant down (with the root cause) when its server does not
-/// answer or answers errors, and degraded while stackd's own CRDs are not served there. A resumed
-/// watch yields nothing until something changes, so while the tenant is down a one-item list of its
-/// CRDs probes it every few seconds (jittered, never the growing restart backoff) to notice at once
-/// that it serves again. A 410 is no outage: the server answered, and the watch relists.
+/// Watches the tenant's CRDs: the tenant is up, or degraded while stackd's own CRDs are not served
+/// there (shown unless it is down). A failing watch starts the probe, which alone says down and up:
+/// a stopping server keeps open watches delivering while it refuses everything new. A 410 is no
+/// outage: the server answered, and the watch relists.
 async fn crd_monitor(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
-    let api: Api<CustomResourceDefinition> = Api::all(context.client.clone());
-    let (probe_api, probe_request) = (api, kube::api::ListParams::default().limit(1));
-    // The controllers' CRD cache: its failures say the tenant is down.
     let crds = context.caches.tenant_crds();
     let (store, ready) = (crds.store(), crds.readiness());
     let mut events = crds.changes();
     let required = required_crds();
-    let mut down: Option<Cause> = None;
-    let mut probe: Option<tokio::time::Instant> = None;
     loop {
-        tokio::select! {
+        let event = tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
-            _ = sleep_until(probe), if probe.is_some() => {
-                // A resumed watch yields nothing until something changes: ask the server directly.
-                match probe_api.list_metadata(&probe_request).await {
-                    Ok(_) => {
-                        info!(tenant = %context.name, "tenant API server answers again");
-                        down = None;
-                        probe = None;
-                    }
-                    Err(err) => {
-                        report_down(&context, diagnose(&err), &mut down);
-                        probe = Some(tokio::time::Instant::now() + probe_delay());
-                        continue;
-                    }
+            event = events.next() => event,
+        };
+        match event {
+            None => return Err(TenantError::Controller("tenant CRD watch ended".into())),
+            Some(Change::Failed(err)) => {
+                let cause = diagnose(err.as_ref());
+                debug!(tenant = %context.name, %cause, "tenant CRD watch failed; retrying");
+                if cause.kind != CauseKind::Expired {
+                    context.reachability.suspect();
                 }
+                continue;
             }
-            event = events.next() => match event {
-                None => return Err(TenantError::Controller("tenant CRD watch ended".into())),
-                Some(Change::Failed(err)) => {
-                    let cause = diagnose(err.as_ref());
-                    if cause.kind == CauseKind::Expired {
-                        debug!(tenant = %context.name, %cause, "tenant CRD watch expired; relisting");
-                        continue;
-                    }
-                    probe.get_or_insert_with(|| tokio::time::Instant::now() + probe_delay());
-                    report_down(&context, cause, &mut down);
-                    continue;
-                }
-                Some(Change::Touched(_) | Change::Synced) => {
-                    down = None;
-                    probe = None;
-                }
-            },
+            Some(Change::Touched(_) | Change::Synced) => {}
         }
-        if down.is_some() || !ready.is_ready() {
-            continue;
-        }
-        context.shared.metrics.set_tenant_up(&context.name);
-        let health = crd_health(&store.state(), &required);
-        if context.shared.health.tenant(&context.name) != Some(health.clone()) {
-            info!(tenant = %context.name, ?health, "tenant state");
-            context.shared.health.set_tenant(&context.name, health);
+        if ready.is_ready() {
+            context.reachability.set_serving(crd_health(&store.state(), &required));
         }
     }
-}
-
-/// Marks the tenant down with `cause` (log line, metric, readiness detail), logging only changes.
-fn report_down(context: &TenantContext, cause: Cause, down: &mut Option<Cause>) {
-    let shared = &context.shared;
-    shared.metrics.set_tenant_down(&context.name, cause.kind.label());
-    if down.as_ref() != Some(&cause) {
-        warn!(tenant = %context.name, %cause, "tenant API server unavailable; retrying until it answers");
-        shared
-            .health
-            .set_tenant(&context.name, TenantHealth::Down(cause.message.clone()));
-    }
-    *down = Some(cause);
 }
 
 /// Up when every stackd CRD is established on the tenant, degraded (saying how to fix it) otherwise.

@@ -49,13 +49,14 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
         assert_eq!(other, 0.0, "idle tenants made requests: {figures:#}");
         // One shared watch per kind the daemon reads (issue 20): 15 tenant kinds (CRDs, the eight
         // stackd kinds, Namespaces, and the ServiceAccounts, Secrets, ClusterRoles, RoleBindings and
-        // ClusterRoleBindings the Stack controller writes) and 7 host kinds (the namespace, its
-        // RoleBinding, quota and LimitRange, Jobs, Secrets, Deployments); before: 27 and 10.
+        // ClusterRoleBindings the Stack controller writes) and 8 host kinds (the namespace, its
+        // RoleBinding, quota, LimitRange and NetworkPolicy, Jobs, Secrets, Deployments); before:
+        // 27 and 10.
         let watches = figures["watches_per_tenant"].as_f64().unwrap();
         assert!(watches > 0.0 && watches <= 15.0, "watches per tenant: {figures:#}");
         let host_watches = figures["host_watches_per_tenant"].as_f64().unwrap();
         assert!(
-            host_watches > 0.0 && host_watches <= 7.0,
+            host_watches > 0.0 && host_watches <= 8.0,
             "host watches per tenant: {figures:#}"
         );
     }
@@ -94,6 +95,11 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
         "{recovery:#}"
     );
     assert!(recovery["install_after_restart_ratio"].is_number(), "{recovery:#}");
+    assert!(recovery["install_after_restart_extra_s"].is_number(), "{recovery:#}");
+    assert!(
+        recovery["after_restart_breakdown"]["phases_p50_s"]["pickup"].is_number(),
+        "where the time after a restart goes: {recovery:#}"
+    );
     let shards = &report["shards"];
     assert_eq!(shards["served_twice_by_records"], 0, "{shards:#}");
     assert_eq!(shards["served_twice_by_requests"], 0, "{shards:#}");

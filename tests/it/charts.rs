@@ -240,6 +240,55 @@ async fn the_host_chart_with_sharding_runs_replicas_on_shard_leases_without_a_le
     assert!(output.contains("0 chart(s) failed"), "{output}");
 }
 
+/// The daemon's pod admits nothing by default (tenant pods must not read /metrics), the metrics port
+/// from the monitoring namespace's pods when one is named (which also reaches the tenant namespaces'
+/// policies through --monitoring-namespace), the health port from listed node addresses; the policy
+/// can be left out. The chart lints either way.
+#[tokio::test]
+async fn the_daemons_network_policy_admits_only_monitoring_and_can_be_left_out() {
+    let (_, controllers) = render("stackd-controllers", "").await;
+    let policy = find(&controllers, "NetworkPolicy", "stackd");
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/name"],
+        "stackd"
+    );
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress"]));
+    assert_eq!(policy["spec"]["ingress"], json!([]), "nothing admitted");
+    let args = deployment_args(find(&controllers, "Deployment", "stackd"));
+    assert!(
+        !args.iter().any(|a| a.starts_with("--monitoring-namespace")),
+        "{args:?}"
+    );
+
+    let values = "networkPolicy: {monitoringNamespace: monitoring, nodeCIDRs: [10.0.0.0/16]}\n";
+    let (_, controllers) = render("stackd-controllers", values).await;
+    let policy = find(&controllers, "NetworkPolicy", "stackd");
+    assert_eq!(
+        policy["spec"]["ingress"],
+        json!([
+            {"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                "ports": [{"port": "metrics", "protocol": "TCP"}]},
+            {"from": [{"ipBlock": {"cidr": "10.0.0.0/16"}}], "ports": [{"port": "health", "protocol": "TCP"}]},
+        ])
+    );
+    let args = deployment_args(find(&controllers, "Deployment", "stackd"));
+    assert!(
+        args.iter().any(|a| a == "--monitoring-namespace=monitoring"),
+        "{args:?}"
+    );
+
+    let (_, controllers) = render("stackd-controllers", "networkPolicy: {enabled: false}\n").await;
+    assert!(!controllers.iter().any(|o| o["kind"] == "NetworkPolicy"));
+    let path = chart("stackd-controllers");
+    for set in [
+        "networkPolicy.enabled=false",
+        "networkPolicy.monitoringNamespace=monitoring",
+    ] {
+        let output = ok("helm", &["lint", "--strict", &path, "--set", set], None).await;
+        assert!(output.contains("0 chart(s) failed"), "{set}: {output}");
+    }
+}
+
 /// scripts/image tags the image with the crate version; the charts run that tag unless told otherwise.
 #[tokio::test]
 async fn the_charts_default_image_is_the_one_this_version_builds() {
@@ -391,6 +440,8 @@ resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {memory: 256Mi}}
 tenantQuota: {pods: "9", secrets: null}
 stackPods: {nodeSelector: {pool: stacks}, tolerations: ["dedicated=stacks:NoSchedule"]}
 stackCrdGroups: ["*.example.org", "widgets.acme.io"]
+stackLimits: {maxPackageCrds: 200, namespaceMaxInstalls: 5}
+allowedRegistries: ["quay.io/acme", "registry.example.com:5000"]
 "#;
 
 const TENANT_VALUES: &str = r#"
@@ -450,6 +501,9 @@ async fn the_controllers_chart_applied_to_a_host_is_what_the_values_say() {
         "--stack-node-selector=pool=stacks",
         "--stack-toleration=dedicated=stacks:NoSchedule",
         "--stack-crd-groups=*.example.org,widgets.acme.io",
+        "--max-package-crds=200",
+        "--namespace-max-installs=5",
+        "--allowed-registries=quay.io/acme,registry.example.com:5000",
     ] {
         assert!(args.iter().any(|a| a == expected), "{expected} missing from {args:?}");
     }
@@ -626,7 +680,7 @@ enum Scenario {
     DaemonStartup,
     /// A tenant's RoleBinding whose subject was edited is put back.
     BindingRepair,
-    /// A tenant's ResourceQuota and LimitRange, edited by hand, are put back.
+    /// A tenant's ResourceQuota, LimitRange and NetworkPolicy, edited by hand, are put back.
     QuotaRepair,
     /// Host objects whose tenant parent is gone are deleted.
     OrphanSweep,
@@ -732,6 +786,9 @@ const HOST_USES: &[Use] = &[
     uses(NAMESPACE_ROLE, "", &["resourcequotas", "limitranges"], &["list", "watch", "create"], DaemonStartup),
     uses(NAMESPACE_ROLE, "", &["resourcequotas", "limitranges"], &["update"], QuotaRepair),
     uses(NAMESPACE_ROLE, "", &["resourcequotas", "limitranges"], &["get"], CreateRace),
+    uses(NAMESPACE_ROLE, "networking.k8s.io", &["networkpolicies"], &["list", "watch", "create"], DaemonStartup),
+    uses(NAMESPACE_ROLE, "networking.k8s.io", &["networkpolicies"], &["update"], QuotaRepair),
+    uses(NAMESPACE_ROLE, "networking.k8s.io", &["networkpolicies"], &["get"], CreateRace),
 ];
 
 const DAEMON_ROLE: &str = "ClusterRole/stackd-daemon";
@@ -1081,6 +1138,13 @@ async fn daemon_startup_repair_sweep_and_leader_election(installation: &Installa
             "metadata": {"name": "stackd-tenant-limits", "namespace": globex, "labels": stackd_labels},
             "spec": {"limits": [{"type": "Container", "default": {"cpu": "64"}}]}}),
     ));
+    planted.push((
+        "networking.k8s.io",
+        "networkpolicies",
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "stackd-tenant-isolation", "namespace": globex, "labels": stackd_labels},
+            "spec": {"podSelector": {}, "ingress": [{}]}}),
+    ));
     for (group, plural, object) in &planted {
         let version = if group.is_empty() {
             "v1".to_string()
@@ -1110,10 +1174,13 @@ async fn daemon_startup_repair_sweep_and_leader_election(installation: &Installa
             let binding = installation.host_has(RBAC, "rolebindings", &name, "stackd-tenant-namespace");
             let quota = installation.host_has("", "resourcequotas", &name, "stackd-tenant-quota");
             let limits = installation.host_has("", "limitranges", &name, "stackd-tenant-limits");
+            let policy =
+                installation.host_has("networking.k8s.io", "networkpolicies", &name, "stackd-tenant-isolation");
             ns.is_some_and(|ns| ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted")
                 && binding.is_some_and(|b| b["subjects"][0]["name"] == "stackd")
                 && quota.is_some_and(|q| q["spec"]["hard"]["pods"] == "50")
                 && limits.is_some_and(|l| l["spec"]["limits"][0]["default"]["cpu"] == "1")
+                && policy.is_some_and(|p| p["spec"]["ingress"][0]["from"][0]["podSelector"] == json!({}))
         });
         let swept = orphans("globex", globex).iter().all(|(group, plural, object)| {
             let name = object["metadata"]["name"].as_str().expect("name");

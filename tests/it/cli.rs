@@ -67,8 +67,8 @@ fn unpack_prints_crds_then_one_stack_with_a_valid_trailer() {
         "stackd-examples/sample-stack:v0.1.0",
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let contents =
-        stackd::stacks::stream::decode(&String::from_utf8(out.stdout).expect("utf-8")).expect("valid stream");
+    let contents = stackd::stacks::stream::decode(&String::from_utf8(out.stdout).expect("utf-8"), usize::MAX)
+        .expect("valid stream");
     assert_eq!(contents.crds.len(), 1);
     assert_eq!(contents.crds[0].spec.names.kind, "Widget");
     let spec = &contents.stack.spec;
@@ -109,8 +109,8 @@ fn unpack_of_a_cluster_package_generates_scale_and_dependency_rules() {
         "stackd-examples/cluster-stack:v0.2.0",
     ]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let contents =
-        stackd::stacks::stream::decode(&String::from_utf8(out.stdout).expect("utf-8")).expect("valid stream");
+    let contents = stackd::stacks::stream::decode(&String::from_utf8(out.stdout).expect("utf-8"), usize::MAX)
+        .expect("valid stream");
     let rules = &contents.stack.spec.permissions.rules;
     assert!(
         rules[1]

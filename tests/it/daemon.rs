@@ -307,3 +307,43 @@ async fn of_two_daemons_with_leader_election_only_one_reconciles_until_it_exits(
         .expect("delete binding");
     fleet.wait_for_namespace("acme", SOON).await;
 }
+
+/// Issue 30: a leader-election namespace that does not exist is named, with the flag to fix it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_leader_election_namespace_is_named_in_the_error() {
+    let fleet = Fleet::start(&["acme"]).await;
+    let mut daemon = fleet.daemon(&["--leader-elect", "--leader-elect-namespace", "nowhere"]);
+    let status = daemon.wait_exit(SOON).await.expect("the daemon exits");
+    assert!(!status.success());
+    let log = daemon.log_text();
+    assert!(
+        log.contains("the namespace nowhere of the leader Lease does not exist")
+            && log.contains("--leader-elect-namespace"),
+        "{log}"
+    );
+}
+
+/// Issue 30: with `--shards`, a shard namespace that does not exist is named (once), not retried
+/// forever as "the lease is gone".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_shard_namespace_is_named_in_the_error() {
+    let fleet = Fleet::start(&["acme"]).await;
+    let daemon = fleet.daemon(&["--shards", "2", "--shard-namespace", "nowhere"]);
+    let named = "the namespace nowhere of the shard Leases does not exist on the host";
+    crate::harness::until("the missing namespace named", SOON, &daemon, || async {
+        daemon.log_text().contains(named)
+    })
+    .await;
+    // The namespace appears: the replica registers and serves its tenants.
+    let nowhere: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "nowhere"}})).expect("ns");
+    fleet
+        .namespaces()
+        .create(&Default::default(), &nowhere)
+        .await
+        .expect("create the namespace");
+    fleet.wait_for_namespace("acme", Duration::from_secs(30)).await;
+    let log = daemon.log_text();
+    assert!(!log.contains("the lease is gone"), "{log}");
+    assert_eq!(log.matches(named).count(), 1, "named once:\n{log}");
+}

@@ -136,3 +136,61 @@ async fn dev_installs_the_sample_stack_and_prints_it_becoming_ready() {
     }
     assert!(stop(child).await.success());
 }
+
+/// Issue 30: the terminal shows `stackd dev`'s progress lines only, through its demo restart of
+/// the second tenant's server; the daemon's log goes to the file it names.
+#[tokio::test]
+async fn dev_shows_progress_lines_only_and_writes_the_daemon_log_to_a_file() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stackd"))
+        .args(["dev", "--tenants", "2", "--kubeconfig-dir"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn stackd dev");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let errors = tokio::spawn(async move {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text).await;
+        text
+    });
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut seen = Vec::new();
+    // The second tenant's sample install becomes Ready after its server's restart.
+    let done = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let done = line.contains("[globex] StackInstall team-a/sample-stack: Ready=True");
+            seen.push(line);
+            if done {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(done, Ok(true), "output:\n{}", seen.join("\n"));
+    assert!(stop(child).await.success());
+    let output = seen.join("\n");
+    assert!(output.contains("[globex] restarting the API server"), "{output}");
+    let log_file = dir.path().join("stackd.log");
+    assert!(
+        output.contains(&log_file.display().to_string()),
+        "the log file is named:\n{output}"
+    );
+    for level in [" INFO ", " WARN ", " ERROR ", "kube_client"] {
+        assert!(
+            !output.contains(level),
+            "a log line among the progress lines:\n{output}"
+        );
+    }
+    let errors = errors.await.expect("stderr read");
+    assert!(errors.trim().is_empty(), "the terminal got the log:\n{errors}");
+    let log = std::fs::read_to_string(&log_file).expect("the log file");
+    assert!(log.contains("stackd running"), "{log}");
+    assert!(
+        log.contains("tenant API server unavailable"),
+        "the restart is in the log:\n{log}"
+    );
+}

@@ -315,3 +315,74 @@ fn attempts_within(elapsed: Duration) -> u64 {
     }
     attempts + 3
 }
+
+/// The Stack's status writes a server saw since `before`.
+fn stack_status_writes(counts: &RequestCounts) -> u64 {
+    counts
+        .counts
+        .iter()
+        .filter(|(key, _)| key.resource.starts_with("stacks.") && key.resource.ends_with("/status"))
+        .filter(|(key, _)| matches!(key.verb, Verb::Patch | Verb::Update))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// The defect behind a flaky `a_replace_the_host_changes_back_and_stamps_is_not_retried_on_its_own_watch_event`:
+/// a failed reconcile started from the cached Stack's host references while it compared with the
+/// status last written. Run on a cache one status write behind (the write's watch event not in yet),
+/// it wrote the references back to what the cache said, undoing that write; each such write woke
+/// the next reconcile on a cache one write behind again, so the Stack was rewritten (and its backoff
+/// grew) once per event until the cache caught up. Here the daemon's Stack watch is held back while
+/// the Deployment is created and changed back: the status keeps its `controllerRef`, and once the
+/// watch delivers again the retries write no status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_on_a_cache_behind_its_own_status_write_does_not_undo_it() {
+    use stackd::embedded::faults::RequestMatch;
+    let fleet = StackFleet::start(&["acme"]).await;
+    fleet._host.admission().mutate("apps", "deployments", registry_mirror);
+    let tenant = fleet.tenant("acme");
+    let server = &fleet.tenants["acme"].0;
+    // The Stack's token Secret cannot be created yet: the Stack waits, with a status, for what follows.
+    let token_creation = RequestMatch::any().verb(Verb::Create).resource("secrets").namespace(NS);
+    // (500: kube's client retries a 503 itself.)
+    server.faults().fail_next(1_000_000, token_creation, 500);
+    let daemon = fleet.daemon(&[]);
+    create_install(&tenant, NS, STACK, json!({"package": PACKAGE})).await;
+    wait_for_stack_reason(&tenant, &daemon, "TenantUnavailable").await;
+    // From now on the daemon's cache of Stacks stays as it is: every status it writes is one it has
+    // not seen.
+    let held = server
+        .faults()
+        .pause_watches(RequestMatch::any().verb(Verb::Watch).resource("stacks"));
+    server.faults().clear();
+    let (_, _, message) = wait_for_stack_reason(&tenant, &daemon, "HostObjectReverted").await;
+    assert!(message.contains(FORCED_FIELD), "{message}");
+    let stack = Api::<Stack>::namespaced(tenant.clone(), NS)
+        .get(STACK)
+        .await
+        .expect("Stack");
+    let controller = stack.status.and_then(|s| s.controller_ref).map(|r| r.name);
+    assert_eq!(
+        controller.as_deref(),
+        Some(DEPLOYMENT),
+        "a reconcile on the stale cache wrote the status back; daemon log:\n{}",
+        daemon.log_text()
+    );
+
+    // The cache catches up (the held events arrive one after another) while the replace is retried:
+    // nothing about the Stack changed, so no status write.
+    let (tenant_before, host_before) = (server.counters(), fleet._host.counters());
+    held.resume();
+    wait_until("two retries of the replace", SOON, &daemon, || async {
+        let replaces = deployment_requests(&fleet._host.counters().since(&host_before), Verb::Update);
+        (replaces >= 2).then_some(())
+    })
+    .await;
+    let writes = stack_status_writes(&server.counters().since(&tenant_before));
+    assert_eq!(
+        writes,
+        0,
+        "the Stack's status was rewritten; daemon log:\n{}",
+        daemon.log_text()
+    );
+}

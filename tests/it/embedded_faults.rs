@@ -416,3 +416,49 @@ async fn paused_watches_deliver_nothing_until_resumed_then_everything_in_order()
         .collect();
     assert_eq!(delivered, written);
 }
+
+/// As kube-apiserver on SIGTERM: new connections are refused at once, while an open watch goes on
+/// delivering until its time is up; then the server serves again on the same address.
+#[tokio::test]
+async fn a_graceful_stop_refuses_new_connections_and_keeps_open_watches_for_a_while() {
+    use stackd::embedded::discovery::Resources;
+    use stackd::embedded::verbs;
+    const KEPT: Duration = Duration::from_secs(2);
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let mut events = started_watcher(&t).await;
+    // Something delivered through the watch: its connection is open.
+    t.configmaps("ns")
+        .create(&PostParams::default(), &configmap("before", json!({})))
+        .await
+        .unwrap();
+    assert!(!applied(&mut events, "before").await);
+    t.server.stop_gracefully(KEPT).await;
+    let stopped = Instant::now();
+    let fresh = client_without_retries(&t).await;
+    let err = Api::<ConfigMap>::namespaced(fresh, "ns")
+        .get("any")
+        .await
+        .expect_err("a new connection is refused");
+    let cause = stackd::runtime::cause::diagnose(&err);
+    assert_eq!(cause.kind, stackd::runtime::cause::CauseKind::Refused, "{cause}");
+    // A write by someone already connected (in-process here) reaches the open watch.
+    let store = t.server.store();
+    let info = Resources::current(&store).find("", "v1", "configmaps").unwrap();
+    let during = json!({"metadata": {"name": "during"}});
+    verbs::create(&store, &info, "ns", during, Default::default()).unwrap();
+    assert!(!applied(&mut events, "during").await, "delivered by the open watch");
+    assert!(t.server.open_watches() >= 1);
+    let deadline = Instant::now() + WAIT;
+    while t.server.open_watches() > 0 {
+        assert!(Instant::now() < deadline, "the kept watch never ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(stopped.elapsed() >= KEPT - Duration::from_millis(100), "ended early");
+    t.server.serve_again().await.unwrap();
+    t.configmaps("ns")
+        .create(&PostParams::default(), &configmap("after", json!({})))
+        .await
+        .unwrap();
+    assert!(!applied(&mut events, "after").await, "resumed on the same address");
+}

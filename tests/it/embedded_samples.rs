@@ -78,7 +78,7 @@ async fn sample_runners_turn_the_sample_package_job_into_a_log_the_stream_decode
     let (pod, succeeded) = finished(&t, "sample-install").await;
     let text = log(&t, &pod, "unpack").await;
     assert!(succeeded, "{text}");
-    let contents = stream::decode(&text).expect("the log is a valid install stream");
+    let contents = stream::decode(&text, usize::MAX).expect("the log is a valid install stream");
     assert!(!contents.crds.is_empty());
     assert_eq!(
         log(&t, &pod, "package").await,
@@ -103,7 +103,7 @@ async fn sample_cluster_stack_installs_only_with_the_cluster_scope() {
     assert!(log(&t, &wrong, "unpack").await.contains("permissionScope"));
     let (right, succeeded) = finished(&t, "right").await;
     assert!(succeeded);
-    stream::decode(&log(&t, &right, "unpack").await).unwrap();
+    stream::decode(&log(&t, &right, "unpack").await, usize::MAX).unwrap();
 }
 
 fn installer_job(name: &str, args: &[&str]) -> Job {

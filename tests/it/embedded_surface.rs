@@ -264,3 +264,52 @@ async fn metadata_only_lists_answer_partial_object_metadata() {
     assert_eq!(raw.body["items"][0]["kind"], "PartialObjectMetadata");
     assert!(raw.body["items"][0]["data"].is_null());
 }
+
+/// `networking.k8s.io/v1` NetworkPolicies: discovered, defaulted, validated (422 with the field's
+/// path), shown as kubectl shows them; stored, never enforced.
+#[tokio::test]
+async fn network_policies_are_discovered_defaulted_validated_and_tabled() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let discovery = request(&t, "GET", "/apis/networking.k8s.io/v1", &[], "").await;
+    let resources = discovery.body["resources"].as_array().cloned().unwrap_or_default();
+    let policies = resources
+        .iter()
+        .find(|r| r["name"] == "networkpolicies")
+        .expect("networkpolicies discovered");
+    assert_eq!(policies["kind"], "NetworkPolicy");
+    assert_eq!(policies["namespaced"], true);
+    assert_eq!(policies["shortNames"], json!(["netpol"]));
+
+    let path = "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies";
+    let policy = json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "isolate"},
+        "spec": {"podSelector": {"matchLabels": {"app": "x"}}, "ingress": [{"from": [{"podSelector": {}}], "ports": [{"port": 8080}]}]},
+    });
+    let created = request(&t, "POST", path, &[JSON], &policy.to_string()).await;
+    assert_eq!(created.code, 201, "{}", created.body);
+    assert_eq!(created.body["spec"]["policyTypes"], json!(["Ingress"]));
+    assert_eq!(created.body["spec"]["ingress"][0]["ports"][0]["protocol"], "TCP");
+
+    let bad = json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "bad"},
+        "spec": {"podSelector": {}, "policyTypes": ["Sideways"], "ingress": [{"from": [{}]}]},
+    });
+    let refused = request(&t, "POST", path, &[JSON], &bad.to_string()).await;
+    assert_eq!(refused.code, 422, "{}", refused.body);
+    let fields: Vec<&str> = refused.body["details"]["causes"]
+        .as_array()
+        .map(|c| c.iter().filter_map(|c| c["field"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(fields, ["spec.ingress[0].from[0]", "spec.policyTypes[0]"]);
+
+    let table = request(&t, "GET", path, &[TABLE], "").await;
+    let names: Vec<&str> = table.body["columnDefinitions"]
+        .as_array()
+        .map(|c| c.iter().filter_map(|c| c["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(names, ["Name", "Pod-Selector", "Age"]);
+    assert_eq!(table.body["rows"][0]["cells"][1], "app=x");
+}

@@ -392,7 +392,7 @@ async fn a_get_and_a_watch_event_carry_the_bytes_of_the_presented_copy() {
             .unwrap();
         assert_eq!(
             added,
-            format!(r#"{{"object":{got},"type":"ADDED"}}"#),
+            format!(r#"{{"type":"ADDED","object":{got}}}"#),
             "watch {collection}"
         );
     }

@@ -16,13 +16,13 @@ use stackd::embedded::samples::{SampleImages, register_sample_runners};
 
 use crate::harness::{Daemon, Fleet, until, wait_until};
 
-const NS: &str = "team";
+pub(crate) const NS: &str = "team";
 const HOST_NS: &str = "tenant-acme-controllers";
 const INSTALLER: &str = "quay.io/example/installer:4.14";
-const WITHIN: Duration = Duration::from_secs(20);
+pub(crate) const WITHIN: Duration = Duration::from_secs(20);
 
 /// A host, tenant `acme` with the stackd CRDs, the pool's Secrets in namespace `team`.
-async fn setup() -> (Fleet, Client) {
+pub(crate) async fn setup() -> (Fleet, Client) {
     let fleet = Fleet::start(&["acme"]).await;
     register_sample_runners(&fleet.host().runners(), &SampleImages::new("stackd:dev"));
     let tenant = fleet.tenants[0].1.as_ref().expect("tenant server").client().await;
@@ -44,7 +44,7 @@ async fn setup() -> (Fleet, Client) {
     (fleet, tenant)
 }
 
-async fn create_secret(tenant: &Client, secret: Value) {
+pub(crate) async fn create_secret(tenant: &Client, secret: Value) {
     let secret: Secret = serde_json::from_value(secret).expect("secret");
     Api::<Secret>::namespaced(tenant.clone(), NS)
         .create(&PostParams::default(), &secret)
@@ -52,11 +52,11 @@ async fn create_secret(tenant: &Client, secret: Value) {
         .expect("secret");
 }
 
-fn daemon(fleet: &Fleet) -> Daemon {
+pub(crate) fn daemon(fleet: &Fleet) -> Daemon {
     fleet.daemon(&["--lease-min-age", "2s", "--sweep-interval", "1h"])
 }
 
-fn pool_json(name: &str, size: i32, platform: Value) -> Value {
+pub(crate) fn pool_json(name: &str, size: i32, platform: Value) -> Value {
     json!({
         "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterPool",
         "metadata": {"name": name, "namespace": NS},
@@ -74,7 +74,7 @@ fn openstack() -> Value {
     json!({"openstack": {"credentialsSecretRef": {"name": "creds"}, "cloud": "mycloud"}})
 }
 
-async fn create_pool(tenant: &Client, pool: Value) {
+pub(crate) async fn create_pool(tenant: &Client, pool: Value) {
     let pool: ClusterPool = serde_json::from_value(pool).expect("pool");
     pools(tenant)
         .create(&PostParams::default(), &pool)
@@ -82,7 +82,7 @@ async fn create_pool(tenant: &Client, pool: Value) {
         .expect("create pool");
 }
 
-fn pools(tenant: &Client) -> Api<ClusterPool> {
+pub(crate) fn pools(tenant: &Client) -> Api<ClusterPool> {
     Api::namespaced(tenant.clone(), NS)
 }
 
@@ -91,7 +91,7 @@ async fn pool(tenant: &Client, name: &str) -> ClusterPool {
 }
 
 /// The pool's ClusterDeployments, live ones only.
-async fn cds(tenant: &Client, pool: &str) -> Vec<ClusterDeployment> {
+pub(crate) async fn cds(tenant: &Client, pool: &str) -> Vec<ClusterDeployment> {
     Api::<ClusterDeployment>::all(tenant.clone())
         .list(&ListParams::default())
         .await
@@ -103,7 +103,7 @@ async fn cds(tenant: &Client, pool: &str) -> Vec<ClusterDeployment> {
         .collect()
 }
 
-fn condition_of(
+pub(crate) fn condition_of(
     conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
     type_: &str,
 ) -> Option<(String, String, String)> {
@@ -115,10 +115,6 @@ fn condition_of(
 
 fn pool_condition(pool: &ClusterPool, type_: &str) -> Option<(String, String, String)> {
     condition_of(&pool.status.clone().unwrap_or_default().conditions, type_)
-}
-
-fn cd_condition(cd: &ClusterDeployment, type_: &str) -> Option<(String, String, String)> {
-    condition_of(&cd.status.clone().unwrap_or_default().conditions, type_)
 }
 
 fn records(cd: &ClusterDeployment) -> Vec<MachineFailureDomain> {
@@ -138,7 +134,7 @@ async fn install_config(tenant: &Client, cd: &str) -> Value {
     serde_saphyr::from_str(&String::from_utf8(data["install-config.yaml"].0.clone()).expect("utf-8")).expect("yaml")
 }
 
-async fn events(tenant: &Client, namespace: &str, object: &str) -> Vec<(String, String)> {
+pub(crate) async fn events(tenant: &Client, namespace: &str, object: &str) -> Vec<(String, String)> {
     let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(tenant.clone(), namespace);
     let core: Api<Event> = Api::namespaced(tenant.clone(), namespace);
     let mut out: Vec<(String, String)> = api
@@ -226,18 +222,36 @@ async fn openstack_control_planes_spread_over_failure_domains_and_keep_their_rec
             let tags: Vec<String> = first.ports.iter().flat_map(|p| p.tags.clone()).collect();
             assert_eq!(tags, ["domain-a", "pool"], "domain ports before the pool's");
         }
+        // Machines with ports: openshift-install's TechPreview failureDomains, one per machine in
+        // machine order, the domain's ports before the pool's, and no zones beside them.
         let config = install_config(&tenant, &cd.name_any()).await;
+        assert_eq!(config["featureSet"], "TechPreviewNoUpgrade", "{config}");
         let openstack = &config["controlPlane"]["platform"]["openstack"];
-        let zone = |prefix: &str| -> Value {
-            json!(
-                recorded
-                    .iter()
-                    .map(|r| format!("{prefix}-{}", &r.name[3..]))
-                    .collect::<Vec<_>>()
-            )
-        };
-        assert_eq!(openstack["zones"], zone("nova"), "{config}");
-        assert_eq!(openstack["rootVolume"]["zones"], zone("cinder"), "{config}");
+        assert!(openstack.get("zones").is_none(), "{config}");
+        assert_eq!(openstack["rootVolume"], json!({"size": 50}), "{config}");
+        let rendered: Vec<Value> = recorded
+            .iter()
+            .map(|r| {
+                let suffix = &r.name[3..];
+                let mut ports = if suffix == "a" {
+                    vec![json!({"id": "domain-a"})]
+                } else {
+                    vec![]
+                };
+                ports.push(json!({"id": "pool"}));
+                json!({"computeAvailabilityZone": format!("nova-{suffix}"),
+                       "storageAvailabilityZone": format!("cinder-{suffix}"), "portTargets": ports})
+            })
+            .collect();
+        assert_eq!(openstack["failureDomains"], json!(rendered), "{config}");
+        // Workers go to every domain, the NoControlPlane one and the omitted zone included.
+        let workers: Vec<&str> = config["compute"][0]["platform"]["openstack"]["failureDomains"]
+            .as_array()
+            .expect("the compute pool's failure domains")
+            .iter()
+            .filter_map(|d| d["computeAvailabilityZone"].as_str())
+            .collect();
+        assert_eq!(workers, ["az9", "nova-a", "nova-b", "nova-c"], "{config}");
         assert!(cd.annotations().contains_key("pools.stackd.dev/failure-domains-hash"));
     }
 
@@ -305,19 +319,116 @@ async fn openstack_control_planes_spread_over_failure_domains_and_keep_their_rec
         records(&cd_api.get(&claimed.name_any()).await.unwrap()) == before
     })
     .await;
-    let seen = events(&tenant, &claimed.name_any(), &claimed.name_any()).await;
-    assert!(seen.iter().any(|(r, _)| r == "FailureDomainsRestored"), "{seen:?}");
+    // The Event follows the status write that restored the record.
+    until("the restore told", WITHIN, &daemon, || async {
+        let seen = events(&tenant, &claimed.name_any(), &claimed.name_any()).await;
+        seen.iter().any(|(r, _)| r == "FailureDomainsRestored")
+    })
+    .await;
 }
 
-/// §6 merge rules: a domain storage zone with an explicit root-volume zone stops the cluster with
-/// `InvalidMachineSpec` (no installer Job, not replaced in a loop); vSphere pools with failure
-/// domains say `FailureDomainsUnsupported`.
+/// Issue 29 item 6 (the CAPO seed's merge rules, openshift-install's shape): without ports, the
+/// control plane's compute zones and root-volume zones go to `zones` and `rootVolume.zones` in
+/// machine order, a root volume without a zone of its own in its machine's compute zone; workers
+/// spread over every domain, `NoControlPlane` ones included, as `compute[0]...zones`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn contradicting_storage_zones_stop_the_cluster_and_vsphere_refuses_failure_domains() {
+async fn an_openstack_install_config_places_root_volumes_and_workers_in_the_domains() {
     let (fleet, tenant) = setup().await;
+    let mut spec = pool_json("os", 1, openstack());
+    spec["spec"]["failureDomains"] = json!([
+        {"name": "fd-a", "computeAvailabilityZone": "nova-a", "storageAvailabilityZone": "cinder-a"},
+        {"name": "fd-b", "computeAvailabilityZone": "nova-b"},
+        {"name": "fd-w", "machinePlacement": "NoControlPlane", "computeAvailabilityZone": "nova-w"},
+    ]);
+    spec["spec"]["controlPlane"] = json!({"replicas": 3, "rootVolume": {"size": 100, "type": "ssd"}});
+    spec["spec"]["compute"] = json!({"replicas": 5});
+    create_pool(&tenant, spec).await;
+    let daemon = daemon(&fleet);
+    let cd = wait_until("a cluster with its record", WITHIN, &daemon, || async {
+        cds(&tenant, "os").await.into_iter().find(|cd| records(cd).len() == 3)
+    })
+    .await;
+    assert_eq!(domains_of(&cd), ["fd-a", "fd-b", "fd-a"]);
+    let config = install_config(&tenant, &cd.name_any()).await;
+    assert!(config.get("featureSet").is_none(), "no ports, no TechPreview: {config}");
+    let openstack = &config["controlPlane"]["platform"]["openstack"];
+    assert_eq!(openstack["zones"], json!(["nova-a", "nova-b", "nova-a"]), "{config}");
+    assert_eq!(
+        openstack["rootVolume"],
+        json!({"size": 100, "type": "ssd", "zones": ["cinder-a", "nova-b", "cinder-a"]}),
+        "fd-b has no storage zone: its machine's volume goes to its compute zone"
+    );
+    assert!(openstack.get("failureDomains").is_none());
+    assert_eq!(
+        records(&cd)[1].storage_availability_zone.as_deref(),
+        Some("nova-b"),
+        "the record says where the volume went"
+    );
+    assert_eq!(config["compute"][0]["replicas"], 5);
+    assert_eq!(
+        config["compute"][0]["platform"]["openstack"]["zones"],
+        json!(["nova-a", "nova-b", "nova-w"]),
+        "{config}"
+    );
+}
+
+/// Writes what an older stackd left: cluster `name` of pool `pool` (its namespace marked as the
+/// pool marks them), built from CDC `cdc`, whose install-config Secret says its machines cannot be
+/// placed, and the CDC leased for it.
+async fn cluster_of_an_older_stackd(tenant: &Client, pool: &ClusterPool, name: &str, cdc: &str) {
+    let uid = pool.uid().expect("uid");
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": name,
+        "labels": {"pools.stackd.dev/clusterpool-namespace": NS, "pools.stackd.dev/clusterpool-name": pool.name_any()},
+        "annotations": {"pools.stackd.dev/clusterpool-uid": uid}}}))
+    .expect("namespace");
+    Api::<Namespace>::all(tenant.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("namespace");
+    let secrets = Api::<Secret>::namespaced(tenant.clone(), name);
+    for secret in [
+        json!({"metadata": {"name": format!("{name}-install-config")}, "stringData": {
+            "install-config.yaml": "apiVersion: v1\n",
+            "invalid-machine-spec": "machine master-0: failure domain fd-a sets storageAvailabilityZone cinder-a and controlPlane.rootVolume.availabilityZone is cinder-x; remove one of them"}}),
+        json!({"metadata": {"name": format!("{name}-credentials")}, "stringData": {"clouds.yaml": "clouds: {}"}}),
+    ] {
+        let secret: Secret = serde_json::from_value(secret).expect("secret");
+        secrets.create(&PostParams::default(), &secret).await.expect("secret");
+    }
+    let version = stackd::pools::pool::pool_version(pool);
+    let cd: ClusterDeployment = serde_json::from_value(json!({
+        "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterDeployment",
+        "metadata": {"name": name, "namespace": name,
+            "labels": {"pools.stackd.dev/clusterpool-namespace": NS, "pools.stackd.dev/clusterpool-name": pool.name_any()},
+            "annotations": {"pools.stackd.dev/pool-version": version, "pools.stackd.dev/customization-generation": "1"}},
+        "spec": {"clusterName": name, "baseDomain": "example.com",
+            "platform": {"openstack": {"credentialsSecretRef": {"name": format!("{name}-credentials")}, "cloud": "mycloud"}},
+            "provisioning": {"installConfigSecretRef": {"name": format!("{name}-install-config")}, "installerImage": INSTALLER},
+            "clusterPoolRef": {"namespace": NS, "poolName": pool.name_any(), "clusterDeploymentCustomization": {"name": cdc}}},
+    }))
+    .expect("cluster");
+    Api::<ClusterDeployment>::namespaced(tenant.clone(), name)
+        .create(&PostParams::default(), &cd)
+        .await
+        .expect("cluster");
+    crate::pools::reserve(tenant, cdc, &pool.name_any(), name, Duration::ZERO).await;
+}
+
+/// §6 merge rules and issue 29 item 7: a domain storage zone with an explicit root-volume zone is a
+/// contradiction of the pool's: `FailureDomainsValid=False` names it, `CapacityAvailable=False`, one
+/// Event, and no cluster is made while it stands. A cluster an older stackd made with it (stopped
+/// `InvalidMachineSpec`, no installer Job) does not keep its inventory entry: it is deleted and its
+/// CDC released. Fixed, the pool fills. vSphere pools with failure domains say
+/// `FailureDomainsUnsupported`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contradicting_failure_domains_are_the_pools_to_report_and_hold_no_inventory_entry() {
+    let (fleet, tenant) = setup().await;
+    crate::pools::named_cdc(&tenant, "a").await;
     let mut pool_value = openstack_domains_pool("bad", 1);
     pool_value["spec"]["controlPlane"]["rootVolume"]["availabilityZone"] = json!("cinder-x");
+    pool_value["spec"]["inventory"] = json!([{"name": "a"}]);
     create_pool(&tenant, pool_value).await;
+    cluster_of_an_older_stackd(&tenant, &pool(&tenant, "bad").await, "bad-old00", "a").await;
     let mut vsphere = pool_json(
         "vs",
         0,
@@ -327,47 +438,96 @@ async fn contradicting_storage_zones_stop_the_cluster_and_vsphere_refuses_failur
     vsphere["spec"]["availabilityZones"] = json!(["az1"]);
     create_pool(&tenant, vsphere).await;
     let daemon = daemon(&fleet);
-    let stopped = wait_until("the cluster stops with InvalidMachineSpec", WITHIN, &daemon, || async {
-        cds(&tenant, "bad").await.into_iter().find(|cd| {
-            cd_condition(cd, "ProvisionStopped").is_some_and(|(s, r, _)| s == "True" && r == "InvalidMachineSpec")
-        })
+    until("the pool names the contradiction", WITHIN, &daemon, || async {
+        let pool = pool(&tenant, "bad").await;
+        let valid = pool_condition(&pool, "FailureDomainsValid").is_some_and(|(s, r, m)| {
+            s == "False"
+                && r == "InvalidMachineSpec"
+                && m.contains("failure domain fd-a sets storageAvailabilityZone cinder-a")
+                && m.contains("controlPlane.rootVolume.availabilityZone is cinder-x")
+        });
+        let capacity = pool_condition(&pool, "CapacityAvailable")
+            .is_some_and(|(s, r, _)| s == "False" && r == "InvalidMachineSpec");
+        valid && capacity
     })
     .await;
-    let (_, _, message) = cd_condition(&stopped, "ProvisionStopped").unwrap();
+    // The older stackd's cluster is stopped, deleted, and gives its entry back.
+    until(
+        "the stopped cluster gone and its CDC released",
+        WITHIN,
+        &daemon,
+        || async {
+            let released = crate::pools::cdc_condition(&crate::pools::cdc(&tenant, "a").await, "Available")
+                .is_some_and(|(s, _, _)| s == "True");
+            cds(&tenant, "bad").await.is_empty() && released
+        },
+    )
+    .await;
+    let deleted = events(&tenant, NS, "bad").await;
     assert!(
-        message.contains("storageAvailabilityZone cinder-a") && message.contains("cinder-x"),
-        "{message}"
+        deleted
+            .iter()
+            .any(|(r, n)| r == "ClusterDeleted" && n.contains("bad-old00") && n.contains("InvalidMachineSpec")),
+        "{deleted:?}"
     );
-    let seen = events(&tenant, &stopped.name_any(), &stopped.name_any()).await;
-    assert!(seen.iter().any(|(r, _)| r == "InvalidMachineSpec"), "{seen:?}");
     until("vSphere refuses failure domains", WITHIN, &daemon, || async {
         pool_condition(&pool(&tenant, "vs").await, "FailureDomainsUnsupported").is_some_and(|(s, _, _)| s == "True")
     })
     .await;
-    // Judged after the pool's next reconcile, not a guessed pause.
-    crate::pools::writes_when_woken(&fleet, &daemon, &pools(&tenant), "bad", &["clusterpool"], &[]).await;
-    let now: Vec<String> = cds(&tenant, "bad").await.iter().map(|cd| cd.name_any()).collect();
-    assert_eq!(
-        now,
-        [stopped.name_any()],
-        "the stopped cluster is not replaced in a loop"
+    // Judged after the pool's next reconciles, not a guessed pause: nothing is made meanwhile.
+    for _ in 0..2 {
+        crate::pools::writes_when_woken(&fleet, &daemon, &pools(&tenant), "bad", &["clusterpool"], &[]).await;
+    }
+    let made = Api::<ClusterDeployment>::all(tenant.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(
+        made.items.is_empty(),
+        "{:?}",
+        made.items.iter().map(|cd| cd.name_any()).collect::<Vec<_>>()
     );
     let jobs = Api::<Job>::namespaced(fleet.host().client().await, HOST_NS)
         .list(&ListParams::default())
         .await
         .unwrap();
     assert!(
-        jobs.items.is_empty(),
+        jobs.items.iter().all(|j| !j.name_any().contains("-install-")),
         "no installer Job: {:?}",
         jobs.items.iter().map(|j| j.name_any()).collect::<Vec<_>>()
     );
+    assert_eq!(
+        crate::pools_seeds::event_count(&tenant, NS, "bad", "InvalidMachineSpec").await,
+        1,
+        "told once"
+    );
+
+    // Fixed: the condition says so and the pool fills from its entry.
+    pools(&tenant)
+        .patch(
+            "bad",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"controlPlane": {"rootVolume": {"availabilityZone": null}}}})),
+        )
+        .await
+        .expect("fix the pool");
+    until("a cluster from a, the domains valid", WITHIN, &daemon, || async {
+        let pool = pool(&tenant, "bad").await;
+        let valid = pool_condition(&pool, "FailureDomainsValid").is_some_and(|(s, _, _)| s == "True");
+        let from_a = cds(&tenant, "bad")
+            .await
+            .iter()
+            .any(|cd| crate::pools::cdc_of(cd).as_deref() == Some("a"));
+        valid && from_a
+    })
+    .await;
 }
 
-fn assets(tenant: &Client) -> Api<BareMetalAsset> {
+pub(crate) fn assets(tenant: &Client) -> Api<BareMetalAsset> {
     Api::namespaced(tenant.clone(), NS)
 }
 
-async fn create_asset(tenant: &Client, name: &str, spec: Value) {
+pub(crate) async fn create_asset(tenant: &Client, name: &str, spec: Value) {
     let mut full = json!({"bmc": {"address": format!("ipmi://10.0.0.1/{name}"), "credentialsName": format!("bmc-{name}")},
         "bootMACAddress": "00:1B:44:11:3A:B7"});
     for (k, v) in spec.as_object().unwrap() {
@@ -384,7 +544,7 @@ async fn create_asset(tenant: &Client, name: &str, spec: Value) {
         .expect("create asset");
 }
 
-async fn bmc_secret(tenant: &Client, name: &str) {
+pub(crate) async fn bmc_secret(tenant: &Client, name: &str) {
     create_secret(
         tenant,
         json!({"metadata": {"name": format!("bmc-{name}")}, "stringData": {"username": "admin", "password": "s3cret"}}),
@@ -392,7 +552,7 @@ async fn bmc_secret(tenant: &Client, name: &str) {
     .await;
 }
 
-fn asset_condition(asset: &BareMetalAsset, type_: &str) -> Option<(String, String, String)> {
+pub(crate) fn asset_condition(asset: &BareMetalAsset, type_: &str) -> Option<(String, String, String)> {
     condition_of(&asset.status.clone().unwrap_or_default().conditions, type_)
 }
 
@@ -495,7 +655,7 @@ async fn assets_mirror_labels_check_credentials_and_own_only_unowned_secrets() {
     .await;
 }
 
-fn baremetal_pool(name: &str, size: i32, masters: i32, workers: i32) -> Value {
+pub(crate) fn baremetal_pool(name: &str, size: i32, masters: i32, workers: i32) -> Value {
     let mut pool = pool_json(
         name,
         size,
@@ -507,7 +667,7 @@ fn baremetal_pool(name: &str, size: i32, masters: i32, workers: i32) -> Value {
     pool
 }
 
-async fn lab_asset(tenant: &Client, name: &str, role: Option<&str>, domain: Option<&str>) {
+pub(crate) async fn lab_asset(tenant: &Client, name: &str, role: Option<&str>, domain: Option<&str>) {
     let mut spec = json!({});
     if let Some(role) = role {
         spec["role"] = json!(role);
@@ -729,7 +889,7 @@ async fn two_racing_daemons_never_assign_one_asset_twice() {
 
 /// The embedded "managed cluster" an installed cluster's kubeconfig points at, with the fixtures a
 /// real one has: a minimal BareMetalHost CRD and the `openshift-machine-api` namespace.
-async fn managed_cluster() -> (stackd::embedded::ApiServer, Client) {
+pub(crate) async fn managed_cluster() -> (stackd::embedded::ApiServer, Client) {
     let server = stackd::embedded::ApiServer::start(stackd::embedded::ServerOptions {
         name: "managed".into(),
         ..Default::default()
@@ -761,7 +921,7 @@ async fn managed_cluster() -> (stackd::embedded::ApiServer, Client) {
     (server, client)
 }
 
-fn bmh_api(client: &Client) -> Api<kube::api::DynamicObject> {
+pub(crate) fn bmh_api(client: &Client) -> Api<kube::api::DynamicObject> {
     let resource = kube::api::ApiResource::from_gvk_with_plural(
         &kube::api::GroupVersionKind::gvk("metal3.io", "v1alpha1", "BareMetalHost"),
         "baremetalhosts",
@@ -769,24 +929,28 @@ fn bmh_api(client: &Client) -> Api<kube::api::DynamicObject> {
     Api::namespaced_with(client.clone(), "openshift-machine-api", &resource)
 }
 
-async fn bmh(client: &Client, name: &str) -> Option<kube::api::DynamicObject> {
+pub(crate) async fn bmh(client: &Client, name: &str) -> Option<kube::api::DynamicObject> {
     bmh_api(client).get_opt(name).await.expect("get bmh")
 }
 
-async fn remote_secret(client: &Client, name: &str) -> Option<Secret> {
+pub(crate) async fn remote_secret(client: &Client, name: &str) -> Option<Secret> {
     Api::<Secret>::namespaced(client.clone(), "openshift-machine-api")
         .get_opt(&format!("{name}-bmc-secret"))
         .await
         .expect("get secret")
 }
 
-const METAL_IMAGE: &str = "quay.io/example/metal-installer:4.14";
+pub(crate) const METAL_IMAGE: &str = "quay.io/example/metal-installer:4.14";
 
 /// The installer [`METAL_IMAGE`] plays: its clusters are all `managed`.
-fn metal_installer(fleet: &Fleet, managed: &stackd::embedded::ApiServer) {
-    let kubeconfig = managed.kubeconfig_yaml();
+pub(crate) fn metal_installer(fleet: &Fleet, managed: &stackd::embedded::ApiServer) {
+    cluster_installer(fleet, METAL_IMAGE, managed.kubeconfig_yaml());
+}
+
+/// An installer `image` whose clusters' admin kubeconfig is `kubeconfig`.
+pub(crate) fn cluster_installer(fleet: &Fleet, image: &str, kubeconfig: String) {
     fleet.host().runners().register(
-        stackd::embedded::controller_manager::ImageMatch::Exact(METAL_IMAGE.into()),
+        stackd::embedded::controller_manager::ImageMatch::Exact(image.into()),
         move |ctx: &stackd::embedded::controller_manager::JobContext| {
             use stackd::embedded::controller_manager::JobOutcome;
             if ctx.pod.to_string().contains("\"destroy\"") {

@@ -33,6 +33,12 @@ pub(crate) async fn setup() -> (Fleet, Client) {
     let fleet = Fleet::start(&["acme"]).await;
     register_sample_runners(&fleet.host().runners(), &SampleImages::new("stackd:dev"));
     let tenant = fleet.tenants[0].1.as_ref().expect("tenant server").client().await;
+    prepare(&tenant).await;
+    (fleet, tenant)
+}
+
+/// The stackd CRDs, namespace `team` and the Secrets a pool there installs from.
+pub(crate) async fn prepare(tenant: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
     for crd in stackd::api::crds::all() {
         crds.create(&PostParams::default(), &crd).await.expect("crd");
@@ -52,7 +58,6 @@ pub(crate) async fn setup() -> (Fleet, Client) {
         let secret: Secret = serde_json::from_value(secret).expect("secret");
         secrets.create(&PostParams::default(), &secret).await.expect("secret");
     }
-    (fleet, tenant)
 }
 
 pub(crate) fn daemon(fleet: &Fleet, extra: &[&str]) -> Daemon {
@@ -89,7 +94,7 @@ pub(crate) async fn create_pool(tenant: &Client, pool: Value) -> ClusterPool {
         .expect("create pool")
 }
 
-async fn create_cdc(tenant: &Client, name: &str, patches: Value) {
+pub(crate) async fn create_cdc(tenant: &Client, name: &str, patches: Value) {
     let cdc: Cdc = serde_json::from_value(json!({
         "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterDeploymentCustomization",
         "metadata": {"name": name, "namespace": NS},
@@ -116,7 +121,7 @@ pub(crate) fn pools(tenant: &Client) -> Api<ClusterPool> {
     Api::namespaced(tenant.clone(), NS)
 }
 
-fn cdcs(tenant: &Client) -> Api<Cdc> {
+pub(crate) fn cdcs(tenant: &Client) -> Api<Cdc> {
     Api::namespaced(tenant.clone(), NS)
 }
 
@@ -150,7 +155,7 @@ pub(crate) fn live(cds: &[ClusterDeployment]) -> Vec<&ClusterDeployment> {
         .collect()
 }
 
-fn cdc_of(cd: &ClusterDeployment) -> Option<String> {
+pub(crate) fn cdc_of(cd: &ClusterDeployment) -> Option<String> {
     cd.spec
         .cluster_pool_ref
         .as_ref()
@@ -165,12 +170,12 @@ fn condition<'a>(
     conditions.iter().find(|c| c.type_ == type_)
 }
 
-fn pool_condition(pool: &ClusterPool, type_: &str) -> Option<(String, String, String)> {
+pub(crate) fn pool_condition(pool: &ClusterPool, type_: &str) -> Option<(String, String, String)> {
     let conditions = pool.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
     condition(&conditions, type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-fn cdc_condition(cdc: &Cdc, type_: &str) -> Option<(String, String, String)> {
+pub(crate) fn cdc_condition(cdc: &Cdc, type_: &str) -> Option<(String, String, String)> {
     let conditions = cdc.status.as_ref().map(|s| s.conditions.clone()).unwrap_or_default();
     condition(&conditions, type_).map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
@@ -188,7 +193,7 @@ pub(crate) fn lease(cdc: &Cdc) -> Option<String> {
         .flatten()
 }
 
-fn entry(pool: &ClusterPool, name: &str) -> Option<stackd::api::pools::InventoryEntryStatus> {
+pub(crate) fn entry(pool: &ClusterPool, name: &str) -> Option<stackd::api::pools::InventoryEntryStatus> {
     pool.status.as_ref()?.inventory.iter().find(|e| e.name == name).cloned()
 }
 
@@ -201,7 +206,7 @@ pub(crate) async fn ready(tenant: &Client, name: &str) -> i32 {
         .map_or(0, |s| s.ready)
 }
 
-async fn install_config(tenant: &Client, cd: &str) -> String {
+pub(crate) async fn install_config(tenant: &Client, cd: &str) -> String {
     let secret = Api::<Secret>::namespaced(tenant.clone(), cd)
         .get(&format!("{cd}-install-config"))
         .await
@@ -670,7 +675,12 @@ async fn two_daemons_racing_for_one_inventory_never_lease_a_cdc_twice() {
 }
 
 /// An installer image that fails `fail_first` times (then succeeds), with destroys taking `destroy_for`.
-fn scripted_installer(fleet: &Fleet, image: &str, fail_first: usize, destroy_for: Duration) -> Arc<AtomicUsize> {
+pub(crate) fn scripted_installer(
+    fleet: &Fleet,
+    image: &str,
+    fail_first: usize,
+    destroy_for: Duration,
+) -> Arc<AtomicUsize> {
     let runs = Arc::new(AtomicUsize::new(0));
     let counter = runs.clone();
     fleet
@@ -760,7 +770,7 @@ async fn broken_clusters_are_replaced_after_a_backoff_when_the_inventory_is_exha
 }
 
 /// Sets a CDC's lease as if a pool had written it `age` ago for a cluster that never appeared.
-async fn reserve(tenant: &Client, name: &str, pool: &str, cd: &str, age: Duration) {
+pub(crate) async fn reserve(tenant: &Client, name: &str, pool: &str, cd: &str, age: Duration) {
     let mut cdc = cdc(tenant, name).await;
     let at = jiff::Timestamp::now() - jiff::SignedDuration::try_from(age).unwrap();
     cdc.status = Some(
@@ -1325,6 +1335,13 @@ async fn a_cdc_listed_by_two_pools_is_never_released_by_the_pool_not_holding_it(
     assert_eq!(
         entry(&beta_pool, "shared").unwrap().status,
         InventoryEntryState::Unavailable
+    );
+    // The merged seed: an entry another pool holds makes the inventory invalid, and says who.
+    let (valid, _, message) = pool_condition(&beta_pool, "InventoryValid").unwrap();
+    assert_eq!(valid, "False");
+    assert!(
+        message.contains("Unavailable: shared (leased by ClusterPool alpha)"),
+        "{message}"
     );
     // Deleting beta removes only beta's finalizer from the shared CDC.
     pools(&tenant).delete("beta", &DeleteParams::default()).await.unwrap();

@@ -1,19 +1,75 @@
-//! Recovery after faults (issue 15): a tenant back from an outage is served again within seconds of
-//! answering, whatever backoff it had built up; a restart with a fresh watch cache (410 on resumed
-//! watches) is no outage; trouble is named by its root cause.
+//! Recovery after faults (issues 15, 30): a tenant back from an outage is served again within
+//! seconds of answering, whatever backoff it had built up, and work created right then is as fast as
+//! on a settled tenant; an outage is seen within seconds even while old watches stay open, and told
+//! once; a restart with a fresh watch cache (410 on resumed watches) is no outage; trouble is named
+//! by its root cause.
 
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
 use kube::api::{Api, PostParams};
+use serde_json::json;
+use stackd::api::stacks::StackInstall;
+use stackd::embedded::discovery::Resources;
 use stackd::embedded::faults::RequestMatch;
-use stackd::embedded::{ApiServer, RestartState, ServerOptions, Verb};
+use stackd::embedded::samples::{SampleImages, register_sample_runners};
+use stackd::embedded::{ApiServer, RestartState, ServerOptions, Verb, verbs};
 
-use crate::harness::Fleet;
+use crate::harness::{Fleet, until};
 
 /// The issue's promise: up again within 5 s of the server answering.
 const BACK_WITHIN: Duration = Duration::from_secs(5);
 const SOON: Duration = Duration::from_secs(10);
+/// Issue 30: reported down within 10 s of the server refusing new connections.
+const DOWN_WITHIN: Duration = Duration::from_secs(10);
+/// The image install Jobs get, which the host's sample runners run.
+const STACKD_IMAGE: &str = "stackd:test";
+
+async fn install_crds(server: &ApiServer) {
+    let crds: Api<CustomResourceDefinition> = Api::all(server.client().await);
+    for crd in stackd::api::crds::all() {
+        crds.create(&PostParams::default(), &crd).await.expect("create CRD");
+    }
+}
+
+/// Writes a namespace and a StackInstall into `server`'s store in-process, as a client whose
+/// connection was already open would: the watches a stopping server keeps open deliver it.
+fn write_install(server: &ApiServer, namespace: &str) {
+    let store = server.store();
+    let resources = Resources::current(&store);
+    let namespaces = resources.find("", "v1", "namespaces").expect("namespaces");
+    let installs = resources
+        .find("stacks.stackd.dev", "v1alpha1", "stackinstalls")
+        .expect("the StackInstall CRD");
+    verbs::create(
+        &store,
+        &namespaces,
+        "",
+        json!({"metadata": {"name": namespace}}),
+        Default::default(),
+    )
+    .expect("namespace");
+    let install = json!({
+        "apiVersion": "stacks.stackd.dev/v1alpha1",
+        "kind": "StackInstall",
+        "metadata": {"name": "sample", "namespace": namespace},
+        "spec": {"package": "stackd-examples/sample-stack:v0.1.0"},
+    });
+    verbs::create(&store, &installs, namespace, install, Default::default()).expect("install");
+}
+
+/// The daemon's log lines from the `from`th on, up to the first containing `until_line`.
+fn lines_until(log: &str, from: usize, until_line: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    for line in log.lines().skip(from) {
+        lines.push(line.to_string());
+        if line.contains(until_line) {
+            break;
+        }
+    }
+    lines
+}
 
 fn server<'a>(fleet: &'a Fleet, tenant: &str) -> &'a ApiServer {
     fleet
@@ -59,7 +115,7 @@ async fn a_tenant_down_at_start_is_served_within_seconds_of_answering_though_its
         .wait_for_namespace("acme", BACK_WITHIN.saturating_sub(answered.elapsed()))
         .await;
     let log = daemon.log_text();
-    assert!(log.contains("restarting the tenant once it does"), "{log}");
+    assert!(log.contains("serving it again as soon as it answers"), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -178,4 +234,174 @@ async fn host_watches_wait_for_access_in_a_new_host_namespace() {
         !log.to_lowercase().contains("forbidden"),
         "a controller met the 403 of a fresh RoleBinding:\n{log}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_is_reported_down_within_seconds_of_a_graceful_stop_though_its_watches_stay_open() {
+    let fleet = Fleet::start(&["acme"]).await;
+    let acme = server(&fleet, "acme");
+    install_crds(acme).await;
+    let daemon = fleet.daemon(&[]);
+    daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", SOON).await;
+    // As kube-apiserver on SIGTERM: new connections refused, open watches kept for a minute.
+    acme.stop_gracefully(Duration::from_secs(60)).await;
+    let stopped = Instant::now();
+    // Someone whose connection was open writes an install: the kept watches deliver it, and every
+    // request the daemon makes for it is refused.
+    write_install(acme, "team-a");
+    let metrics = daemon
+        .wait_for(
+            "/metrics",
+            "stackd_tenant_up{tenant=\"acme\"} 0",
+            DOWN_WITHIN.saturating_sub(stopped.elapsed()),
+        )
+        .await;
+    assert!(acme.open_watches() > 0, "the stopping server's watches were closed");
+    assert!(
+        metrics.contains("stackd_tenant_down_cause{tenant=\"acme\",cause=\"refused\"} 1"),
+        "{metrics}"
+    );
+    let ready = daemon.http_get("/readyz?verbose").unwrap_or_default();
+    assert!(ready.contains("[-]tenant acme down: connection refused"), "{ready}");
+    let log = daemon.log_text();
+    let told: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("tenant API server unavailable"))
+        .collect();
+    assert_eq!(told.len(), 1, "told once, with the root cause:\n{log}");
+    assert!(
+        told[0].contains("WARN") && told[0].contains("Connection refused"),
+        "{told:?}"
+    );
+    acme.serve_again().await.expect("serves again");
+    daemon
+        .wait_for("/metrics", "stackd_tenant_up{tenant=\"acme\"} 1", BACK_WITHIN)
+        .await;
+}
+
+/// Issue 30: while a tenant is down, one line when it goes, one when it is back; nothing from
+/// kube's own client; every failing request of its controllers meanwhile is debug.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thirty_second_outage_of_a_tenant_is_told_in_a_few_lines() {
+    const OUTAGE: Duration = Duration::from_secs(30);
+    let fleet = Fleet::start(&["acme"]).await;
+    let acme = server(&fleet, "acme");
+    install_crds(acme).await;
+    let daemon = fleet.daemon(&[]);
+    daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", SOON).await;
+    let before = daemon.log_text().lines().count();
+    // Open watches go on for 10 s, then end and reconnect in vain.
+    acme.stop_gracefully(Duration::from_secs(10)).await;
+    let stopped = Instant::now();
+    write_install(acme, "team-a");
+    daemon
+        .wait_for("/metrics", "stackd_tenant_up{tenant=\"acme\"} 0", DOWN_WITHIN)
+        .await;
+    until(
+        "reconciles failing against the stopped server",
+        OUTAGE,
+        &daemon,
+        || async { daemon.controller_metric("stackd_reconcile_errors_total", "acme", "StackInstall") >= 3 },
+    )
+    .await;
+    until("the kept watches to end", OUTAGE, &daemon, || async {
+        acme.open_watches() == 0
+    })
+    .await;
+    // The outage lasts its 30 s whatever happened in it.
+    tokio::time::sleep(OUTAGE.saturating_sub(stopped.elapsed())).await;
+    acme.serve_again().await.expect("serves again");
+    daemon
+        .wait_for("/metrics", "stackd_tenant_up{tenant=\"acme\"} 1", BACK_WITHIN)
+        .await;
+    let log = daemon.log_text();
+    let told = lines_until(&log, before, "tenant API server answers again");
+    assert!(
+        told.last()
+            .is_some_and(|line| line.contains("tenant API server answers again")),
+        "the return is told:\n{log}"
+    );
+    assert!(
+        told.len() <= 5,
+        "{} lines for one outage:\n{}",
+        told.len(),
+        told.join("\n")
+    );
+    assert!(!log.contains("kube_client"), "kube's client logged:\n{log}");
+}
+
+/// Issue 30: the probe's success wakes the tenant's watches, so an install created the moment a
+/// restarted server answers is Ready about as soon as one on a settled tenant (measured here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_install_right_after_a_tenant_restart_is_ready_about_as_soon_as_on_a_settled_tenant() {
+    let fleet = Fleet::start(&["acme"]).await;
+    register_sample_runners(&fleet.host().runners(), &SampleImages::new(STACKD_IMAGE));
+    let acme = server(&fleet, "acme");
+    install_crds(acme).await;
+    let daemon = fleet.daemon(&["--stackd-image", STACKD_IMAGE, "--allow-insecure-tenant-endpoint"]);
+    daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", SOON).await;
+    let settled = install_ready_s(&acme.client().await, "settled", &daemon).await;
+    acme.restart_after(RestartState::FreshWatchCache, Duration::from_secs(2))
+        .await
+        .expect("restart");
+    let after_restart = install_ready_s(&acme.client().await, "after-restart", &daemon).await;
+    // The goal is 1 s more. After a restart every cache relists and every object is reconciled
+    // again, which takes longer on a loaded machine: the settled install's time more is allowed
+    // for it. (Before issue 30 the watches waited out their backoff: 2 to 4 s more.)
+    let allowed = 1.0 + 2.0 * settled;
+    assert!(
+        after_restart <= allowed,
+        "Ready {after_restart:.2} s after a restart, {settled:.2} s on the settled tenant:\n{}",
+        daemon.log_text()
+    );
+}
+
+/// Creates a namespace and the sample install in it; the seconds until the install is Ready.
+async fn install_ready_s(client: &Client, namespace: &str, daemon: &crate::harness::Daemon) -> f64 {
+    let started = Instant::now();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = serde_json::from_value(json!({"metadata": {"name": namespace}})).expect("namespace");
+    namespaces.create(&PostParams::default(), &ns).await.expect("namespace");
+    let installs: Api<StackInstall> = Api::namespaced(client.clone(), namespace);
+    let install: StackInstall = serde_json::from_value(json!({
+        "metadata": {"name": "sample", "namespace": namespace},
+        "spec": {"package": "stackd-examples/sample-stack:v0.1.0"},
+    }))
+    .expect("install");
+    installs
+        .create(&PostParams::default(), &install)
+        .await
+        .expect("install");
+    until("the install Ready", Duration::from_secs(30), daemon, || async {
+        let install = installs.get_opt("sample").await.ok().flatten();
+        install
+            .and_then(|i| i.status)
+            .is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    })
+    .await;
+    started.elapsed().as_secs_f64()
+}
+
+/// Issue 30: a tenant answering 503 to everything has `stackd_tenant_up` and a cause (kube's client
+/// used to retry each such request for minutes, so nothing was ever reported).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_answering_503_to_everything_is_reported_down_with_its_cause() {
+    let fleet = Fleet::start(&["acme"]).await;
+    let acme = server(&fleet, "acme");
+    acme.faults().fail_next(usize::MAX, RequestMatch::any(), 503);
+    let daemon = fleet.daemon(&[]);
+    let metrics = daemon
+        .wait_for(
+            "/metrics",
+            "stackd_tenant_down_cause{tenant=\"acme\",cause=\"server_busy\"} 1",
+            SOON,
+        )
+        .await;
+    assert!(metrics.contains("stackd_tenant_up{tenant=\"acme\"} 0"), "{metrics}");
+    let ready = daemon.http_get("/readyz?verbose").unwrap_or_default();
+    assert!(ready.contains("[-]tenant acme down: 503 ServiceUnavailable"), "{ready}");
+    acme.faults().clear();
+    daemon
+        .wait_for("/readyz?verbose", "tenant acme degraded", BACK_WITHIN + SOON)
+        .await;
 }

@@ -218,10 +218,18 @@ async fn events(tenant: &Client, namespace: &str, object: &str) -> Vec<(String, 
     out
 }
 
-/// An installed ClusterDeployment `name` (in namespace `name`, as pools make them) whose admin
-/// kubeconfig Secret holds `kubeconfig`, and an asset assigned to it with its BMC Secret.
+/// An installed ClusterDeployment `name` (in namespace `name`, made as a pool of namespace `team`
+/// makes it, so that team's assets may reach it) whose admin kubeconfig Secret holds `kubeconfig`,
+/// and an asset of team's assigned to it with its BMC Secret.
 async fn installed_cluster_with_asset(tenant: &Client, name: &str, kubeconfig: &str) {
-    namespace(tenant, name).await;
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name,
+        "labels": {"pools.stackd.dev/clusterpool-namespace": NS, "pools.stackd.dev/clusterpool-name": "p"},
+        "annotations": {"pools.stackd.dev/clusterpool-uid": "uid-of-pool-p"}}}))
+    .expect("namespace");
+    Api::<Namespace>::all(tenant.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .expect("create namespace");
     create_secret(
         tenant,
         name,

@@ -13,7 +13,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use stackd::api::stacks::Stack;
 
-use super::stacks_install::{StackFleet, create_install, install_sample, wait_for_reason};
+use super::stacks_install::{Seen, StackFleet, create_install, install_sample, wait_for_reason};
 use crate::harness::wait_until;
 use crate::harness::{Daemon, Fleet};
 
@@ -313,6 +313,74 @@ async fn host_network_annotations_host_policy_labels_and_a_localhost_apparmor_pr
     );
 }
 
+/// Issue 28: pod fields that reach past the tenant's quota or into the host's selectors. An
+/// extended resource (a GPU) or hugepages are granted outside the quota; a grace period of a year
+/// keeps an uninstalled stack's pod (and its quota) for that long; a mesh's injection label or
+/// revision label puts the pod into the host's mesh and the policies that select it. Each is refused
+/// by name, and the sample stack, which asks for none of them, still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extended_resources_long_grace_periods_and_mesh_labels_are_refused_by_name() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let tenant = fleet.tenant("acme");
+    write_package(&fleet, "gpu", |pod| {
+        pod["containers"][0]["resources"] = json!({
+            "requests": {"cpu": "10m", "nvidia.com/gpu": "8"},
+            "limits": {"hugepages-1Gi": "16Gi"},
+        });
+    });
+    write_package(
+        &fleet,
+        "lingering",
+        pod_field("terminationGracePeriodSeconds", json!(31_536_000)),
+    );
+    let (inject, revision) = ("sidecar.istio.io/inject", "istio.io/rev");
+    write_template_package(&fleet, "meshed", |template| {
+        template["metadata"]["labels"][inject] = json!("true");
+        template["metadata"]["labels"][revision] = json!("canary");
+    });
+    let daemon = fleet.daemon(&[]);
+    for name in ["gpu", "lingering", "meshed"] {
+        create_install(&tenant, name, name, json!({"package": format!("examples/{name}:v1")})).await;
+    }
+    let message = assert_refused(
+        &tenant,
+        "gpu",
+        "gpu",
+        "spec.template.spec.containers[0].resources.requests[nvidia.com/gpu]",
+        &daemon,
+    )
+    .await;
+    assert!(
+        message.contains("resources.limits[hugepages-1Gi]") && message.contains("cpu, memory, ephemeral-storage"),
+        "{message}"
+    );
+    let message = assert_refused(
+        &tenant,
+        "lingering",
+        "lingering",
+        "spec.template.spec.terminationGracePeriodSeconds",
+        &daemon,
+    )
+    .await;
+    assert!(message.contains("300"), "the refusal names the bound: {message}");
+    let message = assert_refused(
+        &tenant,
+        "meshed",
+        "meshed",
+        &format!("spec.template.metadata.labels[{inject}]"),
+        &daemon,
+    )
+    .await;
+    assert!(message.contains(&format!("labels[{revision}]")), "{message}");
+    assert!(
+        host_deployments(&fleet.host_client).await.is_empty(),
+        "a refused package runs nothing on the host"
+    );
+    // The sample stack and the test packages built from it pass as they are.
+    install_sample(&tenant, &daemon).await;
+    assert_eq!(host_deployments(&fleet.host_client).await, ["team-a.sample"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_daemons_flags_allow_exactly_their_node_selector_and_tolerations() {
     let fleet = StackFleet::start(&["acme"]).await;
@@ -376,6 +444,7 @@ async fn a_stacks_images_are_always_pulled_whatever_the_install_asks() {
     let fleet = StackFleet::start(&["acme"]).await;
     let tenant = fleet.tenant("acme");
     write_package(&fleet, "cached", container_field("imagePullPolicy", json!("Never")));
+    let seen_jobs = Seen::start(fleet.host_jobs("acme"));
     let daemon = fleet.daemon(&[]);
     create_install(
         &tenant,
@@ -385,11 +454,7 @@ async fn a_stacks_images_are_always_pulled_whatever_the_install_asks() {
     )
     .await;
     wait_for_reason(&tenant, "team-a", "cached", &daemon, "Available").await;
-    let job = fleet
-        .host_jobs("acme")
-        .get("team-a.cached-install")
-        .await
-        .expect("install Job");
+    let job = seen_jobs.first("team-a.cached-install", &daemon).await;
     let job_pod = job.spec.and_then(|s| s.template.spec).expect("Job pod");
     let package = &job_pod.init_containers.as_ref().expect("init containers")[0];
     assert_eq!(package.image.as_deref(), Some("examples/cached:v1"));

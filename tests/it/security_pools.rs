@@ -1,19 +1,27 @@
 //! The tenant is untrusted (DESIGN.md §8, "References"; issue 16): a pool counts, hands out, repairs
 //! and deletes only the ClusterDeployments it created, proved by the namespace it created for each
 //! (labelled with the pool, annotated with its uid), never by `spec.clusterPoolRef` or copied
-//! labels; and it deletes only namespaces it created. Each attack runs through the daemon binary
-//! against embedded host and tenant servers, as a tenant user could perform it.
+//! labels; and it deletes only namespaces it created. And its blast radius is bounded (§8, issue
+//! 28): patch bombs, namespaces holding too many pools, installers running on or relabelling their
+//! output. Each attack runs through the daemon binary against embedded host and tenant servers, as
+//! a tenant user could perform it.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use stackd::api::inventory::BareMetalAsset;
 use stackd::api::pools::{ClusterDeployment, ClusterHost, ClusterPool, HostRole};
+use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
 
-use crate::harness::until;
+use crate::harness::{Fleet, until, wait_until};
 use crate::pools::{
-    INSTALLER, NS, WITHIN, claimed_namespace, claims, create_claim, create_pool, daemon, events, lease, named_cdc,
+    INSTALLER, NS, WITHIN, cds, claimed_namespace, claims, create_claim, create_pool, daemon, events, lease, named_cdc,
     pool, pool_json, pool_namespaces, pools, ready, setup,
 };
 
@@ -483,4 +491,391 @@ async fn a_pool_reaps_only_the_empty_namespaces_it_created() {
         let ns = namespace(&tenant, name).await.expect("not deleted");
         assert!(ns.metadata.deletion_timestamp.is_none(), "{name} is being deleted");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Blast radius (issue 28): the worst object one `edit` user writes costs bounded work, fails only
+// its own object and never takes the daemon, another pool or another namespace down with it.
+
+/// The address space the daemon is capped at in the patch-bomb test, as a pod's memory limit
+/// would: an unbounded allocation aborts it (and spares the machine running the tests).
+const DAEMON_ADDRESS_SPACE: u64 = 3 << 30;
+/// The chart's memory limit: the daemon's peak stays well under it through the attack.
+const CHART_MEMORY_LIMIT: u64 = 512 << 20;
+
+fn condition_of(cdc: &stackd::api::pools::ClusterDeploymentCustomization) -> Option<(String, String, String)> {
+    crate::pools::cdc_condition(cdc, "ApplySucceeded")
+}
+
+/// `add /b` then copies of `/b` into itself: 2 KiB doubled thirty times.
+fn patch_bomb() -> Value {
+    let mut patches = vec![json!({"op": "add", "path": "/b", "value": ["x".repeat(2048)]})];
+    patches.extend((0..30).map(|_| json!({"op": "copy", "from": "/b", "path": "/b/-"})));
+    Value::Array(patches)
+}
+
+/// `/a` nested 30 levels, spare mappings, then pairs of moves that nest `/a` one level deeper each.
+fn deep_nesting() -> Value {
+    let mut nested = json!({});
+    for _ in 0..30 {
+        nested = json!({ "a": nested });
+    }
+    let mut patches = vec![
+        json!({"op": "add", "path": "/a", "value": nested}),
+        json!({"op": "add", "path": "/s", "value": vec![json!({}); 45]}),
+    ];
+    for _ in 0..45 {
+        patches.push(json!({"op": "move", "from": "/a", "path": "/s/0/a"}));
+        patches.push(json!({"op": "move", "from": "/s/0", "path": "/a"}));
+    }
+    Value::Array(patches)
+}
+
+/// A 2 KB customization doubling the install config thirty times, and one nesting it deeper with
+/// every pair of moves, are refused with the bound they pass (BrokenBySyntax, the pool's
+/// InventoryValid, Events); the daemon keeps serving within its memory, the same pool fills from
+/// its other entry and another pool of the namespace fills too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_patch_bomb_and_a_deep_nesting_are_refused_and_the_daemon_keeps_serving() {
+    let (fleet, tenant) = setup().await;
+    // More patches than stackd applies never get in.
+    let many: Vec<Value> = (0..101)
+        .map(|_| json!({"op": "add", "path": "/x", "value": 1}))
+        .collect();
+    let cdc: stackd::api::pools::ClusterDeploymentCustomization = serde_json::from_value(json!({
+        "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterDeploymentCustomization",
+        "metadata": {"name": "many", "namespace": NS}, "spec": {"installConfigPatches": many},
+    }))
+    .expect("cdc");
+    let refused = Api::<stackd::api::pools::ClusterDeploymentCustomization>::namespaced(tenant.clone(), NS)
+        .create(&PostParams::default(), &cdc)
+        .await
+        .expect_err("101 patches refused by the schema");
+    assert!(refused.to_string().contains("must have at most 100 items"), "{refused}");
+    crate::pools::create_cdc(&tenant, "bomb", patch_bomb()).await;
+    crate::pools::create_cdc(&tenant, "deep", deep_nesting()).await;
+    named_cdc(&tenant, "good").await;
+    create_pool(&tenant, pool_json("p", 1, Some(&["bomb", "deep", "good"]))).await;
+    create_pool(&tenant, pool_json("q", 1, None)).await;
+    let mut daemon = fleet.daemon_with_address_space(
+        &["--lease-min-age", "2s", "--sweep-interval", "1h"],
+        DAEMON_ADDRESS_SPACE,
+    );
+
+    for (name, bound) in [
+        ("bomb", "larger than 1 MiB serialized"),
+        ("deep", "deeper than 64 levels"),
+    ] {
+        until(&format!("{name} refused naming its bound"), WITHIN, &daemon, || async {
+            condition_of(&crate::pools::cdc(&tenant, name).await)
+                .is_some_and(|(s, r, m)| s == "False" && r == "BrokenBySyntax" && m.contains(bound))
+        })
+        .await;
+        until(
+            &format!("a BrokenBySyntax Event on {name}"),
+            WITHIN,
+            &daemon,
+            || async {
+                events(&tenant, NS, name)
+                    .await
+                    .iter()
+                    .any(|(r, n)| r == "BrokenBySyntax" && n.contains(bound))
+            },
+        )
+        .await;
+    }
+    until("both pools ready", WITHIN, &daemon, || async {
+        ready(&tenant, "p").await == 1 && ready(&tenant, "q").await == 1
+    })
+    .await;
+    let (status, _, message) = crate::pools::pool_condition(&pool(&tenant, "p").await, "InventoryValid").unwrap();
+    assert_eq!(status, "False");
+    assert!(message.contains("bomb") && message.contains("deep"), "{message}");
+    let built_from: Vec<Option<String>> = own_clusters(&tenant, "p")
+        .await
+        .iter()
+        .map(crate::pools::cdc_of)
+        .collect();
+    assert_eq!(built_from, [Some("good".to_string())]);
+    for name in ["bomb", "deep"] {
+        assert_eq!(
+            lease(&crate::pools::cdc(&tenant, name).await),
+            None,
+            "{name} is not leased"
+        );
+    }
+
+    assert!(daemon.is_running(), "the daemon died:\n{}", daemon.log_text());
+    daemon
+        .wait_for("/metrics", "stackd_tenant_up{tenant=\"acme\"} 1", WITHIN)
+        .await;
+    let peak = daemon.peak_resident_bytes().expect("the daemon's memory");
+    assert!(peak < CHART_MEMORY_LIMIT, "peak resident memory {} MiB", peak >> 20);
+}
+
+/// With `--namespace-max-pools 2`, the newest pool of a namespace holding three is refused
+/// (`CapacityAvailable=False`, TooManyPools, an Event) and creates nothing, while the older two and
+/// the pools of another namespace fill; once an older pool is deleted, it fills.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_past_the_namespace_limit_are_refused_and_create_nothing() {
+    let (fleet, tenant) = setup().await;
+    pool_namespace(&tenant, "other").await;
+    for name in ["a", "b", "c"] {
+        create_pool(&tenant, pool_json(name, 1, None)).await;
+    }
+    for name in ["x", "y"] {
+        let mut other = pool_json(name, 1, None);
+        other["metadata"]["namespace"] = json!("other");
+        create_pool_in(&tenant, "other", other).await;
+    }
+    let daemon = daemon(&fleet, &["--namespace-max-pools", "2"]);
+    until("the newest pool refused", WITHIN, &daemon, || async {
+        crate::pools::pool_condition(&pool(&tenant, "c").await, "CapacityAvailable").is_some_and(|(s, r, m)| {
+            s == "False" && r == "TooManyPools" && m.contains("at most 2 per namespace (--namespace-max-pools)")
+        })
+    })
+    .await;
+    until("a TooManyPools Event on it", WITHIN, &daemon, || async {
+        events(&tenant, NS, "c").await.iter().any(|(r, _)| r == "TooManyPools")
+    })
+    .await;
+    until(
+        "the older pools and another namespace's ready",
+        WITHIN,
+        &daemon,
+        || async {
+            ready(&tenant, "a").await == 1 && ready(&tenant, "b").await == 1 && other_ready(&tenant, &["x", "y"]).await
+        },
+    )
+    .await;
+    // Judged after one more pass over the refused pool, not a guessed pause.
+    crate::pools::writes_when_woken(&fleet, &daemon, &pools(&tenant), "c", &["clusterpool"], &[]).await;
+    assert!(cds(&tenant, "c").await.is_empty(), "the refused pool created a cluster");
+    assert!(
+        pool_namespaces(&tenant, "c").await.is_empty(),
+        "the refused pool created a namespace"
+    );
+
+    pools(&tenant)
+        .delete("a", &DeleteParams::default())
+        .await
+        .expect("delete a");
+    until(
+        "the refused pool fills once an older one goes",
+        WITHIN,
+        &daemon,
+        || async { ready(&tenant, "c").await == 1 },
+    )
+    .await;
+}
+
+/// A namespace a user may write in, with the Secrets `pool_json` names.
+async fn pool_namespace(tenant: &Client, name: &str) {
+    create_namespace(tenant, json!({"metadata": {"name": name}})).await;
+    let secrets: Api<Secret> = Api::namespaced(tenant.clone(), name);
+    for secret in [
+        json!({"metadata": {"name": "creds"}, "stringData": {"username": "u", "password": "p"}}),
+        json!({"metadata": {"name": "pull"}, "stringData": {".dockerconfigjson": "{}"}}),
+        json!({"metadata": {"name": "template"}, "stringData": {"install-config.yaml": "apiVersion: v1\n"}}),
+    ] {
+        let secret: Secret = serde_json::from_value(secret).expect("secret");
+        secrets.create(&PostParams::default(), &secret).await.expect("secret");
+    }
+}
+
+async fn create_pool_in(tenant: &Client, namespace: &str, pool: Value) {
+    let pool: ClusterPool = serde_json::from_value(pool).expect("pool");
+    Api::<ClusterPool>::namespaced(tenant.clone(), namespace)
+        .create(&PostParams::default(), &pool)
+        .await
+        .expect("create pool");
+}
+
+async fn other_ready(tenant: &Client, names: &[&str]) -> bool {
+    let api = Api::<ClusterPool>::namespaced(tenant.clone(), "other");
+    for name in names {
+        let ready = api.get(name).await.ok().and_then(|p| p.status).map_or(0, |s| s.ready);
+        if ready != 1 {
+            return false;
+        }
+    }
+    true
+}
+
+const HOST_NAMESPACE: &str = "tenant-acme-controllers";
+const SLOW_INSTALLER: &str = "quay.io/example/slow-installer:1";
+
+/// With `--installer-deadline 2s`, an installer that runs on is stopped by Kubernetes at the Job's
+/// `activeDeadlineSeconds` and counted as a failed install attempt that says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_installer_past_its_deadline_is_stopped_and_counted_as_a_failed_attempt() {
+    let (fleet, tenant) = setup().await;
+    fleet
+        .host()
+        .runners()
+        .register(ImageMatch::Exact(SLOW_INSTALLER.into()), |_: &JobContext| {
+            JobOutcome::success("still installing\n").after(Duration::from_secs(600))
+        });
+    let mut slow = pool_json("slow", 1, None);
+    slow["spec"]["installerImage"] = json!(SLOW_INSTALLER);
+    slow["spec"]["installAttemptsLimit"] = json!(3);
+    create_pool(&tenant, slow).await;
+    let daemon = daemon(&fleet, &["--installer-deadline", "2s"]);
+    let cd = wait_until("the pool's cluster", WITHIN, &daemon, || async {
+        own_clusters(&tenant, "slow").await.into_iter().next()
+    })
+    .await;
+    let name = cd.name_any();
+    let jobs: Api<Job> = Api::namespaced(fleet.host_client.clone(), HOST_NAMESPACE);
+    let first = format!("{name}.{name}-install-0");
+    let job = wait_until("the first installer Job", WITHIN, &daemon, || async {
+        jobs.get_opt(&first).await.ok().flatten()
+    })
+    .await;
+    assert_eq!(job.spec.as_ref().and_then(|s| s.active_deadline_seconds), Some(2));
+
+    until("the attempt counted as failed, saying why", WITHIN, &daemon, || async {
+        cluster(&tenant, &name, &name).await.is_some_and(|cd| {
+            let status = cd.status.unwrap_or_default();
+            status.install_restarts >= 1
+                && status.conditions.iter().any(|c| {
+                    c.type_ == "Provisioned"
+                        && c.reason == "InstallFailed"
+                        && c.message.contains("ran longer than the installer deadline")
+                })
+        })
+    })
+    .await;
+    until("an InstallFailed Event on the cluster", WITHIN, &daemon, || async {
+        events(&tenant, &name, &name)
+            .await
+            .iter()
+            .any(|(r, n)| r == "InstallFailed" && n.contains("installer deadline"))
+    })
+    .await;
+    let second = format!("{name}.{name}-install-1");
+    let retried = wait_until("the next attempt's Job", WITHIN, &daemon, || async {
+        jobs.get_opt(&second).await.ok().flatten()
+    })
+    .await;
+    assert_eq!(retried.spec.and_then(|s| s.active_deadline_seconds), Some(2));
+}
+
+const SLY_INSTALLER: &str = "quay.io/example/sly-installer:1";
+
+/// The installer [`SLY_INSTALLER`] plays: it installs like the sample installer, then strips the
+/// labels and annotations of its output Secret with its own token's rights (out of the cache's,
+/// the sweep's and cleanup's sight). Returns how many destroy Jobs it ran.
+fn sly_installer(fleet: &Fleet) -> Arc<AtomicUsize> {
+    let destroyed = Arc::new(AtomicUsize::new(0));
+    let counted = destroyed.clone();
+    let host = fleet.host_client.clone();
+    fleet
+        .host()
+        .runners()
+        .register(ImageMatch::Exact(SLY_INSTALLER.into()), move |ctx: &JobContext| {
+            if ctx.args.iter().any(|a| a == "destroy") {
+                counted.fetch_add(1, Ordering::SeqCst);
+                return JobOutcome::success("destroyed\n");
+            }
+            let outcome = stackd::embedded::samples::create_cluster(ctx);
+            let (Some(ns), Some(name)) = (ctx.env("STACKD_OUTPUT_NAMESPACE"), ctx.env("STACKD_OUTPUT_SECRET")) else {
+                return JobOutcome::failure(1, "no output secret\n");
+            };
+            let secrets: Api<Secret> = Api::namespaced(host.clone(), ns);
+            let strip = json!({"metadata": {"labels": null, "annotations": null}});
+            let stripped = tokio::runtime::Handle::current().block_on(secrets.patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&strip),
+            ));
+            match stripped {
+                Ok(_) => outcome,
+                Err(e) => JobOutcome::failure(1, format!("{e}\n")),
+            }
+        });
+    destroyed
+}
+
+/// An installer that strips its output Secret's labels: stackd proves the Secret is the one it made
+/// (by uid), puts its labels back (an Event on the cluster says so) and only then reads it; when
+/// the cluster goes, the destroy Job gets the installer's state and the Secret is deleted by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_installer_relabelling_its_output_is_restored_before_it_is_read_and_cleaned_up() {
+    let (fleet, tenant) = setup().await;
+    let destroyed = sly_installer(&fleet);
+    let mut sly = pool_json("sly", 1, None);
+    sly["spec"]["installerImage"] = json!(SLY_INSTALLER);
+    create_pool(&tenant, sly).await;
+    let daemon = daemon(&fleet, &[]);
+    let cd = wait_until("the cluster installed", WITHIN, &daemon, || async {
+        own_clusters(&tenant, "sly").await.into_iter().find(installed)
+    })
+    .await;
+    let name = cd.name_any();
+    let host_secrets: Api<Secret> = Api::namespaced(fleet.host_client.clone(), HOST_NAMESPACE);
+    let output_name = format!("{name}.{name}-output");
+    let output = host_secrets.get(&output_name).await.expect("the output Secret");
+    let labels = output.labels();
+    assert_eq!(
+        labels.get("app.kubernetes.io/managed-by").map(String::as_str),
+        Some("stackd")
+    );
+    assert_eq!(
+        labels.get("stackd.dev/parent-name").map(String::as_str),
+        Some(name.as_str())
+    );
+    // Read only once restored: the restore's Event came before the installation's.
+    let seen = event_versions(&tenant, &name).await;
+    let restored = seen
+        .iter()
+        .find(|(r, _)| r == "InstallerOutputRestored")
+        .map(|(_, v)| *v);
+    let installed_at = seen.iter().find(|(r, _)| r == "Installed").map(|(_, v)| *v);
+    assert!(
+        restored.is_some() && restored < installed_at,
+        "{seen:?}\n{}",
+        daemon.log_text()
+    );
+
+    // The installer strips the labels again; the cluster goes: destroyed with the installer's
+    // state, and the Secret deleted by its name.
+    let strip = json!({"metadata": {"labels": null}});
+    host_secrets
+        .patch(&output_name, &PatchParams::default(), &Patch::Merge(&strip))
+        .await
+        .expect("strip");
+    pools(&tenant)
+        .patch(
+            "sly",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"size": 0}})),
+        )
+        .await
+        .expect("scale");
+    until("the cluster and its output Secret gone", WITHIN, &daemon, || async {
+        cluster(&tenant, &name, &name).await.is_none() && host_secrets.get_opt(&output_name).await.unwrap().is_none()
+    })
+    .await;
+    assert_eq!(destroyed.load(Ordering::SeqCst), 1, "the destroy Job ran once");
+}
+
+/// `(reason, resourceVersion)` of the Events on cluster `name`, in the order they were written (the
+/// embedded server's resourceVersions count up).
+async fn event_versions(tenant: &Client, name: &str) -> Vec<(String, u64)> {
+    let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(tenant.clone(), name);
+    let mut seen: Vec<(String, u64)> = api
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .map(|e| {
+            let version = e.metadata.resource_version.unwrap_or_default().parse().unwrap_or(0);
+            (e.reason.unwrap_or_default(), version)
+        })
+        .collect();
+    seen.sort_by_key(|(_, v)| *v);
+    seen
 }

@@ -7,13 +7,15 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use stackd::api::stacks::{ClusterStackInstall, Stack, StackInstall};
+use stackd::embedded::Verb;
 
 use super::stacks_install::{
     StackFleet, WIDGETS, condition, crd_names, create_install, create_namespace, events_of, install_sample, stacks_on,
@@ -675,11 +677,7 @@ async fn a_stack_install_and_a_cluster_stack_install_of_one_name_do_not_fight() 
     let daemon = fleet.daemon(&[]);
     create_install(&tenant, "team-a", "dup", json!({"package": "examples/sample-stack:v1"})).await;
     wait_for_reason(&tenant, "team-a", "dup", &daemon, "Available").await;
-    let job = fleet
-        .host_jobs(TENANT)
-        .get("team-a.dup-install")
-        .await
-        .expect("the StackInstall's Job");
+    let host_before = fleet._host.counters();
     let stack = Api::<Stack>::namespaced(tenant.clone(), "team-a")
         .get("dup")
         .await
@@ -745,8 +743,12 @@ async fn a_stack_install_and_a_cluster_stack_install_of_one_name_do_not_fight() 
             .items
             .is_empty()
     );
-    let job_after = fleet.host_jobs(TENANT).get("team-a.dup-install").await.expect("job");
-    assert_eq!(job_after.uid(), job.uid(), "the StackInstall's Job was replaced");
+    let job_writes = fleet._host.counters().since(&host_before);
+    assert_eq!(
+        job_writes.get(stackd::embedded::Verb::Create, "jobs", Some(HOST_NS)),
+        0,
+        "the ClusterStackInstall made an install Job"
+    );
     let stack_after = Api::<Stack>::namespaced(tenant.clone(), "team-a")
         .get("dup")
         .await
@@ -1058,4 +1060,710 @@ async fn a_shared_crd_changes_only_through_the_install_that_created_it() {
         let (status, _, message) = wait_for_reason(&tenant, namespace, "gadgets", &daemon, "Available").await;
         assert_eq!(status, "True", "{namespace}: {message}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Blast radius (issue 28): what one user's objects in one namespace cost the daemon and the tenant
+
+/// The installs of `namespace` whose Ready reason is `reason`.
+async fn installs_with_reason(tenant: &Client, namespace: &str, reason: &str) -> usize {
+    Api::<StackInstall>::namespaced(tenant.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .map(|list| list.items)
+        .unwrap_or_default()
+        .iter()
+        .filter(|install| condition(install, "Ready").is_some_and(|(_, r, _)| r == reason))
+        .count()
+}
+
+/// Any user who may write Secrets can label one `app.kubernetes.io/managed-by=stackd`. The Stack
+/// controller knows only the token Secrets it created, by their metadata: 60 labelled Secrets of
+/// 0.7 MiB neither grow the daemon nor are read, and the sample stack still gets (and re-gets) its
+/// token, event-driven. (0.7 MiB: the embedded server bounds a Secret's data by its base64 text.)
+#[tokio::test(flavor = "multi_thread")]
+async fn secrets_labelled_as_stackds_are_neither_cached_nor_read() {
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    let daemon = fleet.daemon(&[]);
+    install_sample(&tenant, &daemon).await;
+    let baseline = daemon.rss_kib();
+    assert!(baseline > 0, "the daemon's memory cannot be read");
+    create_namespace(&tenant, "team-x").await;
+    let server = &fleet.tenants[TENANT].0;
+    let before = server.counters();
+    let labelled: Api<Secret> = Api::namespaced(tenant.clone(), "team-x");
+    let blob = "x".repeat(700 * 1024);
+    for i in 0..60 {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": format!("big-{i}"), "labels": {"app.kubernetes.io/managed-by": "stackd"}},
+            "stringData": {"blob": blob},
+        }))
+        .expect("secret");
+        labelled
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("a labelled Secret");
+    }
+    // The sample's own token Secret changes after them: one watch delivers in resourceVersion order,
+    // so the Stack's reconcile this starts comes after the daemon was sent every labelled Secret.
+    let tokens: Api<Secret> = Api::namespaced(tenant.clone(), "team-a");
+    let reconciled = daemon.reconciles_done(TENANT, "stack");
+    let touch = json!({"metadata": {"annotations": {"example.org/touched": "yes"}}});
+    tokens
+        .patch("sample-token", &PatchParams::default(), &Patch::Merge(&touch))
+        .await
+        .expect("touch the token Secret");
+    wait_until(
+        "the Stack's reconcile after the labelled Secrets",
+        SOON,
+        &daemon,
+        || async { (daemon.reconciles_done(TENANT, "stack") > reconciled).then_some(()) },
+    )
+    .await;
+    let grown = daemon.rss_kib().saturating_sub(baseline);
+    assert!(
+        grown < 20 * 1024,
+        "the daemon grew by {} MiB for 42 MiB of Secrets it did not create",
+        grown / 1024
+    );
+    let read = server.counters().since(&before);
+    for verb in [Verb::Get, Verb::List] {
+        assert_eq!(
+            read.get(verb, "secrets", Some("team-x")),
+            0,
+            "the labelled Secrets were read ({verb:?})"
+        );
+    }
+    // The token sync is still event-driven: a new token reaches the host copy.
+    let rotated = json!({"data": {"token": "cm90YXRlZA=="}});
+    tokens
+        .patch("sample-token", &PatchParams::default(), &Patch::Merge(&rotated))
+        .await
+        .expect("rotate the token");
+    let copies = fleet.host_secrets(TENANT);
+    wait_until("the rotated token on the host", SOON, &daemon, || async {
+        let copy = copies.get_opt("team-a.sample-token").await.ok()??;
+        (copy.data?.get("token")?.0 == b"rotated").then_some(())
+    })
+    .await;
+}
+
+/// Installs parked because their package's CRD is another package's are judged again when that
+/// CRD changes, from what their Job's output came to: 50 of them cost a CRD write no log reads.
+#[tokio::test(flavor = "multi_thread")]
+async fn parked_conflicting_installs_read_no_logs_when_a_crd_changes() {
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    // Another package shipping the sample's Widget CRD.
+    write_package(&fleet, "squatter-stack", &[sample_widget_crd(&fleet)], "Namespaced");
+    let daemon = fleet.daemon(&[]);
+    install_sample(&tenant, &daemon).await;
+    // Ten per namespace, the most one namespace may hold by default.
+    const PARKED: usize = 50;
+    let namespaces: Vec<String> = (0..PARKED / 10).map(|i| format!("attacker-{i}")).collect();
+    for i in 0..PARKED {
+        let namespace = &namespaces[i % namespaces.len()];
+        create_install(
+            &tenant,
+            namespace,
+            &format!("parked-{i}"),
+            json!({"package": "examples/squatter-stack:v1"}),
+        )
+        .await;
+    }
+    let parked = || async {
+        let mut count = 0;
+        for namespace in &namespaces {
+            count += installs_with_reason(&tenant, namespace, "CRDConflict").await;
+        }
+        count
+    };
+    wait_until(
+        "every install parked in CRDConflict",
+        Duration::from_secs(120),
+        &daemon,
+        || async { (parked().await == PARKED).then_some(()) },
+    )
+    .await;
+    let (host_before, reconciled) = (fleet._host.counters(), daemon.reconciles_done(TENANT, "StackInstall"));
+    let touch = json!({"metadata": {"labels": {"example.org/touched": "yes"}}});
+    Api::<CustomResourceDefinition>::all(tenant.clone())
+        .patch(WIDGETS, &PatchParams::default(), &Patch::Merge(&touch))
+        .await
+        .expect("a write of the CRD they conflict with");
+    wait_until("every parked install judged again", SOON, &daemon, || async {
+        (daemon.reconciles_done(TENANT, "StackInstall") >= reconciled + PARKED as u64).then_some(())
+    })
+    .await;
+    let spent = fleet._host.counters().since(&host_before);
+    assert_eq!(
+        (
+            spent.get(Verb::Get, "pods/log", Some(HOST_NS)),
+            spent.get(Verb::List, "pods", Some(HOST_NS))
+        ),
+        (0, 0),
+        "a CRD write read install logs again"
+    );
+    assert_eq!(parked().await, PARKED);
+}
+
+/// A package may hold only so many CRDs (`--max-package-crds`): more are refused before the stream
+/// is parsed, with a message naming the bound, and nothing is created.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_package_with_more_crds_than_the_bound_is_refused_naming_it() {
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    let crds: Vec<Value> = ["alphas", "betas", "gammas", "deltas"]
+        .iter()
+        .map(|plural| {
+            crd(
+                plural,
+                "crowded.example.org",
+                &plural[..plural.len() - 1].to_uppercase(),
+            )
+        })
+        .collect();
+    write_package(&fleet, "crowded-stack", &crds, "Namespaced");
+    let daemon = fleet.daemon(&["--max-package-crds", "3"]);
+    create_install(
+        &tenant,
+        "team-a",
+        "crowded",
+        json!({"package": "examples/crowded-stack:v1"}),
+    )
+    .await;
+    let (status, _, message) = wait_for_reason(&tenant, "team-a", "crowded", &daemon, "TooManyCRDs").await;
+    assert_eq!(status, "False");
+    assert!(
+        message.contains("4 CustomResourceDefinitions")
+            && message.contains("the 3")
+            && message.contains("--max-package-crds"),
+        "{message}"
+    );
+    wait_for_event(
+        &tenant,
+        "team-a",
+        "crowded",
+        "TooManyCRDs",
+        "--max-package-crds",
+        &daemon,
+    )
+    .await;
+    assert!(
+        crd_names(&tenant)
+            .await
+            .iter()
+            .all(|name| !name.ends_with("crowded.example.org")),
+        "a CRD of the refused package was created"
+    );
+    assert!(stacks_on(&tenant).await.is_empty(), "a Stack was created");
+}
+
+/// Each `imagePullSecrets` name costs two host Secrets of the tenant's shared quota: the schema
+/// bounds the list, and so does the daemon (for an install CRD from before the bound), before
+/// anything is copied.
+#[tokio::test(flavor = "multi_thread")]
+async fn more_pull_secrets_than_the_bound_are_refused_by_the_schema_and_the_daemon() {
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    create_namespace(&tenant, "team-a").await;
+    let names: Vec<String> = (0..5).map(|i| format!("creds-{i}")).collect();
+    let secrets: Api<Secret> = Api::namespaced(tenant.clone(), "team-a");
+    for name in &names {
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "type": "kubernetes.io/dockerconfigjson",
+            "stringData": {".dockerconfigjson": "{\"auths\":{}}"},
+        }))
+        .expect("secret");
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("pull secret");
+    }
+    let refs: Vec<Value> = names.iter().map(|name| json!({"name": name})).collect();
+    let install: StackInstall = serde_json::from_value(json!({
+        "metadata": {"name": "greedy", "namespace": "team-a"},
+        "spec": {"package": "examples/sample-stack:v1", "imagePullSecrets": refs},
+    }))
+    .expect("install");
+    let installs: Api<StackInstall> = Api::namespaced(tenant.clone(), "team-a");
+    match installs.create(&PostParams::default(), &install).await {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 422, "{status:?}"),
+        other => panic!("the schema let 5 imagePullSecrets through: {other:?}"),
+    }
+    // An install CRD from before the bound: the daemon refuses the install itself.
+    let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
+    let mut old = serde_json::to_value(crds.get("stackinstalls.stacks.stackd.dev").await.expect("crd")).expect("json");
+    let pulls = &mut old["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["imagePullSecrets"];
+    pulls
+        .as_object_mut()
+        .expect("the imagePullSecrets schema")
+        .remove("maxItems");
+    let old: CustomResourceDefinition = serde_json::from_value(old).expect("crd");
+    crds.replace("stackinstalls.stacks.stackd.dev", &PostParams::default(), &old)
+        .await
+        .expect("an install CRD without the bound");
+    let daemon = fleet.daemon(&[]);
+    installs
+        .create(&PostParams::default(), &install)
+        .await
+        .expect("an install the old CRD admits");
+    let (status, _, message) = wait_for_reason(&tenant, "team-a", "greedy", &daemon, "TooManyPullSecrets").await;
+    assert_eq!(status, "False");
+    assert!(message.contains("5") && message.contains("at most 4"), "{message}");
+    wait_for_event(&tenant, "team-a", "greedy", "TooManyPullSecrets", "at most 4", &daemon).await;
+    let host = ListParams::default().labels("stackd.dev/parent-kind=StackInstall");
+    assert!(
+        fleet
+            .host_jobs(TENANT)
+            .list(&host)
+            .await
+            .expect("jobs")
+            .items
+            .is_empty()
+    );
+    assert!(
+        fleet
+            .host_secrets(TENANT)
+            .list(&host)
+            .await
+            .expect("copies")
+            .items
+            .is_empty()
+    );
+}
+
+/// Install Jobs held one of the tenant's `count/jobs.batch` each for good. A completed Job and its
+/// pull-secret copies go once the package is applied and the status says so; what the user saw
+/// stays (status, Events), and neither another reconcile nor a restarted daemon runs the Job again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_completed_install_job_goes_keeping_what_the_user_sees_and_never_runs_again() {
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    create_namespace(&tenant, "team-a").await;
+    let pull: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "creds"},
+        "type": "kubernetes.io/dockerconfigjson",
+        "stringData": {".dockerconfigjson": "{\"auths\":{}}"},
+    }))
+    .expect("secret");
+    Api::<Secret>::namespaced(tenant.clone(), "team-a")
+        .create(&PostParams::default(), &pull)
+        .await
+        .expect("pull secret");
+    let daemon = fleet.daemon(&[]);
+    create_install(
+        &tenant,
+        "team-a",
+        "sample",
+        json!({"package": "examples/sample-stack:v1", "imagePullSecrets": [{"name": "creds"}]}),
+    )
+    .await;
+    wait_for_reason(&tenant, "team-a", "sample", &daemon, "Available").await;
+    let installed_by = ListParams::default().labels("stackd.dev/parent-kind=StackInstall");
+    wait_until(
+        "the install Job and its pull-secret copy gone",
+        SOON,
+        &daemon,
+        || async {
+            let jobs = fleet.host_jobs(TENANT).list(&installed_by).await.ok()?.items;
+            let copies = fleet.host_secrets(TENANT).list(&installed_by).await.ok()?.items;
+            (jobs.is_empty() && copies.is_empty()).then_some(())
+        },
+    )
+    .await;
+    wait_for_event(
+        &tenant,
+        "team-a",
+        "sample",
+        "InstallJobRemoved",
+        "team-a.sample-install",
+        &daemon,
+    )
+    .await;
+    let install = Api::<StackInstall>::namespaced(tenant.clone(), "team-a")
+        .get("sample")
+        .await
+        .expect("install");
+    assert_eq!(
+        condition(&install, "Ready").map(|(s, r, _)| (s, r)),
+        Some(("True".into(), "Available".into()))
+    );
+    assert_eq!(
+        condition(&install, "Synced").map(|(_, r, _)| r).as_deref(),
+        Some("PackageApplied")
+    );
+    let job_ref = install
+        .status
+        .as_ref()
+        .and_then(|s| s.install_job.clone())
+        .expect("installJob kept");
+    assert_eq!(job_ref.name, "team-a.sample-install");
+    let events = events_of(&tenant, "team-a", "sample").await;
+    for reason in ["InstallJobCreated", "CRDsApplied", "StackCreated"] {
+        assert!(
+            events.iter().any(|(r, _)| r == reason),
+            "the {reason} Event is gone: {events:?}"
+        );
+    }
+
+    // Another reconcile (a label is an event), then a restarted daemon: no Job runs again.
+    let host_before = fleet._host.counters();
+    let reconciled = daemon.reconciles_done(TENANT, "StackInstall");
+    let label = json!({"metadata": {"labels": {"touched": "yes"}}});
+    Api::<StackInstall>::namespaced(tenant.clone(), "team-a")
+        .patch("sample", &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .expect("label");
+    wait_until("the label's reconcile", SOON, &daemon, || async {
+        (daemon.reconciles_done(TENANT, "StackInstall") > reconciled).then_some(())
+    })
+    .await;
+    drop(daemon);
+    let daemon = fleet.daemon(&[]);
+    wait_until("the restarted daemon's reconcile", SOON, &daemon, || async {
+        (daemon.reconciles_done(TENANT, "StackInstall") > 0).then_some(())
+    })
+    .await;
+    let spent = fleet._host.counters().since(&host_before);
+    assert_eq!(
+        spent.get(Verb::Create, "jobs", Some(HOST_NS)),
+        0,
+        "the install Job ran again"
+    );
+    let install = Api::<StackInstall>::namespaced(tenant.clone(), "team-a")
+        .get("sample")
+        .await
+        .expect("install");
+    assert_eq!(
+        condition(&install, "Ready").map(|(_, r, _)| r).as_deref(),
+        Some("Available")
+    );
+}
+
+/// One namespace may hold only so many installs (`--namespace-max-installs`): its newest past the
+/// bound is refused and makes nothing on the host, another namespace is unaffected, and the refused
+/// one goes on once an older one is deleted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_namespace_past_its_install_bound_gets_its_newest_refused_and_others_are_unaffected() {
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    let jobs = crate::stacks_install::Seen::start(fleet.host_jobs(TENANT));
+    let daemon = fleet.daemon(&["--namespace-max-installs", "2"]);
+    for name in ["one", "two"] {
+        create_install(&tenant, "team-a", name, json!({"package": "examples/sample-stack:v1"})).await;
+        wait_for_reason(&tenant, "team-a", name, &daemon, "Available").await;
+    }
+    create_install(
+        &tenant,
+        "team-a",
+        "three",
+        json!({"package": "examples/sample-stack:v1"}),
+    )
+    .await;
+    let (status, _, message) = wait_for_reason(&tenant, "team-a", "three", &daemon, "TooManyInstalls").await;
+    assert_eq!(status, "False");
+    assert!(
+        message.contains("namespace team-a") && message.contains("--namespace-max-installs 2"),
+        "{message}"
+    );
+    wait_for_event(
+        &tenant,
+        "team-a",
+        "three",
+        "TooManyInstalls",
+        "--namespace-max-installs",
+        &daemon,
+    )
+    .await;
+    create_install(
+        &tenant,
+        "team-b",
+        "other",
+        json!({"package": "examples/sample-stack:v1"}),
+    )
+    .await;
+    wait_for_reason(&tenant, "team-b", "other", &daemon, "Available").await;
+    assert!(
+        jobs.all().iter().all(|job| job.name_any() != "team-a.three-install"),
+        "the refused install made its Job"
+    );
+    let host = ListParams::default().labels("stackd.dev/parent-namespace=team-a,stackd.dev/parent-name=three");
+    assert!(
+        fleet
+            .host_secrets(TENANT)
+            .list(&host)
+            .await
+            .expect("secrets")
+            .items
+            .is_empty()
+    );
+    for (namespace, name) in [("team-a", "one"), ("team-a", "two")] {
+        let install = Api::<StackInstall>::namespaced(tenant.clone(), namespace)
+            .get(name)
+            .await
+            .expect("install");
+        assert_eq!(
+            condition(&install, "Ready").map(|(_, r, _)| r).as_deref(),
+            Some("Available")
+        );
+    }
+    Api::<StackInstall>::namespaced(tenant.clone(), "team-a")
+        .delete("one", &DeleteParams::default())
+        .await
+        .expect("delete the oldest");
+    wait_for_reason(&tenant, "team-a", "three", &daemon, "Available").await;
+}
+
+/// The install pod is found by the Job's `controller-uid` label, which anyone who may create pods in
+/// the host namespace can put on a pod of their own: only a pod the Job controls is read.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pod_labelled_as_an_install_pod_that_the_job_does_not_control_is_not_read() {
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    let daemon = fleet.daemon(&[]);
+    // The sample package, unpacked slowly: room to plant a pod beside the Job's.
+    create_install(
+        &tenant,
+        "team-a",
+        "sample",
+        json!({"package": "examples/slow-stack:v1"}),
+    )
+    .await;
+    let jobs = fleet.host_jobs(TENANT);
+    let job = wait_until("the install Job", SOON, &daemon, || async {
+        jobs.get_opt("team-a.sample-install").await.ok().flatten()
+    })
+    .await;
+    // A forged install stream: a valid trailer over a Stack of the forger's choosing.
+    let sample = stackd::stacks::unpack::unpack(&stackd::stacks::unpack::UnpackOptions {
+        content_dir: fleet.dir.path().join("packages/sample-stack/.registry"),
+        permission_scope: stackd::api::stacks::PermissionScope::Namespaced,
+        package_image: Some("examples/slow-stack:v1".into()),
+    })
+    .expect("the sample unpacks");
+    let mut forged = sample.clone();
+    forged.stack.spec.title = Some("Forged".into());
+    let forged_stream = stackd::stacks::stream::encode(&forged).expect("encode");
+    let pods: Api<Pod> = Api::namespaced(fleet.host_client.clone(), HOST_NS);
+    let uid = job.uid().expect("uid");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "zzz-forged", "labels": {"controller-uid": uid, "job-name": "team-a.sample-install"}},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "unpack", "image": "stackd:test"}]},
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod).await.expect("the forged pod");
+    let succeeded = json!({"status": {"phase": "Succeeded"}});
+    pods.patch_status("zzz-forged", &PatchParams::default(), &Patch::Merge(&succeeded))
+        .await
+        .expect("the forged pod succeeded");
+    fleet._host.set_pod_log(HOST_NS, "zzz-forged", "unpack", &forged_stream);
+    wait_for_reason(&tenant, "team-a", "sample", &daemon, "Available").await;
+    let stack = Api::<Stack>::namespaced(tenant.clone(), "team-a")
+        .get("sample")
+        .await
+        .expect("the Stack");
+    assert_eq!(
+        stack.spec.title, sample.stack.spec.title,
+        "the forged pod's output was applied"
+    );
+}
+
+/// A shared CRD's creator role passes to the install still using it only within its package: an
+/// install that joined from another namespace cannot wait for the creator to leave and then rewrite
+/// the CRD (or take its API group) by pointing itself at another package; within the package it may
+/// upgrade it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_namespace_cannot_take_over_a_shared_crd_its_creator_left() {
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    const GADGETS: &str = "gadgets.shared.example.org";
+    let v1 = crd("gadgets", "shared.example.org", "Gadget");
+    let mut v2 = v1.clone();
+    v2["spec"]["versions"]
+        .as_array_mut()
+        .expect("versions")
+        .push(json!({"name": "v2", "served": true, "storage": false,
+            "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}));
+    let mut rewritten = v2.clone();
+    rewritten["spec"]["versions"][1]["name"] = json!("v9");
+    write_package(&fleet, "shared-stack", &[v1], "Namespaced");
+    write_package(&fleet, "takeover-stack", &[rewritten], "Namespaced");
+    let daemon = fleet.daemon(&[]);
+    for namespace in ["team-a", "team-b"] {
+        create_install(
+            &tenant,
+            namespace,
+            "gadgets",
+            json!({"package": "examples/shared-stack:v1"}),
+        )
+        .await;
+        wait_for_reason(&tenant, namespace, "gadgets", &daemon, "Available").await;
+    }
+    // The creator leaves; team-b's Stack still uses the CRD, so it stays.
+    Api::<StackInstall>::namespaced(tenant.clone(), "team-a")
+        .delete("gadgets", &DeleteParams::default())
+        .await
+        .expect("uninstall the creator");
+    let installs_a: Api<StackInstall> = Api::namespaced(tenant.clone(), "team-a");
+    wait_until("the creator gone", SOON, &daemon, || async {
+        installs_a.get_opt("gadgets").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let shared = crd_on(&tenant, GADGETS).await.expect("the CRD team-b uses");
+    let installs_b: Api<StackInstall> = Api::namespaced(tenant.clone(), "team-b");
+    let switch = |package: &'static str| {
+        let installs_b = installs_b.clone();
+        async move {
+            let patch = json!({"spec": {"package": package}});
+            installs_b
+                .patch("gadgets", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .expect("switch package");
+        }
+    };
+    switch("examples/takeover-stack:v1").await;
+    let (status, _, message) = wait_for_reason(&tenant, "team-b", "gadgets", &daemon, "CRDConflict").await;
+    assert_eq!(status, "False");
+    assert!(
+        message.contains(GADGETS) && message.contains("shared-stack"),
+        "{message}"
+    );
+    wait_for_event(&tenant, "team-b", "gadgets", "CRDConflict", GADGETS, &daemon).await;
+    let after = crd_on(&tenant, GADGETS).await.expect("the CRD");
+    assert_eq!(
+        after.resource_version(),
+        shared.resource_version(),
+        "the CRD was rewritten"
+    );
+
+    // Within its package, the last user takes the CRD on: its upgrade goes through.
+    write_package(&fleet, "shared-stack", &[v2], "Namespaced");
+    switch("examples/shared-stack:v2").await;
+    wait_until("team-b's upgrade serves v2", SOON, &daemon, || async {
+        let crd = crd_on(&tenant, GADGETS).await?;
+        let served: Vec<String> = crd.spec.versions.iter().map(|v| v.name.clone()).collect();
+        (served == ["v1", "v2"]).then_some(crd)
+    })
+    .await;
+    let crd = crd_on(&tenant, GADGETS).await.expect("the CRD");
+    assert_eq!(
+        crd.annotations()
+            .get("stacks.stackd.dev/installed-by")
+            .map(String::as_str),
+        Some("StackInstall/team-b/gadgets")
+    );
+    wait_for_reason(&tenant, "team-b", "gadgets", &daemon, "Available").await;
+}
+
+/// `--allowed-registries` bounds where a package, a stack's controller images and a pool's
+/// installer come from; each refused image is named, and nothing is made for it.
+#[tokio::test(flavor = "multi_thread")]
+async fn packages_and_controller_images_from_other_registries_are_refused() {
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    let sample = fleet.dir.path().join("packages/sample-stack/.registry");
+    let foreign = fleet.dir.path().join("packages/foreign-controller/.registry");
+    std::fs::create_dir_all(foreign.join("resources")).expect("package dir");
+    for file in ["app.yaml", "resources/widget.crd.yaml"] {
+        std::fs::copy(sample.join(file), foreign.join(file)).expect("copy");
+    }
+    let install = std::fs::read_to_string(sample.join("install.yaml")).expect("install.yaml");
+    let pinned = install.replace(
+        "      - name: controller\n",
+        "      - name: controller\n        image: evil.example.org/controller:1\n",
+    );
+    assert_ne!(pinned, install, "the sample install.yaml changed shape");
+    std::fs::write(foreign.join("install.yaml"), pinned).expect("install.yaml");
+    let jobs = crate::stacks_install::Seen::start(fleet.host_jobs(TENANT));
+    let daemon = fleet.daemon(&["--allowed-registries", "registry.example.com"]);
+    let allowed = |package: &str| json!({"package": package, "source": "registry.example.com"});
+    create_install(
+        &tenant,
+        "team-a",
+        "elsewhere",
+        allowed("evil.example.org/stacks/sample-stack:v1"),
+    )
+    .await;
+    create_install(&tenant, "team-a", "foreign", allowed("examples/foreign-controller:v1")).await;
+    create_install(&tenant, "team-a", "sample", allowed("examples/sample-stack:v1")).await;
+
+    let (_, _, message) = wait_for_reason(&tenant, "team-a", "elsewhere", &daemon, "RegistryNotAllowed").await;
+    assert!(
+        message.contains("evil.example.org/stacks/sample-stack:v1") && message.contains("registry.example.com"),
+        "{message}"
+    );
+    wait_for_event(
+        &tenant,
+        "team-a",
+        "elsewhere",
+        "RegistryNotAllowed",
+        "evil.example.org",
+        &daemon,
+    )
+    .await;
+    let (_, _, message) = wait_for_reason(&tenant, "team-a", "foreign", &daemon, "RegistryNotAllowed").await;
+    assert!(
+        message.contains("container \"controller\"") && message.contains("evil.example.org/controller:1"),
+        "{message}"
+    );
+    wait_for_reason(&tenant, "team-a", "sample", &daemon, "Available").await;
+    let stacks: Vec<String> = stacks_on(&tenant).await.iter().map(|s| s.name_any()).collect();
+    assert_eq!(stacks, ["sample"], "a refused install created a Stack");
+    assert!(
+        jobs.all()
+            .iter()
+            .all(|job| job.name_any() != "team-a.elsewhere-install"),
+        "a package from another registry ran"
+    );
+}
+
+/// A pool whose installer comes from a registry the host does not allow gets no clusters.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pool_installer_from_another_registry_is_refused() {
+    use crate::pools::{NS, create_pool, daemon, events, pool_json, setup};
+    let (fleet, tenant) = setup().await;
+    let daemon = daemon(&fleet, &["--allowed-registries", "registry.example.com"]);
+    create_pool(&tenant, pool_json("refused", 1, None)).await;
+    let pools: Api<stackd::api::pools::ClusterPool> = Api::namespaced(tenant.clone(), NS);
+    let refused = wait_until("the pool refused", SOON, &daemon, || async {
+        let pool = pools.get("refused").await.ok()?;
+        let capacity = pool
+            .status?
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "CapacityAvailable")?;
+        (capacity.reason == "RegistryNotAllowed").then_some(capacity)
+    })
+    .await;
+    assert_eq!(refused.status, "False");
+    assert!(
+        refused.message.contains(crate::pools::INSTALLER) && refused.message.contains("registry.example.com"),
+        "{}",
+        refused.message
+    );
+    wait_until("the refusal's Event", SOON, &daemon, || async {
+        let events = events(&tenant, NS, "refused").await;
+        events
+            .iter()
+            .any(|(reason, _)| reason == "RegistryNotAllowed")
+            .then_some(())
+    })
+    .await;
+    let clusters = Api::<stackd::api::pools::ClusterDeployment>::all(tenant.clone())
+        .list(&ListParams::default())
+        .await
+        .expect("clusters");
+    assert!(clusters.items.is_empty(), "a refused pool made clusters");
+    let host_jobs: Api<Job> = Api::namespaced(fleet.host_client.clone(), HOST_NS);
+    assert!(
+        host_jobs
+            .list(&ListParams::default())
+            .await
+            .expect("jobs")
+            .items
+            .is_empty()
+    );
 }

@@ -109,6 +109,55 @@ impl StackFleet {
     }
 }
 
+/// Every object a watch of `api` has seen, each as first seen: install Jobs (and their pull-secret
+/// copies) are removed once their package is applied, so a test looks at them here, from a watch
+/// started before it acts, instead of reading them after the install finished.
+pub(crate) struct Seen<K> {
+    objects: std::sync::Arc<std::sync::Mutex<Vec<K>>>,
+    _watch: tokio_util::task::AbortOnDropHandle<()>,
+}
+
+impl<K> Seen<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
+    pub(crate) fn start(api: Api<K>) -> Seen<K> {
+        let objects = std::sync::Arc::new(std::sync::Mutex::new(Vec::<K>::new()));
+        let seen = objects.clone();
+        let task = tokio::spawn(async move {
+            let mut events = watcher(api, watcher::Config::default()).applied_objects().boxed();
+            while let Some(event) = events.next().await {
+                if let Ok(object) = event {
+                    let mut seen = seen.lock().unwrap();
+                    if !seen.iter().any(|o| o.uid() == object.uid()) {
+                        seen.push(object);
+                    }
+                }
+            }
+        });
+        Seen {
+            objects,
+            _watch: tokio_util::task::AbortOnDropHandle::new(task),
+        }
+    }
+
+    /// Every object seen so far, each as first seen.
+    pub(crate) fn all(&self) -> Vec<K> {
+        self.objects.lock().unwrap().clone()
+    }
+
+    /// The first object named `name` the watch saw, waiting for it.
+    pub(crate) async fn first(&self, name: &str, daemon: &Daemon) -> K {
+        wait_until(
+            &format!("{name} to be seen"),
+            Duration::from_secs(20),
+            daemon,
+            || async { self.all().into_iter().find(|o| o.name_any() == name) },
+        )
+        .await
+    }
+}
+
 /// Copies the example packages and writes the broken variants the tests install.
 fn write_packages(dir: &Path) {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/packages");
@@ -362,6 +411,10 @@ async fn install_runs_a_restricted_job_then_applies_crds_before_the_stack() {
         .applied_objects()
         .filter_map(|stack| async move { stack.ok() })
         .boxed();
+    let (seen_jobs, seen_secrets) = (
+        Seen::start(fleet.host_jobs("acme")),
+        Seen::start(fleet.host_secrets("acme")),
+    );
     create_namespace(&tenant, "team-a").await;
     let pull: Secret = serde_json::from_value(json!({
         "metadata": {"name": "registry-credentials"},
@@ -401,7 +454,7 @@ async fn install_runs_a_restricted_job_then_applies_crds_before_the_stack() {
     );
 
     // The host Job: mapped name, labels, identity, restricted, no token.
-    let job = fleet.host_jobs("acme").get("team-a.sample-install").await.expect("job");
+    let job = seen_jobs.first("team-a.sample-install", &daemon).await;
     let labels = job.labels();
     for (key, value) in [
         ("app.kubernetes.io/managed-by", "stackd"),
@@ -460,11 +513,7 @@ async fn install_runs_a_restricted_job_then_applies_crds_before_the_stack() {
         pull_refs[0].name
     );
     assert!(pull_refs[0].name.len() > "team-a.sample-pull-0-".len() + 8);
-    let copy = fleet
-        .host_secrets("acme")
-        .get(&pull_refs[0].name)
-        .await
-        .expect("pull copy");
+    let copy = seen_secrets.first(&pull_refs[0].name, &daemon).await;
     assert_eq!(copy.type_.as_deref(), Some("kubernetes.io/dockerconfigjson"));
     let owner = &copy.metadata.owner_references.as_ref().unwrap()[0];
     assert_eq!(
@@ -546,6 +595,7 @@ async fn install_runs_a_restricted_job_then_applies_crds_before_the_stack() {
 async fn cluster_stack_install_installs_a_cluster_scoped_stack() {
     let fleet = StackFleet::start(&["acme"]).await;
     let tenant = fleet.tenant("acme");
+    let seen_jobs = Seen::start(fleet.host_jobs("acme"));
     let daemon = fleet.daemon(&[]);
     create_namespace(&tenant, "infra").await;
     let install: ClusterStackInstall = serde_json::from_value(json!({
@@ -564,7 +614,7 @@ async fn cluster_stack_install_installs_a_cluster_scoped_stack() {
     })
     .await;
     assert_eq!(stack.spec.permission_scope, PermissionScope::Cluster);
-    let job = fleet.host_jobs("acme").get("infra.gadgets-install").await.expect("job");
+    let job = seen_jobs.first("infra.gadgets-install", &daemon).await;
     let args = job.spec.clone().unwrap().template.spec.unwrap().containers[0]
         .args
         .clone()
@@ -751,6 +801,7 @@ async fn long_names_hash_deterministically_and_a_strangers_object_is_never_touch
 async fn changing_the_package_upgrades_job_crds_and_stack() {
     let fleet = StackFleet::start(&["acme"]).await;
     let tenant = fleet.tenant("acme");
+    let seen_jobs = Seen::start(fleet.host_jobs("acme"));
     let daemon = fleet.daemon(&[]);
     create_install(
         &tenant,
@@ -765,7 +816,7 @@ async fn changing_the_package_upgrades_job_crds_and_stack() {
         async move { stacks.get_opt("sample").await.ok().flatten() }
     })
     .await;
-    let first_job = fleet.host_jobs("acme").get("team-a.sample-install").await.expect("job");
+    let first_job = seen_jobs.first("team-a.sample-install", &daemon).await;
     let installs: Api<StackInstall> = Api::namespaced(tenant.clone(), "team-a");
     installs
         .patch(
@@ -784,8 +835,11 @@ async fn changing_the_package_upgrades_job_crds_and_stack() {
     })
     .await;
     assert_eq!(stack.name_any(), "sample");
-    let job = fleet.host_jobs("acme").get("team-a.sample-install").await.expect("job");
-    assert_ne!(job.uid(), first_job.uid(), "the install Job was not replaced");
+    let jobs: Vec<Job> = seen_jobs.all();
+    assert_eq!(jobs.len(), 2, "the install Job was not replaced: {jobs:?}");
+    assert_ne!(jobs[1].uid(), first_job.uid(), "the install Job was not replaced");
+    let package = jobs[1].annotations().get("stacks.stackd.dev/package").cloned();
+    assert_eq!(package.as_deref(), Some("examples/sample-stack-next:v2"));
     let crd = Api::<CustomResourceDefinition>::all(tenant.clone())
         .get(WIDGETS)
         .await
@@ -955,6 +1009,10 @@ async fn a_daemon_killed_mid_install_converges_without_duplicates() {
     let fleet = StackFleet::start(&["acme"]).await;
     let tenant = fleet.tenant("acme");
     pull_secret(&tenant, "team-a").await;
+    let (seen_jobs, seen_secrets) = (
+        Seen::start(fleet.host_jobs("acme")),
+        Seen::start(fleet.host_secrets("acme")),
+    );
     let first = fleet.daemon(&[]);
     create_install(
         &tenant,
@@ -1016,19 +1074,21 @@ async fn a_daemon_killed_mid_install_converges_without_duplicates() {
         1,
         "duplicate Deployments"
     );
-    let (jobs, secrets) = objects_of_kind(&fleet, "StackInstall").await;
-    assert_eq!(jobs.len(), 1, "duplicate Jobs");
+    // Every install Job and pull-secret copy there ever was (they go once the package is applied).
+    let jobs = seen_jobs.all();
+    assert_eq!(jobs.len(), 1, "duplicate Jobs: {jobs:?}");
     assert_eq!(
         jobs[0].uid(),
         job.uid(),
         "the running Job was replaced instead of awaited"
     );
-    assert_eq!(
-        secrets.len(),
-        1,
-        "duplicate pull-secret copies: {:?}",
-        secrets.iter().map(|s| s.name_any()).collect::<Vec<_>>()
-    );
+    let copies: Vec<String> = seen_secrets
+        .all()
+        .iter()
+        .filter(|s| s.labels().get("stackd.dev/parent-kind").map(String::as_str) == Some("StackInstall"))
+        .map(|s| s.name_any())
+        .collect();
+    assert_eq!(copies.len(), 1, "duplicate pull-secret copies: {copies:?}");
     assert_eq!(stacks_on(&tenant).await.len(), 1);
 }
 
@@ -1109,7 +1169,8 @@ async fn an_uninstall_waits_out_an_unreachable_tenant_and_then_completes() {
         json!({"package": "examples/sample-stack:v1"}),
     )
     .await;
-    wait_synced(&tenant, "team-a", &daemon).await;
+    // Ready: the Stack's controller and token copy are on the host (the install Job may be gone).
+    wait_for_reason(&tenant, "team-a", "sample", &daemon, "Available").await;
     drop(daemon);
     let installs: Api<StackInstall> = Api::namespaced(tenant.clone(), "team-a");
     installs
@@ -1121,13 +1182,17 @@ async fn an_uninstall_waits_out_an_unreachable_tenant_and_then_completes() {
         .faults()
         .fail_next(1_000_000, stackd::embedded::faults::RequestMatch::any(), 503);
     let daemon = fleet.daemon(&[]);
+    // The daemon has met the 503s: it reports the tenant down.
     daemon
-        .wait_for("/readyz?verbose", "acme", Duration::from_secs(10))
+        .wait_for(
+            "/metrics",
+            "stackd_tenant_down_cause{tenant=\"acme\",cause=\"server_busy\"} 1",
+            Duration::from_secs(10),
+        )
         .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (jobs, _) = objects_of_kind(&fleet, "StackInstall").await;
+    let (_, stack_secrets) = objects_of_kind(&fleet, "Stack").await;
     assert_eq!(
-        jobs.len(),
+        stack_secrets.len(),
         1,
         "host objects were deleted while the tenant could not be read"
     );
@@ -1139,6 +1204,13 @@ async fn an_uninstall_waits_out_an_unreachable_tenant_and_then_completes() {
     .await;
     let (jobs, secrets) = objects_of_kind(&fleet, "StackInstall").await;
     assert!(jobs.is_empty() && secrets.is_empty());
+    wait_until(
+        "the Stack's host objects gone",
+        Duration::from_secs(10),
+        &daemon,
+        || async { objects_of_kind(&fleet, "Stack").await.1.is_empty().then_some(()) },
+    )
+    .await;
     assert!(
         Api::<CustomResourceDefinition>::all(tenant.clone())
             .get_opt(WIDGETS)
@@ -1154,14 +1226,25 @@ async fn the_sweep_removes_host_objects_of_an_install_deleted_while_the_daemon_w
     let tenant = fleet.tenant("acme");
     pull_secret(&tenant, "team-a").await;
     let daemon = fleet.daemon(&[]);
+    // Unpacked slowly: the daemon stops while the install Job and its pull-secret copy exist (a
+    // completed Job goes once its package is applied).
     create_install(
         &tenant,
         "team-a",
         "sample",
-        json!({"package": "examples/sample-stack:v1", "imagePullSecrets": [{"name": "creds"}]}),
+        json!({"package": "examples/slow-stack:v1", "imagePullSecrets": [{"name": "creds"}]}),
     )
     .await;
-    wait_synced(&tenant, "team-a", &daemon).await;
+    wait_until(
+        "the install Job and its pull-secret copy",
+        Duration::from_secs(20),
+        &daemon,
+        || async {
+            let (jobs, secrets) = objects_of_kind(&fleet, "StackInstall").await;
+            (jobs.len() == 1 && secrets.len() == 1).then_some(())
+        },
+    )
+    .await;
     drop(daemon);
     // The install vanishes without stackd's help (its finalizer stripped by hand).
     let installs: Api<StackInstall> = Api::namespaced(tenant.clone(), "team-a");

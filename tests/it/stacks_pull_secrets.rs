@@ -15,7 +15,7 @@ use serde_json::json;
 use stackd::api::stacks::{Stack, StackInstall};
 
 use super::stacks_install::{
-    StackFleet, condition, create_install, create_namespace, events_of, stacks_on, wait_for_reason,
+    Seen, StackFleet, condition, create_install, create_namespace, events_of, stacks_on, wait_for_reason,
 };
 use crate::harness::Daemon;
 use crate::harness::wait_until;
@@ -92,6 +92,7 @@ async fn an_installs_pull_secret_is_copied_for_the_stack_controller_and_goes_wit
         CREDENTIALS,
     )
     .await;
+    let seen_jobs = Seen::start(fleet.host_jobs("acme"));
     let daemon = fleet.daemon(&[]);
     create_install(
         &tenant,
@@ -129,7 +130,7 @@ async fn an_installs_pull_secret_is_copied_for_the_stack_controller_and_goes_wit
         "guessable: {}",
         refs[0]
     );
-    let job = fleet.host_jobs("acme").get("team-a.sample-install").await.expect("job");
+    let job = seen_jobs.first("team-a.sample-install", &daemon).await;
     let job_refs: Vec<String> = job
         .spec
         .as_ref()

@@ -1047,7 +1047,12 @@ async fn an_uninstall_while_the_tenant_is_unreachable_completes_when_it_returns(
     // The tenant answers nothing while the daemon comes back.
     env.tenant.faults().fail_next(usize::MAX, RequestMatch::any(), 503);
     env.start_daemon(INSECURE);
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The daemon has met the 503s: it reports the tenant down.
+    env.until("the tenant reported down", || async {
+        env.metrics()
+            .contains("stackd_tenant_down_cause{tenant=\"acme\",cause=\"server_busy\"} 1")
+    })
+    .await;
     assert_eq!(
         env.parented_host_objects().await.len(),
         2,
@@ -1503,4 +1508,73 @@ async fn a_pull_secret_dropped_from_the_stack_leaves_the_pod_spec_and_its_copy_i
             .contains(&"DeletedPullSecrets".to_string())
     })
     .await;
+}
+
+/// Issue 30: a Stack gone while the daemon's cleanup finishes (its copy still showed the finalizer)
+/// meets a 404 when the finalizer is removed: that is the end of the Stack, not a failed reconcile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stack_gone_while_its_cleanup_finishes_is_no_failed_reconcile() {
+    use stackd::embedded::discovery::Resources;
+    use stackd::embedded::verbs;
+    let env = Env::start(INSECURE).await;
+    env.create_stack("widgets", default_spec()).await;
+    env.wait_ready("widgets", "True", "Available").await;
+    let finalizer_patches = |env: &Env| {
+        env.tenant
+            .counters()
+            .counts
+            .iter()
+            .filter(|(key, _)| key.verb == Verb::Patch && key.resource == "stacks.stacks.stackd.dev")
+            .map(|(_, count)| *count)
+            .sum::<u64>()
+    };
+    let errors = |env: &Env| {
+        let needle = format!("stackd_reconcile_errors_total{{tenant=\"{TENANT}\",controller=\"stack\"}} ");
+        env.metrics()
+            .lines()
+            .find_map(|line| line.strip_prefix(&needle).and_then(|n| n.trim().parse::<u64>().ok()))
+            .unwrap_or(0)
+    };
+    // The daemon's removal of its finalizer is held up for a moment...
+    let patches = RequestMatch::any().verb(Verb::Patch).resource("stacks");
+    env.tenant.faults().add_latency(patches, Duration::from_secs(2));
+    let before = finalizer_patches(&env);
+    env.stacks()
+        .delete("widgets", &DeleteParams::default())
+        .await
+        .expect("delete stack");
+    env.until("the daemon removing its finalizer", || async {
+        finalizer_patches(&env) > before
+    })
+    .await;
+    let (done, failed) = (env.reconciles_done(), errors(&env));
+    // ... while someone else removes it (in-process, past the latency): the Stack is gone.
+    let store = env.tenant.store();
+    let info = Resources::current(&store)
+        .find("stacks.stackd.dev", "v1alpha1", "stacks")
+        .expect("stacks");
+    let unfinalized = json!({"metadata": {"finalizers": null}});
+    let body = serde_json::to_vec(&unfinalized).expect("patch");
+    let patch = stackd::embedded::patch::PatchBody {
+        patch_type: stackd::embedded::patch::PatchType::Merge,
+        body: &body,
+    };
+    verbs::patch(
+        &store,
+        &info,
+        NS,
+        "widgets",
+        patch,
+        verbs::Subresource::Main,
+        Default::default(),
+    )
+    .expect("finalizer removed");
+    env.until("the reconcile that met the 404", || async {
+        env.reconciles_done() > done
+    })
+    .await;
+    env.tenant.faults().clear();
+    assert!(env.stacks().get_opt("widgets").await.expect("get").is_none());
+    assert_eq!(errors(&env), failed, "a failed reconcile:\n{}", env.log());
+    assert!(!env.log().contains("reconcile failed"), "{}", env.log());
 }

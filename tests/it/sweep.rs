@@ -92,7 +92,7 @@ fn kinds() -> (Vec<ApiResource>, Vec<ApiResource>) {
 
 #[tokio::test]
 async fn sweep_deletes_host_objects_whose_parent_is_gone_and_keeps_the_rest() {
-    let (_host, _tenant, host, tenant) = servers(true).await;
+    let (_host, tenant_server, host, tenant) = servers(true).await;
     let installs: Api<StackInstall> = Api::namespaced(tenant.clone(), "team-a");
     let spec = StackInstallSpec {
         install: InstallSpec {
@@ -111,17 +111,35 @@ async fn sweep_deletes_host_objects_whose_parent_is_gone_and_keeps_the_rest() {
         live.meta().uid.as_deref().unwrap_or_default(),
     );
     let gone = Parent::new("StackInstall", Some("team-a"), "gone", "uid-of-a-deleted-install");
+    let (parents, hosts) = kinds();
+    // Host objects made while the sweep lists the tenant (their parent may be new since) wait for
+    // the next sweep: the tenant's list is held back while they are made.
+    tenant_server.faults().add_latency(
+        RequestMatch::any().verb(Verb::List).resource("stackinstalls"),
+        Duration::from_millis(1500),
+    );
+    let sweep = tokio::spawn({
+        let (host, tenant, parents, hosts) = (host.clone(), tenant.clone(), parents.clone(), hosts.clone());
+        async move { sweep_once(&host, &tenant, "acme", HOST_NS, &parents, &hosts).await }
+    });
+    // The list has reached the tenant (counted before its latency): the sweep's lists have begun.
+    let listing = async {
+        while tenant_server.counters().get(Verb::List, "stackinstalls", None) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), listing)
+        .await
+        .expect("the sweep lists the tenant");
     host_secret(&host, "live-token", "acme", &live).await;
     host_secret(&host, "gone-token", "acme", &gone).await;
     host_secret(&host, "other-tenant", "globex", &gone).await;
-    let (parents, hosts) = kinds();
-    let report = sweep_once(&host, &tenant, "acme", HOST_NS, &parents, &hosts)
-        .await
-        .expect("sweep");
+    let report = sweep.await.expect("sweep task").expect("sweep");
     assert!(
         report.deleted.is_empty(),
         "objects younger than the sweep's lists wait for the next one"
     );
+    tenant_server.faults().clear();
     older_than_a_sweep().await;
     let report = sweep_once(&host, &tenant, "acme", HOST_NS, &parents, &hosts)
         .await

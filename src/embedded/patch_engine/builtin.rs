@@ -54,6 +54,7 @@ pub fn supports_strategic(group: &str, kind: &str) -> bool {
                 "Role" | "RoleBinding" | "ClusterRole" | "ClusterRoleBinding"
             )
             | ("coordination.k8s.io", "Lease")
+            | ("networking.k8s.io", "NetworkPolicy")
             | ("events.k8s.io", "Event")
             | ("apiextensions.k8s.io", "CustomResourceDefinition")
     )

@@ -2,34 +2,43 @@
 //! BMC credentials Secret (and owns it when nobody else does), delivers the host to its installed
 //! cluster and detaches it again, and reports all of it with conditions and Events.
 //!
-//! A reconcile observes (the asset, the cached ClusterDeployments, the credentials Secret),
-//! decides in `plan`, carries the decision out here, builds the status in `status` and writes it.
+//! A reconcile observes (the asset, the cached ClusterDeployments and their namespaces, the
+//! credentials Secret), decides in `plan`, carries the decision out here, builds the status in
+//! `status` and writes it. Only clusters the asset may reach are delivered to or detached from
+//! (`reach`); the managed cluster is talked to in the background (`remote`), never while a
+//! reconcile waits.
 
 mod plan;
+mod reach;
+mod remote;
 mod status;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 use serde_json::Value;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
 pub use self::plan::role_label;
 use self::plan::{Delivery, Detach, HostReport, Snapshot, Step};
+use self::remote::{Intent, Outcome, Poll, RemoteWork, cluster_at_fault};
 use super::delivery;
 use crate::api::inventory::BareMetalAsset;
-use crate::api::pools::ClusterDeployment;
+use crate::api::pools::{ClusterDeployment, POOL_NAME_LABEL};
 use crate::context::events::publish;
 use crate::context::tenant::TenantContext;
 use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
+use crate::runtime::informers::refusals::Refusals;
 use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::retry;
 use crate::runtime::status_writer::apply_status;
@@ -57,66 +66,98 @@ impl ReconcileError for AssetError {
 struct Ctx {
     tenant: Arc<TenantContext>,
     cds: Store<ClusterDeployment>,
+    /// Namespaces pools created for their clusters: what proves an asset may reach one.
+    namespaces: Store<Namespace>,
+    remote: RemoteWork,
+    /// Clusters too large to cache: not destroyed ones (see `runtime::informers::refusals`).
+    refused_cds: Refusals,
 }
 
 /// Runs the controller until `cancel` fires.
 pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     let assets = context.caches.tenant_guarded::<BareMetalAsset>();
     let cds = context.caches.tenant_guarded::<ClusterDeployment>();
+    // The pool controller's watch of its clusters' namespaces, shared.
+    let namespaces = context.caches.tenant::<Namespace>(POOL_NAME_LABEL);
+    let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
     let ctx = Arc::new(Ctx {
         tenant: context.clone(),
         cds: cds.store(),
+        namespaces: namespaces.store(),
+        remote: RemoteWork::new(context.shared.settings.backoff, wake, cancel.child_token()),
+        refused_cds: cds.refusals(),
     });
-    let assets_of_cd = assets.store();
+    let (assets_of_cd, assets_of_namespace) = (assets.store(), assets.store());
     Scaffold::new("baremetalasset", context, &assets)
         // A ClusterDeployment appearing or going changes `ClusterDeploymentFound` of its assets.
-        .watches(&cds, move |cd| {
-            let name = cd.name_any();
-            assets_of_cd
-                .state()
-                .into_iter()
-                .filter(|a| a.spec.assigned_cluster() == Some(name.as_str()))
-                .map(|a| ObjectRef::from_obj(&*a))
-                .collect::<Vec<_>>()
-        })
+        .watches(&cds, move |cd| naming(&assets_of_cd, &cd.name_any()))
+        // A cluster's namespace is the proof of who may reach it (the cluster has its name).
+        .watches(&namespaces, move |ns| naming(&assets_of_namespace, &ns.name_any()))
+        // A managed-cluster operation ended: its asset reads the outcome.
+        .reconcile_on(UnboundedReceiverStream::new(woken))
         .run(ctx, reconcile, &cancel)
         .await;
 }
 
-async fn reconcile(asset: Arc<BareMetalAsset>, ctx: Arc<Ctx>, permit: Permit) -> Result<Action, AssetError> {
-    reconcile_asset(&asset, &ctx, permit).await
+/// The assets assigned or delivered to `cluster`.
+fn naming(assets: &Store<BareMetalAsset>, cluster: &str) -> Vec<ObjectRef<BareMetalAsset>> {
+    assets
+        .state()
+        .into_iter()
+        .filter(|a| a.spec.assigned_cluster() == Some(cluster) || plan::delivered_to(a) == Some(cluster))
+        .map(|a| ObjectRef::from_obj(&*a))
+        .collect()
 }
+
+async fn reconcile(asset: Arc<BareMetalAsset>, ctx: Arc<Ctx>, _permit: Permit) -> Result<Action, AssetError> {
+    reconcile_asset(&asset, &ctx).await
+}
+
+/// How often an asset whose cluster is too large to cache looks again.
+const REFUSED_CLUSTER_RECHECK: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Finalizer on an asset delivered to a cluster, until it is removed from there again.
 pub const DELIVERY_FINALIZER: &str = "inventory.stackd.dev/delivery";
 /// The cluster an asset was delivered to (it may have been unassigned since).
 pub const DELIVERED_TO_ANNOTATION: &str = "inventory.stackd.dev/delivered-to";
 
-fn cached_cd(ctx: &Ctx, name: Option<&str>) -> Option<Arc<ClusterDeployment>> {
-    // The ClusterDeployment's namespace has its name.
-    name.and_then(|name| ctx.cds.get(&ObjectRef::new(name).within(name)))
+/// The cached ClusterDeployment `name` (its namespace has its name) when an asset of `namespace`
+/// may reach it; or why it may not, when it exists.
+fn lookup(ctx: &Ctx, namespace: &str, name: Option<&str>) -> (Option<Arc<ClusterDeployment>>, Option<String>) {
+    let Some(cd) = name.and_then(|name| ctx.cds.get(&ObjectRef::new(name).within(name))) else {
+        return (None, None);
+    };
+    let cd_namespace = ctx.namespaces.get(&ObjectRef::new(&cd.namespace().unwrap_or_default()));
+    match reach::check(namespace, &cd, cd_namespace.as_deref()) {
+        Ok(()) => (Some(cd), None),
+        Err(why) => (None, Some(why)),
+    }
 }
 
-/// `permit` bounds tenant API load; it is given back before talking to a managed cluster, which
-/// may be slow or unreachable and must not starve the tenant's other controllers.
-async fn reconcile_asset(asset: &BareMetalAsset, ctx: &Ctx, permit: Permit) -> Result<Action, AssetError> {
-    let assigned = cached_cd(ctx, asset.spec.assigned_cluster());
-    let delivered = cached_cd(ctx, plan::delivered_to(asset));
+/// Nothing here waits on a managed cluster (see `remote`): the reconcile keeps its permit.
+async fn reconcile_asset(asset: &BareMetalAsset, ctx: &Ctx) -> Result<Action, AssetError> {
+    // A cluster that is too large to cache must not look destroyed (which would release the asset
+    // while it is still in that cluster): wait until it can be read.
+    let refused = |name: Option<&str>| name.is_some_and(|name| ctx.refused_cds.contains(Some(name), name));
+    if refused(asset.spec.assigned_cluster()) || refused(plan::delivered_to(asset)) {
+        return Ok(Action::requeue(REFUSED_CLUSTER_RECHECK));
+    }
+    let namespace = asset.namespace().unwrap_or_default();
+    let (assigned, assigned_refused) = lookup(ctx, &namespace, asset.spec.assigned_cluster());
+    let (delivered, delivered_refused) = lookup(ctx, &namespace, plan::delivered_to(asset));
     let snapshot = Snapshot {
         asset,
         assigned: assigned.as_deref(),
         delivered: delivered.as_deref(),
+        assigned_refused,
+        delivered_refused,
     };
-    let assets = Api::<BareMetalAsset>::namespaced(ctx.tenant.client.clone(), &asset.namespace().unwrap_or_default());
+    let assets = Api::<BareMetalAsset>::namespaced(ctx.tenant.client.clone(), &namespace);
     match plan::step(&snapshot) {
-        Step::Detach(detach) => {
-            // Detaching may talk to the managed cluster (see above).
-            permit.release();
-            detach_asset(asset, ctx, detach, &assets).await
-        }
+        Step::Detach(detach) => detach_asset(asset, ctx, detach, &assets).await,
         Step::Nothing => Ok(Action::await_change()),
         Step::Label(labels) => patch_metadata(&assets, asset, &plan::labels_patch(asset, &labels)).await,
-        Step::Report => report(asset, ctx, &snapshot, &assets, permit).await,
+        Step::Report => report(asset, ctx, &snapshot, &assets).await,
     }
 }
 
@@ -143,13 +184,13 @@ fn credentials_recheck(tenant: &TenantContext) -> Duration {
     settings.backoff.base.saturating_mul(10).min(Duration::from_secs(30))
 }
 
-/// Checks the credentials and the cluster, delivers the host, and writes what it found.
+/// Checks the credentials and the cluster, delivers the host, and writes what it found. While the
+/// delivery runs nothing is written: the asset is reconciled again when it ends.
 async fn report(
     asset: &BareMetalAsset,
     ctx: &Ctx,
     snapshot: &Snapshot<'_>,
     assets: &Api<BareMetalAsset>,
-    permit: Permit,
 ) -> Result<Action, AssetError> {
     let ns = asset.namespace().unwrap_or_default();
     let secrets = Api::<Secret>::namespaced(ctx.tenant.client.clone(), &ns);
@@ -166,12 +207,13 @@ async fn report(
         Delivery::NoCluster => None,
         Delivery::Held(host) => Some(host),
         Delivery::Record(patch) => return patch_metadata(assets, asset, &patch).await,
-        Delivery::Deliver { cluster, cd } => {
-            permit.release();
-            let (host, after) = deliver(asset, ctx, cd, cluster, secret.as_ref()).await;
-            requeue = Some(after);
-            Some(host)
-        }
+        Delivery::Deliver { cluster, cd } => match deliver(asset, ctx, cd, cluster, secret.as_ref()) {
+            None => return Ok(Action::await_change()),
+            Some((host, after)) => {
+                requeue = Some(after);
+                Some(host)
+            }
+        },
     };
     let report = status::Report {
         credentials,
@@ -193,39 +235,77 @@ async fn report(
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
 }
 
-/// Creates or updates the host on the installed cluster; returns what to report and when to look
-/// again.
-async fn deliver(
+/// The delivery of the host to the installed cluster: what to report and when to look again once
+/// it ended; `None` while it runs (it was started now, or earlier).
+fn deliver(
     asset: &BareMetalAsset,
     ctx: &Ctx,
     cd: &ClusterDeployment,
     cluster: &str,
     secret: Option<&Secret>,
-) -> (HostReport, Duration) {
-    let tenant = &ctx.tenant;
-    let credentials = secret.and_then(|s| s.data.clone()).unwrap_or_default();
-    let result =
-        match delivery::cluster_client(&tenant.client, cd, tenant.shared.settings.managed_cluster_timeout).await {
-            Ok(remote) => delivery::deliver(&remote, asset, &credentials, cluster).await,
-            Err(err) => Err(err),
-        };
+) -> Option<(HostReport, Duration)> {
+    let secret_version = secret.and_then(|s| s.metadata.resource_version.clone());
+    let intent = Intent {
+        detach: false,
+        cluster: cluster.to_string(),
+        basis: format!(
+            "{:?}/{secret_version:?}/{:?}",
+            asset.metadata.generation, cd.metadata.uid
+        ),
+    };
+    let start = || {
+        let (client, timeout) = (
+            ctx.tenant.client.clone(),
+            ctx.tenant.shared.settings.managed_cluster_timeout,
+        );
+        let (asset, cd, cluster) = (asset.clone(), cd.clone(), cluster.to_string());
+        let credentials = secret.and_then(|s| s.data.clone()).unwrap_or_default();
+        async move {
+            let remote = delivery::cluster_client(&client, &cd, timeout).await?;
+            delivery::deliver(&remote, &asset, &credentials, &cluster).await
+        }
+    };
     let name = asset.name_any();
-    let key = format!("bma-delivery/{}/{name}", asset.namespace().unwrap_or_default());
-    let after = match &result {
+    match ctx.remote.poll(ObjectRef::from_obj(asset), intent, start) {
+        Poll::Running => None,
+        Poll::ClusterBackingOff { failures, left } => Some((plan::not_answering(cluster, failures), left)),
+        Poll::Done(outcome) => {
+            let after = after_delivery(asset, ctx, cluster, &outcome);
+            Some((plan::delivered(&outcome, &name, cluster), after))
+        }
+    }
+}
+
+/// When to look at a delivered asset again.
+fn after_delivery(asset: &BareMetalAsset, ctx: &Ctx, cluster: &str, outcome: &Outcome) -> Duration {
+    let tenant = &ctx.tenant;
+    let key = format!(
+        "bma-delivery/{}/{}",
+        asset.namespace().unwrap_or_default(),
+        asset.name_any()
+    );
+    match outcome {
         Ok(true) => {
             tenant.object_backoff.succeeded(&key);
             // The credentials may change: they are propagated on the recheck.
             credentials_recheck(tenant)
         }
         Ok(false) => Duration::from_millis(500),
-        // A cluster that does not answer is asked again on the probe interval, so delivery
-        // resumes seconds after it is back; other failures back off.
+        // The cluster's own backoff, shared by all its assets, grows with every failure.
+        Err(err) if cluster_at_fault(err) => cluster_retry(ctx, cluster, err),
         Err(err) => {
             let logged = (tenant.name.as_str(), "baremetalasset-delivery", key.as_str());
             retry::after_failure(&tenant.object_backoff, &key, logged, err)
         }
-    };
-    (plan::delivered(&result, &name, cluster), after)
+    }
+}
+
+/// How long `cluster`, which just failed to answer, is left alone.
+fn cluster_retry(ctx: &Ctx, cluster: &str, err: &delivery::DeliveryError) -> Duration {
+    let waiting = ctx.remote.backoff.waiting(cluster);
+    let (failures, left) = waiting.unwrap_or((1, ctx.tenant.shared.settings.backoff.base));
+    warn!(tenant = %ctx.tenant.name, cluster, failures, retry_in = ?left, error = %err, "managed cluster did not answer");
+    left
 }
 
 /// Makes the asset the Secret's controller owner with an update carrying the cached
@@ -246,8 +326,8 @@ async fn own_secret(secret: &Secret, owner: OwnerReference, secrets: &Api<Secret
 }
 
 /// The one detach path (§5): remove the BareMetalHost and its Secret from the cluster the asset was
-/// delivered to and wait until they are gone (skipped for a cluster being deleted or gone), then
-/// drop the finalizer.
+/// delivered to and wait until they are gone (skipped for a cluster being deleted or gone, refused
+/// for one the asset may not reach), then drop the finalizer.
 async fn detach_asset(
     asset: &BareMetalAsset,
     ctx: &Ctx,
@@ -260,40 +340,67 @@ async fn detach_asset(
             let note = format!("Cluster {cluster} is being deleted or gone; its BareMetalHost is not removed there");
             publish(&ctx.tenant, asset, false, "ClusterDestroyed", note).await;
         }
-        Detach::Remote { cluster, cd } => {
-            if let Some(wait) = remove_from_cluster(asset, &ctx.tenant, cd, &cluster).await {
-                return Ok(Action::requeue(wait));
-            }
+        Detach::Refused { cluster, why } => {
+            let note = format!(
+                "The delivery record (annotation {DELIVERED_TO_ANNOTATION}) names cluster {cluster}: {why}. \
+                 Nothing was removed there; the record is dropped"
+            );
+            publish(&ctx.tenant, asset, true, reach::RECORD_REFUSED, note).await;
         }
+        Detach::Remote { cluster, cd } => match remove_from_cluster(asset, ctx, cd, &cluster).await {
+            Removal::Gone => {}
+            Removal::Running => return Ok(Action::await_change()),
+            Removal::Again(wait) => return Ok(Action::requeue(wait)),
+        },
     }
     patch_metadata(assets, asset, &plan::release_patch(asset)).await
 }
 
-/// Removes the host from the cluster; `Some(wait)` until it is gone.
-async fn remove_from_cluster(
-    asset: &BareMetalAsset,
-    tenant: &TenantContext,
-    cd: &ClusterDeployment,
-    cluster: &str,
-) -> Option<Duration> {
-    let result =
-        match delivery::cluster_client(&tenant.client, cd, tenant.shared.settings.managed_cluster_timeout).await {
-            Ok(remote) => delivery::detach(&remote, asset).await,
-            Err(err) => Err(err),
-        };
-    match result {
-        Ok(true) => {
+/// Where removing a host from its cluster stands.
+enum Removal {
+    Gone,
+    /// The removal runs; the asset is reconciled again when it ends.
+    Running,
+    /// Not gone yet, or it failed: look again after this.
+    Again(Duration),
+}
+
+/// Removes the host from the cluster, in the background.
+async fn remove_from_cluster(asset: &BareMetalAsset, ctx: &Ctx, cd: &ClusterDeployment, cluster: &str) -> Removal {
+    let tenant = &ctx.tenant;
+    let intent = Intent {
+        detach: true,
+        cluster: cluster.to_string(),
+        basis: format!("{:?}", cd.metadata.uid),
+    };
+    let start = || {
+        let (client, timeout) = (tenant.client.clone(), tenant.shared.settings.managed_cluster_timeout);
+        let (asset, cd) = (asset.clone(), cd.clone());
+        async move {
+            let remote = delivery::cluster_client(&client, &cd, timeout).await?;
+            delivery::detach(&remote, &asset).await
+        }
+    };
+    match ctx.remote.poll(ObjectRef::from_obj(asset), intent, start) {
+        Poll::Running => Removal::Running,
+        Poll::ClusterBackingOff { left, .. } => Removal::Again(left),
+        Poll::Done(Ok(true)) => {
             let note = format!(
                 "BareMetalHost {} and its Secret were removed from cluster {cluster}",
                 asset.name_any()
             );
             publish(tenant, asset, false, "HostRemoved", note).await;
-            None
+            Removal::Gone
         }
-        Ok(false) => Some(Duration::from_millis(300)),
-        Err(err) => {
+        Poll::Done(Ok(false)) => Removal::Again(Duration::from_millis(300)),
+        Poll::Done(Err(err)) => {
             publish(tenant, asset, true, "DetachFailed", err.to_string()).await;
-            Some(Duration::from_secs(5))
+            let wait = if cluster_at_fault(&err) {
+                cluster_retry(ctx, cluster, &err)
+            } else {
+                Duration::from_secs(5)
+            };
+            Removal::Again(wait)
         }
     }
 }

@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
 use serde_json::{Map, Value, json};
 
+use super::reach::FOREIGN_CLUSTER;
 use super::{DELIVERED_TO_ANNOTATION, DELIVERY_FINALIZER};
 use crate::api::inventory::{AssetRole, BareMetalAsset};
 use crate::api::pools::ClusterDeployment;
@@ -17,10 +18,15 @@ use crate::inventory::{CLUSTER_LABEL, ROLE_LABEL};
 /// What one reconcile reads before deciding, all of it from the asset and the caches.
 pub struct Snapshot<'a> {
     pub asset: &'a BareMetalAsset,
-    /// The cached ClusterDeployment the asset is assigned to (its namespace has its name).
+    /// The cached ClusterDeployment the asset is assigned to (its namespace has its name), when
+    /// the asset may reach it (see `reach`).
     pub assigned: Option<&'a ClusterDeployment>,
-    /// The cached ClusterDeployment the asset was last delivered to.
+    /// The cached ClusterDeployment the asset was last delivered to, when the asset may reach it.
     pub delivered: Option<&'a ClusterDeployment>,
+    /// Why the assigned cluster, which exists, may not be reached from the asset's namespace.
+    pub assigned_refused: Option<String>,
+    /// Why the cluster the delivery record names, which exists, may not be reached.
+    pub delivered_refused: Option<String>,
 }
 
 /// The first thing to do for an asset.
@@ -45,6 +51,9 @@ pub enum Detach<'a> {
     ClusterDestroyed { cluster: String },
     /// Remove the BareMetalHost and its Secret from the installed cluster, then release.
     Remote { cluster: String, cd: &'a ClusterDeployment },
+    /// The record names a cluster the asset may not reach (someone wrote it by hand): nothing is
+    /// removed there, and the record goes.
+    Refused { cluster: String, why: String },
 }
 
 /// Whether the asset carries the delivery finalizer.
@@ -82,6 +91,12 @@ fn detach<'a>(snapshot: &Snapshot<'a>) -> Detach<'a> {
         return Detach::Release;
     };
     let cluster = cluster.to_string();
+    if let Some(why) = &snapshot.delivered_refused {
+        return Detach::Refused {
+            cluster,
+            why: why.clone(),
+        };
+    }
     match snapshot.delivered.filter(|cd| live(cd)) {
         Some(cd) => Detach::Remote { cluster, cd },
         None => Detach::ClusterDestroyed { cluster },
@@ -176,8 +191,15 @@ pub fn secret_owner(asset: &BareMetalAsset, secret: &Secret) -> Option<OwnerRefe
     })
 }
 
-/// `ClusterDeploymentFound`: whether the assigned cluster exists.
+/// `ClusterDeploymentFound`: whether the assigned cluster exists (and may be reached).
 pub fn cluster_found(snapshot: &Snapshot<'_>) -> Verdict {
+    if let Some(why) = &snapshot.assigned_refused {
+        return Verdict {
+            ok: false,
+            reason: FOREIGN_CLUSTER,
+            message: format!("{why}; nothing is delivered there"),
+        };
+    }
     match (snapshot.asset.spec.assigned_cluster(), snapshot.assigned) {
         (None, _) => Verdict {
             ok: false,
@@ -279,6 +301,21 @@ pub fn labels_patch(asset: &BareMetalAsset, labels: &Map<String, Value>) -> Valu
         "labels": labels,
         "resourceVersion": asset.metadata.resource_version,
     }})
+}
+
+/// The host conditions while `cluster`, which stopped answering `failures` times in a row, is
+/// left alone for a while (a delay that doubles with every failure, for all its assets).
+pub fn not_answering(cluster: &str, failures: u32) -> HostReport {
+    HostReport {
+        verdict: Verdict {
+            ok: false,
+            reason: "ClusterNotAnswering",
+            message: format!(
+                "Cluster {cluster} did not answer {failures} time(s) in a row (each request may take --managed-cluster-timeout); stackd tries it again after a delay that grows with every failure"
+            ),
+        },
+        cluster_installed: true,
+    }
 }
 
 /// What a delivery attempt means for the host conditions. `Ok(false)`: a stale host was removed.
@@ -384,6 +421,8 @@ mod tests {
             asset,
             assigned,
             delivered,
+            assigned_refused: None,
+            delivered_refused: None,
         }
     }
 
@@ -477,6 +516,31 @@ mod tests {
         assert_eq!(step(&snapshot(&a, None, Some(&being_deleted))), destroyed);
         let never_installed = cd("c1", false);
         assert_eq!(step(&snapshot(&a, None, Some(&never_installed))), destroyed);
+    }
+
+    #[test]
+    fn a_record_naming_a_cluster_out_of_reach_is_dropped_without_touching_the_cluster() {
+        let a = delivered_to_cluster(labelled(None, None), "v1");
+        let mut forged = snapshot(&a, None, None);
+        forged.delivered_refused = Some("ClusterDeployment v1 is in namespace v1".into());
+        let Step::Detach(Detach::Refused { cluster, why }) = step(&forged) else {
+            panic!("refused");
+        };
+        assert_eq!(
+            (cluster.as_str(), why.as_str()),
+            ("v1", "ClusterDeployment v1 is in namespace v1")
+        );
+    }
+
+    #[test]
+    fn an_assigned_cluster_out_of_reach_is_reported_and_gets_nothing() {
+        let a = labelled(None, Some("v1"));
+        let mut foreign = snapshot(&a, None, None);
+        foreign.assigned_refused = Some("ClusterDeployment v1 is in namespace v1".into());
+        let verdict = cluster_found(&foreign);
+        assert_eq!((verdict.ok, verdict.reason), (false, "ForeignCluster"));
+        assert!(verdict.message.ends_with("; nothing is delivered there"));
+        assert_eq!(delivery(&foreign, true), Delivery::NoCluster);
     }
 
     #[test]

@@ -7,6 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
 use super::plan::{HostReport, Verdict};
+use super::reach::FOREIGN_CLUSTER;
 use crate::api::inventory::{BareMetalAsset, BareMetalAssetStatus};
 use crate::inventory::delivery::MACHINE_API_NAMESPACE;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
@@ -60,11 +61,20 @@ pub fn build(asset: &BareMetalAsset, report: Report, now: Time) -> (BareMetalAss
     if report.secret_exists {
         relate_secret(&mut status, asset);
     }
-    set_condition(
+    let cluster = &report.cluster;
+    let cluster_changed = set_condition(
         &mut status.conditions,
-        condition("ClusterDeploymentFound", &report.cluster, report.cluster.ok),
+        condition("ClusterDeploymentFound", cluster, cluster.ok),
         now.clone(),
     );
+    // A cluster out of the asset's reach is a refusal the user must hear of.
+    if cluster_changed && cluster.reason == FOREIGN_CLUSTER {
+        notes.push(Note {
+            warning: true,
+            reason: FOREIGN_CLUSTER,
+            message: cluster.message.clone(),
+        });
+    }
     match report.host {
         Some(host) => report_host(&mut status, &mut notes, asset, &host, now),
         None => {

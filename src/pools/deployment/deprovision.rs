@@ -13,6 +13,7 @@ use kube::{Api, Resource, ResourceExt};
 use tracing::info;
 
 use super::installer::{self, Names};
+use super::output::{self, Found};
 use super::plan::{self, Deprovision, Destroy, Release, Teardown};
 use super::provision::ensure_installer_identity;
 use super::{Ctx, DeploymentError, owned, parent};
@@ -34,7 +35,12 @@ pub(super) async fn deprovision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Act
     let names = Names::of(cd);
     let host_ns = tenant.host_namespace.as_str();
     let jobs = owned(&ctx.jobs, &parent, &tenant.name);
-    let output = ctx.secrets.get(&ObjectRef::new(&names.output).within(host_ns));
+    let output = match output::find(ctx, cd, &parent, &names).await? {
+        Found::Trusted(secret) => Some(secret),
+        // Its `metadata.json` is read once the cache shows it restored.
+        Found::Restored { .. } => return Err(DeploymentError::CleanupPending(Action::requeue(Duration::from_secs(5)))),
+        Found::Missing | Found::Foreign(_) => None,
+    };
     let destroy = ctx.jobs.get(&ObjectRef::new(&names.destroy).within(host_ns));
     let teardown = Teardown {
         cd,
@@ -75,7 +81,16 @@ async fn start_destroy(
     let tenant = &ctx.tenant;
     let host_ns = tenant.host_namespace.as_str();
     ensure_installer_identity(ctx, parent, names).await?;
-    let mut job = installer::installer_job(&names.destroy, host_ns, names, image, &cd.spec.cluster_name, true);
+    let deadline = tenant.shared.settings.installer_deadline;
+    let mut job = installer::installer_job(
+        &names.destroy,
+        host_ns,
+        names,
+        image,
+        &cd.spec.cluster_name,
+        true,
+        deadline,
+    );
     stamp(&mut job, &tenant.name, parent);
     let jobs = Api::<Job>::namespaced(tenant.host.clone(), host_ns);
     if ensure(&jobs, &job, None, &tenant.name, parent, Update::Never)
@@ -143,8 +158,10 @@ async fn release_customization(
     }
 }
 
-/// Deletes the cluster's host objects: its Jobs and Secrets as cached now, and the installer's
-/// identity after proving it is this cluster's.
+/// Deletes the cluster's host objects: its Jobs as cached now, its output Secret by name (the
+/// installer may have relabelled it) then its input Secret, and the installer's identity after
+/// proving it is this cluster's. A Secret labelled for this cluster under another name is another
+/// installer's writing, not this cluster's: it is left alone.
 async fn clean_host(ctx: &Ctx, parent: &Parent, names: &Names) -> Result<(), DeploymentError> {
     let tenant = &ctx.tenant;
     let (host, host_ns) = (&tenant.host, tenant.host_namespace.as_str());
@@ -152,15 +169,16 @@ async fn clean_host(ctx: &Ctx, parent: &Parent, names: &Names) -> Result<(), Dep
     apply::delete_all(&jobs, &owned(&ctx.jobs, parent, &tenant.name), &tenant.name, parent)
         .await
         .map_err(DeploymentError::HostApi)?;
+    // Before the input Secret, which records the output's uid.
+    output::delete(ctx, parent, names).await?;
     let secrets = Api::<Secret>::namespaced(host.clone(), host_ns);
-    apply::delete_all(
-        &secrets,
-        &owned(&ctx.secrets, parent, &tenant.name),
-        &tenant.name,
-        parent,
-    )
-    .await
-    .map_err(DeploymentError::HostApi)?;
+    let inputs: Vec<Secret> = owned(&ctx.secrets, parent, &tenant.name)
+        .into_iter()
+        .filter(|s| s.name_any() == names.input)
+        .collect();
+    apply::delete_all(&secrets, &inputs, &tenant.name, parent)
+        .await
+        .map_err(DeploymentError::HostApi)?;
     let name = &names.installer;
     delete_owned(
         &Api::<ServiceAccount>::namespaced(host.clone(), host_ns),

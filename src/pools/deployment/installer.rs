@@ -3,6 +3,7 @@
 //! Jobs, and what a Job's conditions say. Pure: the controller stamps and writes them.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::Job;
@@ -53,20 +54,31 @@ pub enum JobState {
     Failed,
 }
 
+/// The reason Kubernetes gives a Job it stopped at its `activeDeadlineSeconds`.
+const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+
 pub fn job_state(job: &Job) -> JobState {
-    let conditions = job
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.clone())
-        .unwrap_or_default();
-    let done = |t: &str| conditions.iter().any(|c| c.type_ == t && c.status == "True");
-    if done("Complete") {
+    if finished(job, "Complete").is_some() {
         JobState::Succeeded
-    } else if done("Failed") {
+    } else if finished(job, "Failed").is_some() {
         JobState::Failed
     } else {
         JobState::Running
     }
+}
+
+/// The reason of the Job's condition `type_`, when that condition is True.
+fn finished(job: &Job, type_: &str) -> Option<String> {
+    let conditions = job.status.as_ref()?.conditions.as_ref()?;
+    conditions
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == "True")
+        .map(|c| c.reason.clone().unwrap_or_default())
+}
+
+/// Whether the Job failed because it ran past its deadline (`--installer-deadline`).
+pub fn deadline_exceeded(job: &Job) -> bool {
+    finished(job, "Failed").as_deref() == Some(DEADLINE_EXCEEDED)
 }
 
 fn meta(name: &str, namespace: &str) -> kube::api::ObjectMeta {
@@ -77,10 +89,20 @@ fn meta(name: &str, namespace: &str) -> kube::api::ObjectMeta {
     }
 }
 
-/// The installer's inputs: the rendered install config, the pull secret and the credentials.
-pub fn input_secret(names: &Names, namespace: &str, data: BTreeMap<String, ByteString>) -> Secret {
+/// Annotation on the input Secret (which only stackd writes): the uid of the output Secret stackd
+/// created for the installer, the proof that a Secret of that name is still that one.
+pub const OUTPUT_UID_ANNOTATION: &str = "pools.stackd.dev/output-secret-uid";
+
+/// The installer's inputs: the rendered install config, the pull secret and the credentials; and
+/// the uid of the output Secret made for it.
+pub fn input_secret(names: &Names, namespace: &str, data: BTreeMap<String, ByteString>, output_uid: &str) -> Secret {
+    let mut metadata = meta(&names.input, namespace);
+    metadata.annotations = Some(BTreeMap::from([(
+        OUTPUT_UID_ANNOTATION.to_string(),
+        output_uid.to_string(),
+    )]));
     Secret {
-        metadata: meta(&names.input, namespace),
+        metadata,
         data: Some(data),
         ..Default::default()
     }
@@ -116,8 +138,17 @@ pub fn identity(names: &Names, namespace: &str) -> (ServiceAccount, Role, RoleBi
     (account, role, binding)
 }
 
-/// The install (`create cluster`) or destroy (`destroy cluster`) Job of §4.2.
-pub fn installer_job(name: &str, namespace: &str, names: &Names, image: &str, cluster: &str, destroy: bool) -> Job {
+/// The install (`create cluster`) or destroy (`destroy cluster`) Job of §4.2. The installer is the
+/// tenant's image: it runs at most `deadline` (`--installer-deadline`) before Kubernetes stops it.
+pub fn installer_job(
+    name: &str,
+    namespace: &str,
+    names: &Names,
+    image: &str,
+    cluster: &str,
+    destroy: bool,
+    deadline: Duration,
+) -> Job {
     let args = if destroy {
         vec!["destroy", "cluster", "--dir", INSTALL_DIR]
     } else {
@@ -144,6 +175,7 @@ pub fn installer_job(name: &str, namespace: &str, names: &Names, image: &str, cl
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "backoffLimit": 0,
+            "activeDeadlineSeconds": deadline.as_secs().max(1),
             "template": {
                 "spec": {
                     "restartPolicy": "Never",
@@ -174,6 +206,11 @@ pub fn installer_job(name: &str, namespace: &str, names: &Names, image: &str, cl
     .expect("static shape")
 }
 
+/// The keys stackd reads from the installer's output Secret, and how many bytes of each at most
+/// (checked before anything is parsed): an admin kubeconfig with its certificates is some 10 KiB,
+/// `metadata.json` a few hundred bytes.
+pub const OUTPUT_KEYS: [(&str, usize); 2] = [("kubeconfig", 256 * 1024), ("metadata.json", 64 * 1024)];
+
 /// A key of the installer's output Secret, as text.
 pub fn output_text(secret: &Secret, key: &str) -> Option<String> {
     secret
@@ -185,7 +222,10 @@ pub fn output_text(secret: &Secret, key: &str) -> Option<String> {
 
 /// Whether the installer left state a destroy Job needs (`metadata.json`).
 pub fn has_state(output: Option<&Secret>) -> bool {
-    output.and_then(|s| output_text(s, "metadata.json")).is_some()
+    output
+        .and_then(|s| s.data.as_ref())
+        .and_then(|d| d.get("metadata.json"))
+        .is_some_and(|b| std::str::from_utf8(&b.0).is_ok())
 }
 
 #[cfg(test)]
@@ -223,6 +263,15 @@ mod tests {
     }
 
     #[test]
+    fn a_job_stopped_at_its_deadline_says_so() {
+        let mut job = job_with(&[("Failed", "True")]);
+        assert!(!deadline_exceeded(&job));
+        job.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].reason = Some("DeadlineExceeded".into());
+        assert!(deadline_exceeded(&job));
+        assert_eq!(job_state(&job), JobState::Failed);
+    }
+
+    #[test]
     fn a_job_is_running_until_complete_or_failed_is_true() {
         assert_eq!(job_state(&Job::default()), JobState::Running);
         assert_eq!(job_state(&job_with(&[("Complete", "False")])), JobState::Running);
@@ -232,7 +281,8 @@ mod tests {
 
     #[test]
     fn the_install_job_creates_and_the_destroy_job_destroys_with_the_state_mounted() {
-        let install = serde_json::to_value(installer_job("j", "host", &names(), "img", "c1", false)).unwrap();
+        let hours = Duration::from_secs(3 * 3600);
+        let install = serde_json::to_value(installer_job("j", "host", &names(), "img", "c1", false, hours)).unwrap();
         let pod = &install["spec"]["template"]["spec"];
         assert_eq!(
             pod["containers"][0]["args"],
@@ -241,7 +291,9 @@ mod tests {
         assert_eq!(pod["volumes"].as_array().unwrap().len(), 1);
         assert_eq!(pod["serviceAccountName"], json!("sa"));
         assert_eq!(install["spec"]["backoffLimit"], json!(0));
-        let destroy = serde_json::to_value(installer_job("d", "host", &names(), "img", "c1", true)).unwrap();
+        assert_eq!(install["spec"]["activeDeadlineSeconds"], json!(10800));
+        let destroy = serde_json::to_value(installer_job("d", "host", &names(), "img", "c1", true, hours)).unwrap();
+        assert_eq!(destroy["spec"]["activeDeadlineSeconds"], json!(10800));
         let pod = &destroy["spec"]["template"]["spec"];
         assert_eq!(
             pod["containers"][0]["args"],

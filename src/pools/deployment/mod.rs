@@ -11,6 +11,7 @@
 mod admin_kubeconfig;
 mod deprovision;
 mod installer;
+mod output;
 mod plan;
 mod provision;
 mod status;

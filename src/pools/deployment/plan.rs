@@ -9,7 +9,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 
-use super::installer::{JobState, Names, has_state, job_state, output_text};
+use super::installer::{JobState, Names, OUTPUT_KEYS, deadline_exceeded, has_state, job_state, output_text};
 use super::status::Outcome;
 use crate::api::pools::ClusterDeployment;
 use crate::pools::DEPROVISION_FINALIZER;
@@ -82,17 +82,22 @@ pub fn provision<'a>(snapshot: &Snapshot<'a>) -> Provision<'a> {
         None => AttemptStep::Start,
         Some(JobState::Running) => AttemptStep::Wait,
         Some(JobState::Succeeded) => AttemptStep::Succeeded,
-        Some(JobState::Failed) => AttemptStep::Failed(failed_attempt(snapshot.cd)),
+        Some(JobState::Failed) => {
+            let timed_out = snapshot.current.is_some_and(deadline_exceeded);
+            AttemptStep::Failed(failed_attempt(snapshot.cd, timed_out))
+        }
     };
     Provision::Attempt { stale, next }
 }
 
-/// The failed attempt counted against `installAttemptsLimit` (default 3, at least 1).
-fn failed_attempt(cd: &ClusterDeployment) -> Outcome {
+/// The failed attempt counted against `installAttemptsLimit` (default 3, at least 1);
+/// `timed_out` when its Job ran past the installer deadline.
+fn failed_attempt(cd: &ClusterDeployment, timed_out: bool) -> Outcome {
     let limit = cd.spec.install_attempts_limit.unwrap_or(DEFAULT_ATTEMPTS).max(1);
     Outcome::InstallFailed {
         attempts: attempt(cd) + 1,
         limit,
+        timed_out,
     }
 }
 
@@ -169,6 +174,8 @@ pub enum Output {
     Pending,
     /// The installer image is the tenant's choice, so its kubeconfig is as untrusted as the tenant.
     Refused(UntrustedKubeconfigError),
+    /// A key larger than stackd reads (the refusal says which): nothing of it is parsed.
+    TooLarge(String),
     /// A kubeconfig stackd may copy to the tenant.
     Accepted {
         kubeconfig: String,
@@ -177,6 +184,15 @@ pub enum Output {
 }
 
 pub fn output(secret: Option<&Secret>) -> Output {
+    let data = secret.and_then(|s| s.data.as_ref());
+    let oversized = OUTPUT_KEYS.iter().find_map(|(key, max)| {
+        let len = data.and_then(|d| d.get(*key)).map_or(0, |b| b.0.len());
+        (len > *max)
+            .then(|| format!("key {key} of the installer's output Secret is {len} bytes; stackd reads at most {max}"))
+    });
+    if let Some(refusal) = oversized {
+        return Output::TooLarge(refusal);
+    }
     let (Some(kubeconfig), Some(metadata)) = (
         secret.and_then(|s| output_text(s, "kubeconfig")),
         secret.and_then(|s| output_text(s, "metadata.json")),
@@ -426,7 +442,21 @@ mod tests {
         );
         assert_eq!(
             next_step(&cd, Some(&job("j", Some("Failed")))),
-            AttemptStep::Failed(Outcome::InstallFailed { attempts: 1, limit: 3 })
+            AttemptStep::Failed(Outcome::InstallFailed {
+                attempts: 1,
+                limit: 3,
+                timed_out: false
+            })
+        );
+        let mut late = job("j", Some("Failed"));
+        late.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].reason = Some("DeadlineExceeded".into());
+        assert_eq!(
+            next_step(&cd, Some(&late)),
+            AttemptStep::Failed(Outcome::InstallFailed {
+                attempts: 1,
+                limit: 3,
+                timed_out: true
+            })
         );
     }
 
@@ -435,9 +465,14 @@ mod tests {
         let mut cd = provisioned();
         set_status(&mut cd, |s| s.install_restarts = 1);
         cd.spec.install_attempts_limit = Some(2);
-        assert_eq!(failed_attempt(&cd), Outcome::InstallFailed { attempts: 2, limit: 2 });
+        let failed = |attempts, limit| Outcome::InstallFailed {
+            attempts,
+            limit,
+            timed_out: false,
+        };
+        assert_eq!(failed_attempt(&cd, false), failed(2, 2));
         cd.spec.install_attempts_limit = Some(0);
-        assert_eq!(failed_attempt(&cd), Outcome::InstallFailed { attempts: 2, limit: 1 });
+        assert_eq!(failed_attempt(&cd, false), failed(2, 1));
     }
 
     #[test]
@@ -578,6 +613,23 @@ mod tests {
             panic!("accepted");
         };
         assert_eq!(infra_id, None);
+    }
+
+    #[test]
+    fn an_output_key_larger_than_stackd_reads_is_refused_unparsed() {
+        let huge = format!("{KUBECONFIG}# {}\n", "x".repeat(300 * 1024));
+        let found = secret(&[("kubeconfig", huge.as_str()), ("metadata.json", "{}")]);
+        let Output::TooLarge(refusal) = output(Some(&found)) else {
+            panic!("refused");
+        };
+        assert!(
+            refusal.starts_with("key kubeconfig of the installer's output Secret is")
+                && refusal.ends_with("stackd reads at most 262144"),
+            "{refusal}"
+        );
+        let metadata = "m".repeat(65 * 1024);
+        let found = secret(&[("kubeconfig", KUBECONFIG), ("metadata.json", metadata.as_str())]);
+        assert!(matches!(output(Some(&found)), Output::TooLarge(r) if r.contains("metadata.json")));
     }
 
     #[test]

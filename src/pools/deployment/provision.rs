@@ -15,13 +15,14 @@ use tracing::{info, warn};
 
 use super::admin_kubeconfig::{self, Existing};
 use super::installer::{self, Names};
+use super::output::{self, Found};
 use super::plan::{self, AttemptStep, Inputs, Output, Provision, Snapshot};
 use super::status::Outcome;
 use super::{Ctx, DeploymentError, owned, parent, report, tenant_secret_recheck};
 use crate::api::pools::ClusterDeployment;
 use crate::context::events::publish;
 use crate::host::Parent;
-use crate::host::apply::{self, HostWriteError, Update, ensure, stamp};
+use crate::host::apply::{self, HostWriteError, Update, ensure, ensure_created, stamp};
 use crate::pools::record;
 
 pub(super) async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, DeploymentError> {
@@ -98,9 +99,16 @@ async fn start(cd: &ClusterDeployment, ctx: &Ctx, names: &Names, job_name: &str)
     let parent = parent(cd);
     let host_ns = tenant.host_namespace.as_str();
     let image = inputs.installer_image.clone();
-    write_installer_inputs(ctx, &parent, names, inputs).await?;
+    let registries = &tenant.shared.settings.allowed_registries;
+    if let Some(refusal) = registries.refusal("the installer image", &image) {
+        // Checked where the Job is made, so a ClusterDeployment made by hand is bounded too.
+        report(cd, ctx, &Outcome::InstallerImageRefused(refusal)).await?;
+        return Ok(Action::await_change());
+    }
+    write_installer_inputs(ctx, cd, &parent, names, inputs).await?;
     ensure_installer_identity(ctx, &parent, names).await?;
-    let mut job = installer::installer_job(job_name, host_ns, names, &image, &cd.spec.cluster_name, false);
+    let deadline = tenant.shared.settings.installer_deadline;
+    let mut job = installer::installer_job(job_name, host_ns, names, &image, &cd.spec.cluster_name, false, deadline);
     stamp(&mut job, &tenant.name, &parent);
     let jobs = Api::<Job>::namespaced(tenant.host.clone(), host_ns);
     let attempt = plan::attempt(cd);
@@ -121,9 +129,11 @@ async fn start(cd: &ClusterDeployment, ctx: &Ctx, names: &Names, job_name: &str)
     Ok(Action::await_change())
 }
 
-/// The input Secret (updated when the inputs change) and the output Secret the installer fills.
+/// The output Secret the installer fills, then the input Secret (updated when the inputs change)
+/// recording the output's uid.
 async fn write_installer_inputs(
     ctx: &Ctx,
+    cd: &ClusterDeployment,
     parent: &Parent,
     names: &Names,
     inputs: Inputs,
@@ -131,11 +141,11 @@ async fn write_installer_inputs(
     let tenant = &ctx.tenant;
     let host_ns = tenant.host_namespace.as_str();
     let host_secrets = Api::<Secret>::namespaced(tenant.host.clone(), host_ns);
-    let cached = |name: &str| ctx.secrets.get(&ObjectRef::new(name).within(host_ns));
-    let mut input = installer::input_secret(names, host_ns, inputs.data);
+    let output_uid = ensure_output(ctx, cd, parent, names).await?;
+    let mut input = installer::input_secret(names, host_ns, inputs.data, &output_uid);
     stamp(&mut input, &tenant.name, parent);
     let reverts = Update::WhenDifferent(&tenant.host_writes);
-    let observed = cached(&names.input);
+    let observed = ctx.secrets.get(&ObjectRef::new(&names.input).within(host_ns));
     ensure(
         &host_secrets,
         &input,
@@ -145,19 +155,36 @@ async fn write_installer_inputs(
         reverts,
     )
     .await?;
-    let mut output = installer::output_secret(names, host_ns);
-    stamp(&mut output, &tenant.name, parent);
-    let observed = cached(&names.output);
-    ensure(
-        &host_secrets,
-        &output,
-        observed.as_deref(),
-        &tenant.name,
-        parent,
-        Update::Never,
-    )
-    .await?;
     Ok(())
+}
+
+/// The output Secret stackd made for the installer (created now if there is none); its uid.
+async fn ensure_output(
+    ctx: &Ctx,
+    cd: &ClusterDeployment,
+    parent: &Parent,
+    names: &Names,
+) -> Result<String, DeploymentError> {
+    let tenant = &ctx.tenant;
+    let host_ns = tenant.host_namespace.as_str();
+    match output::find(ctx, cd, parent, names).await? {
+        Found::Trusted(secret) => Ok(secret.uid().unwrap_or_default()),
+        Found::Restored { uid } => Ok(uid),
+        Found::Missing => {
+            let mut output = installer::output_secret(names, host_ns);
+            stamp(&mut output, &tenant.name, parent);
+            let host_secrets = Api::<Secret>::namespaced(tenant.host.clone(), host_ns);
+            let (_, made) = ensure_created(&host_secrets, &output, None, &tenant.name, parent).await?;
+            Ok(made.uid().unwrap_or_default())
+        }
+        Found::Foreign(reason) => Err(HostWriteError::Conflict {
+            kind: "Secret".into(),
+            namespace: host_ns.into(),
+            name: names.output.clone(),
+            reason,
+        }
+        .into()),
+    }
 }
 
 /// The ServiceAccount the installer runs as, with its Role and RoleBinding.
@@ -203,13 +230,25 @@ pub(super) async fn ensure_installer_identity(ctx: &Ctx, parent: &Parent, names:
 /// The installer succeeded: copy the admin kubeconfig to the tenant and record the cluster installed.
 async fn installed(cd: &ClusterDeployment, ctx: &Ctx, names: &Names) -> Result<Action, DeploymentError> {
     let tenant = &ctx.tenant;
-    let output = ctx
-        .secrets
-        .get(&ObjectRef::new(&names.output).within(&tenant.host_namespace));
+    let output = match output::find(ctx, cd, &parent(cd), names).await? {
+        Found::Trusted(secret) => Some(secret),
+        // The Secret's watch event brings us back; the requeue is a safety net.
+        Found::Restored { .. } => return Ok(Action::requeue(Duration::from_secs(5))),
+        Found::Missing => None,
+        Found::Foreign(reason) => {
+            let refusal = format!("host Secret {}/{}: {reason}", tenant.host_namespace, names.output);
+            report(cd, ctx, &Outcome::OutputRefused(refusal)).await?;
+            return Ok(Action::await_change());
+        }
+    };
     let secret = admin_kubeconfig::name(cd);
     let (kubeconfig, infra_id) = match plan::output(output.as_deref()) {
         // The Secret's watch event brings us back; the requeue is a safety net.
         Output::Pending => return Ok(Action::requeue(Duration::from_secs(5))),
+        Output::TooLarge(refusal) => {
+            report(cd, ctx, &Outcome::OutputRefused(refusal)).await?;
+            return Ok(Action::await_change());
+        }
         Output::Refused(refusal) => {
             let stopped = Outcome::KubeconfigRefused {
                 secret,

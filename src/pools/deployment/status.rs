@@ -27,14 +27,29 @@ pub enum Outcome {
     MissingInputs(Vec<String>),
     /// The machines cannot be placed as configured (§6 merge rules).
     InvalidMachineSpec(String),
-    /// The installer failed its `attempts`-th time of at most `limit`.
-    InstallFailed { attempts: i32, limit: i32 },
+    /// The installer image is not from a registry the host allows (`--allowed-registries`).
+    InstallerImageRefused(String),
+    /// The installer failed its `attempts`-th time of at most `limit`; `timed_out` when its Job
+    /// ran past the installer deadline.
+    InstallFailed { attempts: i32, limit: i32, timed_out: bool },
     /// The installer wrote an admin kubeconfig stackd will not use or hand on.
     KubeconfigRefused { secret: String, refusal: String },
+    /// The installer's output Secret is not read: a key is too large, or the Secret is not the one
+    /// stackd made.
+    OutputRefused(String),
     /// A Secret of the admin kubeconfig's name belongs to someone else.
     KubeconfigConflict { secret: String },
     /// Installed; the admin kubeconfig is in `secret`.
     Installed { secret: String, infra_id: Option<String> },
+}
+
+/// What a failed attempt's message adds when the installer ran out of time.
+fn timed_out_note(timed_out: bool) -> &'static str {
+    if timed_out {
+        ": its Job ran longer than the installer deadline (the daemon's --installer-deadline) and was stopped"
+    } else {
+        ""
+    }
 }
 
 /// An Event to publish once the status carrying it is written.
@@ -65,15 +80,31 @@ impl Outcome {
                 missing.join(", ")
             ),
             Outcome::InvalidMachineSpec(detail) => format!("The machine configuration is invalid: {detail}"),
-            Outcome::InstallFailed { attempts, limit } if attempts >= limit => format!(
-                "The installer failed {attempts} times (installAttemptsLimit {limit}); the cluster is broken and its pool replaces it"
+            Outcome::InstallerImageRefused(refusal) => format!("Cannot start the installer: {refusal}"),
+            Outcome::InstallFailed {
+                attempts,
+                limit,
+                timed_out,
+            } if attempts >= limit => format!(
+                "The installer failed {attempts} times (installAttemptsLimit {limit}){}; the cluster is broken and its pool replaces it",
+                timed_out_note(*timed_out)
             ),
-            Outcome::InstallFailed { attempts, limit } => {
-                format!("The installer failed (attempt {attempts} of {limit}); retrying")
-            }
+            Outcome::InstallFailed {
+                attempts,
+                limit,
+                timed_out,
+            } => format!(
+                "The installer failed (attempt {attempts} of {limit}){}; retrying",
+                timed_out_note(*timed_out)
+            ),
             Outcome::KubeconfigRefused { secret, refusal } => format!(
                 "The installer's admin kubeconfig was refused and not copied to Secret {secret}: {refusal}. \
                  The installer image must write a kubeconfig with inline credentials only"
+            ),
+            Outcome::OutputRefused(refusal) => format!(
+                "The installer's output was refused: {refusal}. Nothing of it was used; the installer image must write \
+                 keys kubeconfig and metadata.json of the usual size into the output Secret stackd made, and leave \
+                 that Secret otherwise as it is"
             ),
             Outcome::KubeconfigConflict { secret } => format!(
                 "Secret {secret} already exists and was not created by stackd for this ClusterDeployment, so the admin \
@@ -91,11 +122,13 @@ impl Outcome {
             Outcome::Provisioning { .. } => (Some("Provisioning"), None),
             Outcome::MissingInputs(_) => (Some("MissingInputs"), None),
             Outcome::InvalidMachineSpec(_) => (Some("InvalidMachineSpec"), Some("InvalidMachineSpec")),
-            Outcome::InstallFailed { attempts, limit } if attempts >= limit => {
+            Outcome::InstallerImageRefused(_) => (Some("RegistryNotAllowed"), Some("RegistryNotAllowed")),
+            Outcome::InstallFailed { attempts, limit, .. } if attempts >= limit => {
                 (Some("ProvisionFailed"), Some("InstallAttemptsLimitReached"))
             }
             Outcome::InstallFailed { .. } => (Some("InstallFailed"), None),
             Outcome::KubeconfigRefused { .. } => (Some("AdminKubeconfigRefused"), Some("AdminKubeconfigRefused")),
+            Outcome::OutputRefused(_) => (Some("InstallerOutputRefused"), Some("InstallerOutputRefused")),
             Outcome::KubeconfigConflict { .. } => (Some("AdminKubeconfigConflict"), None),
             Outcome::Installed { .. } => (Some("Provisioned"), None),
         }
@@ -146,8 +179,10 @@ impl Outcome {
                 true
             }
             Outcome::Provisioning { .. }
+            | Outcome::InstallerImageRefused(_)
             | Outcome::MissingInputs(_)
             | Outcome::KubeconfigRefused { .. }
+            | Outcome::OutputRefused(_)
             | Outcome::KubeconfigConflict { .. } => false,
         }
     }
@@ -166,9 +201,11 @@ impl Outcome {
             Outcome::RecordRestored { edited: false, .. } | Outcome::Provisioning { .. } => None,
             Outcome::MissingInputs(_) => warning("MissingInputs"),
             Outcome::InvalidMachineSpec(_) => warning("InvalidMachineSpec"),
-            Outcome::InstallFailed { attempts, limit } if attempts >= limit => warning("ProvisionStopped"),
+            Outcome::InstallerImageRefused(_) => warning("RegistryNotAllowed"),
+            Outcome::InstallFailed { attempts, limit, .. } if attempts >= limit => warning("ProvisionStopped"),
             Outcome::InstallFailed { .. } => warning("InstallFailed"),
             Outcome::KubeconfigRefused { .. } => warning("AdminKubeconfigRefused"),
+            Outcome::OutputRefused(_) => warning("InstallerOutputRefused"),
             Outcome::KubeconfigConflict { .. } => warning("AdminKubeconfigConflict"),
             Outcome::Installed { secret, .. } => Some(Note {
                 warning: false,
@@ -260,7 +297,11 @@ mod tests {
 
     #[test]
     fn a_failed_install_below_the_limit_is_counted_and_retried() {
-        let outcome = Outcome::InstallFailed { attempts: 1, limit: 3 };
+        let outcome = Outcome::InstallFailed {
+            attempts: 1,
+            limit: 3,
+            timed_out: false,
+        };
         let (status, write) = recorded(&outcome);
         assert!(write);
         assert_eq!(status.install_restarts, 1);
@@ -275,8 +316,21 @@ mod tests {
 
     #[test]
     fn a_failed_install_at_the_limit_stops_and_marks_the_cluster_broken() {
-        let outcome = Outcome::InstallFailed { attempts: 3, limit: 3 };
+        let outcome = Outcome::InstallFailed {
+            attempts: 3,
+            limit: 3,
+            timed_out: true,
+        };
         let (status, _) = recorded(&outcome);
+        assert!(
+            outcome
+                .note()
+                .unwrap()
+                .message
+                .contains("ran longer than the installer deadline"),
+            "{:?}",
+            outcome.note()
+        );
         assert_eq!(status.install_restarts, 3);
         assert_eq!(says(&status, "Provisioned"), pair("False", "ProvisionFailed"));
         assert_eq!(

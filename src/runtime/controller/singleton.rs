@@ -84,9 +84,7 @@ impl<T: Tenant> Singleton<T> {
             if !self.caches.iter().all(|filled| filled()) {
                 continue;
             }
-            let Ok(held) = self.tenant.permits().acquire_owned().await else {
-                return;
-            };
+            let held = self.tenant.permits().acquire("").await;
             let started = Instant::now();
             let result = panics::contain(reconcile(Permit { _held: held })).await;
             observe(self.tenant.as_ref(), &self.name, started, result.as_ref().err());

@@ -5,6 +5,7 @@ use kube::ResourceExt;
 use kube::api::ObjectMeta;
 
 use super::*;
+use crate::runtime::memory_budget::{ByteSize, MemoryBudget};
 
 fn map(name: &str) -> ConfigMap {
     ConfigMap {
@@ -105,34 +106,128 @@ async fn a_slow_subscriber_holds_the_watch_back_instead_of_losing_changes() {
     assert_eq!(next_touched(&mut slow, total).await.len(), total);
 }
 
-fn guarded(value: serde_json::Value) -> DeserializeGuard<ConfigMap> {
-    serde_json::from_value(value).unwrap()
+type RawFeed = mpsc::UnboundedSender<Result<Event<Incoming<ConfigMap>>, watcher::Error>>;
+
+/// A cache fed raw objects, with a size cap of `cap` bytes and `budget`.
+fn raw_cache(
+    cap: u64,
+    budget: Option<Arc<MemoryBudget>>,
+) -> (RawFeed, SharedCache<ConfigMap>, tokio::task::JoinHandle<()>) {
+    let (feed, events) = mpsc::unbounded_channel();
+    let parts = CacheParts {
+        limits: CacheLimits {
+            max_object_bytes: cap,
+            budget,
+        },
+        reporter: Reporter::default(),
+    };
+    let (cache, driver) = start(
+        "test".into(),
+        parts,
+        tokio_stream::wrappers::UnboundedReceiverStream::new(events),
+    );
+    (feed, cache, driver)
+}
+
+fn raw(value: serde_json::Value) -> Incoming<ConfigMap> {
+    Incoming::Raw(Box::new(
+        RawObject::from_json(&serde_json::to_vec(&value).unwrap()).unwrap(),
+    ))
+}
+
+fn sized(name: &str, version: &str, bytes: usize) -> Incoming<ConfigMap> {
+    raw(serde_json::json!({
+        "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"), "resourceVersion": version},
+        "data": {"k": "x".repeat(bytes)},
+    }))
+}
+
+fn raw_list(feed: &RawFeed, objects: Vec<Incoming<ConfigMap>>) {
+    feed.send(Ok(Event::Init)).unwrap();
+    for object in objects {
+        feed.send(Ok(Event::InitApply(object))).unwrap();
+    }
+    feed.send(Ok(Event::InitDone)).unwrap();
 }
 
 #[tokio::test]
-async fn a_malformed_object_is_left_out() {
-    let cached = Writer::<ConfigMap>::default().as_reader();
-    let bad = guarded(serde_json::json!({"metadata": {"name": "bad"}, "data": 7}));
-    assert!(valid_only(Event::Apply(bad), None, &cached).is_none());
-    let good = guarded(serde_json::json!({"metadata": {"name": "good"}}));
-    assert!(matches!(
-        valid_only(Event::Apply(good), None, &cached),
-        Some(Event::Apply(_))
-    ));
+async fn a_malformed_object_is_left_out_and_a_malformed_update_keeps_the_last_readable_copy() {
+    let (feed, cache, _driver) = raw_cache(1 << 20, None);
+    let mut changes = cache.changes();
+    let bad = raw(serde_json::json!({"metadata": {"name": "bad", "namespace": "ns"}, "data": 7}));
+    raw_list(&feed, vec![bad, sized("good", "1", 1)]);
+    assert_eq!(next_touched(&mut changes, 1).await, ["good"]);
+    let broken = raw(serde_json::json!({"metadata": {"name": "good", "namespace": "ns"}, "data": 7}));
+    feed.send(Ok(Event::Apply(broken))).unwrap();
+    feed.send(Ok(Event::Apply(sized("other", "2", 1)))).unwrap();
+    assert_eq!(next_touched(&mut changes, 1).await, ["other"]);
+    assert_eq!(cache.store().state().len(), 2, "the last readable copy stays");
+    assert!(cache.refusals().is_empty(), "malformed is not too large");
 }
 
 #[tokio::test]
 async fn a_malformed_object_deleted_takes_its_last_readable_copy_with_it() {
-    let mut writer = Writer::<ConfigMap>::default();
-    writer.apply_watcher_event(&Event::Apply(map("a")));
-    let cached = writer.as_reader();
-    let deleted = guarded(serde_json::json!({"metadata": {"name": "a", "namespace": "ns"}, "data": 7}));
-    let Some(Event::Delete(gone)) = valid_only(Event::Delete(deleted), None, &cached) else {
-        panic!("the deletion was lost");
-    };
-    assert_eq!(gone.name_any(), "a");
-    let never_seen = guarded(serde_json::json!({"metadata": {"name": "b", "namespace": "ns"}, "data": 7}));
-    assert!(valid_only(Event::Delete(never_seen), None, &cached).is_none());
+    let (feed, cache, _driver) = raw_cache(1 << 20, None);
+    let mut changes = cache.changes();
+    raw_list(&feed, vec![sized("a", "1", 1)]);
+    next_touched(&mut changes, 1).await;
+    let deleted = raw(serde_json::json!({"metadata": {"name": "a", "namespace": "ns"}, "data": 7}));
+    feed.send(Ok(Event::Delete(deleted))).unwrap();
+    assert_eq!(next_touched(&mut changes, 1).await, ["a"]);
+    assert!(cache.store().is_empty());
+}
+
+#[tokio::test]
+async fn an_object_over_the_cap_is_refused_and_its_stale_copy_goes_until_it_is_small_again() {
+    let (feed, cache, _driver) = raw_cache(4096, None);
+    let mut changes = cache.changes();
+    raw_list(&feed, vec![sized("big", "1", 10_000), sized("small", "1", 10)]);
+    assert_eq!(next_touched(&mut changes, 1).await, ["small"]);
+    let refusals = cache.refusals();
+    assert!(refusals.contains(Some("ns"), "big"));
+    let held = refusals.holding("ns").expect("the namespace is held up");
+    assert_eq!(held.kind, "ConfigMap");
+    assert!(held.json_bytes > 10_000, "{held:?}");
+    assert!(refusals.holding("other").is_none());
+    // A cached object that grows over the cap leaves the cache: its readers hear of it.
+    feed.send(Ok(Event::Apply(sized("small", "2", 10_000)))).unwrap();
+    assert_eq!(next_touched(&mut changes, 1).await, ["small"]);
+    assert!(cache.store().is_empty());
+    assert!(refusals.contains(Some("ns"), "small"));
+    // Made small again, it is cached and forgotten as refused.
+    feed.send(Ok(Event::Apply(sized("small", "3", 10)))).unwrap();
+    assert_eq!(next_touched(&mut changes, 1).await, ["small"]);
+    assert!(!refusals.contains(Some("ns"), "small"));
+    // Deleted while refused, it is forgotten too.
+    feed.send(Ok(Event::Delete(sized("big", "4", 10_000)))).unwrap();
+    feed.send(Ok(Event::Apply(sized("marker", "5", 1)))).unwrap();
+    assert_eq!(next_touched(&mut changes, 1).await, ["marker"]);
+    assert!(refusals.is_empty());
+}
+
+#[tokio::test]
+async fn what_a_cache_holds_is_charged_to_the_budget_and_going_over_it_stops_the_watch() {
+    let budget = MemoryBudget::new(ByteSize(20_000), None);
+    let (feed, cache, driver) = raw_cache(1 << 20, Some(budget.clone()));
+    let mut changes = cache.changes();
+    raw_list(&feed, vec![sized("a", "1", 5_000)]);
+    next_touched(&mut changes, 1).await;
+    let held = budget.used();
+    assert!(held > 5_000, "{held}");
+    feed.send(Ok(Event::Delete(sized("a", "2", 5_000)))).unwrap();
+    next_touched(&mut changes, 1).await;
+    assert_eq!(budget.used(), 0, "a deletion gives its bytes back");
+    for i in 0..5 {
+        let _ = feed.send(Ok(Event::Apply(sized(&format!("m{i}"), "3", 5_000))));
+    }
+    let overage = tokio::time::timeout(Duration::from_secs(5), budget.exceeded())
+        .await
+        .expect("the budget went over");
+    assert_eq!(overage.kind, "ConfigMap");
+    tokio::time::timeout(Duration::from_secs(5), driver)
+        .await
+        .expect("the watch stopped")
+        .unwrap();
 }
 
 #[tokio::test]

@@ -97,6 +97,9 @@ struct Keeper {
     member: Option<Holding>,
     /// No member Lease write before this while `member` is unknown (after a failed one).
     member_retry: Instant,
+    /// Why the member Lease could not be written, as last logged: the same reason is not logged
+    /// again on every retry.
+    member_trouble: Option<String>,
     registered: Option<Instant>,
     held: BTreeMap<u32, Holding>,
     /// Slots being given up: renewed until the daemon stops their tenants.
@@ -116,6 +119,7 @@ impl Keeper {
             heard: Instant::now(),
             member: None,
             member_retry: Instant::now(),
+            member_trouble: None,
             registered: None,
             held: BTreeMap::new(),
             releasing: BTreeSet::new(),
@@ -319,9 +323,16 @@ impl Keeper {
                 self.remember(stored.clone());
                 self.registered.get_or_insert(sent);
                 self.member = Some(held_from(&stored, sent));
+                self.member_trouble = None;
             }
             Err(err) => {
-                warn!(%err, "cannot renew this replica's member lease; retrying");
+                let trouble = err.to_string();
+                if self.member_trouble.as_ref() == Some(&trouble) {
+                    debug!(%err, "cannot renew this replica's member lease; retrying");
+                } else {
+                    warn!(%err, "cannot renew this replica's member lease; retrying");
+                    self.member_trouble = Some(trouble);
+                }
                 let retry = Instant::now() + self.retry_delay();
                 self.member_retry = retry;
                 if matches!(err, WriteError::Conflict | WriteError::NotFound) {
@@ -657,6 +668,10 @@ impl Keeper {
             Err(_) => Err(WriteError::Timeout),
             Ok(Ok(stored)) => Ok(stored),
             Ok(Err(kube::Error::Api(status))) if status.code == 409 => Err(WriteError::Conflict),
+            // Nothing to find but the namespace: a create's 404 says it does not exist.
+            Ok(Err(kube::Error::Api(status))) if status.code == 404 && create => {
+                Err(WriteError::NoNamespace(self.settings.namespace.clone()))
+            }
             Ok(Err(kube::Error::Api(status))) if status.code == 404 => Err(WriteError::NotFound),
             Ok(Err(err)) => Err(WriteError::Api(err.to_string())),
         }
@@ -669,6 +684,10 @@ enum WriteError {
     Conflict,
     #[error("the lease is gone")]
     NotFound,
+    #[error(
+        "the namespace {0} of the shard Leases does not exist on the host: create it, or pass --shard-namespace with one that does"
+    )]
+    NoNamespace(String),
     #[error("the host did not answer in time")]
     Timeout,
     #[error("{0}")]

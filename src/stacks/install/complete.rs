@@ -12,10 +12,9 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
-use super::crd_policy::CrdRules;
 use super::job;
 use super::object::{Report, event, installer_of};
-use super::package::{self, CrdWrites, PackageError};
+use super::package::{self, CrdWrites, Outline, PackageError};
 use super::{InstallContext, InstallError, InstallKind, SAFETY_NET};
 use crate::api::common::HostObjectRef;
 use crate::api::stacks::Stack;
@@ -94,8 +93,40 @@ fn after_crds(applied: &CrdWrites, not_established: Vec<String>, stack: Option<&
     })
 }
 
-/// Applies the package of a completed Job (read from `contents`) and reports; `Ok(None)` when the
-/// install must wait for its CRDs without a status of its own.
+/// Why the package (outlined) cannot be applied on the tenant as it stands, with what to do next;
+/// `None` when it can. Judged from the caches and the outline alone: a refused package is not read
+/// again to be judged again when the tenant's CRDs change.
+pub(super) fn judge<K: InstallKind>(
+    install: &K,
+    ctx: &InstallContext,
+    outline: &Outline,
+    job_ref: &HostObjectRef,
+) -> Option<(Action, Option<Report>)> {
+    let (namespace, name) = (install.namespace().unwrap_or_default(), install.name_any());
+    let uid = install.meta().uid.clone().unwrap_or_default();
+    let stack = ctx.stacks.get(&ObjectRef::new(&name).within(&namespace));
+    let all_crds = ctx.crds.state();
+    let existing: BTreeMap<String, _> = all_crds.iter().map(|c| (c.name_any(), c.as_ref())).collect();
+    let with_job = |mut report: Report| {
+        report.install_job = Some(job_ref.clone());
+        Some(report)
+    };
+    match plan(
+        stack.as_deref(),
+        &uid,
+        package::check_tenant(outline, &existing, &installer_of(install)),
+    ) {
+        Plan::Conflict(report) => Some((Action::await_change(), with_job(report))),
+        Plan::Refuse(err) => Some((
+            refused_action(&err),
+            with_job(Report::failed(err.reason(), err.to_string())),
+        )),
+        Plan::WriteCrds => None,
+    }
+}
+
+/// Applies the package of a completed Job (read from `contents`, judged by [`judge`]) and reports;
+/// `Ok(None)` when the install must wait for its CRDs without a status of its own.
 pub(super) async fn run<K: InstallKind>(
     install: &K,
     ctx: &InstallContext,
@@ -105,41 +136,15 @@ pub(super) async fn run<K: InstallKind>(
 ) -> Result<(Action, Option<Report>), InstallError> {
     let tenant = &ctx.tenant;
     let (namespace, name) = (install.namespace().unwrap_or_default(), install.name_any());
-    let uid = install.meta().uid.clone().unwrap_or_default();
     let stack = ctx.stacks.get(&ObjectRef::new(&name).within(&namespace));
     let all_crds = ctx.crds.state();
     let existing: BTreeMap<String, _> = all_crds.iter().map(|c| (c.name_any(), c.as_ref())).collect();
     let installer = installer_of(install);
     let settings = &tenant.shared.settings;
-    let inputs = package::CheckInputs {
-        scope: K::SCOPE,
-        installer: &installer,
-        existing_crds: &existing,
-        pass_full_deployment: settings.insecure_pass_full_deployment,
-        crd_rules: CrdRules {
-            groups: &settings.stack_crd_groups,
-            allow_conversion_webhooks: settings.insecure_allow_conversion_webhooks,
-        },
-        pod_policy: &settings.stack_pod_policy,
-    };
     let with_job = |mut report: Report| {
         report.install_job = Some(job_ref.clone());
         Some(report)
     };
-    match plan(stack.as_deref(), &uid, package::check(&contents, &inputs)) {
-        Plan::Conflict(report) => {
-            ctx.unpacked.forget(&uid);
-            return Ok((Action::await_change(), with_job(report)));
-        }
-        Plan::Refuse(err) => {
-            ctx.unpacked.forget(&uid);
-            return Ok((
-                refused_action(&err),
-                with_job(Report::failed(err.reason(), err.to_string())),
-            ));
-        }
-        Plan::WriteCrds => {}
-    }
     let applied = package::apply_crds(&Api::all(tenant.client.clone()), &contents, &existing, &installer)
         .await
         .map_err(InstallError::Tenant)?;
@@ -167,7 +172,7 @@ pub(super) async fn run<K: InstallKind>(
             write_stack(install, ctx, write, package).await?;
             Ok((
                 Action::requeue(SAFETY_NET),
-                Some(applied_report(None, job_ref, package, &name)),
+                Some(applied_report(None, Some(job_ref), package, &name)),
             ))
         }
     }
@@ -202,7 +207,12 @@ async fn write_stack<K: InstallKind>(
 
 /// The report of an applied package: the Stack's readiness when it is current, else that it is on
 /// its way.
-pub(super) fn applied_report(current: Option<&Stack>, job_ref: HostObjectRef, package: &str, name: &str) -> Report {
+pub(super) fn applied_report(
+    current: Option<&Stack>,
+    job_ref: Option<HostObjectRef>,
+    package: &str,
+    name: &str,
+) -> Report {
     let mut report = match current {
         Some(stack) => stack_readiness(stack),
         None => stack_on_its_way(name),
@@ -212,7 +222,7 @@ pub(super) fn applied_report(current: Option<&Stack>, job_ref: HostObjectRef, pa
         "PackageApplied",
         format!("{package} is applied: its CRDs and Stack {name}"),
     ));
-    report.install_job = Some(job_ref);
+    report.install_job = job_ref;
     report.stack_ref = Some(name.to_string());
     report
 }
@@ -421,7 +431,7 @@ mod tests {
             name: "db-install".into(),
         };
         let mut stack = stack_of(Some(&install()), "db");
-        let on_its_way = applied_report(Some(&stack), job.clone(), "pkg:1", "db");
+        let on_its_way = applied_report(Some(&stack), Some(job.clone()), "pkg:1", "db");
         assert_eq!((on_its_way.ready.0, on_its_way.ready.1), (false, "WaitingForStack"));
         assert_eq!(on_its_way.synced.as_ref().map(|s| s.1), Some("PackageApplied"));
         assert_eq!(on_its_way.stack_ref.as_deref(), Some("db"));
@@ -436,7 +446,7 @@ mod tests {
             }],
             ..Default::default()
         });
-        let ready = applied_report(Some(&stack), job, "pkg:1", "db");
+        let ready = applied_report(Some(&stack), Some(job), "pkg:1", "db");
         assert_eq!((ready.ready.0, ready.ready.1), (true, "Available"));
     }
 }

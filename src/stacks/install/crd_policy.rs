@@ -5,13 +5,23 @@
 //! A CRD's API group belongs to the package (image repository, registry included) whose install
 //! created it: installs of that same package in other namespaces share its CRDs, as Crossplane's
 //! namespaced stacks did (each adds its Stack's parent label). Only the install that created a CRD
-//! changes it, though (or, once its creator is gone, the one install still using it): another
-//! namespace's install of the package — at another version, say — shares it only as it is, so no
-//! user of one namespace can change what another namespace's stack relies on. stackd's managed
-//! label and its package and installer annotations prove all this; a package cannot forge them,
-//! because stackd drops every key in its own domain from what a package ships.
+//! changes it, though: another namespace's install of the package — at another version, say —
+//! shares it only as it is, so no user of one namespace can change what another namespace's stack
+//! relies on. stackd's managed label and its package and installer annotations prove all this; a
+//! package cannot forge them, because stackd drops every key in its own domain from what a package
+//! ships.
+//!
+//! **Handoff.** When the creator's Stack goes and one install still uses the CRD, that install
+//! takes its place (so the CRD can still be upgraded without deleting it, and its objects), but
+//! only within the CRD's package. A CRD moves to another package (an image repository rename) only
+//! with the install that created it in the first place, recorded at creation and never handed on,
+//! and only while no other stack uses it. Otherwise whoever joined a shared CRD from another
+//! namespace could wait for its creator to leave, point their install at an image of their own and
+//! rewrite the CRD, then add CRDs of their choosing to its API group. Within one package, taking over
+//! costs nothing anyone relied on: the new holder can only choose among the package's own versions,
+//! exactly as if it had installed the package first.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
@@ -24,8 +34,20 @@ use crate::stacks::{CRD_PARENT_LABEL_PREFIX, crd_parent_label, reserved_group_ow
 pub const MANAGED_CRD_LABEL: &str = "stacks.stackd.dev/managed";
 /// Annotation on tenant CRDs: the package (image repository) they belong to.
 pub const PACKAGE_REPOSITORY_ANNOTATION: &str = "stacks.stackd.dev/package-repository";
-/// Annotation on tenant CRDs: the install that created them, `<kind>/<namespace>/<name>`, for people.
+/// Annotation on tenant CRDs: the install that changes them, `<kind>/<namespace>/<name>`: the one that
+/// created them, or the one they were handed on to.
 pub const INSTALLED_BY_ANNOTATION: &str = "stacks.stackd.dev/installed-by";
+/// Annotation on tenant CRDs: the install that created them, set once (CRDs from before it fall back
+/// to [`INSTALLED_BY_ANNOTATION`]); only it moves a CRD to another package.
+pub const CREATED_BY_ANNOTATION: &str = "stacks.stackd.dev/created-by";
+
+/// The install that created `crd`, `<kind>/<namespace>/<name>`.
+pub fn original_creator(crd: &CustomResourceDefinition) -> Option<&String> {
+    let annotations = crd.annotations();
+    annotations
+        .get(CREATED_BY_ANNOTATION)
+        .or_else(|| annotations.get(INSTALLED_BY_ANNOTATION))
+}
 
 /// The install applying a package.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,30 +70,32 @@ impl Installer {
         crd_parent_label(&self.namespace, &self.name)
     }
 
-    /// True when this install may write `crd`: stackd made it for this install's package, or this
-    /// install's Stack is the only one using it (an install whose package moved to another
-    /// repository, or a CRD from before CRDs named their package). A CRD without its package is
-    /// never adopted while another Stack uses it: that Stack's install may be of another package, and
-    /// whoever can edit this install could point it at their own image and rewrite the CRD.
+    /// True when this install may write `crd`: stackd made it for this install's package; or this
+    /// install created it and its Stack alone uses it (the install moved to another repository); or
+    /// it is a CRD from before CRDs named their package and this install's Stack alone uses it. A CRD
+    /// of another package is never adopted by an install that joined it (see the handoff rule in the
+    /// module doc), and a CRD without its package never while another Stack uses it: that Stack's
+    /// install may be of another package.
     pub fn owns(&self, crd: &CustomResourceDefinition) -> bool {
         if !crd.labels().contains_key(MANAGED_CRD_LABEL) {
             return false;
         }
-        let same_package = crd
-            .annotations()
-            .get(PACKAGE_REPOSITORY_ANNOTATION)
-            .is_some_and(|repository| *repository == self.repository);
-        same_package || self.only_user_of(crd)
+        match crd.annotations().get(PACKAGE_REPOSITORY_ANNOTATION) {
+            Some(repository) if *repository == self.repository => true,
+            Some(_) => self.only_user_of(crd) && original_creator(crd) == Some(&self.annotation()),
+            None => self.only_user_of(crd),
+        }
     }
 
     /// True when this install may change `crd`'s definition: stackd created it for this install, or
-    /// this install's Stack is the only one using it (its creator is gone).
+    /// it is this install's package's and this install's Stack is the only one using it (its creator
+    /// is gone).
     pub fn may_change(&self, crd: &CustomResourceDefinition) -> bool {
         let created_here = crd
             .annotations()
             .get(INSTALLED_BY_ANNOTATION)
             .is_some_and(|creator| *creator == self.annotation());
-        crd.labels().contains_key(MANAGED_CRD_LABEL) && (created_here || self.only_user_of(crd))
+        self.owns(crd) && (created_here || self.only_user_of(crd))
     }
 
     /// True when this install's Stack is the only one using `crd`.
@@ -166,13 +190,51 @@ pub struct CrdRules<'a> {
     pub allow_conversion_webhooks: bool,
 }
 
-/// Checks one package CRD against the tenant's CRDs (by name).
+/// What of a package's CRD the checks against the tenant's CRDs need: kept for a refused package
+/// instead of the CRD, so that it can be judged again when the tenant's CRDs change without reading
+/// the package again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CrdOutline {
+    pub name: String,
+    pub group: String,
+    /// [`spec_hash`] of the package's CRD.
+    pub spec_hash: String,
+    /// The versions it serves.
+    pub served: BTreeSet<String>,
+}
+
+impl CrdOutline {
+    pub fn of(crd: &CustomResourceDefinition) -> CrdOutline {
+        CrdOutline {
+            name: crd.name_any(),
+            group: crd.spec.group.clone(),
+            spec_hash: spec_hash(crd),
+            served: crd
+                .spec
+                .versions
+                .iter()
+                .filter(|v| v.served)
+                .map(|v| v.name.clone())
+                .collect(),
+        }
+    }
+}
+
+/// Checks one package CRD against the tenant's CRDs (by name): [`check_definition`], then
+/// [`check_against`].
 pub fn check(
     crd: &CustomResourceDefinition,
     existing: &BTreeMap<String, &CustomResourceDefinition>,
     installer: &Installer,
     rules: &CrdRules<'_>,
 ) -> Result<(), CrdRefusal> {
+    check_definition(crd, rules)?;
+    check_against(&CrdOutline::of(crd), existing, installer)
+}
+
+/// What a package CRD may be wherever it is installed: not in a reserved group or one the daemon
+/// does not allow, no conversion webhook unless allowed.
+pub fn check_definition(crd: &CustomResourceDefinition, rules: &CrdRules<'_>) -> Result<(), CrdRefusal> {
     let name = crd.name_any();
     let group = &crd.spec.group;
     if let Some(owner) = reserved_group_owner(group) {
@@ -189,18 +251,33 @@ pub fn check(
             allowed: rules.groups.to_string(),
         });
     }
-    if let Some(current) = existing.get(&name) {
+    if !rules.allow_conversion_webhooks && asks_for_conversion_webhook(crd) {
+        return Err(CrdRefusal::ConversionWebhook { name });
+    }
+    Ok(())
+}
+
+/// Whether this install may write a package CRD (outlined) given the tenant's CRDs: the one of its
+/// name must be this package's (and changed only by its creator), and no other package's CRD may be
+/// in its group.
+pub fn check_against(
+    crd: &CrdOutline,
+    existing: &BTreeMap<String, &CustomResourceDefinition>,
+    installer: &Installer,
+) -> Result<(), CrdRefusal> {
+    let (name, group) = (&crd.name, &crd.group);
+    if let Some(current) = existing.get(name) {
         if !installer.owns(current) {
             return Err(CrdRefusal::NotOurs {
                 owner: describe_owner(current),
-                name,
+                name: name.clone(),
             });
         }
-        let unchanged = current.annotations().get(SPEC_HASH_ANNOTATION) == Some(&spec_hash(crd));
+        let unchanged = current.annotations().get(SPEC_HASH_ANNOTATION) == Some(&crd.spec_hash);
         if !unchanged && !installer.may_change(current) {
             return Err(CrdRefusal::SharedChange {
                 owner: describe_owner(current),
-                name,
+                name: name.clone(),
             });
         }
     }
@@ -209,14 +286,11 @@ pub fn check(
         .find(|other| other.spec.group == *group && !installer.owns(other));
     if let Some(other) = taken {
         return Err(CrdRefusal::GroupTaken {
-            name,
+            name: name.clone(),
             group: group.clone(),
             existing: other.name_any(),
             owner: describe_owner(other),
         });
-    }
-    if !rules.allow_conversion_webhooks && asks_for_conversion_webhook(crd) {
-        return Err(CrdRefusal::ConversionWebhook { name });
     }
     Ok(())
 }
@@ -470,7 +544,69 @@ mod tests {
             (MANAGED_CRD_LABEL.to_string(), "true".to_string()),
             (me.parent_label(), "true".to_string()),
         ]));
-        assert!(me.owns(&other_package), "used by this install alone");
+        assert!(
+            !me.owns(&other_package),
+            "another package's, not created by this install, even while it alone uses it"
+        );
+    }
+
+    #[test]
+    fn a_crd_passes_to_its_last_user_only_within_its_package() {
+        let creator = installer("team-a", "sample");
+        let joiner = Installer {
+            namespace: "team-b".into(),
+            ..creator.clone()
+        };
+        let mut left_behind = made_by(crd("widgets.samples.example.org", "samples.example.org"), &creator);
+        left_behind.metadata.labels = Some(BTreeMap::from([
+            (MANAGED_CRD_LABEL.to_string(), "true".to_string()),
+            (joiner.parent_label(), "true".to_string()),
+        ]));
+        assert!(
+            joiner.may_change(&left_behind),
+            "the same package's last user upgrades it"
+        );
+        let desired = crate::stacks::install::package::desired_crd(&left_behind, Some(&left_behind), &joiner);
+        assert_eq!(
+            desired.annotations().get(INSTALLED_BY_ANNOTATION),
+            Some(&joiner.annotation()),
+            "and becomes its creator"
+        );
+        // Pointing the install at another image changes nothing: the CRD stays its package's.
+        let switched = Installer {
+            repository: "registry.example.com/attacker/stack".into(),
+            ..joiner.clone()
+        };
+        assert!(!switched.owns(&left_behind));
+        assert!(!switched.may_change(&left_behind));
+        let existing = BTreeMap::from([(left_behind.name_any(), &left_behind)]);
+        let mut rewritten = crd("widgets.samples.example.org", "samples.example.org");
+        rewritten.spec.versions[0].name = "v9".into();
+        let refusal = check(&rewritten, &existing, &switched, &rules(false)).expect_err("refused");
+        assert!(matches!(refusal, CrdRefusal::NotOurs { .. }), "{refusal:?}");
+        let squatter = crd("sprockets.samples.example.org", "samples.example.org");
+        let refusal = check(&squatter, &existing, &switched, &rules(false)).expect_err("refused");
+        assert!(matches!(refusal, CrdRefusal::GroupTaken { .. }), "{refusal:?}");
+        // Once handed on, it stays the package's: the new holder moves it nowhere either.
+        let mut handed_on = left_behind.clone();
+        handed_on.metadata.annotations = desired.metadata.annotations.clone();
+        assert!(!switched.owns(&handed_on), "the holder is not the creator");
+        // Its creator, alone using it, moves it with its install to another repository.
+        let moved = Installer {
+            repository: "quay.io/team-a/stack".into(),
+            ..creator.clone()
+        };
+        let mut own = made_by(crd("widgets.samples.example.org", "samples.example.org"), &creator);
+        own.metadata.labels = Some(BTreeMap::from([
+            (MANAGED_CRD_LABEL.to_string(), "true".to_string()),
+            (creator.parent_label(), "true".to_string()),
+        ]));
+        assert!(moved.owns(&own) && moved.may_change(&own));
+        own.metadata
+            .labels
+            .get_or_insert_default()
+            .insert(joiner.parent_label(), "true".into());
+        assert!(!moved.owns(&own), "not while another stack uses it");
     }
 
     #[test]

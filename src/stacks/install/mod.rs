@@ -2,10 +2,13 @@
 //! install Job on the host, reads and verifies its output, applies the CRDs and the Stack on the
 //! tenant, and on deletion removes them again in order.
 
+mod admission;
+mod applied;
 mod complete;
 pub mod crd_policy;
 pub mod job;
 mod object;
+mod output;
 pub mod package;
 mod reconcile;
 mod status;
@@ -91,17 +94,24 @@ pub const FAILURE_REASONS: &[&str] = &[
     "PullSecretMissing",
     "InvalidPullSecretName",
     "PullSecretRefused",
+    "TooManyPullSecrets",
+    "TooManyCRDs",
+    "TooManyInstalls",
+    "RegistryNotAllowed",
 ];
 
-/// What one install controller reads from: its caches of host Jobs and tenant CRDs and Stacks.
+/// What one install controller reads from: its caches of host Jobs, tenant CRDs, Stacks and the
+/// installs of both kinds (a namespace's bound counts them all).
 pub struct InstallContext {
     pub tenant: Arc<TenantContext>,
     pub jobs: Store<Job>,
     pub crds: Store<CustomResourceDefinition>,
     pub stacks: Store<Stack>,
+    pub stack_installs: Store<StackInstall>,
+    pub cluster_stack_installs: Store<ClusterStackInstall>,
     pub stackd_image: String,
-    /// Package contents read and not yet applied in full.
-    unpacked: unpacked::Unpacked,
+    /// What each install Job's output came to, until the Job changes.
+    unpacked: Arc<unpacked::Reads>,
     /// The last status written to each install.
     written: Written<StackInstallStatus>,
 }
@@ -217,23 +227,32 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
         caches.tenant_guarded::<Stack>(),
     );
     let installs = caches.tenant_guarded::<K>();
+    let (stack_installs, cluster_stack_installs) = (
+        caches.tenant_guarded::<StackInstall>(),
+        caches.tenant_guarded::<ClusterStackInstall>(),
+    );
     let stackd_image = context
         .shared
         .settings
         .stackd_image
         .clone()
         .unwrap_or_else(default_stackd_image);
+    let reads = Arc::new(unpacked::Reads::default());
     let ctx = Arc::new(InstallContext {
         tenant: context.clone(),
         jobs: jobs.store(),
         crds: crds.store(),
         stacks: stacks.store(),
+        stack_installs: stack_installs.store(),
+        cluster_stack_installs: cluster_stack_installs.store(),
         stackd_image,
-        unpacked: Default::default(),
+        unpacked: reads.clone(),
         written: Default::default(),
     });
     let install_store = installs.store();
     let on_job = context.clone();
+    let (refused_stacks, refused_clusters) = (install_store.clone(), install_store.clone());
+    let (stack_store, cluster_store) = (stack_installs.store(), cluster_stack_installs.store());
     Scaffold::new(K::kind(&()), context, &installs)
         .watches(&jobs, move |job| {
             // The cache has shown this Job: its creation is no longer pending.
@@ -245,7 +264,14 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
         .watches(&stacks, |stack| {
             Some(ObjectRef::new(&stack.name_any()).within(&stack.namespace().unwrap_or_default()))
         })
-        .watches(&crds, move |crd| installs_using(&install_store, &crd))
+        .watches(&crds, move |crd| installs_using(&install_store, &reads, &crd))
+        // An install going frees a place in its namespace (`--namespace-max-installs`).
+        .watches(&stack_installs, move |install| {
+            admission::refused_in_namespace_of(&refused_stacks, &stack_store, install.as_ref())
+        })
+        .watches(&cluster_stack_installs, move |install| {
+            admission::refused_in_namespace_of(&refused_clusters, &cluster_store, install.as_ref())
+        })
         .run(ctx, reconcile::<K>, &cancel)
         .await;
 }
@@ -279,16 +305,23 @@ fn install_of<K: InstallKind>(object: &impl Resource) -> Option<ObjectRef<K>> {
 }
 
 /// The installs whose stacks use `crd` (they labelled it), so they see it become Established, and
-/// those refused because of a tenant CRD, so they look again when CRDs change.
-fn installs_using<K: InstallKind>(installs: &Store<K>, crd: &CustomResourceDefinition) -> Vec<ObjectRef<K>> {
+/// those refused because of a tenant CRD whose package has a CRD of its name or in its group, so
+/// they look again when it changes (other CRD changes cannot lift their refusal).
+fn installs_using<K: InstallKind>(
+    installs: &Store<K>,
+    reads: &unpacked::Reads,
+    crd: &CustomResourceDefinition,
+) -> Vec<ObjectRef<K>> {
     let labels = crd.labels();
+    let (name, group) = (crd.name_any(), crd.spec.group.as_str());
     installs
         .state()
         .iter()
         .filter(|install| {
             let namespace = install.namespace().unwrap_or_default();
             labels.contains_key(&crd_parent_label(&namespace, &install.name_any()))
-                || refused_for_a_crd(install.as_ref())
+                || (refused_for_a_crd(install.as_ref())
+                    && reads.concerns(&install.uid().unwrap_or_default(), &name, group))
         })
         .map(|install| ObjectRef::from_obj(install.as_ref()))
         .collect()

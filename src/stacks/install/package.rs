@@ -10,11 +10,13 @@ use kube::{Api, Resource, ResourceExt};
 
 pub use super::crd_policy::MANAGED_CRD_LABEL;
 use super::crd_policy::{
-    self, CrdRefusal, CrdRules, INSTALLED_BY_ANNOTATION, Installer, PACKAGE_REPOSITORY_ANNOTATION, without_stackd_keys,
+    self, CREATED_BY_ANNOTATION, CrdOutline, CrdRefusal, CrdRules, INSTALLED_BY_ANNOTATION, Installer,
+    PACKAGE_REPOSITORY_ANNOTATION, original_creator, without_stackd_keys,
 };
 use crate::api::crds::{SPEC_HASH_ANNOTATION, is_established, spec_hash};
 use crate::api::stacks::{InstallSpec, PermissionScope, Stack};
 use crate::context::pod_policy::PodPolicy;
+use crate::context::registries::AllowedRegistries;
 use crate::host::labels::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::stacks::stack::deployment as stack_deployment;
 use crate::stacks::stream::PackageContents;
@@ -68,25 +70,28 @@ impl PackageError {
     }
 }
 
-/// What a package is checked against besides its contents.
-pub struct CheckInputs<'a> {
+/// What a package is checked against wherever it is installed: the install's kind and the
+/// daemon's flags.
+pub struct PackageRules<'a> {
     pub scope: PermissionScope,
-    pub installer: &'a Installer,
-    pub existing_crds: &'a BTreeMap<String, &'a CustomResourceDefinition>,
+    /// The install's kind, for messages.
+    pub kind: &'a str,
     pub pass_full_deployment: bool,
     pub crd_rules: CrdRules<'a>,
     pub pod_policy: &'a PodPolicy,
+    pub registries: &'a AllowedRegistries,
 }
 
-/// Checks a package before anything is written.
-pub fn check(contents: &PackageContents, inputs: &CheckInputs<'_>) -> Result<(), PackageError> {
-    let (scope, existing_crds) = (inputs.scope, inputs.existing_crds);
+/// Checks what a package is, before anything is written: its scope, its controller, its CRDs'
+/// definitions. Nothing the tenant holds changes the outcome, so a refusal stands until the package
+/// changes.
+pub fn check_package(contents: &PackageContents, rules: &PackageRules<'_>) -> Result<(), PackageError> {
     let found = contents.stack.spec.permission_scope;
-    if found != scope {
+    if found != rules.scope {
         return Err(PackageError::WrongScope {
             found: found.as_str(),
-            expected: scope.as_str(),
-            kind: inputs.installer.kind.clone(),
+            expected: rules.scope.as_str(),
+            kind: rules.kind.to_string(),
             other: match found {
                 PermissionScope::Cluster => "ClusterStackInstall",
                 PermissionScope::Namespaced => "StackInstall",
@@ -96,28 +101,59 @@ pub fn check(contents: &PackageContents, inputs: &CheckInputs<'_>) -> Result<(),
     if let Some(deployment) = &contents.stack.spec.controller.deployment {
         // The same rules the Stack controller applies, so a refused pod is refused before anything exists.
         let spec = stack_deployment::parse(&deployment.spec).map_err(PackageError::Controller)?;
-        if !inputs.pass_full_deployment {
-            stack_deployment::check_safe(&spec, inputs.pod_policy).map_err(PackageError::Controller)?;
+        if !rules.pass_full_deployment {
+            stack_deployment::check_safe(&spec, rules.pod_policy).map_err(PackageError::Controller)?;
+        }
+        stack_deployment::check_images(&spec, rules.registries).map_err(PackageError::Controller)?;
+    }
+    for crd in &contents.crds {
+        crd_policy::check_definition(crd, &rules.crd_rules).map_err(PackageError::Crd)?;
+    }
+    Ok(())
+}
+
+/// What the checks against the tenant's CRDs need of a package: its CRDs, outlined.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Outline {
+    pub crds: Vec<CrdOutline>,
+}
+
+impl Outline {
+    pub fn of(contents: &PackageContents) -> Outline {
+        Outline {
+            crds: contents.crds.iter().map(CrdOutline::of).collect(),
         }
     }
-    for crd in &contents.crds {
-        crd_policy::check(crd, existing_crds, inputs.installer, &inputs.crd_rules).map_err(PackageError::Crd)?;
+
+    /// True when the package has a CRD of this name or in this API group: a change of such a tenant
+    /// CRD may change how the package is judged.
+    pub fn concerns(&self, name: &str, group: &str) -> bool {
+        self.crds.iter().any(|crd| crd.name == name || crd.group == group)
     }
-    for crd in &contents.crds {
-        let name = crd.name_any();
-        let Some(existing) = existing_crds.get(&name) else {
+}
+
+/// Checks a package (outlined) against the tenant's CRDs: each must be this package's to share or
+/// change, not being deleted, and keep serving what the tenant's serves. The outcome changes with
+/// the tenant's CRDs.
+pub fn check_tenant(
+    outline: &Outline,
+    existing_crds: &BTreeMap<String, &CustomResourceDefinition>,
+    installer: &Installer,
+) -> Result<(), PackageError> {
+    for crd in &outline.crds {
+        crd_policy::check_against(crd, existing_crds, installer).map_err(PackageError::Crd)?;
+    }
+    for crd in &outline.crds {
+        let Some(existing) = existing_crds.get(&crd.name) else {
             continue;
         };
         if existing.metadata.deletion_timestamp.is_some() {
-            return Err(PackageError::CrdTerminating(name));
+            return Err(PackageError::CrdTerminating(crd.name.clone()));
         }
-        let dropped: Vec<String> = served_versions(existing)
-            .difference(&served_versions(crd))
-            .cloned()
-            .collect();
+        let dropped: Vec<String> = served_versions(existing).difference(&crd.served).cloned().collect();
         if !dropped.is_empty() {
             return Err(PackageError::DropsServedVersion {
-                name,
+                name: crd.name.clone(),
                 dropped: dropped.join(", "),
             });
         }
@@ -172,6 +208,11 @@ pub fn desired_crd(
         .and_then(|e| e.annotations().get(INSTALLED_BY_ANNOTATION).cloned())
         .unwrap_or_else(|| installer.annotation());
     annotations.insert(INSTALLED_BY_ANNOTATION.into(), created_by);
+    let original = existing
+        .and_then(original_creator)
+        .cloned()
+        .unwrap_or_else(|| installer.annotation());
+    annotations.insert(CREATED_BY_ANNOTATION.into(), original);
     desired.metadata.annotations = Some(annotations);
     desired
 }
@@ -279,9 +320,9 @@ pub fn desired_stack<K: Resource<DynamicType = ()>>(
     stack
 }
 
-/// True when a Stack already carries what the install sets without reading the package again: its
-/// controller, package, stackd's label and the install's service-account and pull-secret settings.
-pub fn stack_current(stack: &Stack, uid: &str, spec: &InstallSpec, package: &str) -> bool {
+/// True when a Stack is this install's package applied: controlled by the install (`uid`), made
+/// from `package`, with stackd's label.
+pub fn stack_applied(stack: &Stack, uid: &str, package: &str) -> bool {
     controlled_by(stack, uid)
         && stack
             .annotations()
@@ -289,6 +330,12 @@ pub fn stack_current(stack: &Stack, uid: &str, spec: &InstallSpec, package: &str
             .map(String::as_str)
             == Some(package)
         && stack.labels().get(MANAGED_BY_LABEL).map(String::as_str) == Some(MANAGED_BY)
+}
+
+/// True when a Stack already carries what the install sets without reading the package again: its
+/// package applied ([`stack_applied`]) and the install's service-account and pull-secret settings.
+pub fn stack_current(stack: &Stack, uid: &str, spec: &InstallSpec, package: &str) -> bool {
+    stack_applied(stack, uid, package)
         && stack.spec.controller.service_account == spec.service_account
         && stack.spec.controller.image_pull_secrets == spec.image_pull_secrets
 }

@@ -2,28 +2,24 @@
 //! secrets, replace it on an upgrade or after a failure (with backoff), and read a completed one's
 //! verified output, which `complete` applies.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{ListParams, LogParams};
+use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tracing::info;
 
-use super::complete;
 use super::job::{self, JobInputs, JobState};
 use super::object::{Report, event, parent_of};
-use super::package;
-use super::{InstallContext, InstallError, InstallKind, SAFETY_NET};
+use super::unpacked::Read;
+use super::{InstallContext, InstallError, InstallKind, SAFETY_NET, admission, applied, complete, output};
 use crate::api::common::HostObjectRef;
 use crate::host::Parent;
 use crate::host::apply::{self, Applied};
 use crate::stacks::pull_secrets;
-use crate::stacks::stream::{self, LOG_LIMIT_BYTES, PackageContents};
 
 /// §3.2 steps 2–6 for an install that is not being deleted (the finalizer is in place).
 pub(super) async fn apply<K: InstallKind>(
@@ -32,6 +28,13 @@ pub(super) async fn apply<K: InstallKind>(
 ) -> Result<(Action, Option<Report>), InstallError> {
     let parent = parent_of(install);
     let package = job::package_image(install.install());
+    if let Some(report) = admission::refusal(install, ctx, &package) {
+        // Nothing is made on the host; an edit, or an older install's deletion, is an event.
+        return Ok((Action::await_change(), Some(report)));
+    }
+    if let Some(stack) = applied::applied_stack(install, ctx, &package) {
+        return applied::run(install, ctx, &stack, &package).await;
+    }
     let observed = match settle_job(install, ctx, &parent, &package).await? {
         Settled::Current(observed) => observed,
         Settled::Acted(action, report) => return Ok((action, report)),
@@ -47,8 +50,7 @@ pub(super) async fn apply<K: InstallKind>(
             Ok((Action::requeue(SAFETY_NET), Some(report)))
         }
         JobState::Failed { message, at } => {
-            let log = unpack_log(ctx, &observed).await.unwrap_or_default();
-            let detail = last_lines(&log, 5);
+            let detail = output::failure_detail(install, ctx, &observed).await;
             let message = if detail.is_empty() {
                 format!("install Job {job_name} failed: {message}")
             } else {
@@ -137,8 +139,8 @@ fn running(ctx: &InstallContext, job_name: &str, package: &str) -> Report {
     report
 }
 
-/// A completed Job: once its package is applied (the Stack is created last, so a current Stack
-/// means everything is), the Stack's readiness; before that, its verified output applied.
+/// A completed Job whose package is not applied yet: what its output came to (read once per Job),
+/// judged against the tenant's CRDs, then applied.
 async fn complete<K: InstallKind>(
     install: &K,
     ctx: &InstallContext,
@@ -147,36 +149,49 @@ async fn complete<K: InstallKind>(
     attempt: u32,
     package: &str,
 ) -> Result<(Action, Option<Report>), InstallError> {
-    let (namespace, name) = (install.namespace().unwrap_or_default(), install.name_any());
     let job_ref = HostObjectRef {
         namespace: ctx.tenant.host_namespace.clone(),
         name: observed.name_any(),
     };
-    let uid = install.meta().uid.clone().unwrap_or_default();
-    let stack = ctx.stacks.get(&ObjectRef::new(&name).within(&namespace));
-    if let Some(current) = stack.filter(|s| package::stack_current(s, &uid, install.install(), package)) {
-        ctx.unpacked.forget(&uid);
-        let report = complete::applied_report(Some(&current), job_ref, package, &name);
-        return Ok((Action::requeue(SAFETY_NET), Some(report)));
+    let unreadable = |message| Failure {
+        attempt,
+        at: completion_time(observed),
+        reason: "InvalidPackage",
+        message,
+    };
+    let (outline, kept) = match output::package_read(install, ctx, observed).await {
+        Read::Verified { outline, contents } => (outline, contents),
+        Read::Refused { reason, message } => {
+            let mut report = Report::failed(reason, message);
+            report.install_job = Some(job_ref);
+            // Only a new package (an edit of the install, which is an event) changes the outcome.
+            return Ok((Action::await_change(), Some(report)));
+        }
+        Read::Unreadable(message) | Read::JobFailed(message) => {
+            return retry(install, ctx, parent, observed, unreadable(message)).await;
+        }
+    };
+    if let Some(refused) = complete::judge(install, ctx, &outline, &job_ref) {
+        return Ok(refused);
     }
-    // Only now is the log read: once per Job, or when the Stack went missing.
-    let job_uid = observed.uid().unwrap_or_default();
-    let contents = match ctx.unpacked.get(&uid, &job_uid) {
+    // Judged applicable: the contents, read again if they were past what is kept.
+    let contents = match kept {
         Some(contents) => contents,
-        None => match read_output(ctx, observed).await {
-            Ok((contents, bytes)) => {
-                let contents = Arc::new(contents);
-                ctx.unpacked.keep(&uid, &job_uid, bytes, contents.clone());
-                contents
-            }
-            Err(message) => {
-                let failure = Failure {
-                    attempt,
-                    at: completion_time(observed),
-                    reason: "InvalidPackage",
-                    message,
-                };
-                return retry(install, ctx, parent, observed, failure).await;
+        None => match output::read_package::<K>(ctx, observed).await {
+            (
+                Read::Verified {
+                    contents: Some(contents),
+                    ..
+                },
+                _,
+            ) => contents,
+            (Read::Unreadable(message), _) => return retry(install, ctx, parent, observed, unreadable(message)).await,
+            (_, _) => {
+                let message = format!(
+                    "the output of install Job {} changed since it was read",
+                    observed.name_any()
+                );
+                return retry(install, ctx, parent, observed, unreadable(message)).await;
             }
         },
     };
@@ -395,48 +410,4 @@ async fn copy_pull_secrets<K: InstallKind>(
         }
     }
     Ok(())
-}
-
-/// The log of the Job's `unpack` container, found through the Job's `controller-uid` label.
-async fn unpack_log(ctx: &InstallContext, job: &Job) -> Result<String, String> {
-    let tenant = &ctx.tenant;
-    let pods: Api<Pod> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
-    let uid = job.metadata.uid.clone().unwrap_or_default();
-    let list = pods
-        .list(&ListParams::default().labels(&format!("controller-uid={uid}")))
-        .await
-        .map_err(|e| format!("cannot list the install Job's pods: {e}"))?;
-    let mut candidates: Vec<&Pod> = list.items.iter().collect();
-    // The succeeded pod when there is one, else the newest.
-    candidates.sort_by_key(|p| {
-        let succeeded = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded");
-        (succeeded, p.metadata.creation_timestamp.clone().map(|t| t.0))
-    });
-    let Some(pod) = candidates.last() else {
-        return Err(format!(
-            "the pod of install Job {} is gone, so its output cannot be read; the Job will be retried",
-            job.name_any()
-        ));
-    };
-    let params = LogParams {
-        container: Some(job::UNPACK_CONTAINER.into()),
-        limit_bytes: Some(LOG_LIMIT_BYTES),
-        ..LogParams::default()
-    };
-    pods.logs(&pod.name_any(), &params)
-        .await
-        .map_err(|e| format!("cannot read the log of install pod {}: {e}", pod.name_any()))
-}
-
-fn last_lines(log: &str, count: usize) -> String {
-    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
-    lines[lines.len().saturating_sub(count)..].join(" | ")
-}
-
-/// The verified package contents in a completed Job's log and the log's size, or why there are none.
-async fn read_output(ctx: &InstallContext, job: &Job) -> Result<(PackageContents, usize), String> {
-    let log = unpack_log(ctx, job).await?;
-    let contents =
-        stream::decode(&log).map_err(|err| format!("install Job {} output refused: {err}", job.name_any()))?;
-    Ok((contents, log.len()))
 }

@@ -15,6 +15,7 @@ use serde_json::Value;
 
 use crate::context::endpoint::TenantEndpoint;
 use crate::context::pod_policy::PodPolicy;
+use crate::context::registries::AllowedRegistries;
 use crate::host::labels::{PARENT_KIND_LABEL, PARENT_NAME_LABEL, PARENT_NAMESPACE_LABEL, Parent, TENANT_LABEL};
 use crate::stacks::pod_policy;
 use crate::stacks::pull_secrets;
@@ -36,6 +37,9 @@ pub enum SpecError {
     /// The pod asks for more than a stack's pod may have on the host.
     #[error("{0}")]
     Unsafe(String),
+    /// A container image is not from a registry the host allows (`--allowed-registries`).
+    #[error("{0}")]
+    ImageNotAllowed(String),
 }
 
 impl SpecError {
@@ -43,6 +47,7 @@ impl SpecError {
         match self {
             SpecError::Invalid(_) => "InvalidDeploymentSpec",
             SpecError::Unsafe(_) => "PodSpecRefused",
+            SpecError::ImageNotAllowed(_) => "RegistryNotAllowed",
         }
     }
 }
@@ -73,6 +78,29 @@ pub fn check_safe(spec: &DeploymentSpec, policy: &PodPolicy) -> Result<(), SpecE
         Ok(())
     } else {
         Err(SpecError::Unsafe(pod_policy::refusal(&violations)))
+    }
+}
+
+/// Refuses a pod whose container images (init containers included) are not from a registry the
+/// host allows; the message names each such container and image.
+pub fn check_images(spec: &DeploymentSpec, registries: &AllowedRegistries) -> Result<(), SpecError> {
+    let Some(pod) = spec.template.spec.as_ref() else {
+        return Ok(());
+    };
+    let containers = pod.init_containers.iter().flatten().chain(&pod.containers);
+    let refused: Vec<String> = containers
+        .filter_map(|c| {
+            let image = c.image.as_deref().unwrap_or_default();
+            registries.refusal(&format!("container {:?} image", c.name), image)
+        })
+        .collect();
+    if refused.is_empty() {
+        Ok(())
+    } else {
+        Err(SpecError::ImageNotAllowed(format!(
+            "the stack's controller is refused: {}",
+            refused.join("; ")
+        )))
     }
 }
 

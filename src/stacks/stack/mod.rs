@@ -7,6 +7,7 @@ pub mod origin;
 pub mod rbac;
 pub mod tenant;
 pub mod token;
+pub mod token_watch;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -67,7 +68,8 @@ const PULL_SECRET_RESYNC: Duration = Duration::from_secs(300);
 /// trigger reconciles: a write is decided from these, never from a fresh GET.
 struct Caches {
     service_accounts: Store<ServiceAccount>,
-    tenant_secrets: Store<Secret>,
+    /// The Stacks' token Secrets only, by metadata; their data read when they change.
+    token_secrets: token_watch::TokenSecrets,
     cluster_roles: Store<ClusterRole>,
     role_bindings: Store<RoleBinding>,
     cluster_role_bindings: Store<ClusterRoleBinding>,
@@ -153,7 +155,8 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
     let shared = &context.caches;
     let ours = format!("{MANAGED_BY_LABEL}={MANAGED_BY}");
     let service_accounts = shared.tenant::<ServiceAccount>(&ours);
-    let tenant_secrets = shared.tenant::<Secret>(&ours);
+    // Not a shared cache of Secrets: any user can label a Secret as stackd's (see `token_watch`).
+    let (token_secrets, token_events) = token_watch::watch(context.client.clone(), &ours, context.reachability.back());
     let cluster_roles = shared.tenant::<ClusterRole>(&ours);
     let role_bindings = shared.tenant::<RoleBinding>(&ours);
     let cluster_role_bindings = shared.tenant::<ClusterRoleBinding>(&ours);
@@ -167,7 +170,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
     let (on_deployment, on_secret) = (context.clone(), context.clone());
     let scaffold = Scaffold::new(CONTROLLER, context.clone(), &stacks)
         .watches(&service_accounts, |o| stack_of(o.as_ref()))
-        .watches(&tenant_secrets, |o| stack_of(o.as_ref()))
+        .watches_ready_stream(token_secrets.readiness(), token_events, |o| stack_of(&o))
         .watches(&cluster_roles, |o| stack_of(o.as_ref()))
         .watches(&role_bindings, |o| stack_of(o.as_ref()))
         .watches(&cluster_role_bindings, |o| stack_of(o.as_ref()))
@@ -194,7 +197,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
         written: Written::default(),
         caches: Caches {
             service_accounts: service_accounts.store(),
-            tenant_secrets: tenant_secrets.store(),
+            token_secrets,
             cluster_roles: cluster_roles.store(),
             role_bindings: role_bindings.store(),
             cluster_role_bindings: cluster_role_bindings.store(),
@@ -299,6 +302,8 @@ async fn reconcile(stack: Arc<Stack>, ctx: Arc<StackContext>, _permit: Permit) -
             FinalizerError::AddFinalizer(kube::Error::Api(status))
             | FinalizerError::RemoveFinalizer(kube::Error::Api(status)),
         ) if status.code == 409 || status.code == 422 => Action::await_change(),
+        // The Stack is gone already (our cached copy still showed the finalizer): done.
+        Err(FinalizerError::RemoveFinalizer(kube::Error::Api(status))) if status.code == 404 => Action::await_change(),
         Err(other) => return Err(StackError::Finalizer(other.to_string())),
     };
     Ok(action)
@@ -355,9 +360,14 @@ impl Notes {
 }
 
 async fn apply(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError> {
+    // The host references a reconcile does not reach keep their last value: the one this process
+    // last wrote, as `report` compares with, not the cached copy's. A cache one write behind would
+    // otherwise undo that write, and each status write wakes the next reconcile, on a cache one
+    // write behind again: a loop of writes that only ends when the cache catches up.
+    let last = last_status(stack, ctx);
     let mut notes = Notes {
-        controller_ref: stack.status.as_ref().and_then(|s| s.controller_ref.clone()),
-        token_secret_ref: stack.status.as_ref().and_then(|s| s.token_secret_ref.clone()),
+        controller_ref: last.controller_ref,
+        token_secret_ref: last.token_secret_ref,
         ..Notes::default()
     };
     let result = converge(stack, ctx, &mut notes).await;
@@ -486,6 +496,7 @@ fn validate<'a>(
             if !settings.insecure_pass_full_deployment {
                 deployment::check_safe(&spec, &settings.stack_pod_policy)?;
             }
+            deployment::check_images(&spec, &settings.allowed_registries)?;
             Ok(spec)
         })
         .map_err(|err| Outcome::refused(err.reason(), err.to_string()))?;
@@ -615,8 +626,8 @@ async fn write_tenant_objects(
         writes.record(format!("ClusterRole {}", role.name_any()), applied);
     }
     let secret = token::tenant_secret(&identity, &owner);
-    let observed = caches.tenant_secrets.get(&in_namespace(&secret.name_any(), ns));
     let api = Api::namespaced(client.clone(), ns);
+    let observed = caches.token_secrets.current(&api, ns, &secret.name_any()).await?;
     let applied = tenant::ensure(&api, &identity, &secret, observed.as_deref()).await?;
     writes.record(format!("Secret {}", secret.name_any()), applied);
     let filled = observed.as_deref().and_then(|s| token::filled_keys(s, &identity));
@@ -946,11 +957,18 @@ async fn publish_notes(stack: &Stack, ctx: &StackContext, events: Vec<(EventType
     }
 }
 
+/// The Stack's status as this process last wrote it, until the cache shows that write; else the
+/// cached one.
+fn last_status(stack: &Stack, ctx: &StackContext) -> StackStatus {
+    let uid = stack.uid().unwrap_or_default();
+    let cached = stack.status.clone().unwrap_or_default();
+    ctx.written.current(&uid, stack.resource_version().as_deref(), cached)
+}
+
 async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes: Notes) -> Result<(), StackError> {
     let tenant = &ctx.tenant;
     let uid = stack.uid().unwrap_or_default();
-    let cached = stack.status.clone().unwrap_or_default();
-    let old = ctx.written.current(&uid, stack.resource_version().as_deref(), cached);
+    let old = last_status(stack, ctx);
     let key = stack_key(stack);
     let previous_ready = ctx.reported.get(&key).or_else(|| {
         let ready = old.conditions.iter().find(|c| c.type_ == "Ready")?;
@@ -1102,6 +1120,9 @@ async fn cleanup(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError
             Err(err) => return Err(err.into()),
         }
     }
+    ctx.caches
+        .token_secrets
+        .forget(&identity.namespace, &token::tenant_secret_name(&identity));
     ctx.reported.forget(&stack_key(stack));
     ctx.written.forget(&stack.uid().unwrap_or_default());
     info!(tenant = %tenant.name, stack = %stack_key(stack), host_objects = removed, "stack uninstalled");

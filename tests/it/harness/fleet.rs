@@ -86,6 +86,14 @@ impl Fleet {
         Daemon::spawn(self.dir.path(), extra)
     }
 
+    /// A daemon whose address space is capped at `bytes` (`ulimit -v`), so that an unbounded
+    /// allocation aborts it as it would a pod under a memory limit, instead of taking the machine's
+    /// memory.
+    pub(crate) fn daemon_with_address_space(&self, extra: &[&str], bytes: u64) -> Daemon {
+        let dir = self.dir.path();
+        Daemon::spawn_as(dir, &dir.join("host.yaml"), extra, Some(bytes))
+    }
+
     pub(crate) fn namespaces(&self) -> Api<Namespace> {
         Api::all(self.host_client.clone())
     }
@@ -135,10 +143,25 @@ impl Daemon {
 
     /// Like [`Daemon::spawn`], with another host kubeconfig (e.g. one through a proxy).
     pub(crate) fn spawn_with_host(dir: &Path, host_kubeconfig: &Path, extra: &[&str]) -> Daemon {
+        Daemon::spawn_as(dir, host_kubeconfig, extra, None)
+    }
+
+    /// `stackd run`, its address space capped at `address_space` bytes when given (the shell sets
+    /// the limit and becomes the daemon: the child's pid is the daemon's).
+    fn spawn_as(dir: &Path, host_kubeconfig: &Path, extra: &[&str], address_space: Option<u64>) -> Daemon {
         let admin = free_port();
         let log = dir.join(format!("daemon-{}.log", admin.port()));
         let log_file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(env!("CARGO_BIN_EXE_stackd"))
+        let mut command = match address_space {
+            None => Command::new(env!("CARGO_BIN_EXE_stackd")),
+            Some(bytes) => {
+                let mut shell = Command::new("sh");
+                let script = format!("ulimit -v {} && exec \"$0\" \"$@\"", bytes / 1024);
+                shell.args(["-c", &script, env!("CARGO_BIN_EXE_stackd")]);
+                shell
+            }
+        };
+        let child = command
             .args(["run", "--host-kubeconfig"])
             .arg(host_kubeconfig)
             .arg("--tenants-dir")
@@ -204,8 +227,36 @@ impl Daemon {
         }
     }
 
+    /// The process's resident memory in KiB (0 where unknown).
+    pub(crate) fn rss_kib(&self) -> u64 {
+        self.rss_bytes() / 1024
+    }
+
+    /// The daemon's resident memory now, from `/proc` (Linux).
+    pub(crate) fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kib| kib * 1024)
+    }
+
     pub(crate) fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// True while the process has not exited.
+    pub(crate) fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The most memory the process has held resident so far (`VmHWM`, Linux), in bytes.
+    pub(crate) fn peak_resident_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
     }
 
     /// `kill -9`.

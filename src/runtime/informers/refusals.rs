@@ -1,0 +1,201 @@
+//! Objects a cache refused because they are over the size cap: never decoded nor cached, but
+//! remembered, so that no controller takes one for gone. Absent from a cache usually means "does
+//! not exist" (and so: create a replacement, release what it held, finish an uninstall); for a
+//! refused object it means "cannot be read". So a refused object holds up the controllers reading
+//! its kind in its namespace (`runtime::controller`) until it is made smaller or deleted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, RwLock};
+
+/// One refused object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub kind: String,
+    pub namespace: Option<String>,
+    pub name: String,
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+    /// Its size as compact JSON.
+    pub json_bytes: u64,
+    /// The tenant namespace whose work it holds up ("" for every namespace: a cluster-scoped
+    /// object, or a host object whose tenant namespace cannot be told).
+    pub holds: String,
+}
+
+impl Refusal {
+    /// `Kind namespace/name`, for messages.
+    pub fn describe(&self) -> String {
+        match &self.namespace {
+            Some(namespace) => format!("{} {namespace}/{}", self.kind, self.name),
+            None => format!("{} {}", self.kind, self.name),
+        }
+    }
+}
+
+type Key = (String, String);
+
+fn key(namespace: Option<&str>, name: &str) -> Key {
+    (namespace.unwrap_or_default().to_string(), name.to_string())
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    by_object: BTreeMap<Key, Refusal>,
+    /// How many refused objects hold up each tenant namespace.
+    holding: BTreeMap<String, usize>,
+    /// The objects a relist in progress refused again.
+    relisted: Option<BTreeSet<Key>>,
+}
+
+impl Inner {
+    fn remove(&mut self, key: &Key) {
+        if let Some(old) = self.by_object.remove(key)
+            && let Some(count) = self.holding.get_mut(&old.holds)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.holding.remove(&old.holds);
+            }
+        }
+    }
+}
+
+/// The objects one cache refused; clones share them.
+#[derive(Clone, Debug, Default)]
+pub struct Refusals(Arc<RwLock<Inner>>);
+
+impl Refusals {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
+        self.0.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
+        self.0.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a refused object; true when this is news (not the same version refused again, as
+    /// a relist brings it), so that it is reported once.
+    pub(crate) fn refuse(&self, refusal: Refusal) -> bool {
+        let key = key(refusal.namespace.as_deref(), &refusal.name);
+        let mut inner = self.write();
+        if let Some(relisted) = &mut inner.relisted {
+            relisted.insert(key.clone());
+        }
+        let known = inner.by_object.get(&key);
+        let news =
+            known.is_none_or(|known| known.uid != refusal.uid || known.resource_version != refusal.resource_version);
+        inner.remove(&key);
+        *inner.holding.entry(refusal.holds.clone()).or_default() += 1;
+        inner.by_object.insert(key, refusal);
+        news
+    }
+
+    /// The object was read (it is small again) or deleted.
+    pub(crate) fn forget(&self, namespace: Option<&str>, name: &str) {
+        self.write().remove(&key(namespace, name));
+    }
+
+    pub(crate) fn start_relist(&self) {
+        self.write().relisted = Some(BTreeSet::new());
+    }
+
+    /// Forgets the refused objects the relist no longer brought (deleted meanwhile).
+    pub(crate) fn finish_relist(&self) {
+        let mut inner = self.write();
+        let Some(relisted) = inner.relisted.take() else {
+            return;
+        };
+        let gone: Vec<Key> = inner
+            .by_object
+            .keys()
+            .filter(|key| !relisted.contains(*key))
+            .cloned()
+            .collect();
+        for key in gone {
+            inner.remove(&key);
+        }
+    }
+
+    /// Whether the object at `namespace/name` was refused.
+    pub fn contains(&self, namespace: Option<&str>, name: &str) -> bool {
+        self.read().by_object.contains_key(&key(namespace, name))
+    }
+
+    /// A refused object that holds up work in the tenant namespace `namespace`, if there is one.
+    pub fn holding(&self, namespace: &str) -> Option<Refusal> {
+        let inner = self.read();
+        if inner.holding.is_empty() {
+            return None;
+        }
+        let holds = |refusal: &&Refusal| refusal.holds == namespace || refusal.holds.is_empty();
+        if !inner.holding.contains_key(namespace) && !inner.holding.contains_key("") {
+            return None;
+        }
+        inner.by_object.values().find(holds).cloned()
+    }
+
+    /// How many objects are refused now.
+    pub fn len(&self) -> usize {
+        self.read().by_object.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refusal(namespace: &str, name: &str, version: &str) -> Refusal {
+        Refusal {
+            kind: "ClusterDeploymentCustomization".into(),
+            namespace: Some(namespace.into()),
+            name: name.into(),
+            uid: Some(format!("uid-{name}")),
+            resource_version: Some(version.into()),
+            json_bytes: 2 << 20,
+            holds: namespace.into(),
+        }
+    }
+
+    #[test]
+    fn a_refused_object_holds_up_its_namespace_only_until_it_is_forgotten() {
+        let refusals = Refusals::default();
+        assert!(refusals.refuse(refusal("team-a", "big", "1")));
+        assert!(
+            !refusals.refuse(refusal("team-a", "big", "1")),
+            "the same version is no news"
+        );
+        assert!(refusals.refuse(refusal("team-a", "big", "2")), "a new version is");
+        assert!(refusals.holding("team-a").is_some());
+        assert!(refusals.holding("team-b").is_none());
+        assert!(refusals.contains(Some("team-a"), "big"));
+        refusals.forget(Some("team-a"), "big");
+        assert!(refusals.holding("team-a").is_none());
+        assert!(refusals.is_empty());
+    }
+
+    #[test]
+    fn a_relist_forgets_the_refused_objects_it_no_longer_brings() {
+        let refusals = Refusals::default();
+        refusals.refuse(refusal("team-a", "kept", "1"));
+        refusals.refuse(refusal("team-a", "deleted", "1"));
+        refusals.start_relist();
+        assert!(!refusals.refuse(refusal("team-a", "kept", "1")));
+        refusals.finish_relist();
+        assert!(refusals.contains(Some("team-a"), "kept"));
+        assert!(!refusals.contains(Some("team-a"), "deleted"));
+    }
+
+    #[test]
+    fn an_object_of_no_known_namespace_holds_up_every_namespace() {
+        let refusals = Refusals::default();
+        refusals.refuse(Refusal {
+            holds: String::new(),
+            ..refusal("tenant-acme-controllers", "x", "1")
+        });
+        assert!(refusals.holding("anything").is_some());
+    }
+}

@@ -1,0 +1,163 @@
+//! The install Job's output (DESIGN.md §3.2 step 4): its pod, found by the Job's `controller-uid`
+//! label and proven by its controller reference to the Job; its log, read once per Job; and what
+//! the log came to, verified, parsed and checked off the async workers (up to 8 MiB of the tenant's
+//! YAML), then kept in [`super::unpacked::Reads`] until the Job changes.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, LogParams};
+use kube::{Api, ResourceExt};
+
+use super::job;
+use super::package::{self, Outline, PackageRules};
+use super::unpacked::Read;
+use super::{InstallContext, InstallKind};
+use crate::stacks::install::crd_policy::CrdRules;
+use crate::stacks::stream::{self, LOG_LIMIT_BYTES, StreamError};
+
+/// How much of a failed Job's log is read for its last lines.
+const FAILURE_LOG_BYTES: i64 = 16 * 1024;
+/// The most of a failed Job's last lines a condition message carries.
+const FAILURE_DETAIL_CHARS: usize = 1024;
+
+/// What the completed Job `job` of `install` came to: read once per Job, then kept.
+pub(super) async fn package_read<K: InstallKind>(install: &K, ctx: &InstallContext, job: &Job) -> Read {
+    let (install_uid, job_uid) = (install.uid().unwrap_or_default(), job.uid().unwrap_or_default());
+    if let Some(read) = ctx.unpacked.get(&install_uid, &job_uid) {
+        return read;
+    }
+    let (read, bytes) = read_package::<K>(ctx, job).await;
+    ctx.unpacked.keep(&install_uid, &job_uid, bytes, read.clone());
+    read
+}
+
+/// The last lines of the failed Job `job`'s log: read once per Job, then kept.
+pub(super) async fn failure_detail<K: InstallKind>(install: &K, ctx: &InstallContext, job: &Job) -> String {
+    let (install_uid, job_uid) = (install.uid().unwrap_or_default(), job.uid().unwrap_or_default());
+    if let Some(Read::JobFailed(detail)) = ctx.unpacked.get(&install_uid, &job_uid) {
+        return detail;
+    }
+    let params = LogParams {
+        container: Some(job::UNPACK_CONTAINER.into()),
+        tail_lines: Some(5),
+        limit_bytes: Some(FAILURE_LOG_BYTES),
+        ..LogParams::default()
+    };
+    let log = unpack_log(ctx, job, &params).await.unwrap_or_default();
+    let detail: String = last_lines(&log, 5).chars().take(FAILURE_DETAIL_CHARS).collect();
+    ctx.unpacked
+        .keep(&install_uid, &job_uid, 0, Read::JobFailed(detail.clone()));
+    detail
+}
+
+/// Reads, verifies and checks the completed Job's output (see [`package_read`]); the log's size.
+pub(super) async fn read_package<K: InstallKind>(ctx: &InstallContext, job: &Job) -> (Read, usize) {
+    let params = LogParams {
+        container: Some(job::UNPACK_CONTAINER.into()),
+        limit_bytes: Some(LOG_LIMIT_BYTES),
+        ..LogParams::default()
+    };
+    let log = match unpack_log(ctx, job, &params).await {
+        Ok(log) => log,
+        Err(message) => return (Read::Unreadable(message), 0),
+    };
+    let bytes = log.len();
+    let settings = &ctx.tenant.shared.settings;
+    let job_name = job.name_any();
+    let (kind, groups, pod_policy, registries) = (
+        K::kind(&()).into_owned(),
+        settings.stack_crd_groups.clone(),
+        settings.stack_pod_policy.clone(),
+        settings.allowed_registries.clone(),
+    );
+    let (pass_full_deployment, allow_conversion_webhooks, max_crds) = (
+        settings.insecure_pass_full_deployment,
+        settings.insecure_allow_conversion_webhooks,
+        settings.stack_limits.max_package_crds,
+    );
+    let scope = K::SCOPE;
+    let judged = tokio::task::spawn_blocking(move || {
+        let contents = match stream::decode(&log, max_crds) {
+            Ok(contents) => contents,
+            Err(err @ StreamError::TooManyCrds { .. }) => {
+                return Read::Refused {
+                    reason: "TooManyCRDs",
+                    message: err.to_string(),
+                };
+            }
+            Err(err) => return Read::Unreadable(format!("install Job {job_name} output refused: {err}")),
+        };
+        let rules = PackageRules {
+            scope,
+            kind: &kind,
+            pass_full_deployment,
+            crd_rules: CrdRules {
+                groups: &groups,
+                allow_conversion_webhooks,
+            },
+            pod_policy: &pod_policy,
+            registries: &registries,
+        };
+        match package::check_package(&contents, &rules) {
+            Err(err) => Read::Refused {
+                reason: err.reason(),
+                message: err.to_string(),
+            },
+            Ok(()) => Read::Verified {
+                outline: Arc::new(Outline::of(&contents)),
+                contents: Some(Arc::new(contents)),
+            },
+        }
+    })
+    .await;
+    match judged {
+        Ok(read) => (read, bytes),
+        Err(err) => (
+            Read::Unreadable(format!("the install output could not be read: {err}")),
+            0,
+        ),
+    }
+}
+
+/// The log of the Job's `unpack` container with `params`, from the pod the Job made.
+async fn unpack_log(ctx: &InstallContext, job: &Job, params: &LogParams) -> Result<String, String> {
+    let tenant = &ctx.tenant;
+    let pods: Api<Pod> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
+    let uid = job.metadata.uid.clone().unwrap_or_default();
+    let list = pods
+        .list(&ListParams::default().labels(&format!("controller-uid={uid}")))
+        .await
+        .map_err(|e| format!("cannot list the install Job's pods: {e}"))?;
+    // The label alone proves nothing: whoever may create pods in the host namespace (an installer, a
+    // stack's controller) can label one with this Job's uid. The Job's controller reference names
+    // the pods its controller made.
+    let mut candidates: Vec<&Pod> = list.items.iter().filter(|pod| made_by(pod, &uid)).collect();
+    // The succeeded pod when there is one, else the newest.
+    candidates.sort_by_key(|p| {
+        let succeeded = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded");
+        (succeeded, p.metadata.creation_timestamp.clone().map(|t| t.0))
+    });
+    let Some(pod) = candidates.last() else {
+        return Err(format!(
+            "the pod of install Job {} is gone, so its output cannot be read; the Job will be retried",
+            job.name_any()
+        ));
+    };
+    pods.logs(&pod.name_any(), params)
+        .await
+        .map_err(|e| format!("cannot read the log of install pod {}: {e}", pod.name_any()))
+}
+
+/// True when `pod` is controlled by the Job with `job_uid`.
+fn made_by(pod: &Pod, job_uid: &str) -> bool {
+    pod.owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && o.kind == "Job" && o.api_version == "batch/v1" && o.uid == job_uid)
+}
+
+fn last_lines(log: &str, count: usize) -> String {
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(count)..].join(" | ")
+}

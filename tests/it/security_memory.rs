@@ -1,0 +1,307 @@
+//! Memory per tenant is bounded (DESIGN.md §8 "Blast radius"; issue 28): an `edit` user who floods
+//! their namespace with large objects gets them refused (`ObjectTooLarge`), not decoded into the
+//! daemon's memory, and nothing is deleted for it; a tenant whose caches outgrow
+//! `--tenant-memory-budget` is suspended with a reason while the other tenants go on, and comes back
+//! once it has cleaned up. Each attack runs through the daemon binary against embedded servers.
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+use stackd::embedded::samples::{SampleImages, register_sample_runners};
+
+use crate::harness::{Daemon, Fleet, until};
+use crate::pools::{NS, WITHIN, cdcs, cds, create_cdc, create_pool, events, named_cdc, pool_json, prepare, ready};
+
+const HOST_NS: &str = "tenant-acme-controllers";
+
+/// Host `acme` and `globex`, each with the stackd CRDs and what a pool in `team` installs from.
+async fn two_tenants() -> (Fleet, Client, Client) {
+    let fleet = Fleet::start(&["acme", "globex"]).await;
+    register_sample_runners(&fleet.host().runners(), &SampleImages::new("stackd:dev"));
+    let mut clients = Vec::new();
+    for (_, server) in &fleet.tenants {
+        let client = server.as_ref().expect("tenant server").client().await;
+        prepare(&client).await;
+        clients.push(client);
+    }
+    let globex = clients.pop().expect("globex");
+    let acme = clients.pop().expect("acme");
+    (fleet, acme, globex)
+}
+
+fn daemon(fleet: &Fleet, extra: &[&str]) -> Daemon {
+    let mut args = vec!["--lease-min-age", "2s", "--sweep-interval", "1h"];
+    args.extend_from_slice(extra);
+    fleet.daemon(&args)
+}
+
+/// `elements` small numbers: two bytes of JSON each, 32 or more decoded.
+fn numbers(elements: usize) -> Value {
+    json!((0..elements).map(|i| i % 10).collect::<Vec<_>>())
+}
+
+/// A patch list whose one value is an array of `elements` small numbers.
+fn bulky_patches(elements: usize) -> Value {
+    json!([
+        {"op": "replace", "path": "/metadata/name", "value": "c"},
+        {"op": "add", "path": "/bulk", "value": numbers(elements)},
+    ])
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// Host Jobs and Secrets of `acme`, by name.
+async fn host_objects(fleet: &Fleet) -> Vec<String> {
+    let params = ListParams::default().labels("stackd.dev/tenant=acme");
+    let jobs: Api<Job> = Api::namespaced(fleet.host_client.clone(), HOST_NS);
+    let secrets: Api<Secret> = Api::namespaced(fleet.host_client.clone(), HOST_NS);
+    let mut names: Vec<String> = jobs
+        .list(&params)
+        .await
+        .expect("jobs")
+        .items
+        .iter()
+        .map(|j| j.name_any())
+        .collect();
+    names.extend(
+        secrets
+            .list(&params)
+            .await
+            .expect("secrets")
+            .items
+            .iter()
+            .map(|s| s.name_any()),
+    );
+    names.sort();
+    names
+}
+
+async fn too_large_reported(tenant: &Client, name: &str) -> bool {
+    events(tenant, NS, name)
+        .await
+        .iter()
+        .any(|(reason, note)| reason == "ObjectTooLarge" && note.contains("--max-cached-object-bytes"))
+}
+
+/// A user floods namespace `team` with ClusterDeploymentCustomizations of 1 MiB of small numbers
+/// (some 20 MiB each decoded) and inflates the one their installed cluster was made from. Each is
+/// refused with an `ObjectTooLarge` Event; the daemon's memory stays bounded, also when it restarts
+/// and lists them all; the cluster, its host objects and the CDCs stay; another tenant keeps
+/// filling its pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_large_objects_is_refused_and_the_daemon_stays_small() {
+    let (fleet, acme, globex) = two_tenants().await;
+    let first = daemon(&fleet, &[]);
+    named_cdc(&acme, "c1").await;
+    create_pool(&acme, pool_json("p", 1, Some(&["c1"]))).await;
+    until("acme's pool is filled", WITHIN, &first, || async {
+        ready(&acme, "p").await == 1
+    })
+    .await;
+    let clusters: Vec<String> = cds(&acme, "p").await.iter().map(|cd| cd.name_any()).collect();
+    let host_before = host_objects(&fleet).await;
+    let baseline = first.rss_bytes();
+
+    const FLOOD: usize = 10;
+    const ELEMENTS: usize = 512 * 1024;
+    for i in 0..FLOOD {
+        create_cdc(&acme, &format!("big-{i}"), bulky_patches(ELEMENTS)).await;
+    }
+    let inflate = json!({"spec": {"installConfigPatches": bulky_patches(ELEMENTS)}});
+    cdcs(&acme)
+        .patch("c1", &PatchParams::default(), &Patch::Merge(&inflate))
+        .await
+        .expect("inflate c1");
+    let mut flooded: Vec<String> = (0..FLOOD).map(|i| format!("big-{i}")).collect();
+    flooded.push("c1".into());
+    for name in &flooded {
+        let what = format!("ObjectTooLarge on {name}");
+        until(&what, WITHIN, &first, || too_large_reported(&acme, name)).await;
+    }
+    let flooded_rss = first.rss_bytes();
+
+    // The other tenant is served meanwhile.
+    named_cdc(&globex, "g1").await;
+    create_pool(&globex, pool_json("g", 1, Some(&["g1"]))).await;
+    until("globex's pool is filled", WITHIN, &first, || async {
+        ready(&globex, "g").await == 1
+    })
+    .await;
+
+    // A restart lists every large object at once: the way the unbounded daemon crash-looped.
+    drop(first);
+    let second = daemon(&fleet, &[]);
+    until("the restarted daemon refused all of them", WITHIN, &second, || async {
+        second
+            .log_text()
+            .matches("ignoring an object over --max-cached-object-bytes")
+            .count()
+            >= flooded.len()
+    })
+    .await;
+    second.wait_for("/readyz?verbose", "[+]tenant acme ok", WITHIN).await;
+    let relisted_rss = second.rss_bytes();
+    eprintln!(
+        "daemon RSS: {:.1} MiB before the flood, {:.1} MiB after {FLOOD}+1 objects of {:.1} MiB, {:.1} MiB after a restart listing them",
+        mib(baseline),
+        mib(flooded_rss),
+        mib(2 * ELEMENTS as u64),
+        mib(relisted_rss)
+    );
+    const BOUND: u64 = 64 << 20;
+    assert!(
+        flooded_rss < baseline + BOUND,
+        "the flood grew the daemon from {:.1} to {:.1} MiB",
+        mib(baseline),
+        mib(flooded_rss)
+    );
+    assert!(
+        relisted_rss < baseline + BOUND,
+        "a restart grew the daemon to {:.1} MiB",
+        mib(relisted_rss)
+    );
+
+    // Nothing was deleted for it: the cluster, its host objects, the CDCs.
+    let after: Vec<String> = cds(&acme, "p")
+        .await
+        .iter()
+        .filter(|cd| cd.metadata.deletion_timestamp.is_none())
+        .map(|cd| cd.name_any())
+        .collect();
+    assert_eq!(after, clusters, "the pool's cluster is kept");
+    assert_eq!(host_objects(&fleet).await, host_before, "its host objects are kept");
+    for name in &flooded {
+        assert!(
+            cdcs(&acme).get_opt(name).await.expect("get cdc").is_some(),
+            "{name} is kept"
+        );
+    }
+}
+
+/// A tenant whose caches outgrow a small `--tenant-memory-budget` (many mid-sized objects, each
+/// under the size cap) is suspended: `/readyz?verbose` and `stackd_tenant_suspended` say why, one
+/// log line tells it, the other tenant keeps working; once the objects are deleted it comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_memory_budget_is_suspended_and_comes_back_once_it_cleaned_up() {
+    let (fleet, acme, globex) = two_tenants().await;
+    let daemon = daemon(&fleet, &["--tenant-memory-budget", "2Mi"]);
+    daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", WITHIN).await;
+    for i in 0..12 {
+        create_cdc(&acme, &format!("mid-{i}"), bulky_patches(32 * 1024)).await;
+    }
+    let detail = daemon
+        .wait_for("/readyz?verbose", "[-]tenant acme suspended:", WITHIN)
+        .await;
+    assert!(detail.contains("--tenant-memory-budget"), "{detail}");
+    assert!(detail.contains("[+]tenant globex ok"), "{detail}");
+    daemon
+        .wait_for(
+            "/metrics",
+            "stackd_tenant_suspended{tenant=\"acme\",reason=\"memory_budget\"} 1",
+            WITHIN,
+        )
+        .await;
+
+    // Retried, still over: told once.
+    until("two retries of acme, still over", WITHIN, &daemon, || async {
+        daemon.log_text().matches("tenant still over its memory budget").count() >= 2
+    })
+    .await;
+    let warned = daemon
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("tenant suspended"))
+        .count();
+    assert_eq!(warned, 1, "{}", daemon.log_text());
+
+    // The other tenant is served.
+    named_cdc(&globex, "g1").await;
+    create_pool(&globex, pool_json("g", 1, Some(&["g1"]))).await;
+    until("globex's pool is filled", WITHIN, &daemon, || async {
+        ready(&globex, "g").await == 1
+    })
+    .await;
+
+    // Cleaned up, the tenant comes back and is served again.
+    for i in 0..12 {
+        cdcs(&acme)
+            .delete(&format!("mid-{i}"), &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+    daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", WITHIN).await;
+    let metrics = daemon.http_get("/metrics").unwrap_or_default();
+    assert!(
+        !metrics.contains("stackd_tenant_suspended{tenant=\"acme\""),
+        "{metrics}"
+    );
+    named_cdc(&acme, "c1").await;
+    create_pool(&acme, pool_json("p", 1, Some(&["c1"]))).await;
+    until("acme's pool is filled", WITHIN, &daemon, || async {
+        ready(&acme, "p").await == 1
+    })
+    .await;
+}
+
+/// The orphan sweep judges parents by a metadata list, which an object too large to cache is in:
+/// its host objects are kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_orphan_sweep_keeps_the_host_objects_of_a_parent_too_large_to_cache() {
+    let (fleet, acme, _globex) = two_tenants().await;
+    let daemon = daemon(&fleet, &["--max-cached-object-bytes", "64Ki"]);
+    named_cdc(&acme, "c1").await;
+    create_pool(&acme, pool_json("p", 1, Some(&["c1"]))).await;
+    until("acme's pool is filled", WITHIN, &daemon, || async {
+        ready(&acme, "p").await == 1
+    })
+    .await;
+    let host_before = host_objects(&fleet).await;
+    assert!(!host_before.is_empty());
+    // The cluster itself grows past the cap (a label-sized annotation is enough at 64 KiB).
+    let cluster = cds(&acme, "p").await.remove(0);
+    let big = json!({"metadata": {"annotations": {"bulk": "x".repeat(100 * 1024)}}});
+    Api::<stackd::api::pools::ClusterDeployment>::namespaced(acme.clone(), &cluster.namespace().unwrap())
+        .patch(&cluster.name_any(), &PatchParams::default(), &Patch::Merge(&big))
+        .await
+        .expect("inflate the cluster");
+    until("ObjectTooLarge on the cluster", WITHIN, &daemon, || async {
+        events(&acme, &cluster.namespace().unwrap(), &cluster.name_any())
+            .await
+            .iter()
+            .any(|(reason, _)| reason == "ObjectTooLarge")
+    })
+    .await;
+    drop(daemon);
+    let report = stackd::host::sweep::run::sweep_once(
+        &fleet.host_client,
+        &acme,
+        "acme",
+        HOST_NS,
+        &stackd_parent_kinds(),
+        &stackd_host_kinds(),
+    )
+    .await
+    .expect("sweep");
+    assert!(report.deleted.is_empty(), "{:?}", report.deleted);
+    assert_eq!(host_objects(&fleet).await, host_before);
+}
+
+fn stackd_parent_kinds() -> Vec<kube::api::ApiResource> {
+    use stackd::api::pools::*;
+    vec![
+        kube::api::ApiResource::erase::<ClusterPool>(&()),
+        kube::api::ApiResource::erase::<ClusterDeploymentCustomization>(&()),
+        kube::api::ApiResource::erase::<ClusterDeployment>(&()),
+    ]
+}
+
+fn stackd_host_kinds() -> Vec<kube::api::ApiResource> {
+    vec![
+        kube::api::ApiResource::erase::<Job>(&()),
+        kube::api::ApiResource::erase::<Secret>(&()),
+    ]
+}
