@@ -1211,13 +1211,13 @@ async fn an_uninstall_waits_out_an_unreachable_tenant_and_then_completes() {
         || async { objects_of_kind(&fleet, "Stack").await.1.is_empty().then_some(()) },
     )
     .await;
-    assert!(
-        Api::<CustomResourceDefinition>::all(tenant.clone())
-            .get_opt(WIDGETS)
-            .await
-            .expect("get")
-            .is_none()
-    );
+    // The CRD is deleted with the install; its removal (custom-resource cleanup) may finish after.
+    let crds = Api::<CustomResourceDefinition>::all(tenant.clone());
+    wait_until("the package's CRD gone", Duration::from_secs(10), &daemon, || {
+        let crds = crds.clone();
+        async move { crds.get_opt(WIDGETS).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
