@@ -369,6 +369,8 @@ enum BenchScenario {
     Stacks,
     /// Tenant API server restarts: how soon the tenant is up, and an install right after.
     Recovery,
+    /// 1,000 idle tenants on one replica (20 with --quick): start-up, memory, a steady state.
+    Crowd,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -589,6 +591,7 @@ async fn bench(args: BenchArgs) -> ExitCode {
         Some(BenchScenario::Shards) => return bench_shards(&args, &options).await,
         Some(BenchScenario::Stacks) => return bench_stacks(&args, &options).await,
         Some(BenchScenario::Recovery) => return bench_recovery(&args, &options).await,
+        Some(BenchScenario::Crowd) => return bench_crowd(&args, &options).await,
         None => {}
     }
     let report = match stackd::bench::run(&options).await {
@@ -638,6 +641,14 @@ async fn bench_stacks(args: &BenchArgs, options: &stackd::bench::BenchOptions) -
 async fn bench_recovery(args: &BenchArgs, options: &stackd::bench::BenchOptions) -> ExitCode {
     match stackd::bench::run_recovery(options).await {
         Ok(figures) => report_bench(args, &figures, || stackd::bench::recovery_lines(&figures)),
+        Err(err) => fail("stackd bench", err),
+    }
+}
+
+/// `stackd bench --only crowd`.
+async fn bench_crowd(args: &BenchArgs, options: &stackd::bench::BenchOptions) -> ExitCode {
+    match stackd::bench::run_crowd(options).await {
+        Ok(figures) => report_bench(args, &figures, || stackd::bench::crowd_lines(&figures)),
         Err(err) => fail("stackd bench", err),
     }
 }

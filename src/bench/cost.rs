@@ -19,6 +19,10 @@ pub struct CostFigures {
     /// CPU seconds of both over wall seconds × cores: near 1, installs wait for a core.
     pub cores_busy_fraction: f64,
     pub cores: usize,
+    /// Both processes' CPU seconds over the interval divided by the cores: no schedule finishes
+    /// every install sooner, and the median install near half of it at best.
+    #[serde(default)]
+    pub cpu_bound_s: f64,
     /// Per controller: reconciles per install.
     pub reconciles_per_install: BTreeMap<String, f64>,
     /// Per controller: milliseconds inside reconciles per install.
@@ -65,6 +69,7 @@ impl Snapshot {
             servers_cpu_ms_per_install: per_install(own * 1000.0),
             cores_busy_fraction: (daemon + own) / (wall * cores as f64),
             cores,
+            cpu_bound_s: (daemon + own) / cores as f64,
             reconciles_per_install: reconciles,
             reconcile_ms_per_install: reconcile_ms,
         }

@@ -65,7 +65,7 @@ pub async fn measure(tenants: usize, window: Duration) -> Result<IdleFigures, Be
     let host_watches = fleet.host.open_watches();
     let mut rates = RequestRates::default();
     for (now, then) in after.iter().zip(&before) {
-        add(&mut rates, &now.since(then));
+        add_rates(&mut rates, &now.since(then));
     }
     let per = (tenants as f64) * minutes;
     let idle = RequestRates {
@@ -97,7 +97,7 @@ pub async fn measure(tenants: usize, window: Duration) -> Result<IdleFigures, Be
 }
 
 /// Waits until no server has answered anything but watches for `quiet`.
-async fn wait_until_quiet(fleet: &Fleet, quiet: Duration, within: Duration) -> Result<(), BenchError> {
+pub(super) async fn wait_until_quiet(fleet: &Fleet, quiet: Duration, within: Duration) -> Result<(), BenchError> {
     let deadline = Instant::now() + within;
     let mut quiet_since = Instant::now();
     let mut before = fleet.counters();
@@ -123,7 +123,8 @@ async fn wait_until_quiet(fleet: &Fleet, quiet: Duration, within: Duration) -> R
     Ok(())
 }
 
-fn add(rates: &mut RequestRates, counts: &RequestCounts) {
+/// Adds `counts` to `rates` by what caused each request.
+pub(super) fn add_rates(rates: &mut RequestRates, counts: &RequestCounts) {
     for (key, n) in &counts.counts {
         let n = *n as f64;
         if key.resource.starts_with("leases") {

@@ -4,6 +4,7 @@
 
 pub mod chaos;
 mod cost;
+pub mod crowd;
 pub mod fleet;
 mod idle;
 mod latency;
@@ -20,6 +21,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub use crowd::CrowdFigures;
 pub use idle::IdleFigures;
 pub use latency::LatencyFloor;
 pub use pools::PoolFigures;
@@ -88,6 +90,16 @@ impl BenchOptions {
         if self.quick { 100 } else { 500 }
     }
 
+    /// The crowd scenario: 1,000 idle tenants watched for 10 minutes, or a CI-sized 20 for 6 s.
+    pub fn crowd_load(&self) -> crowd::CrowdLoad {
+        let (tenants, window, every) = if self.quick { (20, 6, 2) } else { (1000, 600, 30) };
+        crowd::CrowdLoad {
+            tenants,
+            window: std::time::Duration::from_secs(window),
+            sample_every: std::time::Duration::from_secs(every),
+        }
+    }
+
     /// (tenants, installs per tenant) of the stacks scenario.
     fn stack_load(&self) -> (usize, usize) {
         if self.quick { (2, 3) } else { (5, 10) }
@@ -114,6 +126,9 @@ pub struct Report {
     /// Replicas sharing the tenants over shard Leases (absent in reports from before it).
     #[serde(default)]
     pub shards: Option<ShardFigures>,
+    /// Many idle tenants on one replica, and their steady state (absent in reports from before it).
+    #[serde(default)]
+    pub crowd: Option<CrowdFigures>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -165,8 +180,10 @@ pub async fn run(options: &BenchOptions) -> Result<Report, BenchError> {
         load.replicas, load.tenants, load.shards
     );
     let shards = shards::measure(&load, options.keep_logs.as_deref()).await?;
+    let crowd = run_crowd(options).await?;
     Ok(Report {
         shards: Some(shards),
+        crowd: Some(crowd),
         machine: Machine::here(),
         quick: options.quick,
         latency_floor,
@@ -185,6 +202,16 @@ pub async fn run_stacks(options: &BenchOptions) -> Result<StackFigures, BenchErr
     let latency_floor = latency::measure(options.floor_samples()).await?;
     let (tenants, installs) = options.stack_load();
     stacks::measure(tenants, installs, &latency_floor, options.keep_logs.as_deref()).await
+}
+
+/// The crowd scenario (`stackd bench --only crowd`, and last in a whole run).
+pub async fn run_crowd(options: &BenchOptions) -> Result<CrowdFigures, BenchError> {
+    let load = options.crowd_load();
+    eprintln!(
+        "bench: {} idle tenants on one replica, watched for {:?}",
+        load.tenants, load.window
+    );
+    crowd::measure(&load).await
 }
 
 /// The recovery scenario alone (`stackd bench --only recovery`).
@@ -210,7 +237,63 @@ fn headline(report: &Report) -> BTreeMap<&'static str, f64> {
             "install_after_restart_ratio",
             report.recovery.install_after_restart_ratio,
         ),
+        (
+            "daemon_cpu_ms_per_install",
+            report.stacks.cost.daemon_cpu_ms_per_install,
+        ),
+        (
+            "servers_cpu_ms_per_install",
+            report.stacks.cost.servers_cpu_ms_per_install,
+        ),
+        ("install_p50_over_half_cpu_bound", p50_over_half_bound(&report.stacks)),
+        (
+            "crowd_marginal_rss_per_tenant_mb",
+            report.crowd.as_ref().map_or(0.0, |c| c.marginal_rss_per_tenant_mb),
+        ),
     ])
+}
+
+/// The install p50 over half the CPU bound (the median install cannot finish sooner); 0 unmeasured.
+pub fn p50_over_half_bound(s: &StackFigures) -> f64 {
+    let half = s.cost.cpu_bound_s / 2.0;
+    if half > 0.0 { s.install_p50_s / half } else { 0.0 }
+}
+
+/// The crowd scenario's lines of the table.
+pub fn crowd_lines(c: &CrowdFigures) -> String {
+    let mut out = String::new();
+    let r = &c.idle_requests_per_minute_per_tenant;
+    line(
+        &mut out,
+        format!(
+            "\ncrowd: {} idle tenants on one replica ({} asked; open-files limit {}, {:.0} sockets per tenant): up in {:.2} s, RSS {:.1} MiB ({:.1} with one), marginal {:.2} MiB per tenant; {:.1} watches and {:.1} host watches per tenant",
+            c.tenants,
+            c.tenants_asked,
+            c.open_files_limit,
+            c.sockets_per_tenant,
+            c.startup_s,
+            c.rss_mb,
+            c.one_tenant_rss_mb,
+            c.marginal_rss_per_tenant_mb,
+            c.watches_per_tenant,
+            c.host_watches_per_tenant
+        ),
+    );
+    line(
+        &mut out,
+        format!(
+            "crowd at rest for {:.0} s ({} samples): requests/min/tenant watch {:.3}, sweep {:.3}, lease {:.3}, other {:.3}; RSS spread {:.1}%, sockets spread {:.1}% (goal within 5%)",
+            c.window_s,
+            c.samples.len(),
+            r.watch_renewals,
+            r.sweeps,
+            r.lease_renewals,
+            r.other,
+            c.rss_spread * 100.0,
+            c.sockets_spread * 100.0
+        ),
+    );
+    out
 }
 
 /// The shards scenario's line of the table.
@@ -310,11 +393,13 @@ pub fn stacks_lines(s: &StackFigures) -> String {
     line(
         &mut out,
         format!(
-            "cpu per install: daemon {:.0} ms, servers {:.0} ms ({:.0}% of {} cores busy); reconciles per install (time in them): {}",
+            "cpu per install: daemon {:.0} ms, servers {:.0} ms ({:.0}% of {} cores busy); CPU bound {:.2} s, p50 {:.2}x half of it; reconciles per install (time in them): {}",
             c.daemon_cpu_ms_per_install,
             c.servers_cpu_ms_per_install,
             c.cores_busy_fraction * 100.0,
             c.cores,
+            c.cpu_bound_s,
+            p50_over_half_bound(s),
             per_controller.join(", ")
         ),
     );
@@ -456,6 +541,9 @@ pub fn table(report: &Report, baseline: Option<&Report>) -> String {
     if let Some(s) = &report.shards {
         line(&mut out, shard_line(s));
     }
+    if let Some(c) = &report.crowd {
+        out.push_str(&crowd_lines(c));
+    }
     if let Some(baseline) = baseline {
         out.push_str(&comparison_lines(report, baseline));
     }
@@ -514,6 +602,7 @@ mod tests {
                 baseline_breakdown: Default::default(),
             },
             shards: None,
+            crowd: None,
         }
     }
 

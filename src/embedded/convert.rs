@@ -2,6 +2,8 @@
 //! Events, as on the real server, so an Event written through either API is read through both
 //! (kube-runtime's recorder writes events.k8s.io; `kubectl describe` reads core).
 
+use std::collections::BTreeMap;
+
 use serde_json::{Map, Value};
 
 use super::store::GroupResource;
@@ -19,6 +21,11 @@ const EVENT_FIELDS: &[(&str, &str)] = &[
 
 fn is_events_api(group: &str, plural: &str) -> bool {
     (group, plural) == ("events.k8s.io", "events")
+}
+
+/// Whether this resource's objects read as they are stored (no fields renamed).
+pub fn reads_as_stored(group: &str, plural: &str) -> bool {
+    !is_events_api(group, plural)
 }
 
 /// Where a resource's objects are kept.
@@ -54,6 +61,19 @@ pub fn from_storage(group: &str, plural: &str, mut object: Value) -> Value {
         EVENT_FIELDS.iter().for_each(|(ours, core)| rename(map, core, ours));
     }
     object
+}
+
+/// [`from_storage`] on the top-level fields of a stored object, held by reference (what a served
+/// object is written out from, without copying it).
+pub fn fields_from_storage<'a>(group: &str, plural: &str, fields: &mut BTreeMap<&'a str, &'a Value>) {
+    if !is_events_api(group, plural) {
+        return;
+    }
+    for (ours, core) in EVENT_FIELDS {
+        if let Some(value) = fields.remove(core) {
+            fields.insert(ours, value);
+        }
+    }
 }
 
 /// A field-selector field of this version, named as in storage (`regarding.name` → `involvedObject.name`).

@@ -2,12 +2,16 @@
 //! `Established` status, and the cleanup finalizer that deletes a deleted CRD's objects (waiting for
 //! their finalizers) before the CRD goes.
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
 use serde_json::{Value, json};
 
-use super::discovery::{ResourceInfo, Resources, crd_resources};
+use super::discovery::{ResourceInfo, ResourceTable, Resources, crd_resources};
+use super::passes::Controller;
 use super::schema;
 use super::status::{ApiError, Cause};
-use super::store::{GroupResource, Store, Write};
+use super::store::{EventType, GroupResource, Store, StoreEvent, Write};
 use super::validation::finalizers;
 use super::verbs::{self, DeleteOptions, meta_str, now_timestamp};
 
@@ -107,7 +111,7 @@ pub fn remove_custom_resources(store: &Store, crd: &Value) {
         return;
     };
     let key = info.storage_key();
-    for object in store.list(&key, None).0 {
+    for object in store.list_shared(&key, None).0 {
         let ns = meta_str(&object, "namespace").unwrap_or("").to_string();
         let name = meta_str(&object, "name").unwrap_or("").to_string();
         // Already gone is fine: someone else removed it meanwhile.
@@ -118,9 +122,9 @@ pub fn remove_custom_resources(store: &Store, crd: &Value) {
 }
 
 /// The CRD serving `info`, when it is a custom resource.
-fn definition_of(store: &Store, info: &ResourceInfo) -> Option<Value> {
+fn definition_of(store: &Store, info: &ResourceInfo) -> Option<Arc<Value>> {
     info.schema.as_ref()?;
-    store.get(&crd_resource(), "", &format!("{}.{}", info.plural, info.group))
+    store.get_shared(&crd_resource(), "", &format!("{}.{}", info.plural, info.group))
 }
 
 /// A terminating CRD accepts no new objects (everything else still works, so finalizers can run).
@@ -136,38 +140,82 @@ pub fn check_accepts_creates(store: &Store, info: &ResourceInfo) -> Result<(), A
     Ok(())
 }
 
-/// One pass of the cleanup controller: terminating CRDs have their objects deleted, then lose the
-/// cleanup finalizer once none is left.
-pub fn finish_terminating_crds(store: &Store, resources: &Resources) {
+/// The cleanup controller: a pass looks at the CRDs named by events since the last one (a CRD
+/// being deleted, or one whose custom resource was removed or is being deleted).
+pub(crate) struct CleanupController {
+    store: Arc<Store>,
+    resources: Arc<ResourceTable>,
+}
+
+impl CleanupController {
+    pub(crate) fn new(store: Arc<Store>, resources: Arc<ResourceTable>) -> CleanupController {
+        CleanupController { store, resources }
+    }
+}
+
+impl Controller for CleanupController {
+    /// A CRD's name (`<plural>.<group>`).
+    type Key = String;
+
+    fn keys_of(&self, event: &StoreEvent, pending: &mut BTreeSet<String>) {
+        let deleting = event.object["metadata"]["deletionTimestamp"].is_string();
+        if event.event_type != EventType::Deleted && !deleting {
+            return;
+        }
+        if event.resource == crd_resource() {
+            pending.extend(meta_str(&event.object, "name").map(String::from));
+        } else if !event.resource.group.is_empty() {
+            pending.insert(format!("{}.{}", event.resource.resource, event.resource.group));
+        }
+    }
+
+    fn all_keys(&self) -> BTreeSet<String> {
+        let names = self
+            .store
+            .project(&crd_resource(), |crd| meta_str(crd, "name").map(String::from));
+        names.into_iter().flatten().collect()
+    }
+
+    fn pass(&mut self, keys: BTreeSet<String>) -> BTreeSet<String> {
+        let resources = self.resources.current();
+        for name in keys {
+            finish_terminating_crd(&self.store, &resources, &name);
+        }
+        BTreeSet::new()
+    }
+}
+
+/// A terminating CRD has its objects deleted, then loses the cleanup finalizer once none is left.
+pub fn finish_terminating_crd(store: &Store, resources: &Resources, name: &str) {
     let Some(crd_info) = resources.all.iter().find(|r| is_crd(r)) else {
         return;
     };
-    for crd in store.list(&crd_resource(), None).0 {
-        let held = finalizers(&crd).iter().any(|f| f == CLEANUP_FINALIZER);
-        if !crd["metadata"]["deletionTimestamp"].is_string() || !held {
-            continue;
-        }
-        let Some(info) = crd_resources(&crd).into_iter().next() else {
-            continue;
-        };
-        let objects = store.list(&info.storage_key(), None).0;
-        if objects.is_empty() {
-            let name = meta_str(&crd, "name").unwrap_or("");
-            let _ = verbs::remove_finalizer(store, crd_info, "", name, CLEANUP_FINALIZER);
-            continue;
-        }
-        let background = DeleteOptions {
-            propagation_policy: Some("Background".into()),
-            ..Default::default()
-        };
-        for object in objects
-            .iter()
-            .filter(|o| !o["metadata"]["deletionTimestamp"].is_string())
-        {
-            let ns = meta_str(object, "namespace").unwrap_or("");
-            let name = meta_str(object, "name").unwrap_or("");
-            // Gone meanwhile or held by finalizers: the next pass looks again.
-            let _ = verbs::delete(store, &info, ns, name, &background);
-        }
+    let Some(crd) = store.get_shared(&crd_resource(), "", name) else {
+        return;
+    };
+    let held = finalizers(&crd).iter().any(|f| f == CLEANUP_FINALIZER);
+    if !crd["metadata"]["deletionTimestamp"].is_string() || !held {
+        return;
+    }
+    let Some(info) = crd_resources(&crd).into_iter().next() else {
+        return;
+    };
+    let objects = store.list_shared(&info.storage_key(), None).0;
+    if objects.is_empty() {
+        let _ = verbs::remove_finalizer(store, crd_info, "", name, CLEANUP_FINALIZER);
+        return;
+    }
+    let background = DeleteOptions {
+        propagation_policy: Some("Background".into()),
+        ..Default::default()
+    };
+    for object in objects
+        .iter()
+        .filter(|o| !o["metadata"]["deletionTimestamp"].is_string())
+    {
+        let ns = meta_str(object, "namespace").unwrap_or("");
+        let name = meta_str(object, "name").unwrap_or("");
+        // Gone meanwhile or held by finalizers: the next pass looks again.
+        let _ = verbs::delete(store, &info, ns, name, &background);
     }
 }

@@ -382,7 +382,7 @@ impl Resources {
     /// Builds the table from the built-in kinds and the stored CRDs.
     pub fn current(store: &Store) -> Resources {
         let mut all: Vec<ResourceInfo> = BUILTINS.iter().map(builtin_info).collect();
-        for crd in store.list(&crd::crd_resource(), None).0 {
+        for crd in store.list_shared(&crd::crd_resource(), None).0 {
             all.extend(crd_resources(&crd));
         }
         Resources { all }

@@ -6,9 +6,10 @@ use serde_json::{Value, json};
 use super::discovery::ResourceInfo;
 use super::patch::check_object_shape;
 use super::patch_engine::{self, ApplyError, BuiltinSchema, CrdSchema, ListSemantics};
+use super::served::{Served, presented};
 use super::status::ApiError;
 use super::store::{Store, Write};
-use super::verbs::{self, Recording, Subresource, WriteOptions, meta_str, present};
+use super::verbs::{self, Recording, Subresource, WriteOptions, meta_str};
 
 /// The manager credited with writes that name none (in-process controllers, test setup).
 pub const DEFAULT_MANAGER: &str = "stackd-embedded";
@@ -82,15 +83,15 @@ fn apply_error(info: &ResourceInfo, name: &str, error: ApplyError) -> ApiError {
 }
 
 /// Server-side apply of one object; `Ok((object, true))` when the apply created it.
-pub fn server_side_apply(
+pub fn server_side_apply<'a>(
     store: &Store,
-    info: &ResourceInfo,
+    info: &'a ResourceInfo,
     namespace: &str,
     name: &str,
     request: &ApplyRequest,
     sub: Subresource,
     options: WriteOptions,
-) -> Result<(Value, bool), ApiError> {
+) -> Result<(Served<'a>, bool), ApiError> {
     if request.manager.is_empty() {
         return Err(ApiError::bad_request("fieldManager is required for apply requests"));
     }
@@ -139,7 +140,7 @@ pub fn server_side_apply(
         )
         .map_err(|e| apply_error(info, name, e))
     };
-    if store.get(&info.storage_key(), namespace, name).is_none() && sub == Subresource::Main {
+    if !store.contains(&info.storage_key(), namespace, name) && sub == Subresource::Main {
         let mut object = merge(None)?;
         object["metadata"]["name"] = json!(name);
         match verbs::create_with(store, info, namespace, object, Recording::AsGiven, &options) {
@@ -158,10 +159,10 @@ pub fn server_side_apply(
         {
             return Err(ApiError::stale(&info.group, &info.plural, name));
         }
-        let live = present(info, old.clone());
-        let merged = merge(Some(&live))?;
-        if merged == live {
-            return Ok(Write::Unchanged(live));
+        let live = presented(info, old);
+        let merged = merge(Some(live.as_ref()))?;
+        if merged == *live {
+            return Ok(Write::Keep);
         }
         verbs::prepare_update_with(info, old, merged, sub, Recording::AsGiven, options.admission.as_deref())
     })?;

@@ -6,107 +6,116 @@
 //! - an owner deleting with `foregroundDeletion` has its dependents deleted (in the foreground too,
 //!   as kube-controller-manager does), and loses the finalizer once no dependent whose reference has
 //!   `blockOwnerDeletion: true` is left.
+//!
+//! A pass judges only the objects events named since the last one, through the store's uid and
+//! owner indexes: an object with owner references that changed (are its owners gone?), an object
+//! being deleted (its finalizers), the dependents of an object removed (orphaned now?), and the
+//! owners of a dependent that changed (a foreground deletion may be done).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::discovery::{ResourceInfo, Resources};
-use super::store::{GroupResource, Store, Write};
+use super::discovery::{ResourceInfo, ResourceTable, Resources};
+use super::passes::Controller;
+use super::store::{EventType, Location, Store, StoreEvent, Write, owner_uids};
 use super::validation::finalizers;
 use super::verbs::{self, DeleteOptions, FOREGROUND_FINALIZER, ORPHAN_FINALIZER};
 
-/// One stored object, located, with its ownership metadata (`Store::all_ownership`).
-struct Located {
-    resource: GroupResource,
-    namespace: String,
-    name: String,
-    object: Value,
+/// What a garbage-collection pass judges.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Key {
+    Object(Location),
+    /// The object with this uid, if it still exists.
+    Uid(String),
+    /// Every object naming this uid as an owner.
+    DependentsOf(String),
 }
 
-impl Located {
-    fn new(resource: GroupResource, object: Value) -> Located {
-        let text = |field: &str| object["metadata"][field].as_str().unwrap_or("").to_string();
-        Located {
-            resource,
-            namespace: text("namespace"),
-            name: text("name"),
-            object,
+pub(crate) struct GarbageCollector {
+    store: Arc<Store>,
+    resources: Arc<ResourceTable>,
+}
+
+impl GarbageCollector {
+    pub(crate) fn new(store: Arc<Store>, resources: Arc<ResourceTable>) -> GarbageCollector {
+        GarbageCollector { store, resources }
+    }
+
+    /// The objects the keys stand for, each once.
+    fn locate(&self, keys: BTreeSet<Key>) -> BTreeSet<Location> {
+        let mut found = BTreeSet::new();
+        for key in keys {
+            match key {
+                Key::Object(location) => {
+                    found.insert(location);
+                }
+                Key::Uid(uid) => found.extend(self.store.by_uid(&uid).map(|(location, _)| location)),
+                Key::DependentsOf(uid) => {
+                    let dependents = self.store.dependents(&uid, None);
+                    found.extend(dependents.into_iter().map(|(location, _)| location));
+                }
+            }
         }
-    }
-
-    fn owner_uids(&self) -> Vec<String> {
-        self.object["metadata"]["ownerReferences"]
-            .as_array()
-            .map(|refs| {
-                refs.iter()
-                    .filter_map(|r| r["uid"].as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    /// Whether this object's reference to `owner_uid` blocks the owner's foreground deletion.
-    fn blocks(&self, owner_uid: &str) -> bool {
-        self.object["metadata"]["ownerReferences"]
-            .as_array()
-            .is_some_and(|refs| {
-                refs.iter()
-                    .any(|r| r["uid"].as_str() == Some(owner_uid) && r["blockOwnerDeletion"] == json!(true))
-            })
-    }
-
-    fn uid(&self) -> &str {
-        self.object["metadata"]["uid"].as_str().unwrap_or("")
-    }
-
-    fn is_deleting(&self) -> bool {
-        self.object["metadata"]["deletionTimestamp"].is_string()
+        found
     }
 }
 
-/// One pass over all objects. Errors (an object changed or vanished meanwhile) are settled by the
-/// next pass, which the resulting events trigger.
-pub fn collect(store: &Store, resources: &Resources) {
-    let objects: Vec<Located> = store
-        .all_ownership()
-        .into_iter()
-        .map(|(r, o)| Located::new(r, o))
-        .collect();
-    let existing: HashSet<&str> = objects.iter().map(Located::uid).collect();
-    let mut dependents: HashMap<&str, Vec<&Located>> = HashMap::new();
-    for object in &objects {
-        for owner in object.owner_uids() {
-            if let Some(owner) = existing.get(owner.as_str()) {
-                dependents.entry(owner).or_default().push(object);
-            }
+fn is_deleting(object: &Value) -> bool {
+    object["metadata"]["deletionTimestamp"].is_string()
+}
+
+fn has_owners(object: &Value) -> bool {
+    object["metadata"].get("ownerReferences").is_some()
+}
+
+fn uid(object: &Value) -> &str {
+    object["metadata"]["uid"].as_str().unwrap_or("")
+}
+
+fn location_of(event: &StoreEvent) -> Location {
+    let text = |field: &str| event.object["metadata"][field].as_str().unwrap_or("").to_string();
+    Location {
+        resource: event.resource.clone(),
+        namespace: text("namespace"),
+        name: text("name"),
+    }
+}
+
+impl Controller for GarbageCollector {
+    type Key = Key;
+
+    fn keys_of(&self, event: &StoreEvent, pending: &mut BTreeSet<Key>) {
+        let object = &event.object;
+        if event.event_type == EventType::Deleted {
+            pending.insert(Key::DependentsOf(uid(object).to_string()));
+        } else if has_owners(object) || is_deleting(object) {
+            pending.insert(Key::Object(location_of(event)));
+        }
+        let states = std::iter::once(object).chain(event.previous.as_ref());
+        for owner in states.flat_map(|state| owner_uids(state)) {
+            pending.insert(Key::Uid(owner.to_string()));
         }
     }
-    let gc = Collector { store, resources };
-    for object in &objects {
-        let owners = object.owner_uids();
-        let orphaned = !owners.is_empty() && owners.iter().all(|uid| !existing.contains(uid.as_str()));
-        if orphaned && !object.is_deleting() {
-            gc.delete(object, "Background");
-            continue;
+
+    fn all_keys(&self) -> BTreeSet<Key> {
+        let judged = self
+            .store
+            .locations_where(|object| has_owners(object) || is_deleting(object));
+        judged.into_iter().map(Key::Object).collect()
+    }
+
+    fn pass(&mut self, keys: BTreeSet<Key>) -> BTreeSet<Key> {
+        let resources = self.resources.current();
+        let gc = Collector {
+            store: &self.store,
+            resources: &resources,
+        };
+        for location in self.locate(keys) {
+            gc.judge(&location);
         }
-        if !object.is_deleting() {
-            continue;
-        }
-        let mine = dependents.get(object.uid()).map(Vec::as_slice).unwrap_or_default();
-        let held_by = finalizers(&object.object);
-        if held_by.iter().any(|f| f == ORPHAN_FINALIZER) {
-            mine.iter().for_each(|d| drop_owner_reference(store, d, object.uid()));
-            gc.remove_finalizer(object, ORPHAN_FINALIZER);
-        } else if held_by.iter().any(|f| f == FOREGROUND_FINALIZER) {
-            // Dependents go in the foreground too; the owner waits only for those that block it.
-            mine.iter()
-                .filter(|d| !d.is_deleting())
-                .for_each(|d| gc.delete(d, "Foreground"));
-            if !mine.iter().any(|d| d.blocks(object.uid())) {
-                gc.remove_finalizer(object, FOREGROUND_FINALIZER);
-            }
-        }
+        BTreeSet::new()
     }
 }
 
@@ -117,34 +126,78 @@ struct Collector<'a> {
 }
 
 impl Collector<'_> {
-    fn info(&self, object: &Located) -> Option<&ResourceInfo> {
-        self.resources.all.iter().find(|r| r.storage_key() == object.resource)
+    /// Deletes the object if its owners are all gone, or works on its deletion's finalizers.
+    /// Errors (an object changed or vanished meanwhile) are settled by a later pass, which the
+    /// resulting events call for.
+    fn judge(&self, location: &Location) {
+        let Some(object) = self
+            .store
+            .get_shared(&location.resource, &location.namespace, &location.name)
+        else {
+            return;
+        };
+        let owners = owner_uids(&object);
+        let orphaned = !owners.is_empty() && owners.iter().all(|uid| !self.store.has_uid(uid));
+        if orphaned && !is_deleting(&object) {
+            self.delete(location, "Background");
+            return;
+        }
+        if !is_deleting(&object) {
+            return;
+        }
+        let mine = self.store.dependents(uid(&object), None);
+        let held_by = finalizers(&object);
+        if held_by.iter().any(|f| f == ORPHAN_FINALIZER) {
+            mine.iter()
+                .for_each(|(dependent, _)| drop_owner_reference(self.store, dependent, uid(&object)));
+            self.remove_finalizer(location, ORPHAN_FINALIZER);
+        } else if held_by.iter().any(|f| f == FOREGROUND_FINALIZER) {
+            // Dependents go in the foreground too; the owner waits only for those that block it.
+            mine.iter()
+                .filter(|(_, dependent)| !is_deleting(dependent))
+                .for_each(|(dependent, _)| self.delete(dependent, "Foreground"));
+            if !mine.iter().any(|(_, dependent)| blocks(dependent, uid(&object))) {
+                self.remove_finalizer(location, FOREGROUND_FINALIZER);
+            }
+        }
     }
 
-    fn delete(&self, object: &Located, propagation: &str) {
-        let Some(info) = self.info(object) else {
+    fn info(&self, location: &Location) -> Option<&ResourceInfo> {
+        self.resources.all.iter().find(|r| r.storage_key() == location.resource)
+    }
+
+    fn delete(&self, location: &Location, propagation: &str) {
+        let Some(info) = self.info(location) else {
             return;
         };
         let options = DeleteOptions {
             propagation_policy: Some(propagation.into()),
             ..Default::default()
         };
-        // Gone meanwhile or held by finalizers: the next pass sees it.
-        let _ = verbs::delete(self.store, info, &object.namespace, &object.name, &options);
+        // Gone meanwhile or held by finalizers: a later pass sees it.
+        let _ = verbs::delete(self.store, info, &location.namespace, &location.name, &options);
     }
 
-    fn remove_finalizer(&self, object: &Located, finalizer: &str) {
-        let Some(info) = self.info(object) else {
+    fn remove_finalizer(&self, location: &Location, finalizer: &str) {
+        let Some(info) = self.info(location) else {
             return;
         };
-        let _ = verbs::remove_finalizer(self.store, info, &object.namespace, &object.name, finalizer);
+        let _ = verbs::remove_finalizer(self.store, info, &location.namespace, &location.name, finalizer);
     }
 }
 
-fn drop_owner_reference(store: &Store, dependent: &Located, owner_uid: &str) {
+/// Whether this object's reference to `owner_uid` blocks the owner's foreground deletion.
+fn blocks(object: &Value, owner_uid: &str) -> bool {
+    object["metadata"]["ownerReferences"].as_array().is_some_and(|refs| {
+        refs.iter()
+            .any(|r| r["uid"].as_str() == Some(owner_uid) && r["blockOwnerDeletion"] == json!(true))
+    })
+}
+
+fn drop_owner_reference(store: &Store, dependent: &Location, owner_uid: &str) {
     let _ = store.write(&dependent.resource, &dependent.namespace, &dependent.name, |current| {
         let Some(current) = current else {
-            return Ok(Write::Unchanged(Value::Null));
+            return Ok(Write::Keep);
         };
         let mut updated = current.clone();
         let kept: Vec<Value> = current["metadata"]["ownerReferences"]
@@ -164,9 +217,12 @@ fn drop_owner_reference(store: &Store, dependent: &Located, owner_uid: &str) {
             updated["metadata"]["ownerReferences"] = json!(kept);
         }
         Ok(if updated == *current {
-            Write::Unchanged(updated)
+            Write::Keep
         } else {
             Write::Put(updated)
         })
     });
 }
+
+#[cfg(test)]
+mod tests;

@@ -340,8 +340,8 @@ fn counted(verb: Verb, target: &Target) -> crate::embedded::counters::RequestKey
     }
 }
 
-fn ok(value: Value) -> Result<Response, ApiError> {
-    Ok(json_response(StatusCode::OK, &value))
+fn ok(body: impl serde::Serialize) -> Result<Response, ApiError> {
+    Ok(json_response(StatusCode::OK, &body))
 }
 
 fn collection(shared: &Arc<Shared>, request: &ApiRequest) -> Result<Response, ApiError> {
@@ -352,10 +352,10 @@ fn collection(shared: &Arc<Shared>, request: &ApiRequest) -> Result<Response, Ap
         Verb::List => {
             let options = list_options(&target.info, &request.query)?;
             let list = verbs::list(store, &target.info, namespace, &options)?;
-            ok(match table_view(shared, request) {
-                Some(view) => view.list(&list),
-                None => list,
-            })
+            match table_view(shared, request) {
+                Some(view) => ok(view.list(&list.into_value())),
+                None => ok(list),
+            }
         }
         Verb::Create => {
             let mut body = parse_object(request)?;
@@ -387,10 +387,10 @@ fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Resp
         (Verb::Get, None | Some("status")) => {
             target.write_part()?;
             let object = verbs::get(store, info, ns, name)?;
-            ok(match table_view(shared, request) {
-                Some(view) => view.object(&object),
-                None => object,
-            })
+            match table_view(shared, request) {
+                Some(view) => ok(view.object(&object.into_value())),
+                None => ok(object),
+            }
         }
         (Verb::Update, _) => {
             let part = target.write_part()?;

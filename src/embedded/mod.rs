@@ -1,7 +1,9 @@
 //! The embedded Kubernetes-compatible API server (DESIGN §7): what `stackd dev` and every
 //! integration test run against.
 //!
-//! - [`store`]: objects, the resourceVersion counter and the watch history;
+//! - [`store`]: objects (each kept once and shared, copy on write), the resourceVersion counter,
+//!   the watch history and the uid and owner indexes; [`served`]: stored objects written out as a
+//!   version serves them, without copying them;
 //! - [`verbs`]: get/list/create/update/patch/delete with kube-apiserver semantics on that store,
 //!   with [`patch`], [`subresources`] (scale, log) and [`crd`] (CRD lifecycle);
 //! - [`watch`]: watch streams; `http`: the request pipeline; [`discovery`]: the resource table;
@@ -11,7 +13,8 @@
 //!   [`protobuf`]: the few protobuf bodies kubectl and Helm insist on sending;
 //! - [`openapi`], [`field_validation`], [`table`]: what kubectl needs beyond the verbs
 //!   (`/openapi/v3`, `fieldValidation`, `as=Table` and metadata-only answers);
-//! - [`controllers`]: the in-process loops ([`namespaces`] deletion, [`crd`] cleanup, [`gc`]);
+//! - [`controllers`]: the in-process loops ([`namespaces`] deletion, [`crd`] cleanup, [`gc`]), each
+//!   a [`passes::Controller`] looking only at what the store's events name;
 //!   [`controller_manager`]: the token, Job and Deployment loops, with the per-image
 //!   [`controller_manager::JobRunner`] hooks;
 //! - [`faults`], [`counters`]: fault injection and request counters for tests; [`admission`]:
@@ -50,12 +53,14 @@ mod http;
 pub mod kinds;
 pub mod namespaces;
 pub mod openapi;
+pub mod passes;
 pub mod patch;
 pub mod patch_engine;
 pub mod protobuf;
 pub mod samples;
 pub mod schema;
 pub mod selectors;
+pub mod served;
 pub mod status;
 pub mod store;
 pub mod subresources;

@@ -1,30 +1,85 @@
 //! The namespace controller's deletion loop: a terminating namespace has its contents deleted (objects
 //! with finalizers wait for them), then its `kubernetes` finalizer cleared, which removes it.
+//!
+//! A pass looks at the namespaces named by events since the last one: a namespace being deleted,
+//! and the namespace of any object removed or being deleted (its namespace may be waiting for it).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 
-use super::discovery::Resources;
-use super::store::{GroupResource, Store, Write};
+use super::discovery::{ResourceTable, Resources};
+use super::passes::Controller;
+use super::store::{EventType, GroupResource, Store, StoreEvent, Write};
 use super::verbs::{self, DeleteOptions};
 
-fn terminating(store: &Store) -> Vec<String> {
-    let namespaces = GroupResource::new("", "namespaces");
-    store
-        .list(&namespaces, None)
-        .0
-        .iter()
-        .filter(|ns| ns["metadata"]["deletionTimestamp"].is_string())
-        .filter_map(|ns| ns["metadata"]["name"].as_str().map(String::from))
-        .collect()
+fn namespaces() -> GroupResource {
+    GroupResource::new("", "namespaces")
 }
 
-pub fn finish_terminating_namespaces(store: &Store, resources: &Resources) {
-    for namespace in terminating(store) {
-        if store.namespace_is_empty(&namespace) {
-            finalize(store, &namespace);
-        } else {
-            delete_contents(store, resources, &namespace);
+fn is_deleting(object: &Value) -> bool {
+    object["metadata"]["deletionTimestamp"].is_string()
+}
+
+pub(crate) struct NamespaceController {
+    store: Arc<Store>,
+    resources: Arc<ResourceTable>,
+}
+
+impl NamespaceController {
+    pub(crate) fn new(store: Arc<Store>, resources: Arc<ResourceTable>) -> NamespaceController {
+        NamespaceController { store, resources }
+    }
+}
+
+impl Controller for NamespaceController {
+    /// A namespace's name.
+    type Key = String;
+
+    fn keys_of(&self, event: &StoreEvent, pending: &mut BTreeSet<String>) {
+        let metadata = &event.object["metadata"];
+        if event.event_type != EventType::Deleted && !is_deleting(&event.object) {
+            return;
         }
+        let namespace = if event.resource == namespaces() {
+            metadata["name"].as_str()
+        } else {
+            metadata["namespace"].as_str()
+        };
+        if let Some(namespace) = namespace.filter(|ns| !ns.is_empty()) {
+            pending.insert(namespace.to_string());
+        }
+    }
+
+    fn all_keys(&self) -> BTreeSet<String> {
+        let names = self
+            .store
+            .project(&namespaces(), |ns| ns["metadata"]["name"].as_str().map(String::from));
+        names.into_iter().flatten().collect()
+    }
+
+    fn pass(&mut self, keys: BTreeSet<String>) -> BTreeSet<String> {
+        let resources = self.resources.current();
+        for namespace in keys {
+            finish_terminating_namespace(&self.store, &resources, &namespace);
+        }
+        BTreeSet::new()
+    }
+}
+
+/// Deletes a terminating namespace's contents, or finalizes it once they are gone.
+pub fn finish_terminating_namespace(store: &Store, resources: &Resources, namespace: &str) {
+    let terminating = store
+        .get_shared(&namespaces(), "", namespace)
+        .is_some_and(|ns| is_deleting(&ns));
+    if !terminating {
+        return;
+    }
+    if store.namespace_is_empty(namespace) {
+        finalize(store, namespace);
+    } else {
+        delete_contents(store, resources, namespace);
     }
 }
 
@@ -49,17 +104,16 @@ fn delete_contents(store: &Store, resources: &Resources, namespace: &str) {
 
 /// Clears `spec.finalizers`; with no `metadata.finalizers` left the namespace is removed.
 fn finalize(store: &Store, namespace: &str) {
-    let resource = GroupResource::new("", "namespaces");
-    let _ = store.write(&resource, "", namespace, |current| {
+    let _ = store.write(&namespaces(), "", namespace, |current| {
         let Some(current) = current else {
-            return Ok(Write::Unchanged(Value::Null));
+            return Ok(Write::Keep);
         };
         let mut done = current.clone();
         done["spec"]["finalizers"] = json!([]);
         let held = done["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty());
         Ok(match held {
             false => Write::Remove(done),
-            true if done == *current => Write::Unchanged(done),
+            true if done == *current => Write::Keep,
             true => Write::Put(done),
         })
     });

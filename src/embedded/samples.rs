@@ -170,10 +170,9 @@ pub fn create_cluster(ctx: &JobContext) -> JobOutcome {
         );
     };
     // The installer may only update its pre-created output Secret (DESIGN §4.2), never create one.
-    if ctx
+    if !ctx
         .store
-        .get(&GroupResource::new("", "secrets"), namespace, secret)
-        .is_none()
+        .contains(&GroupResource::new("", "secrets"), namespace, secret)
     {
         return JobOutcome::failure(1, format!("error: secrets \"{secret}\" not found in {namespace}\n"));
     }

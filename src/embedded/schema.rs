@@ -45,6 +45,34 @@ fn outside_type_and_metadata(object: &mut Value, change: impl FnOnce(&mut Value)
     }
 }
 
+/// Whether [`apply_defaults`] would add anything to `object`: a field with a schema default is
+/// missing somewhere. May say so for `apiVersion`, `kind` or `metadata`, which `apply_defaults`
+/// leaves alone; callers use the answer only to skip a copy, never to decide content.
+pub fn defaults_missing(schema: &Value, value: &Value) -> bool {
+    match value {
+        Value::Object(map) => {
+            let properties = schema["properties"].as_object();
+            let missing_here = properties.is_some_and(|properties| {
+                properties
+                    .iter()
+                    .any(|(key, prop)| prop.get("default").is_some() && !map.contains_key(key))
+            });
+            let missing_below = properties.is_some_and(|properties| {
+                map.iter()
+                    .any(|(key, child)| properties.get(key).is_some_and(|prop| defaults_missing(prop, child)))
+            });
+            let additional = schema.get("additionalProperties").filter(|a| a.is_object());
+            missing_here
+                || missing_below
+                || additional.is_some_and(|additional| map.values().any(|child| defaults_missing(additional, child)))
+        }
+        Value::Array(items) => schema
+            .get("items")
+            .is_some_and(|item_schema| items.iter().any(|item| defaults_missing(item_schema, item))),
+        _ => false,
+    }
+}
+
 fn prune_value(schema: &Value, value: &mut Value) {
     match value {
         Value::Object(map) => prune_object(schema, map),

@@ -212,11 +212,8 @@ impl IntoResponse for ApiError {
     }
 }
 
-pub fn json_response(code: StatusCode, body: &Value) -> Response {
-    (
-        code,
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        body.to_string(),
-    )
-        .into_response()
+pub fn json_response(code: StatusCode, body: &impl serde::Serialize) -> Response {
+    // Serialising a `Value` or a served object cannot fail: every map key is a string.
+    let text = serde_json::to_string(body).unwrap_or_default();
+    (code, [(axum::http::header::CONTENT_TYPE, "application/json")], text).into_response()
 }

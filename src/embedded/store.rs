@@ -4,14 +4,23 @@
 //! Every write goes through [`Store::write`], whose closure sees the current object under the store
 //! lock, so read-modify-write verbs (update, patch, delete with preconditions) are atomic. In-process
 //! controllers use the same API as the HTTP layer.
+//!
+//! Each stored object is kept once, behind an `Arc`, and never changed in place: a write builds the
+//! new value and swaps the `Arc`. Reads, the watch history and every watcher share that one value
+//! (copy on write), so a read or an event costs no copy of the object.
+
+mod index;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::Value;
 use tokio::sync::broadcast;
 
 use super::status::ApiError;
+use index::Indexes;
+pub use index::{Location, owner_uids};
 
 /// How many past events a watch can resume from before it gets `410 Expired`.
 pub const HISTORY_WINDOW: usize = 1000;
@@ -60,9 +69,9 @@ pub struct StoreEvent {
     pub resource: GroupResource,
     pub resource_version: u64,
     /// The new state (for DELETED: the last state, stamped with the deletion's resourceVersion).
-    pub object: Value,
+    pub object: Arc<Value>,
     /// The previous state for MODIFIED, so filtered watches can tell entering from leaving.
-    pub previous: Option<Value>,
+    pub previous: Option<Arc<Value>>,
 }
 
 /// What a write closure decided.
@@ -71,13 +80,17 @@ pub enum Write {
     Put(Value),
     /// Remove the object; the value is its final state, reported in the DELETED event.
     Remove(Value),
-    /// Nothing changes; return this object as the result.
-    Unchanged(Value),
+    /// Nothing changes; the result is the current object (`null` when there is none).
+    Keep,
 }
+
+/// One resource's objects by namespace and name.
+type Objects = BTreeMap<ObjectKey, Arc<Value>>;
 
 struct Inner {
     resource_version: u64,
-    objects: HashMap<GroupResource, BTreeMap<ObjectKey, Value>>,
+    objects: HashMap<GroupResource, Objects>,
+    indexes: Indexes,
     history: VecDeque<Arc<StoreEvent>>,
     /// Highest resourceVersion whose event has fallen out of `history`.
     history_floor: u64,
@@ -89,12 +102,14 @@ struct Inner {
 pub struct Store {
     inner: Mutex<Inner>,
     events: broadcast::Sender<Arc<StoreEvent>>,
+    /// Counts [`Store::reset`]s, which remove every object without an event.
+    resets: tokio::sync::watch::Sender<u64>,
 }
 
 /// A watch subscription: the history to replay, then the live channel.
 pub struct Subscription {
     pub backlog: Vec<Arc<StoreEvent>>,
-    pub snapshot: Vec<Value>,
+    pub snapshot: Vec<Arc<Value>>,
     pub live: broadcast::Receiver<Arc<StoreEvent>>,
     /// The resourceVersion the backlog or snapshot is complete up to.
     pub resource_version: u64,
@@ -114,18 +129,21 @@ impl Store {
                 // Start above zero: "0" means "any version" to clients.
                 resource_version: 1,
                 objects: HashMap::new(),
+                indexes: Indexes::default(),
                 history: VecDeque::new(),
                 history_floor: 0,
                 last_change: HashMap::new(),
                 pod_logs: HashMap::new(),
             }),
             events,
+            resets: tokio::sync::watch::Sender::new(0),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        // A panic while holding the lock cannot leave a map half-written (all writes are single
-        // inserts), so a poisoned lock is still consistent.
+        // A panic while holding the lock cannot leave a map half-written (a write stamps its object,
+        // the one step that can panic, before it touches any map), so a poisoned lock is still
+        // consistent.
         self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
@@ -138,7 +156,14 @@ impl Store {
         self.lock().last_change.get(resource).copied().unwrap_or(0)
     }
 
+    /// A copy of one object, for tests and setup; the server's own paths share it with
+    /// [`Store::get_shared`].
     pub fn get(&self, resource: &GroupResource, namespace: &str, name: &str) -> Option<Value> {
+        self.get_shared(resource, namespace, name).map(Arc::unwrap_or_clone)
+    }
+
+    /// One object, shared with the store (no copy).
+    pub fn get_shared(&self, resource: &GroupResource, namespace: &str, name: &str) -> Option<Arc<Value>> {
         let inner = self.lock();
         inner
             .objects
@@ -147,21 +172,35 @@ impl Store {
             .cloned()
     }
 
-    /// Objects of a resource (in one namespace, or all when `None`), ordered by namespace and name,
-    /// with the resourceVersion the list is consistent at.
+    pub fn contains(&self, resource: &GroupResource, namespace: &str, name: &str) -> bool {
+        let inner = self.lock();
+        inner
+            .objects
+            .get(resource)
+            .is_some_and(|map| map.contains_key(&(namespace.to_string(), name.to_string())))
+    }
+
+    /// Copies of the objects [`Store::list_shared`] returns, for tests and setup.
     pub fn list(&self, resource: &GroupResource, namespace: Option<&str>) -> (Vec<Value>, u64) {
+        let (objects, version) = self.list_shared(resource, namespace);
+        (objects.into_iter().map(Arc::unwrap_or_clone).collect(), version)
+    }
+
+    /// Objects of a resource (in one namespace, or all when `None`), ordered by namespace and name,
+    /// with the resourceVersion the list is consistent at; shared with the store (no copies).
+    pub fn list_shared(&self, resource: &GroupResource, namespace: Option<&str>) -> (Vec<Arc<Value>>, u64) {
         let inner = self.lock();
         (Self::select(&inner, resource, namespace), inner.resource_version)
     }
 
-    fn select(inner: &Inner, resource: &GroupResource, namespace: Option<&str>) -> Vec<Value> {
+    fn select(inner: &Inner, resource: &GroupResource, namespace: Option<&str>) -> Vec<Arc<Value>> {
         let Some(map) = inner.objects.get(resource) else {
             return Vec::new();
         };
-        map.iter()
-            .filter(|((ns, _), _)| namespace.is_none_or(|want| want == ns))
-            .map(|(_, obj)| obj.clone())
-            .collect()
+        match namespace {
+            None => map.values().cloned().collect(),
+            Some(namespace) => in_namespace(map, namespace).map(|(_, obj)| obj.clone()).collect(),
+        }
     }
 
     /// `project` of every object of `resource`, ordered by namespace and name, read in place.
@@ -170,7 +209,7 @@ impl Store {
         inner
             .objects
             .get(resource)
-            .map(|map| map.values().map(project).collect())
+            .map(|map| map.values().map(|object| project(object)).collect())
             .unwrap_or_default()
     }
 
@@ -180,33 +219,7 @@ impl Store {
         inner
             .objects
             .values()
-            .all(|map| map.keys().all(|(ns, _)| ns != namespace))
-    }
-
-    /// Every object's identity and ownership metadata (name, namespace, uid, owner references,
-    /// finalizers, deletion timestamp), as `{"metadata": …}`: what the garbage collector judges
-    /// by, without copying every object whole on each of its passes.
-    pub fn all_ownership(&self) -> Vec<(GroupResource, Value)> {
-        const KEPT: [&str; 6] = [
-            "name",
-            "namespace",
-            "uid",
-            "ownerReferences",
-            "finalizers",
-            "deletionTimestamp",
-        ];
-        let inner = self.lock();
-        let mut all = Vec::new();
-        for (resource, map) in &inner.objects {
-            all.extend(map.values().map(|object| {
-                let metadata: serde_json::Map<String, Value> = KEPT
-                    .iter()
-                    .filter_map(|field| Some((field.to_string(), object["metadata"].get(*field)?.clone())))
-                    .collect();
-                (resource.clone(), serde_json::json!({ "metadata": metadata }))
-            }));
-        }
-        all
+            .all(|map| in_namespace(map, namespace).next().is_none())
     }
 
     /// All resources with objects in a namespace (for namespace deletion).
@@ -214,13 +227,50 @@ impl Store {
         let inner = self.lock();
         let mut found = Vec::new();
         for (resource, map) in &inner.objects {
-            for (ns, name) in map.keys() {
-                if ns == namespace {
-                    found.push((resource.clone(), name.clone()));
-                }
-            }
+            found.extend(in_namespace(map, namespace).map(|((_, name), _)| (resource.clone(), name.clone())));
         }
         found
+    }
+
+    /// Where every object `keep` accepts is stored (a whole-store scan: for a loop's first pass).
+    pub fn locations_where(&self, keep: impl Fn(&Value) -> bool) -> Vec<Location> {
+        let inner = self.lock();
+        let mut found = Vec::new();
+        for (resource, map) in &inner.objects {
+            let kept = map.iter().filter(|(_, object)| keep(object));
+            found.extend(kept.map(|(key, _)| location(resource, key)));
+        }
+        found
+    }
+
+    /// The object with this uid, where it is stored.
+    pub fn by_uid(&self, uid: &str) -> Option<(Location, Arc<Value>)> {
+        let inner = self.lock();
+        let location = inner.indexes.locate(uid)?;
+        let object = Self::at(&inner, location)?;
+        Some((location.clone(), object))
+    }
+
+    /// Whether an object with this uid is stored.
+    pub fn has_uid(&self, uid: &str) -> bool {
+        self.lock().indexes.locate(uid).is_some()
+    }
+
+    /// The objects whose owner references name `owner_uid` (whether or not that owner exists), of
+    /// one resource or of all when `resource` is `None`, ordered by resource, namespace and name.
+    pub fn dependents(&self, owner_uid: &str, resource: Option<&GroupResource>) -> Vec<(Location, Arc<Value>)> {
+        let inner = self.lock();
+        inner
+            .indexes
+            .dependents(owner_uid)
+            .filter(|location| resource.is_none_or(|wanted| *wanted == location.resource))
+            .filter_map(|location| Some((location.clone(), Self::at(&inner, location)?)))
+            .collect()
+    }
+
+    fn at(inner: &Inner, location: &Location) -> Option<Arc<Value>> {
+        let key = (location.namespace.clone(), location.name.clone());
+        inner.objects.get(&location.resource)?.get(&key).cloned()
     }
 
     /// Atomically read the current object and decide what to write. Returns the resulting object
@@ -231,7 +281,7 @@ impl Store {
         namespace: &str,
         name: &str,
         decide: F,
-    ) -> Result<(Value, bool), ApiError>
+    ) -> Result<(Arc<Value>, bool), ApiError>
     where
         F: FnOnce(Option<&Value>) -> Result<Write, ApiError>,
     {
@@ -245,7 +295,7 @@ impl Store {
         namespace: &str,
         name: &str,
         decide: F,
-    ) -> Result<(Value, bool), ApiError>
+    ) -> Result<(Arc<Value>, bool), ApiError>
     where
         F: FnOnce(Option<&Value>) -> Result<Write, ApiError>,
     {
@@ -259,46 +309,69 @@ impl Store {
         name: &str,
         commit: bool,
         decide: F,
-    ) -> Result<(Value, bool), ApiError>
+    ) -> Result<(Arc<Value>, bool), ApiError>
     where
         F: FnOnce(Option<&Value>) -> Result<Write, ApiError>,
     {
         let mut inner = self.lock();
         let key = (namespace.to_string(), name.to_string());
         let current = inner.objects.get(resource).and_then(|m| m.get(&key)).cloned();
-        match decide(current.as_ref())? {
-            Write::Unchanged(obj) => Ok((obj, false)),
-            Write::Put(obj) if !commit => Ok((obj, true)),
-            Write::Put(mut obj) => {
-                inner.resource_version += 1;
-                let rv = inner.resource_version;
-                obj["metadata"]["resourceVersion"] = Value::String(rv.to_string());
-                inner
-                    .objects
-                    .entry(resource.clone())
-                    .or_default()
-                    .insert(key, obj.clone());
-                let event_type = if current.is_some() {
-                    EventType::Modified
-                } else {
-                    EventType::Added
-                };
-                self.publish(&mut inner, event_type, resource, obj.clone(), current);
-                Ok((obj, true))
-            }
+        match decide(current.as_deref())? {
+            Write::Keep => Ok((current.unwrap_or_else(|| Arc::new(Value::Null)), false)),
+            Write::Put(obj) if !commit => Ok((Arc::new(obj), true)),
+            Write::Put(obj) => Ok((self.put(&mut inner, resource, key, obj, current), true)),
             Write::Remove(_) if current.is_none() => {
                 Err(ApiError::not_found(&resource.group, &resource.resource, name))
             }
-            Write::Remove(obj) if !commit => Ok((obj, true)),
-            Write::Remove(mut obj) => {
-                inner.objects.entry(resource.clone()).or_default().remove(&key);
-                inner.resource_version += 1;
-                let rv = inner.resource_version;
-                obj["metadata"]["resourceVersion"] = Value::String(rv.to_string());
-                self.publish(&mut inner, EventType::Deleted, resource, obj.clone(), None);
-                Ok((obj, true))
-            }
+            Write::Remove(obj) if !commit => Ok((Arc::new(obj), true)),
+            Write::Remove(obj) => Ok((self.remove(&mut inner, resource, key, obj, current), true)),
         }
+    }
+
+    /// Stores `obj` at the next resourceVersion in place of `current`, and announces it.
+    fn put(
+        &self,
+        inner: &mut Inner,
+        resource: &GroupResource,
+        key: ObjectKey,
+        mut obj: Value,
+        current: Option<Arc<Value>>,
+    ) -> Arc<Value> {
+        inner.resource_version += 1;
+        obj["metadata"]["resourceVersion"] = Value::String(inner.resource_version.to_string());
+        let obj = Arc::new(obj);
+        inner
+            .indexes
+            .replace(&location(resource, &key), current.as_deref(), Some(&obj));
+        let objects = inner.objects.entry(resource.clone()).or_default();
+        objects.insert(key, obj.clone());
+        let event_type = if current.is_some() {
+            EventType::Modified
+        } else {
+            EventType::Added
+        };
+        self.publish(inner, event_type, resource, obj.clone(), current);
+        obj
+    }
+
+    /// Removes the object at `key` (`current`), announcing `last` as its final state.
+    fn remove(
+        &self,
+        inner: &mut Inner,
+        resource: &GroupResource,
+        key: ObjectKey,
+        mut last: Value,
+        current: Option<Arc<Value>>,
+    ) -> Arc<Value> {
+        inner
+            .indexes
+            .replace(&location(resource, &key), current.as_deref(), None);
+        inner.objects.entry(resource.clone()).or_default().remove(&key);
+        inner.resource_version += 1;
+        last["metadata"]["resourceVersion"] = Value::String(inner.resource_version.to_string());
+        let last = Arc::new(last);
+        self.publish(inner, EventType::Deleted, resource, last.clone(), None);
+        last
     }
 
     fn publish(
@@ -306,8 +379,8 @@ impl Store {
         inner: &mut Inner,
         event_type: EventType,
         resource: &GroupResource,
-        object: Value,
-        previous: Option<Value>,
+        object: Arc<Value>,
+        previous: Option<Arc<Value>>,
     ) {
         let event = Arc::new(StoreEvent {
             event_type,
@@ -333,10 +406,18 @@ impl Store {
         let mut inner = self.lock();
         inner.resource_version = 1;
         inner.objects.clear();
+        inner.indexes.clear();
         inner.history.clear();
         inner.history_floor = 0;
         inner.last_change.clear();
         inner.pod_logs.clear();
+        drop(inner);
+        self.resets.send_modify(|count| *count += 1);
+    }
+
+    /// Changes on every [`Store::reset`]: what in-process loops must look at everything again on.
+    pub fn resets(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.resets.subscribe()
     }
 
     /// Forgets the watch history but keeps the objects: watches resuming from any version older
@@ -396,6 +477,21 @@ impl Store {
     }
 }
 
+fn location(resource: &GroupResource, (namespace, name): &ObjectKey) -> Location {
+    Location {
+        resource: resource.clone(),
+        namespace: namespace.clone(),
+        name: name.clone(),
+    }
+}
+
+/// The entries of one namespace, found by range rather than by scanning every namespace.
+fn in_namespace<'a>(map: &'a Objects, namespace: &'a str) -> impl Iterator<Item = (&'a ObjectKey, &'a Arc<Value>)> {
+    let start = (namespace.to_string(), String::new());
+    map.range((Bound::Included(start), Bound::Unbounded))
+        .take_while(move |((ns, _), _)| ns == namespace)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -409,9 +505,7 @@ mod tests {
             .write(&cm, "ns", "a", |_| Ok(Write::Put(json!({"metadata": {"name": "a"}}))))
             .unwrap();
         let before = store.resource_version();
-        let (_, changed) = store
-            .write(&cm, "ns", "a", |cur| Ok(Write::Unchanged(cur.unwrap().clone())))
-            .unwrap();
+        let (_, changed) = store.write(&cm, "ns", "a", |_| Ok(Write::Keep)).unwrap();
         assert!(!changed);
         assert_eq!(store.resource_version(), before);
         assert_eq!(created["metadata"]["resourceVersion"], json!(before.to_string()));

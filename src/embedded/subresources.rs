@@ -82,7 +82,7 @@ fn selector_string(selector: &Value) -> String {
 }
 
 pub fn get_scale(store: &Store, info: &ResourceInfo, namespace: &str, name: &str) -> Result<Value, ApiError> {
-    scale_of(info, &get(store, info, namespace, name)?)
+    scale_of(info, &get(store, info, namespace, name)?.into_value())
 }
 
 /// Writes a Scale (given directly or as a patch of the current one) into the object's spec.
@@ -134,7 +134,7 @@ pub fn write_scale(
         }
         prepare_update(info, old, new, Subresource::Main)
     })?;
-    scale_of(info, &written)
+    scale_of(info, &written.into_value())
 }
 
 pub enum ScaleChange<'a> {
@@ -151,7 +151,7 @@ pub fn pod_log(
     container: Option<&str>,
     limit_bytes: Option<usize>,
 ) -> Result<String, ApiError> {
-    let pod = get(store, info, namespace, name)?;
+    let pod = get(store, info, namespace, name)?.into_value();
     let names = |field: &str| -> Vec<&str> {
         pod["spec"][field]
             .as_array()

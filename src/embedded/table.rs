@@ -503,7 +503,7 @@ fn row(columns: &[Column], object: &Value, include: IncludeObject) -> Value {
 
 /// The `additionalPrinterColumns` of the CRD version serving `info`.
 fn crd_printer_columns(store: &Store, info: &ResourceInfo) -> Option<Value> {
-    let crd = store.get(
+    let crd = store.get_shared(
         &GroupResource::new("apiextensions.k8s.io", "customresourcedefinitions"),
         "",
         &format!("{}.{}", info.plural, info.group),

@@ -20,6 +20,7 @@ use super::kinds;
 use super::patch::{PatchBody, apply_patch, check_object_shape, check_patch_type};
 use super::schema;
 use super::selectors::{FieldSelector, LabelSelector};
+use super::served::{Served, ServedList, presented};
 use super::status::{ApiError, Cause};
 use super::store::{GroupResource, Store, Write};
 use super::validation::{finalizers, validate_object, validate_update};
@@ -132,10 +133,10 @@ pub(super) fn meta_str<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
     object["metadata"][field].as_str().filter(|s| !s.is_empty())
 }
 
-pub fn get(store: &Store, info: &ResourceInfo, namespace: &str, name: &str) -> Result<Value, ApiError> {
+pub fn get<'a>(store: &Store, info: &'a ResourceInfo, namespace: &str, name: &str) -> Result<Served<'a>, ApiError> {
     store
-        .get(&info.storage_key(), namespace, name)
-        .map(|o| present(info, o))
+        .get_shared(&info.storage_key(), namespace, name)
+        .map(|o| Served::new(info, o))
         .ok_or_else(|| ApiError::not_found(&info.group, &info.plural, name))
 }
 
@@ -145,13 +146,13 @@ struct ContinueToken {
     start: (String, String),
 }
 
-pub fn list(
+pub fn list<'a>(
     store: &Store,
-    info: &ResourceInfo,
+    info: &'a ResourceInfo,
     namespace: Option<&str>,
     options: &ListOptions,
-) -> Result<Value, ApiError> {
-    let (objects, current_rv) = store.list(&info.storage_key(), namespace);
+) -> Result<ServedList<'a>, ApiError> {
+    let (objects, current_rv) = store.list_shared(&info.storage_key(), namespace);
     let token = options.continue_token.as_deref().map(decode_continue).transpose()?;
     let list_rv = token.as_ref().map_or(current_rv, |t| t.rv);
     let key = |o: &Value| {
@@ -166,7 +167,7 @@ pub fn list(
             && token.as_ref().is_none_or(|t| key(o) > t.start)
     });
     let limit = options.limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
-    let items: Vec<Value> = matching.by_ref().take(limit).map(|o| present(info, o)).collect();
+    let items: Vec<_> = matching.by_ref().take(limit).collect();
     let remaining = matching.count();
     let mut metadata = json!({"resourceVersion": list_rv.to_string()});
     if remaining > 0
@@ -179,12 +180,7 @@ pub fn list(
         metadata["continue"] = json!(encode_continue(&token));
         metadata["remainingItemCount"] = json!(remaining);
     }
-    Ok(json!({
-        "kind": format!("{}List", info.kind),
-        "apiVersion": info.api_version(),
-        "metadata": metadata,
-        "items": items,
-    }))
+    Ok(ServedList::new(info, metadata, items))
 }
 
 fn encode_continue(token: &ContinueToken) -> String {
@@ -241,7 +237,7 @@ fn check_namespace_accepts(store: &Store, info: &ResourceInfo, namespace: &str, 
     if !info.namespaced {
         return Ok(());
     }
-    let Some(ns) = store.get(&namespace_resource(), "", namespace) else {
+    let Some(ns) = store.get_shared(&namespace_resource(), "", namespace) else {
         return Err(ApiError::not_found("", "namespaces", namespace));
     };
     if ns["metadata"]["deletionTimestamp"].is_string() {
@@ -276,25 +272,25 @@ fn admit(info: &ResourceInfo, object: &mut Value, uid: &str, admission: Option<&
     }
 }
 
-pub fn create(
+pub fn create<'a>(
     store: &Store,
-    info: &ResourceInfo,
+    info: &'a ResourceInfo,
     namespace: &str,
     body: Value,
     options: WriteOptions,
-) -> Result<Value, ApiError> {
+) -> Result<Served<'a>, ApiError> {
     create_with(store, info, namespace, body, options.recording(), &options)
 }
 
 /// A create recording `managedFields` as `recording` says.
-pub(super) fn create_with(
+pub(super) fn create_with<'a>(
     store: &Store,
-    info: &ResourceInfo,
+    info: &'a ResourceInfo,
     namespace: &str,
     mut body: Value,
     recording: Recording<'_>,
     options: &WriteOptions,
-) -> Result<Value, ApiError> {
+) -> Result<Served<'a>, ApiError> {
     check_type(info, &body)?;
     check_namespace(info, &mut body, namespace)?;
     if meta_str(&body, "name").is_none()
@@ -325,7 +321,7 @@ pub(super) fn create_with(
     } else {
         store.write(&key, namespace, &name, decide)?
     };
-    Ok(present(info, created))
+    Ok(Served::new(info, created))
 }
 
 /// A create's body with the server-owned metadata set and any status dropped (status is written
@@ -356,30 +352,29 @@ fn new_object(info: &ResourceInfo, body: Value, uid: &str) -> Value {
     object
 }
 
-/// Everything outside `metadata` (and `status` when it has its own endpoint): what `generation` tracks.
-fn spec_part(info: &ResourceInfo, object: &Value) -> Value {
-    let mut part = object.clone();
-    if let Some(map) = part.as_object_mut() {
-        for key in ["metadata", "apiVersion", "kind"] {
-            map.remove(key);
-        }
-        if info.status_subresource {
-            map.remove("status");
-        }
-    }
-    part
+/// Whether what `generation` tracks differs: everything outside `metadata`, `apiVersion` and
+/// `kind` (and `status` when it has its own endpoint).
+fn spec_changed(info: &ResourceInfo, a: &Value, b: &Value) -> bool {
+    let untracked =
+        |key: &str| matches!(key, "metadata" | "apiVersion" | "kind") || (info.status_subresource && key == "status");
+    !equal_except(a, b, untracked)
 }
 
 /// Equal apart from the fields the server bumps on every write.
 fn same_content(a: &Value, b: &Value) -> bool {
-    let strip = |v: &Value| {
-        let mut v = v.clone();
-        if let Some(meta) = v["metadata"].as_object_mut() {
-            meta.remove("resourceVersion");
+    equal_except(&a["metadata"], &b["metadata"], |key| key == "resourceVersion")
+        && equal_except(a, b, |key| key == "metadata")
+}
+
+/// Equal apart from the top-level fields `skipped` names (compared in place, without copies).
+fn equal_except(a: &Value, b: &Value, skipped: impl Fn(&str) -> bool) -> bool {
+    match (a.as_object(), b.as_object()) {
+        (Some(a), Some(b)) => {
+            let kept_a = a.iter().filter(|(key, _)| !skipped(key));
+            kept_a.eq(b.iter().filter(|(key, _)| !skipped(key)))
         }
-        v
-    };
-    strip(a) == strip(b)
+        _ => a == b,
+    }
 }
 
 /// Turns a requested new state into the write to make, with kube-apiserver's update rules.
@@ -405,8 +400,7 @@ pub(super) fn prepare_update_with(
     let applied_fields = requested["metadata"].get("managedFields").cloned();
     let name = meta_str(old, "name").unwrap_or("").to_string();
     check_update_preconditions(info, old, &requested, &name)?;
-    let unchanged = old.clone();
-    let old = present(info, old.clone());
+    let old = presented(info, old);
     let mut new = requested_state(info, &old, requested, sub);
     keep_server_metadata(&old, &mut new);
     let uid = meta_str(&old, "uid").unwrap_or("").to_string();
@@ -415,7 +409,7 @@ pub(super) fn prepare_update_with(
     if !causes.is_empty() {
         return Err(ApiError::invalid(&info.group, &info.kind, &name, causes));
     }
-    if info.tracks_generation && spec_part(info, &old) != spec_part(info, &new) {
+    if info.tracks_generation && spec_changed(info, &old, &new) {
         let generation = old["metadata"]["generation"].as_i64().unwrap_or(0);
         new["metadata"]["generation"] = json!(generation + 1);
         if is_crd(info) {
@@ -423,12 +417,12 @@ pub(super) fn prepare_update_with(
         }
     }
     match (recording, applied_fields) {
-        (Recording::Manager(manager), _) => new = field_manager::record(info, Some(&old), new, manager, sub),
+        (Recording::Manager(manager), _) => new = field_manager::record(info, Some(old.as_ref()), new, manager, sub),
         (Recording::AsGiven, Some(fields)) => new["metadata"]["managedFields"] = fields,
         (Recording::AsGiven, None) => {}
     }
     if same_content(&old, &new) {
-        return Ok(Write::Unchanged(unchanged));
+        return Ok(Write::Keep);
     }
     if is_deleting(&new) && !holds_deletion(info, &new) {
         return Ok(Write::Remove(stored(info, new)));
@@ -521,15 +515,15 @@ fn holds_deletion(info: &ResourceInfo, object: &Value) -> bool {
     !finalizers(object).is_empty() || spec_finalizers
 }
 
-pub fn update(
+pub fn update<'a>(
     store: &Store,
-    info: &ResourceInfo,
+    info: &'a ResourceInfo,
     namespace: &str,
     name: &str,
     mut body: Value,
     sub: Subresource,
     options: WriteOptions,
-) -> Result<Value, ApiError> {
+) -> Result<Served<'a>, ApiError> {
     check_type(info, &body)?;
     check_namespace(info, &mut body, namespace)?;
     if meta_str(&body, "name").is_some_and(|n| n != name) {
@@ -544,14 +538,14 @@ pub fn update(
 }
 
 /// A write to an object that must exist, with post-removal cleanup.
-pub(super) fn write_existing<F>(
+pub(super) fn write_existing<'a, F>(
     store: &Store,
-    info: &ResourceInfo,
+    info: &'a ResourceInfo,
     namespace: &str,
     name: &str,
     options: &WriteOptions,
     decide: F,
-) -> Result<Value, ApiError>
+) -> Result<Served<'a>, ApiError>
 where
     F: FnOnce(&Value) -> Result<Write, ApiError>,
 {
@@ -571,7 +565,7 @@ where
     if removed && !options.dry_run {
         after_removal(store, info, &object);
     }
-    Ok(present(info, object))
+    Ok(Served::new(info, object))
 }
 
 /// Cleanup a real server does asynchronously when an object is finally gone.
@@ -581,15 +575,15 @@ fn after_removal(store: &Store, info: &ResourceInfo, object: &Value) {
     }
 }
 
-pub fn patch(
+pub fn patch<'a>(
     store: &Store,
-    info: &ResourceInfo,
+    info: &'a ResourceInfo,
     namespace: &str,
     name: &str,
     patch: PatchBody<'_>,
     sub: Subresource,
     options: WriteOptions,
-) -> Result<Value, ApiError> {
+) -> Result<Served<'a>, ApiError> {
     check_patch_type(info, patch.patch_type)?;
     write_existing(store, info, namespace, name, &options, |old| {
         let mut target = present(info, old.clone());
@@ -606,18 +600,18 @@ pub fn patch(
     })
 }
 
-pub fn delete(
+pub fn delete<'a>(
     store: &Store,
-    info: &ResourceInfo,
+    info: &'a ResourceInfo,
     namespace: &str,
     name: &str,
     options: &DeleteOptions,
-) -> Result<Value, ApiError> {
+) -> Result<Served<'a>, ApiError> {
     let gc_finalizer = propagation_finalizer(info, options.propagation_policy.as_deref())?;
     write_existing(store, info, namespace, name, &options.write, |current| {
         check_preconditions(info, current, options)?;
         if is_deleting(current) {
-            return Ok(Write::Unchanged(current.clone()));
+            return Ok(Write::Keep);
         }
         let mut deleting = current.clone();
         deleting["metadata"]["deletionTimestamp"] = json!(now_timestamp());
@@ -670,13 +664,13 @@ fn add_finalizer(object: &mut Value, finalizer: &str) {
 }
 
 /// Removes one finalizer; a deleting object with none left is removed, as after an update.
-pub fn remove_finalizer(
+pub fn remove_finalizer<'a>(
     store: &Store,
-    info: &ResourceInfo,
+    info: &'a ResourceInfo,
     namespace: &str,
     name: &str,
     finalizer: &str,
-) -> Result<Value, ApiError> {
+) -> Result<Served<'a>, ApiError> {
     write_existing(store, info, namespace, name, &WriteOptions::default(), |current| {
         let mut new = current.clone();
         let kept: Vec<String> = finalizers(current).into_iter().filter(|f| f != finalizer).collect();
@@ -728,11 +722,11 @@ pub fn delete_collection(
     };
     let listed = list(store, info, namespace, &listing)?;
     let mut deleted = Vec::new();
-    for object in listed["items"].as_array().map(Vec::as_slice).unwrap_or_default() {
+    for object in listed.stored_items() {
         let ns = meta_str(object, "namespace").unwrap_or("");
         let name = meta_str(object, "name").unwrap_or("");
         match delete(store, info, ns, name, delete_options) {
-            Ok(object) => deleted.push(object),
+            Ok(object) => deleted.push(object.into_value()),
             // Deleted concurrently: nothing left to do for it.
             Err(e) if e.code == 404 => {}
             Err(e) => return Err(e),

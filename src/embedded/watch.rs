@@ -15,9 +15,9 @@ use tokio_util::sync::CancellationToken;
 use super::discovery::ResourceInfo;
 use super::faults::WatchGate;
 use super::selectors::{FieldSelector, LabelSelector};
+use super::served::{Served, WatchLine};
 use super::status::ApiError;
 use super::store::{EventType, Store, StoreEvent, Subscription};
-use super::verbs;
 
 /// How often an idle watch with `allowWatchBookmarks` gets a BOOKMARK.
 pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(2);
@@ -78,7 +78,7 @@ pub(crate) fn stream(
 enum Owed {
     /// An object of the initial snapshot, current as of the subscription's resourceVersion.
     Snapshot {
-        object: Value,
+        object: Arc<Value>,
         resource_version: u64,
     },
     Event(Arc<StoreEvent>),
@@ -207,9 +207,13 @@ impl Watcher {
         self.send(shown.as_str(), event.object.clone()).await
     }
 
-    async fn send(&self, event_type: &str, object: Value) -> bool {
-        let object = verbs::present(&self.info, object);
-        self.send_line(event_type, &object).await
+    /// Sends one event, written out from the shared stored object.
+    async fn send(&self, event_type: &str, object: Arc<Value>) -> bool {
+        let line = WatchLine {
+            event_type,
+            object: Served::new(&self.info, object),
+        };
+        self.send_text(serde_json::to_string(&line).unwrap_or_default()).await
     }
 
     async fn send_bookmark(&self) -> bool {
@@ -228,7 +232,11 @@ impl Watcher {
     /// One event line, `type` first as kube-apiserver writes it (a client may then decode the
     /// object as it streams by instead of buffering it to find the type).
     async fn send_line(&self, event_type: &str, object: &Value) -> bool {
-        let mut text = format!("{{\"type\":{},\"object\":{object}}}", Value::from(event_type));
+        let text = format!("{{\"type\":{},\"object\":{object}}}", Value::from(event_type));
+        self.send_text(text).await
+    }
+
+    async fn send_text(&self, mut text: String) -> bool {
         text.push('\n');
         self.sink.send(Ok(Bytes::from(text))).await.is_ok()
     }

@@ -82,6 +82,8 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
     let cost = &report["stacks"]["cost"];
     assert!(cost["daemon_cpu_ms_per_install"].as_f64().unwrap() > 0.0, "{cost:#}");
     assert!(cost["servers_cpu_ms_per_install"].as_f64().unwrap() > 0.0, "{cost:#}");
+    // The bound CPU puts on the installs (issue 32): both processes' CPU over the cores.
+    assert!(cost["cpu_bound_s"].as_f64().unwrap() > 0.0, "{cost:#}");
     for controller in ["StackInstall", "stack"] {
         let reconciles = cost["reconciles_per_install"][controller].as_f64().unwrap_or_default();
         assert!(reconciles >= 1.0, "{controller}: {cost:#}");
@@ -114,6 +116,19 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
         shards["lease_writes_per_slot_per_lease_duration"].as_f64().unwrap() < 2.0,
         "{shards:#}"
     );
+    // Many idle tenants on one replica (issue 32): up, no requests at rest but renewals and
+    // sweeps, and sampled over the window.
+    let crowd = &report["crowd"];
+    assert!(crowd["tenants"].as_u64().unwrap() >= 2, "{crowd:#}");
+    assert!(crowd["startup_s"].as_f64().unwrap() > 0.0, "{crowd:#}");
+    assert!(crowd["marginal_rss_per_tenant_mb"].is_number(), "{crowd:#}");
+    assert_eq!(
+        crowd["idle_requests_per_minute_per_tenant"]["other"].as_f64(),
+        Some(0.0),
+        "{crowd:#}"
+    );
+    assert!(crowd["samples"].as_array().unwrap().len() >= 2, "{crowd:#}");
+    assert!(crowd["samples"][0]["sockets"].as_u64().unwrap() > 0, "{crowd:#}");
     let written: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&saved).expect("--out file")).expect("saved JSON");
     assert_eq!(written, report);

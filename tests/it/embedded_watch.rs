@@ -330,3 +330,74 @@ async fn all_namespaces_watch_sees_every_namespace() {
     let events: Vec<(String, String)> = stream.map_ok(|e| summary(&e)).try_collect().await.unwrap();
     assert_eq!(events, vec![("ADDED".to_string(), "second".to_string())]);
 }
+
+/// The body of one raw request through the kube client's connection.
+async fn raw_body(t: &harness::TestServer, method: &str, path: &str, body: &str) -> String {
+    let request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .body(body.as_bytes().to_vec())
+        .unwrap();
+    let response = t.client.send(request.map(Into::into)).await.unwrap();
+    assert!(response.status().is_success(), "{method} {path}: {}", response.status());
+    let bytes = http_body_util::BodyExt::collect(response.into_body())
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+/// Objects are stored once and shared: a get and a watch event are written out from the stored
+/// value, and must carry the bytes the server sent when it answered with a presented copy.
+#[tokio::test]
+async fn a_get_and_a_watch_event_carry_the_bytes_of_the_presented_copy() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let since = t.server.store().resource_version();
+    let cases = [
+        (
+            "/api/v1/namespaces/ns/configmaps",
+            ("", "v1", "configmaps"),
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "labels": {"a": "b"}},
+                   "data": {"text": "é \" \\ \n", "z": "last"}}),
+        ),
+        (
+            "/api/v1/namespaces/ns/secrets",
+            ("", "v1", "secrets"),
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "stringData": {"k": "v"}}),
+        ),
+        (
+            "/apis/events.k8s.io/v1/namespaces/ns/events",
+            ("events.k8s.io", "v1", "events"),
+            json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "e"},
+                   "eventTime": "2026-01-01T00:00:00.000000Z", "action": "Pull", "reason": "Pulled",
+                   "reportingController": "kubelet", "reportingInstance": "node-1", "type": "Normal",
+                   "note": "pulled the image", "regarding": {"kind": "Pod", "name": "p", "namespace": "ns"}}),
+        ),
+    ];
+    let resources = Resources::current(&t.server.store());
+    for (collection, (group, version, plural), body) in cases {
+        let name = body["metadata"]["name"].as_str().unwrap();
+        raw_body(&t, "POST", collection, &body.to_string()).await;
+        let got = raw_body(&t, "GET", &format!("{collection}/{name}"), "").await;
+        let info = resources.find(group, version, plural).unwrap();
+        let stored = t.server.store().get(&info.storage_key(), "ns", name).unwrap();
+        assert_eq!(
+            got,
+            verbs::present(&info, stored).to_string(),
+            "GET {collection}/{name}"
+        );
+        let watch = format!("{collection}?watch=1&resourceVersion={since}&timeoutSeconds=1");
+        let lines = raw_body(&t, "GET", &watch, "").await;
+        let added = lines
+            .lines()
+            .find(|line| line.contains(&format!(r#""name":"{name}""#)))
+            .unwrap();
+        assert_eq!(
+            added,
+            format!(r#"{{"type":"ADDED","object":{got}}}"#),
+            "watch {collection}"
+        );
+    }
+}

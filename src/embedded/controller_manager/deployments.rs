@@ -3,16 +3,22 @@
 //! scaled to zero at the same moment), and each ReplicaSet keeps its Pods, which are Running and Ready
 //! at once unless [`Runners::never_ready`] names their image. Deployment status then reports
 //! `replicas`, `updatedReplicas`, `readyReplicas`, `availableReplicas` and `Available`/`Progressing`.
+//!
+//! A pass looks at the Deployments and ReplicaSets whose events arrived since the last one (a Pod's
+//! event names its ReplicaSet, a ReplicaSet's its Deployment), each one's dependents coming from the
+//! store's owner index.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::{Runners, controller_ref, info, is_deleting, modify, owned_by, run_loop, text};
+use super::{Runners, all_keys, controller_ref, info, is_deleting, key_of, modify, owners_of, text};
 use crate::embedded::discovery::ResourceTable;
-use crate::embedded::store::{GroupResource, Store};
+use crate::embedded::passes::{self, Controller};
+use crate::embedded::store::{GroupResource, ObjectKey, Store, StoreEvent};
 use crate::embedded::verbs::{self, DeleteOptions, now_timestamp};
 
 const RESCAN: Duration = Duration::from_millis(500);
@@ -31,19 +37,80 @@ fn pods() -> GroupResource {
 }
 
 pub async fn run(store: Arc<Store>, resources: Arc<ResourceTable>, runners: Arc<Runners>, shutdown: CancellationToken) {
-    let pass_store = store.clone();
-    run_loop(
-        store,
-        shutdown,
-        RESCAN,
-        &["deployments", "replicasets", "pods"],
-        move || {
-            sync_deployments(&pass_store, &resources);
-            sync_replica_sets(&pass_store, &resources, &runners);
-            sync_deployment_status(&pass_store);
-        },
-    )
-    .await;
+    let controller = DeploymentController {
+        store: store.clone(),
+        resources,
+        runners,
+    };
+    passes::run(store, shutdown, RESCAN, controller).await;
+}
+
+/// What a pass looks at.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Key {
+    Deployment(ObjectKey),
+    ReplicaSet(ObjectKey),
+}
+
+struct DeploymentController {
+    store: Arc<Store>,
+    resources: Arc<ResourceTable>,
+    runners: Arc<Runners>,
+}
+
+impl Controller for DeploymentController {
+    type Key = Key;
+
+    fn keys_of(&self, event: &StoreEvent, pending: &mut BTreeSet<Key>) {
+        if event.resource == deployments() {
+            pending.insert(Key::Deployment(key_of(event)));
+        } else if event.resource == replica_sets() {
+            pending.insert(Key::ReplicaSet(key_of(event)));
+            let owners = owners_of(&self.store, event, &deployments());
+            pending.extend(owners.into_iter().map(Key::Deployment));
+        } else if event.resource == pods() {
+            let owners = owners_of(&self.store, event, &replica_sets());
+            pending.extend(owners.into_iter().map(Key::ReplicaSet));
+        }
+    }
+
+    fn all_keys(&self) -> BTreeSet<Key> {
+        let deployments = all_keys(&self.store, &deployments()).into_iter().map(Key::Deployment);
+        let sets = all_keys(&self.store, &replica_sets()).into_iter().map(Key::ReplicaSet);
+        deployments.chain(sets).collect()
+    }
+
+    /// Deployments first (their ReplicaSets join the pass), then ReplicaSets (their Deployments
+    /// join it), then the Deployments' status, so one pass carries a change all the way through.
+    fn pass(&mut self, keys: BTreeSet<Key>) -> BTreeSet<Key> {
+        let (store, resources) = (&self.store, &self.resources);
+        let (mut deployment_keys, mut set_keys) = (BTreeSet::new(), BTreeSet::new());
+        for key in keys {
+            match key {
+                Key::Deployment(key) => deployment_keys.insert(key),
+                Key::ReplicaSet(key) => set_keys.insert(key),
+            };
+        }
+        let mut retries = BTreeSet::new();
+        for key in &deployment_keys {
+            let (sets, again) = sync_deployment(store, resources, key);
+            set_keys.extend(sets);
+            if again {
+                retries.insert(Key::Deployment(key.clone()));
+            }
+        }
+        for key in &set_keys {
+            let (owners, again) = sync_replica_set(store, resources, &self.runners, key);
+            deployment_keys.extend(owners);
+            if again {
+                retries.insert(Key::ReplicaSet(key.clone()));
+            }
+        }
+        deployment_keys
+            .iter()
+            .for_each(|key| sync_deployment_status(store, key));
+        retries
+    }
 }
 
 /// kube's pod-template-hash: FNV-32a of the template, as decimal digits in the safe alphabet.
@@ -64,43 +131,58 @@ fn replicas(object: &Value) -> i64 {
     object["spec"]["replicas"].as_i64().unwrap_or(1).max(0)
 }
 
-fn owned<'a>(all: &'a [Value], owner: &Value) -> Vec<&'a Value> {
-    all.iter()
-        .filter(|o| owned_by(o, text(owner, "uid")) && !is_deleting(o))
+/// The objects of `resource` that `owner` owns and that are not being deleted, from the owner index.
+fn owned(store: &Store, owner: &Value, resource: &GroupResource) -> Vec<Arc<Value>> {
+    let dependents = store.dependents(text(owner, "uid"), Some(resource));
+    dependents
+        .into_iter()
+        .map(|(_, object)| object)
+        .filter(|object| !is_deleting(object))
         .collect()
 }
 
-fn sync_deployments(store: &Store, resources: &ResourceTable) {
-    let all_sets = store.list(&replica_sets(), None).0;
-    for deployment in store.list(&deployments(), None).0 {
-        if is_deleting(&deployment) {
-            continue;
-        }
-        let (namespace, name) = (text(&deployment, "namespace"), text(&deployment, "name"));
-        let hash = template_hash(&deployment["spec"]["template"]);
-        let current = format!("{name}-{hash}");
-        let desired = replicas(&deployment);
-        let mine = owned(&all_sets, &deployment);
-        if !mine.iter().any(|rs| text(rs, "name") == current) {
-            let revision = mine.iter().filter_map(|rs| revision(rs)).max().unwrap_or(0) + 1;
-            let rs = new_replica_set(&deployment, &current, &hash, desired, revision);
-            let created = info(resources, "apps", "v1", "replicasets")
-                .and_then(|info| verbs::create(store, &info, namespace, rs, Default::default()));
-            if let Err(e) = created {
+/// Gives the Deployment a ReplicaSet for its current template and scales the others to zero.
+/// Returns its ReplicaSets, and whether to look again (the ReplicaSet could not be created).
+fn sync_deployment(store: &Store, resources: &ResourceTable, (namespace, name): &ObjectKey) -> (Vec<ObjectKey>, bool) {
+    let Some(deployment) = store.get_shared(&deployments(), namespace, name) else {
+        return (Vec::new(), false);
+    };
+    if is_deleting(&deployment) {
+        return (Vec::new(), false);
+    }
+    let hash = template_hash(&deployment["spec"]["template"]);
+    let current = format!("{name}-{hash}");
+    let desired = replicas(&deployment);
+    let mine = owned(store, &deployment, &replica_sets());
+    let mut again = false;
+    let mut sets: Vec<ObjectKey> = mine
+        .iter()
+        .map(|rs| (namespace.clone(), text(rs, "name").to_string()))
+        .collect();
+    if !mine.iter().any(|rs| text(rs, "name") == current) {
+        let revision = mine.iter().filter_map(|rs| revision(rs)).max().unwrap_or(0) + 1;
+        let rs = new_replica_set(&deployment, &current, &hash, desired, revision);
+        let created = info(resources, "apps", "v1", "replicasets")
+            .and_then(|info| verbs::create(store, &info, namespace, rs, Default::default()).map(|_| ()));
+        match created {
+            Ok(()) => sets.push((namespace.clone(), current.clone())),
+            Err(e) => {
                 tracing::warn!(namespace, deployment = name, error = %e.message, "creating the ReplicaSet");
+                again = true;
             }
         }
-        for rs in mine {
-            let want = if text(rs, "name") == current { desired } else { 0 };
-            let _ = modify(store, &replica_sets(), namespace, text(rs, "name"), |rs| {
-                if replicas(rs) != want {
-                    rs["spec"]["replicas"] = json!(want);
-                    let generation = rs["metadata"]["generation"].as_i64().unwrap_or(1);
-                    rs["metadata"]["generation"] = json!(generation + 1);
-                }
-            });
-        }
     }
+    for rs in &mine {
+        let want = if text(rs, "name") == current { desired } else { 0 };
+        let _ = modify(store, &replica_sets(), namespace, text(rs, "name"), |rs| {
+            if replicas(rs) != want {
+                rs["spec"]["replicas"] = json!(want);
+                let generation = rs["metadata"]["generation"].as_i64().unwrap_or(1);
+                rs["metadata"]["generation"] = json!(generation + 1);
+            }
+        });
+    }
+    (sets, again)
 }
 
 const REVISION: &str = "deployment.kubernetes.io/revision";
@@ -126,46 +208,65 @@ fn new_replica_set(deployment: &Value, name: &str, hash: &str, replicas: i64, re
     })
 }
 
-fn sync_replica_sets(store: &Store, resources: &ResourceTable, runners: &Runners) {
-    let all_pods = store.list(&pods(), None).0;
-    for rs in store.list(&replica_sets(), None).0 {
-        if is_deleting(&rs) {
-            continue;
-        }
-        let (namespace, name) = (text(&rs, "namespace"), text(&rs, "name"));
-        let mine = owned(&all_pods, &rs);
-        let want = replicas(&rs) as usize;
-        for _ in mine.len()..want {
-            if let Err(e) = create_pod(store, resources, runners, &rs) {
-                tracing::warn!(namespace, replicaset = name, error = %e.message, "creating a pod");
-                break;
-            }
-        }
-        if let Ok(pod_info) = info(resources, "", "v1", "pods") {
-            for pod in mine.iter().skip(want) {
-                let _ = verbs::delete(
-                    store,
-                    &pod_info,
-                    namespace,
-                    text(pod, "name"),
-                    &DeleteOptions::default(),
-                );
-            }
-        }
-        let count = mine.len().min(want) as i64;
-        let ready = mine.iter().take(want).filter(|p| pod_ready(p)).count() as i64;
-        let generation = rs["metadata"]["generation"].clone();
-        let _ = modify(store, &replica_sets(), namespace, name, |rs| {
-            let mut status = json!({
-                "replicas": count, "fullyLabeledReplicas": count, "observedGeneration": generation,
-            });
-            if ready > 0 {
-                status["readyReplicas"] = json!(ready);
-                status["availableReplicas"] = json!(ready);
-            }
-            rs["status"] = status;
-        });
+/// Gives the ReplicaSet its pods (creating missing ones, deleting extra ones) and its status.
+/// Returns the Deployments owning it, and whether to look again (a pod could not be created).
+fn sync_replica_set(
+    store: &Store,
+    resources: &ResourceTable,
+    runners: &Runners,
+    (namespace, name): &ObjectKey,
+) -> (Vec<ObjectKey>, bool) {
+    let Some(rs) = store.get_shared(&replica_sets(), namespace, name) else {
+        return (Vec::new(), false);
+    };
+    if is_deleting(&rs) {
+        return (Vec::new(), false);
     }
+    let mine = owned(store, &rs, &pods());
+    let want = replicas(&rs) as usize;
+    let mut again = false;
+    for _ in mine.len()..want {
+        if let Err(e) = create_pod(store, resources, runners, &rs) {
+            tracing::warn!(namespace, replicaset = name, error = %e.message, "creating a pod");
+            again = true;
+            break;
+        }
+    }
+    if let Ok(pod_info) = info(resources, "", "v1", "pods") {
+        for pod in mine.iter().skip(want) {
+            let _ = verbs::delete(
+                store,
+                &pod_info,
+                namespace,
+                text(pod, "name"),
+                &DeleteOptions::default(),
+            );
+        }
+    }
+    let count = mine.len().min(want) as i64;
+    let ready = mine.iter().take(want).filter(|p| pod_ready(p)).count() as i64;
+    let generation = rs["metadata"]["generation"].clone();
+    let _ = modify(store, &replica_sets(), namespace, name, |rs| {
+        let mut status = json!({
+            "replicas": count, "fullyLabeledReplicas": count, "observedGeneration": generation,
+        });
+        if ready > 0 {
+            status["readyReplicas"] = json!(ready);
+            status["availableReplicas"] = json!(ready);
+        }
+        rs["status"] = status;
+    });
+    (owning_deployments(store, &rs), again)
+}
+
+/// The Deployments among an object's owners.
+fn owning_deployments(store: &Store, object: &Value) -> Vec<ObjectKey> {
+    crate::embedded::store::owner_uids(object)
+        .into_iter()
+        .filter_map(|uid| store.by_uid(uid))
+        .filter(|(location, _)| location.resource == deployments())
+        .map(|(location, _)| (location.namespace, location.name))
+        .collect()
 }
 
 fn pod_ready(pod: &Value) -> bool {
@@ -190,13 +291,9 @@ fn create_pod(
         metadata["annotations"] = template["metadata"]["annotations"].clone();
     }
     let body = json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]});
-    let pod = verbs::create(
-        store,
-        &info(resources, "", "v1", "pods")?,
-        text(rs, "namespace"),
-        body,
-        Default::default(),
-    )?;
+    let pod_info = info(resources, "", "v1", "pods")?;
+    let created = verbs::create(store, &pod_info, text(rs, "namespace"), body, Default::default())?;
+    let pod = created.stored();
     let images: Vec<(String, String)> = pod["spec"]["containers"]
         .as_array()
         .map(|c| {
@@ -231,7 +328,7 @@ fn create_pod(
             json!({"type": t, "status": status, "lastProbeTime": null, "lastTransitionTime": now})
         })
         .collect();
-    modify(store, &pods(), text(&pod, "namespace"), text(&pod, "name"), |pod| {
+    modify(store, &pods(), text(pod, "namespace"), text(pod, "name"), |pod| {
         pod["status"] = json!({
             "phase": "Running", "startTime": now, "conditions": conditions, "containerStatuses": statuses,
         });
@@ -239,73 +336,98 @@ fn create_pod(
     Ok(())
 }
 
-fn sync_deployment_status(store: &Store) {
-    let all_sets = store.list(&replica_sets(), None).0;
-    for deployment in store.list(&deployments(), None).0 {
-        if is_deleting(&deployment) {
-            continue;
-        }
-        let (namespace, name) = (text(&deployment, "namespace"), text(&deployment, "name"));
+/// What a Deployment's ReplicaSets add up to.
+struct Rollout {
+    /// The current template's ReplicaSet.
+    current: String,
+    desired: i64,
+    total: i64,
+    updated: i64,
+    ready: i64,
+    available: i64,
+}
+
+impl Rollout {
+    fn of(store: &Store, deployment: &Value) -> Rollout {
+        let name = text(deployment, "name");
         let current = format!("{name}-{}", template_hash(&deployment["spec"]["template"]));
-        let mine = owned(&all_sets, &deployment);
+        let mine = owned(store, deployment, &replica_sets());
         let sum = |field: &str| {
             mine.iter()
                 .map(|rs| rs["status"][field].as_i64().unwrap_or(0))
                 .sum::<i64>()
         };
-        let (total, ready, available) = (sum("replicas"), sum("readyReplicas"), sum("availableReplicas"));
         let updated = mine
             .iter()
             .find(|rs| text(rs, "name") == current)
             .map_or(0, |rs| rs["status"]["replicas"].as_i64().unwrap_or(0));
-        let desired = replicas(&deployment);
-        let is_available = available >= desired;
-        let generation = deployment["metadata"]["generation"].clone();
-        let _ = modify(store, &deployments(), namespace, name, |deployment| {
-            let previous = deployment["status"]["conditions"].clone();
-            let mut status = Map::new();
-            status.insert("observedGeneration".into(), generation);
-            for (field, value) in [
-                ("replicas", total),
-                ("updatedReplicas", updated),
-                ("readyReplicas", ready),
-                ("availableReplicas", available),
-                ("unavailableReplicas", (desired - available).max(0)),
-            ] {
-                if value > 0 {
-                    status.insert(field.into(), json!(value));
-                }
-            }
-            let available_condition = if is_available {
-                (
-                    "True",
-                    "MinimumReplicasAvailable",
-                    "Deployment has minimum availability.".to_string(),
-                )
-            } else {
-                (
-                    "False",
-                    "MinimumReplicasUnavailable",
-                    "Deployment does not have minimum availability.".to_string(),
-                )
-            };
-            let progressing = (
-                "True",
-                if updated >= desired && is_available {
-                    "NewReplicaSetAvailable"
-                } else {
-                    "ReplicaSetUpdated"
-                },
-                format!("ReplicaSet \"{current}\" is progressing."),
-            );
-            let conditions: Vec<Value> = [("Available", available_condition), ("Progressing", progressing)]
-                .into_iter()
-                .map(|(kind, (flag, reason, message))| condition(&previous, kind, flag, reason, &message))
-                .collect();
-            status.insert("conditions".into(), json!(conditions));
-            deployment["status"] = Value::Object(status);
-        });
+        Rollout {
+            current,
+            desired: replicas(deployment),
+            total: sum("replicas"),
+            updated,
+            ready: sum("readyReplicas"),
+            available: sum("availableReplicas"),
+        }
     }
+
+    /// The Deployment's status, keeping its conditions' times while they hold.
+    fn status(&self, generation: Value, previous: &Value) -> Value {
+        let mut status = Map::new();
+        status.insert("observedGeneration".into(), generation);
+        for (field, value) in [
+            ("replicas", self.total),
+            ("updatedReplicas", self.updated),
+            ("readyReplicas", self.ready),
+            ("availableReplicas", self.available),
+            ("unavailableReplicas", (self.desired - self.available).max(0)),
+        ] {
+            if value > 0 {
+                status.insert(field.into(), json!(value));
+            }
+        }
+        let is_available = self.available >= self.desired;
+        let available = if is_available {
+            (
+                "True",
+                "MinimumReplicasAvailable",
+                "Deployment has minimum availability.",
+            )
+        } else {
+            (
+                "False",
+                "MinimumReplicasUnavailable",
+                "Deployment does not have minimum availability.",
+            )
+        };
+        let progressing_reason = if self.updated >= self.desired && is_available {
+            "NewReplicaSetAvailable"
+        } else {
+            "ReplicaSetUpdated"
+        };
+        let progressing = format!("ReplicaSet \"{}\" is progressing.", self.current);
+        let conditions = [
+            condition(previous, "Available", available.0, available.1, available.2),
+            condition(previous, "Progressing", "True", progressing_reason, &progressing),
+        ];
+        status.insert("conditions".into(), json!(conditions));
+        Value::Object(status)
+    }
+}
+
+fn sync_deployment_status(store: &Store, (namespace, name): &ObjectKey) {
+    let Some(deployment) = store.get_shared(&deployments(), namespace, name) else {
+        return;
+    };
+    if is_deleting(&deployment) {
+        return;
+    }
+    let rollout = Rollout::of(store, &deployment);
+    let generation = deployment["metadata"]["generation"].clone();
+    let _ = modify(store, &deployments(), namespace, name, |deployment| {
+        let status = rollout.status(generation, &deployment["status"]["conditions"]);
+        deployment["status"] = status;
+    });
 }
 
 /// A condition, keeping its transition time while its status stays the same.
@@ -325,19 +447,4 @@ fn condition(previous: &Value, kind: &str, status: &str, reason: &str, message: 
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn template_hash_is_stable_safe_and_changes_with_the_template() {
-        let a = json!({"spec": {"containers": [{"name": "c", "image": "x:1"}]}});
-        let b = json!({"spec": {"containers": [{"name": "c", "image": "x:2"}]}});
-        assert_eq!(template_hash(&a), template_hash(&a.clone()));
-        assert_ne!(template_hash(&a), template_hash(&b));
-        assert!(
-            template_hash(&a)
-                .chars()
-                .all(|c| "bcdfghjklmnpqrstvwxz2456789".contains(c))
-        );
-    }
-}
+mod tests;

@@ -6,19 +6,26 @@
 //! `failed` counts and a `Complete` or `Failed` condition, retrying up to `backoffLimit` and stopping
 //! at `activeDeadlineSeconds`.
 //!
+//! A pass looks at the Jobs whose events (or whose Pods' events) arrived since the last one, and at
+//! still-running Jobs with a deadline every [`RESCAN`]; each Job's Pods come from the store's owner
+//! index, never from a list of every Pod.
+//!
 //! Simplifications: one pod at a time (`parallelism` is ignored; `completions` are run one after
 //! another), `restartPolicy: OnFailure` behaves like `Never` (a new pod per retry), no pod backoff delay.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::{JobContext, JobOutcome, Runners, controller_ref, info, is_deleting, modify, owned_by, run_loop, text};
+use super::{
+    JobContext, JobOutcome, Runners, all_keys, controller_ref, info, is_deleting, key_of, modify, owners_of, text,
+};
 use crate::embedded::discovery::ResourceTable;
-use crate::embedded::store::{GroupResource, Store};
+use crate::embedded::passes::{self, Controller};
+use crate::embedded::store::{GroupResource, ObjectKey, Store, StoreEvent};
 use crate::embedded::verbs::{self, now_timestamp};
 
 const RESCAN: Duration = Duration::from_millis(200);
@@ -47,7 +54,7 @@ pub async fn run(store: Arc<Store>, resources: Arc<ResourceTable>, runners: Arc<
         runners,
         running: Arc::default(),
     };
-    run_loop(store, shutdown, RESCAN, &["jobs", "pods"], move || controller.pass()).await;
+    passes::run(store, shutdown, RESCAN, controller).await;
 }
 
 fn phase(pod: &Value) -> &str {
@@ -67,20 +74,51 @@ fn seconds_since(timestamp: &str) -> Option<i64> {
     Some(jiff::Timestamp::now().duration_since(then).as_secs())
 }
 
-impl JobController {
-    fn pass(&self) {
-        let all_pods = self.store.list(&pods(), None).0;
-        for job in self.store.list(&jobs(), None).0 {
-            if is_deleting(&job) || is_finished(&job) {
-                continue;
-            }
-            let uid = text(&job, "uid");
-            let mine: Vec<&Value> = all_pods.iter().filter(|p| owned_by(p, uid)).collect();
-            self.reconcile(&job, &mine);
+impl Controller for JobController {
+    type Key = ObjectKey;
+
+    fn keys_of(&self, event: &StoreEvent, pending: &mut BTreeSet<ObjectKey>) {
+        if event.resource == jobs() {
+            pending.insert(key_of(event));
+        } else if event.resource == pods() {
+            pending.extend(owners_of(&self.store, event, &jobs()));
         }
     }
 
-    fn reconcile(&self, job: &Value, pods: &[&Value]) {
+    fn all_keys(&self) -> BTreeSet<ObjectKey> {
+        all_keys(&self.store, &jobs())
+    }
+
+    fn pass(&mut self, keys: BTreeSet<ObjectKey>) -> BTreeSet<ObjectKey> {
+        keys.into_iter()
+            .filter(|(namespace, name)| self.look_at(namespace, name) == Again::Later)
+            .collect()
+    }
+}
+
+/// Whether a Job needs another look though no event may come for it.
+#[derive(Debug, PartialEq, Eq)]
+enum Again {
+    Later,
+    OnEvent,
+}
+
+impl JobController {
+    fn look_at(&self, namespace: &str, name: &str) -> Again {
+        let Some(job) = self.store.get_shared(&jobs(), namespace, name) else {
+            return Again::OnEvent;
+        };
+        if is_deleting(&job) || is_finished(&job) {
+            return Again::OnEvent;
+        }
+        let mine = self.store.dependents(text(&job, "uid"), Some(&pods()));
+        let mine: Vec<&Value> = mine.iter().map(|(_, pod)| pod.as_ref()).collect();
+        self.reconcile(&job, &mine)
+    }
+
+    /// Runs the Job one step on; [`Again::Later`] while its pod could not be created or its
+    /// deadline is still ahead.
+    fn reconcile(&self, job: &Value, pods: &[&Value]) -> Again {
         let (namespace, name) = (text(job, "namespace"), text(job, "name"));
         let count = |wanted: &str| pods.iter().filter(|p| phase(p) == wanted).count() as i64;
         let (succeeded, failed) = (count("Succeeded"), count("Failed"));
@@ -95,13 +133,22 @@ impl JobController {
             .unwrap_or_else(now_timestamp);
         let outcome = job_outcome(job, succeeded, failed, &start_time);
         let mut active_count = active.len() as i64;
+        // A deadline passes without an event: look again until the Job ends.
+        let mut again = if job["spec"]["activeDeadlineSeconds"].is_i64() && outcome.is_none() {
+            Again::Later
+        } else {
+            Again::OnEvent
+        };
         if outcome.is_none() && active.is_empty() {
             match self.create_pod(job) {
                 Ok(pod) => {
                     active_count = 1;
                     self.launch(job.clone(), pod);
                 }
-                Err(e) => tracing::warn!(namespace, job = name, error = %e.message, "creating the Job's pod"),
+                Err(e) => {
+                    tracing::warn!(namespace, job = name, error = %e.message, "creating the Job's pod");
+                    again = Again::Later;
+                }
             }
         }
         if let Some(("Failed", _, _)) = outcome {
@@ -120,6 +167,7 @@ impl JobController {
         let _ = modify(&self.store, &jobs(), namespace, name, |job| {
             write_status(job, &start_time, counts, outcome)
         });
+        again
     }
 
     fn create_pod(&self, job: &Value) -> Result<Value, crate::embedded::status::ApiError> {
@@ -141,16 +189,11 @@ impl JobController {
         });
         let info = info(&self.resources, "", "v1", "pods")?;
         let pod = verbs::create(&self.store, &info, text(job, "namespace"), body, Default::default())?;
-        let (pod, _) = modify(
-            &self.store,
-            &pods(),
-            text(&pod, "namespace"),
-            text(&pod, "name"),
-            |pod| {
-                pod["status"] = json!({"phase": "Pending"});
-            },
-        )?;
-        Ok(pod)
+        let pod = pod.stored();
+        let (pod, _) = modify(&self.store, &pods(), text(pod, "namespace"), text(pod, "name"), |pod| {
+            pod["status"] = json!({"phase": "Pending"});
+        })?;
+        Ok(Arc::unwrap_or_clone(pod))
     }
 
     /// Runs the pod's containers on a task of its own.
@@ -388,3 +431,6 @@ async fn run_pod(store: &Arc<Store>, resources: &Arc<ResourceTable>, runners: &R
         pod["status"]["containerStatuses"] = json!(statuses);
     });
 }
+
+#[cfg(test)]
+mod tests;

@@ -2,23 +2,26 @@
 //! ([`tokens`]), Job → Pod with scripted outcomes ([`jobs`]), Deployment → ReplicaSet → Pods
 //! ([`deployments`]). Namespace deletion and garbage collection live in `namespaces` and `gc`.
 //!
-//! Each loop runs a pass over the store on every store event (a burst is one pass) and on a short
-//! rescan as a safety net; a pass that finds nothing to do writes nothing, so the loops settle.
+//! Each loop is a [`Controller`](crate::embedded::passes::Controller): a store event names the
+//! objects worth a look (a Job for an event about one of its Pods, found through the store's owner
+//! index), and a pass looks at those only; a pass that finds nothing to do writes nothing, so the
+//! loops settle.
 
 pub mod deployments;
 pub mod jobs;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod tokens;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
 use super::discovery::{ResourceInfo, ResourceTable};
 use super::status::ApiError;
-use super::store::{GroupResource, Store, Write};
+use super::store::{GroupResource, ObjectKey, Store, StoreEvent, Write, owner_uids};
 
 /// How a runner or readiness rule picks the images it answers.
 #[derive(Clone)]
@@ -86,21 +89,22 @@ impl JobContext {
         use base64::Engine;
         let encode = |v: &String| json!(base64::engine::general_purpose::STANDARD.encode(v));
         let secrets = GroupResource::new("", "secrets");
-        if self.store.get(&secrets, namespace, name).is_none() {
+        if !self.store.contains(&secrets, namespace, name) {
             let info = info(&self.resources, "", "v1", "secrets")?;
             let body = json!({
                 "apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
                 "type": "Opaque",
                 "data": data.iter().map(|(k, v)| (k.clone(), encode(v))).collect::<serde_json::Map<_, _>>(),
             });
-            return super::verbs::create(&self.store, &info, namespace, body, Default::default());
+            let created = super::verbs::create(&self.store, &info, namespace, body, Default::default());
+            return created.map(super::served::Served::into_value);
         }
         modify(&self.store, &secrets, namespace, name, |secret| {
             for (key, value) in data {
                 secret["data"][key] = encode(value);
             }
         })
-        .map(|(object, _)| object)
+        .map(|(object, _)| Arc::unwrap_or_clone(object))
     }
 }
 
@@ -231,7 +235,7 @@ pub(crate) fn modify(
     namespace: &str,
     name: &str,
     change: impl FnOnce(&mut Value),
-) -> Result<(Value, bool), ApiError> {
+) -> Result<(Arc<Value>, bool), ApiError> {
     store.write(resource, namespace, name, |current| {
         let Some(current) = current else {
             return Err(ApiError::not_found(&resource.group, &resource.resource, name));
@@ -239,7 +243,7 @@ pub(crate) fn modify(
         let mut updated = current.clone();
         change(&mut updated);
         Ok(if updated == *current {
-            Write::Unchanged(updated)
+            Write::Keep
         } else {
             Write::Put(updated)
         })
@@ -248,13 +252,6 @@ pub(crate) fn modify(
 
 pub(crate) fn text<'a>(object: &'a Value, field: &str) -> &'a str {
     object["metadata"][field].as_str().unwrap_or("")
-}
-
-/// Whether `object` names `owner_uid` among its owner references.
-pub(crate) fn owned_by(object: &Value, owner_uid: &str) -> bool {
-    object["metadata"]["ownerReferences"]
-        .as_array()
-        .is_some_and(|refs| refs.iter().any(|r| r["uid"].as_str() == Some(owner_uid)))
 }
 
 pub(crate) fn is_deleting(object: &Value) -> bool {
@@ -269,30 +266,32 @@ pub(crate) fn controller_ref(api_version: &str, kind: &str, owner: &Value) -> Va
     })
 }
 
-/// Runs `pass` on every burst of store events about the `watched` resources (plurals) and every
-/// `rescan`, until shutdown.
-pub(crate) async fn run_loop(
-    store: Arc<Store>,
-    shutdown: CancellationToken,
-    rescan: Duration,
-    watched: &'static [&'static str],
-    mut pass: impl FnMut() + Send,
-) {
-    let mut events = store.subscribe();
-    loop {
-        pass();
-        let next_rescan = tokio::time::Instant::now() + rescan;
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                received = events.recv() => match received {
-                    Ok(event) if !watched.contains(&event.resource.resource.as_str()) => continue,
-                    // Relevant, or events were missed: a pass settles both.
-                    _ => break,
-                },
-                _ = tokio::time::sleep_until(next_rescan) => break,
-            }
-        }
-        while events.try_recv().is_ok() {}
-    }
+/// Where an event's object lives (namespace and name).
+pub(crate) fn key_of(event: &StoreEvent) -> ObjectKey {
+    (
+        text(&event.object, "namespace").to_string(),
+        text(&event.object, "name").to_string(),
+    )
+}
+
+/// The objects of `owner_kind` (its storage key) that own the event's object, before or after the
+/// change, found by uid as the garbage collector finds owners.
+pub(crate) fn owners_of(store: &Store, event: &StoreEvent, owner_kind: &GroupResource) -> BTreeSet<ObjectKey> {
+    let states = std::iter::once(&event.object).chain(event.previous.as_ref());
+    let uids: BTreeSet<&str> = states.flat_map(|state| owner_uids(state)).collect();
+    uids.into_iter()
+        .filter_map(|uid| store.by_uid(uid))
+        .filter(|(location, _)| location.resource == *owner_kind)
+        .map(|(location, _)| (location.namespace, location.name))
+        .collect()
+}
+
+/// Every object of a resource, by namespace and name.
+pub(crate) fn all_keys(store: &Store, resource: &GroupResource) -> BTreeSet<ObjectKey> {
+    store
+        .project(resource, |object| {
+            (text(object, "namespace").to_string(), text(object, "name").to_string())
+        })
+        .into_iter()
+        .collect()
 }

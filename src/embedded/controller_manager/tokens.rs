@@ -3,8 +3,11 @@
 //! ServiceAccount is missing (or was recreated with another uid) is deleted. Tokens this controller
 //! minted are valid bearer tokens on this server for as long as their Secret exists; a token written
 //! into a Secret by a client is never accepted (on a real server its signature would not verify).
+//!
+//! A pass looks at the Secrets whose events arrived since the last one, and at the token Secrets
+//! of a namespace whose ServiceAccounts changed.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -14,9 +17,10 @@ use rand::RngExt;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::{is_deleting, modify, run_loop, text};
+use super::{all_keys, is_deleting, key_of, modify, text};
 use crate::embedded::discovery::ResourceTable;
-use crate::embedded::store::{GroupResource, Store};
+use crate::embedded::passes::{self, Controller};
+use crate::embedded::store::{GroupResource, ObjectKey, Store, StoreEvent};
 use crate::embedded::verbs::{self, DeleteOptions};
 
 pub const TOKEN_SECRET_TYPE: &str = "kubernetes.io/service-account-token";
@@ -32,20 +36,57 @@ const RESCAN: Duration = Duration::from_millis(500);
 /// Bearer tokens of filled token Secrets, accepted besides the server's own token.
 #[derive(Default)]
 pub struct TokenRegistry {
-    tokens: RwLock<HashSet<String>>,
+    valid: RwLock<ValidTokens>,
     minted: RwLock<HashSet<String>>,
+}
+
+/// The valid tokens and the Secrets holding them (a token copied into a second Secret stays valid
+/// while either holds it).
+#[derive(Default)]
+struct ValidTokens {
+    by_secret: HashMap<ObjectKey, String>,
+    holders: HashMap<String, usize>,
+}
+
+impl ValidTokens {
+    fn set(&mut self, secret: ObjectKey, token: Option<String>) {
+        let old = match token {
+            Some(token) => {
+                *self.holders.entry(token.clone()).or_default() += 1;
+                self.by_secret.insert(secret, token)
+            }
+            None => self.by_secret.remove(&secret),
+        };
+        if let Some(old) = old
+            && let Some(count) = self.holders.get_mut(&old)
+        {
+            *count -= 1;
+            if *count == 0 {
+                self.holders.remove(&old);
+            }
+        }
+    }
 }
 
 impl TokenRegistry {
     pub fn contains(&self, token: &str) -> bool {
-        self.tokens
+        self.valid
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .contains(token)
+            .holders
+            .contains_key(token)
     }
 
-    fn replace(&self, tokens: HashSet<String>) {
-        *self.tokens.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = tokens;
+    /// The Secrets tokens are valid through.
+    fn holders(&self) -> Vec<ObjectKey> {
+        let valid = self.valid.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        valid.by_secret.keys().cloned().collect()
+    }
+
+    /// Records the token `secret` makes valid now (`None`: none).
+    fn set(&self, secret: ObjectKey, token: Option<String>) {
+        let mut valid = self.valid.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        valid.set(secret, token);
     }
 
     fn minted(&self, token: &str) -> bool {
@@ -70,71 +111,133 @@ pub async fn run(
     ca_pem: Option<String>,
     shutdown: CancellationToken,
 ) {
-    let ca = ca_pem.unwrap_or_else(|| PLACEHOLDER_CA.to_string());
-    let pass_store = store.clone();
-    run_loop(store, shutdown, RESCAN, &["secrets", "serviceaccounts"], move || {
-        let tokens = sync_token_secrets(&pass_store, &resources, &ca, &registry);
-        registry.replace(tokens);
-    })
-    .await;
+    let controller = TokenController {
+        store: store.clone(),
+        resources,
+        registry,
+        ca_pem: ca_pem.unwrap_or_else(|| PLACEHOLDER_CA.to_string()),
+    };
+    passes::run(store, shutdown, RESCAN, controller).await;
 }
 
-/// One pass; returns the tokens now valid.
-pub fn sync_token_secrets(
+fn secrets() -> GroupResource {
+    GroupResource::new("", "secrets")
+}
+
+fn service_accounts() -> GroupResource {
+    GroupResource::new("", "serviceaccounts")
+}
+
+/// What a pass looks at.
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Key {
+    Secret(ObjectKey),
+    /// The token Secrets naming this ServiceAccount.
+    Account(ObjectKey),
+}
+
+struct TokenController {
+    store: Arc<Store>,
+    resources: Arc<ResourceTable>,
+    registry: Arc<TokenRegistry>,
+    ca_pem: String,
+}
+
+impl Controller for TokenController {
+    type Key = Key;
+
+    fn keys_of(&self, event: &StoreEvent, pending: &mut BTreeSet<Key>) {
+        if event.resource == secrets() {
+            pending.insert(Key::Secret(key_of(event)));
+        } else if event.resource == service_accounts() {
+            pending.insert(Key::Account(key_of(event)));
+        }
+    }
+
+    /// Every Secret, and every Secret a token is valid through (gone ones lose their token).
+    fn all_keys(&self) -> BTreeSet<Key> {
+        let mut keys = all_keys(&self.store, &secrets());
+        keys.extend(self.registry.holders());
+        keys.into_iter().map(Key::Secret).collect()
+    }
+
+    fn pass(&mut self, keys: BTreeSet<Key>) -> BTreeSet<Key> {
+        let mut secrets = BTreeSet::new();
+        for key in keys {
+            match key {
+                Key::Secret(secret) => secrets.insert(secret),
+                Key::Account(account) => {
+                    secrets.extend(token_secrets_of(&self.store, &account));
+                    false
+                }
+            };
+        }
+        for secret in secrets {
+            let token = sync_token_secret(&self.store, &self.resources, &self.ca_pem, &self.registry, &secret);
+            self.registry.set(secret, token);
+        }
+        BTreeSet::new()
+    }
+}
+
+/// The token Secrets in the account's namespace that name it.
+fn token_secrets_of(store: &Store, (namespace, account): &ObjectKey) -> Vec<ObjectKey> {
+    let (in_namespace, _) = store.list_shared(&secrets(), Some(namespace));
+    in_namespace
+        .iter()
+        .filter(|secret| secret["metadata"]["annotations"][SERVICE_ACCOUNT_NAME].as_str() == Some(account))
+        .map(|secret| (namespace.clone(), text(secret, "name").to_string()))
+        .collect()
+}
+
+/// Looks at one Secret; returns the token it makes valid, if any. A token Secret whose account is
+/// gone (or was recreated) is deleted; one not yet filled is filled.
+fn sync_token_secret(
     store: &Store,
     resources: &ResourceTable,
     ca_pem: &str,
     registry: &TokenRegistry,
-) -> HashSet<String> {
-    let secrets = GroupResource::new("", "secrets");
-    let accounts = GroupResource::new("", "serviceaccounts");
-    let mut valid = HashSet::new();
-    for secret in store.list(&secrets, None).0 {
-        if secret["type"].as_str() != Some(TOKEN_SECRET_TYPE) || is_deleting(&secret) {
-            continue;
-        }
-        let namespace = text(&secret, "namespace").to_string();
-        let name = text(&secret, "name").to_string();
-        let annotations = &secret["metadata"]["annotations"];
-        let account_name = annotations[SERVICE_ACCOUNT_NAME].as_str().unwrap_or("");
-        let account = store.get(&accounts, &namespace, account_name);
-        let recorded_uid = annotations[SERVICE_ACCOUNT_UID].as_str();
-        let account = match account {
-            Some(account) if recorded_uid.is_none_or(|uid| uid == text(&account, "uid")) => account,
-            _ => {
-                if let Ok(info) = super::info(resources, "", "v1", "secrets") {
-                    let _ = verbs::delete(store, &info, &namespace, &name, &DeleteOptions::default());
-                }
-                continue;
-            }
-        };
-        if let Some(token) = decoded(&secret["data"]["token"]) {
-            if registry.minted(&token) {
-                valid.insert(token);
-            }
-            if secret["data"]["ca.crt"].is_string() && secret["data"]["namespace"].is_string() {
-                continue;
-            }
-        }
-        let token = decoded(&secret["data"]["token"]).unwrap_or_else(|| {
-            let token = new_token(&namespace, &name, &account);
-            registry.mint(&token);
-            token
-        });
-        let filled = modify(store, &secrets, &namespace, &name, |secret| {
-            if !secret["data"].is_object() {
-                secret["data"] = json!({});
-            }
-            secret["data"]["token"] = json!(STANDARD.encode(&token));
-            secret["data"]["ca.crt"] = json!(STANDARD.encode(ca_pem));
-            secret["data"]["namespace"] = json!(STANDARD.encode(&namespace));
-            secret["metadata"]["annotations"][SERVICE_ACCOUNT_UID] = json!(text(&account, "uid"));
-        });
-        if filled.is_ok() && registry.minted(&token) {
-            valid.insert(token);
-        }
+    (namespace, name): &ObjectKey,
+) -> Option<String> {
+    let secret = store.get_shared(&secrets(), namespace, name)?;
+    if secret["type"].as_str() != Some(TOKEN_SECRET_TYPE) || is_deleting(&secret) {
+        return None;
     }
-    valid
+    let annotations = &secret["metadata"]["annotations"];
+    let account_name = annotations[SERVICE_ACCOUNT_NAME].as_str().unwrap_or("");
+    let account = store.get_shared(&service_accounts(), namespace, account_name);
+    let recorded_uid = annotations[SERVICE_ACCOUNT_UID].as_str();
+    let account = match account {
+        Some(account) if recorded_uid.is_none_or(|uid| uid == text(&account, "uid")) => account,
+        _ => {
+            if let Ok(info) = super::info(resources, "", "v1", "secrets") {
+                let _ = verbs::delete(store, &info, namespace, name, &DeleteOptions::default());
+            }
+            return None;
+        }
+    };
+    let present = decoded(&secret["data"]["token"]);
+    if let Some(token) = &present
+        && secret["data"]["ca.crt"].is_string()
+        && secret["data"]["namespace"].is_string()
+    {
+        return registry.minted(token).then(|| token.clone());
+    }
+    let token = present.unwrap_or_else(|| {
+        let token = new_token(namespace, name, &account);
+        registry.mint(&token);
+        token
+    });
+    let filled = modify(store, &secrets(), namespace, name, |secret| {
+        if !secret["data"].is_object() {
+            secret["data"] = json!({});
+        }
+        secret["data"]["token"] = json!(STANDARD.encode(&token));
+        secret["data"]["ca.crt"] = json!(STANDARD.encode(ca_pem));
+        secret["data"]["namespace"] = json!(STANDARD.encode(namespace));
+        secret["metadata"]["annotations"][SERVICE_ACCOUNT_UID] = json!(text(&account, "uid"));
+    });
+    (filled.is_ok() && registry.minted(&token)).then_some(token)
 }
 
 fn decoded(value: &Value) -> Option<String> {
@@ -162,3 +265,6 @@ fn new_token(namespace: &str, secret: &str, account: &Value) -> String {
         URL_SAFE_NO_PAD.encode(signature)
     )
 }
+
+#[cfg(test)]
+mod tests;
