@@ -615,20 +615,16 @@ async fn every_metric_the_alerts_and_the_dashboard_use_is_on_a_running_daemons_m
         .resource("namespaces");
     fleet.host().faults().fail_next(1, create_namespace, 500);
     let daemon = fleet.daemon(&["--shards", "1", "--shard-namespace", "stackd-system"]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let metrics = daemon.http_get("/metrics").unwrap_or_default();
-        let missing: Vec<&String> = used.iter().filter(|name| !exposes(&metrics, name)).collect();
-        if missing.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not on /metrics: {missing:?}\n{metrics}\nlog:\n{}",
-            daemon.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until(
+        "every metric the alerts and dashboard use on /metrics",
+        Duration::from_secs(30),
+        &daemon,
+        || async {
+            let metrics = daemon.http_get("/metrics").unwrap_or_default();
+            used.iter().all(|name| exposes(&metrics, name))
+        },
+    )
+    .await;
 }
 
 fn deployment_args(deployment: &Value) -> Vec<String> {
@@ -1750,32 +1746,29 @@ async fn tenant_objects(installation: &Installation) -> ScenarioRun {
     let (host_window, tenant_window) = (Window::open(&installation.host), Window::open(&installation.tenant));
     let mut daemon = installation.daemon(&[]);
     let tenants = GroupResource::new(TENANCY, "tenants");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let ready = installation
-            .host
-            .store()
-            .get(&tenants, "", "acme")
-            .is_some_and(|tenant| {
-                tenant["status"]["conditions"]
-                    .as_array()
-                    .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
-            });
-        let events = installation.host.counters().since(&host_window.counts).get(
-            stackd::embedded::Verb::Create,
-            "events",
-            Some("default"),
-        );
-        if ready && events > 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the Tenant never became Ready with an Event:\n{}",
-            daemon.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until(
+        "the Tenant Ready with an Event",
+        Duration::from_secs(30),
+        &daemon,
+        || async {
+            let ready = installation
+                .host
+                .store()
+                .get(&tenants, "", "acme")
+                .is_some_and(|tenant| {
+                    tenant["status"]["conditions"]
+                        .as_array()
+                        .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+                });
+            let events = installation.host.counters().since(&host_window.counts).get(
+                stackd::embedded::Verb::Create,
+                "events",
+                Some("default"),
+            );
+            ready && events > 0
+        },
+    )
+    .await;
     stop(&mut daemon).await;
     ScenarioRun {
         covers: &[TenantObjects],
