@@ -359,10 +359,8 @@ async fn pull_secret_sources<K: InstallKind>(
         Err(err) => return Ok(Err(refused(err))),
     };
     let api: Api<Secret> = Api::namespaced(ctx.tenant.client.clone(), &namespace);
-    let sources = pull_secrets::sources(&api, &namespace, &names)
-        .await
-        .map_err(InstallError::Tenant)?;
-    Ok(sources.map_err(refused))
+    let read = pull_secrets::read(&api, &names).await.map_err(InstallError::Tenant)?;
+    Ok(pull_secrets::check(&namespace, read).map_err(refused))
 }
 
 /// The host copy of `source` for the install Job `job`.
