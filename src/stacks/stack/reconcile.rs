@@ -19,6 +19,7 @@ use super::tenant::TenantIdentity;
 use super::validate::{Judge, validate};
 use super::{apply_host, apply_tenant, observe};
 use crate::api::stacks::Stack;
+use crate::host::apply::Applied;
 use crate::runtime::controller::Permit;
 use crate::stacks::STACK_FINALIZER;
 
@@ -112,6 +113,7 @@ async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Resul
         Ok(controller) => controller,
         Err(refused) => return refuse(stack, ctx, refused, notes).await,
     };
+    // Everything the objects are built from is read first; building them writes nothing.
     let identity = TenantIdentity::of(stack);
     let host = HostNames::of(stack, &tenant.name, &tenant.host_namespace);
     let observed = observe::observe(ctx, &identity, controller.as_ref(), &host).await?;
@@ -121,7 +123,7 @@ async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Resul
     let observed_token = observed.token_secret.as_deref();
     let token_secret = proceed!(apply_tenant::write(ctx, &desired.tenant, observed_token, notes).await?);
     // A token Secret created just now: its fill is a watch event away.
-    let just_created = token_secret == crate::host::apply::Applied::Created;
+    let just_created = token_secret == Applied::Created;
     let plan = proceed!(desired.host.map_break(|waiting| Outcome {
         brief: just_created,
         ..waiting
