@@ -103,35 +103,40 @@ fn is_secret_name(name: &str) -> bool {
     name.len() <= 253 && name.split('.').all(label_ok)
 }
 
-/// The tenant Secrets `names` (in `api`'s namespace), in order; an error names every one missing or
-/// not a pull secret.
-pub async fn sources(
-    api: &Api<Secret>,
-    namespace: &str,
-    names: &[String],
-) -> Result<Result<Vec<Secret>, PullSecretError>, kube::Error> {
+/// The tenant Secrets `names` (in `api`'s namespace) as they are now, in order: `None` for one that
+/// does not exist. [`check`] judges them.
+pub async fn read(api: &Api<Secret>, names: &[String]) -> Result<Vec<(String, Option<Secret>)>, kube::Error> {
+    let mut read = Vec::with_capacity(names.len());
+    for name in names {
+        read.push((name.clone(), api.get_opt(name).await?));
+    }
+    Ok(read)
+}
+
+/// The pull secrets [`read`] found, in order; an error names every one missing or not a pull secret.
+pub fn check(namespace: &str, read: Vec<(String, Option<Secret>)>) -> Result<Vec<Secret>, PullSecretError> {
     let mut found = Vec::new();
     let (mut missing, mut refused) = (Vec::new(), Vec::new());
-    for name in names {
-        match api.get_opt(name).await? {
+    for (name, secret) in read {
+        match secret {
             Some(secret) if credentials(&secret).is_some() => found.push(secret),
-            Some(_) => refused.push(name.clone()),
-            None => missing.push(name.clone()),
+            Some(_) => refused.push(name),
+            None => missing.push(name),
         }
     }
     if !missing.is_empty() {
-        return Ok(Err(PullSecretError::Missing {
+        return Err(PullSecretError::Missing {
             names: missing.join(", "),
             namespace: namespace.into(),
-        }));
+        });
     }
     if !refused.is_empty() {
-        return Ok(Err(PullSecretError::NotPullSecret {
+        return Err(PullSecretError::NotPullSecret {
             names: refused.join(", "),
             namespace: namespace.into(),
-        }));
+        });
     }
-    Ok(Ok(found))
+    Ok(found)
 }
 
 /// The type and the one filled key of a pull secret; `None` for any other Secret.
@@ -297,6 +302,26 @@ mod tests {
         assert!(credentials(&secret("kubernetes.io/service-account-token", &[("token", "t")])).is_none());
         assert!(credentials(&secret("kubernetes.io/dockerconfigjson", &[(".dockerconfigjson", "")])).is_none());
         assert!(credentials(&secret("kubernetes.io/dockercfg", &[(".dockercfg", "{}")])).is_some());
+    }
+
+    #[test]
+    fn a_check_names_every_missing_secret_before_any_that_is_no_pull_secret() {
+        let pull = secret("kubernetes.io/dockerconfigjson", &[(".dockerconfigjson", "{}")]);
+        let opaque = secret("Opaque", &[("password", "x")]);
+        let read = |entries: &[(&str, Option<&Secret>)]| -> Vec<(String, Option<Secret>)> {
+            entries.iter().map(|(n, s)| (n.to_string(), s.cloned())).collect()
+        };
+        let found = check("team-a", read(&[("a", Some(&pull)), ("b", Some(&pull))])).expect("pull secrets");
+        assert_eq!(found.len(), 2);
+        let err = check("team-a", read(&[("a", None), ("b", Some(&opaque)), ("c", None)])).expect_err("missing");
+        assert_eq!(err.reason(), "PullSecretMissing");
+        assert!(err.to_string().contains("a, c not found in namespace team-a"), "{err}");
+        let err = check("team-a", read(&[("a", Some(&pull)), ("b", Some(&opaque))])).expect_err("refused");
+        assert_eq!(err.reason(), "PullSecretRefused");
+        assert!(
+            err.to_string().contains("imagePullSecret(s) b in namespace team-a"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use kube::{Api, ResourceExt};
 
 use super::complete::applied_report;
 use super::job::{self, JobState};
-use super::object::{Report, event};
+use super::object::{Reconciled, event};
 use super::package;
 use super::{InstallContext, InstallError, InstallKind, SAFETY_NET};
 use crate::api::common::HostObjectRef;
@@ -43,7 +43,7 @@ pub(super) async fn run<K: InstallKind>(
     ctx: &InstallContext,
     stack: &Stack,
     package: &str,
-) -> Result<(Action, Option<Report>), InstallError> {
+) -> Result<Reconciled, InstallError> {
     let uid = install.meta().uid.clone().unwrap_or_default();
     ctx.unpacked.forget(&uid);
     let name = install.name_any();

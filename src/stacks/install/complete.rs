@@ -13,7 +13,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
 use super::job;
-use super::object::{Report, event, installer_of};
+use super::object::{Reconciled, Report, event, installer_of};
 use super::package::{self, CrdWrites, Outline, PackageError};
 use super::{InstallContext, InstallError, InstallKind, SAFETY_NET};
 use crate::api::common::HostObjectRef;
@@ -101,7 +101,7 @@ pub(super) fn judge<K: InstallKind>(
     ctx: &InstallContext,
     outline: &Outline,
     job_ref: &HostObjectRef,
-) -> Option<(Action, Option<Report>)> {
+) -> Option<Reconciled> {
     let (namespace, name) = (install.namespace().unwrap_or_default(), install.name_any());
     let uid = install.meta().uid.clone().unwrap_or_default();
     let stack = ctx.stacks.get(&ObjectRef::new(&name).within(&namespace));
@@ -133,7 +133,7 @@ pub(super) async fn run<K: InstallKind>(
     contents: Arc<PackageContents>,
     job_ref: HostObjectRef,
     package: &str,
-) -> Result<(Action, Option<Report>), InstallError> {
+) -> Result<Reconciled, InstallError> {
     let tenant = &ctx.tenant;
     let (namespace, name) = (install.namespace().unwrap_or_default(), install.name_any());
     let stack = ctx.stacks.get(&ObjectRef::new(&name).within(&namespace));

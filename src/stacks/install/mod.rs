@@ -7,6 +7,7 @@ mod applied;
 mod complete;
 pub mod crd_policy;
 pub mod job;
+mod job_lifecycle;
 mod object;
 mod output;
 pub mod package;

@@ -2,6 +2,7 @@
 //! and its Stack's CRD label), its identity as a host parent, its Events, and what a reconcile reports for its status.
 
 use kube::ResourceExt;
+use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 
 use super::crd_policy::{Installer, repository_of};
@@ -10,6 +11,10 @@ use super::{InstallContext, InstallKind};
 use crate::api::common::HostObjectRef;
 use crate::host::Parent;
 use crate::stacks::crd_parent_label;
+
+/// What one reconcile of an install comes to: when to look at it again, and the report for its
+/// status (none: the status stays as it is).
+pub(super) type Reconciled = (Action, Option<Report>);
 
 /// What a reconcile found, to be written to the install's status (only when it changed).
 #[derive(Debug, PartialEq)]

@@ -1,142 +1,81 @@
-//! The install Job of an install not being deleted (§3.2 steps 2–4, 6): create it, copy its pull
-//! secrets, replace it on an upgrade or after a failure (with backoff), and read a completed one's
-//! verified output, which `complete` applies.
+//! One reconcile of an install not being deleted (§3.2 steps 2–6), as named steps: admission →
+//! the applied package → the install Job settled to the current package → by the Job's state: still
+//! running, failed (retried with backoff), or complete (its verified output judged, then applied by
+//! `complete`). Each step hands the next its value, or the reconcile's result: when to look again
+//! and the report for the status.
 
-use std::time::Duration;
+use std::ops::ControlFlow::{Break, Continue};
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
-use kube::{Api, ResourceExt};
-use tracing::info;
 
-use super::job::{self, JobInputs, JobState};
-use super::object::{Report, event, parent_of};
+use super::job::{self, JobState};
+use super::job_lifecycle::{Failure, completion_time, copy_pull_secrets, retry, running, settle_job};
+use super::object::{Reconciled, Report, parent_of};
 use super::unpacked::Read;
 use super::{InstallContext, InstallError, InstallKind, SAFETY_NET, admission, applied, complete, output};
 use crate::api::common::HostObjectRef;
 use crate::host::Parent;
-use crate::host::apply::{self, Applied};
-use crate::stacks::pull_secrets;
 
 /// §3.2 steps 2–6 for an install that is not being deleted (the finalizer is in place).
-pub(super) async fn apply<K: InstallKind>(
-    install: &K,
-    ctx: &InstallContext,
-) -> Result<(Action, Option<Report>), InstallError> {
+pub(super) async fn apply<K: InstallKind>(install: &K, ctx: &InstallContext) -> Result<Reconciled, InstallError> {
     let parent = parent_of(install);
     let package = job::package_image(install.install());
+    // 1. Admission: whether the install may make anything on the host at all.
     if let Some(report) = admission::refusal(install, ctx, &package) {
         // Nothing is made on the host; an edit, or an older install's deletion, is an event.
         return Ok((Action::await_change(), Some(report)));
     }
+    // 2. A package already applied: its Stack is reported and kept in step, no Job runs.
     if let Some(stack) = applied::applied_stack(install, ctx, &package) {
         return applied::run(install, ctx, &stack, &package).await;
     }
+    // 3. The install Job of the current package, and this install's.
     let observed = match settle_job(install, ctx, &parent, &package).await? {
-        Settled::Current(observed) => observed,
-        Settled::Acted(action, report) => return Ok((action, report)),
+        Continue(observed) => observed,
+        Break(reconciled) => return Ok(reconciled),
     };
+    // 4. By the Job's state: still unpacking, failed (replaced after a backoff), or complete.
     let attempt: u32 = job::annotation(&observed, job::ATTEMPT_ANNOTATION)
         .and_then(|a| a.parse().ok())
         .unwrap_or(1);
-    let job_name = observed.name_any();
     match job::state(&observed) {
         JobState::Running => {
             copy_pull_secrets(install, ctx, &parent, &observed).await?;
-            let report = running(ctx, &job_name, &package);
+            let report = running(ctx, &observed.name_any(), &package);
             Ok((Action::requeue(SAFETY_NET), Some(report)))
         }
         JobState::Failed { message, at } => {
-            let detail = output::failure_detail(install, ctx, &observed).await;
-            let message = if detail.is_empty() {
-                format!("install Job {job_name} failed: {message}")
-            } else {
-                format!("install Job {job_name} failed: {message}: {detail}")
-            };
             let failure = Failure {
                 attempt,
                 at,
                 reason: "InstallJobFailed",
                 message,
             };
-            retry(install, ctx, &parent, &observed, failure).await
+            failed(install, ctx, &parent, &observed, failure).await
         }
         JobState::Complete => complete(install, ctx, &parent, &observed, attempt, &package).await,
     }
 }
 
-/// The install Job as it stands after `settle_job`.
-enum Settled {
-    /// This install's Job for the current package, to be judged by its state.
-    Current(Box<Job>),
-    /// The Job was created, replaced or is on its way out, or its name is taken: nothing more now.
-    Acted(Action, Option<Report>),
-}
-
-/// Makes sure the install Job of the current package exists and is this install's.
-async fn settle_job<K: InstallKind>(
+/// A failed install Job: reported with what its log says, and retried once the backoff for this
+/// attempt has passed.
+async fn failed<K: InstallKind>(
     install: &K,
     ctx: &InstallContext,
     parent: &Parent,
-    package: &str,
-) -> Result<Settled, InstallError> {
-    let tenant = &ctx.tenant;
-    let job_name = job::job_name(&install.namespace().unwrap_or_default(), &install.name_any());
-    let jobs: Api<Job> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
-    let started = |outcome: Result<(), Report>| {
-        let report = outcome.map_or_else(|report| report, |()| running(ctx, &job_name, package));
-        Settled::Acted(Action::requeue(SAFETY_NET), Some(report))
+    observed: &Job,
+    mut failure: Failure,
+) -> Result<Reconciled, InstallError> {
+    let job_name = observed.name_any();
+    let detail = output::failure_detail(install, ctx, observed).await;
+    failure.message = if detail.is_empty() {
+        format!("install Job {job_name} failed: {}", failure.message)
+    } else {
+        format!("install Job {job_name} failed: {}: {detail}", failure.message)
     };
-    let Some(observed) = ctx.jobs.get(&ObjectRef::new(&job_name).within(&tenant.host_namespace)) else {
-        if tenant.host_writes.was_created::<Job>(&tenant.host_namespace, &job_name) {
-            // Created by a reconcile moments ago: its watch event brings this install back.
-            return Ok(Settled::Acted(Action::await_change(), None));
-        }
-        return Ok(started(start_job(install, ctx, parent, 1).await?));
-    };
-    if observed.metadata.deletion_timestamp.is_some() {
-        // The old Job is going away (an upgrade or a retry); its deletion event brings us back.
-        return Ok(Settled::Acted(Action::await_change(), None));
-    }
-    // The name may be taken by a stranger or by a previous incarnation: settle that first.
-    let desired = desired_job(install, ctx, parent, 1, &job::pull_secrets_of(&observed));
-    let (applied, observed) = match apply::ensure_created(&jobs, &desired, Some(&observed), &tenant.name, parent).await
-    {
-        Ok(created) => created,
-        // Its owner's events wake this install (see `install_of`) when the name is free again.
-        Err(err @ apply::HostWriteError::Conflict { .. }) => {
-            let report = job_conflict(install, ctx, &err);
-            return Ok(Settled::Acted(Action::await_change(), Some(report)));
-        }
-        Err(err) => return Err(err.into()),
-    };
-    if applied == Applied::Created {
-        return Ok(Settled::Acted(Action::requeue(SAFETY_NET), None));
-    }
-    if job::annotation(&observed, job::PACKAGE_ANNOTATION) == Some(package) {
-        return Ok(Settled::Current(Box::new(observed)));
-    }
-    // An upgrade (spec.package changed): replace the Job; Crossplane never did.
-    apply::delete(&jobs, &observed).await.map_err(InstallError::HostApi)?;
-    let note = format!("package changed to {package}; replacing the install Job");
-    event(install, ctx, EventType::Normal, "Upgrading", note).await;
-    Ok(started(start_job(install, ctx, parent, 1).await?))
-}
-
-/// The report of a running install Job.
-fn running(ctx: &InstallContext, job_name: &str, package: &str) -> Report {
-    let mut report = Report::waiting(
-        "InstallJobRunning",
-        format!("install Job {job_name} is unpacking {package}"),
-    );
-    report.install_job = Some(HostObjectRef {
-        namespace: ctx.tenant.host_namespace.clone(),
-        name: job_name.to_string(),
-    });
-    report
+    retry(install, ctx, parent, observed, failure).await
 }
 
 /// A completed Job whose package is not applied yet: what its output came to (read once per Job),
@@ -148,7 +87,7 @@ async fn complete<K: InstallKind>(
     observed: &Job,
     attempt: u32,
     package: &str,
-) -> Result<(Action, Option<Report>), InstallError> {
+) -> Result<Reconciled, InstallError> {
     let job_ref = HostObjectRef {
         namespace: ctx.tenant.host_namespace.clone(),
         name: observed.name_any(),
@@ -196,218 +135,4 @@ async fn complete<K: InstallKind>(
         },
     };
     complete::run(install, ctx, contents, job_ref, package).await
-}
-
-/// A failed attempt of the install Job.
-struct Failure {
-    attempt: u32,
-    at: Option<jiff::Timestamp>,
-    reason: &'static str,
-    message: String,
-}
-
-/// A failed attempt: report it, and once the backoff for this attempt has passed, replace the Job.
-async fn retry<K: InstallKind>(
-    install: &K,
-    ctx: &InstallContext,
-    parent: &Parent,
-    observed: &Job,
-    failure: Failure,
-) -> Result<(Action, Option<Report>), InstallError> {
-    let Failure {
-        attempt,
-        at: failed_at,
-        reason,
-        message,
-    } = failure;
-    let tenant = &ctx.tenant;
-    let delay = tenant.shared.settings.backoff.delay(attempt);
-    let elapsed = failed_at
-        .map(|at| jiff::Timestamp::now().duration_since(at).unsigned_abs())
-        .unwrap_or(Duration::MAX);
-    let job_ref = HostObjectRef {
-        namespace: tenant.host_namespace.clone(),
-        name: observed.name_any(),
-    };
-    if elapsed < delay {
-        let mut report = Report::failed(
-            reason,
-            format!("{message}; retrying in {}s", (delay - elapsed).as_secs().max(1)),
-        );
-        report.install_job = Some(job_ref);
-        return Ok((Action::requeue(delay - elapsed), Some(report)));
-    }
-    let jobs: Api<Job> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
-    apply::delete(&jobs, observed).await.map_err(InstallError::HostApi)?;
-    info!(tenant = %tenant.name, install = %install.name_any(), attempt = attempt + 1, "retrying the install Job");
-    let report = match start_job(install, ctx, parent, attempt + 1).await? {
-        Ok(()) => {
-            let mut report = Report::failed(reason, format!("{message}; retrying (attempt {})", attempt + 1));
-            report.install_job = Some(job_ref);
-            report
-        }
-        Err(report) => report,
-    };
-    Ok((Action::requeue(SAFETY_NET), Some(report)))
-}
-
-fn completion_time(job: &Job) -> Option<jiff::Timestamp> {
-    job.status.as_ref()?.completion_time.as_ref().map(|t| t.0)
-}
-
-fn desired_job<K: InstallKind>(
-    install: &K,
-    ctx: &InstallContext,
-    parent: &Parent,
-    attempt: u32,
-    pull: &[String],
-) -> Job {
-    job::desired_job(&JobInputs {
-        tenant: &ctx.tenant.name,
-        host_namespace: &ctx.tenant.host_namespace,
-        parent,
-        spec: install.install(),
-        scope: K::SCOPE,
-        stackd_image: &ctx.stackd_image,
-        attempt,
-        pull_secrets: pull,
-    })
-}
-
-/// Creates the install Job and its pull-secret copies. `Ok(Err(report))` when the install cannot
-/// start for a reason the user must fix.
-async fn start_job<K: InstallKind>(
-    install: &K,
-    ctx: &InstallContext,
-    parent: &Parent,
-    attempt: u32,
-) -> Result<Result<(), Report>, InstallError> {
-    let tenant = &ctx.tenant;
-    let namespace = install.namespace().unwrap_or_default();
-    let name = install.name_any();
-    let sources = match pull_secret_sources(install, ctx).await? {
-        Ok(sources) => sources,
-        Err(report) => return Ok(Err(report)),
-    };
-    let pull: Vec<String> = (0..sources.len())
-        .map(|i| pull_secrets::host_copy_name(&namespace, &name, i))
-        .collect();
-    let desired = desired_job(install, ctx, parent, attempt, &pull);
-    let jobs: Api<Job> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
-    let created = match apply::ensure_created(&jobs, &desired, None, &tenant.name, parent).await {
-        Ok((applied, job)) => {
-            if applied == Applied::Created {
-                tenant.host_writes.created(&job);
-            }
-            job
-        }
-        Err(err @ apply::HostWriteError::Conflict { .. }) => return Ok(Err(job_conflict(install, ctx, &err))),
-        Err(err) => return Err(err.into()),
-    };
-    let secrets: Api<Secret> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
-    for (host_name, source) in job::pull_secrets_of(&created).iter().zip(&sources) {
-        let copy = pull_secret_copy(ctx, parent, &created, host_name, source);
-        apply::ensure(&secrets, &copy, None, &tenant.name, parent, apply::Update::Never).await?;
-    }
-    event(
-        install,
-        ctx,
-        EventType::Normal,
-        "InstallJobCreated",
-        format!(
-            "created install Job {}/{} for {} (attempt {attempt})",
-            tenant.host_namespace,
-            created.name_any(),
-            job::package_image(install.install())
-        ),
-    )
-    .await;
-    Ok(Ok(()))
-}
-
-/// The install Job's host name is taken. When the other install kind of the same namespace and name
-/// holds it, say so in the tenant's terms: both would install the same Stack, so only one may.
-fn job_conflict<K: InstallKind>(install: &K, ctx: &InstallContext, err: &apply::HostWriteError) -> Report {
-    let tenant = &ctx.tenant;
-    let namespace = install.namespace().unwrap_or_default();
-    let name = install.name_any();
-    let job_name = job::job_name(&namespace, &name);
-    let holder = ctx
-        .jobs
-        .get(&ObjectRef::new(&job_name).within(&tenant.host_namespace))
-        .and_then(|job| super::install_at(job.as_ref()))
-        .filter(|at| at.kind != K::kind(&()) && at.namespace == namespace && at.name == name);
-    let message = match holder {
-        Some(super::InstallAt { kind, .. }) => format!(
-            "the {kind} {namespace}/{name} already installs a stack named {name} here (its install Job {}/{job_name} is on the host); a StackInstall and a ClusterStackInstall of the same name in one namespace would share one Stack: delete one of them or install under another name",
-            tenant.host_namespace
-        ),
-        None => err.to_string(),
-    };
-    Report::failed(err.reason(), message)
-}
-
-/// The tenant pull secrets the install names, or a report naming those that cannot be copied.
-async fn pull_secret_sources<K: InstallKind>(
-    install: &K,
-    ctx: &InstallContext,
-) -> Result<Result<Vec<Secret>, Report>, InstallError> {
-    let namespace = install.namespace().unwrap_or_default();
-    let refused = |err: pull_secrets::PullSecretError| Report::failed(err.reason(), err.to_string());
-    let names = match pull_secrets::checked_names(&install.install().image_pull_secrets, &namespace) {
-        Ok(names) => names,
-        Err(err) => return Ok(Err(refused(err))),
-    };
-    let api: Api<Secret> = Api::namespaced(ctx.tenant.client.clone(), &namespace);
-    let sources = pull_secrets::sources(&api, &namespace, &names)
-        .await
-        .map_err(InstallError::Tenant)?;
-    Ok(sources.map_err(refused))
-}
-
-/// The host copy of `source` for the install Job `job`.
-fn pull_secret_copy(ctx: &InstallContext, parent: &Parent, job: &Job, host_name: &str, source: &Secret) -> Secret {
-    let target = pull_secrets::CopyTarget {
-        tenant: &ctx.tenant.name,
-        parent,
-        host_namespace: &ctx.tenant.host_namespace,
-        name: host_name,
-        owner: job::owner_reference(job),
-    };
-    pull_secrets::host_copy(&target, source)
-}
-
-/// Makes sure every pull secret a running Job refers to was copied (the daemon may have stopped
-/// between creating the Job and copying them).
-async fn copy_pull_secrets<K: InstallKind>(
-    install: &K,
-    ctx: &InstallContext,
-    parent: &Parent,
-    observed: &Job,
-) -> Result<(), InstallError> {
-    let names = job::pull_secrets_of(observed);
-    if names.is_empty() {
-        return Ok(());
-    }
-    let tenant = &ctx.tenant;
-    let secrets: Api<Secret> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
-    let mut absent = Vec::new();
-    for name in &names {
-        if secrets.get_opt(name).await.map_err(InstallError::HostApi)?.is_none() {
-            absent.push(name);
-        }
-    }
-    if absent.is_empty() {
-        return Ok(());
-    }
-    let Ok(sources) = pull_secret_sources(install, ctx).await? else {
-        return Ok(());
-    };
-    for (host_name, source) in names.iter().zip(&sources) {
-        if absent.contains(&host_name) {
-            let copy = pull_secret_copy(ctx, parent, observed, host_name, source);
-            apply::ensure(&secrets, &copy, None, &tenant.name, parent, apply::Update::Never).await?;
-        }
-    }
-    Ok(())
 }

@@ -1,0 +1,47 @@
+//! The reads a Stack's objects are built from (§3.3), all before anything is written: the caches
+//! the watches keep, the token Secret's data when it moved, and the tenant pull secrets the
+//! controller names.
+
+use kube::Api;
+use kube::runtime::reflector::ObjectRef;
+
+use super::build::{HostNames, Observed};
+use super::context::{StackContext, StackError};
+use super::rbac;
+use super::tenant::TenantIdentity;
+use super::token;
+use super::validate::CheckedController;
+use crate::stacks::pull_secrets;
+
+/// Reads what [`super::build::build`] needs for `identity`'s Stack and its host objects `host`.
+pub(super) async fn observe(
+    ctx: &StackContext,
+    identity: &TenantIdentity,
+    controller: Option<&CheckedController<'_>>,
+    host: &HostNames,
+) -> Result<Observed, StackError> {
+    let caches = &ctx.caches;
+    let ns = identity.namespace.as_str();
+    let binding = rbac::binding_name(identity);
+    let tenant_secrets = Api::namespaced(ctx.tenant.client.clone(), ns);
+    // The pull secrets only when there is a controller to pull with them.
+    let pull_secrets = match controller.filter(|c| !c.pull_secrets.is_empty()) {
+        Some(controller) => pull_secrets::read(&tenant_secrets, &controller.pull_secrets).await?,
+        None => Vec::new(),
+    };
+    let token_secret = caches
+        .token_secrets
+        .current(&tenant_secrets, ns, &token::tenant_secret_name(identity))
+        .await?;
+    Ok(Observed {
+        crds: caches.crds.state(),
+        role_binding: caches.role_bindings.get(&ObjectRef::new(&binding).within(ns)),
+        cluster_role_binding: caches.cluster_role_bindings.get(&ObjectRef::new(&binding)),
+        token_secret,
+        pull_secrets,
+        deployment: caches
+            .deployments
+            .get(&ObjectRef::new(&host.deployment).within(&host.namespace)),
+        host_secrets: caches.host_secrets.state(),
+    })
+}

@@ -1,0 +1,125 @@
+//! What one reconcile of a Stack comes to (pure): the [`Outcome`] its status reports, the
+//! [`Notes`] published as Events at its end, and [`Step`], how a step hands a value forward or stops
+//! the reconcile with an outcome ("still waiting", "refused") that is no error.
+
+use std::ops::ControlFlow;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::runtime::events::EventType;
+
+use super::deployment;
+use crate::api::common::HostObjectRef;
+use crate::host::apply::HostWriteError;
+
+/// A step's result: the value handed to the next step, or the outcome the reconcile stops with.
+pub(super) type Step<T> = ControlFlow<Outcome, T>;
+
+/// The value a [`Step`] hands forward; a stop returns its outcome from the enclosing function
+/// (which returns `Result<Outcome, _>`).
+macro_rules! proceed {
+    ($step:expr) => {
+        match $step {
+            std::ops::ControlFlow::Continue(value) => value,
+            std::ops::ControlFlow::Break(outcome) => return Ok(outcome),
+        }
+    };
+}
+pub(super) use proceed;
+
+/// What a reconcile found, for the Stack's status.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Outcome {
+    pub ready: bool,
+    pub reason: &'static str,
+    pub message: String,
+    /// False when the spec could not be applied (refused, or an error).
+    pub synced: bool,
+    /// A wait that ends within moments as a rule (a token Secret just created, which the
+    /// tenant's token controller fills at once): not reported unless it lasts, so the usual install
+    /// costs no status write and Event for it.
+    pub brief: bool,
+}
+
+impl Outcome {
+    pub fn refused(reason: &'static str, message: String) -> Self {
+        Outcome {
+            ready: false,
+            reason,
+            message,
+            synced: false,
+            brief: false,
+        }
+    }
+
+    pub fn waiting(reason: &'static str, message: String) -> Self {
+        Outcome {
+            ready: false,
+            reason,
+            message,
+            synced: true,
+            brief: false,
+        }
+    }
+
+    pub fn ready(reason: &'static str, message: String) -> Self {
+        Outcome {
+            ready: true,
+            ..Outcome::waiting(reason, message)
+        }
+    }
+}
+
+/// Notes gathered during a reconcile, published as Events on the Stack at its end.
+#[derive(Default)]
+pub(super) struct Notes {
+    pub events: Vec<(EventType, &'static str, String)>,
+    pub controller_ref: Option<HostObjectRef>,
+    pub token_secret_ref: Option<HostObjectRef>,
+}
+
+impl Notes {
+    pub fn normal(&mut self, reason: &'static str, note: String) {
+        self.events.push((EventType::Normal, reason, note));
+    }
+
+    /// A host object of the name is not the Stack's: a Warning naming it.
+    pub fn conflict(&mut self, err: &HostWriteError) {
+        if let HostWriteError::Conflict { .. } = err {
+            self.events
+                .push((EventType::Warning, "HostObjectConflict", err.to_string()));
+        }
+    }
+}
+
+/// Ready when the controller Deployment `namespace/name` has an available replica.
+pub(super) fn readiness(namespace: &str, name: &str, current: &Deployment) -> Outcome {
+    if deployment::is_available(current) {
+        return Outcome::ready(
+            "Available",
+            format!("the controller Deployment {namespace}/{name} has an available replica"),
+        );
+    }
+    let why = current
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Available" || c.type_ == "Progressing"))
+        .and_then(|c| c.message.clone())
+        .unwrap_or_else(|| NO_REPLICA_YET.into());
+    Outcome::waiting("DeploymentUnavailable", unavailable_message(namespace, name, &why))
+}
+
+/// The wait for a Deployment the cache does not show yet, said as the Deployment's own first
+/// status will say it, so that seeing that status is no second write.
+pub(super) fn not_running_yet(namespace: &str, name: &str) -> Outcome {
+    Outcome::waiting(
+        "DeploymentUnavailable",
+        unavailable_message(namespace, name, NO_REPLICA_YET),
+    )
+}
+
+const NO_REPLICA_YET: &str = "no replica is available yet";
+
+fn unavailable_message(namespace: &str, name: &str, why: &str) -> String {
+    format!("the controller Deployment {namespace}/{name} is not available: {why}")
+}

@@ -1,0 +1,164 @@
+//! One reconcile of a Stack (DESIGN.md §3.3), as a sequence of named steps handing values forward:
+//! validate → observe → build → apply (tenant, then host) → status. Each step is a function of its
+//! own module; a step that must stop (refused, still waiting) hands back the [`Outcome`] the status
+//! reports instead of a value.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Error as FinalizerError, Event as FinalizerEvent, finalizer};
+use kube::{Api, ResourceExt};
+
+use super::build::{self, HostNames, HostPlan};
+use super::cleanup::cleanup;
+use super::context::{StackContext, StackError};
+use super::outcome::{Notes, Outcome, proceed};
+use super::status::{BRIEF_WAIT, last_status, publish_notes, report};
+use super::tenant::TenantIdentity;
+use super::validate::{Judge, validate};
+use super::{apply_host, apply_tenant, observe};
+use crate::api::stacks::Stack;
+use crate::host::apply::Applied;
+use crate::runtime::controller::Permit;
+use crate::stacks::STACK_FINALIZER;
+
+/// How often a Stack with pull secrets reads them again: the tenant's Secrets are not watched (only
+/// stackd's own are), so a rotated credential or a missing one created later is found this way.
+const PULL_SECRET_RESYNC: Duration = Duration::from_secs(300);
+
+pub(super) async fn reconcile(
+    stack: Arc<Stack>,
+    ctx: Arc<StackContext>,
+    _permit: Permit,
+) -> Result<Action, StackError> {
+    let tenant = &ctx.tenant;
+    if let Err(refusal) = ctx.installs.scope_of(&stack)
+        && !stack.finalizers().iter().any(|f| f == STACK_FINALIZER)
+    {
+        // A Stack made by hand gets no finalizer either: stackd holds nothing of it to clean up.
+        let outcome = Outcome::refused(refusal.reason(), refusal.to_string());
+        report(&stack, &ctx, &outcome, Notes::default()).await?;
+        return Ok(Action::await_change());
+    }
+    let api: Api<Stack> = Api::namespaced(tenant.client.clone(), &stack.namespace().unwrap_or_default());
+    let action = finalizer(&api, STACK_FINALIZER, stack, |event| async {
+        match event {
+            FinalizerEvent::Apply(stack) => apply(&stack, &ctx).await,
+            FinalizerEvent::Cleanup(stack) => cleanup(&stack, &ctx).await,
+        }
+    })
+    .await;
+    let action = match action {
+        Ok(action) => action,
+        Err(FinalizerError::ApplyFailed(err) | FinalizerError::CleanupFailed(err)) => return Err(err),
+        // Our cached Stack was older than our own last write (its finalizers changed): that write's
+        // watch event brings the current copy and another reconcile.
+        Err(
+            FinalizerError::AddFinalizer(kube::Error::Api(status))
+            | FinalizerError::RemoveFinalizer(kube::Error::Api(status)),
+        ) if status.code == 409 || status.code == 422 => Action::await_change(),
+        // The Stack is gone already (our cached copy still showed the finalizer): done.
+        Err(FinalizerError::RemoveFinalizer(kube::Error::Api(status))) if status.code == 404 => Action::await_change(),
+        Err(other) => return Err(StackError::Finalizer(other.to_string())),
+    };
+    Ok(action)
+}
+
+/// Converges the Stack, then reports the outcome (a brief wait unreported unless it lasts).
+async fn apply(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError> {
+    // The host references a reconcile does not reach keep their last value: the one this process
+    // last wrote, as `report` compares with, not the cached copy's. A cache one write behind would
+    // otherwise undo that write, and each status write wakes the next reconcile, on a cache one
+    // write behind again: a loop of writes that only ends when the cache catches up.
+    let last = last_status(stack, ctx);
+    let mut notes = Notes {
+        controller_ref: last.controller_ref,
+        token_secret_ref: last.token_secret_ref,
+        ..Notes::default()
+    };
+    let result = converge(stack, ctx, &mut notes).await;
+    let outcome = match &result {
+        Ok(outcome) => outcome.clone(),
+        Err(err) => Outcome::refused(err.reason(), err.to_string()),
+    };
+    if outcome.brief {
+        // Reported only if it lasts: the event that ends it comes first as a rule.
+        publish_notes(stack, ctx, notes.events).await;
+        return Ok(Action::requeue(BRIEF_WAIT));
+    }
+    let reported = report(stack, ctx, &outcome, notes).await;
+    // The reconcile's own error says more than a status write that failed for the same reason.
+    result?;
+    reported?;
+    if stack.spec.controller.image_pull_secrets.is_empty() {
+        Ok(Action::await_change())
+    } else {
+        Ok(Action::requeue(PULL_SECRET_RESYNC))
+    }
+}
+
+/// §3.3 in order: validate, read, build; the tenant identity and permissions and the filled token;
+/// the host Deployment, then the token and pull-secret copies it owns; readiness.
+async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Result<Outcome, StackError> {
+    let tenant = &ctx.tenant;
+    // 1. Validate everything before writing anything.
+    let judge = Judge {
+        installs: &ctx.installs,
+        settings: &tenant.shared.settings,
+        endpoint: &tenant.endpoint,
+        tenant_crds: &ctx.caches.crds.state(),
+    };
+    let controller = match validate(stack, &judge) {
+        Ok(controller) => controller,
+        Err(refused) => return refuse(stack, ctx, refused, notes).await,
+    };
+    // Everything the objects are built from is read first; building them writes nothing.
+    let identity = TenantIdentity::of(stack);
+    let host = HostNames::of(stack, &tenant.name, &tenant.host_namespace);
+    let observed = observe::observe(ctx, &identity, controller.as_ref(), &host).await?;
+    let pass_full = tenant.shared.settings.insecure_pass_full_deployment;
+    let desired = proceed!(build::build(stack, controller.as_ref(), &observed, &host, pass_full));
+    // 2. The controller's identity and permissions on the tenant, and its filled token.
+    let observed_token = observed.token_secret.as_deref();
+    let token_secret = proceed!(apply_tenant::write(ctx, &desired.tenant, observed_token, notes).await?);
+    // A token Secret created just now: its fill is a watch event away.
+    let just_created = token_secret == Applied::Created;
+    let plan = proceed!(desired.host.map_break(|waiting| Outcome {
+        brief: just_created,
+        ..waiting
+    }));
+    let HostPlan::Run(objects) = plan else {
+        return remove_controller(ctx, &host, notes).await;
+    };
+    // 3–4. The controller Deployment on the host, then the token and pull-secret copies (owned by it).
+    let observed_deployment = observed.deployment.as_deref();
+    proceed!(apply_host::write_deployment(ctx, &host, &objects.deployment, observed_deployment, notes).await?);
+    let running = proceed!(objects.running);
+    apply_host::write_copies(ctx, &host, &running, notes).await?;
+    // 5. Ready when the Deployment has an available replica.
+    Ok(running.readiness)
+}
+
+/// A refused Stack keeps what it has, except one no install controls that was reconciled once (by
+/// an older stackd, or before its owner reference changed): what it was given goes, not only what
+/// it would get next.
+async fn refuse(stack: &Stack, ctx: &StackContext, refused: Outcome, notes: &mut Notes) -> Result<Outcome, StackError> {
+    if refused.reason == "NotInstalled" && !ctx.installs.has_install(stack) {
+        cleanup(stack, ctx).await?;
+        notes.controller_ref = None;
+        notes.token_secret_ref = None;
+    }
+    Ok(refused)
+}
+
+/// A controller dropped from the spec does not keep running on the host.
+async fn remove_controller(ctx: &StackContext, host: &HostNames, notes: &mut Notes) -> Result<Outcome, StackError> {
+    apply_host::delete_host_objects(ctx, &host.parent).await?;
+    notes.controller_ref = None;
+    notes.token_secret_ref = None;
+    Ok(Outcome::ready(
+        "NoController",
+        "the stack has no controller Deployment; its CRDs and permissions are installed".into(),
+    ))
+}
