@@ -21,6 +21,7 @@ use crate::context::tenant::{TenantContext, TenantError};
 use crate::host::labels::tenant_selector;
 use crate::host::namespace::{self, NamespaceError};
 use crate::host::quota::QuotaError;
+use crate::runtime::api_errors::{answer_message, is_forbidden};
 use crate::runtime::controller::{ReconcileError, Singleton};
 use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::recovery::WatchBackoff;
@@ -122,9 +123,9 @@ async fn await_access(context: &TenantContext, cancel: &CancellationToken) {
     let deadline = tokio::time::Instant::now() + ACCESS_GRACE;
     loop {
         match secrets.list_metadata(&probe).await {
-            Err(kube::Error::Api(status)) if status.code == 403 => {
+            Err(err) if is_forbidden(&err) => {
                 if tokio::time::Instant::now() > deadline {
-                    warn!(tenant = %context.name, namespace = %context.host_namespace, message = %status.message, "the daemon's RoleBinding in the host namespace does not grant access; check the stackd-tenant-namespace ClusterRole");
+                    warn!(tenant = %context.name, namespace = %context.host_namespace, message = %answer_message(&err), "the daemon's RoleBinding in the host namespace does not grant access; check the stackd-tenant-namespace ClusterRole");
                     return;
                 }
                 debug!(tenant = %context.name, "host namespace access not in effect yet; waiting");

@@ -23,7 +23,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::finalizer::{Error as FinalizerError, Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{PredicateConfig, WatchStreamExt, predicates, watcher};
 use kube::{Api, Resource, ResourceExt};
@@ -47,8 +46,10 @@ use crate::host::labels::{
     MANAGED_BY, MANAGED_BY_LABEL, Parent, TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION,
 };
 use crate::host::names::{NameKind, host_name};
+use crate::runtime::api_errors::is_not_found;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
+use crate::runtime::finalizer::{self, Cleanup, FinalizerError};
 use crate::runtime::informers::SharedCache;
 use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::status_writer::apply_status;
@@ -114,8 +115,8 @@ pub enum StackError {
     Host(#[from] HostWriteError),
     #[error(transparent)]
     Tenant(#[from] TenantWriteError),
-    #[error("{0}")]
-    Finalizer(String),
+    #[error(transparent)]
+    Finalizer(#[from] FinalizerError),
     #[error(transparent)]
     Panicked(#[from] ReconcilePanic),
 }
@@ -286,27 +287,15 @@ async fn reconcile(stack: Arc<Stack>, ctx: Arc<StackContext>, _permit: Permit) -
         return Ok(Action::await_change());
     }
     let api: Api<Stack> = Api::namespaced(tenant.client.clone(), &stack.namespace().unwrap_or_default());
-    let action = finalizer(&api, STACK_FINALIZER, stack, |event| async {
-        match event {
-            FinalizerEvent::Apply(stack) => apply(&stack, &ctx).await,
-            FinalizerEvent::Cleanup(stack) => cleanup(&stack, &ctx).await,
-        }
-    })
-    .await;
-    let action = match action {
-        Ok(action) => action,
-        Err(FinalizerError::ApplyFailed(err) | FinalizerError::CleanupFailed(err)) => return Err(err),
-        // Our cached Stack was older than our own last write (its finalizers changed): that write's
-        // watch event brings the current copy and another reconcile.
-        Err(
-            FinalizerError::AddFinalizer(kube::Error::Api(status))
-            | FinalizerError::RemoveFinalizer(kube::Error::Api(status)),
-        ) if status.code == 409 || status.code == 422 => Action::await_change(),
-        // The Stack is gone already (our cached copy still showed the finalizer): done.
-        Err(FinalizerError::RemoveFinalizer(kube::Error::Api(status))) if status.code == 404 => Action::await_change(),
-        Err(other) => return Err(StackError::Finalizer(other.to_string())),
-    };
-    Ok(action)
+    let ctx = ctx.as_ref();
+    finalizer::reconcile(
+        &api,
+        STACK_FINALIZER,
+        stack,
+        |stack| async move { apply(&stack, ctx).await },
+        |stack| async move { cleanup(&stack, ctx).await },
+    )
+    .await
 }
 
 /// What a reconcile found, for the Stack's status.
@@ -1075,7 +1064,7 @@ async fn delete_host_objects(ctx: &StackContext, parent: &Parent) -> Result<usiz
 /// §3.4, the Stack's half: host Deployment, host Secrets, tenant RBAC and persona roles, then this
 /// Stack's label on its CRDs. The ServiceAccount, RoleBinding and token Secret go with the Stack by
 /// their owner references.
-async fn cleanup(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError> {
+async fn cleanup(stack: &Stack, ctx: &StackContext) -> Result<Cleanup, StackError> {
     let tenant = &ctx.tenant;
     let caches = &ctx.caches;
     let identity = TenantIdentity::of(stack);
@@ -1116,7 +1105,7 @@ async fn cleanup(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError
             .await
         {
             Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(err) if is_not_found(&err) => {}
             Err(err) => return Err(err.into()),
         }
     }
@@ -1126,7 +1115,7 @@ async fn cleanup(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError
     ctx.reported.forget(&stack_key(stack));
     ctx.written.forget(&stack.uid().unwrap_or_default());
     info!(tenant = %tenant.name, stack = %stack_key(stack), host_objects = removed, "stack uninstalled");
-    Ok(Action::await_change())
+    Ok(Cleanup::Done)
 }
 
 async fn delete_tenant<K>(api: &Api<K>, name: &str) -> Result<(), StackError>
@@ -1135,7 +1124,7 @@ where
 {
     match api.delete(name, &Default::default()).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(err) if is_not_found(&err) => Ok(()),
         Err(err) => Err(err.into()),
     }
 }
