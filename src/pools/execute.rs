@@ -216,7 +216,7 @@ async fn lease_entry(
             }
             // Someone else leased it first: take the next one.
             Err(err) if is_conflict(&err) => {
-                info!(tenant = %tenant.name, pool = %name, cdc = %entry, "lost the lease race; trying the next entry");
+                info!(cdc = %entry, "lost the lease race; trying the next entry");
                 continue;
             }
             Err(err) => return Err(err.into()),
@@ -332,7 +332,7 @@ async fn create(pool: &ClusterPool, ctx: &Ctx, inputs: &Inputs, new: NewCluster<
     }
     let tenant = &ctx.tenant;
     let cdc = new.cdc.map(|c| c.name_any());
-    info!(tenant = %tenant.name, pool = %pool.name_any(), cluster = %cd_name, cdc = ?cdc, "cluster created");
+    info!(cluster = %cd_name, cdc = ?cdc, "cluster created");
     let note = match &cdc {
         Some(cdc) => format!("Created ClusterDeployment {cd_name} from ClusterDeploymentCustomization {cdc}"),
         None => format!("Created ClusterDeployment {cd_name}"),
@@ -388,7 +388,7 @@ pub(super) async fn reap_namespaces(
         };
         match api.delete(&ns_name, &params).await {
             Ok(_) => {
-                info!(tenant = %ctx.tenant.name, pool = %pool.name, namespace = %ns_name, "reaped an empty pool namespace")
+                info!(namespace = %ns_name, "reaped an empty pool namespace")
             }
             Err(err) if is_not_found(&err) || is_conflict(&err) => {}
             Err(err) => return Err(err.into()),

@@ -457,7 +457,7 @@ async fn converge(
 /// found contradicting themselves.
 async fn announce(pool: &ClusterPool, ctx: &Ctx, previous: &ClusterPoolStatus, status: &ClusterPoolStatus) {
     let tenant = &ctx.tenant;
-    let (ns, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
+    let ns = pool.namespace().unwrap_or_default();
     let missing = |s: &ClusterPoolStatus, entry: &str| {
         s.inventory
             .iter()
@@ -468,7 +468,7 @@ async fn announce(pool: &ClusterPool, ctx: &Ctx, previous: &ClusterPoolStatus, s
         .iter()
         .filter(|e| missing(status, &e.name) && !missing(previous, &e.name))
     {
-        warn!(tenant = %tenant.name, namespace = %ns, pool = %name, cdc = %entry.name, "an inventory entry's ClusterDeploymentCustomization does not exist");
+        warn!(cdc = %entry.name, "an inventory entry's ClusterDeploymentCustomization does not exist");
         let note = format!(
             "Inventory entry {}: ClusterDeploymentCustomization {ns}/{} does not exist; create it (the pool leases it then) or remove the entry from spec.inventory",
             entry.name, entry.name
@@ -484,7 +484,7 @@ async fn announce(pool: &ClusterPool, ctx: &Ctx, previous: &ClusterPoolStatus, s
     if let Some(message) = contradiction(status)
         && contradiction(previous).as_ref() != Some(&message)
     {
-        warn!(tenant = %tenant.name, namespace = %ns, pool = %name, %message, "the pool's failure domains contradict themselves");
+        warn!(%message, "the pool's failure domains contradict themselves");
         publish(tenant, pool, true, status::INVALID_MACHINE_SPEC, message).await;
     }
 }

@@ -95,7 +95,7 @@ pub(super) async fn run(
             let (ns, rb) = (observed_ns.as_deref(), observed_rb.as_deref());
             let writes = namespace::ensure(&context.host, &context.name, name, subject, ns, rb).await?;
             if writes > 0 {
-                info!(tenant = %context.name, namespace = %name, writes, "host namespace reconciled");
+                info!(writes, "host namespace reconciled");
             }
             if !*ready.borrow() {
                 await_access(&context, &cancel).await;
@@ -105,6 +105,7 @@ pub(super) async fn run(
         }
     };
     Singleton::new("host-namespace", context.clone())
+        .object(&context.host_namespace)
         .watches(namespaces.clone(), namespace_events)
         .watches(bindings.clone(), binding_events)
         .run(reconcile, &cancel)
@@ -125,10 +126,10 @@ async fn await_access(context: &TenantContext, cancel: &CancellationToken) {
         match secrets.list_metadata(&probe).await {
             Err(err) if is_forbidden(&err) => {
                 if tokio::time::Instant::now() > deadline {
-                    warn!(tenant = %context.name, namespace = %context.host_namespace, message = %answer_message(&err), "the daemon's RoleBinding in the host namespace does not grant access; check the stackd-tenant-namespace ClusterRole");
+                    warn!(message = %answer_message(&err), "the daemon's RoleBinding in the host namespace does not grant access; check the stackd-tenant-namespace ClusterRole");
                     return;
                 }
-                debug!(tenant = %context.name, "host namespace access not in effect yet; waiting");
+                debug!("host namespace access not in effect yet; waiting");
             }
             // Anything else (access, or another trouble the controllers will report) ends the wait.
             _ => return,

@@ -125,11 +125,11 @@ async fn let_go(cd: &ClusterDeployment, ctx: &Ctx, parent: &Parent, names: &Name
             .await
             .map_err(DeploymentError::Tenant)?;
         if released > 0 {
-            info!(tenant = %tenant.name, cluster = %cd.name_any(), released, "bare-metal hosts released");
+            info!(released, "bare-metal hosts released");
         }
     }
     clean_host(ctx, parent, names).await?;
-    info!(tenant = %tenant.name, cluster = %cd.name_any(), "cluster deprovisioned");
+    info!("cluster deprovisioned");
     Ok(Cleanup::Done)
 }
 

@@ -986,7 +986,7 @@ async fn report(stack: &Stack, ctx: &StackContext, outcome: &Outcome, mut notes:
         let stored = apply_status(&api, stack, FIELD_MANAGER, &body, None).await?;
         ctx.written.record(&uid, stored.resource_version(), status);
         if ready_changed {
-            info!(tenant = %tenant.name, stack = %key, ready = outcome.ready, reason = outcome.reason, "stack status");
+            info!(ready = outcome.ready, reason = outcome.reason, "stack status");
         }
     }
     ctx.reported.set(&key, outcome.ready, outcome.reason);
@@ -1038,7 +1038,7 @@ async fn publish(tenant: &TenantContext, stack: &Stack, type_: EventType, reason
         secondary: None,
     };
     if let Err(err) = tenant.recorder.publish(&event, &stack.object_ref(&())).await {
-        debug!(tenant = %tenant.name, error = %err, "cannot publish an Event on the Stack");
+        debug!(error = %err, "cannot publish an Event on the Stack");
     }
 }
 
@@ -1114,7 +1114,7 @@ async fn cleanup(stack: &Stack, ctx: &StackContext) -> Result<Cleanup, StackErro
         .forget(&identity.namespace, &token::tenant_secret_name(&identity));
     ctx.reported.forget(&stack_key(stack));
     ctx.written.forget(&stack.uid().unwrap_or_default());
-    info!(tenant = %tenant.name, stack = %stack_key(stack), host_objects = removed, "stack uninstalled");
+    info!(host_objects = removed, "stack uninstalled");
     Ok(Cleanup::Done)
 }
 
