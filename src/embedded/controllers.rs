@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::discovery::ResourceTable;
 use super::store::{EventType, Store, StoreEvent};
-use super::{crd, gc, namespaces};
+use super::{crd, crd_cleanup, gc, namespaces};
 
 /// Safety-net full pass, for anything a lagging event receiver missed.
 const RESCAN: Duration = Duration::from_secs(1);
@@ -69,7 +69,7 @@ pub async fn run(store: Arc<Store>, resources: Arc<ResourceTable>, shutdown: Can
             namespaces::finish_terminating_namespaces(&store, &resources);
         }
         if work.definitions {
-            crd::finish_terminating_crds(&store, &resources);
+            crd_cleanup::finish_terminating_crds(&store, &resources);
         }
         if work.ownership {
             gc::collect(&store, &resources);

@@ -1,22 +1,19 @@
 //! What kube-apiserver's apiextensions controllers do for CustomResourceDefinitions: checks, the
-//! `Established` status, and the cleanup finalizer that deletes a deleted CRD's objects (waiting for
-//! their finalizers) before the CRD goes.
+//! `Established` status, and the cleanup finalizer that holds a deleted CRD until its objects are
+//! gone ([`crd_cleanup`](super::crd_cleanup) deletes them).
 
 use serde_json::{Value, json};
 
-use super::discovery::{ResourceInfo, Resources, crd_resources};
+use super::discovery::{ResourceInfo, crd_resources};
+use super::object_meta::{meta_str, now_timestamp};
 use super::schema;
 use super::status::{ApiError, Cause};
-use super::store::{GroupResource, Store, Write};
-use super::validation::finalizers;
-use super::verbs::{self, DeleteOptions, meta_str, now_timestamp};
+use super::store::{Store, Write};
 
 /// Holds a deleted CRD until its custom resources are gone.
 pub const CLEANUP_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
 
-pub fn crd_resource() -> GroupResource {
-    GroupResource::new("apiextensions.k8s.io", "customresourcedefinitions")
-}
+pub use super::discovery::crd_resource;
 
 pub fn is_crd(info: &ResourceInfo) -> bool {
     info.storage_key() == crd_resource()
@@ -134,40 +131,4 @@ pub fn check_accepts_creates(store: &Store, info: &ResourceInfo) -> Result<(), A
         ));
     }
     Ok(())
-}
-
-/// One pass of the cleanup controller: terminating CRDs have their objects deleted, then lose the
-/// cleanup finalizer once none is left.
-pub fn finish_terminating_crds(store: &Store, resources: &Resources) {
-    let Some(crd_info) = resources.all.iter().find(|r| is_crd(r)) else {
-        return;
-    };
-    for crd in store.list(&crd_resource(), None).0 {
-        let held = finalizers(&crd).iter().any(|f| f == CLEANUP_FINALIZER);
-        if !crd["metadata"]["deletionTimestamp"].is_string() || !held {
-            continue;
-        }
-        let Some(info) = crd_resources(&crd).into_iter().next() else {
-            continue;
-        };
-        let objects = store.list(&info.storage_key(), None).0;
-        if objects.is_empty() {
-            let name = meta_str(&crd, "name").unwrap_or("");
-            let _ = verbs::remove_finalizer(store, crd_info, "", name, CLEANUP_FINALIZER);
-            continue;
-        }
-        let background = DeleteOptions {
-            propagation_policy: Some("Background".into()),
-            ..Default::default()
-        };
-        for object in objects
-            .iter()
-            .filter(|o| !o["metadata"]["deletionTimestamp"].is_string())
-        {
-            let ns = meta_str(object, "namespace").unwrap_or("");
-            let name = meta_str(object, "name").unwrap_or("");
-            // Gone meanwhile or held by finalizers: the next pass looks again.
-            let _ = verbs::delete(store, &info, ns, name, &background);
-        }
-    }
 }

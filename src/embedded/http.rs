@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use super::Shared;
+use super::apply;
 use super::convert;
 use super::discovery::{ResourceInfo, Resources, core_versions, version_info};
 use super::field_manager;
@@ -24,6 +25,7 @@ use super::selectors::{FieldSelector, LabelSelector, supported_fields};
 use super::status::{ApiError, json_response};
 use super::subresources::{self, ScaleChange};
 use super::table::{self, IncludeObject, TableView};
+use super::verb::Verb;
 use super::verbs::{self, DeleteOptions, ListOptions, Subresource, WriteOptions};
 use super::watch::{self, WatchOptions};
 
@@ -194,33 +196,19 @@ impl Target {
     }
 }
 
-/// The Kubernetes verb of a resource request; fault injection and per-verb counters match on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verb {
-    Get,
-    List,
-    Watch,
-    Create,
-    Update,
-    Patch,
-    Delete,
-    DeleteCollection,
-}
-
-impl Verb {
-    fn of(method: &Method, named: bool, query: &Query) -> Result<Verb, ApiError> {
-        Ok(match (method, named) {
-            (&Method::GET, false) if is_watch(query) => Verb::Watch,
-            (&Method::GET, false) => Verb::List,
-            (&Method::POST, false) => Verb::Create,
-            (&Method::DELETE, false) => Verb::DeleteCollection,
-            (&Method::GET, true) => Verb::Get,
-            (&Method::PUT, true) => Verb::Update,
-            (&Method::PATCH, true) => Verb::Patch,
-            (&Method::DELETE, true) => Verb::Delete,
-            _ => return Err(ApiError::method_not_allowed()),
-        })
-    }
+/// The verb of a request with `method`, on one object (`named`) or a collection.
+fn verb_of(method: &Method, named: bool, query: &Query) -> Result<Verb, ApiError> {
+    Ok(match (method, named) {
+        (&Method::GET, false) if is_watch(query) => Verb::Watch,
+        (&Method::GET, false) => Verb::List,
+        (&Method::POST, false) => Verb::Create,
+        (&Method::DELETE, false) => Verb::DeleteCollection,
+        (&Method::GET, true) => Verb::Get,
+        (&Method::PUT, true) => Verb::Update,
+        (&Method::PATCH, true) => Verb::Patch,
+        (&Method::DELETE, true) => Verb::Delete,
+        _ => return Err(ApiError::method_not_allowed()),
+    })
 }
 
 /// A fully read resource request.
@@ -238,7 +226,7 @@ struct ApiRequest {
 
 async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Result<Response, ApiError> {
     let query = parse_query(&request);
-    let verb = Verb::of(request.method(), target.name.is_some(), &query)?;
+    let verb = verb_of(request.method(), target.name.is_some(), &query)?;
     shared.counters.record(counted(verb, &target));
     if let Some(injected) = shared.faults.intercept(verb, &target.info, target.namespace()).await {
         return Ok(injected);
@@ -400,13 +388,13 @@ fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Resp
         }
         (Verb::Patch, _) if request.content_type == APPLY_PATCH => {
             let part = target.write_part()?;
-            let apply = field_manager::ApplyRequest {
+            let apply = apply::ApplyRequest {
                 manager: request.query.get("fieldManager").map_or("", String::as_str),
                 force: request.query.get("force").is_some_and(|f| f == "true" || f == "1"),
                 body: &request.body,
             };
             let (object, created) =
-                field_manager::server_side_apply(store, info, ns, name, &apply, part, request.write.clone())?;
+                apply::server_side_apply(store, info, ns, name, &apply, part, request.write.clone())?;
             let code = if created { StatusCode::CREATED } else { StatusCode::OK };
             Ok(json_response(code, &object))
         }

@@ -35,11 +35,13 @@
 //! - CRD versions are served with the `None` conversion strategy only.
 
 pub mod admission;
+pub mod apply;
 pub mod controller_manager;
 pub mod controllers;
 pub mod convert;
 pub mod counters;
 pub mod crd;
+mod crd_cleanup;
 pub mod defaults;
 pub mod discovery;
 pub mod faults;
@@ -49,6 +51,7 @@ pub mod gc;
 mod http;
 pub mod kinds;
 pub mod namespaces;
+mod object_meta;
 pub mod openapi;
 pub mod patch;
 pub mod patch_engine;
@@ -62,6 +65,8 @@ pub mod subresources;
 pub mod table;
 mod tls;
 pub mod validation;
+mod verb;
+mod verb_options;
 pub mod verbs;
 pub mod watch;
 
@@ -84,7 +89,7 @@ use faults::Faults;
 use store::Store;
 
 pub use controller_manager::{ImageMatch, JobContext, JobOutcome, JobRunner, Runners};
-pub use http::Verb;
+pub use verb::Verb;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -7,7 +7,6 @@ use regex::Regex;
 use serde_json::{Value, json};
 
 use super::discovery::ResourceInfo;
-use super::kinds;
 use super::status::Cause;
 
 const DNS1123_SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
@@ -147,7 +146,7 @@ fn validate_annotations(annotations: &Value) -> Vec<Cause> {
     causes
 }
 
-/// Metadata checks shared by every kind, plus per-kind rules.
+/// Metadata checks shared by every kind (the verbs add the per-kind rules of [`super::kinds`]).
 pub fn validate_object(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
     let metadata = &object["metadata"];
     let mut causes = Vec::new();
@@ -157,7 +156,6 @@ pub fn validate_object(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
     }
     causes.extend(validate_labels("metadata.labels", &metadata["labels"]));
     causes.extend(validate_annotations(&metadata["annotations"]));
-    causes.extend(kinds::validate_spec(info, object));
     causes
 }
 
