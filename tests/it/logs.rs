@@ -4,16 +4,28 @@
 use crate::harness::{Daemon, wait_until};
 use crate::pools::{NS, WITHIN, create_pool, daemon, pool_json, setup};
 
-/// The first line of the daemon's log that contains `needle`, once there is one.
+/// The first line of the daemon's log that contains `needle`, once there is one, without its
+/// colours.
 async fn line_with(daemon: &Daemon, needle: &str) -> String {
     wait_until(needle, WITHIN, daemon, || async {
-        daemon
-            .log_text()
-            .lines()
-            .find(|line| line.contains(needle))
-            .map(str::to_string)
+        let log = without_colours(&daemon.log_text());
+        log.lines().find(|line| line.contains(needle)).map(str::to_string)
     })
     .await
+}
+
+/// `text` without ANSI escape sequences (`ESC [ ... m`).
+fn without_colours(text: &str) -> String {
+    let mut plain = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|c| *c == 'm');
+        } else {
+            plain.push(c);
+        }
+    }
+    plain
 }
 
 fn assert_names(line: &str, tenant: &str, controller: &str, object: &str) {
