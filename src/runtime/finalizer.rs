@@ -6,12 +6,15 @@
 //!
 //! A finalizer write answered as to a stale copy (404: the object is gone already; 409 or 422: its
 //! finalizers changed since our cached copy, the JSON patch's test failed) is no failure either:
-//! the watch event of that change brings the current copy and another reconcile.
+//! the watch event of that change brings the current copy and another reconcile. The object is
+//! looked at again shortly all the same, for an answer that no watch event follows (a conflict
+//! that changed nothing); a gone object's recheck finds nothing to do.
 
 use std::error::Error;
 use std::fmt::Debug;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{self, Event};
@@ -20,6 +23,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::api_errors::{is_conflict, is_not_found, is_unprocessable};
+
+/// When an object whose finalizer write met a stale copy is looked at again (see the module docs).
+const STALE_COPY_RECHECK: Duration = Duration::from_millis(200);
 
 /// How far the cleanup of a deleted object got.
 #[derive(Debug)]
@@ -89,7 +95,7 @@ where
             Step::Pending(action) => Ok(action),
         },
         Err(finalizer::Error::AddFinalizer(err) | finalizer::Error::RemoveFinalizer(err)) if is_stale_copy(&err) => {
-            Ok(Action::await_change())
+            Ok(Action::requeue(STALE_COPY_RECHECK))
         }
         Err(finalizer::Error::AddFinalizer(err)) => Err(FinalizerError::Add(err).into()),
         Err(finalizer::Error::RemoveFinalizer(err)) => Err(FinalizerError::Remove(err).into()),
