@@ -48,6 +48,7 @@ use crate::host::labels::{
     PARENT_KIND_LABEL, TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION,
     TENANT_UID_ANNOTATION,
 };
+use crate::runtime::api_errors::is_conflict;
 use crds::SharedCrdWatch;
 use daemons::LeaderElected;
 use destroys::InstallerLedger;
@@ -716,7 +717,7 @@ async fn create_install(client: &Client, namespace: &str) -> Result<(), kube::Er
         .await
     {
         Ok(_) => {}
-        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(err) if is_conflict(&err) => {}
         Err(err) => return Err(err),
     }
     let install: StackInstall = serde_json::from_value(json!({
@@ -728,9 +729,9 @@ async fn create_install(client: &Client, namespace: &str) -> Result<(), kube::Er
     match installs.create(&PostParams::default(), &install).await {
         Ok(_) => Ok(()),
         // An injected 409 is no AlreadyExists: count the install only if it is really there.
-        Err(kube::Error::Api(status)) if status.code == 409 => match installs.get_opt("sample").await? {
+        Err(err) if is_conflict(&err) => match installs.get_opt("sample").await? {
             Some(_) => Ok(()),
-            None => Err(kube::Error::Api(status)),
+            None => Err(err),
         },
         Err(err) => Err(err),
     }

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{ClusterDeployment, ClusterPool};
+use crate::runtime::api_errors::is_conflict;
 
 pub const NAMESPACE: &str = "chaos-metal";
 pub const POOL: &str = "metal";
@@ -74,7 +75,7 @@ where
     let object: K = serde_json::from_value(object).expect("a valid object");
     match api.create(&PostParams::default(), &object).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(err) if is_conflict(&err) => Ok(()),
         Err(err) => Err(err),
     }
 }

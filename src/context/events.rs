@@ -21,6 +21,6 @@ where
     };
     let reference: ObjectReference = object.object_ref(&());
     if let Err(err) = context.recorder.publish(&event, &reference).await {
-        debug!(tenant = %context.name, error = %err, "cannot publish an event");
+        debug!(error = %err, "cannot publish an event");
     }
 }

@@ -9,6 +9,7 @@ use kube::{Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::api::stacks::{Stack, StackInstall};
+use crate::runtime::api_errors::is_conflict;
 
 /// The install from `examples/stacks/stackinstall.yaml`, applied as a user would.
 const SAMPLE_INSTALL: &str = include_str!("../../examples/stacks/stackinstall.yaml");
@@ -95,7 +96,7 @@ async fn create(client: &Client) -> Result<(), kube::Error> {
 fn ignore_exists<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
     match result {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(err) if is_conflict(&err) => Ok(()),
         Err(err) => Err(err),
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::http::Verb;
+use super::verb::Verb;
 
 impl Verb {
     /// The Kubernetes verb name (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,

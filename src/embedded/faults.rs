@@ -15,9 +15,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::discovery::ResourceInfo;
-use super::http::Verb;
 use super::status::ApiError;
 use super::store::Store;
+use super::verb::Verb;
 
 /// Which requests a fault applies to; every field left `None` matches anything.
 #[derive(Debug, Clone, Default)]

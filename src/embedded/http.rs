@@ -24,6 +24,7 @@ use super::selectors::{FieldSelector, LabelSelector, supported_fields};
 use super::status::{ApiError, json_response};
 use super::subresources::{self, ScaleChange};
 use super::table::{self, IncludeObject, TableView};
+use super::verb::Verb;
 use super::verbs::{self, DeleteOptions, ListOptions, Subresource, WriteOptions};
 use super::watch::{self, WatchOptions};
 
@@ -194,33 +195,19 @@ impl Target {
     }
 }
 
-/// The Kubernetes verb of a resource request; fault injection and per-verb counters match on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verb {
-    Get,
-    List,
-    Watch,
-    Create,
-    Update,
-    Patch,
-    Delete,
-    DeleteCollection,
-}
-
-impl Verb {
-    fn of(method: &Method, named: bool, query: &Query) -> Result<Verb, ApiError> {
-        Ok(match (method, named) {
-            (&Method::GET, false) if is_watch(query) => Verb::Watch,
-            (&Method::GET, false) => Verb::List,
-            (&Method::POST, false) => Verb::Create,
-            (&Method::DELETE, false) => Verb::DeleteCollection,
-            (&Method::GET, true) => Verb::Get,
-            (&Method::PUT, true) => Verb::Update,
-            (&Method::PATCH, true) => Verb::Patch,
-            (&Method::DELETE, true) => Verb::Delete,
-            _ => return Err(ApiError::method_not_allowed()),
-        })
-    }
+/// The verb of a request with `method`, on one object (`named`) or a collection.
+fn verb_of(method: &Method, named: bool, query: &Query) -> Result<Verb, ApiError> {
+    Ok(match (method, named) {
+        (&Method::GET, false) if is_watch(query) => Verb::Watch,
+        (&Method::GET, false) => Verb::List,
+        (&Method::POST, false) => Verb::Create,
+        (&Method::DELETE, false) => Verb::DeleteCollection,
+        (&Method::GET, true) => Verb::Get,
+        (&Method::PUT, true) => Verb::Update,
+        (&Method::PATCH, true) => Verb::Patch,
+        (&Method::DELETE, true) => Verb::Delete,
+        _ => return Err(ApiError::method_not_allowed()),
+    })
 }
 
 /// A fully read resource request.
@@ -238,7 +225,7 @@ struct ApiRequest {
 
 async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Result<Response, ApiError> {
     let query = parse_query(&request);
-    let verb = Verb::of(request.method(), target.name.is_some(), &query)?;
+    let verb = verb_of(request.method(), target.name.is_some(), &query)?;
     shared.counters.record(counted(verb, &target));
     if let Some(injected) = shared.faults.intercept(verb, &target.info, target.namespace()).await {
         return Ok(injected);

@@ -67,6 +67,7 @@ pub mod subresources;
 pub mod table;
 mod tls;
 pub mod validation;
+mod verb;
 pub mod verbs;
 pub mod watch;
 
@@ -89,7 +90,7 @@ use faults::Faults;
 use store::Store;
 
 pub use controller_manager::{ImageMatch, JobContext, JobOutcome, JobRunner, Runners};
-pub use http::Verb;
+pub use verb::Verb;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -15,6 +15,7 @@ use serde_json::Value;
 
 use super::labels::Parent;
 use super::ownership::{self, Ownership};
+use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::backoff::Backoff;
 
 /// What a write did.
@@ -307,7 +308,7 @@ where
         Some(observed) => observed.clone(),
         None => match api.create(&PostParams::default(), desired).await {
             Ok(created) => return Ok((Applied::Created, created)),
-            Err(kube::Error::Api(status)) if status.code == 409 => api.get(&desired.name_any()).await?,
+            Err(err) if is_conflict(&err) => api.get(&desired.name_any()).await?,
             Err(err) => return Err(err.into()),
         },
     };
@@ -339,9 +340,9 @@ where
     };
     match api.delete(&observed.name_any(), &params).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(err) if is_not_found(&err) => Ok(()),
         // A uid mismatch means the object was replaced by someone else meanwhile: not ours to delete.
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(err) if is_conflict(&err) => Ok(()),
         Err(err) => Err(err),
     }
 }

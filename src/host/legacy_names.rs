@@ -22,6 +22,7 @@ use tracing::{info, warn};
 
 use super::labels::{TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION, TENANT_UID_ANNOTATION, tenant_selector};
 use super::names::{NameKind, host_name, legacy_host_name};
+use crate::runtime::api_errors::{is_conflict, is_gone_or_conflict};
 
 /// Install attempts whose Job names are recognised (`-install-<n>`).
 const ATTEMPTS: u32 = 1000;
@@ -125,7 +126,7 @@ async fn copy(api: &Api<DynamicObject>, from: &str, to: &str) -> Result<bool, ku
     };
     match api.create(&PostParams::default(), &copy).await {
         Ok(_) => Ok(true),
-        Err(kube::Error::Api(status)) if status.code == 409 => {
+        Err(err) if is_conflict(&err) => {
             let existing = api.get(to).await?;
             let uid = |o: &DynamicObject| o.annotations().get(TENANT_UID_ANNOTATION).cloned();
             let same_parent = uid(&existing).is_some() && uid(&existing) == uid(&old);
@@ -149,7 +150,7 @@ async fn delete(api: &Api<DynamicObject>, name: &str, uid: Option<String>) -> Re
     };
     match api.delete(name, &params).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => Ok(()),
+        Err(err) if is_gone_or_conflict(&err) => Ok(()),
         Err(err) => Err(err),
     }
 }

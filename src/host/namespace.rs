@@ -11,6 +11,7 @@ use serde_json::json;
 
 use super::labels::{MANAGED_BY, MANAGED_BY_LABEL, TENANT_LABEL};
 use super::names::label_value;
+use crate::runtime::api_errors::is_already_exists;
 
 /// The ClusterRole the daemon binds in every tenant namespace; it holds `bind` on this one only.
 pub const TENANT_NAMESPACE_ROLE: &str = "stackd-tenant-namespace";
@@ -216,10 +217,6 @@ fn post_params() -> PostParams {
         field_manager: Some(FIELD_MANAGER.to_string()),
         ..Default::default()
     }
-}
-
-pub(crate) fn is_already_exists(err: &kube::Error) -> bool {
-    matches!(err, kube::Error::Api(status) if status.code == 409 && status.reason == "AlreadyExists")
 }
 
 #[cfg(test)]

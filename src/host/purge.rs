@@ -16,6 +16,7 @@ use super::labels::tenant_selector;
 use super::names::label_value;
 use super::namespace::ADOPTED_ANNOTATION;
 use crate::host::labels::TENANT_LABEL;
+use crate::runtime::api_errors::is_not_found;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PurgeError {
@@ -99,7 +100,7 @@ where
         let name = object.name_any();
         match api.delete(&name, &params).await {
             Ok(_) => report.deleted.push(format!("{}/{name}", K::kind(&()))),
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(err) if is_not_found(&err) => {}
             Err(err) => return Err(err),
         }
     }

@@ -19,6 +19,7 @@ use serde::de::DeserializeOwned;
 use super::apply::Applied;
 use super::labels::{MANAGED_BY, MANAGED_BY_LABEL, TENANT_LABEL};
 use super::names::label_value;
+use crate::runtime::api_errors::is_conflict;
 
 /// Name of the ResourceQuota in every tenant's host namespace.
 pub const QUOTA_NAME: &str = "stackd-tenant-quota";
@@ -277,7 +278,7 @@ where
         Some(existing) => existing.clone(),
         None => match api.create(&params, desired).await {
             Ok(_) => return Ok(Applied::Created),
-            Err(kube::Error::Api(status)) if status.code == 409 => api.get(&desired.name_any()).await?,
+            Err(err) if is_conflict(&err) => api.get(&desired.name_any()).await?,
             Err(err) => return Err(err.into()),
         },
     };

@@ -196,6 +196,7 @@ pub mod run {
         PARENT_KIND_LABEL, TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION,
         TENANT_UID_ANNOTATION, tenant_selector,
     };
+    use crate::runtime::api_errors::is_gone_or_conflict;
 
     /// What one sweep deleted, as `Kind/name`.
     #[derive(Debug, Default, PartialEq, Eq)]
@@ -287,7 +288,7 @@ pub mod run {
                         report.deleted.push(format!("{}/{}", orphan.kind, orphan.name));
                     }
                     // Gone or replaced meanwhile: nothing to do.
-                    Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {}
+                    Err(err) if is_gone_or_conflict(&err) => {}
                     Err(err) => return Err(err),
                 }
             }

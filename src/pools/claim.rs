@@ -343,7 +343,7 @@ async fn keep_claimed(
     if let (Some(lifetime), Some(claimed)) = (lifetime, claimed) {
         let left = remaining(lifetime, &claimed);
         if left.is_zero() {
-            info!(tenant = %tenant.name, pool = %pool.name_any(), claim = %claim_name, "claim lifetime expired; deleting the claim");
+            info!(pool = %pool.name_any(), claim = %claim_name, "claim lifetime expired; deleting the claim");
             publish(
                 tenant,
                 pool,

@@ -33,6 +33,7 @@ use crate::api::pools::{
 };
 use crate::context::events::publish;
 use crate::runtime::api_errors::{is_conflict, is_not_found};
+use crate::runtime::finalizer::Cleanup;
 use crate::runtime::metrics::PoolLabels;
 use crate::runtime::status_writer::apply_status;
 
@@ -215,7 +216,7 @@ async fn lease_entry(
             }
             // Someone else leased it first: take the next one.
             Err(err) if is_conflict(&err) => {
-                info!(tenant = %tenant.name, pool = %name, cdc = %entry, "lost the lease race; trying the next entry");
+                info!(cdc = %entry, "lost the lease race; trying the next entry");
                 continue;
             }
             Err(err) => return Err(err.into()),
@@ -331,7 +332,7 @@ async fn create(pool: &ClusterPool, ctx: &Ctx, inputs: &Inputs, new: NewCluster<
     }
     let tenant = &ctx.tenant;
     let cdc = new.cdc.map(|c| c.name_any());
-    info!(tenant = %tenant.name, pool = %pool.name_any(), cluster = %cd_name, cdc = ?cdc, "cluster created");
+    info!(cluster = %cd_name, cdc = ?cdc, "cluster created");
     let note = match &cdc {
         Some(cdc) => format!("Created ClusterDeployment {cd_name} from ClusterDeploymentCustomization {cdc}"),
         None => format!("Created ClusterDeployment {cd_name}"),
@@ -387,7 +388,7 @@ pub(super) async fn reap_namespaces(
         };
         match api.delete(&ns_name, &params).await {
             Ok(_) => {
-                info!(tenant = %ctx.tenant.name, pool = %pool.name, namespace = %ns_name, "reaped an empty pool namespace")
+                info!(namespace = %ns_name, "reaped an empty pool namespace")
             }
             Err(err) if is_not_found(&err) || is_conflict(&err) => {}
             Err(err) => return Err(err.into()),
@@ -404,15 +405,15 @@ async fn holds_a_cluster(ctx: &Ctx, namespace: &str) -> Result<bool, PoolError> 
 }
 
 /// Pool deletion (§4.3.9): delete the unclaimed clusters, keep the pool until every cluster is
-/// gone, and strip this pool's finalizer from every CDC that carries it. `CleanupPending` while
-/// something is left (the pool's own finalizer is removed by the caller once this returns `Ok`).
+/// gone, and strip this pool's finalizer from every CDC that carries it. Pending while something
+/// is left (the pool's own finalizer is removed by the caller once this is done).
 pub(super) async fn deleted_pool(
     pool: &ClusterPool,
     ctx: &Ctx,
     cds: &[Arc<ClusterDeployment>],
     buckets: &Buckets,
     cdcs: &BTreeMap<String, Arc<Cdc>>,
-) -> Result<(), PoolError> {
+) -> Result<Cleanup, PoolError> {
     let tenant = &ctx.tenant;
     let ns = pool.namespace().unwrap_or_default();
     let name = pool.name_any();
@@ -426,18 +427,18 @@ pub(super) async fn deleted_pool(
             let pools = Api::<ClusterPool>::namespaced(tenant.client.clone(), &ns);
             apply_status(&pools, pool, FIELD_MANAGER, &status, None).await?;
         }
-        return Err(PoolError::CleanupPending(Action::requeue(RESYNC)));
+        return Ok(Cleanup::Pending(Action::requeue(RESYNC)));
     }
     let finalizer = super::cdc_finalizer(&name);
     let cdc_api = Api::<Cdc>::namespaced(tenant.client.clone(), &ns);
     for cdc in cdcs.values().filter(|c| c.finalizers().contains(&finalizer)) {
         let rest: Vec<String> = cdc.finalizers().iter().filter(|f| **f != finalizer).cloned().collect();
         if let Some(again) = finalizers_written(set_finalizers(&cdc_api, cdc, rest).await)? {
-            return Err(PoolError::CleanupPending(again));
+            return Ok(Cleanup::Pending(again));
         }
     }
     forget_metrics(ctx, &ns, &name);
-    Ok(())
+    Ok(Cleanup::Done)
 }
 
 /// The outcome of a finalizer write: a conflict means looking again soon; gone is done.

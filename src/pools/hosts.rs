@@ -358,7 +358,7 @@ pub(super) async fn take(
                 return Ok(Some(chosen));
             }
             Some(asset) => {
-                info!(tenant = %ctx.tenant.name, pool = %name, asset = %asset, "lost an asset race; choosing again");
+                info!(asset = %asset, "lost an asset race; choosing again");
                 undo(&api, &done, cd).await;
                 lost.insert(asset);
             }
@@ -427,7 +427,7 @@ pub(super) async fn repair(
             continue;
         }
         if release(&api, asset, cd).await? {
-            info!(tenant = %ctx.tenant.name, pool = %name, asset = %asset.name_any(), cluster = %cd, "released an asset whose cluster never appeared");
+            info!(asset = %asset.name_any(), cluster = %cd, "released an asset whose cluster never appeared");
         }
     }
     Ok(())

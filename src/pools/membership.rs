@@ -207,7 +207,7 @@ async fn uncached_namespace(client: &Client, cd: &ClusterDeployment) -> Result<O
 
 async fn report(tenant: &TenantContext, cd: &ClusterDeployment, why: &NotMember, pool: &PoolIdentity) {
     let namespace = cd.namespace().unwrap_or_default();
-    warn!(tenant = %tenant.name, pool = %pool.key(), namespace = %namespace, cluster = %cd.name_any(), reason = ?why, "ignoring a ClusterDeployment the pool did not create");
+    warn!(namespace = %namespace, cluster = %cd.name_any(), reason = ?why, "ignoring a ClusterDeployment the pool did not create");
     publish(tenant, cd, true, NOT_POOL_MEMBER, why.message(pool)).await;
 }
 

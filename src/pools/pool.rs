@@ -13,7 +13,6 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Error as FinalizerError, Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -39,6 +38,7 @@ use crate::context::events::publish;
 use crate::context::tenant::TenantContext;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
+use crate::runtime::finalizer::{self, Cleanup, FinalizerError};
 use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::status_writer::apply_status;
 use crate::runtime::written::Written;
@@ -58,11 +58,8 @@ pub(super) const RESYNC: Duration = Duration::from_secs(60);
 pub enum PoolError {
     #[error("tenant API request failed: {0}")]
     Tenant(#[from] kube::Error),
-    #[error("finalizer: {0}")]
-    Finalizer(String),
-    /// A deleted pool still waits for something; not a failure: the pool is looked at again then.
-    #[error("cleanup pending")]
-    CleanupPending(Action),
+    #[error(transparent)]
+    Finalizer(#[from] FinalizerError),
     #[error(transparent)]
     Panicked(#[from] ReconcilePanic),
 }
@@ -72,7 +69,6 @@ impl ReconcileError for PoolError {
         match self {
             PoolError::Tenant(_) => "tenant_api",
             PoolError::Finalizer(_) => "finalizer",
-            PoolError::CleanupPending(_) => "cleanup_pending",
             PoolError::Panicked(_) => "panic",
         }
     }
@@ -310,30 +306,15 @@ async fn reconcile(pool: Arc<ClusterPool>, ctx: Arc<Ctx>, _permit: Permit) -> Re
         return Ok(Action::await_change());
     }
     let pools = Api::<ClusterPool>::namespaced(ctx.tenant.client.clone(), &pool.namespace().unwrap_or_default());
-    let outcome = finalizer(&pools, POOL_FINALIZER, pool, |event| async {
-        match event {
-            FinalizerEvent::Apply(pool) => reconcile_pool(&pool, &ctx).await,
-            FinalizerEvent::Cleanup(pool) => clean_up(&pool, &ctx).await,
-        }
-    })
-    .await;
-    match outcome {
-        Ok(action) => Ok(action),
-        Err(FinalizerError::ApplyFailed(err)) => Err(err),
-        Err(FinalizerError::CleanupFailed(PoolError::CleanupPending(action))) => Ok(action),
-        Err(FinalizerError::CleanupFailed(err)) => Err(err),
-        // Our cached pool was older than our own last write (its finalizers changed): that write's
-        // watch event brings the current copy and another reconcile.
-        Err(
-            FinalizerError::AddFinalizer(kube::Error::Api(status))
-            | FinalizerError::RemoveFinalizer(kube::Error::Api(status)),
-        ) if status.code == 409 || status.code == 422 => Ok(Action::requeue(Duration::from_millis(200))),
-        Err(FinalizerError::RemoveFinalizer(kube::Error::Api(status))) if status.code == 404 => {
-            Ok(Action::await_change())
-        }
-        Err(FinalizerError::AddFinalizer(err) | FinalizerError::RemoveFinalizer(err)) => Err(err.into()),
-        Err(other) => Err(PoolError::Finalizer(other.to_string())),
-    }
+    let ctx = ctx.as_ref();
+    finalizer::reconcile(
+        &pools,
+        POOL_FINALIZER,
+        pool,
+        |pool| async move { reconcile_pool(&pool, ctx).await },
+        |pool| async move { clean_up(&pool, ctx).await },
+    )
+    .await
 }
 
 /// One pass over a live pool: observe → repair leases → buckets → claims → plan → execute → free
@@ -353,16 +334,18 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
     converge(pool, ctx, &world, buckets, round).await
 }
 
-/// A deleted pool (§4.3.9): its clusters go, then its finalizers on CDCs; `CleanupPending` until
-/// then, so that the pool's own finalizer stays.
-async fn clean_up(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolError> {
+/// A deleted pool (§4.3.9): its clusters go, then its finalizers on CDCs; pending until then, so
+/// that the pool's own finalizer stays.
+async fn clean_up(pool: &ClusterPool, ctx: &Ctx) -> Result<Cleanup, PoolError> {
     let mut round = Round::new();
     let mut seen = observe(pool, ctx).await?;
     let cdcs = repair_leases(pool, ctx, &mut seen, &mut round).await?;
     let buckets = Buckets::sort(&seen.cds, &seen.claims, &seen.expected_deleted);
-    execute::deleted_pool(pool, ctx, &seen.cds, &buckets, &cdcs).await?;
-    ctx.written.forget(&pool.uid().unwrap_or_default());
-    Ok(Action::await_change())
+    let cleanup = execute::deleted_pool(pool, ctx, &seen.cds, &buckets, &cdcs).await?;
+    if let Cleanup::Done = cleanup {
+        ctx.written.forget(&pool.uid().unwrap_or_default());
+    }
+    Ok(cleanup)
 }
 
 /// Repairs the pool's leases before anything is decided from them (§4.3.2, §4.3.6, §4.3.9) and
@@ -474,7 +457,7 @@ async fn converge(
 /// found contradicting themselves.
 async fn announce(pool: &ClusterPool, ctx: &Ctx, previous: &ClusterPoolStatus, status: &ClusterPoolStatus) {
     let tenant = &ctx.tenant;
-    let (ns, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
+    let ns = pool.namespace().unwrap_or_default();
     let missing = |s: &ClusterPoolStatus, entry: &str| {
         s.inventory
             .iter()
@@ -485,7 +468,7 @@ async fn announce(pool: &ClusterPool, ctx: &Ctx, previous: &ClusterPoolStatus, s
         .iter()
         .filter(|e| missing(status, &e.name) && !missing(previous, &e.name))
     {
-        warn!(tenant = %tenant.name, namespace = %ns, pool = %name, cdc = %entry.name, "an inventory entry's ClusterDeploymentCustomization does not exist");
+        warn!(cdc = %entry.name, "an inventory entry's ClusterDeploymentCustomization does not exist");
         let note = format!(
             "Inventory entry {}: ClusterDeploymentCustomization {ns}/{} does not exist; create it (the pool leases it then) or remove the entry from spec.inventory",
             entry.name, entry.name
@@ -501,7 +484,7 @@ async fn announce(pool: &ClusterPool, ctx: &Ctx, previous: &ClusterPoolStatus, s
     if let Some(message) = contradiction(status)
         && contradiction(previous).as_ref() != Some(&message)
     {
-        warn!(tenant = %tenant.name, namespace = %ns, pool = %name, %message, "the pool's failure domains contradict themselves");
+        warn!(%message, "the pool's failure domains contradict themselves");
         publish(tenant, pool, true, status::INVALID_MACHINE_SPEC, message).await;
     }
 }

@@ -245,7 +245,7 @@ impl Pool<'_> {
         let (tenant, name) = (self.tenant, self.name);
         match leases::release(&self.api, cdc, cd, name).await {
             Ok(true) => {
-                info!(tenant = %tenant.name, pool = %name, cdc = %cdc.name_any(), cluster = %cd, "released a lease whose cluster does not exist");
+                info!(cdc = %cdc.name_any(), cluster = %cd, "released a lease whose cluster does not exist");
                 publish(
                     tenant,
                     cdc,
@@ -266,7 +266,7 @@ impl Pool<'_> {
         let (tenant, name) = (self.tenant, self.name);
         match leases::release_interrupted(&self.api, cdc).await {
             Ok(Some(written)) => {
-                warn!(tenant = %tenant.name, pool = %name, cdc = %cdc.name_any(), "released an interrupted lease");
+                warn!(cdc = %cdc.name_any(), "released an interrupted lease");
                 let note = format!(
                     "Released: it read Available=False with no clusterDeploymentRef (an interrupted lease) for longer than --lease-min-age ({min_age:?}); ClusterPool {name} may lease it again"
                 );
@@ -297,7 +297,7 @@ impl Pool<'_> {
         let (tenant, name) = (self.tenant, self.name);
         match leases::lease(&self.api, cdc, &cd.name_any(), name).await {
             Ok(Some(written)) => {
-                warn!(tenant = %tenant.name, pool = %name, cdc = %cdc.name_any(), cluster = %cd.name_any(), "restored the lease of a live cluster");
+                warn!(cdc = %cdc.name_any(), cluster = %cd.name_any(), "restored the lease of a live cluster");
                 publish(
                     tenant,
                     &written,

@@ -7,6 +7,7 @@ use kube::api::{Api, PostParams};
 use serde_json::json;
 
 use crate::api::pools::{ClusterDeploymentCustomization, ClusterPool};
+use crate::runtime::api_errors::is_conflict;
 
 pub const NAMESPACE: &str = "pools-demo";
 pub const POOL: &str = "vsphere-pool";
@@ -27,7 +28,7 @@ pub async fn install_pool(
 ) -> Result<(), kube::Error> {
     let post = PostParams::default();
     let ignore_exists = |r: Result<(), kube::Error>| match r {
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+        Err(err) if is_conflict(&err) => Ok(()),
         other => other,
     };
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}})).expect("static");

@@ -24,7 +24,7 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
-use tracing::debug;
+use tracing::{Instrument, Span, debug, error_span};
 
 use super::backoff::ObjectBackoff;
 use super::informers::SharedCache;
@@ -243,7 +243,19 @@ struct Runner<T, C, F> {
 }
 
 impl<T: Tenant, C, F> Runner<T, C, F> {
+    /// One reconcile of `object`, every line logged inside it in its [`reconcile_span`].
     async fn reconcile<K, Fut, E>(&self, object: Arc<K>) -> Result<Action, E>
+    where
+        K: Resource<DynamicType = ()>,
+        F: Fn(Arc<K>, Arc<C>, Permit) -> Fut,
+        Fut: Future<Output = Result<Action, E>>,
+        E: ReconcileError,
+    {
+        let span = reconcile_span(self.tenant.name(), &self.name, &shown(object.as_ref()));
+        self.reconcile_in_span(object).instrument(span).await
+    }
+
+    async fn reconcile_in_span<K, Fut, E>(&self, object: Arc<K>) -> Result<Action, E>
     where
         K: Resource<DynamicType = ()>,
         F: Fn(Arc<K>, Arc<C>, Permit) -> Fut,
@@ -261,7 +273,7 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
         }
         let namespace = object.meta().namespace.clone().unwrap_or_default();
         if let Some(refused) = self.held_up(&namespace) {
-            debug!(tenant = %self.tenant.name(), controller = %self.name, namespace = %namespace, refused = %refused.describe(), "held up by an object over --max-cached-object-bytes");
+            debug!(refused = %refused.describe(), "held up by an object over --max-cached-object-bytes");
             return Ok(Action::requeue(HELD_UP_RECHECK));
         }
         let permit = self.tenant.permits().acquire(&namespace).await;
@@ -289,10 +301,7 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
         K: Resource<DynamicType = ()>,
         E: ReconcileError,
     {
-        let shown = match object.namespace() {
-            Some(namespace) => format!("{namespace}/{}", object.name_any()),
-            None => object.name_any(),
-        };
+        let shown = shown(object);
         let logged = (self.tenant.name(), self.name.as_str(), shown.as_str());
         let (backoff, key) = (self.tenant.object_backoff(), backoff_key(object));
         let reachability = self.tenant.reachability();
@@ -304,6 +313,21 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
             err,
             (reachability, hold),
         ))
+    }
+}
+
+/// The span of one reconcile: every line logged inside it carries the tenant, the controller and
+/// the object, so no log call repeats them. At error level, so that it is on whenever any line of
+/// the controller is (a span filtered out would take its fields with it).
+pub fn reconcile_span(tenant: &str, controller: &str, object: &str) -> Span {
+    error_span!("reconcile", tenant = %tenant, controller = %controller, object = %object)
+}
+
+/// `namespace/name`, or the name of a cluster-scoped object.
+fn shown<K: Resource>(object: &K) -> String {
+    match object.namespace() {
+        Some(namespace) => format!("{namespace}/{}", object.name_any()),
+        None => object.name_any(),
     }
 }
 

@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::error;
 
 use super::recovery::WatchBackoff;
+use crate::runtime::api_errors::is_not_found;
 
 /// Where and how long the lease is held.
 #[derive(Clone, Debug)]
@@ -242,7 +243,7 @@ async fn keep_lease(settings: LeaderElectionSettings, started: oneshot::Sender<R
     let manager = match manager {
         Ok(manager) => manager,
         // The manager creates the Lease when it is missing: a 404 then says the namespace is.
-        Err(kube_lease_manager::LeaseManagerError::KubeError(kube::Error::Api(status))) if status.code == 404 => {
+        Err(kube_lease_manager::LeaseManagerError::KubeError(err)) if is_not_found(&err) => {
             let _ = started.send(Err(LeaderError::NoNamespace(settings.namespace.clone())));
             return;
         }

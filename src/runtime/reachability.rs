@@ -20,6 +20,7 @@ use futures::FutureExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
 use kube::api::{Api, ListParams};
+use rand::RngExt;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -28,7 +29,15 @@ use tracing::{info, warn};
 use super::cause::{Cause, CauseKind, diagnose};
 use super::health::{Health, TenantHealth};
 use super::metrics::Metrics;
-use super::recovery::probe_delay;
+
+/// The longest wait between two attempts to reach a server that is down (probes and watch retries).
+pub const RECOVERY_INTERVAL: Duration = Duration::from_secs(4);
+
+/// The wait before the next `/version` probe of a server that is down: jittered so that many
+/// tenants (or many assets of one cluster) do not probe in step.
+pub fn probe_delay() -> Duration {
+    RECOVERY_INTERVAL.mul_f64(rand::rng().random_range(0.5..=1.0))
+}
 
 /// After a probe found the server answering, the next waits at least this long: a request that
 /// fails on its own (one broken connection) costs a probe a second at most, not one per failure.
@@ -321,6 +330,14 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn probes_are_jittered_within_the_interval() {
+        for _ in 0..100 {
+            let delay = probe_delay();
+            assert!(delay >= RECOVERY_INTERVAL / 2 && delay <= RECOVERY_INTERVAL);
+        }
+    }
 
     fn refused() -> Cause {
         Cause {

@@ -18,17 +18,9 @@ use rand::RngExt;
 use tokio::sync::watch;
 
 use super::cause::{CauseKind, diagnose};
-use super::reachability::Reachability;
+use super::reachability::{RECOVERY_INTERVAL, Reachability};
 
-/// The longest wait between two attempts to reach a server that is down (probes and watch retries).
-pub const RECOVERY_INTERVAL: Duration = Duration::from_secs(4);
 const FIRST_RETRY: Duration = Duration::from_millis(250);
-
-/// The wait before the next `/version` probe of a server that is down: jittered so that many
-/// tenants (or many assets of one cluster) do not probe in step.
-pub fn probe_delay() -> Duration {
-    RECOVERY_INTERVAL.mul_f64(rand::rng().random_range(0.5..=1.0))
-}
 
 /// Retry delays of a failed list or watch: doubling from 250 ms, capped at [`RECOVERY_INTERVAL`],
 /// jittered. kube's default grows to 30 s and resets only after two quiet minutes, so after a few
@@ -218,14 +210,6 @@ mod tests {
         assert!(delays[19] >= RECOVERY_INTERVAL / 2);
         backoff.reset();
         assert!(backoff.next().is_some_and(|d| d <= FIRST_RETRY));
-    }
-
-    #[test]
-    fn probes_are_jittered_within_the_interval() {
-        for _ in 0..100 {
-            let delay = probe_delay();
-            assert!(delay >= RECOVERY_INTERVAL / 2 && delay <= RECOVERY_INTERVAL);
-        }
     }
 
     fn expired() -> kube::Error {

@@ -12,8 +12,7 @@ use tracing::{debug, warn};
 
 use super::backoff::ObjectBackoff;
 use super::cause::{Cause, CauseKind, diagnose};
-use super::reachability::Reachability;
-use super::recovery::probe_delay;
+use super::reachability::{Reachability, probe_delay};
 
 /// Conflicts in a row on one object before they are worth a warning.
 const CONFLICTS_BEFORE_WARNING: u32 = 3;

@@ -16,6 +16,7 @@
 
 use std::fmt::Debug;
 
+use crate::runtime::api_errors::{answer_message, is_unprocessable};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry, ObjectMeta, Time};
 use kube::api::{Patch, PatchParams};
@@ -83,10 +84,10 @@ where
     match api.patch(&name, &params, &Patch::Json::<()>(patch)).await {
         Ok(taken) => Ok(Some(taken)),
         // A failed `test`: the object changed since it was read, which callers know as a conflict.
-        Err(kube::Error::Api(status)) if status.code == 422 => {
+        Err(err) if is_unprocessable(&err) => {
             let message = format!(
                 "{name} changed while its status field managers were being taken over: {}",
-                status.message
+                answer_message(&err)
             );
             Err(kube::Error::Api(
                 Status::failure(&message, "Conflict").with_code(409).boxed(),

@@ -3,6 +3,7 @@
 pub mod install;
 pub mod pod_policy;
 pub mod pull_secrets;
+pub mod rbac_verbs;
 pub mod stack;
 pub mod stream;
 pub mod unpack;
@@ -13,6 +14,8 @@ use sha2::{Digest, Sha256};
 pub const INSTALL_FINALIZER: &str = "stacks.stackd.dev/install";
 /// Finalizer of Stack.
 pub const STACK_FINALIZER: &str = "stacks.stackd.dev/stack";
+/// Label on tenant CRDs that a stack install created: only these are ever changed or deleted by stackd.
+pub const MANAGED_CRD_LABEL: &str = "stacks.stackd.dev/managed";
 /// Prefix of the multi-parent label on tenant CRDs: one label per Stack that uses the CRD.
 pub const CRD_PARENT_LABEL_PREFIX: &str = "parent.stacks.stackd.dev/";
 

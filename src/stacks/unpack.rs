@@ -13,7 +13,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::stack::rbac::ALLOWED_VERBS;
+use super::rbac_verbs::ALLOWED_VERBS;
 use super::stream::{self, PackageContents, StreamError};
 use crate::api::stacks::{
     AppMetadata, Contributor, ControllerDeployment, ControllerSpec, CrdReference, Dependency, PermissionScope,

@@ -21,6 +21,7 @@ use crate::context::tenant::{TenantContext, TenantError};
 use crate::host::labels::tenant_selector;
 use crate::host::namespace::{self, NamespaceError};
 use crate::host::quota::QuotaError;
+use crate::runtime::api_errors::{answer_message, is_forbidden};
 use crate::runtime::controller::{ReconcileError, Singleton};
 use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::recovery::WatchBackoff;
@@ -94,7 +95,7 @@ pub(super) async fn run(
             let (ns, rb) = (observed_ns.as_deref(), observed_rb.as_deref());
             let writes = namespace::ensure(&context.host, &context.name, name, subject, ns, rb).await?;
             if writes > 0 {
-                info!(tenant = %context.name, namespace = %name, writes, "host namespace reconciled");
+                info!(writes, "host namespace reconciled");
             }
             if !*ready.borrow() {
                 await_access(&context, &cancel).await;
@@ -104,6 +105,7 @@ pub(super) async fn run(
         }
     };
     Singleton::new("host-namespace", context.clone())
+        .object(&context.host_namespace)
         .watches(namespaces.clone(), namespace_events)
         .watches(bindings.clone(), binding_events)
         .run(reconcile, &cancel)
@@ -122,12 +124,12 @@ async fn await_access(context: &TenantContext, cancel: &CancellationToken) {
     let deadline = tokio::time::Instant::now() + ACCESS_GRACE;
     loop {
         match secrets.list_metadata(&probe).await {
-            Err(kube::Error::Api(status)) if status.code == 403 => {
+            Err(err) if is_forbidden(&err) => {
                 if tokio::time::Instant::now() > deadline {
-                    warn!(tenant = %context.name, namespace = %context.host_namespace, message = %status.message, "the daemon's RoleBinding in the host namespace does not grant access; check the stackd-tenant-namespace ClusterRole");
+                    warn!(message = %answer_message(&err), "the daemon's RoleBinding in the host namespace does not grant access; check the stackd-tenant-namespace ClusterRole");
                     return;
                 }
-                debug!(tenant = %context.name, "host namespace access not in effect yet; waiting");
+                debug!("host namespace access not in effect yet; waiting");
             }
             // Anything else (access, or another trouble the controllers will report) ends the wait.
             _ => return,

@@ -47,13 +47,14 @@ pub async fn run(
             let policy = ensure_policy(&context.host, tenant, namespace, monitoring, &policies).await?;
             writes += usize::from(policy.wrote());
             if writes > 0 {
-                info!(tenant = %tenant, namespace = %namespace, writes, "tenant quota, limits and network policy applied");
+                info!(writes, "tenant quota, limits and network policy applied");
             }
             applied.send_replace(true);
             Ok::<_, HostSetupError>(())
         }
     };
     Singleton::new("host-quota", context.clone())
+        .object(&context.host_namespace)
         .watches(quotas.clone(), quota_events)
         .watches(limit_ranges.clone(), limit_events)
         .watches(policies.clone(), policy_events)

@@ -23,6 +23,7 @@ mod fidelity;
 mod harness;
 mod inventory;
 mod kubectl;
+mod logs;
 mod pools;
 mod pools_seeds;
 mod races;

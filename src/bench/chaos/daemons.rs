@@ -15,6 +15,7 @@ use serde_json::json;
 use super::super::BenchError;
 use super::super::fleet::{DaemonProcess, Fleet, log_filter};
 use super::super::partition::{Partition, Span, upstream_of};
+use crate::runtime::api_errors::is_conflict;
 
 /// Where the daemons hold their lease (the `--leader-elect-namespace` default).
 const LEASE_NAMESPACE: &str = "stackd-system";
@@ -89,7 +90,7 @@ impl LeaderElected {
             .await
         {
             Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(err) if is_conflict(&err) => {}
             Err(err) => return Err(err.into()),
         }
         let mut args: Vec<String> = args.iter().map(|a| a.to_string()).collect();

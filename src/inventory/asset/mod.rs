@@ -304,7 +304,7 @@ fn after_delivery(asset: &BareMetalAsset, ctx: &Ctx, cluster: &str, outcome: &Ou
 fn cluster_retry(ctx: &Ctx, cluster: &str, err: &delivery::DeliveryError) -> Duration {
     let waiting = ctx.remote.backoff.waiting(cluster);
     let (failures, left) = waiting.unwrap_or((1, ctx.tenant.shared.settings.backoff.base));
-    warn!(tenant = %ctx.tenant.name, cluster, failures, retry_in = ?left, error = %err, "managed cluster did not answer");
+    warn!(cluster, failures, retry_in = ?left, error = %err, "managed cluster did not answer");
     left
 }
 

@@ -26,10 +26,11 @@ use crate::host::apply::{self, Update, ensure, stamp};
 use crate::host::ownership::{self, Ownership};
 use crate::pools::{hosts, leases, membership};
 use crate::runtime::api_errors::is_conflict;
+use crate::runtime::finalizer::Cleanup;
 
-/// Deprovisions a deleted cluster; `Ok` once everything is let go (its finalizer may then come
-/// off), `CleanupPending` while something is still to wait for.
-pub(super) async fn deprovision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, DeploymentError> {
+/// Deprovisions a deleted cluster: done once everything is let go (its finalizer may then come
+/// off), pending while something is still to wait for.
+pub(super) async fn deprovision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Cleanup, DeploymentError> {
     let tenant = &ctx.tenant;
     let parent = parent(cd);
     let names = Names::of(cd);
@@ -38,7 +39,7 @@ pub(super) async fn deprovision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Act
     let output = match output::find(ctx, cd, &parent, &names).await? {
         Found::Trusted(secret) => Some(secret),
         // Its `metadata.json` is read once the cache shows it restored.
-        Found::Restored { .. } => return Err(DeploymentError::CleanupPending(Action::requeue(Duration::from_secs(5)))),
+        Found::Restored { .. } => return Ok(Cleanup::Pending(Action::requeue(Duration::from_secs(5)))),
         Found::Missing | Found::Foreign(_) => None,
     };
     let destroy = ctx.jobs.get(&ObjectRef::new(&names.destroy).within(host_ns));
@@ -50,7 +51,7 @@ pub(super) async fn deprovision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Act
         destroy: destroy.as_deref(),
     };
     let (stop, next) = match plan::deprovision(&teardown) {
-        Deprovision::NotHeld => return Ok(Action::await_change()),
+        Deprovision::NotHeld => return Ok(Cleanup::Done),
         Deprovision::Proceed { stop, next } => (stop, next),
     };
     let host_jobs = Api::<Job>::namespaced(tenant.host.clone(), host_ns);
@@ -68,7 +69,7 @@ pub(super) async fn deprovision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Act
         }
         Destroy::Done => return let_go(cd, ctx, &parent, &names).await,
     };
-    Err(DeploymentError::CleanupPending(pending))
+    Ok(Cleanup::Pending(pending))
 }
 
 async fn start_destroy(
@@ -105,7 +106,7 @@ async fn start_destroy(
 
 /// Deprovisioned: now (and only now) the CDC may be leased again and the hosts reused, and only
 /// for a cluster its pool created; then the host objects go and so does the finalizer.
-async fn let_go(cd: &ClusterDeployment, ctx: &Ctx, parent: &Parent, names: &Names) -> Result<Action, DeploymentError> {
+async fn let_go(cd: &ClusterDeployment, ctx: &Ctx, parent: &Parent, names: &Names) -> Result<Cleanup, DeploymentError> {
     let tenant = &ctx.tenant;
     let made_by_pool = membership::created_by_named_pool(&tenant.client, cd)
         .await
@@ -116,7 +117,7 @@ async fn let_go(cd: &ClusterDeployment, ctx: &Ctx, parent: &Parent, names: &Name
         publish(tenant, cd, true, membership::RELEASE_REFUSED, message).await;
     }
     if let Some(retry) = release_customization(cd, tenant, &release).await? {
-        return Err(DeploymentError::CleanupPending(Action::requeue(retry)));
+        return Ok(Cleanup::Pending(Action::requeue(retry)));
     }
     if let Some(ns) = &release.hosts_namespace {
         let assets = Api::<BareMetalAsset>::namespaced(tenant.client.clone(), ns);
@@ -124,12 +125,12 @@ async fn let_go(cd: &ClusterDeployment, ctx: &Ctx, parent: &Parent, names: &Name
             .await
             .map_err(DeploymentError::Tenant)?;
         if released > 0 {
-            info!(tenant = %tenant.name, cluster = %cd.name_any(), released, "bare-metal hosts released");
+            info!(released, "bare-metal hosts released");
         }
     }
     clean_host(ctx, parent, names).await?;
-    info!(tenant = %tenant.name, cluster = %cd.name_any(), "cluster deprovisioned");
-    Ok(Action::await_change())
+    info!("cluster deprovisioned");
+    Ok(Cleanup::Done)
 }
 
 /// Releases the CDC the cluster was built from (only if it still points at this cluster and pool).

@@ -24,7 +24,6 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Error as FinalizerError, Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use tokio_util::sync::CancellationToken;
@@ -39,6 +38,7 @@ use crate::host::labels::{TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT
 use crate::pools::DEPROVISION_FINALIZER;
 use crate::runtime::api_errors::is_conflict;
 use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
+use crate::runtime::finalizer::{self, FinalizerError};
 use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::status_writer::apply_status;
 
@@ -60,11 +60,8 @@ pub enum DeploymentError {
     Host(#[from] HostWriteError),
     #[error("host API request failed: {0}")]
     HostApi(#[source] kube::Error),
-    #[error("finalizer: {0}")]
-    Finalizer(String),
-    /// Deprovisioning waits for something; not a failure: the cluster is looked at again then.
-    #[error("deprovision pending")]
-    CleanupPending(Action),
+    #[error(transparent)]
+    Finalizer(#[from] FinalizerError),
     #[error(transparent)]
     Panicked(#[from] ReconcilePanic),
 }
@@ -82,7 +79,6 @@ impl ReconcileError for DeploymentError {
             DeploymentError::Host(_) => "host_write",
             DeploymentError::HostApi(_) => "host_api",
             DeploymentError::Finalizer(_) => "finalizer",
-            DeploymentError::CleanupPending(_) => "cleanup_pending",
             DeploymentError::Panicked(_) => "panic",
         }
     }
@@ -137,28 +133,15 @@ fn parent(cd: &ClusterDeployment) -> Parent {
 /// done (a pending deprovision keeps it).
 async fn reconcile(cd: Arc<ClusterDeployment>, ctx: Arc<Ctx>, _permit: Permit) -> Result<Action, DeploymentError> {
     let api = cd_api(&ctx, &cd);
-    let outcome = finalizer(&api, DEPROVISION_FINALIZER, cd, |event| async {
-        match event {
-            FinalizerEvent::Apply(cd) => provision::provision(&cd, &ctx).await,
-            FinalizerEvent::Cleanup(cd) => deprovision::deprovision(&cd, &ctx).await,
-        }
-    })
-    .await;
-    match outcome {
-        Ok(action) => Ok(action),
-        Err(FinalizerError::CleanupFailed(DeploymentError::CleanupPending(action))) => Ok(action),
-        Err(FinalizerError::ApplyFailed(err) | FinalizerError::CleanupFailed(err)) => Err(err),
-        // A stale copy (our own finalizer write not seen yet), or a cluster already gone: its
-        // watch event brings the current state.
-        Err(
-            FinalizerError::AddFinalizer(kube::Error::Api(status))
-            | FinalizerError::RemoveFinalizer(kube::Error::Api(status)),
-        ) if matches!(status.code, 404 | 409 | 422) => Ok(Action::await_change()),
-        Err(FinalizerError::AddFinalizer(err) | FinalizerError::RemoveFinalizer(err)) => {
-            Err(DeploymentError::Tenant(err))
-        }
-        Err(other) => Err(DeploymentError::Finalizer(other.to_string())),
-    }
+    let ctx = ctx.as_ref();
+    finalizer::reconcile(
+        &api,
+        DEPROVISION_FINALIZER,
+        cd,
+        |cd| async move { provision::provision(&cd, ctx).await },
+        |cd| async move { deprovision::deprovision(&cd, ctx).await },
+    )
+    .await
 }
 
 fn cd_api(ctx: &Ctx, cd: &ClusterDeployment) -> Api<ClusterDeployment> {

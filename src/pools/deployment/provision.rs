@@ -116,7 +116,7 @@ async fn start(cd: &ClusterDeployment, ctx: &Ctx, names: &Names, job_name: &str)
         .await?
         .wrote()
     {
-        info!(tenant = %tenant.name, cluster = %cd.name_any(), attempt = attempt + 1, "installer Job started");
+        info!(attempt = attempt + 1, "installer Job started");
         let note = format!("Installer Job {job_name} started (attempt {})", attempt + 1);
         publish(tenant, cd, false, "InstallStarted", note).await;
     }
@@ -255,7 +255,7 @@ async fn installed(cd: &ClusterDeployment, ctx: &Ctx, names: &Names) -> Result<A
                 refusal: refusal.to_string(),
             };
             if report(cd, ctx, &stopped).await? {
-                warn!(tenant = %tenant.name, cluster = %cd.name_any(), %refusal, "installer kubeconfig refused");
+                warn!(%refusal, "installer kubeconfig refused");
             }
             return Ok(Action::await_change());
         }
@@ -268,7 +268,7 @@ async fn installed(cd: &ClusterDeployment, ctx: &Ctx, names: &Names) -> Result<A
         return Ok(Action::requeue(tenant_secret_recheck(ctx)));
     }
     if report(cd, ctx, &Outcome::Installed { secret, infra_id }).await? {
-        info!(tenant = %tenant.name, cluster = %cd.name_any(), "cluster installed");
+        info!("cluster installed");
     }
     Ok(Action::await_change())
 }

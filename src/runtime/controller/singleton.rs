@@ -14,9 +14,9 @@ use kube::Resource;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
-use tracing::warn;
+use tracing::{Instrument, warn};
 
-use super::{Permit, ReconcileError, Tenant, observe};
+use super::{Permit, ReconcileError, Tenant, observe, reconcile_span};
 use crate::runtime::cache::is_filled;
 use crate::runtime::panics;
 use crate::runtime::retry;
@@ -24,6 +24,8 @@ use crate::runtime::retry;
 /// A per-tenant singleton controller, being put together.
 pub struct Singleton<T> {
     name: String,
+    /// What it reconciles, for its log lines.
+    object: String,
     tenant: Arc<T>,
     triggers: SelectAll<BoxStream<'static, Result<(), watcher::Error>>>,
     caches: Vec<Box<dyn Fn() -> bool + Send + Sync>>,
@@ -32,12 +34,20 @@ pub struct Singleton<T> {
 impl<T: Tenant> Singleton<T> {
     /// A controller named `name` (its `controller` metric label and backoff key).
     pub fn new(name: impl Into<String>, tenant: Arc<T>) -> Self {
+        let name = name.into();
         Singleton {
-            name: name.into(),
+            object: name.clone(),
+            name,
             tenant,
             triggers: SelectAll::new(),
             caches: Vec::new(),
         }
+    }
+
+    /// Names what it reconciles (the `object` of its log lines; its name until then).
+    pub fn object(mut self, object: impl Into<String>) -> Self {
+        self.object = object.into();
+        self
     }
 
     /// Reconciles on every event of the watch that fills `cache`. The first (empty) list counts: a
@@ -84,9 +94,12 @@ impl<T: Tenant> Singleton<T> {
             if !self.caches.iter().all(|filled| filled()) {
                 continue;
             }
-            let held = self.tenant.permits().acquire("").await;
+            let span = reconcile_span(self.tenant.name(), &self.name, &self.object);
+            let held = self.tenant.permits().acquire("").instrument(span.clone()).await;
             let started = Instant::now();
-            let result = panics::contain(reconcile(Permit { _held: held })).await;
+            let result = panics::contain(reconcile(Permit { _held: held }))
+                .instrument(span)
+                .await;
             observe(self.tenant.as_ref(), &self.name, started, result.as_ref().err());
             retry = match result {
                 Ok(()) => {

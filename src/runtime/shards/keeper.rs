@@ -20,6 +20,7 @@ use super::assign::{fair_share, surplus, wanted};
 use super::{
     Board, LEASE_ROLE_LABEL, SHARDS_ANNOTATION, ShardSettings, Slot, SlotLease, member_lease_name, slot_lease_name,
 };
+use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::recovery::WatchBackoff;
 
 /// A Lease as last seen, and when it last changed as seen from here (never the holder's clock).
@@ -667,12 +668,12 @@ impl Keeper {
         match tokio::time::timeout(within, request).await {
             Err(_) => Err(WriteError::Timeout),
             Ok(Ok(stored)) => Ok(stored),
-            Ok(Err(kube::Error::Api(status))) if status.code == 409 => Err(WriteError::Conflict),
+            Ok(Err(err)) if is_conflict(&err) => Err(WriteError::Conflict),
             // Nothing to find but the namespace: a create's 404 says it does not exist.
-            Ok(Err(kube::Error::Api(status))) if status.code == 404 && create => {
+            Ok(Err(err)) if is_not_found(&err) && create => {
                 Err(WriteError::NoNamespace(self.settings.namespace.clone()))
             }
-            Ok(Err(kube::Error::Api(status))) if status.code == 404 => Err(WriteError::NotFound),
+            Ok(Err(err)) if is_not_found(&err) => Err(WriteError::NotFound),
             Ok(Err(err)) => Err(WriteError::Api(err.to_string())),
         }
     }

@@ -25,6 +25,7 @@ use super::{InstallContext, InstallError, InstallKind, SAFETY_NET};
 use crate::api::common::HostObjectRef;
 use crate::api::stacks::Stack;
 use crate::host::apply;
+use crate::runtime::api_errors::is_conflict;
 
 /// The install's Stack when its package is applied: controlled by the install, from `package`.
 pub(super) fn applied_stack<K: InstallKind>(install: &K, ctx: &InstallContext, package: &str) -> Option<Stack> {
@@ -87,7 +88,7 @@ async fn refresh_settings<K: InstallKind>(
     {
         Ok(_) => {}
         // Our cached Stack is behind: its watch event brings this install back.
-        Err(kube::Error::Api(status)) if status.code == 409 => return Ok(()),
+        Err(err) if is_conflict(&err) => return Ok(()),
         Err(err) => return Err(InstallError::Tenant(err)),
     }
     let note = format!(

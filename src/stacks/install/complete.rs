@@ -18,6 +18,7 @@ use super::package::{self, CrdWrites, Outline, PackageError};
 use super::{InstallContext, InstallError, InstallKind, SAFETY_NET};
 use crate::api::common::HostObjectRef;
 use crate::api::stacks::Stack;
+use crate::runtime::api_errors::is_conflict;
 use crate::stacks::stream::PackageContents;
 
 /// When a reconcile that created or changed CRDs looks again if their events have not brought it
@@ -197,7 +198,7 @@ async fn write_stack<K: InstallKind>(
         }
         StackWrite::Create(desired) => match stacks.create(&PostParams::default(), &desired).await {
             Ok(_) => ("StackCreated", format!("created Stack {name} from {package}")),
-            Err(kube::Error::Api(status)) if status.code == 409 => return Ok(()),
+            Err(err) if is_conflict(&err) => return Ok(()),
             Err(err) => return Err(InstallError::Tenant(err)),
         },
     };

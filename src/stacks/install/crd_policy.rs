@@ -28,10 +28,9 @@ use kube::ResourceExt;
 
 use crate::api::crds::{SPEC_HASH_ANNOTATION, spec_hash};
 use crate::context::crd_groups::CrdGroups;
+pub use crate::stacks::MANAGED_CRD_LABEL;
 use crate::stacks::{CRD_PARENT_LABEL_PREFIX, crd_parent_label, reserved_group_owner};
 
-/// Label on tenant CRDs that a stack install created: only these are ever changed or deleted by stackd.
-pub const MANAGED_CRD_LABEL: &str = "stacks.stackd.dev/managed";
 /// Annotation on tenant CRDs: the package (image repository) they belong to.
 pub const PACKAGE_REPOSITORY_ANNOTATION: &str = "stacks.stackd.dev/package-repository";
 /// Annotation on tenant CRDs: the install that changes them, `<kind>/<namespace>/<name>`: the one that

@@ -130,7 +130,7 @@ pub(super) async fn retry<K: InstallKind>(
     }
     let jobs: Api<Job> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
     apply::delete(&jobs, observed).await.map_err(InstallError::HostApi)?;
-    info!(tenant = %tenant.name, install = %install.name_any(), attempt = attempt + 1, "retrying the install Job");
+    info!(attempt = attempt + 1, "retrying the install Job");
     let report = match start_job(install, ctx, parent, attempt + 1).await? {
         Continue(()) => {
             let mut report = Report::failed(reason, format!("{message}; retrying (attempt {})", attempt + 1));

@@ -24,7 +24,6 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Error as FinalizerError, Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
@@ -35,6 +34,7 @@ use crate::api::stacks::{ClusterStackInstall, InstallSpec, PermissionScope, Stac
 use crate::context::tenant::{TenantContext, TenantError};
 use crate::host::labels::{TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION};
 use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
+use crate::runtime::finalizer::{self, Cleanup, FinalizerError};
 use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::written::Written;
 use crate::stacks::{INSTALL_FINALIZER, crd_parent_label};
@@ -126,8 +126,8 @@ pub enum InstallError {
     Host(#[from] crate::host::apply::HostWriteError),
     #[error("host API request failed: {0}")]
     HostApi(#[source] kube::Error),
-    #[error("{0}")]
-    Finalizer(String),
+    #[error(transparent)]
+    Finalizer(#[from] FinalizerError),
     #[error(transparent)]
     Panicked(#[from] ReconcilePanic),
 }
@@ -144,17 +144,7 @@ impl ReconcileError for InstallError {
     }
 }
 
-/// A step of one reconcile inside the finalizer: failed, or (an uninstall) not finished yet, which
-/// keeps the finalizer without counting as an error.
-#[derive(Debug, thiserror::Error)]
-enum Step {
-    #[error(transparent)]
-    Failed(#[from] InstallError),
-    #[error("the uninstall is not finished")]
-    Unfinished(Action),
-}
-
-/// One reconcile of an install (§3.2, §3.4) inside kube's finalizer: the finalizer is added before
+/// One reconcile of an install (§3.2, §3.4) inside its finalizer: the finalizer is added before
 /// anything else is done, and removed once the uninstall is finished.
 async fn reconcile<K: InstallKind>(
     install: Arc<K>,
@@ -164,44 +154,34 @@ async fn reconcile<K: InstallKind>(
     let api: Api<K> = Api::namespaced(ctx.tenant.client.clone(), &install.namespace().unwrap_or_default());
     let deleting = install.meta().deletion_timestamp.is_some();
     let uid = install.uid().unwrap_or_default();
-    let outcome = finalizer(&api, INSTALL_FINALIZER, install, |event| async {
-        match event {
-            FinalizerEvent::Apply(install) => {
-                let (action, report) = reconcile::apply(install.as_ref(), &ctx).await?;
-                if let Some(report) = report {
-                    status::publish(install.as_ref(), &ctx, report).await?;
-                }
-                Ok(action)
+    let ctx = ctx.as_ref();
+    let outcome = finalizer::reconcile(
+        &api,
+        INSTALL_FINALIZER,
+        install,
+        |install| async move {
+            let (action, report) = reconcile::apply(install.as_ref(), ctx).await?;
+            if let Some(report) = report {
+                status::publish(install.as_ref(), ctx, report).await?;
             }
-            FinalizerEvent::Cleanup(install) => match uninstall::run(install.as_ref(), &ctx).await? {
-                uninstall::Progress::Done => Ok(Action::await_change()),
+            Ok(action)
+        },
+        |install| async move {
+            match uninstall::run(install.as_ref(), ctx).await? {
+                uninstall::Progress::Done => Ok(Cleanup::Done),
                 uninstall::Progress::Waiting(action, report) => {
-                    status::publish(install.as_ref(), &ctx, report).await?;
-                    Err(Step::Unfinished(action))
+                    status::publish(install.as_ref(), ctx, report).await?;
+                    Ok(Cleanup::Pending(action))
                 }
-            },
-        }
-    })
+            }
+        },
+    )
     .await;
     if deleting {
         ctx.unpacked.forget(&uid);
         ctx.written.forget(&uid);
     }
-    match outcome {
-        Ok(action) => Ok(action),
-        Err(FinalizerError::ApplyFailed(step) | FinalizerError::CleanupFailed(step)) => match step {
-            Step::Failed(err) => Err(err),
-            Step::Unfinished(action) => Ok(action),
-        },
-        // Our cached install was older than a change of its finalizers (our own write's watch event
-        // brings the current copy and another reconcile), or it is gone.
-        Err(
-            FinalizerError::AddFinalizer(kube::Error::Api(status))
-            | FinalizerError::RemoveFinalizer(kube::Error::Api(status)),
-        ) if matches!(status.code, 404 | 409 | 422) => Ok(Action::await_change()),
-        Err(FinalizerError::AddFinalizer(err) | FinalizerError::RemoveFinalizer(err)) => Err(InstallError::Tenant(err)),
-        Err(other) => Err(InstallError::Finalizer(other.to_string())),
-    }
+    outcome
 }
 
 /// The image of the install Job's `unpack` container when `--stackd-image` is not given.

@@ -79,7 +79,7 @@ pub(super) async fn event<K: InstallKind>(
         secondary: None,
     };
     if let Err(err) = ctx.tenant.recorder.publish(&event, &install.object_ref(&())).await {
-        tracing::debug!(tenant = %ctx.tenant.name, error = %err, "cannot publish an Event");
+        tracing::debug!(error = %err, "cannot publish an Event");
     }
 }
 

@@ -18,6 +18,7 @@ use crate::api::stacks::{InstallSpec, PermissionScope, Stack};
 use crate::context::pod_policy::PodPolicy;
 use crate::context::registries::AllowedRegistries;
 use crate::host::labels::{MANAGED_BY, MANAGED_BY_LABEL};
+use crate::runtime::api_errors::is_conflict;
 use crate::stacks::stack::deployment as stack_deployment;
 use crate::stacks::stream::PackageContents;
 use crate::stacks::unpack::generated_rules;
@@ -259,7 +260,7 @@ pub async fn apply_crds(
                     done.writes += 1;
                     done.definitions += 1;
                 }
-                Err(kube::Error::Api(status)) if status.code == 409 => done.raced = true,
+                Err(err) if is_conflict(&err) => done.raced = true,
                 Err(err) => return Err(err),
             },
             Some(existing) if crd_up_to_date(existing, &desired) => {}

@@ -9,6 +9,7 @@ use super::object::{Report, event};
 use super::{FAILURE_REASONS, FIELD_MANAGER, InstallContext, InstallError, InstallKind};
 use crate::api::common::LocalObjectReference;
 use crate::api::stacks::StackInstallStatus;
+use crate::runtime::api_errors::is_not_found;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::status_writer::apply_status;
 
@@ -30,7 +31,7 @@ pub(super) async fn publish<K: InstallKind>(
     let body = serde_json::to_value(&status).map_err(|e| InstallError::Tenant(kube::Error::SerdeError(e)))?;
     match apply_status(&api, install, FIELD_MANAGER, &body, None).await {
         Ok(stored) => ctx.written.record(&uid, stored.resource_version(), status),
-        Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+        Err(err) if is_not_found(&err) => return Ok(()),
         Err(err) => return Err(InstallError::Tenant(err)),
     }
     for (reason, message) in changed {

@@ -20,6 +20,7 @@ use super::package::controlled_by;
 use super::{InstallContext, InstallError, InstallKind, SAFETY_NET};
 use crate::api::stacks::Stack;
 use crate::host::apply;
+use crate::runtime::api_errors::{is_conflict, is_gone_or_conflict, is_not_found};
 use crate::stacks::crd_is_referenced;
 
 /// Where an uninstall stands after one pass.
@@ -75,7 +76,7 @@ async fn delete_stack<K: InstallKind>(install: &K, ctx: &InstallContext, stack: 
             .await;
             Ok(())
         }
-        Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => Ok(()),
+        Err(err) if is_gone_or_conflict(&err) => Ok(()),
         Err(err) => Err(InstallError::Tenant(err)),
     }
 }
@@ -110,7 +111,7 @@ async fn delete_host_objects<K: InstallKind>(install: &K, ctx: &InstallContext) 
             .await
         {
             Ok(_) => {}
-            Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => {}
+            Err(err) if is_gone_or_conflict(&err) => {}
             Err(err) => return Err(InstallError::HostApi(err)),
         }
     }
@@ -167,7 +168,7 @@ async fn release_crds(
                     labels = patched.labels().clone();
                     resource_version = patched.metadata.resource_version.clone();
                 }
-                Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409) => continue,
+                Err(err) if is_gone_or_conflict(&err) => continue,
                 Err(err) => return Err(InstallError::Tenant(err)),
             }
         }
@@ -185,8 +186,8 @@ async fn release_crds(
         };
         match crds.delete(&crd.name_any(), &params).await {
             Ok(_) => released.deleted.push(crd.name_any()),
-            Err(kube::Error::Api(status)) if status.code == 409 => released.kept.push(crd.name_any()),
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(err) if is_conflict(&err) => released.kept.push(crd.name_any()),
+            Err(err) if is_not_found(&err) => {}
             Err(err) => return Err(InstallError::Tenant(err)),
         }
     }

@@ -16,6 +16,7 @@ use super::context::{StackContext, StackError};
 use super::outcome::{Notes, Step};
 use super::tenant::{self, TenantIdentity, TenantWriteError};
 use crate::host::apply::Applied;
+use crate::runtime::api_errors::is_not_found;
 
 /// Writes `objects` up to where they stop to wait; hands forward how the token Secret was written
 /// (`observed_token` is its copy as read before).
@@ -164,7 +165,7 @@ where
 {
     match api.delete(name, &Default::default()).await {
         Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(err) if is_not_found(&err) => Ok(()),
         Err(err) => Err(err.into()),
     }
 }

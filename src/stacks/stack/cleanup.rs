@@ -5,7 +5,6 @@
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -19,12 +18,14 @@ use super::status::{publish, stack_key};
 use super::tenant::TenantIdentity;
 use super::token;
 use crate::api::stacks::Stack;
+use crate::runtime::api_errors::is_not_found;
+use crate::runtime::finalizer::Cleanup;
 use crate::stacks::crd_parent_label;
 
 /// §3.4, the Stack's half: host Deployment, host Secrets, tenant RBAC and persona roles, then this
 /// Stack's label on its CRDs. The ServiceAccount, RoleBinding and token Secret go with the Stack by
 /// their owner references.
-pub(super) async fn cleanup(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError> {
+pub(super) async fn cleanup(stack: &Stack, ctx: &StackContext) -> Result<Cleanup, StackError> {
     let tenant = &ctx.tenant;
     let caches = &ctx.caches;
     let identity = TenantIdentity::of(stack);
@@ -65,7 +66,7 @@ pub(super) async fn cleanup(stack: &Stack, ctx: &StackContext) -> Result<Action,
             .await
         {
             Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(err) if is_not_found(&err) => {}
             Err(err) => return Err(err.into()),
         }
     }
@@ -74,6 +75,6 @@ pub(super) async fn cleanup(stack: &Stack, ctx: &StackContext) -> Result<Action,
         .forget(&identity.namespace, &token::tenant_secret_name(&identity));
     ctx.reported.forget(&stack_key(stack));
     ctx.written.forget(&stack.uid().unwrap_or_default());
-    info!(tenant = %tenant.name, stack = %stack_key(stack), host_objects = removed, "stack uninstalled");
-    Ok(Action::await_change())
+    info!(host_objects = removed, "stack uninstalled");
+    Ok(Cleanup::Done)
 }

@@ -17,6 +17,7 @@ use crate::api::stacks::StackStatus;
 use crate::context::tenant::TenantContext;
 use crate::host::apply::HostWriteError;
 use crate::runtime::controller::ReconcileError;
+use crate::runtime::finalizer::FinalizerError;
 use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::written::Written;
 
@@ -77,8 +78,8 @@ pub enum StackError {
     Host(#[from] HostWriteError),
     #[error(transparent)]
     Tenant(#[from] TenantWriteError),
-    #[error("{0}")]
-    Finalizer(String),
+    #[error(transparent)]
+    Finalizer(#[from] FinalizerError),
     #[error(transparent)]
     Panicked(#[from] ReconcilePanic),
 }

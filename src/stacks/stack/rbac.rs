@@ -14,25 +14,12 @@ use kube::ResourceExt;
 
 use super::tenant::TenantIdentity;
 use crate::api::stacks::{PermissionScope, Stack, StackSpec};
-use crate::stacks::install::crd_policy::MANAGED_CRD_LABEL;
+use crate::stacks::rbac_verbs::ALLOWED_VERBS;
 use crate::stacks::unpack::split_dependency;
-use crate::stacks::{crd_parent_label, reserved_group_owner};
+use crate::stacks::{MANAGED_CRD_LABEL, crd_parent_label, reserved_group_owner};
 
 /// Core resources every stack may use: the default rule `stackd unpack` generates.
 const DEFAULT_CORE_RESOURCES: [&str; 3] = ["configmaps", "events", "secrets"];
-
-/// The verbs a stack's rules may use: reading and writing objects. Everything else — `*`, `escalate`,
-/// `bind`, `impersonate`, `approve`, ... — would reach beyond the objects themselves.
-pub const ALLOWED_VERBS: [&str; 8] = [
-    "get",
-    "list",
-    "watch",
-    "create",
-    "update",
-    "patch",
-    "delete",
-    "deletecollection",
-];
 
 /// Personas a stack's CRDs are aggregated into, with the verbs each gets: admin and edit all a
 /// stack's rules may use, view the reading ones.

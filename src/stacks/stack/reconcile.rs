@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Error as FinalizerError, Event as FinalizerEvent, finalizer};
 use kube::{Api, ResourceExt};
 
 use super::build::{self, HostNames, HostPlan};
@@ -21,6 +20,7 @@ use super::{apply_host, apply_tenant, observe};
 use crate::api::stacks::Stack;
 use crate::host::apply::Applied;
 use crate::runtime::controller::Permit;
+use crate::runtime::finalizer;
 use crate::stacks::STACK_FINALIZER;
 
 /// How often a Stack with pull secrets reads them again: the tenant's Secrets are not watched (only
@@ -42,27 +42,15 @@ pub(super) async fn reconcile(
         return Ok(Action::await_change());
     }
     let api: Api<Stack> = Api::namespaced(tenant.client.clone(), &stack.namespace().unwrap_or_default());
-    let action = finalizer(&api, STACK_FINALIZER, stack, |event| async {
-        match event {
-            FinalizerEvent::Apply(stack) => apply(&stack, &ctx).await,
-            FinalizerEvent::Cleanup(stack) => cleanup(&stack, &ctx).await,
-        }
-    })
-    .await;
-    let action = match action {
-        Ok(action) => action,
-        Err(FinalizerError::ApplyFailed(err) | FinalizerError::CleanupFailed(err)) => return Err(err),
-        // Our cached Stack was older than our own last write (its finalizers changed): that write's
-        // watch event brings the current copy and another reconcile.
-        Err(
-            FinalizerError::AddFinalizer(kube::Error::Api(status))
-            | FinalizerError::RemoveFinalizer(kube::Error::Api(status)),
-        ) if status.code == 409 || status.code == 422 => Action::await_change(),
-        // The Stack is gone already (our cached copy still showed the finalizer): done.
-        Err(FinalizerError::RemoveFinalizer(kube::Error::Api(status))) if status.code == 404 => Action::await_change(),
-        Err(other) => return Err(StackError::Finalizer(other.to_string())),
-    };
-    Ok(action)
+    let ctx = ctx.as_ref();
+    finalizer::reconcile(
+        &api,
+        STACK_FINALIZER,
+        stack,
+        |stack| async move { apply(&stack, ctx).await },
+        |stack| async move { cleanup(&stack, ctx).await },
+    )
+    .await
 }
 
 /// Converges the Stack, then reports the outcome (a brief wait unreported unless it lasts).

@@ -78,7 +78,7 @@ pub(super) async fn report(
         let stored = apply_status(&api, stack, FIELD_MANAGER, &body, None).await?;
         ctx.written.record(&uid, stored.resource_version(), status);
         if ready_changed {
-            info!(tenant = %tenant.name, stack = %key, ready = outcome.ready, reason = outcome.reason, "stack status");
+            info!(ready = outcome.ready, reason = outcome.reason, "stack status");
         }
     }
     ctx.reported.set(&key, outcome.ready, outcome.reason);
@@ -130,6 +130,6 @@ pub(super) async fn publish(tenant: &TenantContext, stack: &Stack, type_: EventT
         secondary: None,
     };
     if let Err(err) = tenant.recorder.publish(&event, &stack.object_ref(&())).await {
-        debug!(tenant = %tenant.name, error = %err, "cannot publish an Event on the Stack");
+        debug!(error = %err, "cannot publish an Event on the Stack");
     }
 }

@@ -16,6 +16,7 @@ use crate::api::stacks::Stack;
 use crate::host::apply::{Applied, contains};
 use crate::host::labels::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::host::names::label_value;
+use crate::runtime::api_errors::is_conflict;
 
 /// Names the Stack a tenant object belongs to: `<namespace>/<name>`.
 pub const STACK_ANNOTATION: &str = "stacks.stackd.dev/stack";
@@ -109,7 +110,7 @@ where
         None => match api.create(&PostParams::default(), desired).await {
             Ok(_) => return Ok(Applied::Created),
             // The cache is behind: read what is there and decide from it.
-            Err(kube::Error::Api(status)) if status.code == 409 => api.get(&name).await?,
+            Err(err) if is_conflict(&err) => api.get(&name).await?,
             Err(err) => return Err(err.into()),
         },
     };
