@@ -226,23 +226,53 @@ struct ObjectSource {
     retry_at: Option<Instant>,
 }
 
+/// The Tenant watch's backoff: kube's default, started over only once the Tenants are listed.
+/// The watcher's `Init`, which comes before every attempt to list, would start it over otherwise,
+/// and a host without the Tenant CRD would be asked for Tenants about once a second.
+#[derive(Clone, Default)]
+struct ListedBackoff {
+    inner: Arc<Mutex<watcher::DefaultBackoff>>,
+}
+
+impl Iterator for ListedBackoff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        lock(&self.inner).next()
+    }
+}
+
+impl kube::runtime::utils::Backoff for ListedBackoff {
+    fn reset(&mut self) {}
+}
+
+impl ListedBackoff {
+    fn listed(&self) {
+        kube::runtime::utils::Backoff::reset(&mut *lock(&self.inner));
+    }
+}
+
 /// What the Tenant watch has come to.
 #[derive(Default)]
 struct WatchState {
     listed_at: Option<Instant>,
     first_sent: bool,
     failing: bool,
+    backoff: ListedBackoff,
 }
 
 impl WatchState {
     /// Notes a watch event; whether the Tenants may have changed.
     fn note(&mut self, event: Result<Event<Tenant>, watcher::Error>) -> bool {
         match event {
+            // Before every attempt to list: nothing is known yet.
+            Ok(Event::Init) => false,
             Ok(event) => {
                 if self.failing {
                     info!("Tenant objects are listed again");
                 }
                 self.failing = false;
+                self.backoff.listed();
                 if matches!(event, Event::InitDone) && self.listed_at.is_none() {
                     self.listed_at = Some(Instant::now());
                 }
@@ -270,11 +300,15 @@ impl ObjectSource {
         cancel: CancellationToken,
     ) {
         let api: Api<Tenant> = Api::all(self.host.clone());
+        let state_backoff = ListedBackoff::default();
         let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
+            .backoff(state_backoff.clone())
             .reflect(writer)
             .boxed();
-        let mut state = WatchState::default();
+        let mut state = WatchState {
+            backoff: state_backoff,
+            ..WatchState::default()
+        };
         loop {
             let retry_at = self.retry_at;
             let mut touched = false;
