@@ -138,6 +138,8 @@ pub(super) async fn run(
         wake: done.wake,
         ..Executed::default()
     };
+    // Counted on every pass: it also forgets the planned records of clusters that are gone.
+    let mut usage = machines::usage(ctx, &observed.cds, &observed.expected_created);
     let Some(add) = &plan.add else {
         return Ok(executed);
     };
@@ -150,7 +152,6 @@ pub(super) async fn run(
         }
     };
     let version = pool_version(pool);
-    let mut usage = machines::usage(ctx, &observed.cds, &observed.expected_created);
     let mut leases = add.leases.iter();
     for _ in 0..add.count {
         let cd_name = cluster_name(&pool.name_any());
