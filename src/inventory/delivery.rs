@@ -12,53 +12,13 @@ use kube::api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patc
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
 
-use super::asset::role_label;
-use super::{CLUSTER_LABEL, ROLE_LABEL};
+use super::remote_host::{DeliveryError, MACHINE_API_NAMESPACE};
+use super::{CLUSTER_LABEL, ROLE_LABEL, role_label};
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::ClusterDeployment;
 use crate::runtime::api_errors::{is_conflict, is_not_found};
-use crate::runtime::cause::diagnose;
-use crate::runtime::panics::ReconcilePanic;
-use crate::runtime::untrusted_kubeconfig::{UntrustedKubeconfigError, config_from_untrusted};
+use crate::runtime::untrusted_kubeconfig::config_from_untrusted;
 use crate::runtime::untrusted_server;
-
-/// Namespace of BareMetalHosts on a managed cluster.
-pub const MACHINE_API_NAMESPACE: &str = "openshift-machine-api";
-
-#[derive(Debug, thiserror::Error)]
-pub enum DeliveryError {
-    #[error("the admin kubeconfig of cluster {0} is missing or unreadable: {1}")]
-    Kubeconfig(String, String),
-    /// The tenant-writable admin kubeconfig asks for something stackd never does for a tenant.
-    #[error("the admin kubeconfig of cluster {cluster} in Secret {secret} was refused: {reason}")]
-    KubeconfigRefused {
-        cluster: String,
-        secret: String,
-        #[source]
-        reason: UntrustedKubeconfigError,
-    },
-    /// What the cluster answered, reduced by [`untrusted_server::sanitize`]: its address came
-    /// from the tenant.
-    #[error("managed cluster request failed: {}", diagnose(.0))]
-    Remote(#[source] kube::Error),
-    #[error("the managed cluster timed out: one delivery took longer than {0:?} (see --managed-cluster-timeout)")]
-    TimedOut(Duration),
-    #[error("tenant API request failed: {0}")]
-    Tenant(#[source] kube::Error),
-    /// A bug in stackd's delivery code, contained to this asset.
-    #[error(transparent)]
-    Panicked(#[from] ReconcilePanic),
-}
-
-impl DeliveryError {
-    /// The condition and Event reason for this failure.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            DeliveryError::KubeconfigRefused { .. } => "AdminKubeconfigRefused",
-            _ => "DeliveryFailed",
-        }
-    }
-}
 
 fn bmh_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
@@ -68,13 +28,13 @@ fn bmh_resource() -> ApiResource {
 }
 
 /// Name of the BMC Secret on the managed cluster.
-pub fn remote_secret_name(asset: &BareMetalAsset) -> String {
+pub(crate) fn remote_secret_name(asset: &BareMetalAsset) -> String {
     format!("{}-bmc-secret", asset.name_any())
 }
 
 /// A managed cluster as the tenant's admin kubeconfig describes it: every exchange with it is
 /// bounded in time and size, and its answers are sanitised, because the address is the tenant's.
-pub struct ManagedCluster {
+pub(crate) struct ManagedCluster {
     client: Client,
     /// Bound on one whole delivery or detach, each a handful of requests.
     deadline: Duration,
@@ -85,7 +45,7 @@ const REQUESTS_PER_EXCHANGE: u32 = 6;
 
 /// A client for the cluster, from its admin kubeconfig Secret in the tenant. The Secret is
 /// tenant-writable, so only the allow-listed inline data of the kubeconfig is used.
-pub async fn cluster_client(
+pub(crate) async fn cluster_client(
     tenant: &Client,
     cd: &ClusterDeployment,
     timeout: Duration,
@@ -128,7 +88,7 @@ fn remote_failure(err: kube::Error) -> DeliveryError {
 
 /// Creates or updates the host's Secret and BareMetalHost on the cluster. Returns true once the
 /// BareMetalHost is there as the asset says (false: a stale one was removed, come back).
-pub async fn deliver(
+pub(crate) async fn deliver(
     managed: &ManagedCluster,
     asset: &BareMetalAsset,
     credentials: &BTreeMap<String, ByteString>,
@@ -310,7 +270,7 @@ where
 
 /// Removes the BareMetalHost (metal3 deprovisions it) and its Secret from the cluster. Returns true
 /// once both are gone.
-pub async fn detach(managed: &ManagedCluster, asset: &BareMetalAsset) -> Result<bool, DeliveryError> {
+pub(crate) async fn detach(managed: &ManagedCluster, asset: &BareMetalAsset) -> Result<bool, DeliveryError> {
     within(managed.deadline, detach_from(&managed.client, asset)).await
 }
 

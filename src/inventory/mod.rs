@@ -1,23 +1,34 @@
 //! The bare-metal inventory (DESIGN.md §5): per tenant, the BareMetalAsset controller (labels,
 //! credentials, conditions, Events). Pools assign assets (`crate::pools::hosts`).
 
-pub mod asset;
-pub mod delivery;
+mod asset;
+mod delivery;
+mod remote_host;
 
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
+use crate::api::inventory::AssetRole;
 use crate::context::tenant::{TenantContext, TenantError};
 
 /// Label mirroring `spec.role` ("" for an asset without a role).
-pub const ROLE_LABEL: &str = "inventory.stackd.dev/role";
+pub(crate) const ROLE_LABEL: &str = "inventory.stackd.dev/role";
 /// Label mirroring `spec.clusterName`; absent while the asset is unassigned.
-pub const CLUSTER_LABEL: &str = "inventory.stackd.dev/cluster";
+pub(crate) const CLUSTER_LABEL: &str = "inventory.stackd.dev/cluster";
+
+/// The [`ROLE_LABEL`] value of a role; "" for an asset that may fill either.
+pub(crate) fn role_label(role: Option<AssetRole>) -> &'static str {
+    match role.unwrap_or_default() {
+        AssetRole::Master => "master",
+        AssetRole::Worker => "worker",
+        AssetRole::Unspecified => "",
+    }
+}
 
 /// Runs the inventory controllers of one tenant until `cancel` fires.
-pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
+pub(crate) async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
     // The controller stops by itself on `cancel` (runtime::shutdown); stopping before that is a
     // failure of the tenant.
     // Aborted with this task: a detached controller would go on beside a restarted tenant.

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use super::buckets::{Bucket, Buckets, created};
-use super::pool::{PoolError, Round};
+use super::pass::{AFTER_A_LOST_RACE, PoolError, Wake};
 use crate::api::pools::{ClusterClaim, ClusterClaimStatus, ClusterDeployment, ClusterPool, ClusterPoolSpec};
 use crate::context::events::publish;
 use crate::context::tenant::TenantContext;
@@ -26,7 +26,7 @@ use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::status_writer::apply_status;
 
 /// The field manager of claim status writes (made by the claim and the pool controllers alike).
-pub const FIELD_MANAGER: &str = "stackd/claim";
+pub(crate) const FIELD_MANAGER: &str = "stackd/claim";
 
 struct Ctx {
     tenant: Arc<TenantContext>,
@@ -34,7 +34,7 @@ struct Ctx {
 }
 
 /// Reports claims whose pool does not exist (the pool controller handles every other claim).
-pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
+pub(crate) async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     let pools = context.caches.tenant_guarded::<ClusterPool>();
     let claims = context.caches.tenant_guarded::<ClusterClaim>();
     let claims_of_pool = claims.store();
@@ -57,7 +57,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum ClaimError {
+pub(crate) enum ClaimError {
     #[error("tenant API request failed: {0}")]
     Tenant(#[from] kube::Error),
     #[error(transparent)]
@@ -109,10 +109,10 @@ async fn reconcile_claim(claim: Arc<ClusterClaim>, ctx: Arc<Ctx>) -> Result<Acti
 
 /// The longest duration a claim lifetime may name (ten years): anything longer is refused, as it
 /// would overflow the clock arithmetic of the requeue that waits for it.
-pub const LONGEST_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+pub(crate) const LONGEST_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 /// Parses a Go duration (`8h`, `90m`, `1h30m`, `1.5h`) of at most [`LONGEST_DURATION`].
-pub fn parse_duration(text: &str) -> Option<Duration> {
+pub(crate) fn parse_duration(text: &str) -> Option<Duration> {
     let re = regex::Regex::new(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)").ok()?;
     let mut total = 0f64;
     let mut consumed = 0;
@@ -142,7 +142,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
 }
 
 /// The claim's lifetime: its own, else the pool's default, capped by the pool's maximum.
-pub fn lifetime(claim: &ClusterClaim, pool: &ClusterPoolSpec) -> Option<Duration> {
+pub(crate) fn lifetime(claim: &ClusterClaim, pool: &ClusterPoolSpec) -> Option<Duration> {
     let limits = pool.claim_lifetime.clone().unwrap_or_default();
     let wanted = claim
         .spec
@@ -158,13 +158,13 @@ pub fn lifetime(claim: &ClusterClaim, pool: &ClusterPoolSpec) -> Option<Duration
 }
 
 /// Time left before a claim assigned at `claimed` expires (zero when past).
-pub fn remaining(lifetime: Duration, claimed: &Time) -> Duration {
+pub(crate) fn remaining(lifetime: Duration, claimed: &Time) -> Duration {
     let elapsed = Duration::try_from(Timestamp::now().duration_since(claimed.0)).unwrap_or_default();
     lifetime.saturating_sub(elapsed)
 }
 
 /// Writes the claim's status when it differs (merge patch of the status subresource).
-pub async fn set_status(
+pub(crate) async fn set_status(
     api: &Api<ClusterClaim>,
     claim: &ClusterClaim,
     namespace: Option<String>,
@@ -247,23 +247,31 @@ pub(super) fn match_claims<'a>(
     }
 }
 
+/// What assigning clusters to claims leaves behind.
+pub(super) struct Assigned {
+    /// The buckets with the clusters claimed in this pass moved to `Claimed`.
+    pub(super) buckets: Buckets,
+    /// How many claims still wait (the pool adds a cluster for each).
+    pub(super) pending_claims: i64,
+    pub(super) wake: Wake,
+}
+
 /// Assigns ready clusters to waiting claims as [`match_claims`] pairs them; keeps each assigned
-/// claim's status; deletes claims past their lifetime. Returns how many claims still wait (the pool
-/// adds a cluster for each).
+/// claim's status; deletes claims past their lifetime.
 pub(super) async fn assign(
     tenant: &TenantContext,
     pool: &ClusterPool,
     cds: &[Arc<ClusterDeployment>],
     claims: &BTreeMap<String, Arc<ClusterClaim>>,
-    buckets: &mut Buckets,
-    round: &mut Round,
-) -> Result<i64, PoolError> {
+    mut buckets: Buckets,
+) -> Result<Assigned, PoolError> {
+    let mut wake = Wake::default();
     let claims_api = Api::<ClusterClaim>::namespaced(tenant.client.clone(), &pool.namespace().unwrap_or_default());
     let Matching {
         pairs,
         waiting,
         mut claimed,
-    } = match_claims(cds, claims, buckets);
+    } = match_claims(cds, claims, &buckets);
     let mut pending_claims = 0;
     for (claim, cd) in pairs {
         match claim_cluster(tenant, claim, &cd).await? {
@@ -273,7 +281,7 @@ pub(super) async fn assign(
             }
             None => {
                 pending_claims += 1;
-                round.soon(Duration::from_millis(200));
+                wake.soon(AFTER_A_LOST_RACE);
             }
         }
     }
@@ -288,11 +296,17 @@ pub(super) async fn assign(
     }
     for (claim_name, cd) in &claimed {
         let Some(claim) = claims.get(claim_name) else { continue };
-        if claim.metadata.deletion_timestamp.is_none() {
-            keep_claimed(tenant, pool, &claims_api, claim, cd, round).await?;
+        if claim.metadata.deletion_timestamp.is_none()
+            && let Some(left) = keep_claimed(tenant, pool, &claims_api, claim, cd).await?
+        {
+            wake.soon(left);
         }
     }
-    Ok(pending_claims)
+    Ok(Assigned {
+        buckets,
+        pending_claims,
+        wake,
+    })
 }
 
 /// Writes the claim into `cd`'s pool reference; `None` when someone else changed `cd` first.
@@ -324,17 +338,18 @@ async fn claim_cluster(
     }
 }
 
-/// An assigned claim: deleted once past its lifetime, else its status names its cluster.
+/// An assigned claim: deleted once past its lifetime, else its status names its cluster. Returns
+/// how long the claim has left, when it has a lifetime.
 async fn keep_claimed(
     tenant: &TenantContext,
     pool: &ClusterPool,
     claims_api: &Api<ClusterClaim>,
     claim: &ClusterClaim,
     cd: &ClusterDeployment,
-    round: &mut Round,
-) -> Result<(), PoolError> {
+) -> Result<Option<Duration>, PoolError> {
     let claim_name = claim.name_any();
     let lifetime = lifetime(claim, &pool.spec);
+    let mut left_over = None;
     let claimed = cd
         .spec
         .cluster_pool_ref
@@ -353,12 +368,12 @@ async fn keep_claimed(
             )
             .await;
             return match claims_api.delete(&claim_name, &DeleteParams::default()).await {
-                Ok(_) => Ok(()),
-                Err(err) if is_not_found(&err) => Ok(()),
+                Ok(_) => Ok(None),
+                Err(err) if is_not_found(&err) => Ok(None),
                 Err(err) => Err(err.into()),
             };
         }
-        round.soon(left);
+        left_over = Some(left);
     }
     let message = format!(
         "Cluster {0} assigned; its admin kubeconfig is in Secret {0}-admin-kubeconfig in namespace {0}",
@@ -374,7 +389,7 @@ async fn keep_claimed(
         message,
     )
     .await?;
-    Ok(())
+    Ok(left_over)
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use super::failure_domains::{HASH_ANNOTATION, INVALID_KEY, RECORD_KEY, record_ha
 use super::install_config;
 use super::machines::MachinePlan;
 use super::membership::{POOL_UID_ANNOTATION, PoolIdentity, namespace_markers};
-use super::pool::{Ctx, PoolError, Round};
+use super::pass::{Ctx, PoolError};
 use super::{CDC_GENERATION_ANNOTATION, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, POOL_VERSION_ANNOTATION};
 use crate::api::common::LocalObjectReference;
 use crate::api::pools::{
@@ -41,7 +41,20 @@ pub(super) struct Inputs {
     credentials: Option<Secret>,
 }
 
-pub(super) async fn read_inputs(pool: &ClusterPool, ctx: &Ctx, round: &mut Round) -> Result<Option<Inputs>, PoolError> {
+/// What the pool's Secrets give: every cluster's inputs, or what is missing.
+pub(super) enum Read {
+    Found(Box<Inputs>),
+    /// The Secrets (or their contents) the pool needs and lacks.
+    Missing(Vec<String>),
+}
+
+/// How soon a pool lacking Secrets looks again: tenant Secrets are not watched (too many).
+pub(super) fn missing_recheck(ctx: &Ctx) -> Duration {
+    let settings = &ctx.tenant.shared.settings;
+    settings.backoff.base.saturating_mul(10).min(Duration::from_secs(30))
+}
+
+pub(super) async fn read_inputs(pool: &ClusterPool, ctx: &Ctx) -> Result<Read, PoolError> {
     let ns = pool.namespace().unwrap_or_default();
     let secrets = Api::<Secret>::namespaced(ctx.tenant.client.clone(), &ns);
     let spec = &pool.spec;
@@ -62,11 +75,12 @@ pub(super) async fn read_inputs(pool: &ClusterPool, ctx: &Ctx, round: &mut Round
                 .as_ref()
                 .map(|b| b.credentials_secret_ref.name.clone())
         });
+    let mut missing = Vec::new();
     let mut get = async |what: &str, name: Option<String>| -> Result<Option<Secret>, PoolError> {
         let Some(name) = name else { return Ok(None) };
         let found = secrets.get_opt(&name).await?;
         if found.is_none() {
-            round.missing_dependencies.push(format!("{what} Secret {name}"));
+            missing.push(format!("{what} Secret {name}"));
         }
         Ok(found)
     };
@@ -77,11 +91,8 @@ pub(super) async fn read_inputs(pool: &ClusterPool, ctx: &Ctx, round: &mut Round
     .await?;
     let pull = get("pull", spec.pull_secret_ref.as_ref().map(|r| r.name.clone())).await?;
     let credentials = get("credentials", credentials_name).await?;
-    if !round.missing_dependencies.is_empty() {
-        // Tenant Secrets are not watched (too many); look again soon.
-        let settings = &ctx.tenant.shared.settings;
-        round.soon(settings.backoff.base.saturating_mul(10).min(Duration::from_secs(30)));
-        return Ok(None);
+    if !missing.is_empty() {
+        return Ok(Read::Missing(missing));
     }
     let text = template_secret
         .as_ref()
@@ -91,33 +102,37 @@ pub(super) async fn read_inputs(pool: &ClusterPool, ctx: &Ctx, round: &mut Round
         .unwrap_or_default();
     // Up to a Secret's megabyte of tenant YAML: parsed on the blocking pool.
     match super::off_the_async_workers(move || install_config::parse_template(&text)).await {
-        Ok(template) => Ok(Some(Inputs {
+        Ok(template) => Ok(Read::Found(Box::new(Inputs {
             template,
             pull,
             credentials,
-        })),
-        Err(err) => {
-            round
-                .missing_dependencies
-                .push(format!("a valid install-config.yaml in the template Secret ({err})"));
-            let settings = &ctx.tenant.shared.settings;
-            round.soon(settings.backoff.base.saturating_mul(10).min(Duration::from_secs(30)));
-            Ok(None)
-        }
+        }))),
+        Err(err) => Ok(Read::Missing(vec![format!(
+            "a valid install-config.yaml in the template Secret ({err})"
+        )])),
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// One cluster to create, with what it is built from.
+pub(super) struct NewCluster<'a> {
+    pub(super) name: &'a str,
+    /// The pool version it is built at.
+    pub(super) version: &'a str,
+    /// The CDC leased for it, if the pool has an inventory.
+    pub(super) cdc: Option<&'a Cdc>,
+    pub(super) plan: &'a MachinePlan,
+}
+
+/// Creates the cluster's namespace, Secrets (`rendered` is its install config) and
+/// ClusterDeployment.
 pub(super) async fn create_cluster(
     pool: &ClusterPool,
     ctx: &Ctx,
     inputs: &Inputs,
-    cd_name: &str,
-    version: &str,
+    new: &NewCluster<'_>,
     rendered: BTreeMap<String, String>,
-    cdc: Option<&Cdc>,
-    plan: &MachinePlan,
 ) -> Result<(), PoolError> {
+    let (cd_name, version, cdc, plan) = (new.name, new.version, new.cdc, new.plan);
     let client = &ctx.tenant.client;
     // The namespace is the proof that this pool created the cluster (see membership).
     let identity = PoolIdentity::of(pool);

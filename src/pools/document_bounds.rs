@@ -8,28 +8,28 @@ use std::fmt::{self, Write};
 use serde_json::Value;
 
 /// The largest install config stackd renders, serialized as compact JSON.
-pub const MAX_CONFIG_BYTES: usize = 1 << 20;
+pub(crate) const MAX_CONFIG_BYTES: usize = 1 << 20;
 /// The deepest nesting of lists and mappings in an install config stackd renders (a real one nests
 /// fewer than ten levels). `serde_json::Value`'s clone, drop and serialization recurse, so a
 /// document must never get far past this.
-pub const MAX_CONFIG_DEPTH: usize = 64;
+pub(crate) const MAX_CONFIG_DEPTH: usize = 64;
 
 /// The bounds a document is held to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Bounds {
-    pub max_bytes: usize,
-    pub max_depth: usize,
+pub(crate) struct Bounds {
+    pub(crate) max_bytes: usize,
+    pub(crate) max_depth: usize,
 }
 
 /// The install config's bounds.
-pub const INSTALL_CONFIG: Bounds = Bounds {
+pub(crate) const INSTALL_CONFIG: Bounds = Bounds {
     max_bytes: MAX_CONFIG_BYTES,
     max_depth: MAX_CONFIG_DEPTH,
 };
 
 /// Which bound a document passed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Exceeded {
+pub(crate) enum Exceeded {
     #[error("it would be larger than {} serialized, the most stackd renders", show_bytes(*max_bytes))]
     Size { max_bytes: usize },
     #[error("it would nest lists and mappings deeper than {max_depth} levels, the most stackd renders")]
@@ -49,11 +49,11 @@ fn show_bytes(bytes: usize) -> String {
 
 /// What a document within its bounds measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Measured {
+pub(crate) struct Measured {
     /// Its length as compact JSON (`serde_json::to_string`).
-    pub bytes: usize,
+    pub(crate) bytes: usize,
     /// Levels of lists and mappings: 0 for a scalar, 1 for `{"a": 1}`.
-    pub depth: usize,
+    pub(crate) depth: usize,
 }
 
 /// Where the walk is inside one list or mapping.
@@ -64,7 +64,7 @@ enum Frame<'a> {
 
 /// Measures `value`, stopping at the first bound it passes. The work done is bounded by
 /// `bounds.max_bytes` (every node adds at least one byte) and the memory by `bounds.max_depth`.
-pub fn measure(value: &Value, bounds: Bounds) -> Result<Measured, Exceeded> {
+pub(crate) fn measure(value: &Value, bounds: Bounds) -> Result<Measured, Exceeded> {
     let mut walk = Walk {
         bounds,
         bytes: 0,

@@ -17,20 +17,23 @@ use serde_json::Value;
 use tracing::info;
 
 use super::buckets::{Bucket, Buckets};
-use super::create::{Inputs, cluster_name, config_data, create_cluster, read_inputs};
-use super::hosts;
+use super::create::{
+    Inputs, NewCluster, Read, cluster_name, config_data, create_cluster, missing_recheck, read_inputs,
+};
+use super::host_selection;
+use super::hosts::{self, Taken};
 use super::install_config;
-use super::leases::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX};
+use super::lease_state::{BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX};
+use super::leases;
 use super::machines::{self, MachinePlan};
 use super::membership::{self, PoolIdentity};
-use super::plan::{self, Add, Delete, Why};
-use super::pool::{Ctx, FIELD_MANAGER, PoolError, RESYNC, Round};
+use super::pass::{AFTER_A_LOST_RACE, Ctx, Executed, FIELD_MANAGER, Fresh, Observed, PoolError, RESYNC, Wake};
+use super::plan::{self, Delete, Plan, Why};
 use super::set_finalizers;
 use super::status;
+use super::version::pool_version;
 use crate::api::inventory::BareMetalAsset;
-use crate::api::pools::{
-    ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, FailureDomainStatus, HostRole,
-};
+use crate::api::pools::{ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, HostRole};
 use crate::context::events::publish;
 use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::finalizer::Cleanup;
@@ -39,25 +42,40 @@ use crate::runtime::status_writer::apply_status;
 
 type Cdc = ClusterDeploymentCustomization;
 
+/// What the planned deletions did.
+pub(super) struct Deletions {
+    /// Clusters deleted, in order.
+    pub(super) deleted: Vec<String>,
+    /// The broken cluster whose BrokenByCloud mark lost a race (409), if any: it is left for the
+    /// next pass, and nothing after it was done, so the plan can be made again.
+    pub(super) kept: Option<String>,
+    pub(super) fresh: Fresh,
+    pub(super) wake: Wake,
+}
+
 /// Deletes the planned clusters in order; a broken cluster's CDC is marked BrokenByCloud first.
-/// Clusters whose claim was deleted or that broke move to `Deleting` in `buckets`; every deleted
-/// one is added to `deleted`. Returns the broken cluster whose mark lost a race (409), if any: it
-/// is left for the next pass, and nothing after it is done, so the plan can be made again.
+/// Clusters whose claim was deleted or that broke move to `Deleting` in `buckets`. `fresh`: the
+/// CDC copies the pass wrote so far, returned with this step's.
 pub(super) async fn deletes(
     ctx: &Ctx,
     pool: &ClusterPool,
     deletes: &[Delete],
     cdcs: &BTreeMap<String, Arc<Cdc>>,
     buckets: &mut Buckets,
-    round: &mut Round,
-    deleted: &mut Vec<String>,
-) -> Result<Option<String>, PoolError> {
+    fresh: Fresh,
+) -> Result<Deletions, PoolError> {
     let tenant = &ctx.tenant;
     let cdc_api = Api::<Cdc>::namespaced(tenant.client.clone(), &pool.namespace().unwrap_or_default());
+    let mut done = Deletions {
+        deleted: Vec::new(),
+        kept: None,
+        fresh,
+        wake: Wake::default(),
+    };
     for Delete { cd, why } in deletes {
         let cd_name = cd.name_any();
         if let Why::Broken { mark: Some(entry) } = why
-            && let Some(cdc) = newest(round.written.get(entry).cloned(), cdcs.get(entry).cloned())
+            && let Some(cdc) = done.fresh.newest(entry, cdcs.get(entry))
         {
             let message = format!(
                 "Cluster {cd_name} failed to install; this may or may not be the fault of the patches. It is retried after a backoff"
@@ -65,13 +83,14 @@ pub(super) async fn deletes(
             match leases::set_apply_result(&cdc_api, &cdc, BROKEN_BY_CLOUD, message.clone()).await {
                 Ok(written) => {
                     if let Some(written) = written {
-                        round.written.insert(entry.clone(), written);
+                        done.fresh.record(written);
                     }
                     publish(tenant, &*cdc, true, BROKEN_BY_CLOUD, message).await;
                 }
                 Err(err) if is_conflict(&err) => {
-                    round.soon(Duration::from_millis(200));
-                    return Ok(Some(cd_name));
+                    done.wake.soon(AFTER_A_LOST_RACE);
+                    done.kept = Some(cd_name);
+                    return Ok(done);
                 }
                 Err(err) => return Err(err.into()),
             }
@@ -83,9 +102,9 @@ pub(super) async fn deletes(
         if matches!(why, Why::ClaimDeleted | Why::Broken { .. } | Why::InvalidMachineSpec) {
             buckets.set(&cd_name, Bucket::Deleting);
         }
-        deleted.push(cd_name);
+        done.deleted.push(cd_name);
     }
-    Ok(None)
+    Ok(done)
 }
 
 async fn delete_cd(api: &Api<ClusterDeployment>, cd: &ClusterDeployment, why: &str) -> Result<(), PoolError> {
@@ -104,69 +123,88 @@ async fn delete_cd(api: &Api<ClusterDeployment>, cd: &ClusterDeployment, why: &s
     }
 }
 
-/// The pool's failure domains and their use so far, for placing new clusters' machines.
-pub(super) struct Placement<'a> {
-    pub(super) domains: &'a BTreeMap<String, FailureDomainStatus>,
-    pub(super) usage: &'a mut BTreeMap<String, usize>,
-}
-
-/// Adds up to `add.count` clusters (§4.3.2 order: name → lease → hosts → namespace, Secrets,
-/// ClusterDeployment), leasing the entries in `add.leases` in order; stops at the first cluster
-/// that gets no lease or no hosts.
-pub(super) async fn add_clusters(
-    pool: &ClusterPool,
+/// Carries out the rest of `plan` once its deletions are `done`: adds up to `add.count` clusters
+/// (§4.3.2 order: name → lease → hosts → namespace, Secrets, ClusterDeployment), leasing the entries
+/// in `add.leases` in order; stops at the first cluster that gets no lease or no hosts.
+pub(super) async fn run(
     ctx: &Ctx,
-    version: &str,
-    add: &Add,
-    placement: Placement<'_>,
-    round: &mut Round,
-) -> Result<(), PoolError> {
-    let Some(inputs) = read_inputs(pool, ctx, round).await? else {
-        return Ok(());
+    pool: &ClusterPool,
+    plan: &Plan,
+    observed: &Observed,
+    done: Deletions,
+) -> Result<Executed, PoolError> {
+    let mut executed = Executed {
+        deleted: done.deleted,
+        fresh: done.fresh,
+        wake: done.wake,
+        ..Executed::default()
     };
+    // Counted on every pass: it also forgets the planned records of clusters that are gone.
+    let mut usage = machines::usage(ctx, &observed.cds, &observed.expected_created);
+    let Some(add) = &plan.add else {
+        return Ok(executed);
+    };
+    let inputs = match read_inputs(pool, ctx).await? {
+        Read::Found(inputs) => inputs,
+        Read::Missing(missing) => {
+            executed.missing_dependencies = missing;
+            executed.wake.soon(missing_recheck(ctx));
+            return Ok(executed);
+        }
+    };
+    let version = pool_version(pool);
     let mut leases = add.leases.iter();
     for _ in 0..add.count {
         let cd_name = cluster_name(&pool.name_any());
         let mut config = install_config::generate(&inputs.template, &pool.spec, &cd_name);
-        let mut usage = placement.usage.clone();
-        let mut plan: MachinePlan = machines::plan(pool, placement.domains, &mut usage, &mut config);
-        if let Some(invalid) = plan.invalid.take() {
+        let mut cluster_usage = usage.clone();
+        let mut machines: MachinePlan = machines::plan(pool, &observed.domains, &mut cluster_usage, &mut config);
+        if let Some(invalid) = machines.invalid.take() {
             // Every cluster would be stopped on its machines: none is made (§6, issue 29).
-            round.contradiction = Some(invalid);
-            return Ok(());
+            executed.contradiction = Some(invalid);
+            return Ok(executed);
         }
         let mut leased: Option<Cdc> = None;
         if pool.spec.inventory.is_some() {
             // Try entries in order until one applies and its lease write wins.
             let generated = Arc::new(config);
-            let Some((cdc, patched)) = lease_entry(pool, ctx, &cd_name, &generated, &mut leases, round).await? else {
-                return Ok(());
+            let Some((cdc, patched)) = lease_entry(pool, ctx, &cd_name, &generated, &mut leases, &mut executed).await?
+            else {
+                return Ok(executed);
             };
             config = patched;
             leased = Some(cdc);
         }
         if pool.spec.platform.baremetal.is_some() {
             // §4.3.2 order: after the lease, before the namespace and the ClusterDeployment.
-            let Some(chosen) = hosts::take(pool, ctx, &cd_name, placement.domains, &usage, round).await? else {
-                give_back(pool, ctx, &cd_name, leased.as_ref()).await?;
-                return Ok(());
+            let placement = (&observed.domains, &cluster_usage);
+            let chosen = match hosts::take(pool, ctx, &cd_name, placement, &executed.hosts_taken).await? {
+                Taken::Hosts(chosen) => chosen,
+                Taken::Short { why, retry } => {
+                    executed.insufficient_hosts = Some(why);
+                    if let Some(retry) = retry {
+                        executed.wake.soon(retry);
+                    }
+                    give_back(pool, ctx, &cd_name, leased.as_ref()).await?;
+                    return Ok(executed);
+                }
             };
-            place_on_hosts(pool, ctx, &mut config, &chosen, &mut plan).await?;
-            machines::commit(&mut usage, &plan.records);
+            executed.hosts_taken.extend(chosen.iter().map(|(a, _)| a.name_any()));
+            place_on_hosts(pool, ctx, &mut config, &chosen, &mut machines).await?;
+            machines::commit(&mut cluster_usage, &machines.records);
         }
         ctx.expect_created(pool, &cd_name);
-        *placement.usage = usage;
-        machines::remember(ctx, &cd_name, &plan.records);
+        usage = cluster_usage;
+        machines::remember(ctx, &cd_name, &machines.records);
         let new = NewCluster {
             name: &cd_name,
-            version,
-            config,
+            version: &version,
             cdc: leased.as_ref(),
-            plan: &plan,
+            plan: &machines,
         };
-        create(pool, ctx, &inputs, new).await?;
+        create(pool, ctx, &inputs, new, config).await?;
     }
-    Ok(())
+    Ok(executed)
 }
 
 /// Leases the first entry of `leases` whose patches apply to `config` and whose lease write wins;
@@ -178,7 +216,7 @@ async fn lease_entry(
     cd_name: &str,
     config: &Arc<Value>,
     leases: &mut std::slice::Iter<'_, String>,
-    round: &mut Round,
+    executed: &mut Executed,
 ) -> Result<Option<(Cdc, Value)>, PoolError> {
     let tenant = &ctx.tenant;
     let ns = pool.namespace().unwrap_or_default();
@@ -186,13 +224,13 @@ async fn lease_entry(
     let cdc_api = Api::<Cdc>::namespaced(tenant.client.clone(), &ns);
     for entry in leases {
         let cached = ctx.cdcs.get(&ObjectRef::new(entry).within(&ns));
-        let Some(cdc) = newest(round.written.get(entry).cloned(), cached) else {
+        let Some(cdc) = executed.fresh.newest(entry, cached.as_ref()) else {
             continue;
         };
         let patched = match patch(config, &cdc).await {
             Ok(patched) => patched,
             Err(error) => {
-                refuse_patches(pool, ctx, &cdc_api, &cdc, error, round).await?;
+                refuse_patches(pool, ctx, &cdc_api, &cdc, error, executed).await?;
                 continue;
             }
         };
@@ -200,10 +238,10 @@ async fn lease_entry(
             // Leased by someone else since this pass began.
             Ok(None) => continue,
             Ok(Some(written)) => {
-                round
+                executed
                     .leased
                     .insert(entry.clone(), cdc.metadata.generation.unwrap_or_default());
-                round.written.insert(entry.clone(), written.clone());
+                executed.fresh.record(written.clone());
                 publish(
                     tenant,
                     &written,
@@ -245,13 +283,13 @@ async fn refuse_patches(
     cdc_api: &Api<Cdc>,
     cdc: &Cdc,
     error: String,
-    round: &mut Round,
+    executed: &mut Executed,
 ) -> Result<(), PoolError> {
     let entry = cdc.name_any();
-    round.syntax_errors.insert(entry.clone(), error.clone());
+    executed.syntax_errors.insert(entry.clone(), error.clone());
     match leases::set_apply_result(cdc_api, cdc, BROKEN_BY_SYNTAX, error.clone()).await {
         Ok(Some(written)) => {
-            round.written.insert(entry.clone(), written);
+            executed.fresh.record(written);
             publish(
                 &ctx.tenant,
                 cdc,
@@ -276,13 +314,6 @@ async fn refuse_patches(
     }
 }
 
-/// The copy of a CDC to decide from: the one this pass wrote, else the cached one. The cache may lag
-/// our write; a copy another writer changed since is answered with 409 by the next status write
-/// (resourceVersions are opaque: they are never ordered here).
-fn newest(written: Option<Cdc>, cached: Option<Arc<Cdc>>) -> Option<Arc<Cdc>> {
-    written.map(Arc::new).or(cached)
-}
-
 /// Releases the lease taken for a cluster that will not be created (its hosts are missing).
 async fn give_back(pool: &ClusterPool, ctx: &Ctx, cd_name: &str, leased: Option<&Cdc>) -> Result<(), PoolError> {
     let Some(cdc) = leased else { return Ok(()) };
@@ -305,26 +336,24 @@ async fn place_on_hosts(
 ) -> Result<(), PoolError> {
     let secrets = Api::<Secret>::namespaced(ctx.tenant.client.clone(), &pool.namespace().unwrap_or_default());
     hosts::render(config, chosen, &secrets).await?;
-    plan.records = hosts::records(chosen);
-    plan.hosts = hosts::cluster_hosts(chosen);
+    plan.records = host_selection::records(chosen);
+    plan.hosts = host_selection::cluster_hosts(chosen);
     Ok(())
 }
 
-/// One cluster to create, with what it is built from.
-struct NewCluster<'a> {
-    name: &'a str,
-    version: &'a str,
+/// Renders `config` and creates the cluster `new` from it.
+async fn create(
+    pool: &ClusterPool,
+    ctx: &Ctx,
+    inputs: &Inputs,
+    new: NewCluster<'_>,
     config: Value,
-    cdc: Option<&'a Cdc>,
-    plan: &'a MachinePlan,
-}
-
-async fn create(pool: &ClusterPool, ctx: &Ctx, inputs: &Inputs, new: NewCluster<'_>) -> Result<(), PoolError> {
+) -> Result<(), PoolError> {
     let cd_name = new.name;
     // Rendering up to a 1 MiB document is tenant-sized work.
-    let (config, plan) = (new.config, new.plan.clone());
+    let plan = new.plan.clone();
     let rendered = super::off_the_async_workers(move || config_data(&config, &plan)).await;
-    let created = create_cluster(pool, ctx, inputs, cd_name, new.version, rendered, new.cdc, new.plan).await;
+    let created = create_cluster(pool, ctx, inputs, &new, rendered).await;
     if let Err(err) = created {
         // Not coming: stop counting it. Its lease and namespace are repaired after the minimum age.
         ctx.forget_created(pool, cd_name);
@@ -343,12 +372,13 @@ async fn create(pool: &ClusterPool, ctx: &Ctx, inputs: &Inputs, new: NewCluster<
 
 /// Deletes the namespaces this pool created that hold no ClusterDeployment (of anyone's) once they
 /// are older than the minimum age; a namespace merely labelled like the pool's is never deleted.
+/// Returns when to look again.
 pub(super) async fn reap_namespaces(
     ctx: &Ctx,
     pool: &PoolIdentity,
     expected_created: &BTreeSet<String>,
-    round: &mut Round,
-) -> Result<(), PoolError> {
+) -> Result<Wake, PoolError> {
+    let mut wake = Wake::default();
     let min_age = ctx.tenant.shared.settings.lease_min_age;
     let api = Api::<Namespace>::all(ctx.tenant.client.clone());
     let inhabited: BTreeSet<String> = ctx.cds.state().iter().filter_map(|cd| cd.namespace()).collect();
@@ -371,7 +401,7 @@ pub(super) async fn reap_namespaces(
             .unwrap_or_default()
             .saturating_sub(Duration::from_secs(1));
         if age < min_age {
-            round.soon(min_age - age);
+            wake.soon(min_age - age);
             continue;
         }
         // The cache of clusters can lag behind their creation (another daemon's, or ours under
@@ -394,7 +424,7 @@ pub(super) async fn reap_namespaces(
             Err(err) => return Err(err.into()),
         }
     }
-    Ok(())
+    Ok(wake)
 }
 
 /// Whether the tenant's server lists a ClusterDeployment in `namespace`.

@@ -25,16 +25,16 @@ use crate::api::pools::{
 };
 
 /// Annotation on a ClusterDeployment: SHA-256 of its `status.failureDomains` record.
-pub const HASH_ANNOTATION: &str = "pools.stackd.dev/failure-domains-hash";
+pub(crate) const HASH_ANNOTATION: &str = "pools.stackd.dev/failure-domains-hash";
 /// Key of the install-config Secret holding the record (JSON), the source it is restored from.
-pub const RECORD_KEY: &str = "failure-domains.json";
+pub(crate) const RECORD_KEY: &str = "failure-domains.json";
 /// Key of the install-config Secret saying why the machines cannot be placed (`InvalidMachineSpec`).
-pub const INVALID_KEY: &str = "invalid-machine-spec";
+pub(crate) const INVALID_KEY: &str = "invalid-machine-spec";
 
 /// The domains in effect for a pool: discovered zones (`zones`, the failure domains of its
 /// assets, plus `spec.availabilityZones`) of type `AvailabilityZone`, then the explicit
 /// definitions of type `Cluster`, which replace a discovered zone of the same name.
-pub fn pool_domains<'a>(
+pub(crate) fn pool_domains<'a>(
     spec: &ClusterPoolSpec,
     zones: impl IntoIterator<Item = &'a str>,
 ) -> BTreeMap<String, FailureDomainStatus> {
@@ -78,7 +78,7 @@ pub fn pool_domains<'a>(
 /// The domain of each of `count` control-plane machines: each next machine goes to the eligible
 /// domain with the fewest machines of this cluster, then the fewest recorded across the pool
 /// (`usage`), then the first by name. `None` when no domain is eligible.
-pub fn spread(
+pub(crate) fn spread(
     count: usize,
     domains: &BTreeMap<String, FailureDomainStatus>,
     usage: &BTreeMap<String, usize>,
@@ -105,7 +105,7 @@ pub fn spread(
 }
 
 /// Control-plane machines recorded per domain across `records`.
-pub fn usage<'a>(records: impl IntoIterator<Item = &'a MachineFailureDomain>) -> BTreeMap<String, usize> {
+pub(crate) fn usage<'a>(records: impl IntoIterator<Item = &'a MachineFailureDomain>) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
     for record in records {
         if record.role == HostRole::Master {
@@ -116,7 +116,7 @@ pub fn usage<'a>(records: impl IntoIterator<Item = &'a MachineFailureDomain>) ->
 }
 
 /// The feature set openshift-install accepts `failureDomains` in.
-pub const TECH_PREVIEW: &str = "TechPreviewNoUpgrade";
+pub(crate) const TECH_PREVIEW: &str = "TechPreviewNoUpgrade";
 /// Tags that make a port the machine's primary network (openshift-install's `control-plane` target).
 const PRIMARY_TAGS: &[&str] = &["control_plane", "control-plane"];
 
@@ -137,7 +137,7 @@ fn definition<'a>(
 /// `controlPlane.rootVolume.availabilityZone` is set, so such a machine's root volume would have
 /// two zones. A pool in this state creates no cluster (each would be stopped with
 /// `InvalidMachineSpec`) and says so.
-pub fn contradiction(spec: &ClusterPoolSpec, domains: &BTreeMap<String, FailureDomainStatus>) -> Option<String> {
+pub(crate) fn contradiction(spec: &ClusterPoolSpec, domains: &BTreeMap<String, FailureDomainStatus>) -> Option<String> {
     spec.platform.openstack.as_ref()?;
     let volume = spec.control_plane.as_ref()?.root_volume.as_ref()?;
     let explicit = volume.availability_zone.as_ref()?;
@@ -162,7 +162,7 @@ pub fn contradiction(spec: &ClusterPoolSpec, domains: &BTreeMap<String, FailureD
 /// Resolves each placed control-plane machine into its record (merge rules of §6): the domain's
 /// ports before the pool's, the domain's storage zone only with a root volume, and an error when
 /// it would contradict an explicit root-volume zone.
-pub fn control_plane_records(
+pub(crate) fn control_plane_records(
     spec: &ClusterPoolSpec,
     domains: &BTreeMap<String, FailureDomainStatus>,
     placements: &[Option<String>],
@@ -210,7 +210,7 @@ pub fn control_plane_records(
 }
 
 /// SHA-256 (hex) of a record, as written in the cluster's annotation.
-pub fn record_hash(records: &[MachineFailureDomain]) -> String {
+pub(crate) fn record_hash(records: &[MachineFailureDomain]) -> String {
     let text = serde_json::to_string(records).expect("records serialize");
     hex::encode(Sha256::digest(text.as_bytes()))
 }
@@ -219,7 +219,7 @@ pub fn record_hash(records: &[MachineFailureDomain]) -> String {
 /// (see the module doc): the control plane's `records` in machine order, and the compute pool spread
 /// over every domain in name order (`NoControlPlane` ones included). An error when the shape needs
 /// a feature set the install-config template refuses.
-pub fn render_openstack(
+pub(crate) fn render_openstack(
     config: &mut Value,
     spec: &ClusterPoolSpec,
     domains: &BTreeMap<String, FailureDomainStatus>,

@@ -13,12 +13,12 @@ use crate::runtime::parse_error::LocatedParseError;
 /// where, never what.
 #[derive(Debug, thiserror::Error)]
 #[error("the install-config template is not a YAML mapping: {0}")]
-pub struct TemplateError(String);
+pub(crate) struct TemplateError(String);
 
 /// Parses the template's `install-config.yaml` (empty means "no template"). The template is
 /// tenant-written: the parse is held to a budget (aliases may not expand it far past the size of a
 /// Secret), and the result to the install config's bounds, so every patch starts within them.
-pub fn parse_template(text: &str) -> Result<Value, TemplateError> {
+pub(crate) fn parse_template(text: &str) -> Result<Value, TemplateError> {
     if text.trim().is_empty() {
         return Ok(Value::Object(Map::new()));
     }
@@ -51,7 +51,7 @@ fn kind(value: &Value) -> &'static str {
 }
 
 /// The generated install config of cluster `name` before any CDC patch.
-pub fn generate(template: &Value, pool: &ClusterPoolSpec, name: &str) -> Value {
+pub(crate) fn generate(template: &Value, pool: &ClusterPoolSpec, name: &str) -> Value {
     let mut config = template.clone();
     let object = config.as_object_mut().expect("templates are mappings");
     object.entry("apiVersion").or_insert_with(|| json!("v1"));
@@ -130,7 +130,7 @@ fn platform_fields(platform: &Platform) -> (Option<&'static str>, Vec<(&'static 
 /// (`copy` of a value into itself) or nest it deeper one level at a time (`move`): after every
 /// patch the document is measured against the install config's bounds, before the next one can
 /// grow it further. One patch at most doubles the document, so it never gets far past them.
-pub fn apply_patches(config: &mut Value, patches: &[PatchEntity]) -> Result<(), String> {
+pub(crate) fn apply_patches(config: &mut Value, patches: &[PatchEntity]) -> Result<(), String> {
     count_patches(patches)?;
     for (index, entity) in patches.iter().enumerate() {
         let number = index + 1;
@@ -144,7 +144,7 @@ pub fn apply_patches(config: &mut Value, patches: &[PatchEntity]) -> Result<(), 
 
 /// Refuses more patches than stackd applies (a customization written before the schema had its
 /// `maxItems`), before anything is copied for them.
-pub fn count_patches(patches: &[PatchEntity]) -> Result<(), String> {
+pub(crate) fn count_patches(patches: &[PatchEntity]) -> Result<(), String> {
     if patches.len() > MAX_INSTALL_CONFIG_PATCHES {
         return Err(format!(
             "{} installConfigPatches are more than the {MAX_INSTALL_CONFIG_PATCHES} stackd applies; merge or remove some",
@@ -205,7 +205,7 @@ fn to_operation(entity: &PatchEntity) -> Result<json_patch::PatchOperation, Stri
 
 /// Block-style YAML equivalent to the JSON value; strings a YAML 1.1 reader could take for
 /// anything but a string are double-quoted.
-pub fn to_yaml(value: &Value) -> String {
+pub(crate) fn to_yaml(value: &Value) -> String {
     let mut out = String::new();
     match value {
         Value::Object(map) if !map.is_empty() => write_map(&mut out, map, 0),

@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 
-use super::pool::FIELD_MANAGER;
+use super::pass::FIELD_MANAGER;
 use crate::api::pools::ClusterPool;
 use crate::context::events::publish;
 use crate::context::tenant::TenantContext;

@@ -15,20 +15,20 @@ use crate::api::pools::{
 };
 
 /// Longest pool name: its clusters are named `<pool>-<5 characters>`, a namespace name (63).
-pub const MAX_POOL_NAME: usize = 57;
+pub(crate) const MAX_POOL_NAME: usize = 57;
 
 /// Why a pool gets no work done, as its condition says it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     /// The pool condition set to False.
-    pub condition: &'static str,
+    pub(crate) condition: &'static str,
     /// Its reason, also the Event's.
-    pub reason: &'static str,
-    pub message: String,
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
 }
 
 /// The first reason the pool's own spec gives to refuse it.
-pub fn spec_refusal(pool: &ClusterPool) -> Option<Refusal> {
+pub(crate) fn spec_refusal(pool: &ClusterPool) -> Option<Refusal> {
     let name = pool.name_any();
     if name.len() > MAX_POOL_NAME {
         return Some(Refusal {
@@ -107,7 +107,7 @@ fn over(field: &str, len: usize, max: usize, what: &str) -> String {
 
 /// Refuses the pool when `limit` (0: none) older pools of its namespace are live: pools are
 /// served oldest first (creation time, then name), and a pool being deleted no longer counts.
-pub fn namespace_refusal(pool: &ClusterPool, pools: &[Arc<ClusterPool>], limit: usize) -> Option<Refusal> {
+pub(crate) fn namespace_refusal(pool: &ClusterPool, pools: &[Arc<ClusterPool>], limit: usize) -> Option<Refusal> {
     if limit == 0 {
         return None;
     }
@@ -136,7 +136,11 @@ fn age_order(pool: &ClusterPool) -> (Option<jiff::Timestamp>, String) {
 
 /// The pools a pool being deleted may let in: those of its namespace newer than it that are now
 /// among the oldest `limit` (at most `limit` pools, whatever the namespace holds).
-pub fn admitted_by_deletion(changed: &ClusterPool, pools: &[Arc<ClusterPool>], limit: usize) -> Vec<Arc<ClusterPool>> {
+pub(crate) fn admitted_by_deletion(
+    changed: &ClusterPool,
+    pools: &[Arc<ClusterPool>],
+    limit: usize,
+) -> Vec<Arc<ClusterPool>> {
     if limit == 0 || changed.metadata.deletion_timestamp.is_none() {
         return Vec::new();
     }

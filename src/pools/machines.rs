@@ -10,22 +10,22 @@ use kube::core::{Selector, SelectorExt};
 use serde_json::Value;
 
 use super::failure_domains::{self, control_plane_records, pool_domains, render_openstack, spread};
-use super::pool::Ctx;
+use super::pass::Ctx;
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{ClusterDeployment, ClusterHost, ClusterPool, FailureDomainStatus, MachineFailureDomain};
 
 /// Control-plane machines of a cluster when the pool does not say.
-pub const DEFAULT_CONTROL_PLANE: i32 = 3;
+pub(crate) const DEFAULT_CONTROL_PLANE: i32 = 3;
 
 /// What a new cluster's machines were resolved to: the record frozen on it, or why they cannot be
 /// placed (the pool then creates no cluster and says why; a cluster an older stackd created with
 /// such a plan is stopped with `InvalidMachineSpec`).
 #[derive(Clone, Debug, Default)]
-pub struct MachinePlan {
-    pub records: Vec<MachineFailureDomain>,
-    pub invalid: Option<String>,
+pub(crate) struct MachinePlan {
+    pub(crate) records: Vec<MachineFailureDomain>,
+    pub(crate) invalid: Option<String>,
     /// Bare-metal hosts assigned to the cluster.
-    pub hosts: Vec<ClusterHost>,
+    pub(crate) hosts: Vec<ClusterHost>,
 }
 
 /// The BareMetalAssets in the pool's namespace its `hostSelector` selects (none for other platforms).

@@ -9,8 +9,8 @@
 //! the same name) created. Everything else is never counted, handed out, repaired or deleted, and
 //! a namespace is reaped only when this pool created it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::ListParams;
@@ -18,6 +18,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
 use tracing::warn;
 
+use super::pass::Refusals;
 use super::{POOL_NAME_LABEL, POOL_NAMESPACE_LABEL};
 use crate::api::pools::{ClusterDeployment, ClusterPool};
 use crate::context::events::publish;
@@ -25,23 +26,23 @@ use crate::context::tenant::TenantContext;
 
 /// Annotation on a pool cluster's namespace, set when the pool creates it: the pool's uid. The same
 /// annotation on the ClusterDeployment is for people reading it; only the namespace's is trusted.
-pub use crate::api::pools::POOL_UID_ANNOTATION;
+pub(crate) use crate::api::pools::POOL_UID_ANNOTATION;
 /// Event reason on a ClusterDeployment whose reference names a pool that did not create it.
-pub const NOT_POOL_MEMBER: &str = "NotPoolMember";
+pub(crate) const NOT_POOL_MEMBER: &str = "NotPoolMember";
 /// Event reason on such a ClusterDeployment when its deprovision leaves the pool's leases and hosts
 /// alone (a reason of its own: Events with one reason on one object are merged into a series).
-pub const RELEASE_REFUSED: &str = "ReleaseRefused";
+pub(crate) const RELEASE_REFUSED: &str = "ReleaseRefused";
 
 /// A pool as its clusters' namespaces record it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PoolIdentity {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
+pub(crate) struct PoolIdentity {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) uid: String,
 }
 
 impl PoolIdentity {
-    pub fn of(pool: &ClusterPool) -> PoolIdentity {
+    pub(crate) fn of(pool: &ClusterPool) -> PoolIdentity {
         PoolIdentity {
             namespace: pool.namespace().unwrap_or_default(),
             name: pool.name_any(),
@@ -55,7 +56,7 @@ impl PoolIdentity {
 }
 
 /// The labels and annotations a pool creates its clusters' namespaces with.
-pub fn namespace_markers(pool: &PoolIdentity) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+pub(crate) fn namespace_markers(pool: &PoolIdentity) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
     let labels = BTreeMap::from([
         (POOL_NAMESPACE_LABEL.to_string(), pool.namespace.clone()),
         (POOL_NAME_LABEL.to_string(), pool.name.clone()),
@@ -65,7 +66,7 @@ pub fn namespace_markers(pool: &PoolIdentity) -> (BTreeMap<String, String>, BTre
 }
 
 /// True when `pool` created `namespace`: its labels name the pool and it carries the pool's uid.
-pub fn created_by(namespace: &Namespace, pool: &PoolIdentity) -> bool {
+pub(crate) fn created_by(namespace: &Namespace, pool: &PoolIdentity) -> bool {
     labelled_for(namespace, &pool.namespace, &pool.name)
         && !pool.uid.is_empty()
         && namespace.annotations().get(POOL_UID_ANNOTATION) == Some(&pool.uid)
@@ -78,7 +79,7 @@ fn labelled_for(namespace: &Namespace, pool_namespace: &str, pool_name: &str) ->
 }
 
 /// True when `cd`'s reference names `pool` (a claim only, until [`check`] agrees).
-pub fn names_pool(cd: &ClusterDeployment, pool: &PoolIdentity) -> bool {
+pub(crate) fn names_pool(cd: &ClusterDeployment, pool: &PoolIdentity) -> bool {
     cd.spec
         .cluster_pool_ref
         .as_ref()
@@ -87,7 +88,7 @@ pub fn names_pool(cd: &ClusterDeployment, pool: &PoolIdentity) -> bool {
 
 /// Why a ClusterDeployment whose reference names a pool does not belong to it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NotMember {
+pub(crate) enum NotMember {
     /// A pool names each cluster after the namespace it creates for it; this one is named otherwise.
     NamedUnlikeItsNamespace { namespace: String },
     /// Its namespace was not created by the pool.
@@ -96,7 +97,7 @@ pub enum NotMember {
 
 impl NotMember {
     /// What the Event on the ClusterDeployment says.
-    pub fn message(&self, pool: &PoolIdentity) -> String {
+    pub(crate) fn message(&self, pool: &PoolIdentity) -> String {
         let why = match self {
             NotMember::NamedUnlikeItsNamespace { namespace } => format!(
                 "a pool creates each cluster in a namespace of the cluster's name, and this one is in namespace {namespace}"
@@ -115,7 +116,11 @@ impl NotMember {
 
 /// Decides whether `cd`, whose reference names `pool`, belongs to it; `namespace` is `cd`'s
 /// namespace (`None` when it is not labelled for any pool, or gone).
-pub fn check(cd: &ClusterDeployment, namespace: Option<&Namespace>, pool: &PoolIdentity) -> Result<(), NotMember> {
+pub(crate) fn check(
+    cd: &ClusterDeployment,
+    namespace: Option<&Namespace>,
+    pool: &PoolIdentity,
+) -> Result<(), NotMember> {
     let ns = cd.namespace().unwrap_or_default();
     if ns != cd.name_any() {
         return Err(NotMember::NamedUnlikeItsNamespace { namespace: ns });
@@ -134,10 +139,6 @@ pub(super) struct Clusters {
     /// whose reference someone edited away): their leases, hosts and namespaces are kept.
     pub(super) live: BTreeSet<String>,
 }
-
-/// Verdicts on non-members per pool (key `ns/name`), by ClusterDeployment uid: each is reported
-/// once, and one whose namespace is not in the cache is not looked up again.
-pub(super) type Refusals = Mutex<HashMap<String, HashMap<String, NotMember>>>;
 
 /// Sorts the cached ClusterDeployments naming `pool` into members and others, reporting each
 /// newly refused one with a warning Event on it.
@@ -159,20 +160,24 @@ pub(super) async fn clusters(
         .filter(|cd| cached_namespace(cd).is_some_and(|ns| created_by(&ns, pool)))
         .map(|cd| cd.name_any())
         .collect();
-    let known: HashMap<String, NotMember> = {
+    let known: BTreeSet<String> = {
         let all = refusals.lock().unwrap_or_else(|p| p.into_inner());
         all.get(&pool.key()).cloned().unwrap_or_default()
     };
     let mut members = Vec::new();
-    let mut refused: HashMap<String, NotMember> = HashMap::new();
+    let mut refused: BTreeSet<String> = BTreeSet::new();
     for cd in all.into_iter().filter(|cd| names_pool(cd, pool)) {
         let uid = cd.metadata.uid.clone().unwrap_or_default();
-        let verdict = match (cached_namespace(&cd), known.get(&uid)) {
+        let verdict = match (cached_namespace(&cd), known.contains(&uid)) {
             (Some(namespace), _) => check(&cd, Some(&namespace), pool),
-            (None, Some(earlier)) => Err(earlier.clone()),
+            // Refused and reported before; not looked up again.
+            (None, true) => {
+                refused.insert(uid);
+                continue;
+            }
             // Not in the cache: not labelled for a pool, or the namespace watch is behind the
             // ClusterDeployment watch; the server decides.
-            (None, None) => check(&cd, uncached_namespace(&tenant.client, &cd).await?.as_ref(), pool),
+            (None, false) => check(&cd, uncached_namespace(&tenant.client, &cd).await?.as_ref(), pool),
         };
         match verdict {
             Ok(()) => {
@@ -180,10 +185,10 @@ pub(super) async fn clusters(
                 members.push(cd);
             }
             Err(why) => {
-                if !known.contains_key(&uid) {
+                if !known.contains(&uid) {
                     report(tenant, &cd, &why, pool).await;
                 }
-                refused.insert(uid, why);
+                refused.insert(uid);
             }
         }
     }
@@ -215,7 +220,7 @@ async fn report(tenant: &TenantContext, cd: &ClusterDeployment, why: &NotMember,
 /// names a pool and `cd` is named after a namespace created for a pool of that name (the uid
 /// annotation only the daemon sets is there). Deprovisioning releases the pool's leases and hosts
 /// only for such a cluster.
-pub async fn created_by_named_pool(client: &Client, cd: &ClusterDeployment) -> Result<bool, kube::Error> {
+pub(crate) async fn created_by_named_pool(client: &Client, cd: &ClusterDeployment) -> Result<bool, kube::Error> {
     let Some(pool_ref) = &cd.spec.cluster_pool_ref else {
         return Ok(false);
     };
@@ -230,7 +235,7 @@ pub async fn created_by_named_pool(client: &Client, cd: &ClusterDeployment) -> R
 }
 
 /// What the ClusterDeployment controller says when it leaves a pool's leases and hosts alone.
-pub fn release_refused_message(cd: &ClusterDeployment) -> String {
+pub(crate) fn release_refused_message(cd: &ClusterDeployment) -> String {
     let (pool, cdc) = cd.spec.cluster_pool_ref.as_ref().map_or_else(Default::default, |r| {
         (
             format!("{}/{}", r.namespace, r.pool_name),

@@ -3,25 +3,30 @@
 //! ClusterClaim controller (claims naming a pool that does not exist).
 
 mod buckets;
-pub mod claim;
+mod claim;
 mod create;
-pub mod deployment;
-pub mod document_bounds;
+mod deployment;
+mod document_bounds;
 mod execute;
-pub mod failure_domains;
-pub mod hosts;
-pub mod install_config;
+mod failure_domains;
+mod host_selection;
+mod hosts;
+mod install_config;
 mod installer_image;
-pub mod leases;
-pub mod limits;
-pub mod machines;
-pub mod membership;
+mod lease_state;
+mod leases;
+mod limits;
+mod machines;
+mod membership;
+mod observe;
+mod pass;
 mod plan;
 pub mod pool;
 mod record;
 mod repair;
 pub mod sample;
 mod status;
+mod version;
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -36,26 +41,26 @@ use tokio_util::sync::CancellationToken;
 use crate::context::tenant::{TenantContext, TenantError};
 
 /// Group of every pool kind; finalizers and labels use it as their prefix.
-pub const GROUP: &str = "pools.stackd.dev";
+pub(crate) const GROUP: &str = "pools.stackd.dev";
 /// Finalizer on a ClusterDeployment until its destroy Job finished and its CDC was released.
-pub const DEPROVISION_FINALIZER: &str = "pools.stackd.dev/deprovision";
+pub(crate) const DEPROVISION_FINALIZER: &str = "pools.stackd.dev/deprovision";
 /// Finalizer on a ClusterPool until its unclaimed clusters are gone.
-pub const POOL_FINALIZER: &str = "pools.stackd.dev/clusters";
+pub(crate) const POOL_FINALIZER: &str = "pools.stackd.dev/clusters";
 /// Labels on a pool cluster's namespace (and on the cluster); see [`membership`] for what proves
 /// that a pool created a cluster.
-pub use crate::api::pools::{POOL_NAME_LABEL, POOL_NAMESPACE_LABEL};
+pub(crate) use crate::api::pools::{POOL_NAME_LABEL, POOL_NAMESPACE_LABEL};
 /// Annotations on a pool's ClusterDeployment.
-pub const POOL_VERSION_ANNOTATION: &str = "pools.stackd.dev/pool-version";
-pub const CDC_GENERATION_ANNOTATION: &str = "pools.stackd.dev/customization-generation";
+pub(crate) const POOL_VERSION_ANNOTATION: &str = "pools.stackd.dev/pool-version";
+pub(crate) const CDC_GENERATION_ANNOTATION: &str = "pools.stackd.dev/customization-generation";
 
 /// The per-pool finalizer a pool puts on every CDC it has used (§4.3.9).
-pub fn cdc_finalizer(pool: &str) -> String {
+pub(crate) fn cdc_finalizer(pool: &str) -> String {
     format!("{GROUP}/{pool}")
 }
 
 /// Starts the ClusterPool and ClusterDeployment controllers of one tenant and runs them until
 /// `cancel` fires.
-pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
+pub(crate) async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
     let mut controllers = tokio::task::JoinSet::new();
     controllers.spawn(pool::run(context.clone(), cancel.clone()));
     controllers.spawn(deployment::run(context.clone(), cancel.clone()));
@@ -85,7 +90,7 @@ pub(crate) async fn off_the_async_workers<T: Send + 'static>(work: impl FnOnce()
 
 /// Sets the finalizers of `object` with a merge patch carrying its resourceVersion, so a stale copy
 /// gets 409 instead of overwriting someone else's finalizer change.
-pub async fn set_finalizers<K>(api: &Api<K>, object: &K, finalizers: Vec<String>) -> Result<K, kube::Error>
+pub(crate) async fn set_finalizers<K>(api: &Api<K>, object: &K, finalizers: Vec<String>) -> Result<K, kube::Error>
 where
     K: Resource + Clone + Debug + Serialize + DeserializeOwned,
 {

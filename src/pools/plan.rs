@@ -10,8 +10,9 @@ use std::time::Duration;
 use kube::ResourceExt;
 
 use super::buckets::{Bucket, Buckets, Stale, cdc_of, created, invalid_machine_spec, stale_reason};
-use super::hosts;
-use super::leases::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX};
+use super::host_selection as hosts;
+use super::lease_state::{self as leases, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX};
+use super::pass::Fresh;
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus};
 use crate::runtime::backoff::Backoff;
@@ -32,7 +33,7 @@ pub(super) struct Inputs<'a> {
     /// The CDCs of the pool's namespace after the lease repair.
     pub(super) cdcs: &'a BTreeMap<String, Arc<Cdc>>,
     /// Copies of CDCs written this pass, newer than `cdcs`.
-    pub(super) written: &'a BTreeMap<String, Cdc>,
+    pub(super) fresh: &'a Fresh,
     /// The pool's status as last known (the entries' `attempts`).
     pub(super) previous: &'a ClusterPoolStatus,
     /// How long a broken entry waits before it is leased again, growing with its attempts.
@@ -297,11 +298,7 @@ fn rank_entries(inputs: &Inputs, broken_entries: &BTreeSet<String>) -> Ranking {
     let name = inputs.pool.name_any();
     let mut free: Vec<(leases::Rank, String)> = Vec::new();
     for entry in inputs.inventory {
-        let Some(cdc) = inputs
-            .written
-            .get(entry)
-            .or_else(|| inputs.cdcs.get(entry).map(|c| &**c))
-        else {
+        let Some(cdc) = inputs.fresh.get(entry).or_else(|| inputs.cdcs.get(entry).map(|c| &**c)) else {
             continue;
         };
         // An interrupted lease backs nothing until it is repaired (§4.3.1).

@@ -11,7 +11,7 @@ use crate::api::pools::{ClusterDeployment, MachineFailureDomain};
 /// The record the cluster's status should hold, when it holds something else: read from the
 /// rendered install config on the host (`host_input`), or the tenant's Secret before the host copy
 /// exists. `None` when the status is right or the cluster has no record.
-pub async fn wanted(
+pub(crate) async fn wanted(
     cd: &ClusterDeployment,
     host_input: Option<&Secret>,
     tenant_secrets: &Api<Secret>,

@@ -19,10 +19,11 @@ use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
 use super::buckets::cdc_of;
-use super::leases::{self, SUCCEEDED};
-use super::pool::{PoolError, Round};
+use super::lease_state::{self, SUCCEEDED};
+use super::leases;
+use super::pass::{AFTER_A_LOST_RACE, Fresh, Observed, PoolError, Wake};
 use super::{cdc_finalizer, set_finalizers};
-use crate::api::pools::{ClusterDeployment, ClusterDeploymentCustomization};
+use crate::api::pools::{ClusterDeployment, ClusterDeploymentCustomization, ClusterPool};
 use crate::context::events::publish;
 use crate::context::tenant::TenantContext;
 use crate::runtime::api_errors::{is_conflict, is_not_found};
@@ -35,7 +36,7 @@ pub(super) struct Scope<'a> {
     pub(super) ns: &'a str,
     pub(super) deleting_pool: bool,
     /// The pool's inventory entries.
-    pub(super) listed: &'a BTreeSet<&'a str>,
+    pub(super) listed: BTreeSet<&'a str>,
     /// Every pool of the namespace: an interrupted lease naming one of them is that pool's to
     /// repair.
     pub(super) pools: &'a BTreeSet<String>,
@@ -47,31 +48,67 @@ pub(super) struct Scope<'a> {
     pub(super) expected_created: &'a BTreeSet<String>,
 }
 
-/// Repairs the leases of the pool and returns the CDCs as they are now (copies written in this
-/// pass are in `round.written`).
+impl<'a> Scope<'a> {
+    /// What `pool` sees, from what was observed of it.
+    pub(super) fn of(pool: &'a ClusterPool, observed: &'a Observed) -> Scope<'a> {
+        Scope {
+            name: pool.metadata.name.as_deref().unwrap_or_default(),
+            ns: pool.metadata.namespace.as_deref().unwrap_or_default(),
+            deleting_pool: pool.metadata.deletion_timestamp.is_some(),
+            listed: observed.inventory.iter().map(String::as_str).collect(),
+            pools: &observed.pools,
+            cds: &observed.cds,
+            live: &observed.live,
+            expected_created: &observed.expected_created,
+        }
+    }
+}
+
+/// What the lease repair leaves behind.
+pub(super) struct Repaired {
+    /// The CDCs as they are now (copies written by the repair are also in `fresh`).
+    pub(super) cdcs: BTreeMap<String, Arc<Cdc>>,
+    pub(super) fresh: Fresh,
+    pub(super) wake: Wake,
+}
+
+/// The writes of one repair step so far: the copies written and when to look again.
+#[derive(Default)]
+struct Writes {
+    fresh: Fresh,
+    wake: Wake,
+}
+
+/// Repairs the leases of the pool in `scope`, whose namespace holds `cdcs`.
 pub(super) async fn leases(
     tenant: &TenantContext,
     scope: &Scope<'_>,
     cdcs: BTreeMap<String, Arc<Cdc>>,
-    round: &mut Round,
-) -> Result<BTreeMap<String, Arc<Cdc>>, PoolError> {
+) -> Result<Repaired, PoolError> {
     let pool = Pool {
         tenant,
         name: scope.name,
         api: Api::<Cdc>::namespaced(tenant.client.clone(), scope.ns),
     };
+    let mut writes = Writes::default();
     for cdc in cdcs.values() {
-        if let Some(finalizers) = finalizers_wanted(cdc, scope.name, scope.deleting_pool, scope.listed) {
-            pool.set_finalizers(cdc, finalizers, round).await?;
+        if let Some(finalizers) = finalizers_wanted(cdc, scope.name, scope.deleting_pool, &scope.listed) {
+            pool.set_finalizers(cdc, finalizers, &mut writes).await?;
         }
     }
     let min_age = tenant.shared.settings.lease_min_age;
     for cdc in cdcs.values() {
         match orphaned(cdc, scope, min_age) {
             Orphan::No => {}
-            Orphan::Young(left) => round.soon(left),
-            Orphan::Release(cd) => pool.release_orphan(&newest(cdc, round), &cd, round).await?,
-            Orphan::Interrupted => pool.release_interrupted(&newest(cdc, round), min_age, round).await?,
+            Orphan::Young(left) => writes.wake.soon(left),
+            Orphan::Release(cd) => {
+                let newest = newest(cdc, &writes.fresh);
+                pool.release_orphan(&newest, &cd, &mut writes).await?;
+            }
+            Orphan::Interrupted => {
+                let newest = newest(cdc, &writes.fresh);
+                pool.release_interrupted(&newest, min_age, &mut writes).await?;
+            }
         }
     }
     let mut relinked: BTreeMap<String, Cdc> = BTreeMap::new();
@@ -80,7 +117,7 @@ pub(super) async fn leases(
         .iter()
         .filter_map(|cd| unlinked(cd, &cdcs).map(|cdc| (cd, cdc)))
     {
-        if let Some(written) = pool.relink(cd, cdc, round).await? {
+        if let Some(written) = pool.relink(cd, cdc, &mut writes).await? {
             relinked.insert(cdc.name_any(), written);
         }
     }
@@ -95,38 +132,45 @@ pub(super) async fn leases(
         if let Some(cdc) = cdc_of(cd).and_then(|n| cdcs.get(&n))
             && needs_success_mark(cd, cdc, scope.name)
         {
-            pool.mark_succeeded(cd, cdc, round).await?;
+            pool.mark_succeeded(cd, cdc, &mut writes).await?;
         }
     }
-    Ok(cdcs)
+    Ok(Repaired {
+        cdcs,
+        fresh: writes.fresh,
+        wake: writes.wake,
+    })
 }
 
 /// §4.3.1: the CDCs of the pool's inventory that no pool holds read `Available=True`. Run after the
 /// pass's leases, so that an entry leased in this pass is written once, not made available first.
+/// Takes the copies the pass wrote so far and returns them with this step's, and when to look again.
 pub(super) async fn mark_free(
     tenant: &TenantContext,
     scope: &Scope<'_>,
     cdcs: &BTreeMap<String, Arc<Cdc>>,
-    round: &mut Round,
-) -> Result<(), PoolError> {
+    fresh: Fresh,
+) -> Result<(Fresh, Wake), PoolError> {
     let pool = Pool {
         tenant,
         name: scope.name,
         api: Api::<Cdc>::namespaced(tenant.client.clone(), scope.ns),
     };
     let listed = scope.listed.iter().filter_map(|entry| cdcs.get(*entry));
+    let mut writes = Writes {
+        fresh,
+        wake: Wake::default(),
+    };
     for cdc in listed.filter(|c| c.metadata.deletion_timestamp.is_none()) {
-        pool.mark_available(&newest(cdc, round), round).await?;
+        let newest = newest(cdc, &writes.fresh);
+        pool.mark_available(&newest, &mut writes).await?;
     }
-    Ok(())
+    Ok((writes.fresh, writes.wake))
 }
 
 /// The copy of `cdc` to write from: the one this pass wrote, else the cached one.
-fn newest(cdc: &Arc<Cdc>, round: &Round) -> Arc<Cdc> {
-    round
-        .written
-        .get(&cdc.name_any())
-        .map_or_else(|| cdc.clone(), |written| Arc::new(written.clone()))
+fn newest(cdc: &Arc<Cdc>, fresh: &Fresh) -> Arc<Cdc> {
+    fresh.newest(&cdc.name_any(), Some(cdc)).unwrap_or_else(|| cdc.clone())
 }
 
 /// §4.3.9: our finalizer on every CDC we list; off every CDC we no longer hold and either no
@@ -134,7 +178,7 @@ fn newest(cdc: &Arc<Cdc>, round: &Round) -> Arc<Cdc> {
 /// finalizers `cdc` should have, when they differ from what it has.
 fn finalizers_wanted(cdc: &Cdc, name: &str, deleting_pool: bool, listed: &BTreeSet<&str>) -> Option<Vec<String>> {
     let finalizer = cdc_finalizer(name);
-    let held_by_us = leases::lease_holder(cdc).is_some_and(|(p, _)| p.as_deref() == Some(name));
+    let held_by_us = lease_state::lease_holder(cdc).is_some_and(|(p, _)| p.as_deref() == Some(name));
     let has = cdc.finalizers().contains(&finalizer);
     let deleting = cdc.metadata.deletion_timestamp.is_some();
     let want = !deleting_pool && listed.contains(cdc.name_any().as_str()) && !deleting || held_by_us;
@@ -163,7 +207,7 @@ enum Orphan {
 }
 
 fn orphaned(cdc: &Cdc, scope: &Scope, min_age: Duration) -> Orphan {
-    let Some((holder, cd)) = leases::lease_holder(cdc) else {
+    let Some((holder, cd)) = lease_state::lease_holder(cdc) else {
         return Orphan::No;
     };
     let Some(cd) = cd else {
@@ -199,7 +243,7 @@ fn interrupted(cdc: &Cdc, holder: Option<&str>, scope: &Scope, min_age: Duration
 
 /// How long the lease still has to go before it is older than `min_age`, if it is younger.
 fn young(cdc: &Cdc, min_age: Duration) -> Option<Duration> {
-    let age = leases::lease_age(cdc).unwrap_or_default();
+    let age = lease_state::lease_age(cdc).unwrap_or_default();
     (age < min_age).then(|| min_age - age)
 }
 
@@ -211,14 +255,14 @@ fn unlinked<'a>(cd: &ClusterDeployment, cdcs: &'a BTreeMap<String, Arc<Cdc>>) ->
     }
     cdc_of(cd)
         .and_then(|n| cdcs.get(&n))
-        .filter(|cdc| leases::lease_holder(cdc).is_none())
+        .filter(|cdc| lease_state::lease_holder(cdc).is_none())
 }
 
 /// Installed clusters mark the CDC leased for them Succeeded.
 fn needs_success_mark(cd: &ClusterDeployment, cdc: &Cdc, name: &str) -> bool {
     let installed = cd.status.as_ref().is_some_and(|s| s.installed);
-    let ours = leases::lease_holder(cdc) == Some((Some(name.to_string()), Some(cd.name_any())));
-    installed && ours && leases::apply_reason(cdc) != Some(SUCCEEDED)
+    let ours = lease_state::lease_holder(cdc) == Some((Some(name.to_string()), Some(cd.name_any())));
+    installed && ours && lease_state::apply_reason(cdc) != Some(SUCCEEDED)
 }
 
 /// The writes of the repair, for one pool.
@@ -229,19 +273,19 @@ struct Pool<'a> {
 }
 
 impl Pool<'_> {
-    async fn set_finalizers(&self, cdc: &Cdc, finalizers: Vec<String>, round: &mut Round) -> Result<(), PoolError> {
+    async fn set_finalizers(&self, cdc: &Cdc, finalizers: Vec<String>, writes: &mut Writes) -> Result<(), PoolError> {
         match set_finalizers(&self.api, cdc, finalizers).await {
             // Later writes in this pass must start from this copy, not the older cached one.
             Ok(written) => {
-                round.written.insert(cdc.name_any(), written);
+                writes.fresh.record(written);
             }
-            Err(err) if is_conflict(&err) || is_not_found(&err) => round.soon(Duration::from_millis(200)),
+            Err(err) if is_conflict(&err) || is_not_found(&err) => writes.wake.soon(AFTER_A_LOST_RACE),
             Err(err) => return Err(err.into()),
         }
         Ok(())
     }
 
-    async fn release_orphan(&self, cdc: &Cdc, cd: &str, round: &mut Round) -> Result<(), PoolError> {
+    async fn release_orphan(&self, cdc: &Cdc, cd: &str, writes: &mut Writes) -> Result<(), PoolError> {
         let (tenant, name) = (self.tenant, self.name);
         match leases::release(&self.api, cdc, cd, name).await {
             Ok(true) => {
@@ -256,13 +300,13 @@ impl Pool<'_> {
                 .await;
             }
             Ok(false) => {}
-            Err(err) if is_conflict(&err) => round.soon(Duration::from_millis(200)),
+            Err(err) if is_conflict(&err) => writes.wake.soon(AFTER_A_LOST_RACE),
             Err(err) => return Err(err.into()),
         }
         Ok(())
     }
 
-    async fn release_interrupted(&self, cdc: &Cdc, min_age: Duration, round: &mut Round) -> Result<(), PoolError> {
+    async fn release_interrupted(&self, cdc: &Cdc, min_age: Duration, writes: &mut Writes) -> Result<(), PoolError> {
         let (tenant, name) = (self.tenant, self.name);
         match leases::release_interrupted(&self.api, cdc).await {
             Ok(Some(written)) => {
@@ -271,29 +315,29 @@ impl Pool<'_> {
                     "Released: it read Available=False with no clusterDeploymentRef (an interrupted lease) for longer than --lease-min-age ({min_age:?}); ClusterPool {name} may lease it again"
                 );
                 publish(tenant, &written, true, "Released", note).await;
-                round.written.insert(cdc.name_any(), written);
+                writes.fresh.record(written);
             }
             Ok(None) => {}
-            Err(err) if is_conflict(&err) || is_not_found(&err) => round.soon(Duration::from_millis(200)),
+            Err(err) if is_conflict(&err) || is_not_found(&err) => writes.wake.soon(AFTER_A_LOST_RACE),
             Err(err) => return Err(err.into()),
         }
         Ok(())
     }
 
     /// §4.3.1: a CDC of the inventory that no pool holds reads `Available=True`.
-    async fn mark_available(&self, cdc: &Cdc, round: &mut Round) -> Result<(), PoolError> {
+    async fn mark_available(&self, cdc: &Cdc, writes: &mut Writes) -> Result<(), PoolError> {
         match leases::mark_available(&self.api, cdc).await {
             Ok(Some(written)) => {
-                round.written.insert(cdc.name_any(), written);
+                writes.fresh.record(written);
             }
             Ok(None) => {}
-            Err(err) if is_conflict(&err) || is_not_found(&err) => round.soon(Duration::from_millis(200)),
+            Err(err) if is_conflict(&err) || is_not_found(&err) => writes.wake.soon(AFTER_A_LOST_RACE),
             Err(err) => return Err(err.into()),
         }
         Ok(())
     }
 
-    async fn relink(&self, cd: &ClusterDeployment, cdc: &Cdc, round: &mut Round) -> Result<Option<Cdc>, PoolError> {
+    async fn relink(&self, cd: &ClusterDeployment, cdc: &Cdc, writes: &mut Writes) -> Result<Option<Cdc>, PoolError> {
         let (tenant, name) = (self.tenant, self.name);
         match leases::lease(&self.api, cdc, &cd.name_any(), name).await {
             Ok(Some(written)) => {
@@ -313,21 +357,21 @@ impl Pool<'_> {
             }
             Ok(None) => Ok(None),
             Err(err) if is_conflict(&err) => {
-                round.soon(Duration::from_millis(200));
+                writes.wake.soon(AFTER_A_LOST_RACE);
                 Ok(None)
             }
             Err(err) => Err(err.into()),
         }
     }
 
-    async fn mark_succeeded(&self, cd: &ClusterDeployment, cdc: &Cdc, round: &mut Round) -> Result<(), PoolError> {
+    async fn mark_succeeded(&self, cd: &ClusterDeployment, cdc: &Cdc, writes: &mut Writes) -> Result<(), PoolError> {
         let message = format!("Patches applied and cluster {} installed successfully", cd.name_any());
         match leases::set_apply_result(&self.api, cdc, SUCCEEDED, message).await {
             Ok(Some(written)) => {
-                round.written.insert(cdc.name_any(), written);
+                writes.fresh.record(written);
             }
             Ok(None) => {}
-            Err(err) if is_conflict(&err) => round.soon(Duration::from_millis(200)),
+            Err(err) if is_conflict(&err) => writes.wake.soon(AFTER_A_LOST_RACE),
             Err(err) => return Err(err.into()),
         }
         Ok(())
@@ -408,7 +452,7 @@ mod tests {
                 name: "p",
                 ns: "team",
                 deleting_pool: self.deleting_pool,
-                listed: &self.listed,
+                listed: self.listed.clone(),
                 pools: &self.pools,
                 cds: &[],
                 live: &self.live,
@@ -470,7 +514,7 @@ mod tests {
             interrupted_by(Some("p")),
             interrupted_by(Some("gone")),
         ] {
-            assert!(leases::interrupted(&cdc));
+            assert!(lease_state::interrupted(&cdc));
             assert_eq!(world.orphaned(&cdc, min_age), Orphan::Interrupted, "{:?}", cdc.status);
             let forever = Duration::from_secs(1 << 40);
             assert!(matches!(world.orphaned(&cdc, forever), Orphan::Young(_)));

@@ -10,9 +10,9 @@ use kube::ResourceExt;
 
 use super::CDC_GENERATION_ANNOTATION;
 use super::buckets::{Bucket, Buckets, Stale, cdc_of};
-use super::leases::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX, SUCCEEDED};
+use super::lease_state::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX, SUCCEEDED};
+use super::pass::{Ctx, Executed, Observed};
 use super::plan::Plan;
-use super::pool::{Ctx, Round};
 use crate::api::pools::{
     ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus, FailureDomainStatus,
     InventoryEntryState, InventoryEntryStatus,
@@ -23,59 +23,65 @@ use crate::runtime::metrics::PoolLabels;
 
 type Cdc = ClusterDeploymentCustomization;
 
-/// What the status is built from.
+/// What the status is built from: what the pass observed, planned and did.
 pub(super) struct Report<'a> {
     pub(super) pool: &'a ClusterPool,
-    /// The status as last known, which the new one starts from.
-    pub(super) previous: &'a ClusterPoolStatus,
-    /// The pool's inventory entries, each once, in spec order.
-    pub(super) inventory: &'a [String],
-    pub(super) cds: &'a [Arc<ClusterDeployment>],
-    pub(super) buckets: &'a Buckets,
-    /// Clusters deleted this pass.
-    pub(super) deleted: &'a [String],
-    pub(super) domains: &'a BTreeMap<String, FailureDomainStatus>,
-    /// The pool's CDCs after the lease repair; `round.written` holds newer copies.
+    /// What the caches showed; its `previous` status is what the new one starts from.
+    pub(super) observed: &'a Observed,
+    /// The pool's CDCs as they are now: after the lease repair, with the copies the pass wrote.
     pub(super) cdcs: &'a BTreeMap<String, Arc<Cdc>>,
-    pub(super) round: &'a Round,
+    pub(super) buckets: &'a Buckets,
     pub(super) plan: &'a Plan,
+    pub(super) executed: &'a Executed,
+}
+
+impl Report<'_> {
+    /// Why the failure domains contradict themselves: as found while placing a new cluster's
+    /// machines, else as observed.
+    fn contradiction(&self) -> Option<&String> {
+        self.executed
+            .contradiction
+            .as_ref()
+            .or(self.observed.contradiction.as_ref())
+    }
+
+    /// Why a cluster cannot get its hosts: as found while assigning them, else as planned.
+    fn insufficient_hosts(&self) -> Option<&String> {
+        self.executed
+            .insufficient_hosts
+            .as_ref()
+            .or(self.plan.insufficient_hosts.as_ref())
+    }
 }
 
 /// The pool's status after this pass; conditions that change get `now` as their transition time.
 pub(super) fn build(report: &Report, now: Time) -> ClusterPoolStatus {
-    let pool = report.pool;
-    let unclaimed: Vec<Bucket> = report
+    let (pool, observed) = (report.pool, report.observed);
+    let unclaimed: Vec<Bucket> = observed
         .cds
         .iter()
-        .filter(|cd| !report.deleted.contains(&cd.name_any()))
+        .filter(|cd| !report.executed.deleted.contains(&cd.name_any()))
         .map(|cd| report.buckets.of(cd))
         .filter(|b| matches!(b, Bucket::Installing | Bucket::Ready | Bucket::Broken))
         .collect();
     let count = |bucket: Bucket| unclaimed.iter().filter(|b| **b == bucket).count() as i32;
-    let cdc_now = |entry: &str| -> Option<Cdc> {
-        report
-            .round
-            .written
-            .get(entry)
-            .cloned()
-            .or_else(|| report.cdcs.get(entry).map(|c| (**c).clone()))
-    };
+    let cdc_now = |entry: &str| -> Option<Cdc> { report.cdcs.get(entry).map(|c| (**c).clone()) };
     let cd_by_name: BTreeMap<String, Arc<ClusterDeployment>> =
-        report.cds.iter().map(|cd| (cd.name_any(), cd.clone())).collect();
-    let mut status = report.previous.clone();
+        observed.cds.iter().map(|cd| (cd.name_any(), cd.clone())).collect();
+    let mut status = observed.previous.clone();
     status.size = unclaimed.len() as i32;
     status.ready = count(Bucket::Ready);
     status.standby = count(Bucket::Installing);
     status.platform = pool.spec.platform.name().map(String::from);
     status.observed_generation = pool.metadata.generation;
-    status.failure_domains = report.domains.clone();
+    status.failure_domains = observed.domains.clone();
     status.inventory = entry_statuses(
-        report.previous,
-        report.inventory,
+        &observed.previous,
+        &observed.inventory,
         &cdc_now,
         &cd_by_name,
-        report.round,
-        &report.plan.stale,
+        &report.executed.leased,
+        report.plan,
         &pool.name_any(),
     );
     let wanted = conditions(report, &status.inventory, &cdc_now);
@@ -119,20 +125,21 @@ fn conditions(
     entries: &[InventoryEntryStatus],
     cdc_now: &dyn Fn(&str) -> Option<Cdc>,
 ) -> Vec<DesiredCondition<'static>> {
-    let pool = report.pool;
+    let (pool, executed, domains) = (report.pool, report.executed, &report.observed.domains);
     let mut conditions = vec![missing_dependencies(
-        report.round,
+        &executed.missing_dependencies,
         &pool.namespace().unwrap_or_default(),
     )];
     if pool.spec.inventory.is_some() {
-        conditions.push(inventory_valid(entries, report.round, report.inventory.len(), cdc_now));
+        let listed = report.observed.inventory.len();
+        conditions.push(inventory_valid(entries, &executed.syntax_errors, listed, cdc_now));
     }
-    conditions.push(capacity_available(pool, report.plan, report.round));
+    conditions.push(capacity_available(report));
     if pool.spec.platform.vsphere.is_some() {
-        conditions.push(failure_domains_unsupported(report.domains));
+        conditions.push(failure_domains_unsupported(domains));
     }
-    if pool.spec.platform.openstack.is_some() && (!report.domains.is_empty() || report.round.contradiction.is_some()) {
-        conditions.push(failure_domains_valid(report.round));
+    if pool.spec.platform.openstack.is_some() && (!domains.is_empty() || report.contradiction().is_some()) {
+        conditions.push(failure_domains_valid(report.contradiction()));
     }
     conditions.push(all_clusters_current(&report.plan.stale));
     conditions.push(condition(
@@ -154,8 +161,8 @@ fn condition(type_: &'static str, status: bool, reason: &'static str, message: S
     }
 }
 
-fn missing_dependencies(round: &Round, ns: &str) -> DesiredCondition<'static> {
-    if round.missing_dependencies.is_empty() {
+fn missing_dependencies(missing: &[String], ns: &str) -> DesiredCondition<'static> {
+    if missing.is_empty() {
         return condition(
             "MissingDependencies",
             false,
@@ -167,10 +174,7 @@ fn missing_dependencies(round: &Round, ns: &str) -> DesiredCondition<'static> {
         "MissingDependencies",
         true,
         "MissingDependencies",
-        format!(
-            "Create the missing Secrets in namespace {ns}: {}",
-            round.missing_dependencies.join(", ")
-        ),
+        format!("Create the missing Secrets in namespace {ns}: {}", missing.join(", ")),
     )
 }
 
@@ -179,14 +183,14 @@ fn missing_dependencies(round: &Round, ns: &str) -> DesiredCondition<'static> {
 /// invalid).
 fn inventory_valid(
     entries: &[InventoryEntryStatus],
-    round: &Round,
+    syntax_errors: &BTreeMap<String, String>,
     listed: usize,
     cdc_now: &dyn Fn(&str) -> Option<Cdc>,
 ) -> DesiredCondition<'static> {
     let mut problems: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for entry in entries {
         let (state, detail) = match entry.status {
-            InventoryEntryState::BrokenBySyntax => ("BrokenBySyntax", round.syntax_errors.get(&entry.name).cloned()),
+            InventoryEntryState::BrokenBySyntax => ("BrokenBySyntax", syntax_errors.get(&entry.name).cloned()),
             InventoryEntryState::BrokenByCloud => ("BrokenByCloud", None),
             InventoryEntryState::Missing => ("Missing", None),
             InventoryEntryState::Unavailable => ("Unavailable", cdc_now(&entry.name).map(|c| held_by(&c))),
@@ -217,8 +221,8 @@ fn inventory_valid(
 
 /// Who keeps an Unavailable entry from this pool.
 fn held_by(cdc: &Cdc) -> String {
-    match leases::lease_holder(cdc) {
-        _ if leases::interrupted(cdc) => {
+    match lease_state::lease_holder(cdc) {
+        _ if lease_state::interrupted(cdc) => {
             "an interrupted lease: Available=False with no clusterDeploymentRef; released after --lease-min-age".into()
         }
         // The name is read from the CDC's status, anyone's to write: shown only when it can be a name.
@@ -228,8 +232,8 @@ fn held_by(cdc: &Cdc) -> String {
 }
 
 /// §6: whether the failure domains contradict themselves, naming the contradiction.
-fn failure_domains_valid(round: &Round) -> DesiredCondition<'static> {
-    match &round.contradiction {
+fn failure_domains_valid(contradiction: Option<&String>) -> DesiredCondition<'static> {
+    match contradiction {
         Some(message) => condition(
             FAILURE_DOMAINS_VALID,
             false,
@@ -246,9 +250,9 @@ fn failure_domains_valid(round: &Round) -> DesiredCondition<'static> {
 }
 
 /// §4.3.5: at maxSize, short of hosts, or short of inventory, in that order.
-fn capacity_available(pool: &ClusterPool, plan: &Plan, round: &Round) -> DesiredCondition<'static> {
-    let capacity = &plan.capacity;
-    if round.contradiction.is_some() {
+fn capacity_available(report: &Report) -> DesiredCondition<'static> {
+    let (pool, capacity) = (report.pool, &report.plan.capacity);
+    if report.contradiction().is_some() {
         return condition(
             "CapacityAvailable",
             false,
@@ -266,7 +270,7 @@ fn capacity_available(pool: &ClusterPool, plan: &Plan, round: &Round) -> Desired
             format!("The pool is at its maxSize of {max} clusters, claimed and unclaimed"),
         );
     }
-    if let Some(message) = &round.insufficient_hosts {
+    if let Some(message) = report.insufficient_hosts() {
         return condition("CapacityAvailable", false, "InsufficientHosts", message.clone());
     }
     if pool.spec.inventory.is_some() && capacity.wanted > capacity.backed {
@@ -354,10 +358,11 @@ pub(super) fn entry_statuses(
     inventory: &[String],
     cdc_now: &dyn Fn(&str) -> Option<Cdc>,
     cds: &BTreeMap<String, Arc<ClusterDeployment>>,
-    round: &Round,
-    stale: &[(Arc<ClusterDeployment>, Stale)],
+    leased: &BTreeMap<String, i64>,
+    plan: &Plan,
     pool_name: &str,
 ) -> Vec<InventoryEntryStatus> {
+    let stale = &plan.stale;
     let old: BTreeMap<String, InventoryEntryStatus> =
         base.inventory.iter().map(|e| (e.name.clone(), e.clone())).collect();
     let built_from = |entry: &str| -> Option<&Arc<ClusterDeployment>> {
@@ -372,8 +377,8 @@ pub(super) fn entry_statuses(
             .and_then(|g| g.parse::<i64>().ok());
         let mut status = InventoryEntryStatus {
             name: entry.clone(),
-            version: round.leased.get(entry).copied().or(built).or(previous.version),
-            attempts: previous.attempts + i32::from(round.broken_entries.contains(entry)),
+            version: leased.get(entry).copied().or(built).or(previous.version),
+            attempts: previous.attempts + i32::from(plan.broken_entries.contains(entry)),
             ..Default::default()
         };
         match cdc_now(entry) {
@@ -407,15 +412,15 @@ pub(super) fn entry_statuses(
 /// The state of an entry whose CDC exists; `stale_edit` when an unclaimed cluster built from an
 /// older generation of it is stale.
 fn set_state(status: &mut InventoryEntryStatus, cdc: &Cdc, stale_edit: bool, pool_name: &str) {
-    let holder = leases::lease_holder(cdc);
-    let reason = leases::apply_reason(cdc);
+    let holder = lease_state::lease_holder(cdc);
+    let reason = lease_state::apply_reason(cdc);
     if reason == Some(SUCCEEDED) {
         status.attempts = 0;
     }
     let edited = status.version.is_some() && status.version != cdc.metadata.generation;
     status.status = match holder {
         // Reserved for no cluster is not Reserved: it backs nothing until it is repaired.
-        Some(_) if leases::interrupted(cdc) => InventoryEntryState::Unavailable,
+        Some(_) if lease_state::interrupted(cdc) => InventoryEntryState::Unavailable,
         Some((Some(p), _)) if p != pool_name => InventoryEntryState::Unavailable,
         Some((_, cd)) => {
             status.cluster_deployment = cd;
@@ -493,7 +498,6 @@ mod tests {
     use super::*;
     use crate::pools::buckets::fixtures::{Cd, cdc, claim, leased, pool, verdict};
     use crate::pools::plan::Capacity;
-    use crate::pools::pool::Round;
 
     const OLD: &str = "2024-01-01T00:00:00Z";
 
@@ -521,7 +525,9 @@ mod tests {
         deleted: Vec<String>,
         domains: BTreeMap<String, FailureDomainStatus>,
         cdcs: BTreeMap<String, Arc<Cdc>>,
-        round: Round,
+        /// Why the failure domains contradict themselves, as observed.
+        contradiction: Option<String>,
+        executed: Executed,
         plan: Plan,
     }
 
@@ -535,7 +541,8 @@ mod tests {
                 deleted: Vec::new(),
                 domains: BTreeMap::new(),
                 cdcs: BTreeMap::new(),
-                round: Round::new(),
+                contradiction: None,
+                executed: Executed::default(),
                 plan: empty_plan(),
             }
         }
@@ -549,18 +556,33 @@ mod tests {
                 .flatten()
                 .map(|e| e.name.clone())
                 .collect();
+            let observed = Observed {
+                previous: self.previous.clone(),
+                cds: self.cds.clone(),
+                claims: self.claims.clone(),
+                inventory,
+                cdcs: self.cdcs.clone(),
+                domains: self.domains.clone(),
+                contradiction: self.contradiction.clone(),
+                ..Observed::default()
+            };
             let buckets = Buckets::sort(&self.cds, &self.claims, &BTreeSet::new());
+            let executed = Executed {
+                deleted: self.deleted.clone(),
+                leased: self.executed.leased.clone(),
+                syntax_errors: self.executed.syntax_errors.clone(),
+                missing_dependencies: self.executed.missing_dependencies.clone(),
+                insufficient_hosts: self.executed.insufficient_hosts.clone(),
+                contradiction: self.executed.contradiction.clone(),
+                ..Executed::default()
+            };
             let report = Report {
                 pool: &self.pool,
-                previous: &self.previous,
-                inventory: &inventory,
-                cds: &self.cds,
+                observed: &observed,
+                cdcs: &self.executed.fresh.over(&self.cdcs),
                 buckets: &buckets,
-                deleted: &self.deleted,
-                domains: &self.domains,
-                cdcs: &self.cdcs,
-                round: &self.round,
                 plan: &self.plan,
+                executed: &executed,
             };
             build(&report, Time(Timestamp::UNIX_EPOCH))
         }
@@ -623,7 +645,7 @@ mod tests {
     #[test]
     fn missing_secrets_are_named_with_their_namespace() {
         let mut scene = Scene::new(json!({"size": 1}));
-        scene.round.missing_dependencies = vec!["pull Secret pull".into()];
+        scene.executed.missing_dependencies = vec!["pull Secret pull".into()];
         assert_eq!(
             condition(&scene.build(), "MissingDependencies"),
             (
@@ -643,7 +665,7 @@ mod tests {
             live: 2,
             ..Capacity::default()
         };
-        scene.round.insufficient_hosts = Some("not enough hosts".into());
+        scene.executed.insufficient_hosts = Some("not enough hosts".into());
         let reason = |scene: &Scene| condition(&scene.build(), "CapacityAvailable");
         assert_eq!(
             reason(&scene),
@@ -656,7 +678,7 @@ mod tests {
         scene.plan.capacity.live = 1;
         assert_eq!(reason(&scene).1, "InsufficientHosts");
         assert_eq!(reason(&scene).2, "not enough hosts");
-        scene.round.insufficient_hosts = None;
+        scene.executed.insufficient_hosts = None;
         assert_eq!(
             reason(&scene).2,
             "The pool needs 3 unclaimed clusters (size plus pending claims) but its inventory can back only 1; add ClusterDeploymentCustomizations to spec.inventory or lower spec.size"
@@ -696,7 +718,10 @@ mod tests {
         ] {
             scene.cdcs.insert(name.into(), cdc(name, 1, status));
         }
-        scene.round.syntax_errors.insert("syntax".into(), "bad path /x".into());
+        scene
+            .executed
+            .syntax_errors
+            .insert("syntax".into(), "bad path /x".into());
         let status = scene.build();
         let states: Vec<(String, InventoryEntryState)> =
             status.inventory.iter().map(|e| (e.name.clone(), e.status)).collect();
@@ -843,7 +868,7 @@ mod tests {
         );
         scene.domains.insert("fd-a".into(), FailureDomainStatus::default());
         assert_eq!(condition(&scene.build(), "FailureDomainsValid").0, "True");
-        scene.round.contradiction = Some("failure domain fd-a sets storageAvailabilityZone c".into());
+        scene.contradiction = Some("failure domain fd-a sets storageAvailabilityZone c".into());
         let status = scene.build();
         let (valid, reason, message) = condition(&status, "FailureDomainsValid");
         assert_eq!((valid.as_str(), reason.as_str()), ("False", "InvalidMachineSpec"));
@@ -856,6 +881,39 @@ mod tests {
             "InvalidMachineSpec",
             "the pool says it adds nothing"
         );
+    }
+
+    #[test]
+    fn what_the_execution_found_outranks_what_was_observed_and_planned() {
+        let mut scene = Scene::new(json!({"size": 1}));
+        scene.domains.insert("fd-a".into(), FailureDomainStatus::default());
+        scene.contradiction = Some("observed contradiction".into());
+        scene.executed.contradiction = Some("found while placing machines".into());
+        let (_, _, message) = condition(&scene.build(), "FailureDomainsValid");
+        assert!(message.ends_with("found while placing machines"), "{message}");
+        scene.contradiction = None;
+        scene.executed.contradiction = None;
+        scene.plan.insufficient_hosts = Some("planned: 1 host short".into());
+        assert_eq!(
+            condition(&scene.build(), "CapacityAvailable").2,
+            "planned: 1 host short"
+        );
+        scene.executed.insufficient_hosts = Some("assigning: other writers took them".into());
+        assert_eq!(
+            condition(&scene.build(), "CapacityAvailable").2,
+            "assigning: other writers took them"
+        );
+    }
+
+    #[test]
+    fn an_entry_reads_the_copy_the_pass_wrote_over_the_cached_one() {
+        let mut scene = Scene::new(json!({"size": 1, "inventory": entries(&["a"])}));
+        scene.cdcs.insert("a".into(), cdc("a", 1, leased("q", "q-x")));
+        assert_eq!(entry(&scene.build(), "a").status, InventoryEntryState::Unavailable);
+        let free = json!({"conditions": [{"type": "Available", "status": "True", "reason": "Available",
+            "message": "", "lastTransitionTime": OLD}]});
+        scene.executed.fresh.record((*cdc("a", 1, free)).clone());
+        assert_eq!(entry(&scene.build(), "a").status, InventoryEntryState::Available);
     }
 
     #[test]
@@ -898,11 +956,11 @@ mod tests {
             ..Default::default()
         }];
         scene.cdcs.insert("a".into(), cdc("a", 1, leased("p", "p-a")));
-        scene.round.broken_entries.insert("a".into());
+        scene.plan.broken_entries.insert("a".into());
         assert_eq!(entry(&scene.build(), "a").attempts, 3);
         scene.cdcs.insert("a".into(), cdc("a", 1, verdict("Succeeded", OLD, 1)));
         assert_eq!(entry(&scene.build(), "a").attempts, 0, "a success resets them");
-        scene.round.broken_entries.clear();
+        scene.plan.broken_entries.clear();
         scene
             .cdcs
             .insert("a".into(), cdc("a", 2, verdict("BrokenByCloud", OLD, 1)));
@@ -913,11 +971,11 @@ mod tests {
     fn a_lease_taken_this_pass_records_the_generation_applied() {
         let mut scene = Scene::new(json!({"size": 1, "inventory": entries(&["a"])}));
         scene.cdcs.insert("a".into(), cdc("a", 4, json!({})));
-        scene.round.leased.insert("a".into(), 4);
+        scene.executed.leased.insert("a".into(), 4);
         scene
-            .round
-            .written
-            .insert("a".into(), (*cdc("a", 4, leased("p", "p-new"))).clone());
+            .executed
+            .fresh
+            .record((*cdc("a", 4, leased("p", "p-new"))).clone());
         let a = entry(&scene.build(), "a");
         assert_eq!((a.status, a.version), (InventoryEntryState::Reserved, Some(4)));
         assert_eq!(a.cluster_deployment.as_deref(), Some("p-new"));

@@ -28,10 +28,10 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-pub use self::plan::role_label;
-use self::plan::{Delivery, Detach, HostReport, Snapshot, Step};
+use self::plan::{DELIVERED_TO_ANNOTATION, Delivery, Detach, HostReport, Snapshot, Step};
 use self::remote::{Intent, Outcome, Poll, RemoteWork, cluster_at_fault};
 use super::delivery;
+use super::remote_host::DeliveryError;
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{ClusterDeployment, POOL_NAME_LABEL};
 use crate::context::events::publish;
@@ -44,10 +44,10 @@ use crate::runtime::retry;
 use crate::runtime::status_writer::apply_status;
 
 /// The field manager of BareMetalAsset status writes.
-pub const FIELD_MANAGER: &str = "stackd/asset";
+pub(crate) const FIELD_MANAGER: &str = "stackd/asset";
 
 #[derive(Debug, thiserror::Error)]
-pub enum AssetError {
+pub(crate) enum AssetError {
     #[error("tenant API request failed: {0}")]
     Tenant(#[from] kube::Error),
     #[error(transparent)]
@@ -74,7 +74,7 @@ struct Ctx {
 }
 
 /// Runs the controller until `cancel` fires.
-pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
+pub(crate) async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     let assets = context.caches.tenant_guarded::<BareMetalAsset>();
     let cds = context.caches.tenant_guarded::<ClusterDeployment>();
     // The pool controller's watch of its clusters' namespaces, shared.
@@ -115,11 +115,6 @@ async fn reconcile(asset: Arc<BareMetalAsset>, ctx: Arc<Ctx>, _permit: Permit) -
 
 /// How often an asset whose cluster is too large to cache looks again.
 const REFUSED_CLUSTER_RECHECK: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// Finalizer on an asset delivered to a cluster, until it is removed from there again.
-pub const DELIVERY_FINALIZER: &str = "inventory.stackd.dev/delivery";
-/// The cluster an asset was delivered to (it may have been unassigned since).
-pub const DELIVERED_TO_ANNOTATION: &str = "inventory.stackd.dev/delivered-to";
 
 /// The cached ClusterDeployment `name` (its namespace has its name) when an asset of `namespace`
 /// may reach it; or why it may not, when it exists.
@@ -301,7 +296,7 @@ fn after_delivery(asset: &BareMetalAsset, ctx: &Ctx, cluster: &str, outcome: &Ou
 }
 
 /// How long `cluster`, which just failed to answer, is left alone.
-fn cluster_retry(ctx: &Ctx, cluster: &str, err: &delivery::DeliveryError) -> Duration {
+fn cluster_retry(ctx: &Ctx, cluster: &str, err: &DeliveryError) -> Duration {
     let waiting = ctx.remote.backoff.waiting(cluster);
     let (failures, left) = waiting.unwrap_or((1, ctx.tenant.shared.settings.backoff.base));
     warn!(cluster, failures, retry_in = ?left, error = %err, "managed cluster did not answer");

@@ -9,29 +9,33 @@ use kube::{Resource, ResourceExt};
 use serde_json::{Map, Value, json};
 
 use super::reach::FOREIGN_CLUSTER;
-use super::{DELIVERED_TO_ANNOTATION, DELIVERY_FINALIZER};
-use crate::api::inventory::{AssetRole, BareMetalAsset};
+use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::ClusterDeployment;
-use crate::inventory::delivery::{DeliveryError, MACHINE_API_NAMESPACE};
-use crate::inventory::{CLUSTER_LABEL, ROLE_LABEL};
+use crate::inventory::remote_host::{DeliveryError, MACHINE_API_NAMESPACE};
+use crate::inventory::{CLUSTER_LABEL, ROLE_LABEL, role_label};
+
+/// Finalizer on an asset delivered to a cluster, until it is removed from there again.
+pub(super) const DELIVERY_FINALIZER: &str = "inventory.stackd.dev/delivery";
+/// The cluster an asset was delivered to (it may have been unassigned since).
+pub(super) const DELIVERED_TO_ANNOTATION: &str = "inventory.stackd.dev/delivered-to";
 
 /// What one reconcile reads before deciding, all of it from the asset and the caches.
-pub struct Snapshot<'a> {
-    pub asset: &'a BareMetalAsset,
+pub(crate) struct Snapshot<'a> {
+    pub(crate) asset: &'a BareMetalAsset,
     /// The cached ClusterDeployment the asset is assigned to (its namespace has its name), when
     /// the asset may reach it (see `reach`).
-    pub assigned: Option<&'a ClusterDeployment>,
+    pub(crate) assigned: Option<&'a ClusterDeployment>,
     /// The cached ClusterDeployment the asset was last delivered to, when the asset may reach it.
-    pub delivered: Option<&'a ClusterDeployment>,
+    pub(crate) delivered: Option<&'a ClusterDeployment>,
     /// Why the assigned cluster, which exists, may not be reached from the asset's namespace.
-    pub assigned_refused: Option<String>,
+    pub(crate) assigned_refused: Option<String>,
     /// Why the cluster the delivery record names, which exists, may not be reached.
-    pub delivered_refused: Option<String>,
+    pub(crate) delivered_refused: Option<String>,
 }
 
 /// The first thing to do for an asset.
 #[derive(Debug, PartialEq)]
-pub enum Step<'a> {
+pub(crate) enum Step<'a> {
     /// It was delivered to a cluster it no longer belongs to, or is being deleted: detach first.
     Detach(Detach<'a>),
     /// Being deleted, and nothing of ours holds it.
@@ -44,7 +48,7 @@ pub enum Step<'a> {
 
 /// The one detach path (§5), for deletion and for unassignment or reassignment alike.
 #[derive(Debug, PartialEq)]
-pub enum Detach<'a> {
+pub(crate) enum Detach<'a> {
     /// A finalizer without a record of where the host went: nothing to remove remotely.
     Release,
     /// The cluster is being deleted or gone: its BareMetalHost is not removed there.
@@ -61,7 +65,7 @@ fn delivery_pending(asset: &BareMetalAsset) -> bool {
     asset.finalizers().iter().any(|f| f == DELIVERY_FINALIZER)
 }
 
-pub fn delivered_to(asset: &BareMetalAsset) -> Option<&str> {
+pub(crate) fn delivered_to(asset: &BareMetalAsset) -> Option<&str> {
     asset.annotations().get(DELIVERED_TO_ANNOTATION).map(String::as_str)
 }
 
@@ -70,7 +74,7 @@ fn live(cd: &ClusterDeployment) -> bool {
     cd.status.as_ref().is_some_and(|s| s.installed) && cd.metadata.deletion_timestamp.is_none()
 }
 
-pub fn step<'a>(snapshot: &Snapshot<'a>) -> Step<'a> {
+pub(crate) fn step<'a>(snapshot: &Snapshot<'a>) -> Step<'a> {
     let asset = snapshot.asset;
     let deleting = asset.metadata.deletion_timestamp.is_some();
     if delivery_pending(asset) && (deleting || delivered_to(asset) != asset.spec.assigned_cluster()) {
@@ -103,15 +107,6 @@ fn detach<'a>(snapshot: &Snapshot<'a>) -> Detach<'a> {
     }
 }
 
-/// The label value of a role; "" for an asset that may fill either.
-pub fn role_label(role: Option<AssetRole>) -> &'static str {
-    match role.unwrap_or_default() {
-        AssetRole::Master => "master",
-        AssetRole::Worker => "worker",
-        AssetRole::Unspecified => "",
-    }
-}
-
 /// The labels the asset's spec asks for; `None` values are removed.
 fn wanted_labels(asset: &BareMetalAsset) -> BTreeMap<String, Option<String>> {
     BTreeMap::from([
@@ -135,14 +130,14 @@ fn label_patch(asset: &BareMetalAsset) -> Map<String, Value> {
 
 /// A condition's verdict: status, reason, message.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Verdict {
-    pub ok: bool,
-    pub reason: &'static str,
-    pub message: String,
+pub(crate) struct Verdict {
+    pub(crate) ok: bool,
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
 }
 
 /// `CredentialsFound`: the Secret exists with keys `username` and `password`.
-pub fn credentials(secret: Option<&Secret>, name: &str, namespace: &str) -> Verdict {
+pub(crate) fn credentials(secret: Option<&Secret>, name: &str, namespace: &str) -> Verdict {
     let Some(secret) = secret else {
         return Verdict {
             ok: false,
@@ -177,7 +172,7 @@ pub fn credentials(secret: Option<&Secret>, name: &str, namespace: &str) -> Verd
 
 /// The owner reference making the asset the Secret's controller, when nobody owns the Secret yet
 /// (a Secret shared or owned elsewhere is left alone).
-pub fn secret_owner(asset: &BareMetalAsset, secret: &Secret) -> Option<OwnerReference> {
+pub(crate) fn secret_owner(asset: &BareMetalAsset, secret: &Secret) -> Option<OwnerReference> {
     if !secret.owner_references().is_empty() {
         return None;
     }
@@ -192,7 +187,7 @@ pub fn secret_owner(asset: &BareMetalAsset, secret: &Secret) -> Option<OwnerRefe
 }
 
 /// `ClusterDeploymentFound`: whether the assigned cluster exists (and may be reached).
-pub fn cluster_found(snapshot: &Snapshot<'_>) -> Verdict {
+pub(crate) fn cluster_found(snapshot: &Snapshot<'_>) -> Verdict {
     if let Some(why) = &snapshot.assigned_refused {
         return Verdict {
             ok: false,
@@ -221,16 +216,16 @@ pub fn cluster_found(snapshot: &Snapshot<'_>) -> Verdict {
 
 /// What `HostCreated` and `HostProvisioningInProgress` say about delivery.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HostReport {
-    pub verdict: Verdict,
+pub(crate) struct HostReport {
+    pub(crate) verdict: Verdict,
     /// The cluster is installed: the host is (being) delivered there, so a failure is progress
     /// that a user sees as an Event.
-    pub cluster_installed: bool,
+    pub(crate) cluster_installed: bool,
 }
 
 /// Delivery to the assigned cluster.
 #[derive(Debug, PartialEq)]
-pub enum Delivery<'a> {
+pub(crate) enum Delivery<'a> {
     /// Not assigned, or the ClusterDeployment is not there: no host to speak of.
     NoCluster,
     /// Nothing can be delivered yet, for this reason.
@@ -245,7 +240,7 @@ pub enum Delivery<'a> {
     },
 }
 
-pub fn delivery<'a>(snapshot: &Snapshot<'a>, credentials_found: bool) -> Delivery<'a> {
+pub(crate) fn delivery<'a>(snapshot: &Snapshot<'a>, credentials_found: bool) -> Delivery<'a> {
     let asset = snapshot.asset;
     let (Some(cluster), Some(cd)) = (asset.spec.assigned_cluster(), snapshot.assigned) else {
         return Delivery::NoCluster;
@@ -285,7 +280,7 @@ fn record_delivery_patch(asset: &BareMetalAsset, cluster: &str) -> Value {
 }
 
 /// The merge patch ending a detach: the finalizer and the delivery record go.
-pub fn release_patch(asset: &BareMetalAsset) -> Value {
+pub(crate) fn release_patch(asset: &BareMetalAsset) -> Value {
     let finalizers: Vec<&String> = asset.finalizers().iter().filter(|f| *f != DELIVERY_FINALIZER).collect();
     json!({"metadata": {
         "finalizers": finalizers,
@@ -296,7 +291,7 @@ pub fn release_patch(asset: &BareMetalAsset) -> Value {
 
 /// The merge patch of [`Step::Label`], with the resourceVersion: a pool assigning the asset
 /// meanwhile wins.
-pub fn labels_patch(asset: &BareMetalAsset, labels: &Map<String, Value>) -> Value {
+pub(crate) fn labels_patch(asset: &BareMetalAsset, labels: &Map<String, Value>) -> Value {
     json!({"metadata": {
         "labels": labels,
         "resourceVersion": asset.metadata.resource_version,
@@ -305,7 +300,7 @@ pub fn labels_patch(asset: &BareMetalAsset, labels: &Map<String, Value>) -> Valu
 
 /// The host conditions while `cluster`, which stopped answering `failures` times in a row, is
 /// left alone for a while (a delay that doubles with every failure, for all its assets).
-pub fn not_answering(cluster: &str, failures: u32) -> HostReport {
+pub(crate) fn not_answering(cluster: &str, failures: u32) -> HostReport {
     HostReport {
         verdict: Verdict {
             ok: false,
@@ -319,7 +314,7 @@ pub fn not_answering(cluster: &str, failures: u32) -> HostReport {
 }
 
 /// What a delivery attempt means for the host conditions. `Ok(false)`: a stale host was removed.
-pub fn delivered(result: &Result<bool, DeliveryError>, asset: &str, cluster: &str) -> HostReport {
+pub(crate) fn delivered(result: &Result<bool, DeliveryError>, asset: &str, cluster: &str) -> HostReport {
     let verdict = match result {
         Ok(true) => Verdict {
             ok: true,
@@ -351,7 +346,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     use super::*;
-    use crate::api::inventory::{BareMetalAssetSpec, BmcDetails};
+    use crate::api::inventory::{AssetRole, BareMetalAssetSpec, BmcDetails};
     use crate::api::pools::ClusterDeploymentStatus;
     use crate::runtime::untrusted_kubeconfig::config_from_untrusted;
 

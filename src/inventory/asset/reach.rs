@@ -12,13 +12,17 @@ use kube::ResourceExt;
 use crate::api::pools::{ClusterDeployment, POOL_NAMESPACE_LABEL, POOL_UID_ANNOTATION};
 
 /// The condition reason (and Event reason) of an asset naming a cluster it may not reach.
-pub const FOREIGN_CLUSTER: &str = "ForeignCluster";
+pub(crate) const FOREIGN_CLUSTER: &str = "ForeignCluster";
 /// The Event reason of a delivery record naming a cluster the asset may not reach.
-pub const RECORD_REFUSED: &str = "DeliveryRecordRefused";
+pub(crate) const RECORD_REFUSED: &str = "DeliveryRecordRefused";
 
 /// Whether an asset in `asset_namespace` may reach `cd`, whose namespace object (cached, if it is
 /// labelled for a pool) is `cd_namespace`; `Err` says why not.
-pub fn check(asset_namespace: &str, cd: &ClusterDeployment, cd_namespace: Option<&Namespace>) -> Result<(), String> {
+pub(crate) fn check(
+    asset_namespace: &str,
+    cd: &ClusterDeployment,
+    cd_namespace: Option<&Namespace>,
+) -> Result<(), String> {
     let namespace = cd.namespace().unwrap_or_default();
     if namespace == asset_namespace {
         return Ok(());

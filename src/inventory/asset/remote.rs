@@ -16,14 +16,14 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::api::inventory::BareMetalAsset;
-use crate::inventory::delivery::DeliveryError;
+use crate::inventory::remote_host::DeliveryError;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::cause::diagnose;
 use crate::runtime::panics;
 
 /// Managed-cluster operations running at once for one tenant. Each is a handful of requests; a
 /// stalled one holds its place for up to six times `--managed-cluster-timeout`.
-pub const OPERATIONS_PER_TENANT: usize = 4;
+pub(crate) const OPERATIONS_PER_TENANT: usize = 4;
 /// How long an outcome nobody came to read is kept (its asset was deleted meanwhile, say).
 const UNREAD_OUTCOME_KEPT: Duration = Duration::from_secs(600);
 /// Longest wait before a cluster that stopped answering is tried again.
@@ -31,20 +31,20 @@ const CLUSTER_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
 /// What an asset wants done on a cluster; an outcome is read only by the same intent.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Intent {
-    pub detach: bool,
-    pub cluster: String,
+pub(crate) struct Intent {
+    pub(crate) detach: bool,
+    pub(crate) cluster: String,
     /// What the operation was started from (the asset's generation, its credentials' version, the
     /// cluster's uid): an outcome for an older one is dropped and the operation started again.
-    pub basis: String,
+    pub(crate) basis: String,
 }
 
 /// `Ok(true)`: done; `Ok(false)`: not yet (a host being replaced or still going); or the failure.
-pub type Outcome = Result<bool, DeliveryError>;
+pub(crate) type Outcome = Result<bool, DeliveryError>;
 
 /// Where an asset's operation stands.
 #[derive(Debug)]
-pub enum Poll {
+pub(crate) enum Poll {
     /// It ended, with this outcome.
     Done(Outcome),
     /// It runs (or was just started); the asset is reconciled again when it ends.
@@ -60,19 +60,19 @@ enum Entry {
 }
 
 /// The managed-cluster operations of one tenant's assets.
-pub struct RemoteWork {
+pub(crate) struct RemoteWork {
     slots: Arc<Semaphore>,
     entries: Arc<Mutex<HashMap<ObjectRef<BareMetalAsset>, Entry>>>,
     /// One operation at a time per cluster, by name.
     clusters: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
-    pub backoff: Arc<ClusterBackoff>,
+    pub(crate) backoff: Arc<ClusterBackoff>,
     wake: mpsc::UnboundedSender<ObjectRef<BareMetalAsset>>,
     cancel: CancellationToken,
 }
 
 impl RemoteWork {
     /// Operations end by sending their asset on `wake`; all stop when `cancel` fires.
-    pub fn new(
+    pub(crate) fn new(
         backoff: Backoff,
         wake: mpsc::UnboundedSender<ObjectRef<BareMetalAsset>>,
         cancel: CancellationToken,
@@ -89,7 +89,7 @@ impl RemoteWork {
 
     /// The outcome of `asset`'s operation for `intent` if it ended; else starts the operation
     /// `start` makes (unless one of the asset's runs, or the cluster is backing off) and says so.
-    pub fn poll<F>(&self, asset: ObjectRef<BareMetalAsset>, intent: Intent, start: impl FnOnce() -> F) -> Poll
+    pub(crate) fn poll<F>(&self, asset: ObjectRef<BareMetalAsset>, intent: Intent, start: impl FnOnce() -> F) -> Poll
     where
         F: Future<Output = Outcome> + Send + 'static,
     {
@@ -155,7 +155,7 @@ impl RemoteWork {
 }
 
 /// True when the failure is the cluster's: it timed out or cannot be reached.
-pub fn cluster_at_fault(err: &DeliveryError) -> bool {
+pub(crate) fn cluster_at_fault(err: &DeliveryError) -> bool {
     match err {
         DeliveryError::TimedOut(_) => true,
         DeliveryError::Remote(err) => diagnose(err).kind.is_unreachable(),
@@ -164,7 +164,7 @@ pub fn cluster_at_fault(err: &DeliveryError) -> bool {
 }
 
 /// Consecutive failures of each managed cluster and when it may be tried again.
-pub struct ClusterBackoff {
+pub(crate) struct ClusterBackoff {
     backoff: Backoff,
     clusters: Mutex<HashMap<String, (u32, Instant)>>,
 }
@@ -178,7 +178,7 @@ impl ClusterBackoff {
     }
 
     /// `(failures, time left)` while `cluster` is left alone.
-    pub fn waiting(&self, cluster: &str) -> Option<(u32, Duration)> {
+    pub(crate) fn waiting(&self, cluster: &str) -> Option<(u32, Duration)> {
         let clusters = self.clusters.lock().unwrap_or_else(|p| p.into_inner());
         let (failures, retry_at) = clusters.get(cluster)?;
         let left = retry_at.checked_duration_since(Instant::now())?;

@@ -9,29 +9,29 @@ use kube::ResourceExt;
 use super::plan::{HostReport, Verdict};
 use super::reach::FOREIGN_CLUSTER;
 use crate::api::inventory::{BareMetalAsset, BareMetalAssetStatus};
-use crate::inventory::delivery::MACHINE_API_NAMESPACE;
+use crate::inventory::remote_host::MACHINE_API_NAMESPACE;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 
 /// What the reconcile found out.
-pub struct Report {
-    pub credentials: Verdict,
+pub(crate) struct Report {
+    pub(crate) credentials: Verdict,
     /// The credentials Secret exists (it is then a related object).
-    pub secret_exists: bool,
-    pub cluster: Verdict,
+    pub(crate) secret_exists: bool,
+    pub(crate) cluster: Verdict,
     /// `None` when there is no cluster to deliver to: the host conditions go.
-    pub host: Option<HostReport>,
+    pub(crate) host: Option<HostReport>,
 }
 
 /// An Event to publish once the status carrying it is written.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Note {
-    pub warning: bool,
-    pub reason: &'static str,
-    pub message: String,
+pub(crate) struct Note {
+    pub(crate) warning: bool,
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
 }
 
 /// The status the asset should have, and the Events of what changed.
-pub fn build(asset: &BareMetalAsset, report: Report, now: Time) -> (BareMetalAssetStatus, Vec<Note>) {
+pub(crate) fn build(asset: &BareMetalAsset, report: Report, now: Time) -> (BareMetalAssetStatus, Vec<Note>) {
     let mut status = asset.status.clone().unwrap_or_default();
     let mut notes = Vec::new();
     let generation = asset.metadata.generation;

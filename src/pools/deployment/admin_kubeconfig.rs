@@ -13,12 +13,12 @@ use crate::api::pools::ClusterDeployment;
 use crate::host::labels::{MANAGED_BY, MANAGED_BY_LABEL};
 
 /// The Secret's name.
-pub fn name(cd: &ClusterDeployment) -> String {
+pub(crate) fn name(cd: &ClusterDeployment) -> String {
     format!("{}-admin-kubeconfig", cd.name_any())
 }
 
 /// The Secret as stackd creates it, labelled and annotated for this very ClusterDeployment.
-pub fn secret(cd: &ClusterDeployment, kubeconfig: ByteString) -> Secret {
+pub(crate) fn secret(cd: &ClusterDeployment, kubeconfig: ByteString) -> Secret {
     Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(name(cd)),
@@ -52,7 +52,7 @@ fn made_for(secret: &Secret, cd: &ClusterDeployment) -> bool {
 
 /// What to do with the Secret found under the admin kubeconfig's name.
 #[derive(Debug, PartialEq)]
-pub enum Existing {
+pub(crate) enum Existing {
     /// Someone else's: leave it alone.
     Foreign,
     /// Ours and holding the kubeconfig already.
@@ -61,7 +61,7 @@ pub enum Existing {
     Replace(Box<Secret>),
 }
 
-pub fn existing(mut found: Secret, cd: &ClusterDeployment, kubeconfig: ByteString) -> Existing {
+pub(crate) fn existing(mut found: Secret, cd: &ClusterDeployment, kubeconfig: ByteString) -> Existing {
     if !made_for(&found, cd) {
         return Existing::Foreign;
     }

@@ -20,16 +20,16 @@ const INSTALL_DIR: &str = "/installer";
 
 /// Host names of one cluster's objects.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Names {
-    pub input: String,
-    pub output: String,
+pub(crate) struct Names {
+    pub(crate) input: String,
+    pub(crate) output: String,
     /// The installer's ServiceAccount, Role and RoleBinding.
-    pub installer: String,
-    pub destroy: String,
+    pub(crate) installer: String,
+    pub(crate) destroy: String,
 }
 
 impl Names {
-    pub fn of(cd: &ClusterDeployment) -> Names {
+    pub(crate) fn of(cd: &ClusterDeployment) -> Names {
         let (ns, name) = (cd.namespace().unwrap_or_default(), cd.name_any());
         let object = |suffix: &str| host_name(Some(&ns), &name, suffix, NameKind::Object);
         Names {
@@ -41,14 +41,14 @@ impl Names {
     }
 
     /// Each attempt has its own Job, so a failure is counted once.
-    pub fn install_job(cd: &ClusterDeployment, attempt: i32) -> String {
+    pub(crate) fn install_job(cd: &ClusterDeployment, attempt: i32) -> String {
         let (ns, name) = (cd.namespace().unwrap_or_default(), cd.name_any());
         host_name(Some(&ns), &name, &format!("-install-{attempt}"), NameKind::LabelBound)
     }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum JobState {
+pub(crate) enum JobState {
     Running,
     Succeeded,
     Failed,
@@ -57,7 +57,7 @@ pub enum JobState {
 /// The reason Kubernetes gives a Job it stopped at its `activeDeadlineSeconds`.
 const DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
 
-pub fn job_state(job: &Job) -> JobState {
+pub(crate) fn job_state(job: &Job) -> JobState {
     if finished(job, "Complete").is_some() {
         JobState::Succeeded
     } else if finished(job, "Failed").is_some() {
@@ -77,7 +77,7 @@ fn finished(job: &Job, type_: &str) -> Option<String> {
 }
 
 /// Whether the Job failed because it ran past its deadline (`--installer-deadline`).
-pub fn deadline_exceeded(job: &Job) -> bool {
+pub(crate) fn deadline_exceeded(job: &Job) -> bool {
     finished(job, "Failed").as_deref() == Some(DEADLINE_EXCEEDED)
 }
 
@@ -91,11 +91,16 @@ fn meta(name: &str, namespace: &str) -> kube::api::ObjectMeta {
 
 /// Annotation on the input Secret (which only stackd writes): the uid of the output Secret stackd
 /// created for the installer, the proof that a Secret of that name is still that one.
-pub const OUTPUT_UID_ANNOTATION: &str = "pools.stackd.dev/output-secret-uid";
+pub(crate) const OUTPUT_UID_ANNOTATION: &str = "pools.stackd.dev/output-secret-uid";
 
 /// The installer's inputs: the rendered install config, the pull secret and the credentials; and
 /// the uid of the output Secret made for it.
-pub fn input_secret(names: &Names, namespace: &str, data: BTreeMap<String, ByteString>, output_uid: &str) -> Secret {
+pub(crate) fn input_secret(
+    names: &Names,
+    namespace: &str,
+    data: BTreeMap<String, ByteString>,
+    output_uid: &str,
+) -> Secret {
     let mut metadata = meta(&names.input, namespace);
     metadata.annotations = Some(BTreeMap::from([(
         OUTPUT_UID_ANNOTATION.to_string(),
@@ -109,7 +114,7 @@ pub fn input_secret(names: &Names, namespace: &str, data: BTreeMap<String, ByteS
 }
 
 /// The Secret the installer fills; stackd only makes sure it exists.
-pub fn output_secret(names: &Names, namespace: &str) -> Secret {
+pub(crate) fn output_secret(names: &Names, namespace: &str) -> Secret {
     Secret {
         metadata: meta(&names.output, namespace),
         type_: Some("Opaque".into()),
@@ -118,7 +123,7 @@ pub fn output_secret(names: &Names, namespace: &str) -> Secret {
 }
 
 /// The ServiceAccount the installer runs as, allowed only get/update/patch on its output Secret.
-pub fn identity(names: &Names, namespace: &str) -> (ServiceAccount, Role, RoleBinding) {
+pub(crate) fn identity(names: &Names, namespace: &str) -> (ServiceAccount, Role, RoleBinding) {
     let account = ServiceAccount {
         metadata: meta(&names.installer, namespace),
         automount_service_account_token: Some(true),
@@ -140,7 +145,7 @@ pub fn identity(names: &Names, namespace: &str) -> (ServiceAccount, Role, RoleBi
 
 /// The install (`create cluster`) or destroy (`destroy cluster`) Job of §4.2. The installer is the
 /// tenant's image: it runs at most `deadline` (`--installer-deadline`) before Kubernetes stops it.
-pub fn installer_job(
+pub(crate) fn installer_job(
     name: &str,
     namespace: &str,
     names: &Names,
@@ -209,10 +214,10 @@ pub fn installer_job(
 /// The keys stackd reads from the installer's output Secret, and how many bytes of each at most
 /// (checked before anything is parsed): an admin kubeconfig with its certificates is some 10 KiB,
 /// `metadata.json` a few hundred bytes.
-pub const OUTPUT_KEYS: [(&str, usize); 2] = [("kubeconfig", 256 * 1024), ("metadata.json", 64 * 1024)];
+pub(crate) const OUTPUT_KEYS: [(&str, usize); 2] = [("kubeconfig", 256 * 1024), ("metadata.json", 64 * 1024)];
 
 /// A key of the installer's output Secret, as text.
-pub fn output_text(secret: &Secret, key: &str) -> Option<String> {
+pub(crate) fn output_text(secret: &Secret, key: &str) -> Option<String> {
     secret
         .data
         .as_ref()
@@ -221,7 +226,7 @@ pub fn output_text(secret: &Secret, key: &str) -> Option<String> {
 }
 
 /// Whether the installer left state a destroy Job needs (`metadata.json`).
-pub fn has_state(output: Option<&Secret>) -> bool {
+pub(crate) fn has_state(output: Option<&Secret>) -> bool {
     output
         .and_then(|s| s.data.as_ref())
         .and_then(|d| d.get("metadata.json"))

@@ -45,15 +45,15 @@ use crate::runtime::status_writer::apply_status;
 const KIND: &str = "ClusterDeployment";
 
 /// The field manager of ClusterDeployment status writes.
-pub const FIELD_MANAGER: &str = "stackd/deployment";
+pub(crate) const FIELD_MANAGER: &str = "stackd/deployment";
 
 /// Label naming the ClusterDeployment on the admin kubeconfig Secret stackd creates.
-pub const CLUSTER_DEPLOYMENT_LABEL: &str = "pools.stackd.dev/cluster-deployment";
+pub(crate) const CLUSTER_DEPLOYMENT_LABEL: &str = "pools.stackd.dev/cluster-deployment";
 /// The uid of that ClusterDeployment: with the labels, it proves stackd made the Secret for it.
-pub const CLUSTER_DEPLOYMENT_UID_ANNOTATION: &str = "pools.stackd.dev/cluster-deployment-uid";
+pub(crate) const CLUSTER_DEPLOYMENT_UID_ANNOTATION: &str = "pools.stackd.dev/cluster-deployment-uid";
 
 #[derive(Debug, thiserror::Error)]
-pub enum DeploymentError {
+pub(crate) enum DeploymentError {
     #[error("tenant API request failed: {0}")]
     Tenant(#[source] kube::Error),
     #[error(transparent)]
@@ -85,7 +85,7 @@ impl ReconcileError for DeploymentError {
 }
 
 /// Runs the controller until `cancel` fires.
-pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
+pub(crate) async fn run(context: Arc<TenantContext>, cancel: CancellationToken) {
     let caches = &context.caches;
     let cds = caches.tenant_guarded::<ClusterDeployment>();
     let (jobs, secrets) = (caches.host::<Job>(), caches.host::<Secret>());

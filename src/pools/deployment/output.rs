@@ -24,7 +24,7 @@ use crate::host::ownership::{self, Ownership};
 use crate::runtime::api_errors::{is_conflict, is_not_found};
 
 /// Event reason on a ClusterDeployment whose installer changed its output Secret's metadata.
-pub const OUTPUT_RESTORED: &str = "InstallerOutputRestored";
+pub(crate) const OUTPUT_RESTORED: &str = "InstallerOutputRestored";
 
 /// The Secret found at the output's name.
 pub(super) enum Found {

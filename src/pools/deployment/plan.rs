@@ -21,22 +21,22 @@ const DEFAULT_ATTEMPTS: i32 = 3;
 
 /// Whether the deprovision finalizer is on: it goes on before anything is provisioned, so deletion
 /// always runs the destroy Job.
-pub fn has_finalizer(cd: &ClusterDeployment) -> bool {
+pub(crate) fn has_finalizer(cd: &ClusterDeployment) -> bool {
     cd.finalizers().iter().any(|f| f == DEPROVISION_FINALIZER)
 }
 
 /// What provisioning reads from the host caches.
-pub struct Snapshot<'a> {
-    pub cd: &'a ClusterDeployment,
-    pub names: &'a Names,
+pub(crate) struct Snapshot<'a> {
+    pub(crate) cd: &'a ClusterDeployment,
+    pub(crate) names: &'a Names,
     /// This cluster's Jobs on the host.
-    pub jobs: &'a [Job],
+    pub(crate) jobs: &'a [Job],
     /// The cached Job of the current attempt (by name).
-    pub current: Option<&'a Job>,
+    pub(crate) current: Option<&'a Job>,
 }
 
 #[derive(Debug, PartialEq)]
-pub enum Provision<'a> {
+pub(crate) enum Provision<'a> {
     /// Installed, or stopped for good: nothing more to do.
     Settled,
     /// Work on the current attempt: delete `stale`, then do `next`.
@@ -48,7 +48,7 @@ pub enum Provision<'a> {
 }
 
 #[derive(Debug, PartialEq)]
-pub enum AttemptStep {
+pub(crate) enum AttemptStep {
     /// The installer runs; its Job's watch event brings the cluster back.
     Wait,
     /// The installer succeeded: copy the admin kubeconfig and record the cluster installed.
@@ -60,11 +60,11 @@ pub enum AttemptStep {
 }
 
 /// Which attempt the cluster is at; its Job is [`Names::install_job`] of it.
-pub fn attempt(cd: &ClusterDeployment) -> i32 {
+pub(crate) fn attempt(cd: &ClusterDeployment) -> i32 {
     cd.status.as_ref().map_or(0, |s| s.install_restarts)
 }
 
-pub fn provision<'a>(snapshot: &Snapshot<'a>) -> Provision<'a> {
+pub(crate) fn provision<'a>(snapshot: &Snapshot<'a>) -> Provision<'a> {
     let status = snapshot.cd.status.clone().unwrap_or_default();
     if status.installed || is_true(&status.conditions, "ProvisionStopped") {
         return Provision::Settled;
@@ -102,7 +102,7 @@ fn failed_attempt(cd: &ClusterDeployment, timed_out: bool) -> Outcome {
 }
 
 /// The tenant Secrets the installer needs, in the order they are read: `(what, name)`.
-pub fn input_refs(cd: &ClusterDeployment) -> Vec<(&'static str, String)> {
+pub(crate) fn input_refs(cd: &ClusterDeployment) -> Vec<(&'static str, String)> {
     let config = cd
         .spec
         .provisioning
@@ -130,15 +130,18 @@ fn credentials_ref(cd: &ClusterDeployment) -> Option<String> {
 
 /// What the installer Job is started with.
 #[derive(Debug, PartialEq)]
-pub struct Inputs {
+pub(crate) struct Inputs {
     /// The input Secret's data: every input Secret's keys, later ones winning.
-    pub data: BTreeMap<String, ByteString>,
-    pub installer_image: String,
+    pub(crate) data: BTreeMap<String, ByteString>,
+    pub(crate) installer_image: String,
 }
 
 /// The installer's inputs from the Secrets read for [`input_refs`] (`None`: it does not exist);
 /// or why the installer cannot start.
-pub fn inputs(cd: &ClusterDeployment, read: Vec<(&'static str, String, Option<Secret>)>) -> Result<Inputs, Outcome> {
+pub(crate) fn inputs(
+    cd: &ClusterDeployment,
+    read: Vec<(&'static str, String, Option<Secret>)>,
+) -> Result<Inputs, Outcome> {
     let ns = cd.namespace().unwrap_or_default();
     let mut input = BTreeMap::new();
     let mut missing = Vec::new();
@@ -169,7 +172,7 @@ pub fn inputs(cd: &ClusterDeployment, read: Vec<(&'static str, String, Option<Se
 
 /// What the installer's output says once its Job succeeded.
 #[derive(Debug)]
-pub enum Output {
+pub(crate) enum Output {
     /// The cache may not have the installer's write yet; the Secret's watch event brings us back.
     Pending,
     /// The installer image is the tenant's choice, so its kubeconfig is as untrusted as the tenant.
@@ -183,7 +186,7 @@ pub enum Output {
     },
 }
 
-pub fn output(secret: Option<&Secret>) -> Output {
+pub(crate) fn output(secret: Option<&Secret>) -> Output {
     let data = secret.and_then(|s| s.data.as_ref());
     let oversized = OUTPUT_KEYS.iter().find_map(|(key, max)| {
         let len = data.and_then(|d| d.get(*key)).map_or(0, |b| b.0.len());
@@ -209,19 +212,19 @@ pub fn output(secret: Option<&Secret>) -> Output {
 }
 
 /// What deprovisioning reads from the host caches.
-pub struct Teardown<'a> {
-    pub cd: &'a ClusterDeployment,
-    pub names: &'a Names,
+pub(crate) struct Teardown<'a> {
+    pub(crate) cd: &'a ClusterDeployment,
+    pub(crate) names: &'a Names,
     /// This cluster's Jobs on the host.
-    pub jobs: &'a [Job],
+    pub(crate) jobs: &'a [Job],
     /// The installer's output Secret (its `metadata.json` is what the destroy Job needs).
-    pub output: Option<&'a Secret>,
+    pub(crate) output: Option<&'a Secret>,
     /// The cached destroy Job (by name).
-    pub destroy: Option<&'a Job>,
+    pub(crate) destroy: Option<&'a Job>,
 }
 
 #[derive(Debug, PartialEq)]
-pub enum Deprovision<'a> {
+pub(crate) enum Deprovision<'a> {
     /// No finalizer of ours: nothing holds the deletion.
     NotHeld,
     /// Stop the installers (`stop`), then `next`.
@@ -229,7 +232,7 @@ pub enum Deprovision<'a> {
 }
 
 #[derive(Debug, PartialEq)]
-pub enum Destroy<'a> {
+pub(crate) enum Destroy<'a> {
     /// Start the destroy Job with this installer image.
     Start(String),
     Wait,
@@ -241,7 +244,7 @@ pub enum Destroy<'a> {
 }
 
 /// Deletion (§4.3.11): the destroy Job runs and succeeds before anything else is let go.
-pub fn deprovision<'a>(teardown: &Teardown<'a>) -> Deprovision<'a> {
+pub(crate) fn deprovision<'a>(teardown: &Teardown<'a>) -> Deprovision<'a> {
     if !has_finalizer(teardown.cd) {
         return Deprovision::NotHeld;
     }
@@ -272,17 +275,17 @@ pub fn deprovision<'a>(teardown: &Teardown<'a>) -> Deprovision<'a> {
 
 /// What a destroyed cluster gives back (§4.3.6, §5, §8).
 #[derive(Debug, PartialEq, Eq)]
-pub struct Release {
+pub(crate) struct Release {
     /// The cluster names a pool that did not create it: say that nothing of the pool's is released.
-    pub refused: bool,
+    pub(crate) refused: bool,
     /// `(namespace, name, pool)` of the CDC to release.
-    pub customization: Option<(String, String, String)>,
+    pub(crate) customization: Option<(String, String, String)>,
     /// Where the cluster's BareMetalAssets go back to the inventory.
-    pub hosts_namespace: Option<String>,
+    pub(crate) hosts_namespace: Option<String>,
 }
 
 /// `made_by_pool`: the pool its reference names created it (a reference alone is anyone's to write).
-pub fn release(cd: &ClusterDeployment, made_by_pool: bool) -> Release {
+pub(crate) fn release(cd: &ClusterDeployment, made_by_pool: bool) -> Release {
     let pool_ref = cd.spec.cluster_pool_ref.as_ref();
     let customization = pool_ref.filter(|_| made_by_pool).and_then(|pool_ref| {
         let cdc = pool_ref.cluster_deployment_customization.as_ref()?;

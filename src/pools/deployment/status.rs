@@ -10,7 +10,7 @@ use crate::runtime::conditions::{DesiredCondition, set_condition};
 
 /// What a reconcile found out, to be recorded in the status.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The failure-domain record is missing or was edited (§6): it is restored.
     RecordRestored {
         record: Vec<MachineFailureDomain>,
@@ -54,10 +54,10 @@ fn timed_out_note(timed_out: bool) -> &'static str {
 
 /// An Event to publish once the status carrying it is written.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Note {
-    pub warning: bool,
-    pub reason: &'static str,
-    pub message: String,
+pub(crate) struct Note {
+    pub(crate) warning: bool,
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
 }
 
 impl Outcome {
@@ -135,7 +135,7 @@ impl Outcome {
     }
 
     /// Sets the outcome in `status`; returns whether the status must be written.
-    pub fn record(&self, status: &mut ClusterDeploymentStatus, generation: Option<i64>, now: Time) -> bool {
+    pub(crate) fn record(&self, status: &mut ClusterDeploymentStatus, generation: Option<i64>, now: Time) -> bool {
         let changed_fields = self.record_fields(status);
         let message = self.message();
         let (provisioned, stopped) = self.reasons();
@@ -188,7 +188,7 @@ impl Outcome {
     }
 
     /// The Event once the outcome is written; `None` when it deserves none.
-    pub fn note(&self) -> Option<Note> {
+    pub(crate) fn note(&self) -> Option<Note> {
         let warning = |reason| {
             Some(Note {
                 warning: true,

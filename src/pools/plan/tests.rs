@@ -74,7 +74,7 @@ impl World {
 
     fn plan_with(&self, progress: &Progress) -> Plan {
         let inventory = self.inventory();
-        let written = BTreeMap::new();
+        let fresh = Fresh::default();
         let inputs = Inputs {
             pool: &self.pool,
             version: VERSION,
@@ -82,7 +82,7 @@ impl World {
             cds: &self.cds,
             expected_created: &self.expected_created,
             cdcs: &self.cdcs,
-            written: &written,
+            fresh: &fresh,
             previous: &self.previous,
             backoff: Backoff::new(Duration::from_secs(10), Duration::from_secs(3600)),
             assets: &self.assets,
