@@ -123,8 +123,18 @@ pub struct ClusterPoolSpec {
     /// How long a claim may keep its cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_lifetime: Option<ClaimLifetime>,
-    /// ClusterDeploymentCustomizations in this namespace to build clusters from. Each cluster leases
-    /// one entry; the pool never has more clusters than it can lease entries.
+    /// ClusterDeploymentCustomizations in this namespace to build clusters from: a list of entries
+    /// naming them, as Hive ships it. Each cluster leases one entry; the pool never has more
+    /// clusters than it can lease entries. At least one entry (leave the field out for a pool
+    /// without an inventory). Write
+    ///
+    /// ```yaml
+    /// inventory:
+    /// - name: foo-cluster-deployment-customization
+    /// - name: bar-cluster-deployment-customization
+    /// ```
+    ///
+    /// not the design document's `inventory: {ClusterDeploymentCustomizations: [...]}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
         length(min = 1, max = MAX_INVENTORY_ENTRIES),
@@ -283,7 +293,7 @@ pub struct ClaimLifetime {
     pub maximum: Option<String>,
 }
 
-/// One entry of a pool's inventory.
+/// One entry of a pool's inventory, e.g. `{name: foo-cluster-deployment-customization}`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InventoryEntry {
@@ -320,7 +330,12 @@ pub struct FailureDomainDefinition {
     /// volume; an error together with an explicit `controlPlane.rootVolume.availabilityZone`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_availability_zone: Option<String>,
-    /// Ports of machines in this domain; they come before the pool's `controlPlane.ports`.
+    /// Ports of machines in this domain; they come before the pool's `controlPlane.ports`. The
+    /// install config gets them as openshift-install's `failureDomains[].portTargets` (a port
+    /// tagged `control_plane` replaces the machine's primary network), which openshift-install
+    /// takes only with `featureSet: TechPreviewNoUpgrade`: stackd sets it when the install-config
+    /// template sets none (such clusters cannot be upgraded), and a template with another feature
+    /// set makes the pool create no clusters.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = MAX_PORTS))]
     pub ports: Vec<PortOpts>,
@@ -390,7 +405,8 @@ pub struct ControlPlaneMachines {
     /// Root volume of control-plane machines (OpenStack).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub root_volume: Option<RootVolume>,
-    /// Ports of every control-plane machine, after its failure domain's ports.
+    /// Ports of every control-plane machine, after its failure domain's ports (rendered as the
+    /// domain's are).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = MAX_PORTS))]
     pub ports: Vec<PortOpts>,
@@ -407,7 +423,9 @@ pub struct RootVolume {
     /// Volume type.
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "type")]
     pub volume_type: Option<String>,
-    /// Storage availability zone. Must not be set when failure domains set a storage zone.
+    /// Storage availability zone. Must not be set when a failure domain control-plane machines
+    /// go to sets a storage zone (the pool then creates no clusters and says so). Unset, a root
+    /// volume goes to its domain's storage zone, else to its machine's compute zone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub availability_zone: Option<String>,
 }
@@ -438,8 +456,9 @@ pub struct ClusterPoolStatus {
     /// The platform in use, for display.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub platform: Option<String>,
-    /// `InventoryValid`, `CapacityAvailable`, `AllClustersCurrent`, `MissingDependencies`,
-    /// `DeletionPossible`.
+    /// `InventoryValid` (with an inventory), `CapacityAvailable`, `AllClustersCurrent`,
+    /// `MissingDependencies`, `DeletionPossible`, `FailureDomainsValid` (OpenStack pools with
+    /// failure domains), `FailureDomainsUnsupported` (vSphere pools).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -464,7 +483,8 @@ pub struct ClusterPoolStatus {
 pub struct InventoryEntryStatus {
     /// Name of the ClusterDeploymentCustomization.
     pub name: String,
-    /// The ClusterDeploymentCustomization's `metadata.generation` last applied to a cluster.
+    /// The ClusterDeploymentCustomization's `metadata.generation` last applied to a cluster;
+    /// the new generation once it is edited while no cluster holds it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<i64>,
     /// State of the entry.
@@ -491,7 +511,8 @@ pub enum InventoryEntryState {
     BrokenByCloud,
     /// The ClusterDeploymentCustomization does not exist.
     Missing,
-    /// Leased by another pool.
+    /// Leased by another pool, or holding an interrupted lease (`Available=False` without a
+    /// `clusterDeploymentRef`) until it is released after `--lease-min-age`.
     Unavailable,
     /// Removed from the inventory; its cluster is replaced.
     ToBeDeleted,
@@ -558,8 +579,18 @@ pub enum FailureDomainType {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterDeploymentCustomizationSpec {
-    /// Patches applied in order to the install config generated by the pool: at most 100, and
-    /// the config they produce may not grow past 1 MiB (as JSON) or nest deeper than 64 levels.
+    /// RFC 6902 patches applied in order to the install config generated by the pool: at most
+    /// 100, and the config they produce may not grow past 1 MiB (as JSON) or nest deeper than 64
+    /// levels. Paths are JSON pointers starting with `/`; to name a cluster `foo`, write
+    ///
+    /// ```yaml
+    /// installConfigPatches:
+    /// - op: replace
+    ///   path: /metadata/name
+    ///   value: foo
+    /// ```
+    ///
+    /// (the design document's `path: metadata/name` is refused).
     #[serde(default)]
     #[schemars(length(max = MAX_INSTALL_CONFIG_PATCHES))]
     pub install_config_patches: Vec<PatchEntity>,
@@ -571,7 +602,8 @@ pub struct ClusterDeploymentCustomizationSpec {
 pub struct PatchEntity {
     /// The operation: add, remove, replace, move, copy or test.
     pub op: PatchOp,
-    /// JSON pointer to the target, starting with `/`: write `/metadata/name`, not `metadata/name`.
+    /// JSON pointer to the target, starting with `/`: write `/metadata/name`, not `metadata/name`
+    /// (e.g. `{op: replace, path: /metadata/name, value: foo}`).
     #[schemars(regex(pattern = r"^/"))]
     pub path: String,
     /// JSON pointer to the source of a move or copy, starting with `/`: write `/metadata/name`,
@@ -611,8 +643,9 @@ pub struct ClusterDeploymentCustomizationStatus {
     /// JSON of the spec applied by the lease holder.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_applied_configuration: Option<String>,
-    /// `Available` (False with reason Reserved while leased) and `ApplySucceeded` (Succeeded,
-    /// InstallationPending, BrokenBySyntax or BrokenByCloud).
+    /// `Available` (True while no pool holds it, once a pool lists it; False with reason Reserved
+    /// while leased, so `kubectl wait --for=condition=Available` waits for it to be free) and
+    /// `ApplySucceeded` (Succeeded, InstallationPending, BrokenBySyntax or BrokenByCloud).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,

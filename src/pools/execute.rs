@@ -79,7 +79,7 @@ pub(super) async fn deletes(
         delete_cd(&api, cd, why.logged()).await?;
         let (reason, warning, note) = why.event(&cd_name);
         publish(tenant, pool, warning, reason, note).await;
-        if matches!(why, Why::ClaimDeleted | Why::Broken { .. }) {
+        if matches!(why, Why::ClaimDeleted | Why::Broken { .. } | Why::InvalidMachineSpec) {
             buckets.set(&cd_name, Bucket::Deleting);
         }
         deleted.push(cd_name);
@@ -129,6 +129,11 @@ pub(super) async fn add_clusters(
         let mut config = install_config::generate(&inputs.template, &pool.spec, &cd_name);
         let mut usage = placement.usage.clone();
         let mut plan: MachinePlan = machines::plan(pool, placement.domains, &mut usage, &mut config);
+        if let Some(invalid) = plan.invalid.take() {
+            // Every cluster would be stopped on its machines: none is made (§6, issue 29).
+            round.contradiction = Some(invalid);
+            return Ok(());
+        }
         let mut leased: Option<Cdc> = None;
         if pool.spec.inventory.is_some() {
             // Try entries in order until one applies and its lease write wins.

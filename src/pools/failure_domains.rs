@@ -1,15 +1,27 @@
 //! Failure domains of a pool (DESIGN.md §6): the domains in effect (discovered zones, then explicit
 //! definitions that override them by name), the deterministic spreading of a new cluster's
-//! control-plane machines, each machine's resolved domain (the record frozen on the cluster), and
-//! its OpenStack rendering.
+//! control-plane machines, each machine's resolved domain (the record frozen on the cluster), the
+//! contradictions a pool reports instead of creating clusters, and the OpenStack rendering in
+//! openshift-install's own install-config shape.
+//!
+//! What openshift-install's OpenStack machine pools take (`controlPlane.platform.openstack`,
+//! `compute[].platform.openstack`): `zones` (machine `i` goes to `zones[i % len]`; the compute
+//! pool gets one MachineSet per zone) and `rootVolume.zones` (one zone for all, or as many as
+//! `zones`); or, only with `featureSet: TechPreviewNoUpgrade` and never together with those two,
+//! `failureDomains` (machine `i` goes to `failureDomains[i % len]`), each
+//! `{computeAvailabilityZone, storageAvailabilityZone, portTargets}` where a port target is
+//! `{id, network: {id, name}, fixedIPs: [{subnet: {id, name}}]}` and the one with id
+//! `control-plane` replaces the machine's primary network. Ports exist only in the second shape, so
+//! a pool whose machines have ports renders it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::api::pools::{
-    ClusterPoolSpec, FailureDomainStatus, FailureDomainType, HostRole, MachineFailureDomain, MachinePlacement,
+    ClusterPoolSpec, FailureDomainDefinition, FailureDomainStatus, FailureDomainType, HostRole, MachineFailureDomain,
+    MachinePlacement, PortOpts, ResourceFilter,
 };
 
 /// Annotation on a ClusterDeployment: SHA-256 of its `status.failureDomains` record.
@@ -103,6 +115,50 @@ pub fn usage<'a>(records: impl IntoIterator<Item = &'a MachineFailureDomain>) ->
     counts
 }
 
+/// The feature set openshift-install accepts `failureDomains` in.
+pub const TECH_PREVIEW: &str = "TechPreviewNoUpgrade";
+/// Tags that make a port the machine's primary network (openshift-install's `control-plane` target).
+const PRIMARY_TAGS: &[&str] = &["control_plane", "control-plane"];
+
+/// The explicit definition behind domain `name`, if it is one (type `Cluster`).
+fn definition<'a>(
+    spec: &'a ClusterPoolSpec,
+    domains: &BTreeMap<String, FailureDomainStatus>,
+    name: &str,
+) -> Option<&'a FailureDomainDefinition> {
+    let explicit = domains
+        .get(name)
+        .is_some_and(|d| d.domain_type == FailureDomainType::Cluster);
+    spec.failure_domains.iter().find(|d| explicit && d.name == name)
+}
+
+/// Why the pool's failure domains contradict themselves, if they do (§6 merge rules): a domain
+/// control-plane machines may be placed in sets a storage zone while
+/// `controlPlane.rootVolume.availabilityZone` is set, so such a machine's root volume would have
+/// two zones. A pool in this state creates no cluster (each would be stopped with
+/// `InvalidMachineSpec`) and says so.
+pub fn contradiction(spec: &ClusterPoolSpec, domains: &BTreeMap<String, FailureDomainStatus>) -> Option<String> {
+    spec.platform.openstack.as_ref()?;
+    let volume = spec.control_plane.as_ref()?.root_volume.as_ref()?;
+    let explicit = volume.availability_zone.as_ref()?;
+    let clashing: Vec<String> = domains
+        .iter()
+        .filter(|(_, d)| d.control_plane)
+        .filter_map(|(name, _)| definition(spec, domains, name))
+        .filter_map(|d| {
+            let zone = d.storage_availability_zone.as_ref()?;
+            Some(format!("failure domain {} sets storageAvailabilityZone {zone}", d.name))
+        })
+        .collect();
+    if clashing.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{} and controlPlane.rootVolume.availabilityZone is {explicit}: a control-plane machine placed there would have two root-volume zones; remove one of them",
+        clashing.join(", ")
+    ))
+}
+
 /// Resolves each placed control-plane machine into its record (merge rules of §6): the domain's
 /// ports before the pool's, the domain's storage zone only with a root volume, and an error when
 /// it would contradict an explicit root-volume zone.
@@ -117,11 +173,7 @@ pub fn control_plane_records(
     for (index, placement) in placements.iter().enumerate() {
         let Some(name) = placement else { continue };
         let machine = format!("master-{index}");
-        let explicit = domains
-            .get(name)
-            .is_some_and(|d| d.domain_type == FailureDomainType::Cluster);
-        let definition = spec.failure_domains.iter().find(|d| explicit && d.name == *name);
-        let (compute, storage, mut ports) = match definition {
+        let (compute, storage, mut ports) = match definition(spec, domains, name) {
             Some(d) => (
                 d.compute_availability_zone.clone(),
                 d.storage_availability_zone.clone(),
@@ -140,7 +192,9 @@ pub fn control_plane_records(
                 }
                 Some(zone)
             }
-            (Some(volume), None) => volume.availability_zone.clone(),
+            // Neither zone said: the volume goes where the machine goes (CAPO's fallback, and
+            // what openshift-install wants written out when compute zones are).
+            (Some(volume), None) => volume.availability_zone.clone().or_else(|| compute.clone()),
         };
         ports.extend(control_plane.ports.iter().cloned());
         records.push(MachineFailureDomain {
@@ -161,36 +215,79 @@ pub fn record_hash(records: &[MachineFailureDomain]) -> String {
     hex::encode(Sha256::digest(text.as_bytes()))
 }
 
-/// Writes the control-plane zones into an OpenStack install config: compute zones and root-volume
-/// storage zones in machine order.
-pub fn render_openstack(config: &mut Value, spec: &ClusterPoolSpec, records: &[MachineFailureDomain]) {
+/// Writes the machines' domains into an OpenStack install config in openshift-install's shape
+/// (see the module doc): the control plane's `records` in machine order, and the compute pool spread
+/// over every domain in name order (`NoControlPlane` ones included). An error when the shape needs
+/// a feature set the install-config template refuses.
+pub fn render_openstack(
+    config: &mut Value,
+    spec: &ClusterPoolSpec,
+    domains: &BTreeMap<String, FailureDomainStatus>,
+    records: &[MachineFailureDomain],
+) -> Result<(), String> {
     let masters: Vec<&MachineFailureDomain> = records.iter().filter(|r| r.role == HostRole::Master).collect();
-    // Zones go by machine index: a list is rendered only when every machine has its zone.
-    let compute: Vec<&str> = masters
-        .iter()
-        .map(|r| r.compute_availability_zone.as_deref())
-        .collect::<Option<_>>()
-        .unwrap_or_default();
-    let storage: Vec<&str> = masters
-        .iter()
-        .map(|r| r.storage_availability_zone.as_deref())
-        .collect::<Option<_>>()
-        .unwrap_or_default();
+    let workers = worker_domains(spec, domains);
+    let ports = masters.iter().any(|r| !r.ports.is_empty()) || workers.iter().any(|w| !w.ports.is_empty());
+    if ports {
+        require_tech_preview(config)?;
+    }
+    let Some(object) = config.as_object_mut() else {
+        return Ok(());
+    };
+    if !masters.is_empty() || spec.control_plane.as_ref().is_some_and(|c| c.root_volume.is_some()) {
+        let control_plane = object
+            .entry("controlPlane")
+            .or_insert_with(|| json!({"name": "master"}));
+        if !control_plane.is_object() {
+            *control_plane = json!({"name": "master"});
+        }
+        render_control_plane(&mut control_plane["platform"]["openstack"], spec, &masters);
+    }
+    if !workers.is_empty() {
+        let compute = object.entry("compute").or_insert_with(|| json!([]));
+        if !compute
+            .as_array()
+            .is_some_and(|c| c.first().is_some_and(Value::is_object))
+        {
+            *compute = json!([{"name": "worker"}]);
+        }
+        render_workers(&mut compute[0]["platform"]["openstack"], &workers);
+    }
+    Ok(())
+}
+
+/// `failureDomains` is a TechPreviewNoUpgrade feature of openshift-install: a template that sets no
+/// feature set gets that one; one that sets another contradicts the pool's ports.
+fn require_tech_preview(config: &mut Value) -> Result<(), String> {
+    match config.get("featureSet") {
+        None | Some(Value::Null) => {
+            if let Some(object) = config.as_object_mut() {
+                object.insert("featureSet".into(), json!(TECH_PREVIEW));
+            }
+            Ok(())
+        }
+        Some(Value::String(set)) if set == TECH_PREVIEW => Ok(()),
+        Some(other) => {
+            // The template is a Secret: only a plain feature-set word is echoed.
+            let named = other
+                .as_str()
+                .filter(|w| w.len() <= 40 && w.chars().all(|c| c.is_ascii_alphanumeric()))
+                .map_or_else(|| "another featureSet".to_string(), |w| format!("featureSet {w}"));
+            Err(format!(
+                "the pool's failure domains or controlPlane have ports, which openshift-install takes only as failureDomains[].portTargets with featureSet {TECH_PREVIEW}, and the install-config template sets {named}: remove the ports, or set featureSet: {TECH_PREVIEW} in the template (such clusters cannot be upgraded)"
+            ))
+        }
+    }
+}
+
+/// The control plane: `rootVolume` (size, type), then either `failureDomains` (its machines have
+/// ports) or `zones` and `rootVolume.zones`; the shape not used is removed (openshift-install
+/// refuses both at once).
+fn render_control_plane(openstack: &mut Value, spec: &ClusterPoolSpec, masters: &[&MachineFailureDomain]) {
+    if !openstack.is_object() {
+        *openstack = json!({});
+    }
     let root_volume = spec.control_plane.as_ref().and_then(|c| c.root_volume.as_ref());
-    if compute.is_empty() && root_volume.is_none() {
-        return;
-    }
-    let Some(object) = config.as_object_mut() else { return };
-    let control_plane = object
-        .entry("controlPlane")
-        .or_insert_with(|| json!({"name": "master"}));
-    if !control_plane.is_object() {
-        *control_plane = json!({"name": "master"});
-    }
-    let openstack = &mut control_plane["platform"]["openstack"];
-    if !compute.is_empty() {
-        openstack["zones"] = json!(compute);
-    }
     if let Some(volume) = root_volume {
         let mut rendered = json!({});
         if let Some(size) = volume.size {
@@ -199,11 +296,146 @@ pub fn render_openstack(config: &mut Value, spec: &ClusterPoolSpec, records: &[M
         if let Some(kind) = &volume.volume_type {
             rendered["type"] = json!(kind);
         }
-        if !storage.is_empty() {
-            rendered["zones"] = json!(storage);
-        }
         openstack["rootVolume"] = rendered;
     }
+    let zone = |z: &Option<String>| json!(z.clone().unwrap_or_default());
+    if masters.iter().any(|r| !r.ports.is_empty()) {
+        let entries: Vec<Value> = masters
+            .iter()
+            .map(|r| {
+                let mut entry = json!({
+                    "computeAvailabilityZone": zone(&r.compute_availability_zone),
+                    "portTargets": port_targets(&r.ports),
+                });
+                if root_volume.is_some() {
+                    entry["storageAvailabilityZone"] = zone(&r.storage_availability_zone);
+                }
+                entry
+            })
+            .collect();
+        openstack["failureDomains"] = json!(entries);
+        return;
+    }
+    let placed = masters
+        .iter()
+        .any(|r| r.compute_availability_zone.is_some() || r.storage_availability_zone.is_some());
+    if !placed {
+        return;
+    }
+    // One zone per machine, in machine order ("" lets Nova or Cinder choose for that machine).
+    openstack["zones"] = json!(
+        masters
+            .iter()
+            .map(|r| zone(&r.compute_availability_zone))
+            .collect::<Vec<_>>()
+    );
+    if root_volume.is_some() {
+        let storage: Vec<Value> = masters.iter().map(|r| zone(&r.storage_availability_zone)).collect();
+        openstack["rootVolume"]["zones"] = json!(storage);
+    }
+}
+
+/// A domain workers may go to, as the compute pool renders it.
+struct WorkerDomain {
+    compute_zone: Option<String>,
+    ports: Vec<PortOpts>,
+}
+
+/// Every domain in name order: workers may use any, `NoControlPlane` ones included (§6).
+fn worker_domains(spec: &ClusterPoolSpec, domains: &BTreeMap<String, FailureDomainStatus>) -> Vec<WorkerDomain> {
+    domains
+        .keys()
+        .map(|name| match definition(spec, domains, name) {
+            Some(d) => WorkerDomain {
+                compute_zone: d.compute_availability_zone.clone(),
+                ports: d.ports.clone(),
+            },
+            None => WorkerDomain {
+                compute_zone: Some(name.clone()),
+                ports: Vec::new(),
+            },
+        })
+        .collect()
+}
+
+/// The compute pool: `failureDomains`, one per domain, when domains have ports; otherwise `zones`,
+/// each compute zone once (openshift-install makes one MachineSet per zone and spreads the
+/// replicas over them).
+fn render_workers(openstack: &mut Value, workers: &[WorkerDomain]) {
+    if !openstack.is_object() {
+        *openstack = json!({});
+    }
+    if workers.iter().any(|w| !w.ports.is_empty()) {
+        let entries: Vec<Value> = workers
+            .iter()
+            .map(|w| {
+                json!({
+                    "computeAvailabilityZone": w.compute_zone.clone().unwrap_or_default(),
+                    "portTargets": port_targets(&w.ports),
+                })
+            })
+            .collect();
+        openstack["failureDomains"] = json!(entries);
+        return;
+    }
+    let mut seen = BTreeSet::new();
+    let zones: Vec<&str> = workers
+        .iter()
+        .filter_map(|w| w.compute_zone.as_deref())
+        .filter(|z| seen.insert(*z))
+        .collect();
+    if !zones.is_empty() {
+        openstack["zones"] = json!(zones);
+    }
+}
+
+/// A machine's ports as openshift-install's port targets, in order: a port tagged `control_plane`
+/// (or `control-plane`) is the machine's primary network (target id `control-plane`); the others
+/// are named by their first tag, else `port-<index>`. openshift-install takes a port's network and
+/// the subnets of its fixed IPs; its other fields stay in the cluster's record only.
+fn port_targets(ports: &[PortOpts]) -> Vec<Value> {
+    let mut used: BTreeSet<String> = BTreeSet::new();
+    ports
+        .iter()
+        .enumerate()
+        .map(|(index, port)| {
+            let primary = port.tags.iter().any(|t| PRIMARY_TAGS.contains(&t.as_str()));
+            let named = port
+                .tags
+                .first()
+                .filter(|t| !used.contains(*t) && *t != "control-plane");
+            let id = match (primary && !used.contains("control-plane"), named) {
+                (true, _) => "control-plane".to_string(),
+                (false, Some(tag)) => tag.clone(),
+                (false, None) => format!("port-{index}"),
+            };
+            used.insert(id.clone());
+            let mut target = json!({"id": id});
+            if let Some(network) = &port.network {
+                target["network"] = filter(network);
+            }
+            if !port.fixed_ips.is_empty() {
+                let subnets: Vec<Value> = port
+                    .fixed_ips
+                    .iter()
+                    .map(|ip| json!({"subnet": ip.subnet.as_ref().map_or_else(|| json!({}), filter)}))
+                    .collect();
+                target["fixedIPs"] = json!(subnets);
+            }
+            target
+        })
+        .collect()
+}
+
+fn filter(resource: &ResourceFilter) -> Value {
+    let mut out = json!({});
+    if let Some(name) = &resource.name {
+        out["name"] = json!(name);
+    }
+    if let Some(id) = &resource.id {
+        out["id"] = json!(id);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -381,9 +613,19 @@ mod tests {
         );
     }
 
-    #[test]
-    fn openstack_zones_and_root_volume_zones_follow_machine_order() {
+    /// Three explicit domains with compute and storage zones, three control-plane machines with a
+    /// root volume, placed and rendered into an install config with a control plane of 3.
+    fn rendered(s: &ClusterPoolSpec) -> (Result<(), String>, Value, Vec<MachineFailureDomain>) {
+        let domains = pool_domains(s, []);
+        let records = control_plane_records(s, &domains, &spread(3, &domains, &BTreeMap::new())).unwrap();
+        let mut config = json!({"apiVersion": "v1", "controlPlane": {"name": "master", "replicas": 3}});
+        let result = render_openstack(&mut config, s, &domains, &records);
+        (result, config, records)
+    }
+
+    fn three_domains() -> ClusterPoolSpec {
         let mut s = spec();
+        s.platform.openstack = Some(Default::default());
         s.failure_domains = ["fd-b", "fd-a", "fd-c"]
             .iter()
             .map(|n| FailureDomainDefinition {
@@ -396,22 +638,190 @@ mod tests {
             replicas: Some(3),
             root_volume: Some(RootVolume {
                 size: Some(50),
+                volume_type: Some("ssd".into()),
                 ..Default::default()
             }),
             ..Default::default()
         });
-        let domains = pool_domains(&s, []);
-        let records = control_plane_records(&s, &domains, &spread(3, &domains, &BTreeMap::new())).unwrap();
-        let mut config = json!({"controlPlane": {"name": "master", "replicas": 3}});
-        render_openstack(&mut config, &s, &records);
+        s
+    }
+
+    #[test]
+    fn openstack_zones_and_root_volume_zones_follow_machine_order() {
+        let (result, config, records) = rendered(&three_domains());
+        assert_eq!(result, Ok(()));
         let openstack = &config["controlPlane"]["platform"]["openstack"];
         assert_eq!(openstack["zones"], json!(["nova-fd-a", "nova-fd-b", "nova-fd-c"]));
         assert_eq!(
-            openstack["rootVolume"]["zones"],
-            json!(["cinder-fd-a", "cinder-fd-b", "cinder-fd-c"])
+            openstack["rootVolume"],
+            json!({"size": 50, "type": "ssd", "zones": ["cinder-fd-a", "cinder-fd-b", "cinder-fd-c"]})
         );
-        assert_eq!(openstack["rootVolume"]["size"], 50);
+        assert!(openstack.get("failureDomains").is_none(), "never with zones");
+        assert!(config.get("featureSet").is_none(), "zones need no feature set");
         assert_eq!(record_hash(&records), record_hash(&records.clone()));
         assert_ne!(record_hash(&records), record_hash(&records[..2]));
+    }
+
+    #[test]
+    fn a_root_volume_without_a_zone_of_its_own_goes_to_the_machines_compute_zone() {
+        let mut s = three_domains();
+        for domain in &mut s.failure_domains {
+            domain.storage_availability_zone = None;
+        }
+        let (result, config, records) = rendered(&s);
+        assert_eq!(result, Ok(()));
+        let storage: Vec<Option<&str>> = records.iter().map(|r| r.storage_availability_zone.as_deref()).collect();
+        assert_eq!(storage, [Some("nova-fd-a"), Some("nova-fd-b"), Some("nova-fd-c")]);
+        assert_eq!(
+            config["controlPlane"]["platform"]["openstack"]["rootVolume"]["zones"],
+            json!(["nova-fd-a", "nova-fd-b", "nova-fd-c"]),
+            "openshift-install wants rootVolume.zones wherever zones are set"
+        );
+        // An explicit root-volume zone wins over the compute zone.
+        s.control_plane
+            .as_mut()
+            .unwrap()
+            .root_volume
+            .as_mut()
+            .unwrap()
+            .availability_zone = Some("cinder-x".into());
+        let (_, _, records) = rendered(&s);
+        assert!(
+            records
+                .iter()
+                .all(|r| r.storage_availability_zone.as_deref() == Some("cinder-x"))
+        );
+        // Without a root volume there is no volume zone to choose.
+        s.control_plane.as_mut().unwrap().root_volume = None;
+        let (_, config, records) = rendered(&s);
+        assert!(records.iter().all(|r| r.storage_availability_zone.is_none()));
+        assert!(
+            config["controlPlane"]["platform"]["openstack"]
+                .get("rootVolume")
+                .is_none()
+        );
+    }
+
+    fn subnet_port(tag: &str, subnet: &str) -> PortOpts {
+        PortOpts {
+            tags: vec![tag.into()],
+            network: Some(ResourceFilter {
+                name: Some(format!("{subnet}-net")),
+                id: None,
+            }),
+            fixed_ips: vec![crate::api::pools::FixedIp {
+                subnet: Some(ResourceFilter {
+                    name: Some(subnet.into()),
+                    id: None,
+                }),
+                ip_address: Some("10.0.0.5".into()),
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn domain_ports_render_as_tech_preview_failure_domains_with_port_targets_and_no_zones() {
+        let mut s = three_domains();
+        s.failure_domains[1].ports = vec![subnet_port("control_plane", "cp-a"), subnet_port("storage", "st-a")];
+        s.control_plane.as_mut().unwrap().ports = vec![port("extra")];
+        let (result, config, _) = rendered(&s);
+        assert_eq!(result, Ok(()));
+        assert_eq!(config["featureSet"], "TechPreviewNoUpgrade");
+        let openstack = &config["controlPlane"]["platform"]["openstack"];
+        assert!(openstack.get("zones").is_none(), "{openstack}");
+        assert_eq!(
+            openstack["rootVolume"],
+            json!({"size": 50, "type": "ssd"}),
+            "no rootVolume.zones"
+        );
+        let domains = openstack["failureDomains"].as_array().expect("one per machine");
+        assert_eq!(domains.len(), 3);
+        assert_eq!(
+            domains[0],
+            json!({
+                "computeAvailabilityZone": "nova-fd-a",
+                "storageAvailabilityZone": "cinder-fd-a",
+                "portTargets": [
+                    {"id": "control-plane", "network": {"name": "cp-a-net"}, "fixedIPs": [{"subnet": {"name": "cp-a"}}]},
+                    {"id": "storage", "network": {"name": "st-a-net"}, "fixedIPs": [{"subnet": {"name": "st-a"}}]},
+                    {"id": "extra"},
+                ],
+            }),
+            "the domain's ports first, then the pool's"
+        );
+        assert_eq!(domains[1]["computeAvailabilityZone"], "nova-fd-b");
+        assert_eq!(domains[1]["portTargets"], json!([{"id": "extra"}]));
+        // The workers' pool takes every domain's ports the same way, one entry per domain.
+        let workers = &config["compute"][0]["platform"]["openstack"];
+        assert_eq!(config["compute"][0]["name"], "worker");
+        assert_eq!(workers["failureDomains"].as_array().map(Vec::len), Some(3));
+        assert!(workers.get("zones").is_none());
+    }
+
+    #[test]
+    fn ports_with_a_template_of_another_feature_set_are_a_contradiction() {
+        let mut s = three_domains();
+        s.failure_domains[0].ports = vec![port("x")];
+        let domains = pool_domains(&s, []);
+        let records = control_plane_records(&s, &domains, &spread(3, &domains, &BTreeMap::new())).unwrap();
+        let mut config = json!({"featureSet": "Default"});
+        let err = render_openstack(&mut config, &s, &domains, &records).unwrap_err();
+        assert!(
+            err.contains("featureSet Default") && err.contains("TechPreviewNoUpgrade"),
+            "{err}"
+        );
+        let mut config = json!({"featureSet": "TechPreviewNoUpgrade"});
+        assert_eq!(render_openstack(&mut config, &s, &domains, &records), Ok(()));
+    }
+
+    #[test]
+    fn workers_spread_over_every_domain_no_control_plane_ones_included() {
+        let mut s = three_domains();
+        s.failure_domains[2].machine_placement = MachinePlacement::NoControlPlane;
+        s.availability_zones = vec!["az-9".into(), "nova-fd-a".into()];
+        s.control_plane_omit_availability_zone = Some(true);
+        let domains = pool_domains(&s, []);
+        let placed = spread(3, &domains, &BTreeMap::new());
+        assert!(placed.iter().all(|p| p.as_deref() != Some("fd-c")), "{placed:?}");
+        let records = control_plane_records(&s, &domains, &placed).unwrap();
+        let mut config = json!({"compute": [{"name": "worker", "replicas": 4}]});
+        render_openstack(&mut config, &s, &domains, &records).unwrap();
+        assert_eq!(
+            config["compute"][0]["replicas"], 4,
+            "the template's compute pool is kept"
+        );
+        assert_eq!(
+            config["compute"][0]["platform"]["openstack"]["zones"],
+            json!(["az-9", "nova-fd-a", "nova-fd-b", "nova-fd-c"]),
+            "every domain in name order, each zone once"
+        );
+    }
+
+    #[test]
+    fn a_storage_zone_against_an_explicit_root_volume_zone_is_a_contradiction_of_the_pool() {
+        let mut s = three_domains();
+        assert_eq!(contradiction(&s, &pool_domains(&s, [])), None);
+        s.control_plane
+            .as_mut()
+            .unwrap()
+            .root_volume
+            .as_mut()
+            .unwrap()
+            .availability_zone = Some("cinder-x".into());
+        let message = contradiction(&s, &pool_domains(&s, [])).expect("a contradiction");
+        assert!(
+            message.starts_with("failure domain fd-a sets storageAvailabilityZone cinder-fd-a, failure domain fd-b"),
+            "{message}"
+        );
+        assert!(
+            message.contains("controlPlane.rootVolume.availabilityZone is cinder-x"),
+            "{message}"
+        );
+        // Domains no control-plane machine goes to cannot contradict the control plane's volume.
+        for domain in &mut s.failure_domains {
+            domain.machine_placement = MachinePlacement::NoControlPlane;
+        }
+        assert_eq!(contradiction(&s, &pool_domains(&s, [])), None);
     }
 }

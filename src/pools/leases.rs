@@ -68,6 +68,22 @@ pub fn lease_holder(cdc: &Cdc) -> Option<(Option<String>, Option<String>)> {
     })
 }
 
+/// True when the CDC reads `Available=False` without a `clusterDeploymentRef`: a lease interrupted
+/// before its refs were written (Hive writes them in a later update), or one edited by hand. stackd
+/// writes the refs with the lease, so it never leaves one behind; one found is repaired like an
+/// orphaned lease after `--lease-min-age` (§4.3.1), and meanwhile backs no cluster.
+pub fn interrupted(cdc: &Cdc) -> bool {
+    matches!(lease_holder(cdc), Some((_, None)))
+}
+
+/// True when the CDC reads what a free CDC reads (§4.3.1): `Available=True` and no refs.
+pub fn reads_free(cdc: &Cdc) -> bool {
+    let status = cdc.status.as_ref();
+    let available = condition(cdc, AVAILABLE).is_some_and(|c| c.status == "True");
+    let refs = status.is_some_and(|s| s.cluster_deployment_ref.is_some() || s.cluster_pool_ref.is_some());
+    available && !refs
+}
+
 /// How long the current lease has been held.
 pub fn lease_age(cdc: &Cdc) -> Option<Duration> {
     let since = condition(cdc, AVAILABLE).filter(|c| c.status == "False")?;
@@ -163,23 +179,63 @@ pub async fn release(api: &Api<Cdc>, cdc: &Cdc, cd: &str, pool: &str) -> Result<
     }
     let generation = cdc.metadata.generation;
     let written = write_status(api, cdc, |status, now| {
-        set_condition(
-            &mut status.conditions,
-            DesiredCondition {
-                type_: AVAILABLE,
-                status: true,
-                reason: "Available",
-                message: format!("Released by ClusterDeployment {cd} of ClusterPool {pool}"),
-                observed_generation: generation,
-            },
-            now,
-        );
-        status.cluster_deployment_ref = None;
-        status.cluster_pool_ref = None;
+        let message = format!("Released by ClusterDeployment {cd} of ClusterPool {pool}");
+        set_available(status, message, generation, now);
         true
     })
     .await?;
     Ok(written.is_some())
+}
+
+/// Writes what a CDC no pool holds reads, `Available=True` without refs, on a CDC that holds no
+/// lease but does not read so yet (new, or written by hand or by Hive). `Ok(None)` when it already
+/// reads so, or holds a lease (no request sent).
+pub async fn mark_available(api: &Api<Cdc>, cdc: &Cdc) -> Result<Option<Cdc>, kube::Error> {
+    if lease_holder(cdc).is_some() || reads_free(cdc) {
+        return Ok(None);
+    }
+    let generation = cdc.metadata.generation;
+    write_status(api, cdc, |status, now| {
+        set_available(status, "No pool holds a lease on it".into(), generation, now);
+        true
+    })
+    .await
+}
+
+/// Releases an interrupted lease (see [`interrupted`]); `Ok(None)` when the copy given holds none.
+pub async fn release_interrupted(api: &Api<Cdc>, cdc: &Cdc) -> Result<Option<Cdc>, kube::Error> {
+    if !interrupted(cdc) {
+        return Ok(None);
+    }
+    let generation = cdc.metadata.generation;
+    write_status(api, cdc, |status, now| {
+        let message = "Released an interrupted lease: Available was False with no clusterDeploymentRef".into();
+        set_available(status, message, generation, now);
+        true
+    })
+    .await
+}
+
+/// The free state: `Available=True`, no refs.
+fn set_available(
+    status: &mut ClusterDeploymentCustomizationStatus,
+    message: String,
+    generation: Option<i64>,
+    now: Time,
+) {
+    set_condition(
+        &mut status.conditions,
+        DesiredCondition {
+            type_: AVAILABLE,
+            status: true,
+            reason: "Available",
+            message,
+            observed_generation: generation,
+        },
+        now,
+    );
+    status.cluster_deployment_ref = None;
+    status.cluster_pool_ref = None;
 }
 
 /// Records the outcome of applying the CDC: Succeeded, BrokenBySyntax (with the error) or
@@ -311,5 +367,27 @@ mod tests {
         let now = Timestamp::now().to_string();
         let cloud = cdc("c", json!([cond(APPLY_SUCCEEDED, "False", BROKEN_BY_CLOUD, &now, 2)]));
         assert_eq!(rank(&cloud, || Duration::from_secs(60)), None, "inside its backoff");
+    }
+
+    #[test]
+    fn a_lease_naming_no_cluster_is_interrupted_and_only_available_true_without_refs_reads_free() {
+        let at = "2020-01-01T00:00:00Z";
+        let with_status = |status: serde_json::Value| {
+            let mut c = cdc("x", json!([]));
+            c.status = serde_json::from_value(status).unwrap();
+            c
+        };
+        let reserved = json!([cond(AVAILABLE, "False", "Reserved", at, 2)]);
+        let cut = with_status(json!({"conditions": reserved, "clusterPoolRef": {"name": "p"}}));
+        assert!(interrupted(&cut) && !reads_free(&cut));
+        let held = with_status(json!({"conditions": reserved, "clusterDeploymentRef": {"name": "p-1"}}));
+        assert!(!interrupted(&held));
+        let free = with_status(json!({"conditions": [cond(AVAILABLE, "True", "Available", at, 2)]}));
+        assert!(reads_free(&free) && !interrupted(&free));
+        let dirty = with_status(
+            json!({"conditions": [cond(AVAILABLE, "True", "Available", at, 2)], "clusterDeploymentRef": {"name": "c"}}),
+        );
+        assert!(!reads_free(&dirty), "refs left behind by hand or by Hive");
+        assert!(!reads_free(&cdc("new", json!([]))), "no condition yet");
     }
 }

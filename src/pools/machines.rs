@@ -18,7 +18,8 @@ use crate::api::pools::{ClusterDeployment, ClusterHost, ClusterPool, FailureDoma
 pub const DEFAULT_CONTROL_PLANE: i32 = 3;
 
 /// What a new cluster's machines were resolved to: the record frozen on it, or why they cannot be
-/// placed (the cluster is stopped with `InvalidMachineSpec`).
+/// placed (the pool then creates no cluster and says why; a cluster an older stackd created with
+/// such a plan is stopped with `InvalidMachineSpec`).
 #[derive(Clone, Debug, Default)]
 pub struct MachinePlan {
     pub records: Vec<MachineFailureDomain>,
@@ -83,8 +84,10 @@ pub(super) fn usage(ctx: &Ctx, cds: &[Arc<ClusterDeployment>], expected: &BTreeS
     failure_domains::usage(&all)
 }
 
-/// Places the control plane of a new OpenStack or vSphere cluster and renders it into `config`
-/// (vSphere pools with failure domains are refused elsewhere and get no placement).
+/// Places the control plane of a new OpenStack cluster and renders its machines into `config`
+/// (vSphere pools with failure domains are refused elsewhere and get no placement; bare-metal hosts
+/// are placed by `hosts`). `invalid` says why the machines cannot be placed: the pool then creates
+/// no cluster.
 pub(super) fn plan(
     pool: &ClusterPool,
     domains: &BTreeMap<String, FailureDomainStatus>,
@@ -102,9 +105,10 @@ pub(super) fn plan(
         .unwrap_or(DEFAULT_CONTROL_PLANE)
         .max(0) as usize;
     let placements = spread(replicas, domains, usage);
-    match control_plane_records(spec, domains, &placements) {
+    let rendered = control_plane_records(spec, domains, &placements)
+        .and_then(|records| render_openstack(config, spec, domains, &records).map(|()| records));
+    match rendered {
         Ok(records) => {
-            render_openstack(config, spec, &records);
             commit(usage, &records);
             MachinePlan {
                 records,

@@ -41,6 +41,8 @@ pub(super) struct Inputs<'a> {
     pub(super) assets: &'a [Arc<BareMetalAsset>],
     /// Claims still waiting for a cluster: each grows the pool by one.
     pub(super) pending_claims: i64,
+    /// The pool's failure domains contradict themselves (§6 merge rules): it adds no cluster.
+    pub(super) contradiction: bool,
 }
 
 /// Why the plan deletes a cluster.
@@ -51,6 +53,9 @@ pub(super) enum Why {
     /// Its install failed `installAttemptsLimit` times (§4.3.7). `mark` is the CDC leased for it,
     /// marked BrokenByCloud before the cluster is deleted.
     Broken { mark: Option<String> },
+    /// It was stopped because its machines cannot be placed (`InvalidMachineSpec`): it would never
+    /// install, so it does not keep its inventory entry; not the entry's fault (no mark).
+    InvalidMachineSpec,
     /// The pool has more unclaimed clusters than it needs.
     Excess,
     /// Built from an older configuration (§4.3.8).
@@ -63,6 +68,7 @@ impl Why {
         match self {
             Why::ClaimDeleted => "its claim was deleted",
             Why::Broken { .. } => "its install failed installAttemptsLimit times",
+            Why::InvalidMachineSpec => "its machines cannot be placed",
             Why::Excess => "excess",
             Why::Stale(_) => "stale",
         }
@@ -75,6 +81,13 @@ impl Why {
                 "ClusterDeleted",
                 matches!(self, Why::Broken { .. }),
                 format!("Deleted ClusterDeployment {cd}: {}", self.logged()),
+            ),
+            Why::InvalidMachineSpec => (
+                "ClusterDeleted",
+                true,
+                format!(
+                    "Deleted ClusterDeployment {cd}: it was stopped because its machines cannot be placed (InvalidMachineSpec) and would never install; its inventory entry is released after its deprovision"
+                ),
             ),
             Why::Excess => (
                 "ClusterDeleted",
@@ -202,7 +215,9 @@ pub(super) fn plan(inputs: &Inputs, buckets: &Buckets, progress: &Progress) -> P
         wake: ranking.wake,
     };
     let steady = progress.removed == 0 && deletes.is_empty();
-    if capacity.drift < 0 {
+    if capacity.drift < 0 && inputs.contradiction {
+        // While the failure domains contradict themselves every new cluster would be stopped.
+    } else if capacity.drift < 0 {
         (plan.add, plan.insufficient_hosts) = additions(inputs, &capacity, ranking.free);
     } else if capacity.drift > 0 && room > 0 {
         deletes.extend(excess(&unclaimed, &after, capacity.drift.min(room)));
@@ -233,13 +248,8 @@ fn removals(
     let mut deletes = Vec::new();
     let mut broken_entries = BTreeSet::new();
     for wanted in [Bucket::Released, Bucket::Broken] {
-        // A cluster stopped on its machine spec would be rebuilt identically: it stays (and says
-        // why) until the pool's configuration changes and makes it stale.
-        let mut victims: Vec<&Arc<ClusterDeployment>> = inputs
-            .cds
-            .iter()
-            .filter(|cd| buckets.of(cd) == wanted && !invalid_machine_spec(cd))
-            .collect();
+        let mut victims: Vec<&Arc<ClusterDeployment>> =
+            inputs.cds.iter().filter(|cd| buckets.of(cd) == wanted).collect();
         victims.sort_by_key(|cd| created(cd));
         for cd in victims {
             if *room <= 0 {
@@ -248,7 +258,9 @@ fn removals(
             if kept.contains(&cd.name_any()) {
                 continue;
             }
-            let why = if wanted == Bucket::Broken {
+            let why = if wanted == Bucket::Broken && invalid_machine_spec(cd) {
+                Why::InvalidMachineSpec
+            } else if wanted == Bucket::Broken {
                 let entry = cdc_of(cd);
                 broken_entries.extend(entry.clone());
                 let holder = Some((Some(name.clone()), Some(cd.name_any())));
@@ -292,6 +304,10 @@ fn rank_entries(inputs: &Inputs, broken_entries: &BTreeSet<String>) -> Ranking {
         else {
             continue;
         };
+        // An interrupted lease backs nothing until it is repaired (§4.3.1).
+        if leases::interrupted(cdc) {
+            continue;
+        }
         let holder = leases::lease_holder(cdc);
         let ours = holder
             .as_ref()

@@ -19,6 +19,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
+use tracing::warn;
 
 use super::buckets::Buckets;
 use super::execute::{self, Placement};
@@ -26,13 +27,13 @@ use super::membership::{self, PoolIdentity};
 use super::plan::{self, Plan, Progress};
 use super::status::{self, record_metrics};
 use super::{
-    POOL_FINALIZER, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, cdc_finalizer, claim, hosts, leases, limits, machines,
-    repair,
+    POOL_FINALIZER, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, cdc_finalizer, claim, failure_domains, hosts, leases,
+    limits, machines, repair,
 };
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{
     ClusterClaim, ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus,
-    MachineFailureDomain,
+    InventoryEntryState, MachineFailureDomain,
 };
 use crate::context::events::publish;
 use crate::context::tenant::TenantContext;
@@ -270,6 +271,8 @@ pub(super) struct Round {
     pub(super) hosts_taken: BTreeSet<String>,
     /// Why a cluster could not get its bare-metal hosts.
     pub(super) insufficient_hosts: Option<String>,
+    /// Why the pool's failure domains contradict themselves (§6 merge rules): no cluster is added.
+    pub(super) contradiction: Option<String>,
 }
 
 impl Round {
@@ -283,6 +286,7 @@ impl Round {
             missing_dependencies: Vec::new(),
             hosts_taken: BTreeSet::new(),
             insufficient_hosts: None,
+            contradiction: None,
         }
     }
 
@@ -332,7 +336,8 @@ async fn reconcile(pool: Arc<ClusterPool>, ctx: Arc<Ctx>, _permit: Permit) -> Re
     }
 }
 
-/// One pass over a live pool: observe → repair leases → buckets → claims → plan → execute → status.
+/// One pass over a live pool: observe → repair leases → buckets → claims → plan → execute → free
+/// CDCs marked available → status.
 async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolError> {
     let mut round = Round::new();
     let mut seen = observe(pool, ctx).await?;
@@ -369,20 +374,44 @@ async fn repair_leases(
     round: &mut Round,
 ) -> Result<BTreeMap<String, Arc<Cdc>>, PoolError> {
     let cached = std::mem::take(&mut seen.cdcs);
-    let listed: BTreeSet<&str> = seen.inventory.iter().map(String::as_str).collect();
-    repair::leases(
-        &ctx.tenant,
-        &pool.name_any(),
-        &pool.namespace().unwrap_or_default(),
-        pool.metadata.deletion_timestamp.is_some(),
-        &listed,
-        cached,
-        &seen.cds,
-        &seen.live,
-        &seen.expected_created,
-        round,
-    )
-    .await
+    let (listed, pools) = scope_lists(pool, ctx, seen);
+    let (name, ns) = (pool.name_any(), pool.namespace().unwrap_or_default());
+    let scope = repair_scope(pool, seen, &name, &ns, &listed, &pools);
+    repair::leases(&ctx.tenant, &scope, cached, round).await
+}
+
+/// The pool's inventory entries and the pools of its namespace, for [`repair_scope`].
+fn scope_lists<'a>(pool: &ClusterPool, ctx: &Ctx, seen: &'a Seen) -> (BTreeSet<&'a str>, BTreeSet<String>) {
+    let ns = pool.namespace().unwrap_or_default();
+    let listed = seen.inventory.iter().map(String::as_str).collect();
+    let pools = ctx
+        .pools
+        .state()
+        .iter()
+        .filter(|p| p.namespace().as_deref() == Some(ns.as_str()))
+        .map(|p| p.name_any())
+        .collect();
+    (listed, pools)
+}
+
+fn repair_scope<'a>(
+    pool: &ClusterPool,
+    seen: &'a Seen,
+    name: &'a str,
+    ns: &'a str,
+    listed: &'a BTreeSet<&'a str>,
+    pools: &'a BTreeSet<String>,
+) -> repair::Scope<'a> {
+    repair::Scope {
+        name,
+        ns,
+        deleting_pool: pool.metadata.deletion_timestamp.is_some(),
+        listed,
+        pools,
+        cds: &seen.cds,
+        live: &seen.live,
+        expected_created: &seen.expected_created,
+    }
 }
 
 /// Plans the pass, carries it out and writes the status, for a pool that is not being deleted.
@@ -396,6 +425,7 @@ async fn converge(
     let seen = world.seen;
     let assets = machines::pool_assets(pool, ctx);
     let domains = machines::domains(pool, &assets);
+    round.contradiction = failure_domains::contradiction(&pool.spec, &domains);
     let mut usage = machines::usage(ctx, &seen.cds, &seen.expected_created);
     let (plan, deleted) = delete_as_planned(pool, ctx, world, &assets, &mut buckets, &mut round).await?;
     round.broken_entries = plan.broken_entries.clone();
@@ -415,6 +445,11 @@ async fn converge(
     hosts::repair(pool, ctx, &assets, &seen.live, &seen.expected_created, &mut round).await?;
     // Empty pool namespaces (a CD never created, or one deleted) are reaped after the minimum age.
     execute::reap_namespaces(ctx, &PoolIdentity::of(pool), &seen.expected_created, &mut round).await?;
+    // The inventory's free CDCs read Available=True, once this pass's leases are taken.
+    let (listed, pools) = scope_lists(pool, ctx, seen);
+    let (name, ns) = (pool.name_any(), pool.namespace().unwrap_or_default());
+    let scope = repair_scope(pool, seen, &name, &ns, &listed, &pools);
+    repair::mark_free(&ctx.tenant, &scope, world.cdcs, &mut round).await?;
     let report = status::Report {
         pool,
         previous: &seen.previous,
@@ -429,9 +464,46 @@ async fn converge(
     };
     let status = status::build(&report, Time(Timestamp::now()));
     write_status(pool, ctx, &status).await?;
-    let (ns, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
+    announce(pool, ctx, &seen.previous, &status).await;
     record_metrics(ctx, &ns, &name, &buckets, &plan.stale, &status);
     Ok(Action::requeue(round.requeue))
+}
+
+/// Logs and Events for what went wrong since the last status, once per transition rather than on
+/// every pass: an inventory entry whose ClusterDeploymentCustomization is missing, failure domains
+/// found contradicting themselves.
+async fn announce(pool: &ClusterPool, ctx: &Ctx, previous: &ClusterPoolStatus, status: &ClusterPoolStatus) {
+    let tenant = &ctx.tenant;
+    let (ns, name) = (pool.namespace().unwrap_or_default(), pool.name_any());
+    let missing = |s: &ClusterPoolStatus, entry: &str| {
+        s.inventory
+            .iter()
+            .any(|e| e.name == entry && e.status == InventoryEntryState::Missing)
+    };
+    for entry in status
+        .inventory
+        .iter()
+        .filter(|e| missing(status, &e.name) && !missing(previous, &e.name))
+    {
+        warn!(tenant = %tenant.name, namespace = %ns, pool = %name, cdc = %entry.name, "an inventory entry's ClusterDeploymentCustomization does not exist");
+        let note = format!(
+            "Inventory entry {}: ClusterDeploymentCustomization {ns}/{} does not exist; create it (the pool leases it then) or remove the entry from spec.inventory",
+            entry.name, entry.name
+        );
+        publish(tenant, pool, true, "InventoryEntryMissing", note).await;
+    }
+    let contradiction = |s: &ClusterPoolStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == status::FAILURE_DOMAINS_VALID && c.status == "False")
+            .map(|c| c.message.clone())
+    };
+    if let Some(message) = contradiction(status)
+        && contradiction(previous).as_ref() != Some(&message)
+    {
+        warn!(tenant = %tenant.name, namespace = %ns, pool = %name, %message, "the pool's failure domains contradict themselves");
+        publish(tenant, pool, true, status::INVALID_MACHINE_SPEC, message).await;
+    }
 }
 
 /// What the caches show of one pool, corrected by this controller's own writes they do not show yet.
@@ -529,6 +601,7 @@ async fn delete_as_planned(
             backoff: settings.backoff,
             assets,
             pending_claims: world.pending_claims,
+            contradiction: round.contradiction.is_some(),
         };
         let planned = plan::plan(&inputs, buckets, &progress);
         let kept = execute::deletes(ctx, pool, &planned.deletes, world.cdcs, buckets, round, &mut deleted).await?;

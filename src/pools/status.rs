@@ -17,6 +17,7 @@ use crate::api::pools::{
     ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus, FailureDomainStatus,
     InventoryEntryState, InventoryEntryStatus,
 };
+use crate::context::namespace_template::is_dns_label;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::metrics::PoolLabels;
 
@@ -77,7 +78,13 @@ pub(super) fn build(report: &Report, now: Time) -> ClusterPoolStatus {
         &report.plan.stale,
         &pool.name_any(),
     );
-    for condition in conditions(report, &status.inventory) {
+    let wanted = conditions(report, &status.inventory, &cdc_now);
+    // A condition the pool no longer computes goes, so none outlives what it was about (an
+    // `InventoryValid` after the inventory was removed, say).
+    status
+        .conditions
+        .retain(|c| !POOL_CONDITIONS.contains(&c.type_.as_str()) || wanted.iter().any(|w| w.type_ == c.type_));
+    for condition in wanted {
         set_condition(
             &mut status.conditions,
             DesiredCondition {
@@ -90,19 +97,42 @@ pub(super) fn build(report: &Report, now: Time) -> ClusterPoolStatus {
     status
 }
 
+/// The conditions the pool controller computes; any other type on a pool is left alone.
+const POOL_CONDITIONS: &[&str] = &[
+    "MissingDependencies",
+    "InventoryValid",
+    "CapacityAvailable",
+    "FailureDomainsUnsupported",
+    FAILURE_DOMAINS_VALID,
+    "AllClustersCurrent",
+    "DeletionPossible",
+];
+
+/// The condition saying whether the pool's failure domains contradict themselves (§6).
+pub(super) const FAILURE_DOMAINS_VALID: &str = "FailureDomainsValid";
+/// Its reason when they do, the reason a cluster built from them would be stopped with.
+pub(super) const INVALID_MACHINE_SPEC: &str = "InvalidMachineSpec";
+
 /// The pool's conditions, in the order they are listed when new.
-fn conditions(report: &Report, entries: &[InventoryEntryStatus]) -> Vec<DesiredCondition<'static>> {
+fn conditions(
+    report: &Report,
+    entries: &[InventoryEntryStatus],
+    cdc_now: &dyn Fn(&str) -> Option<Cdc>,
+) -> Vec<DesiredCondition<'static>> {
     let pool = report.pool;
     let mut conditions = vec![missing_dependencies(
         report.round,
         &pool.namespace().unwrap_or_default(),
     )];
     if pool.spec.inventory.is_some() {
-        conditions.push(inventory_valid(entries, report.round, report.inventory.len()));
+        conditions.push(inventory_valid(entries, report.round, report.inventory.len(), cdc_now));
     }
     conditions.push(capacity_available(pool, report.plan, report.round));
     if pool.spec.platform.vsphere.is_some() {
         conditions.push(failure_domains_unsupported(report.domains));
+    }
+    if pool.spec.platform.openstack.is_some() && (!report.domains.is_empty() || report.round.contradiction.is_some()) {
+        conditions.push(failure_domains_valid(report.round));
     }
     conditions.push(all_clusters_current(&report.plan.stale));
     conditions.push(condition(
@@ -144,21 +174,26 @@ fn missing_dependencies(round: &Round, ns: &str) -> DesiredCondition<'static> {
     )
 }
 
-/// §4.3.4: every entry that cannot be used, by state, with the patch error of BrokenBySyntax ones.
-fn inventory_valid(entries: &[InventoryEntryStatus], round: &Round, listed: usize) -> DesiredCondition<'static> {
+/// §4.3.4: every entry that cannot be used, by state, with the patch error of BrokenBySyntax ones
+/// and who holds Unavailable ones (the merged seed: an unavailable entry makes the inventory
+/// invalid).
+fn inventory_valid(
+    entries: &[InventoryEntryStatus],
+    round: &Round,
+    listed: usize,
+    cdc_now: &dyn Fn(&str) -> Option<Cdc>,
+) -> DesiredCondition<'static> {
     let mut problems: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for entry in entries {
-        let state = match entry.status {
-            InventoryEntryState::BrokenBySyntax => "BrokenBySyntax",
-            InventoryEntryState::BrokenByCloud => "BrokenByCloud",
-            InventoryEntryState::Missing => "Missing",
+        let (state, detail) = match entry.status {
+            InventoryEntryState::BrokenBySyntax => ("BrokenBySyntax", round.syntax_errors.get(&entry.name).cloned()),
+            InventoryEntryState::BrokenByCloud => ("BrokenByCloud", None),
+            InventoryEntryState::Missing => ("Missing", None),
+            InventoryEntryState::Unavailable => ("Unavailable", cdc_now(&entry.name).map(|c| held_by(&c))),
             _ => continue,
         };
-        let detail = round
-            .syntax_errors
-            .get(&entry.name)
-            .map_or_else(|| entry.name.clone(), |e| format!("{} ({e})", entry.name));
-        problems.entry(state).or_default().push(detail);
+        let named = detail.map_or_else(|| entry.name.clone(), |d| format!("{} ({d})", entry.name));
+        problems.entry(state).or_default().push(named);
     }
     if problems.is_empty() {
         return condition(
@@ -174,15 +209,55 @@ fn inventory_valid(entries: &[InventoryEntryStatus], round: &Round, listed: usiz
         false,
         "Invalid",
         format!(
-            "Some inventory entries cannot be used ({}); fix the patches of BrokenBySyntax entries, create Missing ones, or remove them from spec.inventory",
+            "Some inventory entries cannot be used ({}); fix the patches of BrokenBySyntax entries, create Missing ones, or remove them from spec.inventory; Unavailable ones are leased by another pool or hold an interrupted lease",
             listing.join("; ")
         ),
     )
 }
 
+/// Who keeps an Unavailable entry from this pool.
+fn held_by(cdc: &Cdc) -> String {
+    match leases::lease_holder(cdc) {
+        _ if leases::interrupted(cdc) => {
+            "an interrupted lease: Available=False with no clusterDeploymentRef; released after --lease-min-age".into()
+        }
+        // The name is read from the CDC's status, anyone's to write: shown only when it can be a name.
+        Some((Some(pool), _)) if is_dns_label(&pool) => format!("leased by ClusterPool {pool}"),
+        _ => "leased by another pool".into(),
+    }
+}
+
+/// §6: whether the failure domains contradict themselves, naming the contradiction.
+fn failure_domains_valid(round: &Round) -> DesiredCondition<'static> {
+    match &round.contradiction {
+        Some(message) => condition(
+            FAILURE_DOMAINS_VALID,
+            false,
+            INVALID_MACHINE_SPEC,
+            format!("The pool creates no clusters while its failure domains contradict themselves: {message}"),
+        ),
+        None => condition(
+            FAILURE_DOMAINS_VALID,
+            true,
+            "Valid",
+            "The failure domains and the control plane's root volume agree".into(),
+        ),
+    }
+}
+
 /// §4.3.5: at maxSize, short of hosts, or short of inventory, in that order.
 fn capacity_available(pool: &ClusterPool, plan: &Plan, round: &Round) -> DesiredCondition<'static> {
     let capacity = &plan.capacity;
+    if round.contradiction.is_some() {
+        return condition(
+            "CapacityAvailable",
+            false,
+            INVALID_MACHINE_SPEC,
+            format!(
+                "The pool creates no clusters while its failure domains contradict themselves; see {FAILURE_DOMAINS_VALID}"
+            ),
+        );
+    }
     if let Some(max) = pool.spec.max_size.filter(|m| capacity.live >= i64::from(*m)) {
         return condition(
             "CapacityAvailable",
@@ -339,6 +414,8 @@ fn set_state(status: &mut InventoryEntryStatus, cdc: &Cdc, stale_edit: bool, poo
     }
     let edited = status.version.is_some() && status.version != cdc.metadata.generation;
     status.status = match holder {
+        // Reserved for no cluster is not Reserved: it backs nothing until it is repaired.
+        Some(_) if leases::interrupted(cdc) => InventoryEntryState::Unavailable,
         Some((Some(p), _)) if p != pool_name => InventoryEntryState::Unavailable,
         Some((_, cd)) => {
             status.cluster_deployment = cd;
@@ -350,8 +427,11 @@ fn set_state(status: &mut InventoryEntryStatus, cdc: &Cdc, stale_edit: bool, poo
         }
         None => {
             if edited {
-                // Edited since its last use: its failures no longer count.
+                // The status-revision seed's "Updating Inventory Resource": an entry nobody holds
+                // that was edited starts over: its failures no longer count, and its version is the
+                // new generation.
                 status.attempts = 0;
+                status.version = cdc.metadata.generation;
             }
             match reason {
                 Some(BROKEN_BY_SYNTAX) => InventoryEntryState::BrokenBySyntax,
@@ -407,6 +487,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use jiff::Timestamp;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
     use serde_json::{Value, json};
 
     use super::*;
@@ -637,8 +718,143 @@ mod tests {
             (
                 "False".into(),
                 "Invalid".into(),
-                "Some inventory entries cannot be used (BrokenByCloud: cloud; BrokenBySyntax: syntax (bad path /x); Missing: missing); fix the patches of BrokenBySyntax entries, create Missing ones, or remove them from spec.inventory".into()
+                "Some inventory entries cannot be used (BrokenByCloud: cloud; BrokenBySyntax: syntax (bad path /x); Missing: missing; Unavailable: theirs (leased by ClusterPool q)); fix the patches of BrokenBySyntax entries, create Missing ones, or remove them from spec.inventory; Unavailable ones are leased by another pool or hold an interrupted lease".into()
             )
+        );
+    }
+
+    #[test]
+    fn a_holder_name_that_cannot_be_a_pool_name_is_not_echoed() {
+        let long = "x".repeat(300);
+        assert_eq!(held_by(&cdc("a", 1, leased(&long, "c"))), "leased by another pool");
+        assert_eq!(held_by(&cdc("a", 1, leased("q", "c"))), "leased by ClusterPool q");
+    }
+
+    /// `Available=False` without a `clusterDeploymentRef`, naming pool `p`.
+    fn interrupted() -> Value {
+        let mut status = leased("p", "");
+        status.as_object_mut().expect("a status").remove("clusterDeploymentRef");
+        status
+    }
+
+    #[test]
+    fn an_interrupted_lease_is_unavailable_for_no_cluster_and_the_inventory_says_it() {
+        let mut scene = Scene::new(json!({"size": 1, "inventory": entries(&["cut"])}));
+        scene.cdcs.insert("cut".into(), cdc("cut", 1, interrupted()));
+        let status = scene.build();
+        let cut = entry(&status, "cut");
+        assert_eq!(
+            cut.status,
+            InventoryEntryState::Unavailable,
+            "never Reserved with no cluster"
+        );
+        assert_eq!(cut.cluster_deployment, None);
+        let (valid, _, message) = condition(&status, "InventoryValid");
+        assert_eq!(valid, "False");
+        assert!(
+            message.contains(
+                "Unavailable: cut (an interrupted lease: Available=False with no clusterDeploymentRef; released after --lease-min-age)"
+            ),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn inventory_conditions_follow_the_current_spec() {
+        let mut scene = Scene::new(json!({"size": 3, "inventory": entries(&["a", "b", "c"])}));
+        for name in ["a", "b", "c"] {
+            scene.cdcs.insert(name.into(), cdc(name, 1, json!({})));
+        }
+        scene.plan.capacity = Capacity {
+            wanted: 3,
+            backed: 3,
+            ..Capacity::default()
+        };
+        let with = scene.build();
+        assert_eq!(
+            condition(&with, "InventoryValid"),
+            (
+                "True".into(),
+                "Valid".into(),
+                "All 3 inventory entries are usable".into()
+            )
+        );
+        // The inventory is removed: its condition goes; capacity is judged without it.
+        scene.previous = with;
+        scene.pool = pool("p", json!({"size": 3}));
+        scene.plan.capacity.backed = 0;
+        let without = scene.build();
+        assert!(
+            without.conditions.iter().all(|c| c.type_ != "InventoryValid"),
+            "{:?}",
+            without.conditions
+        );
+        assert_eq!(condition(&without, "CapacityAvailable").1, "Available");
+        assert!(without.inventory.is_empty(), "no cluster was built from the entries");
+        // Conditions the pool controller does not compute are left alone.
+        let mut foreign = scene.previous.clone();
+        foreign.conditions.push(Condition {
+            type_: "SomeoneElses".into(),
+            status: "True".into(),
+            reason: "X".into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: Time(Timestamp::UNIX_EPOCH),
+        });
+        scene.previous = foreign;
+        assert!(scene.build().conditions.iter().any(|c| c.type_ == "SomeoneElses"));
+    }
+
+    #[test]
+    fn an_unreserved_entry_edited_starts_over_at_its_new_generation() {
+        let mut scene = Scene::new(json!({"size": 0, "inventory": entries(&["a"])}));
+        scene.previous.inventory = vec![InventoryEntryStatus {
+            name: "a".into(),
+            version: Some(1),
+            status: InventoryEntryState::BrokenByCloud,
+            attempts: 2,
+            ..Default::default()
+        }];
+        scene
+            .cdcs
+            .insert("a".into(), cdc("a", 2, verdict("BrokenByCloud", OLD, 1)));
+        let a = entry(&scene.build(), "a");
+        assert_eq!(
+            (a.status, a.version, a.attempts),
+            (InventoryEntryState::Available, Some(2), 0),
+            "the seed: Attempts reset, Version the new generation, Available"
+        );
+        // Reserved entries keep the generation their cluster was built from (ToBeUpdated).
+        scene.cdcs.insert("a".into(), cdc("a", 2, leased("p", "p-a")));
+        scene.cds = vec![Cd::new("p-a", OLD).built_from("a", 1).build()];
+        let a = entry(&scene.build(), "a");
+        assert_eq!((a.status, a.version), (InventoryEntryState::ToBeUpdated, Some(1)));
+    }
+
+    #[test]
+    fn an_openstack_pool_with_failure_domains_says_whether_they_contradict_themselves() {
+        let mut scene = Scene::new(json!({"size": 1}));
+        assert!(
+            scene
+                .build()
+                .conditions
+                .iter()
+                .all(|c| c.type_ != "FailureDomainsValid")
+        );
+        scene.domains.insert("fd-a".into(), FailureDomainStatus::default());
+        assert_eq!(condition(&scene.build(), "FailureDomainsValid").0, "True");
+        scene.round.contradiction = Some("failure domain fd-a sets storageAvailabilityZone c".into());
+        let status = scene.build();
+        let (valid, reason, message) = condition(&status, "FailureDomainsValid");
+        assert_eq!((valid.as_str(), reason.as_str()), ("False", "InvalidMachineSpec"));
+        assert!(
+            message.ends_with("failure domain fd-a sets storageAvailabilityZone c"),
+            "{message}"
+        );
+        assert_eq!(
+            condition(&status, "CapacityAvailable").1,
+            "InvalidMachineSpec",
+            "the pool says it adds nothing"
         );
     }
 

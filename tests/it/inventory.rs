@@ -117,10 +117,6 @@ fn pool_condition(pool: &ClusterPool, type_: &str) -> Option<(String, String, St
     condition_of(&pool.status.clone().unwrap_or_default().conditions, type_)
 }
 
-fn cd_condition(cd: &ClusterDeployment, type_: &str) -> Option<(String, String, String)> {
-    condition_of(&cd.status.clone().unwrap_or_default().conditions, type_)
-}
-
 fn records(cd: &ClusterDeployment) -> Vec<MachineFailureDomain> {
     cd.status.clone().unwrap_or_default().failure_domains
 }
@@ -226,18 +222,36 @@ async fn openstack_control_planes_spread_over_failure_domains_and_keep_their_rec
             let tags: Vec<String> = first.ports.iter().flat_map(|p| p.tags.clone()).collect();
             assert_eq!(tags, ["domain-a", "pool"], "domain ports before the pool's");
         }
+        // Machines with ports: openshift-install's TechPreview failureDomains, one per machine in
+        // machine order, the domain's ports before the pool's, and no zones beside them.
         let config = install_config(&tenant, &cd.name_any()).await;
+        assert_eq!(config["featureSet"], "TechPreviewNoUpgrade", "{config}");
         let openstack = &config["controlPlane"]["platform"]["openstack"];
-        let zone = |prefix: &str| -> Value {
-            json!(
-                recorded
-                    .iter()
-                    .map(|r| format!("{prefix}-{}", &r.name[3..]))
-                    .collect::<Vec<_>>()
-            )
-        };
-        assert_eq!(openstack["zones"], zone("nova"), "{config}");
-        assert_eq!(openstack["rootVolume"]["zones"], zone("cinder"), "{config}");
+        assert!(openstack.get("zones").is_none(), "{config}");
+        assert_eq!(openstack["rootVolume"], json!({"size": 50}), "{config}");
+        let rendered: Vec<Value> = recorded
+            .iter()
+            .map(|r| {
+                let suffix = &r.name[3..];
+                let mut ports = if suffix == "a" {
+                    vec![json!({"id": "domain-a"})]
+                } else {
+                    vec![]
+                };
+                ports.push(json!({"id": "pool"}));
+                json!({"computeAvailabilityZone": format!("nova-{suffix}"),
+                       "storageAvailabilityZone": format!("cinder-{suffix}"), "portTargets": ports})
+            })
+            .collect();
+        assert_eq!(openstack["failureDomains"], json!(rendered), "{config}");
+        // Workers go to every domain, the NoControlPlane one and the omitted zone included.
+        let workers: Vec<&str> = config["compute"][0]["platform"]["openstack"]["failureDomains"]
+            .as_array()
+            .expect("the compute pool's failure domains")
+            .iter()
+            .filter_map(|d| d["computeAvailabilityZone"].as_str())
+            .collect();
+        assert_eq!(workers, ["az9", "nova-a", "nova-b", "nova-c"], "{config}");
         assert!(cd.annotations().contains_key("pools.stackd.dev/failure-domains-hash"));
     }
 
@@ -313,15 +327,108 @@ async fn openstack_control_planes_spread_over_failure_domains_and_keep_their_rec
     .await;
 }
 
-/// §6 merge rules: a domain storage zone with an explicit root-volume zone stops the cluster with
-/// `InvalidMachineSpec` (no installer Job, not replaced in a loop); vSphere pools with failure
-/// domains say `FailureDomainsUnsupported`.
+/// Issue 29 item 6 (the CAPO seed's merge rules, openshift-install's shape): without ports, the
+/// control plane's compute zones and root-volume zones go to `zones` and `rootVolume.zones` in
+/// machine order, a root volume without a zone of its own in its machine's compute zone; workers
+/// spread over every domain, `NoControlPlane` ones included, as `compute[0]...zones`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn contradicting_storage_zones_stop_the_cluster_and_vsphere_refuses_failure_domains() {
+async fn an_openstack_install_config_places_root_volumes_and_workers_in_the_domains() {
     let (fleet, tenant) = setup().await;
+    let mut spec = pool_json("os", 1, openstack());
+    spec["spec"]["failureDomains"] = json!([
+        {"name": "fd-a", "computeAvailabilityZone": "nova-a", "storageAvailabilityZone": "cinder-a"},
+        {"name": "fd-b", "computeAvailabilityZone": "nova-b"},
+        {"name": "fd-w", "machinePlacement": "NoControlPlane", "computeAvailabilityZone": "nova-w"},
+    ]);
+    spec["spec"]["controlPlane"] = json!({"replicas": 3, "rootVolume": {"size": 100, "type": "ssd"}});
+    spec["spec"]["compute"] = json!({"replicas": 5});
+    create_pool(&tenant, spec).await;
+    let daemon = daemon(&fleet);
+    let cd = wait_until("a cluster with its record", WITHIN, &daemon, || async {
+        cds(&tenant, "os").await.into_iter().find(|cd| records(cd).len() == 3)
+    })
+    .await;
+    assert_eq!(domains_of(&cd), ["fd-a", "fd-b", "fd-a"]);
+    let config = install_config(&tenant, &cd.name_any()).await;
+    assert!(config.get("featureSet").is_none(), "no ports, no TechPreview: {config}");
+    let openstack = &config["controlPlane"]["platform"]["openstack"];
+    assert_eq!(openstack["zones"], json!(["nova-a", "nova-b", "nova-a"]), "{config}");
+    assert_eq!(
+        openstack["rootVolume"],
+        json!({"size": 100, "type": "ssd", "zones": ["cinder-a", "nova-b", "cinder-a"]}),
+        "fd-b has no storage zone: its machine's volume goes to its compute zone"
+    );
+    assert!(openstack.get("failureDomains").is_none());
+    assert_eq!(
+        records(&cd)[1].storage_availability_zone.as_deref(),
+        Some("nova-b"),
+        "the record says where the volume went"
+    );
+    assert_eq!(config["compute"][0]["replicas"], 5);
+    assert_eq!(
+        config["compute"][0]["platform"]["openstack"]["zones"],
+        json!(["nova-a", "nova-b", "nova-w"]),
+        "{config}"
+    );
+}
+
+/// Writes what an older stackd left: cluster `name` of pool `pool` (its namespace marked as the
+/// pool marks them), built from CDC `cdc`, whose install-config Secret says its machines cannot be
+/// placed, and the CDC leased for it.
+async fn cluster_of_an_older_stackd(tenant: &Client, pool: &ClusterPool, name: &str, cdc: &str) {
+    let uid = pool.uid().expect("uid");
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": name,
+        "labels": {"pools.stackd.dev/clusterpool-namespace": NS, "pools.stackd.dev/clusterpool-name": pool.name_any()},
+        "annotations": {"pools.stackd.dev/clusterpool-uid": uid}}}))
+    .expect("namespace");
+    Api::<Namespace>::all(tenant.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("namespace");
+    let secrets = Api::<Secret>::namespaced(tenant.clone(), name);
+    for secret in [
+        json!({"metadata": {"name": format!("{name}-install-config")}, "stringData": {
+            "install-config.yaml": "apiVersion: v1\n",
+            "invalid-machine-spec": "machine master-0: failure domain fd-a sets storageAvailabilityZone cinder-a and controlPlane.rootVolume.availabilityZone is cinder-x; remove one of them"}}),
+        json!({"metadata": {"name": format!("{name}-credentials")}, "stringData": {"clouds.yaml": "clouds: {}"}}),
+    ] {
+        let secret: Secret = serde_json::from_value(secret).expect("secret");
+        secrets.create(&PostParams::default(), &secret).await.expect("secret");
+    }
+    let version = stackd::pools::pool::pool_version(pool);
+    let cd: ClusterDeployment = serde_json::from_value(json!({
+        "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterDeployment",
+        "metadata": {"name": name, "namespace": name,
+            "labels": {"pools.stackd.dev/clusterpool-namespace": NS, "pools.stackd.dev/clusterpool-name": pool.name_any()},
+            "annotations": {"pools.stackd.dev/pool-version": version, "pools.stackd.dev/customization-generation": "1"}},
+        "spec": {"clusterName": name, "baseDomain": "example.com",
+            "platform": {"openstack": {"credentialsSecretRef": {"name": format!("{name}-credentials")}, "cloud": "mycloud"}},
+            "provisioning": {"installConfigSecretRef": {"name": format!("{name}-install-config")}, "installerImage": INSTALLER},
+            "clusterPoolRef": {"namespace": NS, "poolName": pool.name_any(), "clusterDeploymentCustomization": {"name": cdc}}},
+    }))
+    .expect("cluster");
+    Api::<ClusterDeployment>::namespaced(tenant.clone(), name)
+        .create(&PostParams::default(), &cd)
+        .await
+        .expect("cluster");
+    crate::pools::reserve(tenant, cdc, &pool.name_any(), name, Duration::ZERO).await;
+}
+
+/// §6 merge rules and issue 29 item 7: a domain storage zone with an explicit root-volume zone is a
+/// contradiction of the pool's: `FailureDomainsValid=False` names it, `CapacityAvailable=False`, one
+/// Event, and no cluster is made while it stands. A cluster an older stackd made with it (stopped
+/// `InvalidMachineSpec`, no installer Job) does not keep its inventory entry: it is deleted and its
+/// CDC released. Fixed, the pool fills. vSphere pools with failure domains say
+/// `FailureDomainsUnsupported`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contradicting_failure_domains_are_the_pools_to_report_and_hold_no_inventory_entry() {
+    let (fleet, tenant) = setup().await;
+    crate::pools::named_cdc(&tenant, "a").await;
     let mut pool_value = openstack_domains_pool("bad", 1);
     pool_value["spec"]["controlPlane"]["rootVolume"]["availabilityZone"] = json!("cinder-x");
+    pool_value["spec"]["inventory"] = json!([{"name": "a"}]);
     create_pool(&tenant, pool_value).await;
+    cluster_of_an_older_stackd(&tenant, &pool(&tenant, "bad").await, "bad-old00", "a").await;
     let mut vsphere = pool_json(
         "vs",
         0,
@@ -331,49 +438,89 @@ async fn contradicting_storage_zones_stop_the_cluster_and_vsphere_refuses_failur
     vsphere["spec"]["availabilityZones"] = json!(["az1"]);
     create_pool(&tenant, vsphere).await;
     let daemon = daemon(&fleet);
-    let stopped = wait_until("the cluster stops with InvalidMachineSpec", WITHIN, &daemon, || async {
-        cds(&tenant, "bad").await.into_iter().find(|cd| {
-            cd_condition(cd, "ProvisionStopped").is_some_and(|(s, r, _)| s == "True" && r == "InvalidMachineSpec")
-        })
+    until("the pool names the contradiction", WITHIN, &daemon, || async {
+        let pool = pool(&tenant, "bad").await;
+        let valid = pool_condition(&pool, "FailureDomainsValid").is_some_and(|(s, r, m)| {
+            s == "False"
+                && r == "InvalidMachineSpec"
+                && m.contains("failure domain fd-a sets storageAvailabilityZone cinder-a")
+                && m.contains("controlPlane.rootVolume.availabilityZone is cinder-x")
+        });
+        let capacity = pool_condition(&pool, "CapacityAvailable")
+            .is_some_and(|(s, r, _)| s == "False" && r == "InvalidMachineSpec");
+        valid && capacity
     })
     .await;
-    let (_, _, message) = cd_condition(&stopped, "ProvisionStopped").unwrap();
-    assert!(
-        message.contains("storageAvailabilityZone cinder-a") && message.contains("cinder-x"),
-        "{message}"
-    );
-    // The Event follows the status write that the condition came with.
+    // The older stackd's cluster is stopped, deleted, and gives its entry back.
     until(
-        "an InvalidMachineSpec Event on the cluster",
+        "the stopped cluster gone and its CDC released",
         WITHIN,
         &daemon,
         || async {
-            let seen = events(&tenant, &stopped.name_any(), &stopped.name_any()).await;
-            seen.iter().any(|(r, _)| r == "InvalidMachineSpec")
+            let released = crate::pools::cdc_condition(&crate::pools::cdc(&tenant, "a").await, "Available")
+                .is_some_and(|(s, _, _)| s == "True");
+            cds(&tenant, "bad").await.is_empty() && released
         },
     )
     .await;
+    let deleted = events(&tenant, NS, "bad").await;
+    assert!(
+        deleted
+            .iter()
+            .any(|(r, n)| r == "ClusterDeleted" && n.contains("bad-old00") && n.contains("InvalidMachineSpec")),
+        "{deleted:?}"
+    );
     until("vSphere refuses failure domains", WITHIN, &daemon, || async {
         pool_condition(&pool(&tenant, "vs").await, "FailureDomainsUnsupported").is_some_and(|(s, _, _)| s == "True")
     })
     .await;
-    // Judged after the pool's next reconcile, not a guessed pause.
-    crate::pools::writes_when_woken(&fleet, &daemon, &pools(&tenant), "bad", &["clusterpool"], &[]).await;
-    let now: Vec<String> = cds(&tenant, "bad").await.iter().map(|cd| cd.name_any()).collect();
-    assert_eq!(
-        now,
-        [stopped.name_any()],
-        "the stopped cluster is not replaced in a loop"
+    // Judged after the pool's next reconciles, not a guessed pause: nothing is made meanwhile.
+    for _ in 0..2 {
+        crate::pools::writes_when_woken(&fleet, &daemon, &pools(&tenant), "bad", &["clusterpool"], &[]).await;
+    }
+    let made = Api::<ClusterDeployment>::all(tenant.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert!(
+        made.items.is_empty(),
+        "{:?}",
+        made.items.iter().map(|cd| cd.name_any()).collect::<Vec<_>>()
     );
     let jobs = Api::<Job>::namespaced(fleet.host().client().await, HOST_NS)
         .list(&ListParams::default())
         .await
         .unwrap();
     assert!(
-        jobs.items.is_empty(),
+        jobs.items.iter().all(|j| !j.name_any().contains("-install-")),
         "no installer Job: {:?}",
         jobs.items.iter().map(|j| j.name_any()).collect::<Vec<_>>()
     );
+    assert_eq!(
+        crate::pools_seeds::event_count(&tenant, NS, "bad", "InvalidMachineSpec").await,
+        1,
+        "told once"
+    );
+
+    // Fixed: the condition says so and the pool fills from its entry.
+    pools(&tenant)
+        .patch(
+            "bad",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"controlPlane": {"rootVolume": {"availabilityZone": null}}}})),
+        )
+        .await
+        .expect("fix the pool");
+    until("a cluster from a, the domains valid", WITHIN, &daemon, || async {
+        let pool = pool(&tenant, "bad").await;
+        let valid = pool_condition(&pool, "FailureDomainsValid").is_some_and(|(s, _, _)| s == "True");
+        let from_a = cds(&tenant, "bad")
+            .await
+            .iter()
+            .any(|cd| crate::pools::cdc_of(cd).as_deref() == Some("a"));
+        valid && from_a
+    })
+    .await;
 }
 
 pub(crate) fn assets(tenant: &Client) -> Api<BareMetalAsset> {

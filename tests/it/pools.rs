@@ -193,7 +193,7 @@ pub(crate) fn lease(cdc: &Cdc) -> Option<String> {
         .flatten()
 }
 
-fn entry(pool: &ClusterPool, name: &str) -> Option<stackd::api::pools::InventoryEntryStatus> {
+pub(crate) fn entry(pool: &ClusterPool, name: &str) -> Option<stackd::api::pools::InventoryEntryStatus> {
     pool.status.as_ref()?.inventory.iter().find(|e| e.name == name).cloned()
 }
 
@@ -206,7 +206,7 @@ pub(crate) async fn ready(tenant: &Client, name: &str) -> i32 {
         .map_or(0, |s| s.ready)
 }
 
-async fn install_config(tenant: &Client, cd: &str) -> String {
+pub(crate) async fn install_config(tenant: &Client, cd: &str) -> String {
     let secret = Api::<Secret>::namespaced(tenant.clone(), cd)
         .get(&format!("{cd}-install-config"))
         .await
@@ -675,7 +675,12 @@ async fn two_daemons_racing_for_one_inventory_never_lease_a_cdc_twice() {
 }
 
 /// An installer image that fails `fail_first` times (then succeeds), with destroys taking `destroy_for`.
-fn scripted_installer(fleet: &Fleet, image: &str, fail_first: usize, destroy_for: Duration) -> Arc<AtomicUsize> {
+pub(crate) fn scripted_installer(
+    fleet: &Fleet,
+    image: &str,
+    fail_first: usize,
+    destroy_for: Duration,
+) -> Arc<AtomicUsize> {
     let runs = Arc::new(AtomicUsize::new(0));
     let counter = runs.clone();
     fleet
@@ -765,7 +770,7 @@ async fn broken_clusters_are_replaced_after_a_backoff_when_the_inventory_is_exha
 }
 
 /// Sets a CDC's lease as if a pool had written it `age` ago for a cluster that never appeared.
-async fn reserve(tenant: &Client, name: &str, pool: &str, cd: &str, age: Duration) {
+pub(crate) async fn reserve(tenant: &Client, name: &str, pool: &str, cd: &str, age: Duration) {
     let mut cdc = cdc(tenant, name).await;
     let at = jiff::Timestamp::now() - jiff::SignedDuration::try_from(age).unwrap();
     cdc.status = Some(
@@ -1330,6 +1335,13 @@ async fn a_cdc_listed_by_two_pools_is_never_released_by_the_pool_not_holding_it(
     assert_eq!(
         entry(&beta_pool, "shared").unwrap().status,
         InventoryEntryState::Unavailable
+    );
+    // The merged seed: an entry another pool holds makes the inventory invalid, and says who.
+    let (valid, _, message) = pool_condition(&beta_pool, "InventoryValid").unwrap();
+    assert_eq!(valid, "False");
+    assert!(
+        message.contains("Unavailable: shared (leased by ClusterPool alpha)"),
+        "{message}"
     );
     // Deleting beta removes only beta's finalizer from the shared CDC.
     pools(&tenant).delete("beta", &DeleteParams::default()).await.unwrap();

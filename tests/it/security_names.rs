@@ -14,6 +14,7 @@ use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use stackd::api::pools::ClusterDeployment;
+use stackd::api::stacks::StackInstall;
 use stackd::host::Parent;
 use stackd::host::names::{NameKind, host_name, legacy_host_name};
 
@@ -127,10 +128,18 @@ async fn host_objects_named_with_the_old_40_bit_hash_move_to_their_current_names
     let (_, reason, message) = wait_for_reason(&tenant, LONG_NS, "sample", &daemon, "Available").await;
     assert_eq!(reason, "Available", "{message}");
     let new_job = host_name(Some(LONG_NS), "sample", "-install", NameKind::LabelBound);
+    // The old Job is deleted and the install runs again under the current name; that Job is then
+    // removed too, as every completed install Job is, so only the status keeps its name.
     until("the old Job gone", Duration::from_secs(10), &daemon, || async {
-        job_names(&jobs, &install_parent).await == vec![new_job.clone()]
+        job_names(&jobs, &install_parent).await.is_empty()
     })
     .await;
+    let install = Api::<StackInstall>::namespaced(tenant.clone(), LONG_NS)
+        .get("sample")
+        .await
+        .expect("install");
+    let ran = install.status.and_then(|s| s.install_job).expect("installJob");
+    assert_eq!(ran.name, new_job, "the install ran again under its current name");
 
     let new_output = host_name(Some(LONG_NS), &cluster.name_any(), "-output", NameKind::Object);
     let moved = secrets

@@ -27,6 +27,7 @@ struct World {
     previous: ClusterPoolStatus,
     assets: Vec<Arc<BareMetalAsset>>,
     pending_claims: i64,
+    contradiction: bool,
 }
 
 impl World {
@@ -41,6 +42,7 @@ impl World {
             previous: ClusterPoolStatus::default(),
             assets: Vec::new(),
             pending_claims: 0,
+            contradiction: false,
         }
     }
 
@@ -85,6 +87,7 @@ impl World {
             backoff: Backoff::new(Duration::from_secs(10), Duration::from_secs(3600)),
             assets: &self.assets,
             pending_claims: self.pending_claims,
+            contradiction: self.contradiction,
         };
         plan(&inputs, &self.buckets(), progress)
     }
@@ -293,17 +296,66 @@ fn broken_clusters_are_replaced_even_when_the_inventory_cannot_back_size() {
 }
 
 #[test]
-fn a_cluster_stopped_on_its_machine_spec_stays_until_it_is_stale() {
-    let world = World::new(json!({"size": 1})).cds([Cd::new("p-invalid", OLD).stopped("InvalidMachineSpec")]);
+fn a_cluster_stopped_on_its_machine_spec_gives_its_entry_back_and_is_replaced_only_without_a_contradiction() {
+    let stopped = || {
+        Cd::new("p-invalid", OLD)
+            .stopped("InvalidMachineSpec")
+            .built_from("a", 1)
+    };
+    let mut world = World::new(json!({"size": 1, "inventory": entries(&["a", "b"])}))
+        .cdc("a", leased("p", "p-invalid"))
+        .cdc("b", json!({}))
+        .cds([stopped()]);
+    world.contradiction = true;
     let plan = world.plan();
-    assert!(plan.deletes.is_empty());
-    assert_eq!(plan.add, None, "it counts as the pool's cluster");
-    let stale =
-        World::new(json!({"size": 1})).cds([Cd::new("p-invalid", OLD).stopped("InvalidMachineSpec").version("old")]);
-    assert_eq!(
-        deleted(&stale.plan()),
-        [("p-invalid".to_string(), Why::Stale(Stale::PoolVersion))]
+    assert_eq!(deleted(&plan), [("p-invalid".to_string(), Why::InvalidMachineSpec)]);
+    assert!(
+        plan.broken_entries.is_empty(),
+        "not the entry's fault: no attempt counted"
     );
+    assert_eq!(plan.add, None, "no cluster while the contradiction stands");
+    world.contradiction = false;
+    let plan = world.plan();
+    assert_eq!(deleted(&plan), [("p-invalid".to_string(), Why::InvalidMachineSpec)]);
+    assert_eq!(added(&plan), 1, "replaced once the configuration is consistent");
+    let (reason, warning, note) = Why::InvalidMachineSpec.event("p-invalid");
+    assert_eq!((reason, warning), ("ClusterDeleted", true));
+    assert!(note.contains("InvalidMachineSpec"), "{note}");
+}
+
+#[test]
+fn a_pool_whose_failure_domains_contradict_themselves_adds_nothing() {
+    let mut world = World::new(json!({"size": 2}));
+    world.contradiction = true;
+    let plan = world.plan();
+    assert_eq!(plan.add, None);
+    assert_eq!(plan.capacity.drift, -2, "the pool still knows what it misses");
+}
+
+#[test]
+fn an_interrupted_lease_backs_no_cluster_even_when_it_names_this_pool() {
+    let interrupted = |pool: Option<&str>| {
+        let mut status = leased(pool.unwrap_or_default(), "");
+        let refs = status.as_object_mut().expect("a status");
+        refs.remove("clusterDeploymentRef");
+        if pool.is_none() {
+            refs.remove("clusterPoolRef");
+        }
+        status
+    };
+    let world = World::new(json!({"size": 3, "inventory": entries(&["a", "b", "c"])}))
+        .cdc("a", interrupted(None))
+        .cdc("b", interrupted(Some("p")))
+        .cdc("c", json!({}));
+    let plan = world.plan();
+    assert_eq!(
+        plan.add,
+        Some(Add {
+            count: 1,
+            leases: vec!["c".into()]
+        })
+    );
+    assert_eq!((plan.capacity.backed, plan.capacity.target), (1, 1));
 }
 
 #[test]
