@@ -349,6 +349,9 @@ enum BenchScenario {
     Stacks,
     /// Tenant API server restarts: how soon the tenant is up, and an install right after.
     Recovery,
+    /// One tenant running issue 28's attacks while another installs stacks and fills a pool:
+    /// daemon restarts, peak memory, and the other tenant's install p50 against an idle run.
+    BlastRadius,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -567,6 +570,7 @@ async fn bench(args: BenchArgs) -> ExitCode {
         Some(BenchScenario::Shards) => return bench_shards(&args, &options).await,
         Some(BenchScenario::Stacks) => return bench_stacks(&args, &options).await,
         Some(BenchScenario::Recovery) => return bench_recovery(&args, &options).await,
+        Some(BenchScenario::BlastRadius) => return bench_blast_radius(&args, &options).await,
         None => {}
     }
     let report = match stackd::bench::run(&options).await {
@@ -616,6 +620,14 @@ async fn bench_stacks(args: &BenchArgs, options: &stackd::bench::BenchOptions) -
 async fn bench_recovery(args: &BenchArgs, options: &stackd::bench::BenchOptions) -> ExitCode {
     match stackd::bench::run_recovery(options).await {
         Ok(figures) => report_bench(args, &figures, || stackd::bench::recovery_lines(&figures)),
+        Err(err) => fail("stackd bench", err),
+    }
+}
+
+/// `stackd bench --only blast-radius`.
+async fn bench_blast_radius(args: &BenchArgs, options: &stackd::bench::BenchOptions) -> ExitCode {
+    match stackd::bench::run_blast_radius(options).await {
+        Ok(figures) => report_bench(args, &figures, || stackd::bench::blast_radius::lines(&figures)),
         Err(err) => fail("stackd bench", err),
     }
 }

@@ -2,6 +2,7 @@
 //! measured against embedded API servers in this process and the daemon as a child process. Every
 //! figure that depends on the machine is also given as a ratio to a floor measured in the same run.
 
+pub mod blast_radius;
 pub mod chaos;
 mod cost;
 pub mod fleet;
@@ -20,6 +21,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub use blast_radius::BlastRadiusFigures;
 pub use idle::IdleFigures;
 pub use latency::LatencyFloor;
 pub use pools::PoolFigures;
@@ -88,6 +90,11 @@ impl BenchOptions {
         if self.quick { 100 } else { 500 }
     }
 
+    /// The blast-radius scenario's attacks and tenant B's work.
+    pub fn blast_load(&self) -> blast_radius::BlastLoad {
+        blast_radius::BlastLoad::new(self.quick)
+    }
+
     /// (tenants, installs per tenant) of the stacks scenario.
     fn stack_load(&self) -> (usize, usize) {
         if self.quick { (2, 3) } else { (5, 10) }
@@ -114,6 +121,9 @@ pub struct Report {
     /// Replicas sharing the tenants over shard Leases (absent in reports from before it).
     #[serde(default)]
     pub shards: Option<ShardFigures>,
+    /// One tenant attacking while another works (absent in reports from before it).
+    #[serde(default)]
+    pub blast_radius: Option<BlastRadiusFigures>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -165,8 +175,11 @@ pub async fn run(options: &BenchOptions) -> Result<Report, BenchError> {
         load.replicas, load.tenants, load.shards
     );
     let shards = shards::measure(&load, options.keep_logs.as_deref()).await?;
+    eprintln!("bench: blast radius: tenant A attacking while tenant B installs");
+    let blast_radius = blast_radius::measure(&options.blast_load(), options.keep_logs.as_deref()).await?;
     Ok(Report {
         shards: Some(shards),
+        blast_radius: Some(blast_radius),
         machine: Machine::here(),
         quick: options.quick,
         latency_floor,
@@ -192,9 +205,14 @@ pub async fn run_recovery(options: &BenchOptions) -> Result<RecoveryFigures, Ben
     recovery::measure(options.restarts()).await
 }
 
+/// The blast-radius scenario alone (`stackd bench --only blast-radius`).
+pub async fn run_blast_radius(options: &BenchOptions) -> Result<BlastRadiusFigures, BenchError> {
+    blast_radius::measure(&options.blast_load(), options.keep_logs.as_deref()).await
+}
+
 /// The figures compared between runs, by name (lower is better for all of them).
 fn headline(report: &Report) -> BTreeMap<&'static str, f64> {
-    BTreeMap::from([
+    let mut figures = BTreeMap::from([
         ("marginal_rss_per_tenant_mb", report.marginal_rss_per_tenant_mb),
         ("requests_per_install_ratio", report.requests_per_install_ratio),
         ("install_p50_floor_multiple", report.stacks.install_p50_floor_multiple),
@@ -210,7 +228,12 @@ fn headline(report: &Report) -> BTreeMap<&'static str, f64> {
             "install_after_restart_ratio",
             report.recovery.install_after_restart_ratio,
         ),
-    ])
+    ]);
+    if let Some(blast) = &report.blast_radius {
+        figures.insert("blast_radius_install_p50_ratio", blast.install_p50_ratio);
+        figures.insert("blast_radius_peak_rss_of_limit", blast.peak_rss_of_limit);
+    }
+    figures
 }
 
 /// The shards scenario's line of the table.
@@ -456,6 +479,9 @@ pub fn table(report: &Report, baseline: Option<&Report>) -> String {
     if let Some(s) = &report.shards {
         line(&mut out, shard_line(s));
     }
+    if let Some(blast) = &report.blast_radius {
+        out.push_str(&blast_radius::lines(blast));
+    }
     if let Some(baseline) = baseline {
         out.push_str(&comparison_lines(report, baseline));
     }
@@ -514,6 +540,7 @@ mod tests {
                 baseline_breakdown: Default::default(),
             },
             shards: None,
+            blast_radius: None,
         }
     }
 

@@ -72,23 +72,34 @@ impl Supervised {
         })
     }
 
-    /// Waits until `count` tenants report up on the current process.
+    /// Waits until `count` tenants report up on whichever process runs (a restart is let happen).
     pub async fn wait_tenants_up(&self, count: usize, within: Duration) -> Result<(), BenchError> {
-        self.state.lock().await.daemon.wait_tenants_up(count, within).await?;
-        Ok(())
+        let started = std::time::Instant::now();
+        loop {
+            let metrics = self.metrics().await;
+            let up = metrics
+                .lines()
+                .filter(|l| l.starts_with("stackd_tenant_up{") && l.ends_with(" 1"))
+                .count();
+            if up >= count {
+                return Ok(());
+            }
+            if started.elapsed() > within {
+                return Err(BenchError::Timeout(format!(
+                    "{up} of {count} tenants up after {within:?}; daemon log {}",
+                    self.log().await.display()
+                )));
+            }
+            tokio::time::sleep(SAMPLE_EVERY).await;
+        }
     }
 
-    /// The current process's `/metrics` text.
+    /// The current process's `/metrics` text (the lock is not held while it is fetched).
     pub async fn metrics(&self) -> String {
         let admin = self.state.lock().await.daemon.admin;
         super::super::fleet::http_get(&format!("http://{admin}/metrics"))
             .await
             .unwrap_or_default()
-    }
-
-    /// CPU and reconcile counters of the current process.
-    pub async fn snapshot(&self) -> super::super::cost::Snapshot {
-        super::super::cost::Snapshot::take(&self.state.lock().await.daemon).await
     }
 
     /// The current process's log.
