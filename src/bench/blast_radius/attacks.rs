@@ -158,7 +158,7 @@ pub async fn churn(tenant: Client, load: AttackLoad, stop: Arc<AtomicBool>) -> R
         writes += 3;
         let large = tick / LARGE_REWRITE_EVERY;
         if tick % LARGE_REWRITE_EVERY == LARGE_REWRITE_EVERY - 1 && load.labelled_secrets > 0 && load.large_cdcs > 0 {
-            if large % 2 == 0 {
+            if large.is_multiple_of(2) {
                 let blob = json!({"stringData": {"blob": filler(SECRET_BYTES, tick)}});
                 let name = format!("big-{}", large / 2 % load.labelled_secrets);
                 secrets.patch(&name, &merge, &Patch::Merge(&blob)).await?;
