@@ -5,7 +5,7 @@ use std::process::Command;
 
 /// The most tenant B's install p50 under tenant A's attacks may be, as a multiple of the same with A
 /// idle, in the quick benchmark (see `assert_blast_radius_contained`).
-const RATIO_BOUND: f64 = 4.0;
+const RATIO_BOUND: f64 = 5.0;
 
 fn stackd(args: &[&str]) -> (bool, String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_stackd"))
@@ -138,7 +138,10 @@ fn assert_blast_radius_contained(blast: &serde_json::Value) {
         "{blast:#}"
     );
     assert_eq!(blast["tenant_b_suspended"], false, "{blast:#}");
-    assert!(blast["attack_writes_during_round"].as_u64().unwrap_or(0) > 0, "{blast:#}");
+    assert!(
+        blast["attack_writes_during_round"].as_u64().unwrap_or(0) > 0,
+        "{blast:#}"
+    );
     // The goal is 2× (full size, release). A few installs' p50 in a debug build on a loaded
     // machine is noisy, so the bound is looser; a daemon that A's attacks stall (a crash loop, a
     // tenant-wide backlog, megabytes of log reads per CRD event) costs B many times more.
