@@ -371,6 +371,9 @@ enum BenchScenario {
     Recovery,
     /// 1,000 idle tenants on one replica (20 with --quick): start-up, memory, a steady state.
     Crowd,
+    /// One tenant running issue 28's attacks while another installs stacks and fills a pool:
+    /// daemon restarts, peak memory, and the other tenant's install p50 against an idle run.
+    BlastRadius,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -592,6 +595,7 @@ async fn bench(args: BenchArgs) -> ExitCode {
         Some(BenchScenario::Stacks) => return bench_stacks(&args, &options).await,
         Some(BenchScenario::Recovery) => return bench_recovery(&args, &options).await,
         Some(BenchScenario::Crowd) => return bench_crowd(&args, &options).await,
+        Some(BenchScenario::BlastRadius) => return bench_blast_radius(&args, &options).await,
         None => {}
     }
     let report = match stackd::bench::run(&options).await {
@@ -649,6 +653,14 @@ async fn bench_recovery(args: &BenchArgs, options: &stackd::bench::BenchOptions)
 async fn bench_crowd(args: &BenchArgs, options: &stackd::bench::BenchOptions) -> ExitCode {
     match stackd::bench::run_crowd(options).await {
         Ok(figures) => report_bench(args, &figures, || stackd::bench::crowd_lines(&figures)),
+        Err(err) => fail("stackd bench", err),
+    }
+}
+
+/// `stackd bench --only blast-radius`.
+async fn bench_blast_radius(args: &BenchArgs, options: &stackd::bench::BenchOptions) -> ExitCode {
+    match stackd::bench::run_blast_radius(options).await {
+        Ok(figures) => report_bench(args, &figures, || stackd::bench::blast_radius::lines(&figures)),
         Err(err) => fail("stackd bench", err),
     }
 }

@@ -128,10 +128,33 @@ impl DaemonProcess {
         extra: &[&str],
         env: &[(&str, String)],
     ) -> Result<DaemonProcess, BenchError> {
+        DaemonProcess::spawn_capped(dir, log_dir, extra, env, None)
+    }
+
+    /// [`DaemonProcess::spawn`], with the address space capped at `address_space` bytes (`ulimit
+    /// -v`) when given: an unbounded allocation then aborts the daemon as a pod's memory limit
+    /// would, instead of taking the shared machine's memory.
+    pub fn spawn_capped(
+        dir: &Path,
+        log_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, String)],
+        address_space: Option<u64>,
+    ) -> Result<DaemonProcess, BenchError> {
         let admin = free_port()?;
         let log = log_dir.join(format!("daemon-{}.log", admin.port()));
         let exe = std::env::current_exe()?;
-        let child = Command::new(exe)
+        let mut command = match address_space {
+            None => Command::new(exe),
+            Some(bytes) => {
+                // `exec` keeps the pid: /proc/<pid> is the daemon's, not the shell's.
+                let mut shell = Command::new("sh");
+                let script = format!("ulimit -v {} && exec \"$0\" \"$@\"", bytes / 1024);
+                shell.args(["-c", &script]).arg(exe);
+                shell
+            }
+        };
+        let child = command
             .args(["run", "--host-kubeconfig"])
             .arg(dir.join("host.yaml"))
             .arg("--tenants-dir")
@@ -151,9 +174,19 @@ impl DaemonProcess {
 
     /// Resident memory of the daemon, in MiB.
     pub fn rss_mib(&self) -> Option<f64> {
+        self.status_mib("VmRSS:")
+    }
+
+    /// The most resident memory the daemon has had so far (`VmHWM`), in MiB.
+    pub fn peak_rss_mib(&self) -> Option<f64> {
+        self.status_mib("VmHWM:")
+    }
+
+    /// A `kB` field of `/proc/<pid>/status`, in MiB.
+    fn status_mib(&self, field: &str) -> Option<f64> {
         let pid = self.child.id()?;
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let line = status.lines().find(|l| l.starts_with(field))?;
         let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
         Some(kib / 1024.0)
     }
@@ -197,7 +230,7 @@ fn free_port() -> std::io::Result<SocketAddr> {
 }
 
 /// A plain HTTP/1.0 GET on loopback (the admin endpoint speaks plain HTTP).
-async fn http_get(url: &str) -> Option<String> {
+pub(super) async fn http_get(url: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rest = url.strip_prefix("http://")?;
     let (address, path) = rest.split_once('/').map(|(a, p)| (a, format!("/{p}")))?;

@@ -2,6 +2,7 @@
 //! measured against embedded API servers in this process and the daemon as a child process. Every
 //! figure that depends on the machine is also given as a ratio to a floor measured in the same run.
 
+pub mod blast_radius;
 pub mod chaos;
 mod cost;
 pub mod crowd;
@@ -21,6 +22,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub use blast_radius::BlastRadiusFigures;
 pub use crowd::CrowdFigures;
 pub use idle::IdleFigures;
 pub use latency::LatencyFloor;
@@ -100,6 +102,11 @@ impl BenchOptions {
         }
     }
 
+    /// The blast-radius scenario's attacks and tenant B's work.
+    pub fn blast_load(&self) -> blast_radius::BlastLoad {
+        blast_radius::BlastLoad::new(self.quick)
+    }
+
     /// (tenants, installs per tenant) of the stacks scenario.
     fn stack_load(&self) -> (usize, usize) {
         if self.quick { (2, 3) } else { (5, 10) }
@@ -129,6 +136,9 @@ pub struct Report {
     /// Many idle tenants on one replica, and their steady state (absent in reports from before it).
     #[serde(default)]
     pub crowd: Option<CrowdFigures>,
+    /// One tenant attacking while another works (absent in reports from before it).
+    #[serde(default)]
+    pub blast_radius: Option<BlastRadiusFigures>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -181,9 +191,12 @@ pub async fn run(options: &BenchOptions) -> Result<Report, BenchError> {
     );
     let shards = shards::measure(&load, options.keep_logs.as_deref()).await?;
     let crowd = run_crowd(options).await?;
+    eprintln!("bench: blast radius: tenant A attacking while tenant B installs");
+    let blast_radius = blast_radius::measure(&options.blast_load(), options.keep_logs.as_deref()).await?;
     Ok(Report {
         shards: Some(shards),
         crowd: Some(crowd),
+        blast_radius: Some(blast_radius),
         machine: Machine::here(),
         quick: options.quick,
         latency_floor,
@@ -219,9 +232,14 @@ pub async fn run_recovery(options: &BenchOptions) -> Result<RecoveryFigures, Ben
     recovery::measure(options.restarts()).await
 }
 
+/// The blast-radius scenario alone (`stackd bench --only blast-radius`).
+pub async fn run_blast_radius(options: &BenchOptions) -> Result<BlastRadiusFigures, BenchError> {
+    blast_radius::measure(&options.blast_load(), options.keep_logs.as_deref()).await
+}
+
 /// The figures compared between runs, by name (lower is better for all of them).
 fn headline(report: &Report) -> BTreeMap<&'static str, f64> {
-    BTreeMap::from([
+    let mut figures = BTreeMap::from([
         ("marginal_rss_per_tenant_mb", report.marginal_rss_per_tenant_mb),
         ("requests_per_install_ratio", report.requests_per_install_ratio),
         ("install_p50_floor_multiple", report.stacks.install_p50_floor_multiple),
@@ -250,7 +268,12 @@ fn headline(report: &Report) -> BTreeMap<&'static str, f64> {
             "crowd_marginal_rss_per_tenant_mb",
             report.crowd.as_ref().map_or(0.0, |c| c.marginal_rss_per_tenant_mb),
         ),
-    ])
+    ]);
+    if let Some(blast) = &report.blast_radius {
+        figures.insert("blast_radius_install_p50_ratio", blast.install_p50_ratio);
+        figures.insert("blast_radius_peak_rss_of_limit", blast.peak_rss_of_limit);
+    }
+    figures
 }
 
 /// The install p50 over half the CPU bound (the median install cannot finish sooner); 0 unmeasured.
@@ -544,6 +567,9 @@ pub fn table(report: &Report, baseline: Option<&Report>) -> String {
     if let Some(c) = &report.crowd {
         out.push_str(&crowd_lines(c));
     }
+    if let Some(blast) = &report.blast_radius {
+        out.push_str(&blast_radius::lines(blast));
+    }
     if let Some(baseline) = baseline {
         out.push_str(&comparison_lines(report, baseline));
     }
@@ -603,6 +629,7 @@ mod tests {
             },
             shards: None,
             crowd: None,
+            blast_radius: None,
         }
     }
 
