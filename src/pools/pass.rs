@@ -43,7 +43,8 @@ pub(super) const AFTER_A_LOST_RACE: Duration = Duration::from_millis(200);
 pub(crate) enum PoolError {
     #[error("tenant API request failed: {0}")]
     Tenant(#[from] kube::Error),
-    #[error(transparent)]
+    /// Not transparent: the retry reads the finalizer error itself in the chain.
+    #[error("{0}")]
     Finalizer(#[from] FinalizerError),
     #[error(transparent)]
     Panicked(#[from] ReconcilePanic),

@@ -4,17 +4,17 @@
 //! waiting is [`Cleanup::Pending`], a value, not an error: it keeps the finalizer and is neither
 //! counted nor backed off as a failure.
 //!
-//! A finalizer write answered as to a stale copy (404: the object is gone already; 409 or 422: its
-//! finalizers changed since our cached copy, the JSON patch's test failed) is no failure either:
-//! the watch event of that change brings the current copy and another reconcile. The object is
-//! looked at again shortly all the same, for an answer that no watch event follows (a conflict
-//! that changed nothing); a gone object's recheck finds nothing to do.
+//! A finalizer write that finds the object gone (404) is done: there is nothing left to hold. One
+//! answered as to a stale copy (409, or 422 when the JSON patch's test of the finalizers failed:
+//! they changed since our cached copy) is [`FinalizerError::StaleCopy`], which the retry takes for
+//! a conflict: quiet at first, tried again on the object's own backoff. The backoff matters: the
+//! same 422 also answers an object the current schema no longer accepts (a CRD tightened since the
+//! object was written), and that answer does not go away by asking every 200 ms.
 
 use std::error::Error;
 use std::fmt::Debug;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{self, Event};
@@ -23,9 +23,6 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::api_errors::{is_conflict, is_not_found, is_unprocessable};
-
-/// When an object whose finalizer write met a stale copy is looked at again (see the module docs).
-const STALE_COPY_RECHECK: Duration = Duration::from_millis(200);
 
 /// How far the cleanup of a deleted object got.
 #[derive(Debug)]
@@ -45,6 +42,9 @@ pub enum FinalizerError {
     Add(#[source] kube::Error),
     #[error("cannot remove the finalizer: {0}")]
     Remove(#[source] kube::Error),
+    /// The finalizers changed since the copy the write was made from (see the module docs).
+    #[error("the finalizer write was made from a stale copy of the object: {0}")]
+    StaleCopy(#[source] kube::Error),
     /// The object has no name: its finalizers cannot be written.
     #[error("the object has no name")]
     Unnamed,
@@ -94,17 +94,17 @@ where
             Step::Failed(err) => Err(err),
             Step::Pending(action) => Ok(action),
         },
-        Err(finalizer::Error::AddFinalizer(err) | finalizer::Error::RemoveFinalizer(err)) if is_stale_copy(&err) => {
-            Ok(Action::requeue(STALE_COPY_RECHECK))
+        Err(finalizer::Error::AddFinalizer(err) | finalizer::Error::RemoveFinalizer(err)) if is_not_found(&err) => {
+            Ok(Action::await_change())
+        }
+        Err(finalizer::Error::AddFinalizer(err) | finalizer::Error::RemoveFinalizer(err))
+            if is_conflict(&err) || is_unprocessable(&err) =>
+        {
+            Err(FinalizerError::StaleCopy(err).into())
         }
         Err(finalizer::Error::AddFinalizer(err)) => Err(FinalizerError::Add(err).into()),
         Err(finalizer::Error::RemoveFinalizer(err)) => Err(FinalizerError::Remove(err).into()),
         Err(finalizer::Error::UnnamedObject) => Err(FinalizerError::Unnamed.into()),
         Err(finalizer::Error::InvalidFinalizer) => Err(FinalizerError::InvalidName.into()),
     }
-}
-
-/// The answers to a finalizer write made from a stale copy (see the module docs).
-fn is_stale_copy(err: &kube::Error) -> bool {
-    is_not_found(err) || is_conflict(err) || is_unprocessable(err)
 }

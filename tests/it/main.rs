@@ -20,6 +20,7 @@ mod embedded_surface;
 mod embedded_watch;
 mod examples;
 mod fidelity;
+mod finalizer;
 mod harness;
 mod inventory;
 mod kubectl;

@@ -60,7 +60,8 @@ pub(crate) enum DeploymentError {
     Host(#[from] HostWriteError),
     #[error("host API request failed: {0}")]
     HostApi(#[source] kube::Error),
-    #[error(transparent)]
+    /// Not transparent: the retry reads the finalizer error itself in the chain.
+    #[error("{0}")]
     Finalizer(#[from] FinalizerError),
     #[error(transparent)]
     Panicked(#[from] ReconcilePanic),

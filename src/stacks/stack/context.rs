@@ -78,7 +78,8 @@ pub enum StackError {
     Host(#[from] HostWriteError),
     #[error(transparent)]
     Tenant(#[from] TenantWriteError),
-    #[error(transparent)]
+    /// Not transparent: the retry reads the finalizer error itself in the chain.
+    #[error("{0}")]
     Finalizer(#[from] FinalizerError),
     #[error(transparent)]
     Panicked(#[from] ReconcilePanic),
