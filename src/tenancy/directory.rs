@@ -30,7 +30,8 @@ pub struct TenantFile {
     pub name: String,
     /// Where the kubeconfig came from.
     pub origin: TenantOrigin,
-    pub kubeconfig: Kubeconfig,
+    /// How the daemon reaches the tenant API server.
+    pub connection: TenantConnection,
     /// SHA-256 of what the tenant runs on (the file's bytes; an object's kubeconfig and endpoint):
     /// a changed digest restarts the tenant.
     pub digest: String,
@@ -38,6 +39,16 @@ pub struct TenantFile {
     pub host_namespace: String,
     /// Where host pods reach the tenant, or why they cannot.
     pub endpoint: Result<TenantEndpoint, EndpointError>,
+}
+
+/// How a tenant's client is made, by who wrote its kubeconfig.
+#[derive(Clone, Debug)]
+pub enum TenantConnection {
+    /// A file of the tenants directory: the host admin's own, read by kube's loader as written.
+    Kubeconfig(Box<Kubeconfig>),
+    /// A Secret's text, which others may write: the client configuration the allow-list built
+    /// (`runtime::untrusted_kubeconfig`); kube's loader never sees that text.
+    Checked(Box<kube::Config>),
 }
 
 /// Where a tenant's kubeconfig came from.
@@ -260,7 +271,7 @@ fn read_tenant_file(name: &str, path: &Path, template: &NamespaceTemplate) -> Re
     Ok(TenantFile {
         name: name.to_string(),
         origin: TenantOrigin::File(path.to_path_buf()),
-        kubeconfig,
+        connection: TenantConnection::Kubeconfig(Box::new(kubeconfig)),
         digest: hex::encode(Sha256::digest(&bytes)),
         host_namespace,
         endpoint,

@@ -276,7 +276,7 @@ mod tests {
         Box::new(TenantFile {
             name: name.into(),
             origin,
-            kubeconfig: Default::default(),
+            connection: crate::tenancy::directory::TenantConnection::Kubeconfig(Default::default()),
             digest: digest.into(),
             host_namespace,
             endpoint: Err(crate::context::endpoint::EndpointError::NoCluster),

@@ -13,7 +13,7 @@ use kube::{Client, Config};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::directory::TenantFile;
+use super::directory::{TenantConnection, TenantFile};
 use crate::api::crds::is_established;
 use crate::context::shared::Shared;
 use crate::context::tenant::{TenantContext, TenantError};
@@ -177,10 +177,15 @@ async fn wait_until_ready(
 /// A client of the tenant API server, as its kubeconfig file says, whose every request tells
 /// `reachability` whether it reached the server.
 pub async fn tenant_client(file: &TenantFile, reachability: &Arc<Reachability>) -> Result<Client, TenantError> {
-    let options = kube::config::KubeConfigOptions::default();
-    let mut config = Config::from_custom_kubeconfig(file.kubeconfig.clone(), &options)
-        .await
-        .map_err(|e| TenantError::Config(e.to_string()))?;
+    let mut config = match &file.connection {
+        TenantConnection::Kubeconfig(kubeconfig) => {
+            let options = kube::config::KubeConfigOptions::default();
+            Config::from_custom_kubeconfig(kubeconfig.as_ref().clone(), &options)
+                .await
+                .map_err(|e| TenantError::Config(e.to_string()))?
+        }
+        TenantConnection::Checked(config) => config.as_ref().clone(),
+    };
     // A dead tenant must fail fast instead of holding its task for minutes.
     config.connect_timeout = Some(Duration::from_secs(5));
     // kube retries a 503 up to 15 times, minutes in all: every request to a tenant answering

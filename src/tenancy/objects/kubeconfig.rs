@@ -6,19 +6,22 @@
 //! Secret, the key and where in the text, never the text.
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::config::Kubeconfig;
 use kube::{Api, Client};
 use sha2::{Digest, Sha256};
 
 use crate::api::tenancy::KubeconfigSecretRef;
-use crate::context::endpoint::{EndpointError, EndpointSource, TenantEndpoint};
+use crate::context::endpoint::{EndpointSource, TenantEndpoint};
 use crate::runtime::cause::diagnose;
-use crate::runtime::parse_error::kubeconfig_error_message;
 use crate::runtime::untrusted_kubeconfig::{UntrustedKubeconfig, UntrustedKubeconfigError};
-use crate::tenancy::directory::{TenantFile, TenantOrigin};
+use crate::tenancy::directory::{TenantConnection, TenantFile, TenantOrigin};
 
-/// The most bytes a kubeconfig may have: what one Secret holds at most.
-pub const KUBECONFIG_MAX_BYTES: usize = 1024 * 1024;
+/// The most bytes a kubeconfig may have. Real ones (a CA, a client certificate and key) are a few
+/// KiB; a Secret may hold a MiB, which is not parsed.
+pub const KUBECONFIG_MAX_BYTES: usize = 256 * 1024;
+/// How many of a Secret's other keys a refusal names: the names reach conditions and Events.
+const KEYS_NAMED: usize = 5;
+/// How much of each named key is shown.
+const KEY_SHOWN_CHARS: usize = 63;
 
 /// Why a Tenant is not served from its Secret: `reason` is its `Served` condition's reason.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,17 +74,28 @@ pub async fn read(host: &Client, secret: &KubeconfigSecretRef) -> Result<Vec<u8>
     match data.remove(&secret.key) {
         Some(bytes) => Ok(bytes.0),
         None => {
-            let keys: Vec<&str> = data.keys().map(String::as_str).collect();
-            let keys = if keys.is_empty() {
-                "none".to_string()
-            } else {
-                keys.join(", ")
-            };
+            let keys = named_keys(data.keys());
             Err(ReadError::Refused(Refusal::new(
                 "KeyNotFound",
                 format!("{secret}: the Secret has no such key (its keys: {keys})"),
             )))
         }
+    }
+}
+
+/// At most [`KEYS_NAMED`] of `keys`, each cut to [`KEY_SHOWN_CHARS`], and how many more there are.
+fn named_keys<'a>(keys: impl ExactSizeIterator<Item = &'a String>) -> String {
+    let total = keys.len();
+    if total == 0 {
+        return "none".to_string();
+    }
+    let shown: Vec<String> = keys
+        .take(KEYS_NAMED)
+        .map(|key| key.chars().take(KEY_SHOWN_CHARS).collect())
+        .collect();
+    match total - shown.len() {
+        0 => shown.join(", "),
+        more => format!("{} and {more} more", shown.join(", ")),
     }
 }
 
@@ -108,37 +122,30 @@ pub fn parse(source: &Source<'_>, bytes: &[u8]) -> Result<TenantFile, Refusal> {
     }
     let text = std::str::from_utf8(bytes)
         .map_err(|_| Refusal::new("InvalidKubeconfig", format!("{secret} is not UTF-8 text")))?;
-    if let Err(err) = UntrustedKubeconfig::parse(text) {
+    let kubeconfig = UntrustedKubeconfig::parse(text).map_err(|err| {
         let reason = match err {
             UntrustedKubeconfigError::Syntax(_) => "InvalidKubeconfig",
             UntrustedKubeconfigError::Refused { .. } | UntrustedKubeconfigError::Invalid { .. } => "KubeconfigRefused",
         };
-        return Err(Refusal::new(reason, format!("{secret}: {err}")));
-    }
-    let kubeconfig = Kubeconfig::from_yaml(text).map_err(|err| {
+        Refusal::new(reason, format!("{secret}: {err}"))
+    })?;
+    // What fails here is the way from the current context to a server.
+    let config = kubeconfig.config().map_err(|_| {
         Refusal::new(
             "InvalidKubeconfig",
-            format!("{secret}: {}", kubeconfig_error_message(&err)),
+            format!("{secret}: the current context names no cluster with a server URL"),
         )
     })?;
-    let from_kubeconfig = TenantEndpoint::from_kubeconfig(&kubeconfig);
-    if matches!(
-        from_kubeconfig,
-        Err(EndpointError::NoCluster | EndpointError::NoServer(_))
-    ) {
-        return Err(Refusal::new(
-            "InvalidKubeconfig",
-            format!("{secret}: the current context names no cluster with a server URL"),
-        ));
-    }
+    // The tenant's `spec.inClusterServer`, or the server the checked kubeconfig names (the
+    // in-cluster extension is the tenants directory's; a Tenant says it in its spec).
     let endpoint = match source.in_cluster_server {
         Some(url) => TenantEndpoint::parse(url, EndpointSource::InClusterExtension),
-        None => from_kubeconfig,
+        None => TenantEndpoint::parse(&config.cluster_url.to_string(), EndpointSource::ServerUrl),
     };
     Ok(TenantFile {
         name: source.name.to_string(),
         origin: TenantOrigin::Object(secret.clone()),
-        kubeconfig,
+        connection: TenantConnection::Checked(Box::new(config)),
         digest: digest(bytes, source.in_cluster_server),
         host_namespace: source.host_namespace.to_string(),
         endpoint,
@@ -194,6 +201,19 @@ mod tests {
         assert_eq!(file.origin, TenantOrigin::Object(secret()));
         let endpoint = file.endpoint.expect("endpoint");
         assert_eq!((endpoint.host.as_str(), endpoint.port), ("acme.example.com", 6443));
+        // The client is built from what the allow-list checked, never by kube's loader.
+        assert!(matches!(file.connection, TenantConnection::Checked(_)));
+    }
+
+    #[test]
+    fn a_missing_key_names_a_few_of_the_others_each_cut_short() {
+        let many: Vec<String> = (0..1000).map(|i| format!("{i:03}{}", "k".repeat(300))).collect();
+        let named = named_keys(many.iter());
+        assert!(named.ends_with(" and 995 more"), "{named}");
+        assert!(named.len() < 5 * 70 + 20, "{named}");
+        assert_eq!(named_keys([].iter()), "none");
+        let few = ["config".to_string(), "value".to_string()];
+        assert_eq!(named_keys(few.iter()), "config, value");
     }
 
     #[test]

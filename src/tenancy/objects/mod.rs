@@ -503,6 +503,7 @@ impl ObjectSource {
             }
         };
         let (name, basis) = (name.to_string(), basis.clone());
+        let basis_secret = basis.secret.to_string();
         let parsed = tokio::task::spawn_blocking(move || {
             let source = Source {
                 name: &name,
@@ -513,7 +514,13 @@ impl ObjectSource {
             kubeconfig::parse(&source, &bytes)
         })
         .await;
-        Some(parsed.unwrap_or_else(|err| Err(Refusal::new("InvalidKubeconfig", format!("parsing it failed: {err}")))))
+        // A parser panic's message may quote the text: the condition says only that it failed.
+        Some(parsed.unwrap_or_else(|_| {
+            Err(Refusal::new(
+                "InvalidKubeconfig",
+                format!("{}: the kubeconfig could not be parsed", basis_secret),
+            ))
+        }))
     }
 }
 
