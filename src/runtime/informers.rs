@@ -37,7 +37,7 @@ use tokio_util::task::AbortOnDropHandle;
 use super::memory_budget::{ByteSize, Ledger, MemoryBudget};
 use super::raw_object::RawObject;
 use super::readiness::Readiness;
-use super::recovery::retry_watch;
+use super::recovery::{WatchBackoff, retry_watch};
 
 mod driver;
 pub mod refusals;
@@ -375,7 +375,7 @@ impl Informers {
         }
         // Retried with backoff; a tenant watch at once when its tenant answers again.
         let back = self.tenant_back.clone().filter(|_| key.starts_with("tenant "));
-        let (cache, driver) = start(key.clone(), parts, retry_watch(events, back));
+        let (cache, driver) = start(key.clone(), parts, retry_watch(events, back, WatchBackoff::default()));
         self.drivers
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -14,14 +14,14 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use kube_lease_manager::{LeaseManagerBuilder, LeaseParams};
 use tokio::sync::{oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::error;
 
-use super::recovery::WatchBackoff;
+use super::recovery::{WatchBackoff, retry_watch};
 use crate::runtime::api_errors::is_not_found;
 
 /// Where and how long the lease is held.
@@ -133,7 +133,7 @@ async fn watch_renewals(
     renewed: watch::Sender<Option<jiff::Timestamp>>,
 ) {
     let config = watcher::Config::default().fields(&format!("metadata.name={}", settings.lease_name));
-    let mut events = std::pin::pin!(watcher::watcher(api, config).backoff(WatchBackoff::default()));
+    let mut events = retry_watch(watcher::watcher(api, config).boxed(), None, WatchBackoff::default());
     loop {
         let event = tokio::select! {
             _ = renewed.closed() => return,

@@ -14,6 +14,7 @@ use futures::{Stream, StreamExt};
 use kube::Resource;
 use kube::runtime::reflector::Store;
 use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::Event;
 use rand::RngExt;
 use tokio::sync::watch;
 
@@ -22,17 +23,27 @@ use super::reachability::{RECOVERY_INTERVAL, Reachability};
 
 const FIRST_RETRY: Duration = Duration::from_millis(250);
 
-/// Retry delays of a failed list or watch: doubling from 250 ms, capped at [`RECOVERY_INTERVAL`],
-/// jittered. kube's default grows to 30 s and resets only after two quiet minutes, so after a few
-/// restarts in a row a controller could sit out half a minute after its server was back.
+/// Retry delays of a failed list or watch: doubling from 250 ms, capped at [`RECOVERY_INTERVAL`]
+/// (or a longer cap, [`WatchBackoff::up_to`]), jittered. kube's default grows to 30 s and resets
+/// only after two quiet minutes, so after a few restarts in a row a controller could sit out half a
+/// minute after its server was back.
 #[derive(Clone, Debug)]
 pub struct WatchBackoff {
     next: Duration,
+    max: Duration,
 }
 
 impl Default for WatchBackoff {
     fn default() -> Self {
-        WatchBackoff { next: FIRST_RETRY }
+        WatchBackoff::up_to(RECOVERY_INTERVAL)
+    }
+}
+
+impl WatchBackoff {
+    /// Delays growing to `max`: for a watch whose server is up but may refuse it for good (a kind
+    /// not installed, a list not permitted), which need not be asked as often as a returning one.
+    pub fn up_to(max: Duration) -> Self {
+        WatchBackoff { next: FIRST_RETRY, max }
     }
 }
 
@@ -41,7 +52,7 @@ impl Iterator for WatchBackoff {
 
     fn next(&mut self) -> Option<Duration> {
         let delay = self.next;
-        self.next = self.next.saturating_mul(2).min(RECOVERY_INTERVAL);
+        self.next = self.next.saturating_mul(2).min(self.max);
         Some(delay.mul_f64(rand::rng().random_range(0.5..=1.0)))
     }
 }
@@ -71,21 +82,26 @@ impl Backoff for NoTriggerBackoff {
     fn reset(&mut self) {}
 }
 
-/// A watch retried on [`WatchBackoff`], whose wait ends early when the tenant answers again
-/// (`back` changes): the watch resumes as soon as its server serves, not after the rest of its
-/// delay. The first 410 after a success (or a return) is retried at once: the server answered and
-/// the watch only has to relist; a server answering nothing but 410 still gets the backoff.
+/// A watch retried on `backoff`, whose wait ends early when the tenant answers again (`back`
+/// changes): the watch resumes as soon as its server serves, not after the rest of its delay. The
+/// first 410 after a success (or a return) is retried at once: the server answered and the watch
+/// only has to relist; a server answering nothing but 410 still gets the backoff.
+///
+/// Only what the server sent counts as a success: the watcher's `Init` comes before every attempt
+/// to list, and starting the backoff over on it (as kube's `StreamBackoff` does) retries a list the
+/// server refuses for good (a kind not installed, a list not permitted) every quarter second.
 pub fn retry_watch<T, E>(
-    events: BoxStream<'static, Result<T, E>>,
+    events: BoxStream<'static, Result<Event<T>, E>>,
     back: Option<watch::Receiver<u64>>,
-) -> BoxStream<'static, Result<T, E>>
+    backoff: WatchBackoff,
+) -> BoxStream<'static, Result<Event<T>, E>>
 where
     T: Send + 'static,
     E: std::error::Error + Send + 'static,
 {
     let state = RetriedWatch {
         events,
-        backoff: WatchBackoff::default(),
+        backoff,
         back,
         wait: None,
         fresh: true,
@@ -99,6 +115,7 @@ where
         }
         let item = watch.events.next().await?;
         match &item {
+            Ok(Event::Init) => {}
             Ok(_) => {
                 watch.backoff.reset();
                 watch.fresh = true;
@@ -120,7 +137,7 @@ where
 }
 
 struct RetriedWatch<T, E> {
-    events: BoxStream<'static, Result<T, E>>,
+    events: BoxStream<'static, Result<Event<T>, E>>,
     backoff: WatchBackoff,
     back: Option<watch::Receiver<u64>>,
     /// The delay before the next attempt, after a failure.
@@ -230,8 +247,8 @@ mod tests {
         use crate::runtime::health::Health;
         use crate::runtime::metrics::Metrics;
         let reachability = Reachability::new("acme", Arc::new(Metrics::new()), Arc::new(Health::default()));
-        let failures = futures::stream::repeat_with(|| Err::<(), _>(refused())).boxed();
-        let mut watch = retry_watch(failures, Some(reachability.back()));
+        let failures = futures::stream::repeat_with(|| Err::<Event<()>, _>(refused())).boxed();
+        let mut watch = retry_watch(failures, Some(reachability.back()), WatchBackoff::default());
         // Four failures in a row: the next attempt waits 0.5 to 1 s.
         for _ in 0..4 {
             assert!(watch.next().await.is_some_and(|item| item.is_err()));
@@ -249,8 +266,14 @@ mod tests {
 
     #[tokio::test]
     async fn the_first_expired_watch_relists_at_once_but_a_server_answering_only_410_waits() {
-        let events = futures::stream::iter([Ok(()), Err(expired()), Err(expired()), Ok(())]).boxed();
-        let mut watch = retry_watch(events, None);
+        let events = futures::stream::iter([
+            Ok(Event::<k8s_openapi::api::core::v1::ConfigMap>::InitDone),
+            Err(expired()),
+            Err(expired()),
+            Ok(Event::InitDone),
+        ])
+        .boxed();
+        let mut watch = retry_watch(events, None, WatchBackoff::default());
         let mut gaps = Vec::new();
         let mut last = tokio::time::Instant::now();
         while let Some(_item) = watch.next().await {
@@ -260,6 +283,31 @@ mod tests {
         assert_eq!(gaps.len(), 4);
         assert!(gaps[2] < Duration::from_millis(50), "{gaps:?}");
         assert!(gaps[3] >= FIRST_RETRY / 2, "{gaps:?}");
+    }
+
+    /// The watcher's `Init` before each attempt to list is no success: a list refused for good
+    /// is asked ever more slowly, not every quarter second.
+    #[tokio::test]
+    async fn a_list_refused_for_good_backs_off_though_each_attempt_begins_with_init() {
+        let events = futures::stream::iter([
+            Ok(Event::<k8s_openapi::api::core::v1::ConfigMap>::Init),
+            Err(refused()),
+            Ok(Event::Init),
+            Err(refused()),
+            Ok(Event::Init),
+            Err(refused()),
+            Ok(Event::Init),
+        ])
+        .boxed();
+        let mut watch = retry_watch(events, None, WatchBackoff::default());
+        let mut last = tokio::time::Instant::now();
+        let mut gaps = Vec::new();
+        while let Some(_item) = watch.next().await {
+            gaps.push(last.elapsed());
+            last = tokio::time::Instant::now();
+        }
+        // The third failure's wait is the third delay (0.5 to 1 s), not the first (at most 250 ms).
+        assert!(gaps[6] >= FIRST_RETRY * 2 - Duration::from_millis(50), "{gaps:?}");
     }
 
     #[tokio::test]

@@ -6,13 +6,13 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, TryStreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::Resource;
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::{self, Store, reflector};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -24,7 +24,7 @@ use crate::host::quota::QuotaError;
 use crate::runtime::api_errors::{answer_message, is_forbidden};
 use crate::runtime::controller::{ReconcileError, Singleton};
 use crate::runtime::panics::ReconcilePanic;
-use crate::runtime::recovery::WatchBackoff;
+use crate::runtime::recovery::{WatchBackoff, retry_watch};
 
 /// Why setting up the tenant's host namespace failed; retried with backoff.
 #[derive(Debug, thiserror::Error)]
@@ -60,9 +60,12 @@ where
     K: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store();
-    let events = reflector(writer, watcher(api, config))
-        .backoff(WatchBackoff::default())
-        .map_ok(|_| ());
+    let events = retry_watch(
+        reflector(writer, watcher(api, config)).boxed(),
+        None,
+        WatchBackoff::default(),
+    )
+    .map_ok(|_| ());
     (store, events)
 }
 

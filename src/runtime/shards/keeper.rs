@@ -10,7 +10,7 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{DeleteParams, PostParams, Preconditions};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -21,7 +21,7 @@ use super::{
     Board, LEASE_ROLE_LABEL, SHARDS_ANNOTATION, ShardSettings, Slot, SlotLease, member_lease_name, slot_lease_name,
 };
 use crate::runtime::api_errors::{is_conflict, is_not_found};
-use crate::runtime::recovery::WatchBackoff;
+use crate::runtime::recovery::{WatchBackoff, retry_watch};
 
 /// A Lease as last seen, and when it last changed as seen from here (never the holder's clock).
 struct Observed {
@@ -60,7 +60,11 @@ async fn run(settings: ShardSettings, board: Arc<Board>, mut shutdown: oneshot::
     };
     let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
     let config = watcher::Config::default().labels(LEASE_ROLE_LABEL);
-    let mut events = std::pin::pin!(watcher::watcher(api.clone(), config).backoff(WatchBackoff::default()));
+    let mut events = retry_watch(
+        watcher::watcher(api.clone(), config).boxed(),
+        None,
+        WatchBackoff::default(),
+    );
     let mut keeper = Keeper::new(settings, board.clone(), api);
     info!(identity = %keeper.settings.identity, shards = keeper.settings.shards, "joining the shard leases");
     loop {

@@ -26,7 +26,7 @@ use kube::{Client, ResourceExt};
 
 use super::tenant::STACK_ANNOTATION;
 use crate::runtime::readiness::Readiness;
-use crate::runtime::recovery::retry_watch;
+use crate::runtime::recovery::{WatchBackoff, retry_watch};
 
 /// The metadata of a tenant Secret.
 pub type SecretMeta = PartialObjectMeta<Secret>;
@@ -61,6 +61,7 @@ pub fn watch(
     let events = retry_watch(
         list_and_watch(api, watcher::Config::default().labels(labels)).boxed(),
         Some(tenant_back),
+        WatchBackoff::default(),
     )
     .try_filter_map(move |event| futures::future::ready(Ok(ours_only(event, &kept))));
     let stream = reflector::reflector(writer, events).touched_objects();

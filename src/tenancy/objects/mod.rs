@@ -36,11 +36,15 @@ use super::directory::{TenantChange, TenantFile, TenantFileError};
 use crate::api::tenancy::{KubeconfigSecretRef, Tenant};
 use crate::context::namespace_template::NamespaceTemplate;
 use crate::runtime::cause::diagnose;
+use crate::runtime::recovery::{WatchBackoff, retry_watch};
 
 /// How long the first batch waits for the Secrets of the namespaces Tenants name to be listed.
 const FIRST_BATCH_WAIT: Duration = Duration::from_secs(10);
 /// When a Secret could not be read for a passing reason, it is read again after this.
 const READ_RETRY: Duration = Duration::from_secs(5);
+/// The longest wait between attempts to list Tenants, or the Secrets of a namespace: a list the
+/// host refuses (the CRD not installed, the list not permitted) stays refused until an admin acts.
+const LIST_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// What the Tenant objects source is given.
 #[derive(Clone, Debug)]
@@ -226,39 +230,12 @@ struct ObjectSource {
     retry_at: Option<Instant>,
 }
 
-/// The Tenant watch's backoff: kube's default, started over only once the Tenants are listed.
-/// The watcher's `Init`, which comes before every attempt to list, would start it over otherwise,
-/// and a host without the Tenant CRD would be asked for Tenants about once a second.
-#[derive(Clone, Default)]
-struct ListedBackoff {
-    inner: Arc<Mutex<watcher::DefaultBackoff>>,
-}
-
-impl Iterator for ListedBackoff {
-    type Item = std::time::Duration;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        lock(&self.inner).next()
-    }
-}
-
-impl kube::runtime::utils::Backoff for ListedBackoff {
-    fn reset(&mut self) {}
-}
-
-impl ListedBackoff {
-    fn listed(&self) {
-        kube::runtime::utils::Backoff::reset(&mut *lock(&self.inner));
-    }
-}
-
 /// What the Tenant watch has come to.
 #[derive(Default)]
 struct WatchState {
     listed_at: Option<Instant>,
     first_sent: bool,
     failing: bool,
-    backoff: ListedBackoff,
 }
 
 impl WatchState {
@@ -272,7 +249,6 @@ impl WatchState {
                     info!("Tenant objects are listed again");
                 }
                 self.failing = false;
-                self.backoff.listed();
                 if matches!(event, Event::InitDone) && self.listed_at.is_none() {
                     self.listed_at = Some(Instant::now());
                 }
@@ -300,15 +276,10 @@ impl ObjectSource {
         cancel: CancellationToken,
     ) {
         let api: Api<Tenant> = Api::all(self.host.clone());
-        let state_backoff = ListedBackoff::default();
-        let mut events = watcher(api, watcher::Config::default())
-            .backoff(state_backoff.clone())
-            .reflect(writer)
-            .boxed();
-        let mut state = WatchState {
-            backoff: state_backoff,
-            ..WatchState::default()
-        };
+        // Retried ever more slowly: a host without the Tenant CRD lists again every 30 s at most.
+        let events = watcher(api, watcher::Config::default()).reflect(writer).boxed();
+        let mut events = retry_watch(events, None, WatchBackoff::up_to(LIST_RETRY_MAX));
+        let mut state = WatchState::default();
         loop {
             let retry_at = self.retry_at;
             let mut touched = false;

@@ -8,14 +8,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::core::PartialObjectMeta;
-use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::Notify;
 use tokio_util::task::AbortOnDropHandle;
 use tracing::{debug, warn};
 
+use super::LIST_RETRY_MAX;
 use crate::runtime::cause::diagnose;
+use crate::runtime::recovery::{WatchBackoff, retry_watch};
 
 /// A Secret's identity and version: a change of either means its data may have changed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,7 +122,9 @@ async fn watch_namespace(
     index: Arc<SecretIndex>,
     wake: Arc<Notify>,
 ) {
-    let mut events = watcher(api, watcher::Config::default()).default_backoff().boxed();
+    // Retried ever more slowly: a namespace the daemon may not list stays so until an admin acts.
+    let events = watcher(api, watcher::Config::default()).boxed();
+    let mut events = retry_watch(events, None, WatchBackoff::up_to(LIST_RETRY_MAX));
     let mut listing = BTreeMap::new();
     let mut failures_told = false;
     while let Some(event) = events.next().await {
