@@ -5,8 +5,6 @@
 use std::error::Error;
 use std::fmt;
 
-use super::finalizer::FinalizerError;
-
 /// What kind of trouble a request ran into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CauseKind {
@@ -116,13 +114,6 @@ pub fn diagnose(err: &(dyn Error + 'static)) -> Cause {
     while let Some(next) = link.source() {
         chain.push(next);
         link = next;
-    }
-    if let Some(FinalizerError::StaleCopy(err)) = chain.iter().find_map(|e| e.downcast_ref::<FinalizerError>()) {
-        let message = format!("the finalizer changed since the cached copy ({err}); retried on a fresh copy");
-        return Cause {
-            kind: CauseKind::Conflict,
-            message,
-        };
     }
     if let Some(status) = chain.iter().find_map(|e| status_of(*e)) {
         return from_status(status.code, &status.reason, &status.message);

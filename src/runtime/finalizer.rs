@@ -5,11 +5,11 @@
 //! counted nor backed off as a failure.
 //!
 //! A finalizer write that finds the object gone (404) is done: there is nothing left to hold. One
-//! answered as to a stale copy (409, or 422 when the JSON patch's test of the finalizers failed:
-//! they changed since our cached copy) is [`FinalizerError::StaleCopy`], which the retry takes for
-//! a conflict: quiet at first, tried again on the object's own backoff. The backoff matters: the
-//! same 422 also answers an object the current schema no longer accepts (a CRD tightened since the
-//! object was written), and that answer does not go away by asking every 200 ms.
+//! refused with 409 or 422 may have been made from a stale cached copy (kube's finalizer patch
+//! tests the finalizers it read, and a reconcile can run before the watch brought our own last
+//! write): one GET tells. A newer object is no failure: its watch event brings the next reconcile.
+//! The same object refused is: the server does not accept it as it is (a CRD tightened since it was
+//! written), and that failure goes to the retry, backed off per object, never asked every 200 ms.
 
 use std::error::Error;
 use std::fmt::Debug;
@@ -34,17 +34,14 @@ pub enum Cleanup {
     Pending(Action),
 }
 
-/// A finalizer write that failed (an answer to a stale copy excepted), kube's error kept whole for
-/// the retry's diagnosis.
+/// A finalizer write that failed (one made from a stale copy excepted), kube's error kept whole
+/// for the retry's diagnosis.
 #[derive(Debug, thiserror::Error)]
 pub enum FinalizerError {
     #[error("cannot add the finalizer: {0}")]
     Add(#[source] kube::Error),
     #[error("cannot remove the finalizer: {0}")]
     Remove(#[source] kube::Error),
-    /// The finalizers changed since the copy the write was made from (see the module docs).
-    #[error("the finalizer write was made from a stale copy of the object: {0}")]
-    StaleCopy(#[source] kube::Error),
     /// The object has no name: its finalizers cannot be written.
     #[error("the object has no name")]
     Unnamed,
@@ -78,6 +75,7 @@ where
     A: Future<Output = Result<Action, E>>,
     C: Future<Output = Result<Cleanup, E>>,
 {
+    let copy = object.clone();
     let outcome = finalizer::finalizer(api, name, object, |event| async move {
         match event {
             Event::Apply(object) => apply(object).await.map_err(Step::Failed),
@@ -98,13 +96,29 @@ where
             Ok(Action::await_change())
         }
         Err(finalizer::Error::AddFinalizer(err) | finalizer::Error::RemoveFinalizer(err))
-            if is_conflict(&err) || is_unprocessable(&err) =>
+            if (is_conflict(&err) || is_unprocessable(&err)) && copy_is_stale(api, copy.as_ref()).await =>
         {
-            Err(FinalizerError::StaleCopy(err).into())
+            Ok(Action::await_change())
         }
         Err(finalizer::Error::AddFinalizer(err)) => Err(FinalizerError::Add(err).into()),
         Err(finalizer::Error::RemoveFinalizer(err)) => Err(FinalizerError::Remove(err).into()),
         Err(finalizer::Error::UnnamedObject) => Err(FinalizerError::Unnamed.into()),
         Err(finalizer::Error::InvalidFinalizer) => Err(FinalizerError::InvalidName.into()),
+    }
+}
+
+/// Whether the server holds a newer `copy` than ours (or none at all). A failed GET says no: the
+/// write's own failure is then what the retry diagnoses.
+async fn copy_is_stale<K>(api: &Api<K>, copy: &K) -> bool
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let Some(name) = copy.meta().name.as_deref() else {
+        return false;
+    };
+    match api.get_opt(name).await {
+        Ok(Some(current)) => current.meta().resource_version != copy.meta().resource_version,
+        Ok(None) => true,
+        Err(_) => false,
     }
 }

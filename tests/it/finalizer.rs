@@ -1,7 +1,8 @@
 //! The finalizer adapter every controller holds deletions with (`stackd::runtime::finalizer`), against
-//! the embedded server: a stale-copy answer is a conflict the retry backs off, a gone object is done.
+//! the embedded server: a write made from a stale copy is no failure, a refusal of the current object
+//! is one (backed off per object), a gone object is done.
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 
 use std::sync::Arc;
@@ -9,7 +10,6 @@ use std::sync::Arc;
 use kube::Api;
 use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::{ApiServer, ServerOptions, Verb};
-use stackd::runtime::cause::{CauseKind, diagnose};
 use stackd::runtime::finalizer::{Cleanup, FinalizerError, reconcile};
 
 const NAME: &str = "stackd.dev/test";
@@ -43,23 +43,39 @@ fn finalizer_patches() -> RequestMatch {
     RequestMatch::any().verb(Verb::Patch).resource("configmaps")
 }
 
-/// A 422 on the finalizer write (its test failed, or the schema no longer accepts the object)
-/// is a conflict-kind failure for the retry, which backs it off: never a fixed quick requeue,
-/// which an answer that persists would turn into a request every 200 ms.
+/// A reconcile can run on a cached copy older than the server's (the watch has not brought the
+/// last write yet): kube's finalizer patch tests the finalizers it read and is refused. That is no
+/// failure: the newer object's watch event brings the next reconcile, which adds the finalizer.
 #[tokio::test]
-async fn a_finalizer_write_answered_422_is_a_conflict_for_the_retry_to_back_off() {
+async fn a_finalizer_write_made_from_a_stale_copy_waits_for_the_newer_one_without_failing() {
+    let server = ApiServer::start(ServerOptions::default()).await.expect("server");
+    let (api, stale) = config_map(&server).await;
+    let patch = serde_json::json!({"metadata": {"finalizers": ["example.org/other"]}});
+    let current = api
+        .patch("held", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("another writer's finalizer");
+    let action = run(&api, stale).await.expect("a stale copy is no failure");
+    assert_eq!(action, Action::await_change());
+    run(&api, Arc::new(current)).await.expect("the finalizer added");
+    let held = api.get("held").await.expect("get");
+    assert_eq!(
+        held.metadata.finalizers,
+        Some(vec!["example.org/other".to_string(), NAME.to_string()])
+    );
+}
+
+/// The current object refused (a 422 that persists: the schema no longer accepts it) is a failure
+/// for the retry, which backs it off per object: never a fixed quick requeue, which would turn it
+/// into a request every 200 ms.
+#[tokio::test]
+async fn a_finalizer_write_refused_for_the_current_object_is_a_failure_for_the_retry() {
     let server = ApiServer::start(ServerOptions::default()).await.expect("server");
     let (api, object) = config_map(&server).await;
     server.faults().fail_next(1, finalizer_patches(), 422);
-    let err = run(&api, object.clone())
-        .await
-        .expect_err("a stale copy is retried as a failure");
-    assert!(
-        matches!(err, TestError::Finalizer(FinalizerError::StaleCopy(_))),
-        "{err}"
-    );
-    assert_eq!(diagnose(&err).kind, CauseKind::Conflict, "{err}");
-    // The retry on a fresh copy goes through.
+    let err = run(&api, object.clone()).await.expect_err("a refusal is a failure");
+    assert!(matches!(err, TestError::Finalizer(FinalizerError::Add(_))), "{err}");
+    // Once the server accepts it, the retry goes through.
     run(&api, object).await.expect("the finalizer added");
     let held = api.get("held").await.expect("get");
     assert_eq!(held.metadata.finalizers, Some(vec![NAME.to_string()]));

@@ -1281,8 +1281,8 @@ async fn stacks_waiting_together_for_a_starting_daemon_all_become_ready_promptly
     for name in &names {
         env.wait_ready(name, "True", "Available").await;
     }
-    // Every first reconcile waits for the same watches to list; one that missed the wake-up would
-    // have given up after its cache-sync timeout and counted an error.
+    // Every first reconcile waits for the same watches to list, and the next ones may run on copies
+    // older than their own last write (the finalizer's): neither is a failed reconcile.
     let errors = env
         .metrics()
         .lines()
@@ -1296,7 +1296,7 @@ async fn stacks_waiting_together_for_a_starting_daemon_all_become_ready_promptly
     assert_eq!(
         errors.trim(),
         "0",
-        "a first reconcile missed the caches' wake-up\n{}",
+        "a reconcile of a starting daemon failed\n{}",
         env.log()
     );
 }
