@@ -54,9 +54,37 @@ where
     {
         version.clone_from(&taken.meta().resource_version);
     }
-    let body = apply_body::<K>(&name, status, version.as_deref())?;
+    apply_whole_status(api, &name, field_manager, status, version.as_deref()).await
+}
+
+/// [`apply_status`] for a kind no earlier stackd wrote with merge patches or updates: nothing to
+/// take over, so the writer needs no right on the object itself (only on its status subresource).
+/// Another manager's `Update` of the status keeps the fields it co-owns.
+pub async fn apply_new_kind_status<K>(
+    api: &Api<K>,
+    name: &str,
+    field_manager: &str,
+    status: &impl Serialize,
+) -> Result<K, kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    apply_whole_status(api, name, field_manager, status, None).await
+}
+
+async fn apply_whole_status<K>(
+    api: &Api<K>,
+    name: &str,
+    field_manager: &str,
+    status: &impl Serialize,
+    resource_version: Option<&str>,
+) -> Result<K, kube::Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    let body = apply_body::<K>(name, status, resource_version)?;
     let params = PatchParams::apply(field_manager).force();
-    api.patch_status(&name, &params, &Patch::Apply(body)).await
+    api.patch_status(name, &params, &Patch::Apply(body)).await
 }
 
 /// Moves the fields of `object`'s legacy status `Update` entries to `field_manager`'s status

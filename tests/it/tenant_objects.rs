@@ -296,6 +296,44 @@ async fn an_unchanged_tenant_gets_no_status_write_and_no_event() {
     );
 }
 
+/// Another manager's status write (`kubectl edit --subresource status`) is an `Update` entry the
+/// general status writer would take over with a patch of the object itself; the chart grants the
+/// daemon only `tenants/status`, so the Tenant writer applies its status alone and never patches
+/// the Tenant (on a real cluster that patch is a 403, retried forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_another_manager_edited_is_rewritten_through_the_status_subresource_alone() {
+    let (fleet, _kubectl, daemon) = served_acme().await;
+    let served_by = tenants(&fleet)
+        .get("acme")
+        .await
+        .expect("Tenant")
+        .status
+        .and_then(|s| s.served_by)
+        .expect("servedBy");
+    let object_patches = || {
+        fleet
+            .host()
+            .counters()
+            .get(Verb::Patch, "tenants.tenancy.stackd.dev", None)
+    };
+    let before = object_patches();
+    let edit = serde_json::json!({"status": {"servedBy": "someone-else"}});
+    let params = kube::api::PatchParams {
+        field_manager: Some("kubectl-edit".into()),
+        ..Default::default()
+    };
+    tenants(&fleet)
+        .patch_status("acme", &params, &kube::api::Patch::Merge(&edit))
+        .await
+        .expect("edit the status");
+    until("stackd's status back", SOON, &daemon, || async {
+        let status = tenants(&fleet).get("acme").await.ok().and_then(|t| t.status);
+        status.and_then(|s| s.served_by).as_deref() == Some(served_by.as_str())
+    })
+    .await;
+    assert_eq!(object_patches(), before, "the Tenant itself was patched");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_whose_server_stops_is_down_with_the_root_cause() {
     let (mut fleet, kubectl, daemon) = served_acme().await;

@@ -6,7 +6,7 @@
 //! server-side apply to `/status` when something changed and only then, with an Event on the Tenant
 //! at every transition of a condition.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::{Registration, TenantObjects};
 use crate::api::tenancy::{Tenant, TenantStatus};
@@ -26,7 +26,7 @@ use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::health::{Health, TenantFacts, TenantHealth};
 use crate::runtime::metrics::{ErrorLabels, Metrics};
 use crate::runtime::shards::{Board, slot_of};
-use crate::runtime::status_writer::apply_status;
+use crate::runtime::status_writer::apply_new_kind_status;
 use crate::runtime::written::Written;
 
 /// The field manager of Tenant status writes.
@@ -35,7 +35,8 @@ pub const FIELD_MANAGER: &str = "stackd/tenant";
 pub const CONTROLLER: &str = "tenant-object";
 /// A pass now and then even when nothing signalled: a safety net, as for every controller.
 const SAFETY_PASS: Duration = Duration::from_secs(60);
-/// After a failed write, the pass is made again this soon.
+/// After a failed write, the pass is made again this soon; the wait doubles with each pass that
+/// fails again (a write the host refuses until an admin acts), up to [`SAFETY_PASS`].
 const RETRY: Duration = Duration::from_secs(2);
 
 /// Which Tenants this replica writes the status of.
@@ -248,7 +249,8 @@ impl StatusWriter {
         );
         let written = Written::<TenantStatus>::default();
         let (mut health, mut objects) = (self.health.changes(), self.view.changes());
-        let mut retry_at = None;
+        let (mut retry_at, mut retry_in) = (None, RETRY);
+        let mut failing = Failing::default();
         loop {
             let safety = tokio::time::sleep(SAFETY_PASS);
             tokio::select! {
@@ -263,21 +265,27 @@ impl StatusWriter {
             // A replica that may no longer act (its lease is running out) stops mid-pass.
             let failed = tokio::select! {
                 _ = cancel.cancelled() => return,
-                failed = self.pass(&written, &recorder) => failed,
+                failed = self.pass(&written, &recorder, &mut failing) => failed,
             };
-            retry_at = failed.then(|| Instant::now() + RETRY);
+            if failed {
+                retry_at = Some(Instant::now() + retry_in);
+                retry_in = (retry_in * 2).min(SAFETY_PASS);
+            } else {
+                (retry_at, retry_in) = (None, RETRY);
+            }
         }
     }
 
     /// One look at every Tenant this replica serves; whether a write failed.
-    async fn pass(&self, written: &Written<TenantStatus>, recorder: &Recorder) -> bool {
+    async fn pass(&self, written: &Written<TenantStatus>, recorder: &Recorder, failing: &mut Failing) -> bool {
         let api: Api<Tenant> = Api::all(self.host.clone());
         let mut failed = false;
-        let mut present = BTreeSet::new();
+        let (mut present, mut names) = (BTreeSet::new(), BTreeSet::new());
         for tenant in self.view.store().state() {
             let name = tenant.name_any();
             let uid = tenant.uid().unwrap_or_default();
             present.insert(uid.clone());
+            names.insert(name.clone());
             let Some(shard) = self.serving.serves(&name) else {
                 continue;
             };
@@ -290,8 +298,11 @@ impl StatusWriter {
             let pending = inputs.registration == Registration::Pending && inputs.conflict.is_none();
             let holds = pending || (inputs.is_undecided() && tenant.status.is_some());
             if status != current && !holds {
-                match apply_status(&api, &tenant, FIELD_MANAGER, &status, None).await {
+                // Tenant is a kind no earlier stackd wrote: nothing to take over, and the chart
+                // grants the daemon only the status subresource of Tenants.
+                match apply_new_kind_status(&api, &name, FIELD_MANAGER, &status).await {
                     Ok(stored) => {
+                        failing.wrote(&name);
                         written.record(&uid, stored.resource_version(), status.clone());
                         self.publish(recorder, &tenant, &current, &status).await;
                     }
@@ -305,7 +316,7 @@ impl StatusWriter {
                             kind: cause.kind.label().to_string(),
                         };
                         self.metrics.reconcile_errors_by_kind.get_or_create(&by_kind).inc();
-                        warn!(tenant = %name, %cause, "cannot write the Tenant's status; retrying");
+                        failing.failed(&name, &cause.message);
                     }
                 }
             }
@@ -316,6 +327,7 @@ impl StatusWriter {
                 .observe(started.elapsed().as_secs_f64());
         }
         written.retain(|uid| present.contains(uid));
+        failing.retain(|name| names.contains(name));
         failed
     }
 
@@ -339,6 +351,35 @@ impl StatusWriter {
                 debug!(tenant = %tenant.name_any(), error = %err, "cannot publish an Event on the Tenant");
             }
         }
+    }
+}
+
+/// The Tenants whose status cannot be written, with the cause last logged: a warning when the cause
+/// is new, not at every retry.
+#[derive(Default)]
+struct Failing(BTreeMap<String, String>);
+
+impl Failing {
+    fn failed(&mut self, tenant: &str, cause: &str) {
+        if self.0.get(tenant).is_some_and(|logged| logged == cause) {
+            debug!(tenant, cause, "the Tenant's status still cannot be written");
+            return;
+        }
+        warn!(
+            tenant,
+            cause, "cannot write the Tenant's status; retrying, ever more slowly"
+        );
+        self.0.insert(tenant.to_string(), cause.to_string());
+    }
+
+    fn wrote(&mut self, tenant: &str) {
+        if self.0.remove(tenant).is_some() {
+            info!(tenant, "the Tenant's status is written again");
+        }
+    }
+
+    fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        self.0.retain(|tenant, _| keep(tenant));
     }
 }
 
