@@ -334,6 +334,56 @@ async fn a_status_another_manager_edited_is_rewritten_through_the_status_subreso
     assert_eq!(object_patches(), before, "the Tenant itself was patched");
 }
 
+/// Tenant users drive the object counts in the Tenant's status; the host pays for each write. A
+/// change that is no transition is written at most once per 10 s, however fast they create objects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn object_counts_a_tenant_user_drives_are_written_at_most_once_per_ten_seconds() {
+    const DETAIL_INTERVAL: Duration = Duration::from_secs(10);
+    let (fleet, _kubectl, daemon) = served_acme().await;
+    let acme = fleet.tenant_server("acme").client().await;
+    until("the counts in the status", SOON, &daemon, || async {
+        let status = tenants(&fleet).get("acme").await.ok().and_then(|t| t.status);
+        status.is_some_and(|s| s.installs.is_some())
+    })
+    .await;
+    let status_writes = || {
+        fleet
+            .host()
+            .counters()
+            .get(Verb::Patch, "tenants.tenancy.stackd.dev/status", None)
+    };
+    let (before, started) = (status_writes(), std::time::Instant::now());
+    let changes = 4;
+    for i in 0..changes {
+        let spec = serde_json::json!({"package": format!("registry.example.org/widgets:{i}")});
+        crate::stacks_install::create_install(&acme, "team-a", &format!("widgets-{i}"), spec).await;
+        // The daemon counted it: the status writer was told of a change.
+        let needle = format!(
+            "stackd_tenant_objects{{tenant=\"acme\",kind=\"StackInstall\",ready=\"false\"}} {}",
+            i + 1
+        );
+        daemon.wait_for("/metrics", &needle, SOON).await;
+    }
+    until(
+        "the last count in the status",
+        SOON + DETAIL_INTERVAL,
+        &daemon,
+        || async {
+            let status = tenants(&fleet).get("acme").await.ok().and_then(|t| t.status);
+            status.and_then(|s| s.installs).is_some_and(|c| c.not_ready == changes)
+        },
+    )
+    .await;
+    let periods = started.elapsed().as_secs_f64() / DETAIL_INTERVAL.as_secs_f64();
+    let allowed = 1 + periods.ceil() as u64;
+    let writes = status_writes() - before;
+    assert!(
+        writes <= allowed,
+        "{writes} status writes for {changes} count changes in {:?} (at most {allowed})",
+        started.elapsed()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_whose_server_stops_is_down_with_the_root_cause() {
     let (mut fleet, kubectl, daemon) = served_acme().await;

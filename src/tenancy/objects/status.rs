@@ -4,7 +4,8 @@
 //! replica serves it or why none does (`Served`), its host namespace, its API server's version and
 //! its objects by readiness (from the tenant's caches, no extra request to it). Written by
 //! server-side apply to `/status` when something changed and only then, with an Event on the Tenant
-//! at every transition of a condition.
+//! at every transition of a condition. A transition is written at once; other changes (counts the
+//! tenant's users drive, a message) at most once per [`DETAIL_INTERVAL`] per Tenant.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -38,6 +39,9 @@ const SAFETY_PASS: Duration = Duration::from_secs(60);
 /// After a failed write, the pass is made again this soon; the wait doubles with each pass that
 /// fails again (a write the host refuses until an admin acts), up to [`SAFETY_PASS`].
 const RETRY: Duration = Duration::from_secs(2);
+/// A change that is no transition (counts, the server's version, a condition's message) is written
+/// at most this often per Tenant: tenant users drive the counts, and the host pays for each write.
+const DETAIL_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Which Tenants this replica writes the status of.
 #[derive(Clone)]
@@ -250,7 +254,7 @@ impl StatusWriter {
         let written = Written::<TenantStatus>::default();
         let (mut health, mut objects) = (self.health.changes(), self.view.changes());
         let (mut retry_at, mut retry_in) = (None, RETRY);
-        let mut failing = Failing::default();
+        let mut writes = TenantWrites::default();
         loop {
             let safety = tokio::time::sleep(SAFETY_PASS);
             tokio::select! {
@@ -263,23 +267,24 @@ impl StatusWriter {
             health.borrow_and_update();
             objects.borrow_and_update();
             // A replica that may no longer act (its lease is running out) stops mid-pass.
-            let failed = tokio::select! {
+            let pass = tokio::select! {
                 _ = cancel.cancelled() => return,
-                failed = self.pass(&written, &recorder, &mut failing) => failed,
+                pass = self.pass(&written, &recorder, &mut writes) => pass,
             };
-            if failed {
+            if pass.failed {
                 retry_at = Some(Instant::now() + retry_in);
                 retry_in = (retry_in * 2).min(SAFETY_PASS);
             } else {
                 (retry_at, retry_in) = (None, RETRY);
             }
+            retry_at = retry_at.into_iter().chain(pass.deferred).min();
         }
     }
 
-    /// One look at every Tenant this replica serves; whether a write failed.
-    async fn pass(&self, written: &Written<TenantStatus>, recorder: &Recorder, failing: &mut Failing) -> bool {
+    /// One look at every Tenant this replica serves.
+    async fn pass(&self, written: &Written<TenantStatus>, recorder: &Recorder, writes: &mut TenantWrites) -> Pass {
         let api: Api<Tenant> = Api::all(self.host.clone());
-        let mut failed = false;
+        let (mut failed, mut deferred) = (false, None);
         let (mut present, mut names) = (BTreeSet::new(), BTreeSet::new());
         for tenant in self.view.store().state() {
             let name = tenant.name_any();
@@ -297,26 +302,23 @@ impl StatusWriter {
             let status = desired(&tenant, &current, &inputs, Time(Timestamp::now()));
             let pending = inputs.registration == Registration::Pending && inputs.conflict.is_none();
             let holds = pending || (inputs.is_undecided() && tenant.status.is_some());
-            if status != current && !holds {
+            let due = writes.held_until(&name, &current, &status);
+            if status != current && !holds && due.is_some() {
+                deferred = deferred.into_iter().chain(due).min();
+            } else if status != current && !holds {
                 // Tenant is a kind no earlier stackd wrote: nothing to take over, and the chart
                 // grants the daemon only the status subresource of Tenants.
                 match apply_new_kind_status(&api, &name, FIELD_MANAGER, &status).await {
                     Ok(stored) => {
-                        failing.wrote(&name);
+                        writes.wrote(&name);
                         written.record(&uid, stored.resource_version(), status.clone());
                         self.publish(recorder, &tenant, &current, &status).await;
                     }
                     Err(err) => {
                         failed = true;
                         let cause = diagnose(&err);
-                        self.metrics.reconcile_errors.get_or_create(&labels).inc();
-                        let by_kind = ErrorLabels {
-                            tenant: name.clone(),
-                            controller: CONTROLLER.to_string(),
-                            kind: cause.kind.label().to_string(),
-                        };
-                        self.metrics.reconcile_errors_by_kind.get_or_create(&by_kind).inc();
-                        failing.failed(&name, &cause.message);
+                        self.count_failure(&name, &cause);
+                        writes.failed(&name, &cause.message);
                     }
                 }
             }
@@ -327,8 +329,19 @@ impl StatusWriter {
                 .observe(started.elapsed().as_secs_f64());
         }
         written.retain(|uid| present.contains(uid));
-        failing.retain(|name| names.contains(name));
-        failed
+        writes.retain(|name| names.contains(name));
+        Pass { failed, deferred }
+    }
+
+    fn count_failure(&self, tenant: &str, cause: &crate::runtime::cause::Cause) {
+        let labels = Metrics::controller(tenant, CONTROLLER);
+        self.metrics.reconcile_errors.get_or_create(&labels).inc();
+        let by_kind = ErrorLabels {
+            tenant: tenant.to_string(),
+            controller: CONTROLLER.to_string(),
+            kind: cause.kind.label().to_string(),
+        };
+        self.metrics.reconcile_errors_by_kind.get_or_create(&by_kind).inc();
     }
 
     fn inputs(&self, name: &str, shard: Option<(u32, u32)>) -> Inputs {
@@ -354,14 +367,31 @@ impl StatusWriter {
     }
 }
 
-/// The Tenants whose status cannot be written, with the cause last logged: a warning when the cause
-/// is new, not at every retry.
-#[derive(Default)]
-struct Failing(BTreeMap<String, String>);
+/// What a pass came to.
+struct Pass {
+    /// A write failed: the next pass is a retry.
+    failed: bool,
+    /// A change held back by [`DETAIL_INTERVAL`] may be written then.
+    deferred: Option<Instant>,
+}
 
-impl Failing {
+/// Per Tenant: when its status was last written, and the cause last logged while its writes fail
+/// (a warning when the cause is new, not at every retry).
+#[derive(Default)]
+struct TenantWrites {
+    last_written: BTreeMap<String, Instant>,
+    failing: BTreeMap<String, String>,
+}
+
+impl TenantWrites {
+    /// When a change from `current` to `status` that is no transition may be written, if not now.
+    fn held_until(&self, tenant: &str, current: &TenantStatus, status: &TenantStatus) -> Option<Instant> {
+        let due = *self.last_written.get(tenant)? + DETAIL_INTERVAL;
+        (due > Instant::now() && transitions(current, status).is_empty()).then_some(due)
+    }
+
     fn failed(&mut self, tenant: &str, cause: &str) {
-        if self.0.get(tenant).is_some_and(|logged| logged == cause) {
+        if self.failing.get(tenant).is_some_and(|logged| logged == cause) {
             debug!(tenant, cause, "the Tenant's status still cannot be written");
             return;
         }
@@ -369,17 +399,19 @@ impl Failing {
             tenant,
             cause, "cannot write the Tenant's status; retrying, ever more slowly"
         );
-        self.0.insert(tenant.to_string(), cause.to_string());
+        self.failing.insert(tenant.to_string(), cause.to_string());
     }
 
     fn wrote(&mut self, tenant: &str) {
-        if self.0.remove(tenant).is_some() {
+        self.last_written.insert(tenant.to_string(), Instant::now());
+        if self.failing.remove(tenant).is_some() {
             info!(tenant, "the Tenant's status is written again");
         }
     }
 
     fn retain(&mut self, keep: impl Fn(&str) -> bool) {
-        self.0.retain(|tenant, _| keep(tenant));
+        self.last_written.retain(|tenant, _| keep(tenant));
+        self.failing.retain(|tenant, _| keep(tenant));
     }
 }
 
