@@ -11,6 +11,7 @@ use tracing::{error, info};
 
 use crate::context::shared::{DaemonSettings, Shared};
 use crate::runtime::admin;
+use crate::runtime::deadline::sleep_until;
 use crate::runtime::health::Health;
 use crate::runtime::leader;
 use crate::runtime::metrics::Metrics;
@@ -265,13 +266,6 @@ async fn run_sharded(
     tenants.stop_all().await;
     shards.release().await;
     outcome
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Runs `work` unless the leader lease is lost first (then `work` is dropped): whether it finished.

@@ -235,14 +235,7 @@ struct RunArgs {
 /// A namespace name: a DNS-1123 label.
 fn namespace_name(text: &str) -> Result<String, String> {
     let text = text.trim();
-    let valid = !text.is_empty()
-        && text.len() <= 63
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !text.starts_with('-')
-        && !text.ends_with('-');
-    if valid {
+    if stackd::context::namespace_template::is_dns_label(text) {
         Ok(text.to_string())
     } else {
         Err(format!("{text:?} is not a namespace name (a DNS-1123 label)"))

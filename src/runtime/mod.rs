@@ -8,6 +8,7 @@ pub mod cache;
 pub mod cause;
 pub mod conditions;
 pub mod controller;
+pub mod deadline;
 pub mod finalizer;
 pub mod health;
 pub mod informers;

@@ -16,6 +16,7 @@ use crate::api::stacks::{ClusterStackInstall, Stack, StackInstall};
 use crate::api::tenancy::ReadinessCount;
 use crate::context::tenant::{TenantContext, TenantError};
 use crate::runtime::conditions::is_true;
+use crate::runtime::deadline::sleep_until;
 use crate::runtime::health::ObjectCounts;
 use crate::runtime::readiness::Readiness;
 
@@ -132,11 +133,4 @@ fn publish(context: &TenantContext, counts: &KindCounts) {
         pools: counts.pools,
     };
     context.shared.health.set_counts(&context.name, objects);
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
 }

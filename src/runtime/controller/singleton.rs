@@ -18,6 +18,7 @@ use tracing::{Instrument, warn};
 
 use super::{Permit, ReconcileError, Tenant, observe, reconcile_span};
 use crate::runtime::cache::is_filled;
+use crate::runtime::deadline::sleep_until;
 use crate::runtime::panics;
 use crate::runtime::retry;
 
@@ -113,11 +114,5 @@ impl<T: Tenant> Singleton<T> {
                 }
             };
         }
-    }
-}
-
-async fn sleep_until(deadline: Option<tokio::time::Instant>) {
-    if let Some(deadline) = deadline {
-        tokio::time::sleep_until(deadline).await;
     }
 }

@@ -36,6 +36,7 @@ use super::directory::{TenantChange, TenantFile, TenantFileError};
 use crate::api::tenancy::{KubeconfigSecretRef, Tenant};
 use crate::context::namespace_template::NamespaceTemplate;
 use crate::runtime::cause::diagnose;
+use crate::runtime::deadline::sleep_until;
 use crate::runtime::recovery::{WatchBackoff, retry_watch};
 
 /// How long the first batch waits for the Secrets of the namespaces Tenants name to be listed.
@@ -516,11 +517,4 @@ fn namespace_not_given(secret: &KubeconfigSecretRef, given: &BTreeSet<String>) -
             secret.namespace
         ),
     )
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
 }

@@ -24,6 +24,7 @@ use crate::api::tenancy::{Tenant, TenantStatus};
 use crate::context::namespace_template::NamespaceTemplate;
 use crate::runtime::cause::diagnose;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
+use crate::runtime::deadline::sleep_until;
 use crate::runtime::health::{Health, TenantFacts, TenantHealth};
 use crate::runtime::metrics::{ErrorLabels, Metrics};
 use crate::runtime::shards::{Board, slot_of};
@@ -412,13 +413,6 @@ impl TenantWrites {
     fn retain(&mut self, keep: impl Fn(&str) -> bool) {
         self.last_written.retain(|tenant, _| keep(tenant));
         self.failing.retain(|tenant, _| keep(tenant));
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
     }
 }
 
