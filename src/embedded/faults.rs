@@ -193,7 +193,11 @@ impl Faults {
             .map(|l| l.delay)
             .sum();
         if !delay.is_zero() {
-            tokio::time::sleep(delay).await;
+            // A stopping server does not wait out the latency of the requests in flight.
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = self.parent.cancelled() => {}
+            }
         }
         let code = {
             let mut failures = lock(&self.failures);
