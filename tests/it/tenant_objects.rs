@@ -384,6 +384,35 @@ async fn object_counts_a_tenant_user_drives_are_written_at_most_once_per_ten_sec
     );
 }
 
+/// The host holding one Tenant's Secret read open holds up another Tenant's registration for the
+/// read's time limit (10 s) at most, not until the host answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_read_the_host_never_answers_holds_up_no_other_tenant() {
+    let mut fleet = Fleet::start(&[]).await;
+    let stuck = fleet.add_tenant_server("aaa").await;
+    let kubeconfig = fleet.add_tenant_server("bbb").await;
+    install_stackd_crds(&fleet, "bbb").await;
+    let kubectl = HostKubectl::new(&fleet);
+    install_tenant_crd(&kubectl).await;
+    let never = stackd::embedded::faults::RequestMatch::any()
+        .verb(Verb::Get)
+        .resource("secrets")
+        .namespace("slow");
+    kubectl
+        .apply(&registration("aaa", "slow", "vc-aaa", "config", &stuck))
+        .await;
+    fleet.host().faults().add_latency(never, Duration::from_secs(120));
+    let daemon = fleet.daemon(&["--tenant-secret-namespaces", &format!("{SECRETS_NAMESPACE},slow")]);
+    until("the daemon reading aaa's Secret", SOON, &daemon, || async {
+        fleet.host().counters().get(Verb::Get, "secrets", Some("slow")) > 0
+    })
+    .await;
+    kubectl
+        .apply(&registration("bbb", SECRETS_NAMESPACE, "vc-bbb", "config", &kubeconfig))
+        .await;
+    wait_condition(&fleet, &daemon, "bbb", "Ready", "True", "Up").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_whose_server_stops_is_down_with_the_root_cause() {
     let (mut fleet, kubectl, daemon) = served_acme().await;

@@ -43,6 +43,11 @@ use crate::runtime::recovery::{WatchBackoff, retry_watch};
 const FIRST_BATCH_WAIT: Duration = Duration::from_secs(10);
 /// When a Secret could not be read for a passing reason, it is read again after this.
 const READ_RETRY: Duration = Duration::from_secs(5);
+/// The longest a Secret's read may take: a pass waits for its reads, and a host that holds one open
+/// must not hold up every other Tenant's registration for longer.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many Secrets a pass reads at once.
+const READS_AT_ONCE: usize = 8;
 /// The longest wait between attempts to list Tenants, or the Secrets of a namespace: a list the
 /// host refuses (the CRD not installed, the list not permitted) stays refused until an admin acts.
 const LIST_RETRY_MAX: Duration = Duration::from_secs(30);
@@ -186,6 +191,7 @@ pub fn start(
         view: view.clone(),
         wake,
         read: BTreeMap::new(),
+        unread: BTreeMap::new(),
         running: BTreeMap::new(),
         reported: BTreeMap::new(),
         retry_at: None,
@@ -224,6 +230,9 @@ struct ObjectSource {
     secrets: SecretWatches,
     wake: Arc<Notify>,
     read: BTreeMap<String, Read>,
+    /// Reads the host did not answer as it should, by Tenant: not asked again on the same basis
+    /// before the time given (a pass would wait for them again otherwise).
+    unread: BTreeMap<String, (ReadBasis, Instant)>,
     /// Running tenants by name, with the digest they run on.
     running: BTreeMap<String, String>,
     /// Errors already told, so that a pass does not repeat them.
@@ -339,9 +348,16 @@ impl ObjectSource {
         let mut registrations = BTreeMap::new();
         let mut present = BTreeSet::new();
         let mut pending = false;
-        for tenant in &tenants {
-            let name = tenant.name_any();
-            let verdict = self.judge(tenant).await;
+        let judged: Vec<(String, Judged)> = tenants.iter().map(|t| (t.name_any(), self.judge(t))).collect();
+        self.read_all(&judged).await;
+        for (name, judged) in judged {
+            let verdict = match judged {
+                Judged::Verdict(verdict) => verdict,
+                Judged::Read(basis) => match self.read.get(&name).filter(|read| read.basis == basis) {
+                    Some(read) => verdict_of(&read.outcome),
+                    None => Verdict::Undecided,
+                },
+            };
             let registration = self.tell(&name, verdict, &mut batch);
             pending |= registration == Registration::Pending;
             registrations.insert(name.clone(), registration);
@@ -365,6 +381,7 @@ impl ObjectSource {
             batch.push(TenantChange::Suspend(name));
         }
         self.read.retain(|name, _| present.contains(name));
+        self.unread.retain(|name, _| present.contains(name));
         let names_changed = self.view.publish_names(present);
         self.view.publish_registrations(registrations);
         (batch, names_changed, pending)
@@ -415,33 +432,35 @@ impl ObjectSource {
         }
     }
 
-    /// What `tenant` should come to, reading its Secret if it changed.
-    async fn judge(&mut self, tenant: &Tenant) -> Verdict {
+    /// What `tenant` should come to, or the read of its Secret that decides it.
+    fn judge(&self, tenant: &Tenant) -> Judged {
         let name = tenant.name_any();
         let host_namespace = match self.settings.template.namespace_for(&name) {
             Ok(namespace) => namespace,
-            Err(err) => return Verdict::Refuse(Refusal::new("InvalidName", err.to_string())),
+            Err(err) => return Judged::Verdict(Verdict::Refuse(Refusal::new("InvalidName", err.to_string()))),
         };
         if tenant.spec.suspend {
-            return Verdict::Stop;
+            return Judged::Verdict(Verdict::Stop);
         }
         let secret = &tenant.spec.kubeconfig_secret_ref;
         // The allow-list, before anything is asked of the host.
         if !self.settings.secret_namespaces.contains(&secret.namespace) {
-            return Verdict::Refuse(namespace_not_given(secret, &self.settings.secret_namespaces));
+            let refusal = namespace_not_given(secret, &self.settings.secret_namespaces);
+            return Judged::Verdict(Verdict::Refuse(refusal));
         }
         let versions = match self.secrets.index().listing(&secret.namespace) {
-            Listing::Pending => return Verdict::Undecided,
+            Listing::Pending => return Judged::Verdict(Verdict::Undecided),
             Listing::Failed(message) => {
-                return Verdict::Refuse(Refusal::new(
+                return Judged::Verdict(Verdict::Refuse(Refusal::new(
                     "SecretsUnreadable",
                     format!("cannot list the Secrets of namespace {}: {message}", secret.namespace),
-                ));
+                )));
             }
             Listing::Listed(versions) => versions,
         };
         let Some(version) = versions.get(&secret.name) else {
-            return Verdict::Refuse(Refusal::new("SecretNotFound", format!("{secret} does not exist")));
+            let refusal = Refusal::new("SecretNotFound", format!("{secret} does not exist"));
+            return Judged::Verdict(Verdict::Refuse(refusal));
         };
         let basis = ReadBasis {
             secret: secret.clone(),
@@ -449,51 +468,97 @@ impl ObjectSource {
             in_cluster_server: tenant.spec.in_cluster_server.clone(),
             host_namespace,
         };
-        if let Some(read) = self.read.get(&name).filter(|read| read.basis == basis) {
-            return verdict_of(&read.outcome);
+        let read_before = self.read.get(&name).is_some_and(|read| read.basis == basis);
+        let retry_later = self
+            .unread
+            .get(&name)
+            .is_some_and(|(unread, due)| *unread == basis && *due > Instant::now());
+        if retry_later && !read_before {
+            return Judged::Verdict(Verdict::Undecided);
         }
-        let outcome = match self.read_kubeconfig(&name, &basis).await {
-            Some(outcome) => outcome,
-            None => return Verdict::Undecided,
-        };
-        let verdict = verdict_of(&outcome);
-        self.read.insert(name, Read { basis, outcome });
-        verdict
+        Judged::Read(basis)
     }
 
-    /// Reads and checks the kubeconfig; `None` when the host did not answer as it should (asked
-    /// again after [`READ_RETRY`]).
-    async fn read_kubeconfig(&mut self, name: &str, basis: &ReadBasis) -> Option<Result<TenantFile, Refusal>> {
-        let bytes = match kubeconfig::read(&self.host, &basis.secret).await {
-            Ok(bytes) => bytes,
-            Err(ReadError::Refused(refusal)) => return Some(Err(refusal)),
-            Err(ReadError::Transient(message)) => {
-                debug!(tenant = %name, %message, "cannot read the Tenant's Secret; retrying");
-                let at = Instant::now() + READ_RETRY;
-                self.retry_at = Some(self.retry_at.map_or(at, |current| current.min(at)));
-                return None;
+    /// Reads the Secrets `judged` asks for that were not read on the same basis yet, several at
+    /// once, each within [`READ_TIMEOUT`]; one the host did not answer is asked again after
+    /// [`READ_RETRY`].
+    async fn read_all(&mut self, judged: &[(String, Judged)]) {
+        let wanted: Vec<(String, ReadBasis)> = judged
+            .iter()
+            .filter_map(|(name, judged)| match judged {
+                Judged::Read(basis) if !self.read.get(name).is_some_and(|read| read.basis == *basis) => {
+                    Some((name.clone(), basis.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        let host = &self.host;
+        let outcomes: Vec<_> = futures::stream::iter(wanted)
+            .map(|(name, basis)| async move {
+                let outcome = read_kubeconfig(host, &name, &basis).await;
+                (name, basis, outcome)
+            })
+            .buffer_unordered(READS_AT_ONCE)
+            .collect()
+            .await;
+        for (name, basis, outcome) in outcomes {
+            match outcome {
+                Some(outcome) => {
+                    self.unread.remove(&name);
+                    self.read.insert(name, Read { basis, outcome });
+                }
+                None => {
+                    let at = Instant::now() + READ_RETRY;
+                    self.retry_at = Some(self.retry_at.map_or(at, |current| current.min(at)));
+                    self.unread.insert(name, (basis, at));
+                }
             }
-        };
-        let (name, basis) = (name.to_string(), basis.clone());
-        let basis_secret = basis.secret.to_string();
-        let parsed = tokio::task::spawn_blocking(move || {
-            let source = Source {
-                name: &name,
-                secret: &basis.secret,
-                in_cluster_server: basis.in_cluster_server.as_deref(),
-                host_namespace: &basis.host_namespace,
-            };
-            kubeconfig::parse(&source, &bytes)
-        })
-        .await;
-        // A parser panic's message may quote the text: the condition says only that it failed.
-        Some(parsed.unwrap_or_else(|_| {
-            Err(Refusal::new(
-                "InvalidKubeconfig",
-                format!("{}: the kubeconfig could not be parsed", basis_secret),
-            ))
-        }))
+        }
     }
+}
+
+/// What judging a Tenant without asking the host came to.
+enum Judged {
+    Verdict(Verdict),
+    /// Its Secret's kubeconfig decides, read on this basis.
+    Read(ReadBasis),
+}
+
+/// Reads and checks the kubeconfig; `None` when the host did not answer as it should.
+async fn read_kubeconfig(host: &Client, name: &str, basis: &ReadBasis) -> Option<Result<TenantFile, Refusal>> {
+    let read = tokio::time::timeout(READ_TIMEOUT, kubeconfig::read(host, &basis.secret)).await;
+    let read = read.unwrap_or_else(|_| {
+        Err(ReadError::Transient(format!(
+            "the host did not answer within {READ_TIMEOUT:?}"
+        )))
+    });
+    let bytes = match read {
+        Ok(bytes) => bytes,
+        Err(ReadError::Refused(refusal)) => return Some(Err(refusal)),
+        Err(ReadError::Transient(message)) => {
+            debug!(tenant = %name, %message, "cannot read the Tenant's Secret; retrying");
+            return None;
+        }
+    };
+    let (name, basis) = (name.to_string(), basis.clone());
+    let basis_secret = basis.secret.to_string();
+    let parsed = tokio::task::spawn_blocking(move || {
+        let source = Source {
+            name: &name,
+            secret: &basis.secret,
+            in_cluster_server: basis.in_cluster_server.as_deref(),
+            host_namespace: &basis.host_namespace,
+        };
+        kubeconfig::parse(&source, &bytes)
+    })
+    .await;
+    // A parser panic's message may quote the text: the condition says only that it failed.
+    Some(parsed.unwrap_or_else(|_| {
+        Err(Refusal::new(
+            "InvalidKubeconfig",
+            format!("{basis_secret}: the kubeconfig could not be parsed"),
+        ))
+    }))
 }
 
 fn verdict_of(outcome: &Result<TenantFile, Refusal>) -> Verdict {
