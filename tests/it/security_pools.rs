@@ -718,7 +718,9 @@ async fn an_installer_past_its_deadline_is_stopped_and_counted_as_a_failed_attem
         });
     let mut slow = pool_json("slow", 1, None);
     slow["spec"]["installerImage"] = json!(SLOW_INSTALLER);
-    slow["spec"]["installAttemptsLimit"] = json!(3);
+    // Attempts end every 2 s: a low limit would have the pool replace the cluster within seconds,
+    // racing the checks below of the cluster's attempts.
+    slow["spec"]["installAttemptsLimit"] = json!(100);
     create_pool(&tenant, slow).await;
     let daemon = daemon(&fleet, &["--installer-deadline", "2s"]);
     let cd = wait_until("the pool's cluster", WITHIN, &daemon, || async {
@@ -753,9 +755,15 @@ async fn an_installer_past_its_deadline_is_stopped_and_counted_as_a_failed_attem
             .any(|(r, n)| r == "InstallFailed" && n.contains("installer deadline"))
     })
     .await;
-    let second = format!("{name}.{name}-install-1");
-    let retried = wait_until("the next attempt's Job", WITHIN, &daemon, || async {
-        jobs.get_opt(&second).await.ok().flatten()
+    // An ended attempt's Job goes when the next one starts (every 2 s here): look for whichever
+    // later attempt is running, not for one by name.
+    let attempt = format!("{name}.{name}-install-");
+    let retried = wait_until("a later attempt's Job", WITHIN, &daemon, || async {
+        let listed = jobs.list(&Default::default()).await.ok()?;
+        listed
+            .items
+            .into_iter()
+            .find(|job| job.name_any().starts_with(&attempt) && job.name_any() != first)
     })
     .await;
     assert_eq!(retried.spec.and_then(|s| s.active_deadline_seconds), Some(2));
