@@ -110,7 +110,12 @@ impl Supervised {
     /// Stops the daemon; returns how every earlier process ended and the peak resident memory of
     /// all of them, in MiB.
     pub async fn stop(self) -> (Vec<String>, f64) {
-        let mut state = self.state.lock().await;
+        // The watch first, and waited for: between a kill and its abort it would take the kill for
+        // a crash and start a process nobody stops.
+        let Supervised { state, _watch: watch } = self;
+        watch.abort();
+        let _ = watch.await;
+        let mut state = state.lock().await;
         sample_peak(&mut state);
         let _ = state.daemon.child.kill().await;
         (std::mem::take(&mut state.exits), state.peak_rss_mib)
