@@ -133,12 +133,6 @@ fn cycles(edges: &Edges) -> Vec<String> {
         .collect()
 }
 
-/// Folders whose sibling files still import each other in a circle: the embedded server's verbs,
-/// CRDs, field manager and served copies (their split collided with the shared-object store and
-/// waits for its own change). A folder listed here without a circle fails the test too, so the
-/// list cannot outlive its reason.
-const KNOWN_SIBLING_CIRCLES: [&str; 1] = ["embedded"];
-
 /// The module path of a file relative to `src/`: `embedded/http.rs` is `embedded::http`, a
 /// `mod.rs` is its folder's module.
 fn module_path(relative: &Path) -> Vec<String> {
@@ -286,12 +280,6 @@ fn sibling_edges(src: &Path) -> Edges {
     edges
 }
 
-/// The folder of a cycle line's first module.
-fn folder_of(cycle: &str) -> &str {
-    let first = cycle.split(" -> ").next().unwrap_or_default();
-    first.rsplit_once('/').map_or("", |(folder, _)| folder)
-}
-
 #[test]
 fn top_level_modules_import_each_other_without_cycles() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -333,22 +321,15 @@ fn sibling_files_of_a_folder_import_each_other_without_cycles() {
         edges.contains_key(&("stacks/install".to_string(), "stacks/unpack".to_string())),
         "the scan found no stacks/install -> stacks/unpack import; is it still reading src/?"
     );
-    let cycles = cycles(&edges);
-    let (known, new): (Vec<&String>, Vec<&String>) = cycles
-        .iter()
-        .partition(|cycle| KNOWN_SIBLING_CIRCLES.contains(&folder_of(cycle)));
     assert!(
-        new.is_empty(),
-        "sibling files import each other in a cycle; move what both need to a module of its own:\n{}",
-        new.iter().map(|c| c.as_str()).collect::<Vec<_>>().join("\n")
+        edges.contains_key(&("embedded/verbs".to_string(), "embedded/served".to_string())),
+        "the scan found no embedded/verbs -> embedded/served import; is it still reading src/embedded/?"
     );
-    let untangled: Vec<&str> = KNOWN_SIBLING_CIRCLES
-        .into_iter()
-        .filter(|folder| !known.iter().any(|cycle| folder_of(cycle) == *folder))
-        .collect();
+    let cycles = cycles(&edges);
     assert!(
-        untangled.is_empty(),
-        "no cycle is left in {untangled:?}: take them off KNOWN_SIBLING_CIRCLES"
+        cycles.is_empty(),
+        "sibling files import each other in a cycle; move what both need to a module of its own:\n{}",
+        cycles.join("\n")
     );
 }
 
