@@ -4,6 +4,9 @@
 //! moved without the other; these tests find every one by scanning `src/` for `crate::` and
 //! `super::` paths (test modules and comments left out; a name re-exported by the folder's own
 //! `mod.rs` is not followed to the file that defines it).
+//!
+//! The modules on [`PURE_MODULES`] decide without doing: the last tests fail when one of them names
+//! a client, the async runtime or a controller's context.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -132,12 +135,6 @@ fn cycles(edges: &Edges) -> Vec<String> {
         })
         .collect()
 }
-
-/// Folders whose sibling files still import each other in a circle: the embedded server's verbs,
-/// CRDs, field manager and served copies (their split collided with the shared-object store and
-/// waits for its own change). A folder listed here without a circle fails the test too, so the
-/// list cannot outlive its reason.
-const KNOWN_SIBLING_CIRCLES: [&str; 1] = ["embedded"];
 
 /// The module path of a file relative to `src/`: `embedded/http.rs` is `embedded::http`, a
 /// `mod.rs` is its folder's module.
@@ -286,10 +283,96 @@ fn sibling_edges(src: &Path) -> Edges {
     edges
 }
 
-/// The folder of a cycle line's first module.
-fn folder_of(cycle: &str) -> &str {
-    let first = cycle.split(" -> ").next().unwrap_or_default();
-    first.rsplit_once('/').map_or("", |(folder, _)| folder)
+/// Modules that decide without doing (planners, builders, status builders, rules): they take what
+/// a reconcile read and return values, and the controllers read and write. Paths relative to
+/// `src/`; a folder (ending in `/`) stands for every file in it.
+const PURE_MODULES: &[&str] = &[
+    "embedded/defaults.rs",
+    "embedded/kinds.rs",
+    "embedded/kinds/",
+    "embedded/name_rules.rs",
+    "embedded/patch_engine/",
+    "embedded/schema.rs",
+    "embedded/selectors.rs",
+    "embedded/validation.rs",
+    "inventory/asset/plan.rs",
+    "inventory/asset/reach.rs",
+    "inventory/asset/status.rs",
+    "pools/buckets.rs",
+    "pools/deployment/admin_kubeconfig.rs",
+    "pools/deployment/installer.rs",
+    "pools/deployment/plan.rs",
+    "pools/deployment/status.rs",
+    "pools/document_bounds.rs",
+    "pools/failure_domains.rs",
+    "pools/host_selection.rs",
+    "pools/install_config.rs",
+    "pools/lease_state.rs",
+    "pools/limits.rs",
+    "pools/plan.rs",
+    "pools/status.rs",
+    "pools/version.rs",
+    "runtime/shards/assign.rs",
+    "stacks/install/crd_policy.rs",
+    "stacks/pod_policy.rs",
+    "stacks/stack/build.rs",
+    "stacks/stack/deployment.rs",
+    "stacks/stack/outcome.rs",
+    "stacks/stack/rbac.rs",
+    "stacks/stack/validate.rs",
+];
+
+/// What a pure module may not name: a client or its typed handles, the async runtime, and the
+/// controllers' contexts (which carry both).
+const IMPURE_NAMES: &[&str] = &[
+    "Api",
+    "Client",
+    "tokio",
+    "tokio_util",
+    "async",
+    "Ctx",
+    "Shared",
+    "TenantContext",
+    "StackContext",
+    "InstallContext",
+];
+
+/// The [`IMPURE_NAMES`] `source` uses outside its tests and comments, as whole words (`ApiError`
+/// is no `Api`).
+fn impure_names(source: &str) -> BTreeSet<&'static str> {
+    let code = non_test_code(source);
+    let words: BTreeSet<&str> = code
+        .lines()
+        .map(|line| line.split(" // ").next().unwrap_or_default())
+        .flat_map(|line| line.split(|c: char| !(c.is_alphanumeric() || c == '_')))
+        .collect();
+    IMPURE_NAMES
+        .iter()
+        .copied()
+        .filter(|name| words.contains(name))
+        .collect()
+}
+
+/// The files of [`PURE_MODULES`], each one present (a moved module fails the test, so the list
+/// cannot lose one unnoticed).
+fn pure_files(src: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for module in PURE_MODULES {
+        let path = src.join(module);
+        if module.ends_with('/') {
+            let mut in_folder = Vec::new();
+            rust_files(&path, &mut in_folder);
+            // A folder's `tests.rs` is its test module, which may use anything.
+            files.extend(in_folder.into_iter().filter(|file| !file.ends_with("tests.rs")));
+        } else {
+            assert!(
+                path.is_file(),
+                "{module} is on PURE_MODULES but not in src/: update the list"
+            );
+            files.push(path);
+        }
+    }
+    files
 }
 
 #[test]
@@ -333,22 +416,15 @@ fn sibling_files_of_a_folder_import_each_other_without_cycles() {
         edges.contains_key(&("stacks/install".to_string(), "stacks/unpack".to_string())),
         "the scan found no stacks/install -> stacks/unpack import; is it still reading src/?"
     );
-    let cycles = cycles(&edges);
-    let (known, new): (Vec<&String>, Vec<&String>) = cycles
-        .iter()
-        .partition(|cycle| KNOWN_SIBLING_CIRCLES.contains(&folder_of(cycle)));
     assert!(
-        new.is_empty(),
-        "sibling files import each other in a cycle; move what both need to a module of its own:\n{}",
-        new.iter().map(|c| c.as_str()).collect::<Vec<_>>().join("\n")
+        edges.contains_key(&("embedded/verbs".to_string(), "embedded/served".to_string())),
+        "the scan found no embedded/verbs -> embedded/served import; is it still reading src/embedded/?"
     );
-    let untangled: Vec<&str> = KNOWN_SIBLING_CIRCLES
-        .into_iter()
-        .filter(|folder| !known.iter().any(|cycle| folder_of(cycle) == *folder))
-        .collect();
+    let cycles = cycles(&edges);
     assert!(
-        untangled.is_empty(),
-        "no cycle is left in {untangled:?}: take them off KNOWN_SIBLING_CIRCLES"
+        cycles.is_empty(),
+        "sibling files import each other in a cycle; move what both need to a module of its own:\n{}",
+        cycles.join("\n")
     );
 }
 
@@ -368,4 +444,39 @@ fn braced_and_nested_paths_resolve_to_the_sibling_they_name() {
             "embedded::watch",
         ]
     );
+}
+
+#[test]
+fn pure_modules_name_no_client_runtime_or_context() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files = pure_files(&src);
+    assert!(
+        files.len() > PURE_MODULES.len(),
+        "the folders of PURE_MODULES hold no file"
+    );
+    let impure: Vec<String> = files
+        .iter()
+        .filter_map(|file| {
+            let source =
+                std::fs::read_to_string(file).unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()));
+            let names = impure_names(&source);
+            let relative = file.strip_prefix(&src).expect("under src/").display();
+            (!names.is_empty()).then(|| format!("  {relative}: {names:?}"))
+        })
+        .collect();
+    assert!(
+        impure.is_empty(),
+        "a pure module names a client, the async runtime or a controller context; hand it the values \
+         it decides from, and do the reading and writing in the controller:\n{}",
+        impure.join("\n")
+    );
+}
+
+#[test]
+fn a_pure_module_naming_a_client_or_context_is_caught() {
+    let source = "//! Pure: no Api, no Client.\nuse kube::{Api, ResourceExt};\nuse crate::runtime::ApiError;\n\
+                  fn plan(ctx: &Ctx, budget: &ContextBudget) -> Plan { todo() } // not async\n\
+                  #[cfg(test)]\nmod tests {\n    use tokio::time::sleep;\n}\n";
+    assert_eq!(impure_names(source), BTreeSet::from(["Api", "Ctx"]));
+    assert!(impure_names("fn plan(observed: &Observed) -> Plan { todo() }").is_empty());
 }

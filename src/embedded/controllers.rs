@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::discovery::ResourceTable;
 use super::passes;
 use super::store::Store;
-use super::{crd, gc, namespaces};
+use super::{crd_cleanup, gc, namespaces};
 
 /// How soon a pass looks again at what it could not finish.
 const RETRY: Duration = Duration::from_secs(1);
@@ -19,7 +19,7 @@ const RETRY: Duration = Duration::from_secs(1);
 /// Runs the loops until shutdown.
 pub async fn run(store: Arc<Store>, resources: Arc<ResourceTable>, shutdown: CancellationToken) {
     let namespaces = namespaces::NamespaceController::new(store.clone(), resources.clone());
-    let definitions = crd::CleanupController::new(store.clone(), resources.clone());
+    let definitions = crd_cleanup::CleanupController::new(store.clone(), resources.clone());
     let collector = gc::GarbageCollector::new(store.clone(), resources);
     tokio::join!(
         passes::run(store.clone(), shutdown.clone(), RETRY, namespaces),

@@ -7,8 +7,12 @@ use std::sync::{Arc, LazyLock, Mutex};
 use serde_json::{Value, json};
 
 use super::convert;
-use super::crd;
 use super::store::{GroupResource, Store};
+
+/// Where CustomResourceDefinitions are stored.
+pub fn crd_resource() -> GroupResource {
+    GroupResource::new("apiextensions.k8s.io", "customresourcedefinitions")
+}
 
 /// Where a scale subresource finds its numbers (JSON paths like `.spec.replicas`).
 #[derive(Debug, Clone, PartialEq)]
@@ -341,7 +345,7 @@ impl ResourceTable {
     }
 
     pub fn current(&self) -> Arc<Resources> {
-        let version = self.store.last_change(&crd::crd_resource());
+        let version = self.store.last_change(&crd_resource());
         let mut cached = self.cached.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(built) = cached.as_mut() {
             if built.checked_at == version {
@@ -365,7 +369,7 @@ impl ResourceTable {
 
     /// Each CRD's uid and generation.
     fn definitions(&self) -> Vec<(String, i64)> {
-        self.store.project(&crd::crd_resource(), |crd| {
+        self.store.project(&crd_resource(), |crd| {
             let meta = &crd["metadata"];
             let uid = meta["uid"].as_str().unwrap_or_default().to_string();
             (uid, meta["generation"].as_i64().unwrap_or_default())
@@ -382,7 +386,7 @@ impl Resources {
     /// Builds the table from the built-in kinds and the stored CRDs.
     pub fn current(store: &Store) -> Resources {
         let mut all: Vec<ResourceInfo> = BUILTINS.iter().map(builtin_info).collect();
-        for crd in store.list_shared(&crd::crd_resource(), None).0 {
+        for crd in store.list_shared(&crd_resource(), None).0 {
             all.extend(crd_resources(&crd));
         }
         Resources { all }

@@ -21,7 +21,8 @@ use super::discovery::{ResourceInfo, ResourceTable, Resources};
 use super::passes::Controller;
 use super::store::{EventType, Location, Store, StoreEvent, Write, owner_uids};
 use super::validation::finalizers;
-use super::verbs::{self, DeleteOptions, FOREGROUND_FINALIZER, ORPHAN_FINALIZER};
+use super::verb_options::DeleteOptions;
+use super::verbs::{self, FOREGROUND_FINALIZER, ORPHAN_FINALIZER};
 
 /// What a garbage-collection pass judges.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

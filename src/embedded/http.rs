@@ -13,9 +13,9 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
 use super::Shared;
+use super::apply;
 use super::convert;
 use super::discovery::{ResourceInfo, Resources, core_versions, version_info};
-use super::field_manager;
 use super::field_validation::{self, FieldValidation};
 use super::openapi;
 use super::patch::{PatchBody, PatchType, check_object_shape};
@@ -25,7 +25,8 @@ use super::status::{ApiError, json_response};
 use super::subresources::{self, ScaleChange};
 use super::table::{self, IncludeObject, TableView};
 use super::verb::Verb;
-use super::verbs::{self, DeleteOptions, ListOptions, Subresource, WriteOptions};
+use super::verb_options::{DEFAULT_MANAGER, DeleteOptions, ListOptions, Subresource, WriteOptions};
+use super::verbs;
 use super::watch::{self, WatchOptions};
 
 const APPLY_PATCH: &str = "application/apply-patch+yaml";
@@ -244,7 +245,7 @@ async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Res
     let field_manager = query.get("fieldManager").cloned().unwrap_or_else(|| {
         let product = user_agent.split('/').next().unwrap_or("");
         if product.is_empty() {
-            field_manager::DEFAULT_MANAGER.to_string()
+            DEFAULT_MANAGER.to_string()
         } else {
             product.to_string()
         }
@@ -387,13 +388,13 @@ fn object(shared: &Arc<Shared>, request: &ApiRequest, name: &str) -> Result<Resp
         }
         (Verb::Patch, _) if request.content_type == APPLY_PATCH => {
             let part = target.write_part()?;
-            let apply = field_manager::ApplyRequest {
+            let apply = apply::ApplyRequest {
                 manager: request.query.get("fieldManager").map_or("", String::as_str),
                 force: request.query.get("force").is_some_and(|f| f == "true" || f == "1"),
                 body: &request.body,
             };
             let (object, created) =
-                field_manager::server_side_apply(store, info, ns, name, &apply, part, request.write.clone())?;
+                apply::server_side_apply(store, info, ns, name, &apply, part, request.write.clone())?;
             let code = if created { StatusCode::CREATED } else { StatusCode::OK };
             Ok(json_response(code, &object))
         }

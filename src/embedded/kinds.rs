@@ -7,8 +7,8 @@ use regex::Regex;
 use serde_json::{Value, json};
 
 use super::discovery::ResourceInfo;
+use super::name_rules::{is_dns1123_label, validate_labels};
 use super::status::{ApiError, Cause, go_value};
-use super::validation::{is_dns1123_label, validate_labels};
 
 pub mod network_policy;
 

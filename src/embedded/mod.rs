@@ -5,15 +5,17 @@
 //!   the watch history and the uid and owner indexes; [`served`]: stored objects written out as a
 //!   version serves them, without copying them;
 //! - [`verbs`]: get/list/create/update/patch/delete with kube-apiserver semantics on that store,
-//!   with [`patch`], [`subresources`] (scale, log) and [`crd`] (CRD lifecycle);
+//!   taking [`verb_options`], with [`patch`], [`subresources`] (scale, log) and [`crd`] (CRD
+//!   lifecycle); `apply`: server-side apply, on top of the verbs;
 //! - [`watch`]: watch streams; `http`: the request pipeline; [`discovery`]: the resource table;
-//! - [`validation`], [`kinds`], [`defaults`], [`schema`], [`selectors`]: pure rules;
-//!   [`patch_engine`]: merge, JSON, strategic merge patch and server-side apply as pure functions;
-//! - [`field_manager`]: `managedFields` on every write and server-side apply;
+//! - [`validation`] (with `name_rules`), [`kinds`], [`defaults`], [`schema`], [`selectors`]: pure
+//!   rules; [`patch_engine`]: merge, JSON, strategic merge patch and server-side apply as pure
+//!   functions;
+//! - [`field_manager`]: `managedFields` on every write;
 //!   [`protobuf`]: the few protobuf bodies kubectl and Helm insist on sending;
 //! - [`openapi`], [`field_validation`], [`table`]: what kubectl needs beyond the verbs
 //!   (`/openapi/v3`, `fieldValidation`, `as=Table` and metadata-only answers);
-//! - [`controllers`]: the in-process loops ([`namespaces`] deletion, [`crd`] cleanup, [`gc`]), each
+//! - [`controllers`]: the in-process loops ([`namespaces`] deletion, `crd_cleanup`, [`gc`]), each
 //!   a [`passes::Controller`] looking only at what the store's events name;
 //!   [`controller_manager`]: the token, Job and Deployment loops, with the per-image
 //!   [`controller_manager::JobRunner`] hooks;
@@ -38,11 +40,13 @@
 //! - CRD versions are served with the `None` conversion strategy only.
 
 pub mod admission;
+mod apply;
 pub mod controller_manager;
 pub mod controllers;
 pub mod convert;
 pub mod counters;
 pub mod crd;
+mod crd_cleanup;
 pub mod defaults;
 pub mod discovery;
 pub mod faults;
@@ -51,7 +55,9 @@ pub mod field_validation;
 pub mod gc;
 mod http;
 pub mod kinds;
+mod name_rules;
 pub mod namespaces;
+mod object_meta;
 pub mod openapi;
 pub mod passes;
 pub mod patch;
@@ -68,6 +74,7 @@ pub mod table;
 mod tls;
 pub mod validation;
 mod verb;
+pub mod verb_options;
 pub mod verbs;
 pub mod watch;
 

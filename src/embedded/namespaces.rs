@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 use super::discovery::{ResourceTable, Resources};
 use super::passes::Controller;
 use super::store::{EventType, GroupResource, Store, StoreEvent, Write};
-use super::verbs::{self, DeleteOptions};
+use super::verb_options::DeleteOptions;
+use super::verbs;
 
 fn namespaces() -> GroupResource {
     GroupResource::new("", "namespaces")

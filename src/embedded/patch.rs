@@ -1,5 +1,5 @@
 //! Patch application: merge patch, JSON patch and strategic merge patch. Server-side apply is
-//! [`field_manager::server_side_apply`](super::field_manager::server_side_apply).
+//! [`apply::server_side_apply`](super::apply::server_side_apply).
 
 use serde_json::Value;
 

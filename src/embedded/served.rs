@@ -1,9 +1,9 @@
 //! Stored objects as one version serves them, written out straight from the shared stored value:
 //! the version's `apiVersion` and `kind`, events.k8s.io's field names, CRD schema defaults. A get,
 //! a list or a watch event copies no object to answer; an object still missing a schema default
-//! (its CRD gained one since it was written) is copied and defaulted, as [`verbs::present`] does.
+//! (its CRD gained one since it was written) is copied and defaulted, as [`present`] does.
 //!
-//! The bytes are those of [`verbs::present`]'s value: `serde_json` writes a `Value`'s fields in
+//! The bytes are those of [`present`]'s value: `serde_json` writes a `Value`'s fields in
 //! key order, and so do these.
 
 use std::borrow::Cow;
@@ -16,7 +16,22 @@ use serde_json::{Value, json};
 use super::convert;
 use super::discovery::ResourceInfo;
 use super::schema;
-use super::verbs;
+
+/// A stored object as served in this version.
+pub fn present(info: &ResourceInfo, object: Value) -> Value {
+    let mut object = stamp(info, convert::from_storage(&info.group, &info.plural, object));
+    if let Some(schema) = &info.schema {
+        schema::apply_defaults(schema, &mut object);
+    }
+    object
+}
+
+/// Sets this version's `apiVersion` and `kind` on an object already in its form.
+pub(super) fn stamp(info: &ResourceInfo, mut object: Value) -> Value {
+    object["apiVersion"] = json!(info.api_version());
+    object["kind"] = json!(info.kind);
+    object
+}
 
 /// One stored object as `info`'s version serves it.
 #[derive(Clone)]
@@ -37,7 +52,7 @@ impl<'a> Served<'a> {
 
     /// A copy in the served form, for callers that change or inspect it as served.
     pub fn into_value(self) -> Value {
-        verbs::present(self.info, Arc::unwrap_or_clone(self.object))
+        present(self.info, Arc::unwrap_or_clone(self.object))
     }
 
     /// Whether the served form differs from the stored one beyond top-level renames.
@@ -79,7 +94,7 @@ pub fn presented<'v>(info: &ResourceInfo, stored: &'v Value) -> Cow<'v, Value> {
     if already {
         Cow::Borrowed(stored)
     } else {
-        Cow::Owned(verbs::present(info, stored.clone()))
+        Cow::Owned(present(info, stored.clone()))
     }
 }
 

@@ -3,10 +3,13 @@
 use serde_json::{Value, json};
 
 use super::discovery::ResourceInfo;
+use super::object_meta::meta_str;
 use super::patch::{PatchBody, apply_patch};
+use super::served::present;
 use super::status::{ApiError, Cause};
 use super::store::Store;
-use super::verbs::{Subresource, WriteOptions, get, meta_str, prepare_update, present, write_existing};
+use super::verb_options::{Subresource, WriteOptions};
+use super::verbs::{get, prepare_update, write_existing};
 
 fn path_segments(path: &str) -> Vec<&str> {
     path.split('.').filter(|s| !s.is_empty()).collect()

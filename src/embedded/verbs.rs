@@ -1,8 +1,6 @@
 //! The API verbs on `serde_json::Value` objects with kube-apiserver semantics. Used by the HTTP
 //! layer and, later, by in-process controllers; nothing here knows about HTTP.
 
-use std::sync::Arc;
-
 use base64::Engine;
 use rand::RngExt;
 use serde_json::{Value, json};
@@ -15,70 +13,16 @@ use super::crd::{
 };
 use super::defaults::apply_builtin_defaults;
 use super::discovery::ResourceInfo;
-use super::field_manager::{self, DEFAULT_MANAGER};
+use super::field_manager;
 use super::kinds;
+use super::object_meta::{meta_str, now_timestamp};
 use super::patch::{PatchBody, apply_patch, check_object_shape, check_patch_type};
 use super::schema;
-use super::selectors::{FieldSelector, LabelSelector};
-use super::served::{Served, ServedList, presented};
+use super::served::{Served, ServedList, present, presented, stamp};
 use super::status::{ApiError, Cause};
 use super::store::{GroupResource, Store, Write};
 use super::validation::{finalizers, validate_object, validate_update};
-
-/// Which part of an object a write addresses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Subresource {
-    Main,
-    Status,
-    /// A Namespace's `/finalize`: only `spec.finalizers` changes.
-    Finalize,
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct ListOptions {
-    pub label_selector: LabelSelector,
-    pub field_selector: FieldSelector,
-    pub limit: Option<usize>,
-    pub continue_token: Option<String>,
-}
-
-/// Options every write takes.
-#[derive(Debug, Clone, Default)]
-pub struct WriteOptions {
-    /// Run every check and return the result, but store nothing (`dryRun=All`).
-    pub dry_run: bool,
-    /// Who `managedFields` credit with the write; `None` credits [`DEFAULT_MANAGER`].
-    pub field_manager: Option<String>,
-    /// The mutating hooks a write over HTTP passes; `None` for the in-process loops.
-    pub admission: Option<Arc<Admission>>,
-}
-
-impl WriteOptions {
-    fn recording(&self) -> Recording<'_> {
-        Recording::Manager(self.field_manager.as_deref().unwrap_or(DEFAULT_MANAGER))
-    }
-}
-
-/// How a write treats `managedFields`.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum Recording<'a> {
-    /// Credit the changed fields to this manager.
-    Manager(&'a str),
-    /// Keep the `managedFields` the caller computed (a server-side apply).
-    AsGiven,
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct DeleteOptions {
-    pub write: WriteOptions,
-    pub precondition_uid: Option<String>,
-    pub precondition_resource_version: Option<String>,
-    pub propagation_policy: Option<String>,
-}
-
-pub fn now_timestamp() -> String {
-    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
-}
+use super::verb_options::{DEFAULT_MANAGER, DeleteOptions, ListOptions, Recording, Subresource, WriteOptions};
 
 pub fn new_uid() -> String {
     let mut bytes: [u8; 16] = rand::rng().random();
@@ -108,29 +52,9 @@ fn namespace_resource() -> GroupResource {
     GroupResource::new("", "namespaces")
 }
 
-/// A stored object as served in this version.
-pub fn present(info: &ResourceInfo, object: Value) -> Value {
-    let mut object = stamp(info, convert::from_storage(&info.group, &info.plural, object));
-    if let Some(schema) = &info.schema {
-        schema::apply_defaults(schema, &mut object);
-    }
-    object
-}
-
-/// Sets this version's `apiVersion` and `kind` on an object already in its form.
-fn stamp(info: &ResourceInfo, mut object: Value) -> Value {
-    object["apiVersion"] = json!(info.api_version());
-    object["kind"] = json!(info.kind);
-    object
-}
-
 /// A request-version object as stored.
 fn stored(info: &ResourceInfo, object: Value) -> Value {
     convert::to_storage(&info.group, &info.plural, object)
-}
-
-pub(super) fn meta_str<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
-    object["metadata"][field].as_str().filter(|s| !s.is_empty())
 }
 
 pub fn get<'a>(store: &Store, info: &'a ResourceInfo, namespace: &str, name: &str) -> Result<Served<'a>, ApiError> {

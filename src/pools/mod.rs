@@ -18,6 +18,7 @@ mod leases;
 mod limits;
 mod machines;
 mod membership;
+mod metrics;
 mod observe;
 mod pass;
 mod plan;

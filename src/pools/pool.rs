@@ -22,11 +22,12 @@ use tracing::warn;
 use super::buckets::Buckets;
 use super::execute::{self, Deletions};
 use super::membership::PoolIdentity;
+use super::metrics::record_metrics;
 use super::observe::observe;
 use super::pass::{Caches, Ctx, FIELD_MANAGER, Observed, PoolError, RESYNC, Wake};
 use super::plan::{self, Plan, Progress};
 use super::repair::{self, Repaired, Scope};
-use super::status::{self, record_metrics};
+use super::status;
 pub use super::version::pool_version;
 use super::{
     POOL_FINALIZER, POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, cdc_finalizer, claim, hosts, installer_image, lease_state,

@@ -1,6 +1,6 @@
 //! What a pool reports (DESIGN.md §4.1 status, §4.3): its counts, the per-entry inventory status
 //! of the status-revision seed and its conditions, built without any request from what the
-//! reconcile found and did; and the per-pool metrics.
+//! reconcile found and did (the per-pool metrics are set in [`super::metrics`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use super::CDC_GENERATION_ANNOTATION;
 use super::buckets::{Bucket, Buckets, Stale, cdc_of};
 use super::lease_state::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX, SUCCEEDED};
-use super::pass::{Ctx, Executed, Observed};
+use super::pass::{Executed, Observed};
 use super::plan::Plan;
 use crate::api::pools::{
     ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus, FailureDomainStatus,
@@ -19,7 +19,6 @@ use crate::api::pools::{
 };
 use crate::context::namespace_template::is_dns_label;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
-use crate::runtime::metrics::PoolLabels;
 
 type Cdc = ClusterDeploymentCustomization;
 
@@ -445,46 +444,6 @@ fn set_state(status: &mut InventoryEntryStatus, cdc: &Cdc, stale_edit: bool, poo
             }
         }
     };
-}
-
-pub(super) fn record_metrics(
-    ctx: &Ctx,
-    ns: &str,
-    name: &str,
-    buckets: &Buckets,
-    stale: &[(Arc<ClusterDeployment>, Stale)],
-    status: &ClusterPoolStatus,
-) {
-    let metrics = &ctx.tenant.shared.metrics;
-    let count = |b: &[Bucket]| buckets.count_in(b);
-    let entries = |s: &[InventoryEntryState]| status.inventory.iter().filter(|e| s.contains(&e.status)).count() as i64;
-    let values = [
-        ("installing", count(&[Bucket::Installing])),
-        ("ready", count(&[Bucket::Ready])),
-        ("claimed", count(&[Bucket::Claimed, Bucket::Released])),
-        ("broken", count(&[Bucket::Broken])),
-        ("deleting", count(&[Bucket::Deleting])),
-        ("stale", stale.len() as i64),
-        ("available", entries(&[InventoryEntryState::Available])),
-        (
-            "reserved",
-            entries(&[
-                InventoryEntryState::Reserved,
-                InventoryEntryState::ToBeUpdated,
-                InventoryEntryState::ToBeDeleted,
-            ]),
-        ),
-        (
-            "cdc_broken",
-            entries(&[InventoryEntryState::BrokenByCloud, InventoryEntryState::BrokenBySyntax]),
-        ),
-    ];
-    for (state, value) in values {
-        metrics
-            .pool_clusters
-            .get_or_create(&PoolLabels::new(&ctx.tenant.name, ns, name, state))
-            .set(value);
-    }
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher::{self, Event};
 use serde_json::json;
 use stackd::embedded::discovery::Resources;
-use stackd::embedded::verbs;
+use stackd::embedded::{served, verbs};
 use tokio::time::timeout;
 
 use crate::harness::{self, NoDaemon, configmap, eventually, holds_for, resource_version, until};
@@ -385,7 +385,7 @@ async fn a_get_and_a_watch_event_carry_the_bytes_of_the_presented_copy() {
         let stored = t.server.store().get(&info.storage_key(), "ns", name).unwrap();
         assert_eq!(
             got,
-            verbs::present(&info, stored).to_string(),
+            served::present(&info, stored).to_string(),
             "GET {collection}/{name}"
         );
         let watch = format!("{collection}?watch=1&resourceVersion={since}&timeoutSeconds=1");

@@ -1513,7 +1513,7 @@ async fn a_pull_secret_dropped_from_the_stack_leaves_the_pod_spec_and_its_copy_i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stack_gone_while_its_cleanup_finishes_is_no_failed_reconcile() {
     use stackd::embedded::discovery::Resources;
-    use stackd::embedded::verbs;
+    use stackd::embedded::{verb_options, verbs};
     let env = Env::start(INSECURE).await;
     env.create_stack("widgets", default_spec()).await;
     env.wait_ready("widgets", "True", "Available").await;
@@ -1563,7 +1563,7 @@ async fn a_stack_gone_while_its_cleanup_finishes_is_no_failed_reconcile() {
         NS,
         "widgets",
         patch,
-        verbs::Subresource::Main,
+        verb_options::Subresource::Main,
         Default::default(),
     )
     .expect("finalizer removed");

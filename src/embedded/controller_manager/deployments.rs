@@ -17,9 +17,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Runners, all_keys, controller_ref, info, is_deleting, key_of, modify, owners_of, text};
 use crate::embedded::discovery::ResourceTable;
+use crate::embedded::object_meta::now_timestamp;
 use crate::embedded::passes::{self, Controller};
 use crate::embedded::store::{GroupResource, ObjectKey, Store, StoreEvent};
-use crate::embedded::verbs::{self, DeleteOptions, now_timestamp};
+use crate::embedded::verb_options::DeleteOptions;
+use crate::embedded::verbs;
 
 const RESCAN: Duration = Duration::from_millis(500);
 pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";

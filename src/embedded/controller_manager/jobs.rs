@@ -24,9 +24,10 @@ use super::{
     JobContext, JobOutcome, Runners, all_keys, controller_ref, info, is_deleting, key_of, modify, owners_of, text,
 };
 use crate::embedded::discovery::ResourceTable;
+use crate::embedded::object_meta::now_timestamp;
 use crate::embedded::passes::{self, Controller};
 use crate::embedded::store::{GroupResource, ObjectKey, Store, StoreEvent};
-use crate::embedded::verbs::{self, now_timestamp};
+use crate::embedded::verbs;
 
 const RESCAN: Duration = Duration::from_millis(200);
 const DEFAULT_BACKOFF_LIMIT: i64 = 6;

@@ -21,7 +21,8 @@ use super::{all_keys, is_deleting, key_of, modify, text};
 use crate::embedded::discovery::ResourceTable;
 use crate::embedded::passes::{self, Controller};
 use crate::embedded::store::{GroupResource, ObjectKey, Store, StoreEvent};
-use crate::embedded::verbs::{self, DeleteOptions};
+use crate::embedded::verb_options::DeleteOptions;
+use crate::embedded::verbs;
 
 pub const TOKEN_SECRET_TYPE: &str = "kubernetes.io/service-account-token";
 pub const SERVICE_ACCOUNT_NAME: &str = "kubernetes.io/service-account.name";

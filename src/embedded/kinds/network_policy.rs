@@ -5,8 +5,8 @@
 use serde_json::{Value, json};
 
 use super::{items, not_supported};
+use crate::embedded::name_rules::{is_dns1123_label, validate_labels};
 use crate::embedded::status::Cause;
-use crate::embedded::validation::{is_dns1123_label, validate_labels};
 
 const POLICY_TYPES: &[&str] = &["Ingress", "Egress"];
 const PROTOCOLS: &[&str] = &["TCP", "UDP", "SCTP"];

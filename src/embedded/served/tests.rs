@@ -1,4 +1,4 @@
-//! Served bytes against the copies they replace: [`verbs::present`]'s value, written out by
+//! Served bytes against the copies they replace: [`present`]'s value, written out by
 //! `serde_json`, as every get, list and watch event was answered before objects were shared.
 
 use std::sync::Arc;
@@ -37,7 +37,7 @@ fn widgets() -> ResourceInfo {
 
 /// What a get or a create answered before: the presented copy, written out.
 fn copied(info: &ResourceInfo, stored: &Value) -> String {
-    verbs::present(info, stored.clone()).to_string()
+    present(info, stored.clone()).to_string()
 }
 
 fn served(info: &ResourceInfo, stored: &Value) -> String {
@@ -115,6 +115,6 @@ fn a_watch_line_is_the_copied_event_byte_for_byte() {
         object: Served::new(&info, Arc::new(pod())),
     };
     // `type` first, as kube-apiserver writes it.
-    let copied = format!("{{\"type\":\"MODIFIED\",\"object\":{}}}", verbs::present(&info, pod()));
+    let copied = format!("{{\"type\":\"MODIFIED\",\"object\":{}}}", present(&info, pod()));
     assert_eq!(serde_json::to_string(&line).unwrap(), copied);
 }
