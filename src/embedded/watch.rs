@@ -201,7 +201,16 @@ impl Watcher {
             (EventType::Modified, true, true) => EventType::Modified,
             // Entering or leaving the selection looks like creation or deletion to this watcher.
             (EventType::Modified, false, true) => EventType::Added,
-            (EventType::Modified, true, false) => EventType::Deleted,
+            // kube-apiserver's watch cache sends the object as it was while selected, at the
+            // event's resourceVersion: what the watcher last saw of it, not the new content.
+            (EventType::Modified, true, false) => {
+                let Some(previous) = event.previous.as_deref() else {
+                    return true;
+                };
+                let mut left = previous.clone();
+                left["metadata"]["resourceVersion"] = Value::from(event.resource_version.to_string());
+                return self.send(EventType::Deleted.as_str(), Arc::new(left)).await;
+            }
             _ => return true,
         };
         self.send(shown.as_str(), event.object.clone()).await

@@ -84,14 +84,25 @@ async fn object_leaving_a_label_selector_arrives_as_deleted_and_reentering_as_ad
     api.create(&PostParams::default(), &configmap("c", json!({"sel": "1"})))
         .await
         .unwrap();
+    let mut versions = Vec::new();
     for value in ["2", "1"] {
         let relabel = Patch::Merge(json!({"metadata": {"labels": {"sel": value}}}));
-        api.patch("c", &PatchParams::default(), &relabel).await.unwrap();
+        let patched = api.patch("c", &PatchParams::default(), &relabel).await.unwrap();
+        versions.push(resource_version(&patched));
     }
     let params = WatchParams::default().disable_bookmarks().labels("sel=1").timeout(1);
     let stream = api.watch(&params, &resource_version(&start)).await.unwrap();
-    let events: Vec<String> = stream.map_ok(|e| summary(&e).0).try_collect().await.unwrap();
-    assert_eq!(events, vec!["ADDED", "DELETED", "ADDED"]);
+    let events: Vec<WatchEvent<ConfigMap>> = stream.try_collect().await.unwrap();
+    let kinds: Vec<String> = events.iter().map(|e| summary(e).0).collect();
+    assert_eq!(kinds, vec!["ADDED", "DELETED", "ADDED"]);
+    // As kube-apiserver's watch cache sends it: the object as it was while selected, at the
+    // resourceVersion of the change that took it out.
+    let WatchEvent::Deleted(left) = &events[1] else {
+        unreachable!()
+    };
+    let labels = left.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("sel").map(String::as_str), Some("1"), "{left:?}");
+    assert_eq!(left.metadata.resource_version.as_ref(), Some(&versions[0]));
 }
 
 #[tokio::test]
