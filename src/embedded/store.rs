@@ -363,13 +363,14 @@ impl Store {
         mut last: Value,
         current: Option<Arc<Value>>,
     ) -> Arc<Value> {
+        // Stamped before any map changes: the maps, the counter and the event change together.
+        inner.resource_version += 1;
+        last["metadata"]["resourceVersion"] = Value::String(inner.resource_version.to_string());
+        let last = Arc::new(last);
         inner
             .indexes
             .replace(&location(resource, &key), current.as_deref(), None);
         inner.objects.entry(resource.clone()).or_default().remove(&key);
-        inner.resource_version += 1;
-        last["metadata"]["resourceVersion"] = Value::String(inner.resource_version.to_string());
-        let last = Arc::new(last);
         self.publish(inner, EventType::Deleted, resource, last.clone(), None);
         last
     }
