@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::crd::{CLEANUP_FINALIZER, is_crd};
 use super::discovery::{ResourceTable, Resources, crd_resource, crd_resources};
 use super::object_meta::meta_str;
-use super::passes::Controller;
+use super::passes::{Controller, settled};
 use super::store::{EventType, Store, StoreEvent};
 use super::validation::finalizers;
 use super::verb_options::DeleteOptions;
@@ -51,44 +51,45 @@ impl Controller for CleanupController {
 
     fn pass(&mut self, keys: BTreeSet<String>) -> BTreeSet<String> {
         let resources = self.resources.current();
-        for name in keys {
-            finish_terminating_crd(&self.store, &resources, &name);
-        }
-        BTreeSet::new()
+        keys.into_iter()
+            .filter(|name| !finish_terminating_crd(&self.store, &resources, name))
+            .collect()
     }
 }
 
-/// A terminating CRD has its objects deleted, then loses the cleanup finalizer once none is left.
-pub fn finish_terminating_crd(store: &Store, resources: &Resources, name: &str) {
+/// A terminating CRD has its objects deleted, then loses the cleanup finalizer once none is left;
+/// false when a write failed (other than on an object gone meanwhile), for the loop to look again.
+pub fn finish_terminating_crd(store: &Store, resources: &Resources, name: &str) -> bool {
     let Some(crd_info) = resources.all.iter().find(|r| is_crd(r)) else {
-        return;
+        return true;
     };
     let Some(crd) = store.get_shared(&crd_resource(), "", name) else {
-        return;
+        return true;
     };
     let held = finalizers(&crd).iter().any(|f| f == CLEANUP_FINALIZER);
     if !crd["metadata"]["deletionTimestamp"].is_string() || !held {
-        return;
+        return true;
     }
     let Some(info) = crd_resources(&crd).into_iter().next() else {
-        return;
+        return true;
     };
     let objects = store.list_shared(&info.storage_key(), None).0;
     if objects.is_empty() {
-        let _ = verbs::remove_finalizer(store, crd_info, "", name, CLEANUP_FINALIZER);
-        return;
+        return settled(verbs::remove_finalizer(store, crd_info, "", name, CLEANUP_FINALIZER));
     }
     let background = DeleteOptions {
         propagation_policy: Some("Background".into()),
         ..Default::default()
     };
+    let mut all_settled = true;
     for object in objects
         .iter()
         .filter(|o| !o["metadata"]["deletionTimestamp"].is_string())
     {
         let ns = meta_str(object, "namespace").unwrap_or("");
         let name = meta_str(object, "name").unwrap_or("");
-        // Gone meanwhile or held by finalizers: the next pass looks again.
-        let _ = verbs::delete(store, &info, ns, name, &background);
+        // Held by finalizers: their removal's events bring the CRD back.
+        all_settled &= settled(verbs::delete(store, &info, ns, name, &background));
     }
+    all_settled
 }

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::discovery::{ResourceInfo, ResourceTable, Resources};
-use super::passes::Controller;
+use super::passes::{Controller, settled};
 use super::store::{EventType, Location, Store, StoreEvent, Write, owner_uids};
 use super::validation::finalizers;
 use super::verb_options::DeleteOptions;
@@ -113,10 +113,13 @@ impl Controller for GarbageCollector {
             store: &self.store,
             resources: &resources,
         };
+        let mut retries = BTreeSet::new();
         for location in self.locate(keys) {
-            gc.judge(&location);
+            if !gc.judge(&location) {
+                retries.insert(Key::Object(location));
+            }
         }
-        BTreeSet::new()
+        retries
     }
 }
 
@@ -127,39 +130,47 @@ struct Collector<'a> {
 }
 
 impl Collector<'_> {
-    /// Deletes the object if its owners are all gone, or works on its deletion's finalizers.
-    /// Errors (an object changed or vanished meanwhile) are settled by a later pass, which the
-    /// resulting events call for.
-    fn judge(&self, location: &Location) {
+    /// Deletes the object if its owners are all gone, or works on its deletion's finalizers;
+    /// false when a write failed (other than on an object gone meanwhile): the object is looked at
+    /// again after the retry delay, though no event may name it.
+    fn judge(&self, location: &Location) -> bool {
         let Some(object) = self
             .store
             .get_shared(&location.resource, &location.namespace, &location.name)
         else {
-            return;
+            return true;
         };
         let owners = owner_uids(&object);
         let orphaned = !owners.is_empty() && owners.iter().all(|uid| !self.store.has_uid(uid));
         if orphaned && !is_deleting(&object) {
-            self.delete(location, "Background");
-            return;
+            return self.delete(location, "Background");
         }
         if !is_deleting(&object) {
-            return;
+            return true;
         }
         let mine = self.store.dependents(uid(&object), None);
         let held_by = finalizers(&object);
         if held_by.iter().any(|f| f == ORPHAN_FINALIZER) {
-            mine.iter()
-                .for_each(|(dependent, _)| drop_owner_reference(self.store, dependent, uid(&object)));
-            self.remove_finalizer(location, ORPHAN_FINALIZER);
+            let dropped = mine
+                .iter()
+                .map(|(dependent, _)| drop_owner_reference(self.store, dependent, uid(&object)))
+                .filter(|done| !done)
+                .count()
+                == 0;
+            dropped && self.remove_finalizer(location, ORPHAN_FINALIZER)
         } else if held_by.iter().any(|f| f == FOREGROUND_FINALIZER) {
             // Dependents go in the foreground too; the owner waits only for those that block it.
-            mine.iter()
+            let deleted = mine
+                .iter()
                 .filter(|(_, dependent)| !is_deleting(dependent))
-                .for_each(|(dependent, _)| self.delete(dependent, "Foreground"));
-            if !mine.iter().any(|(_, dependent)| blocks(dependent, uid(&object))) {
-                self.remove_finalizer(location, FOREGROUND_FINALIZER);
-            }
+                .map(|(dependent, _)| self.delete(dependent, "Foreground"))
+                .filter(|done| !done)
+                .count()
+                == 0;
+            let unblocked = !mine.iter().any(|(_, dependent)| blocks(dependent, uid(&object)));
+            deleted && (!unblocked || self.remove_finalizer(location, FOREGROUND_FINALIZER))
+        } else {
+            true
         }
     }
 
@@ -167,23 +178,35 @@ impl Collector<'_> {
         self.resources.all.iter().find(|r| r.storage_key() == location.resource)
     }
 
-    fn delete(&self, location: &Location, propagation: &str) {
+    fn delete(&self, location: &Location, propagation: &str) -> bool {
         let Some(info) = self.info(location) else {
-            return;
+            return true;
         };
         let options = DeleteOptions {
             propagation_policy: Some(propagation.into()),
             ..Default::default()
         };
-        // Gone meanwhile or held by finalizers: a later pass sees it.
-        let _ = verbs::delete(self.store, info, &location.namespace, &location.name, &options);
+        // Held by finalizers: its events bring it back.
+        settled(verbs::delete(
+            self.store,
+            info,
+            &location.namespace,
+            &location.name,
+            &options,
+        ))
     }
 
-    fn remove_finalizer(&self, location: &Location, finalizer: &str) {
+    fn remove_finalizer(&self, location: &Location, finalizer: &str) -> bool {
         let Some(info) = self.info(location) else {
-            return;
+            return true;
         };
-        let _ = verbs::remove_finalizer(self.store, info, &location.namespace, &location.name, finalizer);
+        settled(verbs::remove_finalizer(
+            self.store,
+            info,
+            &location.namespace,
+            &location.name,
+            finalizer,
+        ))
     }
 }
 
@@ -195,8 +218,8 @@ fn blocks(object: &Value, owner_uid: &str) -> bool {
     })
 }
 
-fn drop_owner_reference(store: &Store, dependent: &Location, owner_uid: &str) {
-    let _ = store.write(&dependent.resource, &dependent.namespace, &dependent.name, |current| {
+fn drop_owner_reference(store: &Store, dependent: &Location, owner_uid: &str) -> bool {
+    let written = store.write(&dependent.resource, &dependent.namespace, &dependent.name, |current| {
         let Some(current) = current else {
             return Ok(Write::Keep);
         };
@@ -223,6 +246,7 @@ fn drop_owner_reference(store: &Store, dependent: &Location, owner_uid: &str) {
             Write::Put(updated)
         })
     });
+    settled(written)
 }
 
 #[cfg(test)]

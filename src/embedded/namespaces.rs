@@ -10,7 +10,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::discovery::{ResourceTable, Resources};
-use super::passes::Controller;
+use super::passes::{Controller, settled};
 use super::store::{EventType, GroupResource, Store, StoreEvent, Write};
 use super::verb_options::DeleteOptions;
 use super::verbs;
@@ -62,50 +62,53 @@ impl Controller for NamespaceController {
 
     fn pass(&mut self, keys: BTreeSet<String>) -> BTreeSet<String> {
         let resources = self.resources.current();
-        for namespace in keys {
-            finish_terminating_namespace(&self.store, &resources, &namespace);
-        }
-        BTreeSet::new()
+        keys.into_iter()
+            .filter(|namespace| !finish_terminating_namespace(&self.store, &resources, namespace))
+            .collect()
     }
 }
 
-/// Deletes a terminating namespace's contents, or finalizes it once they are gone.
-pub fn finish_terminating_namespace(store: &Store, resources: &Resources, namespace: &str) {
+/// Deletes a terminating namespace's contents, or finalizes it once they are gone; false when a
+/// write failed (other than on an object gone meanwhile), for the loop to look again.
+pub fn finish_terminating_namespace(store: &Store, resources: &Resources, namespace: &str) -> bool {
     let terminating = store
         .get_shared(&namespaces(), "", namespace)
         .is_some_and(|ns| is_deleting(&ns));
     if !terminating {
-        return;
+        return true;
     }
     if store.namespace_is_empty(namespace) {
-        finalize(store, namespace);
+        finalize(store, namespace)
     } else {
-        delete_contents(store, resources, namespace);
+        delete_contents(store, resources, namespace)
     }
 }
 
-fn delete_contents(store: &Store, resources: &Resources, namespace: &str) {
+fn delete_contents(store: &Store, resources: &Resources, namespace: &str) -> bool {
+    let mut all_settled = true;
     for (resource, name) in store.resources_in_namespace(namespace) {
         let info = resources.all.iter().find(|r| r.storage_key() == resource);
         let Some(info) = info else {
             // Objects of a resource nobody serves any more (CRD gone): drop them directly.
-            let _ = store.write(&resource, namespace, &name, |cur| {
+            let dropped = store.write(&resource, namespace, &name, |cur| {
                 Ok(Write::Remove(cur.cloned().unwrap_or_default()))
             });
+            all_settled &= settled(dropped);
             continue;
         };
-        // Gone already or held by finalizers: both settle on a later pass.
+        // Held by finalizers: their removal's events bring the namespace back.
         let background = DeleteOptions {
             propagation_policy: Some("Background".into()),
             ..Default::default()
         };
-        let _ = verbs::delete(store, info, namespace, &name, &background);
+        all_settled &= settled(verbs::delete(store, info, namespace, &name, &background));
     }
+    all_settled
 }
 
 /// Clears `spec.finalizers`; with no `metadata.finalizers` left the namespace is removed.
-fn finalize(store: &Store, namespace: &str) {
-    let _ = store.write(&namespaces(), "", namespace, |current| {
+fn finalize(store: &Store, namespace: &str) -> bool {
+    let written = store.write(&namespaces(), "", namespace, |current| {
         let Some(current) = current else {
             return Ok(Write::Keep);
         };
@@ -118,4 +121,5 @@ fn finalize(store: &Store, namespace: &str) {
             true => Write::Put(done),
         })
     });
+    settled(written)
 }

@@ -16,6 +16,7 @@ use std::time::Duration;
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 use tokio_util::sync::CancellationToken;
 
+use super::status::ApiError;
 use super::store::{Store, StoreEvent};
 
 /// One in-process controller, keyed by what it reconciles.
@@ -30,6 +31,14 @@ pub trait Controller: Send {
 
     /// Looks at each key; returns those to look at again without an event.
     fn pass(&mut self, keys: BTreeSet<Self::Key>) -> BTreeSet<Self::Key>;
+}
+
+/// Whether a write is done with: it succeeded, or its object is gone.
+pub(super) fn settled<T>(result: Result<T, ApiError>) -> bool {
+    match result {
+        Ok(_) => true,
+        Err(err) => err.code == 404,
+    }
 }
 
 /// Runs `controller` until shutdown.
