@@ -187,22 +187,14 @@ async fn report(
     snapshot: &Snapshot<'_>,
     assets: &Api<BareMetalAsset>,
 ) -> Result<Action, AssetError> {
-    let ns = asset.namespace().unwrap_or_default();
-    let secrets = Api::<Secret>::namespaced(ctx.tenant.client.clone(), &ns);
-    let secret_name = &asset.spec.bmc.credentials_name;
-    let secret = secrets.get_opt(secret_name).await?;
-    let credentials = plan::credentials(secret.as_ref(), secret_name, &ns);
-    let mut requeue = (!credentials.ok).then(|| credentials_recheck(&ctx.tenant));
-    if let Some(secret) = &secret
-        && let Some(owner) = plan::secret_owner(asset, secret)
-    {
-        own_secret(secret, owner, &secrets).await?;
-    }
-    let host = match plan::delivery(snapshot, credentials.ok) {
+    let credentials = observe_credentials(asset, ctx).await?;
+    adopt_credentials(asset, &credentials).await?;
+    let mut requeue = (!credentials.verdict.ok).then(|| credentials_recheck(&ctx.tenant));
+    let host = match plan::delivery(snapshot, credentials.verdict.ok) {
         Delivery::NoCluster => None,
         Delivery::Held(host) => Some(host),
         Delivery::Record(patch) => return patch_metadata(assets, asset, &patch).await,
-        Delivery::Deliver { cluster, cd } => match deliver(asset, ctx, cd, cluster, secret.as_ref()) {
+        Delivery::Deliver { cluster, cd } => match deliver(asset, ctx, cd, cluster, credentials.secret.as_ref()) {
             None => return Ok(Action::await_change()),
             Some((host, after)) => {
                 requeue = Some(after);
@@ -211,23 +203,70 @@ async fn report(
         },
     };
     let report = status::Report {
-        credentials,
-        secret_exists: secret.is_some(),
+        secret_exists: credentials.secret.is_some(),
+        credentials: credentials.verdict,
         cluster: plan::cluster_found(snapshot),
         host,
     };
-    let (status, notes) = status::build(asset, report, Time(Timestamp::now()));
-    if status != asset.status.clone().unwrap_or_default() {
-        match apply_status(assets, asset, FIELD_MANAGER, &status, None).await {
-            Ok(_) => {}
-            Err(err) if is_not_found(&err) => return Ok(Action::await_change()),
-            Err(err) => return Err(err.into()),
-        }
-        for note in notes {
-            publish(&ctx.tenant, asset, note.warning, note.reason, note.message).await;
-        }
+    if !write_report(asset, ctx, report, assets).await? {
+        return Ok(Action::await_change());
     }
     Ok(requeue.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// The asset's BMC credentials Secret as the tenant holds it, and what it is worth.
+struct Credentials {
+    secret: Option<Secret>,
+    verdict: plan::Verdict,
+    secrets: Api<Secret>,
+}
+
+/// Reads the credentials Secret (tenant Secrets are not cached: there are too many).
+async fn observe_credentials(asset: &BareMetalAsset, ctx: &Ctx) -> Result<Credentials, AssetError> {
+    let namespace = asset.namespace().unwrap_or_default();
+    let secrets = Api::<Secret>::namespaced(ctx.tenant.client.clone(), &namespace);
+    let name = &asset.spec.bmc.credentials_name;
+    let secret = secrets.get_opt(name).await?;
+    let verdict = plan::credentials(secret.as_ref(), name, &namespace);
+    Ok(Credentials {
+        secret,
+        verdict,
+        secrets,
+    })
+}
+
+/// Makes the asset the credentials Secret's owner when the plan says so.
+async fn adopt_credentials(asset: &BareMetalAsset, credentials: &Credentials) -> Result<(), AssetError> {
+    let Some(secret) = &credentials.secret else {
+        return Ok(());
+    };
+    match plan::secret_owner(asset, secret) {
+        Some(owner) => own_secret(secret, owner, &credentials.secrets).await,
+        None => Ok(()),
+    }
+}
+
+/// Writes the status `report` makes, when it changed, and then its Events; false when the asset
+/// is gone.
+async fn write_report(
+    asset: &BareMetalAsset,
+    ctx: &Ctx,
+    report: status::Report,
+    assets: &Api<BareMetalAsset>,
+) -> Result<bool, AssetError> {
+    let (status, notes) = status::build(asset, report, Time(Timestamp::now()));
+    if status == asset.status.clone().unwrap_or_default() {
+        return Ok(true);
+    }
+    match apply_status(assets, asset, FIELD_MANAGER, &status, None).await {
+        Ok(_) => {}
+        Err(err) if is_not_found(&err) => return Ok(false),
+        Err(err) => return Err(err.into()),
+    }
+    for note in notes {
+        publish(&ctx.tenant, asset, note.warning, note.reason, note.message).await;
+    }
+    Ok(true)
 }
 
 /// The delivery of the host to the installed cluster: what to report and when to look again once
