@@ -72,7 +72,7 @@ async fn create<K>(api: &Api<K>, object: Value) -> Result<(), kube::Error>
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
 {
-    let object: K = serde_json::from_value(object).expect("a valid object");
+    let object: K = serde_json::from_value(object).map_err(kube::Error::SerdeError)?;
     match api.create(&PostParams::default(), &object).await {
         Ok(_) => Ok(()),
         Err(err) if is_conflict(&err) => Ok(()),

@@ -84,7 +84,7 @@ impl LeaderElected {
         lease_seconds: u64,
     ) -> Result<LeaderElected, BenchError> {
         let namespace: Namespace =
-            serde_json::from_value(json!({"metadata": {"name": LEASE_NAMESPACE}})).expect("a valid Namespace");
+            serde_json::from_value(json!({"metadata": {"name": LEASE_NAMESPACE}})).map_err(kube::Error::SerdeError)?;
         match Api::<Namespace>::all(host.clone())
             .create(&PostParams::default(), &namespace)
             .await
