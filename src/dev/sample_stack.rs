@@ -15,7 +15,7 @@ use crate::runtime::api_errors::is_conflict;
 const SAMPLE_INSTALL: &str = include_str!("../../examples/stacks/stackinstall.yaml");
 
 /// Creates the sample install (with its namespace and pull secret) and prints its progress.
-pub async fn run(tenant: String, client: Client, shutdown: CancellationToken) {
+pub(super) async fn run(tenant: String, client: Client, shutdown: CancellationToken) {
     let install: StackInstall = match serde_saphyr::from_str(SAMPLE_INSTALL) {
         Ok(install) => install,
         Err(err) => {
