@@ -421,7 +421,12 @@ where
     let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_runtime=warn,kube_client=warn"));
     for directive in QUIET_KUBE_CLIENT {
-        filter = filter.add_directive(directive.parse().expect("static directive"));
+        #[allow(
+            clippy::expect_used,
+            reason = "constant directives, parsed at every daemon start and so by every integration test"
+        )]
+        let directive = directive.parse().expect("static directive");
+        filter = filter.add_directive(directive);
     }
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
     // Colours where the default puts them (a terminal, unless NO_COLOR), never into a file.

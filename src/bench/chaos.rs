@@ -711,7 +711,8 @@ async fn delete_after_takeover(
 }
 
 async fn create_install(client: &Client, namespace: &str) -> Result<(), kube::Error> {
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}})).expect("a valid Namespace");
+    let ns: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": namespace}})).map_err(kube::Error::SerdeError)?;
     match Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &ns)
         .await
@@ -724,7 +725,7 @@ async fn create_install(client: &Client, namespace: &str) -> Result<(), kube::Er
         "metadata": {"name": "sample", "namespace": namespace},
         "spec": {"package": "stackd-examples/sample-stack:v0.1.0"},
     }))
-    .expect("a valid StackInstall");
+    .map_err(kube::Error::SerdeError)?;
     let installs = Api::<StackInstall>::namespaced(client.clone(), namespace);
     match installs.create(&PostParams::default(), &install).await {
         Ok(_) => Ok(()),

@@ -30,7 +30,7 @@ pub struct CostFigures {
 }
 
 /// The counters at one moment.
-pub struct Snapshot {
+pub(super) struct Snapshot {
     at: Instant,
     daemon_cpu_s: f64,
     own_cpu_s: f64,
@@ -39,7 +39,7 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    pub async fn take(daemon: &DaemonProcess) -> Snapshot {
+    pub(super) async fn take(daemon: &DaemonProcess) -> Snapshot {
         let metrics = daemon.metrics().await;
         Snapshot {
             at: Instant::now(),
@@ -50,7 +50,7 @@ impl Snapshot {
     }
 
     /// What happened since `before`, per install of `installs`.
-    pub fn since(&self, before: &Snapshot, installs: usize) -> CostFigures {
+    pub(super) fn since(&self, before: &Snapshot, installs: usize) -> CostFigures {
         let per_install = |value: f64| value / installs.max(1) as f64;
         let (daemon, own) = (
             self.daemon_cpu_s - before.daemon_cpu_s,

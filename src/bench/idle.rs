@@ -44,7 +44,7 @@ pub struct RequestRates {
     pub other: f64,
 }
 
-pub async fn measure(tenants: usize, window: Duration) -> Result<IdleFigures, BenchError> {
+pub(super) async fn measure(tenants: usize, window: Duration) -> Result<IdleFigures, BenchError> {
     let fleet = Fleet::start(tenants).await?;
     let started = Instant::now();
     let daemon = fleet.daemon(&[])?;

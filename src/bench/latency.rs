@@ -18,7 +18,7 @@ pub struct LatencyFloor {
 }
 
 /// Times `samples` sequential GETs of a namespace.
-pub async fn measure(samples: usize) -> Result<LatencyFloor, BenchError> {
+pub(super) async fn measure(samples: usize) -> Result<LatencyFloor, BenchError> {
     let server = ApiServer::start(ServerOptions {
         name: "latency".into(),
         ..Default::default()
@@ -41,7 +41,7 @@ pub async fn measure(samples: usize) -> Result<LatencyFloor, BenchError> {
 }
 
 /// The `q` quantile (nearest rank) of `values`.
-pub fn percentile(values: &mut [f64], q: f64) -> f64 {
+pub(super) fn percentile(values: &mut [f64], q: f64) -> f64 {
     if values.is_empty() {
         return 0.0;
     }

@@ -12,15 +12,15 @@ use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{ClusterDeployment, ClusterPool};
 use crate::runtime::api_errors::is_conflict;
 
-pub const NAMESPACE: &str = "chaos-metal";
-pub const POOL: &str = "metal";
+pub(super) const NAMESPACE: &str = "chaos-metal";
+pub(super) const POOL: &str = "metal";
 /// Clusters in the pool; each takes one control-plane host.
-pub const SIZE: i32 = 2;
+pub(super) const SIZE: i32 = 2;
 /// Assets in the inventory: one spare.
 const ASSETS: usize = 3;
 
 /// Creates the namespace, Secrets, assets and the pool (existing ones are kept).
-pub async fn install(tenant: &Client) -> Result<(), kube::Error> {
+pub(super) async fn install(tenant: &Client) -> Result<(), kube::Error> {
     create(
         &Api::<Namespace>::all(tenant.clone()),
         json!({"metadata": {"name": NAMESPACE}}),
@@ -72,7 +72,7 @@ async fn create<K>(api: &Api<K>, object: Value) -> Result<(), kube::Error>
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
 {
-    let object: K = serde_json::from_value(object).expect("a valid object");
+    let object: K = serde_json::from_value(object).map_err(kube::Error::SerdeError)?;
     match api.create(&PostParams::default(), &object).await {
         Ok(_) => Ok(()),
         Err(err) if is_conflict(&err) => Ok(()),
@@ -81,7 +81,7 @@ where
 }
 
 /// Assets listed as a host by more than one live cluster right now.
-pub async fn double_assignments(tenant: &Client) -> Result<u64, kube::Error> {
+pub(super) async fn double_assignments(tenant: &Client) -> Result<u64, kube::Error> {
     let cds: Api<ClusterDeployment> = Api::all(tenant.clone());
     let mut by_asset: BTreeMap<String, usize> = BTreeMap::new();
     for cd in cds.list(&ListParams::default()).await?.items {
@@ -96,7 +96,7 @@ pub async fn double_assignments(tenant: &Client) -> Result<u64, kube::Error> {
 }
 
 /// Whether the baremetal pool is full.
-pub async fn filled(tenant: &Client) -> bool {
+pub(super) async fn filled(tenant: &Client) -> bool {
     let pools: Api<ClusterPool> = Api::namespaced(tenant.clone(), NAMESPACE);
     pools
         .get_opt(POOL)

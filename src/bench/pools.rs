@@ -29,7 +29,7 @@ pub struct PoolFigures {
     pub double_leases: u64,
 }
 
-pub async fn measure(size: usize) -> Result<PoolFigures, BenchError> {
+pub(super) async fn measure(size: usize) -> Result<PoolFigures, BenchError> {
     let fleet = Fleet::start(1).await?;
     let tenant = fleet.tenants[0].1.client().await;
     let names: Vec<String> = (0..size).map(|i| format!("cdc-{i:03}")).collect();
@@ -87,7 +87,7 @@ pub async fn measure(size: usize) -> Result<PoolFigures, BenchError> {
 }
 
 /// Customizations backing more than one live cluster right now.
-pub async fn count_double_leases(cds: &Api<ClusterDeployment>) -> Result<u64, kube::Error> {
+pub(super) async fn count_double_leases(cds: &Api<ClusterDeployment>) -> Result<u64, kube::Error> {
     let mut by_cdc: BTreeMap<String, usize> = BTreeMap::new();
     for cd in cds.list(&ListParams::default()).await?.items {
         if cd.metadata.deletion_timestamp.is_some() {

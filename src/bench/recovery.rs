@@ -47,7 +47,7 @@ pub struct RecoveryFigures {
     pub baseline_breakdown: LatencyBreakdown,
 }
 
-pub async fn measure(restarts: usize) -> Result<RecoveryFigures, BenchError> {
+pub(super) async fn measure(restarts: usize) -> Result<RecoveryFigures, BenchError> {
     let fleet = Fleet::start(1).await?;
     let daemon = fleet.daemon(&[])?;
     daemon.wait_tenants_up(1, Duration::from_secs(60)).await?;

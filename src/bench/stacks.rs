@@ -30,7 +30,7 @@ use crate::runtime::conditions::is_true;
 /// the pod's log, the Deployment, the token Secret and the completed Job's deletion (it would hold
 /// the tenant's Job quota). Everything else is read from watches, so no other GET is needed.
 /// (18 until issue 20: the Stack's finalizer was a patch of its own; 17 until issue 28.)
-pub const MINIMUM_REQUESTS_PER_INSTALL: f64 = 19.0;
+pub(super) const MINIMUM_REQUESTS_PER_INSTALL: f64 = 19.0;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StackFigures {
@@ -58,7 +58,7 @@ pub struct StackFigures {
     pub cost: CostFigures,
 }
 
-pub async fn measure(
+pub(super) async fn measure(
     tenants: usize,
     per_tenant: usize,
     floor: &LatencyFloor,

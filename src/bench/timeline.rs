@@ -110,14 +110,14 @@ impl Stamps {
 }
 
 /// Records milestones from the host's and the tenants' stores until dropped.
-pub struct Recorder {
+pub(super) struct Recorder {
     stamps: Arc<Mutex<Stamps>>,
     missed: Arc<AtomicU64>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Recorder {
-    pub fn start(host: &ApiServer, tenants: &[(String, ApiServer)]) -> Recorder {
+    pub(super) fn start(host: &ApiServer, tenants: &[(String, ApiServer)]) -> Recorder {
         let stamps = Arc::new(Mutex::new(Stamps::default()));
         let missed = Arc::new(AtomicU64::new(0));
         let mut tasks = vec![spawn_listener(host, None, stamps.clone(), missed.clone())];
@@ -132,12 +132,12 @@ impl Recorder {
         Recorder { stamps, missed, tasks }
     }
 
-    pub fn breakdown(&self) -> LatencyBreakdown {
+    pub(super) fn breakdown(&self) -> LatencyBreakdown {
         self.breakdown_of(|_| true)
     }
 
     /// The breakdown of the installs whose namespace `namespace` accepts.
-    pub fn breakdown_of(&self, namespace: impl Fn(&str) -> bool) -> LatencyBreakdown {
+    pub(super) fn breakdown_of(&self, namespace: impl Fn(&str) -> bool) -> LatencyBreakdown {
         let stamps = self.stamps.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut phases: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
         let (mut daemon, mut embedded) = (Vec::new(), Vec::new());

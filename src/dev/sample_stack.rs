@@ -15,12 +15,18 @@ use crate::runtime::api_errors::is_conflict;
 const SAMPLE_INSTALL: &str = include_str!("../../examples/stacks/stackinstall.yaml");
 
 /// Creates the sample install (with its namespace and pull secret) and prints its progress.
-pub async fn run(tenant: String, client: Client, shutdown: CancellationToken) {
-    if let Err(err) = create(&client).await {
+pub(super) async fn run(tenant: String, client: Client, shutdown: CancellationToken) {
+    let install: StackInstall = match serde_saphyr::from_str(SAMPLE_INSTALL) {
+        Ok(install) => install,
+        Err(err) => {
+            println!("  [{tenant}] cannot read the sample StackInstall: {err}");
+            return;
+        }
+    };
+    if let Err(err) = create(&client, &install).await {
         println!("  [{tenant}] cannot create the sample StackInstall: {err}");
         return;
     }
-    let install: StackInstall = serde_saphyr::from_str(SAMPLE_INSTALL).expect("the sample install parses");
     let namespace = install.namespace().unwrap_or_default();
     println!(
         "  [{tenant}] created StackInstall {namespace}/{} ({})",
@@ -71,8 +77,7 @@ fn conditions_of(conditions: Option<Vec<k8s_openapi::apimachinery::pkg::apis::me
         .collect()
 }
 
-async fn create(client: &Client) -> Result<(), kube::Error> {
-    let install: StackInstall = serde_saphyr::from_str(SAMPLE_INSTALL).expect("the sample install parses");
+async fn create(client: &Client, install: &StackInstall) -> Result<(), kube::Error> {
     let namespace = install.namespace().unwrap_or_default();
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let mut ns = Namespace::default();
@@ -86,11 +91,11 @@ async fn create(client: &Client) -> Result<(), kube::Error> {
             "type": "kubernetes.io/dockerconfigjson",
             "stringData": {".dockerconfigjson": "{\"auths\":{\"registry.example.com\":{\"auth\":\"ZGV2OmRldg==\"}}}"}
         }))
-        .expect("a valid Secret");
+        .map_err(kube::Error::SerdeError)?;
         ignore_exists(secrets.create(&PostParams::default(), &secret).await)?;
     }
     let installs: Api<StackInstall> = Api::namespaced(client.clone(), &namespace);
-    ignore_exists(installs.create(&PostParams::default(), &install).await)
+    ignore_exists(installs.create(&PostParams::default(), install).await)
 }
 
 fn ignore_exists<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {

@@ -16,7 +16,7 @@ use super::verb_options::{Recording, Subresource, WriteOptions};
 use super::verbs;
 
 /// What an apply request asks for.
-pub struct ApplyRequest<'a> {
+pub(super) struct ApplyRequest<'a> {
     pub manager: &'a str,
     pub force: bool,
     pub body: &'a [u8],
@@ -55,7 +55,7 @@ fn apply_error(info: &ResourceInfo, name: &str, error: ApplyError) -> ApiError {
 }
 
 /// Server-side apply of one object; `Ok((object, true))` when the apply created it.
-pub fn server_side_apply<'a>(
+pub(super) fn server_side_apply<'a>(
     store: &Store,
     info: &'a ResourceInfo,
     namespace: &str,

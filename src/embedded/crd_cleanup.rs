@@ -59,7 +59,7 @@ impl Controller for CleanupController {
 
 /// A terminating CRD has its objects deleted, then loses the cleanup finalizer once none is left;
 /// false when a write failed (other than on an object gone meanwhile), for the loop to look again.
-pub fn finish_terminating_crd(store: &Store, resources: &Resources, name: &str) -> bool {
+pub(super) fn finish_terminating_crd(store: &Store, resources: &Resources, name: &str) -> bool {
     let Some(crd_info) = resources.all.iter().find(|r| is_crd(r)) else {
         return true;
     };

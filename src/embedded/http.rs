@@ -34,7 +34,7 @@ const APPLY_PATCH: &str = "application/apply-patch+yaml";
 /// Largest request body accepted: kube-apiserver's limit, so oversized objects fail here too.
 const MAX_BODY: usize = 3 * 1024 * 1024;
 
-pub async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
+pub(super) async fn handle(State(shared): State<Arc<Shared>>, request: Request) -> Response {
     shared.count_request();
     let path = request.uri().path().to_string();
     if matches!(path.as_str(), "/healthz" | "/readyz" | "/livez") {

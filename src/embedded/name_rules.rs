@@ -24,11 +24,11 @@ static DNS1123_SUBDOMAIN: LazyLock<Regex> =
 static DNS1123_LABEL: LazyLock<Regex> = LazyLock::new(|| regex(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"));
 static QUALIFIED_NAME: LazyLock<Regex> = LazyLock::new(|| regex(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$"));
 
-pub fn is_dns1123_subdomain(s: &str) -> bool {
+pub(super) fn is_dns1123_subdomain(s: &str) -> bool {
     s.len() <= 253 && DNS1123_SUBDOMAIN.is_match(s)
 }
 
-pub fn is_dns1123_label(s: &str) -> bool {
+pub(super) fn is_dns1123_label(s: &str) -> bool {
     s.len() <= 63 && DNS1123_LABEL.is_match(s)
 }
 
@@ -112,7 +112,7 @@ fn validate_key(field: &str, key: &str) -> Vec<Cause> {
     causes
 }
 
-pub fn validate_labels(field: &str, labels: &Value) -> Vec<Cause> {
+pub(super) fn validate_labels(field: &str, labels: &Value) -> Vec<Cause> {
     let Some(labels) = labels.as_object() else {
         return Vec::new();
     };

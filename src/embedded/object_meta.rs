@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 /// Now, as Kubernetes writes timestamps.
-pub fn now_timestamp() -> String {
+pub(super) fn now_timestamp() -> String {
     jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 

@@ -9,12 +9,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 
-pub struct ServingCert {
+pub(super) struct ServingCert {
     pub ca_pem: String,
     pub config: Arc<rustls::ServerConfig>,
 }
 
-pub fn generate(name: &str) -> Result<ServingCert, String> {
+pub(super) fn generate(name: &str) -> Result<ServingCert, String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let ca_key = KeyPair::generate().map_err(|e| err(&e))?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(|e| err(&e))?;
@@ -48,7 +48,7 @@ pub fn generate(name: &str) -> Result<ServingCert, String> {
 
 /// A listener that hands axum connections whose TLS handshake completed. Handshakes run
 /// concurrently, each on its own task, so one slow or stalled client never holds up the others.
-pub struct TlsListener {
+pub(super) struct TlsListener {
     address: std::net::SocketAddr,
     ready: tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, std::net::SocketAddr)>,
 }
@@ -58,7 +58,7 @@ const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10
 
 impl TlsListener {
     /// Accepts on `listener` until `stop` fires (which also closes the socket).
-    pub fn new(
+    pub(super) fn new(
         listener: TcpListener,
         acceptor: TlsAcceptor,
         stop: tokio_util::sync::CancellationToken,

@@ -185,14 +185,14 @@ fn host_labels(asset: &BareMetalAsset, cluster: &str) -> BTreeMap<String, String
 }
 
 /// A new BareMetalHost; `online: true` only on create: afterwards the cluster owns the power state.
-fn new_host(asset: &BareMetalAsset, cluster: &str) -> Value {
+fn new_host(asset: &BareMetalAsset, cluster: &str) -> DynamicObject {
     let mut spec = host_spec(asset);
     spec["online"] = json!(true);
-    json!({
-        "apiVersion": "metal3.io/v1alpha1", "kind": "BareMetalHost",
-        "metadata": {"name": asset.name_any(), "namespace": MACHINE_API_NAMESPACE, "labels": host_labels(asset, cluster)},
-        "spec": spec,
-    })
+    let mut host = DynamicObject::new(&asset.name_any(), &bmh_resource())
+        .within(MACHINE_API_NAMESPACE)
+        .data(json!({"spec": spec}));
+    host.metadata.labels = Some(host_labels(asset, cluster));
+    host
 }
 
 /// What an existing BareMetalHost needs to match the asset.
@@ -231,9 +231,8 @@ async fn deliver_host(remote: &Client, asset: &BareMetalAsset, cluster: &str) ->
     let hosts = Api::<DynamicObject>::namespaced_with(remote.clone(), MACHINE_API_NAMESPACE, &bmh_resource());
     let name = asset.name_any();
     let Some(existing) = hosts.get_opt(&name).await.map_err(remote_failure)? else {
-        let object: DynamicObject = serde_json::from_value(new_host(asset, cluster)).expect("static shape");
         hosts
-            .create(&PostParams::default(), &object)
+            .create(&PostParams::default(), &new_host(asset, cluster))
             .await
             .map_err(remote_failure)?;
         return Ok(true);
@@ -312,7 +311,7 @@ mod tests {
 
     /// The host as stackd would create it for `asset`.
     fn delivered(asset: &BareMetalAsset) -> DynamicObject {
-        serde_json::from_value(new_host(asset, "c1")).unwrap()
+        new_host(asset, "c1")
     }
 
     #[test]
@@ -328,7 +327,9 @@ mod tests {
 
     #[test]
     fn a_new_host_is_created_online_with_the_assets_name_labels_and_bmc() {
-        let host = new_host(&asset("00:00:00:00:00:01", Some("dell")), "c1");
+        let host = serde_json::to_value(new_host(&asset("00:00:00:00:00:01", Some("dell")), "c1")).unwrap();
+        assert_eq!(host["apiVersion"], json!("metal3.io/v1alpha1"));
+        assert_eq!(host["kind"], json!("BareMetalHost"));
         assert_eq!(host["metadata"]["name"], json!("host-1"));
         assert_eq!(host["metadata"]["namespace"], json!(MACHINE_API_NAMESPACE));
         assert_eq!(

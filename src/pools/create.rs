@@ -8,9 +8,9 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, ResourceExt};
 use rand::RngExt;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
-use super::failure_domains::{HASH_ANNOTATION, INVALID_KEY, RECORD_KEY, record_hash};
+use super::failure_domains::{HASH_ANNOTATION, INVALID_KEY, RECORD_KEY, record_hash, record_text};
 use super::install_config;
 use super::machines::MachinePlan;
 use super::membership::{POOL_UID_ANNOTATION, PoolIdentity, namespace_markers};
@@ -36,7 +36,7 @@ pub(super) fn cluster_name(pool: &str) -> String {
 
 /// The Secrets every cluster is built from, read from the pool's namespace.
 pub(super) struct Inputs {
-    pub(super) template: Value,
+    pub(super) template: Map<String, Value>,
     pull: Option<Secret>,
     credentials: Option<Secret>,
 }
@@ -286,8 +286,7 @@ pub(super) fn config_data(config: &Value, plan: &MachinePlan) -> BTreeMap<String
     if let Some(invalid) = &plan.invalid {
         data.insert(INVALID_KEY.into(), invalid.clone());
     } else if !plan.records.is_empty() {
-        let record = serde_json::to_string(&plan.records).expect("records serialize");
-        data.insert(RECORD_KEY.into(), record);
+        data.insert(RECORD_KEY.into(), record_text(&plan.records));
     }
     data
 }

@@ -209,10 +209,18 @@ pub(crate) fn control_plane_records(
     Ok(records)
 }
 
+/// The record as JSON text, as kept in the install-config Secret.
+#[allow(
+    clippy::expect_used,
+    reason = "derived Serialize of strings, enums and lists with no map keys cannot fail"
+)]
+pub(crate) fn record_text(records: &[MachineFailureDomain]) -> String {
+    serde_json::to_string(records).expect("records serialize")
+}
+
 /// SHA-256 (hex) of a record, as written in the cluster's annotation.
 pub(crate) fn record_hash(records: &[MachineFailureDomain]) -> String {
-    let text = serde_json::to_string(records).expect("records serialize");
-    hex::encode(Sha256::digest(text.as_bytes()))
+    hex::encode(Sha256::digest(record_text(records).as_bytes()))
 }
 
 /// Writes the machines' domains into an OpenStack install config in openshift-install's shape

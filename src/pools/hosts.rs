@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use tracing::{info, warn};
 
 use super::host_selection::{ASSIGNED_AT_ANNOTATION, ASSIGNED_BY_ANNOTATION, assigned_age, choose, free};
+use super::install_config;
 use super::machines;
 use super::pass::{Ctx, PoolError, Wake};
 use crate::api::inventory::BareMetalAsset;
@@ -118,19 +119,8 @@ pub(crate) async fn render(
         hosts.push(host);
     }
     if let Some(object) = config.as_object_mut() {
-        let platform = object.entry("platform").or_insert_with(|| json!({}));
-        if !platform.is_object() {
-            *platform = json!({});
-        }
-        let baremetal = platform
-            .as_object_mut()
-            .expect("checked above")
-            .entry("baremetal")
-            .or_insert_with(|| json!({}));
-        if !baremetal.is_object() {
-            *baremetal = json!({});
-        }
-        baremetal["hosts"] = json!(hosts);
+        let platform = install_config::mapping_at(object, "platform");
+        install_config::mapping_at(platform, "baremetal").insert("hosts".into(), json!(hosts));
     }
     Ok(())
 }

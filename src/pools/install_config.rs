@@ -18,9 +18,9 @@ pub(crate) struct TemplateError(String);
 /// Parses the template's `install-config.yaml` (empty means "no template"). The template is
 /// tenant-written: the parse is held to a budget (aliases may not expand it far past the size of a
 /// Secret), and the result to the install config's bounds, so every patch starts within them.
-pub(crate) fn parse_template(text: &str) -> Result<Value, TemplateError> {
+pub(crate) fn parse_template(text: &str) -> Result<Map<String, Value>, TemplateError> {
     if text.trim().is_empty() {
-        return Ok(Value::Object(Map::new()));
+        return Ok(Map::new());
     }
     let options = serde_saphyr::options! {
         budget: serde_saphyr::budget! {
@@ -33,8 +33,8 @@ pub(crate) fn parse_template(text: &str) -> Result<Value, TemplateError> {
         .map_err(|e| TemplateError(LocatedParseError::yaml(&e).to_string()))?;
     document_bounds::measure(&value, INSTALL_CONFIG).map_err(|e| TemplateError(format!("{e}")))?;
     match value {
-        Value::Object(_) => Ok(value),
-        Value::Null => Ok(Value::Object(Map::new())),
+        Value::Object(mapping) => Ok(mapping),
+        Value::Null => Ok(Map::new()),
         other => Err(TemplateError(format!("found {}", kind(&other)))),
     }
 }
@@ -51,15 +51,10 @@ fn kind(value: &Value) -> &'static str {
 }
 
 /// The generated install config of cluster `name` before any CDC patch.
-pub(crate) fn generate(template: &Value, pool: &ClusterPoolSpec, name: &str) -> Value {
-    let mut config = template.clone();
-    let object = config.as_object_mut().expect("templates are mappings");
+pub(crate) fn generate(template: &Map<String, Value>, pool: &ClusterPoolSpec, name: &str) -> Value {
+    let mut object = template.clone();
     object.entry("apiVersion").or_insert_with(|| json!("v1"));
-    let metadata = object.entry("metadata").or_insert_with(|| json!({}));
-    if !metadata.is_object() {
-        *metadata = json!({});
-    }
-    metadata["name"] = json!(name);
+    mapping_at(&mut object, "metadata").insert("name".into(), json!(name));
     object.insert("baseDomain".into(), json!(pool.base_domain));
     if let Some(replicas) = pool.control_plane.as_ref().and_then(|c| c.replicas) {
         object.insert("controlPlane".into(), json!({"name": "master", "replicas": replicas}));
@@ -67,25 +62,25 @@ pub(crate) fn generate(template: &Value, pool: &ClusterPoolSpec, name: &str) -> 
     if let Some(replicas) = pool.compute.as_ref().and_then(|c| c.replicas) {
         object.insert("compute".into(), json!([{"name": "worker", "replicas": replicas}]));
     }
-    let platform = object.entry("platform").or_insert_with(|| json!({}));
-    if !platform.is_object() {
-        *platform = json!({});
-    }
+    let platform = mapping_at(&mut object, "platform");
     let (key, fields) = platform_fields(&pool.platform);
     if let Some(key) = key {
-        let target = platform
-            .as_object_mut()
-            .expect("checked above")
-            .entry(key)
-            .or_insert_with(|| json!({}));
-        if !target.is_object() {
-            *target = json!({});
-        }
+        let target = mapping_at(platform, key);
         for (field, value) in fields {
-            target[field] = value;
+            target.insert(field.into(), value);
         }
     }
-    config
+    Value::Object(object)
+}
+
+/// The mapping under `key`, put there empty when the key is missing or holds anything else.
+#[allow(clippy::expect_used, reason = "the entry is made a mapping on the line before")]
+pub(crate) fn mapping_at<'a>(object: &'a mut Map<String, Value>, key: &str) -> &'a mut Map<String, Value> {
+    let entry = object.entry(key).or_insert_with(|| Value::Object(Map::new()));
+    if !entry.is_object() {
+        *entry = Value::Object(Map::new());
+    }
+    entry.as_object_mut().expect("made a mapping above")
 }
 
 /// The install-config fields of the pool's platform (credentials never go here).
@@ -288,7 +283,7 @@ fn string_text(s: &str) -> String {
     if plain {
         s.to_string()
     } else {
-        serde_json::to_string(s).expect("strings serialize")
+        Value::from(s).to_string()
     }
 }
 
@@ -347,7 +342,7 @@ mod tests {
 
     #[test]
     fn patches_apply_in_order() {
-        let mut config = generate(&Value::Object(Map::new()), &pool(), "pool-abcde");
+        let mut config = generate(&Map::new(), &pool(), "pool-abcde");
         apply_patches(
             &mut config,
             &[
@@ -367,7 +362,7 @@ mod tests {
 
     #[test]
     fn broken_patches_say_how_to_fix_them() {
-        let mut config = generate(&Value::Object(Map::new()), &pool(), "x");
+        let mut config = generate(&Map::new(), &pool(), "x");
         let err = apply_patches(&mut config, &[patch(PatchOp::Add, "metadata/name", Some(json!("foo")))]).unwrap_err();
         assert!(err.contains("write \"/metadata/name\""), "{err}");
         let err = apply_patches(&mut config, &[patch(PatchOp::Replace, "/metadata/name", None)]).unwrap_err();
@@ -396,7 +391,7 @@ mod tests {
 
     #[test]
     fn a_patch_that_doubles_the_config_again_and_again_is_refused_at_the_size_bound() {
-        let mut config = generate(&Value::Object(Map::new()), &pool(), "x");
+        let mut config = generate(&Map::new(), &pool(), "x");
         let mut bomb = vec![patch(PatchOp::Add, "/b", Some(json!(["x".repeat(2048)])))];
         bomb.extend((0..30).map(|_| PatchEntity {
             op: PatchOp::Copy,
@@ -412,7 +407,7 @@ mod tests {
 
     #[test]
     fn moves_nesting_the_config_deeper_are_refused_at_the_depth_bound() {
-        let mut config = generate(&Value::Object(Map::new()), &pool(), "x");
+        let mut config = generate(&Map::new(), &pool(), "x");
         // /a nested 30 levels and spare mappings, then pairs of moves: each nests /a one level
         // deeper in a spare.
         let mut nested = json!({});

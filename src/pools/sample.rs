@@ -31,7 +31,8 @@ pub async fn install_pool(
         Err(err) if is_conflict(&err) => Ok(()),
         other => other,
     };
-    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": namespace}})).expect("static");
+    let ns: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": namespace}})).map_err(kube::Error::SerdeError)?;
     ignore_exists(
         Api::<Namespace>::all(tenant.clone())
             .create(&post, &ns)
@@ -46,7 +47,7 @@ pub async fn install_pool(
         json!({"metadata": {"name": "install-config-template"}, "stringData": {"install-config.yaml":
             "apiVersion: v1\nnetworking:\n  networkType: OVNKubernetes\nplatform:\n  vsphere:\n    network: VM Network\n"}}),
     ] {
-        let secret: Secret = serde_json::from_value(secret).expect("static");
+        let secret: Secret = serde_json::from_value(secret).map_err(kube::Error::SerdeError)?;
         ignore_exists(secrets.create(&post, &secret).await.map(|_| ()))?;
     }
     let cdcs = Api::<ClusterDeploymentCustomization>::namespaced(tenant.clone(), namespace);
@@ -60,7 +61,7 @@ pub async fn install_pool(
                 {"op": "add", "path": "/platform/vsphere/ingressVIP", "value": format!("192.168.{}.{}", 10 + index / 100, 2 * (index % 100) + 11)},
             ]},
         }))
-        .expect("static");
+        .map_err(kube::Error::SerdeError)?;
         ignore_exists(cdcs.create(&post, &cdc).await.map(|_| ()))?;
     }
     let inventory: Vec<serde_json::Value> = customizations.iter().map(|name| json!({"name": name})).collect();
@@ -80,7 +81,7 @@ pub async fn install_pool(
             "inventory": inventory,
         },
     }))
-    .expect("static");
+    .map_err(kube::Error::SerdeError)?;
     ignore_exists(
         Api::<ClusterPool>::namespaced(tenant.clone(), namespace)
             .create(&post, &pool)

@@ -28,7 +28,7 @@ use crate::runtime::recovery::{WatchBackoff, retry_watch};
 
 /// Why setting up the tenant's host namespace failed; retried with backoff.
 #[derive(Debug, thiserror::Error)]
-pub enum HostSetupError {
+pub(super) enum HostSetupError {
     #[error(transparent)]
     Namespace(#[from] NamespaceError),
     #[error(transparent)]

@@ -33,7 +33,7 @@ struct KindCounts {
 }
 
 /// Counts the tenant's objects whenever they change, until `cancel`.
-pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
+pub(super) async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
     let caches = &context.caches;
     let (installs, cluster_installs) = (
         caches.tenant_guarded::<StackInstall>(),

@@ -14,14 +14,14 @@ use crate::harness::{self, api_error};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
-pub enum Role {
+pub(crate) enum Role {
     Master,
     Worker,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct Entry {
+pub(crate) struct Entry {
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<i32>,
@@ -34,7 +34,7 @@ pub struct Entry {
     scale(spec_replicas_path = ".spec.size", status_replicas_path = ".status.size")
 )]
 #[serde(rename_all = "camelCase")]
-pub struct GadgetSpec {
+pub(crate) struct GadgetSpec {
     pub size: i32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub role: Option<Role>,
@@ -50,7 +50,7 @@ pub struct GadgetSpec {
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct GadgetStatus {
+pub(crate) struct GadgetStatus {
     #[serde(default)]
     pub size: i32,
     #[serde(default)]

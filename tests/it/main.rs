@@ -1,5 +1,9 @@
 //! All integration tests, as one binary: linking kube dominates build time on small machines.
 
+// clippy's in-tests allowance covers only `#[test]` fns and `#[cfg(test)]` modules, not the helpers
+// of a test crate; a panic anywhere here is a test failure, which is what a test wants.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod bench;
 mod charts;
 mod cli;

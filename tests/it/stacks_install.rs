@@ -39,7 +39,7 @@ pub(crate) struct StackFleet {
 }
 
 impl StackFleet {
-    pub async fn start(tenants: &[&str]) -> StackFleet {
+    pub(crate) async fn start(tenants: &[&str]) -> StackFleet {
         let host = ApiServer::start(ServerOptions {
             name: "host".into(),
             ..Default::default()
@@ -84,7 +84,7 @@ impl StackFleet {
         fleet
     }
 
-    pub fn daemon(&self, extra: &[&str]) -> Daemon {
+    pub(crate) fn daemon(&self, extra: &[&str]) -> Daemon {
         let mut args = vec![
             "--stackd-image",
             STACKD_TEST_IMAGE,
@@ -96,15 +96,15 @@ impl StackFleet {
         Daemon::spawn(self.dir.path(), &args)
     }
 
-    pub fn tenant(&self, name: &str) -> Client {
+    pub(crate) fn tenant(&self, name: &str) -> Client {
         self.tenants[name].1.clone()
     }
 
-    pub fn host_jobs(&self, tenant: &str) -> Api<Job> {
+    pub(crate) fn host_jobs(&self, tenant: &str) -> Api<Job> {
         Api::namespaced(self.host_client.clone(), &format!("tenant-{tenant}-controllers"))
     }
 
-    pub fn host_secrets(&self, tenant: &str) -> Api<Secret> {
+    pub(crate) fn host_secrets(&self, tenant: &str) -> Api<Secret> {
         Api::namespaced(self.host_client.clone(), &format!("tenant-{tenant}-controllers"))
     }
 }

@@ -49,12 +49,12 @@ pub struct AttackLoad {
 /// Each attack: how many objects it made, and how many the daemon has refused so far (a condition
 /// or an Event saying why); an attack the daemon ignores by design counts as refused (`refused`
 /// equals `made`).
-pub type Outcomes = BTreeMap<String, (usize, usize)>;
+pub(super) type Outcomes = BTreeMap<String, (usize, usize)>;
 
 /// Tenant A before the attacks: the sample stack installed in `team`, whose Widget CRD the
 /// squatters conflict with; and an install CRD without the pull Secrets' `maxItems`, as a tenant
 /// whose CRDs predate it has (so the daemon's own bound is what refuses).
-pub async fn prepare(tenant: &Client) -> Result<(), BenchError> {
+pub(super) async fn prepare(tenant: &Client) -> Result<(), BenchError> {
     let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
     let mut old = serde_json::to_value(crds.get(INSTALL_CRD).await?).map_err(std::io::Error::other)?;
     let pulls = &mut old["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["imagePullSecrets"];
@@ -67,7 +67,7 @@ pub async fn prepare(tenant: &Client) -> Result<(), BenchError> {
 }
 
 /// Makes every attack at once.
-pub async fn launch(tenant: &Client, load: AttackLoad) -> Result<(), BenchError> {
+pub(super) async fn launch(tenant: &Client, load: AttackLoad) -> Result<(), BenchError> {
     tokio::try_join!(
         patch_bombs_and_pools(tenant),
         flood(tenant, load),
@@ -78,7 +78,7 @@ pub async fn launch(tenant: &Client, load: AttackLoad) -> Result<(), BenchError>
 }
 
 /// What the daemon has refused of each attack so far.
-pub async fn outcomes(tenant: &Client, load: AttackLoad) -> Result<Outcomes, BenchError> {
+pub(super) async fn outcomes(tenant: &Client, load: AttackLoad) -> Result<Outcomes, BenchError> {
     let bombs = cdc_reasons(tenant, "bombs").await?;
     let refused_bombs = ["bomb", "deep"]
         .iter()
@@ -121,7 +121,7 @@ pub async fn outcomes(tenant: &Client, load: AttackLoad) -> Result<Outcomes, Ben
 }
 
 /// Waits until every attack is refused (or `within` passes: the caller reports what was).
-pub async fn wait_refused(tenant: &Client, load: AttackLoad, within: Duration) -> Result<Outcomes, BenchError> {
+pub(super) async fn wait_refused(tenant: &Client, load: AttackLoad, within: Duration) -> Result<Outcomes, BenchError> {
     let started = Instant::now();
     loop {
         let seen = outcomes(tenant, load).await?;
@@ -141,7 +141,7 @@ const LARGE_REWRITE_EVERY: usize = 10;
 /// makes) that wakes every parked install, the patch bomb with a new value, and the install naming
 /// 200 pull Secrets; every `LARGE_REWRITE_EVERY` ticks a labelled Secret or a large CDC again.
 /// Returns the writes made.
-pub async fn churn(tenant: Client, load: AttackLoad, stop: Arc<AtomicBool>) -> Result<usize, BenchError> {
+pub(super) async fn churn(tenant: Client, load: AttackLoad, stop: Arc<AtomicBool>) -> Result<usize, BenchError> {
     let merge = PatchParams::default();
     let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
     let bombs: Api<ClusterDeploymentCustomization> = Api::namespaced(tenant.clone(), "bombs");

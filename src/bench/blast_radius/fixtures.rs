@@ -9,11 +9,11 @@ use crate::embedded::ApiServer;
 use crate::embedded::samples::{SampleImages, register_sample_runners};
 
 /// The package whose only CRD is the sample's: its installs conflict with the sample's.
-pub const SQUATTER_PACKAGE: &str = "stackd-examples/squatter-stack:v0.1.0";
+pub(super) const SQUATTER_PACKAGE: &str = "stackd-examples/squatter-stack:v0.1.0";
 
 /// Serves the example packages and `squatter-stack` (a copy of `sample-stack` under another name)
 /// from `dir`; registered after the fleet's runners, so these win.
-pub fn serve_packages(host: &ApiServer, dir: &Path) -> Result<(), BenchError> {
+pub(super) fn serve_packages(host: &ApiServer, dir: &Path) -> Result<(), BenchError> {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join("packages");
     for (from, to) in [
         ("sample-stack", "sample-stack"),

@@ -39,7 +39,7 @@ struct State {
 }
 
 /// A `stackd run` child process that is started again when it exits.
-pub struct Supervised {
+pub(super) struct Supervised {
     state: Arc<Mutex<State>>,
     _watch: AbortOnDropHandle<()>,
 }
@@ -47,7 +47,12 @@ pub struct Supervised {
 impl Supervised {
     /// Starts `stackd run` with `args` against the fleet in `dir`, its address space capped at
     /// `address_space` bytes when given.
-    pub fn start(dir: &Path, log_dir: &Path, args: &[&str], address_space: Option<u64>) -> Result<Self, BenchError> {
+    pub(super) fn start(
+        dir: &Path,
+        log_dir: &Path,
+        args: &[&str],
+        address_space: Option<u64>,
+    ) -> Result<Self, BenchError> {
         let launch = Launch {
             dir: dir.to_path_buf(),
             log_dir: log_dir.to_path_buf(),
@@ -73,7 +78,7 @@ impl Supervised {
     }
 
     /// Waits until `count` tenants report up on whichever process runs (a restart is let happen).
-    pub async fn wait_tenants_up(&self, count: usize, within: Duration) -> Result<(), BenchError> {
+    pub(super) async fn wait_tenants_up(&self, count: usize, within: Duration) -> Result<(), BenchError> {
         let started = std::time::Instant::now();
         loop {
             let metrics = self.metrics().await;
@@ -95,7 +100,7 @@ impl Supervised {
     }
 
     /// The current process's `/metrics` text (the lock is not held while it is fetched).
-    pub async fn metrics(&self) -> String {
+    pub(super) async fn metrics(&self) -> String {
         let admin = self.state.lock().await.daemon.admin;
         super::super::fleet::http_get(&format!("http://{admin}/metrics"))
             .await
@@ -103,13 +108,13 @@ impl Supervised {
     }
 
     /// The current process's log.
-    pub async fn log(&self) -> PathBuf {
+    pub(super) async fn log(&self) -> PathBuf {
         self.state.lock().await.daemon.log.clone()
     }
 
     /// Stops the daemon; returns how every earlier process ended and the peak resident memory of
     /// all of them, in MiB.
-    pub async fn stop(self) -> (Vec<String>, f64) {
+    pub(super) async fn stop(self) -> (Vec<String>, f64) {
         // The watch first, and waited for: between a kill and its abort it would take the kill for
         // a crash and start a process nobody stops.
         let Supervised { state, _watch: watch } = self;

@@ -33,7 +33,12 @@ pub struct VictimTimes {
 
 /// Runs one round: `installs` installs in namespaces `{round}-N` and a pool of `pool_size` in
 /// `{round}-pool`.
-pub async fn run(tenant: &Client, round: &str, installs: usize, pool_size: usize) -> Result<VictimTimes, BenchError> {
+pub(super) async fn run(
+    tenant: &Client,
+    round: &str,
+    installs: usize,
+    pool_size: usize,
+) -> Result<VictimTimes, BenchError> {
     let started = Instant::now();
     let waiting = tokio::spawn(installs_ready(tenant.clone(), format!("{round}-"), installs, started));
     for index in 0..installs {

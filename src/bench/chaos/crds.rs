@@ -35,14 +35,14 @@ struct Look {
 }
 
 #[derive(Default)]
-pub struct SharedCrdWatch {
+pub(super) struct SharedCrdWatch {
     last: BTreeMap<String, Look>,
 }
 
 impl SharedCrdWatch {
     /// What was deleted under a live install since the last look; makes a witness Widget beside
     /// every live install that has none.
-    pub async fn check(&mut self, clients: &Clients) -> Vec<String> {
+    pub(super) async fn check(&mut self, clients: &Clients) -> Vec<String> {
         let mut found = Vec::new();
         for (tenant, client) in &clients.tenants {
             let Some((look, namespaces)) = look(client).await else {

@@ -66,7 +66,7 @@ struct Retired {
     tenants: Vec<(String, Partition)>,
 }
 
-pub struct LeaderElected {
+pub(super) struct LeaderElected {
     members: Vec<Member>,
     retired: Vec<Retired>,
     args: Vec<String>,
@@ -77,14 +77,14 @@ pub struct LeaderElected {
 impl LeaderElected {
     /// Creates the lease namespace on the host and starts the daemons with `args` (plus leader
     /// election with `lease_seconds`).
-    pub async fn start(
+    pub(super) async fn start(
         fleet: &Fleet,
         host: &Client,
         args: &[&str],
         lease_seconds: u64,
     ) -> Result<LeaderElected, BenchError> {
         let namespace: Namespace =
-            serde_json::from_value(json!({"metadata": {"name": LEASE_NAMESPACE}})).expect("a valid Namespace");
+            serde_json::from_value(json!({"metadata": {"name": LEASE_NAMESPACE}})).map_err(kube::Error::SerdeError)?;
         match Api::<Namespace>::all(host.clone())
             .create(&PostParams::default(), &namespace)
             .await
@@ -150,7 +150,7 @@ impl LeaderElected {
     }
 
     /// Replaces every daemon that exited (a leader that lost its lease exits): the names of those.
-    pub async fn replace_exited(&mut self, fleet: &Fleet) -> Result<Vec<String>, BenchError> {
+    pub(super) async fn replace_exited(&mut self, fleet: &Fleet) -> Result<Vec<String>, BenchError> {
         let mut exited = Vec::new();
         let mut at = 0;
         while at < self.members.len() {
@@ -169,7 +169,7 @@ impl LeaderElected {
     }
 
     /// The lease holder's identity as the host stores it.
-    pub async fn holder(host: &Client) -> Option<String> {
+    pub(super) async fn holder(host: &Client) -> Option<String> {
         let leases: Api<Lease> = Api::namespaced(host.clone(), LEASE_NAMESPACE);
         leases
             .get_opt(LEASE_NAME)
@@ -189,7 +189,7 @@ impl LeaderElected {
     }
 
     /// Kills a daemon that is not cut off from the host (`pick` chooses which) and starts another.
-    pub async fn restart(&mut self, fleet: &Fleet, pick: usize) -> Result<String, BenchError> {
+    pub(super) async fn restart(&mut self, fleet: &Fleet, pick: usize) -> Result<String, BenchError> {
         let connected: Vec<usize> = (0..self.members.len())
             .filter(|at| !self.members[*at].host.is_cut())
             .collect();
@@ -209,7 +209,7 @@ impl LeaderElected {
     }
 
     /// Kills the leader and starts another daemon: the leader's name, `None` if none leads now.
-    pub async fn restart_leader(&mut self, fleet: &Fleet, host: &Client) -> Result<Option<String>, BenchError> {
+    pub(super) async fn restart_leader(&mut self, fleet: &Fleet, host: &Client) -> Result<Option<String>, BenchError> {
         match self.leader(host).await {
             Some(leader) => self.kill_and_replace(fleet, leader).await.map(Some),
             None => Ok(None),
@@ -218,14 +218,14 @@ impl LeaderElected {
 
     /// Cuts the leader off from the host; its tenants still answer it. Its name, `None` if none
     /// leads now.
-    pub async fn partition_leader(&self, host: &Client) -> Option<String> {
+    pub(super) async fn partition_leader(&self, host: &Client) -> Option<String> {
         let leader = &self.members[self.leader(host).await?];
         leader.host.cut();
         Some(leader.name.clone())
     }
 
     /// Tenants two daemons talked to at the same time, with the daemons and their spans.
-    pub fn served_twice(&self) -> Vec<String> {
+    pub(super) fn served_twice(&self) -> Vec<String> {
         let all: Vec<(&str, &[(String, Partition)])> = self
             .retired
             .iter()
@@ -253,19 +253,19 @@ impl LeaderElected {
     }
 
     /// Every daemon log so far, oldest first.
-    pub fn logs(&self) -> &[PathBuf] {
+    pub(super) fn logs(&self) -> &[PathBuf] {
         &self.logs
     }
 
     /// The logs of the running daemons, with their names.
-    pub fn running_logs(&self) -> Vec<(String, PathBuf)> {
+    pub(super) fn running_logs(&self) -> Vec<(String, PathBuf)> {
         self.members
             .iter()
             .map(|m| (m.name.clone(), m.process.log.clone()))
             .collect()
     }
 
-    pub async fn shutdown(self) {
+    pub(super) async fn shutdown(self) {
         for member in self.members {
             member.retire().await;
         }

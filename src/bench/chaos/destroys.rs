@@ -38,7 +38,7 @@ struct Ledger {
 }
 
 #[derive(Clone, Default)]
-pub struct InstallerLedger {
+pub(super) struct InstallerLedger {
     ledger: Arc<Mutex<Ledger>>,
 }
 
@@ -48,7 +48,7 @@ fn lock(ledger: &Mutex<Ledger>) -> std::sync::MutexGuard<'_, Ledger> {
 
 impl InstallerLedger {
     /// Wraps the installer runner registered on `host` (the sample one).
-    pub fn install(host: &ApiServer) -> Option<InstallerLedger> {
+    pub(super) fn install(host: &ApiServer) -> Option<InstallerLedger> {
         let runners = host.runners();
         let inner = runners.runner_for(INSTALLER_IMAGE)?;
         let ledger = InstallerLedger::default();
@@ -61,12 +61,12 @@ impl InstallerLedger {
     }
 
     /// Whether the installer created the cluster of the ClusterDeployment with this uid.
-    pub fn created(&self, uid: &str) -> bool {
+    pub(super) fn created(&self, uid: &str) -> bool {
         lock(&self.ledger).created.contains_key(uid)
     }
 
     /// ClusterDeployments gone since the last call whose created cluster was never destroyed.
-    pub async fn gone_without_destroy(&self, clients: &Clients) -> Vec<String> {
+    pub(super) async fn gone_without_destroy(&self, clients: &Clients) -> Vec<String> {
         let pending: Vec<(String, Cluster)> = {
             let ledger = lock(&self.ledger);
             ledger

@@ -16,14 +16,14 @@ use super::{Clients, parent_resource};
 const SWEPT: &str = "sweep: deleted a host object whose tenant parent is gone";
 
 #[derive(Default)]
-pub struct SweepAudit {
+pub(super) struct SweepAudit {
     /// Log lines already judged.
     judged: BTreeSet<String>,
 }
 
 impl SweepAudit {
     /// Sweep deletions in `logs` not judged yet whose tenant parent still exists.
-    pub async fn live_objects_swept(&mut self, logs: &[PathBuf], clients: &Clients) -> Vec<String> {
+    pub(super) async fn live_objects_swept(&mut self, logs: &[PathBuf], clients: &Clients) -> Vec<String> {
         let mut found = Vec::new();
         for log in logs {
             let Ok(text) = std::fs::read_to_string(log) else {

@@ -20,7 +20,7 @@ pub(crate) struct Fixture {
 
 impl Fixture {
     /// A store holding namespaces `ns` and `other`.
-    pub fn new() -> Fixture {
+    pub(crate) fn new() -> Fixture {
         let store = Arc::new(Store::new());
         let resources = Arc::new(ResourceTable::new(store.clone()));
         let events = store.subscribe();
@@ -36,7 +36,7 @@ impl Fixture {
     }
 
     /// Creates an object (in `ns` when namespaced) and returns it as stored.
-    pub fn create(&self, group: &str, version: &str, plural: &str, body: Value) -> Value {
+    pub(crate) fn create(&self, group: &str, version: &str, plural: &str, body: Value) -> Value {
         let info = self.resources.current().find(group, version, plural).unwrap();
         let namespace = match info.namespaced {
             true => body["metadata"]["namespace"].as_str().unwrap_or("ns").to_string(),
@@ -47,7 +47,7 @@ impl Fixture {
     }
 
     /// The keys the events since the last call name for `controller`.
-    pub fn named<C: Controller>(&mut self, controller: &C) -> BTreeSet<C::Key> {
+    pub(crate) fn named<C: Controller>(&mut self, controller: &C) -> BTreeSet<C::Key> {
         let mut named = BTreeSet::new();
         while let Ok(event) = self.events.try_recv() {
             controller.keys_of(&event, &mut named);
@@ -57,6 +57,6 @@ impl Fixture {
 }
 
 /// A namespace-and-name key.
-pub fn key(namespace: &str, name: &str) -> (String, String) {
+pub(crate) fn key(namespace: &str, name: &str) -> (String, String) {
     (namespace.to_string(), name.to_string())
 }

@@ -10,7 +10,7 @@ use super::schema::{ListSemantics, ListType, PathElem, object_meta_is_map, objec
 /// How a list of a built-in kind merges. The two mechanisms read different tags of the Go
 /// types, which mostly agree: strategic merge patch `patchMergeKey`, apply `listMapKey`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ListStrategy {
+pub(super) enum ListStrategy {
     /// Objects matched by `patch_key` in strategic merge patch (replaced whole when `None`)
     /// and by `apply_keys` in server-side apply (atomic when empty).
     MergeByKey {
@@ -78,7 +78,7 @@ fn pod_template_prefix(kind: &str) -> Option<&'static str> {
 }
 
 /// The merge strategy of the list at `path` of `kind`, `None` for an atomic list.
-pub fn list_strategy(kind: &str, path: &[PathElem]) -> Option<ListStrategy> {
+pub(super) fn list_strategy(kind: &str, path: &[PathElem]) -> Option<ListStrategy> {
     if let Some(meta) = object_meta_list_type(path) {
         return strategy_of(meta);
     }

@@ -12,67 +12,67 @@ use serde_json::{Map, Value};
 /// One step of a field path. Keys and values hold canonical JSON (object keys sorted, which
 /// `serde_json` maps guarantee), so equal items compare equal as strings.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Element {
+pub(super) enum Element {
     Field(String),
     Key(String),
     Value(String),
     Index(usize),
 }
 
-pub type FieldPath = Vec<Element>;
+pub(super) type FieldPath = Vec<Element>;
 
 /// A set of field paths, such as the fields one manager owns.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FieldSet {
+pub(super) struct FieldSet {
     paths: BTreeSet<FieldPath>,
 }
 
 impl FieldSet {
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         FieldSet::default()
     }
 
-    pub fn insert(&mut self, path: FieldPath) {
+    pub(super) fn insert(&mut self, path: FieldPath) {
         self.paths.insert(path);
     }
 
-    pub fn contains(&self, path: &[Element]) -> bool {
+    pub(super) fn contains(&self, path: &[Element]) -> bool {
         self.paths.contains(path)
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.paths.is_empty()
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = &FieldPath> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = &FieldPath> {
         self.paths.iter()
     }
 
-    pub fn union(&self, other: &FieldSet) -> FieldSet {
+    pub(super) fn union(&self, other: &FieldSet) -> FieldSet {
         FieldSet {
             paths: self.paths.union(&other.paths).cloned().collect(),
         }
     }
 
     /// Adds every path of `other`, without copying this set.
-    pub fn extend(&mut self, other: FieldSet) {
+    pub(super) fn extend(&mut self, other: FieldSet) {
         self.paths.extend(other.paths);
     }
 
-    pub fn difference(&self, other: &FieldSet) -> FieldSet {
+    pub(super) fn difference(&self, other: &FieldSet) -> FieldSet {
         FieldSet {
             paths: self.paths.difference(&other.paths).cloned().collect(),
         }
     }
 
-    pub fn intersection(&self, other: &FieldSet) -> FieldSet {
+    pub(super) fn intersection(&self, other: &FieldSet) -> FieldSet {
         FieldSet {
             paths: self.paths.intersection(&other.paths).cloned().collect(),
         }
     }
 
     /// Whether some path of the set lies strictly under `prefix`.
-    pub fn has_strict_descendant(&self, prefix: &[Element]) -> bool {
+    pub(super) fn has_strict_descendant(&self, prefix: &[Element]) -> bool {
         self.paths
             .range::<[Element], _>((std::ops::Bound::Excluded(prefix), std::ops::Bound::Unbounded))
             .take_while(|path| path.starts_with(prefix))
@@ -80,19 +80,19 @@ impl FieldSet {
     }
 
     /// Whether `prefix` or some path under it is in the set.
-    pub fn touches(&self, prefix: &[Element]) -> bool {
+    pub(super) fn touches(&self, prefix: &[Element]) -> bool {
         self.contains(prefix) || self.has_strict_descendant(prefix)
     }
 
     /// The set without the paths for which `drop` is true.
-    pub fn without(&self, drop: impl Fn(&[Element]) -> bool) -> FieldSet {
+    pub(super) fn without(&self, drop: impl Fn(&[Element]) -> bool) -> FieldSet {
         FieldSet {
             paths: self.paths.iter().filter(|p| !drop(p)).cloned().collect(),
         }
     }
 
     /// The `fieldsV1` object for this set.
-    pub fn to_fields_v1(&self) -> Value {
+    pub(super) fn to_fields_v1(&self) -> Value {
         let mut root = Node::default();
         for path in &self.paths {
             root.insert(path);
@@ -101,7 +101,7 @@ impl FieldSet {
     }
 
     /// Reads a `fieldsV1` object.
-    pub fn from_fields_v1(fields: &Value) -> Result<FieldSet, String> {
+    pub(super) fn from_fields_v1(fields: &Value) -> Result<FieldSet, String> {
         let mut set = FieldSet::new();
         decode_into(fields, &mut Vec::new(), &mut set)?;
         Ok(set)
@@ -193,7 +193,7 @@ fn decode_into(fields: &Value, path: &mut FieldPath, set: &mut FieldSet) -> Resu
 
 /// Renders a path the way kube-apiserver names conflicting fields: `.spec.containers[name="app"].image`,
 /// `.metadata.finalizers[="x"]`.
-pub fn path_string(path: &[Element]) -> String {
+pub(super) fn path_string(path: &[Element]) -> String {
     let mut text = String::new();
     for element in path {
         match element {

@@ -34,7 +34,7 @@ pub(crate) struct ManagedEntry {
 }
 
 impl ManagedEntry {
-    pub fn is_same_writer(&self, other: &ManagedEntry) -> bool {
+    pub(super) fn is_same_writer(&self, other: &ManagedEntry) -> bool {
         self.manager == other.manager
             && self.operation == other.operation
             && self.subresource == other.subresource
@@ -84,7 +84,7 @@ impl ManagedEntry {
 
     /// The manager as kube-apiserver names it in conflicts: `"m"`, `"m" with subresource
     /// "status"`, `"m" using v1 at 2024-01-01T00:00:00Z`.
-    pub fn describe(&self) -> String {
+    pub(super) fn describe(&self) -> String {
         let mut text = Value::String(self.manager.clone()).to_string();
         if let Some(subresource) = &self.subresource {
             text.push_str(&format!(" with subresource {}", Value::String(subresource.clone())));

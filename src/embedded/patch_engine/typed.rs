@@ -211,7 +211,7 @@ pub(crate) struct Comparison {
 
 impl Comparison {
     /// Fields whose value is new: what a writer takes from other managers.
-    pub fn changed(&self) -> FieldSet {
+    pub(super) fn changed(&self) -> FieldSet {
         self.added.union(&self.modified)
     }
 }

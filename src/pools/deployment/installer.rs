@@ -6,11 +6,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EnvVar, KeyToPath, PodSecurityContext, PodSpec, PodTemplateSpec, SeccompProfile, Secret,
+    SecretVolumeSource, SecurityContext, ServiceAccount, Volume, VolumeMount,
+};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::ResourceExt;
-use serde_json::json;
 
 use crate::api::pools::ClusterDeployment;
 use crate::host::names::{NameKind, host_name};
@@ -129,17 +131,30 @@ pub(crate) fn identity(names: &Names, namespace: &str) -> (ServiceAccount, Role,
         automount_service_account_token: Some(true),
         ..Default::default()
     };
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": names.installer, "namespace": namespace},
-        "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [names.output], "verbs": ["get", "update", "patch"]}],
-    }))
-    .expect("static shape");
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": names.installer, "namespace": namespace},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": names.installer},
-        "subjects": [{"kind": "ServiceAccount", "name": names.installer, "namespace": namespace}],
-    }))
-    .expect("static shape");
+    let role = Role {
+        metadata: meta(&names.installer, namespace),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["secrets".into()]),
+            resource_names: Some(vec![names.output.clone()]),
+            verbs: vec!["get".into(), "update".into(), "patch".into()],
+            ..Default::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        metadata: meta(&names.installer, namespace),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: names.installer.clone(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: names.installer.clone(),
+            namespace: Some(namespace.into()),
+            ..Default::default()
+        }]),
+    };
     (account, role, binding)
 }
 
@@ -154,61 +169,109 @@ pub(crate) fn installer_job(
     destroy: bool,
     deadline: Duration,
 ) -> Job {
-    let args = if destroy {
-        vec!["destroy", "cluster", "--dir", INSTALL_DIR]
-    } else {
-        vec!["create", "cluster", "--dir", INSTALL_DIR]
+    let (volumes, mounts) = installer_volumes(names, destroy);
+    let pod = PodSpec {
+        restart_policy: Some("Never".into()),
+        service_account_name: Some(names.installer.clone()),
+        // The host namespace's Services are none of the installer's business.
+        enable_service_links: Some(false),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        containers: vec![installer_container(namespace, names, image, cluster, destroy, mounts)],
+        volumes: Some(volumes),
+        ..Default::default()
     };
-    // The destroy Job gets `metadata.json` back from the output Secret.
-    let volumes = if destroy {
-        json!([
-            {"name": "input", "secret": {"secretName": names.input}},
-            {"name": "state", "secret": {"secretName": names.output, "items": [{"key": "metadata.json", "path": "metadata.json"}]}},
-        ])
-    } else {
-        json!([{"name": "input", "secret": {"secretName": names.input}}])
+    Job {
+        metadata: meta(name, namespace),
+        spec: Some(JobSpec {
+            backoff_limit: Some(0),
+            active_deadline_seconds: Some(i64::try_from(deadline.as_secs().max(1)).unwrap_or(i64::MAX)),
+            template: PodTemplateSpec {
+                metadata: None,
+                spec: Some(pod),
+            },
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The installer's container: the tenant's image, told where its output Secret is.
+fn installer_container(
+    namespace: &str,
+    names: &Names,
+    image: &str,
+    cluster: &str,
+    destroy: bool,
+    mounts: Vec<VolumeMount>,
+) -> Container {
+    let verb = if destroy { "destroy" } else { "create" };
+    let env = |name: &str, value: &str| EnvVar {
+        name: name.into(),
+        value: Some(value.into()),
+        ..Default::default()
     };
-    let mounts = if destroy {
-        json!([
-            {"name": "input", "mountPath": format!("{INSTALL_DIR}/input"), "readOnly": true},
-            {"name": "state", "mountPath": format!("{INSTALL_DIR}/state"), "readOnly": true},
-        ])
-    } else {
-        json!([{"name": "input", "mountPath": format!("{INSTALL_DIR}/input"), "readOnly": true}])
+    Container {
+        name: "installer".into(),
+        image: Some(image.into()),
+        // The image is the tenant's choice: pulled with the Job's own credentials every time,
+        // never run from a node's cache of another tenant's pull.
+        image_pull_policy: Some("Always".into()),
+        args: Some([verb, "cluster", "--dir", INSTALL_DIR].map(String::from).to_vec()),
+        env: Some(vec![
+            env("STACKD_OUTPUT_SECRET", &names.output),
+            env("STACKD_OUTPUT_NAMESPACE", namespace),
+            env("STACKD_CLUSTER_NAME", cluster),
+        ]),
+        volume_mounts: Some(mounts),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The input Secret, read-only; the destroy Job also gets `metadata.json` back from the output
+/// Secret.
+fn installer_volumes(names: &Names, destroy: bool) -> (Vec<Volume>, Vec<VolumeMount>) {
+    let volume = |name: &str, secret: &str, items: Option<Vec<KeyToPath>>| Volume {
+        name: name.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            items,
+            ..Default::default()
+        }),
+        ..Default::default()
     };
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "backoffLimit": 0,
-            "activeDeadlineSeconds": deadline.as_secs().max(1),
-            "template": {
-                "spec": {
-                    "restartPolicy": "Never",
-                    "serviceAccountName": names.installer,
-                    // The host namespace's Services are none of the installer's business.
-                    "enableServiceLinks": false,
-                    "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
-                    "containers": [{
-                        "name": "installer",
-                        "image": image,
-                        // The image is the tenant's choice: pulled with the Job's own credentials
-                        // every time, never run from a node's cache of another tenant's pull.
-                        "imagePullPolicy": "Always",
-                        "args": args,
-                        "env": [
-                            {"name": "STACKD_OUTPUT_SECRET", "value": names.output},
-                            {"name": "STACKD_OUTPUT_NAMESPACE", "value": namespace},
-                            {"name": "STACKD_CLUSTER_NAME", "value": cluster},
-                        ],
-                        "volumeMounts": mounts,
-                        "securityContext": {"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}},
-                    }],
-                    "volumes": volumes,
-                }
-            }
-        }
-    }))
-    .expect("static shape")
+    let mount = |name: &str| VolumeMount {
+        name: name.into(),
+        mount_path: format!("{INSTALL_DIR}/{name}"),
+        read_only: Some(true),
+        ..Default::default()
+    };
+    let mut volumes = vec![volume("input", &names.input, None)];
+    let mut mounts = vec![mount("input")];
+    if destroy {
+        let state = KeyToPath {
+            key: "metadata.json".into(),
+            path: "metadata.json".into(),
+            ..Default::default()
+        };
+        volumes.push(volume("state", &names.output, Some(vec![state])));
+        mounts.push(mount("state"));
+    }
+    (volumes, mounts)
 }
 
 /// The keys stackd reads from the installer's output Secret, and how many bytes of each at most
@@ -236,6 +299,7 @@ pub(crate) fn has_state(output: Option<&Secret>) -> bool {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
+    use serde_json::json;
 
     use super::*;
 

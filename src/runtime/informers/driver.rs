@@ -58,7 +58,7 @@ pub struct CacheLimits {
 }
 
 /// Everything a cache's task works with.
-pub struct Driver<K: Resource<DynamicType = ()> + Clone + 'static> {
+pub(super) struct Driver<K: Resource<DynamicType = ()> + Clone + 'static> {
     pub name: String,
     pub writer: Writer<K>,
     pub subscribers: Subscribers<K>,
@@ -84,7 +84,7 @@ where
 {
     /// Keeps the store and the subscribers up to date with `events` until they end or the
     /// tenant goes over its budget.
-    pub async fn run(mut self, events: impl Stream<Item = Result<Event<Incoming<K>>, watcher::Error>>) {
+    pub(super) async fn run(mut self, events: impl Stream<Item = Result<Event<Incoming<K>>, watcher::Error>>) {
         let mut events = std::pin::pin!(events);
         while let Some(event) = events.next().await {
             let event = match event {

@@ -17,7 +17,7 @@ use super::{InstallContext, InstallKind};
 use crate::api::stacks::{ClusterStackInstall, StackInstall, StackInstallStatus};
 
 /// The `Ready` reason of an install refused for its namespace's bound.
-pub const TOO_MANY_INSTALLS: &str = "TooManyInstalls";
+pub(super) const TOO_MANY_INSTALLS: &str = "TooManyInstalls";
 /// The `Ready` reason of an install whose name (its Stack's, its host objects') the other kind holds.
 const NAME_TAKEN: &str = "HostObjectConflict";
 

@@ -23,7 +23,7 @@ const MAX_KEPT_BYTES: usize = 1024 * 1024;
 
 /// What reading one install Job's output came to.
 #[derive(Clone, Debug)]
-pub enum Read {
+pub(super) enum Read {
     /// The Job failed: the last lines of its log.
     JobFailed(String),
     /// The output could not be read or verified: why (the Job is retried).
@@ -40,7 +40,7 @@ pub enum Read {
 
 /// Per install (by uid): the Job (by uid) whose output was read, and what it came to.
 #[derive(Default)]
-pub struct Reads {
+pub(super) struct Reads {
     entries: Mutex<HashMap<String, Kept>>,
 }
 
@@ -53,7 +53,7 @@ struct Kept {
 
 impl Reads {
     /// What Job `job_uid` of install `install_uid` came to, if its output was read already.
-    pub fn get(&self, install_uid: &str, job_uid: &str) -> Option<Read> {
+    pub(super) fn get(&self, install_uid: &str, job_uid: &str) -> Option<Read> {
         let entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         entries
             .get(install_uid)
@@ -63,7 +63,7 @@ impl Reads {
 
     /// Keeps what Job `job_uid`'s output (a log of `bytes`) came to; verified contents only while
     /// the bound allows.
-    pub fn keep(&self, install_uid: &str, job_uid: &str, bytes: usize, read: Read) {
+    pub(super) fn keep(&self, install_uid: &str, job_uid: &str, bytes: usize, read: Read) {
         let mut entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         entries.remove(install_uid);
         let held: usize = entries.values().map(|kept| kept.bytes).sum();
@@ -86,13 +86,13 @@ impl Reads {
     }
 
     /// Drops the install's entry: its package is applied, or it is being uninstalled.
-    pub fn forget(&self, install_uid: &str) {
+    pub(super) fn forget(&self, install_uid: &str) {
         let mut entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         entries.remove(install_uid);
     }
 
     /// True when the package read for install `install_uid` has a CRD named `name` or in `group`.
-    pub fn concerns(&self, install_uid: &str, name: &str, group: &str) -> bool {
+    pub(super) fn concerns(&self, install_uid: &str, name: &str, group: &str) -> bool {
         let entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         entries.get(install_uid).is_some_and(|kept| match &kept.read {
             Read::Verified { outline, .. } => outline.concerns(name, group),

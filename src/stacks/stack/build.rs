@@ -55,7 +55,7 @@ pub(super) struct HostNames {
 }
 
 impl HostNames {
-    pub fn of(stack: &Stack, tenant: &str, host_namespace: &str) -> Self {
+    pub(super) fn of(stack: &Stack, tenant: &str, host_namespace: &str) -> Self {
         let ns = stack.namespace().unwrap_or_default();
         let name = stack.name_any();
         HostNames {
@@ -68,14 +68,14 @@ impl HostNames {
         }
     }
 
-    pub fn deployment_ref(&self) -> HostObjectRef {
+    pub(super) fn deployment_ref(&self) -> HostObjectRef {
         HostObjectRef {
             namespace: self.namespace.clone(),
             name: self.deployment.clone(),
         }
     }
 
-    pub fn token_copy_ref(&self) -> HostObjectRef {
+    pub(super) fn token_copy_ref(&self) -> HostObjectRef {
         HostObjectRef {
             namespace: self.namespace.clone(),
             name: self.secret.clone(),

@@ -58,22 +58,22 @@ pub(super) struct StackContext {
 pub(super) struct ReportedReadiness(Mutex<HashMap<String, (bool, String)>>);
 
 impl ReportedReadiness {
-    pub fn get(&self, key: &str) -> Option<(bool, String)> {
+    pub(super) fn get(&self, key: &str) -> Option<(bool, String)> {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).get(key).cloned()
     }
 
-    pub fn set(&self, key: &str, ready: bool, reason: &str) {
+    pub(super) fn set(&self, key: &str, ready: bool, reason: &str) {
         let mut reported = self.0.lock().unwrap_or_else(|p| p.into_inner());
         reported.insert(key.to_string(), (ready, reason.to_string()));
     }
 
-    pub fn forget(&self, key: &str) {
+    pub(super) fn forget(&self, key: &str) {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
     }
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum StackError {
+pub(super) enum StackError {
     #[error(transparent)]
     Host(#[from] HostWriteError),
     #[error(transparent)]

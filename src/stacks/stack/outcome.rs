@@ -41,7 +41,7 @@ pub(super) struct Outcome {
 }
 
 impl Outcome {
-    pub fn refused(reason: &'static str, message: String) -> Self {
+    pub(super) fn refused(reason: &'static str, message: String) -> Self {
         Outcome {
             ready: false,
             reason,
@@ -51,7 +51,7 @@ impl Outcome {
         }
     }
 
-    pub fn waiting(reason: &'static str, message: String) -> Self {
+    pub(super) fn waiting(reason: &'static str, message: String) -> Self {
         Outcome {
             ready: false,
             reason,
@@ -61,7 +61,7 @@ impl Outcome {
         }
     }
 
-    pub fn ready(reason: &'static str, message: String) -> Self {
+    pub(super) fn ready(reason: &'static str, message: String) -> Self {
         Outcome {
             ready: true,
             ..Outcome::waiting(reason, message)
@@ -78,12 +78,12 @@ pub(super) struct Notes {
 }
 
 impl Notes {
-    pub fn normal(&mut self, reason: &'static str, note: String) {
+    pub(super) fn normal(&mut self, reason: &'static str, note: String) {
         self.events.push((EventType::Normal, reason, note));
     }
 
     /// A host object of the name is not the Stack's: a Warning naming it.
-    pub fn conflict(&mut self, err: &HostWriteError) {
+    pub(super) fn conflict(&mut self, err: &HostWriteError) {
         if let HostWriteError::Conflict { .. } = err {
             self.events
                 .push((EventType::Warning, "HostObjectConflict", err.to_string()));

@@ -20,14 +20,14 @@ use crate::runtime::recovery::{WatchBackoff, retry_watch};
 
 /// A Secret's identity and version: a change of either means its data may have changed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SecretVersion {
+pub(super) struct SecretVersion {
     pub uid: String,
     pub resource_version: String,
 }
 
 /// What is known of one namespace's Secrets.
 #[derive(Clone, Debug, Default)]
-pub enum Listing {
+pub(super) enum Listing {
     /// The first list has not completed.
     #[default]
     Pending,
@@ -39,7 +39,7 @@ pub enum Listing {
 
 /// The namespaces watched and what each holds.
 #[derive(Default)]
-pub struct SecretIndex {
+pub(super) struct SecretIndex {
     namespaces: Mutex<BTreeMap<String, Listing>>,
 }
 
@@ -49,7 +49,7 @@ impl SecretIndex {
     }
 
     /// What is known of `namespace`'s Secrets.
-    pub fn listing(&self, namespace: &str) -> Listing {
+    pub(super) fn listing(&self, namespace: &str) -> Listing {
         self.lock().get(namespace).cloned().unwrap_or_default()
     }
 
@@ -70,7 +70,7 @@ impl SecretIndex {
 }
 
 /// The metadata watches of the namespaces Tenants name, started and stopped as they are named.
-pub struct SecretWatches {
+pub(super) struct SecretWatches {
     host: Client,
     index: Arc<SecretIndex>,
     /// Woken whenever a watched Secret changes.
@@ -79,7 +79,7 @@ pub struct SecretWatches {
 }
 
 impl SecretWatches {
-    pub fn new(host: Client, wake: Arc<Notify>) -> Self {
+    pub(super) fn new(host: Client, wake: Arc<Notify>) -> Self {
         SecretWatches {
             host,
             index: Arc::default(),
@@ -88,12 +88,12 @@ impl SecretWatches {
         }
     }
 
-    pub fn index(&self) -> &SecretIndex {
+    pub(super) fn index(&self) -> &SecretIndex {
         &self.index
     }
 
     /// Watches exactly `namespaces` (each one given to the daemon: the caller checks).
-    pub fn watch_only(&mut self, namespaces: &std::collections::BTreeSet<String>) {
+    pub(super) fn watch_only(&mut self, namespaces: &std::collections::BTreeSet<String>) {
         self.watches.retain(|namespace, _| namespaces.contains(namespace));
         let index = &self.index;
         index.lock().retain(|namespace, _| namespaces.contains(namespace));

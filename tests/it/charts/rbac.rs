@@ -14,7 +14,7 @@ const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 /// One request as the authorizer sees it. `name` is known only for requests derived from objects
 /// (the request counters do not record names).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Request {
+pub(super) struct Request {
     pub verb: String,
     pub group: String,
     /// `plural` or `plural/subresource`.
@@ -40,7 +40,7 @@ impl fmt::Display for Request {
 }
 
 impl Request {
-    pub fn new(verb: &str, group: &str, resource: &str, namespace: &str) -> Request {
+    pub(super) fn new(verb: &str, group: &str, resource: &str, namespace: &str) -> Request {
         Request {
             verb: verb.into(),
             group: group.into(),
@@ -50,13 +50,13 @@ impl Request {
         }
     }
 
-    pub fn named(mut self, name: &str) -> Request {
+    pub(super) fn named(mut self, name: &str) -> Request {
         self.name = Some(name.into());
         self
     }
 
     /// The requests counted by an embedded server (`plural.group/sub` keys).
-    pub fn from_counts(counts: &RequestCounts) -> Vec<Request> {
+    pub(super) fn from_counts(counts: &RequestCounts) -> Vec<Request> {
         counts
             .counts
             .keys()
@@ -75,7 +75,7 @@ impl Request {
 
 /// A PolicyRule.
 #[derive(Clone, Debug, Default)]
-pub struct Rule {
+pub(super) struct Rule {
     pub api_groups: Vec<String>,
     pub resources: Vec<String>,
     pub verbs: Vec<String>,
@@ -111,7 +111,7 @@ impl Rule {
     }
 
     /// Whether this rule allows `request` (names: only requests for a listed name).
-    pub fn allows(&self, request: &Request) -> bool {
+    pub(super) fn allows(&self, request: &Request) -> bool {
         Rule::has(&self.verbs, &request.verb)
             && Rule::has(&self.api_groups, &request.group)
             && self.matches_resource(&request.resource)
@@ -143,7 +143,7 @@ impl Rule {
 
 /// The smallest unit of a grant: one verb on one resource of one group, in one role.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Permission {
+pub(super) struct Permission {
     /// `ClusterRole/<name>` or `Role/<namespace>/<name>`.
     pub role: String,
     pub group: String,
@@ -169,14 +169,14 @@ struct Grant {
 
 /// A ServiceAccount, User or Group as a binding names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Subject {
+pub(super) struct Subject {
     pub kind: String,
     pub name: String,
     pub namespace: Option<String>,
 }
 
 impl Subject {
-    pub fn service_account(namespace: &str, name: &str) -> Subject {
+    pub(super) fn service_account(namespace: &str, name: &str) -> Subject {
         Subject {
             kind: "ServiceAccount".into(),
             name: name.into(),
@@ -234,13 +234,13 @@ fn rules_of(role: &Value) -> Vec<Rule> {
 
 /// What the roles bound to one subject allow.
 #[derive(Clone, Debug)]
-pub struct Authorizer {
+pub(super) struct Authorizer {
     grants: Vec<Grant>,
 }
 
 impl Authorizer {
     /// From every Role, ClusterRole, RoleBinding and ClusterRoleBinding in `objects`.
-    pub fn for_subject(objects: &[Value], subject: &Subject) -> Authorizer {
+    pub(super) fn for_subject(objects: &[Value], subject: &Subject) -> Authorizer {
         let grants = objects
             .iter()
             .filter(|o| matches!(kind(o), "RoleBinding" | "ClusterRoleBinding") && subject.is_in(o))
@@ -264,13 +264,13 @@ impl Authorizer {
         })
     }
 
-    pub fn allows(&self, request: &Request) -> bool {
+    pub(super) fn allows(&self, request: &Request) -> bool {
         self.in_scope(request)
             .any(|g| g.rules.iter().any(|r| r.allows(request)))
     }
 
     /// The permissions through which `request` is allowed (empty when it is denied).
-    pub fn used_by(&self, request: &Request) -> BTreeSet<Permission> {
+    pub(super) fn used_by(&self, request: &Request) -> BTreeSet<Permission> {
         let mut used = BTreeSet::new();
         for grant in self.in_scope(request) {
             for rule in grant.rules.iter().filter(|r| r.allows(request)) {
@@ -304,7 +304,7 @@ impl Authorizer {
 }
 
 /// Every permission the named roles grant.
-pub fn permissions(objects: &[Value], roles: &[String]) -> BTreeSet<Permission> {
+pub(super) fn permissions(objects: &[Value], roles: &[String]) -> BTreeSet<Permission> {
     let mut all = BTreeSet::new();
     for role in objects.iter().filter(|o| roles.contains(&role_id(o))) {
         for rule in rules_of(role) {
@@ -326,7 +326,7 @@ pub fn permissions(objects: &[Value], roles: &[String]) -> BTreeSet<Permission> 
 }
 
 /// The roles bound to `subject` in `objects`, as `ClusterRole/<name>` or `Role/<ns>/<name>`.
-pub fn bound_roles(objects: &[Value], subject: &Subject) -> Vec<String> {
+pub(super) fn bound_roles(objects: &[Value], subject: &Subject) -> Vec<String> {
     let mut roles: Vec<String> = Authorizer::for_subject(objects, subject)
         .grants
         .into_iter()
@@ -342,7 +342,7 @@ pub fn bound_roles(objects: &[Value], subject: &Subject) -> Vec<String> {
 /// writing a binding needs `bind` on its role unless the writer already holds every permission of
 /// that role in the binding's scope (judged without the binding itself). `objects` is everything
 /// RBAC the server holds.
-pub fn escalation_checks(objects: &[Value], written: &[Value], subject: &Subject) -> Vec<Request> {
+pub(super) fn escalation_checks(objects: &[Value], written: &[Value], subject: &Subject) -> Vec<Request> {
     let mut checks = Vec::new();
     for object in written {
         let scope = match kind(object) {

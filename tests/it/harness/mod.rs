@@ -18,23 +18,23 @@ use kube::{Client, Resource};
 use serde_json::json;
 use stackd::embedded::{ApiServer, ServerOptions};
 
-pub struct TestServer {
+pub(crate) struct TestServer {
     pub server: ApiServer,
     pub client: Client,
 }
 
-pub async fn start() -> TestServer {
+pub(crate) async fn start() -> TestServer {
     start_with(ServerOptions::default()).await
 }
 
-pub async fn start_with(options: ServerOptions) -> TestServer {
+pub(crate) async fn start_with(options: ServerOptions) -> TestServer {
     let server = ApiServer::start(options).await.expect("embedded server starts");
     let client = server.client().await;
     TestServer { server, client }
 }
 
 impl TestServer {
-    pub async fn namespace(&self, name: &str) {
+    pub(crate) async fn namespace(&self, name: &str) {
         let api: Api<Namespace> = Api::all(self.client.clone());
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
         api.create(&PostParams::default(), &ns)
@@ -42,21 +42,21 @@ impl TestServer {
             .expect("namespace created");
     }
 
-    pub fn configmaps(&self, namespace: &str) -> Api<ConfigMap> {
+    pub(crate) fn configmaps(&self, namespace: &str) -> Api<ConfigMap> {
         Api::namespaced(self.client.clone(), namespace)
     }
 }
 
-pub fn configmap(name: &str, labels: serde_json::Value) -> ConfigMap {
+pub(crate) fn configmap(name: &str, labels: serde_json::Value) -> ConfigMap {
     serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "data": {"k": "v"}})).unwrap()
 }
 
-pub fn resource_version<K: Resource>(object: &K) -> String {
+pub(crate) fn resource_version<K: Resource>(object: &K) -> String {
     object.meta().resource_version.clone().unwrap_or_default()
 }
 
 /// Polls `check` until it holds or a few seconds pass.
-pub async fn eventually<F, Fut>(what: &str, mut check: F)
+pub(crate) async fn eventually<F, Fut>(what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -70,7 +70,7 @@ where
     panic!("timed out waiting for {what}");
 }
 
-pub fn api_error(err: kube::Error) -> Box<kube::core::Status> {
+pub(crate) fn api_error(err: kube::Error) -> Box<kube::core::Status> {
     match err {
         kube::Error::Api(status) => status,
         other => panic!("expected an API error, got {other}"),
