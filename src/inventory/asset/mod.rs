@@ -302,7 +302,7 @@ fn deliver(
     let name = asset.name_any();
     match ctx.remote.poll(ObjectRef::from_obj(asset), intent, start) {
         Poll::Running => None,
-        Poll::ClusterBackingOff { failures, left } => Some((plan::not_answering(cluster, failures), left)),
+        Poll::ClusterBackingOff { failures, left } => Some((plan::backing_off(asset, cluster, failures), left)),
         Poll::Done(outcome) => {
             let after = after_delivery(asset, ctx, cluster, &outcome);
             Some((plan::delivered(&outcome, &name, cluster), after))

@@ -313,6 +313,36 @@ pub(crate) fn not_answering(cluster: &str, failures: u32) -> HostReport {
     }
 }
 
+/// What the host conditions say while `cluster` is left alone after failing to answer: the asset's
+/// own last failed delivery there when it has one (so the status keeps that cause instead of
+/// flapping between it and this at every retry, with an Event each time), else that the cluster is
+/// not answering.
+pub(crate) fn backing_off(asset: &BareMetalAsset, cluster: &str, failures: u32) -> HostReport {
+    let last = asset
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "HostCreated"));
+    match last {
+        Some(last)
+            if last.status == "False"
+                && last.reason == "DeliveryFailed"
+                && last
+                    .message
+                    .starts_with(&format!("Cannot deliver to cluster {cluster}: ")) =>
+        {
+            HostReport {
+                verdict: Verdict {
+                    ok: false,
+                    reason: "DeliveryFailed",
+                    message: last.message.clone(),
+                },
+                cluster_installed: true,
+            }
+        }
+        _ => not_answering(cluster, failures),
+    }
+}
+
 /// What a delivery attempt means for the host conditions. `Ok(false)`: a stale host was removed.
 pub(crate) fn delivered(result: &Result<bool, DeliveryError>, asset: &str, cluster: &str) -> HostReport {
     let verdict = match result {
@@ -711,6 +741,37 @@ mod tests {
         );
         assert_eq!((failed.verdict.ok, failed.verdict.reason), (false, "DeliveryFailed"));
         assert!(failed.verdict.message.starts_with("Cannot deliver to cluster c1: "));
+    }
+
+    #[test]
+    fn a_cluster_backing_off_keeps_the_assets_own_last_failure_there_and_says_not_answering_otherwise() {
+        let mut failed_there = asset(None, Some("c1"));
+        let last = delivered(
+            &Err(DeliveryError::TimedOut(std::time::Duration::from_secs(1))),
+            "host-1",
+            "c1",
+        )
+        .verdict;
+        let condition = k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: "HostCreated".into(),
+            status: "False".into(),
+            reason: last.reason.into(),
+            message: last.message.clone(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+            observed_generation: None,
+        };
+        failed_there.status = Some(crate::api::inventory::BareMetalAssetStatus {
+            conditions: vec![condition],
+            ..Default::default()
+        });
+        let kept = backing_off(&failed_there, "c1", 3).verdict;
+        assert_eq!((kept.reason, kept.message), ("DeliveryFailed", last.message));
+        assert_eq!(
+            backing_off(&failed_there, "c2", 3).verdict.reason,
+            "ClusterNotAnswering"
+        );
+        let never_tried = asset(None, Some("c1"));
+        assert_eq!(backing_off(&never_tried, "c1", 3).verdict.reason, "ClusterNotAnswering");
     }
 
     #[test]
