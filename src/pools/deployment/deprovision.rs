@@ -13,7 +13,7 @@ use kube::{Api, Resource, ResourceExt};
 use tracing::info;
 
 use super::installer::{self, Names};
-use super::output::{self, Found};
+use super::output::{self, Found, Look};
 use super::plan::{self, Deprovision, Destroy, Release, Teardown};
 use super::provision::ensure_installer_identity;
 use super::{Ctx, DeploymentError, owned, parent};
@@ -36,7 +36,7 @@ pub(super) async fn deprovision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Cle
     let names = Names::of(cd);
     let host_ns = tenant.host_namespace.as_str();
     let jobs = owned(&ctx.jobs, &parent, &tenant.name);
-    let output = match output::find(ctx, cd, &parent, &names).await? {
+    let output = match output::find(ctx, cd, &parent, &names, Look::Cached).await? {
         Found::Trusted(secret) => Some(secret),
         // Its `metadata.json` is read once the cache shows it restored.
         Found::Restored { .. } => return Ok(Cleanup::Pending(Action::requeue(Duration::from_secs(5)))),

@@ -26,6 +26,17 @@ use crate::runtime::api_errors::{is_conflict, is_not_found};
 /// Event reason on a ClusterDeployment whose installer changed its output Secret's metadata.
 pub(crate) const OUTPUT_RESTORED: &str = "InstallerOutputRestored";
 
+/// Where [`find`] looks first.
+#[derive(Clone, Copy)]
+pub(super) enum Look {
+    /// The cache (the server when stackd recorded a Secret the cache does not show).
+    Cached,
+    /// The server: the installer has finished, and its last change may not have reached the cache
+    /// yet (a Job's watch and a Secret's watch are separate streams), so what is read then — once
+    /// per finished installer — must be the Secret as it ended.
+    Server,
+}
+
 /// The Secret found at the output's name.
 pub(super) enum Found {
     /// The one stackd made, with stackd's metadata: its content may be read.
@@ -47,10 +58,11 @@ pub(super) async fn find(
     cd: &ClusterDeployment,
     parent: &Parent,
     names: &Names,
+    look: Look,
 ) -> Result<Found, DeploymentError> {
     let tenant = &ctx.tenant;
     let recorded = recorded_uid(ctx, names);
-    let Some(found) = candidate(ctx, names, recorded.as_deref()).await? else {
+    let Some(found) = candidate(ctx, names, recorded.as_deref(), look).await? else {
         return Ok(Found::Missing);
     };
     let ours = ownership::check(found.labels(), found.annotations(), &tenant.name, parent) == Ownership::Ours;
@@ -76,7 +88,7 @@ pub(super) async fn find(
 pub(super) async fn delete(ctx: &Ctx, parent: &Parent, names: &Names) -> Result<(), DeploymentError> {
     let tenant = &ctx.tenant;
     let recorded = recorded_uid(ctx, names);
-    let Some(found) = candidate(ctx, names, recorded.as_deref()).await? else {
+    let Some(found) = candidate(ctx, names, recorded.as_deref(), Look::Cached).await? else {
         return Ok(());
     };
     let ours = ownership::check(found.labels(), found.annotations(), &tenant.name, parent) == Ownership::Ours;
@@ -96,14 +108,21 @@ fn recorded_uid(ctx: &Ctx, names: &Names) -> Option<String> {
 }
 
 /// The Secret at the output's name: the cached copy, else — when stackd recorded having made one,
-/// whose labels may have been stripped out of the cache's sight — the server's.
-async fn candidate(ctx: &Ctx, names: &Names, recorded: Option<&str>) -> Result<Option<Arc<Secret>>, DeploymentError> {
+/// whose labels may have been stripped out of the cache's sight, or when `look` asks — the server's.
+async fn candidate(
+    ctx: &Ctx,
+    names: &Names,
+    recorded: Option<&str>,
+    look: Look,
+) -> Result<Option<Arc<Secret>>, DeploymentError> {
     let tenant = &ctx.tenant;
-    let cached = ctx
-        .secrets
-        .get(&ObjectRef::new(&names.output).within(&tenant.host_namespace));
-    if cached.is_some() || recorded.is_none() {
-        return Ok(cached);
+    if matches!(look, Look::Cached) {
+        let cached = ctx
+            .secrets
+            .get(&ObjectRef::new(&names.output).within(&tenant.host_namespace));
+        if cached.is_some() || recorded.is_none() {
+            return Ok(cached);
+        }
     }
     let api = Api::<Secret>::namespaced(tenant.host.clone(), &tenant.host_namespace);
     let found = api.get_opt(&names.output).await.map_err(DeploymentError::HostApi)?;

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use super::admin_kubeconfig::{self, Existing};
 use super::installer::{self, Names};
-use super::output::{self, Found};
+use super::output::{self, Found, Look};
 use super::plan::{self, AttemptStep, Inputs, Output, Provision, Snapshot};
 use super::status::Outcome;
 use super::{Ctx, DeploymentError, owned, parent, report, tenant_secret_recheck};
@@ -167,7 +167,7 @@ async fn ensure_output(
 ) -> Result<String, DeploymentError> {
     let tenant = &ctx.tenant;
     let host_ns = tenant.host_namespace.as_str();
-    match output::find(ctx, cd, parent, names).await? {
+    match output::find(ctx, cd, parent, names, Look::Cached).await? {
         Found::Trusted(secret) => Ok(secret.uid().unwrap_or_default()),
         Found::Restored { uid } => Ok(uid),
         Found::Missing => {
@@ -230,9 +230,10 @@ pub(super) async fn ensure_installer_identity(ctx: &Ctx, parent: &Parent, names:
 /// The installer succeeded: copy the admin kubeconfig to the tenant and record the cluster installed.
 async fn installed(cd: &ClusterDeployment, ctx: &Ctx, names: &Names) -> Result<Action, DeploymentError> {
     let tenant = &ctx.tenant;
-    let output = match output::find(ctx, cd, &parent(cd), names).await? {
+    let output = match output::find(ctx, cd, &parent(cd), names, Look::Server).await? {
         Found::Trusted(secret) => Some(secret),
-        // The Secret's watch event brings us back; the requeue is a safety net.
+        // The Secret's watch event brings us back (read from the server again); the requeue is a
+        // safety net.
         Found::Restored { .. } => return Ok(Action::requeue(Duration::from_secs(5))),
         Found::Missing => None,
         Found::Foreign(reason) => {
