@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
 use crate::context::shared::{DaemonSettings, Shared};
+use crate::host::namespace_watch::NamespaceWatch;
 use crate::runtime::admin;
 use crate::runtime::deadline::sleep_until;
 use crate::runtime::health::Health;
@@ -105,6 +106,7 @@ async fn run_controllers(
     let watch_cancel = shutdown.child_token();
     let (mut sources, view, watches) = start_sources(&host, &settings, watch_cancel.clone());
     let shared = Arc::new(Shared {
+        namespaces: NamespaceWatch::start(&host, &watch_cancel),
         host,
         settings,
         metrics,
@@ -229,6 +231,7 @@ async fn run_sharded(
     let watch_cancel = shutdown.child_token();
     let (mut sources, view, watches) = start_sources(&host, &settings, watch_cancel.clone());
     let shared = Arc::new(Shared {
+        namespaces: NamespaceWatch::start(&host, &watch_cancel),
         host,
         settings,
         metrics,

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::BenchError;
 use super::fleet::{DaemonProcess, Fleet};
 use super::idle::{RequestRates, add_rates, wait_until_quiet};
+use super::{BenchError, HostWatches};
 use crate::embedded::Verb;
 
 /// What to run.
@@ -45,6 +45,10 @@ pub struct CrowdFigures {
     /// (rss_mb − one_tenant_rss_mb) / (tenants − 1).
     pub marginal_rss_per_tenant_mb: f64,
     pub watches_per_tenant: f64,
+    /// Host watches per added tenant and per replica, between one tenant and the crowd.
+    #[serde(default)]
+    pub host_watches: HostWatches,
+    /// All the host's watches over the tenants (the per-replica ones spread over them).
     pub host_watches_per_tenant: f64,
     /// Over the whole window, per tenant.
     pub idle_requests_per_minute_per_tenant: RequestRates,
@@ -72,6 +76,7 @@ pub struct SteadySample {
 pub async fn measure(load: &CrowdLoad) -> Result<CrowdFigures, BenchError> {
     let one = settle(1).await?;
     let (one_rss_mb, one_sockets) = (one.rss_mb, one.sockets);
+    let one_host_watches = one.fleet.host.open_watches();
     one.stop().await;
     // Sockets grow by the same count with every tenant: measured between one and a few.
     let few = settle(PROBE_TENANTS).await?;
@@ -100,6 +105,7 @@ pub async fn measure(load: &CrowdLoad) -> Result<CrowdFigures, BenchError> {
         one_tenant_rss_mb: one_rss_mb,
         marginal_rss_per_tenant_mb: (crowd.rss_mb - one_rss_mb) / (tenants - 1) as f64,
         watches_per_tenant: crowd.tenant_watches as f64 / tenants as f64,
+        host_watches: HostWatches::between((1, one_host_watches), (tenants, crowd.fleet.host.open_watches())),
         host_watches_per_tenant: crowd.fleet.host.open_watches() as f64 / tenants as f64,
         idle_requests_per_minute_per_tenant: RequestRates {
             watch_renewals: rates.watch_renewals / per,

@@ -14,8 +14,9 @@ use crate::embedded::counters::RequestCounts;
 const WATCH_RENEWAL_SECONDS: f64 = 290.0;
 /// The daemon's default `--sweep-interval`.
 const SWEEP_INTERVAL_SECONDS: f64 = 60.0;
-/// Lists one sweep makes: the tenant's 8 parent kinds and the host's 7 kinds.
-const LISTS_PER_SWEEP: f64 = 15.0;
+/// Lists one sweep interval brings: the orphan sweep's (the tenant's 8 parent kinds and the host's 7
+/// kinds) and the quota check's (the ResourceQuota and the LimitRange).
+const LISTS_PER_SWEEP: f64 = 17.0;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct IdleFigures {

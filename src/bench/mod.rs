@@ -122,6 +122,10 @@ pub struct Report {
     pub tenants: Vec<IdleFigures>,
     /// RSS growth per added idle tenant, from the smallest to the largest tenant count.
     pub marginal_rss_per_tenant_mb: f64,
+    /// Host watches each added tenant opens (between the same two counts; issue 32's goal: ≤ 4),
+    /// and the ones the replica holds for all its tenants.
+    #[serde(default)]
+    pub host_watches: HostWatches,
     pub stacks: StackFigures,
     /// Requests per install divided by the minimum a correct install needs.
     pub requests_per_install_ratio: f64,
@@ -171,11 +175,14 @@ pub async fn run(options: &BenchOptions) -> Result<Report, BenchError> {
         );
         tenants.push(figures);
     }
-    let marginal_rss_per_tenant_mb = match (tenants.first(), tenants.last()) {
+    let (marginal_rss_per_tenant_mb, host_watches) = match (tenants.first(), tenants.last()) {
         (Some(small), Some(large)) if large.tenants > small.tenants => {
-            (large.rss_mb - small.rss_mb) / (large.tenants - small.tenants) as f64
+            let added = (large.tenants - small.tenants) as f64;
+            let watches =
+                HostWatches::between((small.tenants, small.host_watches), (large.tenants, large.host_watches));
+            ((large.rss_mb - small.rss_mb) / added, watches)
         }
-        _ => 0.0,
+        _ => (0.0, HostWatches::default()),
     };
     let (stack_tenants, installs) = options.stack_load();
     eprintln!("bench: {installs} StackInstalls in each of {stack_tenants} tenants");
@@ -202,6 +209,7 @@ pub async fn run(options: &BenchOptions) -> Result<Report, BenchError> {
         latency_floor,
         tenants,
         marginal_rss_per_tenant_mb,
+        host_watches,
         requests_per_install_ratio: stacks.requests_per_install / stacks.minimum_requests_per_install,
         stacks,
         double_leases: pools.double_leases,
@@ -237,6 +245,25 @@ pub async fn run_blast_radius(options: &BenchOptions) -> Result<BlastRadiusFigur
     blast_radius::measure(&options.blast_load(), options.keep_logs.as_deref()).await
 }
 
+/// Host watches as a line through two tenant counts: what each added tenant opens, and what the
+/// replica holds for all of them (the shared watch of host namespaces and their RoleBindings).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct HostWatches {
+    pub per_tenant: f64,
+    pub per_replica: f64,
+}
+
+impl HostWatches {
+    /// The line through `(tenants, host watches)` at two tenant counts (`small.0 < large.0`).
+    pub fn between(small: (usize, u64), large: (usize, u64)) -> HostWatches {
+        let per_tenant = (large.1 as f64 - small.1 as f64) / (large.0 - small.0) as f64;
+        HostWatches {
+            per_tenant,
+            per_replica: small.1 as f64 - per_tenant * small.0 as f64,
+        }
+    }
+}
+
 /// The figures compared between runs, by name (lower is better for all of them).
 fn headline(report: &Report) -> BTreeMap<&'static str, f64> {
     let mut figures = BTreeMap::from([
@@ -247,10 +274,7 @@ fn headline(report: &Report) -> BTreeMap<&'static str, f64> {
             "watches_per_tenant",
             report.tenants.last().map_or(0.0, |t| t.watches_per_tenant),
         ),
-        (
-            "host_watches_per_tenant",
-            report.tenants.last().map_or(0.0, |t| t.host_watches_per_tenant),
-        ),
+        ("host_watches_per_tenant", report.host_watches.per_tenant),
         (
             "install_after_restart_ratio",
             report.recovery.install_after_restart_ratio,
@@ -289,7 +313,7 @@ pub fn crowd_lines(c: &CrowdFigures) -> String {
     line(
         &mut out,
         format!(
-            "\ncrowd: {} idle tenants on one replica ({} asked; open-files limit {}, {:.0} sockets per tenant): up in {:.2} s, RSS {:.1} MiB ({:.1} with one), marginal {:.2} MiB per tenant; {:.1} watches and {:.1} host watches per tenant",
+            "\ncrowd: {} idle tenants on one replica ({} asked; open-files limit {}, {:.0} sockets per tenant): up in {:.2} s, RSS {:.1} MiB ({:.1} with one), marginal {:.2} MiB per tenant; {:.1} watches per tenant, host watches {:.1} per added tenant and {:.1} per replica",
             c.tenants,
             c.tenants_asked,
             c.open_files_limit,
@@ -299,7 +323,8 @@ pub fn crowd_lines(c: &CrowdFigures) -> String {
             c.one_tenant_rss_mb,
             c.marginal_rss_per_tenant_mb,
             c.watches_per_tenant,
-            c.host_watches_per_tenant
+            c.host_watches.per_tenant,
+            c.host_watches.per_replica
         ),
     );
     line(
@@ -512,6 +537,13 @@ fn idle_lines(report: &Report) -> String {
         &mut out,
         format!("marginal RSS per tenant: {:.2} MiB", report.marginal_rss_per_tenant_mb),
     );
+    line(
+        &mut out,
+        format!(
+            "host watches: {:.1} per added tenant, {:.1} per replica",
+            report.host_watches.per_tenant, report.host_watches.per_replica
+        ),
+    );
     out
 }
 
@@ -580,6 +612,12 @@ pub fn table(report: &Report, baseline: Option<&Report>) -> String {
 mod tests {
     use super::*;
 
+    #[test]
+    fn host_watches_split_into_each_tenants_and_the_replicas() {
+        let watches = HostWatches::between((1, 6), (5, 22));
+        assert_eq!((watches.per_tenant, watches.per_replica), (4.0, 2.0));
+    }
+
     fn report(ratio: f64) -> Report {
         Report {
             machine: Machine::here(),
@@ -591,6 +629,7 @@ mod tests {
             },
             tenants: Vec::new(),
             marginal_rss_per_tenant_mb: 2.0,
+            host_watches: HostWatches::between((1, 6), (5, 22)),
             stacks: StackFigures {
                 tenants: 1,
                 installs: 1,

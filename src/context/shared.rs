@@ -14,6 +14,7 @@ use super::pod_policy::PodPolicy;
 use super::registries::AllowedRegistries;
 use super::stack_limits::StackLimits;
 use crate::host::namespace::ServiceAccountRef;
+use crate::host::namespace_watch::NamespaceWatch;
 use crate::host::quota::TenantQuota;
 use crate::runtime::backoff::Backoff;
 use crate::runtime::health::Health;
@@ -87,6 +88,8 @@ pub struct DaemonSettings {
 /// What every tenant shares.
 pub struct Shared {
     pub host: Client,
+    /// Every tenant's host namespace and the daemon's RoleBinding there, one watch per replica.
+    pub namespaces: Arc<NamespaceWatch>,
     pub settings: DaemonSettings,
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,

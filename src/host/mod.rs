@@ -7,6 +7,7 @@ pub mod labels;
 pub mod legacy_names;
 pub mod names;
 pub mod namespace;
+pub mod namespace_watch;
 pub mod network_policy;
 pub mod ownership;
 pub mod purge;

@@ -2,7 +2,8 @@
 //! (`--tenant-quota`) and a LimitRange giving containers default requests and limits
 //! (`--tenant-container-defaults`), so one tenant's stacks and installers cannot take the host from
 //! the others, and pods that set no resources still fit a quota on CPU and memory. Both objects are
-//! written with the ownership proof of DESIGN.md §2 and put back when edited or deleted.
+//! written with the ownership proof of DESIGN.md §2 and put back when edited or deleted (looked at
+//! every sweep interval).
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -10,14 +11,13 @@ use std::str::FromStr;
 
 use k8s_openapi::api::core::v1::{LimitRange, LimitRangeItem, LimitRangeSpec, ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{Api, ObjectMeta, PostParams};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::apply::Applied;
-use super::labels::{MANAGED_BY, MANAGED_BY_LABEL, TENANT_LABEL};
+use super::labels::{MANAGED_BY, MANAGED_BY_LABEL, TENANT_LABEL, tenant_selector};
 use super::names::label_value;
 use crate::runtime::api_errors::is_conflict;
 
@@ -304,23 +304,30 @@ where
 }
 
 /// The LimitRange first: once the quota counts CPU and memory, a pod without defaults is refused.
+/// Both are read here, not from a watch (one label-selected list each, the objects the orphan
+/// sweep's lists would see): only a host administrator changes them, and a watch of each per
+/// tenant cost the host 2,000 watches at 1,000 tenants (issue 32).
 pub async fn ensure_both(
     host: &Client,
     tenant: &str,
     namespace: &str,
     settings: &TenantQuota,
-    quotas: &Store<ResourceQuota>,
-    limit_ranges: &Store<LimitRange>,
 ) -> Result<usize, QuotaError> {
+    let ours = ListParams::default().labels(&tenant_selector(tenant));
+    let api: Api<LimitRange> = Api::namespaced(host.clone(), namespace);
+    let observed = named(api.list(&ours).await?.items, LIMIT_RANGE_NAME);
     let desired = desired_limit_range(tenant, namespace, settings);
-    let observed = limit_ranges.get(&ObjectRef::new(LIMIT_RANGE_NAME).within(namespace));
-    let api = Api::namespaced(host.clone(), namespace);
-    let limits = ensure(&api, &desired, observed.as_deref(), tenant, same_limit_range).await?;
+    let limits = ensure(&api, &desired, observed.as_ref(), tenant, same_limit_range).await?;
+    let api: Api<ResourceQuota> = Api::namespaced(host.clone(), namespace);
+    let observed = named(api.list(&ours).await?.items, QUOTA_NAME);
     let desired = desired_quota(tenant, namespace, settings);
-    let observed = quotas.get(&ObjectRef::new(QUOTA_NAME).within(namespace));
-    let api = Api::namespaced(host.clone(), namespace);
-    let quota = ensure(&api, &desired, observed.as_deref(), tenant, same_quota).await?;
+    let quota = ensure(&api, &desired, observed.as_ref(), tenant, same_quota).await?;
     Ok([limits, quota].iter().filter(|a| a.wrote()).count())
+}
+
+/// The object called `name` among `items`.
+fn named<K: Resource>(items: Vec<K>, name: &str) -> Option<K> {
+    items.into_iter().find(|item| item.meta().name.as_deref() == Some(name))
 }
 
 #[cfg(test)]

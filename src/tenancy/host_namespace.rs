@@ -1,6 +1,6 @@
 //! Keeps the tenant's host namespace and the daemon's RoleBinding there as they should be,
-//! repairing them when they are edited or deleted: both are watched (filtered to this tenant),
-//! never polled.
+//! repairing them when they are edited or deleted: both are watched (one watch per replica,
+//! [`crate::host::namespace_watch`], whose events about this namespace wake it), never polled.
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::Resource;
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::{self, Store, reflector};
@@ -76,24 +75,23 @@ pub(super) async fn run(
     cancel: CancellationToken,
     ready: tokio::sync::watch::Sender<bool>,
 ) -> Result<(), TenantError> {
-    let ns_name = context.host_namespace.clone();
-    let by_name = watcher::Config::default().fields(&format!("metadata.name={ns_name}"));
-    let (namespaces, namespace_events) = watch_host(Api::<Namespace>::all(context.host.clone()), by_name);
-    let bindings_api = Api::<RoleBinding>::namespaced(context.host.clone(), &ns_name);
-    let (bindings, binding_events) = watch_host(bindings_api, context.host_watch_config());
+    let watch = context.shared.namespaces.clone();
+    let changes = watch.changes_of(&context.host_namespace);
     let reconcile = |_permit| {
         let (context, ready, cancel) = (context.clone(), ready.clone(), cancel.clone());
-        let (namespaces, bindings) = (namespaces.clone(), bindings.clone());
         async move {
             let name = &context.host_namespace;
-            let observed_ns = namespaces
-                .state()
-                .into_iter()
-                .find(|ns| ns.metadata.name.as_ref() == Some(name));
-            let observed_rb = bindings
-                .state()
-                .into_iter()
-                .find(|rb| rb.metadata.name.as_deref() == Some(namespace::TENANT_NAMESPACE_ROLE));
+            let shared = &context.shared.namespaces;
+            let observed_ns = match shared.namespace(name) {
+                Some(ns) => Some(ns),
+                // Not labelled as a tenant's (yet, or any more): the server says whether it exists.
+                None => Api::<Namespace>::all(context.host.clone())
+                    .get_opt(name)
+                    .await
+                    .map_err(NamespaceError::Api)?
+                    .map(Arc::new),
+            };
+            let observed_rb = shared.binding(name);
             let subject = &context.shared.settings.rbac_subject;
             let (ns, rb) = (observed_ns.as_deref(), observed_rb.as_deref());
             let writes = namespace::ensure(&context.host, &context.name, name, subject, ns, rb).await?;
@@ -109,8 +107,7 @@ pub(super) async fn run(
     };
     Singleton::new("host-namespace", context.clone())
         .object(&context.host_namespace)
-        .watches(namespaces.clone(), namespace_events)
-        .watches(bindings.clone(), binding_events)
+        .triggered_by(move || watch.filled(), changes)
         .run(reconcile, &cancel)
         .await;
     Ok(())

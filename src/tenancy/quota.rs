@@ -1,10 +1,19 @@
 //! Keeps each tenant's host ResourceQuota and LimitRange (`crate::host::quota`) and its
 //! NetworkPolicy (`crate::host::network_policy`) in place.
+//!
+//! Only the NetworkPolicy is watched: it is the tenant's isolation, put back the moment a host
+//! administrator opens it. The quota and LimitRange are fairness, and are read when the tenant
+//! starts (before any of its pods is made) and then every sweep interval: a host-side edit of
+//! either is put back within that interval, and the host serves two watches fewer per tenant
+//! (issue 32, BENCHMARKS.md).
 
 use std::sync::Arc;
 
+use futures::StreamExt;
 use kube::api::Api;
 use tokio::sync::watch;
+use tokio::time::MissedTickBehavior;
+use tokio_stream::wrappers::IntervalStream;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -15,35 +24,31 @@ use crate::host::quota::ensure_both;
 use crate::runtime::controller::Singleton;
 
 /// Keeps the tenant's ResourceQuota, LimitRange and NetworkPolicy as the flags say, repairing them
-/// when they are edited or deleted (all are watched, filtered to this tenant). `applied` turns true
-/// after the first success: the controllers that create pods start only then. Run it once the
-/// daemon may write in the host namespace.
+/// when they are edited or deleted. `applied` turns true after the first success: the controllers
+/// that create pods start only then. Run it once the daemon may write in the host namespace.
 pub async fn run(
     context: Arc<TenantContext>,
     cancel: CancellationToken,
     applied: watch::Sender<bool>,
 ) -> Result<(), TenantError> {
     let namespace = context.host_namespace.clone();
-    let (quotas, quota_events) = watch_host(
-        Api::namespaced(context.host.clone(), &namespace),
-        context.host_watch_config(),
-    );
-    let (limit_ranges, limit_events) = watch_host(
-        Api::namespaced(context.host.clone(), &namespace),
-        context.host_watch_config(),
-    );
     let (policies, policy_events) = watch_host(
         Api::namespaced(context.host.clone(), &namespace),
         context.host_watch_config(),
     );
+    // The NetworkPolicy's first list brings the first reconcile; the checks follow it.
+    let interval = context.shared.settings.sweep_interval;
+    let mut every_sweep = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    every_sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let checks = IntervalStream::new(every_sweep).map(|_| Ok(()));
     let reconcile = |_permit| {
         let (context, applied) = (context.clone(), applied.clone());
-        let (quotas, limit_ranges, policies) = (quotas.clone(), limit_ranges.clone(), policies.clone());
+        let policies = policies.clone();
         async move {
             let (tenant, namespace) = (&context.name, &context.host_namespace);
             let settings = &context.shared.settings;
             let (quota, monitoring) = (&settings.tenant_quota, settings.monitoring_namespace.as_deref());
-            let mut writes = ensure_both(&context.host, tenant, namespace, quota, &quotas, &limit_ranges).await?;
+            let mut writes = ensure_both(&context.host, tenant, namespace, quota).await?;
             let policy = ensure_policy(&context.host, tenant, namespace, monitoring, &policies).await?;
             writes += usize::from(policy.wrote());
             if writes > 0 {
@@ -55,9 +60,8 @@ pub async fn run(
     };
     Singleton::new("host-quota", context.clone())
         .object(&context.host_namespace)
-        .watches(quotas.clone(), quota_events)
-        .watches(limit_ranges.clone(), limit_events)
         .watches(policies.clone(), policy_events)
+        .triggered_by(|| true, checks)
         .run(reconcile, &cancel)
         .await;
     Ok(())

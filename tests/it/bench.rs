@@ -53,17 +53,16 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
         assert_eq!(other, 0.0, "idle tenants made requests: {figures:#}");
         // One shared watch per kind the daemon reads (issue 20): 15 tenant kinds (CRDs, the eight
         // stackd kinds, Namespaces, and the ServiceAccounts, Secrets, ClusterRoles, RoleBindings and
-        // ClusterRoleBindings the Stack controller writes) and 8 host kinds (the namespace, its
-        // RoleBinding, quota, LimitRange and NetworkPolicy, Jobs, Secrets, Deployments); before:
-        // 27 and 10.
+        // ClusterRoleBindings the Stack controller writes); before: 27.
         let watches = figures["watches_per_tenant"].as_f64().unwrap();
         assert!(watches > 0.0 && watches <= 15.0, "watches per tenant: {figures:#}");
-        let host_watches = figures["host_watches_per_tenant"].as_f64().unwrap();
-        assert!(
-            host_watches > 0.0 && host_watches <= 8.0,
-            "host watches per tenant: {figures:#}"
-        );
     }
+    // Host watches (issue 32): per tenant its NetworkPolicy, Jobs, Secrets and Deployments; per
+    // replica the tenants' host namespaces and their RoleBindings (before: 8 per tenant, 0 shared).
+    let host_watches = &report["host_watches"];
+    let per_tenant = host_watches["per_tenant"].as_f64().unwrap();
+    assert!(per_tenant > 0.0 && per_tenant <= 4.0, "{host_watches:#}");
+    assert!(host_watches["per_replica"].as_f64().unwrap() <= 2.0, "{host_watches:#}");
     assert!(report["stacks"]["installs"].as_u64().unwrap() > 0);
     // Every install's time is broken down into the daemon's phases and the embedded loops'.
     let breakdown = &report["stacks"]["latency_breakdown"];

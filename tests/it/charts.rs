@@ -1004,11 +1004,11 @@ const HOST_USES: &[Use] = &[
     uses(NAMESPACE_ROLE, "", &["serviceaccounts"], &["update"], RarePaths),
     uses(NAMESPACE_ROLE, RBAC, &["roles", "rolebindings"], &["list", "delete"], OrphanSweep),
     uses(NAMESPACE_ROLE, RBAC, &["roles", "rolebindings"], &["create"], PoolFill),
-    uses(NAMESPACE_ROLE, RBAC, &["rolebindings"], &["watch", "update"], PoolFill),
+    uses(NAMESPACE_ROLE, RBAC, &["rolebindings"], &["update"], PoolFill),
     uses(NAMESPACE_ROLE, RBAC, &["roles", "rolebindings"], &["get"], CreateRace),
     uses(NAMESPACE_ROLE, RBAC, &["roles"], &["update"], RarePaths),
     uses(NAMESPACE_ROLE, "", &["configmaps"], &["list", "delete"], OrphanSweep),
-    uses(NAMESPACE_ROLE, "", &["resourcequotas", "limitranges"], &["list", "watch", "create"], DaemonStartup),
+    uses(NAMESPACE_ROLE, "", &["resourcequotas", "limitranges"], &["list", "create"], DaemonStartup),
     uses(NAMESPACE_ROLE, "", &["resourcequotas", "limitranges"], &["update"], QuotaRepair),
     uses(NAMESPACE_ROLE, "", &["resourcequotas", "limitranges"], &["get"], CreateRace),
     uses(NAMESPACE_ROLE, "networking.k8s.io", &["networkpolicies"], &["list", "watch", "create"], DaemonStartup),
@@ -1807,8 +1807,12 @@ async fn the_host_chart_alone_lets_the_daemon_bind_its_namespace_role_and_nothin
     let ns = "tenant-new-controllers";
     // What the host namespace controller needs before its RoleBinding exists.
     for request in [
+        Request::new("get", "", "namespaces", ""),
         Request::new("list", "", "namespaces", ""),
         Request::new("watch", "", "namespaces", ""),
+        // One watch per replica of every tenant namespace's binding.
+        Request::new("list", RBAC, "rolebindings", ""),
+        Request::new("watch", RBAC, "rolebindings", ""),
         Request::new("create", "", "namespaces", ""),
         Request::new("patch", "", "namespaces", ""),
         Request::new("list", RBAC, "rolebindings", ns),

@@ -3,7 +3,8 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::rbac::v1::RoleBinding;
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use serde_json::json;
 use stackd::embedded::Verb;
 use stackd::embedded::faults::RequestMatch;
 
@@ -47,6 +48,56 @@ async fn host_namespaces_appear_with_their_labels_and_role_binding() {
     daemon
         .wait_for("/metrics", "stackd_tenant_up{tenant=\"acme\"} 1", SOON)
         .await;
+}
+
+/// The host namespaces and their RoleBindings are watched once for all tenants (issue 32): a
+/// namespace whose labels a host administrator strips (out of that watch's selection) and a
+/// binding whose subject is edited are put back, each for its own tenant, at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_watch_for_all_tenants_puts_back_a_stripped_namespace_and_an_edited_binding() {
+    let fleet = Fleet::start(&["acme", "globex"]).await;
+    let daemon = fleet.daemon(&["--service-account", "stackd-system/stackd", "--sweep-interval", "1h"]);
+    for tenant in ["acme", "globex"] {
+        fleet.wait_for_namespace(tenant, SOON).await;
+        assert!(fleet.binding(tenant).await.is_some());
+    }
+    let strip = json!({"metadata": {"labels": {"stackd.dev/tenant": null, "app.kubernetes.io/managed-by": null}}});
+    fleet
+        .namespaces()
+        .patch(
+            "tenant-acme-controllers",
+            &PatchParams::default(),
+            &Patch::Merge(&strip),
+        )
+        .await
+        .expect("strip the namespace's labels");
+    let bindings: Api<RoleBinding> = Api::namespaced(fleet.host_client.clone(), "tenant-globex-controllers");
+    let elsewhere = json!({"subjects": [{"kind": "ServiceAccount", "name": "intruder", "namespace": "default"}]});
+    bindings
+        .patch(
+            "stackd-tenant-namespace",
+            &PatchParams::default(),
+            &Patch::Merge(&elsewhere),
+        )
+        .await
+        .expect("edit the binding");
+    until("acme's labels and globex's subject put back", SOON, &daemon, || async {
+        let labels = fleet
+            .namespace("acme")
+            .await
+            .and_then(|ns| ns.metadata.labels)
+            .unwrap_or_default();
+        let relabelled = labels.get("stackd.dev/tenant").map(String::as_str) == Some("acme")
+            && labels.get("app.kubernetes.io/managed-by").map(String::as_str) == Some("stackd");
+        let subject = fleet
+            .binding("globex")
+            .await
+            .and_then(|b| b.subjects)
+            .and_then(|s| s.into_iter().next())
+            .map(|s| s.name);
+        relabelled && subject.as_deref() == Some("stackd")
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -484,6 +484,9 @@ fn quota_flags(pods: &str) -> Vec<String> {
         format!("pods={pods},requests.cpu=2,limits.memory=4Gi"),
         "--tenant-container-defaults".into(),
         "requests.cpu=50m,limits.cpu=500m,limits.memory=256Mi".into(),
+        // The quota and LimitRange are looked at every sweep interval, not watched.
+        "--sweep-interval".into(),
+        "1s".into(),
     ]
 }
 
@@ -544,7 +547,7 @@ async fn each_tenant_namespace_gets_the_flags_quota_and_limits_which_are_kept_an
     );
     assert_eq!(as_strings(&item.default_request), amounts(&[("cpu", "50m")]));
 
-    // Edited on the host: put back. Deleted: made again.
+    // Edited on the host: put back within the sweep interval. Deleted: made again.
     let quotas: Api<ResourceQuota> = Api::namespaced(fleet.host_client.clone(), HOST_NS);
     quotas
         .patch(

@@ -69,6 +69,19 @@ impl<T: Tenant> Singleton<T> {
         self
     }
 
+    /// Reconciles on every item of `events` — a cache shared with other tenants, a timer — once
+    /// `ready` says what the reconcile reads is there. Unlike a watch's first list, nothing here
+    /// announces a start: `events` should yield once at once.
+    pub fn triggered_by(
+        mut self,
+        ready: impl Fn() -> bool + Send + Sync + 'static,
+        events: impl Stream<Item = Result<(), watcher::Error>> + Send + 'static,
+    ) -> Self {
+        self.caches.push(Box::new(ready));
+        self.triggers.push(events.boxed());
+        self
+    }
+
     /// Runs `reconcile` after watch events until `cancel`; an error retries after the tenant's
     /// backoff.
     pub async fn run<F, Fut, E>(mut self, mut reconcile: F, cancel: &CancellationToken)
