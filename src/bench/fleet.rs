@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
 use tokio::process::{Child, Command};
@@ -26,6 +27,24 @@ pub struct Fleet {
     log_dir: Option<PathBuf>,
 }
 
+/// Tenant API servers [`Fleet::start`] starts at once.
+const TENANTS_STARTED_AT_ONCE: usize = 4;
+
+/// A tenant API server serving stackd's CRDs, its kubeconfig written into `tenants_dir`.
+async fn start_tenant(name: String, tenants_dir: &Path) -> Result<(String, ApiServer), BenchError> {
+    let server = ApiServer::start(ServerOptions {
+        name: name.clone(),
+        ..Default::default()
+    })
+    .await?;
+    let crds: Api<CustomResourceDefinition> = Api::all(server.client().await);
+    for crd in crate::api::crds::all() {
+        crds.create(&PostParams::default(), &crd).await?;
+    }
+    std::fs::write(tenants_dir.join(format!("{name}.yaml")), server.kubeconfig_yaml())?;
+    Ok((name, server))
+}
+
 impl Fleet {
     pub async fn start(tenants: usize) -> Result<Fleet, BenchError> {
         let host = ApiServer::start(ServerOptions {
@@ -37,42 +56,24 @@ impl Fleet {
         let dir = tempfile::tempdir()?;
         std::fs::create_dir(dir.path().join("tenants"))?;
         std::fs::write(dir.path().join("host.yaml"), host.kubeconfig_yaml())?;
-        let mut fleet = Fleet {
+        // Started a few at once: a crowd's start-up is mostly the servers' CRD set-up, which one at a
+        // time leaves a core idle while each request makes its round trip.
+        let tenants_dir = dir.path().join("tenants");
+        let tenants = futures::stream::iter(0..tenants)
+            .map(|index| start_tenant(format!("t{index:03}"), &tenants_dir))
+            .buffered(TENANTS_STARTED_AT_ONCE)
+            .try_collect()
+            .await?;
+        Ok(Fleet {
             host,
-            tenants: Vec::new(),
+            tenants,
             dir,
             log_dir: None,
-        };
-        for index in 0..tenants {
-            fleet.add_tenant(&format!("t{index:03}")).await?;
-        }
-        Ok(fleet)
-    }
-
-    async fn add_tenant(&mut self, name: &str) -> Result<(), BenchError> {
-        let server = ApiServer::start(ServerOptions {
-            name: name.into(),
-            ..Default::default()
         })
-        .await?;
-        let crds: Api<CustomResourceDefinition> = Api::all(server.client().await);
-        for crd in crate::api::crds::all() {
-            crds.create(&PostParams::default(), &crd).await?;
-        }
-        std::fs::write(
-            self.tenants_dir().join(format!("{name}.yaml")),
-            server.kubeconfig_yaml(),
-        )?;
-        self.tenants.push((name.to_string(), server));
-        Ok(())
     }
 
     pub fn dir(&self) -> &Path {
         self.dir.path()
-    }
-
-    fn tenants_dir(&self) -> PathBuf {
-        self.dir.path().join("tenants")
     }
 
     /// Writes the logs of daemons started from now on into `dir` instead of the fleet's temp dir.
