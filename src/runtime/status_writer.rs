@@ -57,22 +57,12 @@ where
     apply_whole_status(api, &name, field_manager, status, version.as_deref()).await
 }
 
-/// [`apply_status`] for a kind no earlier stackd wrote with merge patches or updates: nothing to
-/// take over, so the writer needs no right on the object itself (only on its status subresource).
-/// Another manager's `Update` of the status keeps the fields it co-owns.
-pub async fn apply_new_kind_status<K>(
-    api: &Api<K>,
-    name: &str,
-    field_manager: &str,
-    status: &impl Serialize,
-) -> Result<K, kube::Error>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
-{
-    apply_whole_status(api, name, field_manager, status, None).await
-}
-
-async fn apply_whole_status<K>(
+/// Applies `status` as the whole status `field_manager` owns (`resource_version`, when given, as a
+/// precondition). Called alone — without [`apply_status`]'s take-over — it is for a kind no earlier
+/// stackd wrote with merge patches or updates: the writer then needs no right on the object itself,
+/// only on its status subresource, and another manager's `Update` of the status keeps the fields it
+/// co-owns.
+pub async fn apply_whole_status<K>(
     api: &Api<K>,
     name: &str,
     field_manager: &str,

@@ -28,7 +28,7 @@ use crate::runtime::deadline::sleep_until;
 use crate::runtime::health::{Health, TenantFacts, TenantHealth};
 use crate::runtime::metrics::{ErrorLabels, Metrics};
 use crate::runtime::shards::{Board, slot_of};
-use crate::runtime::status_writer::apply_new_kind_status;
+use crate::runtime::status_writer::apply_whole_status;
 use crate::runtime::written::Written;
 
 /// The field manager of Tenant status writes.
@@ -303,13 +303,14 @@ impl StatusWriter {
             let status = desired(&tenant, &current, &inputs, Time(Timestamp::now()));
             let pending = inputs.registration == Registration::Pending && inputs.conflict.is_none();
             let holds = pending || (inputs.is_undecided() && tenant.status.is_some());
-            let due = writes.held_until(&name, &current, &status);
-            if status != current && !holds && due.is_some() {
+            let changed = status != current && !holds;
+            let due = changed.then(|| writes.held_until(&name, &current, &status)).flatten();
+            if due.is_some() {
                 deferred = deferred.into_iter().chain(due).min();
-            } else if status != current && !holds {
+            } else if changed {
                 // Tenant is a kind no earlier stackd wrote: nothing to take over, and the chart
                 // grants the daemon only the status subresource of Tenants.
-                match apply_new_kind_status(&api, &name, FIELD_MANAGER, &status).await {
+                match apply_whole_status(&api, &name, FIELD_MANAGER, &status, None).await {
                     Ok(stored) => {
                         writes.wrote(&name);
                         written.record(&uid, stored.resource_version(), status.clone());
