@@ -468,28 +468,27 @@ impl ObjectSource {
             in_cluster_server: tenant.spec.in_cluster_server.clone(),
             host_namespace,
         };
-        let read_before = self.read.get(&name).is_some_and(|read| read.basis == basis);
+        if let Some(read) = self.read.get(&name).filter(|read| read.basis == basis) {
+            return Judged::Verdict(verdict_of(&read.outcome));
+        }
         let retry_later = self
             .unread
             .get(&name)
             .is_some_and(|(unread, due)| *unread == basis && *due > Instant::now());
-        if retry_later && !read_before {
+        if retry_later {
             return Judged::Verdict(Verdict::Undecided);
         }
         Judged::Read(basis)
     }
 
-    /// Reads the Secrets `judged` asks for that were not read on the same basis yet, several at
-    /// once, each within [`READ_TIMEOUT`]; one the host did not answer is asked again after
-    /// [`READ_RETRY`].
+    /// Reads the Secrets `judged` asks for, several at once, each within [`READ_TIMEOUT`]; one the
+    /// host did not answer is asked again after [`READ_RETRY`].
     async fn read_all(&mut self, judged: &[(String, Judged)]) {
         let wanted: Vec<(String, ReadBasis)> = judged
             .iter()
             .filter_map(|(name, judged)| match judged {
-                Judged::Read(basis) if !self.read.get(name).is_some_and(|read| read.basis == *basis) => {
-                    Some((name.clone(), basis.clone()))
-                }
-                _ => None,
+                Judged::Read(basis) => Some((name.clone(), basis.clone())),
+                Judged::Verdict(_) => None,
             })
             .collect();
         let host = &self.host;
@@ -519,8 +518,9 @@ impl ObjectSource {
 
 /// What judging a Tenant without asking the host came to.
 enum Judged {
+    /// Decided, or decided by a read made before on the same basis.
     Verdict(Verdict),
-    /// Its Secret's kubeconfig decides, read on this basis.
+    /// Its Secret's kubeconfig decides, to be read on this basis.
     Read(ReadBasis),
 }
 
