@@ -274,12 +274,7 @@ async fn an_unchanged_tenant_gets_no_status_write_and_no_event() {
             .is_some_and(|s| s.installs.is_some())
     })
     .await;
-    let status_writes = || {
-        fleet
-            .host()
-            .counters()
-            .get(Verb::Patch, "tenants.tenancy.stackd.dev/status", None)
-    };
+    let status_writes = || tenant_patches(&fleet, "tenants.tenancy.stackd.dev/status");
     let (writes, events) = (status_writes(), event_reasons(&fleet, "acme").await.len());
     let passes = daemon.reconciles_done("acme", "tenant-object");
     // A change of the Tenant that its status does not depend on: the writer looks again.
@@ -296,6 +291,11 @@ async fn an_unchanged_tenant_gets_no_status_write_and_no_event() {
     );
 }
 
+/// Patches the host has answered on `resource` (Tenants, or their status subresource).
+fn tenant_patches(fleet: &Fleet, resource: &str) -> u64 {
+    fleet.host().counters().get(Verb::Patch, resource, None)
+}
+
 /// Another manager's status write (`kubectl edit --subresource status`) is an `Update` entry the
 /// general status writer would take over with a patch of the object itself; the chart grants the
 /// daemon only `tenants/status`, so the Tenant writer applies its status alone and never patches
@@ -310,12 +310,7 @@ async fn a_status_another_manager_edited_is_rewritten_through_the_status_subreso
         .status
         .and_then(|s| s.served_by)
         .expect("servedBy");
-    let object_patches = || {
-        fleet
-            .host()
-            .counters()
-            .get(Verb::Patch, "tenants.tenancy.stackd.dev", None)
-    };
+    let object_patches = || tenant_patches(&fleet, "tenants.tenancy.stackd.dev");
     let before = object_patches();
     let edit = serde_json::json!({"status": {"servedBy": "someone-else"}});
     let params = kube::api::PatchParams {
@@ -346,12 +341,7 @@ async fn object_counts_a_tenant_user_drives_are_written_at_most_once_per_ten_sec
         status.is_some_and(|s| s.installs.is_some())
     })
     .await;
-    let status_writes = || {
-        fleet
-            .host()
-            .counters()
-            .get(Verb::Patch, "tenants.tenancy.stackd.dev/status", None)
-    };
+    let status_writes = || tenant_patches(&fleet, "tenants.tenancy.stackd.dev/status");
     let (before, started) = (status_writes(), std::time::Instant::now());
     let changes = 4;
     for i in 0..changes {
