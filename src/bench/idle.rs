@@ -12,8 +12,8 @@ use crate::embedded::counters::RequestCounts;
 
 /// Seconds a kube-runtime watch stays open before it is renewed (its server-side timeout).
 const WATCH_RENEWAL_SECONDS: f64 = 290.0;
-/// The daemon's default `--sweep-interval`.
-const SWEEP_INTERVAL_SECONDS: f64 = 60.0;
+/// The daemon's default `--sweep-interval` (10m).
+const SWEEP_INTERVAL_SECONDS: f64 = 600.0;
 /// Lists one sweep interval brings: the orphan sweep's (the tenant's 8 parent kinds and the host's 7
 /// kinds) and the quota check's (the ResourceQuota and the LimitRange).
 const LISTS_PER_SWEEP: f64 = 17.0;
