@@ -19,7 +19,7 @@ use stackd::api::inventory::BareMetalAsset;
 use stackd::api::pools::{ClusterDeployment, ClusterHost, ClusterPool, HostRole};
 use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
 
-use crate::harness::{Fleet, until, wait_until};
+use crate::harness::{Fleet, holds_for, until, wait_until};
 use crate::pools::{
     INSTALLER, NS, WITHIN, cds, claimed_namespace, claims, create_claim, create_pool, daemon, events, lease, named_cdc,
     pool, pool_json, pool_namespaces, pools, ready, setup,
@@ -866,6 +866,58 @@ async fn an_installer_relabelling_its_output_is_restored_before_it_is_read_and_c
     })
     .await;
     assert_eq!(destroyed.load(Ordering::SeqCst), 1, "the destroy Job ran once");
+}
+
+const SILENT_INSTALLER: &str = "quay.io/example/silent-installer:1";
+
+/// An installer image (the tenant's choice) that succeeds without writing its output leaves the
+/// cluster waiting for it, and the wait costs the host no read: the output is read from the server
+/// only once it is complete, and until then from the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_installer_that_writes_no_output_costs_the_host_no_reads_while_its_cluster_waits() {
+    let (fleet, tenant) = setup().await;
+    fleet
+        .host()
+        .runners()
+        .register(ImageMatch::Exact(SILENT_INSTALLER.into()), |_: &JobContext| {
+            JobOutcome::success("done, wrote nothing\n")
+        });
+    let mut silent = pool_json("silent", 1, None);
+    silent["spec"]["installerImage"] = json!(SILENT_INSTALLER);
+    create_pool(&tenant, silent).await;
+    let daemon = daemon(&fleet, &[]);
+    let cd = wait_until("the pool's cluster", WITHIN, &daemon, || async {
+        own_clusters(&tenant, "silent").await.into_iter().next()
+    })
+    .await;
+    let name = cd.name_any();
+    let jobs: Api<Job> = Api::namespaced(fleet.host_client.clone(), HOST_NAMESPACE);
+    let job = format!("{name}.{name}-install-0");
+    until("the installer Job succeeded", WITHIN, &daemon, || async {
+        let job = jobs.get_opt(&job).await.ok().flatten();
+        job.and_then(|j| j.status?.succeeded).unwrap_or(0) > 0
+    })
+    .await;
+    // Its cluster retries every 5 s: two retries and more, and not one host read of a Secret.
+    let secret_reads = || {
+        fleet
+            .host()
+            .counters()
+            .get(stackd::embedded::Verb::Get, "secrets", Some(HOST_NAMESPACE))
+    };
+    let before = secret_reads();
+    holds_for(
+        "no host Secret read, the cluster not installed",
+        Duration::from_secs(12),
+        &daemon,
+        || async {
+            let installed = cluster(&tenant, &name, &name)
+                .await
+                .is_some_and(|cd| cd.status.is_some_and(|s| s.installed));
+            secret_reads() == before && !installed
+        },
+    )
+    .await;
 }
 
 /// `(reason, resourceVersion)` of the Events on cluster `name`, in the order they were written (the

@@ -2,6 +2,7 @@
 //! current install attempt — observed from the caches, decided by [`plan::provision`], carried
 //! out on the host and reported in the status.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
@@ -230,18 +231,19 @@ pub(super) async fn ensure_installer_identity(ctx: &Ctx, parent: &Parent, names:
 /// The installer succeeded: copy the admin kubeconfig to the tenant and record the cluster installed.
 async fn installed(cd: &ClusterDeployment, ctx: &Ctx, names: &Names) -> Result<Action, DeploymentError> {
     let tenant = &ctx.tenant;
-    let output = match output::find(ctx, cd, &parent(cd), names, Look::Server).await? {
-        Found::Trusted(secret) => Some(secret),
-        // The Secret's watch event brings us back (read from the server again); the requeue is a
-        // safety net.
-        Found::Restored { .. } => return Ok(Action::requeue(Duration::from_secs(5))),
-        Found::Missing => None,
-        Found::Foreign(reason) => {
-            let refusal = format!("host Secret {}/{}: {reason}", tenant.host_namespace, names.output);
-            report(cd, ctx, &Outcome::OutputRefused(refusal)).await?;
-            return Ok(Action::await_change());
-        }
+    let mut output = match finished_output(cd, ctx, names, Look::Cached).await? {
+        Ok(output) => output,
+        Err(action) => return Ok(action),
     };
+    if matches!(plan::output(output.as_deref()), Output::Accepted { .. }) {
+        // About to be read for good, so as the server has it: the installer's last change (its
+        // labels stripped, say) may not have reached the cache, whose watch is not the Job's. One
+        // GET per finished installer: the cluster is installed next.
+        output = match finished_output(cd, ctx, names, Look::Server).await? {
+            Ok(output) => output,
+            Err(action) => return Ok(action),
+        };
+    }
     let secret = admin_kubeconfig::name(cd);
     let (kubeconfig, infra_id) = match plan::output(output.as_deref()) {
         // The Secret's watch event brings us back; the requeue is a safety net.
@@ -272,6 +274,27 @@ async fn installed(cd: &ClusterDeployment, ctx: &Ctx, names: &Names) -> Result<A
         info!("cluster installed");
     }
     Ok(Action::await_change())
+}
+
+/// The finished installer's output Secret as `look` finds it (none when there is none), or what to
+/// do instead of reading it: wait for it restored, or stop at one that is not stackd's.
+async fn finished_output(
+    cd: &ClusterDeployment,
+    ctx: &Ctx,
+    names: &Names,
+    look: Look,
+) -> Result<Result<Option<Arc<Secret>>, Action>, DeploymentError> {
+    match output::find(ctx, cd, &parent(cd), names, look).await? {
+        Found::Trusted(secret) => Ok(Ok(Some(secret))),
+        // The Secret's watch event brings us back; the requeue is a safety net.
+        Found::Restored { .. } => Ok(Err(Action::requeue(Duration::from_secs(5)))),
+        Found::Missing => Ok(Ok(None)),
+        Found::Foreign(reason) => {
+            let refusal = format!("host Secret {}/{}: {reason}", ctx.tenant.host_namespace, names.output);
+            report(cd, ctx, &Outcome::OutputRefused(refusal)).await?;
+            Ok(Err(Action::await_change()))
+        }
+    }
 }
 
 /// Creates the tenant Secret `<cd>-admin-kubeconfig`, or updates the one stackd made for this
