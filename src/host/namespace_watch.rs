@@ -3,10 +3,12 @@
 //! change only when a host administrator edits them. The daemon's ClusterRole already reads both
 //! cluster-wide (it must read and repair a binding where it holds nothing yet), so one shared
 //! watch of each widens nothing. Each tenant's host-namespace controller reads the shared caches
-//! and is woken only by events about its own namespace.
+//! and is woken only by events about its own namespace (one `watch` channel per namespace, so an
+//! event costs one lookup, not one look per tenant, and a burst of them one reconcile).
 
+use std::collections::HashMap;
 use std::future::ready;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Namespace;
@@ -15,8 +17,8 @@ use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, ResourceExt};
-use tokio::sync::broadcast;
-use tokio_stream::wrappers::BroadcastStream;
+use tokio::sync::watch;
+use tokio_stream::wrappers::WatchStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -24,10 +26,6 @@ use super::labels::{MANAGED_BY, MANAGED_BY_LABEL, TENANT_LABEL};
 use super::namespace::TENANT_NAMESPACE_ROLE;
 use crate::runtime::cache::is_filled;
 use crate::runtime::recovery::{WatchBackoff, retry_watch};
-
-/// How many changes a slow tenant may fall behind before it is told to look at everything (a
-/// lagging receiver reconciles once, which is all it needs).
-const CHANGES_BUFFERED: usize = 256;
 
 /// Which host namespaces a change concerns.
 #[derive(Clone, Debug)]
@@ -42,7 +40,38 @@ enum Changed {
 pub struct NamespaceWatch {
     namespaces: Store<Namespace>,
     bindings: Store<RoleBinding>,
-    changed: broadcast::Sender<Changed>,
+    /// By host namespace, the channel its controller listens on.
+    listeners: Arc<Listeners>,
+}
+
+/// The channel of each host namespace whose controller listens.
+#[derive(Default)]
+struct Listeners(Mutex<HashMap<String, watch::Sender<()>>>);
+
+impl Listeners {
+    fn tell(&self, change: &Changed) {
+        let mut listeners = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // A stopped tenant's channel goes with the next change.
+        listeners.retain(|_, sender| sender.receiver_count() > 0);
+        match change {
+            Changed::Namespace(name) => {
+                if let Some(sender) = listeners.get(name) {
+                    sender.send_replace(());
+                }
+            }
+            Changed::All => listeners.values().for_each(|sender| {
+                sender.send_replace(());
+            }),
+        }
+    }
+
+    fn listen(&self, namespace: &str) -> watch::Receiver<()> {
+        let mut listeners = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        listeners
+            .entry(namespace.to_string())
+            .or_insert_with(|| watch::channel(()).0)
+            .subscribe()
+    }
 }
 
 impl NamespaceWatch {
@@ -50,7 +79,7 @@ impl NamespaceWatch {
     /// and every RoleBinding named [`TENANT_NAMESPACE_ROLE`] (by name, so one whose labels were
     /// stripped is still seen and repaired).
     pub fn start(host: &Client, cancel: &CancellationToken) -> Arc<Self> {
-        let (changed, _) = broadcast::channel(CHANGES_BUFFERED);
+        let listeners = Arc::new(Listeners::default());
         let tenant_namespaces = format!("{MANAGED_BY_LABEL}={MANAGED_BY},{TENANT_LABEL}");
         let (namespaces, namespace_events) = shared_cache(
             Api::<Namespace>::all(host.clone()),
@@ -65,11 +94,10 @@ impl NamespaceWatch {
             |rb: &RoleBinding| rb.namespace().unwrap_or_default(),
         );
         for events in [namespace_events.boxed(), binding_events.boxed()] {
-            let (changed, cancel) = (changed.clone(), cancel.clone());
+            let (listeners, cancel) = (listeners.clone(), cancel.clone());
             tokio::spawn(async move {
                 let forward = events.for_each(|change| {
-                    // No receiver (no tenant running) is no error.
-                    let _ = changed.send(change);
+                    listeners.tell(&change);
                     ready(())
                 });
                 tokio::select! {
@@ -81,7 +109,7 @@ impl NamespaceWatch {
         Arc::new(NamespaceWatch {
             namespaces,
             bindings,
-            changed,
+            listeners,
         })
     }
 
@@ -103,19 +131,12 @@ impl NamespaceWatch {
     }
 
     /// A stream that yields once at once (a tenant starting after the caches filled must look once)
-    /// and then on every change to `namespace` or its RoleBinding, or when a cache is refilled.
+    /// and then after changes to `namespace` or its RoleBinding, or when a cache is refilled (changes
+    /// that come while the controller works are one item).
     pub fn changes_of(&self, namespace: &str) -> impl Stream<Item = Result<(), watcher::Error>> + Send + 'static {
-        let namespace = namespace.to_string();
-        let changes = BroadcastStream::new(self.changed.subscribe()).filter_map(move |change| {
-            let concerns = match change {
-                Ok(Changed::Namespace(name)) => name == namespace,
-                Ok(Changed::All) => true,
-                // Fell behind: something may have concerned it.
-                Err(_) => true,
-            };
-            ready(concerns.then_some(Ok(())))
-        });
-        futures::stream::once(ready(Ok(()))).chain(changes)
+        let mut receiver = self.listeners.listen(namespace);
+        receiver.mark_changed();
+        WatchStream::from_changes(receiver).map(Ok)
     }
 }
 
