@@ -703,6 +703,22 @@ async fn other_ready(tenant: &Client, names: &[&str]) -> bool {
 }
 
 const HOST_NAMESPACE: &str = "tenant-acme-controllers";
+
+/// A pool of one cluster whose installer runs `image`.
+fn installer_pool(name: &str, image: &str) -> Value {
+    let mut pool = pool_json(name, 1, None);
+    pool["spec"]["installerImage"] = json!(image);
+    pool
+}
+
+/// The name of the first cluster of `pool`, once there is one.
+async fn first_cluster(tenant: &Client, pool: &str, daemon: &crate::harness::Daemon) -> String {
+    let cd = wait_until("the pool's cluster", WITHIN, daemon, || async {
+        own_clusters(tenant, pool).await.into_iter().next()
+    })
+    .await;
+    cd.name_any()
+}
 const SLOW_INSTALLER: &str = "quay.io/example/slow-installer:1";
 
 /// With `--installer-deadline 2s`, an installer that runs on is stopped by Kubernetes at the Job's
@@ -716,18 +732,13 @@ async fn an_installer_past_its_deadline_is_stopped_and_counted_as_a_failed_attem
         .register(ImageMatch::Exact(SLOW_INSTALLER.into()), |_: &JobContext| {
             JobOutcome::success("still installing\n").after(Duration::from_secs(600))
         });
-    let mut slow = pool_json("slow", 1, None);
-    slow["spec"]["installerImage"] = json!(SLOW_INSTALLER);
+    let mut slow = installer_pool("slow", SLOW_INSTALLER);
     // Attempts end every 2 s: a low limit would have the pool replace the cluster within seconds,
     // racing the checks below of the cluster's attempts.
     slow["spec"]["installAttemptsLimit"] = json!(100);
     create_pool(&tenant, slow).await;
     let daemon = daemon(&fleet, &["--installer-deadline", "2s"]);
-    let cd = wait_until("the pool's cluster", WITHIN, &daemon, || async {
-        own_clusters(&tenant, "slow").await.into_iter().next()
-    })
-    .await;
-    let name = cd.name_any();
+    let name = first_cluster(&tenant, "slow", &daemon).await;
     let jobs: Api<Job> = Api::namespaced(fleet.host_client.clone(), HOST_NAMESPACE);
     let first = format!("{name}.{name}-install-0");
     let job = wait_until("the first installer Job", WITHIN, &daemon, || async {
@@ -812,9 +823,7 @@ fn sly_installer(fleet: &Fleet) -> Arc<AtomicUsize> {
 async fn an_installer_relabelling_its_output_is_restored_before_it_is_read_and_cleaned_up() {
     let (fleet, tenant) = setup().await;
     let destroyed = sly_installer(&fleet);
-    let mut sly = pool_json("sly", 1, None);
-    sly["spec"]["installerImage"] = json!(SLY_INSTALLER);
-    create_pool(&tenant, sly).await;
+    create_pool(&tenant, installer_pool("sly", SLY_INSTALLER)).await;
     let daemon = daemon(&fleet, &[]);
     let cd = wait_until("the cluster installed", WITHIN, &daemon, || async {
         own_clusters(&tenant, "sly").await.into_iter().find(installed)
@@ -882,15 +891,9 @@ async fn an_installer_that_writes_no_output_costs_the_host_no_reads_while_its_cl
         .register(ImageMatch::Exact(SILENT_INSTALLER.into()), |_: &JobContext| {
             JobOutcome::success("done, wrote nothing\n")
         });
-    let mut silent = pool_json("silent", 1, None);
-    silent["spec"]["installerImage"] = json!(SILENT_INSTALLER);
-    create_pool(&tenant, silent).await;
+    create_pool(&tenant, installer_pool("silent", SILENT_INSTALLER)).await;
     let daemon = daemon(&fleet, &[]);
-    let cd = wait_until("the pool's cluster", WITHIN, &daemon, || async {
-        own_clusters(&tenant, "silent").await.into_iter().next()
-    })
-    .await;
-    let name = cd.name_any();
+    let name = first_cluster(&tenant, "silent", &daemon).await;
     let jobs: Api<Job> = Api::namespaced(fleet.host_client.clone(), HOST_NAMESPACE);
     let job = format!("{name}.{name}-install-0");
     until("the installer Job succeeded", WITHIN, &daemon, || async {
