@@ -51,22 +51,25 @@ struct Listeners(Mutex<HashMap<String, watch::Sender<()>>>);
 impl Listeners {
     fn tell(&self, change: &Changed) {
         let mut listeners = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        // A stopped tenant's channel goes with the next change.
-        listeners.retain(|_, sender| sender.receiver_count() > 0);
         match change {
             Changed::Namespace(name) => {
                 if let Some(sender) = listeners.get(name) {
                     sender.send_replace(());
                 }
             }
-            Changed::All => listeners.values().for_each(|sender| {
-                sender.send_replace(());
-            }),
+            Changed::All => {
+                // A stopped tenant's channel goes here and when one listens, not on every event.
+                listeners.retain(|_, sender| sender.receiver_count() > 0);
+                listeners.values().for_each(|sender| {
+                    sender.send_replace(());
+                });
+            }
         }
     }
 
     fn listen(&self, namespace: &str) -> watch::Receiver<()> {
         let mut listeners = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        listeners.retain(|_, sender| sender.receiver_count() > 0);
         listeners
             .entry(namespace.to_string())
             .or_insert_with(|| watch::channel(()).0)
