@@ -16,6 +16,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use stackd::api::stacks::{ClusterStackInstall, Stack, StackInstall};
 use stackd::embedded::Verb;
+use stackd::embedded::faults::RequestMatch;
 
 use super::stacks_install::{
     StackFleet, WIDGETS, condition, crd_names, create_install, create_namespace, events_of, install_sample, stacks_on,
@@ -1441,6 +1442,153 @@ async fn a_completed_install_job_goes_keeping_what_the_user_sees_and_never_runs_
         condition(&install, "Ready").map(|(_, r, _)| r).as_deref(),
         Some("Available")
     );
+}
+
+/// Installs made together tie on creation time (it has a second's resolution) and are then ranked by
+/// uid, not by when they came: an install admitted holds its place before the cache shows it
+/// started, so no namespace starts more installs than its bound, and each pair refuses one.
+#[tokio::test(flavor = "multi_thread")]
+async fn installs_made_in_the_same_second_never_start_more_than_their_namespace_bound() {
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    let jobs = crate::stacks_install::Seen::start(fleet.host_jobs(TENANT));
+    let daemon = fleet.daemon(&["--namespace-max-installs", "1"]);
+    let package = json!({"package": "examples/sample-stack:v1"});
+    let namespaces = make_pairs_while_jobs_are_slow(&fleet, &daemon, &jobs, |namespace, second| {
+        let (tenant, package) = (tenant.clone(), package.clone());
+        async move {
+            let name = if second { "second" } else { "first" };
+            create_install(&tenant, &namespace, name, package).await;
+        }
+    })
+    .await;
+    for namespace in &namespaces {
+        let api = Api::<StackInstall>::namespaced(tenant.clone(), namespace);
+        let reasons = wait_until(
+            &format!("both installs of {namespace} judged"),
+            SOON,
+            &daemon,
+            || async {
+                let mut reasons = Vec::new();
+                for name in ["first", "second"] {
+                    reasons.push(condition(&api.get(name).await.ok()?, "Ready")?.1);
+                }
+                let settled = ["Available", "TooManyInstalls"];
+                reasons.iter().all(|r| settled.contains(&r.as_str())).then_some(reasons)
+            },
+        )
+        .await;
+        let refused = reasons.iter().filter(|r| *r == "TooManyInstalls").count();
+        assert_eq!(refused, 1, "{namespace}: {reasons:?}");
+        let started = jobs
+            .all()
+            .iter()
+            .filter(|job| job.name_any().starts_with(&format!("{namespace}.")))
+            .count();
+        assert_eq!(
+            started, 1,
+            "{namespace} started {started} install Jobs past a bound of 1"
+        );
+    }
+}
+
+/// The same race between the two kinds of one name: the StackInstall, admitted first, holds the name
+/// while it makes its Job, and the ClusterStackInstall made just after is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stack_install_and_a_cluster_stack_install_made_in_the_same_second_do_not_both_start() {
+    let fleet = StackFleet::start(&[TENANT]).await;
+    let tenant = fleet.tenant(TENANT);
+    let jobs = crate::stacks_install::Seen::start(fleet.host_jobs(TENANT));
+    let daemon = fleet.daemon(&[]);
+    let namespaces = make_pairs_while_jobs_are_slow(&fleet, &daemon, &jobs, |namespace, second| {
+        let tenant = tenant.clone();
+        async move {
+            if !second {
+                create_install(
+                    &tenant,
+                    &namespace,
+                    "dup",
+                    json!({"package": "examples/sample-stack:v1"}),
+                )
+                .await;
+                return;
+            }
+            let install: ClusterStackInstall = serde_json::from_value(json!({
+                "metadata": {"name": "dup", "namespace": namespace},
+                "spec": {"package": "examples/cluster-stack:v1"},
+            }))
+            .expect("install");
+            Api::<ClusterStackInstall>::namespaced(tenant, &namespace)
+                .create(&PostParams::default(), &install)
+                .await
+                .expect("create");
+        }
+    })
+    .await;
+    for namespace in &namespaces {
+        let stack_installs = Api::<StackInstall>::namespaced(tenant.clone(), namespace);
+        let cluster_installs = Api::<ClusterStackInstall>::namespaced(tenant.clone(), namespace);
+        let reasons = wait_until(
+            &format!("both installs of {namespace} judged"),
+            SOON,
+            &daemon,
+            || async {
+                let stack_install = condition(&stack_installs.get("dup").await.ok()?, "Ready")?.1;
+                let cluster_install = cluster_installs.get("dup").await.ok()?.status?.conditions;
+                let cluster_install = cluster_install.into_iter().find(|c| c.type_ == "Ready")?.reason;
+                let reasons = [stack_install, cluster_install];
+                let settled = ["Available", "HostObjectConflict"];
+                reasons.iter().all(|r| settled.contains(&r.as_str())).then_some(reasons)
+            },
+        )
+        .await;
+        assert_eq!(
+            reasons,
+            ["Available".to_string(), "HostObjectConflict".to_string()],
+            "{namespace}: the StackInstall was admitted first"
+        );
+    }
+}
+
+/// Makes a pair of installs (`make(namespace, second)`) in each of eight namespaces, the second 50 ms
+/// after the first, while host Job creation takes 300 ms: each first one is admitted at once and
+/// spends a while making its Job, so the second comes before the cache shows the first started.
+async fn make_pairs_while_jobs_are_slow<F, Fut>(
+    fleet: &StackFleet,
+    daemon: &Daemon,
+    jobs: &crate::stacks_install::Seen<Job>,
+    make: F,
+) -> Vec<String>
+where
+    F: Fn(String, bool) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    // The controllers are running before the pairs come.
+    let tenant = fleet.tenant(TENANT);
+    create_install(&tenant, "warm", "up", json!({"package": "examples/sample-stack:v1"})).await;
+    wait_for_reason(&tenant, "warm", "up", daemon, "Available").await;
+    fleet._host.faults().add_latency(
+        RequestMatch::any().verb(Verb::Create).resource("jobs"),
+        Duration::from_millis(300),
+    );
+    let namespaces: Vec<String> = (0..8).map(|i| format!("pair-{i}")).collect();
+    for namespace in &namespaces {
+        create_namespace(&tenant, namespace).await;
+        make(namespace.clone(), false).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        make(namespace.clone(), true).await;
+        // One pair at a time, so no first one waits for a reconcile slot behind the others.
+        let prefix = format!("{namespace}.");
+        wait_until(&format!("a Job of {namespace}"), SOON, daemon, || async {
+            jobs.all()
+                .iter()
+                .any(|job| job.name_any().starts_with(&prefix))
+                .then_some(())
+        })
+        .await;
+    }
+    fleet._host.faults().clear();
+    namespaces
 }
 
 /// One namespace may hold only so many installs (`--namespace-max-installs`): its newest past the

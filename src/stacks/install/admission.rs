@@ -7,7 +7,13 @@
 //! The installs of a namespace, StackInstalls and ClusterStackInstalls alike, are ranked by creation
 //! (then uid): the newest past the bound are refused. One that has started (it has an install Job or a
 //! Stack) keeps its place, so a later install never stops an earlier one; one being deleted frees its
-//! place, and its deletion wakes the refused ones.
+//! place, and its deletion wakes the refused ones. One admitted holds its place from that moment
+//! ([`Admitted`]), not from when the cache shows it started: installs made within one second tie on
+//! creation time and are then ranked by uid, which is not the order they arrive in, so without it
+//! two judged close together could both take the last place.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
 
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
@@ -21,33 +27,65 @@ pub(super) const TOO_MANY_INSTALLS: &str = "TooManyInstalls";
 /// The `Ready` reason of an install whose name (its Stack's, its host objects') the other kind holds.
 const NAME_TAKEN: &str = "HostObjectConflict";
 
-/// Why the install may make nothing on the host, if it may not.
+/// Why the install may make nothing on the host, if it may not. An install not refused is admitted:
+/// it holds its place (its name, a place under the bound) from now on.
 pub(super) fn refusal<K: InstallKind>(install: &K, ctx: &InstallContext, package: &str) -> Option<Report> {
     let registries = &ctx.tenant.shared.settings.allowed_registries;
     if let Some(message) = registries.refusal("the package image", package) {
         return Some(Report::failed("RegistryNotAllowed", message));
     }
+    let namespace = install.namespace().unwrap_or_default();
+    let uid = install.uid().unwrap_or_default();
+    let mut admitted = ctx.admitted.lock();
+    let places = admitted.entry(namespace.clone()).or_default();
+    // An admitted install the cache shows started, or that is going, needs no record.
+    if !places.is_empty() {
+        let mut waiting_now = waiting(&ctx.stack_installs, &namespace);
+        waiting_now.extend(waiting(&ctx.cluster_stack_installs, &namespace));
+        places.retain(|uid| waiting_now.contains(uid));
+    }
     let others = Others {
         stack_installs: &ctx.stack_installs,
         cluster_stack_installs: &ctx.cluster_stack_installs,
+        admitted: places,
     };
-    if let Some(report) = others.holding_the_name(install, ctx) {
-        return Some(report);
+    let refused = others
+        .holding_the_name(install, ctx)
+        .or_else(|| others.past_the_bound(install, ctx));
+    if refused.is_none() && !started(install.install_status()) {
+        places.insert(uid);
     }
-    let max = ctx.tenant.shared.settings.stack_limits.namespace_max_installs;
-    let namespace = install.namespace().unwrap_or_default();
-    if max == 0 || started(install.install_status()) {
-        return None;
+    if places.is_empty() {
+        admitted.remove(&namespace);
     }
-    let ahead = others.ahead_of(&namespace, &rank(install));
-    (ahead >= max).then(|| {
-        Report::failed(
-            TOO_MANY_INSTALLS,
-            format!(
-                "namespace {namespace} already has {ahead} StackInstalls and ClusterStackInstalls, the most one namespace may have (--namespace-max-installs {max}); this install creates nothing until one of them is deleted, or the host's operators raise the bound"
-            ),
-        )
-    })
+    refused
+}
+
+/// The installs this replica admitted and whose start its cache does not show yet, by namespace
+/// (uids): they hold their places. Shared by the StackInstall and ClusterStackInstall controllers
+/// of a tenant, whose installs share the bound.
+#[derive(Default)]
+pub(crate) struct Admitted {
+    by_namespace: Mutex<HashMap<String, HashSet<String>>>,
+}
+
+impl Admitted {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, HashSet<String>>> {
+        self.by_namespace
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Forgets an install being deleted: its place is free.
+    pub(super) fn forget(&self, namespace: &str, uid: &str) {
+        let mut admitted = self.lock();
+        if let Some(places) = admitted.get_mut(namespace) {
+            places.remove(uid);
+            if places.is_empty() {
+                admitted.remove(namespace);
+            }
+        }
+    }
 }
 
 /// The installs of a namespace whose refusal for the bound a change of `changed` may lift: its
@@ -94,10 +132,11 @@ fn rank<K: InstallKind>(install: &K) -> Rank {
     )
 }
 
-/// The caches of both install kinds.
+/// The caches of both install kinds, and the installs of the namespace judged admitted.
 struct Others<'a> {
     stack_installs: &'a Store<StackInstall>,
     cluster_stack_installs: &'a Store<ClusterStackInstall>,
+    admitted: &'a HashSet<String>,
 }
 
 impl Others<'_> {
@@ -110,8 +149,9 @@ impl Others<'_> {
         } else {
             standing(self.stack_installs, &namespace, &name)
         };
-        let (kind, other_started, other_rank) = other?;
-        let own_started = started(install.install_status());
+        let (kind, other_uid, other_started, other_rank) = other?;
+        let other_started = other_started || self.admitted.contains(&other_uid);
+        let own_started = self.holds_place(install);
         let holds = (other_started && !own_started) || (other_started == own_started && other_rank < rank(install));
         holds.then(|| {
             let job = super::job::job_name(&namespace, &name);
@@ -125,33 +165,69 @@ impl Others<'_> {
         })
     }
 
-    /// The installs of `namespace`, not being deleted, that hold a place before one of rank `rank`:
-    /// older ones, and started ones whatever their age.
-    fn ahead_of(&self, namespace: &str, rank: &Rank) -> usize {
-        count_ahead(self.stack_installs, namespace, rank) + count_ahead(self.cluster_stack_installs, namespace, rank)
+    /// The refusal of `install` when its namespace holds `--namespace-max-installs` installs
+    /// before it.
+    fn past_the_bound<K: InstallKind>(&self, install: &K, ctx: &InstallContext) -> Option<Report> {
+        let max = ctx.tenant.shared.settings.stack_limits.namespace_max_installs;
+        if max == 0 || self.holds_place(install) {
+            return None;
+        }
+        let namespace = install.namespace().unwrap_or_default();
+        let own = rank(install);
+        let ahead = count_ahead(self.stack_installs, &namespace, &own, self.admitted)
+            + count_ahead(self.cluster_stack_installs, &namespace, &own, self.admitted);
+        (ahead >= max).then(|| {
+            Report::failed(
+                TOO_MANY_INSTALLS,
+                format!(
+                    "namespace {namespace} already has {ahead} StackInstalls and ClusterStackInstalls, the most one namespace may have (--namespace-max-installs {max}); this install creates nothing until one of them is deleted, or the host's operators raise the bound"
+                ),
+            )
+        })
+    }
+
+    /// Started, as the cache shows, or admitted by this replica since.
+    fn holds_place<K: InstallKind>(&self, install: &K) -> bool {
+        started(install.install_status()) || self.admitted.contains(&install.uid().unwrap_or_default())
     }
 }
 
-/// The install of kind `K` at `namespace`/`name`, unless it is being deleted: its kind, whether it
-/// started, its rank.
-fn standing<K: InstallKind>(installs: &Store<K>, namespace: &str, name: &str) -> Option<(String, bool, Rank)> {
+/// The uids of the installs of `namespace` that are cached, not being deleted and not shown started.
+fn waiting<K: InstallKind>(installs: &Store<K>, namespace: &str) -> HashSet<String> {
+    installs
+        .state()
+        .iter()
+        .filter(|install| install.namespace().as_deref() == Some(namespace))
+        .filter(|install| install.meta().deletion_timestamp.is_none() && !started(install.install_status()))
+        .filter_map(|install| install.uid())
+        .collect()
+}
+
+/// The install of kind `K` at `namespace`/`name`, unless it is being deleted: its kind, uid,
+/// whether the cache shows it started, its rank.
+fn standing<K: InstallKind>(installs: &Store<K>, namespace: &str, name: &str) -> Option<(String, String, bool, Rank)> {
     let install = installs.get(&ObjectRef::new(name).within(namespace))?;
     (install.meta().deletion_timestamp.is_none()).then(|| {
         (
             K::kind(&()).into_owned(),
+            install.uid().unwrap_or_default(),
             started(install.install_status()),
             rank(install.as_ref()),
         )
     })
 }
 
-fn count_ahead<K: InstallKind>(installs: &Store<K>, namespace: &str, own: &Rank) -> usize {
+fn count_ahead<K: InstallKind>(installs: &Store<K>, namespace: &str, own: &Rank, admitted: &HashSet<String>) -> usize {
     installs
         .state()
         .iter()
         .filter(|install| install.namespace().as_deref() == Some(namespace))
         .filter(|install| install.meta().deletion_timestamp.is_none())
         .filter(|install| rank(install.as_ref()) != *own)
-        .filter(|install| rank(install.as_ref()) < *own || started(install.install_status()))
+        .filter(|install| {
+            rank(install.as_ref()) < *own
+                || started(install.install_status())
+                || admitted.contains(&install.uid().unwrap_or_default())
+        })
         .count()
 }

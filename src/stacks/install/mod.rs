@@ -115,6 +115,8 @@ pub struct InstallContext {
     unpacked: Arc<unpacked::Reads>,
     /// The last status written to each install.
     written: Written<StackInstallStatus>,
+    /// The installs admitted past `--namespace-max-installs`, both kinds', until cached as started.
+    admitted: Arc<admission::Admitted>,
 }
 
 /// Why a reconcile failed; it is retried with backoff.
@@ -152,7 +154,8 @@ async fn reconcile<K: InstallKind>(
     ctx: Arc<InstallContext>,
     _permit: Permit,
 ) -> Result<Action, InstallError> {
-    let api: Api<K> = Api::namespaced(ctx.tenant.client.clone(), &install.namespace().unwrap_or_default());
+    let namespace = install.namespace().unwrap_or_default();
+    let api: Api<K> = Api::namespaced(ctx.tenant.client.clone(), &namespace);
     let deleting = install.meta().deletion_timestamp.is_some();
     let uid = install.uid().unwrap_or_default();
     let ctx = ctx.as_ref();
@@ -181,6 +184,7 @@ async fn reconcile<K: InstallKind>(
     if deleting {
         ctx.unpacked.forget(&uid);
         ctx.written.forget(&uid);
+        ctx.admitted.forget(&namespace, &uid);
     }
     outcome
 }
@@ -192,14 +196,19 @@ pub fn default_stackd_image() -> String {
 
 /// Runs the StackInstall and ClusterStackInstall controllers of one tenant until `cancel`.
 pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
+    let admitted = Arc::new(admission::Admitted::default());
     tokio::join!(
-        run_kind::<StackInstall>(context.clone(), cancel.clone()),
-        run_kind::<ClusterStackInstall>(context, cancel),
+        run_kind::<StackInstall>(context.clone(), admitted.clone(), cancel.clone()),
+        run_kind::<ClusterStackInstall>(context, admitted, cancel),
     );
     Ok(())
 }
 
-async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: CancellationToken) {
+async fn run_kind<K: InstallKind>(
+    context: Arc<TenantContext>,
+    admitted: Arc<admission::Admitted>,
+    cancel: CancellationToken,
+) {
     let caches = &context.caches;
     // Deletions matter too: a replaced Job's deletion lets its successor be created, a deleted
     // Stack lets its install's uninstall go on.
@@ -230,6 +239,7 @@ async fn run_kind<K: InstallKind>(context: Arc<TenantContext>, cancel: Cancellat
         stackd_image,
         unpacked: reads.clone(),
         written: Default::default(),
+        admitted,
     });
     let install_store = installs.store();
     let on_job = context.clone();
