@@ -36,6 +36,7 @@ use super::readiness::Readiness;
 use super::recovery::{HeldForReturn, NoTriggerBackoff};
 use super::retry;
 use super::shutdown::run_controller;
+use super::written::Written;
 
 mod permits;
 mod singleton;
@@ -95,7 +96,36 @@ where
 {
     /// A controller named `name` (its `controller` metric label) reconciling the objects of `main`.
     pub fn new(name: impl Into<String>, tenant: Arc<T>, main: &SharedCache<K>) -> Self {
-        let controller = Controller::for_shared_stream(main.touched(), main.store())
+        Self::from_triggers(name, tenant, main, main.touched())
+    }
+
+    /// [`Self::new`] for a controller that records its status writes in `written`: the watch event
+    /// of its own write wakes nothing (the object changed only as the reconcile that wrote it
+    /// knows), which is most of the events an object of a busy controller gets.
+    pub fn ignoring_own_writes<S: Clone + Send + 'static>(
+        name: impl Into<String>,
+        tenant: Arc<T>,
+        main: &SharedCache<K>,
+        written: Arc<Written<S>>,
+    ) -> Self {
+        let triggers = main.touched().filter(move |object| {
+            let meta = object.meta();
+            let own = written.is_own_write(
+                meta.uid.as_deref().unwrap_or_default(),
+                meta.resource_version.as_deref(),
+            );
+            futures::future::ready(!own)
+        });
+        Self::from_triggers(name, tenant, main, triggers)
+    }
+
+    fn from_triggers(
+        name: impl Into<String>,
+        tenant: Arc<T>,
+        main: &SharedCache<K>,
+        triggers: impl Stream<Item = Arc<K>> + Send + 'static,
+    ) -> Self {
+        let controller = Controller::for_shared_stream(triggers, main.store())
             // Unbounded here: the tenant's fair permits bound what runs (see the module docs).
             .with_config(Config::default().concurrency(0))
             // Each shared watch retries on its own backoff; one on the merged triggers would pause
@@ -516,6 +546,53 @@ mod tests {
             1,
             "the panicked reconcile gave its permit back"
         );
+        cancel.cancel();
+        run.await.unwrap();
+    }
+
+    /// The watch event of the controller's own status write wakes nothing; any other change of
+    /// the object (another resourceVersion) does.
+    #[tokio::test]
+    async fn the_event_of_a_controllers_own_status_write_wakes_nothing() {
+        let (feed, main, _driver) = fed::<ConfigMap>();
+        let at = |version: &str| ConfigMap {
+            metadata: ObjectMeta {
+                uid: Some("uid-a".into()),
+                resource_version: Some(version.into()),
+                ..config_map("a").metadata
+            },
+            ..Default::default()
+        };
+        listed(&feed, &[at("1")]);
+        let tenant = tenant();
+        let written = Arc::new(Written::<String>::default());
+        let reconciled = Arc::new(AtomicUsize::new(0));
+        let cancel = CancellationToken::new();
+        let scaffold = Scaffold::ignoring_own_writes("test", tenant.clone(), &main, written.clone());
+        let run = tokio::spawn({
+            let (reconciled, cancel) = (reconciled.clone(), cancel.clone());
+            async move {
+                let reconcile = |_: Arc<ConfigMap>, count: Arc<AtomicUsize>, _permit: Permit| async move {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, TestError>(Action::await_change())
+                };
+                scaffold.run(reconciled, reconcile, &cancel).await
+            }
+        });
+        eventually("the first reconcile", || reconciled.load(Ordering::SeqCst) == 1).await;
+        written.record("uid-a", Some("2".into()), "Ready".into());
+        feed.send(Ok(Event::Apply(at("2")))).unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            reconciled.load(Ordering::SeqCst),
+            1,
+            "the own write's event woke a reconcile"
+        );
+        feed.send(Ok(Event::Apply(at("3")))).unwrap();
+        eventually("the reconcile of the other change", || {
+            reconciled.load(Ordering::SeqCst) == 2
+        })
+        .await;
         cancel.cancel();
         run.await.unwrap();
     }

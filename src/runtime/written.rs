@@ -48,6 +48,16 @@ impl<S: Clone> Written<S> {
         entries.get(uid).map_or(cached, |entry| entry.status.clone())
     }
 
+    /// Whether the object at resourceVersion `version` is what this controller's last status write
+    /// made of it: the write's own watch event, which tells its writer nothing new.
+    pub fn is_own_write(&self, uid: &str, version: Option<&str>) -> bool {
+        let entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        version.is_some()
+            && entries
+                .get(uid)
+                .is_some_and(|entry| entry.produced.as_deref() == version)
+    }
+
     /// Records that `status` was written and produced resourceVersion `produced`.
     pub fn record(&self, uid: &str, produced: Option<String>, status: S) {
         let mut entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -90,7 +100,14 @@ mod tests {
         );
         assert_eq!(written.current("uid-2", Some("7"), "Pending"), "Pending");
         written.record("uid-3", Some("4".into()), "Available");
+        assert!(written.is_own_write("uid-3", Some("4")));
+        assert!(
+            !written.is_own_write("uid-3", Some("5")),
+            "another change, after the write"
+        );
+        assert!(!written.is_own_write("uid-3", None));
         written.forget("uid-3");
+        assert!(!written.is_own_write("uid-3", Some("4")));
         assert_eq!(written.current("uid-3", Some("3"), "Pending"), "Pending");
     }
 

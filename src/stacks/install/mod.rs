@@ -114,7 +114,7 @@ pub struct InstallContext {
     /// What each install Job's output came to, until the Job changes.
     unpacked: Arc<unpacked::Reads>,
     /// The last status written to each install.
-    written: Written<StackInstallStatus>,
+    written: Arc<Written<StackInstallStatus>>,
     /// The installs admitted past `--namespace-max-installs`, both kinds', until cached as started.
     admitted: Arc<admission::Admitted>,
 }
@@ -229,6 +229,7 @@ async fn run_kind<K: InstallKind>(
         .clone()
         .unwrap_or_else(default_stackd_image);
     let reads = Arc::new(unpacked::Reads::default());
+    let written = Arc::new(Written::default());
     let ctx = Arc::new(InstallContext {
         tenant: context.clone(),
         jobs: jobs.store(),
@@ -238,14 +239,14 @@ async fn run_kind<K: InstallKind>(
         cluster_stack_installs: cluster_stack_installs.store(),
         stackd_image,
         unpacked: reads.clone(),
-        written: Default::default(),
+        written: written.clone(),
         admitted,
     });
     let install_store = installs.store();
     let on_job = context.clone();
     let (refused_stacks, refused_clusters) = (install_store.clone(), install_store.clone());
     let (stack_store, cluster_store) = (stack_installs.store(), cluster_stack_installs.store());
-    Scaffold::new(K::kind(&()), context, &installs)
+    Scaffold::ignoring_own_writes(K::kind(&()), context, &installs, written)
         .watches(&jobs, move |job| {
             // The cache has shown this Job: its creation is no longer pending.
             on_job.host_writes.seen(job.as_ref());

@@ -48,7 +48,7 @@ pub(super) struct StackContext {
     pub installs: Installs,
     pub reported: ReportedReadiness,
     /// The last status written to each Stack.
-    pub written: Written<StackStatus>,
+    pub written: Arc<Written<StackStatus>>,
 }
 
 /// The Ready condition (status, reason) this process last wrote per Stack. A reconcile starts from

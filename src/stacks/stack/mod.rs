@@ -49,6 +49,7 @@ use crate::host::labels::{
 };
 use crate::runtime::controller::Scaffold;
 use crate::runtime::informers::SharedCache;
+use crate::runtime::written::Written;
 
 /// Runs the Stack controller of one tenant until `cancel` fires.
 pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
@@ -68,7 +69,8 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
     let stack_store = stacks.store();
     // Every event of a host object means the cache has shown it: a creation is no longer pending.
     let (on_deployment, on_secret) = (context.clone(), context.clone());
-    let scaffold = Scaffold::new(CONTROLLER, context.clone(), &stacks)
+    let written = Arc::new(Written::default());
+    let scaffold = Scaffold::ignoring_own_writes(CONTROLLER, context.clone(), &stacks, written.clone())
         .watches(&service_accounts, |o| stack_of(o.as_ref()))
         .watches_ready_stream(token_secrets.readiness(), token_events, |o| stack_of(&o))
         .watches(&cluster_roles, |o| stack_of(o.as_ref()))
@@ -94,7 +96,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
     let ctx = Arc::new(StackContext {
         tenant: context,
         reported: Default::default(),
-        written: Default::default(),
+        written,
         caches: Caches {
             service_accounts: service_accounts.store(),
             token_secrets,
