@@ -199,7 +199,8 @@ struct RunArgs {
     #[arg(long, default_value_t = 50, value_name = "N")]
     namespace_max_pools: usize,
     /// Interval of the orphan sweep over host objects, and of the check that puts back each tenant's
-    /// host ResourceQuota and LimitRange (which are not watched).
+    /// host ResourceQuota and LimitRange (which are not watched): each tenant's fall at its own
+    /// point of the interval, so tenants started together do not sweep together.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration, value_name = "DURATION")]
     sweep_interval: Duration,
     /// First retry delay after a failed reconcile; doubles per failure.

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use futures::StreamExt;
 use kube::api::Api;
 use tokio::sync::watch;
-use tokio::time::MissedTickBehavior;
 use tokio_stream::wrappers::IntervalStream;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -38,11 +37,7 @@ pub async fn run(
     );
     // The NetworkPolicy's first list brings the first reconcile; the checks follow it, each
     // tenant's at its own point of the interval (tenants that start together do not list together).
-    let interval = context.shared.settings.sweep_interval;
-    let first = tokio::time::Instant::now() + interval.mul_f64(0.5 + 0.5 * spread_of(&context.name));
-    let mut every_sweep = tokio::time::interval_at(first, interval);
-    every_sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let checks = IntervalStream::new(every_sweep).map(|_| Ok(()));
+    let checks = IntervalStream::new(context.sweeps()).map(|_| Ok(()));
     let reconcile = |_permit| {
         let (context, applied) = (context.clone(), applied.clone());
         let policies = policies.clone();
@@ -67,28 +62,4 @@ pub async fn run(
         .run(reconcile, &cancel)
         .await;
     Ok(())
-}
-
-/// Where in `[0, 1)` the tenant's checks fall, the same on every start.
-fn spread_of(tenant: &str) -> f64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::hash::DefaultHasher::new();
-    tenant.hash(&mut hasher);
-    (hasher.finish() % 1_000) as f64 / 1_000.0
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tenants_check_at_their_own_points_of_the_interval() {
-        let points: std::collections::BTreeSet<u64> = ["acme", "globex", "initech", "umbrella"]
-            .iter()
-            .map(|tenant| (spread_of(tenant) * 1_000.0) as u64)
-            .collect();
-        assert_eq!(points.len(), 4);
-        assert!(points.iter().all(|p| *p < 1_000));
-        assert_eq!(spread_of("acme"), spread_of("acme"));
-    }
 }

@@ -231,15 +231,18 @@ fn host_kinds() -> Vec<ApiResource> {
 }
 
 /// Deletes host objects whose tenant parent is gone, when the tenant starts and every
-/// `--sweep-interval` after: the backstop for deletions the daemon missed while it was down.
+/// `--sweep-interval` after (at the tenant's own point of it): the backstop for deletions the
+/// daemon missed while it was down.
 async fn orphan_sweeper(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
     let (parents, hosts) = (parent_kinds(), host_kinds());
-    let mut interval = tokio::time::interval(context.shared.settings.sweep_interval);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sweeps = context.sweeps();
+    let mut at_start = true;
     loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return Ok(()),
-            _ = interval.tick() => {}
+        if !std::mem::take(&mut at_start) {
+            tokio::select! {
+                _ = cancel.cancelled() => return Ok(()),
+                _ = sweeps.tick() => {}
+            }
         }
         if context.reachability.is_down() {
             debug!(tenant = %context.name, "orphan sweep skipped: the tenant API server is down");
