@@ -10,8 +10,9 @@ use super::fleet::Fleet;
 use crate::embedded::Verb;
 use crate::embedded::counters::RequestCounts;
 
-/// Seconds a kube-runtime watch stays open before it is renewed (its server-side timeout).
-const WATCH_RENEWAL_SECONDS: f64 = 290.0;
+/// Seconds a cache's watch stays open before it is renewed, on average: its server-side timeout,
+/// spread over 200–290 s by tenant and cache (`runtime::informers`).
+const WATCH_RENEWAL_SECONDS: f64 = 245.0;
 /// The daemon's default `--sweep-interval` (10m).
 const SWEEP_INTERVAL_SECONDS: f64 = 600.0;
 /// Lists one sweep interval brings: the orphan sweep's (the tenant's 8 parent kinds and the host's 7

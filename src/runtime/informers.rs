@@ -317,7 +317,8 @@ impl Informers {
     {
         let key = format!("tenant {}/{} {labels}", K::api_version(&()), K::plural(&()));
         let api = Api::<RawObject<K>>::all(self.tenant.clone());
-        self.cache(key, self.parts(false), raw_watch(api, selected(labels)))
+        let config = self.renewed(&key, selected(labels));
+        self.cache(key, self.parts(false), raw_watch(api, config))
     }
 
     /// Tenant objects of a stackd kind, every namespace: malformed and oversized ones are left out
@@ -328,14 +329,16 @@ impl Informers {
     {
         let key = format!("tenant {}/{} (guarded)", K::api_version(&()), K::plural(&()));
         let api = Api::<RawObject<K>>::all(self.tenant.clone());
-        self.cache(key, self.parts(false), raw_watch(api, watcher::Config::default()))
+        let config = self.renewed(&key, watcher::Config::default());
+        self.cache(key, self.parts(false), raw_watch(api, config))
     }
 
     /// The tenant's CRDs, cached slim (see [`crate::api::crds::slim`]): no size cap, since a
     /// package's CRDs may be large and only their names, versions and conditions are kept.
     pub fn tenant_crds(&self) -> SharedCache<CustomResourceDefinition> {
         let api = Api::<CustomResourceDefinition>::all(self.tenant.clone());
-        let events = watcher(api, watcher::Config::default().page_size(LIST_PAGE_SIZE))
+        let config = self.renewed("tenant crds", watcher::Config::default().page_size(LIST_PAGE_SIZE));
+        let events = watcher(api, config)
             .modify(crate::api::crds::slim)
             .map(|event| event.map(|event| map_event(event, Incoming::Decoded)))
             .boxed();
@@ -356,7 +359,16 @@ impl Informers {
     {
         let key = format!("host {}/{}", K::api_version(&()), K::plural(&()));
         let api = Api::<RawObject<K>>::namespaced(self.host.clone(), &self.host_namespace);
-        self.cache(key, self.parts(true), raw_watch(api, selected(&self.host_selector)))
+        let config = self.renewed(&key, selected(&self.host_selector));
+        self.cache(key, self.parts(true), raw_watch(api, config))
+    }
+
+    /// `config` with its watch's server-side timeout spread by tenant and cache: a watch is
+    /// renewed when it times out, and a replica's tenants, started together, would otherwise
+    /// renew every watch in the same second every 290 s (client-go's reflector picks its
+    /// timeouts at random for the same reason).
+    fn renewed(&self, key: &str, config: watcher::Config) -> watcher::Config {
+        config.timeout(watch_timeout(&self.host_namespace, key))
     }
 
     /// The cache under `key`, started from `events` when it is the first.
@@ -443,6 +455,15 @@ fn map_event<A, B>(event: Event<A>, f: impl Fn(A) -> B) -> Event<B> {
         Event::InitApply(object) => Event::InitApply(f(object)),
         Event::InitDone => Event::InitDone,
     }
+}
+
+/// Seconds a watch asks the server to hold it: 200 to 290 (kube's default, under the five minutes
+/// after which load balancers commonly cut an idle connection), the same for a cache on every start.
+fn watch_timeout(host_namespace: &str, key: &str) -> u32 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    (host_namespace, key).hash(&mut hasher);
+    200 + (hasher.finish() % 91) as u32
 }
 
 fn selected(labels: &str) -> watcher::Config {

@@ -246,3 +246,18 @@ async fn controllers_asking_for_one_kind_share_one_watch() {
     informers.stop();
     assert_eq!(informers.watches(), (0, 0));
 }
+
+#[test]
+fn watches_of_tenants_started_together_time_out_at_different_moments() {
+    let tenants = (0..50).map(|i| format!("tenant-t{i:03}-controllers"));
+    let timeouts: std::collections::BTreeSet<u32> = tenants
+        .flat_map(|namespace| ["host apps/v1/deployments", "tenant crds"].map(|key| watch_timeout(&namespace, key)))
+        .collect();
+    assert!(timeouts.iter().all(|t| (200..=290).contains(t)), "{timeouts:?}");
+    assert!(
+        timeouts.len() > 40,
+        "100 watches renew at only {} moments",
+        timeouts.len()
+    );
+    assert_eq!(watch_timeout("a", "tenant crds"), watch_timeout("a", "tenant crds"));
+}
