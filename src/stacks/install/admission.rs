@@ -31,11 +31,13 @@ const NAME_TAKEN: &str = "HostObjectConflict";
 /// it holds its place (its name, a place under the bound) from now on.
 pub(super) fn refusal<K: InstallKind>(install: &K, ctx: &InstallContext, package: &str) -> Option<Report> {
     let registries = &ctx.tenant.shared.settings.allowed_registries;
-    if let Some(message) = registries.refusal("the package image", package) {
-        return Some(Report::failed("RegistryNotAllowed", message));
-    }
     let namespace = install.namespace().unwrap_or_default();
     let uid = install.uid().unwrap_or_default();
+    if let Some(message) = registries.refusal("the package image", package) {
+        // Edited to a package it may not install: what it was admitted for no longer holds.
+        ctx.admitted.forget(&namespace, &uid);
+        return Some(Report::failed("RegistryNotAllowed", message));
+    }
     let mut admitted = ctx.admitted.lock();
     let places = admitted.entry(namespace.clone()).or_default();
     // An admitted install the cache shows started, or that is going, needs no record.
