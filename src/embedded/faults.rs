@@ -83,6 +83,8 @@ struct Pause {
 pub struct Faults {
     failures: Mutex<Vec<Failure>>,
     latencies: Mutex<Vec<Latency>>,
+    /// Served at once, answered late: the write is stored and its watch events sent first.
+    answer_latencies: Mutex<Vec<Latency>>,
     /// Cancelled (and replaced) to end every open watch.
     watches: Mutex<CancellationToken>,
     parent: CancellationToken,
@@ -104,6 +106,7 @@ impl Faults {
         Faults {
             failures: Mutex::default(),
             latencies: Mutex::default(),
+            answer_latencies: Mutex::default(),
             watches: Mutex::new(shutdown.child_token()),
             parent: shutdown.clone(),
             retry_after: Mutex::new(1),
@@ -133,10 +136,17 @@ impl Faults {
         lock(&self.latencies).push(Latency { matching, delay });
     }
 
+    /// Every matching request is served at once but answered `delay` later: its watch events
+    /// reach watchers before its writer hears back (as a busy client may find on a real server).
+    pub fn add_answer_latency(&self, matching: RequestMatch, delay: Duration) {
+        lock(&self.answer_latencies).push(Latency { matching, delay });
+    }
+
     /// Disarms every failure and latency.
     pub fn clear(&self) {
         lock(&self.failures).clear();
         lock(&self.latencies).clear();
+        lock(&self.answer_latencies).clear();
     }
 
     /// Ends every open watch stream (new watches are unaffected).
@@ -182,6 +192,21 @@ impl Faults {
             pauses: self.pauses.subscribe(),
             info: info.clone(),
             namespace: namespace.to_string(),
+        }
+    }
+
+    /// Waits out the answer latency of a request already served.
+    pub(crate) async fn delay_answer(&self, verb: Verb, info: &ResourceInfo, namespace: &str) {
+        let delay: Duration = lock(&self.answer_latencies)
+            .iter()
+            .filter(|l| l.matching.matches(verb, info, namespace))
+            .map(|l| l.delay)
+            .sum();
+        if !delay.is_zero() {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = self.parent.cancelled() => {}
+            }
         }
     }
 

@@ -274,6 +274,8 @@ async fn dispatch(shared: &Arc<Shared>, target: Target, request: Request) -> Res
         None => collection(shared, &request),
         Some(name) => object(shared, &request, &name),
     }?;
+    let target = &request.target;
+    shared.faults.delay_answer(verb, &target.info, target.namespace()).await;
     for warning in warnings {
         if let Ok(value) = header::HeaderValue::from_str(&warning) {
             response.headers_mut().append(header::WARNING, value);

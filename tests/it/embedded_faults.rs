@@ -163,6 +163,36 @@ async fn latency_is_added_to_matching_requests_only() {
     assert!(started.elapsed() < Duration::from_millis(300));
 }
 
+/// Answer latency: the write is stored and watched at once, and answered late.
+#[tokio::test]
+async fn answer_latency_lets_the_watch_event_come_before_the_answer() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let api = t.configmaps("ns");
+    let mut events = api.watch(&WatchParams::default(), "0").await.unwrap().boxed();
+    t.server
+        .faults()
+        .add_answer_latency(create_configmaps(), Duration::from_millis(500));
+    let started = Instant::now();
+    let create = tokio::spawn(async move { api.create(&PostParams::default(), &configmap("a", json!({}))).await });
+    let event = timeout(WAIT, events.next())
+        .await
+        .expect("an event")
+        .expect("a watch event");
+    let seen_after = started.elapsed();
+    assert!(matches!(event, Ok(kube::api::WatchEvent::Added(_))), "{event:?}");
+    create.await.unwrap().expect("created");
+    assert!(
+        seen_after < Duration::from_millis(500),
+        "the event waited for the answer: {seen_after:?}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 /// A kube-runtime watcher on the namespace's ConfigMaps, past its first InitDone.
 async fn started_watcher(
     t: &TestServer,
