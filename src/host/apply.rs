@@ -115,14 +115,26 @@ where
     {
         return Ok(Applied::Unchanged);
     }
-    let existing = match ensure_created(api, desired, observed, tenant, parent).await? {
-        (Applied::Created, _) => {
-            if let Update::WhenDifferent(writes) = update {
-                writes.remember_created(&key);
-            }
-            return Ok(Applied::Created);
+    // Marked before the request, not after: the creation's watch event (`HostWrites::seen`) may
+    // be handled before the response is, and a mark made after it would stand for a creation the
+    // cache has already shown (and hold back the next creation of a copy deleted meanwhile).
+    let creating = match update {
+        Update::WhenDifferent(writes) if observed.is_none() => Some(writes),
+        _ => None,
+    };
+    if let Some(writes) = creating {
+        writes.remember_created(&key);
+    }
+    let existing = match ensure_created(api, desired, observed, tenant, parent).await {
+        Ok((Applied::Created, _)) => return Ok(Applied::Created),
+        Ok((_, existing)) => {
+            creating.inspect(|writes| writes.forget_created(&key));
+            existing
         }
-        (_, existing) => existing,
+        Err(err) => {
+            creating.inspect(|writes| writes.forget_created(&key));
+            return Err(err);
+        }
     };
     let Update::WhenDifferent(reverts) = update else {
         return Ok(Applied::Unchanged);
@@ -186,12 +198,22 @@ impl HostWrites {
         }
     }
 
-    /// Records that `object` was just created (for writers that use [`ensure_created`]).
-    pub fn created<K: Resource>(&self, object: &K)
+    /// Records that `object` is being created (for writers that use [`ensure_created`]): call it
+    /// before the request, since the creation's watch event may be handled before its response,
+    /// and [`HostWrites::not_created`] if the request created nothing.
+    pub fn creating<K: Resource>(&self, object: &K)
     where
         K::DynamicType: Default,
     {
         self.remember_created(&object_key(object));
+    }
+
+    /// Forgets a creation marked by [`HostWrites::creating`] that did not happen.
+    pub fn not_created<K: Resource>(&self, object: &K)
+    where
+        K::DynamicType: Default,
+    {
+        self.forget_created(&object_key(object));
     }
 
     /// Records that the cache has shown `object` (a watch event of it, its deletion included):

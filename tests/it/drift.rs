@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use stackd::api::stacks::Stack;
 use stackd::embedded::Verb;
 use stackd::embedded::counters::RequestCounts;
+use stackd::embedded::faults::RequestMatch;
 
 use super::stacks_install::{StackFleet, condition, create_install, wait_for_reason};
 use crate::harness::Daemon;
@@ -136,6 +137,42 @@ async fn stack_events(tenant: &Client, reason: &str) -> Vec<Event> {
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(STACK))
         .filter(|e| e.reason.as_deref() == Some(reason))
         .collect()
+}
+
+/// A host copy deleted right after stackd created it, before stackd heard back from that create
+/// (its watch events came first, as on a busy daemon), is created again: a creation the cache has
+/// already shown is not taken for one still pending (which would wait for an event already past).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_copy_deleted_before_its_creation_is_answered_is_created_again() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let tenant = fleet.tenant("acme");
+    let daemon = fleet.daemon(&[]);
+    create_install(&tenant, NS, STACK, json!({"package": PACKAGE})).await;
+    wait_for_reason(&tenant, NS, STACK, &daemon, "Available").await;
+    let creates = RequestMatch::any().verb(Verb::Create).resource("secrets");
+    fleet
+        ._host
+        .faults()
+        .add_answer_latency(creates, Duration::from_millis(500));
+    let secrets = fleet.host_secrets("acme");
+    let mut copy = secrets.get(TOKEN_COPY).await.expect("token copy");
+    for round in 0..3 {
+        secrets
+            .delete(TOKEN_COPY, &DeleteParams::default())
+            .await
+            .expect("delete the token copy");
+        // Stored at once, answered half a second later: the next round deletes it in between.
+        copy = wait_until(
+            &format!("round {round}: the token copy created again"),
+            SOON,
+            &daemon,
+            || async {
+                let recreated = secrets.get_opt(TOKEN_COPY).await.ok()??;
+                (recreated.uid() != copy.uid()).then_some(recreated)
+            },
+        )
+        .await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -185,13 +185,14 @@ async fn start_job<K: InstallKind>(
         .collect();
     let desired = desired_job(install, ctx, parent, attempt, &pull);
     let jobs: Api<Job> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
-    let created = match apply::ensure_created(&jobs, &desired, None, &tenant.name, parent).await {
-        Ok((applied, job)) => {
-            if applied == Applied::Created {
-                tenant.host_writes.created(&job);
-            }
-            job
-        }
+    // Marked before the request: the Job's watch event may be handled before the response.
+    tenant.host_writes.creating(&desired);
+    let created = apply::ensure_created(&jobs, &desired, None, &tenant.name, parent).await;
+    if !matches!(created, Ok((Applied::Created, _))) {
+        tenant.host_writes.not_created(&desired);
+    }
+    let created = match created {
+        Ok((_, job)) => job,
         Err(err @ apply::HostWriteError::Conflict { .. }) => return Ok(Break(job_conflict(install, ctx, &err))),
         Err(err) => return Err(err.into()),
     };
