@@ -187,6 +187,22 @@ impl Faults {
     }
 
     /// What a watch of `info` in `namespace` ("" for all) consults before it delivers an event.
+    /// Sleeps for the sum of the `latencies` matching the request; a stopping server does not
+    /// wait out the latency of the requests in flight.
+    async fn wait_out(&self, latencies: &Mutex<Vec<Latency>>, verb: Verb, info: &ResourceInfo, namespace: &str) {
+        let delay: Duration = lock(latencies)
+            .iter()
+            .filter(|l| l.matching.matches(verb, info, namespace))
+            .map(|l| l.delay)
+            .sum();
+        if !delay.is_zero() {
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = self.parent.cancelled() => {}
+            }
+        }
+    }
+
     pub(crate) fn watch_gate(&self, info: &ResourceInfo, namespace: &str) -> WatchGate {
         WatchGate {
             pauses: self.pauses.subscribe(),
@@ -197,33 +213,12 @@ impl Faults {
 
     /// Waits out the answer latency of a request already served.
     pub(crate) async fn delay_answer(&self, verb: Verb, info: &ResourceInfo, namespace: &str) {
-        let delay: Duration = lock(&self.answer_latencies)
-            .iter()
-            .filter(|l| l.matching.matches(verb, info, namespace))
-            .map(|l| l.delay)
-            .sum();
-        if !delay.is_zero() {
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = self.parent.cancelled() => {}
-            }
-        }
+        self.wait_out(&self.answer_latencies, verb, info, namespace).await;
     }
 
     /// Applies latency, then answers the injected failure if one matches.
     pub(crate) async fn intercept(&self, verb: Verb, info: &ResourceInfo, namespace: &str) -> Option<Response> {
-        let delay: Duration = lock(&self.latencies)
-            .iter()
-            .filter(|l| l.matching.matches(verb, info, namespace))
-            .map(|l| l.delay)
-            .sum();
-        if !delay.is_zero() {
-            // A stopping server does not wait out the latency of the requests in flight.
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = self.parent.cancelled() => {}
-            }
-        }
+        self.wait_out(&self.latencies, verb, info, namespace).await;
         let code = {
             let mut failures = lock(&self.failures);
             let hit = failures
