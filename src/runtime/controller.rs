@@ -110,7 +110,7 @@ where
     ) -> Self {
         let triggers = main.touched().filter(move |object| {
             let meta = object.meta();
-            let own = written.is_own_write(
+            let own = written.take_own_write(
                 meta.uid.as_deref().unwrap_or_default(),
                 meta.resource_version.as_deref(),
             );
@@ -467,6 +467,25 @@ mod tests {
         }
     }
 
+    /// Runs `scaffold` with a reconcile that only counts its calls (and waits for a change).
+    fn run_counting(
+        scaffold: Scaffold<ConfigMap, TestTenant>,
+        cancel: &CancellationToken,
+    ) -> (Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+        let reconciled = Arc::new(AtomicUsize::new(0));
+        let run = tokio::spawn({
+            let (reconciled, cancel) = (reconciled.clone(), cancel.clone());
+            async move {
+                let reconcile = |_: Arc<ConfigMap>, count: Arc<AtomicUsize>, _permit: Permit| async move {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, TestError>(Action::await_change())
+                };
+                scaffold.run(reconciled, reconcile, &cancel).await
+            }
+        });
+        (reconciled, run)
+    }
+
     async fn eventually(what: &str, check: impl Fn() -> bool) {
         for _ in 0..200 {
             if check() {
@@ -483,19 +502,9 @@ mod tests {
         let (other_feed, other, _other_driver) = fed::<Secret>();
         listed(&main_feed, &[config_map("a")]);
         let tenant = tenant();
-        let reconciled = Arc::new(AtomicUsize::new(0));
         let cancel = CancellationToken::new();
         let scaffold = Scaffold::new("test", tenant.clone(), &main).reads(&other);
-        let run = tokio::spawn({
-            let (reconciled, cancel) = (reconciled.clone(), cancel.clone());
-            async move {
-                let reconcile = |_: Arc<ConfigMap>, count: Arc<AtomicUsize>, _permit: Permit| async move {
-                    count.fetch_add(1, Ordering::SeqCst);
-                    Ok::<_, TestError>(Action::await_change())
-                };
-                scaffold.run(reconciled, reconcile, &cancel).await
-            }
-        });
+        let (reconciled, run) = run_counting(scaffold, &cancel);
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(
             reconciled.load(Ordering::SeqCst),
@@ -566,19 +575,9 @@ mod tests {
         listed(&feed, &[at("1")]);
         let tenant = tenant();
         let written = Arc::new(Written::<String>::default());
-        let reconciled = Arc::new(AtomicUsize::new(0));
         let cancel = CancellationToken::new();
         let scaffold = Scaffold::ignoring_own_writes("test", tenant.clone(), &main, written.clone());
-        let run = tokio::spawn({
-            let (reconciled, cancel) = (reconciled.clone(), cancel.clone());
-            async move {
-                let reconcile = |_: Arc<ConfigMap>, count: Arc<AtomicUsize>, _permit: Permit| async move {
-                    count.fetch_add(1, Ordering::SeqCst);
-                    Ok::<_, TestError>(Action::await_change())
-                };
-                scaffold.run(reconciled, reconcile, &cancel).await
-            }
-        });
+        let (reconciled, run) = run_counting(scaffold, &cancel);
         eventually("the first reconcile", || reconciled.load(Ordering::SeqCst) == 1).await;
         written.record("uid-a", Some("2".into()), "Ready".into());
         feed.send(Ok(Event::Apply(at("2")))).unwrap();

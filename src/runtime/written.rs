@@ -49,13 +49,19 @@ impl<S: Clone> Written<S> {
     }
 
     /// Whether the object at resourceVersion `version` is what this controller's last status write
-    /// made of it: the write's own watch event, which tells its writer nothing new.
-    pub fn is_own_write(&self, uid: &str, version: Option<&str>) -> bool {
-        let entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        version.is_some()
+    /// made of it: the write's own watch event, which tells its writer nothing new. Called once the
+    /// cache holds that version, it forgets the write as [`Written::current`] would: the cache has
+    /// caught up.
+    pub fn take_own_write(&self, uid: &str, version: Option<&str>) -> bool {
+        let mut entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let own = version.is_some()
             && entries
                 .get(uid)
-                .is_some_and(|entry| entry.produced.as_deref() == version)
+                .is_some_and(|entry| entry.produced.as_deref() == version);
+        if own {
+            entries.remove(uid);
+        }
+        own
     }
 
     /// Records that `status` was written and produced resourceVersion `produced`.
@@ -100,14 +106,20 @@ mod tests {
         );
         assert_eq!(written.current("uid-2", Some("7"), "Pending"), "Pending");
         written.record("uid-3", Some("4".into()), "Available");
-        assert!(written.is_own_write("uid-3", Some("4")));
+        assert!(written.take_own_write("uid-3", Some("4")));
+        assert_eq!(
+            written.current("uid-3", Some("5"), "Pending"),
+            "Pending",
+            "the cache showed the write: it is the truth again"
+        );
+        written.record("uid-3", Some("4".into()), "Available");
         assert!(
-            !written.is_own_write("uid-3", Some("5")),
+            !written.take_own_write("uid-3", Some("5")),
             "another change, after the write"
         );
-        assert!(!written.is_own_write("uid-3", None));
+        assert!(!written.take_own_write("uid-3", None));
         written.forget("uid-3");
-        assert!(!written.is_own_write("uid-3", Some("4")));
+        assert!(!written.take_own_write("uid-3", Some("4")));
         assert_eq!(written.current("uid-3", Some("3"), "Pending"), "Pending");
     }
 
