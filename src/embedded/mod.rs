@@ -29,7 +29,9 @@
 //!   and spec checks ([`kinds`]).
 //! - `continue` tokens resume after the last key at the current state, not at a snapshot.
 //! - Watches resume from the last [`store::HISTORY_WINDOW`] events of the whole server;
-//!   bookmarks come every [`watch::BOOKMARK_INTERVAL`].
+//!   bookmarks come every [`watch::BOOKMARK_INTERVAL`] (a minute) and
+//!   [`watch::BOOKMARK_BEFORE_TIMEOUT`] before a watch's timeout, the watch cache's schedule, but
+//!   always at the whole server's newest version.
 //! - No kubelet: pods run only through the Job and Deployment loops; Services get no cluster IP.
 //! - NetworkPolicies are stored, defaulted and validated, never enforced: there is no network
 //!   between pods to enforce them on.
@@ -41,6 +43,7 @@
 
 pub mod admission;
 mod apply;
+mod connections;
 pub mod controller_manager;
 pub mod controllers;
 pub mod convert;
@@ -112,6 +115,10 @@ pub struct ServerOptions {
     /// Names the cluster, context and user in the kubeconfig.
     pub name: String,
     pub tls: bool,
+    /// Whether the TLS port offers HTTP/2 by ALPN beside HTTP/1.1, as kube-apiserver's does; off, it
+    /// is a server (or a proxy before it) that speaks HTTP/1.1 only. Plain `http://` serves both to
+    /// a client that asks, HTTP/2 by prior knowledge only.
+    pub http2: bool,
     /// Bearer token every request must carry (health endpoints excepted).
     pub token: Option<String>,
 }
@@ -121,6 +128,7 @@ impl Default for ServerOptions {
         ServerOptions {
             name: "embedded".to_string(),
             tls: false,
+            http2: true,
             token: None,
         }
     }
@@ -138,6 +146,8 @@ pub(crate) struct Shared {
     counters: Counters,
     /// Watch connections open right now.
     open_watches: Arc<AtomicU64>,
+    /// Connections open right now (TCP, TLS or not).
+    open_connections: Arc<AtomicU64>,
     faults: Faults,
     admission: Arc<Admission>,
     /// Tokens of filled service-account token Secrets, also accepted as bearer tokens.
@@ -201,14 +211,17 @@ impl Serving {
         let router = axum::Router::new().fallback(http::handle).with_state(shared.clone());
         let stop = shared.shutdown.child_token();
         let graceful = stop.clone().cancelled_owned();
+        let open = shared.open_connections.clone();
         let task = match tls.clone() {
             Some(config) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(config);
-                let listener = tls::TlsListener::new(listener, acceptor, stop.clone())?;
+                let inner = tls::TlsListener::new(listener, acceptor, stop.clone())?;
+                let listener = connections::Counted { inner, open };
                 let serve = axum::serve(listener, router).with_graceful_shutdown(graceful);
                 tokio::spawn(async move { log_exit(serve.await) })
             }
             None => {
+                let listener = connections::Counted { inner: listener, open };
                 let serve = axum::serve(listener, router).with_graceful_shutdown(graceful);
                 tokio::spawn(async move { log_exit(serve.await) })
             }
@@ -240,10 +253,11 @@ impl ApiServer {
             requests: AtomicU64::new(0),
             counters: Counters::default(),
             open_watches: Arc::default(),
+            open_connections: Arc::default(),
             service_account_tokens: Arc::default(),
         });
         let (tls_config, url, ca_pem) = if options.tls {
-            let cert = tls::generate(&options.name).map_err(Error::Certificate)?;
+            let cert = tls::generate(&options.name, options.http2).map_err(Error::Certificate)?;
             (Some(cert.config), format!("https://{address}"), Some(cert.ca_pem))
         } else {
             (None, format!("http://{address}"), None)
@@ -322,6 +336,11 @@ impl ApiServer {
     }
 
     /// Fault injection on this server.
+    /// Connections clients hold open to the server now.
+    pub fn open_connections(&self) -> u64 {
+        self.shared.open_connections.load(Ordering::Relaxed)
+    }
+
     pub fn faults(&self) -> &Faults {
         &self.shared.faults
     }

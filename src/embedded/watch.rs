@@ -19,8 +19,11 @@ use super::served::{Served, WatchLine};
 use super::status::ApiError;
 use super::store::{EventType, Store, StoreEvent, Subscription};
 
-/// How often an idle watch with `allowWatchBookmarks` gets a BOOKMARK.
-pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(2);
+/// How often a watch with `allowWatchBookmarks` gets a BOOKMARK when nothing else is owed it, as
+/// from kube-apiserver's watch cache ("roughly every minute"); besides, one comes
+/// [`BOOKMARK_BEFORE_TIMEOUT`] before the watch's timeout, so that its client resumes from there.
+pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(60);
+pub const BOOKMARK_BEFORE_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone, Default)]
 pub struct WatchOptions {
@@ -113,8 +116,7 @@ impl Watcher {
             .collect();
         let mut received = resource_version;
         let deadline = self.options.timeout.map(|t| tokio::time::Instant::now() + t);
-        let mut bookmarks = tokio::time::interval(BOOKMARK_INTERVAL);
-        bookmarks.tick().await;
+        let mut bookmark = next_bookmark(deadline);
         loop {
             if !self.pay(&mut owed, &mut gate).await {
                 return;
@@ -123,7 +125,8 @@ impl Watcher {
                 _ = shutdown.cancelled() => return,
                 _ = sleep_until(deadline) => return,
                 _ = gate.changed() => {}
-                _ = bookmarks.tick(), if self.options.bookmarks => {
+                _ = sleep_until(bookmark), if self.options.bookmarks && bookmark.is_some() => {
+                    bookmark = next_bookmark(deadline);
                     // A bookmark past held events would tell the client it has seen them.
                     if owed.is_empty() && gate.held_after().is_none() && !self.send_bookmark().await {
                         return;
@@ -249,6 +252,18 @@ impl Watcher {
         text.push('\n');
         self.sink.send(Ok(Bytes::from(text))).await.is_ok()
     }
+}
+
+/// When the next bookmark is due: a [`BOOKMARK_INTERVAL`] from now, or [`BOOKMARK_BEFORE_TIMEOUT`]
+/// before the watch's `deadline` if that comes first; none once that moment has passed.
+fn next_bookmark(deadline: Option<tokio::time::Instant>) -> Option<tokio::time::Instant> {
+    let now = tokio::time::Instant::now();
+    let periodic = now + BOOKMARK_INTERVAL;
+    let Some(deadline) = deadline else {
+        return Some(periodic);
+    };
+    let before_timeout = deadline.checked_sub(BOOKMARK_BEFORE_TIMEOUT)?;
+    (before_timeout > now).then_some(periodic.min(before_timeout))
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

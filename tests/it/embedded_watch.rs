@@ -126,6 +126,35 @@ async fn watch_without_resource_version_starts_with_current_objects_and_bookmark
     assert!(events.iter().any(|(kind, _)| kind == "BOOKMARK"), "{events:?}");
 }
 
+/// As from kube-apiserver's watch cache: one bookmark 2 s before the watch's timeout (and one a
+/// minute), not a stream of them; a replica's thousands of idle watches each get a few an hour.
+#[tokio::test]
+async fn an_idle_watch_gets_one_bookmark_before_its_timeout() {
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let params = WatchParams::default().timeout(6);
+    let started = std::time::Instant::now();
+    let events: Vec<(String, String, f64)> = t
+        .configmaps("ns")
+        .watch(&params, "0")
+        .await
+        .unwrap()
+        .map_ok(|e| {
+            let (kind, name) = summary(&e);
+            (kind, name, started.elapsed().as_secs_f64())
+        })
+        .try_collect()
+        .await
+        .unwrap();
+    let bookmarks: Vec<f64> = events
+        .iter()
+        .filter(|(kind, _, _)| kind == "BOOKMARK")
+        .map(|(_, _, at)| *at)
+        .collect();
+    assert_eq!(bookmarks.len(), 1, "{events:?}");
+    assert!((3.5..6.0).contains(&bookmarks[0]), "{events:?}");
+}
+
 /// Writes many configmaps in-process so a watch on secrets falls out of the history window.
 fn flood_configmaps(t: &harness::TestServer, count: usize) {
     let store = t.server.store();
