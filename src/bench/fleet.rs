@@ -30,10 +30,13 @@ pub struct Fleet {
 /// Tenant API servers [`Fleet::start`] starts at once.
 const TENANTS_STARTED_AT_ONCE: usize = 4;
 
-/// A tenant API server serving stackd's CRDs, its kubeconfig written into `tenants_dir`.
+/// A tenant API server serving stackd's CRDs, its kubeconfig written into `tenants_dir`. It serves
+/// https and offers HTTP/2, as a real tenant's kube-apiserver does, so the daemon's client of it
+/// is the one it has in production: every watch and request on one connection.
 async fn start_tenant(name: String, tenants_dir: &Path) -> Result<(String, ApiServer), BenchError> {
     let server = ApiServer::start(ServerOptions {
         name: name.clone(),
+        tls: true,
         ..Default::default()
     })
     .await?;

@@ -14,7 +14,8 @@ pub(super) struct ServingCert {
     pub config: Arc<rustls::ServerConfig>,
 }
 
-pub(super) fn generate(name: &str) -> Result<ServingCert, String> {
+/// A CA and a certificate for the server `name`; `http2` offers HTTP/2 by ALPN before HTTP/1.1.
+pub(super) fn generate(name: &str, http2: bool) -> Result<ServingCert, String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let ca_key = KeyPair::generate().map_err(|e| err(&e))?;
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).map_err(|e| err(&e))?;
@@ -34,12 +35,17 @@ pub(super) fn generate(name: &str) -> Result<ServingCert, String> {
     let chain = vec![CertificateDer::from(cert.der().to_vec())];
     let private = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| err(&e))?
         .with_no_client_auth()
         .with_single_cert(chain, private)
         .map_err(|e| err(&e))?;
+    config.alpn_protocols = if http2 {
+        vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+    } else {
+        vec![b"http/1.1".to_vec()]
+    };
     Ok(ServingCert {
         ca_pem: ca_cert.pem(),
         config: Arc::new(config),

@@ -15,6 +15,7 @@ pub mod informers;
 pub mod leader;
 pub mod memory_budget;
 pub mod metrics;
+pub mod multiplexed;
 pub mod panics;
 pub mod parse_error;
 pub mod raw_object;

@@ -142,6 +142,7 @@ async fn start_server(name: &str) -> ApiServer {
         name: name.into(),
         tls: true,
         token: Some(format!("admin-of-{name}")),
+        ..Default::default()
     })
     .await
     .expect("embedded server");

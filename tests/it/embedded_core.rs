@@ -509,6 +509,7 @@ async fn tls_and_token_kubeconfig_works_and_a_wrong_token_is_unauthorized() {
         name: "tenant-a".into(),
         tls: true,
         token: Some("s3cret".into()),
+        ..Default::default()
     };
     let t = harness::start_with(options).await;
     assert!(t.server.url().starts_with("https://127.0.0.1:"));

@@ -26,7 +26,7 @@ const DOWN_WITHIN: Duration = Duration::from_secs(10);
 /// The image install Jobs get, which the host's sample runners run.
 const STACKD_IMAGE: &str = "stackd:test";
 
-async fn install_crds(server: &ApiServer) {
+pub(crate) async fn install_crds(server: &ApiServer) {
     let crds: Api<CustomResourceDefinition> = Api::all(server.client().await);
     for crd in stackd::api::crds::all() {
         crds.create(&PostParams::default(), &crd).await.expect("create CRD");
@@ -248,7 +248,24 @@ async fn host_watches_wait_for_access_in_a_new_host_namespace() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_is_reported_down_within_seconds_of_a_graceful_stop_though_its_watches_stay_open() {
-    let fleet = Fleet::start(&["acme"]).await;
+    reported_down_within_seconds_of_a_graceful_stop(Fleet::start(&["acme"]).await).await;
+}
+
+/// The same over HTTP/2, where every watch and request rides one connection: the stopping server's
+/// GOAWAY lets the watches on it go on while each new request needs a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_served_over_one_http2_connection_is_reported_down_within_seconds_of_a_graceful_stop() {
+    let mut fleet = Fleet::start(&[]).await;
+    let options = ServerOptions {
+        name: "acme".into(),
+        tls: true,
+        ..Default::default()
+    };
+    fleet.add_tenant_with(options).await;
+    reported_down_within_seconds_of_a_graceful_stop(fleet).await;
+}
+
+async fn reported_down_within_seconds_of_a_graceful_stop(fleet: Fleet) {
     let acme = server(&fleet, "acme");
     install_crds(acme).await;
     let daemon = fleet.daemon(&[]);
@@ -373,7 +390,7 @@ async fn an_install_right_after_a_tenant_restart_is_ready_about_as_soon_as_on_a_
 }
 
 /// Creates a namespace and the sample install in it; the seconds until the install is Ready.
-async fn install_ready_s(client: &Client, namespace: &str, daemon: &crate::harness::Daemon) -> f64 {
+pub(crate) async fn install_ready_s(client: &Client, namespace: &str, daemon: &crate::harness::Daemon) -> f64 {
     let started = Instant::now();
     let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     let ns = serde_json::from_value(json!({"metadata": {"name": namespace}})).expect("namespace");

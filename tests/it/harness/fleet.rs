@@ -53,14 +53,25 @@ impl Fleet {
     /// A tenant API server with no file in the tenants directory (for a Tenant object to name):
     /// its kubeconfig.
     pub(crate) async fn add_tenant_server(&mut self, name: &str) -> String {
-        let server = ApiServer::start(ServerOptions {
+        self.add_tenant_server_with(ServerOptions {
             name: name.into(),
             ..Default::default()
         })
         .await
-        .expect("tenant");
+    }
+
+    /// A tenant whose API server runs with `options` (named by them), with its kubeconfig file.
+    pub(crate) async fn add_tenant_with(&mut self, options: ServerOptions) {
+        let name = options.name.clone();
+        let kubeconfig = self.add_tenant_server_with(options).await;
+        std::fs::write(self.tenant_file(&name), kubeconfig).expect("tenant kubeconfig");
+    }
+
+    async fn add_tenant_server_with(&mut self, options: ServerOptions) -> String {
+        let name = options.name.clone();
+        let server = ApiServer::start(options).await.expect("tenant");
         let kubeconfig = server.kubeconfig_yaml();
-        self.tenants.push((name.to_string(), Some(server)));
+        self.tenants.push((name, Some(server)));
         kubeconfig
     }
 

@@ -1,0 +1,81 @@
+//! Connections open to the server right now, counted as they are accepted and closed: how a test
+//! sees whether a client multiplexes its requests over one connection or opens one per watch.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use axum::serve::Listener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// `inner`, with every connection it accepts counted in `open` until it closes.
+pub(super) struct Counted<L> {
+    pub inner: L,
+    pub open: Arc<AtomicU64>,
+}
+
+impl<L> Listener for Counted<L>
+where
+    L: Listener,
+    L::Io: Unpin,
+{
+    type Io = CountedIo<L::Io>;
+    type Addr = L::Addr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let (io, address) = self.inner.accept().await;
+        self.open.fetch_add(1, Ordering::Relaxed);
+        let open = self.open.clone();
+        (CountedIo { io, open }, address)
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+/// An accepted connection, uncounted when dropped (closed by either side).
+pub(super) struct CountedIo<I> {
+    io: I,
+    open: Arc<AtomicU64>,
+}
+
+impl<I> Drop for CountedIo<I> {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for CountedIo<I> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for CountedIo<I> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,182 @@
+//! A tenant whose API server offers HTTP/2 (kube-apiserver does, by ALPN on its TLS port) is served
+//! over one connection: every watch and request of the daemon rides it. One that speaks HTTP/1.1
+//! only gets a connection per watch and is served the same.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, ListParams, PostParams, WatchParams};
+use stackd::embedded::samples::{SampleImages, register_sample_runners};
+use stackd::embedded::{ApiServer, ServerOptions};
+use stackd::runtime::multiplexed;
+
+use crate::harness::{Fleet, NoDaemon, holds_for, until};
+use crate::recovery::{install_crds, install_ready_s};
+
+const SOON: Duration = Duration::from_secs(10);
+/// The image install Jobs get, which the host's sample runners run.
+const STACKD_IMAGE: &str = "stackd:test";
+/// Fewer watches than an idle tenant's caches hold open: enough to tell one connection per watch
+/// from one for all.
+const SOME_WATCHES: u64 = 10;
+
+async fn tls_tenant(fleet: &mut Fleet, http2: bool) -> &ApiServer {
+    let options = ServerOptions {
+        name: "acme".into(),
+        tls: true,
+        http2,
+        ..Default::default()
+    };
+    fleet.add_tenant_with(options).await;
+    let acme = fleet.tenant_server("acme");
+    install_crds(acme).await;
+    // The set-up client's connections close with it.
+    until("the set-up's connections closed", SOON, &NoDaemon, || async {
+        acme.open_connections() == 0
+    })
+    .await;
+    acme
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_offering_http2_gets_every_watch_and_request_over_one_connection() {
+    let mut fleet = Fleet::start(&[]).await;
+    register_sample_runners(&fleet.host().runners(), &SampleImages::new(STACKD_IMAGE));
+    tls_tenant(&mut fleet, true).await;
+    let acme = fleet.tenant_server("acme");
+    let daemon = fleet.daemon(&["--stackd-image", STACKD_IMAGE]);
+    daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", SOON).await;
+    until("the daemon's watches open", SOON, &daemon, || async {
+        acme.open_watches() >= SOME_WATCHES
+    })
+    .await;
+    // Requests made before the first connection had agreed on HTTP/2 may each have opened one;
+    // those close once it has.
+    until("one connection", SOON, &daemon, || async {
+        acme.open_connections() == 1
+    })
+    .await;
+    holds_for("one connection", Duration::from_secs(2), &daemon, || async {
+        acme.open_connections() == 1
+    })
+    .await;
+    // Writes, patches, status updates and the watch events they cause all go over it.
+    let client = acme.client().await;
+    install_ready_s(&client, "team-a", &daemon).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_speaking_only_http1_gets_a_connection_per_watch_and_is_served_the_same() {
+    let mut fleet = Fleet::start(&[]).await;
+    register_sample_runners(&fleet.host().runners(), &SampleImages::new(STACKD_IMAGE));
+    tls_tenant(&mut fleet, false).await;
+    let acme = fleet.tenant_server("acme");
+    let daemon = fleet.daemon(&["--stackd-image", STACKD_IMAGE]);
+    daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", SOON).await;
+    until("the daemon's watches open", SOON, &daemon, || async {
+        acme.open_watches() >= SOME_WATCHES
+    })
+    .await;
+    let (watches, connections) = (acme.open_watches(), acme.open_connections());
+    assert!(
+        connections >= watches,
+        "{connections} connections for {watches} watches"
+    );
+    let client = acme.client().await;
+    install_ready_s(&client, "team-a", &daemon).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubeconfigs_token_and_certificate_authority_hold_over_http2() {
+    let acme = ApiServer::start(ServerOptions {
+        name: "acme".into(),
+        tls: true,
+        token: Some("s3cret".into()),
+        ..Default::default()
+    })
+    .await
+    .expect("server");
+    let client = multiplexed::client(acme.config().await).expect("client");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    // Three watches and a list at once, all on one connection.
+    let watches: Vec<_> = (0..3)
+        .map(|_| {
+            let namespaces = namespaces.clone();
+            tokio::spawn(async move { namespaces.watch(&WatchParams::default(), "0").await.map(|_| ()) })
+        })
+        .collect();
+    for watch in watches {
+        watch.await.expect("joined").expect("a watch");
+    }
+    namespaces
+        .list(&ListParams::default())
+        .await
+        .expect("a list with the token");
+    assert_eq!(acme.open_connections(), 1);
+
+    let mut wrong = acme.kubeconfig();
+    wrong.auth_infos[0].auth_info.as_mut().expect("user").token = Some("nope".to_string().into());
+    let config = kube::Config::from_custom_kubeconfig(wrong, &Default::default())
+        .await
+        .expect("config");
+    let refused = Api::<Namespace>::all(multiplexed::client(config).expect("client"))
+        .list(&ListParams::default())
+        .await
+        .expect_err("a wrong token");
+    assert!(
+        matches!(&refused, kube::Error::Api(status) if status.code == 401),
+        "{refused:?}"
+    );
+
+    let stranger = ApiServer::start(ServerOptions {
+        tls: true,
+        ..Default::default()
+    })
+    .await
+    .expect("another server");
+    let mut untrusted = acme.config().await;
+    untrusted.root_cert = stranger.config().await.root_cert;
+    let failed = Api::<Namespace>::all(multiplexed::client(untrusted).expect("client"))
+        .list(&ListParams::default())
+        .await
+        .expect_err("a certificate of another authority");
+    assert!(!matches!(failed, kube::Error::Api(_)), "{failed:?}");
+}
+
+/// HTTP/2 flow control: what a stream may hold unread is bounded by its own window, and the
+/// connection's must be larger than all of them together, or a few watches whose events wait to be
+/// read (a busy controller behind them) would stop every other request of the tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_left_unread_do_not_hold_up_the_other_requests_on_their_connection() {
+    const UNREAD_WATCHES: usize = 4;
+    const BIG_OBJECTS: usize = 8;
+    let acme = ApiServer::start(ServerOptions {
+        name: "acme".into(),
+        tls: true,
+        ..Default::default()
+    })
+    .await
+    .expect("server");
+    let client = multiplexed::client(acme.config().await).expect("client");
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let mut unread = Vec::new();
+    for _ in 0..UNREAD_WATCHES {
+        unread.push(configmaps.watch(&WatchParams::default(), "0").await.expect("a watch"));
+    }
+    // Written over another connection: each unread watch is sent all of it, far more than its window.
+    let writer: Api<ConfigMap> = Api::namespaced(acme.client().await, "default");
+    for index in 0..BIG_OBJECTS {
+        let big = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("big-{index}")},
+            "data": {"blob": "x".repeat(900 * 1024)},
+        }))
+        .expect("a ConfigMap");
+        writer.create(&PostParams::default(), &big).await.expect("create");
+    }
+    // Let the server send what the windows allow.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let listed = tokio::time::timeout(SOON, configmaps.list_metadata(&ListParams::default())).await;
+    let listed = listed.expect("the list answered while watches on its connection are left unread");
+    assert_eq!(listed.expect("a list").items.len(), BIG_OBJECTS);
+    drop(unread);
+}
