@@ -84,8 +84,11 @@ pub async fn run(options: DevOptions, shutdown: CancellationToken) -> Result<(),
     let mut tenants = Vec::new();
     for index in 0..usize::from(options.tenants) {
         let name = tenant_name(index);
+        // https with HTTP/2 offered, as a real tenant's kube-apiserver: the daemon's watches and
+        // requests of a tenant share one connection.
         let server = ApiServer::start(ServerOptions {
             name: name.clone(),
+            tls: true,
             ..Default::default()
         })
         .await?;

@@ -441,7 +441,7 @@ where
 
 /// The host client: `--host-kubeconfig`, else in-cluster config, else `$KUBECONFIG` (or ~/.kube/config).
 async fn host_client(path: Option<&PathBuf>) -> Result<kube::Client, String> {
-    kube::Client::try_from(host_config(path).await?).map_err(|e| e.to_string())
+    stackd::runtime::transport::host_client(host_config(path).await?).map_err(|e| e.to_string())
 }
 
 async fn host_config(path: Option<&PathBuf>) -> Result<kube::Config, String> {
@@ -502,7 +502,7 @@ async fn run(args: RunArgs) -> ExitCode {
         Ok(config) => config,
         Err(err) => return fail("stackd run", err),
     };
-    let host = match kube::Client::try_from(host_config.clone()) {
+    let host = match stackd::runtime::transport::host_client(host_config.clone()) {
         Ok(client) => client,
         Err(err) => return fail("stackd run", err),
     };

@@ -28,8 +28,8 @@ use crate::runtime::health::TenantHealth;
 use crate::runtime::informers::{Change, Informers};
 use crate::runtime::memory_budget::MemoryBudget;
 use crate::runtime::metrics::Metrics;
-use crate::runtime::multiplexed;
 use crate::runtime::reachability::Reachability;
+use crate::runtime::transport;
 
 /// The CRDs every tenant must serve for stackd to work there.
 fn required_crds() -> BTreeSet<String> {
@@ -192,7 +192,7 @@ pub async fn tenant_client(file: &TenantFile, reachability: &Arc<Reachability>) 
     // kube retries a 503 up to 15 times, minutes in all: every request to a tenant answering
     // nothing else would hang, its probe included. stackd retries itself (per object, per watch).
     config.default_retry = false;
-    let builder = multiplexed::client_builder(config).map_err(|e| TenantError::Config(e.to_string()))?;
+    let builder = transport::tenant_client_builder(config).map_err(|e| TenantError::Config(e.to_string()))?;
     Ok(builder.with_layer(&reachability.layer()).build())
 }
 

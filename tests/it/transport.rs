@@ -1,14 +1,16 @@
-//! A tenant whose API server offers HTTP/2 (kube-apiserver does, by ALPN on its TLS port) is served
-//! over one connection: every watch and request of the daemon rides it. One that speaks HTTP/1.1
-//! only gets a connection per watch and is served the same.
+//! How the daemon reaches its API servers (`runtime::transport`). A tenant whose API server offers
+//! HTTP/2 (kube-apiserver does, by ALPN on its TLS port) is served over one connection: every watch
+//! and request of the daemon rides it. One that speaks HTTP/1.1 only gets a connection per watch and
+//! is served the same. The host client keeps few idle connections.
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, ListParams, PostParams, WatchParams};
+use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::samples::{SampleImages, register_sample_runners};
-use stackd::embedded::{ApiServer, ServerOptions};
-use stackd::runtime::multiplexed;
+use stackd::embedded::{ApiServer, ServerOptions, Verb};
+use stackd::runtime::transport;
 
 use crate::harness::{Fleet, NoDaemon, holds_for, until};
 use crate::recovery::{install_crds, install_ready_s};
@@ -96,7 +98,7 @@ async fn the_kubeconfigs_token_and_certificate_authority_hold_over_http2() {
     })
     .await
     .expect("server");
-    let client = multiplexed::client(acme.config().await).expect("client");
+    let client = transport::tenant_client(acme.config().await).expect("client");
     let namespaces: Api<Namespace> = Api::all(client.clone());
     // Three watches and a list at once, all on one connection.
     let watches: Vec<_> = (0..3)
@@ -119,7 +121,7 @@ async fn the_kubeconfigs_token_and_certificate_authority_hold_over_http2() {
     let config = kube::Config::from_custom_kubeconfig(wrong, &Default::default())
         .await
         .expect("config");
-    let refused = Api::<Namespace>::all(multiplexed::client(config).expect("client"))
+    let refused = Api::<Namespace>::all(transport::tenant_client(config).expect("client"))
         .list(&ListParams::default())
         .await
         .expect_err("a wrong token");
@@ -136,7 +138,7 @@ async fn the_kubeconfigs_token_and_certificate_authority_hold_over_http2() {
     .expect("another server");
     let mut untrusted = acme.config().await;
     untrusted.root_cert = stranger.config().await.root_cert;
-    let failed = Api::<Namespace>::all(multiplexed::client(untrusted).expect("client"))
+    let failed = Api::<Namespace>::all(transport::tenant_client(untrusted).expect("client"))
         .list(&ListParams::default())
         .await
         .expect_err("a certificate of another authority");
@@ -157,7 +159,7 @@ async fn watches_left_unread_do_not_hold_up_the_other_requests_on_their_connecti
     })
     .await
     .expect("server");
-    let client = multiplexed::client(acme.config().await).expect("client");
+    let client = transport::tenant_client(acme.config().await).expect("client");
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let mut unread = Vec::new();
     for _ in 0..UNREAD_WATCHES {
@@ -179,4 +181,34 @@ async fn watches_left_unread_do_not_hold_up_the_other_requests_on_their_connecti
     let listed = listed.expect("the list answered while watches on its connection are left unread");
     assert_eq!(listed.expect("a list").items.len(), BIG_OBJECTS);
     drop(unread);
+}
+
+/// The host client keeps few connections idle: a replica's thousands of host watches are renewed
+/// every few minutes, each renewal's request going out before the ended watch's connection is back,
+/// and kube's own client kept every such spare for 90 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_client_keeps_few_connections_idle_after_a_burst() {
+    const BURST: usize = 100;
+    let host = ApiServer::start(ServerOptions::default()).await.expect("server");
+    // Each list answered late: the burst's requests are all open at once, a connection each.
+    host.faults()
+        .add_answer_latency(RequestMatch::any().verb(Verb::List), Duration::from_millis(500));
+    let namespaces: Api<Namespace> = Api::all(transport::host_client(host.config().await).expect("client"));
+    let burst: Vec<_> = (0..BURST)
+        .map(|_| {
+            let namespaces = namespaces.clone();
+            tokio::spawn(async move { namespaces.list(&ListParams::default()).await.map(|_| ()) })
+        })
+        .collect();
+    for request in burst {
+        request.await.expect("joined").expect("a list");
+    }
+    until("the spare connections closed", SOON, &NoDaemon, || async {
+        host.open_connections() <= 32
+    })
+    .await;
+    namespaces
+        .list(&ListParams::default())
+        .await
+        .expect("a list on a kept connection");
 }
