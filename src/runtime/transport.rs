@@ -49,6 +49,12 @@ const PING_TIMEOUT: Duration = Duration::from_secs(15);
 const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
 const CONNECTION_WINDOW: u32 = 1024 * 1024 * 1024;
 
+/// Idle tenant connections kept for the next request where the server speaks HTTP/1.1 only; kept
+/// until the server closes them. Over HTTP/2 the one connection is shared and kept as long as it is
+/// open: kube's 90 s idle timeout counted from the last new request, so a tenant whose watches ran
+/// for minutes without one had a second connection opened at its next renewal.
+const TENANT_IDLE_CONNECTIONS: usize = 4;
+
 /// Idle host connections kept for the next request: enough for a burst of reconciles, few enough
 /// that the connections of renewed watches do not linger as spares.
 const HOST_IDLE_CONNECTIONS: usize = 32;
@@ -67,7 +73,9 @@ pub fn tenant_client_builder(config: Config) -> Result<ClientBuilder<Service>, k
         .http2_keep_alive_interval(PING_AFTER_SILENCE)
         .http2_keep_alive_timeout(PING_TIMEOUT)
         .http2_initial_stream_window_size(STREAM_WINDOW)
-        .http2_initial_connection_window_size(CONNECTION_WINDOW);
+        .http2_initial_connection_window_size(CONNECTION_WINDOW)
+        .pool_idle_timeout(None)
+        .pool_max_idle_per_host(TENANT_IDLE_CONNECTIONS);
     let http = http.build(connector(&config, Offer::Http2)?);
     Ok(ClientBuilder::new(
         with_kube_layers(http, &config)?,
