@@ -87,6 +87,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::http::HeaderMap;
+use axum::serve::ListenerExt;
 use kube::config::{AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -221,7 +222,13 @@ impl Serving {
                 tokio::spawn(async move { log_exit(serve.await) })
             }
             None => {
-                let listener = connections::Counted { inner: listener, open };
+                let listener = connections::Counted {
+                    inner: listener.tap_io(|tcp| {
+                        // As Go's servers (kube-apiserver's) do on every connection.
+                        let _ = tcp.set_nodelay(true);
+                    }),
+                    open,
+                };
                 let serve = axum::serve(listener, router).with_graceful_shutdown(graceful);
                 tokio::spawn(async move { log_exit(serve.await) })
             }

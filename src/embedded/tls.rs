@@ -82,6 +82,8 @@ impl TlsListener {
                     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                     continue;
                 };
+                // As Go's servers (kube-apiserver's) do on every connection: see `runtime::transport`.
+                let _ = stream.set_nodelay(true);
                 let (acceptor, sender) = (acceptor.clone(), sender.clone());
                 tokio::spawn(async move {
                     // A failed or stalled handshake is that client's problem.

@@ -132,6 +132,10 @@ enum Offer {
 fn connector(config: &Config, protocols: Offer) -> Result<Connector, kube::Error> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
+    // HTTP/2 writes a request's frames (and window updates) in pieces: without TCP_NODELAY, Nagle's
+    // algorithm holds the later ones for the peer's delayed ACK, tens of milliseconds each. Go,
+    // hence client-go and kube-apiserver, sets it on every connection.
+    http.set_nodelay(true);
     let builder = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(config.rustls_client_config()?)
         .https_or_http();
