@@ -342,12 +342,12 @@ impl ApiServer {
         self.shared.open_watches.load(Ordering::Relaxed)
     }
 
-    /// Fault injection on this server.
     /// Connections clients hold open to the server now.
     pub fn open_connections(&self) -> u64 {
         self.shared.open_connections.load(Ordering::Relaxed)
     }
 
+    /// Fault injection on this server.
     pub fn faults(&self) -> &Faults {
         &self.shared.faults
     }
