@@ -12,7 +12,7 @@ use stackd::embedded::samples::{SampleImages, register_sample_runners};
 use stackd::embedded::{ApiServer, ServerOptions, Verb};
 use stackd::runtime::transport;
 
-use crate::harness::{Fleet, NoDaemon, holds_for, until};
+use crate::harness::{Daemon, Fleet, NoDaemon, holds_for, until};
 use crate::recovery::{install_crds, install_ready_s};
 
 const SOON: Duration = Duration::from_secs(10);
@@ -40,18 +40,25 @@ async fn tls_tenant(fleet: &mut Fleet, http2: bool) -> &ApiServer {
     acme
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_offering_http2_gets_every_watch_and_request_over_one_connection() {
+/// A daemon serving the TLS tenant "acme" (the host runs the sample images), once its watches are open.
+async fn daemon_with_tls_tenant(http2: bool) -> (Fleet, Daemon) {
     let mut fleet = Fleet::start(&[]).await;
     register_sample_runners(&fleet.host().runners(), &SampleImages::new(STACKD_IMAGE));
-    tls_tenant(&mut fleet, true).await;
-    let acme = fleet.tenant_server("acme");
+    tls_tenant(&mut fleet, http2).await;
     let daemon = fleet.daemon(&["--stackd-image", STACKD_IMAGE]);
     daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", SOON).await;
+    let acme = fleet.tenant_server("acme");
     until("the daemon's watches open", SOON, &daemon, || async {
         acme.open_watches() >= SOME_WATCHES
     })
     .await;
+    (fleet, daemon)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_offering_http2_gets_every_watch_and_request_over_one_connection() {
+    let (fleet, daemon) = daemon_with_tls_tenant(true).await;
+    let acme = fleet.tenant_server("acme");
     // Requests made before the first connection had agreed on HTTP/2 may each have opened one;
     // those close once it has.
     until("one connection", SOON, &daemon, || async {
@@ -69,16 +76,8 @@ async fn a_tenant_offering_http2_gets_every_watch_and_request_over_one_connectio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_speaking_only_http1_gets_a_connection_per_watch_and_is_served_the_same() {
-    let mut fleet = Fleet::start(&[]).await;
-    register_sample_runners(&fleet.host().runners(), &SampleImages::new(STACKD_IMAGE));
-    tls_tenant(&mut fleet, false).await;
+    let (fleet, daemon) = daemon_with_tls_tenant(false).await;
     let acme = fleet.tenant_server("acme");
-    let daemon = fleet.daemon(&["--stackd-image", STACKD_IMAGE]);
-    daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", SOON).await;
-    until("the daemon's watches open", SOON, &daemon, || async {
-        acme.open_watches() >= SOME_WATCHES
-    })
-    .await;
     let (watches, connections) = (acme.open_watches(), acme.open_connections());
     assert!(
         connections >= watches,
