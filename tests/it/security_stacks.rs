@@ -1479,7 +1479,7 @@ async fn installs_made_in_the_same_second_never_start_more_than_their_namespace_
         )
         .await;
         let refused = reasons.iter().filter(|r| *r == "TooManyInstalls").count();
-        assert_eq!(refused, 1, "{namespace}: {reasons:?}");
+        assert_eq!(refused, 1, "{namespace}: {reasons:?}; log:\n{}", daemon.log_text());
         let started = jobs
             .all()
             .iter()
@@ -1528,31 +1528,42 @@ async fn a_stack_install_and_a_cluster_stack_install_made_in_the_same_second_do_
     for namespace in &namespaces {
         let stack_installs = Api::<StackInstall>::namespaced(tenant.clone(), namespace);
         let cluster_installs = Api::<ClusterStackInstall>::namespaced(tenant.clone(), namespace);
-        let reasons = wait_until(
+        let (reasons, refusal) = wait_until(
             &format!("both installs of {namespace} judged"),
             SOON,
             &daemon,
             || async {
                 let stack_install = condition(&stack_installs.get("dup").await.ok()?, "Ready")?.1;
                 let cluster_install = cluster_installs.get("dup").await.ok()?.status?.conditions;
-                let cluster_install = cluster_install.into_iter().find(|c| c.type_ == "Ready")?.reason;
-                let reasons = [stack_install, cluster_install];
+                let cluster_install = cluster_install.into_iter().find(|c| c.type_ == "Ready")?;
+                let reasons = [stack_install, cluster_install.reason];
                 let settled = ["Available", "HostObjectConflict"];
-                reasons.iter().all(|r| settled.contains(&r.as_str())).then_some(reasons)
+                reasons
+                    .iter()
+                    .all(|r| settled.contains(&r.as_str()))
+                    .then_some((reasons, cluster_install.message))
             },
         )
         .await;
         assert_eq!(
             reasons,
             ["Available".to_string(), "HostObjectConflict".to_string()],
-            "{namespace}: the StackInstall was admitted first"
+            "{namespace}: the StackInstall was admitted first; log:\n{}",
+            daemon.log_text()
+        );
+        // Refused for the name the StackInstall holds, and told so.
+        assert!(
+            refusal.contains("the StackInstall") && refusal.contains("already installs a stack named dup"),
+            "{namespace}: {refusal}"
         );
     }
 }
 
-/// Makes a pair of installs (`make(namespace, second)`) in each of eight namespaces, the second 50 ms
-/// after the first, while host Job creation takes 300 ms: each first one is admitted at once and
-/// spends a while making its Job, so the second comes before the cache shows the first started.
+/// Makes a pair of installs (`make(namespace, second)`) in each of eight namespaces, the second in
+/// the window the admission ledger guards: the first has been admitted and its install Job made, but
+/// the daemon hears of the Job's creation only 300 ms later, so the first's status (and the cache)
+/// does not show it started yet. The second is made once the host has the first's Job, not after a
+/// fixed pause, so under load the second never comes before the first was judged.
 async fn make_pairs_while_jobs_are_slow<F, Fut>(
     fleet: &StackFleet,
     daemon: &Daemon,
@@ -1567,7 +1578,7 @@ where
     let tenant = fleet.tenant(TENANT);
     create_install(&tenant, "warm", "up", json!({"package": "examples/sample-stack:v1"})).await;
     wait_for_reason(&tenant, "warm", "up", daemon, "Available").await;
-    fleet._host.faults().add_latency(
+    fleet._host.faults().add_answer_latency(
         RequestMatch::any().verb(Verb::Create).resource("jobs"),
         Duration::from_millis(300),
     );
@@ -1575,9 +1586,6 @@ where
     for namespace in &namespaces {
         create_namespace(&tenant, namespace).await;
         make(namespace.clone(), false).await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        make(namespace.clone(), true).await;
-        // One pair at a time, so no first one waits for a reconcile slot behind the others.
         let prefix = format!("{namespace}.");
         wait_until(&format!("a Job of {namespace}"), SOON, daemon, || async {
             jobs.all()
@@ -1586,6 +1594,7 @@ where
                 .then_some(())
         })
         .await;
+        make(namespace.clone(), true).await;
     }
     fleet._host.faults().clear();
     namespaces

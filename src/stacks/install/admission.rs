@@ -38,6 +38,7 @@ pub(super) fn refusal<K: InstallKind>(install: &K, ctx: &InstallContext, package
         ctx.admitted.forget(&namespace, &uid);
         return Some(Report::failed("RegistryNotAllowed", message));
     }
+    // Read under the ledger's lock, after which the cache can only show it started, not unstarted.
     let mut admitted = ctx.admitted.lock();
     let places = admitted.entry(namespace.clone()).or_default();
     // An admitted install the cache shows started, or that is going, needs no record.
@@ -46,15 +47,27 @@ pub(super) fn refusal<K: InstallKind>(install: &K, ctx: &InstallContext, package
         waiting_now.extend(waiting(&ctx.cluster_stack_installs, &namespace));
         places.retain(|uid| waiting_now.contains(uid));
     }
+    // The reconcile's copy may predate the echo of its own status write: the cache may show it
+    // started (and the ledger just forgot it for that) where the copy does not.
+    let shown_started = started(install.install_status()) || started_in_cache(install, ctx);
     let others = Others {
         stack_installs: &ctx.stack_installs,
         cluster_stack_installs: &ctx.cluster_stack_installs,
         admitted: places,
+        judged_started: shown_started,
     };
     let refused = others
         .holding_the_name(install, ctx)
         .or_else(|| others.past_the_bound(install, ctx));
-    if refused.is_none() && !started(install.install_status()) {
+    tracing::debug!(
+        kind = %K::kind(&()),
+        namespace,
+        name = install.name_any(),
+        refused = refused.as_ref().map(|report| report.ready.1),
+        admitted = ?places,
+        "install judged"
+    );
+    if refused.is_none() && !shown_started {
         places.insert(uid);
     }
     if places.is_empty() {
@@ -139,6 +152,8 @@ struct Others<'a> {
     stack_installs: &'a Store<StackInstall>,
     cluster_stack_installs: &'a Store<ClusterStackInstall>,
     admitted: &'a HashSet<String>,
+    /// Whether the install judged is shown started, by its copy or by the cache.
+    judged_started: bool,
 }
 
 impl Others<'_> {
@@ -190,7 +205,23 @@ impl Others<'_> {
 
     /// Started, as the cache shows, or admitted by this replica since.
     fn holds_place<K: InstallKind>(&self, install: &K) -> bool {
-        started(install.install_status()) || self.admitted.contains(&install.uid().unwrap_or_default())
+        self.judged_started || self.admitted.contains(&install.uid().unwrap_or_default())
+    }
+}
+
+/// Whether the cache's copy of `install` (the same uid) shows it started.
+fn started_in_cache<K: InstallKind>(install: &K, ctx: &InstallContext) -> bool {
+    let (namespace, name) = (install.namespace().unwrap_or_default(), install.name_any());
+    let uid = install.uid();
+    let shown = |status: Option<&StackInstallStatus>, cached_uid: Option<String>| cached_uid == uid && started(status);
+    if K::kind(&()) == StackInstall::kind(&()) {
+        let cached = ctx.stack_installs.get(&ObjectRef::new(&name).within(&namespace));
+        cached.is_some_and(|cached| shown(cached.install_status(), cached.uid()))
+    } else {
+        let cached = ctx
+            .cluster_stack_installs
+            .get(&ObjectRef::new(&name).within(&namespace));
+        cached.is_some_and(|cached| shown(cached.install_status(), cached.uid()))
     }
 }
 

@@ -35,6 +35,7 @@ pub(super) async fn publish<K: InstallKind>(
         Err(err) => return Err(InstallError::Tenant(err)),
     }
     for (reason, message) in changed {
+        tracing::debug!(reason, message, "install Ready changed");
         let type_ = if FAILURE_REASONS.contains(&reason) {
             EventType::Warning
         } else {
