@@ -197,6 +197,7 @@ pub mod run {
         TENANT_UID_ANNOTATION, tenant_selector,
     };
     use crate::runtime::api_errors::is_gone_or_conflict;
+    use crate::runtime::cause::diagnose;
 
     /// What one sweep deleted, as `Kind/name`.
     #[derive(Debug, Default, PartialEq, Eq)]
@@ -207,7 +208,7 @@ pub mod run {
     }
 
     /// Lists each parent kind on the tenant (a failed list leaves its kind out of the snapshot, so
-    /// none of its host objects can be deleted), then deletes this tenant's host objects in
+    /// none of its host objects can be deleted; an unreachable tenant ends the sweep), then deletes this tenant's host objects in
     /// `host_namespace` whose parent is gone. Never deletes the namespace itself.
     ///
     /// A parent created between the tenant lists and the host lists (a pool creating a
@@ -227,7 +228,12 @@ pub mod run {
         let mut lists = Vec::new();
         for kind in parent_kinds {
             let api: Api<DynamicObject> = Api::all_with(tenant.clone(), kind);
-            let result = api.list_metadata(&ListParams::default()).await;
+            let result = match api.list_metadata(&ListParams::default()).await {
+                // The tenant is unreachable: nothing is judged this time, and the caller tells
+                // the outage at the level its probe decides (once, not once per kind).
+                Err(err) if diagnose(&err).kind.is_outage() => return Err(err),
+                result => result,
+            };
             if let Err(err) = &result {
                 warn!(tenant = %tenant_name, kind = %kind.kind, error = %err, "sweep: cannot list tenant parents; skipping their host objects");
                 report.unlisted_kinds.push(kind.kind.clone());
