@@ -1108,10 +1108,19 @@ async fn a_second_reconcile_of_an_unchanged_install_writes_nothing() {
     // Synced comes as soon as the Stack is applied; the Stack's own writes go on until it is
     // available, which the install's Ready reports.
     install_sample(&tenant, &daemon).await;
-    // The install's Available Event is the last write of the reconcile that reported it.
-    wait_until("the Available Event", Duration::from_secs(10), &daemon, || async {
-        let events = events_of(&tenant, "team-a", "sample").await;
-        events.iter().any(|(reason, _)| reason == "Available").then_some(())
+    // The install's Available Event is the last write of the reconcile that reported it; the
+    // Stack's own Available Event (the same name) may come before or after it.
+    wait_until("the Available Events", Duration::from_secs(10), &daemon, || async {
+        let events: Api<Event> = Api::namespaced(tenant.clone(), "team-a");
+        let events = events.list(&ListParams::default()).await.ok()?.items;
+        let available = |kind: &str| {
+            events.iter().any(|e| {
+                e.reason.as_deref() == Some("Available")
+                    && e.involved_object.kind.as_deref() == Some(kind)
+                    && e.involved_object.name.as_deref() == Some("sample")
+            })
+        };
+        (available("StackInstall") && available("Stack")).then_some(())
     })
     .await;
     let (host_before, tenant_before) = (fleet._host.counters(), fleet.tenants["acme"].0.counters());
