@@ -283,7 +283,12 @@ async fn reported_down_within_seconds_of_a_graceful_stop(fleet: Fleet) {
             DOWN_WITHIN.saturating_sub(stopped.elapsed()),
         )
         .await;
-    assert!(acme.open_watches() > 0, "the stopping server's watches were closed");
+    assert!(
+        acme.open_watches() > 0,
+        "the stopping server's watches were closed {:?} after it stopped; log:\n{}",
+        stopped.elapsed(),
+        daemon.log_text()
+    );
     assert!(
         metrics.contains("stackd_tenant_down_cause{tenant=\"acme\",cause=\"refused\"} 1"),
         "{metrics}"
