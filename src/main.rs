@@ -354,6 +354,27 @@ struct BenchArgs {
     /// Run one scenario alone and print its figures.
     #[arg(long, value_enum, value_name = "SCENARIO", conflicts_with_all = ["chaos", "compare"])]
     only: Option<BenchScenario>,
+    /// How the stacks scenario's tenant API servers are spoken to: https with HTTP/2 (as a real
+    /// kube-apiserver), https with HTTP/1.1 only, or plain http (a baseline no real tenant serves).
+    #[arg(long, value_enum, value_name = "TRANSPORT", default_value = "http2")]
+    tenant_transport: TenantTransportArg,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum TenantTransportArg {
+    Http2,
+    Http1,
+    Plain,
+}
+
+impl From<TenantTransportArg> for stackd::bench::fleet::TenantTransport {
+    fn from(arg: TenantTransportArg) -> Self {
+        match arg {
+            TenantTransportArg::Http2 => Self::Http2,
+            TenantTransportArg::Http1 => Self::Http1,
+            TenantTransportArg::Plain => Self::Plain,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -589,6 +610,7 @@ async fn bench(args: BenchArgs) -> ExitCode {
     let options = stackd::bench::BenchOptions {
         quick: args.quick,
         keep_logs: args.keep_logs.clone(),
+        tenant_transport: args.tenant_transport.into(),
     };
     match args.only {
         Some(BenchScenario::Shards) => return bench_shards(&args, &options).await,

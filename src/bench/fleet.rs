@@ -11,6 +11,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, PostParams};
 use tokio::process::{Child, Command};
 
+use serde::{Deserialize, Serialize};
+
 use super::BenchError;
 use crate::embedded::counters::RequestCounts;
 use crate::embedded::samples::{SampleImages, register_sample_runners};
@@ -27,19 +29,43 @@ pub struct Fleet {
     log_dir: Option<PathBuf>,
 }
 
+/// How the bench's tenant API servers are spoken to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TenantTransport {
+    /// https offering HTTP/2, as a real tenant's kube-apiserver: every watch and request of a
+    /// tenant on one connection.
+    #[default]
+    Http2,
+    /// https, HTTP/1.1 only: a connection per watch.
+    Http1,
+    /// Plain http (HTTP/1.1): no TLS at all, which no real tenant serves; a baseline.
+    Plain,
+}
+
+impl TenantTransport {
+    fn options(self, name: String) -> ServerOptions {
+        ServerOptions {
+            name,
+            tls: self != TenantTransport::Plain,
+            http2: self == TenantTransport::Http2,
+            ..Default::default()
+        }
+    }
+}
+
 /// Tenant API servers [`Fleet::start`] starts at once.
 const TENANTS_STARTED_AT_ONCE: usize = 4;
 
-/// A tenant API server serving stackd's CRDs, its kubeconfig written into `tenants_dir`. It serves
-/// https and offers HTTP/2, as a real tenant's kube-apiserver does, so the daemon's client of it
-/// is the one it has in production: every watch and request on one connection.
-async fn start_tenant(name: String, tenants_dir: &Path) -> Result<(String, ApiServer), BenchError> {
-    let server = ApiServer::start(ServerOptions {
-        name: name.clone(),
-        tls: true,
-        ..Default::default()
-    })
-    .await?;
+/// A tenant API server serving stackd's CRDs, its kubeconfig written into `tenants_dir`. By
+/// default it serves https and offers HTTP/2, as a real tenant's kube-apiserver does, so the
+/// daemon's client of it is the one it has in production: every watch and request on one connection.
+async fn start_tenant(
+    name: String,
+    tenants_dir: &Path,
+    transport: TenantTransport,
+) -> Result<(String, ApiServer), BenchError> {
+    let server = ApiServer::start(transport.options(name.clone())).await?;
     let crds: Api<CustomResourceDefinition> = Api::all(server.client().await);
     for crd in crate::api::crds::all() {
         crds.create(&PostParams::default(), &crd).await?;
@@ -50,6 +76,11 @@ async fn start_tenant(name: String, tenants_dir: &Path) -> Result<(String, ApiSe
 
 impl Fleet {
     pub async fn start(tenants: usize) -> Result<Fleet, BenchError> {
+        Fleet::start_with(tenants, TenantTransport::default()).await
+    }
+
+    /// [`Fleet::start`] with tenants spoken to over `transport`.
+    pub async fn start_with(tenants: usize, transport: TenantTransport) -> Result<Fleet, BenchError> {
         let host = ApiServer::start(ServerOptions {
             name: "host".into(),
             ..Default::default()
@@ -63,7 +94,7 @@ impl Fleet {
         // time leaves a core idle while each request makes its round trip.
         let tenants_dir = dir.path().join("tenants");
         let tenants = futures::stream::iter(0..tenants)
-            .map(|index| start_tenant(format!("t{index:03}"), &tenants_dir))
+            .map(|index| start_tenant(format!("t{index:03}"), &tenants_dir, transport))
             .buffered(TENANTS_STARTED_AT_ONCE)
             .try_collect()
             .await?;

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 pub use blast_radius::BlastRadiusFigures;
 pub use crowd::CrowdFigures;
+use fleet::TenantTransport;
 pub use idle::IdleFigures;
 pub use latency::LatencyFloor;
 pub use pools::PoolFigures;
@@ -52,6 +53,8 @@ pub struct BenchOptions {
     pub quick: bool,
     /// Keep the stack-install daemon's log here (`--keep-logs`), to read beside the latency breakdown.
     pub keep_logs: Option<std::path::PathBuf>,
+    /// How the stacks scenario's tenants are spoken to (`--tenant-transport`).
+    pub tenant_transport: fleet::TenantTransport,
 }
 
 impl BenchOptions {
@@ -186,7 +189,7 @@ pub async fn run(options: &BenchOptions) -> Result<Report, BenchError> {
     };
     let (stack_tenants, installs) = options.stack_load();
     eprintln!("bench: {installs} StackInstalls in each of {stack_tenants} tenants");
-    let stacks = stacks::measure(stack_tenants, installs, &latency_floor, options.keep_logs.as_deref()).await?;
+    let stacks = stacks::measure(stack_tenants, installs, &latency_floor, options).await?;
     eprintln!("bench: a pool of {} filled by two racing daemons", options.pool_size());
     let pools = pools::measure(options.pool_size()).await?;
     eprintln!("bench: {} tenant API server restarts", options.restarts());
@@ -222,7 +225,7 @@ pub async fn run(options: &BenchOptions) -> Result<Report, BenchError> {
 pub async fn run_stacks(options: &BenchOptions) -> Result<StackFigures, BenchError> {
     let latency_floor = latency::measure(options.floor_samples()).await?;
     let (tenants, installs) = options.stack_load();
-    stacks::measure(tenants, installs, &latency_floor, options.keep_logs.as_deref()).await
+    stacks::measure(tenants, installs, &latency_floor, options).await
 }
 
 /// The crowd scenario (`stackd bench --only crowd`, and last in a whole run).
@@ -376,9 +379,15 @@ pub fn stacks_lines(s: &StackFigures) -> String {
     line(
         &mut out,
         format!(
-            "\nstacks: {} installs over {} tenants, all Ready in {:.2} s; per install p50 {:.2} s, p99 {:.2} s ({:.1}x the floor of {} sequential round trips)",
+            "\nstacks: {} installs over {} tenants{}, all Ready in {:.2} s; per install p50 {:.2} s, p99 {:.2} s ({:.1}x the floor of {} sequential round trips)",
             s.installs,
             s.tenants,
+            match s.tenant_transport {
+                Some(TenantTransport::Http2) => " (https, HTTP/2)",
+                Some(TenantTransport::Http1) => " (https, HTTP/1.1)",
+                Some(TenantTransport::Plain) => " (plain http)",
+                None => "",
+            },
             s.all_ready_s,
             s.install_p50_s,
             s.install_p99_s,

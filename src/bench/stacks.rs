@@ -2,7 +2,6 @@
 //! each is Ready, and how many API requests each cost against the minimum a correct install needs.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -13,11 +12,11 @@ use kube::{Client, Resource, ResourceExt};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::BenchError;
 use super::cost::{CostFigures, Snapshot};
-use super::fleet::Fleet;
+use super::fleet::{Fleet, TenantTransport};
 use super::latency::{LatencyFloor, percentile};
 use super::timeline::{LatencyBreakdown, Recorder};
+use super::{BenchError, BenchOptions};
 use crate::api::stacks::StackInstall;
 use crate::embedded::counters::RequestCounts;
 use crate::runtime::conditions::is_true;
@@ -35,6 +34,10 @@ pub(super) const MINIMUM_REQUESTS_PER_INSTALL: f64 = 19.0;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StackFigures {
     pub tenants: usize,
+    /// How the tenants were spoken to (absent in runs before it could be chosen: plain http
+    /// before 2026-11-27, https with HTTP/2 after).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_transport: Option<TenantTransport>,
     pub installs: usize,
     pub all_ready_s: f64,
     pub install_p50_s: f64,
@@ -62,10 +65,10 @@ pub(super) async fn measure(
     tenants: usize,
     per_tenant: usize,
     floor: &LatencyFloor,
-    keep_logs: Option<&Path>,
+    options: &BenchOptions,
 ) -> Result<StackFigures, BenchError> {
-    let mut fleet = Fleet::start(tenants).await?;
-    if let Some(dir) = keep_logs {
+    let mut fleet = Fleet::start_with(tenants, options.tenant_transport).await?;
+    if let Some(dir) = options.keep_logs.as_deref() {
         fleet.keep_logs(dir)?;
     }
     let daemon = fleet.daemon(&[])?;
@@ -109,6 +112,7 @@ pub(super) async fn measure(
     let install_p50_s = percentile(&mut times, 0.50);
     Ok(StackFigures {
         tenants,
+        tenant_transport: Some(options.tenant_transport),
         installs,
         all_ready_s,
         install_p50_s,
