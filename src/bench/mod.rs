@@ -640,6 +640,7 @@ mod tests {
             marginal_rss_per_tenant_mb: 2.0,
             host_watches: HostWatches::between((1, 6), (5, 22)),
             stacks: StackFigures {
+                tenant_transport: None,
                 tenants: 1,
                 installs: 1,
                 all_ready_s: 1.0,

@@ -9,6 +9,11 @@
 //!
 //! It works whatever order the fields come in: kube decodes a watch event whose `object` precedes
 //! its `type` from serde's buffered content, where a `RawValue` could not be taken.
+//!
+//! `metadata.managedFields` is left out on the way (as client-go informers' managed-fields
+//! transform does): no controller reads it from a cache, and on a real API server it is often a
+//! third of an object's JSON, decoded and kept for every cached object and every watch event. The
+//! status writer, which does need it, reads it from the answer to its own write.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -126,6 +131,7 @@ impl<'de, K> Deserialize<'de> for RawObject<K> {
         Transcode {
             out: &mut json,
             footprint: &mut footprint,
+            at: Position::Object,
         }
         .deserialize(deserializer)?;
         let MetadataOnly { metadata } = serde_json::from_slice(&json).map_err(de::Error::custom)?;
@@ -142,13 +148,27 @@ impl<'de, K> Deserialize<'de> for RawObject<K> {
 struct Transcode<'a> {
     out: &'a mut Vec<u8>,
     footprint: &'a mut Footprint,
+    at: Position,
+}
+
+/// Where in the object a value is: its `metadata` loses its `managedFields`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Position {
+    Object,
+    Metadata,
+    Within,
 }
 
 impl Transcode<'_> {
     fn again(&mut self) -> Transcode<'_> {
+        self.at(Position::Within)
+    }
+
+    fn at(&mut self, at: Position) -> Transcode<'_> {
         Transcode {
             out: self.out,
             footprint: self.footprint,
+            at,
         }
     }
 
@@ -249,13 +269,21 @@ impl<'de> Visitor<'de> for Transcode<'_> {
         self.out.push(b'{');
         let mut first = true;
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+            if self.at == Position::Metadata && key == "managedFields" {
+                map.next_value::<de::IgnoredAny>()?;
+                continue;
+            }
             if !first {
                 self.out.push(b',');
             }
             first = false;
             self.string(&key);
             self.out.push(b':');
-            map.next_value_seed(self.again())?;
+            let at = match (self.at, key.as_ref()) {
+                (Position::Object, "metadata") => Position::Metadata,
+                _ => Position::Within,
+            };
+            map.next_value_seed(self.at(at))?;
         }
         self.out.push(b'}');
         Ok(())
@@ -284,6 +312,23 @@ mod tests {
         assert!(raw.json.len() < text.len(), "compact");
         let decoded = raw.decode().unwrap();
         assert_eq!(decoded.data.unwrap()["k"], "v \"quoted\" é");
+    }
+
+    #[test]
+    fn an_object_loses_its_managed_fields_and_nothing_else() {
+        let entry = json!({"manager": "kubectl", "operation": "Update", "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:data": {"f:k": {}}}});
+        let text = json!({"metadata": {"name": "a", "managedFields": [entry], "labels": {"l": "v"}},
+            "data": {"managedFields": "kept"}, "spec": {"metadata": {"managedFields": [1]}}});
+        let raw = RawObject::<ConfigMap>::from_json(&serde_json::to_vec(&text).unwrap()).unwrap();
+        assert_eq!(raw.metadata.managed_fields, None);
+        let reread: serde_json::Value = serde_json::from_slice(&raw.json).unwrap();
+        let mut expected = text.clone();
+        expected["metadata"].as_object_mut().unwrap().remove("managedFields");
+        assert_eq!(reread, expected);
+        let only = json!({"metadata": {"managedFields": [entry]}});
+        let raw = RawObject::<ConfigMap>::from_json(&serde_json::to_vec(&only).unwrap()).unwrap();
+        assert_eq!(raw.json, br#"{"metadata":{}}"#);
     }
 
     #[test]

@@ -8,11 +8,12 @@
 //!
 //! Objects whose status an older stackd wrote with merge patches or updates carry `Update` entries
 //! for the status subresource in `managedFields`; they co-own every status field, so a field the
-//! applier stops sending would stay forever. Before the first apply to such an object, the status
-//! writer takes their fields over into its own `Apply` entry, in one JSON patch of
-//! `metadata.managedFields` guarded by the object's `resourceVersion` (what client-go's `csaupgrade`
-//! does). stackd is the only status writer of its kinds, so every such entry is a legacy stackd
-//! write. Objects without one cost no extra request.
+//! applier stops sending would stay forever. The status writer takes their fields over into its own
+//! `Apply` entry, in one JSON patch of `metadata.managedFields` guarded by the object's
+//! `resourceVersion` (what client-go's `csaupgrade` does): before its apply when the object it was
+//! given shows such an entry, else after it, when the answer does (the caches keep no
+//! `managedFields`), and then applies again. stackd is the only status writer of its kinds, so every
+//! such entry is a legacy stackd write. Objects without one cost no extra request.
 
 use std::fmt::Debug;
 
@@ -54,7 +55,17 @@ where
     {
         version.clone_from(&taken.meta().resource_version);
     }
-    apply_whole_status(api, &name, field_manager, status, version.as_deref()).await
+    let written = apply_whole_status(api, &name, field_manager, status, version.as_deref()).await?;
+    // The caches keep no `managedFields` (runtime::raw_object): a legacy entry the cached copy did
+    // not show is in the answer. Taken over then, and applied again, so that what the status no
+    // longer has goes now rather than never.
+    match take_over(api, &written, field_manager).await? {
+        None => Ok(written),
+        Some(taken) => {
+            let version = resource_version.and(taken.meta().resource_version.as_deref());
+            apply_whole_status(api, &name, field_manager, status, version).await
+        }
+    }
 }
 
 /// Applies `status` as the whole status `field_manager` owns (`resource_version`, when given, as a

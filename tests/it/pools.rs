@@ -947,6 +947,40 @@ async fn a_status_takeover_on_a_stale_object_conflicts() {
     assert!(matches!(stale, kube::Error::Api(ref s) if s.code == 409), "{stale:?}");
 }
 
+/// The daemon's caches keep no `managedFields`: a legacy status entry the cached copy does not show
+/// is taken over from the answer to the apply, which is then made again, so a field the status no
+/// longer has goes at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_status_entry_the_cached_copy_does_not_show_is_taken_over_after_the_apply() {
+    let (_fleet, tenant) = setup().await;
+    named_cdc(&tenant, "old").await;
+    let legacy = json!({"status": {"clusterDeploymentRef": {"name": "p-ghost"}, "clusterPoolRef": {"name": "p"}}});
+    let api = cdcs(&tenant);
+    let mut cached = api
+        .patch_status("old", &PatchParams::default(), &Patch::Merge(legacy))
+        .await
+        .expect("legacy status");
+    assert_eq!(status_updates(&cached), 1);
+    cached.metadata.managed_fields = None;
+    let released = stackd::api::pools::ClusterDeploymentCustomizationStatus::default();
+    let version = cached.metadata.resource_version.clone();
+    let written = apply_status(&api, &cached, "stackd/cdc-lease", &released, version.as_deref())
+        .await
+        .expect("apply");
+    let status = written.status.clone().unwrap_or_default();
+    assert_eq!(status.cluster_deployment_ref, None, "{status:?}");
+    assert_eq!(status.cluster_pool_ref, None, "{status:?}");
+    assert_eq!(status_updates(&written), 0, "{:?}", written.metadata.managed_fields);
+    assert_eq!(
+        cdc(&tenant, "old")
+            .await
+            .status
+            .unwrap_or_default()
+            .cluster_deployment_ref,
+        None
+    );
+}
+
 /// Status `Update` entries in `managedFields`: writes of the status not made by server-side apply.
 fn status_updates(cdc: &Cdc) -> usize {
     let entries = cdc.metadata.managed_fields.as_deref().unwrap_or_default();
