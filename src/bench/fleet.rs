@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
-use tokio::process::{Child, Command};
-
 use serde::{Deserialize, Serialize};
+use tokio::process::{Child, Command};
 
 use super::BenchError;
 use crate::embedded::counters::RequestCounts;

@@ -208,8 +208,9 @@ pub mod run {
     }
 
     /// Lists each parent kind on the tenant (a failed list leaves its kind out of the snapshot, so
-    /// none of its host objects can be deleted; an unreachable tenant ends the sweep), then deletes this tenant's host objects in
-    /// `host_namespace` whose parent is gone. Never deletes the namespace itself.
+    /// none of its host objects can be deleted; an unreachable tenant ends the sweep), then
+    /// deletes this tenant's host objects in `host_namespace` whose parent is gone. Never deletes
+    /// the namespace itself.
     ///
     /// A parent created between the tenant lists and the host lists (a pool creating a
     /// ClusterDeployment mid-sweep) must not lose its new host objects: objects younger than the

@@ -18,6 +18,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
+use std::ops::Range;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -117,24 +118,29 @@ impl<K: Resource> Resource for RawObject<K> {
     }
 }
 
-/// Only the metadata of an object, the rest skipped without being kept.
-#[derive(Deserialize)]
-struct MetadataOnly {
-    #[serde(default)]
-    metadata: ObjectMeta,
-}
-
 impl<'de, K> Deserialize<'de> for RawObject<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let mut json = Vec::new();
         let mut footprint = Footprint::default();
+        let mut metadata_span = None;
         Transcode {
             out: &mut json,
             footprint: &mut footprint,
             at: Position::Object,
+            metadata_span: &mut metadata_span,
         }
         .deserialize(deserializer)?;
-        let MetadataOnly { metadata } = serde_json::from_slice(&json).map_err(de::Error::custom)?;
+        if json.first() != Some(&b'{') {
+            return Err(de::Error::invalid_type(
+                de::Unexpected::Other("a JSON value other than an object"),
+                &"an object",
+            ));
+        }
+        // Read from its own span of the copy: the rest of the object is not scanned again.
+        let metadata = match metadata_span {
+            Some(span) => serde_json::from_slice(&json[span]).map_err(de::Error::custom)?,
+            None => ObjectMeta::default(),
+        };
         Ok(RawObject {
             metadata,
             json,
@@ -149,6 +155,8 @@ struct Transcode<'a> {
     out: &'a mut Vec<u8>,
     footprint: &'a mut Footprint,
     at: Position,
+    /// Where the object's `metadata` was written in `out`.
+    metadata_span: &'a mut Option<Range<usize>>,
 }
 
 /// Where in the object a value is: its `metadata` loses its `managedFields`.
@@ -169,6 +177,7 @@ impl Transcode<'_> {
             out: self.out,
             footprint: self.footprint,
             at,
+            metadata_span: self.metadata_span,
         }
     }
 
@@ -279,11 +288,13 @@ impl<'de> Visitor<'de> for Transcode<'_> {
             first = false;
             self.string(&key);
             self.out.push(b':');
-            let at = match (self.at, key.as_ref()) {
-                (Position::Object, "metadata") => Position::Metadata,
-                _ => Position::Within,
-            };
-            map.next_value_seed(self.at(at))?;
+            if self.at == Position::Object && key == "metadata" {
+                let start = self.out.len();
+                map.next_value_seed(self.at(Position::Metadata))?;
+                *self.metadata_span = Some(start..self.out.len());
+            } else {
+                map.next_value_seed(self.again())?;
+            }
         }
         self.out.push(b'}');
         Ok(())

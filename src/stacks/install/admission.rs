@@ -38,7 +38,6 @@ pub(super) fn refusal<K: InstallKind>(install: &K, ctx: &InstallContext, package
         ctx.admitted.forget(&namespace, &uid);
         return Some(Report::failed("RegistryNotAllowed", message));
     }
-    // Read under the ledger's lock, after which the cache can only show it started, not unstarted.
     let mut admitted = ctx.admitted.lock();
     let places = admitted.entry(namespace.clone()).or_default();
     // An admitted install the cache shows started, or that is going, needs no record.
@@ -47,8 +46,9 @@ pub(super) fn refusal<K: InstallKind>(install: &K, ctx: &InstallContext, package
         waiting_now.extend(waiting(&ctx.cluster_stack_installs, &namespace));
         places.retain(|uid| waiting_now.contains(uid));
     }
-    // The reconcile's copy may predate the echo of its own status write: the cache may show it
-    // started (and the ledger just forgot it for that) where the copy does not.
+    // The reconcile's copy may predate the echo of its own status write, which the cache shows and
+    // for which the ledger has just forgotten it: both are asked (the cache, read after the
+    // ledger's pruning, can only show more started, never less).
     let shown_started = started(install.install_status()) || started_in_cache(install, ctx);
     let others = Others {
         stack_installs: &ctx.stack_installs,
