@@ -270,6 +270,12 @@ async fn reported_down_within_seconds_of_a_graceful_stop(fleet: Fleet) {
     install_crds(acme).await;
     let daemon = fleet.daemon(&[]);
     daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", SOON).await;
+    // Ready means the caches listed; their watches follow the lists, and on HTTP/1.1 one not yet
+    // made when the server stops needs a connection it refuses. The stop comes once they are open.
+    until("the daemon's watches open on the tenant", SOON, &daemon, || async {
+        acme.open_watches() > 0
+    })
+    .await;
     // As kube-apiserver on SIGTERM: new connections refused, open watches kept for a minute.
     acme.stop_gracefully(Duration::from_secs(60)).await;
     let stopped = Instant::now();
