@@ -357,24 +357,7 @@ struct BenchArgs {
     /// How the stacks scenario's tenant API servers are spoken to: https with HTTP/2 (as a real
     /// kube-apiserver), https with HTTP/1.1 only, or plain http (a baseline no real tenant serves).
     #[arg(long, value_enum, value_name = "TRANSPORT", default_value = "http2")]
-    tenant_transport: TenantTransportArg,
-}
-
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum TenantTransportArg {
-    Http2,
-    Http1,
-    Plain,
-}
-
-impl From<TenantTransportArg> for stackd::bench::fleet::TenantTransport {
-    fn from(arg: TenantTransportArg) -> Self {
-        match arg {
-            TenantTransportArg::Http2 => Self::Http2,
-            TenantTransportArg::Http1 => Self::Http1,
-            TenantTransportArg::Plain => Self::Plain,
-        }
-    }
+    tenant_transport: stackd::bench::fleet::TenantTransport,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -610,7 +593,7 @@ async fn bench(args: BenchArgs) -> ExitCode {
     let options = stackd::bench::BenchOptions {
         quick: args.quick,
         keep_logs: args.keep_logs.clone(),
-        tenant_transport: args.tenant_transport.into(),
+        tenant_transport: args.tenant_transport,
     };
     match args.only {
         Some(BenchScenario::Shards) => return bench_shards(&args, &options).await,

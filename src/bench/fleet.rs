@@ -29,7 +29,7 @@ pub struct Fleet {
 }
 
 /// How the bench's tenant API servers are spoken to.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum TenantTransport {
     /// https offering HTTP/2, as a real tenant's kube-apiserver: every watch and request of a
