@@ -15,8 +15,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
+use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Resource, ResourceExt};
 
 use super::object::Report;
 use super::{InstallContext, InstallKind};
@@ -161,12 +161,7 @@ impl Others<'_> {
     /// the name: it started and this one did not, or neither did and it is older.
     fn holding_the_name<K: InstallKind>(&self, install: &K, ctx: &InstallContext) -> Option<Report> {
         let (namespace, name) = (install.namespace().unwrap_or_default(), install.name_any());
-        let other = if K::kind(&()) == StackInstall::kind(&()) {
-            standing(self.cluster_stack_installs, &namespace, &name)
-        } else {
-            standing(self.stack_installs, &namespace, &name)
-        };
-        let (kind, other_uid, other_started, other_rank) = other?;
+        let (kind, other_uid, other_started, other_rank) = standing(K::Other::cache(ctx), &namespace, &name)?;
         let other_started = other_started || self.admitted.contains(&other_uid);
         let own_started = self.holds_place(install);
         let holds = (other_started && !own_started) || (other_started == own_started && other_rank < rank(install));
@@ -213,16 +208,9 @@ impl Others<'_> {
 fn started_in_cache<K: InstallKind>(install: &K, ctx: &InstallContext) -> bool {
     let (namespace, name) = (install.namespace().unwrap_or_default(), install.name_any());
     let uid = install.uid();
-    let shown = |status: Option<&StackInstallStatus>, cached_uid: Option<String>| cached_uid == uid && started(status);
-    if K::kind(&()) == StackInstall::kind(&()) {
-        let cached = ctx.stack_installs.get(&ObjectRef::new(&name).within(&namespace));
-        cached.is_some_and(|cached| shown(cached.install_status(), cached.uid()))
-    } else {
-        let cached = ctx
-            .cluster_stack_installs
-            .get(&ObjectRef::new(&name).within(&namespace));
-        cached.is_some_and(|cached| shown(cached.install_status(), cached.uid()))
-    }
+    K::cache(ctx)
+        .get(&ObjectRef::new(&name).within(&namespace))
+        .is_some_and(|cached| cached.uid() == uid && started(cached.install_status()))
 }
 
 /// The uids of the installs of `namespace` that are cached, not being deleted and not shown started.

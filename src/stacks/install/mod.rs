@@ -51,27 +51,40 @@ pub trait InstallKind:
     + 'static
 {
     const SCOPE: PermissionScope;
+    /// The other install kind: a StackInstall and a ClusterStackInstall of one name in one
+    /// namespace would share a Stack, so admission weighs each against the other.
+    type Other: InstallKind;
     fn install(&self) -> &InstallSpec;
     fn install_status(&self) -> Option<&StackInstallStatus>;
+    /// The tenant's cache of this kind.
+    fn cache(ctx: &InstallContext) -> &Store<Self>;
 }
 
 impl InstallKind for StackInstall {
     const SCOPE: PermissionScope = PermissionScope::Namespaced;
+    type Other = ClusterStackInstall;
     fn install(&self) -> &InstallSpec {
         &self.spec.install
     }
     fn install_status(&self) -> Option<&StackInstallStatus> {
         self.status.as_ref()
+    }
+    fn cache(ctx: &InstallContext) -> &Store<Self> {
+        &ctx.stack_installs
     }
 }
 
 impl InstallKind for ClusterStackInstall {
     const SCOPE: PermissionScope = PermissionScope::Cluster;
+    type Other = StackInstall;
     fn install(&self) -> &InstallSpec {
         &self.spec.install
     }
     fn install_status(&self) -> Option<&StackInstallStatus> {
         self.status.as_ref()
+    }
+    fn cache(ctx: &InstallContext) -> &Store<Self> {
+        &ctx.cluster_stack_installs
     }
 }
 
