@@ -921,18 +921,25 @@ async fn a_lease_written_by_an_older_stackd_is_released_completely() {
     }));
 }
 
+/// The CDC `old` with a lease written as an older stackd wrote it: a merge patch of its status,
+/// which leaves a status `Update` entry in its managed fields.
+async fn legacy_status_cdc(tenant: &Client) -> (Api<Cdc>, Cdc) {
+    named_cdc(tenant, "old").await;
+    let legacy = json!({"status": {"clusterDeploymentRef": {"name": "p-ghost"}, "clusterPoolRef": {"name": "p"}}});
+    let api = cdcs(tenant);
+    let patched = api
+        .patch_status("old", &PatchParams::default(), &Patch::Merge(legacy))
+        .await
+        .expect("legacy status");
+    (api, patched)
+}
+
 /// A takeover on a stale cached object is a 409 Conflict, as a stale lease write is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_status_takeover_on_a_stale_object_conflicts() {
     let (_fleet, tenant) = setup().await;
-    named_cdc(&tenant, "old").await;
-    let legacy = json!({"status": {"clusterDeploymentRef": {"name": "p-ghost"}, "clusterPoolRef": {"name": "p"}}});
-    let api = cdcs(&tenant);
+    let (api, again) = legacy_status_cdc(&tenant).await;
     let released = stackd::api::pools::ClusterDeploymentCustomizationStatus::default();
-    let again = api
-        .patch_status("old", &PatchParams::default(), &Patch::Merge(legacy))
-        .await
-        .expect("legacy status");
     api.patch(
         "old",
         &PatchParams::default(),
@@ -953,13 +960,7 @@ async fn a_status_takeover_on_a_stale_object_conflicts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_legacy_status_entry_the_cached_copy_does_not_show_is_taken_over_after_the_apply() {
     let (_fleet, tenant) = setup().await;
-    named_cdc(&tenant, "old").await;
-    let legacy = json!({"status": {"clusterDeploymentRef": {"name": "p-ghost"}, "clusterPoolRef": {"name": "p"}}});
-    let api = cdcs(&tenant);
-    let mut cached = api
-        .patch_status("old", &PatchParams::default(), &Patch::Merge(legacy))
-        .await
-        .expect("legacy status");
+    let (api, mut cached) = legacy_status_cdc(&tenant).await;
     assert_eq!(status_updates(&cached), 1);
     cached.metadata.managed_fields = None;
     let released = stackd::api::pools::ClusterDeploymentCustomizationStatus::default();
