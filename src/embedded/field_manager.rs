@@ -2,6 +2,8 @@
 //! verbs (and [`server_side_apply`](super::apply::server_side_apply)) and the pure
 //! [`patch_engine`](super::patch_engine).
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 use super::discovery::ResourceInfo;
@@ -12,7 +14,7 @@ use super::verb_options::Subresource;
 /// How lists and maps of this kind merge: the CRD version's schema, or the built-in table.
 pub fn list_semantics(info: &ResourceInfo) -> Box<dyn ListSemantics> {
     match &info.schema {
-        Some(schema) => Box::new(CrdSchema::new(schema)),
+        Some(schema) => Box::new(CrdSchema::new(Arc::clone(schema))),
         None => Box::new(BuiltinSchema::for_kind(&info.kind)),
     }
 }
@@ -30,7 +32,7 @@ pub fn record(info: &ResourceInfo, old: Option<&Value>, new: Value, manager: &st
     let semantics = list_semantics(info);
     patch_engine::record_update(
         old,
-        &new,
+        new,
         manager,
         subresource_name(sub),
         semantics.as_ref(),

@@ -4,7 +4,9 @@
 use serde_json::{Map, Value};
 
 use super::fieldset::{Element, FieldPath, FieldSet, path_string};
-use super::managed::{ManagedEntry, Operation, is_unowned, read_entries, without_managed_fields, write_entries};
+use super::managed::{
+    ManagedEntry, Operation, is_unowned, read_entries, strip_managed_fields, without_managed_fields, write_entries,
+};
 use super::schema::ListSemantics;
 use super::typed::{self, Comparison};
 
@@ -83,12 +85,13 @@ pub fn apply(
     now: &str,
 ) -> Result<Value, ApplyError> {
     let config = applied_config(applied, subresource)?;
-    let live_object = match (live, subresource) {
+    let mut old_contents = match (live, subresource) {
         (Some(live), _) => live.clone(),
         (None, None) => Value::Object(Map::new()),
         (None, Some(_)) => return Err(ApplyError::NotFound),
     };
-    let before = entries_before_apply(&live_object, schema, now)?;
+    let before = entries_before_apply(&old_contents, schema, now)?;
+    strip_managed_fields(&mut old_contents);
     let mut entries = before.clone();
     let applier_entry = ManagedEntry {
         manager: manager.to_string(),
@@ -102,7 +105,6 @@ pub fn apply(
     };
     let (applier, last_applied) = install_applier(&mut entries, applier_entry);
 
-    let old_contents = without_managed_fields(&live_object);
     let mut merged = typed::merge(&old_contents, &config, schema).map_err(ApplyError::Invalid)?;
     prune(&mut merged, &last_applied, &entries, schema);
     let comparison = owned_changes(&old_contents, &merged, schema)?;
@@ -130,7 +132,7 @@ pub fn apply(
 /// `managedFields` as it was.
 pub fn record_update(
     old: Option<&Value>,
-    new: &Value,
+    mut new: Value,
     manager: &str,
     subresource: Option<&str>,
     schema: &dyn ListSemantics,
@@ -138,30 +140,24 @@ pub fn record_update(
 ) -> Value {
     let empty = Value::Object(Map::new());
     let old = old.unwrap_or(&empty);
-    let mut entries = entries_for_update(old, new);
+    let mut entries = entries_for_update(old, &new);
+    let api_version = text_field(&new, "apiVersion");
     let old_contents = without_managed_fields(old);
-    let mut updated = without_managed_fields(new);
-    let Ok(comparison) = owned_changes(&old_contents, &updated, schema) else {
+    strip_managed_fields(&mut new);
+    let Ok(comparison) = owned_changes(&old_contents, &new, schema) else {
         // The stored object breaks its own list semantics (duplicate keys): ownership cannot
         // be tracked, so it is left as it was rather than failing the write.
-        write_entries(&mut updated, entries);
-        return updated;
+        write_entries(&mut new, entries);
+        return new;
     };
     let changed = comparison.changed();
     for entry in &mut entries {
         entry.fields = entry.fields.difference(&changed);
     }
     drop_removed(&mut entries, &comparison.removed);
-    credit_updater(
-        &mut entries,
-        manager,
-        &text_field(new, "apiVersion"),
-        subresource,
-        changed,
-        now,
-    );
-    write_entries(&mut updated, entries);
-    updated
+    credit_updater(&mut entries, manager, &api_version, subresource, changed, now);
+    write_entries(&mut new, entries);
+    new
 }
 
 fn credit_updater(
@@ -428,6 +424,7 @@ mod tests {
     use crate::embedded::patch_engine::builtin::BuiltinSchema;
     use crate::embedded::patch_engine::schema::CrdSchema;
     use serde_json::json;
+    use std::sync::Arc;
 
     const T1: &str = "2024-01-01T00:00:01Z";
     const T2: &str = "2024-01-01T00:00:02Z";
@@ -628,7 +625,7 @@ mod tests {
     }
 
     fn widget_schema() -> CrdSchema {
-        CrdSchema::new(&json!({"type": "object", "properties": {"spec": {
+        CrdSchema::new(Arc::new(json!({"type": "object", "properties": {"spec": {
             "type": "object",
             "properties": {
                 "args": {"type": "array", "items": {"type": "string"}},
@@ -639,7 +636,7 @@ mod tests {
                 "zones": {"type": "object", "additionalProperties": {
                     "type": "object", "properties": {"hosts": {"type": "string"}}}}
             }
-        }}}))
+        }}})))
     }
 
     fn widget(spec: Value) -> Value {
@@ -805,7 +802,7 @@ mod tests {
     fn update_then_apply_conflicts() {
         let created = record_update(
             None,
-            &config_map(json!({"a": "1"})),
+            config_map(json!({"a": "1"})),
             "kubectl-create",
             None,
             &config_maps(),
@@ -841,7 +838,7 @@ mod tests {
         let first = applied(None, &config_map(json!({"a": "1", "b": "1"})), "fid", false, T1);
         let mut edited = first.clone();
         edited["data"]["a"] = json!("9");
-        let updated = record_update(Some(&first), &edited, "kubectl-edit", None, &config_maps(), T2);
+        let updated = record_update(Some(&first), edited, "kubectl-edit", None, &config_maps(), T2);
         assert_eq!(fields_of(&updated, "fid"), json!({"f:data": {"f:b": {}}}));
         assert_eq!(fields_of(&updated, "kubectl-edit"), json!({"f:data": {"f:a": {}}}));
         let reapplied = apply(
@@ -859,13 +856,13 @@ mod tests {
     #[test]
     fn update_that_changes_nothing_keeps_managed_fields() {
         let first = applied(None, &config_map(json!({"a": "1"})), "fid", false, T1);
-        let same = record_update(Some(&first), &first, "kubectl-edit", None, &config_maps(), T2);
+        let same = record_update(Some(&first), first.clone(), "kubectl-edit", None, &config_maps(), T2);
         assert_eq!(same, first);
         let mut without = first.clone();
         if let Some(metadata) = without["metadata"].as_object_mut() {
             metadata.remove("managedFields");
         }
-        let kept = record_update(Some(&first), &without, "kubectl-edit", None, &config_maps(), T2);
+        let kept = record_update(Some(&first), without, "kubectl-edit", None, &config_maps(), T2);
         assert_eq!(kept, first);
     }
 
@@ -876,7 +873,7 @@ mod tests {
         if let Some(data) = edited["data"].as_object_mut() {
             data.remove("a");
         }
-        let updated = record_update(Some(&first), &edited, "kubectl-edit", None, &config_maps(), T2);
+        let updated = record_update(Some(&first), edited, "kubectl-edit", None, &config_maps(), T2);
         assert_eq!(fields_of(&updated, "fid"), json!({"f:data": {"f:b": {}}}));
         assert_eq!(entry(&updated, "kubectl-edit"), None);
     }
@@ -886,7 +883,7 @@ mod tests {
         let first = applied(None, &config_map(json!({"a": "1"})), "fid", false, T1);
         let mut cleared = first.clone();
         cleared["metadata"]["managedFields"] = json!([{}]);
-        let updated = record_update(Some(&first), &cleared, "kubectl-edit", None, &config_maps(), T2);
+        let updated = record_update(Some(&first), cleared, "kubectl-edit", None, &config_maps(), T2);
         assert_eq!(updated["metadata"].get("managedFields"), None);
     }
 

@@ -206,10 +206,15 @@ fn merge_same_writers(entries: Vec<ManagedEntry>) -> Vec<ManagedEntry> {
 /// A copy of `object` without `metadata.managedFields`, for comparing contents.
 pub(crate) fn without_managed_fields(object: &Value) -> Value {
     let mut copy = object.clone();
-    if let Some(metadata) = copy.get_mut("metadata").and_then(Value::as_object_mut) {
+    strip_managed_fields(&mut copy);
+    copy
+}
+
+/// Removes `metadata.managedFields` from `object` (an owned copy need not be copied again).
+pub(crate) fn strip_managed_fields(object: &mut Value) {
+    if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
         metadata.remove("managedFields");
     }
-    copy
 }
 
 /// Fields nobody owns: identity and server-set metadata.

@@ -4,6 +4,8 @@
 //! element of this list", so `spec.containers[].env` is
 //! `[Field("spec"), Field("containers"), Item, Field("env")]`.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 /// One step of a schema path.
@@ -87,20 +89,21 @@ pub(crate) fn object_meta_is_map(path: &[PathElem]) -> Option<bool> {
 /// List semantics read from a CRD version's `openAPIV3Schema`.
 #[derive(Debug, Clone)]
 pub struct CrdSchema {
-    root: Value,
+    /// Shared with the served resource: it is read on every write, never copied.
+    root: Arc<Value>,
 }
 
 impl CrdSchema {
-    pub fn new(open_api_v3_schema: &Value) -> Self {
+    pub fn new(open_api_v3_schema: Arc<Value>) -> Self {
         CrdSchema {
-            root: open_api_v3_schema.clone(),
+            root: open_api_v3_schema,
         }
     }
 
     /// The schema node at `path`, or `None` where the schema says nothing (preserved unknown
     /// fields), which server-side apply treats as granular maps and atomic lists.
     fn node(&self, path: &[PathElem]) -> Option<&Value> {
-        let mut node = &self.root;
+        let mut node: &Value = &self.root;
         for elem in path {
             node = match elem {
                 PathElem::Field(name) => field_schema(node, name)?,
@@ -183,7 +186,7 @@ mod tests {
     use serde_json::json;
 
     fn widget_schema() -> CrdSchema {
-        CrdSchema::new(&json!({
+        CrdSchema::new(Arc::new(json!({
             "type": "object",
             "properties": {
                 "spec": {
@@ -210,7 +213,7 @@ mod tests {
                     }
                 }
             }
-        }))
+        })))
     }
 
     #[test]
