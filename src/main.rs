@@ -381,12 +381,6 @@ enum LogFormat {
     Json,
 }
 
-// mimalloc, not glibc's malloc: allocation and freeing were a fifth of the daemon's CPU in a
-// profile of 50 installs (every watch event, request and reconcile builds and drops many small
-// values); with mimalloc the daemon's CPU per install fell by about a sixth (BENCHMARKS.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
