@@ -2,6 +2,13 @@
 //! has not yet seen that write does not write it again. The cache lags the server by a watch event
 //! or more: a reconcile woken by another change right after a status write can still read a status
 //! from before it, and comparing against that would repeat the write (and its Events).
+//!
+//! A reconcile's copy of the object lags the cache too: it is taken when the reconcile starts. So
+//! the write's own watch event, which wakes nothing ([`Written::take_own_write`]), does not end
+//! what the write stands for: a reconcile already running on the copy from before the write would
+//! then judge its next status against the old one, skip the write that changes it back, and
+//! nothing would wake it again. The write stands until the reconcile's copy is the written
+//! version, or the cache shows a later change (whose event wakes a reconcile that reads it).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -21,6 +28,8 @@ struct Entry<S> {
     produced: Option<String>,
     at: Instant,
     status: S,
+    /// The cache has shown the version the write produced (its own event came).
+    shown: bool,
 }
 
 impl<S> Default for Written<S> {
@@ -49,26 +58,36 @@ impl<S: Clone> Written<S> {
     }
 
     /// Whether the object at resourceVersion `version` is what this controller's last status write
-    /// made of it: the write's own watch event, which tells its writer nothing new. Called once the
-    /// cache holds that version, it forgets the write as [`Written::current`] would: the cache has
-    /// caught up.
+    /// made of it: the write's own watch event, which tells its writer nothing new. Called with
+    /// every version the cache shows, in order: the write goes on standing after its own event (a
+    /// reconcile may be running on a copy from before it), and is forgotten at the first later
+    /// version, whose event is not swallowed and so wakes a reconcile that reads it.
     pub fn take_own_write(&self, uid: &str, version: Option<&str>) -> bool {
         let mut entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let own = version.is_some()
-            && entries
-                .get(uid)
-                .is_some_and(|entry| entry.produced.as_deref() == version);
-        if own {
+        let Some(entry) = entries.get_mut(uid) else {
+            return false;
+        };
+        if version.is_some() && entry.produced.as_deref() == version {
+            entry.shown = true;
+            return true;
+        }
+        if entry.shown {
             entries.remove(uid);
         }
-        own
+        false
     }
 
     /// Records that `status` was written and produced resourceVersion `produced`.
     pub fn record(&self, uid: &str, produced: Option<String>, status: S) {
         let mut entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let at = Instant::now();
-        entries.insert(uid.to_string(), Entry { produced, at, status });
+        let entry = Entry {
+            produced,
+            at,
+            status,
+            shown: false,
+        };
+        entries.insert(uid.to_string(), entry);
     }
 
     /// Keeps only the objects whose uid `keep` accepts (the others are gone).
@@ -107,10 +126,11 @@ mod tests {
         assert_eq!(written.current("uid-2", Some("7"), "Pending"), "Pending");
         written.record("uid-3", Some("4".into()), "Available");
         assert!(written.take_own_write("uid-3", Some("4")));
+        assert!(!written.take_own_write("uid-3", Some("5")), "a later change");
         assert_eq!(
             written.current("uid-3", Some("5"), "Pending"),
             "Pending",
-            "the cache showed the write: it is the truth again"
+            "the cache showed a change after the write: it is the truth again"
         );
         written.record("uid-3", Some("4".into()), "Available");
         assert!(
@@ -121,6 +141,20 @@ mod tests {
         written.forget("uid-3");
         assert!(!written.take_own_write("uid-3", Some("4")));
         assert_eq!(written.current("uid-3", Some("3"), "Pending"), "Pending");
+    }
+
+    #[test]
+    fn a_write_stands_after_its_own_event_for_a_reconcile_on_an_older_copy() {
+        let written = Written::default();
+        written.record("uid-1", Some("9".into()), "Unavailable");
+        assert!(written.take_own_write("uid-1", Some("9")), "the write's own event");
+        assert_eq!(
+            written.current("uid-1", Some("7"), "Available"),
+            "Unavailable",
+            "a reconcile that began before the cache showed the write"
+        );
+        assert_eq!(written.current("uid-1", Some("9"), "Unavailable"), "Unavailable");
+        assert_eq!(written.current("uid-1", Some("7"), "Available"), "Available");
     }
 
     #[test]
