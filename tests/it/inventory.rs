@@ -595,12 +595,14 @@ async fn assets_mirror_labels_check_credentials_and_own_only_unowned_secrets() {
         asset_condition(&a1, "ClusterDeploymentFound").map(|c| c.1),
         Some("NoneSpecified".to_string())
     );
-    let seen = events(&tenant, NS, "a1").await;
-    assert!(
-        seen.iter()
-            .any(|(r, n)| r == "CredentialsNotFound" && n.contains("bmc-a1")),
-        "{seen:?}"
-    );
+    // The daemon writes the status first, then its Events.
+    until("a1's Event names the missing Secret", WITHIN, &daemon, || async {
+        events(&tenant, NS, "a1")
+            .await
+            .iter()
+            .any(|(r, n)| r == "CredentialsNotFound" && n.contains("bmc-a1"))
+    })
+    .await;
 
     bmc_secret(&tenant, "a1").await;
     until("a1 finds its Secret", WITHIN, &daemon, || async {
