@@ -5,7 +5,8 @@ use serde_json::{Map, Value};
 
 use super::fieldset::{Element, FieldPath, FieldSet, path_string};
 use super::managed::{
-    ManagedEntry, Operation, is_unowned, read_entries, strip_managed_fields, without_managed_fields, write_entries,
+    ManagedEntry, Operation, is_server_metadata, is_unowned, read_entries, strip_managed_fields,
+    without_managed_fields, write_entries,
 };
 use super::schema::ListSemantics;
 use super::typed::{self, Comparison};
@@ -85,13 +86,15 @@ pub fn apply(
     now: &str,
 ) -> Result<Value, ApplyError> {
     let config = applied_config(applied, subresource)?;
-    let mut old_contents = match (live, subresource) {
-        (Some(live), _) => live.clone(),
-        (None, None) => Value::Object(Map::new()),
+    let empty = Value::Object(Map::new());
+    // Compared and merged with its managedFields, which the comparison skips and the merge
+    // keeps as they were until the new entries replace them.
+    let old_contents = match (live, subresource) {
+        (Some(live), _) => live,
+        (None, None) => &empty,
         (None, Some(_)) => return Err(ApplyError::NotFound),
     };
-    let before = entries_before_apply(&old_contents, schema, now)?;
-    strip_managed_fields(&mut old_contents);
+    let before = entries_before_apply(old_contents, schema, now)?;
     let mut entries = before.clone();
     let applier_entry = ManagedEntry {
         manager: manager.to_string(),
@@ -105,13 +108,13 @@ pub fn apply(
     };
     let (applier, last_applied) = install_applier(&mut entries, applier_entry);
 
-    let mut merged = typed::merge(&old_contents, &config, schema).map_err(ApplyError::Invalid)?;
+    let mut merged = typed::merge(old_contents, &config, schema).map_err(ApplyError::Invalid)?;
     prune(&mut merged, &last_applied, &entries, schema);
-    let comparison = owned_changes(&old_contents, &merged, schema)?;
+    let comparison = owned_changes(old_contents, &merged, schema)?;
     settle_conflicts(&mut entries, applier, &comparison.changed(), force)?;
     drop_removed(&mut entries, &comparison.removed);
 
-    let contents_changed = merged != old_contents;
+    let contents_changed = merged != *old_contents;
     keep_time_unless_changed(&mut entries[applier], &before, contents_changed);
     if let Some(live) = live
         && !contents_changed
@@ -142,9 +145,8 @@ pub fn record_update(
     let old = old.unwrap_or(&empty);
     let mut entries = entries_for_update(old, &new);
     let api_version = text_field(&new, "apiVersion");
-    let old_contents = without_managed_fields(old);
     strip_managed_fields(&mut new);
-    let Ok(comparison) = owned_changes(&old_contents, &new, schema) else {
+    let Ok(comparison) = owned_changes(old, &new, schema) else {
         // The stored object breaks its own list semantics (duplicate keys): ownership cannot
         // be tracked, so it is left as it was rather than failing the write.
         write_entries(&mut new, entries);
@@ -351,7 +353,7 @@ fn is_empty_container(value: &Value) -> bool {
 
 /// Changes between two versions, restricted to fields that can be owned.
 fn owned_changes(old: &Value, new: &Value, schema: &dyn ListSemantics) -> Result<Comparison, ApplyError> {
-    let comparison = typed::compare(old, new, schema).map_err(ApplyError::Invalid)?;
+    let comparison = typed::compare(old, new, schema, is_server_metadata).map_err(ApplyError::Invalid)?;
     Ok(Comparison {
         added: comparison.added.without(is_unowned),
         removed: comparison.removed.without(is_unowned),

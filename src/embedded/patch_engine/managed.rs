@@ -219,6 +219,15 @@ pub(crate) fn strip_managed_fields(object: &mut Value) {
 
 /// Fields nobody owns: identity and server-set metadata.
 pub(crate) fn is_unowned(path: &[Element]) -> bool {
+    match path {
+        [Element::Field(top)] => matches!(top.as_str(), "apiVersion" | "kind" | "metadata"),
+        _ => is_server_metadata(path),
+    }
+}
+
+/// A server-set metadata field, or anything in one (`metadata.managedFields` above all): nobody
+/// owns what it holds, so comparing versions need not look inside.
+pub(crate) fn is_server_metadata(path: &[Element]) -> bool {
     const SERVER_METADATA: [&str; 9] = [
         "name",
         "namespace",
@@ -231,7 +240,6 @@ pub(crate) fn is_unowned(path: &[Element]) -> bool {
         "clusterName",
     ];
     match path {
-        [Element::Field(top)] => matches!(top.as_str(), "apiVersion" | "kind" | "metadata"),
         [Element::Field(top), Element::Field(field), ..] if top == "metadata" => {
             SERVER_METADATA.contains(&field.as_str())
         }

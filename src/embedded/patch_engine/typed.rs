@@ -216,9 +216,18 @@ impl Comparison {
     }
 }
 
-pub(crate) fn compare(old: &Value, new: &Value, schema: &dyn ListSemantics) -> Result<Comparison, String> {
+/// Compares two versions of an object, not looking into the fields `skip` names (nor what they
+/// hold). A field whose two versions are equal is not walked: nothing in it changed. So a list in
+/// it that breaks its semantics (duplicate keys) goes unnoticed, as it costs no ownership.
+pub(crate) fn compare(
+    old: &Value,
+    new: &Value,
+    schema: &dyn ListSemantics,
+    skip: fn(&[Element]) -> bool,
+) -> Result<Comparison, String> {
     let mut comparer = Comparer {
         schema,
+        skip,
         comparison: Comparison::default(),
     };
     comparer.compare(Some(old), Some(new), &mut Cursor::default())?;
@@ -227,6 +236,7 @@ pub(crate) fn compare(old: &Value, new: &Value, schema: &dyn ListSemantics) -> R
 
 struct Comparer<'a> {
     schema: &'a dyn ListSemantics,
+    skip: fn(&[Element]) -> bool,
     comparison: Comparison,
 }
 
@@ -267,9 +277,17 @@ impl Comparer<'_> {
         new: &Map<String, Value>,
         cursor: &mut Cursor,
     ) -> Result<(), String> {
-        let names: std::collections::BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+        // The results are sets, so the order fields are visited in does not matter.
+        let names = old.keys().chain(new.keys().filter(|name| !old.contains_key(*name)));
         for name in names {
+            if old.get(name) == new.get(name) {
+                continue;
+            }
             cursor.push_field(name);
+            if (self.skip)(&cursor.field) {
+                cursor.pop();
+                continue;
+            }
             let compared = self.compare(old.get(name), new.get(name), cursor);
             cursor.pop();
             compared?;
@@ -306,6 +324,9 @@ impl Comparer<'_> {
         new: Option<&Value>,
         cursor: &mut Cursor,
     ) -> Result<(), String> {
+        if old.is_some() && old == new {
+            return Ok(());
+        }
         cursor.push_item(element.clone());
         let compared = match (old, new) {
             (Some(Value::Object(old)), Some(Value::Object(new))) => self.compare_objects(old, new, cursor),
@@ -562,7 +583,7 @@ mod tests {
         let schema = BuiltinSchema::for_kind("ConfigMap");
         let old = json!({"data": {"a": "1", "b": "2"}});
         let new = json!({"data": {"a": "9", "c": "3"}, "metadata": {"labels": {"x": "y"}}});
-        let comparison = compare(&old, &new, &schema).unwrap_or_default();
+        let comparison = compare(&old, &new, &schema, |_| false).unwrap_or_default();
         assert_eq!(paths(&comparison.modified), vec![".data.a"]);
         assert_eq!(paths(&comparison.removed), vec![".data.b"]);
         assert_eq!(
