@@ -463,13 +463,19 @@ async fn contradicting_failure_domains_are_the_pools_to_report_and_hold_no_inven
         },
     )
     .await;
-    let deleted = events(&tenant, NS, "bad").await;
-    assert!(
-        deleted
-            .iter()
-            .any(|(r, n)| r == "ClusterDeleted" && n.contains("bad-old00") && n.contains("InvalidMachineSpec")),
-        "{deleted:?}"
-    );
+    // Published right after the delete call, so it may trail the cluster's disappearance.
+    until(
+        "the pool's Event says why the cluster went",
+        WITHIN,
+        &daemon,
+        || async {
+            events(&tenant, NS, "bad")
+                .await
+                .iter()
+                .any(|(r, n)| r == "ClusterDeleted" && n.contains("bad-old00") && n.contains("InvalidMachineSpec"))
+        },
+    )
+    .await;
     until("vSphere refuses failure domains", WITHIN, &daemon, || async {
         pool_condition(&pool(&tenant, "vs").await, "FailureDomainsUnsupported").is_some_and(|(s, _, _)| s == "True")
     })

@@ -908,6 +908,21 @@ mod tests {
     }
 
     #[test]
+    fn duplicate_keys_in_a_part_the_write_leaves_alone_do_not_stop_tracking() {
+        // Stored before validation refused them (or written by an older server).
+        let containers = json!([{"name": "app", "image": "a"}, {"name": "app", "image": "b"}]);
+        let stored = deployment(containers);
+        let mut labelled = stored.clone();
+        labelled["metadata"]["labels"] = json!({"tier": "web"});
+        let schema = BuiltinSchema::for_kind("Deployment");
+        let updated = record_update(Some(&stored), labelled, "kubectl-label", None, &schema, T1);
+        assert_eq!(
+            fields_of(&updated, "kubectl-label"),
+            json!({"f:metadata": {"f:labels": {".": {}, "f:tier": {}}}})
+        );
+    }
+
+    #[test]
     fn duplicate_keys_in_the_applied_config_are_invalid() {
         let containers = json!([{"name": "app", "image": "a"}, {"name": "app", "image": "b"}]);
         let schema = BuiltinSchema::for_kind("Deployment");
