@@ -134,6 +134,14 @@ async fn install_config(tenant: &Client, cd: &str) -> Value {
     serde_saphyr::from_str(&String::from_utf8(data["install-config.yaml"].0.clone()).expect("utf-8")).expect("yaml")
 }
 
+/// Whether an Event of `object` has `reason` and a note containing `text`.
+pub(crate) async fn events_say(tenant: &Client, namespace: &str, object: &str, reason: &str, text: &str) -> bool {
+    events(tenant, namespace, object)
+        .await
+        .iter()
+        .any(|(r, n)| r == reason && n.contains(text))
+}
+
 pub(crate) async fn events(tenant: &Client, namespace: &str, object: &str) -> Vec<(String, String)> {
     let api: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(tenant.clone(), namespace);
     let core: Api<Event> = Api::namespaced(tenant.clone(), namespace);
@@ -464,18 +472,17 @@ async fn contradicting_failure_domains_are_the_pools_to_report_and_hold_no_inven
     )
     .await;
     // Published right after the delete call, so it may trail the cluster's disappearance.
-    until(
-        "the pool's Event says why the cluster went",
-        WITHIN,
-        &daemon,
-        || async {
-            events(&tenant, NS, "bad")
-                .await
-                .iter()
-                .any(|(r, n)| r == "ClusterDeleted" && n.contains("bad-old00") && n.contains("InvalidMachineSpec"))
-        },
-    )
+    until("the pool's Event on the deleted cluster", WITHIN, &daemon, || {
+        events_say(&tenant, NS, "bad", "ClusterDeleted", "bad-old00")
+    })
     .await;
+    let deleted = events(&tenant, NS, "bad").await;
+    assert!(
+        deleted
+            .iter()
+            .any(|(r, n)| r == "ClusterDeleted" && n.contains("bad-old00") && n.contains("InvalidMachineSpec")),
+        "{deleted:?}"
+    );
     until("vSphere refuses failure domains", WITHIN, &daemon, || async {
         pool_condition(&pool(&tenant, "vs").await, "FailureDomainsUnsupported").is_some_and(|(s, _, _)| s == "True")
     })
@@ -602,11 +609,8 @@ async fn assets_mirror_labels_check_credentials_and_own_only_unowned_secrets() {
         Some("NoneSpecified".to_string())
     );
     // The daemon writes the status first, then its Events.
-    until("a1's Event names the missing Secret", WITHIN, &daemon, || async {
-        events(&tenant, NS, "a1")
-            .await
-            .iter()
-            .any(|(r, n)| r == "CredentialsNotFound" && n.contains("bmc-a1"))
+    until("a1's Event names the missing Secret", WITHIN, &daemon, || {
+        events_say(&tenant, NS, "a1", "CredentialsNotFound", "bmc-a1")
     })
     .await;
 

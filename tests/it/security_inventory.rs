@@ -17,7 +17,7 @@ use stackd::api::inventory::BareMetalAsset;
 
 use crate::harness::{until, wait_until};
 use crate::inventory::{
-    METAL_IMAGE, WITHIN, asset_condition, assets, baremetal_pool, bmh, cds, cluster_installer, create_pool, events,
+    METAL_IMAGE, WITHIN, asset_condition, assets, baremetal_pool, bmh, cds, cluster_installer, create_pool, events_say,
     lab_asset, managed_cluster, metal_installer, remote_secret, setup,
 };
 
@@ -60,13 +60,6 @@ async fn attacker_asset(tenant: &Client, namespace: &str, name: &str, spec: Valu
 
 fn in_namespace(tenant: &Client, namespace: &str) -> Api<BareMetalAsset> {
     Api::namespaced(tenant.clone(), namespace)
-}
-
-async fn events_say(tenant: &Client, namespace: &str, object: &str, reason: &str, text: &str) -> bool {
-    events(tenant, namespace, object)
-        .await
-        .iter()
-        .any(|(r, n)| r == reason && n.contains(text))
 }
 
 /// A user of namespace `evil` names the cluster of namespace `team`'s pool in an asset of theirs
