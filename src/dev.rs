@@ -85,10 +85,13 @@ pub async fn run(options: DevOptions, shutdown: CancellationToken) -> Result<(),
     for index in 0..usize::from(options.tenants) {
         let name = tenant_name(index);
         // https with HTTP/2 offered, as a real tenant's kube-apiserver: the daemon's watches and
-        // requests of a tenant share one connection.
+        // requests of a tenant share one connection. A bearer token, as a real tenant's kubeconfig
+        // carries credentials: kubectl asks for a username and password on an https server whose
+        // kubeconfig user has none, and fails without a terminal.
         let server = ApiServer::start(ServerOptions {
             name: name.clone(),
             tls: true,
+            token: Some(format!("dev-{}", crate::embedded::verbs::new_uid())),
             ..Default::default()
         })
         .await?;

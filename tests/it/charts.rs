@@ -6,7 +6,7 @@
 mod rbac;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ use stackd::host::Parent;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use crate::harness::{Daemon, LastSeen, NoDaemon, until, wait_until};
+use crate::harness::{Daemon, LastSeen, NoDaemon, tool, until, wait_until};
 use rbac::{Authorizer, Permission, Request, Subject};
 
 /// The release namespace in the host and in each tenant.
@@ -34,18 +34,6 @@ fn repository() -> &'static Path {
 
 fn chart(name: &str) -> String {
     repository().join("charts").join(name).display().to_string()
-}
-
-/// kubectl or helm: from PATH (scripts/test puts .tools/bin there), else from .tools/bin.
-fn tool(name: &str) -> PathBuf {
-    let on_path = std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).map(|p| p.join(name)).collect::<Vec<_>>())
-        .unwrap_or_default();
-    on_path
-        .into_iter()
-        .chain([repository().join(".tools/bin").join(name)])
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("{name} not found on PATH or in .tools/bin: run the tests with scripts/test"))
 }
 
 /// Runs a tool; `Ok(stdout)` on success, `Err(stdout + stderr)` otherwise.

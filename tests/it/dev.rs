@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::Api;
 
-use crate::harness::{NoDaemon, until};
+use crate::harness::{self, NoDaemon, until};
 
 /// How long `stackd dev` may take to write its kubeconfigs and set a tenant up.
 const DEV_WITHIN: Duration = Duration::from_secs(20);
@@ -71,6 +71,42 @@ async fn dev_no_daemon_serves_tenants_with_the_crds_installed_and_stops_on_sigte
     let host = client_for(&dir.path().join("host.yaml")).await;
     let namespaces: Api<Namespace> = Api::all(host);
     assert!(namespaces.get_opt("default").await.expect("get").is_some());
+    assert!(stop(child).await.success());
+}
+
+/// The commands `stackd dev` prints work as printed, also from a script: kubectl with a tenant's
+/// kubeconfig finds credentials in it and asks for none (it would ask for a username and password
+/// on an https server whose kubeconfig user has none, and fail with no terminal to ask on).
+#[tokio::test]
+async fn kubectl_reads_a_dev_tenant_with_the_printed_kubeconfig_and_no_terminal() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stackd"))
+        .args(["dev", "--no-daemon", "--tenants", "1", "--kubeconfig-dir"])
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn stackd dev");
+    let tenant = dir.path().join("tenants/acme.yaml");
+    wait_for_file(&tenant).await;
+    let output = tokio::process::Command::new(harness::kubectl())
+        .arg("--kubeconfig")
+        .arg(&tenant)
+        .args(["get", "crds", "-o", "name"])
+        .env("HOME", dir.path())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("run kubectl");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(output.status.success(), "kubectl failed: {stderr}");
+    assert!(
+        stdout.contains("customresourcedefinition.apiextensions.k8s.io/clusterpools.pools.stackd.dev"),
+        "{stdout}"
+    );
     assert!(stop(child).await.success());
 }
 

@@ -19,22 +19,6 @@ use crate::harness::{self, NoDaemon, TestServer, until};
 /// How long kubectl may take to open its watch, and then to print a change.
 const WATCH_WITHIN: Duration = Duration::from_secs(10);
 
-fn kubectl_binary() -> PathBuf {
-    let on_path = std::env::var_os("PATH")
-        .map(|paths| {
-            std::env::split_paths(&paths)
-                .map(|p| p.join("kubectl"))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/bin/kubectl");
-    on_path
-        .into_iter()
-        .chain([bundled])
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("kubectl not found on PATH or in .tools/bin: run the tests with scripts/test"))
-}
-
 struct Kubectl {
     /// Kept alive for as long as kubectl talks to it.
     _server: TestServer,
@@ -55,7 +39,7 @@ async fn start() -> Kubectl {
     Kubectl {
         _server: t,
         dir,
-        binary: kubectl_binary(),
+        binary: harness::kubectl(),
     }
 }
 
@@ -737,7 +721,7 @@ async fn helm_installs_upgrades_and_uninstalls_a_chart_with_releases_in_secrets(
     std::fs::write(chart.join("Chart.yaml"), CHART).expect("Chart.yaml");
     std::fs::write(chart.join("values.yaml"), "value: one\n").expect("values.yaml");
     std::fs::write(chart.join("templates/objects.yaml"), CHART_TEMPLATE).expect("template");
-    let helm_binary = kubectl_binary().with_file_name("helm");
+    let helm_binary = harness::tool("helm");
     let helm = |args: &[&str]| {
         let mut command = Command::new(&helm_binary);
         command

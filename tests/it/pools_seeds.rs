@@ -2,7 +2,7 @@
 //! `clusterpool-inventory-merged-design.txt` or `clusterpool-inventory-status-revision.md`, run
 //! through the daemon binary against embedded host and tenant servers.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Output, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,7 +16,7 @@ use stackd::api::pools::{ClusterDeploymentCustomization, InventoryEntryState};
 use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
 use stackd::embedded::samples::create_cluster;
 
-use crate::harness::{Fleet, until, wait_until};
+use crate::harness::{self, Fleet, until, wait_until};
 use crate::pools::{
     NS, WITHIN, cdc, cdc_condition, cdc_of, cdcs, claimed_namespace, claims, create_claim, create_pool, daemon, entry,
     events, lease, live, named_cdc, pool, pool_condition, pool_json, pools, ready, setup, writes_when_woken,
@@ -24,25 +24,9 @@ use crate::pools::{
 
 type Cdc = ClusterDeploymentCustomization;
 
-fn kubectl_binary() -> PathBuf {
-    let on_path = std::env::var_os("PATH")
-        .map(|paths| {
-            std::env::split_paths(&paths)
-                .map(|p| p.join("kubectl"))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/bin/kubectl");
-    on_path
-        .into_iter()
-        .chain([bundled])
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("kubectl not found on PATH or in .tools/bin: run the tests with scripts/test"))
-}
-
 /// kubectl as tenant `acme`'s user runs it.
 async fn kubectl(fleet: &Fleet, args: &[&str]) -> Output {
-    tokio::process::Command::new(kubectl_binary())
+    tokio::process::Command::new(harness::kubectl())
         .arg("--kubeconfig")
         .arg(fleet.tenant_file("acme"))
         .arg("--cache-dir")

@@ -16,27 +16,11 @@ use stackd::embedded::Verb;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use crate::harness::{Daemon, Fleet, free_port, until, wait_until};
+use crate::harness::{self, Daemon, Fleet, free_port, until, wait_until};
 
 const SOON: Duration = Duration::from_secs(20);
 /// The namespace the daemon reads Tenant Secrets in by default (`--tenant-secret-namespaces`).
 pub(crate) const SECRETS_NAMESPACE: &str = "stackd-system";
-
-fn kubectl_binary() -> PathBuf {
-    let on_path = std::env::var_os("PATH")
-        .map(|paths| {
-            std::env::split_paths(&paths)
-                .map(|p| p.join("kubectl"))
-                .collect::<Vec<_>>()
-        })
-        .unwrap_or_default();
-    let bundled = Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/bin/kubectl");
-    on_path
-        .into_iter()
-        .chain([bundled])
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("kubectl not found on PATH or in .tools/bin: run the tests with scripts/test"))
-}
 
 /// kubectl against the fleet's host, as a host administrator.
 pub(crate) struct HostKubectl {
@@ -50,7 +34,7 @@ impl HostKubectl {
         HostKubectl {
             kubeconfig: fleet.dir.path().join("host.yaml"),
             cache: fleet.dir.path().join("kubectl-cache"),
-            binary: kubectl_binary(),
+            binary: harness::kubectl(),
         }
     }
 

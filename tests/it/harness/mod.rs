@@ -4,10 +4,12 @@
 
 mod fleet;
 mod settle;
+mod tools;
 mod wait;
 
 pub(crate) use fleet::{Daemon, Fleet, free_port};
 pub(crate) use settle::{Reconciles, quiet, settled};
+pub(crate) use tools::{kubectl, tool};
 pub(crate) use wait::{Explain, LastSeen, LogFile, NoDaemon, holds_for, until, wait_until};
 
 use std::time::Duration;
