@@ -23,7 +23,7 @@ use stackd::embedded::{ApiServer, ServerOptions};
 use stackd::host::names::{NameKind, host_name, label_value};
 use stackd::stacks::{crd_parent_label, stream, unpack};
 
-use crate::harness::{Daemon, LastSeen, wait_until};
+use crate::harness::{Daemon, LastSeen, quiet, wait_until};
 
 pub(crate) const STACKD_TEST_IMAGE: &str = "stackd:test";
 pub(crate) const WIDGETS: &str = "widgets.samples.example.org";
@@ -845,6 +845,65 @@ async fn changing_the_package_upgrades_job_crds_and_stack() {
         }
     })
     .await;
+}
+
+/// Installs of one package share its CRD, and each adds its stack's label to it: a label wakes no
+/// install or Stack but the labelled stack's (woken by every change, each of n installs and Stacks
+/// would run once for every other's label, n² in all), and once their packages are applied a
+/// change of the definition wakes no install (they read no CRD; their Stacks look at it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_change_of_a_shared_crd_wakes_only_the_installs_and_stacks_it_concerns() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let tenant = fleet.tenant("acme");
+    let daemon = fleet.daemon(&[]);
+    let namespaces = ["team-a", "team-b", "team-c"];
+    for namespace in namespaces {
+        let spec = json!({"package": "examples/sample-stack:v1"});
+        create_install(&tenant, namespace, "sample", spec).await;
+    }
+    for namespace in namespaces {
+        let (status, _, message) = wait_for_reason(&tenant, namespace, "sample", &daemon, "Available").await;
+        assert_eq!(status, "True", "{message}");
+    }
+    let controllers = [("acme", "StackInstall"), ("acme", "stack")];
+    let servers = [&fleet._host, &fleet.tenants["acme"].0];
+    let settle = || async { quiet(&daemon, &daemon.reconciles(&controllers), &servers).await };
+    settle().await;
+    let installs_before = daemon.reconciles_done("acme", "StackInstall");
+    let stacks_before = daemon.reconciles_done("acme", "stack");
+    let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
+    let change = |patch: serde_json::Value| {
+        let crds = crds.clone();
+        async move {
+            crds.patch(WIDGETS, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .expect("change the CRD");
+        }
+    };
+    // A label of no stack, as a tenant's user may add; what it wakes runs while the daemon settles.
+    change(json!({"metadata": {"labels": {"example.org/owner": "platform"}}})).await;
+    settle().await;
+    // A new generation: the Stacks that own the CRD look at it, once each. The daemon hears of the
+    // two changes in order, so once they have, it has heard of the label too.
+    change(json!({"spec": {"names": {"shortNames": ["wdg"]}}})).await;
+    wait_until(
+        "the Stacks to look at the redefined CRD",
+        Duration::from_secs(10),
+        &daemon,
+        || async { (daemon.reconciles_done("acme", "stack") >= stacks_before + 3).then_some(()) },
+    )
+    .await;
+    settle().await;
+    assert_eq!(
+        daemon.reconciles_done("acme", "stack") - stacks_before,
+        3,
+        "Stack reconciles after the label and the new generation"
+    );
+    assert_eq!(
+        daemon.reconciles_done("acme", "StackInstall") - installs_before,
+        0,
+        "install reconciles after the label and the new generation"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -10,11 +10,13 @@
 //! PackageApplied`, and the Job's Events remain. A missing Stack (deleted by hand) or a new package
 //! is no longer applied: the install runs a new Job.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 
 use super::complete::applied_report;
@@ -29,12 +31,20 @@ use crate::runtime::api_errors::is_conflict;
 
 /// The install's Stack when its package is applied: controlled by the install, from `package`.
 pub(super) fn applied_stack<K: InstallKind>(install: &K, ctx: &InstallContext, package: &str) -> Option<Stack> {
+    cached_applied_stack(install, &ctx.stacks, package).map(|stack| stack.as_ref().clone())
+}
+
+/// [`applied_stack`] as `stacks` holds it.
+pub(super) fn cached_applied_stack<K: InstallKind>(
+    install: &K,
+    stacks: &Store<Stack>,
+    package: &str,
+) -> Option<Arc<Stack>> {
     let uid = install.meta().uid.clone().unwrap_or_default();
     let at = ObjectRef::new(&install.name_any()).within(&install.namespace().unwrap_or_default());
-    ctx.stacks
+    stacks
         .get(&at)
         .filter(|stack| package::stack_applied(stack, &uid, package))
-        .map(|stack| stack.as_ref().clone())
 }
 
 /// Reports the applied package, brings the Stack's install-level settings in step and removes the

@@ -37,6 +37,7 @@ use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
 use crate::runtime::finalizer::{self, Cleanup, FinalizerError};
 use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::written::Written;
+use crate::stacks::crd_changes::CrdChanges;
 use crate::stacks::{INSTALL_FINALIZER, crd_parent_label};
 
 /// The two install kinds differ only in the permission scope of the stacks they install.
@@ -255,7 +256,8 @@ async fn run_kind<K: InstallKind>(
         written: written.clone(),
         admitted,
     });
-    let install_store = installs.store();
+    let (install_store, applied_stacks, crd_store) = (installs.store(), stacks.store(), crds.store());
+    let crd_changes = CrdChanges::default();
     let on_job = context.clone();
     let (refused_stacks, refused_clusters) = (install_store.clone(), install_store.clone());
     let (stack_store, cluster_store) = (stack_installs.store(), cluster_stack_installs.store());
@@ -270,7 +272,10 @@ async fn run_kind<K: InstallKind>(
         .watches(&stacks, |stack| {
             Some(ObjectRef::new(&stack.name_any()).within(&stack.namespace().unwrap_or_default()))
         })
-        .watches(&crds, move |crd| installs_using(&install_store, &reads, &crd))
+        .watches(&crds, move |crd| {
+            let change = crd_changes.note(&crd_store, &crd);
+            installs_using(&install_store, &applied_stacks, &reads, &crd, change.content)
+        })
         // An install going frees a place in its namespace (`--namespace-max-installs`).
         .watches(&stack_installs, move |install| {
             admission::refused_in_namespace_of(&refused_stacks, &stack_store, install.as_ref())
@@ -310,13 +315,18 @@ fn install_of<K: InstallKind>(object: &impl Resource) -> Option<ObjectRef<K>> {
     Some(ObjectRef::new(&at.name).within(&at.namespace))
 }
 
-/// The installs whose stacks use `crd` (they labelled it), so they see it become Established, and
+/// The installs a change of `crd` concerns: when what installs wait for in it `changed` (anything
+/// but the stacks' labels, see [`crate::stacks::crd_changes`]), those using it (they labelled it) until their package is applied (they wait
+/// for it to be Established) or while they are uninstalled (which drops their label and may delete
+/// it): an install whose package is applied reads no CRD, it reports its Stack. And on any change,
 /// those refused because of a tenant CRD whose package has a CRD of its name or in its group, so
-/// they look again when it changes (other CRD changes cannot lift their refusal).
+/// they look again (other CRD changes cannot lift their refusal).
 fn installs_using<K: InstallKind>(
     installs: &Store<K>,
+    stacks: &Store<Stack>,
     reads: &unpacked::Reads,
     crd: &CustomResourceDefinition,
+    changed: bool,
 ) -> Vec<ObjectRef<K>> {
     let labels = crd.labels();
     let (name, group) = (crd.name_any(), crd.spec.group.as_str());
@@ -324,13 +334,20 @@ fn installs_using<K: InstallKind>(
         .state()
         .iter()
         .filter(|install| {
-            let namespace = install.namespace().unwrap_or_default();
-            labels.contains_key(&crd_parent_label(&namespace, &install.name_any()))
+            let label = crd_parent_label(&install.namespace().unwrap_or_default(), &install.name_any());
+            (changed && labels.contains_key(&label) && !past_its_crds(install.as_ref(), stacks))
                 || (refused_for_a_crd(install.as_ref())
                     && reads.concerns(&install.uid().unwrap_or_default(), &name, group))
         })
         .map(|install| ObjectRef::from_obj(install.as_ref()))
         .collect()
+}
+
+/// Whether `install` no longer looks at CRDs: it is not being deleted and the cache shows its
+/// package applied. A cache that does not show the Stack yet wakes it once more, which is harmless.
+fn past_its_crds<K: InstallKind>(install: &K, stacks: &Store<Stack>) -> bool {
+    let package = job::package_image(install.install());
+    install.meta().deletion_timestamp.is_none() && applied::cached_applied_stack(install, stacks, &package).is_some()
 }
 
 /// `Ready=False` reasons that a change of the tenant's CRDs may lift.

@@ -40,6 +40,7 @@ use self::context::{Caches, StackContext};
 use self::origin::Installs;
 use self::reconcile::reconcile;
 use self::tenant::stack_of;
+use super::crd_changes::{CrdChange, CrdChanges};
 use super::crd_parent_label;
 use super::unpack::split_dependency;
 use crate::api::stacks::{ClusterStackInstall, Stack, StackInstall};
@@ -66,7 +67,8 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
     let stack_installs = shared.tenant_guarded::<StackInstall>();
     let cluster_stack_installs = shared.tenant_guarded::<ClusterStackInstall>();
     let stacks = shared.tenant_guarded::<Stack>();
-    let stack_store = stacks.store();
+    let (stack_store, crd_store) = (stacks.store(), crds.store());
+    let crd_changes = CrdChanges::default();
     // Every event of a host object means the cache has shown it: a creation is no longer pending.
     let (on_deployment, on_secret) = (context.clone(), context.clone());
     let written = Arc::new(Written::default());
@@ -76,7 +78,10 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
         .watches(&cluster_roles, |o| stack_of(o.as_ref()))
         .watches(&role_bindings, |o| stack_of(o.as_ref()))
         .watches(&cluster_role_bindings, |o| stack_of(o.as_ref()))
-        .watches(&crds, move |crd| stacks_using(&stack_store, &crd))
+        .watches(&crds, move |crd| {
+            let change = crd_changes.note(&crd_store, &crd);
+            stacks_using(&stack_store, &crd, &change)
+        })
         .watches(&deployments, move |o| {
             on_deployment.host_writes.seen(o.as_ref());
             host_parent(o.as_ref())
@@ -145,15 +150,24 @@ fn stack_at<K: Resource>(install: &K) -> ObjectRef<Stack> {
     ObjectRef::new(&install.name_any()).within(&install.namespace().unwrap_or_default())
 }
 
-/// The Stacks that own a CRD (by group and kind), depend on its group (whose permissions depend on
-/// who created the group's CRDs), or carry its parent label.
-fn stacks_using(stacks: &Store<Stack>, crd: &CustomResourceDefinition) -> Vec<ObjectRef<Stack>> {
+/// The Stacks a change of `crd` concerns (see [`crate::stacks::crd_changes`]): when anything but the
+/// stacks' labels changed, those that own it (by group and kind), depend on its group (whose
+/// permissions depend on who created the group's CRDs) or carry its parent label; and on any change,
+/// those whose own label it gained or lost.
+fn stacks_using(stacks: &Store<Stack>, crd: &CustomResourceDefinition, change: &CrdChange) -> Vec<ObjectRef<Stack>> {
+    if !change.content && change.relabelled.is_empty() {
+        return Vec::new();
+    }
     let labels = crd.labels();
     let group = crd.spec.group.as_str();
     stacks
         .state()
         .iter()
         .filter(|stack| {
+            let label = crd_parent_label(&stack.namespace().unwrap_or_default(), &stack.name_any());
+            if change.relabelled.contains(&label) {
+                return true;
+            }
             let owns = stack
                 .spec
                 .customresourcedefinitions
@@ -163,11 +177,7 @@ fn stacks_using(stacks: &Store<Stack>, crd: &CustomResourceDefinition) -> Vec<Ob
                 stack.spec.metadata.depends_on.iter().any(|dependency| {
                     dependency.crd.as_deref().and_then(split_dependency).map(|(_, g)| g) == Some(group)
                 });
-            owns || depends
-                || labels.contains_key(&crd_parent_label(
-                    &stack.namespace().unwrap_or_default(),
-                    &stack.name_any(),
-                ))
+            change.content && (owns || depends || labels.contains_key(&label))
         })
         .map(|stack| ObjectRef::from(stack.as_ref()))
         .collect()
