@@ -18,7 +18,7 @@ use super::{CRD_PARENT_LABEL_PREFIX, MANAGED_CRD_LABEL};
 
 /// What a controller last saw of each tenant CRD, by name.
 #[derive(Default)]
-pub struct CrdChanges {
+pub(crate) struct CrdChanges {
     seen: Mutex<HashMap<String, Seen>>,
 }
 
@@ -57,17 +57,17 @@ impl Content {
 }
 
 /// What changed in a CRD since it was last seen.
-pub struct CrdChange {
+pub(crate) struct CrdChange {
     /// Anything but the stacks' labels (or the CRD is new to the controller, or gone).
-    pub content: bool,
+    pub(crate) content: bool,
     /// The stacks' parent labels it gained or lost.
-    pub relabelled: BTreeSet<String>,
+    pub(crate) relabelled: BTreeSet<String>,
 }
 
 impl CrdChanges {
     /// Notes `crd`, whose change a watch of `cache` brought, as seen and says what changed since
     /// it was last seen. One the cache no longer holds (or holds a new one of its name) is gone.
-    pub fn note(&self, cache: &Store<CustomResourceDefinition>, crd: &CustomResourceDefinition) -> CrdChange {
+    pub(crate) fn note(&self, cache: &Store<CustomResourceDefinition>, crd: &CustomResourceDefinition) -> CrdChange {
         let current = cache.get(&ObjectRef::from_obj(crd));
         let gone = current.is_none_or(|current| current.metadata.uid != crd.metadata.uid);
         self.note_seen(crd, gone)

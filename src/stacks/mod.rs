@@ -1,6 +1,6 @@
 //! Stacks (DESIGN.md §3): the package format, the install controller and the stack controller.
 
-pub mod crd_changes;
+pub(crate) mod crd_changes;
 pub mod install;
 pub mod pod_policy;
 pub mod pull_secrets;

@@ -906,6 +906,44 @@ async fn a_change_of_a_shared_crd_wakes_only_the_installs_and_stacks_it_concerns
     );
 }
 
+/// Installs of one package made at once each add their stack's label to the one CRD they share:
+/// none fails on another's write (a replace of the version cached would conflict, and the install
+/// back off for a second or more at the default backoff), and the CRD carries every label.
+#[tokio::test(flavor = "multi_thread")]
+async fn installs_of_one_package_made_at_once_label_their_shared_crd_without_a_conflict() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let tenant = fleet.tenant("acme");
+    let daemon = fleet.daemon(&[]);
+    let namespaces: Vec<String> = (0..8).map(|i| format!("team-{i}")).collect();
+    futures::future::join_all(namespaces.iter().map(|namespace| {
+        let spec = json!({"package": "examples/sample-stack:v1"});
+        create_install(&tenant, namespace, "sample", spec)
+    }))
+    .await;
+    for namespace in &namespaces {
+        let (status, _, message) = wait_for_reason(&tenant, namespace, "sample", &daemon, "Available").await;
+        assert_eq!(status, "True", "{message}");
+    }
+    let crd = Api::<CustomResourceDefinition>::all(tenant.clone())
+        .get(WIDGETS)
+        .await
+        .expect("the shared CRD");
+    for namespace in &namespaces {
+        assert!(
+            crd.labels().contains_key(&crd_parent_label(namespace, "sample")),
+            "{namespace}'s label: {:?}",
+            crd.labels()
+        );
+    }
+    let errors = daemon.controller_metric("stackd_reconcile_errors_total", "acme", "StackInstall");
+    assert_eq!(
+        errors,
+        0,
+        "failed install reconciles; daemon log:\n{}",
+        daemon.log_text()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn uninstall_removes_host_and_tenant_objects_and_shared_crds_go_with_the_last_install() {
     let fleet = StackFleet::start(&["acme"]).await;

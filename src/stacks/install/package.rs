@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
 
 pub use super::crd_policy::MANAGED_CRD_LABEL;
 use super::crd_policy::{
@@ -221,13 +222,28 @@ pub fn desired_crd(
 /// True when `existing` (a slim cached copy) already is `desired` as far as stackd cares: the
 /// spec it wrote (by hash), its owner, and every label.
 pub fn crd_up_to_date(existing: &CustomResourceDefinition, desired: &CustomResourceDefinition) -> bool {
+    same_definition_and_owner(existing, desired) && missing_labels(existing, desired).is_empty()
+}
+
+/// The same spec (by its hash) and the same package and installer recorded.
+fn same_definition_and_owner(existing: &CustomResourceDefinition, desired: &CustomResourceDefinition) -> bool {
     let annotation = |crd: &CustomResourceDefinition, key: &str| crd.annotations().get(key).cloned();
     let same_spec = annotation(existing, SPEC_HASH_ANNOTATION) == annotation(desired, SPEC_HASH_ANNOTATION);
     let same_owner = annotation(existing, PACKAGE_REPOSITORY_ANNOTATION)
         == annotation(desired, PACKAGE_REPOSITORY_ANNOTATION)
         && annotation(existing, INSTALLED_BY_ANNOTATION) == annotation(desired, INSTALLED_BY_ANNOTATION);
+    same_spec && same_owner
+}
+
+/// The labels `desired` has and `existing` has not (or with another value).
+fn missing_labels(existing: &CustomResourceDefinition, desired: &CustomResourceDefinition) -> BTreeMap<String, String> {
     let labels = existing.labels();
-    same_spec && same_owner && desired.labels().iter().all(|(k, v)| labels.get(k) == Some(v))
+    desired
+        .labels()
+        .iter()
+        .filter(|(k, v)| labels.get(*k) != Some(*v))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
 }
 
 /// What applying the CRDs did.
@@ -264,6 +280,15 @@ pub async fn apply_crds(
                 Err(err) => return Err(err),
             },
             Some(existing) if crd_up_to_date(existing, &desired) => {}
+            // Another install of the package made it: only this stack's label (and any other
+            // missing one) to add, by a merge patch, which the other installs adding theirs at the
+            // same time cannot make conflict as a replace of the version cached would.
+            Some(existing) if same_definition_and_owner(existing, &desired) => {
+                let labels = json!({"metadata": {"labels": missing_labels(existing, &desired)}});
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&labels))
+                    .await?;
+                done.writes += 1;
+            }
             Some(existing) => {
                 api.replace(&name, &PostParams::default(), &desired).await?;
                 done.writes += 1;
