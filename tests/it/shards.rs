@@ -254,6 +254,21 @@ fn replica_dir_status(dir: &Path) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_sharded_daemons_share_the_slots_fairly_and_serve_each_tenant_once() {
     let fleet = ShardedFleet::start(3).await;
+    fleet.wait_settled(&[], SETTLE).await;
+    // Every slot held is not yet every replica holding its share: one that came up after the others
+    // had taken every slot (a loaded machine) gets its share handed over by them, as a joiner does.
+    until(
+        "every replica to hold its fair share of the slots",
+        SETTLE,
+        &fleet,
+        || async {
+            fleet
+                .replicas
+                .iter()
+                .all(|replica| (2..=3).contains(&held_slots(&replica.daemon).len()))
+        },
+    )
+    .await;
     let served = fleet.wait_settled(&[], SETTLE).await;
     for (index, replica) in fleet.replicas.iter().enumerate() {
         let slots = held_slots(&replica.daemon).len();
