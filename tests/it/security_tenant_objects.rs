@@ -2,14 +2,22 @@
 //! namespaces it is given, and nothing a Secret holds may make it run a command or read its own
 //! files. Each attack is performed and its refusal observed on the Tenant.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use stackd::embedded::Verb;
 
-use crate::harness::{Fleet, until};
+use stackd::context::namespace_template::NamespaceTemplate;
+use stackd::runtime::health::Health;
+use stackd::runtime::metrics::Metrics;
+use stackd::tenancy::objects::status::{Serving, StatusWriter};
+use stackd::tenancy::objects::{self, ObjectSettings, Registration};
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::{Fleet, NoDaemon, until};
 use crate::tenant_objects::{
-    HostKubectl, SECRETS_NAMESPACE, event_reasons, install_tenant_crd, registration, wait_condition,
+    HostKubectl, SECRETS_NAMESPACE, condition, event_reasons, install_tenant_crd, registration, wait_condition,
 };
 
 const SOON: Duration = Duration::from_secs(20);
@@ -55,6 +63,61 @@ async fn a_tenant_naming_a_secret_outside_the_given_namespaces_never_has_it_read
         );
     }
     assert!(fleet.namespace("acme").await.is_none(), "nothing is made for it");
+}
+
+/// The leader's status writer starts after the Tenant source, which may have judged every Tenant by
+/// then (it did, beside a build, and the test above waited in vain): the writer looks at the
+/// Tenants when it starts, not first at the next change or its safety pass a minute later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_refused_before_the_status_writer_starts_has_its_status_written_at_once() {
+    let mut fleet = Fleet::start(&[]).await;
+    let kubeconfig = fleet.add_tenant_server("acme").await;
+    let kubectl = HostKubectl::new(&fleet);
+    install_tenant_crd(&kubectl).await;
+    kubectl
+        .apply(&registration(
+            "acme",
+            "kube-system",
+            "admin-kubeconfig",
+            "value",
+            &kubeconfig,
+        ))
+        .await;
+    let cancel = CancellationToken::new();
+    let settings = ObjectSettings {
+        secret_namespaces: [SECRETS_NAMESPACE.to_string()].into(),
+        template: NamespaceTemplate::default(),
+    };
+    let (view, _changes, _source) = objects::start(fleet.host_client.clone(), settings, cancel.clone());
+    until("the source to refuse the Tenant", SOON, &NoDaemon, || async {
+        matches!(view.registration("acme"), Registration::Refused(_))
+    })
+    .await;
+    let writer = StatusWriter {
+        host: fleet.host_client.clone(),
+        view,
+        health: Arc::new(Health::default()),
+        metrics: Arc::new(Metrics::new()),
+        template: NamespaceTemplate::default(),
+        replica: "stackd-0".to_string(),
+        serving: Serving::All,
+    };
+    let _writer = tokio::spawn(writer.run(cancel.clone()));
+    let written = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some((status, reason, _)) = condition(&fleet, "acme", "Served").await {
+                return (status, reason);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    cancel.cancel();
+    let (status, reason) = written.expect("the Tenant's status written within 10 s of the writer's start");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "SecretNamespaceNotAllowed")
+    );
 }
 
 /// Whoever may write Secrets in a given namespace writes a kubeconfig whose user runs a command

@@ -254,9 +254,27 @@ impl StatusWriter {
         );
         let written = Written::<TenantStatus>::default();
         let (mut health, mut objects) = (self.health.changes(), self.view.changes());
-        let (mut retry_at, mut retry_in) = (None, RETRY);
+        let mut retry_in = RETRY;
         let mut writes = TenantWrites::default();
+        // The first pass is made at once: the Tenants and their health may have settled before
+        // this writer subscribed (the leader starts it after the Tenant source), and no change
+        // would come to ask for it.
         loop {
+            health.borrow_and_update();
+            objects.borrow_and_update();
+            // A replica that may no longer act (its lease is running out) stops mid-pass.
+            let pass = tokio::select! {
+                _ = cancel.cancelled() => return,
+                pass = self.pass(&written, &recorder, &mut writes) => pass,
+            };
+            let mut retry_at = None;
+            if pass.failed {
+                retry_at = Some(Instant::now() + retry_in);
+                retry_in = (retry_in * 2).min(SAFETY_PASS);
+            } else {
+                retry_in = RETRY;
+            }
+            let retry_at = retry_at.into_iter().chain(pass.deferred).min();
             let safety = tokio::time::sleep(SAFETY_PASS);
             tokio::select! {
                 _ = cancel.cancelled() => return,
@@ -265,20 +283,6 @@ impl StatusWriter {
                 _ = sleep_until(retry_at) => {}
                 _ = safety => {}
             }
-            health.borrow_and_update();
-            objects.borrow_and_update();
-            // A replica that may no longer act (its lease is running out) stops mid-pass.
-            let pass = tokio::select! {
-                _ = cancel.cancelled() => return,
-                pass = self.pass(&written, &recorder, &mut writes) => pass,
-            };
-            if pass.failed {
-                retry_at = Some(Instant::now() + retry_in);
-                retry_in = (retry_in * 2).min(SAFETY_PASS);
-            } else {
-                (retry_at, retry_in) = (None, RETRY);
-            }
-            retry_at = retry_at.into_iter().chain(pass.deferred).min();
         }
     }
 
