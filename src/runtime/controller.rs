@@ -75,6 +75,22 @@ impl Permit {
     pub fn release(self) {}
 }
 
+/// The objects `mapper` names that the cache of reconciled objects holds. kube's runner would queue
+/// any other and drop it as not found (most events of a watched kind name an object of the other
+/// install kind, or a Stack not made yet); one cached later brings its own event.
+fn cached_only<K, O, I>(main: Store<K>, mapper: impl Fn(O) -> I) -> impl Fn(O) -> Vec<ObjectRef<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+    I: IntoIterator<Item = ObjectRef<K>>,
+{
+    move |object| {
+        mapper(object)
+            .into_iter()
+            .filter(|found| main.get(found).is_some())
+            .collect()
+    }
+}
+
 /// A controller of `K` for one tenant, being put together.
 pub struct Scaffold<K: Resource + Clone + Debug + 'static, T>
 where
@@ -150,6 +166,7 @@ where
     {
         self.caches.push(cache.readiness());
         self.refusals.push(cache.refusals());
+        let mapper = cached_only(self.main.clone(), mapper);
         self.controller = self.controller.watches_shared_stream(cache.touched(), mapper);
         self
     }
@@ -168,6 +185,7 @@ where
     {
         self.caches.push(cache.readiness());
         self.refusals.push(cache.refusals());
+        let mapper = cached_only(self.main.clone(), mapper);
         self.controller = self.controller.watches_stream(stream, mapper);
         self
     }
@@ -193,6 +211,7 @@ where
         I::IntoIter: Send,
     {
         self.caches.push(ready);
+        let mapper = cached_only(self.main.clone(), mapper);
         self.controller = self.controller.watches_stream(stream, mapper);
         self
     }
@@ -494,6 +513,20 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         panic!("{what}: not within 5 s");
+    }
+
+    #[test]
+    fn a_watched_object_wakes_only_the_objects_the_main_cache_holds() {
+        let (store, mut writer) = kube::runtime::reflector::store::<ConfigMap>();
+        writer.apply_watcher_event(&Event::Apply(config_map("present")));
+        let mapper = cached_only(store, |names: Vec<&str>| {
+            names
+                .into_iter()
+                .map(|name| ObjectRef::<ConfigMap>::new(name).within("ns"))
+                .collect::<Vec<_>>()
+        });
+        let woken = mapper(vec!["present", "not-made-yet"]);
+        assert_eq!(woken, vec![ObjectRef::new("present").within("ns")]);
     }
 
     #[tokio::test]
