@@ -1037,6 +1037,61 @@ async fn uninstall_removes_host_and_tenant_objects_and_shared_crds_go_with_the_l
     .await;
 }
 
+/// Installs of one package uninstalled at once: whichever goes last deletes the CRD they shared,
+/// though each may judge it while its cache still shows another's label.
+#[tokio::test(flavor = "multi_thread")]
+async fn installs_of_one_package_uninstalled_at_once_leave_no_crd_behind() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let tenant = fleet.tenant("acme");
+    let daemon = fleet.daemon(&[]);
+    let namespaces: Vec<String> = (0..6).map(|i| format!("team-{i}")).collect();
+    for namespace in &namespaces {
+        let spec = json!({"package": "examples/sample-stack:v1"});
+        create_install(&tenant, namespace, "sample", spec).await;
+    }
+    for namespace in &namespaces {
+        let (status, _, message) = wait_for_reason(&tenant, namespace, "sample", &daemon, "Available").await;
+        assert_eq!(status, "True", "{message}");
+    }
+    futures::future::join_all(namespaces.iter().map(|namespace| {
+        let installs: Api<StackInstall> = Api::namespaced(tenant.clone(), namespace);
+        async move {
+            installs
+                .delete("sample", &DeleteParams::default())
+                .await
+                .expect("delete install");
+        }
+    }))
+    .await;
+    for namespace in &namespaces {
+        let installs: Api<StackInstall> = Api::namespaced(tenant.clone(), namespace);
+        wait_until("the install gone", Duration::from_secs(20), &daemon, || {
+            let installs = installs.clone();
+            async move { installs.get_opt("sample").await.ok()?.is_none().then_some(()) }
+        })
+        .await;
+    }
+    let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
+    let left = crds.get_opt(WIDGETS).await.expect("get the CRD");
+    assert!(
+        left.is_none(),
+        "the CRD outlived every install of its package: labels {:?}",
+        left.map(|crd| crd.labels().clone())
+    );
+    let events = futures::future::join_all(
+        namespaces
+            .iter()
+            .map(|namespace| events_of(&tenant, namespace, "sample")),
+    )
+    .await;
+    let deleted = events
+        .iter()
+        .flatten()
+        .filter(|(reason, _)| reason == "CRDsDeleted")
+        .count();
+    assert_eq!(deleted, 1, "Events of the installs: {events:?}");
+}
+
 /// Writes (not reads or watches) a server saw.
 pub(crate) fn writes(counts: &stackd::embedded::counters::RequestCounts) -> Vec<String> {
     use stackd::embedded::Verb;
