@@ -29,6 +29,19 @@ async fn wait_for_file(path: &std::path::Path) {
     .await;
 }
 
+/// `stackd dev <args> --kubeconfig-dir <dir>`, its output dropped unless the test pipes it.
+fn dev(args: &[&str], dir: &std::path::Path) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_stackd"));
+    command
+        .arg("dev")
+        .args(args)
+        .arg("--kubeconfig-dir")
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    command
+}
+
 async fn stop(mut child: tokio::process::Child) -> std::process::ExitStatus {
     let pid = child.id().expect("pid").to_string();
     let _ = tokio::process::Command::new("kill")
@@ -44,11 +57,7 @@ async fn stop(mut child: tokio::process::Child) -> std::process::ExitStatus {
 #[tokio::test]
 async fn dev_no_daemon_serves_tenants_with_the_crds_installed_and_stops_on_sigterm() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stackd"))
-        .args(["dev", "--no-daemon", "--tenants", "2", "--kubeconfig-dir"])
-        .arg(dir.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+    let child = dev(&["--no-daemon", "--tenants", "2"], dir.path())
         .spawn()
         .expect("spawn stackd dev");
     let second = dir.path().join("tenants/globex.yaml");
@@ -80,11 +89,7 @@ async fn dev_no_daemon_serves_tenants_with_the_crds_installed_and_stops_on_sigte
 #[tokio::test]
 async fn kubectl_reads_a_dev_tenant_with_the_printed_kubeconfig_and_no_terminal() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stackd"))
-        .args(["dev", "--no-daemon", "--tenants", "1", "--kubeconfig-dir"])
-        .arg(dir.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+    let child = dev(&["--no-daemon", "--tenants", "1"], dir.path())
         .spawn()
         .expect("spawn stackd dev");
     let tenant = dir.path().join("tenants/acme.yaml");
@@ -113,13 +118,7 @@ async fn kubectl_reads_a_dev_tenant_with_the_printed_kubeconfig_and_no_terminal(
 #[tokio::test]
 async fn dev_runs_the_daemon_which_creates_each_tenants_host_namespace() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stackd"))
-        .args(["dev", "--tenants", "1", "--kubeconfig-dir"])
-        .arg(dir.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("spawn stackd dev");
+    let child = dev(&["--tenants", "1"], dir.path()).spawn().expect("spawn stackd dev");
     let host_file = dir.path().join("host.yaml");
     wait_for_file(&dir.path().join("tenants/acme.yaml")).await;
     let namespaces: Api<Namespace> = Api::all(client_for(&host_file).await);
@@ -167,11 +166,8 @@ async fn dev_runs_the_daemon_which_creates_each_tenants_host_namespace() {
 async fn dev_installs_the_sample_stack_and_prints_it_becoming_ready() {
     use tokio::io::AsyncBufReadExt;
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stackd"))
-        .args(["dev", "--tenants", "1", "--kubeconfig-dir"])
-        .arg(dir.path())
+    let mut child = dev(&["--tenants", "1"], dir.path())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
         .spawn()
         .expect("spawn stackd dev");
     let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
@@ -211,9 +207,7 @@ async fn dev_installs_the_sample_stack_and_prints_it_becoming_ready() {
 async fn dev_shows_progress_lines_only_and_writes_the_daemon_log_to_a_file() {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt};
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_stackd"))
-        .args(["dev", "--tenants", "2", "--kubeconfig-dir"])
-        .arg(dir.path())
+    let mut child = dev(&["--tenants", "2"], dir.path())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
