@@ -150,9 +150,19 @@ impl Health {
         self.facts.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Replaces the shard lines of the detail.
+    /// Replaces the shard lines of the detail. A change is signalled: which slots this replica holds
+    /// decides which Tenants' status it writes, and a refused tenant in a slot just taken changes
+    /// nothing else.
     pub fn set_shards(&self, lines: Vec<(bool, String)>) {
-        *self.shards.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = lines;
+        let changed = {
+            let mut shards = self.shards.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let changed = *shards != lines;
+            *shards = lines;
+            changed
+        };
+        if changed {
+            self.signal();
+        }
     }
 
     pub fn tenant(&self, tenant: &str) -> Option<TenantHealth> {
@@ -221,6 +231,17 @@ mod tests {
         health.remove_tenant("a");
         assert!(changes.has_changed().unwrap_or(false));
         assert_eq!(health.tenant_facts("a"), TenantFacts::default());
+    }
+
+    #[test]
+    fn a_change_of_the_slots_held_is_signalled_and_a_repeat_is_not() {
+        let health = Health::default();
+        let mut changes = health.changes();
+        health.set_shards(vec![(true, "shard 0 held: tenants a".into())]);
+        assert!(changes.has_changed().unwrap_or(false));
+        changes.borrow_and_update();
+        health.set_shards(vec![(true, "shard 0 held: tenants a".into())]);
+        assert!(!changes.has_changed().unwrap_or(true));
     }
 
     #[test]
