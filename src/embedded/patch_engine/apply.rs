@@ -96,16 +96,16 @@ pub fn apply(
     };
     let before = entries_before_apply(old_contents, schema, now)?;
     let mut entries = before.clone();
-    let applier_entry = ManagedEntry {
-        manager: manager.to_string(),
-        operation: Operation::Apply,
-        api_version: text_field(&config, "apiVersion"),
-        time: Some(now.to_string()),
-        subresource: subresource.map(str::to_string),
-        fields: typed::owned_by_config(&config, schema)
+    let applier_entry = ManagedEntry::new(
+        manager,
+        Operation::Apply,
+        text_field(&config, "apiVersion"),
+        Some(now.to_string()),
+        subresource,
+        typed::owned_by_config(&config, schema)
             .map_err(ApplyError::Invalid)?
             .without(is_unowned),
-    };
+    );
     let (applier, last_applied) = install_applier(&mut entries, applier_entry);
 
     let mut merged = typed::merge(old_contents, &config, schema).map_err(ApplyError::Invalid)?;
@@ -154,7 +154,7 @@ pub fn record_update(
     };
     let changed = comparison.changed();
     for entry in &mut entries {
-        entry.fields = entry.fields.difference(&changed);
+        entry.give_up(&changed);
     }
     drop_removed(&mut entries, &comparison.removed);
     credit_updater(&mut entries, manager, &api_version, subresource, changed, now);
@@ -173,18 +173,18 @@ fn credit_updater(
     if changed.is_empty() {
         return;
     }
-    let updater = ManagedEntry {
-        manager: manager.to_string(),
-        operation: Operation::Update,
-        api_version: api_version.to_string(),
-        time: Some(now.to_string()),
-        subresource: subresource.map(str::to_string),
-        fields: changed,
-    };
+    let updater = ManagedEntry::new(
+        manager,
+        Operation::Update,
+        api_version.to_string(),
+        Some(now.to_string()),
+        subresource,
+        changed,
+    );
     match entries.iter_mut().find(|entry| entry.is_same_writer(&updater)) {
         Some(entry) => {
-            entry.fields = entry.fields.union(&updater.fields);
-            entry.time = updater.time;
+            entry.time = updater.time.clone();
+            entry.take(updater.into_fields());
         }
         None => entries.push(updater),
     }
@@ -272,14 +272,14 @@ fn entries_before_apply(live: &Value, schema: &dyn ListSemantics, now: &str) -> 
     if fields.is_empty() {
         return Ok(Vec::new());
     }
-    Ok(vec![ManagedEntry {
-        manager: BEFORE_FIRST_APPLY.to_string(),
-        operation: Operation::Update,
-        api_version: text_field(live, "apiVersion"),
-        time: Some(now.to_string()),
-        subresource: None,
+    Ok(vec![ManagedEntry::new(
+        BEFORE_FIRST_APPLY,
+        Operation::Update,
+        text_field(live, "apiVersion"),
+        Some(now.to_string()),
+        None,
         fields,
-    }])
+    )])
 }
 
 /// Puts the applier's new entry in place of its previous one; returns its index and the fields
@@ -288,7 +288,7 @@ fn install_applier(entries: &mut Vec<ManagedEntry>, applier: ManagedEntry) -> (u
     match entries.iter().position(|entry| entry.is_same_writer(&applier)) {
         Some(index) => {
             let last = std::mem::replace(&mut entries[index], applier);
-            (index, last.fields)
+            (index, last.into_fields())
         }
         None => {
             entries.push(applier);
@@ -302,7 +302,7 @@ fn install_applier(entries: &mut Vec<ManagedEntry>, applier: ManagedEntry) -> (u
 fn prune(merged: &mut Value, last_applied: &FieldSet, entries: &[ManagedEntry], schema: &dyn ListSemantics) {
     let mut owned_now = FieldSet::new();
     for entry in entries {
-        owned_now.extend(entry.fields.clone());
+        owned_now.extend(entry.fields().clone());
     }
     let unowned: FieldSet = last_applied
         .iter()
@@ -373,7 +373,7 @@ fn settle_conflicts(
     let causes: Vec<ConflictCause> = others()
         .flat_map(|(_, entry)| {
             entry
-                .fields
+                .fields()
                 .intersection(changed)
                 .iter()
                 .map(|path| ConflictCause {
@@ -391,7 +391,7 @@ fn settle_conflicts(
     }
     for (index, entry) in entries.iter_mut().enumerate() {
         if index != applier {
-            entry.fields = entry.fields.difference(changed);
+            entry.give_up(changed);
         }
     }
     Ok(())
@@ -400,7 +400,7 @@ fn settle_conflicts(
 /// Fields that left the object leave every manager.
 fn drop_removed(entries: &mut [ManagedEntry], removed: &FieldSet) {
     for entry in entries {
-        entry.fields = entry.fields.difference(removed);
+        entry.give_up(removed);
     }
 }
 
@@ -416,7 +416,7 @@ fn keep_time_unless_changed(applier: &mut ManagedEntry, before: &[ManagedEntry],
 
 /// Whether the entries, once empty ones are dropped, are what the object had.
 fn same_entries(entries: &[ManagedEntry], before: &[ManagedEntry]) -> bool {
-    let kept: Vec<&ManagedEntry> = entries.iter().filter(|e| !e.fields.is_empty()).collect();
+    let kept: Vec<&ManagedEntry> = entries.iter().filter(|e| !e.fields().is_empty()).collect();
     kept.len() == before.len() && kept.iter().all(|entry| before.contains(entry))
 }
 

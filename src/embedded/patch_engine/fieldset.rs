@@ -59,9 +59,14 @@ impl FieldSet {
         self.paths.extend(other.paths);
     }
 
-    pub(super) fn difference(&self, other: &FieldSet) -> FieldSet {
-        FieldSet {
-            paths: self.paths.difference(&other.paths).cloned().collect(),
+    /// Removes every path of `other`, without copying the rest.
+    pub(super) fn remove_all(&mut self, other: &FieldSet) {
+        if other.paths.len() < self.paths.len() {
+            for path in &other.paths {
+                self.paths.remove(path);
+            }
+        } else {
+            self.paths.retain(|path| !other.paths.contains(path));
         }
     }
 
@@ -85,10 +90,9 @@ impl FieldSet {
     }
 
     /// The set without the paths for which `drop` is true.
-    pub(super) fn without(&self, drop: impl Fn(&[Element]) -> bool) -> FieldSet {
-        FieldSet {
-            paths: self.paths.iter().filter(|p| !drop(p)).cloned().collect(),
-        }
+    pub(super) fn without(mut self, drop: impl Fn(&[Element]) -> bool) -> FieldSet {
+        self.paths.retain(|path| !drop(path));
+        self
     }
 
     /// The `fieldsV1` object for this set.

@@ -30,10 +30,45 @@ pub(crate) struct ManagedEntry {
     pub api_version: String,
     pub time: Option<String>,
     pub subresource: Option<String>,
-    pub fields: FieldSet,
+    fields: FieldSet,
 }
 
 impl ManagedEntry {
+    pub(super) fn new(
+        manager: &str,
+        operation: Operation,
+        api_version: String,
+        time: Option<String>,
+        subresource: Option<&str>,
+        fields: FieldSet,
+    ) -> ManagedEntry {
+        ManagedEntry {
+            manager: manager.to_string(),
+            operation,
+            api_version,
+            time,
+            subresource: subresource.map(str::to_string),
+            fields,
+        }
+    }
+
+    pub(super) fn fields(&self) -> &FieldSet {
+        &self.fields
+    }
+
+    pub(super) fn into_fields(self) -> FieldSet {
+        self.fields
+    }
+
+    /// Takes every path of `paths` from this entry (in place: most paths stay).
+    pub(super) fn give_up(&mut self, paths: &FieldSet) {
+        self.fields.remove_all(paths);
+    }
+
+    /// Adds every path of `paths` to this entry.
+    pub(super) fn take(&mut self, paths: FieldSet) {
+        self.fields.extend(paths);
+    }
     pub(super) fn is_same_writer(&self, other: &ManagedEntry) -> bool {
         self.manager == other.manager
             && self.operation == other.operation
@@ -112,7 +147,7 @@ pub(crate) fn read_entries(object: &Value) -> Option<Vec<ManagedEntry>> {
 /// then oldest first, then by manager), dropping entries that own nothing and folding old
 /// Update entries beyond the tenth.
 pub(crate) fn write_entries(object: &mut Value, mut entries: Vec<ManagedEntry>) {
-    entries.retain(|entry| !entry.fields.is_empty());
+    entries.retain(|entry| !entry.fields().is_empty());
     sort_entries(&mut entries);
     let mut entries = cap_update_entries(entries);
     sort_entries(&mut entries);
@@ -132,18 +167,17 @@ pub(crate) fn write_entries(object: &mut Value, mut entries: Vec<ManagedEntry>) 
 }
 
 fn sort_entries(entries: &mut [ManagedEntry]) {
-    entries.sort_by(|a, b| {
-        let key = |e: &ManagedEntry| {
-            (
-                e.operation,
-                e.time.clone(),
-                e.manager.clone(),
-                e.api_version.clone(),
-                e.subresource.clone(),
-            )
-        };
-        key(a).cmp(&key(b))
-    });
+    entries.sort_by(|a, b| sort_key(a).cmp(&sort_key(b)));
+}
+
+fn sort_key(entry: &ManagedEntry) -> (Operation, Option<&str>, &str, &str, Option<&str>) {
+    (
+        entry.operation,
+        entry.time.as_deref(),
+        &entry.manager,
+        &entry.api_version,
+        entry.subresource.as_deref(),
+    )
 }
 
 /// kube-apiserver keeps at most this many Update entries.
@@ -175,7 +209,7 @@ fn cap_update_entries(entries: Vec<ManagedEntry>) -> Vec<ManagedEntry> {
                 let bucket = &mut kept[index];
                 bucket.manager = ANCIENT_CHANGES.to_string();
                 bucket.subresource = None;
-                bucket.fields.extend(entry.fields);
+                bucket.take(entry.fields);
                 bucket.time = entry.time;
                 excess -= 1;
             }
@@ -194,7 +228,7 @@ fn merge_same_writers(entries: Vec<ManagedEntry>) -> Vec<ManagedEntry> {
     for entry in entries {
         match merged.iter_mut().find(|kept| kept.is_same_writer(&entry)) {
             Some(kept) => {
-                kept.fields.extend(entry.fields);
+                kept.take(entry.fields);
                 kept.time = kept.time.clone().max(entry.time);
             }
             None => merged.push(entry),
@@ -254,14 +288,7 @@ mod tests {
     fn entry(manager: &str, operation: Operation, time: &str) -> ManagedEntry {
         let mut fields = FieldSet::new();
         fields.insert(vec![Element::Field("data".into())]);
-        ManagedEntry {
-            manager: manager.into(),
-            operation,
-            api_version: "v1".into(),
-            time: Some(time.into()),
-            subresource: None,
-            fields,
-        }
+        ManagedEntry::new(manager, operation, "v1".into(), Some(time.into()), None, fields)
     }
 
     #[test]
