@@ -22,10 +22,9 @@ use crate::tenant_objects::{
 
 const SOON: Duration = Duration::from_secs(20);
 
-/// A Tenant naming a Secret in `kube-system` (not given to the daemon), which holds a working
-/// kubeconfig: the daemon refuses it before asking the host anything, and says so on the Tenant.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_naming_a_secret_outside_the_given_namespaces_never_has_it_read() {
+/// A host with the Tenant CRD and Tenant `acme`, whose working kubeconfig is in a Secret in
+/// `kube-system`, a namespace the daemon is not given.
+async fn acme_registered_from_kube_system() -> Fleet {
     let mut fleet = Fleet::start(&[]).await;
     let kubeconfig = fleet.add_tenant_server("acme").await;
     let kubectl = HostKubectl::new(&fleet);
@@ -39,6 +38,14 @@ async fn a_tenant_naming_a_secret_outside_the_given_namespaces_never_has_it_read
             &kubeconfig,
         ))
         .await;
+    fleet
+}
+
+/// A Tenant naming a Secret in `kube-system` (not given to the daemon), which holds a working
+/// kubeconfig: the daemon refuses it before asking the host anything, and says so on the Tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_naming_a_secret_outside_the_given_namespaces_never_has_it_read() {
+    let fleet = acme_registered_from_kube_system().await;
     let before = fleet.host().counters();
     let daemon = fleet.daemon(&["--tenant-secret-namespaces", SECRETS_NAMESPACE]);
     let message = wait_condition(&fleet, &daemon, "acme", "Served", "False", "SecretNamespaceNotAllowed").await;
@@ -70,19 +77,7 @@ async fn a_tenant_naming_a_secret_outside_the_given_namespaces_never_has_it_read
 /// Tenants when it starts, not first at the next change or its safety pass a minute later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_refused_before_the_status_writer_starts_has_its_status_written_at_once() {
-    let mut fleet = Fleet::start(&[]).await;
-    let kubeconfig = fleet.add_tenant_server("acme").await;
-    let kubectl = HostKubectl::new(&fleet);
-    install_tenant_crd(&kubectl).await;
-    kubectl
-        .apply(&registration(
-            "acme",
-            "kube-system",
-            "admin-kubeconfig",
-            "value",
-            &kubeconfig,
-        ))
-        .await;
+    let fleet = acme_registered_from_kube_system().await;
     let cancel = CancellationToken::new();
     let settings = ObjectSettings {
         secret_namespaces: [SECRETS_NAMESPACE.to_string()].into(),
