@@ -69,6 +69,7 @@ impl ManagedEntry {
     pub(super) fn take(&mut self, paths: FieldSet) {
         self.fields.extend(paths);
     }
+
     pub(super) fn is_same_writer(&self, other: &ManagedEntry) -> bool {
         self.manager == other.manager
             && self.operation == other.operation
