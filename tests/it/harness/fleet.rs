@@ -5,6 +5,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -159,8 +161,32 @@ impl Fleet {
 /// A `stackd run` child process, killed when dropped.
 pub(crate) struct Daemon {
     child: Child,
-    admin: SocketAddr,
+    /// The admin address, read from the log once the daemon has bound it (it binds port 0: a port
+    /// picked free beforehand may be taken by another test's process before the daemon binds it).
+    admin: OnceLock<SocketAddr>,
     log: PathBuf,
+}
+
+/// The address in the daemon's "admin server listening" line, in its text or JSON log.
+fn admin_addr_in(log: &str) -> Option<SocketAddr> {
+    let line = log.lines().find(|line| line.contains("admin server listening"))?;
+    let mut plain = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // An ANSI colour sequence: up to its final `m`.
+            chars.by_ref().find(|&c| c == 'm');
+        } else {
+            plain.push(c);
+        }
+    }
+    let after = &plain[plain.find("admin_addr")? + "admin_addr".len()..];
+    let start = after.find(|c: char| c.is_ascii_digit())?;
+    let addr: String = after[start..]
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+        .collect();
+    addr.parse().ok()
 }
 
 impl Daemon {
@@ -177,8 +203,8 @@ impl Daemon {
     /// `stackd run`, its address space capped at `address_space` bytes when given (the shell sets
     /// the limit and becomes the daemon: the child's pid is the daemon's).
     fn spawn_as(dir: &Path, host_kubeconfig: &Path, extra: &[&str], address_space: Option<u64>) -> Daemon {
-        let admin = free_port();
-        let log = dir.join(format!("daemon-{}.log", admin.port()));
+        static SPAWNED: AtomicUsize = AtomicUsize::new(0);
+        let log = dir.join(format!("daemon-{}.log", SPAWNED.fetch_add(1, Ordering::Relaxed)));
         let log_file = std::fs::File::create(&log).expect("log file");
         let mut command = match address_space {
             None => Command::new(env!("CARGO_BIN_EXE_stackd")),
@@ -194,7 +220,7 @@ impl Daemon {
             .arg(host_kubeconfig)
             .arg("--tenants-dir")
             .arg(dir.join("tenants"))
-            .args(["--metrics-addr", &admin.to_string()])
+            .args(["--metrics-addr", "127.0.0.1:0"])
             .args(if extra.contains(&"--backoff-base") {
                 &[][..]
             } else {
@@ -210,11 +236,22 @@ impl Daemon {
             .stderr(log_file)
             .spawn()
             .expect("spawn stackd run");
-        Daemon { child, admin, log }
+        Daemon {
+            child,
+            admin: OnceLock::new(),
+            log,
+        }
     }
 
     pub(crate) fn http_get(&self, path: &str) -> Option<String> {
-        let mut stream = TcpStream::connect_timeout(&self.admin, Duration::from_secs(1)).ok()?;
+        let admin = match self.admin.get() {
+            Some(admin) => *admin,
+            None => {
+                let found = admin_addr_in(&self.log_text())?;
+                *self.admin.get_or_init(|| found)
+            }
+        };
+        let mut stream = TcpStream::connect_timeout(&admin, Duration::from_secs(1)).ok()?;
         stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
         write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
         let mut response = String::new();
