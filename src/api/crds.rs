@@ -1,6 +1,7 @@
 //! The CustomResourceDefinitions generated from the types, as `stackd crds` prints them.
 
 use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -18,19 +19,39 @@ pub const CLUSTER_POOL_NAME_MAX: usize = 57;
 /// Every CRD stackd serves in a tenant API server, in a stable order (what `stackd crds` prints and
 /// the stackd-types chart installs).
 pub fn all() -> Vec<CustomResourceDefinition> {
+    // Generated once: a schema costs milliseconds, and the bench and tests install them into every
+    // tenant API server they start.
+    static ALL: LazyLock<Vec<CustomResourceDefinition>> = LazyLock::new(|| {
+        [
+            StackInstall::crd(),
+            ClusterStackInstall::crd(),
+            Stack::crd(),
+            with_max_name_length(ClusterPool::crd(), CLUSTER_POOL_NAME_MAX),
+            ClusterDeploymentCustomization::crd(),
+            ClusterDeployment::crd(),
+            ClusterClaim::crd(),
+            BareMetalAsset::crd(),
+        ]
+        .into_iter()
+        .map(without_null_enum_values)
+        .collect()
+    });
+    ALL.clone()
+}
+
+/// The names of [`all`]'s CRDs, without generating their schemas (which costs milliseconds: every
+/// tenant's start needs only the names, to see that they are served).
+pub fn names() -> [&'static str; 8] {
     [
-        StackInstall::crd(),
-        ClusterStackInstall::crd(),
-        Stack::crd(),
-        with_max_name_length(ClusterPool::crd(), CLUSTER_POOL_NAME_MAX),
-        ClusterDeploymentCustomization::crd(),
-        ClusterDeployment::crd(),
-        ClusterClaim::crd(),
-        BareMetalAsset::crd(),
+        StackInstall::crd_name(),
+        ClusterStackInstall::crd_name(),
+        Stack::crd_name(),
+        ClusterPool::crd_name(),
+        ClusterDeploymentCustomization::crd_name(),
+        ClusterDeployment::crd_name(),
+        ClusterClaim::crd_name(),
+        BareMetalAsset::crd_name(),
     ]
-    .into_iter()
-    .map(without_null_enum_values)
-    .collect()
 }
 
 /// The CRDs stackd serves on the host cluster: Tenant (what `stackd crds --host` prints and the
@@ -168,4 +189,15 @@ pub fn spec_hash(crd: &CustomResourceDefinition) -> String {
     use sha2::{Digest, Sha256};
     let bytes = serde_json::to_vec(&crd.spec).unwrap_or_default();
     hex::encode(Sha256::digest(&bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_names_are_those_of_the_generated_crds() {
+        let generated: Vec<String> = all().into_iter().filter_map(|crd| crd.metadata.name).collect();
+        assert_eq!(generated, names().map(String::from));
+    }
 }

@@ -33,10 +33,7 @@ use crate::runtime::transport;
 
 /// The CRDs every tenant must serve for stackd to work there.
 fn required_crds() -> BTreeSet<String> {
-    crate::api::crds::all()
-        .into_iter()
-        .filter_map(|crd| crd.metadata.name)
-        .collect()
+    crate::api::crds::names().into_iter().map(String::from).collect()
 }
 
 /// Runs a tenant until `cancel` fires (Ok) or something fails (Err). Every request to the tenant
