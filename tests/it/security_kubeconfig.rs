@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -22,7 +22,7 @@ use stackd::api::inventory::BareMetalAsset;
 use stackd::api::pools::ClusterDeployment;
 use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
 
-use crate::harness::{Fleet, LogFile, until};
+use crate::harness::{Fleet, until, wait_until};
 
 const NS: &str = "team";
 const WITHIN: Duration = Duration::from_secs(20);
@@ -786,16 +786,6 @@ fn http_get(address: SocketAddr, path: &str) -> Option<String> {
     Some(response)
 }
 
-/// A `stackd run` child bound to all addresses (as the chart runs it), killed when dropped.
-struct OpenDaemon(Child);
-
-impl Drop for OpenDaemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `stackd run` binds its admin server to loopback by default; bound to every address (as in the
 /// chart), `/metrics` and plain `/readyz` answer everyone but the per-tenant detail of
 /// `/readyz?verbose` goes to loopback clients only.
@@ -813,28 +803,13 @@ async fn verbose_readiness_is_served_with_detail_to_loopback_clients_only() {
         return;
     };
     let fleet = Fleet::start(&["acme"]).await;
-    let port = std::net::TcpListener::bind("0.0.0.0:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let dir = fleet.dir.path();
-    let log = std::fs::File::create(dir.join("open-daemon.log")).expect("log file");
-    let _daemon = OpenDaemon(
-        Command::new(env!("CARGO_BIN_EXE_stackd"))
-            .args(["run", "--host-kubeconfig"])
-            .arg(dir.join("host.yaml"))
-            .arg("--tenants-dir")
-            .arg(dir.join("tenants"))
-            .args(["--metrics-addr", &format!("0.0.0.0:{port}")])
-            .args(["--backoff-base", "100ms", "--debounce", "50ms"])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn stackd run"),
-    );
+    let daemon = fleet.daemon(&["--metrics-addr", "0.0.0.0:0"]);
+    let port = wait_until("the admin listener", WITHIN, &daemon, || async {
+        daemon.admin_addrs().first().map(SocketAddr::port)
+    })
+    .await;
     let loopback = SocketAddr::from(([127, 0, 0, 1], port));
-    let log = dir.join("open-daemon.log");
-    until("the readiness detail on loopback", WITHIN, &LogFile(&log), || async {
+    until("the readiness detail on loopback", WITHIN, &daemon, || async {
         http_get(loopback, "/readyz?verbose")
             .unwrap_or_default()
             .contains("[+]tenant acme")
@@ -863,33 +838,18 @@ fn status_of(response: &str) -> &str {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_metrics_listener_answers_only_metrics_when_health_has_its_own() {
     let fleet = Fleet::start(&["acme"]).await;
-    let free_port = || {
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-    };
-    let (metrics_addr, health_addr) = (free_port(), free_port());
-    let dir = fleet.dir.path();
-    let log = std::fs::File::create(dir.join("split-daemon.log")).expect("log file");
-    let _daemon = OpenDaemon(
-        Command::new(env!("CARGO_BIN_EXE_stackd"))
-            .args(["run", "--host-kubeconfig"])
-            .arg(dir.join("host.yaml"))
-            .arg("--tenants-dir")
-            .arg(dir.join("tenants"))
-            .args(["--metrics-addr", &metrics_addr.to_string()])
-            .args(["--health-addr", &health_addr.to_string()])
-            .args(["--backoff-base", "100ms", "--debounce", "50ms"])
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn stackd run"),
-    );
-    let log = dir.join("split-daemon.log");
+    let daemon = fleet.daemon(&["--metrics-addr", "127.0.0.1:0", "--health-addr", "127.0.0.1:0"]);
+    let (metrics_addr, health_addr) = wait_until("both admin listeners", WITHIN, &daemon, || async {
+        match daemon.admin_addrs()[..] {
+            [metrics, health] => Some((metrics, health)),
+            _ => None,
+        }
+    })
+    .await;
     until(
         "the readiness detail on the health listener",
         WITHIN,
-        &LogFile(&log),
+        &daemon,
         || async {
             http_get(health_addr, "/readyz?verbose")
                 .unwrap_or_default()

@@ -167,26 +167,22 @@ pub(crate) struct Daemon {
     log: PathBuf,
 }
 
-/// The address in the daemon's "admin server listening" line, in its text or JSON log.
-fn admin_addr_in(log: &str) -> Option<SocketAddr> {
-    let line = log.lines().find(|line| line.contains("admin server listening"))?;
-    let mut plain = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\x1b' {
-            // An ANSI colour sequence: up to its final `m`.
-            chars.by_ref().find(|&c| c == 'm');
-        } else {
-            plain.push(c);
-        }
-    }
-    let after = &plain[plain.find("admin_addr")? + "admin_addr".len()..];
-    let start = after.find(|c: char| c.is_ascii_digit())?;
-    let addr: String = after[start..]
-        .chars()
-        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
-        .collect();
-    addr.parse().ok()
+/// The addresses in the daemon's "admin server listening" lines, in the order it bound them (the
+/// metrics listener first, then `--health-addr`'s), from its plain text log (the harness sets
+/// `NO_COLOR`) or its JSON log.
+fn admin_addrs_in(log: &str) -> Vec<SocketAddr> {
+    log.lines()
+        .filter(|line| line.contains("admin server listening"))
+        .filter_map(|line| {
+            let after = &line[line.find("admin_addr")? + "admin_addr".len()..];
+            let start = after.find(|c: char| c.is_ascii_digit())?;
+            let addr: String = after[start..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+                .collect();
+            addr.parse().ok()
+        })
+        .collect()
 }
 
 impl Daemon {
@@ -220,7 +216,11 @@ impl Daemon {
             .arg(host_kubeconfig)
             .arg("--tenants-dir")
             .arg(dir.join("tenants"))
-            .args(["--metrics-addr", "127.0.0.1:0"])
+            .args(if extra.contains(&"--metrics-addr") {
+                &[][..]
+            } else {
+                &["--metrics-addr", "127.0.0.1:0"][..]
+            })
             .args(if extra.contains(&"--backoff-base") {
                 &[][..]
             } else {
@@ -228,6 +228,7 @@ impl Daemon {
             })
             .args(["--debounce", "50ms", "--rescan-interval", "2s"])
             .args(extra)
+            .env("NO_COLOR", "1")
             .env(
                 "RUST_LOG",
                 std::env::var("STACKD_TEST_LOG").unwrap_or_else(|_| "info".into()),
@@ -243,11 +244,17 @@ impl Daemon {
         }
     }
 
+    /// The addresses the daemon's admin listeners bound, in the order it bound them (none before it
+    /// has). Give `--metrics-addr` (and `--health-addr`) with port 0 to choose the interface.
+    pub(crate) fn admin_addrs(&self) -> Vec<SocketAddr> {
+        admin_addrs_in(&self.log_text())
+    }
+
     pub(crate) fn http_get(&self, path: &str) -> Option<String> {
         let admin = match self.admin.get() {
             Some(admin) => *admin,
             None => {
-                let found = admin_addr_in(&self.log_text())?;
+                let found = *self.admin_addrs().first()?;
                 *self.admin.get_or_init(|| found)
             }
         };

@@ -10,7 +10,7 @@ mod wait;
 pub(crate) use fleet::{Daemon, Fleet, free_port};
 pub(crate) use settle::{Reconciles, quiet, settled};
 pub(crate) use tools::{kubectl, tool};
-pub(crate) use wait::{Explain, LastSeen, LogFile, NoDaemon, holds_for, until, wait_until};
+pub(crate) use wait::{Explain, LastSeen, NoDaemon, holds_for, until, wait_until};
 
 use std::time::Duration;
 

@@ -28,15 +28,6 @@ impl Explain for NoDaemon {
     }
 }
 
-/// A daemon started by hand, explained by the log file it writes.
-pub(crate) struct LogFile<'a>(pub(crate) &'a std::path::Path);
-
-impl Explain for LogFile<'_> {
-    fn explain(&self) -> String {
-        format!("log:\n{}", std::fs::read_to_string(self.0).unwrap_or_default())
-    }
-}
-
 /// A wait that says what it saw last when it fails, besides what its daemon explains.
 pub(crate) struct LastSeen<'a, D> {
     daemon: &'a D,
