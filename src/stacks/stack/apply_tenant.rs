@@ -1,6 +1,7 @@
-//! §3.3 step 2 written: the tenant objects [`super::build`] made, in order (ServiceAccount, system
-//! ClusterRole, its binding, the other kind's binding removed, persona roles, token Secret), each
-//! created or repaired from its cached copy; the created and repaired ones reported as one Event each.
+//! §3.3 step 2 written: the tenant objects [`super::build`] made, in two rounds of concurrent writes
+//! (the ServiceAccount and the ClusterRoles; then the binding, the other kind's binding removed, and
+//! the token Secret), each created or repaired from its cached copy; the created and repaired ones
+//! reported as one Event each.
 
 use std::ops::ControlFlow::{Break, Continue};
 
@@ -17,6 +18,7 @@ use super::outcome::{Notes, Step};
 use super::tenant::{self, TenantIdentity, TenantWriteError};
 use crate::host::apply::Applied;
 use crate::runtime::api_errors::is_not_found;
+use futures::future::join_all;
 
 /// Writes `objects` up to where they stop to wait; hands forward how the token Secret was written
 /// (`observed_token` is its copy as read before).
@@ -32,6 +34,11 @@ pub(super) async fn write(
     result
 }
 
+/// Two rounds of concurrent writes: first what names nothing (the ServiceAccount, the system
+/// ClusterRole, the persona roles once the stack's CRDs are there), then what names those (the
+/// binding, which grants its role; the token Secret, which a tenant's token controller deletes while
+/// its ServiceAccount is missing). Every write of a round is made and recorded before the round's
+/// first error is returned, so the Event names all that was written.
 async fn write_in_order(
     ctx: &StackContext,
     objects: &TenantObjects,
@@ -41,55 +48,87 @@ async fn write_in_order(
     let identity = &objects.identity;
     let (client, caches) = (&ctx.tenant.client, &ctx.caches);
     let ns = identity.namespace.as_str();
-    let observed = caches.service_accounts.get(&ObjectRef::new(&identity.name).within(ns));
-    let api = Api::namespaced(client.clone(), ns);
-    let applied = tenant::ensure(&api, identity, &objects.service_account, observed.as_deref()).await?;
-    writes.record(format!("ServiceAccount {}", identity.name), applied);
-    let role = &objects.system_role;
-    let applied = ensure_cluster_scoped(client, identity, role, &caches.cluster_roles).await?;
-    writes.record(format!("ClusterRole {}", role.name_any()), applied);
-    write_binding(ctx, identity, &objects.binding, writes).await?;
-    if let Some(stale) = &objects.stale_binding {
-        delete_binding(ctx, stale).await?;
-    }
-    let roles = match &objects.persona_roles {
-        Continue(roles) => roles,
-        Break(waiting) => return Ok(Break(waiting.clone())),
+    let (persona_roles, waiting) = match &objects.persona_roles {
+        Continue(roles) => (roles.as_slice(), None),
+        Break(waiting) => (&[][..], Some(waiting)),
     };
-    for role in roles {
-        let applied = ensure_cluster_scoped(client, identity, role, &caches.cluster_roles).await?;
-        writes.record(format!("ClusterRole {}", role.name_any()), applied);
+
+    let service_account = async {
+        let observed = caches.service_accounts.get(&ObjectRef::new(&identity.name).within(ns));
+        let api = Api::namespaced(client.clone(), ns);
+        tenant::ensure(&api, identity, &objects.service_account, observed.as_deref()).await
+    };
+    let roles = || std::iter::once(&objects.system_role).chain(persona_roles);
+    let ensure_roles = roles().map(|role| ensure_cluster_scoped(client, identity, role, &caches.cluster_roles));
+    let (service_account, applied_roles) = futures::join!(service_account, join_all(ensure_roles));
+    let mut first_error = writes.keep(format!("ServiceAccount {}", identity.name), service_account);
+    for (role, applied) in roles().zip(applied_roles) {
+        let error = writes.keep(format!("ClusterRole {}", role.name_any()), applied);
+        first_error = first_error.or(error);
     }
+    if let Some(err) = first_error {
+        return Err(err.into());
+    }
+
+    let binding = async {
+        let (what, applied) = write_binding(ctx, identity, &objects.binding).await;
+        // The other kind's binding goes once this one grants the role.
+        let stale = match (&applied, &objects.stale_binding) {
+            (Ok(_), Some(stale)) => delete_binding(ctx, stale).await,
+            _ => Ok(()),
+        };
+        (what, applied, stale)
+    };
     let secret = &objects.token_secret;
-    let api = Api::namespaced(client.clone(), ns);
-    let applied = tenant::ensure(&api, identity, secret, observed_token).await?;
-    writes.record(format!("Secret {}", secret.name_any()), applied);
-    Ok(Continue(applied))
+    let token = async {
+        match waiting {
+            Some(waiting) => Ok(Break(waiting.clone())),
+            None => {
+                let api = Api::namespaced(client.clone(), ns);
+                tenant::ensure(&api, identity, secret, observed_token)
+                    .await
+                    .map(Continue)
+            }
+        }
+    };
+    let ((what, binding, stale), token) = futures::join!(binding, token);
+    let binding_error = writes.keep(what, binding).map(StackError::from);
+    let token = token.inspect(|step| {
+        if let Continue(applied) = step {
+            writes.record(format!("Secret {}", secret.name_any()), *applied);
+        }
+    });
+    if let Some(err) = binding_error {
+        return Err(err);
+    }
+    stale?;
+    Ok(token?)
 }
 
+/// The binding of the system ClusterRole, written; what it is, for the Event.
 async fn write_binding(
     ctx: &StackContext,
     identity: &TenantIdentity,
     binding: &Binding,
-    writes: &mut TenantWrites,
-) -> Result<(), StackError> {
+) -> (String, Result<Applied, TenantWriteError>) {
     let (client, caches) = (&ctx.tenant.client, &ctx.caches);
     match binding {
-        Binding::Cluster(binding) => {
-            let applied = ensure_cluster_scoped(client, identity, binding, &caches.cluster_role_bindings).await?;
-            writes.record(format!("ClusterRoleBinding {}", binding.name_any()), applied);
-        }
+        Binding::Cluster(binding) => (
+            format!("ClusterRoleBinding {}", binding.name_any()),
+            ensure_cluster_scoped(client, identity, binding, &caches.cluster_role_bindings).await,
+        ),
         Binding::Namespaced(binding) => {
             let ns = identity.namespace.as_str();
             let observed = caches
                 .role_bindings
                 .get(&ObjectRef::new(&binding.name_any()).within(ns));
             let api = Api::namespaced(client.clone(), ns);
-            let applied = tenant::ensure(&api, identity, binding, observed.as_deref()).await?;
-            writes.record(format!("RoleBinding {}", binding.name_any()), applied);
+            (
+                format!("RoleBinding {}", binding.name_any()),
+                tenant::ensure(&api, identity, binding, observed.as_deref()).await,
+            )
         }
     }
-    Ok(())
 }
 
 async fn delete_binding(ctx: &StackContext, stale: &Binding) -> Result<(), StackError> {
@@ -122,6 +161,17 @@ impl TenantWrites {
             Applied::Created => self.created.push(what),
             Applied::Updated => self.repaired.push(what),
             Applied::Unchanged => {}
+        }
+    }
+
+    /// Records a write that succeeded; hands back the error of one that did not.
+    fn keep(&mut self, what: String, written: Result<Applied, TenantWriteError>) -> Option<TenantWriteError> {
+        match written {
+            Ok(applied) => {
+                self.record(what, applied);
+                None
+            }
+            Err(err) => Some(err),
         }
     }
 
