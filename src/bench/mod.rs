@@ -137,6 +137,10 @@ pub struct Report {
     pub double_leases: u64,
     /// Recovery after tenant API server restarts.
     pub recovery: RecoveryFigures,
+    /// One install alone on a settled tenant (the recovery scenario's baseline) over the minimum
+    /// sequential requests × the round-trip floor (goal: at most 20; absent, 0, before 2026-11-28).
+    #[serde(default)]
+    pub install_alone_floor_multiple: f64,
     /// Replicas sharing the tenants over shard Leases (absent in reports from before it).
     #[serde(default)]
     pub shards: Option<ShardFigures>,
@@ -203,7 +207,10 @@ pub async fn run(options: &BenchOptions) -> Result<Report, BenchError> {
     let crowd = run_crowd(options).await?;
     eprintln!("bench: blast radius: tenant A attacking while tenant B installs");
     let blast_radius = blast_radius::measure(&options.blast_load(), options.keep_logs.as_deref()).await?;
+    let install_alone_floor_multiple = recovery.install_baseline_s * 1000.0
+        / (stacks::MINIMUM_REQUESTS_PER_INSTALL * latency_floor.rtt_ms_p50.max(1e-6));
     Ok(Report {
+        install_alone_floor_multiple,
         shards: Some(shards),
         crowd: Some(crowd),
         blast_radius: Some(blast_radius),
@@ -603,6 +610,15 @@ pub fn table(report: &Report, baseline: Option<&Report>) -> String {
         ),
     );
     out.push_str(&recovery_lines(&report.recovery));
+    line(
+        &mut out,
+        format!(
+            "one install alone: Ready in {:.3} s, {:.1}x the floor of {} sequential round trips (goal at most 20x)",
+            report.recovery.install_baseline_s,
+            report.install_alone_floor_multiple,
+            stacks::MINIMUM_REQUESTS_PER_INSTALL
+        ),
+    );
     if let Some(s) = &report.shards {
         line(&mut out, shard_line(s));
     }
@@ -678,6 +694,7 @@ mod tests {
                 after_restart_breakdown: Default::default(),
                 baseline_breakdown: Default::default(),
             },
+            install_alone_floor_multiple: 10.0,
             shards: None,
             crowd: None,
             blast_radius: None,

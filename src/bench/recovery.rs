@@ -17,7 +17,6 @@ use super::latency::percentile;
 use super::timeline::{LatencyBreakdown, Recorder};
 use crate::api::stacks::StackInstall;
 use crate::embedded::RestartState;
-use crate::runtime::conditions::is_true;
 
 /// How long each restarted server refuses connections.
 const DOWNTIME: Duration = Duration::from_secs(2);
@@ -106,18 +105,17 @@ async fn install_ready_s(client: &Client, namespace: &str, daemon: &DaemonProces
     let started = Instant::now();
     super::stacks::create(client, namespace).await?;
     let installs: Api<StackInstall> = Api::namespaced(client.clone(), namespace);
-    while started.elapsed() < Duration::from_secs(60) {
-        let install = installs.get_opt("sample").await.ok().flatten();
-        if install
-            .and_then(|i| i.status)
-            .is_some_and(|s| is_true(&s.conditions, "Ready"))
-        {
-            return Ok(started.elapsed().as_secs_f64());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    // Watched: an install takes tens of milliseconds, so a poll's interval would be most of the figure.
+    let ready = tokio::time::timeout(Duration::from_secs(60), super::stacks::wait_ready(installs, 1, started)).await;
+    match ready.ok().and_then(|ready| ready.first().copied()) {
+        Some(seconds) => Ok(seconds),
+        None => Err(not_ready(namespace, daemon)),
     }
-    Err(BenchError::Timeout(format!(
+}
+
+fn not_ready(namespace: &str, daemon: &DaemonProcess) -> BenchError {
+    BenchError::Timeout(format!(
         "install {namespace}/sample not Ready within 60 s; daemon log {}",
         daemon.log.display()
-    )))
+    ))
 }

@@ -86,7 +86,7 @@ pub(super) async fn measure(
     let mut waits = Vec::new();
     for (_, server) in &fleet.tenants {
         let client = server.client().await;
-        waits.push(tokio::spawn(wait_ready(client.clone(), per_tenant, started)));
+        waits.push(tokio::spawn(wait_ready(Api::all(client.clone()), per_tenant, started)));
         for index in 0..per_tenant {
             create(&client, &format!("team-{index}")).await?;
         }
@@ -201,10 +201,11 @@ pub(super) async fn create(client: &Client, namespace: &str) -> Result<(), Bench
     Ok(())
 }
 
-/// Seconds from `started` until each of `count` installs on this tenant was first seen Ready.
-async fn wait_ready(client: Client, count: usize, started: Instant) -> Vec<f64> {
+/// Seconds from `started` until each of `count` installs of `installs` was first seen Ready, by
+/// watching them (polling would add up to its interval to each figure).
+pub(super) async fn wait_ready(installs: Api<StackInstall>, count: usize, started: Instant) -> Vec<f64> {
     let mut ready = BTreeMap::new();
-    let mut events = watcher(Api::<StackInstall>::all(client), watcher::Config::default())
+    let mut events = watcher(installs, watcher::Config::default())
         .default_backoff()
         .applied_objects()
         .boxed();

@@ -100,6 +100,10 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
         "{recovery:#}"
     );
     assert!(recovery["install_after_restart_ratio"].is_number(), "{recovery:#}");
+    assert!(
+        report["install_alone_floor_multiple"].as_f64().unwrap() > 0.0,
+        "one install alone against the floor: {report:#}"
+    );
     assert!(recovery["install_after_restart_extra_s"].is_number(), "{recovery:#}");
     assert!(
         recovery["after_restart_breakdown"]["phases_p50_s"]["pickup"].is_number(),

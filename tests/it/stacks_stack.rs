@@ -1350,21 +1350,30 @@ async fn a_tenant_object_stackd_did_not_create_is_never_taken_over() {
     assert!(message.contains("ServiceAccount team-a/widgets"), "{message}");
     // The ClusterRoles are written beside the ServiceAccount, and the Event names them; the token
     // Secret waits for its ServiceAccount.
-    env.until("the ClusterRoles written beside the refused ServiceAccount named in an Event", || async {
-        let events: Api<Event> = Api::namespaced(env.tenant_client.clone(), NS);
-        let events = events.list(&ListParams::default()).await.expect("events").items;
-        events.iter().any(|event| {
-            event.reason.as_deref() == Some("CreatedTenantObjects")
-                && event.note.as_deref().is_some_and(|note| {
-                    note.contains("ClusterRole stackd:team-a:widgets:system")
-                        && note.contains("ClusterRole stackd:team-a:widgets:view")
-                        && !note.contains("ServiceAccount")
-                })
-        })
-    })
+    env.until(
+        "the ClusterRoles written beside the refused ServiceAccount named in an Event",
+        || async {
+            let events: Api<Event> = Api::namespaced(env.tenant_client.clone(), NS);
+            let events = events.list(&ListParams::default()).await.expect("events").items;
+            events.iter().any(|event| {
+                event.reason.as_deref() == Some("CreatedTenantObjects")
+                    && event.note.as_deref().is_some_and(|note| {
+                        note.contains("ClusterRole stackd:team-a:widgets:system")
+                            && note.contains("ClusterRole stackd:team-a:widgets:view")
+                            && !note.contains("ServiceAccount")
+                    })
+            })
+        },
+    )
     .await;
     let roles = Api::<ClusterRole>::all(env.tenant_client.clone());
-    assert!(roles.get_opt("stackd:team-a:widgets:system").await.expect("get").is_some());
+    assert!(
+        roles
+            .get_opt("stackd:team-a:widgets:system")
+            .await
+            .expect("get")
+            .is_some()
+    );
     let secrets = Api::<Secret>::namespaced(env.tenant_client.clone(), NS);
     assert!(secrets.get_opt("widgets-token").await.expect("get").is_none());
     env.reconcile_again("widgets", "1").await;
