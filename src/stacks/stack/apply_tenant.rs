@@ -5,6 +5,7 @@
 
 use std::ops::ControlFlow::{Break, Continue};
 
+use futures::future::join_all;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -18,7 +19,6 @@ use super::outcome::{Notes, Step};
 use super::tenant::{self, TenantIdentity, TenantWriteError};
 use crate::host::apply::Applied;
 use crate::runtime::api_errors::is_not_found;
-use futures::future::join_all;
 
 /// Writes `objects` up to where they stop to wait; hands forward how the token Secret was written
 /// (`observed_token` is its copy as read before).
