@@ -392,10 +392,11 @@ impl ApiServer {
     /// Stops as kube-apiserver does on SIGTERM: the listener closes at once (new connections are
     /// refused; idle kept-alive ones are closed, so every new request needs one), while the watches
     /// open now go on delivering for `keep_watches` (its shutdown timeout, up to 60 s) and then
-    /// end. [`ApiServer::serve_again`] serves again on the same address.
+    /// end. So does a watch that a connection busy at the stop asks for after it: the deadline is
+    /// the server's, not each request's. [`ApiServer::serve_again`] serves again on the same address.
     pub async fn stop_gracefully(&self, keep_watches: Duration) {
         let mut serving = self.serving.lock().await;
-        let open_watches = self.shared.faults.detach_watches();
+        let open_watches = self.shared.faults.watch_token();
         serving.stop.cancel();
         // The old listener's task ends once its last watch does; it holds no address.
         drop(std::mem::replace(&mut serving.task, tokio::spawn(async {})));
@@ -415,6 +416,8 @@ impl ApiServer {
             return Ok(());
         }
         let listener = bind_again(serving.address).await?;
+        // The watches kept from the stop go on until its deadline; new ones are the new server's.
+        drop(self.shared.faults.detach_watches());
         *serving = Serving::start(listener, &self.shared, serving.tls.clone())?;
         Ok(())
     }

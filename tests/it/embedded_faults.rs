@@ -495,3 +495,40 @@ async fn a_graceful_stop_refuses_new_connections_and_keeps_open_watches_for_a_wh
         .unwrap();
     assert!(!applied(&mut events, "after").await, "resumed on the same address");
 }
+
+/// A watch that a connection busy at a graceful stop asks for after it (its request was on its way)
+/// ends at the stop's deadline with the others: the deadline is the server's, as kube-apiserver's
+/// shutdown timeout is, not each request's.
+#[tokio::test]
+async fn a_watch_asked_for_on_a_busy_connection_after_a_graceful_stop_ends_at_its_deadline() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const KEPT: Duration = Duration::from_secs(2);
+    let t = harness::start().await;
+    t.namespace("ns").await;
+    let address = t.server.url().trim_start_matches("http://").to_string();
+    let mut connection = tokio::net::TcpStream::connect(&address).await.unwrap();
+    // Half of the request's head is sent before the stop, the rest after it.
+    let head = "GET /api/v1/namespaces/ns/configmaps?watch=true HTTP/1.1\r\nHost: stackd\r\n";
+    connection.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    t.server.stop_gracefully(KEPT).await;
+    let stopped = Instant::now();
+    connection.write_all(b"Accept: application/json\r\n\r\n").await.unwrap();
+    let mut answer = [0u8; 512];
+    let read = timeout(WAIT, connection.read(&mut answer))
+        .await
+        .expect("an answer")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..read]).to_string();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(t.server.open_watches(), 1, "the watch is served");
+    until("the watch to end", WAIT, &NoDaemon, || async {
+        t.server.open_watches() == 0
+    })
+    .await;
+    let ended = stopped.elapsed();
+    assert!(
+        ended >= KEPT - Duration::from_millis(100) && ended < KEPT * 3,
+        "ended after {ended:?}"
+    );
+}
