@@ -19,6 +19,7 @@ use crate::runtime::informers::Informers;
 use crate::runtime::memory_budget::Overage;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::reachability::Reachability;
+use crate::runtime::startup::Startup;
 
 /// Everything a tenant's controllers need.
 pub struct TenantContext {
@@ -43,6 +44,8 @@ pub struct TenantContext {
     pub caches: Informers,
     /// Whether the tenant API server answers; told once per change.
     pub reachability: Arc<Reachability>,
+    /// This run's start: complete once every controller's caches are filled.
+    pub startup: Startup,
 }
 
 impl Tenant for TenantContext {
@@ -64,6 +67,10 @@ impl Tenant for TenantContext {
 
     fn reachability(&self) -> &Reachability {
         &self.reachability
+    }
+
+    fn startup(&self) -> &Startup {
+        &self.startup
     }
 }
 

@@ -27,6 +27,9 @@ pub(crate) fn role_label(role: Option<AssetRole>) -> &'static str {
     }
 }
 
+/// The controllers [`run`] starts.
+pub(crate) const CONTROLLERS: [&str; 1] = [asset::CONTROLLER];
+
 /// Runs the inventory controllers of one tenant until `cancel` fires.
 pub(crate) async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
     // The controller stops by itself on `cancel` (runtime::shutdown); stopping before that is a

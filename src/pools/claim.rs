@@ -25,6 +25,9 @@ use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
 use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::status_writer::apply_status;
 
+/// The controller's name, as its metrics and its tenant's start know it.
+pub(crate) const CONTROLLER: &str = "clusterclaim";
+
 /// The field manager of claim status writes (made by the claim and the pool controllers alike).
 pub(crate) const FIELD_MANAGER: &str = "stackd/claim";
 
@@ -42,7 +45,7 @@ pub(crate) async fn run(context: Arc<TenantContext>, cancel: CancellationToken) 
         tenant: context.clone(),
         pools: pools.store(),
     });
-    Scaffold::new("clusterclaim", context, &claims)
+    Scaffold::new(CONTROLLER, context, &claims)
         .watches(&pools, move |pool| {
             let ns = pool.namespace();
             claims_of_pool

@@ -59,6 +59,9 @@ pub(crate) fn cdc_finalizer(pool: &str) -> String {
     format!("{GROUP}/{pool}")
 }
 
+/// The controllers [`run`] starts.
+pub(crate) const CONTROLLERS: [&str; 3] = [pool::CONTROLLER, deployment::CONTROLLER, claim::CONTROLLER];
+
 /// Starts the ClusterPool and ClusterDeployment controllers of one tenant and runs them until
 /// `cancel` fires.
 pub(crate) async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {

@@ -45,6 +45,9 @@ use crate::runtime::controller::{Permit, Scaffold};
 use crate::runtime::finalizer::{self, Cleanup};
 use crate::runtime::status_writer::apply_status;
 
+/// The controller's name, as its metrics and its tenant's start know it.
+pub(crate) const CONTROLLER: &str = "clusterpool";
+
 type Cdc = ClusterDeploymentCustomization;
 
 /// Runs the controller until `cancel` fires.
@@ -67,7 +70,7 @@ pub(crate) async fn run(context: Arc<TenantContext>, cancel: CancellationToken) 
     let ctx = Arc::new(Ctx::new(context.clone(), stores));
     let (pools_of_cdc_store, pools_of_asset_store) = (pools.store(), pools.store());
     let (siblings, limit) = (pools.store(), context.shared.settings.namespace_max_pools);
-    Scaffold::new("clusterpool", context, &pools)
+    Scaffold::new(CONTROLLER, context, &pools)
         // A pool being deleted frees its place in its namespace for a refused one.
         .watches(&pools, move |pool| {
             if pool.metadata.deletion_timestamp.is_none() {

@@ -36,6 +36,7 @@ use super::readiness::Readiness;
 use super::recovery::{HeldForReturn, NoTriggerBackoff};
 use super::retry;
 use super::shutdown::run_controller;
+use super::startup::Startup;
 use super::written::Written;
 
 mod permits;
@@ -63,6 +64,8 @@ pub trait Tenant: Send + Sync + 'static {
     fn object_backoff(&self) -> &ObjectBackoff;
     /// Whether the tenant's API server answers, and the signal of its return.
     fn reachability(&self) -> &Reachability;
+    /// The tenant's start, which each controller joins as it starts.
+    fn startup(&self) -> &Startup;
 }
 
 /// The tenant's reconcile permit a reconcile holds; [`Permit::release`] gives it back early (before
@@ -235,6 +238,7 @@ where
         E: ReconcileError,
     {
         let ready = Readiness::all(self.caches);
+        self.tenant.startup().controller_started(&self.name, ready.clone());
         let held = Arc::new(HeldForReturn::default());
         let forget = {
             let tenant = self.tenant.clone();
@@ -421,6 +425,7 @@ mod tests {
         permits: Arc<FairPermits>,
         backoff: ObjectBackoff,
         reachability: Arc<Reachability>,
+        startup: Startup,
     }
 
     impl Tenant for TestTenant {
@@ -439,6 +444,9 @@ mod tests {
         fn reachability(&self) -> &Reachability {
             &self.reachability
         }
+        fn startup(&self) -> &Startup {
+            &self.startup
+        }
     }
 
     fn tenant() -> Arc<TestTenant> {
@@ -447,6 +455,7 @@ mod tests {
             permits: FairPermits::new(1),
             backoff: ObjectBackoff::new(Backoff::new(Duration::from_secs(60), Duration::from_secs(60))),
             reachability: Reachability::new("acme", Arc::new(Metrics::new()), Arc::default()),
+            startup: Startup::default(),
         })
     }
 

@@ -237,8 +237,6 @@ pub struct Informers {
     host_selector: String,
     caches: Mutex<HashMap<String, Box<dyn Any + Send + Sync>>>,
     drivers: Mutex<Vec<AbortOnDropHandle<()>>>,
-    /// When each cache opened so far is filled.
-    filled: Mutex<Vec<Readiness>>,
     limits: CacheLimits,
     /// Where left-out tenant objects are reported.
     recorder: Option<Recorder>,
@@ -257,7 +255,6 @@ impl Informers {
             host_selector: host_selector.to_string(),
             caches: Mutex::default(),
             drivers: Mutex::default(),
-            filled: Mutex::default(),
             limits: CacheParts::default().limits,
             recorder: None,
             host_parent: None,
@@ -392,10 +389,6 @@ impl Informers {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(AbortOnDropHandle::new(driver));
-        self.filled
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(cache.readiness());
         caches.insert(key, Box::new(cache.clone()));
         cache
     }
@@ -405,24 +398,6 @@ impl Informers {
     pub fn stop(&self) {
         self.drivers.lock().unwrap_or_else(|p| p.into_inner()).clear();
         self.caches.lock().unwrap_or_else(|p| p.into_inner()).clear();
-        self.filled.lock().unwrap_or_else(|p| p.into_inner()).clear();
-    }
-
-    /// Resolves once every cache opened so far is filled and no other opened for `quiet` (the
-    /// controllers open theirs as they start); early if one never fills (it stopped).
-    pub async fn settled(&self, quiet: std::time::Duration) {
-        loop {
-            let filled = self.filled.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            for readiness in &filled {
-                if !readiness.wait().await {
-                    return;
-                }
-            }
-            tokio::time::sleep(quiet).await;
-            if self.filled.lock().unwrap_or_else(|p| p.into_inner()).len() == filled.len() {
-                return;
-            }
-        }
     }
 
     /// How many watches are open: (tenant, host).

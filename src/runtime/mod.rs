@@ -24,6 +24,7 @@ pub mod recovery;
 pub mod retry;
 pub mod shards;
 pub mod shutdown;
+pub mod startup;
 pub mod status_writer;
 pub mod transport;
 pub mod untrusted_kubeconfig;

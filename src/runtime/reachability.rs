@@ -64,8 +64,20 @@ struct State {
     outage: Option<Outage>,
     /// A request failed to reach the server and no probe has answered since.
     suspected: bool,
-    /// What the tenant is while it answers (up, or degraded), once its caches have filled.
+    /// What the tenant is while it answers (up, or degraded), once its CRDs are known.
     serving: Option<TenantHealth>,
+    /// Every controller of the run has filled its caches: until then the tenant is not shown up.
+    started: bool,
+}
+
+impl State {
+    /// What the tenant shows while it answers: degraded at once, up only once it has started.
+    fn serving_shown(&self) -> Option<TenantHealth> {
+        match &self.serving {
+            Some(TenantHealth::Up) if !self.started => None,
+            serving => serving.clone(),
+        }
+    }
 }
 
 struct Outage {
@@ -129,19 +141,37 @@ impl Reachability {
 
     /// A new run of the tenant starts: what it serves is not known until its caches fill again.
     pub fn restarting(&self) {
-        self.lock().serving = None;
+        let mut state = self.lock();
+        state.serving = None;
+        state.started = false;
     }
 
     /// What the tenant is while its server answers (up, or degraded saying why); shown unless
-    /// it is down.
+    /// it is down, and up only once the run has started ([`Self::set_started`]).
     pub fn set_serving(&self, health: TenantHealth) {
         let mut state = self.lock();
-        state.serving = Some(health.clone());
+        state.serving = Some(health);
         if state.outage.is_some() {
             return;
         }
         // Published under the state's lock: a report of an outage cannot slip in between.
         self.metrics.set_tenant_up(&self.tenant);
+        self.show_serving(&state);
+    }
+
+    /// Every controller of the run has filled its caches: the tenant may be shown up.
+    pub fn set_started(&self) {
+        let mut state = self.lock();
+        state.started = true;
+        if state.outage.is_none() {
+            self.show_serving(&state);
+        }
+    }
+
+    fn show_serving(&self, state: &State) {
+        let Some(health) = state.serving_shown() else {
+            return;
+        };
         if self.health.tenant(&self.tenant) != Some(health.clone()) {
             info!(tenant = %self.tenant, ?health, "tenant state");
             self.health.set_tenant(&self.tenant, health);
@@ -190,7 +220,7 @@ impl Reachability {
         };
         info!(tenant = %self.tenant, down_for = seconds(outage.since.elapsed()), "tenant API server answers again");
         self.metrics.set_tenant_up(&self.tenant);
-        let health = state.serving.clone().unwrap_or(TenantHealth::Starting);
+        let health = state.serving_shown().unwrap_or(TenantHealth::Starting);
         self.health.set_tenant(&self.tenant, health);
         drop(state);
         self.back.send_modify(|returns| *returns = returns.wrapping_add(1));
@@ -359,6 +389,7 @@ mod tests {
     fn an_outage_is_shown_at_once_and_the_serving_state_only_after_it() {
         let (reachability, metrics, health) = reachability();
         reachability.set_serving(TenantHealth::Up);
+        reachability.set_started();
         assert_eq!(health.tenant("acme"), Some(TenantHealth::Up));
         reachability.report_down(refused());
         assert!(metrics.encode().contains("stackd_tenant_up{tenant=\"acme\"} 0"));
@@ -383,6 +414,30 @@ mod tests {
         assert!(reachability.in_doubt() && !reachability.is_down());
         reachability.report_answering();
         assert!(!reachability.in_doubt());
+    }
+
+    #[test]
+    fn a_tenant_is_shown_up_only_once_started_and_degraded_at_once() {
+        let (reachability, metrics, health) = reachability();
+        health.set_tenant("acme", TenantHealth::Starting);
+        reachability.set_serving(TenantHealth::Up);
+        assert_eq!(health.tenant("acme"), Some(TenantHealth::Starting));
+        assert!(
+            metrics.encode().contains("stackd_tenant_up{tenant=\"acme\"} 1"),
+            "it answers"
+        );
+        reachability.set_serving(TenantHealth::Degraded("no CRDs".into()));
+        assert_eq!(health.tenant("acme"), Some(TenantHealth::Degraded("no CRDs".into())));
+        reachability.set_serving(TenantHealth::Up);
+        reachability.set_started();
+        assert_eq!(health.tenant("acme"), Some(TenantHealth::Up));
+        // A new run is not shown starting again (no flapping), nor up on its own CRDs alone.
+        reachability.restarting();
+        reachability.set_serving(TenantHealth::Degraded("no CRDs".into()));
+        reachability.set_serving(TenantHealth::Up);
+        assert_eq!(health.tenant("acme"), Some(TenantHealth::Degraded("no CRDs".into())));
+        reachability.set_started();
+        assert_eq!(health.tenant("acme"), Some(TenantHealth::Up));
     }
 
     #[test]

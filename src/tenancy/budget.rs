@@ -11,8 +11,6 @@ use tracing::info;
 use crate::context::tenant::{TenantContext, TenantError};
 use crate::runtime::memory_budget::ByteSize;
 
-/// The controllers open their caches as they start: settled means none opened for this long.
-const SETTLE_QUIET: Duration = Duration::from_secs(2);
 /// A cache that cannot fill (a forbidden watch) must not keep a tenant that runs within its
 /// budget shown as suspended for ever.
 const RESUME_AT_THE_LATEST: Duration = Duration::from_secs(60);
@@ -24,7 +22,7 @@ pub(super) async fn watch(context: Arc<TenantContext>, cancel: CancellationToken
         return Ok(());
     };
     let resume = async {
-        let _ = tokio::time::timeout(RESUME_AT_THE_LATEST, context.caches.settled(SETTLE_QUIET)).await;
+        let _ = tokio::time::timeout(RESUME_AT_THE_LATEST, context.startup.completed()).await;
         let (health, metrics) = (&context.shared.health, &context.shared.metrics);
         if health.is_suspended(&context.name) && !budget.is_exceeded() {
             let used = ByteSize(budget.used());

@@ -29,6 +29,7 @@ use crate::runtime::informers::{Change, Informers};
 use crate::runtime::memory_budget::MemoryBudget;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::reachability::Reachability;
+use crate::runtime::startup::Startup;
 use crate::runtime::transport;
 
 /// The CRDs every tenant must serve for stackd to work there.
@@ -84,6 +85,7 @@ pub async fn run(
         .resuming_on(reachability.back()),
         shared,
         reachability,
+        startup: Startup::default(),
     });
     let _caches = StopCaches(context.clone());
     if let Err(err) = &context.endpoint {
@@ -116,12 +118,39 @@ pub async fn run(
     controllers.spawn(crate::pools::run(context.clone(), cancel.clone()));
     controllers.spawn(crate::inventory::run(context.clone(), cancel.clone()));
     controllers.spawn(super::summary::run(context.clone(), cancel.clone()));
+    controllers.spawn(started(context.clone(), cancel.clone()));
     while let Some(result) = controllers.join_next().await {
         match result {
             Ok(Ok(())) => {}
             Ok(Err(err)) => return Err(err),
             Err(join) => return Err(TenantError::Controller(join.to_string())),
         }
+    }
+    Ok(())
+}
+
+/// The controllers of a run, as their metrics name them.
+fn controllers() -> Vec<&'static str> {
+    let stacks = [crate::stacks::stack::CONTROLLER];
+    [
+        &crate::stacks::install::CONTROLLERS[..],
+        &stacks,
+        &crate::pools::CONTROLLERS,
+        &crate::inventory::CONTROLLERS,
+    ]
+    .concat()
+}
+
+/// Shows the tenant up once every controller has filled its caches: whoever sees it up (an
+/// operator, a test about to stop its server) may count on the whole start having happened.
+async fn started(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
+    let controllers = controllers();
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        complete = context.startup.complete(&controllers) => if complete {
+            debug!(tenant = %context.name, "tenant started: every controller's caches are filled");
+            context.reachability.set_started();
+        },
     }
     Ok(())
 }

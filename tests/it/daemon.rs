@@ -8,7 +8,8 @@ use serde_json::json;
 use stackd::embedded::Verb;
 use stackd::embedded::faults::RequestMatch;
 
-use crate::harness::{Fleet, free_port, settled, until};
+use crate::harness::{Fleet, free_port, holds_for, settled, until};
+use crate::recovery::install_crds;
 
 const SOON: Duration = Duration::from_secs(10);
 
@@ -48,6 +49,39 @@ async fn host_namespaces_appear_with_their_labels_and_role_binding() {
     daemon
         .wait_for("/metrics", "stackd_tenant_up{tenant=\"acme\"} 1", SOON)
         .await;
+}
+
+/// A tenant is shown up only once every controller of its start has filled its caches, not as
+/// soon as its CRDs are served: whoever reads `ok` (an operator, a test about to stop the server)
+/// may count on its watches being open and its host namespace written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_is_shown_up_only_once_every_controller_has_started() {
+    let fleet = Fleet::start(&["acme"]).await;
+    let acme = fleet.tenant_server("acme");
+    install_crds(acme).await;
+    // The claim controller's cache cannot fill while ClusterClaims cannot be listed.
+    let claims = RequestMatch::any().verb(Verb::List).resource("clusterclaims");
+    acme.faults().fail_next(usize::MAX, claims, 500);
+    let daemon = fleet.daemon(&[]);
+    // The tenant answers and serves stackd's CRDs ...
+    daemon
+        .wait_for("/metrics", "stackd_tenant_up{tenant=\"acme\"} 1", SOON)
+        .await;
+    // ... but is not up while one controller has not started.
+    holds_for("acme shown starting", Duration::from_secs(2), &daemon, || async {
+        let ready = daemon.http_get("/readyz?verbose").unwrap_or_default();
+        ready.contains("[-]tenant acme starting")
+    })
+    .await;
+    acme.faults().clear();
+    daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", SOON).await;
+    // At `ok` the start is complete: the host namespace records the tenant's cluster.
+    let namespace = fleet.namespace("acme").await.expect("host namespace");
+    let annotations = namespace.metadata.annotations.unwrap_or_default();
+    assert!(
+        annotations.contains_key("stackd.dev/tenant-cluster-uid"),
+        "{annotations:?}"
+    );
 }
 
 /// The host namespaces and their RoleBindings are watched once for all tenants (issue 32): a

@@ -232,25 +232,13 @@ async fn a_tenant_file_pointed_at_another_cluster_stops_the_tenant_instead_of_sw
         ],
     );
     daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", SOON).await;
-    // The host namespace records the cluster once its controller has run, which may follow readiness.
+    // Up means started: the host namespace records the tenant's cluster.
     let host_namespaces: Api<Namespace> = Api::all(fleet.host_client.clone());
-    crate::harness::wait_until(
-        "the host namespace to record the tenant's cluster",
-        SOON,
-        &daemon,
-        || async {
-            let recorded = host_namespaces
-                .get_opt("tenant-acme-controllers")
-                .await
-                .ok()
-                .flatten()?;
-            recorded
-                .annotations()
-                .contains_key("stackd.dev/tenant-cluster-uid")
-                .then_some(())
-        },
-    )
-    .await;
+    let recorded = host_namespaces
+        .get("tenant-acme-controllers")
+        .await
+        .expect("host namespace");
+    assert!(recorded.annotations().contains_key("stackd.dev/tenant-cluster-uid"));
     // A host object of a parent that lives on the first cluster only.
     let install = create_install(
         &fleet.tenant("acme"),

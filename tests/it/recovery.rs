@@ -16,7 +16,7 @@ use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::samples::{SampleImages, register_sample_runners};
 use stackd::embedded::{ApiServer, RestartState, ServerOptions, Verb, verbs};
 
-use crate::harness::{Daemon, Fleet, NoDaemon, holds_for, until};
+use crate::harness::{Fleet, NoDaemon, holds_for, until};
 
 /// The promise: up again within 5 s of the server answering.
 const BACK_WITHIN: Duration = Duration::from_secs(5);
@@ -265,30 +265,12 @@ async fn a_tenant_served_over_one_http2_connection_is_reported_down_within_secon
     reported_down_within_seconds_of_a_graceful_stop(fleet).await;
 }
 
-/// Waits until the daemon has opened its watches on `server`, before a test stops it. Ready means
-/// the caches listed; their watches follow the lists, and the tenant's other controllers start
-/// theirs just after (on HTTP/1.1 a watch not yet made when the server stops needs a connection it
-/// refuses, and a tenant that fails while starting is started again, its watches closed). The count
-/// is taken as complete once it has not changed for a second.
-async fn watches_opened(server: &ApiServer, daemon: &Daemon) {
-    let mut last = (0, Instant::now());
-    until("the daemon's watches open on the tenant", SOON, daemon, || {
-        let open = server.open_watches();
-        if open != last.0 {
-            last = (open, Instant::now());
-        }
-        let settled = open > 0 && last.1.elapsed() >= Duration::from_secs(1);
-        async move { settled }
-    })
-    .await;
-}
-
 async fn reported_down_within_seconds_of_a_graceful_stop(fleet: Fleet) {
     let acme = server(&fleet, "acme");
     install_crds(acme).await;
     let daemon = fleet.daemon(&[]);
+    // Up means started: every controller has listed, and its watch follows its list.
     daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", SOON).await;
-    watches_opened(acme, &daemon).await;
     // As kube-apiserver on SIGTERM: new connections refused, open watches kept for a minute.
     acme.stop_gracefully(Duration::from_secs(60)).await;
     let stopped = Instant::now();
@@ -340,7 +322,6 @@ async fn a_thirty_second_outage_of_a_tenant_is_told_in_a_few_lines() {
     install_crds(acme).await;
     let daemon = fleet.daemon(&[]);
     daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", SOON).await;
-    watches_opened(acme, &daemon).await;
     let before = daemon.log_text().lines().count();
     // Open watches go on for 10 s, then end and reconnect in vain.
     acme.stop_gracefully(Duration::from_secs(10)).await;

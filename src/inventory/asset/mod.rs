@@ -43,6 +43,9 @@ use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::retry;
 use crate::runtime::status_writer::apply_status;
 
+/// The controller's name, as its metrics and its tenant's start know it.
+pub(crate) const CONTROLLER: &str = "baremetalasset";
+
 /// The field manager of BareMetalAsset status writes.
 pub(crate) const FIELD_MANAGER: &str = "stackd/asset";
 
@@ -88,7 +91,7 @@ pub(crate) async fn run(context: Arc<TenantContext>, cancel: CancellationToken) 
         refused_cds: cds.refusals(),
     });
     let (assets_of_cd, assets_of_namespace) = (assets.store(), assets.store());
-    Scaffold::new("baremetalasset", context, &assets)
+    Scaffold::new(CONTROLLER, context, &assets)
         // A ClusterDeployment appearing or going changes `ClusterDeploymentFound` of its assets.
         .watches(&cds, move |cd| naming(&assets_of_cd, &cd.name_any()))
         // A cluster's namespace is the proof of who may reach it (the cluster has its name).

@@ -42,6 +42,9 @@ use crate::runtime::finalizer::{self, FinalizerError};
 use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::status_writer::apply_status;
 
+/// The controller's name, as its metrics and its tenant's start know it.
+pub(crate) const CONTROLLER: &str = "clusterdeployment";
+
 const KIND: &str = "ClusterDeployment";
 
 /// The field manager of ClusterDeployment status writes.
@@ -100,7 +103,7 @@ pub(crate) async fn run(context: Arc<TenantContext>, cancel: CancellationToken) 
     // without its destroy Job.
     // Every event of a host Secret means the cache has shown it: a creation is no longer pending.
     let on_secret = context.clone();
-    Scaffold::new("clusterdeployment", context, &cds)
+    Scaffold::new(CONTROLLER, context, &cds)
         .watches(&jobs, |job| owner_of(job.as_ref()))
         .watches(&secrets, move |secret| {
             on_secret.host_writes.seen(secret.as_ref());

@@ -52,6 +52,8 @@ pub trait InstallKind:
     + 'static
 {
     const SCOPE: PermissionScope;
+    /// The kind's controller, named by the kind (its `controller` metric label).
+    const CONTROLLER: &'static str;
     /// The other install kind: a StackInstall and a ClusterStackInstall of one name in one
     /// namespace would share a Stack, so admission weighs each against the other.
     type Other: InstallKind;
@@ -63,6 +65,7 @@ pub trait InstallKind:
 
 impl InstallKind for StackInstall {
     const SCOPE: PermissionScope = PermissionScope::Namespaced;
+    const CONTROLLER: &'static str = "StackInstall";
     type Other = ClusterStackInstall;
     fn install(&self) -> &InstallSpec {
         &self.spec.install
@@ -77,6 +80,7 @@ impl InstallKind for StackInstall {
 
 impl InstallKind for ClusterStackInstall {
     const SCOPE: PermissionScope = PermissionScope::Cluster;
+    const CONTROLLER: &'static str = "ClusterStackInstall";
     type Other = StackInstall;
     fn install(&self) -> &InstallSpec {
         &self.spec.install
@@ -208,6 +212,9 @@ pub fn default_stackd_image() -> String {
     format!("stackd:{}", env!("CARGO_PKG_VERSION"))
 }
 
+/// The controllers [`run`] starts.
+pub const CONTROLLERS: [&str; 2] = [StackInstall::CONTROLLER, ClusterStackInstall::CONTROLLER];
+
 /// Runs the StackInstall and ClusterStackInstall controllers of one tenant until `cancel`.
 pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
     let admitted = Arc::new(admission::Admitted::default());
@@ -261,7 +268,7 @@ async fn run_kind<K: InstallKind>(
     let on_job = context.clone();
     let (refused_stacks, refused_clusters) = (install_store.clone(), install_store.clone());
     let (stack_store, cluster_store) = (stack_installs.store(), cluster_stack_installs.store());
-    Scaffold::ignoring_own_writes(K::kind(&()), context, &installs, written)
+    Scaffold::ignoring_own_writes(K::CONTROLLER, context, &installs, written)
         .watches(&jobs, move |job| {
             // The cache has shown this Job: its creation is no longer pending.
             on_job.host_writes.seen(job.as_ref());

@@ -167,8 +167,16 @@ fn ready(served: &Said, health: Option<&TenantHealth>, suspension: Option<&str>)
         return Said::new(false, "OverMemoryBudget", format!("suspended by the daemon: {why}"));
     }
     match health {
-        None | Some(TenantHealth::Starting) => Said::new(false, "Starting", "connecting to the tenant API server"),
-        Some(TenantHealth::Up) => Said::new(true, "Up", "the tenant API server answers and serves stackd's CRDs"),
+        None | Some(TenantHealth::Starting) => Said::new(
+            false,
+            "Starting",
+            "connecting to the tenant API server and starting its controllers",
+        ),
+        Some(TenantHealth::Up) => Said::new(
+            true,
+            "Up",
+            "the tenant API server answers, serves stackd's CRDs, and every controller has started",
+        ),
         Some(TenantHealth::Degraded(why)) => Said::new(true, "Degraded", why.clone()),
         Some(TenantHealth::Down(why)) => {
             Said::new(false, "Down", format!("the tenant API server does not answer: {why}"))
