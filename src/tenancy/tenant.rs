@@ -257,20 +257,23 @@ fn host_kinds() -> Vec<ApiResource> {
     ]
 }
 
-/// Deletes host objects whose tenant parent is gone, when the tenant starts and every
+/// Deletes host objects whose tenant parent is gone, once the tenant has started and every
 /// `--sweep-interval` after (at the tenant's own point of it): the backstop for deletions the
 /// daemon missed while it was down.
 async fn orphan_sweeper(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
     let (parents, hosts) = (parent_kinds(), host_kinds());
     let mut sweeps = context.sweeps();
+    // Not in the way of the start (its fifteen lists are a good part of one): a thousand tenants
+    // starting at once are up sooner. One whose start never completes (no CRDs) is swept at its
+    // interval.
     let mut at_start = true;
     loop {
-        if !std::mem::take(&mut at_start) {
-            tokio::select! {
-                _ = cancel.cancelled() => return Ok(()),
-                _ = sweeps.tick() => {}
-            }
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            _ = context.startup.completed(), if at_start => {}
+            _ = sweeps.tick() => {}
         }
+        at_start = false;
         if context.reachability.is_down() {
             debug!(tenant = %context.name, "orphan sweep skipped: the tenant API server is down");
             continue;
