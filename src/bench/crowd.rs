@@ -36,8 +36,13 @@ pub struct CrowdFigures {
     pub open_files_limit: u64,
     /// Sockets each tenant adds to the daemon (watches on both servers, pooled connections).
     pub sockets_per_tenant: f64,
-    /// From the daemon's start until every tenant reported up.
+    /// From the daemon's start until every tenant answered with stackd's CRDs served
+    /// (`stackd_tenant_up`), as measured since issue 32.
     pub startup_s: f64,
+    /// From the daemon's start until every tenant had started: every controller's caches filled,
+    /// `[+]tenant … ok` on `/readyz?verbose` (0 in reports from before it was measured).
+    #[serde(default)]
+    pub started_s: f64,
     /// The daemon's RSS with every tenant up and settled.
     pub rss_mb: f64,
     /// The daemon's RSS with one tenant, measured the same way.
@@ -101,6 +106,7 @@ pub async fn measure(load: &CrowdLoad) -> Result<CrowdFigures, BenchError> {
         open_files_limit: limit,
         sockets_per_tenant: per_tenant,
         startup_s: crowd.startup_s,
+        started_s: crowd.started_s,
         rss_mb: crowd.rss_mb,
         one_tenant_rss_mb: one_rss_mb,
         marginal_rss_per_tenant_mb: (crowd.rss_mb - one_rss_mb) / (tenants - 1) as f64,
@@ -141,6 +147,7 @@ struct Settled {
     fleet: Fleet,
     daemon: DaemonProcess,
     startup_s: f64,
+    started_s: f64,
     rss_mb: f64,
     sockets: u64,
     tenant_watches: u64,
@@ -159,12 +166,15 @@ async fn settle(tenants: usize) -> Result<Settled, BenchError> {
     let started = Instant::now();
     let daemon = fleet.daemon(&[])?;
     let within = Duration::from_secs(60 + tenants as u64 / 4);
-    daemon.wait_tenants_up(tenants, within).await?;
+    daemon.wait_tenants_answering(tenants, within).await?;
     let startup_s = started.elapsed().as_secs_f64();
-    eprintln!("bench:   {tenants} tenant(s) up in {startup_s:.2} s");
+    daemon.wait_tenants_up(tenants, within).await?;
+    let started_s = started.elapsed().as_secs_f64();
+    eprintln!("bench:   {tenants} tenant(s) answering in {startup_s:.2} s, started in {started_s:.2} s");
     wait_until_quiet(&fleet, Duration::from_secs(2), within).await?;
     Ok(Settled {
         startup_s,
+        started_s,
         rss_mb: daemon.rss_mib().unwrap_or(0.0),
         sockets: daemon_sockets(&daemon),
         tenant_watches: fleet.tenants.iter().map(|(_, s)| s.open_watches()).sum(),

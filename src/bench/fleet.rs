@@ -231,21 +231,41 @@ impl DaemonProcess {
         http_get(&url).await.unwrap_or_default()
     }
 
-    /// Waits until `count` tenants report up.
+    /// Waits until `count` tenants answer and serve stackd's CRDs (`stackd_tenant_up` 1): the
+    /// crowd's `startup_s`, measured so since issue 32.
+    pub async fn wait_tenants_answering(&self, count: usize, within: Duration) -> Result<Duration, BenchError> {
+        let answering = |line: &str| line.starts_with("stackd_tenant_up{") && line.ends_with(" 1");
+        self.wait_for_lines("/metrics", answering, count, within, "answering")
+            .await
+    }
+
+    /// Waits until `count` tenants are up: started, every controller's caches filled
+    /// (`[+]tenant … ok` on `/readyz?verbose`, which loopback clients are shown).
     pub async fn wait_tenants_up(&self, count: usize, within: Duration) -> Result<Duration, BenchError> {
+        let up = |line: &str| line.starts_with("[+]tenant ") && line.ends_with(" ok");
+        self.wait_for_lines("/readyz?verbose", up, count, within, "up").await
+    }
+
+    /// Waits until `count` lines of the admin server's answer at `path` are `wanted`.
+    async fn wait_for_lines(
+        &self,
+        path: &str,
+        wanted: impl Fn(&str) -> bool,
+        count: usize,
+        within: Duration,
+        what: &str,
+    ) -> Result<Duration, BenchError> {
         let started = Instant::now();
+        let url = format!("http://{}{path}", self.admin);
         loop {
-            let metrics = self.metrics().await;
-            let up = metrics
-                .lines()
-                .filter(|l| l.starts_with("stackd_tenant_up{") && l.ends_with(" 1"))
-                .count();
-            if up >= count {
+            let answer = http_get(&url).await.unwrap_or_default();
+            let found = answer.lines().filter(|line| wanted(line)).count();
+            if found >= count {
                 return Ok(started.elapsed());
             }
             if started.elapsed() > within {
                 return Err(BenchError::Timeout(format!(
-                    "{up} of {count} tenants up after {within:?}; daemon log {}",
+                    "{found} of {count} tenants {what} after {within:?}; daemon log {}",
                     self.log.display()
                 )));
             }

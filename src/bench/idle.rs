@@ -22,7 +22,7 @@ const LISTS_PER_SWEEP: f64 = 17.0;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct IdleFigures {
     pub tenants: usize,
-    /// From the daemon's start until every tenant reported up.
+    /// From the daemon's start until every tenant answered with stackd's CRDs served.
     pub startup_s: f64,
     pub rss_mb: f64,
     /// Watches open on each tenant server (mean).
@@ -51,11 +51,11 @@ pub(super) async fn measure(tenants: usize, window: Duration) -> Result<IdleFigu
     let started = Instant::now();
     let daemon = fleet.daemon(&[])?;
     daemon
-        .wait_tenants_up(tenants, Duration::from_secs(60 + tenants as u64))
+        .wait_tenants_answering(tenants, Duration::from_secs(60 + tenants as u64))
         .await?;
     let startup_s = started.elapsed().as_secs_f64();
-    // A tenant is up once its CRDs are seen; its start-up work (host namespace, quota, the
-    // controllers' first lists, the first sweep) goes on after that, longer on a loaded machine.
+    // A tenant answers once its CRDs are seen; its start (host namespace, quota, the controllers'
+    // first lists) and its first sweep go on after that, longer on a loaded machine.
     wait_until_quiet(&fleet, Duration::from_secs(2), Duration::from_secs(60)).await?;
     let before = fleet.counters();
     let window_started = Instant::now();

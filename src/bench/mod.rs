@@ -323,12 +323,13 @@ pub fn crowd_lines(c: &CrowdFigures) -> String {
     line(
         &mut out,
         format!(
-            "\ncrowd: {} idle tenants on one replica ({} asked; open-files limit {}, {:.0} sockets per tenant): up in {:.2} s, RSS {:.1} MiB ({:.1} with one), marginal {:.2} MiB per tenant; {:.1} watches per tenant, host watches {:.1} per added tenant and {:.1} per replica",
+            "\ncrowd: {} idle tenants on one replica ({} asked; open-files limit {}, {:.0} sockets per tenant): answering in {:.2} s, started in {:.2} s, RSS {:.1} MiB ({:.1} with one), marginal {:.2} MiB per tenant; {:.1} watches per tenant, host watches {:.1} per added tenant and {:.1} per replica",
             c.tenants,
             c.tenants_asked,
             c.open_files_limit,
             c.sockets_per_tenant,
             c.startup_s,
+            c.started_s,
             c.rss_mb,
             c.one_tenant_rss_mb,
             c.marginal_rss_per_tenant_mb,

@@ -128,6 +128,10 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
     let crowd = &report["crowd"];
     assert!(crowd["tenants"].as_u64().unwrap() >= 2, "{crowd:#}");
     assert!(crowd["startup_s"].as_f64().unwrap() > 0.0, "{crowd:#}");
+    assert!(
+        crowd["started_s"].as_f64().unwrap() >= crowd["startup_s"].as_f64().unwrap(),
+        "{crowd:#}"
+    );
     assert!(crowd["marginal_rss_per_tenant_mb"].is_number(), "{crowd:#}");
     assert_eq!(
         crowd["idle_requests_per_minute_per_tenant"]["other"].as_f64(),
