@@ -4,8 +4,7 @@
 //! Each attack is performed through the daemon binary against embedded servers.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
@@ -22,7 +21,7 @@ use stackd::api::inventory::BareMetalAsset;
 use stackd::api::pools::ClusterDeployment;
 use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
 
-use crate::harness::{Fleet, until, wait_until};
+use crate::harness::{Fleet, http_get_at, until, wait_until};
 
 const NS: &str = "team";
 const WITHIN: Duration = Duration::from_secs(20);
@@ -777,15 +776,6 @@ fn non_loopback_address() -> Option<IpAddr> {
     (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
 }
 
-fn http_get(address: SocketAddr, path: &str) -> Option<String> {
-    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: stackd\r\n\r\n").ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    Some(response)
-}
-
 /// `stackd run` binds its admin server to loopback by default; bound to every address (as in the
 /// chart), `/metrics` and plain `/readyz` answer everyone but the per-tenant detail of
 /// `/readyz?verbose` goes to loopback clients only.
@@ -810,22 +800,22 @@ async fn verbose_readiness_is_served_with_detail_to_loopback_clients_only() {
     .await;
     let loopback = SocketAddr::from(([127, 0, 0, 1], port));
     until("the readiness detail on loopback", WITHIN, &daemon, || async {
-        http_get(loopback, "/readyz?verbose")
+        http_get_at(loopback, "/readyz?verbose")
             .unwrap_or_default()
             .contains("[+]tenant acme")
     })
     .await;
     let remote = SocketAddr::new(outside, port);
-    let verbose = http_get(remote, "/readyz?verbose").expect("readyz from outside");
+    let verbose = http_get_at(remote, "/readyz?verbose").expect("readyz from outside");
     assert!(
         verbose.starts_with("HTTP/1.0 200") || verbose.starts_with("HTTP/1.1 200"),
         "{verbose}"
     );
     assert!(!verbose.contains("acme"), "detail served to {outside}:\n{verbose}");
     assert!(verbose.contains("loopback clients only"), "{verbose}");
-    let metrics = http_get(remote, "/metrics").expect("metrics from outside");
+    let metrics = http_get_at(remote, "/metrics").expect("metrics from outside");
     assert!(metrics.contains("stackd_tenant_up"), "{metrics}");
-    let healthz = http_get(remote, "/healthz").expect("healthz from outside");
+    let healthz = http_get_at(remote, "/healthz").expect("healthz from outside");
     assert!(healthz.ends_with("ok"), "{healthz}");
 }
 
@@ -851,25 +841,25 @@ async fn the_metrics_listener_answers_only_metrics_when_health_has_its_own() {
         WITHIN,
         &daemon,
         || async {
-            http_get(health_addr, "/readyz?verbose")
+            http_get_at(health_addr, "/readyz?verbose")
                 .unwrap_or_default()
                 .contains("[+]tenant acme")
         },
     )
     .await;
-    let metrics = http_get(metrics_addr, "/metrics").expect("metrics");
+    let metrics = http_get_at(metrics_addr, "/metrics").expect("metrics");
     assert!(status_of(&metrics).contains(" 200 "), "{metrics}");
     assert!(metrics.contains("stackd_tenant_up"), "{metrics}");
     for path in ["/readyz?verbose", "/readyz", "/healthz"] {
-        let response = http_get(metrics_addr, path).expect("metrics listener");
+        let response = http_get_at(metrics_addr, path).expect("metrics listener");
         assert!(
             status_of(&response).contains(" 404 "),
             "{path} on the metrics listener: {response}"
         );
         assert!(!response.contains("acme"), "{response}");
     }
-    let healthz = http_get(health_addr, "/healthz").expect("healthz");
+    let healthz = http_get_at(health_addr, "/healthz").expect("healthz");
     assert!(healthz.ends_with("ok"), "{healthz}");
-    let not_metrics = http_get(health_addr, "/metrics").expect("health listener");
+    let not_metrics = http_get_at(health_addr, "/metrics").expect("health listener");
     assert!(status_of(&not_metrics).contains(" 404 "), "{not_metrics}");
 }

@@ -258,12 +258,7 @@ impl Daemon {
                 *self.admin.get_or_init(|| found)
             }
         };
-        let mut stream = TcpStream::connect_timeout(&admin, Duration::from_secs(1)).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).ok()?;
-        Some(response)
+        http_get_at(admin, path)
     }
 
     /// How many reconciles of `controller` for `tenant` have finished (the duration histogram's
@@ -366,4 +361,15 @@ impl Drop for Daemon {
 pub(crate) fn free_port() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     listener.local_addr().expect("addr")
+}
+
+/// The whole response (status line and headers included) to a GET of `path` at `address`, or None
+/// when nothing answers in time.
+pub(crate) fn http_get_at(address: SocketAddr, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    Some(response)
 }
