@@ -588,10 +588,7 @@ async fn every_metric_the_alerts_and_the_dashboard_use_is_on_a_running_daemons_m
     assert!(used.len() >= 8, "{used:?}");
     let fleet = crate::harness::Fleet::start(&["acme"]).await;
     fleet.leader_election_namespace().await;
-    let tenant: Api<CustomResourceDefinition> = Api::all(fleet.tenant_server("acme").client().await);
-    for crd in stackd::api::crds::all() {
-        tenant.create(&PostParams::default(), &crd).await.expect("CRD");
-    }
+    crate::harness::install_crds(&fleet.tenant_server("acme").client().await).await;
     let dead = crate::harness::free_port();
     let ghost = fleet
         .tenant_server("acme")

@@ -8,8 +8,7 @@ use serde_json::json;
 use stackd::embedded::Verb;
 use stackd::embedded::faults::RequestMatch;
 
-use crate::harness::{Fleet, free_port, holds_for, settled, until};
-use crate::recovery::install_crds;
+use crate::harness::{Fleet, free_port, holds_for, install_crds, settled, until};
 
 const SOON: Duration = Duration::from_secs(10);
 
@@ -58,7 +57,7 @@ async fn host_namespaces_appear_with_their_labels_and_role_binding() {
 async fn a_tenant_is_shown_up_only_once_every_controller_has_started() {
     let fleet = Fleet::start(&["acme"]).await;
     let acme = fleet.tenant_server("acme");
-    install_crds(acme).await;
+    install_crds(&acme.client().await).await;
     // The claim controller's cache cannot fill while ClusterClaims cannot be listed.
     let claims = RequestMatch::any().verb(Verb::List).resource("clusterclaims");
     acme.faults().fail_next(usize::MAX, claims, 500);

@@ -1,7 +1,6 @@
 //! What kubectl relies on beyond the verbs: `/openapi/v3`, `fieldValidation`, Table output.
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, PostParams};
+use kube::api::PostParams;
 use serde_json::{Value, json};
 
 use crate::harness::{self, TestServer};
@@ -39,13 +38,6 @@ async fn request(t: &TestServer, method: &str, path: &str, headers: &[(&str, &st
 
 const JSON: (&str, &str) = ("content-type", "application/json");
 
-async fn install_pools_crds(t: &TestServer) {
-    let crds: Api<CustomResourceDefinition> = Api::all(t.client.clone());
-    for crd in stackd::api::crds::all() {
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-    }
-}
-
 #[tokio::test]
 async fn openapi_v3_index_lists_group_versions_and_changes_hash_with_crds() {
     let t = harness::start().await;
@@ -59,7 +51,7 @@ async fn openapi_v3_index_lists_group_versions_and_changes_hash_with_crds() {
     assert!(apps.starts_with("/openapi/v3/apis/apps/v1?hash="), "{apps}");
     assert!(before.body["paths"]["apis/pools.stackd.dev/v1alpha1"].is_null());
 
-    install_pools_crds(&t).await;
+    harness::install_crds(&t.client).await;
     let after = request(&t, "GET", "/openapi/v3", &[], "").await;
     let pools = after.body["paths"]["apis/pools.stackd.dev/v1alpha1"]["serverRelativeURL"]
         .as_str()
@@ -127,7 +119,7 @@ async fn field_validation_strict_refuses_warn_warns_and_ignore_prunes() {
 async fn field_validation_checks_custom_resources_against_their_schema() {
     let t = harness::start().await;
     t.namespace("ns").await;
-    install_pools_crds(&t).await;
+    harness::install_crds(&t.client).await;
     let cdc = json!({
         "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterDeploymentCustomization",
         "metadata": {"name": "c"},
@@ -173,7 +165,7 @@ const TABLE: (&str, &str) = (
 async fn table_output_uses_printer_columns_and_conditions() {
     let t = harness::start().await;
     t.namespace("ns").await;
-    install_pools_crds(&t).await;
+    harness::install_crds(&t.client).await;
     let stack = json!({
         "apiVersion": "stacks.stackd.dev/v1alpha1", "kind": "StackInstall",
         "metadata": {"name": "s"}, "spec": {"package": "pkg"}

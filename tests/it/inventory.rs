@@ -14,7 +14,7 @@ use stackd::api::inventory::BareMetalAsset;
 use stackd::api::pools::{ClusterDeployment, ClusterPool, MachineFailureDomain};
 use stackd::embedded::samples::{SampleImages, register_sample_runners};
 
-use crate::harness::{Daemon, Fleet, until, wait_until};
+use crate::harness::{self, Daemon, Fleet, until, wait_until};
 
 pub(crate) const NS: &str = "team";
 const HOST_NS: &str = "tenant-acme-controllers";
@@ -25,11 +25,8 @@ pub(crate) const WITHIN: Duration = Duration::from_secs(20);
 pub(crate) async fn setup() -> (Fleet, Client) {
     let fleet = Fleet::start(&["acme"]).await;
     register_sample_runners(&fleet.host().runners(), &SampleImages::new("stackd:dev"));
-    let tenant = fleet.tenants[0].1.as_ref().expect("tenant server").client().await;
-    let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
-    for crd in stackd::api::crds::all() {
-        crds.create(&PostParams::default(), &crd).await.expect("crd");
-    }
+    let tenant = fleet.tenant_server("acme").client().await;
+    harness::install_crds(&tenant).await;
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).expect("ns");
     Api::<Namespace>::all(tenant.clone())
         .create(&PostParams::default(), &ns)

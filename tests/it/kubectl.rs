@@ -5,8 +5,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, PostParams};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
@@ -30,10 +28,7 @@ struct Kubectl {
 async fn start() -> Kubectl {
     let t = harness::start().await;
     t.namespace("my-project").await;
-    let crds: Api<CustomResourceDefinition> = Api::all(t.client.clone());
-    for crd in stackd::api::crds::all() {
-        crds.create(&PostParams::default(), &crd).await.expect("CRD created");
-    }
+    harness::install_crds(&t.client).await;
     let dir = tempfile::tempdir().expect("temporary directory");
     std::fs::write(dir.path().join("kubeconfig"), t.server.kubeconfig_yaml()).expect("kubeconfig written");
     Kubectl {

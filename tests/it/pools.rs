@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Namespace, Secret};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
@@ -40,10 +39,7 @@ pub(crate) async fn setup() -> (Fleet, Client) {
 
 /// The stackd CRDs, namespace `team` and the Secrets a pool there installs from.
 pub(crate) async fn prepare(tenant: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
-    for crd in stackd::api::crds::all() {
-        crds.create(&PostParams::default(), &crd).await.expect("crd");
-    }
+    crate::harness::install_crds(tenant).await;
     let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": NS}})).expect("ns");
     Api::<Namespace>::all(tenant.clone())
         .create(&PostParams::default(), &ns)

@@ -217,10 +217,7 @@ async fn a_tenant_file_pointed_at_another_cluster_stops_the_tenant_instead_of_sw
     })
     .await
     .expect("another cluster");
-    let crds: Api<CustomResourceDefinition> = Api::all(other.client().await);
-    for crd in stackd::api::crds::all() {
-        crds.create(&PostParams::default(), &crd).await.expect("stackd crd");
-    }
+    crate::harness::install_crds(&other.client().await).await;
     let daemon = Daemon::spawn(
         fleet.dir.path(),
         &[

@@ -6,7 +6,6 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -16,7 +15,7 @@ use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::samples::{SampleImages, register_sample_runners};
 use stackd::embedded::{ApiServer, RestartState, ServerOptions, Verb, verbs};
 
-use crate::harness::{Fleet, NoDaemon, holds_for, until};
+use crate::harness::{Fleet, NoDaemon, holds_for, install_crds, until};
 
 /// The promise: up again within 5 s of the server answering.
 const BACK_WITHIN: Duration = Duration::from_secs(5);
@@ -25,13 +24,6 @@ const SOON: Duration = Duration::from_secs(10);
 const DOWN_WITHIN: Duration = Duration::from_secs(10);
 /// The image install Jobs get, which the host's sample runners run.
 const STACKD_IMAGE: &str = "stackd:test";
-
-pub(crate) async fn install_crds(server: &ApiServer) {
-    let crds: Api<CustomResourceDefinition> = Api::all(server.client().await);
-    for crd in stackd::api::crds::all() {
-        crds.create(&PostParams::default(), &crd).await.expect("create CRD");
-    }
-}
 
 /// Writes a namespace and a StackInstall into `server`'s store in-process, as a client whose
 /// connection was already open would: the watches a stopping server keeps open deliver it.
@@ -71,19 +63,10 @@ fn lines_until(log: &str, from: usize, until_line: &str) -> Vec<String> {
     lines
 }
 
-fn server<'a>(fleet: &'a Fleet, tenant: &str) -> &'a ApiServer {
-    fleet
-        .tenants
-        .iter()
-        .find(|(name, _)| name == tenant)
-        .and_then(|(_, server)| server.as_ref())
-        .expect("a running tenant server")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_down_at_start_is_served_within_seconds_of_answering_though_its_backoff_is_long() {
     let fleet = Fleet::start(&["acme"]).await;
-    let acme = server(&fleet, "acme");
+    let acme = fleet.tenant_server("acme");
     // The server is down when the daemon starts; a 40 s backoff base makes the first restart delay
     // longer than 30 s, so only the probe can bring the tenant back in time.
     let outage = acme.restart_after(RestartState::FreshWatchCache, Duration::from_secs(6));
@@ -131,7 +114,7 @@ async fn a_tenant_down_at_start_is_served_within_seconds_of_answering_though_its
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_restarting_with_a_fresh_watch_cache_is_watched_again_within_seconds() {
     let fleet = Fleet::start(&["acme"]).await;
-    let acme = server(&fleet, "acme");
+    let acme = fleet.tenant_server("acme");
     let daemon = fleet.daemon(&[]);
     // Without stackd's CRDs the tenant is degraded; installing them flips it to ok through the watch.
     daemon.wait_for("/readyz?verbose", "tenant acme degraded", SOON).await;
@@ -139,10 +122,7 @@ async fn a_tenant_restarting_with_a_fresh_watch_cache_is_watched_again_within_se
         .await
         .expect("restart");
     let answered = Instant::now();
-    let crds: Api<CustomResourceDefinition> = Api::all(acme.client().await);
-    for crd in stackd::api::crds::all() {
-        crds.create(&PostParams::default(), &crd).await.expect("create CRD");
-    }
+    install_crds(&acme.client().await).await;
     daemon
         .wait_for("/readyz?verbose", "[+]tenant acme ok", BACK_WITHIN)
         .await;
@@ -152,17 +132,14 @@ async fn a_tenant_restarting_with_a_fresh_watch_cache_is_watched_again_within_se
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_watch_is_not_reported_as_an_outage() {
     let fleet = Fleet::start(&["acme"]).await;
-    let acme = server(&fleet, "acme");
+    let acme = fleet.tenant_server("acme");
     let daemon = fleet.daemon(&[]);
     daemon.wait_for("/readyz?verbose", "tenant acme degraded", SOON).await;
     // What a restarted kube-apiserver's fresh watch cache does to resumed watches, without the
     // refused connections of the restart itself.
     acme.store().forget_history();
     acme.faults().drop_watches();
-    let crds: Api<CustomResourceDefinition> = Api::all(acme.client().await);
-    for crd in stackd::api::crds::all() {
-        crds.create(&PostParams::default(), &crd).await.expect("create CRD");
-    }
+    install_crds(&acme.client().await).await;
     daemon
         .wait_for("/readyz?verbose", "[+]tenant acme ok", BACK_WITHIN)
         .await;
@@ -266,8 +243,8 @@ async fn a_tenant_served_over_one_http2_connection_is_reported_down_within_secon
 }
 
 async fn reported_down_within_seconds_of_a_graceful_stop(fleet: Fleet) {
-    let acme = server(&fleet, "acme");
-    install_crds(acme).await;
+    let acme = fleet.tenant_server("acme");
+    install_crds(&acme.client().await).await;
     let daemon = fleet.daemon(&[]);
     // Up means started: every controller has listed, and its watch follows its list.
     daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", SOON).await;
@@ -318,8 +295,8 @@ async fn reported_down_within_seconds_of_a_graceful_stop(fleet: Fleet) {
 async fn a_thirty_second_outage_of_a_tenant_is_told_in_a_few_lines() {
     const OUTAGE: Duration = Duration::from_secs(30);
     let fleet = Fleet::start(&["acme"]).await;
-    let acme = server(&fleet, "acme");
-    install_crds(acme).await;
+    let acme = fleet.tenant_server("acme");
+    install_crds(&acme.client().await).await;
     let daemon = fleet.daemon(&[]);
     daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", SOON).await;
     let before = daemon.log_text().lines().count();
@@ -375,8 +352,8 @@ async fn a_thirty_second_outage_of_a_tenant_is_told_in_a_few_lines() {
 async fn an_install_right_after_a_tenant_restart_is_ready_about_as_soon_as_on_a_settled_tenant() {
     let fleet = Fleet::start(&["acme"]).await;
     register_sample_runners(&fleet.host().runners(), &SampleImages::new(STACKD_IMAGE));
-    let acme = server(&fleet, "acme");
-    install_crds(acme).await;
+    let acme = fleet.tenant_server("acme");
+    install_crds(&acme.client().await).await;
     let daemon = fleet.daemon(&["--stackd-image", STACKD_IMAGE, "--allow-insecure-tenant-endpoint"]);
     daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", SOON).await;
     let settled = install_ready_s(&acme.client().await, "settled", &daemon).await;
@@ -426,7 +403,7 @@ pub(crate) async fn install_ready_s(client: &Client, namespace: &str, daemon: &c
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_answering_503_to_everything_is_reported_down_with_its_cause() {
     let fleet = Fleet::start(&["acme"]).await;
-    let acme = server(&fleet, "acme");
+    let acme = fleet.tenant_server("acme");
     acme.faults().fail_next(usize::MAX, RequestMatch::any(), 503);
     let daemon = fleet.daemon(&[]);
     let metrics = daemon

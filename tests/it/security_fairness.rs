@@ -7,7 +7,6 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
@@ -24,10 +23,7 @@ const LATENCY: Duration = Duration::from_millis(250);
 const BOUND: Duration = Duration::from_secs(5);
 
 async fn with_crds(client: &Client, namespaces: &[&str]) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in stackd::api::crds::all() {
-        crds.create(&PostParams::default(), &crd).await.expect("crd");
-    }
+    crate::harness::install_crds(client).await;
     for name in namespaces {
         let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).expect("ns");
         Api::<Namespace>::all(client.clone())

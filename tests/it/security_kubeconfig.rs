@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Namespace, Secret};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -63,10 +62,7 @@ impl Witness {
 async fn setup() -> (Fleet, Client) {
     let fleet = Fleet::start(&["acme"]).await;
     let tenant = fleet.tenants[0].1.as_ref().expect("tenant server").client().await;
-    let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
-    for crd in stackd::api::crds::all() {
-        crds.create(&PostParams::default(), &crd).await.expect("crd");
-    }
+    crate::harness::install_crds(&tenant).await;
     namespace(&tenant, NS).await;
     (fleet, tenant)
 }

@@ -70,10 +70,7 @@ impl StackFleet {
             .await
             .expect("tenant");
             let client = server.client().await;
-            let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-            for crd in stackd::api::crds::all() {
-                crds.create(&PostParams::default(), &crd).await.expect("stackd crd");
-            }
+            crate::harness::install_crds(&client).await;
             std::fs::write(
                 fleet.dir.path().join("tenants").join(format!("{name}.yaml")),
                 server.kubeconfig_yaml(),

@@ -69,10 +69,8 @@ impl Env {
             tenant.kubeconfig_yaml(),
         )
         .expect("tenant kubeconfig");
+        crate::harness::install_crds(&tenant_client).await;
         let crds: Api<CustomResourceDefinition> = Api::all(tenant_client.clone());
-        for crd in stackd::api::crds::all() {
-            crds.create(&PostParams::default(), &crd).await.expect("stackd CRD");
-        }
         crds.create(&PostParams::default(), &widget_crd())
             .await
             .expect("widget CRD");

@@ -9,14 +9,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::RoleBinding;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use stackd::api::tenancy::Tenant;
 use stackd::embedded::Verb;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use crate::harness::{self, Daemon, Fleet, free_port, until, wait_until};
+use crate::harness::{self, Daemon, Fleet, free_port, install_crds, until, wait_until};
 
 const SOON: Duration = Duration::from_secs(20);
 /// The namespace the daemon reads Tenant Secrets in by default (`--tenant-secret-namespaces`).
@@ -99,14 +98,6 @@ fn secret_yaml(namespace: &str, secret: &str, key: &str, kubeconfig: &str) -> St
     )
 }
 
-/// stackd's CRDs in a tenant, so that it is up rather than degraded.
-async fn install_stackd_crds(fleet: &Fleet, tenant: &str) {
-    let crds: Api<CustomResourceDefinition> = Api::all(fleet.tenant_server(tenant).client().await);
-    for crd in stackd::api::crds::all() {
-        crds.create(&PostParams::default(), &crd).await.expect("CRD created");
-    }
-}
-
 pub(crate) fn tenants(fleet: &Fleet) -> Api<Tenant> {
     Api::all(fleet.host_client.clone())
 }
@@ -162,7 +153,7 @@ pub(crate) async fn event_reasons(fleet: &Fleet, tenant: &str) -> Vec<String> {
 async fn served_acme() -> (Fleet, HostKubectl, Daemon) {
     let mut fleet = Fleet::start(&[]).await;
     let kubeconfig = fleet.add_tenant_server("acme").await;
-    install_stackd_crds(&fleet, "acme").await;
+    install_crds(&fleet.tenant_server("acme").client().await).await;
     let kubectl = HostKubectl::new(&fleet);
     install_tenant_crd(&kubectl).await;
     kubectl
@@ -365,7 +356,7 @@ async fn a_secret_read_the_host_never_answers_holds_up_no_other_tenant() {
     let mut fleet = Fleet::start(&[]).await;
     let stuck = fleet.add_tenant_server("aaa").await;
     let kubeconfig = fleet.add_tenant_server("bbb").await;
-    install_stackd_crds(&fleet, "bbb").await;
+    install_crds(&fleet.tenant_server("bbb").client().await).await;
     let kubectl = HostKubectl::new(&fleet);
     install_tenant_crd(&kubectl).await;
     let never = stackd::embedded::faults::RequestMatch::any()
@@ -445,7 +436,7 @@ async fn deleting_a_tenant_suspends_it_and_keeps_its_host_objects() {
 async fn a_changed_secret_takes_effect_at_once_and_a_broken_one_keeps_the_old_kubeconfig_running() {
     let mut fleet = Fleet::start(&[]).await;
     let new = fleet.add_tenant_server("acme").await;
-    install_stackd_crds(&fleet, "acme").await;
+    install_crds(&fleet.tenant_server("acme").client().await).await;
     // First the Secret names an address nobody listens on.
     let mut old: serde_json::Value = serde_saphyr::from_str(&new).expect("kubeconfig YAML");
     old["clusters"][0]["cluster"]["server"] = format!("http://{}", free_port()).into();
@@ -505,7 +496,7 @@ async fn a_changed_secret_takes_effect_at_once_and_a_broken_one_keeps_the_old_ku
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_name_in_both_sources_is_refused_naming_both_until_one_goes() {
     let fleet = Fleet::start(&["acme"]).await;
-    install_stackd_crds(&fleet, "acme").await;
+    install_crds(&fleet.tenant_server("acme").client().await).await;
     let kubeconfig = std::fs::read_to_string(fleet.tenant_file("acme")).expect("acme's file");
     let kubectl = HostKubectl::new(&fleet);
     install_tenant_crd(&kubectl).await;

@@ -12,8 +12,8 @@ use stackd::embedded::samples::{SampleImages, register_sample_runners};
 use stackd::embedded::{ApiServer, ServerOptions, Verb};
 use stackd::runtime::transport;
 
-use crate::harness::{Daemon, Fleet, NoDaemon, holds_for, until};
-use crate::recovery::{install_crds, install_ready_s};
+use crate::harness::{Daemon, Fleet, NoDaemon, holds_for, install_crds, until};
+use crate::recovery::install_ready_s;
 
 const SOON: Duration = Duration::from_secs(10);
 /// The image install Jobs get, which the host's sample runners run.
@@ -31,7 +31,7 @@ async fn tls_tenant(fleet: &mut Fleet, http2: bool) -> &ApiServer {
     };
     fleet.add_tenant_with(options).await;
     let acme = fleet.tenant_server("acme");
-    install_crds(acme).await;
+    install_crds(&acme.client().await).await;
     // The set-up client's connections close with it.
     until("the set-up's connections closed", SOON, &NoDaemon, || async {
         acme.open_connections() == 0

@@ -15,10 +15,22 @@ pub(crate) use wait::{Explain, LastSeen, NoDaemon, holds_for, until, wait_until}
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
 use kube::{Client, Resource};
 use serde_json::json;
 use stackd::embedded::{ApiServer, ServerOptions};
+
+/// stackd's CRDs, created on the API server `client` talks to (a tenant's, so that it is up rather
+/// than degraded).
+pub(crate) async fn install_crds(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in stackd::api::crds::all() {
+        crds.create(&PostParams::default(), &crd)
+            .await
+            .expect("stackd CRD created");
+    }
+}
 
 pub(crate) struct TestServer {
     pub server: ApiServer,
