@@ -30,6 +30,7 @@ pub fn validate_spec(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
         (RBAC_GROUP, "rolebindings") => validate_binding(object, &["Role", "ClusterRole"], true),
         (RBAC_GROUP, "clusterrolebindings") => validate_binding(object, &["ClusterRole"], false),
         ("networking.k8s.io", "networkpolicies") => network_policy::validate(object),
+        ("events.k8s.io", "events") => validate_event_note(object),
         _ => Vec::new(),
     }
 }
@@ -187,6 +188,16 @@ fn validate_config_data(object: &Value, fields: &[&str]) -> Vec<Cause> {
         causes.push(Cause::too_long(fields[0], MAX_CONFIG_BYTES));
     }
     causes
+}
+
+/// events.k8s.io/v1 refuses a `note` over 1 KiB, on create and update alike (core/v1 Events keep
+/// their legacy, unlimited `message`).
+fn validate_event_note(event: &Value) -> Vec<Cause> {
+    const MAX_NOTE_BYTES: usize = 1024;
+    match event["note"].as_str() {
+        Some(note) if note.len() > MAX_NOTE_BYTES => vec![Cause::too_long("note", MAX_NOTE_BYTES)],
+        _ => Vec::new(),
+    }
 }
 
 fn validate_rules(role: &Value) -> Vec<Cause> {

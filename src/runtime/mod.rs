@@ -9,6 +9,7 @@ pub mod cause;
 pub mod conditions;
 pub mod controller;
 pub mod deadline;
+pub mod events;
 pub mod finalizer;
 pub mod health;
 pub mod informers;

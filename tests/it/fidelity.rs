@@ -469,3 +469,37 @@ async fn fixture_watch_selector_enter_leave() {
         .collect();
     assert_eq!(events, ["ADDED", "DELETED", "ADDED"]);
 }
+
+/// kube-apiserver's events.k8s.io/v1 validation: `note` is at most 1,024 bytes (a longer condition
+/// message sent as an Event's note was refused there and never published).
+#[tokio::test]
+async fn an_event_note_over_1024_bytes_is_invalid_as_on_kube_apiserver() {
+    let raw = Raw::start().await;
+    let events = format!("/apis/events.k8s.io/v1/namespaces/{NS}/events");
+    let event = |name: &str, note: String| {
+        json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": name},
+            "eventTime": "2026-12-07T12:00:00.000000Z", "reportingController": "stackd.dev/test",
+            "reportingInstance": "stackd", "action": "Check", "reason": "Check", "type": "Normal",
+            "regarding": {"kind": "ConfigMap", "namespace": NS, "name": "c"}, "note": note})
+    };
+    let refused = raw.post(&events, event("long", "é".repeat(513))).await;
+    refused.expect(422, "Invalid");
+    assert_eq!(
+        refused.body["details"]["causes"][0]["field"], "note",
+        "{}",
+        refused.body
+    );
+    assert_eq!(
+        refused.body["details"]["causes"][0]["message"],
+        "Too long: must have at most 1024 bytes"
+    );
+    assert_eq!(raw.post(&events, event("fits", "é".repeat(512))).await.code, 201);
+    // The legacy core/v1 message has no such limit.
+    let core = json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "legacy"},
+        "involvedObject": {"kind": "ConfigMap", "namespace": NS, "name": "c"},
+        "reason": "Check", "message": "x".repeat(2000), "type": "Normal"});
+    assert_eq!(
+        raw.post(&format!("/api/v1/namespaces/{NS}/events"), core).await.code,
+        201
+    );
+}

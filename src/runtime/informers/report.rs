@@ -5,10 +5,11 @@
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::error_boundary::InvalidObject;
-use kube::runtime::events::{self, EventType, Recorder};
-use tracing::{debug, warn};
+use kube::runtime::events::{EventType, Recorder};
+use tracing::warn;
 
 use super::refusals::Refusal;
+use crate::runtime::events::{event, log_unpublished};
 use crate::runtime::memory_budget::ByteSize;
 
 /// The tenant object a host object was made for, and the tenant namespace whose work it belongs
@@ -103,16 +104,10 @@ impl Reporter {
         let Some(recorder) = self.recorder.clone() else {
             return;
         };
-        let event = events::Event {
-            type_: EventType::Warning,
-            reason: reason.into(),
-            note: Some(note),
-            action: "Read".into(),
-            secondary: None,
-        };
+        let event = event(EventType::Warning, reason, "Read", note);
         tokio::spawn(async move {
             if let Err(err) = recorder.publish(&event, &reference).await {
-                debug!(error = %err, "cannot publish an event");
+                log_unpublished(&err);
             }
         });
     }

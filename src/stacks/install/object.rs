@@ -3,13 +3,14 @@
 
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 
 use super::crd_policy::{Installer, repository_of};
 use super::job;
 use super::{InstallContext, InstallKind};
 use crate::api::common::HostObjectRef;
 use crate::host::Parent;
+use crate::runtime::events;
 use crate::stacks::crd_parent_label;
 
 /// What one reconcile of an install comes to: when to look at it again, and the report for its
@@ -71,15 +72,9 @@ pub(super) async fn event<K: InstallKind>(
     reason: &str,
     note: String,
 ) {
-    let event = Event {
-        type_,
-        reason: reason.to_string(),
-        note: Some(note),
-        action: "Install".into(),
-        secondary: None,
-    };
+    let event = events::event(type_, reason, "Install", note);
     if let Err(err) = ctx.tenant.recorder.publish(&event, &install.object_ref(&())).await {
-        tracing::debug!(error = %err, "cannot publish an Event");
+        events::log_unpublished(&err);
     }
 }
 

@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::runtime::events::{Event, EventType};
+use kube::runtime::events::EventType;
 use kube::{Api, Resource, ResourceExt};
-use tracing::{debug, info};
+use tracing::info;
 
 use super::context::{FIELD_MANAGER, StackContext, StackError};
 use super::outcome::{Notes, Outcome};
@@ -15,6 +15,7 @@ use crate::api::common::HostObjectRef;
 use crate::api::stacks::{Stack, StackStatus};
 use crate::context::tenant::TenantContext;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
+use crate::runtime::events;
 use crate::runtime::status_writer::apply_status;
 
 /// How long a brief wait goes unreported when nothing ends it sooner.
@@ -122,14 +123,8 @@ fn next_status(
 
 /// Publishes an Event on the Stack; one that cannot be published is only logged.
 pub(super) async fn publish(tenant: &TenantContext, stack: &Stack, type_: EventType, reason: &str, note: String) {
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: "Reconcile".into(),
-        secondary: None,
-    };
+    let event = events::event(type_, reason, "Reconcile", note);
     if let Err(err) = tenant.recorder.publish(&event, &stack.object_ref(&())).await {
-        debug!(error = %err, "cannot publish an Event on the Stack");
+        events::log_unpublished(&err);
     }
 }

@@ -25,6 +25,7 @@ use crate::context::namespace_template::NamespaceTemplate;
 use crate::runtime::cause::diagnose;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::deadline::sleep_until;
+use crate::runtime::events::{event, log_unpublished};
 use crate::runtime::health::{Health, TenantFacts, TenantHealth};
 use crate::runtime::metrics::{ErrorLabels, Metrics};
 use crate::runtime::shards::{Board, slot_of};
@@ -225,16 +226,14 @@ pub fn transitions(before: &TenantStatus, after: &TenantStatus) -> Vec<Event> {
                 old.type_ == condition.type_ && old.status == condition.status && old.reason == condition.reason
             })
         })
-        .map(|condition| Event {
-            type_: if condition.status == "True" {
+        .map(|condition| {
+            let type_ = if condition.status == "True" {
                 EventType::Normal
             } else {
                 EventType::Warning
-            },
-            reason: condition.reason.clone(),
-            note: Some(format!("{}: {}", condition.type_, condition.message)),
-            action: condition.type_.clone(),
-            secondary: None,
+            };
+            let note = format!("{}: {}", condition.type_, condition.message);
+            event(type_, &condition.reason, &condition.type_, note)
         })
         .collect()
 }
@@ -375,7 +374,7 @@ impl StatusWriter {
         let reference = tenant.object_ref(&());
         for event in transitions(before, after) {
             if let Err(err) = recorder.publish(&event, &reference).await {
-                debug!(tenant = %tenant.name_any(), error = %err, "cannot publish an Event on the Tenant");
+                log_unpublished(&err);
             }
         }
     }
