@@ -17,6 +17,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio_util::sync::CancellationToken;
 
 use crate::api::tenancy::{KubeconfigSecretRef, Tenant, TenantSpec};
+use crate::context::crd_groups::CrdGroups;
 use crate::context::shared::DaemonSettings;
 use crate::daemon;
 
@@ -286,6 +287,7 @@ async fn run_daemon(
         stack_pod_policy: Default::default(),
         tenant_quota: Default::default(),
         stack_crd_groups: Default::default(),
+        platform_dependency_groups: CrdGroups::platform_types(),
         insecure_allow_conversion_webhooks: false,
         stack_limits: Default::default(),
         allowed_registries: Default::default(),

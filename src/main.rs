@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use stackd::api::stacks::PermissionScope;
-use stackd::context::crd_groups::CrdGroups;
+use stackd::context::crd_groups::{CrdGroups, PLATFORM_TYPE_GROUPS};
 use stackd::context::namespace_template::NamespaceTemplate;
 use stackd::context::pod_policy::{AllowedToleration, NodeLabel, PodPolicy};
 use stackd::context::registries::AllowedRegistries;
@@ -112,6 +112,12 @@ struct RunArgs {
     /// domains, so that no package takes a well-known group before its operator is installed.
     #[arg(long, default_value = "*", value_name = "GROUP,*.DOMAIN,...")]
     stack_crd_groups: CrdGroups,
+    /// API groups a stack's `dependsOn` may name although no stack installed their CRDs: the
+    /// platform's own types, such as the claim kinds of Crossplane's types chart, which every
+    /// Crossplane provider package depends on. Comma-separated groups and `*.DOMAIN` patterns. Only
+    /// the groups a stack names get into its RBAC; tenant users cannot change this list.
+    #[arg(long, default_value = PLATFORM_TYPE_GROUPS, value_name = "GROUP,*.DOMAIN,...")]
+    platform_dependency_groups: CrdGroups,
     /// Let packages ship CRDs with conversion webhooks (`spec.conversion.strategy: Webhook`), which
     /// rewrite every object of the CRD the tenant API server serves.
     #[arg(long)]
@@ -285,6 +291,9 @@ struct UnpackArgs {
     /// that name none.
     #[arg(long, env = "STACK_IMAGE", value_name = "IMAGE")]
     package_image: Option<String>,
+    /// The controller of templating stacks (behavior.yaml) whose behavior names none.
+    #[arg(long, default_value = stackd::stacks::unpack::DEFAULT_TEMPLATING_CONTROLLER_IMAGE, value_name = "IMAGE")]
+    templating_controller_image: String,
 }
 
 #[derive(Args, Debug)]
@@ -537,6 +546,7 @@ async fn run(args: RunArgs) -> ExitCode {
             container_defaults: args.tenant_container_defaults,
         },
         stack_crd_groups: args.stack_crd_groups,
+        platform_dependency_groups: args.platform_dependency_groups,
         insecure_allow_conversion_webhooks: args.insecure_allow_conversion_webhooks,
         stack_limits: StackLimits {
             max_package_crds: args.max_package_crds,
@@ -844,6 +854,7 @@ fn unpack(args: UnpackArgs) -> ExitCode {
         content_dir: args.content_dir,
         permission_scope: args.permission_scope,
         package_image: args.package_image,
+        templating_controller_image: args.templating_controller_image,
     };
     // Only the stream goes to stdout: the daemon reads it back from the pod log.
     match stackd::stacks::unpack::run(&options, &mut std::io::stdout().lock()) {

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::inventory::BareMetalAsset;
 use super::pools::{ClusterClaim, ClusterDeployment, ClusterDeploymentCustomization, ClusterPool};
-use super::stacks::{ClusterStackInstall, Stack, StackInstall};
+use super::stacks::{ClusterStackInstall, Stack, StackDefinition, StackInstall};
 use super::tenancy::Tenant;
 
 /// Longest ClusterPool name: the pool name plus `-` and a 5-character suffix names each cluster's
@@ -17,7 +17,8 @@ use super::tenancy::Tenant;
 pub const CLUSTER_POOL_NAME_MAX: usize = 57;
 
 /// Every CRD stackd serves in a tenant API server, in a stable order (what `stackd crds` prints and
-/// the stackd-types chart installs).
+/// the stackd-types chart installs): stackd's own ([`names`]) and Crossplane's StackDefinition,
+/// which templating stacks' controllers read (a tenant without it runs every other stack).
 pub fn all() -> Vec<CustomResourceDefinition> {
     // Generated once: a schema costs milliseconds, and the bench and tests install them into every
     // tenant API server they start.
@@ -31,6 +32,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
             ClusterDeployment::crd(),
             ClusterClaim::crd(),
             BareMetalAsset::crd(),
+            StackDefinition::crd(),
         ]
         .into_iter()
         .map(without_null_enum_values)
@@ -198,6 +200,8 @@ mod tests {
     #[test]
     fn the_names_are_those_of_the_generated_crds() {
         let generated: Vec<String> = all().into_iter().filter_map(|crd| crd.metadata.name).collect();
-        assert_eq!(generated, names().map(String::from));
+        let (own, compatibility) = generated.split_at(names().len());
+        assert_eq!(own, names().map(String::from));
+        assert_eq!(compatibility, ["stackdefinitions.packages.crossplane.io"]);
     }
 }

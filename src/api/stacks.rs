@@ -177,6 +177,12 @@ pub struct StackSpec {
     /// The stack's controller, which stackd runs on the host cluster.
     #[serde(default)]
     pub controller: ControllerSpec,
+    /// A templating stack's behavior (its package's behavior.yaml): the controller is a generic
+    /// templating controller that renders the package's resources for every object of the CRD the
+    /// behavior names. stackd gives it the behavior in a StackDefinition of the Stack's name, as
+    /// Crossplane's stack manager did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub behavior: Option<Behavior>,
     /// Package metadata copied from the stack's app.yaml.
     #[serde(flatten)]
     pub metadata: AppMetadata,
@@ -256,6 +262,46 @@ pub struct ControllerSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = MAX_IMAGE_PULL_SECRETS))]
     pub image_pull_secrets: Vec<LocalObjectReference>,
+}
+
+/// What a templating stack's controller does (Crossplane's behavior.yaml, v0.8 and later).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Behavior {
+    /// The kind the controller reconciles: one of the stack's own CRDs.
+    pub crd: CrdReference,
+    /// How it renders resources for each object of that kind.
+    pub engine: BehaviorEngine,
+    /// Where the package image holds the resources it renders.
+    pub source: BehaviorSource,
+}
+
+/// A templating stack's rendering engine.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BehaviorEngine {
+    /// `kustomize` or `helm3`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// The templating controller's image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub controller_image: Option<String>,
+    /// Kustomize overlays and kustomization, passed to the controller as written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object_schema")]
+    pub kustomize: Option<serde_json::Value>,
+}
+
+/// Where a templating stack's resources are.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BehaviorSource {
+    /// The directory in the package image (relative to its root) holding the resources.
+    #[schemars(length(min = 1))]
+    pub path: String,
+    /// The image holding them; the package image when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
 }
 
 /// A Deployment template for a stack's controller.
@@ -351,4 +397,30 @@ pub struct StackStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// What a templating controller reads at its start (Crossplane's StackDefinition, as its templating
+/// controller v0.4 reads it): stackd writes one for each templating stack, named and owned by the
+/// Stack, in the Stack's namespace. Only stackd writes them.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "packages.crossplane.io",
+    version = "v1alpha1",
+    kind = "StackDefinition",
+    namespaced,
+    derive = "PartialEq",
+    doc = "StackDefinition tells a templating stack's controller what to render: stackd writes one for each Stack installed from a templating package (behavior.yaml), as Crossplane's stack manager did."
+)]
+#[serde(rename_all = "camelCase")]
+pub struct StackDefinitionSpec {
+    /// The Stack's behavior.
+    pub behavior: Behavior,
+    /// The Stack's permission scope: a `Namespaced` controller watches its namespace only.
+    pub permission_scope: PermissionScope,
+    /// The Stack's title.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub title: Option<String>,
+    /// The Stack's version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }

@@ -1,6 +1,8 @@
-//! Which API groups packages may create CRDs in (`--stack-crd-groups`): an allow-list on top of
-//! the groups no package ever gets (stackd's and Kubernetes'). On a shared tenant, a package could
-//! otherwise take a well-known group (`cert-manager.io`) before its real operator is installed.
+//! Lists of API group patterns the host's operators set: which groups packages may create CRDs in
+//! (`--stack-crd-groups`), an allow-list on top of the groups no package ever gets (stackd's and
+//! Kubernetes') — on a shared tenant, a package could otherwise take a well-known group
+//! (`cert-manager.io`) before its real operator is installed — and which of the platform's groups
+//! stacks may depend on without a stack having installed them (`--platform-dependency-groups`).
 
 use std::fmt;
 use std::str::FromStr;
@@ -15,7 +17,20 @@ impl Default for CrdGroups {
     }
 }
 
+/// `--platform-dependency-groups` when not given: the claim groups Crossplane's types chart puts
+/// into every tenant (v0.x), which every Crossplane provider package names in `dependsOn`, and the
+/// OAM core group of its application add-on. `core.crossplane.io` has no CRD in v0.8, yet packages
+/// depend on it.
+pub const PLATFORM_TYPE_GROUPS: &str = "cache.crossplane.io,compute.crossplane.io,core.crossplane.io,\
+     database.crossplane.io,kubernetes.crossplane.io,network.crossplane.io,storage.crossplane.io,\
+     workload.crossplane.io,core.oam.dev";
+
 impl CrdGroups {
+    /// [`PLATFORM_TYPE_GROUPS`].
+    pub fn platform_types() -> CrdGroups {
+        PLATFORM_TYPE_GROUPS.parse().unwrap_or_else(|_| CrdGroups(Vec::new()))
+    }
+
     pub fn allows(&self, group: &str) -> bool {
         self.0.iter().any(|pattern| match pattern.strip_prefix("*.") {
             Some(domain) => group.ends_with(&format!(".{domain}")),
@@ -41,9 +56,6 @@ impl FromStr for CrdGroups {
                 ));
             }
             patterns.push(pattern.to_ascii_lowercase());
-        }
-        if patterns.is_empty() {
-            return Err("expected at least one API group pattern".into());
         }
         Ok(CrdGroups(patterns))
     }
@@ -74,8 +86,32 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_list_allows_no_group() {
+        let none: CrdGroups = "".parse().unwrap();
+        assert!(!none.allows("database.crossplane.io"));
+    }
+
+    #[test]
+    fn the_platform_types_are_the_crossplane_claim_groups() {
+        let platform = CrdGroups::platform_types();
+        for group in [
+            "database.crossplane.io",
+            "compute.crossplane.io",
+            "core.crossplane.io",
+            "core.oam.dev",
+        ] {
+            assert!(platform.allows(group), "{group}");
+        }
+        assert!(
+            !platform.allows("aws.crossplane.io"),
+            "a provider's own group is installed by its stack"
+        );
+        assert_eq!(platform.to_string().parse::<CrdGroups>().unwrap(), platform);
+    }
+
+    #[test]
     fn malformed_patterns_are_refused() {
-        for bad in ["", "*.", "example..org", "ex ample.org", "**.org", "a/b"] {
+        for bad in ["*.", "example..org", "ex ample.org", "**.org", "a/b"] {
             assert!(bad.parse::<CrdGroups>().is_err(), "{bad:?}");
         }
     }

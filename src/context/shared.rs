@@ -45,6 +45,9 @@ pub struct DaemonSettings {
     pub tenant_quota: TenantQuota,
     /// The API groups packages may create CRDs in (`--stack-crd-groups`).
     pub stack_crd_groups: CrdGroups,
+    /// The platform's API groups a stack may depend on without a stack having installed them
+    /// (`--platform-dependency-groups`).
+    pub platform_dependency_groups: CrdGroups,
     /// Let packages ship CRDs with conversion webhooks.
     pub insecure_allow_conversion_webhooks: bool,
     /// Bounds on packages and on installs per namespace (`--max-package-crds`,

@@ -137,6 +137,7 @@ impl JobRunner for Unpack {
             content_dir,
             permission_scope: scope,
             package_image: Some(image),
+            templating_controller_image: unpack::DEFAULT_TEMPLATING_CONTROLLER_IMAGE.into(),
         };
         match unpack::unpack(&options)
             .map_err(|e| e.to_string())

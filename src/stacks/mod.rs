@@ -1,12 +1,14 @@
 //! Stacks (DESIGN.md §3): the package format, the install controller and the stack controller.
 
 pub(crate) mod crd_changes;
+pub mod crd_v1beta1;
 pub mod install;
 pub mod pod_policy;
 pub mod pull_secrets;
 pub mod rbac_verbs;
 pub mod stack;
 pub mod stream;
+pub mod ui_metadata;
 pub mod unpack;
 
 use sha2::{Digest, Sha256};
@@ -16,6 +18,9 @@ pub const INSTALL_FINALIZER: &str = "stacks.stackd.dev/install";
 /// Finalizer of Stack.
 pub const STACK_FINALIZER: &str = "stacks.stackd.dev/stack";
 /// Label on tenant CRDs that a stack install created: only these are ever changed or deleted by stackd.
+/// The user and group stackd's pods run as when nothing names one: not root, as the restricted Pod
+/// Security Standard requires, and the `nonroot` user of distroless images.
+pub const NON_ROOT_ID: i64 = 65532;
 pub const MANAGED_CRD_LABEL: &str = "stacks.stackd.dev/managed";
 /// Prefix of the multi-parent label on tenant CRDs: one label per Stack that uses the CRD.
 pub const CRD_PARENT_LABEL_PREFIX: &str = "parent.stacks.stackd.dev/";
@@ -27,8 +32,13 @@ pub fn crd_parent_label(namespace: &str, stack: &str) -> String {
     format!("{CRD_PARENT_LABEL_PREFIX}{}", &hex::encode(digest)[..16])
 }
 
+/// The group of the StackDefinitions stackd writes for templating stacks (Crossplane's): no package
+/// creates CRDs there, and no stack gets permissions there beyond reading its own StackDefinition.
+pub const COMPATIBILITY_GROUP: &str = "packages.crossplane.io";
+
 /// Who an API group belongs to when it is not a package's to use: stackd's own domain (every group
-/// under `stackd.dev`, so groups stackd adds later are covered too) and Kubernetes' (`k8s.io`,
+/// under `stackd.dev`, so groups stackd adds later are covered too), the group of the
+/// StackDefinitions it writes ([`COMPATIBILITY_GROUP`]), and Kubernetes' (`k8s.io`,
 /// `kubernetes.io`, the core group, and every group without a dot: `apps`, `batch`, `policy`, ...
 /// are Kubernetes' built-in groups, and a CRD group needs a dot anyway). Packages create no CRDs
 /// there and stacks get no permissions there.
@@ -36,6 +46,8 @@ pub fn reserved_group_owner(group: &str) -> Option<&'static str> {
     let under = |domain: &str| group == domain || group.ends_with(&format!(".{domain}"));
     if under("stackd.dev") {
         Some("stackd")
+    } else if group == COMPATIBILITY_GROUP {
+        Some("stackd's Crossplane compatibility (StackDefinition)")
     } else if !group.contains('.') || under("k8s.io") || under("kubernetes.io") {
         Some("Kubernetes")
     } else {

@@ -110,13 +110,22 @@ const ALLOWED_QUALIFIED_LABELS: &[&str] = &[
     "app.kubernetes.io/component",
     "app.kubernetes.io/part-of",
 ];
-const LABEL_NOT_ALLOWED: &str = "is not allowed: domain-qualified labels are what the host's service meshes (sidecar.istio.io/inject, istio.io/rev), network policies and stackd select pods by; a stack's pod may carry labels without a domain prefix and app.kubernetes.io/{name,instance,version,component,part-of}";
+/// The prefix of the labels Crossplane's package tooling puts on every controller pod it builds
+/// (`core.crossplane.io/name` in the pod template and the selector): Crossplane's own, which no
+/// host plugin selects by.
+const CROSSPLANE_PACKAGE_LABEL_PREFIX: &str = "core.crossplane.io/";
+const LABEL_NOT_ALLOWED: &str = "is not allowed: domain-qualified labels are what the host's service meshes (sidecar.istio.io/inject, istio.io/rev), network policies and stackd select pods by; a stack's pod may carry labels without a domain prefix, app.kubernetes.io/{name,instance,version,component,part-of} and Crossplane's core.crossplane.io/*";
 
 /// Whether a package may put label `key` on its pod: an allow-list, since any domain may be one a
 /// host plugin selects pods by (a mesh's injection label, a policy engine's): keys without a domain
-/// prefix, and of the domain-qualified ones only [`ALLOWED_QUALIFIED_LABELS`].
+/// prefix, and of the domain-qualified ones only [`ALLOWED_QUALIFIED_LABELS`] and Crossplane's
+/// package labels.
 fn allowed_template_label(key: &str) -> bool {
-    !key.contains('/') || ALLOWED_QUALIFIED_LABELS.contains(&key)
+    !key.contains('/')
+        || ALLOWED_QUALIFIED_LABELS.contains(&key)
+        || key
+            .strip_prefix(CROSSPLANE_PACKAGE_LABEL_PREFIX)
+            .is_some_and(|name| !name.is_empty() && !name.contains('/'))
 }
 
 fn check_metadata(path: &str, metadata: &Value, found: &mut Found) {
@@ -604,7 +613,8 @@ mod tests {
             .unwrap();
             violations(&template, &PodPolicy::default())
         };
-        let own = json!({"app": "c", "tier": "x", "app.kubernetes.io/name": "c", "app.kubernetes.io/part-of": "p"});
+        let own = json!({"app": "c", "tier": "x", "app.kubernetes.io/name": "c", "app.kubernetes.io/part-of": "p",
+            "core.crossplane.io/name": "stack-gcp"});
         assert_eq!(labelled(own), Vec::<String>::new());
         for key in [
             "stackd.dev/tenant",
@@ -615,6 +625,8 @@ mod tests {
             "sidecar.istio.io/inject",
             "istio.io/rev",
             "example.org/tier",
+            "x.core.crossplane.io/name",
+            "crossplane.io/name",
         ] {
             let found = labelled(json!({ key: "v" }));
             assert_eq!(found.len(), 1, "{key}: {found:?}");

@@ -2,8 +2,14 @@
 //! the CRDs and the one Stack the daemon applies to the tenant (DESIGN.md §3.2 step 3).
 //!
 //! Layout: `app.yaml` (required: title, version, permissionScope, …), `install.yaml` (the controller
-//! Deployment), and any number of `*crd.yaml` files, in any subdirectory. The controller's permissions
-//! are generated from the CRDs it owns and depends on, never taken from the package.
+//! Deployment), and any number of `*crd.yaml` files, in any subdirectory (`resources/<file>.crd.yaml`
+//! and `resources/<group>/<plural>.crd.yaml` are both common). CRDs may be `apiextensions.k8s.io/v1`
+//! or, as every Crossplane v0.x package ships them, `v1beta1`, converted to v1
+//! ([`super::crd_v1beta1`]). The controller's permissions are generated from the CRDs it owns and
+//! depends on, never taken from the package.
+//!
+//! Every problem of a package is reported in one go (up to [`MAX_PROBLEMS`]), so an author needs one
+//! round trip, not one per problem.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -13,11 +19,13 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::crd_v1beta1::{self, ConversionError};
 use super::rbac_verbs::ALLOWED_VERBS;
 use super::stream::{self, PackageContents, StreamError};
+use super::ui_metadata::{self, MetadataError, UiMetadata};
 use crate::api::stacks::{
-    AppMetadata, Contributor, ControllerDeployment, ControllerSpec, CrdReference, Dependency, PermissionScope,
-    Permissions, Stack, StackSpec,
+    AppMetadata, Behavior, Contributor, ControllerDeployment, ControllerSpec, CrdReference, Dependency,
+    PermissionScope, Permissions, Stack, StackSpec,
 };
 
 /// What `stackd unpack` needs.
@@ -30,7 +38,13 @@ pub struct UnpackOptions {
     /// The package image: its tag is the version when app.yaml has none, and it is the image of
     /// controller containers that name none.
     pub package_image: Option<String>,
+    /// The controller of templating stacks whose behavior names none.
+    pub templating_controller_image: String,
 }
+
+/// `--templating-controller-image` when not given: the last templating controller Crossplane
+/// released, which real templating packages name.
+pub const DEFAULT_TEMPLATING_CONTROLLER_IMAGE: &str = "crossplane/templating-controller:v0.4.0";
 
 /// Why a package could not be unpacked.
 #[derive(Debug, thiserror::Error)]
@@ -53,22 +67,83 @@ pub enum UnpackError {
         allowed: PermissionScope,
         hint: &'static str,
     },
-    #[error("{path} must hold one apps/v1 Deployment, found {found}")]
+    #[error(
+        "{path} must hold one apps/v1 Deployment, the stack's controller; found {found} (job-based packages, Crossplane's 2019 extension format, are not supported)"
+    )]
     NotDeployment { path: PathBuf, found: String },
     #[error(
         "{path}: container {container:?} names no image and no package image is known to fill it in: give the container an image, or run unpack with --package-image (env STACK_IMAGE; the install Job sets it)"
     )]
     MissingImage { path: PathBuf, container: String },
     #[error(
-        "{path} holds {found}, not an apiextensions.k8s.io/v1 CustomResourceDefinition (v1beta1 CRDs were removed in Kubernetes 1.22; convert them)"
+        "{path} holds {found}, not a CustomResourceDefinition (apiextensions.k8s.io/v1, or v1beta1, which is converted): keep only CRDs in *crd.yaml files"
     )]
     NotCrd { path: PathBuf, found: String },
-    #[error("{0} is a templating-stack behavior file; stackd installs only stacks with a controller Deployment")]
-    Templating(PathBuf),
+    #[error("{path}: the v1beta1 CustomResourceDefinition cannot be converted to v1: {source}")]
+    Conversion { path: PathBuf, source: ConversionError },
+    #[error("{0}")]
+    Metadata(#[from] MetadataError),
+    #[error("{path}: {message}")]
+    Behavior { path: PathBuf, message: String },
     #[error("{0}")]
     Stream(#[from] StreamError),
     #[error("cannot write the output: {0}")]
     Write(std::io::Error),
+    #[error("{}", list_problems(.problems, *.more))]
+    Several {
+        problems: Vec<UnpackError>,
+        /// Problems found past [`MAX_PROBLEMS`], counted only.
+        more: usize,
+    },
+}
+
+/// The most problems one unpack reports in full.
+pub const MAX_PROBLEMS: usize = 20;
+
+/// `the package has 3 problems:` and one line each.
+fn list_problems(problems: &[UnpackError], more: usize) -> String {
+    let total = problems.len() + more;
+    let mut text = format!("the package has {total} problems:");
+    for (i, problem) in problems.iter().enumerate() {
+        text.push_str(&format!("\n  {}. {problem}", i + 1));
+    }
+    if more > 0 {
+        text.push_str(&format!("\n  and {more} more: fix these first"));
+    }
+    text
+}
+
+/// The problems found so far, bounded in what is kept.
+#[derive(Default)]
+struct Problems {
+    found: Vec<UnpackError>,
+    more: usize,
+}
+
+impl Problems {
+    fn push(&mut self, problem: UnpackError) {
+        if self.found.len() < MAX_PROBLEMS {
+            self.found.push(problem);
+        } else {
+            self.more += 1;
+        }
+    }
+
+    /// The value, or `None` with its error kept.
+    fn take<T>(&mut self, result: Result<T, UnpackError>) -> Option<T> {
+        result.map_err(|problem| self.push(problem)).ok()
+    }
+
+    fn into_result(mut self) -> Result<(), UnpackError> {
+        match (self.found.len(), self.more) {
+            (0, _) => Ok(()),
+            (1, 0) => Err(self.found.remove(0)),
+            _ => Err(UnpackError::Several {
+                problems: self.found,
+                more: self.more,
+            }),
+        }
+    }
 }
 
 /// Unpacks the package and writes the stream with its trailer to `out`.
@@ -87,30 +162,53 @@ pub fn unpack(options: &UnpackOptions) -> Result<PackageContents, UnpackError> {
     if !app_path.is_file() {
         return Err(UnpackError::MissingApp(dir.clone()));
     }
-    if dir.join("behavior.yaml").exists() {
-        return Err(UnpackError::Templating(dir.join("behavior.yaml")));
-    }
-    let app: AppFile = parse_file(&app_path, "app.yaml")?;
+    let mut problems = Problems::default();
+    let app: AppFile = problems.take(parse_file(&app_path, "app.yaml")).unwrap_or_default();
     let declared = app.permission_scope.unwrap_or_default();
     if declared != options.permission_scope {
         let hint = match declared {
             PermissionScope::Cluster => "ClusterStackInstall",
             PermissionScope::Namespaced => "StackInstall",
         };
-        return Err(UnpackError::ScopeMismatch {
+        problems.push(UnpackError::ScopeMismatch {
             declared,
             allowed: options.permission_scope,
             hint,
         });
     }
-    let crds = read_crds(dir)?;
+    let mut files = Vec::new();
+    problems.take(collect_files(dir, &mut files));
+    let files: Vec<PathBuf> = files
+        .iter()
+        .filter_map(|path| path.strip_prefix(dir).ok().map(Path::to_path_buf))
+        .collect();
+    let (ui, ui_problems) = ui_metadata::read(dir, &files, app.title.as_deref());
+    for problem in ui_problems {
+        problems.push(UnpackError::Metadata(problem));
+    }
+    let crds = read_crds(dir, &files, &ui, &mut problems);
     let install_path = dir.join("install.yaml");
-    let deployment = if install_path.is_file() {
-        Some(read_deployment(&install_path, options.package_image.as_deref())?)
+    let behavior_path = dir.join("behavior.yaml");
+    let behavior = if behavior_path.is_file() {
+        problems.take(read_behavior(&behavior_path, &crds))
     } else {
         None
     };
-    let stack = build_stack(app, declared, &crds, deployment, options.package_image.as_deref());
+    let deployment = match (&behavior, install_path.is_file()) {
+        (Some(_), true) => {
+            problems.push(UnpackError::Behavior {
+                path: install_path,
+                message: "a templating stack (behavior.yaml) runs the templating controller, not a Deployment of its own: remove install.yaml, or behavior.yaml".into(),
+            });
+            None
+        }
+        (Some(behavior), false) => Some(templating_deployment(behavior, options)),
+        (None, true) => problems.take(read_deployment(&install_path, options.package_image.as_deref())),
+        (None, false) => None,
+    };
+    problems.into_result()?;
+    let mut stack = build_stack(app, declared, &crds, deployment, options.package_image.as_deref());
+    stack.spec.behavior = behavior;
     Ok(PackageContents { crds, stack })
 }
 
@@ -172,34 +270,80 @@ fn describe(document: &Value) -> String {
     )
 }
 
-/// Every `*crd.yaml` under `dir`, sorted by relative path for a deterministic stream.
-fn read_crds(dir: &Path) -> Result<Vec<CustomResourceDefinition>, UnpackError> {
-    let mut paths = Vec::new();
-    collect_files(dir, &mut paths)?;
-    paths.retain(|p| {
-        p.file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.ends_with("crd.yaml"))
-    });
+/// Annotation on a CRD converted from v1beta1: which file it came from, for the install's Event.
+pub const CONVERTED_FROM_ANNOTATION: &str = "stacks.stackd.dev/converted-from-v1beta1";
+
+/// Every `*crd.yaml` among `files` (relative to `dir`), sorted by path for a deterministic stream;
+/// v1beta1 ones converted to v1 and marked with [`CONVERTED_FROM_ANNOTATION`], each with the UI
+/// metadata that applies to it. Each document that is no CRD, or cannot be read or converted, is a
+/// problem of its own.
+fn read_crds(dir: &Path, files: &[PathBuf], ui: &UiMetadata, problems: &mut Problems) -> Vec<CustomResourceDefinition> {
+    let mut paths: Vec<&PathBuf> = files
+        .iter()
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with("crd.yaml"))
+        })
+        .collect();
     paths.sort();
     let mut crds = Vec::new();
-    for path in paths {
-        for document in parse_documents(&path, "a CustomResourceDefinition")? {
-            if document["apiVersion"] != "apiextensions.k8s.io/v1" || document["kind"] != "CustomResourceDefinition" {
-                return Err(UnpackError::NotCrd {
-                    found: describe(&document),
-                    path,
-                });
+    for relative in paths {
+        let path = dir.join(relative);
+        let Some(documents) = problems.take(parse_documents(&path, "a CustomResourceDefinition")) else {
+            continue;
+        };
+        for document in documents {
+            let Some(mut crd) = problems.take(read_crd(&path, &relative.display().to_string(), document)) else {
+                continue;
+            };
+            if problems
+                .take(ui.annotate(&mut crd, relative).map_err(UnpackError::Metadata))
+                .is_some()
+            {
+                crds.push(crd);
             }
-            let crd = serde_json::from_value(document).map_err(|e| UnpackError::Parse {
-                path: path.clone(),
-                what: "a CustomResourceDefinition",
-                message: e.to_string(),
-            })?;
-            crds.push(crd);
         }
     }
-    Ok(crds)
+    crds
+}
+
+/// One CRD document, converted to v1 when it is v1beta1.
+fn read_crd(path: &Path, relative: &str, document: Value) -> Result<CustomResourceDefinition, UnpackError> {
+    if document["kind"] != "CustomResourceDefinition" {
+        return Err(UnpackError::NotCrd {
+            found: describe(&document),
+            path: path.to_path_buf(),
+        });
+    }
+    let (document, converted) = match document["apiVersion"].as_str() {
+        Some(crd_v1beta1::V1) => (document, false),
+        Some(crd_v1beta1::V1BETA1) => {
+            let converted = crd_v1beta1::convert(document).map_err(|source| UnpackError::Conversion {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            (converted, true)
+        }
+        _ => {
+            return Err(UnpackError::NotCrd {
+                found: describe(&document),
+                path: path.to_path_buf(),
+            });
+        }
+    };
+    let mut crd: CustomResourceDefinition = serde_json::from_value(document).map_err(|e| UnpackError::Parse {
+        path: path.to_path_buf(),
+        what: "a CustomResourceDefinition",
+        message: e.to_string(),
+    })?;
+    if converted {
+        crd.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(CONVERTED_FROM_ANNOTATION.into(), relative.to_string());
+    }
+    Ok(crd)
 }
 
 fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), UnpackError> {
@@ -250,6 +394,101 @@ fn read_deployment(path: &Path, package_image: Option<&str>) -> Result<Controlle
         });
     }
     Ok(ControllerDeployment { name, spec })
+}
+
+/// The engines Crossplane's templating controller runs.
+const TEMPLATING_ENGINES: [&str; 2] = ["kustomize", "helm3"];
+/// Where the templating controller finds the package's resources.
+const BEHAVIOR_DIR: &str = "/behaviors";
+
+/// Reads behavior.yaml: the kind it reconciles must be one of the package's CRDs, its engine one
+/// the templating controller runs, and its source a directory inside the package image.
+fn read_behavior(path: &Path, crds: &[CustomResourceDefinition]) -> Result<Behavior, UnpackError> {
+    let behavior: Behavior = parse_file(path, "a templating stack's behavior")?;
+    let problem = |message: String| UnpackError::Behavior {
+        path: path.to_path_buf(),
+        message,
+    };
+    let (group, _) = behavior
+        .crd
+        .api_version
+        .split_once('/')
+        .unwrap_or((&behavior.crd.api_version, ""));
+    if !crds
+        .iter()
+        .any(|crd| crd.spec.group == group && crd.spec.names.kind == behavior.crd.kind)
+    {
+        return Err(problem(format!(
+            "crd names {} {}, which is none of the package's CRDs: a templating stack reconciles a kind its package installs",
+            behavior.crd.api_version, behavior.crd.kind
+        )));
+    }
+    if !TEMPLATING_ENGINES.contains(&behavior.engine.type_.as_str()) {
+        return Err(problem(format!(
+            "engine.type is {:?}: the templating controller runs {}",
+            behavior.engine.type_,
+            TEMPLATING_ENGINES.join(" and ")
+        )));
+    }
+    let source = behavior.source.path.trim_end_matches('/');
+    let inside = Path::new(source)
+        .components()
+        .all(|c| matches!(c, std::path::Component::Normal(_) | std::path::Component::RootDir));
+    if source.is_empty() || source == "." || !inside {
+        return Err(problem(format!(
+            "source.path {:?} is not a directory of the package image: name the directory holding the resources, e.g. kustomize",
+            behavior.source.path
+        )));
+    }
+    Ok(behavior)
+}
+
+/// The controller of a templating stack, as Crossplane's stack manager generated it: an init
+/// container of the package image copies the behavior's resources into an emptyDir, where the
+/// templating controller reads them; the controller finds its StackDefinition by the `SD_NAMESPACE`
+/// and `SD_NAME` the Stack controller sets.
+fn templating_deployment(behavior: &Behavior, options: &UnpackOptions) -> ControllerDeployment {
+    let controller_image = behavior
+        .engine
+        .controller_image
+        .clone()
+        .filter(|image| !image.trim().is_empty())
+        .unwrap_or_else(|| options.templating_controller_image.clone());
+    let source_image = behavior
+        .source
+        .image
+        .clone()
+        .or_else(|| options.package_image.clone())
+        .unwrap_or_default();
+    let source = behavior.source.path.trim_end_matches('/');
+    let spec = serde_json::json!({
+        "replicas": 1,
+        "selector": {},
+        "template": {
+            "metadata": {"labels": {"app": "stack-behavior-manager"}},
+            "spec": {
+                "volumes": [{"name": "behaviors", "emptyDir": {}}],
+                "initContainers": [{
+                    "name": "stack-behavior-copy-to-manager",
+                    "image": source_image,
+                    "command": ["cp", "-R", format!("{source}/."), BEHAVIOR_DIR],
+                    "volumeMounts": [{"name": "behaviors", "mountPath": BEHAVIOR_DIR}],
+                }],
+                "containers": [{
+                    "name": "stack-behavior-manager",
+                    "image": controller_image,
+                    "args": ["--resources-dir", BEHAVIOR_DIR,
+                             "--stack-definition-namespace", "$(SD_NAMESPACE)",
+                             "--stack-definition-name", "$(SD_NAME)"],
+                    "volumeMounts": [{"name": "behaviors", "mountPath": BEHAVIOR_DIR}],
+                }],
+            },
+        },
+    });
+    ControllerDeployment {
+        name: "stack-behavior-manager".into(),
+        spec,
+    }
 }
 
 /// Names of the pod template's containers (init containers too) that name no image.
@@ -304,6 +543,7 @@ fn build_stack(
             deployment,
             image_pull_secrets: Vec::new(),
         },
+        behavior: None,
         metadata: AppMetadata {
             overview_short: app.overview_short,
             overview: app.overview,
@@ -395,6 +635,7 @@ fn image_tag(image: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::ResourceExt;
 
     #[test]
     fn dependencies_name_plural_and_group() {
@@ -410,5 +651,133 @@ mod tests {
         assert_eq!(image_tag("registry:5000/org/stack:v1.2").as_deref(), Some("v1.2"));
         assert_eq!(image_tag("registry:5000/org/stack"), None);
         assert_eq!(image_tag("org/stack@sha256:abc"), None);
+    }
+
+    fn package(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("temp dir");
+        for (path, text) in files {
+            let path = dir.path().join(path);
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+            std::fs::write(path, text).expect("write");
+        }
+        dir
+    }
+
+    fn unpack_dir(dir: &Path) -> Result<PackageContents, UnpackError> {
+        unpack(&UnpackOptions {
+            content_dir: dir.to_path_buf(),
+            permission_scope: PermissionScope::Namespaced,
+            package_image: Some("example.org/stack:v1".into()),
+            templating_controller_image: DEFAULT_TEMPLATING_CONTROLLER_IMAGE.into(),
+        })
+    }
+
+    const V1BETA1_CRD: &str = "apiVersion: apiextensions.k8s.io/v1beta1
+kind: CustomResourceDefinition
+metadata:
+  name: buckets.storage.example.org
+spec:
+  group: storage.example.org
+  names: {kind: Bucket, plural: buckets}
+  scope: ''
+  version: v1alpha1
+  additionalPrinterColumns:
+  - {JSONPath: .status.phase, name: PHASE, type: string}
+  validation:
+    openAPIV3Schema:
+      properties:
+        spec:
+          properties:
+            size: {type: integer}
+";
+
+    #[test]
+    fn v1beta1_crds_in_either_layout_are_converted_and_marked_with_their_file() {
+        let dir = package(&[
+            ("app.yaml", "title: t\n"),
+            ("resources/bucket.crd.yaml", V1BETA1_CRD),
+            (
+                "resources/queue.example.org/queues.crd.yaml",
+                &V1BETA1_CRD
+                    .replace("buckets.storage.example.org", "queues.queue.example.org")
+                    .replace("storage.example.org", "queue.example.org")
+                    .replace("Bucket", "Queue")
+                    .replace("buckets", "queues"),
+            ),
+        ]);
+        let contents = unpack_dir(dir.path()).expect("unpacks");
+        let converted: Vec<&str> = contents
+            .crds
+            .iter()
+            .map(|crd| crd.annotations()[CONVERTED_FROM_ANNOTATION].as_str())
+            .collect();
+        assert_eq!(
+            converted,
+            [
+                "resources/bucket.crd.yaml",
+                "resources/queue.example.org/queues.crd.yaml"
+            ]
+        );
+        let bucket = &contents.crds[0];
+        assert_eq!(bucket.spec.scope, "Namespaced");
+        let version = &bucket.spec.versions[0];
+        assert_eq!(version.name, "v1alpha1");
+        assert_eq!(
+            version.additional_printer_columns.as_ref().expect("columns")[0].json_path,
+            ".status.phase"
+        );
+        assert_eq!(
+            contents.stack.spec.customresourcedefinitions[0].api_version,
+            "storage.example.org/v1alpha1"
+        );
+    }
+
+    #[test]
+    fn every_problem_of_a_package_is_reported_at_once() {
+        let dir = package(&[
+            ("app.yaml", "title: t\npermissionScope: Cluster\n"),
+            ("resources/a.crd.yaml", "apiVersion: v1\nkind: ConfigMap\n"),
+            (
+                "resources/b.crd.yaml",
+                "apiVersion: apiextensions.k8s.io/v1beta1\nkind: CustomResourceDefinition\nspec: {group: g.example.org}\n",
+            ),
+            ("install.yaml", "apiVersion: v1\nkind: Service\n"),
+        ]);
+        let err = unpack_dir(dir.path()).expect_err("refused");
+        let UnpackError::Several { problems, more } = &err else {
+            panic!("one problem only: {err}");
+        };
+        assert_eq!((problems.len(), *more), (4, 0), "{err}");
+        let text = err.to_string();
+        assert!(text.starts_with("the package has 4 problems:"), "{text}");
+        for expected in [
+            "permissionScope Cluster",
+            "a.crd.yaml holds v1 ConfigMap",
+            "b.crd.yaml: the v1beta1",
+            "install.yaml must hold",
+        ] {
+            assert!(text.contains(expected), "{expected} missing from {text}");
+        }
+        assert_eq!(text.lines().count(), 5, "one line each, for the install's log");
+    }
+
+    #[test]
+    fn problems_past_the_bound_are_counted_not_listed() {
+        let mut files: Vec<(String, String)> = vec![("app.yaml".into(), "title: t\n".into())];
+        for i in 0..(MAX_PROBLEMS + 5) {
+            files.push((
+                format!("resources/{i:02}.crd.yaml"),
+                "apiVersion: v1\nkind: ConfigMap\n".into(),
+            ));
+        }
+        let borrowed: Vec<(&str, &str)> = files.iter().map(|(p, t)| (p.as_str(), t.as_str())).collect();
+        let dir = package(&borrowed);
+        let text = unpack_dir(dir.path()).expect_err("refused").to_string();
+        assert!(
+            text.starts_with(&format!("the package has {} problems:", MAX_PROBLEMS + 5)),
+            "{text}"
+        );
+        assert!(text.ends_with("and 5 more: fix these first"), "{text}");
+        assert_eq!(text.lines().count(), MAX_PROBLEMS + 2);
     }
 }

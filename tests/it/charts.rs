@@ -160,7 +160,8 @@ async fn both_charts_render_with_their_default_values() {
     let (_, types) = render("stackd-types", "").await;
     assert_eq!(
         types.iter().filter(|o| o["kind"] == "CustomResourceDefinition").count(),
-        8
+        9,
+        "stackd's eight and Crossplane's StackDefinition"
     );
     find(&types, "ClusterRole", "stackd-daemon");
     find(&types, "ClusterRoleBinding", "stackd-daemon");
@@ -643,6 +644,7 @@ resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {memory: 256Mi}}
 tenantQuota: {pods: "9", secrets: null}
 stackPods: {nodeSelector: {pool: stacks}, tolerations: ["dedicated=stacks:NoSchedule"]}
 stackCrdGroups: ["*.example.org", "widgets.acme.io"]
+platformDependencyGroups: ["database.crossplane.io", "*.platform.example.org"]
 stackLimits: {maxPackageCrds: 200, namespaceMaxInstalls: 5}
 allowedRegistries: ["quay.io/acme", "registry.example.com:5000"]
 "#;
@@ -704,6 +706,7 @@ async fn the_controllers_chart_applied_to_a_host_is_what_the_values_say() {
         "--stack-node-selector=pool=stacks",
         "--stack-toleration=dedicated=stacks:NoSchedule",
         "--stack-crd-groups=*.example.org,widgets.acme.io",
+        "--platform-dependency-groups=database.crossplane.io,*.platform.example.org",
         "--max-package-crds=200",
         "--namespace-max-installs=5",
         "--allowed-registries=quay.io/acme,registry.example.com:5000",
@@ -902,8 +905,9 @@ enum Scenario {
     BareMetal,
     /// Paths no run here takes, each tested with its controller (tests/it/stacks_*.rs): tenant
     /// objects edited by hand and replaced, upgrades that change a CRD or a Stack, a stack changing
-    /// its permission scope (its old binding deleted), and `<owner>/finalizers` updates that only
-    /// the OwnerReferencesPermissionEnforcement admission plugin asks for.
+    /// its permission scope (its old binding deleted), a templating stack's StackDefinition, and
+    /// `<owner>/finalizers` updates that only the OwnerReferencesPermissionEnforcement admission
+    /// plugin asks for.
     RarePaths,
     /// A stack's host Deployment and token Secret, edited by hand, are put back.
     HostDriftRepair,
@@ -1031,6 +1035,8 @@ const TENANT_USES: &[Use] = &[
     uses(DAEMON_ROLE, "stacks.stackd.dev", &["stackinstalls", "clusterstackinstalls"], &["watch", "patch"], StackInstall),
     uses(DAEMON_ROLE, "stacks.stackd.dev", &["stacks"], &["watch", "create", "patch", "delete"], StackInstall),
     uses(DAEMON_ROLE, "stacks.stackd.dev", &["stacks"], &["update"], RarePaths),
+    // A templating stack's StackDefinition, read and written by its Stack (tests/it/stacks_crossplane.rs).
+    uses(DAEMON_ROLE, "packages.crossplane.io", &["stackdefinitions"], &["get", "create", "update"], RarePaths),
     uses(DAEMON_ROLE, "stacks.stackd.dev", STACK_STATUS, &["patch"], StackInstall),
     uses(DAEMON_ROLE, "stacks.stackd.dev", STACK_FINALIZERS, &["update"], RarePaths),
     uses(DAEMON_ROLE, "pools.stackd.dev", POOL_KINDS, &["list"], OrphanSweep),

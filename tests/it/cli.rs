@@ -10,12 +10,12 @@ fn stackd(args: &[&str]) -> std::process::Output {
 }
 
 #[test]
-fn crds_command_prints_the_eight_crds() {
+fn crds_command_prints_every_crd_a_tenant_serves() {
     let out = stackd(&["crds"]);
     assert!(out.status.success());
     let stream = String::from_utf8(out.stdout).expect("utf-8");
     let crds: Vec<serde_json::Value> = serde_saphyr::from_multiple(&stream).expect("YAML stream");
-    assert_eq!(crds.len(), 8);
+    assert_eq!(crds.len(), 9, "stackd's eight and Crossplane's StackDefinition");
     assert!(crds.iter().all(|c| c["kind"] == "CustomResourceDefinition"));
 }
 
@@ -31,7 +31,7 @@ fn crds_out_writes_one_file_per_crd_and_the_hosts_in_host() {
             .filter(|e| e.path().is_file())
             .count()
     };
-    assert_eq!(files(dir.path()), 8);
+    assert_eq!(files(dir.path()), 9);
     assert!(dir.path().join("host/tenancy.stackd.dev_tenants.yaml").is_file());
     assert_eq!(files(&dir.path().join("host")), 1);
 }
@@ -175,7 +175,7 @@ fn unpack_refuses_a_package_without_app_yaml() {
 }
 
 #[test]
-fn unpack_refuses_v1beta1_crds_and_non_deployments() {
+fn unpack_says_every_problem_of_a_package_at_once() {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::write(dir.path().join("app.yaml"), "title: x\n").expect("write");
     std::fs::write(
@@ -183,19 +183,28 @@ fn unpack_refuses_v1beta1_crds_and_non_deployments() {
         "apiVersion: apiextensions.k8s.io/v1beta1\nkind: CustomResourceDefinition\n",
     )
     .expect("write");
-    let args = [
+    std::fs::write(dir.path().join("install.yaml"), "apiVersion: batch/v1\nkind: Job\n").expect("write");
+    let out = stackd(&[
         "unpack",
         "--content-dir",
         dir.path().to_str().expect("path"),
         "--permission-scope",
         "Namespaced",
-    ];
-    let out = stackd(&args);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("v1beta1 CRDs were removed"));
-    std::fs::remove_file(dir.path().join("old.crd.yaml")).expect("remove");
-    std::fs::write(dir.path().join("install.yaml"), "apiVersion: batch/v1\nkind: Job\n").expect("write");
-    let out = stackd(&args);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("must hold one apps/v1 Deployment, found batch/v1 Job"));
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty(), "nothing is printed for a refused package");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("the package has 2 problems:"), "{stderr}");
+    assert!(
+        stderr.contains(
+            "old.crd.yaml: the v1beta1 CustomResourceDefinition cannot be converted to v1: spec is not a mapping"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("must hold one apps/v1 Deployment, the stack's controller; found batch/v1 Job"),
+        "{stderr}"
+    );
 }
 
 #[test]

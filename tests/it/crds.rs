@@ -44,7 +44,7 @@ fn node<'a>(root: &'a Value, path: &str) -> &'a Value {
 }
 
 #[test]
-fn all_eight_crds_have_their_group_kind_scope_and_version() {
+fn stackds_eight_crds_have_their_group_kind_scope_and_version() {
     let expected = [
         ("stacks.stackd.dev", "StackInstall", "stackinstalls"),
         ("stacks.stackd.dev", "ClusterStackInstall", "clusterstackinstalls"),
@@ -60,7 +60,13 @@ fn all_eight_crds_have_their_group_kind_scope_and_version() {
         ("inventory.stackd.dev", "BareMetalAsset", "baremetalassets"),
     ];
     let all = crds::all();
-    assert_eq!(all.len(), expected.len());
+    assert_eq!(all.len(), expected.len() + 1);
+    let compatibility = &all[expected.len()];
+    assert_eq!(
+        compatibility.metadata.name.as_deref(),
+        Some("stackdefinitions.packages.crossplane.io"),
+        "Crossplane's StackDefinition comes last"
+    );
     for (crd, (group, kind, plural)) in all.iter().zip(expected) {
         assert_eq!(crd.spec.group, group);
         assert_eq!(crd.spec.names.kind, kind);

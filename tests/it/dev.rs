@@ -76,7 +76,7 @@ async fn dev_no_daemon_serves_tenants_with_the_crds_installed_and_stops_on_sigte
         names.contains(&"clusterpools.pools.stackd.dev".to_string()),
         "{names:?}"
     );
-    assert_eq!(names.len(), 8);
+    assert_eq!(names.len(), 9, "stackd's eight and Crossplane's StackDefinition");
     let host = client_for(&dir.path().join("host.yaml")).await;
     let namespaces: Api<Namespace> = Api::all(host);
     assert!(namespaces.get_opt("default").await.expect("get").is_some());

@@ -44,6 +44,7 @@ mod security_pools;
 mod security_stacks;
 mod security_tenant_objects;
 mod shards;
+mod stacks_crossplane;
 mod stacks_install;
 mod stacks_pull_secrets;
 mod stacks_seed_mapping;

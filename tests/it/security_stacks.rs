@@ -893,7 +893,7 @@ async fn a_dependency_on_a_third_party_or_kubernetes_group_is_refused_and_binds_
 
     let message = stack_ready_message(&tenant, "team-a", "greedy", "PermissionsRefused", &daemon).await;
     assert!(
-        message.contains("\"kyverno.io\", whose CRDs no stack installed"),
+        message.contains("\"kyverno.io\", which is neither on the host's list of platform groups"),
         "{message}"
     );
     assert!(message.contains("\"apps\", which belongs to Kubernetes"), "{message}");
@@ -1699,6 +1699,7 @@ async fn a_pod_labelled_as_an_install_pod_that_the_job_does_not_control_is_not_r
         content_dir: fleet.dir.path().join("packages/sample-stack/.registry"),
         permission_scope: stackd::api::stacks::PermissionScope::Namespaced,
         package_image: Some("examples/slow-stack:v1".into()),
+        templating_controller_image: stackd::stacks::unpack::DEFAULT_TEMPLATING_CONTROLLER_IMAGE.into(),
     })
     .expect("the sample unpacks");
     let mut forged = sample.clone();

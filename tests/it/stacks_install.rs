@@ -219,6 +219,7 @@ fn unpack_runner(packages: &Path, ctx: &JobContext) -> JobOutcome {
             content_dir: packages.join("sample-stack/.registry"),
             permission_scope: PermissionScope::Namespaced,
             package_image: Some(package.clone()),
+            templating_controller_image: unpack::DEFAULT_TEMPLATING_CONTROLLER_IMAGE.into(),
         };
         unpack::unpack(&options).expect("sample unpacks")
     };
@@ -249,6 +250,7 @@ fn unpack_runner(packages: &Path, ctx: &JobContext) -> JobOutcome {
                 content_dir: packages.join(name).join(".registry"),
                 permission_scope: scope,
                 package_image: Some(package.clone()),
+                templating_controller_image: unpack::DEFAULT_TEMPLATING_CONTROLLER_IMAGE.into(),
             };
             match unpack::unpack(&options).map(|c| stream::encode(&c).expect("encode")) {
                 Ok(log) => JobOutcome::success(log),
@@ -367,7 +369,7 @@ pub(crate) async fn crd_names(client: &Client) -> Vec<String> {
         .items
         .into_iter()
         .map(|c| c.name_any())
-        .filter(|n| !n.ends_with(".stackd.dev"))
+        .filter(|n| !n.ends_with(".stackd.dev") && !n.ends_with(".packages.crossplane.io"))
         .collect()
 }
 

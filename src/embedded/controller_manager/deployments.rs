@@ -307,15 +307,28 @@ fn create_pod(
                 .collect()
         })
         .unwrap_or_default();
-    let ready = images.iter().all(|(_, image)| runners.is_ready(image));
+    let refused: Vec<bool> = images
+        .iter()
+        .enumerate()
+        .map(|(i, (_, image))| runners.runs_as_root(image) && refuses_root(&pod["spec"], i))
+        .collect();
+    let ready = images.iter().all(|(_, image)| runners.is_ready(image)) && !refused.contains(&true);
     let now = now_timestamp();
     let flag = if ready { "True" } else { "False" };
     let statuses: Vec<Value> = images
         .iter()
-        .map(|(name, image)| {
+        .zip(&refused)
+        .map(|((name, image), refused)| {
+            // The kubelet's words for an image without USER under runAsNonRoot.
+            let state = if *refused {
+                json!({"waiting": {"reason": "CreateContainerConfigError",
+                    "message": "container has runAsNonRoot and image will run as root"}})
+            } else {
+                json!({"running": {"startedAt": now}})
+            };
             json!({
-                "name": name, "image": image, "imageID": "", "ready": ready, "started": true, "restartCount": 0,
-                "state": {"running": {"startedAt": now}},
+                "name": name, "image": image, "imageID": "", "ready": ready && !refused,
+                "started": !refused, "restartCount": 0, "state": state,
             })
         })
         .collect();
@@ -336,6 +349,21 @@ fn create_pod(
         });
     })?;
     Ok(())
+}
+
+/// Whether the kubelet refuses to run container `index` of `pod` from an image whose user is root:
+/// `runAsNonRoot` (the container's, else the pod's) with no `runAsUser` to run as instead.
+fn refuses_root(pod: &Value, index: usize) -> bool {
+    let container = &pod["containers"][index]["securityContext"];
+    let field = |name: &str| {
+        let own = &container[name];
+        if own.is_null() {
+            &pod["securityContext"][name]
+        } else {
+            own
+        }
+    };
+    field("runAsNonRoot") == &Value::Bool(true) && field("runAsUser").as_i64().is_none()
 }
 
 /// What a Deployment's ReplicaSets add up to.

@@ -166,6 +166,7 @@ pub struct Runners {
     runners: RwLock<Vec<(ImageMatch, Arc<dyn JobRunner>)>>,
     fallback: RwLock<Option<Arc<dyn JobRunner>>>,
     never_ready: RwLock<Vec<ImageMatch>>,
+    without_user: RwLock<Vec<ImageMatch>>,
 }
 
 impl Runners {
@@ -203,6 +204,16 @@ impl Runners {
 
     pub fn is_ready(&self, image: &str) -> bool {
         !read(&self.never_ready).iter().any(|m| m.matches(image))
+    }
+
+    /// Images built without `USER`: they run as root (uid 0) unless the pod names a user, so the
+    /// kubelet refuses to start them under `runAsNonRoot` (see the deployments loop).
+    pub fn without_user(&self, images: ImageMatch) {
+        write(&self.without_user).push(images);
+    }
+
+    pub fn runs_as_root(&self, image: &str) -> bool {
+        read(&self.without_user).iter().any(|m| m.matches(image))
     }
 }
 

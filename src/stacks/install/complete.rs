@@ -150,7 +150,14 @@ pub(super) async fn run<K: InstallKind>(
         .await
         .map_err(InstallError::Tenant)?;
     if applied.writes > 0 {
-        let note = format!("applied {} CustomResourceDefinition(s) of {package}", applied.writes);
+        let mut note = format!("applied {} CustomResourceDefinition(s) of {package}", applied.writes);
+        let converted = package::converted_files(&contents);
+        if !converted.is_empty() {
+            note.push_str(&format!(
+                "; converted from apiextensions.k8s.io/v1beta1 to v1: {}",
+                converted.join(", ")
+            ));
+        }
         event(install, ctx, EventType::Normal, "CRDsApplied", note).await;
     }
     let waiting = package::not_established(&contents, &existing);

@@ -14,7 +14,7 @@ use crate::api::stacks::{InstallSpec, PermissionScope};
 use crate::host::Parent;
 use crate::host::apply::stamp;
 use crate::host::names::{NameKind, host_name};
-use crate::stacks::pull_secrets;
+use crate::stacks::{NON_ROOT_ID, pull_secrets};
 
 /// Annotation on the Job: the package image it installs (a different one means an upgrade).
 pub const PACKAGE_ANNOTATION: &str = "stacks.stackd.dev/package";
@@ -26,8 +26,6 @@ pub const UNPACK_CONTAINER: &str = "unpack";
 const PACKAGE_MOUNT: &str = "/ext-pkg";
 /// How long an install Job may run before Kubernetes fails it.
 const ACTIVE_DEADLINE_SECONDS: i64 = 600;
-/// Non-root user the Job's containers run as (restricted Pod Security).
-const RUN_AS_USER: i64 = 65532;
 
 /// Host name of an install's Job.
 pub fn job_name(namespace: &str, install: &str) -> String {
@@ -159,7 +157,7 @@ fn pod_spec(inputs: &JobInputs<'_>, package: &str) -> PodSpec {
 pub fn restricted_pod() -> PodSecurityContext {
     PodSecurityContext {
         run_as_non_root: Some(true),
-        run_as_user: Some(RUN_AS_USER),
+        run_as_user: Some(NON_ROOT_ID),
         seccomp_profile: Some(SeccompProfile {
             type_: "RuntimeDefault".into(),
             ..SeccompProfile::default()

@@ -16,11 +16,16 @@ use super::unpacked::Read;
 use super::{InstallContext, InstallKind};
 use crate::stacks::install::crd_policy::CrdRules;
 use crate::stacks::stream::{self, LOG_LIMIT_BYTES, StreamError};
+use crate::stacks::unpack;
 
 /// How much of a failed Job's log is read for its last lines.
 const FAILURE_LOG_BYTES: i64 = 16 * 1024;
-/// The most of a failed Job's last lines a condition message carries.
-const FAILURE_DETAIL_CHARS: usize = 1024;
+/// The most of a failed Job's last lines a condition message carries: room for every problem
+/// `stackd unpack` lists (its Event carries the first 1,024 bytes).
+const FAILURE_DETAIL_CHARS: usize = 4096;
+/// The last lines of a failed Job's log that are read: `stackd unpack`'s list of problems, its
+/// heading and its count of the problems past the list.
+const FAILURE_LOG_LINES: usize = unpack::MAX_PROBLEMS + 2;
 
 /// What the completed Job `job` of `install` came to: read once per Job, then kept.
 pub(super) async fn package_read<K: InstallKind>(install: &K, ctx: &InstallContext, job: &Job) -> Read {
@@ -41,12 +46,15 @@ pub(super) async fn failure_detail<K: InstallKind>(install: &K, ctx: &InstallCon
     }
     let params = LogParams {
         container: Some(job::UNPACK_CONTAINER.into()),
-        tail_lines: Some(5),
+        tail_lines: Some(FAILURE_LOG_LINES as i64),
         limit_bytes: Some(FAILURE_LOG_BYTES),
         ..LogParams::default()
     };
     let log = unpack_log(ctx, job, &params).await.unwrap_or_default();
-    let detail: String = last_lines(&log, 5).chars().take(FAILURE_DETAIL_CHARS).collect();
+    let detail: String = last_lines(&log, FAILURE_LOG_LINES)
+        .chars()
+        .take(FAILURE_DETAIL_CHARS)
+        .collect();
     ctx.unpacked
         .keep(&install_uid, &job_uid, 0, Read::JobFailed(detail.clone()));
     detail
@@ -158,6 +166,6 @@ fn made_by(pod: &Pod, job_uid: &str) -> bool {
 }
 
 fn last_lines(log: &str, count: usize) -> String {
-    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    let lines: Vec<&str> = log.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
     lines[lines.len().saturating_sub(count)..].join(" | ")
 }

@@ -22,7 +22,7 @@ use crate::host::labels::{MANAGED_BY, MANAGED_BY_LABEL};
 use crate::runtime::api_errors::is_conflict;
 use crate::stacks::stack::deployment as stack_deployment;
 use crate::stacks::stream::PackageContents;
-use crate::stacks::unpack::generated_rules;
+use crate::stacks::unpack::{CONVERTED_FROM_ANNOTATION, generated_rules};
 
 /// Why a package cannot be applied; the message says what to do.
 #[derive(Debug, thiserror::Error)]
@@ -36,7 +36,8 @@ pub enum PackageError {
         kind: String,
         other: &'static str,
     },
-    #[error("the package's {0}")]
+    /// Its message names the stack's controller already.
+    #[error(transparent)]
     Controller(stack_deployment::SpecError),
     #[error(
         "the package's CRD {name} would stop serving version(s) {dropped} that the tenant's existing CRD serves; keep those versions in the package (or remove the old CRD by hand)"
@@ -202,6 +203,10 @@ pub fn desired_crd(
     labels.insert(installer.parent_label(), "true".into());
     desired.metadata.labels = Some(labels);
     let mut annotations = without_stackd_keys(crd.metadata.annotations.as_ref());
+    // Written by stackd's own unpack, not the package: kept for whoever reads the CRD.
+    if let Some(file) = crd.annotations().get(CONVERTED_FROM_ANNOTATION) {
+        annotations.insert(CONVERTED_FROM_ANNOTATION.into(), file.clone());
+    }
     annotations.insert(SPEC_HASH_ANNOTATION.into(), spec_hash(crd));
     annotations.insert(PACKAGE_REPOSITORY_ANNOTATION.into(), installer.repository.clone());
     // The creator changes the CRD; once it is gone, the one install still using it takes its place.
@@ -217,6 +222,16 @@ pub fn desired_crd(
     annotations.insert(CREATED_BY_ANNOTATION.into(), original);
     desired.metadata.annotations = Some(annotations);
     desired
+}
+
+/// The package's files whose CRDs `stackd unpack` converted from v1beta1.
+pub fn converted_files(contents: &PackageContents) -> Vec<&str> {
+    contents
+        .crds
+        .iter()
+        .filter_map(|crd| crd.annotations().get(CONVERTED_FROM_ANNOTATION))
+        .map(String::as_str)
+        .collect()
 }
 
 /// True when `existing` (a slim cached copy) already is `desired` as far as stackd cares: the

@@ -17,6 +17,7 @@ use super::build::{Binding, TenantObjects};
 use super::context::{StackContext, StackError};
 use super::outcome::{Notes, Step};
 use super::tenant::{self, TenantIdentity, TenantWriteError};
+use crate::api::stacks::StackDefinition;
 use crate::host::apply::Applied;
 use crate::runtime::api_errors::is_not_found;
 
@@ -25,26 +26,34 @@ use crate::runtime::api_errors::is_not_found;
 pub(super) async fn write(
     ctx: &StackContext,
     objects: &TenantObjects,
-    observed_token: Option<&Secret>,
+    observed: Observed<'_>,
     notes: &mut Notes,
 ) -> Result<Step<Applied>, StackError> {
     let mut writes = TenantWrites::default();
-    let result = write_in_order(ctx, objects, observed_token, &mut writes).await;
+    let result = write_in_order(ctx, objects, observed, &mut writes).await;
     writes.report(notes);
     result
 }
 
+/// The copies of the tenant objects read before, where no cache has them.
+pub(super) struct Observed<'a> {
+    pub token: Option<&'a Secret>,
+    pub stack_definition: Option<&'a StackDefinition>,
+}
+
 /// Two rounds of concurrent writes: first what names nothing (the ServiceAccount, the system
-/// ClusterRole, the persona roles once the stack's CRDs are there), then what names those (the
+/// ClusterRole, the persona roles once the stack's CRDs are there, a templating stack's
+/// StackDefinition), then what names those (the
 /// binding, which grants its role; the token Secret, which a tenant's token controller deletes while
 /// its ServiceAccount is missing). Every write of a round is made and recorded before the round's
 /// first error is returned, so the Event names all that was written.
 async fn write_in_order(
     ctx: &StackContext,
     objects: &TenantObjects,
-    observed_token: Option<&Secret>,
+    observed: Observed<'_>,
     writes: &mut TenantWrites,
 ) -> Result<Step<Applied>, StackError> {
+    let observed_token = observed.token;
     let identity = &objects.identity;
     let (client, caches) = (&ctx.tenant.client, &ctx.caches);
     let ns = identity.namespace.as_str();
@@ -58,10 +67,24 @@ async fn write_in_order(
         let api = Api::namespaced(client.clone(), ns);
         tenant::ensure(&api, identity, &objects.service_account, observed.as_deref()).await
     };
+    let stack_definition = async {
+        match &objects.stack_definition {
+            Some(definition) => {
+                let api = Api::namespaced(client.clone(), ns);
+                Some(tenant::ensure(&api, identity, definition, observed.stack_definition).await)
+            }
+            None => None,
+        }
+    };
     let roles = || std::iter::once(&objects.system_role).chain(persona_roles);
     let ensure_roles = roles().map(|role| ensure_cluster_scoped(client, identity, role, &caches.cluster_roles));
-    let (service_account, applied_roles) = futures::join!(service_account, join_all(ensure_roles));
+    let (service_account, applied_roles, stack_definition) =
+        futures::join!(service_account, join_all(ensure_roles), stack_definition);
     let mut first_error = writes.keep(format!("ServiceAccount {}", identity.name), service_account);
+    if let Some(applied) = stack_definition {
+        let error = writes.keep(format!("StackDefinition {}", identity.name), applied);
+        first_error = first_error.or(error);
+    }
     for (role, applied) in roles().zip(applied_roles) {
         let error = writes.keep(format!("ClusterRole {}", role.name_any()), applied);
         first_error = first_error.or(error);

@@ -21,7 +21,7 @@ use super::tenant::TenantIdentity;
 use super::validate::CheckedController;
 use super::{deployment, rbac, token};
 use crate::api::common::HostObjectRef;
-use crate::api::stacks::Stack;
+use crate::api::stacks::{Stack, StackDefinition};
 use crate::host::apply::stamp;
 use crate::host::labels::Parent;
 use crate::host::names::{NameKind, host_name};
@@ -42,6 +42,8 @@ pub(super) struct Observed {
     /// The cached host Deployment and host Secrets.
     pub deployment: Option<Arc<Deployment>>,
     pub host_secrets: Vec<Arc<Secret>>,
+    /// A templating Stack's StackDefinition on the tenant, as it is now.
+    pub stack_definition: Option<StackDefinition>,
 }
 
 /// The Stack's host objects: their parent and mapped names.
@@ -104,6 +106,8 @@ pub(super) struct TenantObjects {
     /// The persona roles, or the wait for the stack's CRDs (the writes stop before these).
     pub persona_roles: Step<Vec<ClusterRole>>,
     pub token_secret: Secret,
+    /// A templating Stack's StackDefinition, which its controller reads at its start.
+    pub stack_definition: Option<StackDefinition>,
 }
 
 /// The binding of the system ClusterRole to the Stack's ServiceAccount.
@@ -213,6 +217,7 @@ fn tenant_objects(
         stale_binding: stale_binding.filter(ours),
         persona_roles,
         token_secret: token::tenant_secret(identity, owner),
+        stack_definition: rbac::stack_definition(stack, identity, owner),
     }
 }
 
@@ -253,6 +258,7 @@ fn host_objects(
             token_secret: &host.secret,
             pull_secrets: &pull_names,
             pass_full,
+            stack_definition: controller.stack_definition.as_deref(),
         },
     );
     stamp(&mut desired, &host.tenant, &host.parent);
@@ -423,6 +429,7 @@ mod tests {
                 .expect("spec"),
             endpoint,
             pull_secrets: pull_secrets.iter().map(|s| s.to_string()).collect(),
+            stack_definition: None,
         }
     }
 

@@ -17,8 +17,8 @@ use crate::context::endpoint::TenantEndpoint;
 use crate::context::pod_policy::PodPolicy;
 use crate::context::registries::AllowedRegistries;
 use crate::host::labels::{PARENT_KIND_LABEL, PARENT_NAME_LABEL, PARENT_NAMESPACE_LABEL, Parent, TENANT_LABEL};
-use crate::stacks::pod_policy;
 use crate::stacks::pull_secrets;
+use crate::stacks::{NON_ROOT_ID, pod_policy};
 
 /// Where in-cluster clients look for their token, CA and namespace.
 pub const SERVICE_ACCOUNT_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -133,6 +133,9 @@ pub struct Inputs<'a> {
     pub pull_secrets: &'a [String],
     /// Leave the security context as the package wrote it (`--insecure-pass-full-deployment`).
     pub pass_full: bool,
+    /// A templating controller's StackDefinition (in `tenant_namespace`), which it finds by
+    /// `SD_NAMESPACE` and `SD_NAME`, as Crossplane's stack manager told it.
+    pub stack_definition: Option<&'a str>,
 }
 
 /// The host Deployment for a checked spec; the caller stamps it with the parent's labels.
@@ -171,15 +174,17 @@ pub fn build(spec: &DeploymentSpec, inputs: &Inputs<'_>) -> Deployment {
     pulls.extend(pull_secrets::references(inputs.pull_secrets).unwrap_or_default());
     pod.image_pull_secrets = (!pulls.is_empty()).then_some(pulls);
     if !inputs.pass_full {
-        let context = pod.security_context.get_or_insert_with(PodSecurityContext::default);
-        context.run_as_non_root = Some(true);
-        context.seccomp_profile = Some(runtime_default());
+        run_as_non_root_user(pod);
     }
-    let env = [
+    let mut env = vec![
         ("KUBERNETES_SERVICE_HOST", inputs.endpoint.host.clone()),
         ("KUBERNETES_SERVICE_PORT", inputs.endpoint.port.to_string()),
         ("POD_NAMESPACE", inputs.tenant_namespace.to_string()),
     ];
+    if let Some(definition) = inputs.stack_definition {
+        env.push(("SD_NAMESPACE", inputs.tenant_namespace.to_string()));
+        env.push(("SD_NAME", definition.to_string()));
+    }
     let init = pod.init_containers.iter_mut().flatten();
     for container in pod.containers.iter_mut().chain(init) {
         connect_to_tenant(container, &env);
@@ -203,6 +208,31 @@ pub fn build(spec: &DeploymentSpec, inputs: &Inputs<'_>) -> Deployment {
         spec: Some(spec),
         status: None,
     }
+}
+
+/// The pod half of the restricted Pod Security Standard. Many controller images name no `USER`
+/// (they would run as root, which `runAsNonRoot` makes the kubelet refuse): a pod whose package
+/// names no user runs as [`NON_ROOT_ID`], user and group; a package's own non-root user is kept
+/// (`0` is refused before this). The volumes' group (`fsGroup`) makes the token Secret, mounted
+/// `0440`, readable whichever user the package names.
+fn run_as_non_root_user(pod: &mut PodSpec) {
+    let init = pod.init_containers.iter().flatten();
+    let names_a_user = pod.containers.iter().chain(init).any(|container| {
+        container
+            .security_context
+            .as_ref()
+            .is_some_and(|context| context.run_as_user.is_some() || context.run_as_group.is_some())
+    });
+    let context = pod.security_context.get_or_insert_with(PodSecurityContext::default);
+    context.run_as_non_root = Some(true);
+    context.seccomp_profile = Some(runtime_default());
+    if context.run_as_user.is_none() {
+        if !names_a_user && context.run_as_group.is_none() {
+            context.run_as_group = Some(NON_ROOT_ID);
+        }
+        context.run_as_user = Some(NON_ROOT_ID);
+    }
+    context.fs_group.get_or_insert(NON_ROOT_ID);
 }
 
 /// Mounts the tenant token where in-cluster clients read it and points them at the tenant.
@@ -323,6 +353,7 @@ mod tests {
                 token_secret: "team-a.s-token",
                 pull_secrets: &["team-a.s-pull-0-abc".to_string()],
                 pass_full: false,
+                stack_definition: None,
             },
         );
         let spec = deployment.spec.expect("spec");
@@ -363,5 +394,59 @@ mod tests {
             assert_eq!(context.allow_privilege_escalation, Some(false));
             assert_eq!(container.image_pull_policy.as_deref(), Some("Always"));
         }
+    }
+
+    fn built_pod(pod: serde_json::Value) -> PodSpec {
+        let parsed = parse(&spec(pod)).expect("parses");
+        let parent = Parent::new("Stack", Some("team-a"), "s", "u");
+        let endpoint = TenantEndpoint::parse("https://t.example:6443", EndpointSource::ServerUrl).expect("endpoint");
+        let inputs = Inputs {
+            name: "team-a.s",
+            host_namespace: "tenant-acme-controllers",
+            tenant: "acme",
+            parent: &parent,
+            tenant_namespace: "team-a",
+            endpoint: &endpoint,
+            token_secret: "team-a.s-token",
+            pull_secrets: &[],
+            pass_full: false,
+            stack_definition: None,
+        };
+        build(&parsed, &inputs)
+            .spec
+            .and_then(|spec| spec.template.spec)
+            .expect("pod")
+    }
+
+    #[test]
+    fn a_package_that_names_no_user_runs_as_a_fixed_non_root_user_and_group() {
+        let pod = built_pod(json!({"containers": [container()]}));
+        let context = pod.security_context.expect("pod security context");
+        assert_eq!(context.run_as_non_root, Some(true));
+        assert_eq!(context.run_as_user, Some(NON_ROOT_ID));
+        assert_eq!(context.run_as_group, Some(NON_ROOT_ID));
+        assert_eq!(
+            context.fs_group,
+            Some(NON_ROOT_ID),
+            "the 0440 token is readable by the pod's group"
+        );
+    }
+
+    #[test]
+    fn a_packages_own_non_root_user_is_kept() {
+        let pod = built_pod(json!({"containers": [container()], "securityContext": {"runAsUser": 1000}}));
+        let context = pod.security_context.expect("pod security context");
+        assert_eq!(context.run_as_user, Some(1000));
+        assert_eq!(context.run_as_group, None, "the image's group stays the package's");
+        let pod =
+            built_pod(json!({"containers": [{"name": "c", "image": "i", "securityContext": {"runAsUser": 2000}}]}));
+        let context = pod.security_context.expect("pod security context");
+        assert_eq!(context.run_as_group, None);
+        let container = &pod.containers[0];
+        assert_eq!(
+            container.security_context.as_ref().and_then(|c| c.run_as_user),
+            Some(2000),
+            "the container's own user wins over the pod's default"
+        );
     }
 }

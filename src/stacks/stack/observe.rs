@@ -11,6 +11,7 @@ use super::rbac;
 use super::tenant::TenantIdentity;
 use super::token;
 use super::validate::CheckedController;
+use crate::api::stacks::StackDefinition;
 use crate::stacks::pull_secrets;
 
 /// Reads what [`super::build::build`] needs for `identity`'s Stack and its host objects `host`.
@@ -33,6 +34,15 @@ pub(super) async fn observe(
         .token_secrets
         .current(&tenant_secrets, ns, &token::tenant_secret_name(identity))
         .await?;
+    // Read, not watched: only templating stacks have one, and each reconcile of one reads it once.
+    let stack_definition = match controller.filter(|c| c.stack_definition.is_some()) {
+        Some(_) => {
+            Api::<StackDefinition>::namespaced(ctx.tenant.client.clone(), ns)
+                .get_opt(&identity.name)
+                .await?
+        }
+        None => None,
+    };
     Ok(Observed {
         crds: caches.crds.state(),
         role_binding: caches.role_bindings.get(&ObjectRef::new(&binding).within(ns)),
@@ -43,5 +53,6 @@ pub(super) async fn observe(
             .deployments
             .get(&ObjectRef::new(&host.deployment).within(&host.namespace)),
         host_secrets: caches.host_secrets.state(),
+        stack_definition,
     })
 }

@@ -13,10 +13,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 
 use super::tenant::TenantIdentity;
-use crate::api::stacks::{PermissionScope, Stack, StackSpec};
+use crate::api::stacks::{PermissionScope, Stack, StackDefinition, StackDefinitionSpec, StackSpec};
+use crate::context::crd_groups::CrdGroups;
 use crate::stacks::rbac_verbs::ALLOWED_VERBS;
 use crate::stacks::unpack::split_dependency;
-use crate::stacks::{MANAGED_CRD_LABEL, crd_parent_label, reserved_group_owner};
+use crate::stacks::{COMPATIBILITY_GROUP, MANAGED_CRD_LABEL, crd_parent_label, reserved_group_owner};
 
 /// Core resources every stack may use: the default rule `stackd unpack` generates.
 const DEFAULT_CORE_RESOURCES: [&str; 3] = ["configmaps", "events", "secrets"];
@@ -31,10 +32,19 @@ pub const PERSONAS: [(&str, &[&str]); 3] = [
 
 /// Allows only rules within the stack's own API: the API groups of its CRDs and of the CRDs it depends
 /// on (never stackd's or Kubernetes' groups, and a dependency only in a group another stack's
-/// install created, per `tenant_crds`), the default core rule's resources, and the verbs of
-/// [`ALLOWED_VERBS`]. Returns a message a user can act on.
-pub fn validate_permissions(spec: &StackSpec, tenant_crds: &[Arc<CustomResourceDefinition>]) -> Result<(), String> {
-    let (groups, mut refused) = stack_groups(spec, tenant_crds);
+/// install created, per `tenant_crds`, or one of the platform's groups the host's operators listed),
+/// the default core rule's resources, and the verbs of [`ALLOWED_VERBS`]. Returns a message a user
+/// can act on, naming each thing refused once.
+pub fn validate_permissions(
+    spec: &StackSpec,
+    tenant_crds: &[Arc<CustomResourceDefinition>],
+    platform_groups: &CrdGroups,
+) -> Result<(), String> {
+    let StackGroups {
+        allowed: groups,
+        refused_groups,
+        refusals: mut refused,
+    } = stack_groups(spec, tenant_crds, platform_groups);
     for rule in &spec.permissions.rules {
         if rule.non_resource_urls.as_ref().is_some_and(|urls| !urls.is_empty()) {
             refused.push(format!(
@@ -64,7 +74,7 @@ pub fn validate_permissions(spec: &StackSpec, tenant_crds: &[Arc<CustomResourceD
                         DEFAULT_CORE_RESOURCES.join(", ")
                     ));
                 }
-            } else if !groups.contains(group) {
+            } else if !groups.contains(group) && !refused_groups.contains(group) {
                 refused.push(format!(
                     "API group {group:?} (only the groups of the stack's own CRDs and dependencies are allowed{})",
                     if groups.is_empty() {
@@ -87,7 +97,8 @@ pub fn validate_permissions(spec: &StackSpec, tenant_crds: &[Arc<CustomResourceD
             ));
         }
     }
-    refused.dedup();
+    let mut seen = BTreeSet::new();
+    refused.retain(|message| seen.insert(message.clone()));
     if refused.is_empty() {
         Ok(())
     } else {
@@ -98,41 +109,63 @@ pub fn validate_permissions(spec: &StackSpec, tenant_crds: &[Arc<CustomResourceD
     }
 }
 
+/// The API groups of a stack's CRDs and dependencies, judged.
+struct StackGroups {
+    /// Groups its rules may name.
+    allowed: BTreeSet<String>,
+    /// Groups refused (said in `refusals` already: rules in them are not refused a second time).
+    refused_groups: BTreeSet<String>,
+    refusals: Vec<String>,
+}
+
 /// The API groups of the stack's CRDs and dependencies, and what is refused among them: a stack never
-/// claims a group of stackd's or Kubernetes', and depends only on groups stacks installed.
-fn stack_groups(spec: &StackSpec, tenant_crds: &[Arc<CustomResourceDefinition>]) -> (BTreeSet<String>, Vec<String>) {
+/// claims a group of stackd's or Kubernetes', and depends only on groups stacks installed or the
+/// platform's groups the host allows (`--platform-dependency-groups`).
+fn stack_groups(
+    spec: &StackSpec,
+    tenant_crds: &[Arc<CustomResourceDefinition>],
+    platform_groups: &CrdGroups,
+) -> StackGroups {
     let owned = spec
         .customresourcedefinitions
         .iter()
         .map(|reference| reference.api_version.split('/').next().unwrap_or_default().to_string());
-    let mut groups = BTreeSet::new();
-    let mut refused = Vec::new();
-    for group in owned {
-        match reserved_group_owner(&group) {
-            Some(owner) => refused.push(format!("CRDs in API group {group:?}, which belongs to {owner}")),
-            None => {
-                groups.insert(group);
-            }
-        }
-    }
     let depended = spec
         .metadata
         .depends_on
         .iter()
         .filter_map(|dependency| dependency.crd.as_deref().and_then(split_dependency))
         .map(|(_, group)| group.to_string());
-    for group in depended {
-        if let Some(owner) = reserved_group_owner(&group) {
-            refused.push(format!("CRDs in API group {group:?}, which belongs to {owner}"));
-        } else if !installed_by_stacks(&group, tenant_crds) {
-            refused.push(format!(
-                "a dependency in API group {group:?}, whose CRDs no stack installed (a stack may depend only on CRDs another stack's install created; install that stack first)"
-            ));
+    let mut judged = StackGroups {
+        allowed: BTreeSet::new(),
+        refused_groups: BTreeSet::new(),
+        refusals: Vec::new(),
+    };
+    let owned: BTreeSet<String> = owned.collect();
+    for group in owned.iter().cloned().chain(depended.collect::<BTreeSet<_>>()) {
+        if judged.allowed.contains(&group) || judged.refused_groups.contains(&group) {
+            continue;
+        }
+        let refusal = if let Some(owner) = reserved_group_owner(&group) {
+            Some(format!("CRDs in API group {group:?}, which belongs to {owner}"))
+        } else if owned.contains(&group) || platform_groups.allows(&group) || installed_by_stacks(&group, tenant_crds) {
+            None
         } else {
-            groups.insert(group);
+            Some(format!(
+                "a dependency on API group {group:?}, which is neither on the host's list of platform groups (--platform-dependency-groups) nor installed by a stack: install the stack that provides it first, or ask the host's operators to list it"
+            ))
+        };
+        match refusal {
+            Some(refusal) => {
+                judged.refusals.push(refusal);
+                judged.refused_groups.insert(group);
+            }
+            None => {
+                judged.allowed.insert(group);
+            }
         }
     }
-    (groups, refused)
+    judged
 }
 
 /// True when `group` has CRDs on the tenant and stackd created every one of them for a stack: a
@@ -175,12 +208,40 @@ pub fn service_account(stack: &Stack, identity: &TenantIdentity, owner: &OwnerRe
     }
 }
 
+/// The stack's rules; a templating stack's controller may also read its own StackDefinition (and
+/// no other), as Crossplane granted it.
 pub fn system_role(stack: &Stack, identity: &TenantIdentity) -> ClusterRole {
+    let mut rules = stack.spec.permissions.rules.clone();
+    if stack.spec.behavior.is_some() {
+        rules.push(PolicyRule {
+            api_groups: Some(vec![COMPATIBILITY_GROUP.into()]),
+            resources: Some(vec!["stackdefinitions".into()]),
+            resource_names: Some(vec![identity.name.clone()]),
+            verbs: ["get", "list", "watch"].map(String::from).to_vec(),
+            ..Default::default()
+        });
+    }
     ClusterRole {
         metadata: identity.meta_cluster(&system_role_name(identity)),
-        rules: Some(stack.spec.permissions.rules.clone()),
+        rules: Some(rules),
         ..Default::default()
     }
+}
+
+/// A templating stack's StackDefinition, named and owned by the Stack: what its controller reads
+/// at its start (the behavior, and the scope that limits it to the Stack's namespace).
+pub fn stack_definition(stack: &Stack, identity: &TenantIdentity, owner: &OwnerReference) -> Option<StackDefinition> {
+    let behavior = stack.spec.behavior.clone()?;
+    let spec = StackDefinitionSpec {
+        behavior,
+        permission_scope: stack.spec.permission_scope,
+        title: stack.spec.title.clone(),
+        version: stack.spec.version.clone(),
+    };
+    Some(StackDefinition {
+        metadata: identity.meta(&identity.name, Some(owner)),
+        spec,
+    })
 }
 
 fn subjects(identity: &TenantIdentity) -> Option<Vec<Subject>> {
@@ -326,6 +387,10 @@ mod tests {
         vec![tenant_crd("gadgets", "gadgets.example.org", true)]
     }
 
+    fn no_platform_groups() -> CrdGroups {
+        "".parse().expect("an empty list")
+    }
+
     fn depending_on(crd: &str) -> StackSpec {
         let (plural, group) = split_dependency(crd).expect("dependency");
         let mut spec = spec(vec![rule(&[group], &[plural], &ALLOWED_VERBS)]);
@@ -334,26 +399,80 @@ mod tests {
     }
 
     #[test]
-    fn a_dependency_grants_only_a_group_whose_crds_stacks_installed() {
+    fn a_dependency_on_a_platform_group_is_allowed_whoever_made_its_crds() {
+        let platform = CrdGroups::platform_types();
+        let mut tenant = tenant_crds();
+        tenant.push(tenant_crd("mysqlinstances", "database.crossplane.io", false));
+        let claims = depending_on("*.database.crossplane.io/v1alpha1");
+        assert_eq!(validate_permissions(&claims, &tenant, &platform), Ok(()));
+        // core.crossplane.io has no CRD at all in Crossplane v0.8, and is listed all the same.
         assert_eq!(
-            validate_permissions(&depending_on("gadgets.gadgets.example.org/v1"), &tenant_crds()),
+            validate_permissions(&depending_on("*.core.crossplane.io/v1alpha1"), &[], &platform),
             Ok(())
         );
-        let not_yet = validate_permissions(&depending_on("gadgets.gadgets.example.org/v1"), &[]).expect_err("refused");
+        let refused = validate_permissions(&claims, &tenant, &no_platform_groups()).expect_err("not listed");
+        assert!(refused.contains("--platform-dependency-groups"), "{refused}");
+        // The platform list never opens stackd's or Kubernetes' groups.
+        let everything: CrdGroups = "*".parse().expect("any group");
+        let message = validate_permissions(&depending_on("deployments.apps/v1"), &[], &everything).expect_err("apps");
+        assert!(message.contains("belongs to Kubernetes"), "{message}");
+    }
+
+    #[test]
+    fn each_refused_dependency_group_is_named_once() {
+        let mut spec = depending_on("mysqlinstances.database.crossplane.io/v1alpha1");
+        let mut second = spec.metadata.depends_on[0].clone();
+        second.crd = Some("postgresqlinstances.database.crossplane.io/v1alpha1".into());
+        spec.metadata.depends_on.push(second);
+        spec.permissions
+            .rules
+            .push(rule(&["database.crossplane.io"], &["postgresqlinstances"], &["get"]));
+        let message = validate_permissions(&spec, &[], &no_platform_groups()).expect_err("refused");
+        assert_eq!(message.matches("database.crossplane.io").count(), 1, "{message}");
+    }
+
+    #[test]
+    fn a_dependency_grants_only_a_group_whose_crds_stacks_installed() {
+        assert_eq!(
+            validate_permissions(
+                &depending_on("gadgets.gadgets.example.org/v1"),
+                &tenant_crds(),
+                &no_platform_groups()
+            ),
+            Ok(())
+        );
+        let not_yet = validate_permissions(
+            &depending_on("gadgets.gadgets.example.org/v1"),
+            &[],
+            &no_platform_groups(),
+        )
+        .expect_err("refused");
         assert!(
-            not_yet.contains("\"gadgets.example.org\", whose CRDs no stack installed"),
+            not_yet.contains("\"gadgets.example.org\", which is neither on the host's list of platform groups"),
             "{not_yet}"
         );
         let mut tenant = tenant_crds();
         tenant.push(tenant_crd("policyexceptions", "kyverno.io", false));
-        let third_party =
-            validate_permissions(&depending_on("policyexceptions.kyverno.io/v2"), &tenant).expect_err("refused");
+        let third_party = validate_permissions(
+            &depending_on("policyexceptions.kyverno.io/v2"),
+            &tenant,
+            &no_platform_groups(),
+        )
+        .expect_err("refused");
         assert!(third_party.contains("\"kyverno.io\""), "{third_party}");
         // A third party's CRD next to a stack's in one group: the group is not the stacks' alone.
         tenant.push(tenant_crd("intruders", "gadgets.example.org", false));
-        assert!(validate_permissions(&depending_on("gadgets.gadgets.example.org/v1"), &tenant).is_err());
+        assert!(
+            validate_permissions(
+                &depending_on("gadgets.gadgets.example.org/v1"),
+                &tenant,
+                &no_platform_groups()
+            )
+            .is_err()
+        );
         for builtin in ["deployments.apps/v1", "jobs.batch/v1", "poddisruptionbudgets.policy/v1"] {
-            let message = validate_permissions(&depending_on(builtin), &tenant_crds()).expect_err(builtin);
+            let message =
+                validate_permissions(&depending_on(builtin), &tenant_crds(), &no_platform_groups()).expect_err(builtin);
             assert!(message.contains("belongs to Kubernetes"), "{builtin}: {message}");
         }
     }
@@ -365,7 +484,10 @@ mod tests {
             rule(&["samples.example.org"], &["widgets", "widgets/status"], &ALLOWED_VERBS),
             rule(&["gadgets.example.org"], &["gadgets"], &["get", "list", "watch"]),
         ];
-        assert_eq!(validate_permissions(&spec(rules), &tenant_crds()), Ok(()));
+        assert_eq!(
+            validate_permissions(&spec(rules), &tenant_crds(), &no_platform_groups()),
+            Ok(())
+        );
     }
 
     #[test]
@@ -379,7 +501,8 @@ mod tests {
             rule(&[""], &[], &["get"]),
             rule(&[], &["widgets"], &["get"]),
         ] {
-            let message = validate_permissions(&spec(vec![bad.clone()]), &tenant_crds()).expect_err("refused");
+            let message = validate_permissions(&spec(vec![bad.clone()]), &tenant_crds(), &no_platform_groups())
+                .expect_err("refused");
             assert!(message.contains("--insecure-allow-all-apigroups"), "{bad:?}: {message}");
         }
         let urls = PolicyRule {
@@ -387,7 +510,8 @@ mod tests {
             verbs: vec!["get".into()],
             ..Default::default()
         };
-        let message = validate_permissions(&spec(vec![urls]), &tenant_crds()).expect_err("refused");
+        let message =
+            validate_permissions(&spec(vec![urls]), &tenant_crds(), &no_platform_groups()).expect_err("refused");
         assert!(message.contains("/metrics"));
     }
 
@@ -400,9 +524,12 @@ mod tests {
                 } else {
                     "samples.example.org"
                 };
-                let message =
-                    validate_permissions(&spec(vec![rule(&[group], resources, &["get", verb])]), &tenant_crds())
-                        .expect_err("refused");
+                let message = validate_permissions(
+                    &spec(vec![rule(&[group], resources, &["get", verb])]),
+                    &tenant_crds(),
+                    &no_platform_groups(),
+                )
+                .expect_err("refused");
                 assert!(message.contains(&format!("verbs [\"{verb}\"]")), "{message}");
             }
         }
@@ -416,11 +543,11 @@ mod tests {
             &["create"],
         )]);
         claims.customresourcedefinitions[0].api_version = "stacks.stackd.dev/v1alpha1".into();
-        let message = validate_permissions(&claims, &tenant_crds()).expect_err("refused");
+        let message = validate_permissions(&claims, &tenant_crds(), &no_platform_groups()).expect_err("refused");
         assert!(message.contains("belongs to stackd"), "{message}");
         let mut depends = spec(vec![]);
         depends.metadata.depends_on[0].crd = Some("roles.rbac.authorization.k8s.io/v1".into());
-        let message = validate_permissions(&depends, &tenant_crds()).expect_err("refused");
+        let message = validate_permissions(&depends, &tenant_crds(), &no_platform_groups()).expect_err("refused");
         assert!(message.contains("belongs to Kubernetes"), "{message}");
     }
 }

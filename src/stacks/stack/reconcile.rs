@@ -108,8 +108,11 @@ async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Resul
     let pass_full = tenant.shared.settings.insecure_pass_full_deployment;
     let desired = proceed!(build::build(stack, controller.as_ref(), &observed, &host, pass_full));
     // 2. The controller's identity and permissions on the tenant, and its filled token.
-    let observed_token = observed.token_secret.as_deref();
-    let token_secret = proceed!(apply_tenant::write(ctx, &desired.tenant, observed_token, notes).await?);
+    let observed_tenant = apply_tenant::Observed {
+        token: observed.token_secret.as_deref(),
+        stack_definition: observed.stack_definition.as_ref(),
+    };
+    let token_secret = proceed!(apply_tenant::write(ctx, &desired.tenant, observed_tenant, notes).await?);
     // A token Secret created just now: its fill is a watch event away.
     let just_created = token_secret == Applied::Created;
     let plan = proceed!(desired.host.map_break(|waiting| Outcome {

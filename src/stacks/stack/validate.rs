@@ -23,6 +23,8 @@ pub(super) struct CheckedController<'a> {
     pub endpoint: &'a TenantEndpoint,
     /// The tenant pull secrets (in the Stack's namespace) its pods pull with.
     pub pull_secrets: Vec<String>,
+    /// A templating controller's StackDefinition (in the Stack's namespace), which it reads.
+    pub stack_definition: Option<String>,
 }
 
 /// What a Stack is judged against besides itself.
@@ -41,9 +43,18 @@ pub(super) fn validate<'a>(stack: &Stack, judge: &Judge<'a>) -> Result<Option<Ch
     origin::check_scope(stack, scope).map_err(refused)?;
     let settings = judge.settings;
     if !settings.insecure_allow_all_apigroups
-        && let Err(message) = rbac::validate_permissions(&stack.spec, judge.tenant_crds)
+        && let Err(message) =
+            rbac::validate_permissions(&stack.spec, judge.tenant_crds, &settings.platform_dependency_groups)
     {
         return Err(Outcome::refused("PermissionsRefused", message));
+    }
+    if stack.spec.behavior.is_some() && !serves_stack_definitions(judge.tenant_crds) {
+        return Err(Outcome::refused(
+            "StackDefinitionsNotServed",
+            format!(
+                "the stack is a templating stack, whose controller reads a StackDefinition, and the tenant serves no {STACK_DEFINITIONS_CRD}: install that CRD with this stackd's stackd-types chart (or `stackd crds`)"
+            ),
+        ));
     }
     let Some(controller) = &stack.spec.controller.deployment else {
         return Ok(None);
@@ -74,5 +85,13 @@ pub(super) fn validate<'a>(stack: &Stack, judge: &Judge<'a>) -> Result<Option<Ch
         spec,
         endpoint,
         pull_secrets,
+        stack_definition: stack.spec.behavior.as_ref().map(|_| stack.name_any()),
     }))
+}
+
+/// The CRD of the StackDefinitions templating controllers read.
+const STACK_DEFINITIONS_CRD: &str = "stackdefinitions.packages.crossplane.io";
+
+fn serves_stack_definitions(tenant_crds: &[Arc<CustomResourceDefinition>]) -> bool {
+    tenant_crds.iter().any(|crd| crd.name_any() == STACK_DEFINITIONS_CRD)
 }
