@@ -15,7 +15,13 @@ use super::install_config;
 /// namespace's pools share one or two templates, and each entry is within the install config's
 /// bound.
 #[derive(Default)]
-pub(super) struct Templates(Mutex<VecDeque<(TemplateKey, Arc<Map<String, Value>>)>>);
+pub(super) struct Templates(Mutex<Kept>);
+
+/// The parsed templates, oldest first, by their Secret's version.
+type Kept = VecDeque<(TemplateKey, Template)>;
+
+/// A parsed template, shared by the pools naming it.
+type Template = Arc<Map<String, Value>>;
 
 /// A template Secret's version: its uid and resourceVersion.
 type TemplateKey = (String, String);
@@ -26,10 +32,7 @@ const TEMPLATES_KEPT: usize = 4;
 impl Templates {
     /// The template of `secret`, parsed (on the blocking pool: up to a Secret's megabyte of tenant
     /// YAML) unless this version of it was.
-    pub(super) async fn parsed(
-        &self,
-        secret: &Secret,
-    ) -> Result<Arc<Map<String, Value>>, install_config::TemplateError> {
+    pub(super) async fn parsed(&self, secret: &Secret) -> Result<Template, install_config::TemplateError> {
         let key = (
             secret.uid().unwrap_or_default(),
             secret.resource_version().unwrap_or_default(),
@@ -53,7 +56,7 @@ impl Templates {
         Ok(template)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(TemplateKey, Arc<Map<String, Value>>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

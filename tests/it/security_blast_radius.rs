@@ -15,7 +15,7 @@ use stackd::api::inventory::BareMetalAsset;
 use stackd::api::pools::{ClusterDeployment, ClusterPool};
 use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
 
-use crate::harness::{Daemon, Fleet, until, wait_until};
+use crate::harness::{Daemon, Fleet, until};
 use crate::pools::{NS, WITHIN, create_pool, events, pool, pool_condition, pool_json, pool_namespaces, setup};
 
 const HOST_NAMESPACE: &str = "tenant-acme-controllers";
