@@ -311,6 +311,7 @@ async fn run_daemon(
         tenant_stop_grace: Duration::from_secs(20),
         max_cached_object_bytes: crate::runtime::memory_budget::ByteSize::DEFAULT_MAX_OBJECT,
         tenant_memory_budget: crate::runtime::memory_budget::ByteSize::DEFAULT_TENANT_BUDGET,
+        document_limits: crate::bounds::DocumentLimits::default(),
         monitoring_namespace: None,
     };
     println!("\nThe daemon is serving every tenant; progress follows. Ctrl-C stops everything.\n");

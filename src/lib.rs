@@ -1,6 +1,7 @@
 //! stackd: one daemon serving stacks and cluster pools to many tenant API servers.
 pub mod api;
 pub mod bench;
+pub mod bounds;
 pub mod context;
 pub mod daemon;
 pub mod dev;

@@ -8,6 +8,10 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use stackd::api::stacks::PermissionScope;
+use stackd::bounds::{
+    DEFAULT_INSTALLER_OUTPUT_BYTES, DEFAULT_INSTALLER_OUTPUT_KEYS, DEFAULT_RENDER_BYTES, DEFAULT_RENDER_SECRET_BYTES,
+    DocumentLimits,
+};
 use stackd::context::crd_groups::{CrdGroups, PLATFORM_TYPE_GROUPS};
 use stackd::context::namespace_template::NamespaceTemplate;
 use stackd::context::pod_policy::{AllowedToleration, NodeLabel, PodPolicy};
@@ -233,6 +237,23 @@ struct RunArgs {
     /// and retried with backoff. Size it so that tenants × budget fits the daemon's memory limit.
     #[arg(long, default_value = DEFAULT_TENANT_BUDGET, value_name = "SIZE")]
     tenant_memory_budget: ByteSize,
+    /// The most data of one tenant Secret stackd reads to render a document (an install-config
+    /// template, a pull secret, platform or BMC credentials); a larger one gets its pool a
+    /// `DocumentTooLarge` condition and Event naming the Secret, and nothing is built from it.
+    #[arg(long, default_value = DEFAULT_RENDER_SECRET_BYTES, value_name = "SIZE")]
+    max_render_secret_bytes: ByteSize,
+    /// The most Secret data one render reads and inlines in total (every host's BMC credentials of a
+    /// cluster, say), added up before anything is built; past it, as for one Secret.
+    #[arg(long, default_value = DEFAULT_RENDER_BYTES, value_name = "SIZE")]
+    max_render_bytes: ByteSize,
+    /// The most data stackd reads from an installer's output Secret, measured before it is read; a
+    /// larger one fails its own ClusterDeployment only (`InstallerOutputRefused`).
+    #[arg(long, default_value = DEFAULT_INSTALLER_OUTPUT_BYTES, value_name = "SIZE")]
+    max_installer_output_bytes: ByteSize,
+    /// The most keys an installer's output Secret may hold (it writes `kubeconfig` and
+    /// `metadata.json`).
+    #[arg(long, default_value_t = DEFAULT_INSTALLER_OUTPUT_KEYS, value_name = "N", value_parser = at_least_one)]
+    max_installer_output_keys: usize,
     /// The host namespace whose pods (e.g. Prometheus) may reach the pods of tenant host namespaces.
     /// Without it, each tenant host namespace admits traffic from its own pods only (a
     /// NetworkPolicy `stackd-tenant-isolation`).
@@ -248,6 +269,11 @@ fn namespace_name(text: &str) -> Result<String, String> {
     } else {
         Err(format!("{text:?} is not a namespace name (a DNS-1123 label)"))
     }
+}
+
+/// A size as the bounds count it, saturated on a 32-bit target.
+fn bytes(size: ByteSize) -> usize {
+    usize::try_from(size.0).unwrap_or(usize::MAX)
 }
 
 /// A count that must be at least 1.
@@ -584,6 +610,12 @@ async fn run(args: RunArgs) -> ExitCode {
         tenant_stop_grace: args.tenant_stop_grace,
         max_cached_object_bytes: args.max_cached_object_bytes,
         tenant_memory_budget: args.tenant_memory_budget,
+        document_limits: DocumentLimits {
+            render_secret_bytes: bytes(args.max_render_secret_bytes),
+            render_bytes: bytes(args.max_render_bytes),
+            installer_output_bytes: bytes(args.max_installer_output_bytes),
+            installer_output_keys: args.max_installer_output_keys,
+        },
         monitoring_namespace: args.monitoring_namespace,
     };
     match stackd::daemon::run(host, settings, shutdown_on_signals()).await {

@@ -287,6 +287,7 @@ fn sibling_edges(src: &Path) -> Edges {
 /// a reconcile read and return values, and the controllers read and write. Paths relative to
 /// `src/`; a folder (ending in `/`) stands for every file in it.
 const PURE_MODULES: &[&str] = &[
+    "bounds.rs",
     "embedded/defaults.rs",
     "embedded/kinds.rs",
     "embedded/kinds/",
@@ -303,7 +304,6 @@ const PURE_MODULES: &[&str] = &[
     "pools/deployment/installer.rs",
     "pools/deployment/plan.rs",
     "pools/deployment/status.rs",
-    "pools/document_bounds.rs",
     "pools/failure_domains.rs",
     "pools/host_selection.rs",
     "pools/install_config.rs",

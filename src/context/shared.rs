@@ -13,6 +13,7 @@ use super::namespace_template::NamespaceTemplate;
 use super::pod_policy::PodPolicy;
 use super::registries::AllowedRegistries;
 use super::stack_limits::StackLimits;
+use crate::bounds::DocumentLimits;
 use crate::host::namespace::ServiceAccountRef;
 use crate::host::namespace_watch::NamespaceWatch;
 use crate::host::quota::TenantQuota;
@@ -83,6 +84,9 @@ pub struct DaemonSettings {
     pub max_cached_object_bytes: ByteSize,
     /// What one tenant's caches may hold before it is suspended (`--tenant-memory-budget`).
     pub tenant_memory_budget: ByteSize,
+    /// The bounds of the documents stackd builds from tenant input (`--max-render-secret-bytes`,
+    /// `--max-render-bytes`, `--max-installer-output-bytes`, `--max-installer-output-keys`).
+    pub document_limits: DocumentLimits,
     /// The host namespace whose pods may reach tenant pods, to scrape them
     /// (`--monitoring-namespace`); none when unset.
     pub monitoring_namespace: Option<String>,

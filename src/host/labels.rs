@@ -21,6 +21,11 @@ pub const TENANT_NAMESPACE_ANNOTATION: &str = "stackd.dev/tenant-namespace";
 pub const TENANT_NAME_ANNOTATION: &str = "stackd.dev/tenant-name";
 pub const TENANT_UID_ANNOTATION: &str = "stackd.dev/tenant-uid";
 
+/// On a host object only stackd writes: the uid of another host object stackd made for the same
+/// parent whose metadata a tenant's token may change (an installer's output Secret). It proves that
+/// object stackd's, and names its parent, whatever its own annotations say.
+pub const OUTPUT_UID_ANNOTATION: &str = "pools.stackd.dev/output-secret-uid";
+
 /// The tenant object a host object belongs to.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Parent {
@@ -91,16 +96,21 @@ pub fn selector_of(labels: &BTreeMap<String, String>) -> String {
 }
 
 /// The tenant object a host object was made for, from its name (`<tenant ns>.<name><suffix>`: set
-/// at creation, which nobody on the host can change) and its identity annotations, which must agree
-/// with that name. `None` when they do not, or the name says no namespace (a capped one).
+/// at creation by stackd, which nobody on the host can change) and its identity annotations, which
+/// must agree with that name. An installer may strip or rewrite the annotations of its output
+/// Secret: then the name alone tells the tenant namespace (so a refused Secret holds up that
+/// namespace only, never all of them), and the labels, when they agree with it, the object.
+/// `None` when the name says no namespace (a capped one).
 pub fn parent_of_host_object(meta: &ObjectMeta) -> Option<HostParent> {
-    let annotations = meta.annotations.as_ref()?;
     let (namespace, _) = meta.name.as_deref()?.split_once('.')?;
+    let annotations = meta.annotations.clone().unwrap_or_default();
     let annotation = |key: &str| annotations.get(key).filter(|v| !v.is_empty()).cloned();
     if annotation(TENANT_NAMESPACE_ANNOTATION).as_deref() != Some(namespace) {
-        return None;
+        return Some(parent_from_labels(meta, namespace));
     }
-    let kind = annotation(TENANT_KIND_ANNOTATION)?;
+    let Some(kind) = annotation(TENANT_KIND_ANNOTATION) else {
+        return Some(parent_from_labels(meta, namespace));
+    };
     let reference = ObjectReference {
         api_version: Some(parent_api_version(&kind)?),
         kind: Some(kind),
@@ -113,6 +123,29 @@ pub fn parent_of_host_object(meta: &ObjectMeta) -> Option<HostParent> {
         reference,
         namespace: namespace.to_string(),
     })
+}
+
+/// The parent of a host object whose annotations do not agree with its name: the object its labels
+/// name when they agree with the name's namespace, else only that namespace.
+fn parent_from_labels(meta: &ObjectMeta, namespace: &str) -> HostParent {
+    let labels = meta.labels.clone().unwrap_or_default();
+    let label = |key: &str| labels.get(key).filter(|v| !v.is_empty()).cloned();
+    let mut reference = ObjectReference {
+        namespace: Some(namespace.to_string()),
+        ..Default::default()
+    };
+    if label(PARENT_NAMESPACE_LABEL).as_deref() == Some(namespace)
+        && let Some(kind) = label(PARENT_KIND_LABEL)
+        && let Some(api_version) = parent_api_version(&kind)
+    {
+        reference.api_version = Some(api_version);
+        reference.kind = Some(kind);
+        reference.name = label(PARENT_NAME_LABEL);
+    }
+    HostParent {
+        reference,
+        namespace: namespace.to_string(),
+    }
 }
 
 /// The API version of a tenant kind that owns host objects.
@@ -181,7 +214,36 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert(TENANT_NAMESPACE_ANNOTATION.into(), "team-b".into());
-        assert_eq!(parent_of_host_object(&meta), None, "annotations pointing elsewhere");
+        let named = parent_of_host_object(&meta).unwrap();
+        assert_eq!(
+            named.namespace, "team-a",
+            "annotations pointing elsewhere count for nothing"
+        );
+        assert_eq!(named.reference.name, None, "no labels to name the object");
+    }
+
+    #[test]
+    fn a_host_object_stripped_of_its_annotations_still_holds_up_its_own_namespace_only() {
+        let parent = Parent::new("ClusterDeployment", Some("team-a"), "c1", "uid-1");
+        let mut meta = ObjectMeta {
+            name: Some("team-a.c1-output".into()),
+            labels: Some(parent.labels("acme")),
+            ..Default::default()
+        };
+        let found = parent_of_host_object(&meta).unwrap();
+        assert_eq!(found.namespace, "team-a");
+        assert_eq!(found.reference.name.as_deref(), Some("c1"));
+        assert_eq!(found.reference.kind.as_deref(), Some("ClusterDeployment"));
+        assert_eq!(found.reference.uid, None);
+        // Labels naming another namespace are not believed; the name still tells its own.
+        meta.labels
+            .as_mut()
+            .unwrap()
+            .insert(PARENT_NAMESPACE_LABEL.into(), "team-b".into());
+        let found = parent_of_host_object(&meta).unwrap();
+        assert_eq!((found.namespace.as_str(), found.reference.name), ("team-a", None));
+        meta.name = Some("capped-without-a-namespace".into());
+        assert_eq!(parent_of_host_object(&meta), None);
     }
 
     #[test]

@@ -5,7 +5,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::labels::{PARENT_KIND_LABEL, TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_UID_ANNOTATION};
+use super::labels::{
+    OUTPUT_UID_ANNOTATION, PARENT_KIND_LABEL, TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION,
+    TENANT_NAMESPACE_ANNOTATION, TENANT_UID_ANNOTATION,
+};
 use super::ownership::belongs_to_tenant;
 
 /// The tenant objects that exist, per kind, from successful lists. A kind that was not listed is
@@ -97,6 +100,51 @@ pub fn judge(object: &HostObject, tenant: &str, snapshot: &TenantSnapshot) -> Re
     }
 }
 
+/// The suffixes of a cluster's input Secret (which records the output's uid; only stackd writes
+/// it) and output Secret (the installer's token writes it) in their host names.
+const RECORDER_SUFFIX: &str = "-install-config";
+const RECORDED_SUFFIX: &str = "-output";
+
+/// The identity of objects whose annotations a tenant's token may change (an installer's output
+/// Secret: stripped of its tenant namespace, the sweep could not ask for its parent and kept it),
+/// from the input Secret stackd wrote that records their uid ([`OUTPUT_UID_ANNOTATION`]): `objects`
+/// are `(uid, object)`. The recorder must be this tenant's, with a complete identity, and its own
+/// cluster's input Secret (their names say so: an installer cannot make its output Secret the
+/// recorder of another's); its identity then replaces whatever the object says. The rest stay as
+/// they are.
+pub fn borrow_identities(objects: &mut [(Option<String>, HostObject)], tenant: &str) {
+    let complete = |object: &HostObject| {
+        [TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_UID_ANNOTATION]
+            .iter()
+            .all(|key| object.annotations.get(*key).is_some_and(|v| !v.is_empty()))
+    };
+    let recorded: BTreeMap<String, (String, BTreeMap<String, String>)> = objects
+        .iter()
+        .filter(|(_, o)| belongs_to_tenant(&o.labels, tenant) && complete(o))
+        .filter_map(|(_, o)| {
+            let uid = o.annotations.get(OUTPUT_UID_ANNOTATION)?.clone();
+            let recorded_name = format!("{}{RECORDED_SUFFIX}", o.name.strip_suffix(RECORDER_SUFFIX)?);
+            let identity = [
+                TENANT_KIND_ANNOTATION,
+                TENANT_NAMESPACE_ANNOTATION,
+                TENANT_NAME_ANNOTATION,
+                TENANT_UID_ANNOTATION,
+            ]
+            .iter()
+            .filter_map(|key| Some((key.to_string(), o.annotations.get(*key)?.clone())))
+            .collect();
+            Some((uid, (recorded_name, identity)))
+        })
+        .collect();
+    for (uid, object) in objects.iter_mut() {
+        if let Some((name, identity)) = uid.as_ref().and_then(|uid| recorded.get(uid))
+            && *name == object.name
+        {
+            object.annotations.extend(identity.clone());
+        }
+    }
+}
+
 /// The host objects to delete: this tenant's, with a parent label, whose parent is gone.
 pub fn orphans<'a>(objects: &'a [HostObject], tenant: &str, snapshot: &TenantSnapshot) -> Vec<&'a HostObject> {
     objects
@@ -179,6 +227,66 @@ mod tests {
         anonymous.annotations.remove(TENANT_UID_ANNOTATION);
         assert_eq!(judge(&anonymous, "t", &snapshot), Err(Keep::IdentityIncomplete));
     }
+
+    #[test]
+    fn an_output_stripped_of_its_annotations_is_judged_by_the_identity_its_input_records() {
+        let gone = Parent::new("ClusterDeployment", Some("ns"), "c", "uid-cd");
+        let mut snapshot = TenantSnapshot::default();
+        snapshot.listed("ClusterDeployment", Vec::<String>::new());
+        let named = |name: &str| HostObject {
+            kind: "Secret".into(),
+            name: name.into(),
+            ..object_of(&gone, "t")
+        };
+        let mut input = named("ns.c-install-config");
+        input
+            .annotations
+            .insert(OUTPUT_UID_ANNOTATION.into(), "uid-output".into());
+        let mut output = named("ns.c-output");
+        output.annotations.clear();
+        let mut unproven = named("ns.d-output");
+        unproven.annotations.clear();
+        let mut forged = named("ns.e-output");
+        forged
+            .annotations
+            .insert(TENANT_NAMESPACE_ANNOTATION.into(), String::new());
+        let mut input_e = named("ns.e-install-config");
+        input_e.annotations.insert(OUTPUT_UID_ANNOTATION.into(), "uid-e".into());
+        let mut objects = vec![
+            (Some("uid-input".to_string()), input),
+            (Some("uid-output".to_string()), output),
+            (Some("uid-other".to_string()), unproven),
+            (Some("uid-e".to_string()), forged),
+            (None, input_e),
+        ];
+        borrow_identities(&mut objects, "t");
+        let judged: Vec<Result<(), Keep>> = objects.iter().map(|(_, o)| judge(o, "t", &snapshot)).collect();
+        assert_eq!(judged, [Ok(()), Ok(()), Err(Keep::IdentityIncomplete), Ok(()), Ok(())]);
+        assert_eq!(
+            objects[3].1.annotations[TENANT_NAMESPACE_ANNOTATION], "ns",
+            "the recorder's namespace"
+        );
+        // Another tenant's record, or an output Secret posing as a record of another cluster's
+        // output, proves nothing.
+        let mut foreign = named("ns.x-install-config");
+        foreign.labels = gone.labels("other");
+        foreign.annotations.insert(OUTPUT_UID_ANNOTATION.into(), "uid-x".into());
+        let mut posing = named("ns.y-output");
+        posing.annotations.insert(OUTPUT_UID_ANNOTATION.into(), "uid-z".into());
+        let mut stripped_x = named("ns.x-output");
+        stripped_x.annotations.clear();
+        let mut stripped_z = named("ns.z-output");
+        stripped_z.annotations.clear();
+        let mut objects = vec![
+            (None, foreign),
+            (None, posing),
+            (Some("uid-x".to_string()), stripped_x),
+            (Some("uid-z".to_string()), stripped_z),
+        ];
+        borrow_identities(&mut objects, "t");
+        assert_eq!(judge(&objects[2].1, "t", &snapshot), Err(Keep::IdentityIncomplete));
+        assert_eq!(judge(&objects[3].1, "t", &snapshot), Err(Keep::IdentityIncomplete));
+    }
 }
 
 /// Running the sweep against the API servers.
@@ -191,7 +299,7 @@ pub mod run {
     use kube::{Client, ResourceExt};
     use tracing::{info, warn};
 
-    use super::{HostObject, TenantSnapshot, orphans};
+    use super::{HostObject, TenantSnapshot, borrow_identities, orphans};
     use crate::host::labels::{
         PARENT_KIND_LABEL, TENANT_KIND_ANNOTATION, TENANT_NAME_ANNOTATION, TENANT_NAMESPACE_ANNOTATION,
         TENANT_UID_ANNOTATION, tenant_selector,
@@ -258,15 +366,22 @@ pub mod run {
                 .filter(|o| older_than_the_lists(o.metadata.creation_timestamp.as_ref(), listed_at))
                 .map(|o| (o.name_any(), o.metadata))
                 .collect();
-            let candidates: Vec<HostObject> = objects
+            let mut candidates: Vec<(Option<String>, HostObject)> = objects
                 .iter()
-                .map(|(name, meta)| HostObject {
-                    kind: kind.kind.clone(),
-                    name: name.clone(),
-                    labels: meta.labels.clone().unwrap_or_default(),
-                    annotations: meta.annotations.clone().unwrap_or_default(),
+                .map(|(name, meta)| {
+                    let object = HostObject {
+                        kind: kind.kind.clone(),
+                        name: name.clone(),
+                        labels: meta.labels.clone().unwrap_or_default(),
+                        annotations: meta.annotations.clone().unwrap_or_default(),
+                    };
+                    (meta.uid.clone(), object)
                 })
                 .collect();
+            // An installer's output Secret stripped of its annotations is judged by the identity
+            // its input Secret records for it.
+            borrow_identities(&mut candidates, tenant_name);
+            let candidates: Vec<HostObject> = candidates.into_iter().map(|(_, object)| object).collect();
             for orphan in orphans(&candidates, tenant_name, &snapshot) {
                 if !parent_still_gone(tenant, parent_kinds, orphan).await {
                     continue;

@@ -2,13 +2,15 @@
 //! and ClusterDeployment in the tenant (DESIGN.md §4.3 item 2, after the lease).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ObjectMeta, PostParams, Preconditions};
 use kube::{Api, ResourceExt};
 use rand::RngExt;
 use serde_json::{Map, Value};
+use tracing::warn;
 
 use super::failure_domains::{HASH_ANNOTATION, INVALID_KEY, RECORD_KEY, record_hash, record_text};
 use super::install_config;
@@ -21,6 +23,7 @@ use crate::api::pools::{
     ClusterDeployment, ClusterDeploymentCustomization, ClusterDeploymentSpec, ClusterPool, ClusterPoolReference,
     Platform, Provisioning,
 };
+use crate::bounds::{self, Refused};
 
 type Cdc = ClusterDeploymentCustomization;
 
@@ -36,7 +39,8 @@ pub(super) fn cluster_name(pool: &str) -> String {
 
 /// The Secrets every cluster is built from, read from the pool's namespace.
 pub(super) struct Inputs {
-    pub(super) template: Map<String, Value>,
+    /// Parsed once per version of the template Secret, shared by every pool naming it.
+    pub(super) template: Arc<Map<String, Value>>,
     pull: Option<Secret>,
     credentials: Option<Secret>,
 }
@@ -46,6 +50,8 @@ pub(super) enum Read {
     Found(Box<Inputs>),
     /// The Secrets (or their contents) the pool needs and lacks.
     Missing(Vec<String>),
+    /// A Secret past a bound of [`crate::bounds`] (which, and how to fix it): nothing is read from it.
+    TooLarge(String),
 }
 
 /// How soon a pool lacking Secrets looks again: tenant Secrets are not watched (too many).
@@ -94,23 +100,36 @@ pub(super) async fn read_inputs(pool: &ClusterPool, ctx: &Ctx) -> Result<Read, P
     if !missing.is_empty() {
         return Ok(Read::Missing(missing));
     }
-    let text = template_secret
-        .as_ref()
-        .and_then(|s| s.data.as_ref())
-        .and_then(|d| d.get("install-config.yaml"))
-        .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-        .unwrap_or_default();
-    // Up to a Secret's megabyte of tenant YAML: parsed on the blocking pool.
-    match super::off_the_async_workers(move || install_config::parse_template(&text)).await {
-        Ok(template) => Ok(Read::Found(Box::new(Inputs {
-            template,
-            pull,
-            credentials,
-        }))),
-        Err(err) => Ok(Read::Missing(vec![format!(
-            "a valid install-config.yaml in the template Secret ({err})"
-        )])),
+    // Every cluster of the pool carries all three: each within its bound, and together within a
+    // render's.
+    let limits = &ctx.tenant.shared.settings.document_limits;
+    let mut budget = limits.render_budget();
+    for secret in [&template_secret, &pull, &credentials].into_iter().flatten() {
+        let checked = limits.render_secret(&ns, secret).and_then(|bytes| {
+            budget.charge(bytes, || {
+                format!("Secret {ns}/{} with the pool's other Secrets", secret.name_any())
+            })
+        });
+        if let Err(refused) = checked {
+            return Ok(Read::TooLarge(refused.to_string()));
+        }
     }
+    let template = match &template_secret {
+        None => Arc::new(Map::new()),
+        Some(secret) => match ctx.templates.parsed(secret).await {
+            Ok(template) => template,
+            Err(err) => {
+                return Ok(Read::Missing(vec![format!(
+                    "a valid install-config.yaml in the template Secret ({err})"
+                )]));
+            }
+        },
+    };
+    Ok(Read::Found(Box::new(Inputs {
+        template,
+        pull,
+        credentials,
+    })))
 }
 
 /// One cluster to create, with what it is built from.
@@ -146,14 +165,32 @@ pub(super) async fn create_cluster(
         },
         ..Default::default()
     };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &namespace)
-        .await?;
-    let copies = create_secrets(pool, ctx, inputs, cd_name, rendered).await?;
-    let cd = cluster_deployment(pool, &identity, cd_name, version, cdc, plan, copies);
-    Api::<ClusterDeployment>::namespaced(client.clone(), cd_name)
-        .create(&PostParams::default(), &cd)
-        .await?;
+    let namespaces = Api::<Namespace>::all(client.clone());
+    let made = namespaces.create(&PostParams::default(), &namespace).await?;
+    let filled = async {
+        let copies = create_secrets(pool, ctx, inputs, cd_name, rendered).await?;
+        let cd = cluster_deployment(pool, &identity, cd_name, version, cdc, plan, copies);
+        Api::<ClusterDeployment>::namespaced(client.clone(), cd_name)
+            .create(&PostParams::default(), &cd)
+            .await?;
+        Ok::<(), PoolError>(())
+    }
+    .await;
+    if let Err(err) = filled {
+        // §4.3.4: no namespace left behind by a cluster that is not coming (the repair after the
+        // minimum age stays the backstop when this delete fails too).
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: made.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        if let Err(cleanup) = namespaces.delete(cd_name, &params).await {
+            warn!(namespace = %cd_name, error = %cleanup, "cannot delete the namespace of a cluster that failed to be created; the repair will");
+        }
+        return Err(err);
+    }
     Ok(())
 }
 
@@ -184,6 +221,7 @@ async fn create_secrets(
         type_: Some("Opaque".into()),
         ..Default::default()
     };
+    bounds::written_secret(cd_name, &config_secret).map_err(PoolError::TooLarge)?;
     secrets.create(&PostParams::default(), &config_secret).await?;
     let copy = |source: &Secret, new_name: String| Secret {
         metadata: ObjectMeta {
@@ -197,17 +235,17 @@ async fn create_secrets(
     let mut pull = None;
     if let Some(source) = &inputs.pull {
         let copy_name = format!("{cd_name}-pull-secret");
-        secrets
-            .create(&PostParams::default(), &copy(source, copy_name.clone()))
-            .await?;
+        let copied = copy(source, copy_name.clone());
+        bounds::written_secret(cd_name, &copied).map_err(PoolError::TooLarge)?;
+        secrets.create(&PostParams::default(), &copied).await?;
         pull = Some(LocalObjectReference { name: copy_name });
     }
     let mut platform = pool.spec.platform.clone();
     if let Some(credentials) = &inputs.credentials {
         let copy_name = format!("{cd_name}-credentials");
-        secrets
-            .create(&PostParams::default(), &copy(credentials, copy_name.clone()))
-            .await?;
+        let copied = copy(credentials, copy_name.clone());
+        bounds::written_secret(cd_name, &copied).map_err(PoolError::TooLarge)?;
+        secrets.create(&PostParams::default(), &copied).await?;
         let reference = LocalObjectReference { name: copy_name };
         if let Some(v) = platform.vsphere.as_mut() {
             v.credentials_secret_ref = reference.clone();
@@ -281,14 +319,21 @@ fn cluster_deployment(
 
 /// The install-config Secret's keys: the config, and the machines' failure-domain record (the
 /// source a user-edited record is restored from) or why the machines cannot be placed.
-pub(super) fn config_data(config: &Value, plan: &MachinePlan) -> BTreeMap<String, String> {
-    let mut data = BTreeMap::from([("install-config.yaml".to_string(), install_config::to_yaml(config))]);
+pub(super) fn config_data(config: &Value, plan: &MachinePlan) -> Result<BTreeMap<String, String>, Refused> {
+    let yaml = install_config::to_yaml(config, bounds::MAX_WRITTEN_SECRET_BYTES)
+        .ok_or_else(|| bounds::written_too_long("The rendered install-config.yaml".into()))?;
+    let mut data = BTreeMap::from([("install-config.yaml".to_string(), yaml)]);
     if let Some(invalid) = &plan.invalid {
         data.insert(INVALID_KEY.into(), invalid.clone());
     } else if !plan.records.is_empty() {
         data.insert(RECORD_KEY.into(), record_text(&plan.records));
     }
-    data
+    let bytes = data.iter().map(|(k, v)| k.len() + v.len()).sum();
+    bounds::written_bytes(
+        || "The install-config Secret with its failure-domain record".into(),
+        bytes,
+    )?;
+    Ok(data)
 }
 
 #[cfg(test)]

@@ -34,9 +34,11 @@ use super::status;
 use super::version::pool_version;
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, HostRole};
+use crate::bounds::{self, INSTALL_CONFIG};
 use crate::context::events::publish;
 use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::finalizer::Cleanup;
+use crate::runtime::memory_budget::ByteSize;
 use crate::runtime::metrics::PoolLabels;
 use crate::runtime::status_writer::apply_status;
 
@@ -151,6 +153,10 @@ pub(super) async fn run(
             executed.wake.soon(missing_recheck(ctx));
             return Ok(executed);
         }
+        Read::TooLarge(refused) => {
+            refuse_document(&mut executed, ctx, refused);
+            return Ok(executed);
+        }
     };
     let version = pool_version(pool);
     let mut leases = add.leases.iter();
@@ -164,6 +170,14 @@ pub(super) async fn run(
             executed.contradiction = Some(invalid);
             return Ok(executed);
         }
+        if pool.spec.platform.baremetal.is_some() {
+            // Before anything is written for the cluster: a refused pool writes nothing.
+            let placement = (&observed.domains, &cluster_usage);
+            if let Some(refused) = hosts::precheck(pool, ctx, placement, &executed.hosts_taken).await? {
+                refuse_document(&mut executed, ctx, refused.to_string());
+                return Ok(executed);
+            }
+        }
         let mut leased: Option<Cdc> = None;
         if pool.spec.inventory.is_some() {
             // Try entries in order until one applies and its lease write wins.
@@ -175,10 +189,11 @@ pub(super) async fn run(
             config = patched;
             leased = Some(cdc);
         }
+        let mut chosen = Vec::new();
         if pool.spec.platform.baremetal.is_some() {
             // §4.3.2 order: after the lease, before the namespace and the ClusterDeployment.
             let placement = (&observed.domains, &cluster_usage);
-            let chosen = match hosts::take(pool, ctx, &cd_name, placement, &executed.hosts_taken).await? {
+            chosen = match hosts::take(pool, ctx, &cd_name, placement, &executed.hosts_taken).await? {
                 Taken::Hosts(chosen) => chosen,
                 Taken::Short { why, retry } => {
                     executed.insufficient_hosts = Some(why);
@@ -190,9 +205,27 @@ pub(super) async fn run(
                 }
             };
             executed.hosts_taken.extend(chosen.iter().map(|(a, _)| a.name_any()));
-            place_on_hosts(pool, ctx, &mut config, &chosen, &mut machines).await?;
+            if let Err(refused) = place_on_hosts(pool, ctx, &mut config, &chosen, &mut machines).await? {
+                // The Secrets changed since the precheck.
+                hosts::give_back(pool, ctx, &cd_name, &chosen).await;
+                give_back(pool, ctx, &cd_name, leased.as_ref()).await?;
+                refuse_document(&mut executed, ctx, refused);
+                return Ok(executed);
+            }
             machines::commit(&mut cluster_usage, &machines.records);
         }
+        // Rendered before anything of the cluster is made (up to a MiB of YAML: on the blocking
+        // pool); one past what a Secret holds is refused here.
+        let plan_now = machines.clone();
+        let rendered = match super::off_the_async_workers(move || config_data(&config, &plan_now)).await {
+            Ok(rendered) => rendered,
+            Err(refused) => {
+                hosts::give_back(pool, ctx, &cd_name, &chosen).await;
+                give_back(pool, ctx, &cd_name, leased.as_ref()).await?;
+                refuse_document(&mut executed, ctx, refused.to_string());
+                return Ok(executed);
+            }
+        };
         ctx.expect_created(pool, &cd_name);
         usage = cluster_usage;
         machines::remember(ctx, &cd_name, &machines.records);
@@ -202,9 +235,16 @@ pub(super) async fn run(
             cdc: leased.as_ref(),
             plan: &machines,
         };
-        create(pool, ctx, &inputs, new, config).await?;
+        create(pool, ctx, &inputs, new, rendered).await?;
     }
     Ok(executed)
+}
+
+/// Nothing is built for the pass: a document would pass a bound (`why`). Looked at again as soon as
+/// a missing Secret would be: tenant Secrets are not watched, and the fix is often a smaller one.
+fn refuse_document(executed: &mut Executed, ctx: &Ctx, why: String) {
+    executed.too_large = Some(why);
+    executed.wake.soon(missing_recheck(ctx));
 }
 
 /// Leases the first entry of `leases` whose patches apply to `config` and whose lease write wins;
@@ -270,7 +310,16 @@ async fn patch(config: &Arc<Value>, cdc: &Cdc) -> Result<Value, String> {
     let (config, patches) = (config.clone(), patches.clone());
     super::off_the_async_workers(move || {
         let mut patched = Value::clone(&config);
-        install_config::apply_patches(&mut patched, &patches).map(|()| patched)
+        install_config::apply_patches(&mut patched, &patches)?;
+        // Within the install config's bounds as JSON, it may still be too long as YAML (deep
+        // lists): refused here, before the lease, as the patches' doing.
+        if install_config::to_yaml(&patched, bounds::MAX_WRITTEN_SECRET_BYTES).is_none() {
+            return Err(format!(
+                "the patched install config would be longer than the {} a Secret holds as YAML; make the patches add less, or nest it less deeply",
+                ByteSize(bounds::MAX_WRITTEN_SECRET_BYTES as u64)
+            ));
+        }
+        Ok(patched)
     })
     .await
 }
@@ -326,36 +375,41 @@ async fn give_back(pool: &ClusterPool, ctx: &Ctx, cd_name: &str, leased: Option<
     }
 }
 
-/// Renders the chosen hosts into the install config and the cluster's machine plan.
+/// Renders the chosen hosts into the install config and the cluster's machine plan. `Ok(Err(_))`:
+/// a bound refuses it (why).
 async fn place_on_hosts(
     pool: &ClusterPool,
     ctx: &Ctx,
     config: &mut Value,
     chosen: &[(Arc<BareMetalAsset>, HostRole)],
     plan: &mut MachinePlan,
-) -> Result<(), PoolError> {
+) -> Result<Result<(), String>, PoolError> {
     let secrets = Api::<Secret>::namespaced(ctx.tenant.client.clone(), &pool.namespace().unwrap_or_default());
-    hosts::render(config, chosen, &secrets).await?;
+    let limits = &ctx.tenant.shared.settings.document_limits;
+    if let Err(refused) = hosts::render(config, chosen, &secrets, limits).await? {
+        return Ok(Err(refused.to_string()));
+    }
+    // The hosts grew the config: measured again before it is rendered as YAML.
+    if let Err(exceeded) = bounds::measure(config, INSTALL_CONFIG) {
+        return Ok(Err(format!("The install config with its hosts is refused: {exceeded}")));
+    }
     plan.records = host_selection::records(chosen);
     plan.hosts = host_selection::cluster_hosts(chosen);
-    Ok(())
+    Ok(Ok(()))
 }
 
-/// Renders `config` and creates the cluster `new` from it.
+/// Creates the cluster `new` with its `rendered` install-config Secret.
 async fn create(
     pool: &ClusterPool,
     ctx: &Ctx,
     inputs: &Inputs,
     new: NewCluster<'_>,
-    config: Value,
+    rendered: BTreeMap<String, String>,
 ) -> Result<(), PoolError> {
     let cd_name = new.name;
-    // Rendering up to a 1 MiB document is tenant-sized work.
-    let plan = new.plan.clone();
-    let rendered = super::off_the_async_workers(move || config_data(&config, &plan)).await;
     let created = create_cluster(pool, ctx, inputs, &new, rendered).await;
     if let Err(err) = created {
-        // Not coming: stop counting it. Its lease and namespace are repaired after the minimum age.
+        // Not coming: stop counting it. Its lease is repaired after the minimum age.
         ctx.forget_created(pool, cd_name);
         return Err(err);
     }
@@ -377,9 +431,9 @@ pub(super) async fn reap_namespaces(
     ctx: &Ctx,
     pool: &PoolIdentity,
     expected_created: &BTreeSet<String>,
+    min_age: Duration,
 ) -> Result<Wake, PoolError> {
     let mut wake = Wake::default();
-    let min_age = ctx.tenant.shared.settings.lease_min_age;
     let api = Api::<Namespace>::all(ctx.tenant.client.clone());
     let inhabited: BTreeSet<String> = ctx.cds.state().iter().filter_map(|cd| cd.namespace()).collect();
     for namespace in ctx.namespaces.state() {
@@ -459,6 +513,9 @@ pub(super) async fn deleted_pool(
         }
         return Ok(Cleanup::Pending(Action::requeue(RESYNC)));
     }
+    // §4.3.4, no namespace left behind: once the pool is gone nobody would reap the namespaces it
+    // created, so the empty ones go now (none is being created: the pool is deleted).
+    reap_namespaces(ctx, &PoolIdentity::of(pool), &BTreeSet::new(), Duration::ZERO).await?;
     let finalizer = super::cdc_finalizer(&name);
     let cdc_api = Api::<Cdc>::namespaced(tenant.client.clone(), &ns);
     for cdc in cdcs.values().filter(|c| c.finalizers().contains(&finalizer)) {

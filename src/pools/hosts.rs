@@ -20,6 +20,7 @@ use super::machines;
 use super::pass::{Ctx, PoolError, Wake};
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{ClusterPool, FailureDomainStatus, HostRole};
+use crate::bounds::{DocumentLimits, Refused, RenderBudget};
 use crate::inventory::CLUSTER_LABEL;
 use crate::runtime::api_errors::{is_conflict, is_not_found};
 
@@ -89,23 +90,131 @@ pub(crate) async fn release_all(api: &Api<BareMetalAsset>, cd: &str) -> Result<u
     Ok(released)
 }
 
+/// The BMC keys of a credentials Secret that go into the install config.
+const BMC_KEYS: [&str; 2] = ["username", "password"];
+
+/// The BMC credentials one render inlines, read from the tenant's Secrets within the bounds: each
+/// Secret is read once and held to `--max-render-secret-bytes` as it is read (only its BMC keys are
+/// kept), and what each host inlines is charged to the render's budget (`--max-render-bytes`)
+/// before anything of it is copied: many assets may name one large Secret.
+struct BmcCredentials<'a> {
+    secrets: &'a Api<Secret>,
+    namespace: String,
+    limits: &'a DocumentLimits,
+    budget: RenderBudget,
+    read: BTreeMap<String, BTreeMap<&'static str, String>>,
+}
+
+impl<'a> BmcCredentials<'a> {
+    fn new(secrets: &'a Api<Secret>, limits: &'a DocumentLimits) -> Self {
+        BmcCredentials {
+            secrets,
+            namespace: secrets.namespace().unwrap_or_default().to_string(),
+            limits,
+            budget: limits.render_budget(),
+            read: BTreeMap::new(),
+        }
+    }
+
+    /// The credentials `asset` inlines, charged to the render; `Ok(Err(_))` past a bound.
+    async fn of(
+        &mut self,
+        asset: &BareMetalAsset,
+    ) -> Result<Result<Option<&BTreeMap<&'static str, String>>, Refused>, kube::Error> {
+        let name = &asset.spec.bmc.credentials_name;
+        if !self.read.contains_key(name) {
+            let credentials = match self.secrets.get_opt(name).await? {
+                Some(secret) => match bmc_keys(&self.namespace, secret, self.limits) {
+                    Ok(credentials) => credentials,
+                    Err(refused) => return Ok(Err(refused)),
+                },
+                None => BTreeMap::new(),
+            };
+            self.read.insert(name.clone(), credentials);
+        }
+        let credentials = self.read.get(name);
+        let inlined = credentials.map_or(0, |c| c.values().map(String::len).sum());
+        let namespace = &self.namespace;
+        let field = || {
+            format!(
+                "the BMC credentials of BareMetalAsset {namespace}/{} (Secret {name}) with those of the hosts before it",
+                asset.name_any()
+            )
+        };
+        Ok(self.budget.charge(inlined, field).map(|()| credentials))
+    }
+}
+
+/// The BMC keys of a credentials Secret, once the Secret is within `--max-render-secret-bytes`;
+/// the rest of the Secret is dropped here.
+fn bmc_keys(
+    namespace: &str,
+    secret: Secret,
+    limits: &DocumentLimits,
+) -> Result<BTreeMap<&'static str, String>, Refused> {
+    limits.render_secret(namespace, &secret)?;
+    let data = secret.data.unwrap_or_default();
+    Ok(BMC_KEYS
+        .into_iter()
+        .filter_map(|key| Some((key, String::from_utf8_lossy(&data.get(key)?.0).into_owned())))
+        .collect())
+}
+
+/// Whether the credentials of `chosen` fit the render's bounds, read and added up without building
+/// anything: checked before the lease and the hosts are taken, so a pool refused for them writes
+/// nothing, pass after pass.
+async fn check_credentials(
+    chosen: &[(Arc<BareMetalAsset>, HostRole)],
+    secrets: &Api<Secret>,
+    limits: &DocumentLimits,
+) -> Result<Result<(), Refused>, kube::Error> {
+    let mut credentials = BmcCredentials::new(secrets, limits);
+    for (asset, _) in chosen {
+        if let Err(refused) = credentials.of(asset).await? {
+            return Ok(Err(refused));
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// The bound the credentials of the hosts cluster `cd` would get pass, if they pass one: the hosts
+/// are chosen as [`take`] would, nothing is written.
+pub(super) async fn precheck(
+    pool: &ClusterPool,
+    ctx: &Ctx,
+    placement: (&BTreeMap<String, FailureDomainStatus>, &BTreeMap<String, usize>),
+    taken: &BTreeSet<String>,
+) -> Result<Option<Refused>, PoolError> {
+    let (domains, usage) = placement;
+    let assets = machines::pool_assets(pool, ctx);
+    // Short of hosts: `take` says so.
+    let Ok(chosen) = choose(pool, &assets, taken, domains, usage) else {
+        return Ok(None);
+    };
+    let secrets = Api::<Secret>::namespaced(ctx.tenant.client.clone(), &pool.namespace().unwrap_or_default());
+    let limits = &ctx.tenant.shared.settings.document_limits;
+    Ok(check_credentials(&chosen, &secrets, limits).await?.err())
+}
+
 /// `platform.baremetal.hosts` of the install config: each host with its BMC (credentials from its
-/// Secret when it exists) and boot MAC.
+/// Secret when it exists, within the bounds of [`BmcCredentials`]) and boot MAC. `Ok(Err(_))`:
+/// refused, nothing rendered.
 pub(crate) async fn render(
     config: &mut Value,
     chosen: &[(Arc<BareMetalAsset>, HostRole)],
     secrets: &Api<Secret>,
-) -> Result<(), kube::Error> {
+    limits: &DocumentLimits,
+) -> Result<Result<(), Refused>, kube::Error> {
+    let mut credentials = BmcCredentials::new(secrets, limits);
     let mut hosts = Vec::new();
     for (asset, role) in chosen {
+        let inlined = match credentials.of(asset).await? {
+            Ok(inlined) => inlined,
+            Err(refused) => return Ok(Err(refused)),
+        };
         let mut bmc = json!({"address": asset.spec.bmc.address});
-        if let Some(secret) = secrets.get_opt(&asset.spec.bmc.credentials_name).await? {
-            let data = secret.data.unwrap_or_default();
-            for key in ["username", "password"] {
-                if let Some(value) = data.get(key) {
-                    bmc[key] = json!(String::from_utf8_lossy(&value.0));
-                }
-            }
+        for (key, value) in inlined.into_iter().flatten() {
+            bmc[*key] = json!(value);
         }
         let mut host = json!({
             "name": asset.name_any(),
@@ -122,7 +231,7 @@ pub(crate) async fn render(
         let platform = install_config::mapping_at(object, "platform");
         install_config::mapping_at(platform, "baremetal").insert("hosts".into(), json!(hosts));
     }
-    Ok(())
+    Ok(Ok(()))
 }
 
 /// What taking a new cluster's hosts came to.
@@ -203,6 +312,22 @@ async fn assign_fresh(
         }
     }
     Ok(None)
+}
+
+/// Releases the hosts taken for cluster `cd` of `pool`, which will not be created after all.
+pub(super) async fn give_back(pool: &ClusterPool, ctx: &Ctx, cd: &str, chosen: &[(Arc<BareMetalAsset>, HostRole)]) {
+    let api = Api::<BareMetalAsset>::namespaced(ctx.tenant.client.clone(), &pool.namespace().unwrap_or_default());
+    for (asset, _) in chosen {
+        // The cached copy predates the assignment: release the server's.
+        let released = match api.get_opt(&asset.name_any()).await {
+            Ok(Some(fresh)) => release(&api, &fresh, cd).await.map(drop),
+            Ok(None) => Ok(()),
+            Err(err) => Err(err),
+        };
+        if let Err(err) = released {
+            warn!(asset = %asset.name_any(), error = %err, "cannot release an asset; the repair will");
+        }
+    }
 }
 
 /// Releases what a failed attempt assigned; a failure here is left to the repair.

@@ -5,8 +5,8 @@
 
 use serde_json::{Map, Value, json};
 
-use super::document_bounds::{self, INSTALL_CONFIG};
 use crate::api::pools::{ClusterPoolSpec, MAX_INSTALL_CONFIG_PATCHES, PatchEntity, PatchOp, Platform};
+use crate::bounds::{self, INSTALL_CONFIG};
 use crate::runtime::parse_error::LocatedParseError;
 
 /// The template could not be read. It holds passwords and pull secrets, so the message says
@@ -24,14 +24,14 @@ pub(crate) fn parse_template(text: &str) -> Result<Map<String, Value>, TemplateE
     }
     let options = serde_saphyr::options! {
         budget: serde_saphyr::budget! {
-            max_depth: document_bounds::MAX_CONFIG_DEPTH,
-            max_total_scalar_bytes: 2 * document_bounds::MAX_CONFIG_BYTES,
-            max_recorded_anchor_bytes: 2 * document_bounds::MAX_CONFIG_BYTES,
+            max_depth: bounds::MAX_CONFIG_DEPTH,
+            max_total_scalar_bytes: 2 * bounds::MAX_CONFIG_BYTES,
+            max_recorded_anchor_bytes: 2 * bounds::MAX_CONFIG_BYTES,
         },
     };
     let value: Value = serde_saphyr::from_str_with_options(text, options)
         .map_err(|e| TemplateError(LocatedParseError::yaml(&e).to_string()))?;
-    document_bounds::measure(&value, INSTALL_CONFIG).map_err(|e| TemplateError(format!("{e}")))?;
+    bounds::measure(&value, INSTALL_CONFIG).map_err(|e| TemplateError(format!("{e}")))?;
     match value {
         Value::Object(mapping) => Ok(mapping),
         Value::Null => Ok(Map::new()),
@@ -131,7 +131,7 @@ pub(crate) fn apply_patches(config: &mut Value, patches: &[PatchEntity]) -> Resu
         let number = index + 1;
         let op = to_operation(entity).map_err(|e| format!("patch {number}: {e}"))?;
         json_patch::patch(config, &[op]).map_err(|e| format!("patch {number} ({}): {e}", describe(entity)))?;
-        document_bounds::measure(config, INSTALL_CONFIG)
+        bounds::measure(config, INSTALL_CONFIG)
             .map_err(|e| format!("patch {number} ({}) is refused: {e}", describe(entity)))?;
     }
     Ok(())
@@ -199,9 +199,14 @@ fn to_operation(entity: &PatchEntity) -> Result<json_patch::PatchOperation, Stri
 }
 
 /// Block-style YAML equivalent to the JSON value; strings a YAML 1.1 reader could take for
-/// anything but a string are double-quoted.
-pub(crate) fn to_yaml(value: &Value) -> String {
-    let mut out = String::new();
+/// anything but a string are double-quoted. `None` when it would be longer than `max_bytes`: the
+/// indentation of a deeply nested list makes YAML many times longer than its JSON, so the writing
+/// stops soon after the bound (by at most one scalar and its indentation).
+pub(crate) fn to_yaml(value: &Value, max_bytes: usize) -> Option<String> {
+    let mut out = Yaml {
+        text: String::new(),
+        max_bytes,
+    };
     match value {
         Value::Object(map) if !map.is_empty() => write_map(&mut out, map, 0),
         Value::Array(list) if !list.is_empty() => write_list(&mut out, list, 0),
@@ -210,11 +215,38 @@ pub(crate) fn to_yaml(value: &Value) -> String {
             out.push('\n');
         }
     }
-    out
+    (out.text.len() <= max_bytes).then_some(out.text)
 }
 
-fn write_map(out: &mut String, map: &Map<String, Value>, indent: usize) {
+/// YAML being written, and its bound.
+struct Yaml {
+    text: String,
+    max_bytes: usize,
+}
+
+impl Yaml {
+    fn full(&self) -> bool {
+        self.text.len() > self.max_bytes
+    }
+
+    fn push_str(&mut self, text: &str) {
+        self.text.push_str(text);
+    }
+
+    fn push(&mut self, c: char) {
+        self.text.push(c);
+    }
+
+    fn trim_start(&self) -> &str {
+        self.text.trim_start()
+    }
+}
+
+fn write_map(out: &mut Yaml, map: &Map<String, Value>, indent: usize) {
     for (key, value) in map {
+        if out.full() {
+            return;
+        }
         out.push_str(&" ".repeat(indent));
         out.push_str(&string_text(key));
         out.push(':');
@@ -222,14 +254,20 @@ fn write_map(out: &mut String, map: &Map<String, Value>, indent: usize) {
     }
 }
 
-fn write_list(out: &mut String, list: &[Value], indent: usize) {
+fn write_list(out: &mut Yaml, list: &[Value], indent: usize) {
     for item in list {
+        if out.full() {
+            return;
+        }
         out.push_str(&" ".repeat(indent));
         out.push('-');
         match item {
             Value::Object(map) if !map.is_empty() => {
                 // The first key goes on the dash's line; the rest align with it.
-                let mut nested = String::new();
+                let mut nested = Yaml {
+                    text: String::new(),
+                    max_bytes: out.max_bytes.saturating_sub(out.text.len()),
+                };
                 write_map(&mut nested, map, indent + 2);
                 out.push(' ');
                 out.push_str(nested.trim_start());
@@ -239,7 +277,7 @@ fn write_list(out: &mut String, list: &[Value], indent: usize) {
     }
 }
 
-fn write_child(out: &mut String, value: &Value, indent: usize) {
+fn write_child(out: &mut Yaml, value: &Value, indent: usize) {
     match value {
         Value::Object(map) if !map.is_empty() => {
             out.push('\n');
@@ -437,10 +475,24 @@ mod tests {
     }
 
     #[test]
+    fn yaml_many_times_longer_than_its_json_stops_soon_after_the_bound() {
+        // 100 KiB of JSON at depth 60: each item written on a line indented 120 spaces.
+        let mut deep = Value::Array(vec![json!(1); 50_000]);
+        for _ in 0..60 {
+            deep = json!({ "a": deep });
+        }
+        assert!(serde_json::to_string(&deep).unwrap().len() < 200_000);
+        assert_eq!(to_yaml(&deep, 1 << 20), None);
+        let small = json!({"a": [1, {"b": "on"}]});
+        assert_eq!(to_yaml(&small, 1 << 20), to_yaml(&small, usize::MAX));
+        assert_eq!(to_yaml(&small, 5), None);
+    }
+
+    #[test]
     fn a_template_past_the_bounds_is_refused() {
         let deep = format!("a: {}1{}\n", "[".repeat(70), "]".repeat(70));
         assert!(parse_template(&deep).is_err());
-        let big = format!("a: {}\n", "x".repeat(document_bounds::MAX_CONFIG_BYTES + 1));
+        let big = format!("a: {}\n", "x".repeat(bounds::MAX_CONFIG_BYTES + 1));
         let err = parse_template(&big).unwrap_err().to_string();
         assert!(err.contains("1 MiB"), "{err}");
     }
@@ -452,7 +504,7 @@ mod tests {
             "plain": "vc.example.com", "empty": "", "null": null, "bool": true,
             "list": [{"a": "off", "b": [1, "2"]}, "yes"],
         });
-        let yaml = to_yaml(&value);
+        let yaml = to_yaml(&value, usize::MAX).unwrap();
         for quoted in [
             "\"on\": \"on\"",
             "\"no\": \"no\"",

@@ -6,7 +6,6 @@ mod buckets;
 mod claim;
 mod create;
 mod deployment;
-mod document_bounds;
 mod execute;
 mod failure_domains;
 mod host_selection;
@@ -27,6 +26,7 @@ mod record;
 mod repair;
 pub mod sample;
 mod status;
+mod templates;
 mod version;
 
 use std::fmt::Debug;

@@ -48,6 +48,10 @@ pub(crate) enum PoolError {
     Finalizer(#[from] FinalizerError),
     #[error(transparent)]
     Panicked(#[from] ReconcilePanic),
+    /// A Secret stackd would write passed its bound (a backstop: the pass refuses what it renders
+    /// before anything is created).
+    #[error(transparent)]
+    TooLarge(crate::bounds::Refused),
 }
 
 impl ReconcileError for PoolError {
@@ -56,6 +60,7 @@ impl ReconcileError for PoolError {
             PoolError::Tenant(_) => "tenant_api",
             PoolError::Finalizer(_) => "finalizer",
             PoolError::Panicked(_) => "panic",
+            PoolError::TooLarge(_) => "too_large",
         }
     }
 }
@@ -89,6 +94,8 @@ pub(super) struct Ctx {
     /// produced, the cached status is older than what we know.
     pub(super) written: Written<ClusterPoolStatus>,
     pub(super) refusals: Refusals,
+    /// The parsed install-config templates, shared by the pools naming one.
+    pub(super) templates: super::templates::Templates,
 }
 
 /// The caches [`Ctx`] reads.
@@ -115,6 +122,7 @@ impl Ctx {
             records: Mutex::default(),
             written: Written::default(),
             refusals: Mutex::default(),
+            templates: super::templates::Templates::default(),
         }
     }
 
@@ -270,6 +278,9 @@ pub(super) struct Executed {
     pub(super) hosts_taken: BTreeSet<String>,
     /// Why a new cluster could not get its bare-metal hosts, found while assigning them.
     pub(super) insufficient_hosts: Option<String>,
+    /// A document the pass would build passed a bound of [`crate::bounds`] (which, and how to fix
+    /// it): nothing was built.
+    pub(super) too_large: Option<String>,
     /// Why a new cluster's machines cannot be placed, found while placing them: no cluster is added.
     pub(super) contradiction: Option<String>,
     /// The CDC copies written so far in the pass, these steps' included.

@@ -38,6 +38,7 @@ use crate::api::pools::{
     ClusterClaim, ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus,
     InventoryEntryState,
 };
+use crate::bounds::DOCUMENT_TOO_LARGE;
 use crate::context::events::publish;
 use crate::context::tenant::TenantContext;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
@@ -192,7 +193,8 @@ async fn reconcile_pool(pool: &ClusterPool, ctx: &Ctx) -> Result<Action, PoolErr
     let clusters = (&observed.live, &observed.expected_created);
     let hosts_wake = hosts::repair(pool, ctx, &observed.assets, clusters, &executed.hosts_taken).await?;
     // Empty pool namespaces (a CD never created, or one deleted) are reaped after the minimum age.
-    let reap_wake = execute::reap_namespaces(ctx, &PoolIdentity::of(pool), &observed.expected_created).await?;
+    let min_age = ctx.tenant.shared.settings.lease_min_age;
+    let reap_wake = execute::reap_namespaces(ctx, &PoolIdentity::of(pool), &observed.expected_created, min_age).await?;
     // The inventory's free CDCs read Available=True, once this pass's leases are taken.
     let (fresh, free_wake) = repair::mark_free(&ctx.tenant, &scope, &repaired.cdcs, executed.fresh.clone()).await?;
     let report = status::Report {
@@ -312,6 +314,18 @@ async fn announce(pool: &ClusterPool, ctx: &Ctx, previous: &ClusterPoolStatus, s
     {
         warn!(%message, "the pool's failure domains contradict themselves");
         publish(tenant, pool, true, status::INVALID_MACHINE_SPEC, message).await;
+    }
+    let too_large = |s: &ClusterPoolStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "CapacityAvailable" && c.reason == DOCUMENT_TOO_LARGE)
+            .map(|c| c.message.clone())
+    };
+    if let Some(message) = too_large(status)
+        && too_large(previous).as_ref() != Some(&message)
+    {
+        warn!(%message, "a document of the pool is past its bound; nothing is built from it");
+        publish(tenant, pool, true, DOCUMENT_TOO_LARGE, message).await;
     }
 }
 

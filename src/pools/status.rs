@@ -17,6 +17,7 @@ use crate::api::pools::{
     ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus, FailureDomainStatus,
     InventoryEntryState, InventoryEntryStatus,
 };
+use crate::bounds::DOCUMENT_TOO_LARGE;
 use crate::context::namespace_template::is_dns_label;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 
@@ -260,6 +261,9 @@ fn capacity_available(report: &Report) -> DesiredCondition<'static> {
                 "The pool creates no clusters while its failure domains contradict themselves; see {FAILURE_DOMAINS_VALID}"
             ),
         );
+    }
+    if let Some(message) = &report.executed.too_large {
+        return condition("CapacityAvailable", false, DOCUMENT_TOO_LARGE, message.clone());
     }
     if let Some(max) = pool.spec.max_size.filter(|m| capacity.live >= i64::from(*m)) {
         return condition(

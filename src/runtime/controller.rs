@@ -174,6 +174,27 @@ where
         self
     }
 
+    /// [`Self::watches`] for a cache whose refused objects the controller handles itself, object by
+    /// object (it reads their names in the cache's [`Refusals`]), instead of being held off in their
+    /// namespace: one refused object then fails only the object it belongs to. For the host Secrets
+    /// an installer writes into with the tenant's token, and may pad past the cap or strip of the
+    /// marks that tell their namespace.
+    pub fn watches_unheld<O, I>(
+        mut self,
+        cache: &SharedCache<O>,
+        mapper: impl Fn(Arc<O>) -> I + Send + Sync + 'static,
+    ) -> Self
+    where
+        O: Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+        I: IntoIterator<Item = ObjectRef<K>> + 'static,
+        I::IntoIter: Send,
+    {
+        self.caches.push(cache.readiness());
+        let mapper = cached_only(self.main.clone(), mapper);
+        self.controller = self.controller.watches_shared_stream(cache.touched(), mapper);
+        self
+    }
+
     /// [`Self::watches`] for a stream derived from `cache` (filtered, say).
     pub fn watches_stream<O, I>(
         mut self,

@@ -33,6 +33,7 @@ mod pools;
 mod pools_seeds;
 mod races;
 mod recovery;
+mod security_blast_radius;
 mod security_fairness;
 mod security_inventory;
 mod security_kubeconfig;

@@ -230,7 +230,8 @@ async fn observe_credentials(asset: &BareMetalAsset, ctx: &Ctx) -> Result<Creden
     let secrets = Api::<Secret>::namespaced(ctx.tenant.client.clone(), &namespace);
     let name = &asset.spec.bmc.credentials_name;
     let secret = secrets.get_opt(name).await?;
-    let verdict = plan::credentials(secret.as_ref(), name, &namespace);
+    let limits = &ctx.tenant.shared.settings.document_limits;
+    let verdict = plan::credentials(secret.as_ref(), name, &namespace, limits);
     Ok(Credentials {
         secret,
         verdict,

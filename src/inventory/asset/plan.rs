@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 use super::reach::FOREIGN_CLUSTER;
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::ClusterDeployment;
+use crate::bounds::{DOCUMENT_TOO_LARGE, DocumentLimits};
 use crate::inventory::remote_host::{DeliveryError, MACHINE_API_NAMESPACE};
 use crate::inventory::{CLUSTER_LABEL, ROLE_LABEL, role_label};
 
@@ -136,8 +137,9 @@ pub(crate) struct Verdict {
     pub(crate) message: String,
 }
 
-/// `CredentialsFound`: the Secret exists with keys `username` and `password`.
-pub(crate) fn credentials(secret: Option<&Secret>, name: &str, namespace: &str) -> Verdict {
+/// `CredentialsFound`: the Secret exists with keys `username` and `password`, within the bound of
+/// a Secret stackd reads to render (it is inlined in install configs, copied to clusters).
+pub(crate) fn credentials(secret: Option<&Secret>, name: &str, namespace: &str, limits: &DocumentLimits) -> Verdict {
     let Some(secret) = secret else {
         return Verdict {
             ok: false,
@@ -147,10 +149,16 @@ pub(crate) fn credentials(secret: Option<&Secret>, name: &str, namespace: &str) 
             ),
         };
     };
-    let keys = secret.data.clone().unwrap_or_default();
+    if let Err(refused) = limits.render_secret(namespace, secret) {
+        return Verdict {
+            ok: false,
+            reason: DOCUMENT_TOO_LARGE,
+            message: refused.to_string(),
+        };
+    }
     let missing: Vec<&str> = ["username", "password"]
         .into_iter()
-        .filter(|k| !keys.contains_key(*k))
+        .filter(|k| !secret.data.as_ref().is_some_and(|d| d.contains_key(*k)))
         .collect();
     if missing.is_empty() {
         Verdict {
@@ -597,7 +605,7 @@ mod tests {
 
     #[test]
     fn a_missing_secret_says_which_and_how_to_fix_it() {
-        let verdict = credentials(None, "host-1-bmc", "lab");
+        let verdict = credentials(None, "host-1-bmc", "lab", &DocumentLimits::default());
         assert_eq!((verdict.ok, verdict.reason), (false, "SecretNotFound"));
         assert_eq!(
             verdict.message,
@@ -607,19 +615,29 @@ mod tests {
 
     #[test]
     fn a_secret_without_username_or_password_is_invalid_and_names_the_missing_keys() {
-        let verdict = credentials(Some(&secret(&["username"])), "host-1-bmc", "lab");
+        let verdict = credentials(
+            Some(&secret(&["username"])),
+            "host-1-bmc",
+            "lab",
+            &DocumentLimits::default(),
+        );
         assert_eq!((verdict.ok, verdict.reason), (false, "SecretInvalid"));
         assert_eq!(
             verdict.message,
             "Secret host-1-bmc in namespace lab lacks the keys password; add them"
         );
-        let empty = credentials(Some(&secret(&[])), "host-1-bmc", "lab");
+        let empty = credentials(Some(&secret(&[])), "host-1-bmc", "lab", &DocumentLimits::default());
         assert!(empty.message.contains("lacks the keys username, password"));
     }
 
     #[test]
     fn a_secret_with_both_keys_is_found() {
-        let verdict = credentials(Some(&secret(&["username", "password", "extra"])), "host-1-bmc", "lab");
+        let verdict = credentials(
+            Some(&secret(&["username", "password", "extra"])),
+            "host-1-bmc",
+            "lab",
+            &DocumentLimits::default(),
+        );
         assert_eq!((verdict.ok, verdict.reason), (true, "SecretFound"));
     }
 

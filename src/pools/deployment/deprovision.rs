@@ -36,7 +36,15 @@ pub(super) async fn deprovision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Cle
     let names = Names::of(cd);
     let host_ns = tenant.host_namespace.as_str();
     let jobs = owned(&ctx.jobs, &parent, &tenant.name);
-    let output = match output::find(ctx, cd, &parent, &names, Look::Cached).await? {
+    // Over the cache's cap, the output is not read: no state for the destroy Job, and it is
+    // deleted unread.
+    let refused = ctx.refused_secrets.contains(Some(host_ns), &names.output);
+    let found = if refused {
+        Found::Missing
+    } else {
+        output::find(ctx, cd, &parent, &names, Look::Cached).await?
+    };
+    let output = match found {
         Found::Trusted(secret) => Some(secret),
         // Its `metadata.json` is read once the cache shows it restored.
         Found::Restored { .. } => return Ok(Cleanup::Pending(Action::requeue(Duration::from_secs(5)))),

@@ -92,8 +92,9 @@ fn meta(name: &str, namespace: &str) -> kube::api::ObjectMeta {
 }
 
 /// Annotation on the input Secret (which only stackd writes): the uid of the output Secret stackd
-/// created for the installer, the proof that a Secret of that name is still that one.
-pub(crate) const OUTPUT_UID_ANNOTATION: &str = "pools.stackd.dev/output-secret-uid";
+/// created for the installer, the proof that a Secret of that name is still that one (the orphan
+/// sweep's too).
+pub(crate) use crate::host::labels::OUTPUT_UID_ANNOTATION;
 
 /// The installer's inputs: the rendered install config, the pull secret and the credentials; and
 /// the uid of the output Secret made for it.
@@ -273,11 +274,6 @@ fn installer_volumes(names: &Names, destroy: bool) -> (Vec<Volume>, Vec<VolumeMo
     }
     (volumes, mounts)
 }
-
-/// The keys stackd reads from the installer's output Secret, and how many bytes of each at most
-/// (checked before anything is parsed): an admin kubeconfig with its certificates is some 10 KiB,
-/// `metadata.json` a few hundred bytes.
-pub(crate) const OUTPUT_KEYS: [(&str, usize); 2] = [("kubeconfig", 256 * 1024), ("metadata.json", 64 * 1024)];
 
 /// A key of the installer's output Secret, as text.
 pub(crate) fn output_text(secret: &Secret, key: &str) -> Option<String> {

@@ -39,6 +39,7 @@ use crate::pools::DEPROVISION_FINALIZER;
 use crate::runtime::api_errors::is_conflict;
 use crate::runtime::controller::{Permit, ReconcileError, Scaffold};
 use crate::runtime::finalizer::{self, FinalizerError};
+use crate::runtime::informers::refusals::Refusals;
 use crate::runtime::panics::ReconcilePanic;
 use crate::runtime::status_writer::apply_status;
 
@@ -74,6 +75,9 @@ struct Ctx {
     tenant: Arc<TenantContext>,
     jobs: Store<Job>,
     secrets: Store<Secret>,
+    /// The host Secrets the cache refused (over `--max-cached-object-bytes`): each fails only its
+    /// own cluster ([`refused_host_secret`]).
+    refused_secrets: Refusals,
 }
 
 impl ReconcileError for DeploymentError {
@@ -97,15 +101,18 @@ pub(crate) async fn run(context: Arc<TenantContext>, cancel: CancellationToken) 
         tenant: context.clone(),
         jobs: jobs.store(),
         secrets: secrets.store(),
+        refused_secrets: secrets.refusals(),
     });
     // Decisions need the host caches too (the scaffold waits for every watched cache): with an
     // empty one a deleted cluster would look as if it never had an installer, and be let go
     // without its destroy Job.
     // Every event of a host Secret means the cache has shown it: a creation is no longer pending.
+    // A refused one (an installer padded its output) fails its own cluster only, never holds off
+    // its namespace's, let alone (its marks stripped) every namespace's.
     let on_secret = context.clone();
     Scaffold::new(CONTROLLER, context, &cds)
         .watches(&jobs, |job| owner_of(job.as_ref()))
-        .watches(&secrets, move |secret| {
+        .watches_unheld(&secrets, move |secret| {
             on_secret.host_writes.seen(secret.as_ref());
             owner_of(secret.as_ref())
         })
@@ -123,6 +130,30 @@ fn owner_of<K: Resource>(object: &K) -> Option<ObjectRef<ClusterDeployment>> {
     let namespace = annotations.get(TENANT_NAMESPACE_ANNOTATION)?;
     Some(ObjectRef::new(name).within(namespace))
 }
+
+/// What stops this cluster when the cache refused one of its host Secrets (over
+/// `--max-cached-object-bytes`): such a Secret is neither read nor taken for missing.
+fn refused_host_secret(ctx: &Ctx, names: &installer::Names) -> Option<Outcome> {
+    let host_ns = ctx.tenant.host_namespace.as_str();
+    let refused = |name: &str| ctx.refused_secrets.contains(Some(host_ns), name);
+    let why = |name: &str| {
+        format!(
+            "host Secret {host_ns}/{name} is larger than the {} stackd reads (--max-cached-object-bytes)",
+            ctx.tenant.shared.settings.max_cached_object_bytes
+        )
+    };
+    if refused(&names.output) {
+        Some(Outcome::OutputRefused(why(&names.output)))
+    } else if refused(&names.input) {
+        Some(Outcome::InputsTooLarge(why(&names.input)))
+    } else {
+        None
+    }
+}
+
+/// How soon a cluster stopped by a refused host Secret looks again: the Secret's own events may not
+/// name the cluster (an installer can strip its marks).
+const REFUSED_RECHECK: Duration = Duration::from_secs(30);
 
 fn parent(cd: &ClusterDeployment) -> Parent {
     Parent::new(

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::PostParams;
+use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
@@ -84,10 +84,27 @@ pub(super) async fn find(
     })
 }
 
-/// Deletes the output Secret stackd made for the cluster, by its name, whatever its labels say.
+/// Deletes the output Secret stackd made for the cluster, by its name, whatever its labels say:
+/// the uid stackd recorded proves it without reading it (it may be too large to read).
 pub(super) async fn delete(ctx: &Ctx, parent: &Parent, names: &Names) -> Result<(), DeploymentError> {
     let tenant = &ctx.tenant;
     let recorded = recorded_uid(ctx, names);
+    if let Some(uid) = &recorded {
+        let api = Api::<Secret>::namespaced(tenant.host.clone(), &tenant.host_namespace);
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        return match api.delete(&names.output, &params).await {
+            Ok(_) => Ok(()),
+            // Gone, or another Secret by that name now: not stackd's to delete.
+            Err(err) if is_not_found(&err) || is_conflict(&err) => Ok(()),
+            Err(err) => Err(DeploymentError::HostApi(err)),
+        };
+    }
     let Some(found) = candidate(ctx, names, recorded.as_deref(), Look::Cached).await? else {
         return Ok(());
     };

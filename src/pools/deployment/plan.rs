@@ -9,9 +9,10 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 
-use super::installer::{JobState, Names, OUTPUT_KEYS, deadline_exceeded, has_state, job_state, output_text};
+use super::installer::{JobState, Names, deadline_exceeded, has_state, job_state, output_text};
 use super::status::Outcome;
 use crate::api::pools::ClusterDeployment;
+use crate::bounds::{self, OUTPUT_KEYS};
 use crate::pools::DEPROVISION_FINALIZER;
 use crate::pools::failure_domains::INVALID_KEY;
 use crate::runtime::conditions::is_true;
@@ -141,8 +142,24 @@ pub(crate) struct Inputs {
 pub(crate) fn inputs(
     cd: &ClusterDeployment,
     read: Vec<(&'static str, String, Option<Secret>)>,
+    host_secret_limit: usize,
 ) -> Result<Inputs, Outcome> {
     let ns = cd.namespace().unwrap_or_default();
+    // They are copied into one host Secret: measured before anything is copied.
+    let total = read
+        .iter()
+        .filter_map(|(_, _, secret)| secret.as_ref())
+        .map(bounds::secret_data_bytes)
+        .fold(0, usize::saturating_add);
+    let host_input = || {
+        format!(
+            "the installer's input Secret (the data of Secrets {})",
+            input_names(&ns, &read)
+        )
+    };
+    if let Err(refused) = bounds::host_secret_bytes(host_input, total, host_secret_limit) {
+        return Err(Outcome::InputsTooLarge(refused.to_string()));
+    }
     let mut input = BTreeMap::new();
     let mut missing = Vec::new();
     for (what, name, secret) in read {
@@ -168,6 +185,12 @@ pub(crate) fn inputs(
         data: input,
         installer_image: provisioning.installer_image.clone(),
     })
+}
+
+/// `ns/a, ns/b` for the Secrets read.
+fn input_names(ns: &str, read: &[(&'static str, String, Option<Secret>)]) -> String {
+    let names: Vec<String> = read.iter().map(|(_, name, _)| format!("{ns}/{name}")).collect();
+    names.join(", ")
 }
 
 /// What the installer's output says once its Job succeeded.
@@ -532,7 +555,7 @@ mod tests {
             ("pull secret", "pull".into(), None),
         ];
         assert_eq!(
-            inputs(&cd, read),
+            inputs(&cd, read, usize::MAX),
             Err(Outcome::MissingInputs(vec![
                 "credentials Secret c1/creds".into(),
                 "pull secret Secret c1/pull".into()
@@ -545,7 +568,7 @@ mod tests {
         let bare = cd(json!({"pullSecretRef": {"name": "pull"}}));
         let read = vec![("pull secret", "pull".into(), None)];
         assert_eq!(
-            inputs(&bare, read),
+            inputs(&bare, read, usize::MAX),
             Err(Outcome::MissingInputs(vec![
                 "pull secret Secret c1/pull".into(),
                 "spec.provisioning".into()
@@ -561,7 +584,7 @@ mod tests {
             Some(secret(&[(INVALID_KEY, "zone and root volume")])),
         )];
         assert_eq!(
-            inputs(&provisioned(), read),
+            inputs(&provisioned(), read, usize::MAX),
             Err(Outcome::InvalidMachineSpec("zone and root volume".into()))
         );
     }
@@ -576,7 +599,7 @@ mod tests {
             ),
             ("credentials", "b".into(), Some(secret(&[("k", "2")]))),
         ];
-        let started = inputs(&provisioned(), read).unwrap();
+        let started = inputs(&provisioned(), read, usize::MAX).unwrap();
         assert_eq!(started.data["k"], ByteString(b"2".to_vec()));
         assert_eq!(started.data.len(), 2);
         assert_eq!(started.installer_image, "installer:1");

@@ -19,8 +19,9 @@ use super::installer::{self, Names};
 use super::output::{self, Found, Look};
 use super::plan::{self, AttemptStep, Inputs, Output, Provision, Snapshot};
 use super::status::Outcome;
-use super::{Ctx, DeploymentError, owned, parent, report, tenant_secret_recheck};
+use super::{Ctx, DeploymentError, REFUSED_RECHECK, owned, parent, refused_host_secret, report, tenant_secret_recheck};
 use crate::api::pools::ClusterDeployment;
+use crate::bounds;
 use crate::context::events::publish;
 use crate::host::Parent;
 use crate::host::apply::{self, HostWriteError, Update, ensure, ensure_created, stamp};
@@ -28,6 +29,10 @@ use crate::pools::record;
 
 pub(super) async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, DeploymentError> {
     let names = Names::of(cd);
+    if let Some(refused) = refused_host_secret(ctx, &names) {
+        report(cd, ctx, &refused).await?;
+        return Ok(Action::requeue(REFUSED_RECHECK));
+    }
     if keep_record(cd, ctx, &names).await? {
         return Ok(Action::await_change());
     }
@@ -86,7 +91,8 @@ async fn start(cd: &ClusterDeployment, ctx: &Ctx, names: &Names, job_name: &str)
         let secret = secrets.get_opt(&name).await.map_err(DeploymentError::Tenant)?;
         read.push((what, name, secret));
     }
-    let inputs = match plan::inputs(cd, read) {
+    let limit = bounds::host_secret_limit(tenant.shared.settings.max_cached_object_bytes);
+    let inputs = match plan::inputs(cd, read, limit) {
         Ok(inputs) => inputs,
         Err(outcome) => {
             report(cd, ctx, &outcome).await?;
@@ -285,7 +291,15 @@ async fn finished_output(
     look: Look,
 ) -> Result<Result<Option<Arc<Secret>>, Action>, DeploymentError> {
     match output::find(ctx, cd, &parent(cd), names, look).await? {
-        Found::Trusted(secret) => Ok(Ok(Some(secret))),
+        Found::Trusted(secret) => {
+            // Measured before anything of it is read.
+            let limits = &ctx.tenant.shared.settings.document_limits;
+            if let Err(refused) = limits.installer_output(&ctx.tenant.host_namespace, &secret) {
+                report(cd, ctx, &Outcome::OutputRefused(refused.to_string())).await?;
+                return Ok(Err(Action::await_change()));
+            }
+            Ok(Ok(Some(secret)))
+        }
         // The Secret's watch event brings us back; the requeue is a safety net.
         Found::Restored { .. } => Ok(Err(Action::requeue(Duration::from_secs(5)))),
         Found::Missing => Ok(Ok(None)),

@@ -6,6 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::common::LocalObjectReference;
 use crate::api::pools::{ClusterDeploymentStatus, MachineFailureDomain};
+use crate::bounds::DOCUMENT_TOO_LARGE;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 
 /// What a reconcile found out, to be recorded in the status.
@@ -37,6 +38,8 @@ pub(crate) enum Outcome {
     /// The installer's output Secret is not read: a key is too large, or the Secret is not the one
     /// stackd made.
     OutputRefused(String),
+    /// The installer's inputs would pass a bound of [`crate::bounds`] (which, and how to fix it).
+    InputsTooLarge(String),
     /// A Secret of the admin kubeconfig's name belongs to someone else.
     KubeconfigConflict { secret: String },
     /// Installed; the admin kubeconfig is in `secret`.
@@ -80,7 +83,9 @@ impl Outcome {
                 missing.join(", ")
             ),
             Outcome::InvalidMachineSpec(detail) => format!("The machine configuration is invalid: {detail}"),
-            Outcome::InstallerImageRefused(refusal) => format!("Cannot start the installer: {refusal}"),
+            Outcome::InstallerImageRefused(refusal) | Outcome::InputsTooLarge(refusal) => {
+                format!("Cannot start the installer: {refusal}")
+            }
             Outcome::InstallFailed {
                 attempts,
                 limit,
@@ -123,6 +128,7 @@ impl Outcome {
             Outcome::MissingInputs(_) => (Some("MissingInputs"), None),
             Outcome::InvalidMachineSpec(_) => (Some("InvalidMachineSpec"), Some("InvalidMachineSpec")),
             Outcome::InstallerImageRefused(_) => (Some("RegistryNotAllowed"), Some("RegistryNotAllowed")),
+            Outcome::InputsTooLarge(_) => (Some(DOCUMENT_TOO_LARGE), Some(DOCUMENT_TOO_LARGE)),
             Outcome::InstallFailed { attempts, limit, .. } if attempts >= limit => {
                 (Some("ProvisionFailed"), Some("InstallAttemptsLimitReached"))
             }
@@ -180,6 +186,7 @@ impl Outcome {
             }
             Outcome::Provisioning { .. }
             | Outcome::InstallerImageRefused(_)
+            | Outcome::InputsTooLarge(_)
             | Outcome::MissingInputs(_)
             | Outcome::KubeconfigRefused { .. }
             | Outcome::OutputRefused(_)
@@ -202,6 +209,7 @@ impl Outcome {
             Outcome::MissingInputs(_) => warning("MissingInputs"),
             Outcome::InvalidMachineSpec(_) => warning("InvalidMachineSpec"),
             Outcome::InstallerImageRefused(_) => warning("RegistryNotAllowed"),
+            Outcome::InputsTooLarge(_) => warning(DOCUMENT_TOO_LARGE),
             Outcome::InstallFailed { attempts, limit, .. } if attempts >= limit => warning("ProvisionStopped"),
             Outcome::InstallFailed { .. } => warning("InstallFailed"),
             Outcome::KubeconfigRefused { .. } => warning("AdminKubeconfigRefused"),
