@@ -309,6 +309,9 @@ async fn run_daemon(
         tenant_stop_grace: Duration::from_secs(20),
         max_cached_object_bytes: crate::runtime::memory_budget::ByteSize::DEFAULT_MAX_OBJECT,
         tenant_memory_budget: crate::runtime::memory_budget::ByteSize::DEFAULT_TENANT_BUDGET,
+        namespace_memory_budget: crate::runtime::memory_budget::default_namespace_share(
+            crate::runtime::memory_budget::ByteSize::DEFAULT_TENANT_BUDGET,
+        ),
         monitoring_namespace: None,
     };
     println!("\nThe daemon is serving every tenant; progress follows. Ctrl-C stops everything.\n");

@@ -15,7 +15,9 @@ use stackd::context::registries::AllowedRegistries;
 use stackd::context::stack_limits::{DEFAULT_MAX_PACKAGE_CRDS, DEFAULT_NAMESPACE_MAX_INSTALLS, StackLimits};
 use stackd::host::namespace::ServiceAccountRef;
 use stackd::host::quota::{ContainerDefaults, DEFAULT_CONTAINER_DEFAULTS, DEFAULT_QUOTA, ResourceList, TenantQuota};
-use stackd::runtime::memory_budget::{ByteSize, DEFAULT_MAX_OBJECT_BYTES, DEFAULT_TENANT_BUDGET};
+use stackd::runtime::memory_budget::{
+    ByteSize, DEFAULT_MAX_OBJECT_BYTES, DEFAULT_TENANT_BUDGET, default_namespace_share,
+};
 use stackd::runtime::parse_error::kubeconfig_error_message;
 use tokio_util::sync::CancellationToken;
 
@@ -222,11 +224,19 @@ struct RunArgs {
     /// times their JSON).
     #[arg(long, default_value = DEFAULT_MAX_OBJECT_BYTES, value_name = "SIZE")]
     max_cached_object_bytes: ByteSize,
-    /// The estimated memory one tenant's cached objects may take; a tenant over it is suspended
-    /// (its controllers and watches stop, shown on /readyz?verbose and `stackd_tenant_suspended`)
-    /// and retried with backoff. Size it so that tenants × budget fits the daemon's memory limit.
+    /// The estimated memory one tenant's cached objects may take. An object of a tenant namespace
+    /// that would take the tenant past it is left out like one over --namespace-memory-budget; a
+    /// tenant taken over it by what no namespace owns (cluster-scoped objects) is suspended (its
+    /// controllers and watches stop, shown on /readyz?verbose and `stackd_tenant_suspended`) and
+    /// retried with backoff. Size it so that tenants × budget fits the daemon's memory limit.
     #[arg(long, default_value = DEFAULT_TENANT_BUDGET, value_name = "SIZE")]
     tenant_memory_budget: ByteSize,
+    /// The estimated memory the cached objects of one tenant namespace may take (default: a quarter
+    /// of --tenant-memory-budget). An object that would take its namespace past it is not read: it
+    /// gets a Warning Event `NamespaceOverBudget`, and stackd holds off that namespace's work that
+    /// reads its kind until the namespace's objects shrink; the tenant's other namespaces are served.
+    #[arg(long, value_name = "SIZE")]
+    namespace_memory_budget: Option<ByteSize>,
     /// The host namespace whose pods (e.g. Prometheus) may reach the pods of tenant host namespaces.
     /// Without it, each tenant host namespace admits traffic from its own pods only (a
     /// NetworkPolicy `stackd-tenant-isolation`).
@@ -574,6 +584,9 @@ async fn run(args: RunArgs) -> ExitCode {
         tenant_stop_grace: args.tenant_stop_grace,
         max_cached_object_bytes: args.max_cached_object_bytes,
         tenant_memory_budget: args.tenant_memory_budget,
+        namespace_memory_budget: args
+            .namespace_memory_budget
+            .unwrap_or_else(|| default_namespace_share(args.tenant_memory_budget)),
         monitoring_namespace: args.monitoring_namespace,
     };
     match stackd::daemon::run(host, settings, shutdown_on_signals()).await {

@@ -80,6 +80,8 @@ pub struct DaemonSettings {
     pub max_cached_object_bytes: ByteSize,
     /// What one tenant's caches may hold before it is suspended (`--tenant-memory-budget`).
     pub tenant_memory_budget: ByteSize,
+    /// What the cached objects of one tenant namespace may take (`--namespace-memory-budget`).
+    pub namespace_memory_budget: ByteSize,
     /// The host namespace whose pods may reach tenant pods, to scrape them
     /// (`--monitoring-namespace`); none when unset.
     pub monitoring_namespace: Option<String>,
