@@ -15,6 +15,7 @@ use stackd::context::registries::AllowedRegistries;
 use stackd::context::stack_limits::{DEFAULT_MAX_PACKAGE_CRDS, DEFAULT_NAMESPACE_MAX_INSTALLS, StackLimits};
 use stackd::host::namespace::ServiceAccountRef;
 use stackd::host::quota::{ContainerDefaults, DEFAULT_CONTAINER_DEFAULTS, DEFAULT_QUOTA, ResourceList, TenantQuota};
+use stackd::host::quota_share::NamespaceShare;
 use stackd::runtime::memory_budget::{
     ByteSize, DEFAULT_MAX_OBJECT_BYTES, DEFAULT_TENANT_BUDGET, default_namespace_share,
 };
@@ -109,6 +110,17 @@ struct RunArgs {
     /// pods that set none fit the quota.
     #[arg(long, default_value = DEFAULT_CONTAINER_DEFAULTS, value_name = "requests.NAME=QUANTITY,limits.NAME=QUANTITY,...")]
     tenant_container_defaults: ContainerDefaults,
+    /// The CPU the host workloads stackd runs for one tenant namespace (stack controllers, install
+    /// and pool installer Jobs) may request together (default: half of --tenant-quota's
+    /// requests.cpu). A workload that would take its namespace past it is not created: its object
+    /// gets the reason NamespaceQuotaShareExceeded, and the tenant's other namespaces keep their
+    /// part of the quota.
+    #[arg(long, value_name = "QUANTITY", value_parser = stackd::host::quota_share::quantity)]
+    namespace_max_cpu: Option<String>,
+    /// The memory the host workloads of one tenant namespace may request together (default: half
+    /// of --tenant-quota's requests.memory), as --namespace-max-cpu.
+    #[arg(long, value_name = "QUANTITY", value_parser = stackd::host::quota_share::quantity)]
+    namespace_max_memory: Option<String>,
     /// API groups packages may create CRDs in: comma-separated groups and `*.DOMAIN` patterns, or
     /// `*` for any group but stackd's and Kubernetes' own. On a shared tenant, name your packages'
     /// domains, so that no package takes a well-known group before its operator is installed.
@@ -545,6 +557,10 @@ async fn run(args: RunArgs) -> ExitCode {
         tenant_quota: TenantQuota {
             hard: args.tenant_quota,
             container_defaults: args.tenant_container_defaults,
+            namespace_share: NamespaceShare {
+                cpu: args.namespace_max_cpu,
+                memory: args.namespace_max_memory,
+            },
         },
         stack_crd_groups: args.stack_crd_groups,
         insecure_allow_conversion_webhooks: args.insecure_allow_conversion_webhooks,

@@ -1,18 +1,24 @@
 //! One namespace holds only its own work (DESIGN.md §10, issue 45): a tenant namespace over its
 //! share of the tenant's memory budget has its own objects left out, never its tenant suspended
-//! (attack 3). Each attack runs through the daemon binary against embedded servers.
+//! (attack 3); a stack whose controller asks for more than its namespace's share of the tenant's
+//! host quota is refused before its Deployment is made, and another namespace still installs
+//! (attack 5). Each attack runs through the daemon binary against embedded servers.
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::Client;
-use kube::api::{Api, DeleteParams, PostParams};
-use serde_json::json;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
 use stackd::api::pools::{ClusterDeploymentCustomization, ClusterPool};
+use stackd::api::stacks::Stack;
 use stackd::embedded::samples::{SampleImages, register_sample_runners};
 
+use super::security_pods::write_package;
+use super::stacks_install::{StackFleet, create_install, wait_for_reason};
 use super::tenant_objects::{
     HostKubectl, SECRETS_NAMESPACE, condition, install_tenant_crd, registration, wait_condition,
 };
-use crate::harness::{Fleet, install_crds, until};
+use crate::harness::{Fleet, install_crds, until, wait_until};
 use crate::pools::{WITHIN, events, pool_json};
 
 const ATTACKER: &str = "attacker";
@@ -173,6 +179,85 @@ async fn a_namespace_over_its_memory_share_holds_only_its_own_objects() {
         cdcs(&acme, ATTACKER).get_opt(&kept).await.expect("get").is_some(),
         "nothing of the attacker's was deleted by stackd"
     );
+}
+
+/// The Ready condition of Stack `namespace/name` as (status, reason, message).
+async fn stack_ready(tenant: &Client, namespace: &str, name: &str) -> Option<(String, String, String)> {
+    let stack = Api::<Stack>::namespaced(tenant.clone(), namespace)
+        .get_opt(name)
+        .await
+        .ok()??;
+    let status = serde_json::to_value(&stack).ok()?["status"].clone();
+    let conditions = status["conditions"].as_array()?.clone();
+    let ready: &Value = conditions.iter().find(|c| c["type"] == "Ready")?;
+    let text = |key: &str| ready[key].as_str().unwrap_or_default().to_string();
+    Some((text("status"), text("reason"), text("message")))
+}
+
+/// Attack 5: a stack whose controller asks `requests.cpu: 7900m`, in a tenant whose host quota has
+/// 8 CPUs, is refused before its Deployment is made (`NamespaceQuotaShareExceeded`, naming the
+/// share and the flag, with an Event); an install in another namespace of the tenant reaches Ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stack_asking_for_more_than_its_namespace_share_of_the_host_quota_is_refused() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let tenant = fleet.tenant("acme");
+    let daemon = fleet.daemon(&[]);
+    write_package(&fleet, "greedy", |pod| {
+        pod["containers"][0]["resources"] = json!({"requests": {"cpu": "7900m"}});
+    });
+    // Its own CRD group, so that it and the sample in the other namespace install side by side.
+    let crd = fleet
+        .dir
+        .path()
+        .join("packages/greedy/.registry/resources/widget.crd.yaml");
+    let renamed = std::fs::read_to_string(&crd)
+        .expect("crd")
+        .replace("samples.example.org", "greedy.example.org");
+    std::fs::write(&crd, renamed).expect("write crd");
+    create_install(&tenant, ATTACKER, "greedy", json!({"package": "examples/greedy:v1"})).await;
+    let message = wait_until("the greedy stack refused for its share", WITHIN, &daemon, || async {
+        stack_ready(&tenant, ATTACKER, "greedy")
+            .await
+            .filter(|(_, reason, _)| reason == "NamespaceQuotaShareExceeded")
+            .map(|(status, _, message)| (status, message))
+    })
+    .await;
+    assert_eq!(message.0, "False");
+    for needle in ["7900m", "--namespace-max-cpu", "4 of cpu", ATTACKER] {
+        assert!(message.1.contains(needle), "{needle:?} not in {:?}", message.1);
+    }
+    until(
+        "a NamespaceQuotaShareExceeded Event on the stack",
+        WITHIN,
+        &daemon,
+        || async {
+            events(&tenant, ATTACKER, "greedy")
+                .await
+                .iter()
+                .any(|(reason, note)| reason == "NamespaceQuotaShareExceeded" && note.contains("--namespace-max-cpu"))
+        },
+    )
+    .await;
+    let deployments: Api<Deployment> = Api::namespaced(fleet.host_client.clone(), "tenant-acme-controllers");
+    let names: Vec<String> = deployments
+        .list(&ListParams::default())
+        .await
+        .expect("deployments")
+        .items
+        .iter()
+        .map(|d| d.name_any())
+        .collect();
+    assert!(!names.iter().any(|n| n.contains("greedy")), "{names:?}");
+
+    create_install(
+        &tenant,
+        VICTIM,
+        "sample",
+        json!({"package": "examples/sample-stack:v1"}),
+    )
+    .await;
+    let (status, _, message) = wait_for_reason(&tenant, VICTIM, "sample", &daemon, "Available").await;
+    assert_eq!(status, "True", "{message}");
 }
 
 /// What no namespace owns, grown past a tenant budget of 2 MiB: `count` tenant Namespaces stackd
