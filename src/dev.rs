@@ -312,6 +312,9 @@ async fn run_daemon(
         max_cached_object_bytes: crate::runtime::memory_budget::ByteSize::DEFAULT_MAX_OBJECT,
         tenant_memory_budget: crate::runtime::memory_budget::ByteSize::DEFAULT_TENANT_BUDGET,
         document_limits: crate::bounds::DocumentLimits::default(),
+        namespace_memory_budget: crate::runtime::memory_budget::default_namespace_share(
+            crate::runtime::memory_budget::ByteSize::DEFAULT_TENANT_BUDGET,
+        ),
         monitoring_namespace: None,
     };
     println!("\nThe daemon is serving every tenant; progress follows. Ctrl-C stops everything.\n");

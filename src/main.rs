@@ -19,7 +19,10 @@ use stackd::context::registries::AllowedRegistries;
 use stackd::context::stack_limits::{DEFAULT_MAX_PACKAGE_CRDS, DEFAULT_NAMESPACE_MAX_INSTALLS, StackLimits};
 use stackd::host::namespace::ServiceAccountRef;
 use stackd::host::quota::{ContainerDefaults, DEFAULT_CONTAINER_DEFAULTS, DEFAULT_QUOTA, ResourceList, TenantQuota};
-use stackd::runtime::memory_budget::{ByteSize, DEFAULT_MAX_OBJECT_BYTES, DEFAULT_TENANT_BUDGET};
+use stackd::host::quota_share::NamespaceShare;
+use stackd::runtime::memory_budget::{
+    ByteSize, DEFAULT_MAX_OBJECT_BYTES, DEFAULT_TENANT_BUDGET, default_namespace_share,
+};
 use stackd::runtime::parse_error::kubeconfig_error_message;
 use tokio_util::sync::CancellationToken;
 
@@ -111,6 +114,17 @@ struct RunArgs {
     /// pods that set none fit the quota.
     #[arg(long, default_value = DEFAULT_CONTAINER_DEFAULTS, value_name = "requests.NAME=QUANTITY,limits.NAME=QUANTITY,...")]
     tenant_container_defaults: ContainerDefaults,
+    /// The CPU the host workloads stackd runs for one tenant namespace (stack controllers, install
+    /// and pool installer Jobs) may request together (default: half of --tenant-quota's
+    /// requests.cpu). A workload that would take its namespace past it is not created: its object
+    /// gets the reason NamespaceQuotaShareExceeded, and the tenant's other namespaces keep their
+    /// part of the quota.
+    #[arg(long, value_name = "QUANTITY", value_parser = stackd::host::quota_share::quantity)]
+    namespace_max_cpu: Option<String>,
+    /// The memory the host workloads of one tenant namespace may request together (default: half
+    /// of --tenant-quota's requests.memory), as --namespace-max-cpu.
+    #[arg(long, value_name = "QUANTITY", value_parser = stackd::host::quota_share::quantity)]
+    namespace_max_memory: Option<String>,
     /// API groups packages may create CRDs in: comma-separated groups and `*.DOMAIN` patterns, or
     /// `*` for any group but stackd's and Kubernetes' own. On a shared tenant, name your packages'
     /// domains, so that no package takes a well-known group before its operator is installed.
@@ -232,9 +246,11 @@ struct RunArgs {
     /// times their JSON).
     #[arg(long, default_value = DEFAULT_MAX_OBJECT_BYTES, value_name = "SIZE")]
     max_cached_object_bytes: ByteSize,
-    /// The estimated memory one tenant's cached objects may take; a tenant over it is suspended
-    /// (its controllers and watches stop, shown on /readyz?verbose and `stackd_tenant_suspended`)
-    /// and retried with backoff. Size it so that tenants × budget fits the daemon's memory limit.
+    /// The estimated memory one tenant's cached objects may take. An object of a tenant namespace
+    /// that would take the tenant past it is left out like one over --namespace-memory-budget; a
+    /// tenant taken over it by what no namespace owns (cluster-scoped objects) is suspended (its
+    /// controllers and watches stop, shown on /readyz?verbose and `stackd_tenant_suspended`) and
+    /// retried with backoff. Size it so that tenants × budget fits the daemon's memory limit.
     #[arg(long, default_value = DEFAULT_TENANT_BUDGET, value_name = "SIZE")]
     tenant_memory_budget: ByteSize,
     /// The most data of one tenant Secret stackd reads to render a document (an install-config
@@ -254,6 +270,12 @@ struct RunArgs {
     /// `metadata.json`).
     #[arg(long, default_value_t = DEFAULT_INSTALLER_OUTPUT_KEYS, value_name = "N", value_parser = at_least_one)]
     max_installer_output_keys: usize,
+    /// The estimated memory the cached objects of one tenant namespace may take (default: a quarter
+    /// of --tenant-memory-budget). An object that would take its namespace past it is not read: it
+    /// gets a Warning Event `NamespaceOverBudget`, and stackd holds off that namespace's work that
+    /// reads its kind until the namespace's objects shrink; the tenant's other namespaces are served.
+    #[arg(long, value_name = "SIZE")]
+    namespace_memory_budget: Option<ByteSize>,
     /// The host namespace whose pods (e.g. Prometheus) may reach the pods of tenant host namespaces.
     /// Without it, each tenant host namespace admits traffic from its own pods only (a
     /// NetworkPolicy `stackd-tenant-isolation`).
@@ -570,6 +592,10 @@ async fn run(args: RunArgs) -> ExitCode {
         tenant_quota: TenantQuota {
             hard: args.tenant_quota,
             container_defaults: args.tenant_container_defaults,
+            namespace_share: NamespaceShare {
+                cpu: args.namespace_max_cpu,
+                memory: args.namespace_max_memory,
+            },
         },
         stack_crd_groups: args.stack_crd_groups,
         platform_dependency_groups: args.platform_dependency_groups,
@@ -616,6 +642,9 @@ async fn run(args: RunArgs) -> ExitCode {
             installer_output_bytes: bytes(args.max_installer_output_bytes),
             installer_output_keys: args.max_installer_output_keys,
         },
+        namespace_memory_budget: args
+            .namespace_memory_budget
+            .unwrap_or_else(|| default_namespace_share(args.tenant_memory_budget)),
         monitoring_namespace: args.monitoring_namespace,
     };
     match stackd::daemon::run(host, settings, shutdown_on_signals()).await {

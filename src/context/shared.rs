@@ -87,6 +87,8 @@ pub struct DaemonSettings {
     /// The bounds of the documents stackd builds from tenant input (`--max-render-secret-bytes`,
     /// `--max-render-bytes`, `--max-installer-output-bytes`, `--max-installer-output-keys`).
     pub document_limits: DocumentLimits,
+    /// What the cached objects of one tenant namespace may take (`--namespace-memory-budget`).
+    pub namespace_memory_budget: ByteSize,
     /// The host namespace whose pods may reach tenant pods, to scrape them
     /// (`--monitoring-namespace`); none when unset.
     pub monitoring_namespace: Option<String>,

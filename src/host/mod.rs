@@ -12,6 +12,7 @@ pub mod network_policy;
 pub mod ownership;
 pub mod purge;
 pub mod quota;
+pub mod quota_share;
 pub mod sweep;
 
 pub use labels::Parent;

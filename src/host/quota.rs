@@ -19,6 +19,7 @@ use serde::de::DeserializeOwned;
 use super::apply::Applied;
 use super::labels::{MANAGED_BY, MANAGED_BY_LABEL, TENANT_LABEL, tenant_selector};
 use super::names::label_value;
+use super::quota_share::NamespaceShare;
 use crate::runtime::api_errors::is_conflict;
 
 /// Name of the ResourceQuota in every tenant's host namespace.
@@ -39,6 +40,9 @@ pub struct TenantQuota {
     /// The ResourceQuota's `spec.hard`.
     pub hard: ResourceList,
     pub container_defaults: ContainerDefaults,
+    /// What one tenant namespace's host workloads may request of it (`--namespace-max-cpu`,
+    /// `--namespace-max-memory`; see [`super::quota_share`]).
+    pub namespace_share: NamespaceShare,
 }
 
 impl Default for TenantQuota {
@@ -46,6 +50,7 @@ impl Default for TenantQuota {
         TenantQuota {
             hard: DEFAULT_QUOTA.parse().unwrap_or_default(),
             container_defaults: DEFAULT_CONTAINER_DEFAULTS.parse().unwrap_or_default(),
+            namespace_share: NamespaceShare::default(),
         }
     }
 }
@@ -373,6 +378,7 @@ mod tests {
         let quota = TenantQuota {
             hard: "requests.cpu=0.5,pods=10".parse().unwrap(),
             container_defaults: "requests.memory=1024Mi".parse().unwrap(),
+            ..TenantQuota::default()
         };
         let desired = desired_quota("acme", "ns", &quota);
         let mut canonical = desired.clone();

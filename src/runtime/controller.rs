@@ -347,7 +347,7 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
         }
         let namespace = object.meta().namespace.clone().unwrap_or_default();
         if let Some(refused) = self.held_up(&namespace) {
-            debug!(refused = %refused.describe(), "held up by an object over --max-cached-object-bytes");
+            debug!(refused = %refused.describe(), "held up by an object stackd could not cache (too large, or over its namespace's memory share)");
             return Ok(Action::requeue(HELD_UP_RECHECK));
         }
         let permit = self.tenant.permits().acquire(&namespace).await;

@@ -10,7 +10,9 @@
 //! What a tenant can make the daemon hold is bounded (DESIGN.md §8): each object is measured as
 //! raw JSON before it is decoded ([`super::raw_object`]); one over `--max-cached-object-bytes` is
 //! refused ([`refusals`]: not cached, remembered, reported with an `ObjectTooLarge` Event), and
-//! what the caches keep is charged to the tenant's memory budget ([`super::memory_budget`]). Lists
+//! what the caches keep is charged to the tenant's memory budget and to the object's tenant
+//! namespace ([`super::memory_budget`]): one its namespace has no share left for is refused the
+//! same way (a `NamespaceOverBudget` Event) and read again once the namespace has room. Lists
 //! come in pages of [`LIST_PAGE_SIZE`] objects, so a list holds at most that many objects' JSON at
 //! once whatever the tenant stored.
 
@@ -172,6 +174,8 @@ where
 struct CacheParts {
     limits: CacheLimits,
     reporter: Reporter,
+    /// Reads again what the cache left out for its namespace's share (none in tests).
+    client: Option<Client>,
 }
 
 impl Default for CacheParts {
@@ -182,6 +186,7 @@ impl Default for CacheParts {
                 budget: None,
             },
             reporter: Reporter::default(),
+            client: None,
         }
     }
 }
@@ -210,6 +215,7 @@ where
         reporter: parts.reporter,
         ledger: Ledger::default(),
         before_relist: Vec::new(),
+        client: parts.client,
     };
     (cache, tokio::spawn(driver.run(events)))
 }
@@ -303,6 +309,7 @@ impl Informers {
                 recorder: self.recorder.clone(),
                 host_parent: if host { self.host_parent } else { None },
             },
+            client: Some(if host { self.host.clone() } else { self.tenant.clone() }),
         }
     }
 

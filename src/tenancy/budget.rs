@@ -1,6 +1,8 @@
 //! A tenant's memory budget (`--tenant-memory-budget`, DESIGN.md §8): the tenant's task tree ends
-//! when its caches outgrow it (its supervisor then suspends it and retries later), and a restarted
-//! tenant that was suspended is resumed once its caches have all filled within it.
+//! when what no namespace owns takes its caches over it (its supervisor then suspends it and
+//! retries later; a namespace over its share has only its own objects left out, see
+//! `runtime::memory_budget`), and a restarted tenant that was suspended is resumed once its caches
+//! have all filled within it.
 
 use std::sync::Arc;
 use std::time::Duration;

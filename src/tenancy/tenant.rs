@@ -171,7 +171,12 @@ fn memory_budget(shared: &Shared, name: &str) -> Arc<MemoryBudget> {
         .tenant_cached_bytes
         .get_or_create(&Metrics::tenant(name))
         .clone();
-    MemoryBudget::new(shared.settings.tenant_memory_budget, Some(gauge))
+    let settings = &shared.settings;
+    MemoryBudget::new(
+        settings.tenant_memory_budget,
+        settings.namespace_memory_budget,
+        Some(gauge),
+    )
 }
 
 /// Stops the tenant's shared watches when its task tree ends, however it ends.

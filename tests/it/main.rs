@@ -39,6 +39,7 @@ mod security_inventory;
 mod security_kubeconfig;
 mod security_memory;
 mod security_names;
+mod security_namespaces;
 mod security_network;
 mod security_pods;
 mod security_pools;

@@ -6,7 +6,7 @@
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use stackd::embedded::samples::{SampleImages, register_sample_runners};
@@ -182,17 +182,17 @@ async fn a_flood_of_large_objects_is_refused_and_the_daemon_stays_small() {
     }
 }
 
-/// A tenant whose caches outgrow a small `--tenant-memory-budget` (many mid-sized objects, each
-/// under the size cap) is suspended: `/readyz?verbose` and `stackd_tenant_suspended` say why, one
-/// log line tells it, the other tenant keeps working; once the objects are deleted it comes back.
+/// A tenant whose caches outgrow a small `--tenant-memory-budget` with what no namespace owns (many
+/// mid-sized cluster-scoped objects, each under the size cap; a namespace's own objects only hold
+/// that namespace, see `security_namespaces`) is suspended: `/readyz?verbose` and
+/// `stackd_tenant_suspended` say why, one log line tells it, the other tenant keeps working; once
+/// the objects are deleted it comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_over_its_memory_budget_is_suspended_and_comes_back_once_it_cleaned_up() {
     let (fleet, acme, globex) = two_tenants().await;
     let daemon = daemon(&fleet, &["--tenant-memory-budget", "2Mi"]);
     daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", WITHIN).await;
-    for i in 0..12 {
-        create_cdc(&acme, &format!("mid-{i}"), bulky_patches(32 * 1024)).await;
-    }
+    let unowned = crate::security_namespaces::flood_unowned(&acme, 12).await;
     let detail = daemon
         .wait_for("/readyz?verbose", "[-]tenant acme suspended:", WITHIN)
         .await;
@@ -227,12 +227,7 @@ async fn a_tenant_over_its_memory_budget_is_suspended_and_comes_back_once_it_cle
     .await;
 
     // Cleaned up, the tenant comes back and is served again.
-    for i in 0..12 {
-        cdcs(&acme)
-            .delete(&format!("mid-{i}"), &DeleteParams::default())
-            .await
-            .expect("delete");
-    }
+    crate::security_namespaces::remove_unowned(&acme, &unowned).await;
     daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", WITHIN).await;
     let metrics = daemon.http_get("/metrics").unwrap_or_default();
     assert!(

@@ -21,7 +21,7 @@ const HOST_NS: &str = "tenant-acme-controllers";
 const SOON: Duration = Duration::from_secs(20);
 
 /// Writes package `name`: the sample stack, with `edit` applied to its controller's pod spec.
-fn write_package(fleet: &StackFleet, name: &str, edit: impl FnOnce(&mut Value)) {
+pub(crate) fn write_package(fleet: &StackFleet, name: &str, edit: impl FnOnce(&mut Value)) {
     write_template_package(fleet, name, |template| edit(&mut template["spec"]));
 }
 

@@ -544,15 +544,8 @@ async fn a_tenant_over_its_memory_budget_is_not_ready_on_its_tenant_until_it_cle
         .await;
     let daemon = fleet.daemon(&["--tenant-memory-budget", "2Mi", "--sweep-interval", "1h"]);
     wait_condition(&fleet, &daemon, "acme", "Ready", "True", "Up").await;
-    // Many mid-sized objects, each under the size cap: some 12 MiB decoded.
-    let numbers: Vec<usize> = (0..32 * 1024).map(|i| i % 10).collect();
-    let patches = serde_json::json!([
-        {"op": "replace", "path": "/metadata/name", "value": "c"},
-        {"op": "add", "path": "/bulk", "value": numbers},
-    ]);
-    for i in 0..12 {
-        crate::pools::create_cdc(&acme, &format!("mid-{i}"), patches.clone()).await;
-    }
+    // Many mid-sized objects no namespace owns, each under the size cap.
+    let unowned = crate::security_namespaces::flood_unowned(&acme, 12).await;
     let message = wait_condition(&fleet, &daemon, "acme", "Ready", "False", "OverMemoryBudget").await;
     assert!(message.contains("--tenant-memory-budget"), "{message}");
     assert_eq!(
@@ -566,11 +559,6 @@ async fn a_tenant_over_its_memory_budget_is_not_ready_on_its_tenant_until_it_cle
             .contains(&"OverMemoryBudget".to_string())
     })
     .await;
-    for i in 0..12 {
-        crate::pools::cdcs(&acme)
-            .delete(&format!("mid-{i}"), &DeleteParams::default())
-            .await
-            .expect("delete");
-    }
+    crate::security_namespaces::remove_unowned(&acme, &unowned).await;
     wait_condition(&fleet, &daemon, "acme", "Ready", "True", "Up").await;
 }

@@ -25,6 +25,7 @@ use crate::bounds;
 use crate::context::events::publish;
 use crate::host::Parent;
 use crate::host::apply::{self, HostWriteError, Update, ensure, ensure_created, stamp};
+use crate::host::quota_share;
 use crate::pools::record;
 
 pub(super) async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, DeploymentError> {
@@ -112,11 +113,19 @@ async fn start(cd: &ClusterDeployment, ctx: &Ctx, names: &Names, job_name: &str)
         report(cd, ctx, &Outcome::InstallerImageRefused(refusal)).await?;
         return Ok(Action::await_change());
     }
-    write_installer_inputs(ctx, cd, &parent, names, inputs).await?;
-    ensure_installer_identity(ctx, &parent, names).await?;
     let deadline = tenant.shared.settings.installer_deadline;
     let mut job = installer::installer_job(job_name, host_ns, names, &image, &cd.spec.cluster_name, false, deadline);
     stamp(&mut job, &tenant.name, &parent);
+    // Before anything is written for it: a Job its namespace has no share of the host quota for.
+    let what = format!("the installer Job {host_ns}/{job_name}");
+    let namespace = cd.namespace().unwrap_or_default();
+    if let Err(refused) = quota_share::check(tenant, &what, &namespace, &job, None) {
+        report(cd, ctx, &Outcome::QuotaShareExceeded(refused.to_string())).await?;
+        // The namespace's other workloads going bring this cluster no event of its own.
+        return Ok(Action::requeue(Duration::from_secs(30)));
+    }
+    write_installer_inputs(ctx, cd, &parent, names, inputs).await?;
+    ensure_installer_identity(ctx, &parent, names).await?;
     let jobs = Api::<Job>::namespaced(tenant.host.clone(), host_ns);
     let attempt = plan::attempt(cd);
     if ensure(&jobs, &job, None, &tenant.name, &parent, Update::Never)

@@ -7,6 +7,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use crate::api::common::LocalObjectReference;
 use crate::api::pools::{ClusterDeploymentStatus, MachineFailureDomain};
 use crate::bounds::DOCUMENT_TOO_LARGE;
+use crate::host::quota_share;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 
 /// What a reconcile found out, to be recorded in the status.
@@ -30,6 +31,9 @@ pub(crate) enum Outcome {
     InvalidMachineSpec(String),
     /// The installer image is not from a registry the host allows (`--allowed-registries`).
     InstallerImageRefused(String),
+    /// The installer Job would take the cluster's namespace past its share of the tenant's host
+    /// quota (`crate::host::quota_share`); tried again as the namespace's workloads go.
+    QuotaShareExceeded(String),
     /// The installer failed its `attempts`-th time of at most `limit`; `timed_out` when its Job
     /// ran past the installer deadline.
     InstallFailed { attempts: i32, limit: i32, timed_out: bool },
@@ -83,9 +87,9 @@ impl Outcome {
                 missing.join(", ")
             ),
             Outcome::InvalidMachineSpec(detail) => format!("The machine configuration is invalid: {detail}"),
-            Outcome::InstallerImageRefused(refusal) | Outcome::InputsTooLarge(refusal) => {
-                format!("Cannot start the installer: {refusal}")
-            }
+            Outcome::InstallerImageRefused(refusal)
+            | Outcome::InputsTooLarge(refusal)
+            | Outcome::QuotaShareExceeded(refusal) => format!("Cannot start the installer: {refusal}"),
             Outcome::InstallFailed {
                 attempts,
                 limit,
@@ -129,6 +133,7 @@ impl Outcome {
             Outcome::InvalidMachineSpec(_) => (Some("InvalidMachineSpec"), Some("InvalidMachineSpec")),
             Outcome::InstallerImageRefused(_) => (Some("RegistryNotAllowed"), Some("RegistryNotAllowed")),
             Outcome::InputsTooLarge(_) => (Some(DOCUMENT_TOO_LARGE), Some(DOCUMENT_TOO_LARGE)),
+            Outcome::QuotaShareExceeded(_) => (Some(quota_share::REASON), None),
             Outcome::InstallFailed { attempts, limit, .. } if attempts >= limit => {
                 (Some("ProvisionFailed"), Some("InstallAttemptsLimitReached"))
             }
@@ -187,6 +192,7 @@ impl Outcome {
             Outcome::Provisioning { .. }
             | Outcome::InstallerImageRefused(_)
             | Outcome::InputsTooLarge(_)
+            | Outcome::QuotaShareExceeded(_)
             | Outcome::MissingInputs(_)
             | Outcome::KubeconfigRefused { .. }
             | Outcome::OutputRefused(_)
@@ -210,6 +216,7 @@ impl Outcome {
             Outcome::InvalidMachineSpec(_) => warning("InvalidMachineSpec"),
             Outcome::InstallerImageRefused(_) => warning("RegistryNotAllowed"),
             Outcome::InputsTooLarge(_) => warning(DOCUMENT_TOO_LARGE),
+            Outcome::QuotaShareExceeded(_) => warning(quota_share::REASON),
             Outcome::InstallFailed { attempts, limit, .. } if attempts >= limit => warning("ProvisionStopped"),
             Outcome::InstallFailed { .. } => warning("InstallFailed"),
             Outcome::KubeconfigRefused { .. } => warning("AdminKubeconfigRefused"),
@@ -292,6 +299,25 @@ mod tests {
             note.message,
             "Cannot start the installer: missing pull secret Secret ns/pull, spec.provisioning; create them in the cluster's namespace"
         );
+    }
+
+    #[test]
+    fn an_installer_over_its_namespace_share_of_the_quota_waits_with_a_warning() {
+        let outcome = Outcome::QuotaShareExceeded("the installer Job h/j requests 1 of cpu".into());
+        let (status, write) = recorded(&outcome);
+        assert!(write);
+        assert_eq!(
+            says(&status, "Provisioned"),
+            pair("False", "NamespaceQuotaShareExceeded")
+        );
+        assert_eq!(
+            says(&status, "ProvisionStopped"),
+            None,
+            "tried again as the namespace's workloads go"
+        );
+        let note = outcome.note().unwrap();
+        assert!(note.warning);
+        assert_eq!(note.reason, "NamespaceQuotaShareExceeded");
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The task that keeps one shared cache: it measures each object a watch brings, decodes those under
 //! the size cap (large ones off the async workers), refuses the others, charges what it keeps to
-//! the tenant's memory budget (stopping when the tenant is over it), writes the store and fans the
-//! changes out to the subscribers.
+//! the tenant's memory budget and to the object's tenant namespace (leaving out what its namespace
+//! has no share left for, and reading it again once it has; stopping when the tenant is over its
+//! budget with what no namespace owns), writes the store and fans the changes out to the
+//! subscribers.
 
 use std::sync::Arc;
 
@@ -14,10 +16,10 @@ use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 use tracing::debug;
 
-use super::refusals::{Refusal, Refusals};
+use super::refusals::{Cause, Refusal, Refusals};
 use super::report::Reporter;
 use super::{Change, Subscribers, dispatch};
-use crate::runtime::memory_budget::{Ledger, MemoryBudget};
+use crate::runtime::memory_budget::{Charges, Ledger, MemoryBudget, Verdict};
 use crate::runtime::parse_error::LocatedParseError;
 use crate::runtime::raw_object::RawObject;
 use crate::runtime::readiness::ReadySignal;
@@ -46,7 +48,7 @@ impl<K: Resource> Incoming<K> {
 /// What a cache makes of an incoming object.
 enum Read<K> {
     Object(K, u64),
-    TooLarge(Box<(Refusal, ObjectMeta)>),
+    Refused(Box<(Refusal, ObjectMeta)>),
     Invalid(Box<InvalidObject>),
 }
 
@@ -69,6 +71,8 @@ pub(super) struct Driver<K: Resource<DynamicType = ()> + Clone + 'static> {
     pub ledger: Ledger,
     /// What the cache held before a relist: objects gone from the new list are deletions too.
     pub before_relist: Vec<Arc<K>>,
+    /// Reads again the objects left out for their namespace's share (none in tests).
+    pub client: Option<kube::Client>,
 }
 
 /// Whether the cache goes on.
@@ -86,7 +90,21 @@ where
     /// tenant goes over its budget.
     pub(super) async fn run(mut self, events: impl Stream<Item = Result<Event<Incoming<K>>, watcher::Error>>) {
         let mut events = std::pin::pin!(events);
-        while let Some(event) = events.next().await {
+        let mut room = self.limits.budget.as_ref().map(|budget| budget.room_changes());
+        loop {
+            let event = tokio::select! {
+                event = events.next() => match event {
+                    Some(event) => event,
+                    None => return,
+                },
+                () = room_changed(&mut room) => {
+                    match self.readmit().await {
+                        Flow::Changes(changes) => dispatch(&self.subscribers, changes).await,
+                        Flow::Stop => return,
+                    }
+                    continue;
+                }
+            };
             let event = match event {
                 Ok(event) => event,
                 Err(err) => {
@@ -117,8 +135,9 @@ where
             }
             Event::InitApply(incoming) => match self.read(incoming).await {
                 Read::Object(object, bytes) => {
-                    let delta = self.ledger.hold(key_of(object.meta()), bytes);
-                    if !self.charge(delta) {
+                    let holds = self.reporter.holds(object.meta());
+                    let charges = self.ledger.hold(key_of(object.meta()), &holds, bytes);
+                    if !self.charge(&charges) {
                         return Flow::Stop;
                     }
                     self.writer.apply_watcher_event(&Event::InitApply(object));
@@ -137,8 +156,8 @@ where
     fn relisted(&mut self) -> Flow<K> {
         self.writer.apply_watcher_event(&Event::InitDone);
         self.refusals.finish_relist();
-        let delta = self.ledger.finish_relist();
-        if !self.charge(delta) {
+        let charges = self.ledger.finish_relist();
+        if !self.charge(&charges) {
             return Flow::Stop;
         }
         if let Some(ready) = &self.ready {
@@ -166,8 +185,9 @@ where
                 let meta = object.meta();
                 self.refusals
                     .forget(meta.namespace.as_deref(), meta.name.as_deref().unwrap_or_default());
-                let delta = self.ledger.hold(key_of(meta), bytes);
-                if !self.charge(delta) {
+                let holds = self.reporter.holds(meta);
+                let charges = self.ledger.hold(key_of(meta), &holds, bytes);
+                if !self.charge(&charges) {
                     return Flow::Stop;
                 }
                 self.writer.apply_watcher_event(&Event::Apply(object.clone()));
@@ -190,12 +210,12 @@ where
         let at = object_ref::<K>(&meta);
         self.refusals
             .forget(meta.namespace.as_deref(), meta.name.as_deref().unwrap_or_default());
-        let delta = self.ledger.release(&key_of(&meta));
-        self.charge(delta);
+        let charges = self.ledger.release(&key_of(&meta));
+        self.charge(&charges);
         let last = match self.read(incoming).await {
             Read::Object(object, _) => Some(object),
             // The last copy that could be read goes with it.
-            Read::TooLarge(_) | Read::Invalid(_) => self.writer.as_reader().get(&at).map(|o| o.as_ref().clone()),
+            Read::Refused(_) | Read::Invalid(_) => self.writer.as_reader().get(&at).map(|o| o.as_ref().clone()),
         };
         let Some(last) = last else {
             return Flow::Changes(Vec::new());
@@ -220,15 +240,27 @@ where
                 self.reporter.invalid(&K::kind(&()), &K::api_version(&()), *invalid);
                 Some(false)
             }
-            Read::TooLarge(refused) => {
+            Read::Refused(refused) => {
                 let (refusal, metadata) = *refused;
                 let key = key_of(&metadata);
-                if self.refusals.refuse(refusal.clone()) {
-                    let cap = self.limits.max_object_bytes;
-                    self.reporter.too_large(&refusal, &K::api_version(&()), metadata, cap);
+                let holds = refusal.holds.clone();
+                if let (Cause::OverBudget { .. }, Some(budget)) = (&refusal.cause, &self.limits.budget) {
+                    budget.refused_in(&holds);
                 }
-                let delta = self.ledger.hold(key, REFUSAL_BYTES);
-                self.charge(delta).then_some(true)
+                if self.refusals.refuse(refusal.clone()) {
+                    let api_version = K::api_version(&());
+                    match &refusal.cause {
+                        Cause::TooLarge => {
+                            let cap = self.limits.max_object_bytes;
+                            self.reporter.too_large(&refusal, &api_version, metadata, cap);
+                        }
+                        Cause::OverBudget { overage, .. } => {
+                            self.reporter.over_budget(&refusal, &api_version, metadata, overage);
+                        }
+                    }
+                }
+                let charges = self.ledger.hold(key, &holds, REFUSAL_BYTES);
+                self.charge(&charges).then_some(true)
             }
         }
     }
@@ -240,7 +272,15 @@ where
             Incoming::Raw(raw) => raw,
         };
         let json_bytes = raw.json.len() as u64;
-        if json_bytes > self.limits.max_object_bytes {
+        let holds = self.reporter.holds(&raw.metadata);
+        let bytes = raw.footprint.bytes();
+        let cause = if json_bytes > self.limits.max_object_bytes {
+            Some(Cause::TooLarge)
+        } else {
+            // Judged before it is decoded: what its namespace has no share for is never built.
+            self.over_budget(&raw.metadata, &holds, bytes)
+        };
+        if let Some(cause) = cause {
             let refusal = Refusal {
                 kind: K::kind(&()).into_owned(),
                 namespace: raw.metadata.namespace.clone(),
@@ -248,11 +288,11 @@ where
                 uid: raw.metadata.uid.clone(),
                 resource_version: raw.metadata.resource_version.clone(),
                 json_bytes,
-                holds: self.reporter.holds(&raw.metadata),
+                holds,
+                cause,
             };
-            return Read::TooLarge(Box::new((refusal, raw.metadata)));
+            return Read::Refused(Box::new((refusal, raw.metadata)));
         }
-        let bytes = raw.footprint.bytes();
         let decoded = if raw.json.len() < DECODE_INLINE_MAX {
             decode(*raw)
         } else {
@@ -270,13 +310,87 @@ where
         }
     }
 
-    /// Charges `delta` bytes to the tenant's budget; false once it is over.
-    fn charge(&self, delta: i64) -> bool {
-        match &self.limits.budget {
-            Some(budget) if delta != 0 => budget.charge(delta, &K::kind(&())),
-            Some(budget) => !budget.is_exceeded(),
-            None => true,
+    /// Why an object of `holds` that takes `bytes` is not to be cached: its namespace has no
+    /// share left for it.
+    fn over_budget(&self, metadata: &ObjectMeta, holds: &str, bytes: u64) -> Option<Cause> {
+        let budget = self.limits.budget.as_ref()?;
+        let charges = self.ledger.charges(&key_of(metadata), holds, bytes);
+        let overage = budget.admits(&charges).err()?;
+        Some(Cause::OverBudget {
+            overage,
+            footprint: bytes,
+        })
+    }
+
+    /// Charges what the cache holds to the tenant's budget; false once the tenant is over it.
+    fn charge(&self, charges: &Charges) -> bool {
+        let Some(budget) = &self.limits.budget else {
+            return true;
+        };
+        budget.charge(charges, &K::kind(&())) != Verdict::Suspended
+    }
+
+    /// Reads again the objects left out for their namespace's share that fit in it now (their
+    /// namespace shrank); one that still does not fit is left out again, one deleted meanwhile is
+    /// forgotten.
+    async fn readmit(&mut self) -> Flow<K> {
+        let (Some(budget), Some(client)) = (self.limits.budget.clone(), self.client.clone()) else {
+            return Flow::Changes(Vec::new());
+        };
+        let mut changes = Vec::new();
+        for refusal in self.refusals.over_budget() {
+            let Cause::OverBudget { footprint, .. } = refusal.cause else {
+                continue;
+            };
+            if budget.room_in(&refusal.holds) < footprint.saturating_sub(REFUSAL_BYTES) {
+                continue;
+            }
+            match read_again::<K>(&client, &refusal).await {
+                Ok(Some(raw)) => match self.applied(Incoming::Raw(Box::new(raw))).await {
+                    Flow::Changes(more) => changes.extend(more),
+                    Flow::Stop => return Flow::Stop,
+                },
+                Ok(None) => {
+                    self.refusals.forget(refusal.namespace.as_deref(), &refusal.name);
+                    let key = format!("{}/{}", refusal.namespace.as_deref().unwrap_or_default(), refusal.name);
+                    let charges = self.ledger.release(&key);
+                    if !self.charge(&charges) {
+                        return Flow::Stop;
+                    }
+                }
+                Err(err) => {
+                    // Its next change, or the next room made in its namespace, brings it back.
+                    debug!(watch = %self.name, object = %refusal.describe(), error = %err, "cannot read a refused object again");
+                }
+            }
         }
+        Flow::Changes(changes)
+    }
+}
+
+/// Resolves when a namespace that had an object refused shrinks; never without a budget.
+async fn room_changed(room: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    let Some(room) = room else {
+        return std::future::pending().await;
+    };
+    if room.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// The refused object as the API server has it now; `None` when it is gone.
+async fn read_again<K: Resource<DynamicType = ()>>(
+    client: &kube::Client,
+    refusal: &Refusal,
+) -> Result<Option<RawObject<K>>, kube::Error> {
+    let url = format!("{}/{}", K::url_path(&(), refusal.namespace.as_deref()), refusal.name);
+    let request = http::Request::get(url)
+        .body(Vec::new())
+        .map_err(kube::Error::HttpError)?;
+    match client.request::<RawObject<K>>(request).await {
+        Ok(raw) => Ok(Some(raw)),
+        Err(err) if crate::runtime::api_errors::is_not_found(&err) => Ok(None),
+        Err(err) => Err(err),
     }
 }
 

@@ -1,11 +1,24 @@
-//! Objects a cache refused because they are over the size cap: never decoded nor cached, but
-//! remembered, so that no controller takes one for gone. Absent from a cache usually means "does
+//! Objects a cache refused, because they are over the size cap or would take their namespace over
+//! its share of the tenant's memory budget: never decoded nor cached, but remembered, so that no
+//! controller takes one for gone. Absent from a cache usually means "does
 //! not exist" (and so: create a replacement, release what it held, finish an uninstall); for a
 //! refused object it means "cannot be read". So a refused object holds up the controllers reading
 //! its kind in its namespace (`runtime::controller`) until it is made smaller or deleted.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
+
+use crate::runtime::memory_budget::NamespaceOverage;
+
+/// Why an object is not cached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// Over `--max-cached-object-bytes`.
+    TooLarge,
+    /// Its namespace (or the tenant's namespaces together) would go over its memory share; it is
+    /// read again when its namespace has `footprint` bytes of room.
+    OverBudget { overage: NamespaceOverage, footprint: u64 },
+}
 
 /// One refused object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,6 +33,7 @@ pub struct Refusal {
     /// The tenant namespace whose work it holds up ("" for every namespace: a cluster-scoped
     /// object, or a host object whose tenant namespace cannot be told).
     pub holds: String,
+    pub cause: Cause,
 }
 
 impl Refusal {
@@ -134,6 +148,17 @@ impl Refusals {
         inner.by_object.values().find(holds).cloned()
     }
 
+    /// The objects refused for their namespace's memory share.
+    pub fn over_budget(&self) -> Vec<Refusal> {
+        let inner = self.read();
+        inner
+            .by_object
+            .values()
+            .filter(|refusal| matches!(refusal.cause, Cause::OverBudget { .. }))
+            .cloned()
+            .collect()
+    }
+
     /// How many objects are refused now.
     pub fn len(&self) -> usize {
         self.read().by_object.len()
@@ -157,6 +182,7 @@ mod tests {
             resource_version: Some(version.into()),
             json_bytes: 2 << 20,
             holds: namespace.into(),
+            cause: Cause::TooLarge,
         }
     }
 

@@ -10,7 +10,10 @@ use tracing::warn;
 
 use super::refusals::Refusal;
 use crate::runtime::events::{event, log_unpublished};
-use crate::runtime::memory_budget::ByteSize;
+use crate::runtime::memory_budget::{ByteSize, NamespaceOverage};
+
+/// The reason of the Event on an object left out for its namespace's memory share.
+pub const NAMESPACE_OVER_BUDGET: &str = "NamespaceOverBudget";
 
 /// The tenant object a host object was made for, and the tenant namespace whose work it belongs
 /// to; told from the host object's name and stackd's labels and annotations (`crate::host`).
@@ -98,6 +101,40 @@ impl Reporter {
             }
         };
         self.publish("ObjectTooLarge", note, reference);
+    }
+
+    /// Logs an object left out for its namespace's memory share and tells its owner with a Warning
+    /// Event (on the tenant parent of a host object).
+    pub fn over_budget(&self, refusal: &Refusal, api_version: &str, metadata: ObjectMeta, overage: &NamespaceOverage) {
+        warn!(
+            kind = %refusal.kind,
+            namespace = refusal.namespace.as_deref().unwrap_or_default(),
+            name = %refusal.name,
+            tenant_namespace = %overage.namespace,
+            "ignoring an object its namespace has no memory share left for ({}); delete or shrink that namespace's objects",
+            overage.flag
+        );
+        let namespace = &overage.namespace;
+        let held = format!(
+            "stackd ignores it and holds off its work in namespace {namespace} that reads such objects, until that namespace's objects are deleted or made smaller; the tenant's other namespaces are served as before"
+        );
+        let (reference, note) = match self.host_parent {
+            None => (
+                reference_to(&refusal.kind, api_version, metadata),
+                format!("This {} is not read: {overage}. {held}.", refusal.kind),
+            ),
+            Some(parent_of) => {
+                let Some(parent) = parent_of(&metadata) else {
+                    return;
+                };
+                let note = format!(
+                    "The host {} that stackd made for this object is not read: {overage}. {held}.",
+                    refusal.describe()
+                );
+                (parent.reference, note)
+            }
+        };
+        self.publish(NAMESPACE_OVER_BUDGET, note, reference);
     }
 
     fn publish(&self, reason: &str, note: String, reference: ObjectReference) {

@@ -4,6 +4,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::api::ObjectMeta;
 
+use super::refusals::Cause;
 use super::*;
 use crate::runtime::memory_budget::{ByteSize, MemoryBudget};
 
@@ -120,6 +121,7 @@ fn raw_cache(
             budget,
         },
         reporter: Reporter::default(),
+        client: None,
     };
     let (cache, driver) = start(
         "test".into(),
@@ -205,9 +207,16 @@ async fn an_object_over_the_cap_is_refused_and_its_stale_copy_goes_until_it_is_s
     assert!(refusals.is_empty());
 }
 
+fn sized_in(namespace: Option<&str>, name: &str, version: &str, bytes: usize) -> Incoming<ConfigMap> {
+    raw(serde_json::json!({
+        "metadata": {"name": name, "namespace": namespace, "uid": format!("uid-{name}"), "resourceVersion": version},
+        "data": {"k": "x".repeat(bytes)},
+    }))
+}
+
 #[tokio::test]
-async fn what_a_cache_holds_is_charged_to_the_budget_and_going_over_it_stops_the_watch() {
-    let budget = MemoryBudget::new(ByteSize(20_000), None);
+async fn a_namespace_over_its_share_has_its_own_objects_refused_and_the_watch_goes_on() {
+    let budget = MemoryBudget::new(ByteSize(100_000), ByteSize(20_000), None);
     let (feed, cache, driver) = raw_cache(1 << 20, Some(budget.clone()));
     let mut changes = cache.changes();
     raw_list(&feed, vec![sized("a", "1", 5_000)]);
@@ -218,7 +227,32 @@ async fn what_a_cache_holds_is_charged_to_the_budget_and_going_over_it_stops_the
     next_touched(&mut changes, 1).await;
     assert_eq!(budget.used(), 0, "a deletion gives its bytes back");
     for i in 0..5 {
-        let _ = feed.send(Ok(Event::Apply(sized(&format!("m{i}"), "3", 5_000))));
+        feed.send(Ok(Event::Apply(sized(&format!("m{i}"), "3", 5_000))))
+            .unwrap();
+    }
+    feed.send(Ok(Event::Apply(sized_in(Some("other"), "o", "3", 5_000))))
+        .unwrap();
+    feed.send(Ok(Event::Apply(sized_in(Some("other"), "marker", "3", 1))))
+        .unwrap();
+    let touched = next_touched(&mut changes, 5).await;
+    assert!(touched.contains(&"o".to_string()), "{touched:?}");
+    let refusals = cache.refusals();
+    let refused = refusals.holding("ns").expect("namespace ns is held");
+    assert!(
+        matches!(refused.cause, Cause::OverBudget { ref overage, .. } if overage.flag == "--namespace-memory-budget"),
+        "{refused:?}"
+    );
+    assert!(refusals.holding("other").is_none(), "another namespace is served");
+    assert!(!budget.is_exceeded(), "the tenant is not suspended");
+    assert!(!driver.is_finished());
+}
+
+#[tokio::test]
+async fn what_no_namespace_owns_taking_the_tenant_over_its_budget_stops_the_watch() {
+    let budget = MemoryBudget::new(ByteSize(20_000), ByteSize(5_000), None);
+    let (feed, _cache, driver) = raw_cache(1 << 20, Some(budget.clone()));
+    for i in 0..5 {
+        let _ = feed.send(Ok(Event::Apply(sized_in(None, &format!("m{i}"), "3", 5_000))));
     }
     let overage = tokio::time::timeout(Duration::from_secs(5), budget.exceeded())
         .await

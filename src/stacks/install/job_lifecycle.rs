@@ -19,6 +19,7 @@ use super::{InstallContext, InstallError, InstallKind, SAFETY_NET};
 use crate::api::common::HostObjectRef;
 use crate::host::Parent;
 use crate::host::apply::{self, Applied};
+use crate::host::quota_share;
 use crate::stacks::pull_secrets;
 
 /// Makes sure the install Job of the current package exists and is this install's: hands it on to
@@ -38,7 +39,7 @@ pub(super) async fn settle_job<K: InstallKind>(
             Continue(()) => running(ctx, &job_name, package),
             Break(report) => report,
         };
-        Break((Action::requeue(SAFETY_NET), Some(report)))
+        Break((Action::requeue(look_again(&report)), Some(report)))
     };
     let Some(observed) = ctx.jobs.get(&ObjectRef::new(&job_name).within(&tenant.host_namespace)) else {
         if tenant.host_writes.was_created::<Job>(&tenant.host_namespace, &job_name) {
@@ -139,7 +140,17 @@ pub(super) async fn retry<K: InstallKind>(
         }
         Break(report) => report,
     };
-    Ok((Action::requeue(SAFETY_NET), Some(report)))
+    Ok((Action::requeue(look_again(&report)), Some(report)))
+}
+
+/// When an install whose Job was started, or not, looks again: soon when its namespace's share of
+/// the host quota was full (other namespaces' workloads going bring it no event of its own).
+fn look_again(report: &Report) -> Duration {
+    if report.ready.1 == quota_share::REASON {
+        Duration::from_secs(30)
+    } else {
+        SAFETY_NET
+    }
 }
 
 pub(super) fn completion_time(job: &Job) -> Option<jiff::Timestamp> {
@@ -184,6 +195,10 @@ async fn start_job<K: InstallKind>(
         .map(|i| pull_secrets::host_copy_name(&namespace, &name, i))
         .collect();
     let desired = desired_job(install, ctx, parent, attempt, &pull);
+    let what = format!("the install Job {}/{}", tenant.host_namespace, desired.name_any());
+    if let Err(refused) = quota_share::check(tenant, &what, &namespace, &desired, None) {
+        return Ok(Break(Report::failed(refused.reason(), refused.to_string())));
+    }
     let jobs: Api<Job> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
     // Marked before the request: the Job's watch event may be handled before the response.
     tenant.host_writes.creating(&desired);

@@ -19,6 +19,7 @@ use super::validate::{Judge, validate};
 use super::{apply_host, apply_tenant, observe};
 use crate::api::stacks::Stack;
 use crate::host::apply::Applied;
+use crate::host::quota_share;
 use crate::runtime::controller::Permit;
 use crate::runtime::finalizer;
 use crate::stacks::STACK_FINALIZER;
@@ -26,6 +27,8 @@ use crate::stacks::STACK_FINALIZER;
 /// How often a Stack with pull secrets reads them again: the tenant's Secrets are not watched (only
 /// stackd's own are), so a rotated credential or a missing one created later is found this way.
 const PULL_SECRET_RESYNC: Duration = Duration::from_secs(300);
+/// How often a Stack refused for its namespace's share of the host quota looks again.
+const QUOTA_SHARE_RECHECK: Duration = Duration::from_secs(30);
 
 pub(super) async fn reconcile(
     stack: Arc<Stack>,
@@ -79,7 +82,10 @@ async fn apply(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError> 
     // The reconcile's own error says more than a status write that failed for the same reason.
     result?;
     reported?;
-    if stack.spec.controller.image_pull_secrets.is_empty() {
+    if outcome.reason == quota_share::REASON {
+        // Other namespaces' workloads going bring this Stack no event of its own.
+        Ok(Action::requeue(QUOTA_SHARE_RECHECK))
+    } else if stack.spec.controller.image_pull_secrets.is_empty() {
         Ok(Action::await_change())
     } else {
         Ok(Action::requeue(PULL_SECRET_RESYNC))
@@ -122,8 +128,17 @@ async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Resul
     let HostPlan::Run(objects) = plan else {
         return remove_controller(ctx, &host, notes).await;
     };
-    // 3–4. The controller Deployment on the host, then the token and pull-secret copies (owned by it).
+    // 3–4. The controller Deployment on the host, within its namespace's share of the tenant's
+    // host quota, then the token and pull-secret copies (owned by it).
     let observed_deployment = observed.deployment.as_deref();
+    let what = format!(
+        "the stack's controller Deployment {}/{}",
+        host.namespace, host.deployment
+    );
+    let namespace = stack.namespace().unwrap_or_default();
+    if let Err(refused) = quota_share::check(tenant, &what, &namespace, &objects.deployment, observed_deployment) {
+        return Ok(Outcome::refused(refused.reason(), refused.to_string()));
+    }
     proceed!(apply_host::write_deployment(ctx, &host, &objects.deployment, observed_deployment, notes).await?);
     let running = proceed!(objects.running);
     apply_host::write_copies(ctx, &host, &running, notes).await?;
