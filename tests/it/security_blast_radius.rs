@@ -157,6 +157,31 @@ async fn one_large_bmc_secret_named_by_many_assets_is_refused_before_the_render(
     let message = capacity(&pool(&tenant, "metal").await).map(|c| c.2).unwrap_or_default();
     assert!(!message.contains("ppppp"), "never the value: {message}");
     daemon_up(&mut daemon);
+
+    // An operator's lower bound on one Secret reaches the controllers: the Secret is refused as
+    // it is read, naming its largest key.
+    daemon.kill();
+    let daemon = fleet.daemon(&[
+        "--lease-min-age",
+        "2s",
+        "--sweep-interval",
+        "1h",
+        "--max-render-secret-bytes",
+        "100Ki",
+    ]);
+    until("the pool refused naming the Secret bound", WITHIN, &daemon, || async {
+        capacity(&pool(&tenant, "metal").await).is_some_and(|(s, r, m)| {
+            s == "False"
+                && r == "DocumentTooLarge"
+                && m.contains("--max-render-secret-bytes")
+                && m.contains("Secret team/bmc (its largest key password)")
+        })
+    })
+    .await;
+    assert!(
+        pool_namespaces(&tenant, "metal").await.is_empty(),
+        "a namespace was created"
+    );
 }
 
 /// Attack 2 of issue 45, scaled down: four pools of one namespace share one 300 KB install-config
