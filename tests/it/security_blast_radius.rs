@@ -358,6 +358,20 @@ async fn a_padded_and_stripped_installer_output_fails_only_its_cluster_and_goes_
     hand_made_padded_cluster(&tenant).await;
     let mut daemon = crate::pools::daemon(&fleet, &[]);
     let name = "evil";
+    let output = format!("{name}.{name}-output");
+    let host_secrets: Api<Secret> = Api::namespaced(fleet.host_client.clone(), HOST_NAMESPACE);
+    until("the installer padded its output", WITHIN, &daemon, || async {
+        let found = host_secrets.get_opt(&output).await.ok().flatten();
+        found.is_some_and(|s| s.data.is_some_and(|d| d.contains_key("pad")))
+    })
+    .await;
+    // Another namespace's cluster installs while the padded Secret is on the host (an older stackd
+    // held off every namespace's clusters for it).
+    create_neighbour_pool(&tenant).await;
+    until("another namespace's cluster installed", WITHIN, &daemon, || async {
+        neighbour_installed(&tenant, &fleet.host_client).await
+    })
+    .await;
     let clusters: Api<ClusterDeployment> = Api::namespaced(tenant.clone(), name);
     until(
         "the cluster refused naming the cache's cap",
@@ -386,18 +400,11 @@ async fn a_padded_and_stripped_installer_output_fails_only_its_cluster_and_goes_
             .any(|(r, n)| r == "InstallerOutputRefused" && n.contains("-bytes)"))
     })
     .await;
-    create_neighbour_pool(&tenant).await;
-    until("another namespace's cluster installed", WITHIN, &daemon, || async {
-        neighbour_installed(&tenant, &fleet.host_client).await
-    })
-    .await;
     daemon_up(&mut daemon);
 
     // The daemon goes down; the attacker's cluster and namespace go meanwhile (its finalizer
     // removed by hand, as an admin cleaning up would).
     daemon.kill();
-    let output = format!("{name}.{name}-output");
-    let host_secrets: Api<Secret> = Api::namespaced(fleet.host_client.clone(), HOST_NAMESPACE);
     assert!(host_secrets.get_opt(&output).await.expect("output").is_some());
     let unfinalize = Patch::Merge(json!({"metadata": {"finalizers": null}}));
     clusters
