@@ -245,12 +245,13 @@ pub(crate) fn host_secret_bytes(field: impl FnOnce() -> String, bytes: usize, li
     Ok(())
 }
 
-/// A Secret stackd would write whose data is rendered as it is written, and stopped past the bound
-/// ([`MAX_WRITTEN_SECRET_BYTES`]) before its length is known.
-pub(crate) fn written_too_long(field: String) -> Refused {
-    let limit = ByteSize(MAX_WRITTEN_SECRET_BYTES as u64);
+/// A document stackd renders as it writes it, stopped past `limit` (what is left for it in the
+/// installer's input Secret, [`host_secret_limit`], beside the Secrets copied there) before its
+/// length is known.
+pub(crate) fn rendered_too_long(field: String, limit: usize) -> Refused {
+    let limit = ByteSize(limit as u64);
     let message = format!(
-        "{field} would be larger than the {limit} stackd writes into one Secret (the most a Kubernetes Secret holds); make the template or patches it is built from smaller, or nest them less deeply"
+        "{field} would be larger than the {limit} left for it in the installer's input Secret (which holds the pull secret and credentials too, and must fit --max-cached-object-bytes as JSON); make the template or patches it is built from smaller, or nest them less deeply"
     );
     Refused { field, message }
 }

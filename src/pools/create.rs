@@ -41,6 +41,10 @@ pub(super) fn cluster_name(pool: &str) -> String {
 pub(super) struct Inputs {
     /// Parsed once per version of the template Secret, shared by every pool naming it.
     pub(super) template: Arc<Map<String, Value>>,
+    /// The most bytes a cluster's rendered install config may take: what the installer's input
+    /// Secret on the host holds ([`bounds::host_secret_limit`]) less the pull secret and the
+    /// credentials copied beside it.
+    pub(super) config_limit: usize,
     pull: Option<Secret>,
     credentials: Option<Secret>,
 }
@@ -114,6 +118,22 @@ pub(super) async fn read_inputs(pool: &ClusterPool, ctx: &Ctx) -> Result<Read, P
             return Ok(Read::TooLarge(refused.to_string()));
         }
     }
+    // Each cluster's installer gets all three in one host Secret, which its cache must read back.
+    let host_limit = bounds::host_secret_limit(ctx.tenant.shared.settings.max_cached_object_bytes);
+    let copied = [&pull, &credentials]
+        .into_iter()
+        .flatten()
+        .map(bounds::secret_data_bytes)
+        .fold(0, usize::saturating_add);
+    let template_bytes = template_secret.as_ref().map_or(0, bounds::secret_data_bytes);
+    let input = || {
+        format!(
+            "The installer's input Secret of each cluster of the pool (the template, pull secret and credentials of namespace {ns})"
+        )
+    };
+    if let Err(refused) = bounds::host_secret_bytes(input, template_bytes.saturating_add(copied), host_limit) {
+        return Ok(Read::TooLarge(refused.to_string()));
+    }
     let template = match &template_secret {
         None => Arc::new(Map::new()),
         Some(secret) => match ctx.templates.parsed(secret).await {
@@ -127,6 +147,7 @@ pub(super) async fn read_inputs(pool: &ClusterPool, ctx: &Ctx) -> Result<Read, P
     };
     Ok(Read::Found(Box::new(Inputs {
         template,
+        config_limit: host_limit.saturating_sub(copied),
         pull,
         credentials,
     })))
@@ -319,9 +340,14 @@ fn cluster_deployment(
 
 /// The install-config Secret's keys: the config, and the machines' failure-domain record (the
 /// source a user-edited record is restored from) or why the machines cannot be placed.
-pub(super) fn config_data(config: &Value, plan: &MachinePlan) -> Result<BTreeMap<String, String>, Refused> {
-    let yaml = install_config::to_yaml(config, bounds::MAX_WRITTEN_SECRET_BYTES)
-        .ok_or_else(|| bounds::written_too_long("The rendered install-config.yaml".into()))?;
+/// `limit`: [`Inputs::config_limit`].
+pub(super) fn config_data(
+    config: &Value,
+    plan: &MachinePlan,
+    limit: usize,
+) -> Result<BTreeMap<String, String>, Refused> {
+    let yaml = install_config::to_yaml(config, limit)
+        .ok_or_else(|| bounds::rendered_too_long("The rendered install-config.yaml".into(), limit))?;
     let mut data = BTreeMap::from([("install-config.yaml".to_string(), yaml)]);
     if let Some(invalid) = &plan.invalid {
         data.insert(INVALID_KEY.into(), invalid.clone());
@@ -329,10 +355,8 @@ pub(super) fn config_data(config: &Value, plan: &MachinePlan) -> Result<BTreeMap
         data.insert(RECORD_KEY.into(), record_text(&plan.records));
     }
     let bytes = data.iter().map(|(k, v)| k.len() + v.len()).sum();
-    bounds::written_bytes(
-        || "The install-config Secret with its failure-domain record".into(),
-        bytes,
-    )?;
+    let field = || "The install-config Secret with its failure-domain record".into();
+    bounds::host_secret_bytes(field, bytes, limit)?;
     Ok(data)
 }
 

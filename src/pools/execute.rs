@@ -38,7 +38,6 @@ use crate::bounds::{self, INSTALL_CONFIG};
 use crate::context::events::publish;
 use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::finalizer::Cleanup;
-use crate::runtime::memory_budget::ByteSize;
 use crate::runtime::metrics::PoolLabels;
 use crate::runtime::status_writer::apply_status;
 
@@ -182,7 +181,15 @@ pub(super) async fn run(
         if pool.spec.inventory.is_some() {
             // Try entries in order until one applies and its lease write wins.
             let generated = Arc::new(config);
-            let Some((cdc, patched)) = lease_entry(pool, ctx, &cd_name, &generated, &mut leases, &mut executed).await?
+            let Some((cdc, patched)) = lease_entry(
+                pool,
+                ctx,
+                &cd_name,
+                (&generated, inputs.config_limit),
+                &mut leases,
+                &mut executed,
+            )
+            .await?
             else {
                 return Ok(executed);
             };
@@ -215,9 +222,10 @@ pub(super) async fn run(
             machines::commit(&mut cluster_usage, &machines.records);
         }
         // Rendered before anything of the cluster is made (up to a MiB of YAML: on the blocking
-        // pool); one past what a Secret holds is refused here.
+        // pool); one past what its Secrets hold is refused here.
         let plan_now = machines.clone();
-        let rendered = match super::off_the_async_workers(move || config_data(&config, &plan_now)).await {
+        let limit = inputs.config_limit;
+        let rendered = match super::off_the_async_workers(move || config_data(&config, &plan_now, limit)).await {
             Ok(rendered) => rendered,
             Err(refused) => {
                 hosts::give_back(pool, ctx, &cd_name, &chosen).await;
@@ -254,7 +262,7 @@ async fn lease_entry(
     pool: &ClusterPool,
     ctx: &Ctx,
     cd_name: &str,
-    config: &Arc<Value>,
+    (config, config_limit): (&Arc<Value>, usize),
     leases: &mut std::slice::Iter<'_, String>,
     executed: &mut Executed,
 ) -> Result<Option<(Cdc, Value)>, PoolError> {
@@ -267,7 +275,7 @@ async fn lease_entry(
         let Some(cdc) = executed.fresh.newest(entry, cached.as_ref()) else {
             continue;
         };
-        let patched = match patch(config, &cdc).await {
+        let patched = match patch(config, config_limit, &cdc).await {
             Ok(patched) => patched,
             Err(error) => {
                 refuse_patches(pool, ctx, &cdc_api, &cdc, error, executed).await?;
@@ -304,7 +312,7 @@ async fn lease_entry(
 }
 
 /// The generated `config` with `cdc`'s patches applied, on the blocking pool: tenant-sized work.
-async fn patch(config: &Arc<Value>, cdc: &Cdc) -> Result<Value, String> {
+async fn patch(config: &Arc<Value>, config_limit: usize, cdc: &Cdc) -> Result<Value, String> {
     let patches = &cdc.spec.install_config_patches;
     install_config::count_patches(patches)?;
     let (config, patches) = (config.clone(), patches.clone());
@@ -312,12 +320,10 @@ async fn patch(config: &Arc<Value>, cdc: &Cdc) -> Result<Value, String> {
         let mut patched = Value::clone(&config);
         install_config::apply_patches(&mut patched, &patches)?;
         // Within the install config's bounds as JSON, it may still be too long as YAML (deep
-        // lists): refused here, before the lease, as the patches' doing.
-        if install_config::to_yaml(&patched, bounds::MAX_WRITTEN_SECRET_BYTES).is_none() {
-            return Err(format!(
-                "the patched install config would be longer than the {} a Secret holds as YAML; make the patches add less, or nest it less deeply",
-                ByteSize(bounds::MAX_WRITTEN_SECRET_BYTES as u64)
-            ));
+        // lists) for the Secrets it goes into: refused here, before the lease, as the patches'
+        // doing.
+        if install_config::to_yaml(&patched, config_limit).is_none() {
+            return Err(bounds::rendered_too_long("the patched install config".into(), config_limit).to_string());
         }
         Ok(patched)
     })

@@ -157,6 +157,31 @@ async fn one_large_bmc_secret_named_by_many_assets_is_refused_before_the_render(
     let message = capacity(&pool(&tenant, "metal").await).map(|c| c.2).unwrap_or_default();
     assert!(!message.contains("ppppp"), "never the value: {message}");
     daemon_up(&mut daemon);
+
+    // An operator's lower bound on one Secret reaches the controllers: the Secret is refused as
+    // it is read, naming its largest key.
+    daemon.kill();
+    let daemon = fleet.daemon(&[
+        "--lease-min-age",
+        "2s",
+        "--sweep-interval",
+        "1h",
+        "--max-render-secret-bytes",
+        "100Ki",
+    ]);
+    until("the pool refused naming the Secret bound", WITHIN, &daemon, || async {
+        capacity(&pool(&tenant, "metal").await).is_some_and(|(s, r, m)| {
+            s == "False"
+                && r == "DocumentTooLarge"
+                && m.contains("--max-render-secret-bytes")
+                && m.contains("Secret team/bmc (its largest key password)")
+        })
+    })
+    .await;
+    assert!(
+        pool_namespaces(&tenant, "metal").await.is_empty(),
+        "a namespace was created"
+    );
 }
 
 /// Attack 2 of issue 45, scaled down: four pools of one namespace share one 300 KB install-config
@@ -333,6 +358,20 @@ async fn a_padded_and_stripped_installer_output_fails_only_its_cluster_and_goes_
     hand_made_padded_cluster(&tenant).await;
     let mut daemon = crate::pools::daemon(&fleet, &[]);
     let name = "evil";
+    let output = format!("{name}.{name}-output");
+    let host_secrets: Api<Secret> = Api::namespaced(fleet.host_client.clone(), HOST_NAMESPACE);
+    until("the installer padded its output", WITHIN, &daemon, || async {
+        let found = host_secrets.get_opt(&output).await.ok().flatten();
+        found.is_some_and(|s| s.data.is_some_and(|d| d.contains_key("pad")))
+    })
+    .await;
+    // Another namespace's cluster installs while the padded Secret is on the host (an older stackd
+    // held off every namespace's clusters for it).
+    create_neighbour_pool(&tenant).await;
+    until("another namespace's cluster installed", WITHIN, &daemon, || async {
+        neighbour_installed(&tenant, &fleet.host_client).await
+    })
+    .await;
     let clusters: Api<ClusterDeployment> = Api::namespaced(tenant.clone(), name);
     until(
         "the cluster refused naming the cache's cap",
@@ -361,18 +400,11 @@ async fn a_padded_and_stripped_installer_output_fails_only_its_cluster_and_goes_
             .any(|(r, n)| r == "InstallerOutputRefused" && n.contains("-bytes)"))
     })
     .await;
-    create_neighbour_pool(&tenant).await;
-    until("another namespace's cluster installed", WITHIN, &daemon, || async {
-        neighbour_installed(&tenant, &fleet.host_client).await
-    })
-    .await;
     daemon_up(&mut daemon);
 
     // The daemon goes down; the attacker's cluster and namespace go meanwhile (its finalizer
     // removed by hand, as an admin cleaning up would).
     daemon.kill();
-    let output = format!("{name}.{name}-output");
-    let host_secrets: Api<Secret> = Api::namespaced(fleet.host_client.clone(), HOST_NAMESPACE);
     assert!(host_secrets.get_opt(&output).await.expect("output").is_some());
     let unfinalize = Patch::Merge(json!({"metadata": {"finalizers": null}}));
     clusters
