@@ -18,8 +18,9 @@ use stackd::context::pod_policy::{AllowedToleration, NodeLabel, PodPolicy};
 use stackd::context::registries::AllowedRegistries;
 use stackd::context::stack_limits::{DEFAULT_MAX_PACKAGE_CRDS, DEFAULT_NAMESPACE_MAX_INSTALLS, StackLimits};
 use stackd::host::namespace::ServiceAccountRef;
-use stackd::host::quota::{ContainerDefaults, DEFAULT_CONTAINER_DEFAULTS, DEFAULT_QUOTA, ResourceList, TenantQuota};
-use stackd::host::quota_share::NamespaceShare;
+use stackd::host::quota::{
+    ContainerDefaults, DEFAULT_CONTAINER_DEFAULTS, DEFAULT_QUOTA, NamespaceShare, ResourceList, TenantQuota,
+};
 use stackd::runtime::memory_budget::{
     ByteSize, DEFAULT_MAX_OBJECT_BYTES, DEFAULT_TENANT_BUDGET, default_namespace_share,
 };
@@ -119,11 +120,11 @@ struct RunArgs {
     /// requests.cpu). A workload that would take its namespace past it is not created: its object
     /// gets the reason NamespaceQuotaShareExceeded, and the tenant's other namespaces keep their
     /// part of the quota.
-    #[arg(long, value_name = "QUANTITY", value_parser = stackd::host::quota_share::quantity)]
+    #[arg(long, value_name = "QUANTITY", value_parser = stackd::host::quota::share_quantity)]
     namespace_max_cpu: Option<String>,
     /// The memory the host workloads of one tenant namespace may request together (default: half
     /// of --tenant-quota's requests.memory), as --namespace-max-cpu.
-    #[arg(long, value_name = "QUANTITY", value_parser = stackd::host::quota_share::quantity)]
+    #[arg(long, value_name = "QUANTITY", value_parser = stackd::host::quota::share_quantity)]
     namespace_max_memory: Option<String>,
     /// API groups packages may create CRDs in: comma-separated groups and `*.DOMAIN` patterns, or
     /// `*` for any group but stackd's and Kubernetes' own. On a shared tenant, name your packages'

@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
 use kube::Client;
 use kube::runtime::events::Recorder;
 use kube::runtime::watcher;
@@ -12,6 +14,7 @@ use crate::host::apply::HostWrites;
 use crate::host::cluster_identity::IdentityError;
 use crate::host::labels::tenant_selector;
 use crate::host::namespace::NamespaceError;
+use crate::host::quota_share::{self, RunsPods, ShareExceeded};
 use crate::runtime::backoff::ObjectBackoff;
 use crate::runtime::cause::{Cause, diagnose};
 use crate::runtime::controller::{FairPermits, Tenant};
@@ -75,6 +78,32 @@ impl Tenant for TenantContext {
 }
 
 impl TenantContext {
+    /// Whether `desired`, a host Deployment or Job for tenant namespace `namespace` (replacing
+    /// `current`), fits the namespace's share of the tenant's host quota beside the tenant's host
+    /// workloads as its caches show them ([`crate::host::quota_share`]).
+    pub fn check_quota_share<K>(
+        &self,
+        what: &str,
+        namespace: &str,
+        desired: &K,
+        current: Option<&K>,
+    ) -> Result<(), Box<ShareExceeded>>
+    where
+        K: kube::Resource + RunsPods,
+    {
+        let quota = &self.shared.settings.tenant_quota;
+        let defaults = &quota.container_defaults;
+        let workloads = || {
+            let deployments = self.caches.host::<Deployment>().store().state();
+            let jobs = self.caches.host::<Job>().store().state();
+            let deployments = deployments.iter().map(|d| quota_share::workload(d.as_ref(), defaults));
+            deployments
+                .chain(jobs.iter().map(|j| quota_share::workload(j.as_ref(), defaults)))
+                .collect()
+        };
+        quota_share::check(quota, workloads, what, namespace, desired, current)
+    }
+
     /// Watches of host objects see only this tenant's (label selector), never another tenant's.
     pub fn host_watch_config(&self) -> watcher::Config {
         watcher::Config::default().labels(&tenant_selector(&self.name))

@@ -19,7 +19,6 @@ use serde::de::DeserializeOwned;
 use super::apply::Applied;
 use super::labels::{MANAGED_BY, MANAGED_BY_LABEL, TENANT_LABEL, tenant_selector};
 use super::names::label_value;
-use super::quota_share::NamespaceShare;
 use crate::runtime::api_errors::is_conflict;
 
 /// Name of the ResourceQuota in every tenant's host namespace.
@@ -52,6 +51,34 @@ impl Default for TenantQuota {
             container_defaults: DEFAULT_CONTAINER_DEFAULTS.parse().unwrap_or_default(),
             namespace_share: NamespaceShare::default(),
         }
+    }
+}
+
+/// `--namespace-max-cpu` and `--namespace-max-memory`: quantities, or `None` for half of the
+/// tenant quota's `requests.cpu` and `requests.memory`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceShare {
+    pub cpu: Option<String>,
+    pub memory: Option<String>,
+}
+
+impl NamespaceShare {
+    pub(crate) fn of(&self, resource: &str) -> Option<&str> {
+        match resource {
+            "cpu" => self.cpu.as_deref(),
+            _ => self.memory.as_deref(),
+        }
+    }
+}
+
+/// A `--namespace-max-*` value, checked.
+pub fn share_quantity(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    match nanos(text) {
+        Some(amount) if amount > 0 => Ok(text.to_string()),
+        _ => Err(format!(
+            "{text:?} is not a Kubernetes quantity above zero such as 4, 500m or 8Gi"
+        )),
     }
 }
 

@@ -10,7 +10,6 @@
 //! counts them.
 
 use std::fmt;
-use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
@@ -19,7 +18,6 @@ use kube::ResourceExt;
 
 use super::labels::PARENT_NAMESPACE_LABEL;
 use super::quota::{ContainerDefaults, TenantQuota, nanos};
-use crate::context::tenant::TenantContext;
 use crate::runtime::memory_budget::ByteSize;
 
 /// The resources shared: those a pod's requests take from the quota.
@@ -43,38 +41,10 @@ struct Resource {
     flag: &'static str,
 }
 
-/// `--namespace-max-cpu` and `--namespace-max-memory`: quantities, or `None` for half of the
-/// tenant quota's `requests.cpu` and `requests.memory`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NamespaceShare {
-    pub cpu: Option<String>,
-    pub memory: Option<String>,
-}
-
-impl NamespaceShare {
-    fn flag_value(&self, resource: &str) -> Option<&str> {
-        match resource {
-            "cpu" => self.cpu.as_deref(),
-            _ => self.memory.as_deref(),
-        }
-    }
-}
-
-/// A quantity flag's value, checked.
-pub fn quantity(text: &str) -> Result<String, String> {
-    let text = text.trim();
-    match nanos(text) {
-        Some(amount) if amount > 0 => Ok(text.to_string()),
-        _ => Err(format!(
-            "{text:?} is not a Kubernetes quantity above zero such as 4, 500m or 8Gi"
-        )),
-    }
-}
-
 /// A namespace's share of `resource` in billionths: the flag, or half of the tenant quota's request
 /// bound (`None` when the tenant quota bounds no requests of it).
 fn share_of(quota: &TenantQuota, resource: &str) -> Option<i128> {
-    if let Some(flag) = quota.namespace_share.flag_value(resource) {
+    if let Some(flag) = quota.namespace_share.of(resource) {
         return nanos(flag);
     }
     let hard = &quota.hard.0;
@@ -245,33 +215,27 @@ pub fn admit(
     Ok(())
 }
 
-/// The tenant's host Deployments and Jobs as its caches show them now.
-fn host_workloads(tenant: &TenantContext) -> Vec<Workload> {
-    let defaults = &tenant.shared.settings.tenant_quota.container_defaults;
-    let workload = |meta: &kube::api::ObjectMeta, requests| Workload {
+/// One host workload of the tenant as a cache shows it.
+pub fn workload<K: kube::Resource + RunsPods>(object: &K, defaults: &ContainerDefaults) -> Workload {
+    let meta = object.meta();
+    Workload {
         name: meta.name.clone().unwrap_or_default(),
         namespace_label: meta
             .labels
             .as_ref()
             .and_then(|l| l.get(PARENT_NAMESPACE_LABEL))
             .cloned(),
-        requests,
-    };
-    let deployments: Vec<Arc<Deployment>> = tenant.caches.host::<Deployment>().store().state();
-    let jobs: Vec<Arc<Job>> = tenant.caches.host::<Job>().store().state();
-    deployments
-        .iter()
-        .map(|d| workload(&d.metadata, deployment_requests(d, defaults)))
-        .chain(jobs.iter().map(|j| workload(&j.metadata, job_requests(j, defaults))))
-        .collect()
+        requests: object.requests(defaults),
+    }
 }
 
 /// Whether `desired` (a Deployment or Job stackd is about to create, or to replace `current` with,
 /// for tenant namespace `namespace`, stamped with its parent's labels) fits the namespace's share of
-/// the tenant's host quota. What asks no more than it has now is never refused. `what` names it in
-/// the refusal.
+/// the tenant's host quota beside the tenant's host workloads `others` (read only when it grows).
+/// What asks no more than it has now is never refused. `what` names it in the refusal.
 pub fn check<K>(
-    tenant: &TenantContext,
+    quota: &TenantQuota,
+    others: impl FnOnce() -> Vec<Workload>,
     what: &str,
     namespace: &str,
     desired: &K,
@@ -280,12 +244,6 @@ pub fn check<K>(
 where
     K: kube::Resource + RunsPods,
 {
-    let quota = &tenant.shared.settings.tenant_quota;
-    let label = desired
-        .labels()
-        .get(PARENT_NAMESPACE_LABEL)
-        .cloned()
-        .unwrap_or_default();
     let wanted = desired.requests(&quota.container_defaults);
     if let Some(current) = current {
         let has = current.requests(&quota.container_defaults);
@@ -293,15 +251,12 @@ where
             return Ok(());
         }
     }
-    admit(
-        quota,
-        what,
-        namespace,
-        &label,
-        &desired.name_any(),
-        wanted,
-        &host_workloads(tenant),
-    )
+    let label = desired
+        .labels()
+        .get(PARENT_NAMESPACE_LABEL)
+        .cloned()
+        .unwrap_or_default();
+    admit(quota, what, namespace, &label, &desired.name_any(), wanted, &others())
 }
 
 /// A host object that runs pods.
@@ -386,9 +341,9 @@ mod tests {
         assert_eq!(share_of(&quota, "memory"), Some(8 * 1024 * MI));
         quota.namespace_share.cpu = Some("500m".into());
         assert_eq!(share_of(&quota, "cpu"), Some(CPU / 2));
-        assert!(quantity("0").is_err());
-        assert!(quantity("lots").is_err());
-        assert_eq!(quantity(" 2 "), Ok("2".into()));
+        assert!(super::super::quota::share_quantity("0").is_err());
+        assert!(super::super::quota::share_quantity("lots").is_err());
+        assert_eq!(super::super::quota::share_quantity(" 2 "), Ok("2".into()));
     }
 
     fn workload(name: &str, namespace: &str, cpu: i128) -> Workload {

@@ -196,12 +196,10 @@ pub struct MemoryBudget {
     gauge: Option<Gauge>,
 }
 
-/// What a cache asks of the budget.
+/// What the budget says to a cache that charged it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Verdict {
     Cached,
-    /// Not cached: its namespace (or the tenant's namespaces together) would go over.
-    Refused,
     /// The tenant is over its budget (with what no namespace owns): its caches stop.
     Suspended,
 }

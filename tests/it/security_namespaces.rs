@@ -14,7 +14,7 @@ use stackd::api::stacks::Stack;
 use stackd::embedded::samples::{SampleImages, register_sample_runners};
 
 use super::security_pods::write_package;
-use super::stacks_install::{StackFleet, create_install, wait_for_reason};
+use super::stacks_install::{StackFleet, create_install, events_of, wait_for_reason};
 use super::tenant_objects::{
     HostKubectl, SECRETS_NAMESPACE, condition, install_tenant_crd, registration, wait_condition,
 };
@@ -204,18 +204,7 @@ async fn a_stack_asking_for_more_than_its_namespace_share_of_the_host_quota_is_r
     let fleet = StackFleet::start(&["acme"]).await;
     let tenant = fleet.tenant("acme");
     let daemon = fleet.daemon(&[]);
-    write_package(&fleet, "greedy", |pod| {
-        pod["containers"][0]["resources"] = json!({"requests": {"cpu": "7900m"}});
-    });
-    // Its own CRD group, so that it and the sample in the other namespace install side by side.
-    let crd = fleet
-        .dir
-        .path()
-        .join("packages/greedy/.registry/resources/widget.crd.yaml");
-    let renamed = std::fs::read_to_string(&crd)
-        .expect("crd")
-        .replace("samples.example.org", "greedy.example.org");
-    std::fs::write(&crd, renamed).expect("write crd");
+    write_greedy_package(&fleet, "greedy", "greedy.example.org", "7900m");
     create_install(&tenant, ATTACKER, "greedy", json!({"package": "examples/greedy:v1"})).await;
     let message = wait_until("the greedy stack refused for its share", WITHIN, &daemon, || async {
         stack_ready(&tenant, ATTACKER, "greedy")
@@ -250,6 +239,85 @@ async fn a_stack_asking_for_more_than_its_namespace_share_of_the_host_quota_is_r
         .map(|d| d.name_any())
         .collect();
     assert!(!names.iter().any(|n| n.contains("greedy")), "{names:?}");
+
+    create_install(
+        &tenant,
+        VICTIM,
+        "sample",
+        json!({"package": "examples/sample-stack:v1"}),
+    )
+    .await;
+    let (status, _, message) = wait_for_reason(&tenant, VICTIM, "sample", &daemon, "Available").await;
+    assert_eq!(status, "True", "{message}");
+}
+
+/// Writes package `name`: the sample stack in API group `group`, its controller requesting `cpu`.
+fn write_greedy_package(fleet: &StackFleet, name: &str, group: &str, cpu: &str) {
+    write_package(fleet, name, |pod| {
+        pod["containers"][0]["resources"] = json!({"requests": {"cpu": cpu}});
+    });
+    // Its own CRD group, so that it and the sample in another namespace install side by side.
+    let crd = fleet
+        .dir
+        .path()
+        .join(format!("packages/{name}/.registry/resources/widget.crd.yaml"));
+    let renamed = std::fs::read_to_string(&crd)
+        .expect("crd")
+        .replace("samples.example.org", group);
+    std::fs::write(&crd, renamed).expect("write crd");
+}
+
+/// Attack 5 through an install: a stack whose controller requests 3950m of its namespace's 4 CPUs
+/// runs; the next install in that namespace has no share left for its install Job (100m by the
+/// LimitRange default) and waits (`NamespaceQuotaShareExceeded`, with a Warning Event), creating
+/// no Job; an install in another namespace reaches Ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_install_job_past_its_namespace_share_waits_and_another_namespace_installs() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let tenant = fleet.tenant("acme");
+    let daemon = fleet.daemon(&[]);
+    write_greedy_package(&fleet, "hungry", "hungry.example.org", "3950m");
+    create_install(&tenant, ATTACKER, "hungry", json!({"package": "examples/hungry:v1"})).await;
+    let (status, _, message) = wait_for_reason(&tenant, ATTACKER, "hungry", &daemon, "Available").await;
+    assert_eq!(status, "True", "{message}");
+
+    create_install(
+        &tenant,
+        ATTACKER,
+        "sample",
+        json!({"package": "examples/sample-stack:v1"}),
+    )
+    .await;
+    let (status, _, message) =
+        wait_for_reason(&tenant, ATTACKER, "sample", &daemon, "NamespaceQuotaShareExceeded").await;
+    assert_eq!(status, "False");
+    for needle in ["install Job", "100m", "3950m", "--namespace-max-cpu"] {
+        assert!(message.contains(needle), "{needle:?} not in {message:?}");
+    }
+    until(
+        "a NamespaceQuotaShareExceeded Event on the install",
+        WITHIN,
+        &daemon,
+        || async {
+            events_of(&tenant, ATTACKER, "sample")
+                .await
+                .iter()
+                .any(|(reason, _)| reason == "NamespaceQuotaShareExceeded")
+        },
+    )
+    .await;
+    let jobs = fleet
+        .host_jobs("acme")
+        .list(&ListParams::default())
+        .await
+        .expect("jobs");
+    assert!(
+        !jobs
+            .items
+            .iter()
+            .any(|job| job.name_any().starts_with("attacker.sample")),
+        "no install Job was made for it"
+    );
 
     create_install(
         &tenant,

@@ -25,7 +25,6 @@ use crate::bounds;
 use crate::context::events::publish;
 use crate::host::Parent;
 use crate::host::apply::{self, HostWriteError, Update, ensure, ensure_created, stamp};
-use crate::host::quota_share;
 use crate::pools::record;
 
 pub(super) async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, DeploymentError> {
@@ -119,7 +118,7 @@ async fn start(cd: &ClusterDeployment, ctx: &Ctx, names: &Names, job_name: &str)
     // Before anything is written for it: a Job its namespace has no share of the host quota for.
     let what = format!("the installer Job {host_ns}/{job_name}");
     let namespace = cd.namespace().unwrap_or_default();
-    if let Err(refused) = quota_share::check(tenant, &what, &namespace, &job, None) {
+    if let Err(refused) = tenant.check_quota_share(&what, &namespace, &job, None) {
         report(cd, ctx, &Outcome::QuotaShareExceeded(refused.to_string())).await?;
         // The namespace's other workloads going bring this cluster no event of its own.
         return Ok(Action::requeue(Duration::from_secs(30)));

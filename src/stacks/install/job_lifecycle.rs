@@ -196,7 +196,7 @@ async fn start_job<K: InstallKind>(
         .collect();
     let desired = desired_job(install, ctx, parent, attempt, &pull);
     let what = format!("the install Job {}/{}", tenant.host_namespace, desired.name_any());
-    if let Err(refused) = quota_share::check(tenant, &what, &namespace, &desired, None) {
+    if let Err(refused) = tenant.check_quota_share(&what, &namespace, &desired, None) {
         return Ok(Break(Report::failed(refused.reason(), refused.to_string())));
     }
     let jobs: Api<Job> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);

@@ -117,6 +117,7 @@ pub const FAILURE_REASONS: &[&str] = &[
     "TooManyCRDs",
     "TooManyInstalls",
     "RegistryNotAllowed",
+    crate::host::quota_share::REASON,
 ];
 
 /// What one install controller reads from: its caches of host Jobs, tenant CRDs, Stacks and the

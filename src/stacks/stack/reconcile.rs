@@ -136,7 +136,7 @@ async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Resul
         host.namespace, host.deployment
     );
     let namespace = stack.namespace().unwrap_or_default();
-    if let Err(refused) = quota_share::check(tenant, &what, &namespace, &objects.deployment, observed_deployment) {
+    if let Err(refused) = tenant.check_quota_share(&what, &namespace, &objects.deployment, observed_deployment) {
         return Ok(Outcome::refused(refused.reason(), refused.to_string()));
     }
     proceed!(apply_host::write_deployment(ctx, &host, &objects.deployment, observed_deployment, notes).await?);
