@@ -219,6 +219,25 @@ pub(crate) fn written_bytes(field: impl FnOnce() -> String, bytes: usize) -> Res
     Ok(())
 }
 
+/// The most a stack's token copy on the host holds (its token, CA bundle and namespace; a real one
+/// is a few KiB): the tenant Secret it is copied from lies in a namespace tenant users can write.
+pub(crate) const MAX_TOKEN_COPY_BYTES: usize = 64 << 10;
+
+/// A stack's token copy of `bytes`, checked before it is built.
+pub(crate) fn token_copy(field: impl FnOnce() -> String, bytes: usize) -> Result<(), Refused> {
+    if bytes > MAX_TOKEN_COPY_BYTES {
+        return Err(Refused::bytes(
+            field(),
+            bytes,
+            MAX_TOKEN_COPY_BYTES,
+            "copies of a stack's token to the host",
+            "not configurable",
+            "delete the token Secret: stackd makes it again and the tenant's token controller fills it",
+        ));
+    }
+    Ok(())
+}
+
 /// The most data a host Secret stackd writes may hold: what Kubernetes allows, and what, written as
 /// JSON (base64, some 4/3 of it, and its metadata), stackd's own cache still reads back under
 /// `--max-cached-object-bytes` (`max_cached`).
@@ -513,10 +532,6 @@ mod tests {
         (
             "inventory/delivery.rs",
             "BMC credentials whose Secret the asset's CredentialsFound held to --max-render-secret-bytes",
-        ),
-        (
-            "stacks/stack/token.rs",
-            "stacks (not reviewed for issue 45's bounds here): a copy of a ServiceAccount token",
         ),
     ];
 

@@ -146,8 +146,9 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
     assert_eq!(written, report);
 }
 
-/// Issue 28 at CI size: tenant A's attacks are all refused, the daemon never restarts and stays
-/// within the chart's memory limit, and tenant B's installs are not held up by much.
+/// Issues 28 and 45 at CI size: tenant A's attacks are all refused, the daemon never restarts and
+/// stays within the chart's memory limit, neither tenant is suspended for one namespace's objects,
+/// and the installs of tenant B and of A's neighbour namespace are not held up by much.
 fn assert_blast_radius_contained(blast: &serde_json::Value) {
     assert_eq!(blast["daemon_restarts"], 0, "the daemon restarted: {blast:#}");
     for (attack, outcome) in blast["attacks"].as_object().expect("attacks") {
@@ -160,6 +161,10 @@ fn assert_blast_radius_contained(blast: &serde_json::Value) {
         "{blast:#}"
     );
     assert_eq!(blast["tenant_b_suspended"], false, "{blast:#}");
+    assert_eq!(
+        blast["tenant_a_suspended"], false,
+        "a tenant is never suspended for what one of its namespaces holds: {blast:#}"
+    );
     assert!(
         blast["attack_writes_during_round"].as_u64().unwrap_or(0) > 0,
         "{blast:#}"
@@ -169,6 +174,11 @@ fn assert_blast_radius_contained(blast: &serde_json::Value) {
     // tenant-wide backlog, megabytes of log reads per CRD event) costs B many times more.
     let ratio = blast["install_p50_ratio"].as_f64().expect("ratio");
     assert!(ratio <= RATIO_BOUND, "tenant B's install p50 ratio {ratio}: {blast:#}");
+    let neighbour = blast["neighbour_install_p50_ratio"].as_f64().expect("neighbour ratio");
+    assert!(
+        neighbour <= RATIO_BOUND,
+        "tenant A's neighbour namespace's install p50 ratio {neighbour}: {blast:#}"
+    );
 }
 
 #[test]

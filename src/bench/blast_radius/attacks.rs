@@ -3,8 +3,12 @@
 //! one namespace is served, a flood of ClusterDeploymentCustomizations over the cache's size cap and
 //! of large Secrets labelled `app.kubernetes.io/managed-by=stackd`, an install naming 200 pull
 //! Secrets (on an install CRD from before its `maxItems`), and installs parked in `CRDConflict`, some
-//! past the namespace's install bound. Then, while tenant B is measured, [`churn`] keeps rewriting
-//! them, so the daemon has A's work to do the whole time.
+//! past the namespace's install bound. And issue 45's five: one BMC Secret with a huge password
+//! named by many assets of a baremetal pool, pools sharing one large install-config template, a
+//! namespace whose CDCs take more than its memory share, an installer padding and stripping its
+//! output Secret, and a stack asking for nearly all of the tenant's host CPU. Then, while tenant B
+//! and a neighbour namespace of A are measured, [`churn`] keeps rewriting them, so the daemon has
+//! A's work to do the whole time.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -19,9 +23,10 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::super::BenchError;
-use super::fixtures::SQUATTER_PACKAGE;
-use crate::api::pools::{ClusterDeploymentCustomization, ClusterPool};
-use crate::api::stacks::StackInstall;
+use super::fixtures::{GREEDY_PACKAGE, PADDING_INSTALLER, SQUATTER_PACKAGE};
+use crate::api::inventory::BareMetalAsset;
+use crate::api::pools::{ClusterDeployment, ClusterDeploymentCustomization, ClusterPool};
+use crate::api::stacks::{Stack, StackInstall};
 
 /// The sample's CRD, which the squatter package ships too.
 const WIDGETS: &str = "widgets.samples.example.org";
@@ -44,7 +49,21 @@ pub struct AttackLoad {
     pub pull_secrets: usize,
     /// Installs parked in `CRDConflict`, at most `NAMESPACE_MAX_INSTALLS` per namespace.
     pub parked_installs: usize,
+    /// BareMetalAssets naming one BMC Secret whose password has `bmc_password_bytes`.
+    pub bmc_assets: usize,
+    pub bmc_password_bytes: usize,
+    /// Pools sharing one install-config template of `template_bytes`, each with as many one-patch
+    /// CDCs in its inventory as its size.
+    pub template_pools: usize,
+    pub template_pool_size: usize,
+    pub template_bytes: usize,
 }
+
+/// A namespace's CDCs under the cache's size cap that together take more than its memory share
+/// (`--namespace-memory-budget`, a quarter of the default 16 MiB tenant budget): two of 240,000
+/// small numbers, each some 9 MiB decoded, as the attack of issue 45 used.
+const HOG_CDCS: usize = 2;
+const HOG_ELEMENTS: usize = 240_000;
 
 /// Each attack: how many objects it made, and how many the daemon has refused so far (a condition
 /// or an Event saying why); an attack the daemon ignores by design counts as refused (`refused`
@@ -73,6 +92,11 @@ pub(super) async fn launch(tenant: &Client, load: AttackLoad) -> Result<(), Benc
         flood(tenant, load),
         pull_secrets(tenant, load.pull_secrets),
         parked_installs(tenant, load.parked_installs),
+        bmc_credentials(tenant, load),
+        shared_template(tenant, load),
+        namespace_hog(tenant),
+        padded_output(tenant),
+        greedy_stack(tenant),
     )?;
     Ok(())
 }
@@ -96,7 +120,27 @@ pub(super) async fn outcomes(tenant: &Client, load: AttackLoad) -> Result<Outcom
             too_many_installs += usize::from(reason == "TooManyInstalls");
         }
     }
+    let metal = reasons::<ClusterPool>(tenant, "bmc", "CapacityAvailable").await?;
+    let metal_refused = usize::from(metal.get("metal").map(String::as_str) == Some("DocumentTooLarge"));
+    let hogged = events_with_reason(tenant, "hog", "NamespaceOverBudget").await?;
+    let padded = reasons::<ClusterDeployment>(tenant, "evil", "ProvisionStopped").await?;
+    let padded = usize::from(padded.get("evil").map(String::as_str) == Some("InstallerOutputRefused"));
+    let greedy_stack = reasons::<Stack>(tenant, "greedy", "Ready").await?;
+    let greedy_stack =
+        usize::from(greedy_stack.get("greedy").map(String::as_str) == Some("NamespaceQuotaShareExceeded"));
     Ok(BTreeMap::from([
+        ("bmc_secret_inlined_for_every_asset".into(), (1, metal_refused)),
+        // Served within their bounds, not refused: what they may cost is what the figures show.
+        (
+            "pools_sharing_a_large_template".into(),
+            (load.template_pools, load.template_pools),
+        ),
+        (
+            "cdcs_past_the_namespace_memory_share".into(),
+            (HOG_CDCS, hogged.min(HOG_CDCS)),
+        ),
+        ("installer_output_padded_and_stripped".into(), (1, padded)),
+        ("stack_taking_the_tenant_host_cpu".into(), (1, greedy_stack)),
         ("patch_bomb_and_deep_nesting".into(), (2, refused_bombs)),
         ("pools_past_namespace_bound".into(), (PAST_THE_BOUND, too_many_pools)),
         ("large_cdcs".into(), (load.large_cdcs, too_large.min(load.large_cdcs))),
@@ -255,6 +299,118 @@ fn parked_namespaces(count: usize) -> Vec<String> {
     (0..full).map(|i| format!("parked-{i}")).collect()
 }
 
+/// `bmc`: a BMC Secret with a password of `bmc_password_bytes`, `bmc_assets` assets naming it, and
+/// a baremetal pool of one cluster taking them all: rendering would inline the password once per
+/// host.
+async fn bmc_credentials(tenant: &Client, load: AttackLoad) -> Result<(), BenchError> {
+    pool_namespace(tenant, "bmc").await?;
+    let secret = json!({"metadata": {"name": "bmc"},
+        "stringData": {"username": "admin", "password": filler(load.bmc_password_bytes, 0)}});
+    Api::<Secret>::namespaced(tenant.clone(), "bmc")
+        .create(&PostParams::default(), &from_json(secret)?)
+        .await?;
+    let assets: Api<BareMetalAsset> = Api::namespaced(tenant.clone(), "bmc");
+    for index in 0..load.bmc_assets {
+        let asset = from_json(json!({
+            "apiVersion": "inventory.stackd.dev/v1alpha1", "kind": "BareMetalAsset",
+            "metadata": {"name": format!("host-{index:03}"), "labels": {"site": "lab"}},
+            "spec": {"bmc": {"address": format!("ipmi://10.0.{}.{}", index / 250, index % 250), "credentialsName": "bmc"},
+                "bootMACAddress": format!("00:1b:44:11:{:02x}:{:02x}", index / 256, index % 256)},
+        }))?;
+        assets.create(&PostParams::default(), &asset).await?;
+    }
+    let workers = load.bmc_assets.saturating_sub(3) as i64;
+    let mut pool = pool_json("metal", 1);
+    pool["spec"]["platform"] =
+        json!({"baremetal": {"credentialsSecretRef": {"name": "creds"}, "apiVIPs": ["10.0.0.5"]}});
+    pool["spec"]["controlPlane"] = json!({"replicas": 3});
+    pool["spec"]["compute"] = json!({"replicas": workers});
+    pool["spec"]["hostSelector"] = json!({"matchLabels": {"site": "lab"}});
+    Api::<ClusterPool>::namespaced(tenant.clone(), "bmc")
+        .create(&PostParams::default(), &from_json(pool)?)
+        .await?;
+    Ok(())
+}
+
+/// `template`: `template_pools` pools naming one install-config template of `template_bytes`, each
+/// filled from an inventory of one-patch CDCs of its own.
+async fn shared_template(tenant: &Client, load: AttackLoad) -> Result<(), BenchError> {
+    create_namespace(tenant, "template").await?;
+    let template = format!(
+        "apiVersion: v1\nplatform:\n  vsphere:\n    network: VM Network\nadditionalTrustBundle: \"{}\"\n",
+        filler(load.template_bytes, 0)
+    );
+    let secrets: Api<Secret> = Api::namespaced(tenant.clone(), "template");
+    for secret in [
+        json!({"metadata": {"name": "creds"}, "stringData": {"username": "u", "password": "p"}}),
+        json!({"metadata": {"name": "pull"}, "stringData": {".dockerconfigjson": "{}"}}),
+        json!({"metadata": {"name": "template"}, "stringData": {"install-config.yaml": template}}),
+    ] {
+        secrets.create(&PostParams::default(), &from_json(secret)?).await?;
+    }
+    for pool in 0..load.template_pools {
+        let mut names = Vec::new();
+        for entry in 0..load.template_pool_size {
+            let name = format!("t{pool}-{entry}");
+            let patch = json!([{"op": "replace", "path": "/metadata/name", "value": name}]);
+            create_cdc(tenant, "template", &name, patch).await?;
+            names.push(name);
+        }
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        create_pool(
+            tenant,
+            "template",
+            &format!("t{pool}"),
+            load.template_pool_size as i32,
+            &refs,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// `hog`: CDCs under the cache's size cap that take the namespace past its memory share.
+async fn namespace_hog(tenant: &Client) -> Result<(), BenchError> {
+    pool_namespace(tenant, "hog").await?;
+    for index in 0..HOG_CDCS {
+        create_cdc(
+            tenant,
+            "hog",
+            &format!("hog-{index}"),
+            bulky_patches(HOG_ELEMENTS, index),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// `evil`: a ClusterDeployment of the user's own whose installer pads and strips its output.
+async fn padded_output(tenant: &Client) -> Result<(), BenchError> {
+    pool_namespace(tenant, "evil").await?;
+    let cd = from_json::<ClusterDeployment>(json!({
+        "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterDeployment",
+        "metadata": {"name": "evil"},
+        "spec": {
+            "clusterName": "evil",
+            "baseDomain": "example.com",
+            "platform": {"vsphere": {"credentialsSecretRef": {"name": "creds"},
+                "vCenter": "vc.example.com", "datacenter": "dc1", "defaultDatastore": "ds1"}},
+            "pullSecretRef": {"name": "pull"},
+            "provisioning": {"installConfigSecretRef": {"name": "template"}, "installerImage": PADDING_INSTALLER},
+        },
+    }))?;
+    Api::<ClusterDeployment>::namespaced(tenant.clone(), "evil")
+        .create(&PostParams::default(), &cd)
+        .await?;
+    Ok(())
+}
+
+/// `greedy`: an install of a stack whose controller asks for nearly all of the tenant's host CPU.
+async fn greedy_stack(tenant: &Client) -> Result<(), BenchError> {
+    create_namespace(tenant, "greedy").await?;
+    create_install(tenant, "greedy", "greedy", json!({"package": GREEDY_PACKAGE})).await
+}
+
 /// `add /b` then thirty copies of `/b` into itself: 2 KiB doubled thirty times.
 fn patch_bomb(variant: usize) -> Value {
     let seed = format!("{variant}-{}", "x".repeat(2048));
@@ -333,14 +489,9 @@ async fn create_cdc(tenant: &Client, namespace: &str, name: &str, patches: Value
     Ok(())
 }
 
-async fn create_pool(
-    tenant: &Client,
-    namespace: &str,
-    name: &str,
-    size: i32,
-    inventory: &[&str],
-) -> Result<(), BenchError> {
-    let mut pool = json!({
+/// A vSphere pool of `size` named `name`, from the Secrets [`pool_namespace`] makes.
+fn pool_json(name: &str, size: i32) -> Value {
+    json!({
         "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterPool",
         "metadata": {"name": name},
         "spec": {
@@ -352,7 +503,17 @@ async fn create_pool(
             "platform": {"vsphere": {"credentialsSecretRef": {"name": "creds"},
                 "vCenter": "vc.example.com", "datacenter": "dc1", "defaultDatastore": "ds1"}},
         },
-    });
+    })
+}
+
+async fn create_pool(
+    tenant: &Client,
+    namespace: &str,
+    name: &str,
+    size: i32,
+    inventory: &[&str],
+) -> Result<(), BenchError> {
+    let mut pool = pool_json(name, size);
     if !inventory.is_empty() {
         pool["spec"]["inventory"] = json!(inventory.iter().map(|n| json!({"name": n})).collect::<Vec<_>>());
     }

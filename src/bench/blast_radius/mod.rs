@@ -1,9 +1,11 @@
-//! Blast radius (issue 28): one daemon serves tenants A and B; B installs stacks and fills a pool
-//! twice, first with A idle, then while A's user runs every attack of issue 28 at once (and keeps
-//! rewriting them). The daemon runs as a pod would: its address space capped, restarted when it
-//! exits. Reported: its restarts (goal 0), its peak resident memory against the chart's memory
-//! limit (goal at most the limit), and B's install p50 under attack against the same with A idle in
-//! the same run (goal at most 2×); and what the daemon refused of each attack.
+//! Blast radius (issues 28 and 45): one daemon serves tenants A and B; B, and a neighbour namespace
+//! of A's own, install stacks and fill a pool twice, first with A's attacker idle, then while A's
+//! attacker (a user with `edit` in A's other namespaces) runs every attack of issues 28 and 45 at
+//! once (and keeps rewriting them). The daemon runs as a pod would: its address space capped,
+//! restarted when it exits. Reported: its restarts (goal 0), its peak resident memory against the
+//! chart's memory limit (goal at most the limit), the install p50 of B and of A's neighbour
+//! namespace under attack against the same with the attacker idle in the same run (goal at most
+//! 2× each); and what the daemon refused of each attack.
 
 mod attacks;
 mod fixtures;
@@ -54,6 +56,11 @@ impl BlastLoad {
                 labelled_secrets: 4,
                 pull_secrets: 200,
                 parked_installs: 10,
+                bmc_assets: 40,
+                bmc_password_bytes: 200_000,
+                template_pools: 4,
+                template_pool_size: 2,
+                template_bytes: 300_000,
             }
         } else {
             AttackLoad {
@@ -61,6 +68,11 @@ impl BlastLoad {
                 labelled_secrets: 100,
                 pull_secrets: 200,
                 parked_installs: 50,
+                bmc_assets: 400,
+                bmc_password_bytes: 1_000_000,
+                template_pools: 8,
+                template_pool_size: 10,
+                template_bytes: 498_000,
             }
         };
         BlastLoad {
@@ -97,6 +109,17 @@ pub struct BlastRadiusFigures {
     pub install_p50_ratio: f64,
     /// `attacked.pool_fill_s / idle.pool_fill_s`.
     pub pool_fill_ratio: f64,
+    /// The same rounds in a namespace of A's that the attacker cannot write: with the attacker idle,
+    /// and under its attacks.
+    #[serde(default)]
+    pub neighbour_idle: VictimTimes,
+    #[serde(default)]
+    pub neighbour_attacked: VictimTimes,
+    /// `neighbour_attacked.install_p50_s / neighbour_idle.install_p50_s` (goal at most 2).
+    #[serde(default)]
+    pub neighbour_install_p50_ratio: f64,
+    #[serde(default)]
+    pub neighbour_pool_fill_ratio: f64,
 }
 
 pub async fn measure(load: &BlastLoad, keep_logs: Option<&std::path::Path>) -> Result<BlastRadiusFigures, BenchError> {
@@ -105,6 +128,7 @@ pub async fn measure(load: &BlastLoad, keep_logs: Option<&std::path::Path>) -> R
         fleet.keep_logs(dir)?;
     }
     fixtures::serve_packages(&fleet.host, &fleet.dir().join("packages"))?;
+    fixtures::serve_padding_installer(&fleet.host, fleet.host.client().await);
     let attacker = fleet.tenants[0].1.client().await;
     let victim = fleet.tenants[1].1.client().await;
     let (a_name, b_name) = (fleet.tenants[0].0.clone(), fleet.tenants[1].0.clone());
@@ -113,19 +137,26 @@ pub async fn measure(load: &BlastLoad, keep_logs: Option<&std::path::Path>) -> R
     daemon.wait_tenants_up(2, Duration::from_secs(60)).await?;
     install_ready(&attacker, "team", &daemon).await?;
 
-    eprintln!("bench:   tenant B's round with A idle");
-    let idle = victim::run(&victim, "idle", load.installs, load.pool_size).await?;
+    eprintln!("bench:   tenant B's round, and A's neighbour namespace's, with A's attacker idle");
+    let (idle, neighbour_idle) = tokio::join!(
+        victim::run(&victim, "idle", load.installs, load.pool_size),
+        victim::run(&attacker, "nb-idle", load.installs, load.pool_size),
+    );
+    let (idle, neighbour_idle) = (idle?, neighbour_idle?);
     eprintln!("bench:   tenant A's attacks");
     attacks::launch(&attacker, load.attacks).await?;
     let refused = attacks::wait_refused(&attacker, load.attacks, load.refusal_wait).await?;
     eprintln!("bench:   refused before B's round: {refused:?}");
-    eprintln!("bench:   tenant B's round under attack");
+    eprintln!("bench:   tenant B's round, and A's neighbour namespace's, under attack");
     let stop = Arc::new(AtomicBool::new(false));
     let churn = tokio::spawn(attacks::churn(attacker.clone(), load.attacks, stop.clone()));
-    let attacked = victim::run(&victim, "attacked", load.installs, load.pool_size).await;
+    let (attacked, neighbour_attacked) = tokio::join!(
+        victim::run(&victim, "attacked", load.installs, load.pool_size),
+        victim::run(&attacker, "nb-attacked", load.installs, load.pool_size),
+    );
     stop.store(true, Ordering::SeqCst);
     let attack_writes_during_round = churn.await.map_err(std::io::Error::other)??;
-    let attacked = attacked?;
+    let (attacked, neighbour_attacked) = (attacked?, neighbour_attacked?);
 
     let metrics = daemon.metrics().await;
     let suspended = |tenant: &str| metrics.contains(&format!("stackd_tenant_suspended{{tenant=\"{tenant}\""));
@@ -147,6 +178,10 @@ pub async fn measure(load: &BlastLoad, keep_logs: Option<&std::path::Path>) -> R
         pool_fill_ratio: attacked.pool_fill_s / idle.pool_fill_s.max(1e-6),
         idle,
         attacked,
+        neighbour_install_p50_ratio: neighbour_attacked.install_p50_s / neighbour_idle.install_p50_s.max(1e-6),
+        neighbour_pool_fill_ratio: neighbour_attacked.pool_fill_s / neighbour_idle.pool_fill_s.max(1e-6),
+        neighbour_idle,
+        neighbour_attacked,
     })
 }
 
@@ -196,7 +231,8 @@ pub fn lines(f: &BlastRadiusFigures) -> String {
         "\nblast radius: tenant A attacking ({} attack writes during B's round), tenant B installing {} stacks and filling a pool of {}\n\
          refused (of made): {}\n\
          daemon restarts {} (goal 0){exits}; peak RSS {:.1} MiB of the chart's {:.0} MiB limit ({:.2}; goal at most 1); A suspended: {}, B suspended: {}\n\
-         tenant B install p50 {:.2} s under attack vs {:.2} s with A idle ({:.2}x; goal at most 2x); slowest {:.2} s vs {:.2} s; pool filled in {:.2} s vs {:.2} s ({:.2}x)\n",
+         tenant B install p50 {:.2} s under attack vs {:.2} s with A idle ({:.2}x; goal at most 2x); slowest {:.2} s vs {:.2} s; pool filled in {:.2} s vs {:.2} s ({:.2}x)\n\
+         tenant A's neighbour namespace install p50 {:.2} s under attack vs {:.2} s idle ({:.2}x; goal at most 2x); pool filled in {:.2} s vs {:.2} s ({:.2}x)\n",
         f.attack_writes_during_round,
         f.idle.installs,
         f.idle.pool_size,
@@ -215,6 +251,12 @@ pub fn lines(f: &BlastRadiusFigures) -> String {
         f.attacked.pool_fill_s,
         f.idle.pool_fill_s,
         f.pool_fill_ratio,
+        f.neighbour_attacked.install_p50_s,
+        f.neighbour_idle.install_p50_s,
+        f.neighbour_install_p50_ratio,
+        f.neighbour_attacked.pool_fill_s,
+        f.neighbour_idle.pool_fill_s,
+        f.neighbour_pool_fill_ratio,
     )
 }
 

@@ -22,6 +22,7 @@ use super::validate::CheckedController;
 use super::{deployment, rbac, token};
 use crate::api::common::HostObjectRef;
 use crate::api::stacks::{Stack, StackDefinition};
+use crate::bounds::DOCUMENT_TOO_LARGE;
 use crate::host::apply::stamp;
 use crate::host::labels::Parent;
 use crate::host::names::{NameKind, host_name};
@@ -168,7 +169,8 @@ pub(super) fn build(
         .and_then(|s| token::filled_keys(s, &identity))
     {
         None => Break(waiting_for_token(&tenant.token_secret)),
-        Some(token) => Continue(match controller {
+        Some(Err(refused)) => Break(Outcome::refused(DOCUMENT_TOO_LARGE, refused.to_string())),
+        Some(Ok(token)) => Continue(match controller {
             None => HostPlan::Remove,
             Some(controller) => {
                 let sources = HostSources {

@@ -12,6 +12,7 @@ use kube::ResourceExt;
 use kube::api::ObjectMeta;
 
 use super::tenant::TenantIdentity;
+use crate::bounds;
 
 pub const TOKEN_SECRET_TYPE: &str = "kubernetes.io/service-account-token";
 pub const SERVICE_ACCOUNT_NAME_ANNOTATION: &str = "kubernetes.io/service-account.name";
@@ -34,10 +35,29 @@ pub fn tenant_secret(identity: &TenantIdentity, owner: &OwnerReference) -> Secre
     }
 }
 
-/// The keys to copy once the token controller has filled the Secret; `None` while `token` is empty.
-pub fn filled_keys(secret: &Secret, identity: &TenantIdentity) -> Option<BTreeMap<String, ByteString>> {
+/// The keys to copy once the token controller has filled the Secret; `None` while `token` is empty,
+/// refused when they are more than a token copy holds (measured before they are copied).
+pub fn filled_keys(
+    secret: &Secret,
+    identity: &TenantIdentity,
+) -> Option<Result<BTreeMap<String, ByteString>, bounds::Refused>> {
     let data = secret.data.as_ref()?;
     let token = data.get("token").filter(|t| !t.0.is_empty())?;
+    let copied = ["token", "ca.crt", "namespace"]
+        .iter()
+        .filter_map(|key| data.get(*key))
+        .map(|value| value.0.len())
+        .fold(0, usize::saturating_add);
+    let field = || {
+        format!(
+            "the token Secret {}/{}",
+            identity.namespace,
+            tenant_secret_name(identity)
+        )
+    };
+    if let Err(refused) = bounds::token_copy(field, copied) {
+        return Some(Err(refused));
+    }
     let mut keys = BTreeMap::from([("token".to_string(), token.clone())]);
     if let Some(ca) = data.get("ca.crt") {
         keys.insert("ca.crt".into(), ca.clone());
@@ -47,7 +67,7 @@ pub fn filled_keys(secret: &Secret, identity: &TenantIdentity) -> Option<BTreeMa
         .cloned()
         .unwrap_or_else(|| ByteString(identity.namespace.clone().into_bytes()));
     keys.insert("namespace".into(), namespace);
-    Some(keys)
+    Some(Ok(keys))
 }
 
 /// The host copy: Opaque, owned by the host Deployment so it goes with it.
@@ -91,10 +111,10 @@ mod tests {
     #[test]
     fn an_unfilled_secret_has_nothing_to_copy() {
         let secret = tenant_secret(&identity(), &OwnerReference::default());
-        assert_eq!(filled_keys(&secret, &identity()), None);
+        assert!(filled_keys(&secret, &identity()).is_none());
         let mut empty = secret.clone();
         empty.data = Some(BTreeMap::from([("token".into(), ByteString(vec![]))]));
-        assert_eq!(filled_keys(&empty, &identity()), None);
+        assert!(filled_keys(&empty, &identity()).is_none());
     }
 
     #[test]
@@ -105,8 +125,33 @@ mod tests {
             ("ca.crt".into(), ByteString(b"c".to_vec())),
             ("extra".into(), ByteString(b"x".to_vec())),
         ]));
-        let keys = filled_keys(&secret, &identity()).expect("filled");
+        let keys = filled_keys(&secret, &identity())
+            .expect("filled")
+            .ok()
+            .expect("within bounds");
         assert_eq!(keys.keys().collect::<Vec<_>>(), ["ca.crt", "namespace", "token"]);
         assert_eq!(keys["namespace"].0, b"team-a");
+    }
+
+    #[test]
+    fn a_token_secret_padded_by_a_tenant_user_is_refused_before_it_is_copied() {
+        let mut secret = tenant_secret(&identity(), &OwnerReference::default());
+        secret.data = Some(BTreeMap::from([
+            ("token".into(), ByteString(b"t".to_vec())),
+            ("ca.crt".into(), ByteString(vec![b'c'; bounds::MAX_TOKEN_COPY_BYTES])),
+        ]));
+        let Some(Err(refused)) = filled_keys(&secret, &identity()) else {
+            panic!("a padded token copied");
+        };
+        assert!(
+            refused.to_string().contains("the token Secret team-a/s-token"),
+            "{refused}"
+        );
+        // What is not copied costs nothing: an extra key of any size is left on the tenant.
+        secret.data = Some(BTreeMap::from([
+            ("token".into(), ByteString(b"t".to_vec())),
+            ("extra".into(), ByteString(vec![b'x'; bounds::MAX_TOKEN_COPY_BYTES])),
+        ]));
+        assert!(matches!(filled_keys(&secret, &identity()), Some(Ok(_))));
     }
 }
