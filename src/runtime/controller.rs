@@ -44,9 +44,12 @@ mod singleton;
 pub use permits::{FairPermit, FairPermits};
 pub use singleton::Singleton;
 
-/// How often an object held up by a refused object looks again (a refused object that is deleted
-/// brings no event of its own to the objects it held up; one made smaller does).
-const HELD_UP_RECHECK: Duration = Duration::from_secs(30);
+/// How often an object held up by a refused object looks again: a refused object that is deleted
+/// brings no event of its own to the objects it held up, nor does one read again once its
+/// namespace's objects shrank under their memory share. Looking costs no request (the refusals are
+/// in memory), and a namespace is served again within this of its release; every 30 s made a
+/// namespace wait up to half a minute after its user had cleaned up.
+const HELD_UP_RECHECK: Duration = Duration::from_secs(3);
 
 /// A controller's error: retried with the object's backoff and counted by `metric_label`.
 pub trait ReconcileError: std::error::Error + From<ReconcilePanic> + Send + Sync + 'static {
