@@ -200,28 +200,34 @@ async fn uninstall_leaves_nothing(fleet: &StackFleet, namespace: &str, name: &st
     .await;
 }
 
+/// Installs `package` as `team-a/name` on a tenant with the types chart's CRDs, the image
+/// `image_without_user` built without USER (under runAsNonRoot the kubelet refuses it unless the pod
+/// names a non-root user), and waits until the install is Ready.
+async fn install_until_available(
+    fleet: &StackFleet,
+    image_without_user: &str,
+    name: &str,
+    package: &str,
+) -> (Client, Daemon) {
+    fleet
+        ._host
+        .runners()
+        .without_user(ImageMatch::Prefix(image_without_user.into()));
+    let tenant = fleet.tenant(TENANT);
+    install_platform_types(&tenant).await;
+    let daemon = fleet.daemon(&[]);
+    create_install(&tenant, "team-a", name, json!({ "package": package })).await;
+    let (status, _, message) = wait_for_reason(&tenant, "team-a", name, &daemon, "Available").await;
+    assert_eq!(status, "True", "{message}");
+    (tenant, daemon)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_crossplane_provider_package_installs_as_published_and_uninstalls_cleanly() {
     let fleet = StackFleet::start(&[TENANT]).await;
     write_provider(&fleet);
-    // The controller image was built without USER: under runAsNonRoot the kubelet refuses it unless
-    // the pod names a non-root user.
-    fleet
-        ._host
-        .runners()
-        .without_user(ImageMatch::Prefix("examples/xp-provider".into()));
-    let tenant = fleet.tenant(TENANT);
-    install_platform_types(&tenant).await;
-    let daemon = fleet.daemon(&[]);
-    create_install(
-        &tenant,
-        "team-a",
-        "provider",
-        json!({"package": "examples/xp-provider:v1"}),
-    )
-    .await;
-    let (status, _, message) = wait_for_reason(&tenant, "team-a", "provider", &daemon, "Available").await;
-    assert_eq!(status, "True", "{message}");
+    let (tenant, daemon) =
+        install_until_available(&fleet, "examples/xp-provider", "provider", "examples/xp-provider:v1").await;
 
     // The v1beta1 CRDs of both layouts are served as v1, as the API server itself converted them.
     let crds: Api<CustomResourceDefinition> = Api::all(tenant.clone());
@@ -386,16 +392,13 @@ async fn a_templating_stack_runs_the_templating_controller_with_its_stack_defini
     let fleet = StackFleet::start(&[TENANT]).await;
     write_templating_stack(&fleet);
     // The templating controller v0.2 was built without USER.
-    fleet
-        ._host
-        .runners()
-        .without_user(ImageMatch::Prefix("crossplane/templating-controller".into()));
-    let tenant = fleet.tenant(TENANT);
-    install_platform_types(&tenant).await;
-    let daemon = fleet.daemon(&[]);
-    create_install(&tenant, "team-a", "sample", json!({"package": "examples/xp-sample:v2"})).await;
-    let (status, _, message) = wait_for_reason(&tenant, "team-a", "sample", &daemon, "Available").await;
-    assert_eq!(status, "True", "{message}");
+    let (tenant, daemon) = install_until_available(
+        &fleet,
+        "crossplane/templating-controller",
+        "sample",
+        "examples/xp-sample:v2",
+    )
+    .await;
 
     // The controller finds its behavior where Crossplane put it: a StackDefinition of the Stack's.
     let definition = Api::<StackDefinition>::namespaced(tenant.clone(), "team-a")
