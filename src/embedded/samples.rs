@@ -162,6 +162,40 @@ impl JobRunner for Installer {
     }
 }
 
+/// An installer that creates its cluster as the sample one does, then pads its output Secret with
+/// `padding` bytes and removes stackd's tenant-namespace annotation from it: what an installer
+/// holding the token for that Secret can do (issue 45's attack 4, in tests and the bench).
+pub fn padding_installer(padding: usize) -> impl JobRunner {
+    move |ctx: &JobContext| {
+        if ctx.args.iter().any(|a| a == "destroy") {
+            return JobOutcome::success("destroyed\n");
+        }
+        let outcome = create_cluster(ctx);
+        let (Some(namespace), Some(name)) = (ctx.env("STACKD_OUTPUT_NAMESPACE"), ctx.env("STACKD_OUTPUT_SECRET"))
+        else {
+            return JobOutcome::failure(1, "no output Secret named\n");
+        };
+        use base64::Engine;
+        let pad = base64::engine::general_purpose::STANDARD.encode(vec![b'x'; padding]);
+        let padded = super::controller_manager::modify(
+            &ctx.store,
+            &GroupResource::new("", "secrets"),
+            namespace,
+            name,
+            |secret| {
+                if let Some(annotations) = secret["metadata"]["annotations"].as_object_mut() {
+                    annotations.remove("stackd.dev/tenant-namespace");
+                }
+                secret["data"]["pad"] = json!(pad);
+            },
+        );
+        match padded {
+            Ok(_) => outcome,
+            Err(e) => JobOutcome::failure(1, format!("{e:?}\n")),
+        }
+    }
+}
+
 /// What the sample installer's `create cluster` does; tests wrap it to script failures.
 pub fn create_cluster(ctx: &JobContext) -> JobOutcome {
     let (Some(namespace), Some(secret)) = (ctx.env("STACKD_OUTPUT_NAMESPACE"), ctx.env("STACKD_OUTPUT_SECRET")) else {

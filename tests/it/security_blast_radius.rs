@@ -5,7 +5,6 @@
 //! afford; each test checks what a user sees: the condition and Event naming the limit, the daemon
 //! alive, another namespace of the tenant served, nothing left behind.
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -13,7 +12,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use stackd::api::inventory::BareMetalAsset;
 use stackd::api::pools::{ClusterDeployment, ClusterPool};
-use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
+use stackd::embedded::controller_manager::ImageMatch;
 
 use crate::harness::{Daemon, Fleet, until};
 use crate::pools::{NS, WITHIN, create_pool, events, pool, pool_condition, pool_json, pool_namespaces, setup};
@@ -279,33 +278,10 @@ const PADDING_INSTALLER: &str = "quay.io/example/padding-installer:1";
 /// installs like the sample installer, then pads the Secret to 600 KB (over the cache's 512 KiB)
 /// and removes stackd's tenant-namespace annotation.
 fn padding_installer(fleet: &Fleet) {
-    let host = fleet.host_client.clone();
-    fleet
-        .host()
-        .runners()
-        .register(ImageMatch::Exact(PADDING_INSTALLER.into()), move |ctx: &JobContext| {
-            if ctx.args.iter().any(|a| a == "destroy") {
-                return JobOutcome::success("destroyed\n");
-            }
-            let outcome = stackd::embedded::samples::create_cluster(ctx);
-            let (Some(ns), Some(name)) = (ctx.env("STACKD_OUTPUT_NAMESPACE"), ctx.env("STACKD_OUTPUT_SECRET")) else {
-                return JobOutcome::failure(1, "no output secret\n");
-            };
-            let secrets: Api<Secret> = Api::namespaced(host.clone(), ns);
-            let pad = json!({
-                "metadata": {"annotations": {"stackd.dev/tenant-namespace": null}},
-                "data": {"pad": ByteString(vec![b'x'; 600_000])},
-            });
-            let padded = tokio::runtime::Handle::current().block_on(secrets.patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(&pad),
-            ));
-            match padded {
-                Ok(_) => outcome,
-                Err(e) => JobOutcome::failure(1, format!("{e}\n")),
-            }
-        });
+    fleet.host().runners().register(
+        ImageMatch::Exact(PADDING_INSTALLER.into()),
+        stackd::embedded::samples::padding_installer(600_000),
+    );
 }
 
 /// A user's namespace `evil` with what a cluster installs from, and a ClusterDeployment `evil` of

@@ -5,17 +5,11 @@
 
 use std::path::Path;
 
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
-use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
-use serde_json::json;
-
 use super::super::BenchError;
 use super::super::fleet::BENCH_STACKD_IMAGE;
 use crate::embedded::ApiServer;
-use crate::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
-use crate::embedded::samples::{SampleImages, create_cluster, register_sample_runners};
+use crate::embedded::controller_manager::ImageMatch;
+use crate::embedded::samples::{SampleImages, padding_installer, register_sample_runners};
 
 /// The package whose only CRD is the sample's: its installs conflict with the sample's.
 pub(super) const SQUATTER_PACKAGE: &str = "stackd-examples/squatter-stack:v0.1.0";
@@ -69,35 +63,12 @@ fn greedy_package(sample: &Path, to: &Path) -> Result<(), BenchError> {
     )
 }
 
-/// Registers [`PADDING_INSTALLER`]: it installs as the sample installer does, then pads its
-/// output Secret with `host`, the rights its token gives it.
-pub(super) fn serve_padding_installer(host: &ApiServer, client: Client) {
-    host.runners()
-        .register(ImageMatch::Exact(PADDING_INSTALLER.into()), move |ctx: &JobContext| {
-            if ctx.args.iter().any(|a| a == "destroy") {
-                return JobOutcome::success("destroyed\n");
-            }
-            let outcome = create_cluster(ctx);
-            let (Some(namespace), Some(name)) = (ctx.env("STACKD_OUTPUT_NAMESPACE"), ctx.env("STACKD_OUTPUT_SECRET"))
-            else {
-                return JobOutcome::failure(1, "no output Secret named\n");
-            };
-            let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-            let pad = json!({
-                "metadata": {"annotations": {"stackd.dev/tenant-namespace": null}},
-                "data": {"pad": ByteString(vec![b'x'; PADDING_BYTES])},
-            });
-            // Runners run on a blocking thread of the server's runtime.
-            let padded = tokio::runtime::Handle::current().block_on(secrets.patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(&pad),
-            ));
-            match padded {
-                Ok(_) => outcome,
-                Err(e) => JobOutcome::failure(1, format!("{e}\n")),
-            }
-        });
+/// Registers [`PADDING_INSTALLER`] ([`padding_installer`]).
+pub(super) fn serve_padding_installer(host: &ApiServer) {
+    host.runners().register(
+        ImageMatch::Exact(PADDING_INSTALLER.into()),
+        padding_installer(PADDING_BYTES),
+    );
 }
 
 fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {

@@ -128,7 +128,7 @@ pub async fn measure(load: &BlastLoad, keep_logs: Option<&std::path::Path>) -> R
         fleet.keep_logs(dir)?;
     }
     fixtures::serve_packages(&fleet.host, &fleet.dir().join("packages"))?;
-    fixtures::serve_padding_installer(&fleet.host, fleet.host.client().await);
+    fixtures::serve_padding_installer(&fleet.host);
     let attacker = fleet.tenants[0].1.client().await;
     let victim = fleet.tenants[1].1.client().await;
     let (a_name, b_name) = (fleet.tenants[0].0.clone(), fleet.tenants[1].0.clone());
