@@ -75,6 +75,10 @@ impl Tenant for TenantContext {
     fn startup(&self) -> &Startup {
         &self.startup
     }
+
+    fn publisher(&self) -> Option<(&Client, &Recorder)> {
+        Some((&self.client, &self.recorder))
+    }
 }
 
 impl TenantContext {

@@ -1,7 +1,8 @@
 //! The scaffold every tenant controller is built with, so that each does the same around its
 //! reconcile: it waits until all of its caches (tenant and host) are filled, holds off objects of a
-//! namespace where one of those caches refused an object as too large (absent is not gone: see
-//! [`super::informers::refusals`]), then takes one of the tenant's reconcile permits, shared
+//! namespace where one of those caches refused an object (absent is not gone: see
+//! [`super::informers::refusals`]; each held object is told so in a `Held` condition and an Event,
+//! [`held`], and runs again the moment the namespace is released), then takes one of the tenant's reconcile permits, shared
 //! fairly between its namespaces ([`FairPermits`]; a controller waiting for its caches must not
 //! hold a permit the tenant's other controllers need), contains panics, records metrics, backs off
 //! per object (an object that failed while its tenant was down runs again the moment it answers)
@@ -19,9 +20,11 @@ use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use kube::runtime::controller::{Action, Config, Controller};
+use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Resource, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span, debug, error_span};
@@ -39,17 +42,14 @@ use super::shutdown::run_controller;
 use super::startup::Startup;
 use super::written::Written;
 
+pub mod held;
 mod permits;
 mod singleton;
 pub use permits::{FairPermit, FairPermits};
 pub use singleton::Singleton;
 
-/// How often an object held up by a refused object looks again: a refused object that is deleted
-/// brings no event of its own to the objects it held up, nor does one read again once its
-/// namespace's objects shrank under their memory share. Looking costs no request (the refusals are
-/// in memory), and a namespace is served again within this of its release; every 30 s made a
-/// namespace wait up to half a minute after its user had cleaned up.
-const HELD_UP_RECHECK: Duration = Duration::from_secs(3);
+/// How soon an object held off looks again when the tenant did not take its `Held` condition.
+const HELD_UNTOLD_RETRY: Duration = Duration::from_secs(10);
 
 /// A controller's error: retried with the object's backoff and counted by `metric_label`.
 pub trait ReconcileError: std::error::Error + From<ReconcilePanic> + Send + Sync + 'static {
@@ -69,6 +69,11 @@ pub trait Tenant: Send + Sync + 'static {
     fn reachability(&self) -> &Reachability;
     /// The tenant's start, which each controller joins as it starts.
     fn startup(&self) -> &Startup;
+    /// Where the scaffold writes what it tells users itself (the `Held` condition and its Event);
+    /// none in tests of the scaffold alone.
+    fn publisher(&self) -> Option<(&Client, &Recorder)> {
+        None
+    }
 }
 
 /// The tenant's reconcile permit a reconcile holds; [`Permit::release`] gives it back early (before
@@ -256,6 +261,7 @@ where
     /// Runs the controller until `cancel`, each reconcile through `reconcile`.
     pub async fn run<C, F, Fut, E>(self, context: Arc<C>, reconcile: F, cancel: &CancellationToken)
     where
+        K: Serialize,
         C: Send + Sync + 'static,
         F: Fn(Arc<K>, Arc<C>, Permit) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
@@ -268,9 +274,21 @@ where
             let tenant = self.tenant.clone();
             move |key: &str| tenant.object_backoff().succeeded(key)
         };
-        let returned = held
+        let returned = held.clone().on_return(
+            self.tenant.reachability().back(),
+            self.main.clone(),
+            backoff_key,
+            forget,
+        );
+        // Each namespace released by a cache this controller reads runs its held objects again.
+        let held_up = Arc::new(HeldForReturn::default());
+        let releases = self
+            .refusals
+            .iter()
+            .map(|refusals| tokio_stream::wrappers::WatchStream::from_changes(refusals.released()).map(|_| ()));
+        let released = held_up
             .clone()
-            .on_return(self.tenant.reachability().back(), self.main, backoff_key, forget);
+            .on_signal(futures::stream::select_all(releases), self.main, backoff_key, |_| {});
         let runner = Arc::new(Runner {
             name: self.name,
             tenant: self.tenant,
@@ -280,11 +298,14 @@ where
             cancel: cancel.clone(),
             reconcile,
             held,
+            held_up,
         });
         let (tenant, name) = (runner.tenant.name().to_string(), runner.name.clone());
         let run = self
             .controller
-            .watches_shared_stream(returned, |object: Arc<K>| Some(ObjectRef::from_obj(object.as_ref())))
+            .watches_shared_stream(futures::stream::select(returned, released), |object: Arc<K>| {
+                Some(ObjectRef::from_obj(object.as_ref()))
+            })
             .graceful_shutdown_on(cancel.clone().cancelled_owned())
             .run(
                 |object, runner| {
@@ -317,13 +338,15 @@ struct Runner<T, C, F> {
     reconcile: F,
     /// Objects that failed while the tenant was down, run again at its return.
     held: Arc<HeldForReturn>,
+    /// Objects held off by a refused object in their namespace, run again at its release.
+    held_up: Arc<HeldForReturn>,
 }
 
 impl<T: Tenant, C, F> Runner<T, C, F> {
     /// One reconcile of `object`, every line logged inside it in its [`reconcile_span`].
     async fn reconcile<K, Fut, E>(&self, object: Arc<K>) -> Result<Action, E>
     where
-        K: Resource<DynamicType = ()>,
+        K: Resource<DynamicType = ()> + Serialize,
         F: Fn(Arc<K>, Arc<C>, Permit) -> Fut,
         Fut: Future<Output = Result<Action, E>>,
         E: ReconcileError,
@@ -334,7 +357,7 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
 
     async fn reconcile_in_span<K, Fut, E>(&self, object: Arc<K>) -> Result<Action, E>
     where
-        K: Resource<DynamicType = ()>,
+        K: Resource<DynamicType = ()> + Serialize,
         F: Fn(Arc<K>, Arc<C>, Permit) -> Fut,
         Fut: Future<Output = Result<Action, E>>,
         E: ReconcileError,
@@ -350,10 +373,20 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
         }
         let namespace = object.meta().namespace.clone().unwrap_or_default();
         if let Some(refused) = self.held_up(&namespace) {
-            debug!(refused = %refused.describe(), "held up by an object stackd could not cache (too large, or over its namespace's memory share)");
-            return Ok(Action::requeue(HELD_UP_RECHECK));
+            let key = backoff_key(object.as_ref());
+            let still_held = || self.held_up(&namespace).is_some();
+            if let Some(newly) = self.held_up.hold_while(&key, still_held) {
+                debug!(refused = %refused.describe(), "held up by an object stackd could not cache (too large, or over its namespace's memory share)");
+                if newly && !held::tell(self.tenant.as_ref(), object.as_ref(), &refused).await {
+                    // Told at the next look, which nothing else would bring.
+                    self.held_up.forget(&key);
+                    return Ok(Action::requeue(HELD_UNTOLD_RETRY));
+                }
+                return Ok(Action::await_change());
+            }
         }
         let permit = self.tenant.permits().acquire(&namespace).await;
+        held::clear(self.tenant.as_ref(), object.as_ref()).await;
         let started = Instant::now();
         let result = panics::contain((self.reconcile)(
             object.clone(),

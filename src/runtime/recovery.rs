@@ -162,23 +162,47 @@ async fn wait_or_return(delay: Duration, back: &mut Option<watch::Receiver<u64>>
     false
 }
 
-/// The objects of one controller whose reconcile failed because their tenant was down: they wait
-/// for its return, not for their grown backoff, and run again the moment it answers.
+/// The objects of one controller that wait for a signal instead of their backoff: those whose
+/// reconcile failed because their tenant was down run again the moment it answers; those held off
+/// by an object a cache refused in their namespace run again the moment it is released.
 #[derive(Debug, Default)]
 pub struct HeldForReturn {
     keys: Mutex<HashSet<String>>,
 }
 
 impl HeldForReturn {
+    fn keys(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.keys.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// Holds the object under `key` for the tenant's return if the tenant is down now; whether it
     /// was held. Checked and held under one lock, so a return cannot slip in between unseen.
     pub fn hold(&self, reachability: &Reachability, key: &str) -> bool {
-        let mut keys = self.keys.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut keys = self.keys();
         if !reachability.is_down() {
             return false;
         }
         keys.insert(key.to_string());
         true
+    }
+
+    /// Holds the object under `key` if `still_held()` says so once it is recorded: a release
+    /// signalled between the caller's look and the hold is then seen, not missed. Whether it is
+    /// held, and whether it was not already.
+    pub fn hold_while(&self, key: &str, still_held: impl FnOnce() -> bool) -> Option<bool> {
+        let newly = self.keys().insert(key.to_string());
+        if still_held() {
+            return Some(newly);
+        }
+        if newly {
+            self.keys().remove(key);
+        }
+        None
+    }
+
+    /// Lets go of the object under `key` without running it.
+    pub fn forget(&self, key: &str) {
+        self.keys().remove(key);
     }
 
     /// At each return of the tenant (`back` changes), the held objects still in `store`, each
@@ -194,11 +218,27 @@ impl HeldForReturn {
         K: Resource + Clone + Send + Sync + 'static,
         K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
     {
+        let returns = tokio_stream::wrappers::WatchStream::from_changes(back).map(|_| ());
+        self.on_signal(returns, store, key_of, forget)
+    }
+
+    /// At each item of `signal`, the held objects still in `store`, each after `forget(key)`.
+    pub fn on_signal<K>(
+        self: Arc<Self>,
+        signal: impl Stream<Item = ()> + Send + 'static,
+        store: Store<K>,
+        key_of: fn(&K) -> String,
+        forget: impl Fn(&str) + Send + 'static,
+    ) -> impl Stream<Item = Arc<K>> + Send + 'static
+    where
+        K: Resource + Clone + Send + Sync + 'static,
+        K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
+    {
         futures::stream::unfold(
-            (back, self, store, forget),
-            move |(mut back, held, store, forget)| async move {
-                back.changed().await.ok()?;
-                let keys = std::mem::take(&mut *held.keys.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+            (signal.boxed(), self, store, forget),
+            move |(mut signal, held, store, forget)| async move {
+                signal.next().await?;
+                let keys = std::mem::take(&mut *held.keys());
                 for key in &keys {
                     forget(key);
                 }
@@ -207,7 +247,7 @@ impl HeldForReturn {
                     .into_iter()
                     .filter(|object| keys.contains(&key_of(object)))
                     .collect();
-                Some((futures::stream::iter(returned), (back, held, store, forget)))
+                Some((futures::stream::iter(returned), (signal, held, store, forget)))
             },
         )
         .flatten()

@@ -63,13 +63,30 @@ async fn create_cdc(tenant: &Client, namespace: &str, name: &str, elements: usiz
         .expect("create cdc");
 }
 
-/// A pool of one in `namespace` from the CDC `cdc`; waits until it is filled.
-async fn fill_pool(tenant: &Client, namespace: &str, cdc: &str, daemon: &crate::harness::Daemon) {
+/// A pool of one in `namespace` from the CDC `cdc`.
+async fn create_pool(tenant: &Client, namespace: &str, cdc: &str) -> Api<ClusterPool> {
     let mut pool = pool_json("p", 1, Some(&[cdc]));
     pool["metadata"]["namespace"] = json!(namespace);
     let pool: ClusterPool = serde_json::from_value(pool).expect("pool");
     let pools: Api<ClusterPool> = Api::namespaced(tenant.clone(), namespace);
     pools.create(&PostParams::default(), &pool).await.expect("create pool");
+    pools
+}
+
+/// The pool's `Held` condition as (status, reason, message).
+async fn pool_held(pools: &Api<ClusterPool>) -> Option<(String, String, String)> {
+    let pool = pools.get_opt("p").await.ok().flatten()?;
+    let held = pool.status?.conditions.into_iter().find(|c| c.type_ == "Held")?;
+    Some((held.status, held.reason, held.message))
+}
+
+/// [`create_pool`], then waits until it is filled.
+async fn fill_pool(tenant: &Client, namespace: &str, cdc: &str, daemon: &crate::harness::Daemon) {
+    let pools = create_pool(tenant, namespace, cdc).await;
+    wait_filled(&pools, namespace, daemon).await;
+}
+
+async fn wait_filled(pools: &Api<ClusterPool>, namespace: &str, daemon: &crate::harness::Daemon) {
     let what = format!("the pool in {namespace} is filled");
     until(&what, WITHIN, daemon, || async {
         let pool = pools.get_opt("p").await.ok().flatten();
@@ -90,7 +107,9 @@ async fn over_budget(tenant: &Client, name: &str) -> bool {
 /// before namespaces had shares). Only the attacker's objects past the share are left out
 /// (each with a `NamespaceOverBudget` Event naming the flag): the tenant stays Up on its Tenant
 /// object and is never suspended, a pool in namespace `victim2` fills at once, and once the
-/// attacker's namespace shrinks, what was left out is read again and the namespace is served.
+/// attacker's namespace shrinks, what was left out is read again and the namespace is served. A
+/// pool of the attacker's namespace made meanwhile says it is held, and why, in a `Held` condition
+/// and an Event, and is served the moment the namespace has room (no poll: at its release).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_over_its_memory_share_holds_only_its_own_objects() {
     let mut fleet = Fleet::start(&[]).await;
@@ -170,13 +189,34 @@ async fn a_namespace_over_its_memory_share_holds_only_its_own_objects() {
         }
     }
     let kept = refused.pop().expect("one left out");
+    let pools = create_pool(&acme, ATTACKER, &kept).await;
+    let held = wait_until("the attacker's pool is Held", WITHIN, &daemon, || async {
+        pool_held(&pools).await.filter(|held| held.0 == "True")
+    })
+    .await;
+    assert_eq!(held.1, "NamespaceOverBudget", "{held:?}");
+    assert!(
+        held.2.contains("namespace attacker") && held.2.contains("--namespace-memory-budget"),
+        "names the namespace and the budget: {held:?}"
+    );
+    let pool_events = events(&acme, ATTACKER, "p").await;
+    assert!(
+        pool_events
+            .iter()
+            .any(|(reason, note)| reason == "NamespaceOverBudget" && note.contains("Delete or shrink")),
+        "{pool_events:?}"
+    );
     for name in flood.iter().filter(|name| **name != kept) {
         cdcs(&acme, ATTACKER)
             .delete(name, &DeleteParams::default())
             .await
             .expect("delete");
     }
-    fill_pool(&acme, ATTACKER, &kept, &daemon).await;
+    wait_filled(&pools, ATTACKER, &daemon).await;
+    until("the Held condition is gone", WITHIN, &daemon, || async {
+        pool_held(&pools).await.is_none()
+    })
+    .await;
     assert!(
         cdcs(&acme, ATTACKER).get_opt(&kept).await.expect("get").is_some(),
         "nothing of the attacker's was deleted by stackd"

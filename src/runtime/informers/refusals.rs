@@ -3,10 +3,14 @@
 //! controller takes one for gone. Absent from a cache usually means "does
 //! not exist" (and so: create a replacement, release what it held, finish an uninstall); for a
 //! refused object it means "cannot be read". So a refused object holds up the controllers reading
-//! its kind in its namespace (`runtime::controller`) until it is made smaller or deleted.
+//! its kind in its namespace (`runtime::controller`) until it is made smaller or deleted; each
+//! namespace (or every namespace) it held up being released is signalled ([`Refusals::released`]),
+//! so that the objects waiting there run again at once.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
+
+use tokio::sync::watch;
 
 use crate::runtime::memory_budget::NamespaceOverage;
 
@@ -52,13 +56,27 @@ fn key(namespace: Option<&str>, name: &str) -> Key {
     (namespace.unwrap_or_default().to_string(), name.to_string())
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
     by_object: BTreeMap<Key, Refusal>,
     /// How many refused objects hold up each tenant namespace.
     holding: BTreeMap<String, usize>,
     /// The objects a relist in progress refused again.
     relisted: Option<BTreeSet<Key>>,
+    /// Counts the namespaces released: bumped (under the lock) whenever the last refused object
+    /// holding one up goes.
+    released: watch::Sender<u64>,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Inner {
+            by_object: BTreeMap::new(),
+            holding: BTreeMap::new(),
+            relisted: None,
+            released: watch::Sender::new(0),
+        }
+    }
 }
 
 impl Inner {
@@ -69,6 +87,7 @@ impl Inner {
             *count -= 1;
             if *count == 0 {
                 self.holding.remove(&old.holds);
+                self.released.send_modify(|released| *released += 1);
             }
         }
     }
@@ -87,6 +106,11 @@ impl Refusals {
         self.0.read().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Changes whenever a namespace is no longer held up by any object of this cache.
+    pub fn released(&self) -> watch::Receiver<u64> {
+        self.read().released.subscribe()
+    }
+
     /// Records a refused object; true when this is news (not the same version refused again, as
     /// a relist brings it), so that it is reported once.
     pub(crate) fn refuse(&self, refusal: Refusal) -> bool {
@@ -98,8 +122,9 @@ impl Refusals {
         let known = inner.by_object.get(&key);
         let news =
             known.is_none_or(|known| known.uid != refusal.uid || known.resource_version != refusal.resource_version);
-        inner.remove(&key);
+        // Counted before the old version is removed: refused again, it releases nothing.
         *inner.holding.entry(refusal.holds.clone()).or_default() += 1;
+        inner.remove(&key);
         inner.by_object.insert(key, refusal);
         news
     }
@@ -201,6 +226,20 @@ mod tests {
         refusals.forget(Some("team-a"), "big");
         assert!(refusals.holding("team-a").is_none());
         assert!(refusals.is_empty());
+    }
+
+    #[test]
+    fn a_namespace_released_is_signalled_and_one_refused_again_is_not() {
+        let refusals = Refusals::default();
+        let released = refusals.released();
+        refusals.refuse(refusal("team-a", "big", "1"));
+        refusals.refuse(refusal("team-a", "other", "1"));
+        refusals.refuse(refusal("team-a", "big", "2"));
+        assert!(!released.has_changed().unwrap(), "still held up: nothing released");
+        refusals.forget(Some("team-a"), "big");
+        assert!(!released.has_changed().unwrap(), "`other` still holds team-a up");
+        refusals.forget(Some("team-a"), "other");
+        assert!(released.has_changed().unwrap());
     }
 
     #[test]
