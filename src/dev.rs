@@ -315,6 +315,7 @@ async fn run_daemon(
         namespace_memory_budget: crate::runtime::memory_budget::default_namespace_share(
             crate::runtime::memory_budget::ByteSize::DEFAULT_TENANT_BUDGET,
         ),
+        namespace_max_objects: crate::runtime::memory_budget::DEFAULT_NAMESPACE_MAX_OBJECTS,
         monitoring_namespace: None,
     };
     println!("\nThe daemon is serving every tenant; progress follows. Ctrl-C stops everything.\n");

@@ -22,7 +22,7 @@ use stackd::host::quota::{
     ContainerDefaults, DEFAULT_CONTAINER_DEFAULTS, DEFAULT_QUOTA, NamespaceShare, ResourceList, TenantQuota,
 };
 use stackd::runtime::memory_budget::{
-    ByteSize, DEFAULT_MAX_OBJECT_BYTES, DEFAULT_TENANT_BUDGET, default_namespace_share,
+    ByteSize, DEFAULT_MAX_OBJECT_BYTES, DEFAULT_NAMESPACE_MAX_OBJECTS, DEFAULT_TENANT_BUDGET, default_namespace_share,
 };
 use stackd::runtime::parse_error::kubeconfig_error_message;
 use tokio_util::sync::CancellationToken;
@@ -277,6 +277,11 @@ struct RunArgs {
     /// reads its kind until the namespace's objects shrink; the tenant's other namespaces are served.
     #[arg(long, value_name = "SIZE")]
     namespace_memory_budget: Option<ByteSize>,
+    /// The objects of the kinds stackd reads that it caches per tenant namespace (each kind
+    /// counted together); one more is left out and held off like one over
+    /// --namespace-memory-budget (`NamespaceOverBudget`, naming this flag).
+    #[arg(long, default_value_t = DEFAULT_NAMESPACE_MAX_OBJECTS, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    namespace_max_objects: u64,
     /// The host namespace whose pods (e.g. Prometheus) may reach the pods of tenant host namespaces.
     /// Without it, each tenant host namespace admits traffic from its own pods only (a
     /// NetworkPolicy `stackd-tenant-isolation`).
@@ -646,6 +651,7 @@ async fn run(args: RunArgs) -> ExitCode {
         namespace_memory_budget: args
             .namespace_memory_budget
             .unwrap_or_else(|| default_namespace_share(args.tenant_memory_budget)),
+        namespace_max_objects: args.namespace_max_objects,
         monitoring_namespace: args.monitoring_namespace,
     };
     match stackd::daemon::run(host, settings, shutdown_on_signals()).await {

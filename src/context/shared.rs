@@ -89,6 +89,8 @@ pub struct DaemonSettings {
     pub document_limits: DocumentLimits,
     /// What the cached objects of one tenant namespace may take (`--namespace-memory-budget`).
     pub namespace_memory_budget: ByteSize,
+    /// The objects of one tenant namespace stackd caches (`--namespace-max-objects`).
+    pub namespace_max_objects: u64,
     /// The host namespace whose pods may reach tenant pods, to scrape them
     /// (`--monitoring-namespace`); none when unset.
     pub monitoring_namespace: Option<String>,

@@ -280,15 +280,24 @@ where
             backoff_key,
             forget,
         );
-        // Each namespace released by a cache this controller reads runs its held objects again.
+        // A namespace held up or released by a cache this controller reads runs its objects
+        // again: the held look again, and the others are held (and told so).
         let held_up = Arc::new(HeldForReturn::default());
-        let releases = self
+        let changes = self
             .refusals
             .iter()
-            .map(|refusals| tokio_stream::wrappers::WatchStream::from_changes(refusals.released()).map(|_| ()));
+            .map(|refusals| tokio_stream::wrappers::WatchStream::from_changes(refusals.changes()).map(|_| ()));
+        let refusals = self.refusals.clone();
+        let newly_held = move |object: &K| {
+            let namespace = object.meta().namespace.as_deref().unwrap_or_default();
+            refusals.iter().any(|refusals| refusals.holding(namespace).is_some())
+        };
+        let pick = move |object: &K, held: &std::collections::HashSet<String>| {
+            held.contains(&backoff_key(object)) || newly_held(object)
+        };
         let released = held_up
             .clone()
-            .on_signal(futures::stream::select_all(releases), self.main, backoff_key, |_| {});
+            .on_signal(futures::stream::select_all(changes), self.main, pick, |_| {});
         let runner = Arc::new(Runner {
             name: self.name,
             tenant: self.tenant,

@@ -1,6 +1,8 @@
 //! What a tenant's shared caches may hold (DESIGN.md §8, blast radius): a size cap per object
-//! (`--max-cached-object-bytes`), a memory budget per tenant (`--tenant-memory-budget`) and a share
-//! of it per tenant namespace (`--namespace-memory-budget`).
+//! (`--max-cached-object-bytes`), a memory budget per tenant (`--tenant-memory-budget`), a share
+//! of it per tenant namespace (`--namespace-memory-budget`) and a count of objects per tenant
+//! namespace (`--namespace-max-objects`: each object cached is also work, reconciled and
+//! rechecked, whatever its size).
 //!
 //! Every object a tenant's caches keep is charged to its [`MemoryBudget`] at the estimated cost of
 //! its decoded form ([`super::raw_object::Footprint`]), and to its tenant namespace. An object that
@@ -32,6 +34,10 @@ pub const DEFAULT_TENANT_BUDGET: &str = "16Mi";
 pub fn default_namespace_share(tenant_budget: ByteSize) -> ByteSize {
     ByteSize((tenant_budget.0 / 4).max(1))
 }
+
+/// `--namespace-max-objects` when not given: some ten times what a large team's namespace holds
+/// of the kinds stackd reads (pools, claims, customizations, assets, installs, their Secrets).
+pub const DEFAULT_NAMESPACE_MAX_OBJECTS: u64 = 2000;
 
 /// A size in bytes, written as a number with an optional binary suffix (`512Ki`, `16Mi`, `1Gi`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -125,6 +131,8 @@ pub struct NamespaceOverage {
 
 /// The flag of the share of one tenant namespace.
 pub const NAMESPACE_BUDGET_FLAG: &str = "--namespace-memory-budget";
+/// The flag of the objects of one tenant namespace.
+pub const NAMESPACE_OBJECTS_FLAG: &str = "--namespace-max-objects";
 /// The flag of the budget of a tenant.
 pub const TENANT_BUDGET_FLAG: &str = "--tenant-memory-budget";
 
@@ -132,7 +140,13 @@ impl fmt::Display for NamespaceOverage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (used, wanted, limit) = (ByteSize(self.used), ByteSize(self.wanted), ByteSize(self.limit));
         let namespace = &self.namespace;
-        if self.flag == NAMESPACE_BUDGET_FLAG {
+        if self.flag == NAMESPACE_OBJECTS_FLAG {
+            write!(
+                f,
+                "namespace {namespace} has {} objects of the kinds stackd reads cached already, as many as one namespace may have ({NAMESPACE_OBJECTS_FLAG} {})",
+                self.objects, self.limit
+            )
+        } else if self.flag == NAMESPACE_BUDGET_FLAG {
             write!(
                 f,
                 "it would take an estimated {wanted} more in stackd's memory, and namespace {namespace}'s {} cached objects take {used} already, over the {limit} share of one namespace ({NAMESPACE_BUDGET_FLAG})",
@@ -186,6 +200,7 @@ impl Namespaces {
 pub struct MemoryBudget {
     budget: u64,
     namespace_share: u64,
+    namespace_objects: u64,
     used: AtomicI64,
     namespaces: Mutex<Namespaces>,
     /// The first overage; later ones change nothing (the tenant is on its way out).
@@ -205,11 +220,18 @@ pub enum Verdict {
 }
 
 impl MemoryBudget {
-    /// A tenant's budget, each of its namespaces' share of it being `namespace_share`.
-    pub fn new(budget: ByteSize, namespace_share: ByteSize, gauge: Option<Gauge>) -> Arc<MemoryBudget> {
+    /// A tenant's budget, each of its namespaces' share of it being `namespace_share` and at most
+    /// `namespace_objects` objects.
+    pub fn new(
+        budget: ByteSize,
+        namespace_share: ByteSize,
+        namespace_objects: u64,
+        gauge: Option<Gauge>,
+    ) -> Arc<MemoryBudget> {
         Arc::new(MemoryBudget {
             budget: budget.0,
             namespace_share: namespace_share.0,
+            namespace_objects,
             used: AtomicI64::new(0),
             namespaces: Mutex::default(),
             exceeded: watch::Sender::new(None),
@@ -230,10 +252,10 @@ impl MemoryBudget {
         for charge in charges
             .namespaces
             .iter()
-            .filter(|c| c.bytes > 0 && !c.namespace.is_empty())
+            .filter(|c| (c.bytes > 0 || c.objects > 0) && !c.namespace.is_empty())
         {
             let usage = namespaces.usage(&charge.namespace);
-            let wanted = charge.bytes as u64;
+            let wanted = charge.bytes.max(0) as u64;
             let over = |limit: u64, flag| NamespaceOverage {
                 namespace: charge.namespace.clone(),
                 used: usage.bytes,
@@ -242,6 +264,9 @@ impl MemoryBudget {
                 limit,
                 flag,
             };
+            if charge.objects > 0 && usage.objects.saturating_add(charge.objects as u64) > self.namespace_objects {
+                return Err(over(self.namespace_objects, NAMESPACE_OBJECTS_FLAG));
+            }
             if usage.bytes.saturating_add(wanted) > self.namespace_share {
                 return Err(over(self.namespace_share, NAMESPACE_BUDGET_FLAG));
             }
@@ -304,10 +329,14 @@ impl MemoryBudget {
         Verdict::Suspended
     }
 
-    /// The bytes an object of `namespace` may grow by now and be cached.
+    /// The bytes an object of `namespace` may grow by now and be cached (none while the namespace
+    /// has as many objects as it may: a refused object counts as one already).
     pub fn room_in(&self, namespace: &str) -> u64 {
         let namespaces = self.namespaces();
         let usage = namespaces.usage(namespace);
+        if usage.objects > self.namespace_objects {
+            return 0;
+        }
         let share = self.namespace_share.saturating_sub(usage.bytes);
         share.min(self.budget.saturating_sub(namespaces.total))
     }
@@ -517,7 +546,7 @@ mod tests {
 
     #[tokio::test]
     async fn going_over_the_budget_with_what_no_namespace_owns_is_told_once_with_the_kind_that_grew() {
-        let budget = MemoryBudget::new(ByteSize(1000), ByteSize(1000), None);
+        let budget = MemoryBudget::new(ByteSize(1000), ByteSize(1000), 100, None);
         assert_eq!(budget.charge(&charges("", 600), "Secret"), Verdict::Cached);
         assert_eq!(budget.charge(&charges("team", 300), "Job"), Verdict::Cached);
         assert_eq!(
@@ -536,8 +565,30 @@ mod tests {
     }
 
     #[test]
+    fn a_namespace_with_as_many_objects_as_it_may_is_refused_more_until_one_goes() {
+        let budget = MemoryBudget::new(ByteSize(100_000), ByteSize(50_000), 2, None);
+        for _ in 0..2 {
+            assert_eq!(budget.admits(&charges("attacker", 10)), Ok(()));
+            budget.charge(&charges("attacker", 10), "Secret");
+        }
+        let refused = budget.admits(&charges("attacker", 10)).unwrap_err();
+        assert_eq!(refused.flag, NAMESPACE_OBJECTS_FLAG);
+        assert!(refused.to_string().contains("--namespace-max-objects 2"), "{refused}");
+        assert_eq!(
+            budget.admits(&charges("victim", 10)),
+            Ok(()),
+            "another namespace is served"
+        );
+        // The refused object's record counts: no room until one of the others goes.
+        budget.charge(&charges("attacker", 1), "Secret");
+        assert_eq!(budget.room_in("attacker"), 0);
+        budget.charge(&charges("attacker", -10), "Secret");
+        assert!(budget.room_in("attacker") > 0);
+    }
+
+    #[test]
     fn a_namespace_over_its_share_is_refused_alone_and_the_tenant_is_not_suspended() {
-        let budget = MemoryBudget::new(ByteSize(1000), ByteSize(400), None);
+        let budget = MemoryBudget::new(ByteSize(1000), ByteSize(400), 100, None);
         assert_eq!(budget.admits(&charges("attacker", 300)), Ok(()));
         budget.charge(&charges("attacker", 300), "ClusterDeploymentCustomization");
         let refused = budget.admits(&charges("attacker", 200)).unwrap_err();
@@ -556,7 +607,7 @@ mod tests {
 
     #[test]
     fn the_namespaces_together_stay_within_the_tenant_budget() {
-        let budget = MemoryBudget::new(ByteSize(1000), ByteSize(400), None);
+        let budget = MemoryBudget::new(ByteSize(1000), ByteSize(400), 100, None);
         for namespace in ["a", "b"] {
             budget.charge(&charges(namespace, 400), "Secret");
         }
@@ -568,7 +619,7 @@ mod tests {
 
     #[test]
     fn a_namespace_that_had_an_object_refused_is_told_when_it_shrinks() {
-        let budget = MemoryBudget::new(ByteSize(1000), ByteSize(400), None);
+        let budget = MemoryBudget::new(ByteSize(1000), ByteSize(400), 100, None);
         let room = budget.room_changes();
         budget.charge(&charges("attacker", 400), "Secret");
         budget.refused_in("attacker");

@@ -219,15 +219,17 @@ impl HeldForReturn {
         K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
     {
         let returns = tokio_stream::wrappers::WatchStream::from_changes(back).map(|_| ());
-        self.on_signal(returns, store, key_of, forget)
+        let held = move |object: &K, keys: &HashSet<String>| keys.contains(&key_of(object));
+        self.on_signal(returns, store, held, forget)
     }
 
-    /// At each item of `signal`, the held objects still in `store`, each after `forget(key)`.
+    /// At each item of `signal`, the objects of `store` that `pick` picks, given the keys held
+    /// until then (which it lets go of, each after `forget(key)`).
     pub fn on_signal<K>(
         self: Arc<Self>,
         signal: impl Stream<Item = ()> + Send + 'static,
         store: Store<K>,
-        key_of: fn(&K) -> String,
+        pick: impl Fn(&K, &HashSet<String>) -> bool + Send + 'static,
         forget: impl Fn(&str) + Send + 'static,
     ) -> impl Stream<Item = Arc<K>> + Send + 'static
     where
@@ -235,19 +237,15 @@ impl HeldForReturn {
         K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
     {
         futures::stream::unfold(
-            (signal.boxed(), self, store, forget),
-            move |(mut signal, held, store, forget)| async move {
+            (signal.boxed(), self, store, (pick, forget)),
+            move |(mut signal, held, store, (pick, forget))| async move {
                 signal.next().await?;
                 let keys = std::mem::take(&mut *held.keys());
                 for key in &keys {
                     forget(key);
                 }
-                let returned: Vec<Arc<K>> = store
-                    .state()
-                    .into_iter()
-                    .filter(|object| keys.contains(&key_of(object)))
-                    .collect();
-                Some((futures::stream::iter(returned), (signal, held, store, forget)))
+                let returned: Vec<Arc<K>> = store.state().into_iter().filter(|object| pick(object, &keys)).collect();
+                Some((futures::stream::iter(returned), (signal, held, store, (pick, forget))))
             },
         )
         .flatten()

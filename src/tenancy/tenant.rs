@@ -175,6 +175,7 @@ fn memory_budget(shared: &Shared, name: &str) -> Arc<MemoryBudget> {
     MemoryBudget::new(
         settings.tenant_memory_budget,
         settings.namespace_memory_budget,
+        settings.namespace_max_objects,
         Some(gauge),
     )
 }

@@ -223,6 +223,57 @@ async fn a_namespace_over_its_memory_share_holds_only_its_own_objects() {
     );
 }
 
+/// Objects are counted per namespace as well as their bytes: a namespace with as many objects as
+/// `--namespace-max-objects` has the next one left out (an Event naming the flag) and its pool
+/// that reads it held, while another namespace of the tenant is served; once some of its objects
+/// are deleted, what was left out is read and the pool fills.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_with_as_many_objects_as_it_may_holds_only_its_own_objects() {
+    let mut fleet = Fleet::start(&[]).await;
+    register_sample_runners(&fleet.host().runners(), &SampleImages::new("stackd:dev"));
+    let kubeconfig = fleet.add_tenant_server("acme").await;
+    let acme = fleet.tenant_server("acme").client().await;
+    install_crds(&acme).await;
+    for namespace in [ATTACKER, VICTIM] {
+        pool_namespace(&acme, namespace).await;
+    }
+    let kubectl = HostKubectl::new(&fleet);
+    install_tenant_crd(&kubectl).await;
+    let registration = registration("acme", SECRETS_NAMESPACE, "vc-acme", "config", &kubeconfig);
+    kubectl.apply(&registration).await;
+    let daemon = fleet.daemon(&["--namespace-max-objects", "5", "--sweep-interval", "1h"]);
+    wait_condition(&fleet, &daemon, "acme", "Ready", "True", "Up").await;
+
+    // The pool (one object) waits for its customization, made last: four more fill the namespace.
+    let pools = create_pool(&acme, ATTACKER, "last").await;
+    for name in ["c1", "c2", "c3", "c4", "last"] {
+        create_cdc(&acme, ATTACKER, name, 1).await;
+    }
+    let held = wait_until("the attacker's pool is Held", WITHIN, &daemon, || async {
+        pool_held(&pools).await.filter(|held| held.0 == "True")
+    })
+    .await;
+    assert_eq!(held.1, "NamespaceOverBudget", "{held:?}");
+    assert!(held.2.contains("--namespace-max-objects 5"), "{held:?}");
+    let left_out = events(&acme, ATTACKER, "last").await;
+    assert!(
+        left_out
+            .iter()
+            .any(|(reason, note)| reason == "NamespaceOverBudget" && note.contains("--namespace-max-objects")),
+        "{left_out:?}"
+    );
+    create_cdc(&acme, VICTIM, "small", 1).await;
+    fill_pool(&acme, VICTIM, "small", &daemon).await;
+
+    for name in ["c1", "c2", "c3"] {
+        cdcs(&acme, ATTACKER)
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+    wait_filled(&pools, ATTACKER, &daemon).await;
+}
+
 /// The Ready condition of Stack `namespace/name` as (status, reason, message).
 async fn stack_ready(tenant: &Client, namespace: &str, name: &str) -> Option<(String, String, String)> {
     let stack = Api::<Stack>::namespaced(tenant.clone(), namespace)

@@ -4,8 +4,8 @@
 //! not exist" (and so: create a replacement, release what it held, finish an uninstall); for a
 //! refused object it means "cannot be read". So a refused object holds up the controllers reading
 //! its kind in its namespace (`runtime::controller`) until it is made smaller or deleted; each
-//! namespace (or every namespace) it held up being released is signalled ([`Refusals::released`]),
-//! so that the objects waiting there run again at once.
+//! namespace (or every namespace) held up or released is signalled ([`Refusals::changes`]), so
+//! that the objects there are told at once, and run again at once.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
@@ -63,9 +63,9 @@ struct Inner {
     holding: BTreeMap<String, usize>,
     /// The objects a relist in progress refused again.
     relisted: Option<BTreeSet<Key>>,
-    /// Counts the namespaces released: bumped (under the lock) whenever the last refused object
-    /// holding one up goes.
-    released: watch::Sender<u64>,
+    /// Counts the namespaces held up or released: bumped (under the lock) whenever the first
+    /// refused object holding one up comes or the last goes.
+    changes: watch::Sender<u64>,
 }
 
 impl Default for Inner {
@@ -74,7 +74,7 @@ impl Default for Inner {
             by_object: BTreeMap::new(),
             holding: BTreeMap::new(),
             relisted: None,
-            released: watch::Sender::new(0),
+            changes: watch::Sender::new(0),
         }
     }
 }
@@ -87,7 +87,7 @@ impl Inner {
             *count -= 1;
             if *count == 0 {
                 self.holding.remove(&old.holds);
-                self.released.send_modify(|released| *released += 1);
+                self.changes.send_modify(|changes| *changes += 1);
             }
         }
     }
@@ -106,9 +106,9 @@ impl Refusals {
         self.0.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Changes whenever a namespace is no longer held up by any object of this cache.
-    pub fn released(&self) -> watch::Receiver<u64> {
-        self.read().released.subscribe()
+    /// Changes whenever a namespace is held up, or no longer held up, by objects of this cache.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.read().changes.subscribe()
     }
 
     /// Records a refused object; true when this is news (not the same version refused again, as
@@ -123,7 +123,11 @@ impl Refusals {
         let news =
             known.is_none_or(|known| known.uid != refusal.uid || known.resource_version != refusal.resource_version);
         // Counted before the old version is removed: refused again, it releases nothing.
-        *inner.holding.entry(refusal.holds.clone()).or_default() += 1;
+        let holding = inner.holding.entry(refusal.holds.clone()).or_default();
+        *holding += 1;
+        if *holding == 1 {
+            inner.changes.send_modify(|changes| *changes += 1);
+        }
         inner.remove(&key);
         inner.by_object.insert(key, refusal);
         news
@@ -229,13 +233,15 @@ mod tests {
     }
 
     #[test]
-    fn a_namespace_released_is_signalled_and_one_refused_again_is_not() {
+    fn a_namespace_held_up_or_released_is_signalled_and_one_refused_again_is_not() {
         let refusals = Refusals::default();
-        let released = refusals.released();
+        let mut released = refusals.changes();
         refusals.refuse(refusal("team-a", "big", "1"));
+        assert!(released.has_changed().unwrap(), "held up");
+        released.mark_unchanged();
         refusals.refuse(refusal("team-a", "other", "1"));
         refusals.refuse(refusal("team-a", "big", "2"));
-        assert!(!released.has_changed().unwrap(), "still held up: nothing released");
+        assert!(!released.has_changed().unwrap(), "still held up: nothing new");
         refusals.forget(Some("team-a"), "big");
         assert!(!released.has_changed().unwrap(), "`other` still holds team-a up");
         refusals.forget(Some("team-a"), "other");

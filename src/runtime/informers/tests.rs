@@ -216,7 +216,7 @@ fn sized_in(namespace: Option<&str>, name: &str, version: &str, bytes: usize) ->
 
 #[tokio::test]
 async fn a_namespace_over_its_share_has_its_own_objects_refused_and_the_watch_goes_on() {
-    let budget = MemoryBudget::new(ByteSize(100_000), ByteSize(20_000), None);
+    let budget = MemoryBudget::new(ByteSize(100_000), ByteSize(20_000), 100, None);
     let (feed, cache, driver) = raw_cache(1 << 20, Some(budget.clone()));
     let mut changes = cache.changes();
     raw_list(&feed, vec![sized("a", "1", 5_000)]);
@@ -249,7 +249,7 @@ async fn a_namespace_over_its_share_has_its_own_objects_refused_and_the_watch_go
 
 #[tokio::test]
 async fn what_no_namespace_owns_taking_the_tenant_over_its_budget_stops_the_watch() {
-    let budget = MemoryBudget::new(ByteSize(20_000), ByteSize(5_000), None);
+    let budget = MemoryBudget::new(ByteSize(20_000), ByteSize(5_000), 100, None);
     let (feed, _cache, driver) = raw_cache(1 << 20, Some(budget.clone()));
     for i in 0..5 {
         let _ = feed.send(Ok(Event::Apply(sized_in(None, &format!("m{i}"), "3", 5_000))));
