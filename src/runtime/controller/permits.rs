@@ -1,15 +1,41 @@
 //! A tenant's reconcile permits, shared fairly between its namespaces (DESIGN.md §8: "slots are
 //! shared fairly between a tenant's namespaces").
 //!
-//! Waiters queue per namespace, and a permit given back goes to the namespace whose turn it is
-//! (round robin over the namespaces with waiters), not to the longest waiter: a namespace with a
+//! Waiters queue per namespace, and a permit given back goes to the namespace with waiters whose
+//! reconciles held permits the least lately (their work, decaying with a half-life of
+//! [`WORK_HALF_LIFE`]), in turn order among equals, not to the longest waiter: a namespace with a
 //! backlog of hundreds of objects gets one permit in turn with every other namespace waiting,
-//! instead of making them wait behind all of its objects.
+//! instead of making them wait behind all of its objects, and one whose reconciles are slow (a
+//! large template rendered, a slow webhook) gets fewer of them than one whose reconciles are quick,
+//! so that each namespace gets an equal share of the tenant's reconcile time while others wait.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+/// How fast a namespace's past work stops counting against it.
+const WORK_HALF_LIFE: Duration = Duration::from_secs(30);
+/// Recent work that differs by less than this counts as equal: turn order decides.
+const WORK_QUANTUM: f64 = 0.05;
+/// Work records kept before the negligible ones are dropped.
+const WORK_RECORDS_KEPT: usize = 256;
+
+/// A namespace's recent reconcile time, in seconds as of `at`.
+#[derive(Clone, Copy)]
+struct Work {
+    seconds: f64,
+    at: Instant,
+}
+
+impl Work {
+    fn now(self, now: Instant) -> f64 {
+        let halvings = now.saturating_duration_since(self.at).as_secs_f64() / WORK_HALF_LIFE.as_secs_f64();
+        self.seconds * 0.5f64.powf(halvings)
+    }
+}
 
 #[derive(Default)]
 struct Queues {
@@ -17,6 +43,33 @@ struct Queues {
     waiters: HashMap<String, VecDeque<oneshot::Sender<()>>>,
     /// Namespaces with waiters, in turn order.
     turns: VecDeque<String>,
+    /// Recent work of the namespaces that held permits.
+    work: HashMap<String, Work>,
+}
+
+impl Queues {
+    fn add_work(&mut self, namespace: &str, held: Duration, now: Instant) {
+        if self.work.len() >= WORK_RECORDS_KEPT {
+            self.work.retain(|_, work| work.now(now) > 0.001);
+        }
+        let before = self.work.get(namespace).map_or(0.0, |work| work.now(now));
+        let seconds = before + held.as_secs_f64();
+        self.work.insert(namespace.to_string(), Work { seconds, at: now });
+    }
+
+    /// The place in `turns` of the namespace whose turn it is: the least recent work, the first
+    /// in turn among equals (within [`WORK_QUANTUM`]).
+    fn next_turn(&self, now: Instant) -> Option<usize> {
+        let work = |namespace: &String| self.work.get(namespace).map_or(0.0, |work| work.now(now));
+        let mut best: Option<(usize, f64)> = None;
+        for (place, namespace) in self.turns.iter().enumerate() {
+            let work = work(namespace);
+            if best.is_none_or(|(_, least)| work < least - WORK_QUANTUM) {
+                best = Some((place, work));
+            }
+        }
+        best.map(|(place, _)| place)
+    }
 }
 
 /// The permits; see the module documentation.
@@ -44,7 +97,7 @@ impl FairPermits {
             let mut queues = self.lock();
             if queues.free > 0 && queues.turns.is_empty() {
                 queues.free -= 1;
-                return FairPermit { permits: self.clone() };
+                return FairPermit::new(self.clone(), namespace);
             }
             let (sender, receiver) = oneshot::channel();
             let queue = queues.waiters.entry(namespace.to_string()).or_default();
@@ -55,6 +108,7 @@ impl FairPermits {
             Waiting {
                 receiver: Some(receiver),
                 permits: self.clone(),
+                namespace: namespace.to_string(),
             }
         };
         receiver.granted().await
@@ -65,10 +119,15 @@ impl FairPermits {
         self.lock().free
     }
 
-    /// Hands a permit given back to the next waiter in turn, or keeps it free.
-    fn release(&self) {
+    /// Hands a permit given back to the next waiter in turn, or keeps it free; `used` is the
+    /// namespace that held it and for how long.
+    fn release(&self, used: Option<(&str, Duration)>) {
         let mut queues = self.lock();
-        while let Some(namespace) = queues.turns.pop_front() {
+        let now = Instant::now();
+        if let Some((namespace, held)) = used {
+            queues.add_work(namespace, held, now);
+        }
+        while let Some(namespace) = queues.next_turn(now).and_then(|place| queues.turns.remove(place)) {
             let Some(queue) = queues.waiters.get_mut(&namespace) else {
                 continue;
             };
@@ -93,6 +152,7 @@ impl FairPermits {
 struct Waiting {
     receiver: Option<oneshot::Receiver<()>>,
     permits: Arc<FairPermits>,
+    namespace: String,
 }
 
 impl Waiting {
@@ -103,9 +163,7 @@ impl Waiting {
             let _ = receiver.await;
         }
         self.receiver = None;
-        FairPermit {
-            permits: self.permits.clone(),
-        }
+        FairPermit::new(self.permits.clone(), &self.namespace)
     }
 }
 
@@ -115,20 +173,32 @@ impl Drop for Waiting {
         if let Some(mut receiver) = self.receiver.take() {
             receiver.close();
             if receiver.try_recv().is_ok() {
-                self.permits.release();
+                self.permits.release(None);
             }
         }
     }
 }
 
-/// One permit, given back when dropped.
+/// One permit, given back when dropped; the time it was held counts as its namespace's work.
 pub struct FairPermit {
     permits: Arc<FairPermits>,
+    namespace: String,
+    since: Instant,
+}
+
+impl FairPermit {
+    fn new(permits: Arc<FairPermits>, namespace: &str) -> FairPermit {
+        FairPermit {
+            permits,
+            namespace: namespace.to_string(),
+            since: Instant::now(),
+        }
+    }
 }
 
 impl Drop for FairPermit {
     fn drop(&mut self) {
-        self.permits.release();
+        self.permits.release(Some((&self.namespace, self.since.elapsed())));
     }
 }
 
@@ -165,6 +235,41 @@ mod tests {
         let order = granted_order(&permits, &["a", "a", "a", "a", "b", "c"]).await;
         assert_eq!(order, ["a0", "b4", "c5", "a1", "a2", "a3"]);
         assert_eq!(permits.available(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_namespace_whose_reconciles_took_long_waits_behind_one_whose_were_quick() {
+        let permits = FairPermits::new(1);
+        let slow = permits.acquire("slow").await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        drop(slow);
+        drop(permits.acquire("quick").await);
+        // "slow" queues first, yet "quick" goes first: it worked less lately.
+        let order = granted_order(&permits, &["slow", "quick", "slow", "quick"]).await;
+        assert_eq!(order, ["quick1", "quick3", "slow0", "slow2"]);
+    }
+
+    #[test]
+    fn past_work_stops_counting() {
+        let mut queues = Queues::default();
+        let then = Instant::now();
+        queues.add_work("slow", Duration::from_secs(10), then);
+        queues.add_work("quick", Duration::from_millis(10), then);
+        queues.turns = ["slow".to_string(), "quick".to_string()].into();
+        assert_eq!(queues.next_turn(then), Some(1));
+        // Ten half-lives later both count for next to nothing: turn order decides.
+        assert_eq!(queues.next_turn(then + WORK_HALF_LIFE * 10), Some(0));
+        for record in 0..WORK_RECORDS_KEPT * 2 {
+            queues.add_work(
+                &record.to_string(),
+                Duration::from_millis(1),
+                then + WORK_HALF_LIFE * 100,
+            );
+        }
+        assert!(
+            queues.work.len() <= WORK_RECORDS_KEPT * 2,
+            "negligible records are dropped"
+        );
     }
 
     #[tokio::test]
