@@ -1,7 +1,10 @@
 //! The bounds stackd holds every document it builds from tenant input to (DESIGN.md §8 "Blast
 //! radius", §10): install configs with their inlined credentials and templates, the Secret data read
-//! to render them, the Secrets stackd writes (to the tenant and the host), and the installer's
-//! output Secret. One place owns them and their defaults; the operator sets some by flag
+//! to render them, the Secrets stackd writes (to the tenant and the host), the installer's output
+//! Secret, a stack package's install output and what is kept of it, and what stackd tells users
+//! about any of them (condition messages, Event notes, a package's problems). What stackd *caches*
+//! of a tenant's objects is bounded per object, namespace and tenant by
+//! [`crate::runtime::memory_budget`]. One place owns them and their defaults; the operator sets some by flag
 //! ([`DocumentLimits`]). Each is checked *before* the work or the allocation it bounds: a Secret's
 //! size is known from its (bounded) read before its values are copied anywhere, a render adds up
 //! what it will inline before it builds it ([`RenderBudget`]), and a JSON document is measured by a
@@ -218,6 +221,43 @@ pub(crate) fn written_bytes(field: impl FnOnce() -> String, bytes: usize) -> Res
     }
     Ok(())
 }
+
+/// kube-apiserver's limit on an events.k8s.io/v1 Event's `note`, in bytes: a longer one is refused
+/// (422), and an Event refused is one nobody reads.
+pub const MAX_EVENT_NOTE_BYTES: usize = 1024;
+/// kube-apiserver's limit on a `metav1.Condition` message, in bytes.
+pub const MAX_CONDITION_MESSAGE_BYTES: usize = 32 * 1024;
+/// What a cut text ends with, so a reader knows there was more.
+pub(crate) const CUT_MARK: &str = " …";
+
+/// `text` itself when it is at most `max` bytes, else its longest prefix that fits with a mark of
+/// the cut after it, cut on a character boundary.
+pub fn fit_text(mut text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max.saturating_sub(CUT_MARK.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push_str(CUT_MARK);
+    text
+}
+
+/// The largest install output stream of a stack package, both when it is written and when it is
+/// read: its CRDs, its controller's Deployment, its metadata.
+pub const MAX_INSTALL_STREAM_BYTES: usize = 8 * 1024 * 1024;
+/// Install output kept at most per install controller (one tenant, one install kind) between its
+/// read and its apply. A package is a few KiB to a few hundred; a tenant making many large ones
+/// pending costs it re-reads when they are applied, not memory.
+pub const MAX_KEPT_PACKAGE_BYTES: usize = 1024 * 1024;
+/// The largest UI metadata file of a package read (a readme, a ui-schema, an icon).
+pub const MAX_UI_METADATA_FILE_BYTES: u64 = 64 * 1024;
+/// The most UI annotations one CRD carries, in bytes of values.
+pub const MAX_UI_METADATA_CRD_BYTES: usize = 128 * 1024;
+/// The most problems of one package told in full (the rest are counted).
+pub const MAX_PACKAGE_PROBLEMS: usize = 20;
 
 /// The most a stack's token copy on the host holds (its token, CA bundle and namespace; a real one
 /// is a few KiB): the tenant Secret it is copied from lies in a namespace tenant users can write.
@@ -507,6 +547,51 @@ mod tests {
         while let Value::Array(mut items) = rest {
             rest = items.pop().unwrap_or(Value::Null);
         }
+    }
+
+    /// Conditions and Events are built in one place each, which fits what they say to these bounds.
+    #[test]
+    fn conditions_and_events_are_built_only_where_their_text_is_bounded() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut dirs = vec![src.clone()];
+        let mut builders = Vec::new();
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                    continue;
+                }
+                let relative = path.strip_prefix(&src).unwrap().display().to_string();
+                if relative.starts_with("embedded/") || relative.starts_with("bench/") {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+                let builds = code.lines().map(str::trim_start).any(|line| {
+                    !line.starts_with("//")
+                        && ["Condition {", "Event {"]
+                            .iter()
+                            .any(|literal| line.starts_with(literal) || line.contains(&format!("({literal}")))
+                });
+                if builds {
+                    builders.push(relative);
+                }
+            }
+        }
+        builders.sort();
+        assert_eq!(builders, ["runtime/conditions.rs", "runtime/events.rs"]);
+        for file in builders {
+            let text = std::fs::read_to_string(src.join(&file)).unwrap();
+            assert!(text.contains("bounds::"), "{file} builds text without crate::bounds");
+        }
+    }
+
+    #[test]
+    fn a_text_is_cut_on_a_character_boundary_with_a_mark() {
+        assert_eq!(fit_text("short".into(), 10), "short");
+        let cut = fit_text("é".repeat(100), 11);
+        assert!(cut.len() <= 11 && cut.ends_with(CUT_MARK), "{cut}");
     }
 
     /// What marks a place that builds a document from input: a Secret's data being set, an install

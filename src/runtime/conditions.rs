@@ -15,8 +15,10 @@ pub struct DesiredCondition<'a> {
     pub observed_generation: Option<i64>,
 }
 
-/// Sets `desired` in `conditions`; returns whether anything changed.
-pub fn set_condition(conditions: &mut Vec<Condition>, desired: DesiredCondition<'_>, now: Time) -> bool {
+/// Sets `desired` in `conditions`, its message cut to what kube-apiserver accepts; returns whether
+/// anything changed.
+pub fn set_condition(conditions: &mut Vec<Condition>, mut desired: DesiredCondition<'_>, now: Time) -> bool {
+    desired.message = crate::bounds::fit_text(desired.message, crate::bounds::MAX_CONDITION_MESSAGE_BYTES);
     let status = if desired.status { "True" } else { "False" };
     match conditions.iter_mut().find(|c| c.type_ == desired.type_) {
         Some(existing) => {
@@ -79,6 +81,18 @@ mod tests {
         assert!(set_condition(&mut conditions, ready(false, "Installing"), time(10)));
         assert_eq!(conditions.len(), 1);
         assert!(!is_true(&conditions, "Ready"));
+    }
+
+    #[test]
+    fn a_message_past_what_kube_apiserver_accepts_is_cut_and_rewriting_it_is_a_no_op() {
+        let mut conditions = Vec::new();
+        let long = || DesiredCondition {
+            message: "problem; ".repeat(10_000),
+            ..ready(false, "InvalidPackage")
+        };
+        set_condition(&mut conditions, long(), time(10));
+        assert!(conditions[0].message.len() <= crate::bounds::MAX_CONDITION_MESSAGE_BYTES);
+        assert!(!set_condition(&mut conditions, long(), time(20)));
     }
 
     #[test]

@@ -8,10 +8,7 @@
 use kube::runtime::events::{Event, EventType};
 use tracing::{debug, warn};
 
-/// kube-apiserver's limit on an events.k8s.io/v1 Event's `note`, in bytes.
-pub const MAX_NOTE_BYTES: usize = 1024;
-/// What a cut note ends with, so a reader knows to look at the object's conditions.
-const CUT_MARK: &str = " …";
+pub use crate::bounds::MAX_EVENT_NOTE_BYTES as MAX_NOTE_BYTES;
 
 /// An Event whose note fits kube-apiserver's limit.
 pub fn event(type_: EventType, reason: &str, action: &str, note: impl Into<String>) -> Event {
@@ -24,19 +21,10 @@ pub fn event(type_: EventType, reason: &str, action: &str, note: impl Into<Strin
     }
 }
 
-/// `note` itself when it fits, else its longest prefix that fits with [`CUT_MARK`] after it, cut
-/// on a character boundary.
-pub fn fit_note(mut note: String) -> String {
-    if note.len() <= MAX_NOTE_BYTES {
-        return note;
-    }
-    let mut end = MAX_NOTE_BYTES - CUT_MARK.len();
-    while !note.is_char_boundary(end) {
-        end -= 1;
-    }
-    note.truncate(end);
-    note.push_str(CUT_MARK);
-    note
+/// `note` itself when it fits, else its longest prefix that fits with a mark of the cut after it
+/// (the object's conditions say it whole).
+pub fn fit_note(note: String) -> String {
+    crate::bounds::fit_text(note, MAX_NOTE_BYTES)
 }
 
 /// Logs an Event that could not be published: a refusal (the Event itself was wrong) is a warning,
@@ -54,6 +42,7 @@ pub fn log_unpublished(error: &kube::Error) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bounds::CUT_MARK;
 
     #[test]
     fn a_note_that_fits_is_kept_whole() {

@@ -10,8 +10,7 @@ use sha2::{Digest, Sha256};
 
 use crate::api::stacks::Stack;
 
-/// Largest stream accepted, both when writing and when reading.
-pub const MAX_STREAM_BYTES: usize = 8 * 1024 * 1024;
+pub use crate::bounds::MAX_INSTALL_STREAM_BYTES as MAX_STREAM_BYTES;
 /// `limitBytes` for reading the install log: just over the cap, so an over-long log is detected.
 pub const LOG_LIMIT_BYTES: i64 = MAX_STREAM_BYTES as i64 + 4096;
 const TRAILER_PREFIX: &str = "# stackd-trailer v1 ";

@@ -23,10 +23,7 @@ use serde::Deserialize;
 
 /// The annotations' prefix.
 pub const PREFIX: &str = "stacks.crossplane.io/";
-/// The largest metadata file read (a readme, a ui-schema, an icon).
-pub const MAX_FILE_BYTES: u64 = 64 * 1024;
-/// The most UI annotations one CRD carries, in bytes of values.
-pub const MAX_CRD_BYTES: usize = 128 * 1024;
+pub use crate::bounds::{MAX_UI_METADATA_CRD_BYTES as MAX_CRD_BYTES, MAX_UI_METADATA_FILE_BYTES as MAX_FILE_BYTES};
 
 /// Why a package's UI metadata was refused.
 #[derive(Debug, thiserror::Error)]

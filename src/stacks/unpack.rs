@@ -97,8 +97,7 @@ pub enum UnpackError {
     },
 }
 
-/// The most problems one unpack reports in full.
-pub const MAX_PROBLEMS: usize = 20;
+pub use crate::bounds::MAX_PACKAGE_PROBLEMS as MAX_PROBLEMS;
 
 /// `the package has 3 problems:` and one line each.
 fn list_problems(problems: &[UnpackError], more: usize) -> String {

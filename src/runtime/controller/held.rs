@@ -63,6 +63,7 @@ where
         return true;
     };
     let (reason, message) = why(refusal);
+    let message = crate::bounds::fit_text(message, crate::bounds::MAX_CONDITION_MESSAGE_BYTES);
     let condition = json!({
         "type": HELD,
         "status": "True",

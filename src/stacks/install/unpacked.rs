@@ -16,10 +16,7 @@ use std::sync::{Arc, Mutex};
 use super::package::Outline;
 use crate::stacks::stream::PackageContents;
 
-/// Log bytes whose contents are kept at most per install controller (one tenant, one install kind).
-/// A package is a few KiB to a few hundred; a tenant making many large ones pending costs it
-/// re-reads when they are applied, not memory.
-const MAX_KEPT_BYTES: usize = 1024 * 1024;
+use crate::bounds::MAX_KEPT_PACKAGE_BYTES as MAX_KEPT_BYTES;
 
 /// What reading one install Job's output came to.
 #[derive(Clone, Debug)]
