@@ -49,6 +49,8 @@ pub struct TenantContext {
     pub reachability: Arc<Reachability>,
     /// This run's start: complete once every controller's caches are filled.
     pub startup: Startup,
+    /// Host workloads admitted to their namespace's share of the host quota lately.
+    pub quota_admitted: quota_share::Admitted,
 }
 
 impl Tenant for TenantContext {
@@ -105,7 +107,8 @@ impl TenantContext {
                 .chain(jobs.iter().map(|j| quota_share::workload(j.as_ref(), defaults)))
                 .collect()
         };
-        quota_share::check(quota, workloads, what, namespace, desired, current)
+        self.quota_admitted
+            .check(quota, workloads, what, namespace, desired, current)
     }
 
     /// Watches of host objects see only this tenant's (label selector), never another tenant's.

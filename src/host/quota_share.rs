@@ -9,7 +9,10 @@
 //! request count at the LimitRange's default (`--tenant-container-defaults`), as the host's quota
 //! counts them.
 
+use std::collections::HashSet;
 use std::fmt;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
@@ -173,7 +176,21 @@ fn shown(resource: &str, amount: i128) -> String {
     ByteSize(u64::try_from(amount / 1_000_000_000).unwrap_or(u64::MAX)).to_string()
 }
 
+/// The tenant namespace whose share a host workload takes, when it is not its parent's: the
+/// installer of a pool's cluster, whose namespace stackd made for the pool, takes its pool's
+/// namespace's share (else a pool would get one share per cluster it makes).
+pub const SHARE_NAMESPACE_LABEL: &str = "stackd.dev/share-namespace";
+
+/// The tenant namespace whose share a workload labelled `labels` takes.
+fn share_label(labels: &std::collections::BTreeMap<String, String>) -> Option<String> {
+    labels
+        .get(SHARE_NAMESPACE_LABEL)
+        .or_else(|| labels.get(PARENT_NAMESPACE_LABEL))
+        .cloned()
+}
+
 /// One host workload of the tenant: its name, tenant namespace (label) and requests.
+#[derive(Clone, Debug)]
 pub struct Workload {
     pub name: String,
     pub namespace_label: Option<String>,
@@ -220,11 +237,7 @@ pub fn workload<K: kube::Resource + RunsPods>(object: &K, defaults: &ContainerDe
     let meta = object.meta();
     Workload {
         name: meta.name.clone().unwrap_or_default(),
-        namespace_label: meta
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(PARENT_NAMESPACE_LABEL))
-            .cloned(),
+        namespace_label: meta.labels.as_ref().and_then(share_label),
         requests: object.requests(defaults),
     }
 }
@@ -251,12 +264,50 @@ where
             return Ok(());
         }
     }
-    let label = desired
-        .labels()
-        .get(PARENT_NAMESPACE_LABEL)
-        .cloned()
-        .unwrap_or_default();
+    let label = share_label(desired.labels()).unwrap_or_default();
     admit(quota, what, namespace, &label, &desired.name_any(), wanted, &others())
+}
+
+/// How long a workload admitted counts on its own, before the caches show it.
+const ADMITTED_KEPT: Duration = Duration::from_secs(30);
+
+/// The workloads one tenant's controllers admitted lately: counted with those the caches show, since
+/// a create takes a moment to come back through the watch, and two admitted in that moment (two
+/// clusters of one pool) must not both take the last of a share. Checks are made one at a time.
+#[derive(Default)]
+pub struct Admitted(Mutex<Vec<(Instant, Workload)>>);
+
+impl Admitted {
+    /// [`check`], counting the workloads admitted lately that `cached` does not show yet; what is
+    /// admitted is recorded.
+    pub fn check<K>(
+        &self,
+        quota: &TenantQuota,
+        cached: impl FnOnce() -> Vec<Workload>,
+        what: &str,
+        namespace: &str,
+        desired: &K,
+        current: Option<&K>,
+    ) -> Result<(), Box<ShareExceeded>>
+    where
+        K: kube::Resource + RunsPods,
+    {
+        let mut admitted = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = Instant::now();
+        admitted.retain(|(at, _)| now.duration_since(*at) < ADMITTED_KEPT);
+        let others = || {
+            let mut others = cached();
+            let shown: HashSet<String> = others.iter().map(|w| w.name.clone()).collect();
+            let pending = admitted.iter().filter(|(_, w)| !shown.contains(&w.name));
+            others.extend(pending.map(|(_, w)| w.clone()));
+            others
+        };
+        check(quota, others, what, namespace, desired, current)?;
+        let name = desired.name_any();
+        admitted.retain(|(_, w)| w.name != name);
+        admitted.push((now, workload(desired, &quota.container_defaults)));
+        Ok(())
+    }
 }
 
 /// A host object that runs pods.

@@ -86,6 +86,7 @@ pub async fn run(
         shared,
         reachability,
         startup: Startup::default(),
+        quota_admitted: Default::default(),
     });
     let _caches = StopCaches(context.clone());
     if let Err(err) = &context.endpoint {

@@ -4,14 +4,20 @@
 //! host quota is refused before its Deployment is made, and another namespace still installs
 //! (attack 5). Each attack runs through the daemon binary against embedded servers.
 
+use std::time::Duration;
+
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
-use stackd::api::pools::{ClusterDeploymentCustomization, ClusterPool};
+use stackd::api::pools::POOL_NAMESPACE_LABEL;
+use stackd::api::pools::{ClusterDeployment, ClusterDeploymentCustomization, ClusterPool};
 use stackd::api::stacks::Stack;
+use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
 use stackd::embedded::samples::{SampleImages, register_sample_runners};
+use stackd::host::quota_share::SHARE_NAMESPACE_LABEL;
 
 use super::security_pods::write_package;
 use super::stacks_install::{StackFleet, create_install, events_of, wait_for_reason};
@@ -448,4 +454,76 @@ pub(crate) async fn remove_unowned(tenant: &Client, names: &[String]) {
             .await
             .expect("delete namespace");
     }
+}
+
+/// Attack 5 through a pool: an installer Job of a pool of namespace `attacker` that runs (100m by
+/// the LimitRange default) leaves the namespace no share (`--namespace-max-cpu 150m`) for a second,
+/// though each cluster has a namespace of its own (made by stackd, charged to its pool's): that
+/// cluster waits (`NamespaceQuotaShareExceeded` on its ClusterDeployment, no Job made for it), while
+/// a pool in namespace `victim2` of the same tenant gets its installer Job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_installer_past_its_namespace_share_waits_and_another_namespace_provisions() {
+    const SLOW: &str = "quay.io/example/slow-installer:1";
+    let fleet = Fleet::start(&["acme"]).await;
+    let runners = fleet.host().runners();
+    register_sample_runners(&runners, &SampleImages::new("stackd:dev"));
+    runners.register(ImageMatch::Exact(SLOW.into()), |_: &JobContext| {
+        JobOutcome::success("").after(Duration::from_secs(3600))
+    });
+    let acme = fleet.tenants[0].1.as_ref().expect("tenant server").client().await;
+    install_crds(&acme).await;
+    for (namespace, size) in [(ATTACKER, 2), (VICTIM, 1)] {
+        pool_namespace(&acme, namespace).await;
+        let mut pool = pool_json("p", size, None);
+        pool["metadata"]["namespace"] = json!(namespace);
+        pool["spec"]["installerImage"] = json!(SLOW);
+        let pool: ClusterPool = serde_json::from_value(pool).expect("pool");
+        Api::<ClusterPool>::namespaced(acme.clone(), namespace)
+            .create(&PostParams::default(), &pool)
+            .await
+            .expect("create pool");
+    }
+    let daemon = fleet.daemon(&["--namespace-max-cpu", "150m", "--sweep-interval", "1h"]);
+
+    let cds: Api<ClusterDeployment> = Api::all(acme.clone());
+    let attackers = ListParams::default().labels(&format!("{POOL_NAMESPACE_LABEL}={ATTACKER}"));
+    let message = wait_until(
+        "a cluster of the attacker's waits for its share",
+        WITHIN,
+        &daemon,
+        || async {
+            let listed = cds.list(&attackers).await.ok()?;
+            let conditions = listed
+                .items
+                .into_iter()
+                .flat_map(|cd| cd.status.into_iter().flat_map(|s| s.conditions));
+            conditions
+                .into_iter()
+                .find(|c| c.reason == "NamespaceQuotaShareExceeded")
+                .map(|c| c.message)
+        },
+    )
+    .await;
+    for needle in ["installer Job", "100m", "--namespace-max-cpu"] {
+        assert!(message.contains(needle), "{needle:?} not in {message:?}");
+    }
+    let host_jobs: Api<Job> = Api::namespaced(fleet.host().client().await, "tenant-acme-controllers");
+    let jobs_of = |namespace: &'static str| {
+        let host_jobs = host_jobs.clone();
+        async move {
+            let jobs = host_jobs
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default();
+            jobs.iter()
+                .filter(|job| job.labels().get(SHARE_NAMESPACE_LABEL).map(String::as_str) == Some(namespace))
+                .count()
+        }
+    };
+    until("the other namespace's installer Job", WITHIN, &daemon, || async {
+        jobs_of(VICTIM).await == 1
+    })
+    .await;
+    assert_eq!(jobs_of(ATTACKER).await, 1, "no Job for the cluster past the share");
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::PostParams;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -25,7 +25,8 @@ use crate::bounds;
 use crate::context::events::publish;
 use crate::host::Parent;
 use crate::host::apply::{self, HostWriteError, Update, ensure, ensure_created, stamp};
-use crate::pools::record;
+use crate::host::quota_share::SHARE_NAMESPACE_LABEL;
+use crate::pools::{POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, record};
 
 pub(super) async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Action, DeploymentError> {
     let names = Names::of(cd);
@@ -117,7 +118,10 @@ async fn start(cd: &ClusterDeployment, ctx: &Ctx, names: &Names, job_name: &str)
     stamp(&mut job, &tenant.name, &parent);
     // Before anything is written for it: a Job its namespace has no share of the host quota for.
     let what = format!("the installer Job {host_ns}/{job_name}");
-    let namespace = cd.namespace().unwrap_or_default();
+    let namespace = share_namespace(cd, ctx);
+    if Some(&namespace) != cd.metadata.namespace.as_ref() {
+        job.labels_mut().insert(SHARE_NAMESPACE_LABEL.into(), namespace.clone());
+    }
     if let Err(refused) = tenant.check_quota_share(&what, &namespace, &job, None) {
         report(cd, ctx, &Outcome::QuotaShareExceeded(refused.to_string())).await?;
         // The namespace's other workloads going bring this cluster no event of its own.
@@ -142,6 +146,17 @@ async fn start(cd: &ClusterDeployment, ctx: &Ctx, names: &Names, job_name: &str)
     };
     report(cd, ctx, &running).await?;
     Ok(Action::await_change())
+}
+
+/// The tenant namespace whose share of the host quota a cluster's installer takes: its pool's when
+/// stackd made the cluster's namespace for a pool (the Namespace's labels say so, which no
+/// namespaced role can write), else its own.
+fn share_namespace(cd: &ClusterDeployment, ctx: &Ctx) -> String {
+    let own = cd.namespace().unwrap_or_default();
+    let namespaces = ctx.tenant.caches.tenant::<Namespace>(POOL_NAME_LABEL).store();
+    let made_for_pool = namespaces.get(&ObjectRef::new(&own));
+    let pool_namespace = made_for_pool.and_then(|namespace| namespace.labels().get(POOL_NAMESPACE_LABEL).cloned());
+    pool_namespace.unwrap_or(own)
 }
 
 /// The output Secret the installer fills, then the input Secret (updated when the inputs change)
