@@ -304,6 +304,7 @@ async fn run_daemon(
         managed_cluster_timeout: Duration::from_secs(15),
         installer_deadline: Duration::from_secs(3 * 60 * 60),
         namespace_max_pools: 50,
+        namespace_max_clusters: 100,
         sweep_interval: Duration::from_secs(60),
         backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30)),
         debounce: Duration::from_millis(200),

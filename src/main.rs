@@ -223,6 +223,11 @@ struct RunArgs {
     /// taking the tenant's controllers, quota and API calls from the others.
     #[arg(long, default_value_t = 50, value_name = "N")]
     namespace_max_pools: usize,
+    /// Clusters the pools of one tenant namespace may have at once, claimed or not: each has a
+    /// namespace, objects and host work of its own. A pool past it makes no more
+    /// (`CapacityAvailable=False`, reason NamespaceMaxClusters). 0 means no limit.
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    namespace_max_clusters: usize,
     /// Interval of the orphan sweep over host objects, and of the check that puts back each tenant's
     /// host ResourceQuota and LimitRange (which are not watched): each tenant's fall at its own
     /// point of the interval, so tenants started together do not sweep together.
@@ -635,6 +640,7 @@ async fn run(args: RunArgs) -> ExitCode {
         managed_cluster_timeout: args.managed_cluster_timeout,
         installer_deadline: args.installer_deadline,
         namespace_max_pools: args.namespace_max_pools,
+        namespace_max_clusters: args.namespace_max_clusters,
         sweep_interval: args.sweep_interval,
         backoff: stackd::runtime::backoff::Backoff::new(args.backoff_base, Duration::from_secs(300)),
         debounce: args.debounce,

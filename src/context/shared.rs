@@ -74,6 +74,9 @@ pub struct DaemonSettings {
     /// ClusterPools served per tenant namespace, the oldest first; 0 for no limit
     /// (`--namespace-max-pools`).
     pub namespace_max_pools: usize,
+    /// Clusters the pools of one tenant namespace may have at once (`--namespace-max-clusters`;
+    /// 0 for no limit).
+    pub namespace_max_clusters: usize,
     pub sweep_interval: Duration,
     pub backoff: Backoff,
     pub debounce: Duration,

@@ -44,6 +44,8 @@ pub(super) struct Inputs<'a> {
     pub(super) pending_claims: i64,
     /// The pool's failure domains contradict themselves (§6 merge rules): it adds no cluster.
     pub(super) contradiction: bool,
+    /// Clusters the pools of the pool's namespace may still make (`--namespace-max-clusters`).
+    pub(super) namespace_room: i64,
 }
 
 /// Why the plan deletes a cluster.
@@ -141,6 +143,8 @@ pub(super) struct Capacity {
     pub(super) installing: i64,
     /// Installs and deletions `maxConcurrent` still allows after the deletions planned.
     pub(super) room: i64,
+    /// Clusters the pools of the pool's namespace may still make (`--namespace-max-clusters`).
+    pub(super) namespace_room: i64,
 }
 
 /// What one reconcile does.
@@ -391,6 +395,7 @@ fn capacity(
         drift: unclaimed + pending_created - target,
         installing,
         room,
+        namespace_room: inputs.namespace_room.saturating_sub(pending_created),
     }
 }
 
@@ -406,7 +411,7 @@ fn additions(inputs: &Inputs, capacity: &Capacity, leases: Vec<String>) -> (Opti
     let pool = inputs.pool;
     let missing = -capacity.drift;
     let size_room = pool.spec.max_size.map_or(i64::MAX, |m| i64::from(m) - capacity.live);
-    let mut count = missing.min(size_room).min(capacity.room);
+    let mut count = missing.min(size_room).min(capacity.room).min(capacity.namespace_room);
     let mut insufficient = None;
     if pool.spec.platform.baremetal.is_some() {
         // Capacity on bare metal: only as many clusters as the free assets can back.

@@ -260,6 +260,7 @@ async fn plan_and_delete(
             assets: &observed.assets,
             pending_claims,
             contradiction: observed.contradiction.is_some(),
+            namespace_room: namespace_room(pool, ctx),
         };
         let planned = plan::plan(&inputs, buckets, &progress);
         let done = execute::deletes(ctx, pool, &planned.deletes, &repaired.cdcs, buckets, fresh).await?;
@@ -278,6 +279,23 @@ async fn plan_and_delete(
             Some(cd) => progress.record(&planned, &deleted, cd),
         }
     }
+}
+
+/// Clusters the pools of `pool`'s namespace may still make: each cluster has a namespace, objects
+/// and host work of its own, all of which the pool's namespace asked for (`--namespace-max-clusters`).
+fn namespace_room(pool: &ClusterPool, ctx: &Ctx) -> i64 {
+    let limit = ctx.tenant.shared.settings.namespace_max_clusters;
+    if limit == 0 {
+        return i64::MAX;
+    }
+    let namespace = pool.namespace();
+    let of_namespace = ctx
+        .cds
+        .state()
+        .iter()
+        .filter(|cd| cd.labels().get(POOL_NAMESPACE_LABEL) == namespace.as_ref())
+        .count();
+    i64::try_from(limit.saturating_sub(of_namespace)).unwrap_or(i64::MAX)
 }
 
 /// Logs and Events for what went wrong since the last status, once per transition rather than on

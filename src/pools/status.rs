@@ -232,6 +232,9 @@ fn held_by(cdc: &Cdc) -> String {
 }
 
 /// §6: whether the failure domains contradict themselves, naming the contradiction.
+/// The reason of a pool's `CapacityAvailable=False` when its namespace has all the clusters it may.
+pub(super) const NAMESPACE_MAX_CLUSTERS: &str = "NamespaceMaxClusters";
+
 fn failure_domains_valid(contradiction: Option<&String>) -> DesiredCondition<'static> {
     match contradiction {
         Some(message) => condition(
@@ -275,6 +278,17 @@ fn capacity_available(report: &Report) -> DesiredCondition<'static> {
     }
     if let Some(message) = report.insufficient_hosts() {
         return condition("CapacityAvailable", false, "InsufficientHosts", message.clone());
+    }
+    if capacity.drift < 0 && capacity.namespace_room <= 0 {
+        let namespace = pool.namespace().unwrap_or_default();
+        return condition(
+            "CapacityAvailable",
+            false,
+            NAMESPACE_MAX_CLUSTERS,
+            format!(
+                "The pools of namespace {namespace} have as many clusters as one namespace may (--namespace-max-clusters): this pool makes no more until some are claimed and deleted or other pools of the namespace shrink; the tenant's other namespaces are served as before"
+            ),
+        );
     }
     if pool.spec.inventory.is_some() && capacity.wanted > capacity.backed {
         return condition(

@@ -527,3 +527,21 @@ async fn a_pool_installer_past_its_namespace_share_waits_and_another_namespace_p
     .await;
     assert_eq!(jobs_of(ATTACKER).await, 1, "no Job for the cluster past the share");
 }
+
+/// A pool's clusters each have a namespace of their own, but count against their pool's namespace:
+/// with `--namespace-max-clusters 2`, a pool of size 3 makes two and says why it makes no third.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_has_at_most_its_clusters_however_large_its_pools() {
+    let (fleet, tenant) = crate::pools::setup().await;
+    crate::pools::create_pool(&tenant, pool_json("p", 3, None)).await;
+    let daemon = crate::pools::daemon(&fleet, &["--namespace-max-clusters", "2"]);
+    let message = wait_until("the pool says its namespace is full", WITHIN, &daemon, || async {
+        let pool = crate::pools::pool(&tenant, "p").await;
+        crate::pools::pool_condition(&pool, "CapacityAvailable")
+            .filter(|(status, reason, _)| status == "False" && reason == "NamespaceMaxClusters")
+            .map(|(_, _, message)| message)
+    })
+    .await;
+    assert!(message.contains("--namespace-max-clusters"), "{message}");
+    assert_eq!(crate::pools::cds(&tenant, "p").await.len(), 2);
+}

@@ -28,6 +28,7 @@ struct World {
     assets: Vec<Arc<BareMetalAsset>>,
     pending_claims: i64,
     contradiction: bool,
+    namespace_room: i64,
 }
 
 impl World {
@@ -43,6 +44,7 @@ impl World {
             assets: Vec::new(),
             pending_claims: 0,
             contradiction: false,
+            namespace_room: i64::MAX,
         }
     }
 
@@ -88,6 +90,7 @@ impl World {
             assets: &self.assets,
             pending_claims: self.pending_claims,
             contradiction: self.contradiction,
+            namespace_room: self.namespace_room,
         };
         plan(&inputs, &self.buckets(), progress)
     }
@@ -128,6 +131,19 @@ fn clusters_being_created_count_before_the_cache_shows_them() {
     let plan = world.plan();
     assert_eq!(added(&plan), 2);
     assert_eq!(plan.capacity.installing, 1);
+}
+
+#[test]
+fn a_namespace_with_all_its_clusters_adds_none_and_one_with_room_adds_what_fits() {
+    let mut world = World::new(json!({"size": 3}));
+    world.namespace_room = 2;
+    assert_eq!(added(&world.plan()), 2);
+    world.expected_created = BTreeSet::from(["p-new".to_string()]);
+    assert_eq!(added(&world.plan()), 1, "a cluster being created takes room");
+    world.namespace_room = 0;
+    let plan = world.plan();
+    assert_eq!(added(&plan), 0);
+    assert!(plan.capacity.namespace_room <= 0);
 }
 
 #[test]
