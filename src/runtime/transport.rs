@@ -20,8 +20,9 @@
 //! the watches on it for up to a minute, so a tenant with nothing in flight would not notice. It
 //! does send an HTTP/2 GOAWAY on that connection: the tenant client reads the headers of the frames
 //! the server sends and calls [`GoingAway`] on each GOAWAY, for the tenant's probe to ask over a new
-//! connection ([`new_connection_client`]). kube-apiserver also sends GOAWAY to rebalance clients
-//! between servers, so it is a reason to ask, never a verdict.
+//! connection ([`new_connection_client`]). Over HTTP/1.1, which has no GOAWAY, the server closing an
+//! idle connection does the same. kube-apiserver also sends GOAWAY to rebalance clients between
+//! servers (and a proxy may close idle connections), so it is a reason to ask, never a verdict.
 //!
 //! The layers are kube's own (`ConfigExt`): the base URI, authentication, extra headers, and its
 //! retry of 503s where `default_retry` asks for it (tenant clients turn it off, see
@@ -76,8 +77,8 @@ const HOST_IDLE_CONNECTIONS: usize = 32;
 /// The service a [`ClientBuilder`] starts from: the type of kube's own default.
 pub type Service = BoxService<http::Request<Body>, http::Response<Box<DynBody>>, BoxError>;
 
-/// Called whenever the server sends an HTTP/2 GOAWAY on one of a client's connections: it takes no
-/// new requests there (it stops, or sends the client to another server).
+/// Called whenever the server says it takes no more requests on one of a client's connections: it
+/// sends an HTTP/2 GOAWAY (it stops, or sends the client to another server) or closes the connection.
 pub type GoingAway = Arc<dyn Fn() + Send + Sync>;
 
 /// A tenant client builder for `config` that offers HTTP/2 (see the module's comment), calling
@@ -200,7 +201,8 @@ fn connector(config: &Config, protocols: Offer) -> Result<Connector, kube::Error
     Ok(connector)
 }
 
-/// A connector whose HTTP/2 connections call `going_away` on every GOAWAY the server sends.
+/// A connector whose connections call `going_away` on every GOAWAY the server sends, and when it
+/// closes one.
 #[derive(Clone)]
 struct WatchingGoingAway<C> {
     inner: C,
@@ -226,18 +228,26 @@ where
         let going_away = self.going_away.clone();
         Box::pin(async move {
             let io = connecting.await?;
-            // HTTP/1.1 has no GOAWAY: its bytes are passed on unread.
+            // HTTP/1.1 has no GOAWAY: its frames are not followed.
             let frames = io.connected().is_negotiated_h2().then(FrameHeaders::default);
-            Ok(GoingAwayWatched { io, frames, going_away })
+            Ok(GoingAwayWatched {
+                io,
+                frames,
+                going_away,
+                closed: false,
+            })
         })
     }
 }
 
-/// A connection whose incoming HTTP/2 frames are looked at for GOAWAY on their way to hyper.
+/// A connection whose incoming bytes are looked at on their way to hyper: for a GOAWAY frame
+/// (HTTP/2), or for the server closing it (either protocol).
 struct GoingAwayWatched<T> {
     io: T,
     frames: Option<FrameHeaders>,
     going_away: GoingAway,
+    /// The server closed it, and `going_away` was told.
+    closed: bool,
 }
 
 /// What one read of a watched connection takes at most: a TLS record's plaintext.
@@ -246,18 +256,22 @@ const READ_CHUNK: usize = 16 * 1024;
 impl<T: Read + Unpin> Read for GoingAwayWatched<T> {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, mut buf: ReadBufCursor<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let Some(frames) = &mut this.frames else {
-            return Pin::new(&mut this.io).poll_read(cx, buf);
-        };
         // Read through a chunk of our own to see the bytes (hyper's cursor shows none).
         let mut chunk = [0u8; READ_CHUNK];
         let wanted = buf.remaining().min(READ_CHUNK);
         let mut read = ReadBuf::new(&mut chunk[..wanted]);
         ready!(Pin::new(&mut this.io).poll_read(cx, read.unfilled()))?;
-        if frames.saw_going_away(read.filled()) {
+        let bytes = read.filled();
+        let going_away = match &mut this.frames {
+            Some(frames) => frames.saw_going_away(bytes),
+            None => false,
+        };
+        // A stopping server closes the idle connections of an HTTP/1.1 client, which has no GOAWAY.
+        let closed = bytes.is_empty() && wanted > 0 && !std::mem::replace(&mut this.closed, true);
+        if going_away || closed {
             (this.going_away)();
         }
-        buf.put_slice(read.filled());
+        buf.put_slice(bytes);
         Poll::Ready(Ok(()))
     }
 }

@@ -218,7 +218,7 @@ pub async fn tenant_clients(file: &TenantFile, reachability: &Arc<Reachability>)
     let going_away = {
         let (reachability, tenant) = (reachability.clone(), file.name.clone());
         Arc::new(move || {
-            debug!(%tenant, "the tenant API server sent GOAWAY; asking it over a new connection");
+            debug!(%tenant, "the tenant API server sent GOAWAY or closed a connection; asking it over a new one");
             reachability.suspect();
         })
     };

@@ -294,14 +294,15 @@ async fn reported_down_within_seconds_of_a_graceful_stop(fleet: Fleet) {
         .await;
 }
 
-/// A fleet with one tenant `acme` served over TLS and HTTP/2 as kube-apiserver serves, registered by
-/// a Tenant object, with stackd's CRDs and no stackd object (nothing in flight, ever); and a daemon
-/// serving it, Ready.
-async fn idle_tenant_over_http2() -> (Fleet, Daemon) {
+/// A fleet with one tenant `acme` served over TLS, and over HTTP/2 as kube-apiserver serves if
+/// `http2` (else HTTP/1.1, as through a proxy that speaks no other), registered by a Tenant object,
+/// with stackd's CRDs and no stackd object (nothing in flight, ever); and a daemon serving it, Ready.
+async fn idle_tenant(http2: bool) -> (Fleet, Daemon) {
     let mut fleet = Fleet::start(&[]).await;
     let options = ServerOptions {
         name: "acme".into(),
         tls: true,
+        http2,
         ..Default::default()
     };
     let kubeconfig = fleet.add_tenant_server_with(options).await;
@@ -326,7 +327,18 @@ async fn idle_tenant_over_http2() -> (Fleet, Daemon) {
 /// watches a minute (its Tenant, readiness and metric say so, told once), and up when it returns.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_tenant_is_seen_down_within_seconds_of_a_graceful_stop_and_up_when_it_returns() {
-    let (fleet, daemon) = idle_tenant_over_http2().await;
+    let (fleet, daemon) = idle_tenant(true).await;
+    seen_down_within_seconds_of_a_graceful_stop_and_up_again(fleet, daemon).await;
+}
+
+/// The same over HTTP/1.1, which has no GOAWAY: the stopping server closes the idle connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_tenant_served_over_http1_is_seen_down_within_seconds_of_a_graceful_stop() {
+    let (fleet, daemon) = idle_tenant(false).await;
+    seen_down_within_seconds_of_a_graceful_stop_and_up_again(fleet, daemon).await;
+}
+
+async fn seen_down_within_seconds_of_a_graceful_stop_and_up_again(fleet: Fleet, daemon: Daemon) {
     let acme = fleet.tenant_server("acme");
     let before = daemon.log_text().lines().count();
     acme.stop_gracefully(Duration::from_secs(60)).await;
@@ -372,7 +384,7 @@ async fn an_idle_tenant_is_seen_down_within_seconds_of_a_graceful_stop_and_up_wh
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watching_an_idle_tenant_for_outages_costs_at_most_one_request_per_ten_seconds() {
     const WINDOW: Duration = Duration::from_secs(30);
-    let (fleet, daemon) = idle_tenant_over_http2().await;
+    let (fleet, daemon) = idle_tenant(true).await;
     let acme = fleet.tenant_server("acme");
     // Its start's last requests (the first sweep, say) are no cost of watching it: the window opens
     // once the server has been asked nothing for 2 s.
