@@ -117,6 +117,7 @@ pub async fn measure(load: &CrowdLoad) -> Result<CrowdFigures, BenchError> {
             watch_renewals: rates.watch_renewals / per,
             sweeps: rates.sweeps / per,
             lease_renewals: rates.lease_renewals / per,
+            probes: rates.probes / per,
             other: rates.other / per,
         },
         window_s,

@@ -42,6 +42,11 @@ pub struct RequestRates {
     pub watch_renewals: f64,
     pub sweeps: f64,
     pub lease_renewals: f64,
+    /// Reachability probes (`runtime::reachability`, a one-item CRD list over a new connection): what
+    /// watching the tenant for an outage costs while it is up. Asked only when something says the
+    /// server may be gone (a failed request, a GOAWAY), so 0 at rest.
+    #[serde(default)]
+    pub probes: f64,
     /// Everything else: safety-net requeues and reconciles nothing asked for.
     pub other: f64,
 }
@@ -74,6 +79,7 @@ pub(super) async fn measure(tenants: usize, window: Duration) -> Result<IdleFigu
         watch_renewals: rates.watch_renewals / per,
         sweeps: rates.sweeps / per,
         lease_renewals: rates.lease_renewals / per,
+        probes: rates.probes / per,
         other: rates.other / per,
     };
     let watches_per_tenant = tenant_watches as f64 / tenants as f64;
@@ -82,6 +88,7 @@ pub(super) async fn measure(tenants: usize, window: Duration) -> Result<IdleFigu
         watch_renewals: (watches_per_tenant + host_watches_per_tenant) * 60.0 / WATCH_RENEWAL_SECONDS,
         sweeps: LISTS_PER_SWEEP * 60.0 / SWEEP_INTERVAL_SECONDS,
         lease_renewals: 0.0,
+        probes: 0.0,
         other: 0.0,
     };
     daemon.kill().await;
@@ -133,6 +140,9 @@ pub(super) fn add_rates(rates: &mut RequestRates, counts: &RequestCounts) {
             rates.lease_renewals += n;
         } else if key.verb == Verb::Watch {
             rates.watch_renewals += n;
+        } else if key.verb == Verb::List && key.resource.starts_with("customresourcedefinitions") {
+            // The CRD cache lists only when it starts (or its watch expired): at rest, a probe.
+            rates.probes += n;
         } else if key.verb == Verb::List {
             rates.sweeps += n;
         } else {

@@ -341,12 +341,13 @@ pub fn crowd_lines(c: &CrowdFigures) -> String {
     line(
         &mut out,
         format!(
-            "crowd at rest for {:.0} s ({} samples): requests/min/tenant watch {:.3}, sweep {:.3}, lease {:.3}, other {:.3}; RSS spread {:.1}%, sockets spread {:.1}% (goal within 5%)",
+            "crowd at rest for {:.0} s ({} samples): requests/min/tenant watch {:.3}, sweep {:.3}, lease {:.3}, probe {:.3}, other {:.3}; RSS spread {:.1}%, sockets spread {:.1}% (goal within 5%)",
             c.window_s,
             c.samples.len(),
             r.watch_renewals,
             r.sweeps,
             r.lease_renewals,
+            r.probes,
             r.other,
             c.rss_spread * 100.0,
             c.sockets_spread * 100.0
@@ -529,7 +530,7 @@ fn idle_lines(report: &Report) -> String {
     let mut out = String::new();
     line(
         &mut out,
-        "\nidle tenants   startup s   RSS MiB   watches/tenant   requests/min/tenant (watch, sweep, lease, other)   floor"
+        "\nidle tenants   startup s   RSS MiB   watches/tenant   requests/min/tenant (watch, sweep, lease, probe, other)   floor"
             .into(),
     );
     for t in &report.tenants {
@@ -538,7 +539,7 @@ fn idle_lines(report: &Report) -> String {
         line(
             &mut out,
             format!(
-                "{:>12}   {:>9.2}   {:>7.1}   {:>14.1}   {:>8.2} {:>6.2} {:>6.2} {:>6.2}                      {:.2}",
+                "{:>12}   {:>9.2}   {:>7.1}   {:>14.1}   {:>8.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2}                      {:.2}",
                 t.tenants,
                 t.startup_s,
                 t.rss_mb,
@@ -546,8 +547,9 @@ fn idle_lines(report: &Report) -> String {
                 r.watch_renewals,
                 r.sweeps,
                 r.lease_renewals,
+                r.probes,
                 r.other,
-                f.watch_renewals + f.sweeps + f.lease_renewals + f.other,
+                f.watch_renewals + f.sweeps + f.lease_renewals + f.probes + f.other,
             ),
         );
     }

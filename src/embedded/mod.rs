@@ -217,6 +217,7 @@ impl Serving {
             Some(config) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(config);
                 let inner = tls::TlsListener::new(listener, acceptor, stop.clone())?;
+                let graceful = inner.closed().cancelled_owned();
                 let listener = connections::Counted { inner, open };
                 let serve = axum::serve(listener, router).with_graceful_shutdown(graceful);
                 tokio::spawn(async move { log_exit(serve.await) })
@@ -390,7 +391,8 @@ impl ApiServer {
     }
 
     /// Stops as kube-apiserver does on SIGTERM: the listener closes at once (new connections are
-    /// refused; idle kept-alive ones are closed, so every new request needs one), while the watches
+    /// refused; idle kept-alive ones are closed, so every new request needs one), then HTTP/2
+    /// connections are sent GOAWAY (no new requests on them, those open go on), while the watches
     /// open now go on delivering for `keep_watches` (its shutdown timeout, up to 60 s) and then
     /// end. So does a watch that a connection busy at the stop asks for after it: the deadline is
     /// the server's, not each request's. [`ApiServer::serve_again`] serves again on the same address.

@@ -57,13 +57,14 @@ pub(super) fn generate(name: &str, http2: bool) -> Result<ServingCert, String> {
 pub(super) struct TlsListener {
     address: std::net::SocketAddr,
     ready: tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, std::net::SocketAddr)>,
+    closed: tokio_util::sync::CancellationToken,
 }
 
 /// How long a client may take to complete its handshake.
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl TlsListener {
-    /// Accepts on `listener` until `stop` fires (which also closes the socket).
+    /// Accepts on `listener` until `stop` fires (which also closes the socket, then [`Self::closed`]).
     pub(super) fn new(
         listener: TcpListener,
         acceptor: TlsAcceptor,
@@ -71,10 +72,16 @@ impl TlsListener {
     ) -> io::Result<TlsListener> {
         let address = listener.local_addr()?;
         let (sender, ready) = tokio::sync::mpsc::channel(64);
+        let closed = tokio_util::sync::CancellationToken::new();
+        let closing = closed.clone();
         tokio::spawn(async move {
             loop {
                 let accepted = tokio::select! {
-                    _ = stop.cancelled() => return,
+                    _ = stop.cancelled() => {
+                        drop(listener);
+                        closing.cancel();
+                        return;
+                    }
                     accepted = listener.accept() => accepted,
                 };
                 let Ok((stream, addr)) = accepted else {
@@ -93,7 +100,14 @@ impl TlsListener {
                 });
             }
         });
-        Ok(TlsListener { address, ready })
+        Ok(TlsListener { address, ready, closed })
+    }
+
+    /// Cancelled once the socket is closed: from then on new connections are refused. A stopping
+    /// server tells its open connections (HTTP/2 GOAWAY) only after that, as Go's servers do, so a
+    /// client that asks again at once is refused rather than let in and cut off.
+    pub(super) fn closed(&self) -> tokio_util::sync::CancellationToken {
+        self.closed.clone()
     }
 }
 

@@ -3,12 +3,15 @@
 //! Every request to the tenant passes [`ReachabilityLayer`]: one that cannot reach the server
 //! (refused, reset, timed out) starts the tenant's probe at once. A stopping kube-apiserver refuses
 //! new connections at once but keeps its open watches for up to a minute, so a watch failing is
-//! not enough: a reconcile's request, a watch reconnecting or a status write tells first. The
-//! probe alone decides down and up; each change is told once (a log line, `stackd_tenant_up` and
-//! its cause, `/readyz?verbose`), with a reminder while it lasts, and failures of single requests
-//! meanwhile are debug. When the server answers again, [`Reachability::back`] wakes everything
-//! waiting for it: the tenant's watches skip the rest of their retry delay, and reconciles that
-//! failed while it was down run again at once.
+//! not enough: a reconcile's request, a watch reconnecting or a status write tells first, and for a
+//! tenant with nothing in flight the GOAWAY the server sends on the shared HTTP/2 connection
+//! (`runtime::transport`), which costs no request. The probe asks over a new connection each time
+//! (the shared one may be one the server no longer takes requests on) and alone decides down and
+//! up; each change is told once (a log line, `stackd_tenant_up` and its cause, `/readyz?verbose`),
+//! with a reminder while it lasts, and failures of single requests meanwhile are debug. When the
+//! server answers again, [`Reachability::back`] wakes everything waiting for it: the tenant's
+//! watches skip the rest of their retry delay, and reconciles that failed while it was down run
+//! again at once.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,7 +29,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::cause::{Cause, CauseKind, diagnose};
+use super::cause::{Cause, diagnose};
 use super::health::{Health, TenantHealth};
 use super::metrics::Metrics;
 
@@ -109,7 +112,7 @@ impl Reachability {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// A request could not reach the server (or a watch of it failed): probe it now.
+    /// A request could not reach the server (or a watch of it failed, or it sent GOAWAY): probe it now.
     pub fn suspect(&self) {
         self.lock().suspected = true;
         self.suspected.notify_one();
@@ -238,7 +241,7 @@ impl Reachability {
                 false
             }
         };
-        // The probe's own request told the layer too: that is no news.
+        // Requests that failed before it are answered by it: no news.
         let _ = self.suspected.notified().now_or_never();
         let _ = self.answered.notified().now_or_never();
         answered
@@ -284,19 +287,13 @@ impl Reachability {
 }
 
 /// A one-item list of the tenant's CRDs: what the daemon watches anyway. (`/version` may answer
-/// while the API does not.) A connection that broke is asked again once on a new one: a stopping
-/// server closes the client's idle connections, and the one picked may be such.
+/// while the API does not.) `client` opens a new connection for it
+/// ([`super::transport::new_connection_client`]).
 async fn probe(client: &Client) -> Result<(), Cause> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let mut broke_once = false;
-    loop {
-        let cause = match crds.list_metadata(&ListParams::default().limit(1)).await {
-            Ok(_) => return Ok(()),
-            Err(err) => diagnose(&err),
-        };
-        if cause.kind != CauseKind::Reset || std::mem::replace(&mut broke_once, true) {
-            return Err(cause);
-        }
+    match crds.list_metadata(&ListParams::default().limit(1)).await {
+        Ok(_) => Ok(()),
+        Err(err) => Err(diagnose(&err)),
     }
 }
 
@@ -360,6 +357,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::cause::CauseKind;
 
     #[test]
     fn probes_are_jittered_within_the_interval() {

@@ -291,7 +291,7 @@ fn suspend(shared: &Shared, name: &str, overage: &Overage, suspensions: u32) -> 
 /// Returns once the tenant's API server answers the probe, asking every few seconds (after
 /// `delay` if no client can be made to ask it).
 async fn answers_again(file: &TenantFile, reachability: &Arc<Reachability>, delay: Duration) {
-    match tenant::tenant_client(file, reachability).await {
+    match tenant::probe_client(file).await {
         Ok(client) => reachability.until_answering(&client).await,
         Err(_) => tokio::time::sleep(delay).await,
     }

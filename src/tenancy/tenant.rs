@@ -46,7 +46,10 @@ pub async fn run(
     reachability: Arc<Reachability>,
 ) -> Result<(), TenantError> {
     let name = file.name.clone();
-    let client = tenant_client(&file, &reachability).await?;
+    let TenantClients {
+        client,
+        probe: probe_client,
+    } = tenant_clients(&file, &reachability).await?;
     reachability.restarting();
     let version = tokio::select! {
         _ = cancel.cancelled() => return Ok(()),
@@ -93,7 +96,7 @@ pub async fn run(
         warn!(tenant = %name, error = %err, "host pods cannot reach this tenant; stacks will not become ready");
     }
     let mut controllers = tokio::task::JoinSet::new();
-    controllers.spawn(probe(context.clone(), cancel.clone()));
+    controllers.spawn(probe(context.clone(), probe_client, cancel.clone()));
     let (host_ready, host_namespace_ready) = tokio::sync::watch::channel(false);
     controllers.spawn(super::host_namespace::run(context.clone(), cancel.clone(), host_ready));
     controllers.spawn(crd_monitor(context.clone(), cancel.clone()));
@@ -208,9 +211,40 @@ async fn wait_until_ready(
     }
 }
 
-/// A client of the tenant API server, as its kubeconfig file says, whose every request tells
-/// `reachability` whether it reached the server.
-pub async fn tenant_client(file: &TenantFile, reachability: &Arc<Reachability>) -> Result<Client, TenantError> {
+/// The tenant's clients, as its kubeconfig file says: `client`, whose every request tells
+/// `reachability` whether it reached the server (and a GOAWAY on its connection, that the server
+/// may be going), and `probe`, which asks over a new connection each time
+/// ([`Reachability::run_probes`]).
+pub async fn tenant_clients(file: &TenantFile, reachability: &Arc<Reachability>) -> Result<TenantClients, TenantError> {
+    let config = tenant_config(file).await?;
+    let going_away = {
+        let (reachability, tenant) = (reachability.clone(), file.name.clone());
+        Arc::new(move || {
+            debug!(%tenant, "the tenant API server sent GOAWAY or closed a connection; asking it over a new one");
+            reachability.suspect();
+        })
+    };
+    let client = transport::tenant_client_builder(config.clone(), going_away)
+        .map_err(|e| TenantError::Config(e.to_string()))?
+        .with_layer(&reachability.layer())
+        .build();
+    let probe = transport::new_connection_client(config).map_err(|e| TenantError::Config(e.to_string()))?;
+    Ok(TenantClients { client, probe })
+}
+
+/// See [`tenant_clients`].
+pub struct TenantClients {
+    pub client: Client,
+    pub probe: Client,
+}
+
+/// The tenant's probe client alone (see [`tenant_clients`]): for a tenant whose run ended.
+pub async fn probe_client(file: &TenantFile) -> Result<Client, TenantError> {
+    transport::new_connection_client(tenant_config(file).await?).map_err(|e| TenantError::Config(e.to_string()))
+}
+
+/// The tenant's kubeconfig as a client configuration, with the daemon's timeouts and no retries.
+async fn tenant_config(file: &TenantFile) -> Result<Config, TenantError> {
     let mut config = match &file.connection {
         TenantConnection::Kubeconfig(kubeconfig) => {
             let options = kube::config::KubeConfigOptions::default();
@@ -225,13 +259,12 @@ pub async fn tenant_client(file: &TenantFile, reachability: &Arc<Reachability>) 
     // kube retries a 503 up to 15 times, minutes in all: every request to a tenant answering
     // nothing else would hang, its probe included. stackd retries itself (per object, per watch).
     config.default_retry = false;
-    let builder = transport::tenant_client_builder(config).map_err(|e| TenantError::Config(e.to_string()))?;
-    Ok(builder.with_layer(&reachability.layer()).build())
+    Ok(config)
 }
 
 /// Runs the tenant's probe: down and up are its verdicts (`runtime::reachability`).
-async fn probe(context: Arc<TenantContext>, cancel: CancellationToken) -> Result<(), TenantError> {
-    context.reachability.run_probes(&context.client, &cancel).await;
+async fn probe(context: Arc<TenantContext>, probe: Client, cancel: CancellationToken) -> Result<(), TenantError> {
+    context.reachability.run_probes(&probe, &cancel).await;
     Ok(())
 }
 

@@ -51,6 +51,9 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
             .as_f64()
             .unwrap();
         assert_eq!(other, 0.0, "idle tenants made requests: {figures:#}");
+        // Watching them for an outage costs nothing while they are up (issue 47: GOAWAY, no polling).
+        let probes = figures["idle_requests_per_minute_per_tenant"]["probes"].as_f64();
+        assert_eq!(probes, Some(0.0), "idle tenants were probed: {figures:#}");
         // One shared watch per kind the daemon reads (issue 20): 15 tenant kinds (CRDs, the eight
         // stackd kinds, Namespaces, and the ServiceAccounts, Secrets, ClusterRoles, RoleBindings and
         // ClusterRoleBindings the Stack controller writes); before: 27.

@@ -2,7 +2,8 @@
 //! seconds of answering, whatever backoff it had built up, and work created right then is as fast as
 //! on a settled tenant; an outage is seen within seconds even while old watches stay open, and told
 //! once; a restart with a fresh watch cache (410 on resumed watches) is no outage; trouble is named
-//! by its root cause.
+//! by its root cause. An idle tenant's graceful stop is seen within seconds too, at no request while
+//! it is up (issue 47).
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +16,11 @@ use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::samples::{SampleImages, register_sample_runners};
 use stackd::embedded::{ApiServer, RestartState, ServerOptions, Verb, verbs};
 
-use crate::harness::{Fleet, NoDaemon, holds_for, install_crds, until};
+use crate::harness::{Daemon, Fleet, NoDaemon, holds_for, install_crds, until, wait_until};
+use crate::tenant_objects::{
+    HostKubectl, SECRETS_NAMESPACE, condition, install_tenant_crd, registration, wait_condition,
+};
+use stackd::embedded::counters::RequestCounts;
 
 /// The issue's promise: up again within 5 s of the server answering.
 const BACK_WITHIN: Duration = Duration::from_secs(5);
@@ -287,6 +292,130 @@ async fn reported_down_within_seconds_of_a_graceful_stop(fleet: Fleet) {
     daemon
         .wait_for("/metrics", "stackd_tenant_up{tenant=\"acme\"} 1", BACK_WITHIN)
         .await;
+}
+
+/// A fleet with one tenant `acme` served over TLS, and over HTTP/2 as kube-apiserver serves if
+/// `http2` (else HTTP/1.1, as through a proxy that speaks no other), registered by a Tenant object,
+/// with stackd's CRDs and no stackd object (nothing in flight, ever); and a daemon serving it, Ready.
+async fn idle_tenant(http2: bool) -> (Fleet, Daemon) {
+    let mut fleet = Fleet::start(&[]).await;
+    let options = ServerOptions {
+        name: "acme".into(),
+        tls: true,
+        http2,
+        ..Default::default()
+    };
+    let kubeconfig = fleet.add_tenant_server_with(options).await;
+    install_crds(&fleet.tenant_server("acme").client().await).await;
+    let kubectl = HostKubectl::new(&fleet);
+    install_tenant_crd(&kubectl).await;
+    kubectl
+        .apply(&registration(
+            "acme",
+            SECRETS_NAMESPACE,
+            "vc-acme",
+            "config",
+            &kubeconfig,
+        ))
+        .await;
+    let daemon = fleet.daemon(&[]);
+    wait_condition(&fleet, &daemon, "acme", "Ready", "True", "Up").await;
+    (fleet, daemon)
+}
+
+/// Issue 47: a tenant that asks nothing is seen down within 10 s of a graceful stop that keeps its
+/// watches a minute (its Tenant, readiness and metric say so, told once), and up when it returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_tenant_is_seen_down_within_seconds_of_a_graceful_stop_and_up_when_it_returns() {
+    let (fleet, daemon) = idle_tenant(true).await;
+    seen_down_within_seconds_of_a_graceful_stop_and_up_again(fleet, daemon).await;
+}
+
+/// The same over HTTP/1.1, which has no GOAWAY: the stopping server closes the idle connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_tenant_served_over_http1_is_seen_down_within_seconds_of_a_graceful_stop() {
+    let (fleet, daemon) = idle_tenant(false).await;
+    seen_down_within_seconds_of_a_graceful_stop_and_up_again(fleet, daemon).await;
+}
+
+async fn seen_down_within_seconds_of_a_graceful_stop_and_up_again(fleet: Fleet, daemon: Daemon) {
+    let acme = fleet.tenant_server("acme");
+    let before = daemon.log_text().lines().count();
+    acme.stop_gracefully(Duration::from_secs(60)).await;
+    let stopped = Instant::now();
+    let message = wait_until("Tenant acme Ready=False Down", DOWN_WITHIN, &daemon, || async {
+        condition(&fleet, "acme", "Ready")
+            .await
+            .filter(|(status, reason, _)| status == "False" && reason == "Down")
+            .map(|(_, _, message)| message)
+    })
+    .await;
+    assert!(message.contains("connection refused"), "{message}");
+    let left = DOWN_WITHIN.saturating_sub(stopped.elapsed());
+    daemon.wait_for("/readyz?verbose", "[-]tenant acme down", left).await;
+    let left = DOWN_WITHIN.saturating_sub(stopped.elapsed());
+    daemon
+        .wait_for("/metrics", "stackd_tenant_up{tenant=\"acme\"} 0", left)
+        .await;
+    assert!(
+        acme.open_watches() > 0,
+        "the stopping server's watches were closed {:?} after it stopped",
+        stopped.elapsed()
+    );
+    let log = daemon.log_text();
+    let told = log
+        .lines()
+        .skip(before)
+        .filter(|line| line.contains("tenant API server unavailable"))
+        .count();
+    assert_eq!(told, 1, "told once:\n{log}");
+    acme.serve_again().await.expect("serves again");
+    daemon
+        .wait_for("/metrics", "stackd_tenant_up{tenant=\"acme\"} 1", BACK_WITHIN)
+        .await;
+    wait_condition(&fleet, &daemon, "acme", "Ready", "True", "Up").await;
+    daemon
+        .wait_for("/readyz?verbose", "[+]tenant acme ok", BACK_WITHIN)
+        .await;
+}
+
+/// Issue 47: watching an idle tenant for an outage costs it at most one request per 10 s while it
+/// is up (the GOAWAY of a stopping server costs none; watches, renewed every few minutes, aside).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watching_an_idle_tenant_for_outages_costs_at_most_one_request_per_ten_seconds() {
+    const WINDOW: Duration = Duration::from_secs(30);
+    let (fleet, daemon) = idle_tenant(true).await;
+    let acme = fleet.tenant_server("acme");
+    // Its start's last requests (the first sweep, say) are no cost of watching it: the window opens
+    // once the server has been asked nothing for 2 s.
+    let (mut last, mut quiet_since) = (acme.counters(), Instant::now());
+    until("the tenant's start-up requests over", SOON, &daemon, || {
+        let now = acme.counters();
+        if requests_besides_watches(&now.since(&last)) > 0 {
+            quiet_since = Instant::now();
+        }
+        last = now;
+        let quiet = quiet_since.elapsed() >= Duration::from_secs(2);
+        async move { quiet }
+    })
+    .await;
+    let before = acme.counters();
+    let started = Instant::now();
+    holds_for("at most one request per 10 s", WINDOW, &daemon, || async {
+        requests_besides_watches(&acme.counters().since(&before)) <= 1 + started.elapsed().as_secs() / 10
+    })
+    .await;
+    let metrics = daemon.http_get("/metrics").unwrap_or_default();
+    assert!(metrics.contains("stackd_tenant_up{tenant=\"acme\"} 1"), "{metrics}");
+}
+
+fn requests_besides_watches(counts: &RequestCounts) -> u64 {
+    counts
+        .counts
+        .iter()
+        .filter(|(key, _)| key.verb != Verb::Watch)
+        .map(|(_, count)| count)
+        .sum()
 }
 
 /// Issue 30: while a tenant is down, one line when it goes, one when it is back; nothing from

@@ -1,15 +1,20 @@
 //! How the daemon reaches its API servers (`runtime::transport`). A tenant whose API server offers
 //! HTTP/2 (kube-apiserver does, by ALPN on its TLS port) is served over one connection: every watch
 //! and request of the daemon rides it. One that speaks HTTP/1.1 only gets a connection per watch and
-//! is served the same. The host client keeps few idle connections.
+//! is served the same. The host client keeps few idle connections. A stopping server's GOAWAY on
+//! the shared connection is seen (issue 47).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kube::api::{Api, ListParams, PostParams, WatchParams};
+use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use stackd::embedded::discovery::Resources;
 use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::samples::{SampleImages, register_sample_runners};
-use stackd::embedded::{ApiServer, ServerOptions, Verb};
+use stackd::embedded::{ApiServer, ServerOptions, Verb, verbs};
 use stackd::runtime::transport;
 
 use crate::harness::{Daemon, Fleet, NoDaemon, holds_for, install_crds, until};
@@ -216,4 +221,62 @@ async fn the_host_client_keeps_few_connections_idle_after_a_burst() {
         .list(&ListParams::default())
         .await
         .expect("a list on a kept connection");
+}
+
+/// What seeing an idle tenant's stop rests on (issue 47), as kube-apiserver behaves on SIGTERM: a
+/// gracefully stopping server sends GOAWAY on the shared HTTP/2 connection (the client calls its
+/// `GoingAway`), refuses new connections at once, and the watches open on it go on delivering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gracefully_stopping_server_says_goaway_refuses_new_connections_and_keeps_its_watches() {
+    let acme = ApiServer::start(ServerOptions {
+        name: "acme".into(),
+        tls: true,
+        ..Default::default()
+    })
+    .await
+    .expect("server");
+    let going_away = Arc::new(AtomicUsize::new(0));
+    let told = going_away.clone();
+    let client = transport::tenant_client_builder(
+        acme.config().await,
+        Arc::new(move || {
+            told.fetch_add(1, Ordering::Relaxed);
+        }),
+    )
+    .expect("client")
+    .build();
+    let configmaps: Api<ConfigMap> = Api::namespaced(client, "default");
+    let listed = configmaps.list(&ListParams::default()).await.expect("a first list");
+    let version = listed.metadata.resource_version.unwrap_or_default();
+    let events = configmaps
+        .watch(&WatchParams::default(), &version)
+        .await
+        .expect("a watch");
+    let mut events = Box::pin(events);
+    assert_eq!(going_away.load(Ordering::Relaxed), 0, "no GOAWAY while it serves");
+
+    acme.stop_gracefully(Duration::from_secs(60)).await;
+    until("a GOAWAY on the connection", SOON, &NoDaemon, || async {
+        going_away.load(Ordering::Relaxed) > 0
+    })
+    .await;
+    let refused = configmaps
+        .list(&ListParams::default())
+        .await
+        .expect_err("a new request after the stop");
+    assert!(format!("{refused:?}").contains("ConnectionRefused"), "{refused:?}");
+    // Written by someone whose connection was open: the kept watch delivers it.
+    let store = acme.store();
+    let resources = Resources::current(&store);
+    let configmap_resource = resources.find("", "v1", "configmaps").expect("configmaps");
+    let configmap = serde_json::json!({"metadata": {"name": "late", "namespace": "default"}});
+    verbs::create(&store, &configmap_resource, "default", configmap, Default::default()).expect("create");
+    let event = tokio::time::timeout(SOON, events.try_next())
+        .await
+        .expect("the kept watch delivers within 10 s")
+        .expect("a watch event");
+    assert!(
+        matches!(&event, Some(WatchEvent::Added(added)) if added.metadata.name.as_deref() == Some("late")),
+        "{event:?}"
+    );
 }

@@ -69,7 +69,9 @@ impl Fleet {
         std::fs::write(self.tenant_file(&name), kubeconfig).expect("tenant kubeconfig");
     }
 
-    async fn add_tenant_server_with(&mut self, options: ServerOptions) -> String {
+    /// A tenant API server running with `options` (named by them), with no file in the tenants
+    /// directory: its kubeconfig.
+    pub(crate) async fn add_tenant_server_with(&mut self, options: ServerOptions) -> String {
         let name = options.name.clone();
         let server = ApiServer::start(options).await.expect("tenant");
         let kubeconfig = server.kubeconfig_yaml();
