@@ -67,6 +67,11 @@ pub trait Tenant: Send + Sync + 'static {
     fn object_backoff(&self) -> &ObjectBackoff;
     /// Whether the tenant's API server answers, and the signal of its return.
     fn reachability(&self) -> &Reachability;
+    /// Whether the host API server answers, and the signal of its return (none where the host
+    /// is not watched).
+    fn host_reachability(&self) -> Option<&Reachability> {
+        None
+    }
     /// The tenant's start, which each controller joins as it starts.
     fn startup(&self) -> &Startup;
 }
@@ -263,14 +268,21 @@ where
     {
         let ready = Readiness::all(self.caches);
         self.tenant.startup().controller_started(&self.name, ready.clone());
-        let held = Arc::new(HeldForReturn::default());
-        let forget = {
-            let tenant = self.tenant.clone();
-            move |key: &str| tenant.object_backoff().succeeded(key)
-        };
-        let returned = held
-            .clone()
-            .on_return(self.tenant.reachability().back(), self.main, backoff_key, forget);
+        let (held, held_for_host) = (Arc::new(HeldForReturn::default()), Arc::new(HeldForReturn::default()));
+        let forget = |tenant: Arc<T>| move |key: &str| tenant.object_backoff().succeeded(key);
+        let returned = held.clone().on_return(
+            self.tenant.reachability().back(),
+            self.main.clone(),
+            backoff_key,
+            forget(self.tenant.clone()),
+        );
+        let host_back = self.tenant.host_reachability().map(Reachability::back);
+        let host_returned = host_back.map(|back| {
+            held_for_host
+                .clone()
+                .on_return(back, self.main, backoff_key, forget(self.tenant.clone()))
+        });
+        let returned = futures::stream::select(returned, futures::stream::iter(host_returned).flatten());
         let runner = Arc::new(Runner {
             name: self.name,
             tenant: self.tenant,
@@ -280,6 +292,7 @@ where
             cancel: cancel.clone(),
             reconcile,
             held,
+            held_for_host,
         });
         let (tenant, name) = (runner.tenant.name().to_string(), runner.name.clone());
         let run = self
@@ -317,6 +330,8 @@ struct Runner<T, C, F> {
     reconcile: F,
     /// Objects that failed while the tenant was down, run again at its return.
     held: Arc<HeldForReturn>,
+    /// Objects that failed while the host was down, run again at its return.
+    held_for_host: Arc<HeldForReturn>,
 }
 
 impl<T: Tenant, C, F> Runner<T, C, F> {
@@ -381,14 +396,19 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
         let shown = shown(object);
         let logged = (self.tenant.name(), self.name.as_str(), shown.as_str());
         let (backoff, key) = (self.tenant.object_backoff(), backoff_key(object));
-        let reachability = self.tenant.reachability();
-        let hold = || self.held.hold(reachability, &key);
+        let (reachability, host) = (self.tenant.reachability(), self.tenant.host_reachability());
+        // Held for each server that is down, run again at whichever returns first.
+        let hold = || {
+            let for_host = host.is_some_and(|host| self.held_for_host.hold(host, &key));
+            self.held.hold(reachability, &key) | for_host
+        };
+        let servers: Vec<&Reachability> = [Some(reachability), host].into_iter().flatten().collect();
         Action::requeue(retry::after_tenant_failure(
             backoff,
             &key,
             logged,
             err,
-            (reachability, hold),
+            (&servers, hold),
         ))
     }
 }

@@ -14,12 +14,13 @@ use kube::Resource;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, warn};
+use tracing::{Instrument, debug, warn};
 
 use super::{Permit, ReconcileError, Tenant, observe, reconcile_span};
 use crate::runtime::cache::is_filled;
 use crate::runtime::deadline::sleep_until;
 use crate::runtime::panics;
+use crate::runtime::reachability::Reachability;
 use crate::runtime::retry;
 
 /// A per-tenant singleton controller, being put together.
@@ -99,7 +100,11 @@ impl<T: Tenant> Singleton<T> {
                     // Every watch retries on its own backoff; none ends while the tenant runs.
                     None => return,
                     Some(Err(err)) => {
-                        warn!(tenant = %self.tenant.name(), controller = %self.name, error = %err, "watch failed; retrying");
+                        if retry::is_quiet_watch_failure(&err, &servers(self.tenant.as_ref())) {
+                            debug!(tenant = %self.tenant.name(), controller = %self.name, error = %err, "watch failed; retrying");
+                        } else {
+                            warn!(tenant = %self.tenant.name(), controller = %self.name, error = %err, "watch failed; retrying");
+                        }
                         continue;
                     }
                     Some(Ok(())) => {}
@@ -122,10 +127,23 @@ impl<T: Tenant> Singleton<T> {
                 }
                 Err(err) => {
                     let logged = (self.tenant.name(), self.name.as_str(), self.name.as_str());
-                    let delay = retry::after_failure(self.tenant.object_backoff(), &self.name, logged, &err);
+                    // Nothing to hold: a singleton retries on its own, within a probe's interval
+                    // while a server is in doubt.
+                    let held = (servers(self.tenant.as_ref()), || false);
+                    let held = (held.0.as_slice(), held.1);
+                    let delay =
+                        retry::after_tenant_failure(self.tenant.object_backoff(), &self.name, logged, &err, held);
                     Some(tokio::time::Instant::now() + delay)
                 }
             };
         }
     }
+}
+
+/// The servers a tenant's controller talks to: the tenant's, and the host's where it is watched.
+fn servers<T: Tenant>(tenant: &T) -> Vec<&Reachability> {
+    [Some(tenant.reachability()), tenant.host_reachability()]
+        .into_iter()
+        .flatten()
+        .collect()
 }
