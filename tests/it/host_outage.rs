@@ -2,7 +2,6 @@
 //! kubelet that answers a moment after the API, re-runs no install Job, blames no package, and is
 //! told once when it goes and once when it returns.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Namespace};
@@ -10,8 +9,7 @@ use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use stackd::api::stacks::StackInstall;
-use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome, JobRunner};
-use stackd::embedded::samples::{SampleImages, register_sample_runners};
+use stackd::embedded::samples::{SampleImages, register_sample_runners, slow_down};
 use stackd::embedded::{ApiServer, Verb};
 
 use crate::harness::{Daemon, Fleet, install_crds, until};
@@ -26,21 +24,6 @@ const HOST_DOWNTIME: Duration = Duration::from_secs(6);
 const KUBELET_LAG: Duration = Duration::from_secs(3);
 /// The daemon's log lines one outage may cost, whatever is in flight.
 const LINES_PER_OUTAGE: usize = 5;
-
-/// The sample unpack runner, its pod taking `delay`: the host restarts while some install pods
-/// still run and others have just finished.
-struct Slow {
-    sample: Arc<dyn JobRunner>,
-    delay: Duration,
-}
-
-impl JobRunner for Slow {
-    fn run(&self, ctx: &JobContext) -> JobOutcome {
-        let mut outcome = self.sample.run(ctx);
-        outcome.delay = self.delay;
-        outcome
-    }
-}
 
 /// Install Jobs created on the host for tenant `acme` so far.
 fn install_jobs_created(host: &ApiServer) -> u64 {
@@ -89,15 +72,8 @@ async fn a_host_restart_mid_install_runs_each_install_job_once_and_is_told_in_a_
     let fleet = Fleet::start(&["acme"]).await;
     let host = fleet.host();
     register_sample_runners(&host.runners(), &SampleImages::new(STACKD_IMAGE));
-    let sample = host
-        .runners()
-        .runner_for(STACKD_IMAGE)
-        .expect("the sample unpack runner");
-    let slow = Slow {
-        sample,
-        delay: Duration::from_millis(1500),
-    };
-    host.runners().register(ImageMatch::Exact(STACKD_IMAGE.into()), slow);
+    // The host restarts while some install pods still run and others have just finished.
+    assert!(slow_down(&host.runners(), STACKD_IMAGE, Duration::from_millis(1500)));
     let acme = fleet.tenant_server("acme").client().await;
     install_crds(&acme).await;
     let daemon = fleet.daemon(&["--stackd-image", STACKD_IMAGE, "--allow-insecure-tenant-endpoint"]);
