@@ -124,7 +124,7 @@ async fn run_controllers(
         }
     };
     let watch_cancel = shutdown.child_token();
-    let (mut sources, view, watches) = start_sources(&host, &settings, watch_cancel.clone());
+    let (mut sources, view, watches) = start_sources((&host, &host_reachability), &settings, watch_cancel.clone());
     let shared = Arc::new(Shared {
         namespaces: NamespaceWatch::start(&host, &host_reachability, &watch_cancel),
         host,
@@ -178,7 +178,7 @@ async fn run_controllers(
 /// Starts both sources of tenants: the tenants directory (when there is one) and the Tenant
 /// objects; their merged changes come from the [`Sources`].
 fn start_sources(
-    host: &Client,
+    (host, host_reachability): (&Client, &Arc<Reachability>),
     settings: &DaemonSettings,
     cancel: CancellationToken,
 ) -> (Sources, Arc<TenantObjects>, Vec<tokio::task::JoinHandle<()>>) {
@@ -192,7 +192,7 @@ fn start_sources(
         secret_namespaces: settings.tenant_secret_namespaces.clone(),
         template: settings.namespace_template.clone(),
     };
-    let (view, objects, task) = objects::start(host.clone(), object_settings, cancel);
+    let (view, objects, task) = objects::start(host.clone(), object_settings, Some(host_reachability.clone()), cancel);
     tasks.push(task);
     (Sources::new(directory, objects, view.clone()), view, tasks)
 }
@@ -206,6 +206,7 @@ fn start_status_writer(
 ) -> tokio::task::JoinHandle<()> {
     let writer = StatusWriter {
         host: shared.host.clone(),
+        host_reachability: Some(shared.host_reachability.clone()),
         view,
         health: shared.health.clone(),
         metrics: shared.metrics.clone(),
@@ -250,7 +251,7 @@ async fn run_sharded(
     let board = shards.board.clone();
     metrics.shards.set(i64::from(count));
     let watch_cancel = shutdown.child_token();
-    let (mut sources, view, watches) = start_sources(&host, &settings, watch_cancel.clone());
+    let (mut sources, view, watches) = start_sources((&host, &host_reachability), &settings, watch_cancel.clone());
     let shared = Arc::new(Shared {
         namespaces: NamespaceWatch::start(&host, &host_reachability, &watch_cancel),
         host,

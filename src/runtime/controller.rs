@@ -469,6 +469,7 @@ mod tests {
         permits: Arc<FairPermits>,
         backoff: ObjectBackoff,
         reachability: Arc<Reachability>,
+        host: Arc<Reachability>,
         startup: Startup,
     }
 
@@ -488,6 +489,9 @@ mod tests {
         fn reachability(&self) -> &Reachability {
             &self.reachability
         }
+        fn host_reachability(&self) -> Option<&Reachability> {
+            Some(&self.host)
+        }
         fn startup(&self) -> &Startup {
             &self.startup
         }
@@ -499,6 +503,7 @@ mod tests {
             permits: FairPermits::new(1),
             backoff: ObjectBackoff::new(Backoff::new(Duration::from_secs(60), Duration::from_secs(60))),
             reachability: Reachability::new("acme", Arc::new(Metrics::new()), Arc::default()),
+            host: Reachability::for_host(Arc::new(Metrics::new()), Arc::default()),
             startup: Startup::default(),
         })
     }
@@ -686,10 +691,21 @@ mod tests {
     /// (60 s here): it runs again the moment the tenant answers.
     #[tokio::test]
     async fn a_reconcile_failed_while_the_tenant_was_down_runs_again_at_its_return() {
+        runs_again_at_the_return_of(|tenant| &tenant.reachability).await;
+    }
+
+    /// The same for the host: a reconcile that failed while the host was down (a tenant's host
+    /// objects) runs again the moment the host answers.
+    #[tokio::test]
+    async fn a_reconcile_failed_while_the_host_was_down_runs_again_at_its_return() {
+        runs_again_at_the_return_of(|tenant| &tenant.host).await;
+    }
+
+    async fn runs_again_at_the_return_of(server: fn(&TestTenant) -> &Arc<Reachability>) {
         let (feed, main, _driver) = fed::<ConfigMap>();
         listed(&feed, &[config_map("a")]);
         let tenant = tenant();
-        tenant.reachability.report_down(crate::runtime::cause::Cause {
+        server(&tenant).report_down(crate::runtime::cause::Cause {
             kind: crate::runtime::cause::CauseKind::Refused,
             message: "connection refused".into(),
         });
@@ -712,7 +728,7 @@ mod tests {
         let key = backoff_key(&config_map("a"));
         eventually("the failure counted", || tenant.backoff.failures(&key) == 1).await;
         let returned = Instant::now();
-        tenant.reachability.report_answering();
+        server(&tenant).report_answering();
         eventually("the retry at the return", || attempts.load(Ordering::SeqCst) == 2).await;
         // Not the probe interval's 2 to 4 s, not the 60 s backoff.
         assert!(returned.elapsed() < Duration::from_secs(1), "{:?}", returned.elapsed());

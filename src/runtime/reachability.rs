@@ -302,7 +302,7 @@ impl Reachability {
             }
             // Any answer of the host's but a 5xx is one: the daemon need not be allowed to list
             // its CRDs.
-            Err(cause) if self.subject == Subject::Host && !cause.kind.is_outage() => {
+            Err(cause) if self.subject == Subject::Host && !cause.kind.is_outage() && !cause.kind.is_unreachable() => {
                 self.report_answering();
                 true
             }
