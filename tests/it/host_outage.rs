@@ -9,6 +9,7 @@ use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use stackd::api::stacks::StackInstall;
+use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::samples::{SampleImages, register_sample_runners, slow_down};
 use stackd::embedded::{ApiServer, Verb};
 
@@ -146,4 +147,39 @@ async fn a_host_restart_mid_install_runs_each_install_job_once_and_is_told_in_a_
         told.len(),
         told.join("\n")
     );
+}
+
+/// The Job's pods cannot be listed (the host answers 500; kube's client retries 503s itself): the
+/// install says so, keeps its Job and reads again, and is Ready with that one Job; no package is
+/// blamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_install_whose_job_pods_cannot_be_listed_keeps_its_job_and_reads_again() {
+    let fleet = Fleet::start(&["acme"]).await;
+    let host = fleet.host();
+    register_sample_runners(&host.runners(), &SampleImages::new(STACKD_IMAGE));
+    let acme = fleet.tenant_server("acme").client().await;
+    install_crds(&acme).await;
+    let daemon = fleet.daemon(&["--stackd-image", STACKD_IMAGE, "--allow-insecure-tenant-endpoint"]);
+    daemon.wait_for("/readyz?verbose", "[+]tenant acme ok", SOON).await;
+    let pods = RequestMatch::any()
+        .verb(Verb::List)
+        .resource("pods")
+        .namespace("tenant-acme-controllers");
+    host.faults().fail_next(3, pods, 500);
+    create_install(&acme, "team-a").await;
+    until("the install Ready", Duration::from_secs(60), &daemon, || async {
+        is_ready(&acme, "team-a").await
+    })
+    .await;
+    assert_eq!(install_jobs_created(host), 1, "{}", daemon.log_text());
+    let reasons: Vec<String> = Api::<Event>::namespaced(acme.clone(), "team-a")
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter_map(|event| event.reason)
+        .collect();
+    assert!(reasons.iter().any(|r| r == "HostUnreachable"), "{reasons:?}");
+    assert!(!reasons.iter().any(|r| r == "InvalidPackage"), "{reasons:?}");
 }

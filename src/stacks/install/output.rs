@@ -187,7 +187,7 @@ async fn unpack_log(ctx: &InstallContext, job: &Job, params: &LogParams) -> Resu
             return Err(Unread::Unanswered(Unanswered {
                 reason: HOST_UNREACHABLE,
                 message: format!(
-                    "cannot list the pods of install Job {job_name}: the host API server does not answer ({cause}); the Job is kept and its output read when it answers"
+                    "cannot list the pods of install Job {job_name}: the host API server does not answer, or cannot serve it now ({cause}); the Job is kept and its output read when it answers"
                 ),
                 error,
             }));
