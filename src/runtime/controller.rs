@@ -402,7 +402,7 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
             let for_host = host.is_some_and(|host| self.held_for_host.hold(host, &key));
             self.held.hold(reachability, &key) | for_host
         };
-        let servers: Vec<&Reachability> = [Some(reachability), host].into_iter().flatten().collect();
+        let servers = servers(self.tenant.as_ref());
         Action::requeue(retry::after_tenant_failure(
             backoff,
             &key,
@@ -444,6 +444,14 @@ fn observe<T: Tenant, E: ReconcileError>(tenant: &T, controller: &str, started: 
         };
         metrics.reconcile_errors_by_kind.get_or_create(&by_kind).inc();
     }
+}
+
+/// The servers a tenant's controller talks to: the tenant's, and the host's where it is watched.
+fn servers<T: Tenant>(tenant: &T) -> Vec<&Reachability> {
+    [Some(tenant.reachability()), tenant.host_reachability()]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// Failures are counted per object (its kind included: controllers share the tenant's backoff).

@@ -16,11 +16,10 @@ use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
 
-use super::{Permit, ReconcileError, Tenant, observe, reconcile_span};
+use super::{Permit, ReconcileError, Tenant, observe, reconcile_span, servers};
 use crate::runtime::cache::is_filled;
 use crate::runtime::deadline::sleep_until;
 use crate::runtime::panics;
-use crate::runtime::reachability::Reachability;
 use crate::runtime::retry;
 
 /// A per-tenant singleton controller, being put together.
@@ -129,21 +128,12 @@ impl<T: Tenant> Singleton<T> {
                     let logged = (self.tenant.name(), self.name.as_str(), self.name.as_str());
                     // Nothing to hold: a singleton retries on its own, within a probe's interval
                     // while a server is in doubt.
-                    let held = (servers(self.tenant.as_ref()), || false);
-                    let held = (held.0.as_slice(), held.1);
-                    let delay =
-                        retry::after_tenant_failure(self.tenant.object_backoff(), &self.name, logged, &err, held);
+                    let servers = servers(self.tenant.as_ref());
+                    let backoff = self.tenant.object_backoff();
+                    let delay = retry::after_tenant_failure(backoff, &self.name, logged, &err, (&servers, || false));
                     Some(tokio::time::Instant::now() + delay)
                 }
             };
         }
     }
-}
-
-/// The servers a tenant's controller talks to: the tenant's, and the host's where it is watched.
-fn servers<T: Tenant>(tenant: &T) -> Vec<&Reachability> {
-    [Some(tenant.reachability()), tenant.host_reachability()]
-        .into_iter()
-        .flatten()
-        .collect()
 }
