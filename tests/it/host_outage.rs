@@ -14,6 +14,7 @@ use stackd::embedded::samples::{SampleImages, register_sample_runners, slow_down
 use stackd::embedded::{ApiServer, Verb};
 
 use crate::harness::{Daemon, Fleet, install_crds, until};
+use crate::pools;
 
 const SOON: Duration = Duration::from_secs(10);
 /// The image install Jobs get, which the host's sample runners run.
@@ -182,4 +183,37 @@ async fn an_install_whose_job_pods_cannot_be_listed_keeps_its_job_and_reads_agai
         .collect();
     assert!(reasons.iter().any(|r| r == "HostUnreachable"), "{reasons:?}");
     assert!(!reasons.iter().any(|r| r == "InvalidPackage"), "{reasons:?}");
+}
+
+/// The pool installer's output is read from a Secret the installer writes: a host restart while
+/// installers run or have just finished makes no installer Job twice, and the pool fills.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_restart_mid_pool_install_runs_each_installer_once() {
+    let (fleet, tenant) = pools::setup().await;
+    let host = fleet.host();
+    // The host restarts while the installers run or have just finished.
+    assert!(slow_down(
+        &host.runners(),
+        pools::INSTALLER,
+        Duration::from_millis(1500)
+    ));
+    pools::create_pool(&tenant, pools::pool_json("vsphere", 2, None)).await;
+    let daemon = pools::daemon(&fleet, &[]);
+    until("both installer Jobs created", pools::WITHIN, &daemon, || async {
+        install_jobs_created(host) >= 2
+    })
+    .await;
+    host.restart_host(HOST_DOWNTIME, KUBELET_LAG)
+        .await
+        .expect("the host serves again");
+    until("two ready clusters", Duration::from_secs(60), &daemon, || async {
+        pools::ready(&tenant, "vsphere").await == 2
+    })
+    .await;
+    assert_eq!(
+        install_jobs_created(host),
+        2,
+        "an installer Job was made again:\n{}",
+        daemon.log_text()
+    );
 }
