@@ -16,7 +16,9 @@ use crate::runtime::deadline::sleep_until;
 use crate::runtime::health::Health;
 use crate::runtime::leader;
 use crate::runtime::metrics::Metrics;
+use crate::runtime::reachability::Reachability;
 use crate::runtime::shards::{self, Shards};
+use crate::runtime::transport;
 use crate::tenancy::directory::{self, TenantChange, TenantDirectory, WatchTiming};
 use crate::tenancy::objects::status::{Serving, StatusWriter};
 use crate::tenancy::objects::{self, ObjectSettings, TenantObjects};
@@ -28,6 +30,8 @@ use crate::tenancy::supervisor::Registry;
 pub enum DaemonError {
     #[error("cannot serve {addr}: {source}")]
     Admin { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot make a client of the host API server: {0}")]
+    HostClient(#[source] kube::Error),
     #[error(transparent)]
     Leader(#[from] leader::LeaderError),
     #[error(transparent)]
@@ -39,10 +43,20 @@ pub enum DaemonError {
 }
 
 /// Runs until `shutdown` fires: then readiness goes false, no new reconciles start, in-flight ones
-/// finish, and the function returns.
-pub async fn run(host: Client, settings: DaemonSettings, shutdown: CancellationToken) -> Result<(), DaemonError> {
+/// finish, and the function returns. Every request to the host (`host_config`) tells the host's
+/// reachability whether it answered, as a tenant's do.
+pub async fn run(
+    host_config: kube::Config,
+    settings: DaemonSettings,
+    shutdown: CancellationToken,
+) -> Result<(), DaemonError> {
     let metrics = Arc::new(Metrics::new());
     let health = Arc::new(Health::default());
+    let host_reachability = Reachability::for_host(metrics.clone(), health.clone());
+    let host = transport::host_client_builder(host_config)
+        .map_err(DaemonError::HostClient)?
+        .with_layer(&host_reachability.layer())
+        .build();
     let admin_cancel = CancellationToken::new();
     let mut listeners = vec![(
         settings.metrics_addr,
@@ -67,7 +81,12 @@ pub async fn run(host: Client, settings: DaemonSettings, shutdown: CancellationT
         "stackd running"
     );
     health.set_ready(true);
+    let host_probe = tokio::spawn({
+        let (reachability, host, cancel) = (host_reachability.clone(), host.clone(), admin_cancel.clone());
+        async move { reachability.run_probes(&host, &cancel).await }
+    });
 
+    let host = (host, host_reachability);
     let result = if settings.shards.is_some() {
         run_sharded(host, settings, metrics, health.clone(), &shutdown).await
     } else {
@@ -76,6 +95,7 @@ pub async fn run(host: Client, settings: DaemonSettings, shutdown: CancellationT
 
     health.set_ready(false);
     admin_cancel.cancel();
+    let _ = host_probe.await;
     for task in admin_tasks {
         let _ = task.await;
     }
@@ -84,7 +104,7 @@ pub async fn run(host: Client, settings: DaemonSettings, shutdown: CancellationT
 }
 
 async fn run_controllers(
-    host: Client,
+    (host, host_reachability): (Client, Arc<Reachability>),
     settings: DaemonSettings,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
@@ -104,10 +124,11 @@ async fn run_controllers(
         }
     };
     let watch_cancel = shutdown.child_token();
-    let (mut sources, view, watches) = start_sources(&host, &settings, watch_cancel.clone());
+    let (mut sources, view, watches) = start_sources((&host, &host_reachability), &settings, watch_cancel.clone());
     let shared = Arc::new(Shared {
-        namespaces: NamespaceWatch::start(&host, &watch_cancel),
+        namespaces: NamespaceWatch::start(&host, &host_reachability, &watch_cancel),
         host,
+        host_reachability,
         settings,
         metrics,
         health,
@@ -157,7 +178,7 @@ async fn run_controllers(
 /// Starts both sources of tenants: the tenants directory (when there is one) and the Tenant
 /// objects; their merged changes come from the [`Sources`].
 fn start_sources(
-    host: &Client,
+    (host, host_reachability): (&Client, &Arc<Reachability>),
     settings: &DaemonSettings,
     cancel: CancellationToken,
 ) -> (Sources, Arc<TenantObjects>, Vec<tokio::task::JoinHandle<()>>) {
@@ -171,7 +192,7 @@ fn start_sources(
         secret_namespaces: settings.tenant_secret_namespaces.clone(),
         template: settings.namespace_template.clone(),
     };
-    let (view, objects, task) = objects::start(host.clone(), object_settings, cancel);
+    let (view, objects, task) = objects::start(host.clone(), object_settings, Some(host_reachability.clone()), cancel);
     tasks.push(task);
     (Sources::new(directory, objects, view.clone()), view, tasks)
 }
@@ -185,6 +206,7 @@ fn start_status_writer(
 ) -> tokio::task::JoinHandle<()> {
     let writer = StatusWriter {
         host: shared.host.clone(),
+        host_reachability: Some(shared.host_reachability.clone()),
         view,
         health: shared.health.clone(),
         metrics: shared.metrics.clone(),
@@ -214,7 +236,7 @@ fn watch_directory(
 /// With `--shards`: the tenants of the slots this replica holds, until `shutdown`; then every
 /// tenant stops and the slots are released so that the other replicas take them at once.
 async fn run_sharded(
-    host: Client,
+    (host, host_reachability): (Client, Arc<Reachability>),
     settings: DaemonSettings,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
@@ -229,10 +251,11 @@ async fn run_sharded(
     let board = shards.board.clone();
     metrics.shards.set(i64::from(count));
     let watch_cancel = shutdown.child_token();
-    let (mut sources, view, watches) = start_sources(&host, &settings, watch_cancel.clone());
+    let (mut sources, view, watches) = start_sources((&host, &host_reachability), &settings, watch_cancel.clone());
     let shared = Arc::new(Shared {
-        namespaces: NamespaceWatch::start(&host, &watch_cancel),
+        namespaces: NamespaceWatch::start(&host, &host_reachability, &watch_cancel),
         host,
+        host_reachability,
         settings,
         metrics,
         health,

@@ -331,7 +331,7 @@ async fn run_daemon(
         )));
     }
     let restart = restart_and_install(tenants.get(1), shutdown.clone());
-    let (result, ()) = tokio::join!(daemon::run(host.client().await, settings, shutdown), restart);
+    let (result, ()) = tokio::join!(daemon::run(host.config().await, settings, shutdown), restart);
     progress.abort();
     tenant_states.abort();
     for sample in samples {

@@ -574,10 +574,6 @@ async fn run(args: RunArgs) -> ExitCode {
         Ok(config) => config,
         Err(err) => return fail("stackd run", err),
     };
-    let host = match stackd::runtime::transport::host_client(host_config.clone()) {
-        Ok(client) => client,
-        Err(err) => return fail("stackd run", err),
-    };
     let identity = format!(
         "{}-{}",
         std::env::var("POD_NAME").unwrap_or_else(|_| "stackd".to_string()),
@@ -632,7 +628,7 @@ async fn run(args: RunArgs) -> ExitCode {
                 lease_name: "stackd-leader".to_string(),
                 identity,
                 duration_seconds: args.leader_elect_lease_duration,
-                host: host_config,
+                host: host_config.clone(),
             }),
         rbac_subject: args.service_account,
         max_concurrent_reconciles: usize::from(args.max_concurrent_reconciles),
@@ -660,7 +656,7 @@ async fn run(args: RunArgs) -> ExitCode {
         namespace_max_objects: args.namespace_max_objects,
         monitoring_namespace: args.monitoring_namespace,
     };
-    match stackd::daemon::run(host, settings, shutdown_on_signals()).await {
+    match stackd::daemon::run(host_config, settings, shutdown_on_signals()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => fail("stackd run", err),
     }

@@ -1,5 +1,5 @@
 //! Chaos: installs and uninstalls run while two leader-elected daemons are killed, restarted and cut
-//! off from the host at random points, API servers restart, watches drop and requests fail with
+//! off from the host at random points, API servers (the host's too) restart, watches drop and requests fail with
 //! 409/500/429. Every fault comes once (those that kill or cut the leader first, the rest in a seeded
 //! order), then at random. Those that drive issue 17's races:
 //! - a daemon restarted right before a ClusterDeployment is deleted (the leader is killed and an
@@ -12,13 +12,15 @@
 //! Checked during the faults and after: no cluster's ClusterDeployment gone without its destroy
 //! Job having run (`destroys`), no tenant served by two daemons at once (`daemons`), no host
 //! object of a live parent swept (`sweeps`), no shared CRD (or its custom resources) deleted while
-//! an install of it lives (`crds`), no CDC leased twice, no asset assigned twice. Afterwards:
+//! an install of it lives (`crds`), no install Job made twice for one package (`install_jobs`), no
+//! CDC leased twice, no asset assigned twice. Afterwards:
 //! every install Ready or clearly failed, every uninstall and cluster deletion finished, no host
 //! object without a live tenant parent, both pools full.
 
 mod crds;
 mod daemons;
 mod destroys;
+mod install_jobs;
 mod sweeps;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -52,6 +54,7 @@ use crate::runtime::api_errors::is_conflict;
 use crds::SharedCrdWatch;
 use daemons::LeaderElected;
 use destroys::InstallerLedger;
+use install_jobs::InstallJobLedger;
 use sweeps::SweepAudit;
 
 #[derive(Clone, Debug)]
@@ -114,6 +117,10 @@ pub struct ChaosReport {
     pub live_objects_swept: Vec<String>,
     /// The sample stack's shared CRD, or a custom resource of it, deleted while an install of it lived.
     pub shared_crds_deleted: Vec<String>,
+    /// Install Jobs made more than once for one package (a host that did not answer taken for a
+    /// broken package).
+    #[serde(default)]
+    pub install_jobs_made_twice: Vec<String>,
     /// Seconds from the end of the faults until everything settled (or the deadline).
     pub converge_s: f64,
     /// When something did not settle: the status of each unsettled object (pools, their
@@ -131,6 +138,7 @@ impl ChaosReport {
             && self.tenants_served_twice.is_empty()
             && self.live_objects_swept.is_empty()
             && self.shared_crds_deleted.is_empty()
+            && self.install_jobs_made_twice.is_empty()
     }
 
     fn settled(&self) -> bool {
@@ -152,6 +160,7 @@ enum Fault {
     ClusterDeletedAfterRestart,
     LeaderPartitioned,
     TenantServerRestart,
+    HostRestart,
     WatchesDropped,
     Uninstall,
     ConcurrentUninstalls,
@@ -166,11 +175,12 @@ const CALM_LIMIT: Duration = Duration::from_secs(90);
 const FIRST_ROUND_GRACE: Duration = CALM_LIMIT;
 
 /// Each fault once (in a seeded order), then these at random.
-const EVERY_FAULT: [Fault; 9] = [
+const EVERY_FAULT: [Fault; 10] = [
     Fault::DaemonRestart,
     Fault::ClusterDeletedAfterRestart,
     Fault::LeaderPartitioned,
     Fault::TenantServerRestart,
+    Fault::HostRestart,
     Fault::WatchesDropped,
     Fault::Uninstall,
     Fault::ConcurrentUninstalls,
@@ -222,6 +232,7 @@ struct Chaos {
     deletions: Vec<JoinHandle<Option<DeletedCluster>>>,
     deleted_clusters: Vec<DeletedCluster>,
     ledger: InstallerLedger,
+    install_jobs: InstallJobLedger,
     sweeps: SweepAudit,
     crds: SharedCrdWatch,
     started: Instant,
@@ -236,6 +247,8 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
     }
     let ledger = InstallerLedger::install(&fleet.host)
         .ok_or_else(|| BenchError::Io(std::io::Error::other("the host has no installer runner to record")))?;
+    let install_jobs = InstallJobLedger::install(&fleet.host)
+        .ok_or_else(|| BenchError::Io(std::io::Error::other("the host has no unpack runner to record")))?;
     // A daemon killed between leasing a customization and creating its cluster leaves a lease whose
     // cluster never appears; it is released after --lease-min-age (DESIGN.md §4.3.2). The default
     // 5 min outlasts the settle window, so chaos uses the 10 s `stackd dev` uses: the repair runs
@@ -277,6 +290,7 @@ pub async fn run(options: &ChaosOptions) -> Result<ChaosReport, BenchError> {
         deletions: Vec::new(),
         deleted_clusters: Vec::new(),
         ledger,
+        install_jobs,
         sweeps: SweepAudit::default(),
         crds: SharedCrdWatch::default(),
         started: Instant::now(),
@@ -440,6 +454,14 @@ impl Chaos {
                     .await?;
                 "tenant_server_restart"
             }
+            Fault::HostRestart => {
+                // A control-plane restart: the API away for a while, back with a fresh watch cache,
+                // the node's kubelet (install pods' logs) a moment after it.
+                let downtime = Duration::from_millis(self.rng.random_range(0..2000));
+                let kubelet_lag = Duration::from_millis(self.rng.random_range(0..2000));
+                self.fleet.host.restart_host(downtime, kubelet_lag).await?;
+                "host_restart"
+            }
             Fault::WatchesDropped => {
                 self.fleet.host.faults().drop_watches();
                 for (_, server) in &self.fleet.tenants {
@@ -550,6 +572,7 @@ impl Chaos {
             .live_objects_swept
             .extend(self.sweeps.live_objects_swept(&logs, &self.clients).await);
         report.shared_crds_deleted.extend(self.crds.check(&self.clients).await);
+        report.install_jobs_made_twice = self.install_jobs.made_twice();
     }
 
     /// No more faults: the remaining installs go in, and everything must settle.
@@ -977,7 +1000,7 @@ fn parent_resource(kind: &str) -> Option<ApiResource> {
 pub fn table(report: &ChaosReport) -> String {
     let faults: Vec<String> = report.faults.iter().map(|(k, n)| format!("{k} {n}")).collect();
     let mut out = format!(
-        "chaos (seed {}): {}\nfaults: {}\ninstalls {}: {} Ready, {} clearly failed, {} stuck; uninstalls {}: {} unfinished; cluster deletions unfinished: {}\npools filled: {} (vSphere), {} (baremetal); orphaned host objects: {}; double leases: {}; assets assigned twice: {}; settled in {:.1} s\nclusters gone without their destroy Job: {}; tenants served by two daemons at once: {}; live objects swept: {}; shared CRDs deleted under a live install: {}\n",
+        "chaos (seed {}): {}\nfaults: {}\ninstalls {}: {} Ready, {} clearly failed, {} stuck; uninstalls {}: {} unfinished; cluster deletions unfinished: {}\npools filled: {} (vSphere), {} (baremetal); orphaned host objects: {}; double leases: {}; assets assigned twice: {}; settled in {:.1} s\nclusters gone without their destroy Job: {}; tenants served by two daemons at once: {}; live objects swept: {}; shared CRDs deleted under a live install: {}; install Jobs made twice: {}\n",
         report.seed,
         if report.passed { "PASSED" } else { "FAILED" },
         faults.join(", "),
@@ -998,6 +1021,7 @@ pub fn table(report: &ChaosReport) -> String {
         report.tenants_served_twice.len(),
         report.live_objects_swept.len(),
         report.shared_crds_deleted.len(),
+        report.install_jobs_made_twice.len(),
     );
     for line in report
         .stuck
@@ -1009,6 +1033,7 @@ pub fn table(report: &ChaosReport) -> String {
         .chain(&report.tenants_served_twice)
         .chain(&report.live_objects_swept)
         .chain(&report.shared_crds_deleted)
+        .chain(&report.install_jobs_made_twice)
         .chain(&report.unsettled)
     {
         out.push_str(&format!("  {line}\n"));

@@ -490,6 +490,14 @@ pub fn recovery_lines(r: &RecoveryFigures) -> String {
             r.install_after_restart_extra_s
         ),
     );
+    let h = &r.host_restart;
+    line(
+        &mut out,
+        format!(
+            "recovery: a host restart ({:.0} s down, fresh watch cache, kubelet {:.0} s later) with {} installs in flight: {} Ready {:.2} s after the host answered; {:.2} install Jobs per install (goal exactly 1); {} daemon log lines (goal at most 5)",
+            h.downtime_s, h.kubelet_lag_s, h.installs, h.ready, h.all_ready_after_s, h.jobs_per_install, h.log_lines
+        ),
+    );
     for (what, b) in [
         ("after a restart", &r.after_restart_breakdown),
         ("settled", &r.baseline_breakdown),
@@ -696,6 +704,7 @@ mod tests {
                 install_after_restart_extra_s: 0.0,
                 after_restart_breakdown: Default::default(),
                 baseline_breakdown: Default::default(),
+                host_restart: Default::default(),
             },
             install_alone_floor_multiple: 10.0,
             shards: None,

@@ -4,6 +4,11 @@
 //! that moment takes, against the same install on a tenant that never went away (same run); the
 //! latency breakdown of both says where the difference goes (`pickup` is the daemon seeing the
 //! install: its watches resuming).
+//!
+//! Then the host restarts (issue 47) with installs in flight, as a control plane does: its API away
+//! for a while, back with a fresh watch cache, its kubelet (the install pods' logs) a moment later.
+//! Every install must be Ready after it with exactly one install Job, and the daemon must tell the
+//! outage in a few lines whatever is in flight.
 
 use std::time::{Duration, Instant};
 
@@ -12,14 +17,42 @@ use kube::api::Api;
 use serde::{Deserialize, Serialize};
 
 use super::BenchError;
+use super::fleet::BENCH_STACKD_IMAGE;
 use super::fleet::{DaemonProcess, Fleet};
 use super::latency::percentile;
 use super::timeline::{LatencyBreakdown, Recorder};
 use crate::api::stacks::StackInstall;
-use crate::embedded::RestartState;
+use crate::embedded::samples::slow_down;
+use crate::embedded::{RestartState, Verb};
 
 /// How long each restarted server refuses connections.
 const DOWNTIME: Duration = Duration::from_secs(2);
+
+/// Installs in flight when the host restarts (the issue's six), how long its API is away, how much
+/// later its kubelet answers, and how long each install pod runs (so that the restart finds some
+/// running and some just finished).
+const HOST_RESTART_INSTALLS: usize = 6;
+const HOST_DOWNTIME: Duration = Duration::from_secs(4);
+const KUBELET_LAG: Duration = Duration::from_secs(2);
+const INSTALL_POD_TIME: Duration = Duration::from_millis(1500);
+
+/// A host restart with installs in flight.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct HostRestartFigures {
+    pub installs: usize,
+    /// Seconds the host's API refused connections, and how much later its kubelet answered.
+    pub downtime_s: f64,
+    pub kubelet_lag_s: f64,
+    /// Installs in flight at the restart that were Ready within a minute of it.
+    pub ready: usize,
+    /// Seconds from the host's API answering again until the last of them was Ready.
+    pub all_ready_after_s: f64,
+    /// Install Jobs made per install (goal: exactly 1).
+    pub jobs_per_install: f64,
+    /// The daemon's log lines from the restart until every install was Ready (the Stack
+    /// controller's line per change of a Stack's readiness aside; goal: at most 5).
+    pub log_lines: usize,
+}
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct RecoveryFigures {
@@ -44,6 +77,9 @@ pub struct RecoveryFigures {
     /// Where the time of the install on the settled tenant goes.
     #[serde(default)]
     pub baseline_breakdown: LatencyBreakdown,
+    /// A host restart with installs in flight.
+    #[serde(default)]
+    pub host_restart: HostRestartFigures,
 }
 
 pub(super) async fn measure(restarts: usize) -> Result<RecoveryFigures, BenchError> {
@@ -68,6 +104,7 @@ pub(super) async fn measure(restarts: usize) -> Result<RecoveryFigures, BenchErr
     let after_restart_breakdown = timeline.breakdown_of(|namespace| namespace.starts_with("after-"));
     let baseline_breakdown = timeline.breakdown_of(|namespace| namespace == "baseline");
     drop(timeline);
+    let host_restart = host_restart(&fleet, &server.client().await, &daemon).await?;
     daemon.kill().await;
     fleet.shutdown().await;
     let install_after_restart_s = installs.iter().copied().fold(0.0, f64::max);
@@ -82,7 +119,68 @@ pub(super) async fn measure(restarts: usize) -> Result<RecoveryFigures, BenchErr
         install_after_restart_extra_s: install_after_restart_s - install_baseline_s,
         after_restart_breakdown,
         baseline_breakdown,
+        host_restart,
     })
+}
+
+/// Restarts the host with [`HOST_RESTART_INSTALLS`] installs of `client`'s tenant in flight.
+async fn host_restart(
+    fleet: &Fleet,
+    client: &Client,
+    daemon: &DaemonProcess,
+) -> Result<HostRestartFigures, BenchError> {
+    let host = &fleet.host;
+    slow_down(&host.runners(), BENCH_STACKD_IMAGE, INSTALL_POD_TIME);
+    let jobs_made = || host.counters().get(Verb::Create, "jobs", None);
+    let (jobs_before, lines_before) = (jobs_made(), log_lines(daemon).len());
+    let namespaces: Vec<String> = (0..HOST_RESTART_INSTALLS)
+        .map(|i| format!("host-restart-{i}"))
+        .collect();
+    for namespace in &namespaces {
+        super::stacks::create(client, namespace).await?;
+    }
+    let created = Instant::now();
+    while jobs_made() < jobs_before + HOST_RESTART_INSTALLS as u64 {
+        if created.elapsed() > Duration::from_secs(60) {
+            return Err(not_ready("host-restart-*", daemon));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    host.restart_host(HOST_DOWNTIME, KUBELET_LAG).await?;
+    let answered = Instant::now();
+    let waits = namespaces.iter().map(|namespace| {
+        let installs: Api<StackInstall> = Api::namespaced(client.clone(), namespace);
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            super::stacks::wait_ready(installs, 1, answered),
+        )
+    });
+    let ready: Vec<f64> = futures::future::join_all(waits)
+        .await
+        .into_iter()
+        .filter_map(|ready| ready.ok().and_then(|seconds| seconds.first().copied()))
+        .collect();
+    let jobs = jobs_made() - jobs_before;
+    Ok(HostRestartFigures {
+        installs: HOST_RESTART_INSTALLS,
+        downtime_s: HOST_DOWNTIME.as_secs_f64(),
+        kubelet_lag_s: KUBELET_LAG.as_secs_f64(),
+        ready: ready.len(),
+        all_ready_after_s: ready.iter().copied().fold(0.0, f64::max),
+        jobs_per_install: jobs as f64 / HOST_RESTART_INSTALLS as f64,
+        log_lines: log_lines(daemon).len().saturating_sub(lines_before),
+    })
+}
+
+/// The daemon's log lines so far, but for the Stack controller's line per change of a Stack's
+/// readiness (each install's progress, outage or not).
+fn log_lines(daemon: &DaemonProcess) -> Vec<String> {
+    std::fs::read_to_string(&daemon.log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| !line.contains("stackd::stacks::stack::status"))
+        .map(str::to_string)
+        .collect()
 }
 
 /// Seconds from `since` until the daemon's metrics say `tenant` is up.

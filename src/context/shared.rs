@@ -22,6 +22,7 @@ use crate::runtime::health::Health;
 use crate::runtime::leader::LeaderElectionSettings;
 use crate::runtime::memory_budget::ByteSize;
 use crate::runtime::metrics::Metrics;
+use crate::runtime::reachability::Reachability;
 use crate::runtime::shards::ShardSettings;
 
 /// Everything `stackd run` is configured with.
@@ -102,6 +103,8 @@ pub struct DaemonSettings {
 /// What every tenant shares.
 pub struct Shared {
     pub host: Client,
+    /// Whether the host API server answers, and the signal of its return; told once per change.
+    pub host_reachability: Arc<Reachability>,
     /// Every tenant's host namespace and the daemon's RoleBinding there, one watch per replica.
     pub namespaces: Arc<NamespaceWatch>,
     pub settings: DaemonSettings,

@@ -74,6 +74,10 @@ impl Tenant for TenantContext {
         &self.reachability
     }
 
+    fn host_reachability(&self) -> Option<&Reachability> {
+        Some(&self.shared.host_reachability)
+    }
+
     fn startup(&self) -> &Startup {
         &self.startup
     }

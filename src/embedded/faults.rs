@@ -1,11 +1,13 @@
 //! Fault injection for tests: fail the next N requests matching verb/resource/namespace with a status
 //! code (and a proper `Status` body), add latency to matching requests, drop every open watch, pause
-//! the delivery of watch events (a watch cache that fell behind).
+//! the delivery of watch events (a watch cache that fell behind), take the node's kubelet away (pod
+//! logs answered as kube-apiserver answers them when it cannot dial the kubelet).
 //! Restarting the server (keeping or losing its state) is [`super::ApiServer::restart`]; stopping
 //! it as kube-apiserver does on SIGTERM (new connections refused at once, open watches kept for a
-//! while) is [`super::ApiServer::stop_gracefully`].
+//! while) is [`super::ApiServer::stop_gracefully`]; a host restart, API and kubelet, is
+//! [`super::ApiServer::restart_host`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -95,6 +97,8 @@ pub struct Faults {
     next_pause: AtomicU64,
     /// The resourceVersion a pause starts after.
     store: Arc<Store>,
+    /// The node's kubelet does not answer: pod logs cannot be read.
+    kubelet_down: AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -113,6 +117,7 @@ impl Faults {
             pauses: Arc::new(watch::Sender::new(Vec::new())),
             next_pause: AtomicU64::new(0),
             store,
+            kubelet_down: AtomicBool::new(false),
         }
     }
 
@@ -147,6 +152,25 @@ impl Faults {
         lock(&self.failures).clear();
         lock(&self.latencies).clear();
         lock(&self.answer_latencies).clear();
+    }
+
+    /// The node's kubelet stops answering (`up` false) or answers again: while it is down, pod log
+    /// requests get what kube-apiserver answers when it cannot dial the kubelet (500, the dial
+    /// error), while the rest of the API serves.
+    pub fn set_kubelet_up(&self, up: bool) {
+        self.kubelet_down.store(!up, Ordering::SeqCst);
+    }
+
+    /// The answer to a pod log request while the kubelet is down.
+    pub(crate) fn kubelet_refusal(&self, namespace: &str, pod: &str) -> Option<Response> {
+        if !self.kubelet_down.load(Ordering::SeqCst) {
+            return None;
+        }
+        // kube-apiserver passes the dial error on as a Status without a reason.
+        let message = format!(
+            "Get \"https://127.0.0.1:10250/containerLogs/{namespace}/{pod}\": dial tcp 127.0.0.1:10250: connect: connection refused"
+        );
+        Some(ApiError::new(500, "", message).into_response())
     }
 
     /// Ends every open watch stream (new watches are unaffected).

@@ -616,6 +616,9 @@ fn watch_response(
 }
 
 fn pod_log(shared: &Arc<Shared>, target: &Target, name: &str, query: &Query) -> Result<Response, ApiError> {
+    if let Some(refused) = shared.faults.kubelet_refusal(target.namespace(), name) {
+        return Ok(refused);
+    }
     let limit = match query.get("limitBytes") {
         Some(l) => Some(
             l.parse()

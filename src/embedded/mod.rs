@@ -390,6 +390,24 @@ impl ApiServer {
         Ok(())
     }
 
+    /// Restarts the host as a control-plane restart or a node reboot looks to its clients: the API
+    /// stops (watches end, new connections are refused) for `downtime` and comes back with a fresh
+    /// watch cache (resumed watches get 410), and the node's kubelet (pod logs) answers again only
+    /// `kubelet_lag` after the API does. Returns once the API serves; the in-process loops (Jobs
+    /// running to completion) keep running throughout.
+    pub async fn restart_host(&self, downtime: Duration, kubelet_lag: Duration) -> Result<(), Error> {
+        self.shared.faults.set_kubelet_up(false);
+        let restarted = self.restart_after(RestartState::FreshWatchCache, downtime).await;
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(kubelet_lag) => shared.faults.set_kubelet_up(true),
+                _ = shared.shutdown.cancelled() => {}
+            }
+        });
+        restarted
+    }
+
     /// Stops as kube-apiserver does on SIGTERM: the listener closes at once (new connections are
     /// refused; idle kept-alive ones are closed, so every new request needs one), then HTTP/2
     /// connections are sent GOAWAY (no new requests on them, those open go on), while the watches

@@ -48,6 +48,17 @@ impl SampleImages {
     }
 }
 
+/// Makes the pods of Jobs running `image` take `delay` (run as the runner registered for it now
+/// runs them): for a restart to find installs in flight. False when no runner answers `image`.
+pub fn slow_down(runners: &Runners, image: &str, delay: std::time::Duration) -> bool {
+    let Some(inner) = runners.runner_for(image) else {
+        return false;
+    };
+    let slowed = move |ctx: &JobContext| inner.run(ctx).after(delay);
+    runners.register(ImageMatch::Exact(image.to_string()), slowed);
+    true
+}
+
 /// `registry:5000/org/name:tag@sha256:…` → `name`.
 pub fn repository_name(image: &str) -> &str {
     let without_digest = image.split('@').next().unwrap_or(image);

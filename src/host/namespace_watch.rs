@@ -20,12 +20,15 @@ use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::labels::{MANAGED_BY, MANAGED_BY_LABEL, TENANT_LABEL};
 use super::namespace::TENANT_NAMESPACE_ROLE;
 use crate::runtime::cache::is_filled;
+use crate::runtime::cause::diagnose;
+use crate::runtime::reachability::Reachability;
 use crate::runtime::recovery::{WatchBackoff, retry_watch};
+use crate::runtime::retry::is_quiet_watch_failure;
 
 /// Which host namespaces a change concerns.
 #[derive(Clone, Debug)]
@@ -81,7 +84,7 @@ impl NamespaceWatch {
     /// Starts both watches on `host`, until `cancel`: the namespaces stackd labelled as a tenant's,
     /// and every RoleBinding named [`TENANT_NAMESPACE_ROLE`] (by name, so one whose labels were
     /// stripped is still seen and repaired).
-    pub fn start(host: &Client, cancel: &CancellationToken) -> Arc<Self> {
+    pub fn start(host: &Client, reachability: &Arc<Reachability>, cancel: &CancellationToken) -> Arc<Self> {
         let listeners = Arc::new(Listeners::default());
         let tenant_namespaces = format!("{MANAGED_BY_LABEL}={MANAGED_BY},{TENANT_LABEL}");
         let (namespaces, namespace_events) = shared_cache(
@@ -89,12 +92,14 @@ impl NamespaceWatch {
             watcher::Config::default().labels(&tenant_namespaces),
             "tenant host namespaces",
             |ns: &Namespace| ns.name_any(),
+            reachability.clone(),
         );
         let (bindings, binding_events) = shared_cache(
             Api::<RoleBinding>::all(host.clone()),
             watcher::Config::default().fields(&format!("metadata.name={TENANT_NAMESPACE_ROLE}")),
             "tenant namespace RoleBindings",
             |rb: &RoleBinding| rb.namespace().unwrap_or_default(),
+            reachability.clone(),
         );
         for events in [namespace_events.boxed(), binding_events.boxed()] {
             let (listeners, cancel) = (listeners.clone(), cancel.clone());
@@ -145,12 +150,15 @@ impl NamespaceWatch {
 
 /// A reflector of `api` under `config`, retried on the default backoff; its stream names the
 /// namespace (by `namespace_of`) of every changed object, and says [`Changed::All`] whenever a list
-/// (re)filled it. Failures are logged here, once per outage, not once per tenant.
+/// (re)filled it. Failures are logged here, once per failing spell, not once per tenant; while the
+/// host is in doubt (a failure to reach it makes it so) they are its probe's to tell. It retries at
+/// once when the host answers again.
 fn shared_cache<K>(
     api: Api<K>,
     config: watcher::Config,
     what: &'static str,
     namespace_of: fn(&K) -> String,
+    reachability: Arc<Reachability>,
 ) -> (Store<K>, impl Stream<Item = Changed> + Send + 'static)
 where
     K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
@@ -158,7 +166,7 @@ where
     let (store, writer) = reflector::store();
     let events = retry_watch(
         reflector(writer, watcher(api, config)).boxed(),
-        None,
+        Some(reachability.back()),
         WatchBackoff::default(),
     );
     let mut failing = false;
@@ -169,7 +177,14 @@ where
             Ok(Event::Apply(object) | Event::Delete(object)) => Changed::Namespace(namespace_of(&object)),
             Ok(Event::InitDone) => Changed::All,
             Err(err) => {
-                if !std::mem::replace(&mut failing, true) {
+                // A watch that broke off says nothing to the host's client layer: the probe hears it here.
+                let kind = diagnose(&err).kind;
+                if kind.is_unreachable() && !kind.is_permanent() {
+                    reachability.suspect();
+                }
+                if is_quiet_watch_failure(&err, &[&reachability]) {
+                    debug!(watch = what, error = %err, "host watch failed; retrying");
+                } else if !std::mem::replace(&mut failing, true) {
                     warn!(watch = what, error = %err, "host watch failed; retrying");
                 }
                 return ready(None);

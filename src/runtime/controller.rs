@@ -67,6 +67,11 @@ pub trait Tenant: Send + Sync + 'static {
     fn object_backoff(&self) -> &ObjectBackoff;
     /// Whether the tenant's API server answers, and the signal of its return.
     fn reachability(&self) -> &Reachability;
+    /// Whether the host API server answers, and the signal of its return (none where the host
+    /// is not watched).
+    fn host_reachability(&self) -> Option<&Reachability> {
+        None
+    }
     /// The tenant's start, which each controller joins as it starts.
     fn startup(&self) -> &Startup;
     /// Where the scaffold writes what it tells users itself (the `Held` condition and its Event);
@@ -269,17 +274,21 @@ where
     {
         let ready = Readiness::all(self.caches);
         self.tenant.startup().controller_started(&self.name, ready.clone());
-        let held = Arc::new(HeldForReturn::default());
-        let forget = {
-            let tenant = self.tenant.clone();
-            move |key: &str| tenant.object_backoff().succeeded(key)
-        };
+        let (held, held_for_host) = (Arc::new(HeldForReturn::default()), Arc::new(HeldForReturn::default()));
+        let forget = |tenant: Arc<T>| move |key: &str| tenant.object_backoff().succeeded(key);
         let returned = held.clone().on_return(
             self.tenant.reachability().back(),
             self.main.clone(),
             backoff_key,
-            forget,
+            forget(self.tenant.clone()),
         );
+        let host_back = self.tenant.host_reachability().map(Reachability::back);
+        let host_returned = host_back.map(|back| {
+            held_for_host
+                .clone()
+                .on_return(back, self.main.clone(), backoff_key, forget(self.tenant.clone()))
+        });
+        let returned = futures::stream::select(returned, futures::stream::iter(host_returned).flatten());
         // A namespace held up or released by a cache this controller reads runs its objects
         // again: the held look again, and the others are held (and told so).
         let held_up = Arc::new(HeldForReturn::default());
@@ -307,6 +316,7 @@ where
             cancel: cancel.clone(),
             reconcile,
             held,
+            held_for_host,
             held_up,
         });
         let (tenant, name) = (runner.tenant.name().to_string(), runner.name.clone());
@@ -347,6 +357,8 @@ struct Runner<T, C, F> {
     reconcile: F,
     /// Objects that failed while the tenant was down, run again at its return.
     held: Arc<HeldForReturn>,
+    /// Objects that failed while the host was down, run again at its return.
+    held_for_host: Arc<HeldForReturn>,
     /// Objects held off by a refused object in their namespace, run again at its release.
     held_up: Arc<HeldForReturn>,
 }
@@ -423,14 +435,19 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
         let shown = shown(object);
         let logged = (self.tenant.name(), self.name.as_str(), shown.as_str());
         let (backoff, key) = (self.tenant.object_backoff(), backoff_key(object));
-        let reachability = self.tenant.reachability();
-        let hold = || self.held.hold(reachability, &key);
+        let (reachability, host) = (self.tenant.reachability(), self.tenant.host_reachability());
+        // Held for each server that is down, run again at whichever returns first.
+        let hold = || {
+            let for_host = host.is_some_and(|host| self.held_for_host.hold(host, &key));
+            self.held.hold(reachability, &key) | for_host
+        };
+        let servers = servers(self.tenant.as_ref());
         Action::requeue(retry::after_tenant_failure(
             backoff,
             &key,
             logged,
             err,
-            (reachability, hold),
+            (&servers, hold),
         ))
     }
 }
@@ -468,6 +485,14 @@ fn observe<T: Tenant, E: ReconcileError>(tenant: &T, controller: &str, started: 
     }
 }
 
+/// The servers a tenant's controller talks to: the tenant's, and the host's where it is watched.
+fn servers<T: Tenant>(tenant: &T) -> Vec<&Reachability> {
+    [Some(tenant.reachability()), tenant.host_reachability()]
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
 /// Failures are counted per object (its kind included: controllers share the tenant's backoff).
 fn backoff_key<K: Resource<DynamicType = ()>>(object: &K) -> String {
     ObjectRef::from_obj(object).to_string()
@@ -491,6 +516,7 @@ mod tests {
         permits: Arc<FairPermits>,
         backoff: ObjectBackoff,
         reachability: Arc<Reachability>,
+        host: Arc<Reachability>,
         startup: Startup,
     }
 
@@ -510,6 +536,9 @@ mod tests {
         fn reachability(&self) -> &Reachability {
             &self.reachability
         }
+        fn host_reachability(&self) -> Option<&Reachability> {
+            Some(&self.host)
+        }
         fn startup(&self) -> &Startup {
             &self.startup
         }
@@ -521,6 +550,7 @@ mod tests {
             permits: FairPermits::new(1),
             backoff: ObjectBackoff::new(Backoff::new(Duration::from_secs(60), Duration::from_secs(60))),
             reachability: Reachability::new("acme", Arc::new(Metrics::new()), Arc::default()),
+            host: Reachability::for_host(Arc::new(Metrics::new()), Arc::default()),
             startup: Startup::default(),
         })
     }
@@ -708,10 +738,21 @@ mod tests {
     /// (60 s here): it runs again the moment the tenant answers.
     #[tokio::test]
     async fn a_reconcile_failed_while_the_tenant_was_down_runs_again_at_its_return() {
+        runs_again_at_the_return_of(|tenant| &tenant.reachability).await;
+    }
+
+    /// The same for the host: a reconcile that failed while the host was down (a tenant's host
+    /// objects) runs again the moment the host answers.
+    #[tokio::test]
+    async fn a_reconcile_failed_while_the_host_was_down_runs_again_at_its_return() {
+        runs_again_at_the_return_of(|tenant| &tenant.host).await;
+    }
+
+    async fn runs_again_at_the_return_of(server: fn(&TestTenant) -> &Arc<Reachability>) {
         let (feed, main, _driver) = fed::<ConfigMap>();
         listed(&feed, &[config_map("a")]);
         let tenant = tenant();
-        tenant.reachability.report_down(crate::runtime::cause::Cause {
+        server(&tenant).report_down(crate::runtime::cause::Cause {
             kind: crate::runtime::cause::CauseKind::Refused,
             message: "connection refused".into(),
         });
@@ -734,7 +775,7 @@ mod tests {
         let key = backoff_key(&config_map("a"));
         eventually("the failure counted", || tenant.backoff.failures(&key) == 1).await;
         let returned = Instant::now();
-        tenant.reachability.report_answering();
+        server(&tenant).report_answering();
         eventually("the retry at the return", || attempts.load(Ordering::SeqCst) == 2).await;
         // Not the probe interval's 2 to 4 s, not the 60 s backoff.
         assert!(returned.elapsed() < Duration::from_secs(1), "{:?}", returned.elapsed());

@@ -45,6 +45,8 @@ pub struct ObjectCounts {
 pub struct Health {
     ready: AtomicBool,
     tenants: Mutex<BTreeMap<String, TenantHealth>>,
+    /// Whether the host API server answers (up or down only); none until the daemon watches it.
+    host: Mutex<Option<TenantHealth>>,
     facts: Mutex<BTreeMap<String, TenantFacts>>,
     /// Tenants suspended by the daemon (over their memory budget), with why: shown instead of
     /// their health until they are resumed.
@@ -71,6 +73,11 @@ impl Health {
         if previous != Some(health) {
             self.signal();
         }
+    }
+
+    /// Whether the host API server answers: shown in the detail, not in any Tenant's status.
+    pub fn set_host(&self, health: TenantHealth) {
+        *self.host.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(health);
     }
 
     /// Forgets a tenant no longer served here, its facts included.
@@ -176,6 +183,16 @@ impl Health {
             mark(self.is_ready()),
             if self.is_ready() { "ok" } else { "not ready" }
         );
+        let host = self
+            .host
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone();
+        match host {
+            Some(TenantHealth::Down(why)) => out.push_str(&format!("[-]host down: {why}\n")),
+            Some(_) => out.push_str("[+]host ok\n"),
+            None => {}
+        }
         let suspended = self.suspensions().clone();
         for (tenant, health) in self.lock().iter() {
             if let Some(why) = suspended.get(tenant) {
@@ -257,6 +274,17 @@ mod tests {
         );
         health.resume("a");
         assert!(health.detail().contains("[+]tenant a ok\n"));
+    }
+
+    #[test]
+    fn detail_says_whether_the_host_answers_once_it_is_watched() {
+        let health = Health::default();
+        health.set_ready(true);
+        assert!(!health.detail().contains("host"), "not watched: no line");
+        health.set_host(TenantHealth::Down("connection refused".into()));
+        assert_eq!(health.detail(), "[+]daemon ok\n[-]host down: connection refused\n");
+        health.set_host(TenantHealth::Up);
+        assert_eq!(health.detail(), "[+]daemon ok\n[+]host ok\n");
     }
 
     #[test]

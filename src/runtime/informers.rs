@@ -250,6 +250,8 @@ pub struct Informers {
     host_parent: Option<HostParentOf>,
     /// Changes when the tenant answers again after an outage: its watches retry at once.
     tenant_back: Option<tokio::sync::watch::Receiver<u64>>,
+    /// The same for the host and the host watches.
+    host_back: Option<tokio::sync::watch::Receiver<u64>>,
 }
 
 impl Informers {
@@ -265,6 +267,7 @@ impl Informers {
             recorder: None,
             host_parent: None,
             tenant_back: None,
+            host_back: None,
         }
     }
 
@@ -272,6 +275,14 @@ impl Informers {
     pub fn resuming_on(self, back: tokio::sync::watch::Receiver<u64>) -> Informers {
         Informers {
             tenant_back: Some(back),
+            ..self
+        }
+    }
+
+    /// Host watches waiting to retry do so at once when `back` changes (the host answers again).
+    pub fn resuming_host_on(self, back: tokio::sync::watch::Receiver<u64>) -> Informers {
+        Informers {
+            host_back: Some(back),
             ..self
         }
     }
@@ -389,8 +400,12 @@ impl Informers {
         if let Some(cache) = caches.get(&key).and_then(|c| c.downcast_ref::<SharedCache<K>>()) {
             return cache.clone();
         }
-        // Retried with backoff; a tenant watch at once when its tenant answers again.
-        let back = self.tenant_back.clone().filter(|_| key.starts_with("tenant "));
+        // Retried with backoff; at once when its server (the tenant's, the host's) answers again.
+        let back = if key.starts_with("tenant ") {
+            self.tenant_back.clone()
+        } else {
+            self.host_back.clone()
+        };
         let (cache, driver) = start(key.clone(), parts, retry_watch(events, back, WatchBackoff::default()));
         self.drivers
             .lock()

@@ -25,6 +25,11 @@ pub struct TenantCauseLabels {
 
 /// Why a tenant is suspended: `reason` is one of [`SUSPENSION_REASONS`].
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabels {
+    pub cause: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TenantReasonLabels {
     pub tenant: String,
     pub reason: String,
@@ -93,6 +98,10 @@ pub struct Metrics {
     pub tenant_up: Family<TenantLabels, Gauge>,
     /// 1 for the root cause of a tenant being down (one series at a time), none while it is up.
     pub tenant_down_cause: Family<TenantCauseLabels, Gauge>,
+    /// 1 while the host API server answers, 0 otherwise.
+    pub host_up: Gauge,
+    /// 1 for the root cause of the host being down (one series at a time), none while it is up.
+    pub host_down_cause: Family<CauseLabels, Gauge>,
     /// Restarts of a tenant's task tree after an error or panic.
     pub tenant_restarts: Family<TenantLabels, Counter>,
     /// 1 while a tenant is suspended (its controllers and watches stopped), by reason.
@@ -147,6 +156,18 @@ impl Metrics {
             "tenant_down_cause",
             "Why a tenant is down (1 for the root cause of the last failure; absent while it is up)",
             tenant_down_cause.clone(),
+        );
+        let host_up = Gauge::default();
+        registry.register(
+            "host_up",
+            "Whether the host API server answers (1) or not (0)",
+            host_up.clone(),
+        );
+        let host_down_cause = Family::<CauseLabels, Gauge>::default();
+        registry.register(
+            "host_down_cause",
+            "Why the host is down (1 for the root cause; absent while it is up)",
+            host_down_cause.clone(),
         );
         registry.register(
             "tenant_restarts",
@@ -218,6 +239,8 @@ impl Metrics {
             resident_memory,
             tenant_up,
             tenant_down_cause,
+            host_up,
+            host_down_cause,
             tenant_restarts,
             tenant_suspended,
             tenant_cached_bytes,
@@ -257,6 +280,19 @@ impl Metrics {
             cause: cause.to_string(),
         };
         self.tenant_down_cause.get_or_create(&labels).set(1);
+    }
+
+    /// The host answers (`down` none), or is down for a cause (a
+    /// [`crate::runtime::cause::CauseKind::label`]).
+    pub fn set_host_up(&self, down: Option<&str>) {
+        self.host_up.set(i64::from(down.is_none()));
+        self.host_down_cause.clear();
+        if let Some(cause) = down {
+            let labels = CauseLabels {
+                cause: cause.to_string(),
+            };
+            self.host_down_cause.get_or_create(&labels).set(1);
+        }
     }
 
     /// Whether this replica holds a shard slot: a series while it does, none otherwise.

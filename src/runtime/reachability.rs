@@ -12,6 +12,9 @@
 //! server answers again, [`Reachability::back`] wakes everything waiting for it: the tenant's
 //! watches skip the rest of their retry delay, and reconciles that failed while it was down run
 //! again at once.
+//!
+//! The host is watched the same way ([`Reachability::for_host`], one for the daemon): its state is
+//! `stackd_host_up`, a `host` line of `/readyz?verbose` and a line in the log per change.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -48,9 +51,11 @@ const PROBE_GAP_WHILE_UP: Duration = Duration::from_secs(1);
 /// While a tenant stays down, it is told again this often.
 pub const REMINDER_INTERVAL: Duration = Duration::from_secs(300);
 
-/// One tenant's reachability: its state, its probe's wake-ups, and the signal of its return.
+/// One tenant's (or the host's) reachability: its state, its probe's wake-ups, and the signal of
+/// its return.
 pub struct Reachability {
     tenant: String,
+    subject: Subject,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
     state: Mutex<State>,
@@ -60,6 +65,13 @@ pub struct Reachability {
     answered: Notify,
     /// Counts the tenant's returns after an outage.
     back: watch::Sender<u64>,
+}
+
+/// Whose API server a [`Reachability`] watches: what tells of its state depends on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Subject {
+    Tenant,
+    Host,
 }
 
 #[derive(Default)]
@@ -94,6 +106,23 @@ impl Reachability {
     pub fn new(tenant: &str, metrics: Arc<Metrics>, health: Arc<Health>) -> Arc<Reachability> {
         Arc::new(Reachability {
             tenant: tenant.to_string(),
+            subject: Subject::Tenant,
+            metrics,
+            health,
+            state: Mutex::default(),
+            suspected: Notify::new(),
+            answered: Notify::new(),
+            back: watch::Sender::new(0),
+        })
+    }
+
+    /// The host's reachability, shown answering until a request to it fails.
+    pub fn for_host(metrics: Arc<Metrics>, health: Arc<Health>) -> Arc<Reachability> {
+        metrics.set_host_up(None);
+        health.set_host(TenantHealth::Up);
+        Arc::new(Reachability {
+            tenant: "host".to_string(),
+            subject: Subject::Host,
             metrics,
             health,
             state: Mutex::default(),
@@ -187,6 +216,9 @@ impl Reachability {
         let now = Instant::now();
         let mut state = self.lock();
         state.suspected = false;
+        if self.subject == Subject::Host {
+            return self.report_host_down(&mut state, cause, now);
+        }
         self.metrics.set_tenant_down(&self.tenant, cause.kind.label());
         self.health
             .set_tenant(&self.tenant, TenantHealth::Down(cause.message.clone()));
@@ -214,6 +246,30 @@ impl Reachability {
         }
     }
 
+    /// [`Self::report_down`] of the host.
+    fn report_host_down(&self, state: &mut State, cause: Cause, now: Instant) {
+        self.metrics.set_host_up(Some(cause.kind.label()));
+        self.health.set_host(TenantHealth::Down(cause.message.clone()));
+        match &mut state.outage {
+            None => {
+                warn!(%cause, "host API server unavailable; host work resumes as soon as it answers");
+                state.outage = Some(Outage {
+                    cause,
+                    since: now,
+                    told: now,
+                });
+            }
+            Some(outage) => {
+                let down_for = seconds(now - outage.since);
+                if outage.cause.kind != cause.kind || now - outage.told >= REMINDER_INTERVAL {
+                    warn!(%cause, down_for, "host API server still unavailable");
+                    outage.told = now;
+                }
+                outage.cause = cause;
+            }
+        }
+    }
+
     /// The probe found the server answering: tells the return once and wakes whatever waits for it.
     pub(crate) fn report_answering(&self) {
         let mut state = self.lock();
@@ -221,6 +277,17 @@ impl Reachability {
         let Some(outage) = state.outage.take() else {
             return;
         };
+        if self.subject == Subject::Host {
+            info!(
+                down_for = seconds(outage.since.elapsed()),
+                "host API server answers again"
+            );
+            self.metrics.set_host_up(None);
+            self.health.set_host(TenantHealth::Up);
+            drop(state);
+            self.back.send_modify(|returns| *returns = returns.wrapping_add(1));
+            return;
+        }
         info!(tenant = %self.tenant, down_for = seconds(outage.since.elapsed()), "tenant API server answers again");
         self.metrics.set_tenant_up(&self.tenant);
         let health = state.serving_shown().unwrap_or(TenantHealth::Starting);
@@ -233,6 +300,12 @@ impl Reachability {
     async fn check(&self, client: &Client) -> bool {
         let answered = match probe(client).await {
             Ok(()) => {
+                self.report_answering();
+                true
+            }
+            // Any answer of the host's but a 5xx is one: the daemon need not be allowed to list
+            // its CRDs.
+            Err(cause) if self.subject == Subject::Host && !cause.kind.is_outage() && !cause.kind.is_unreachable() => {
                 self.report_answering();
                 true
             }
@@ -403,6 +476,31 @@ mod tests {
         assert_eq!(health.tenant("acme"), Some(TenantHealth::Degraded("no CRDs".into())));
         assert!(metrics.encode().contains("stackd_tenant_up{tenant=\"acme\"} 1"));
         assert!(!reachability.in_doubt());
+    }
+
+    #[test]
+    fn the_host_is_told_down_and_back_by_its_own_metric_and_readiness_line() {
+        let (metrics, health) = (Arc::new(Metrics::new()), Arc::new(Health::default()));
+        let host = Reachability::for_host(metrics.clone(), health.clone());
+        assert!(metrics.encode().contains("stackd_host_up 1"));
+        assert!(health.detail().contains("[+]host ok"));
+        let back = host.back();
+        host.report_down(refused());
+        host.report_down(refused());
+        let text = metrics.encode();
+        assert!(text.contains("stackd_host_up 0"), "{text}");
+        assert!(text.contains("stackd_host_down_cause{cause=\"refused\"} 1"), "{text}");
+        assert!(!text.contains("stackd_tenant_up"), "the host is no tenant: {text}");
+        assert!(health.detail().contains("[-]host down: connection refused"));
+        assert!(host.is_down());
+        host.report_answering();
+        assert!(back.has_changed().unwrap_or(false), "the return is signalled");
+        let text = metrics.encode();
+        assert!(
+            text.contains("stackd_host_up 1") && !text.contains("stackd_host_down_cause{"),
+            "{text}"
+        );
+        assert!(health.detail().contains("[+]host ok"));
     }
 
     #[test]

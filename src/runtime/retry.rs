@@ -32,26 +32,36 @@ pub fn after_failure(
     report(cause, failures, delay, (tenant, controller, object))
 }
 
-/// [`after_failure`] of a reconcile of the tenant's own objects. While the tenant is in doubt (down,
-/// or a request just failed to reach it and its probe is on it), a failure that waiting can end is
-/// debug: the probe tells the outage once. While it is down, `hold` puts the object on the list run
-/// again at the tenant's return, and it waits its own backoff meanwhile instead of asking a server
-/// known to be down every few seconds.
+/// [`after_failure`] of a reconcile of the tenant's own objects (and the tenant's host objects).
+/// While a server it talks to (the tenant's, or the host's) is in doubt (down, or a request just
+/// failed to reach it and its probe is on it), a failure that waiting can end is debug: the probe
+/// tells the outage once. While one is down, `hold` puts the object on the list run again at its
+/// return, and it waits its own backoff meanwhile instead of asking a server known to be down
+/// every few seconds.
 pub fn after_tenant_failure(
     backoff: &ObjectBackoff,
     key: &str,
     (tenant, controller, object): (&str, &str, &str),
     err: &(dyn Error + 'static),
-    (reachability, hold): (&Reachability, impl FnOnce() -> bool),
+    (servers, hold): (&[&Reachability], impl FnOnce() -> bool),
 ) -> Duration {
     let cause = diagnose(err);
     let (failures, delay) = backoff.failed_counted(key);
-    if !(cause.kind.is_outage() && reachability.in_doubt()) {
+    let in_doubt = servers.iter().any(|server| server.in_doubt());
+    if !(cause.kind.is_outage() && in_doubt) {
         return report(cause, failures, delay, (tenant, controller, object));
     }
     let delay = if hold() { delay } else { delay.min(probe_delay()) };
-    debug!(tenant, controller, object, %cause, retry_in = ?delay, "reconcile will be retried when the tenant answers");
+    debug!(tenant, controller, object, %cause, retry_in = ?delay, "reconcile will be retried when the server answers");
     delay
+}
+
+/// Whether a watch's failure `err` is worth no line of its own: a 410 (the watch relists at once;
+/// no outage), or trouble waiting can end while a server it may be watching (`servers`) is in
+/// doubt, whose probe tells the outage once.
+pub fn is_quiet_watch_failure(err: &(dyn Error + 'static), servers: &[&Reachability]) -> bool {
+    let kind = diagnose(err).kind;
+    kind == CauseKind::Expired || (kind.is_outage() && servers.iter().any(|server| server.in_doubt()))
 }
 
 /// Logs a failure at the level it deserves; returns the wait before the retry.

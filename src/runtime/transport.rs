@@ -127,14 +127,22 @@ pub fn new_connection_client(config: Config) -> Result<Client, kube::Error> {
 
 /// The host client for `config`: HTTP/1.1, at most [`HOST_IDLE_CONNECTIONS`] kept idle.
 pub fn host_client(config: Config) -> Result<Client, kube::Error> {
+    Ok(host_client_builder(config)?.build())
+}
+
+/// A host client builder for `config` (see [`host_client`]); layers added to it wrap every request.
+pub fn host_client_builder(config: Config) -> Result<ClientBuilder<Service>, kube::Error> {
     if config.proxy_url.is_some() {
-        return Client::try_from(config);
+        return ClientBuilder::try_from(config);
     }
     let mut http = hyper_util::client::legacy::Client::builder(TokioExecutor::new());
     http.timer(TokioTimer::new())
         .pool_max_idle_per_host(HOST_IDLE_CONNECTIONS);
     let http = http.build(connector(&config, Offer::Http1)?);
-    Ok(ClientBuilder::new(with_kube_layers(http, &config)?, config.default_namespace).build())
+    Ok(ClientBuilder::new(
+        with_kube_layers(http, &config)?,
+        config.default_namespace,
+    ))
 }
 
 type Connector = TimeoutConnector<hyper_rustls::HttpsConnector<HttpConnector>>;

@@ -85,7 +85,8 @@ pub async fn run(
             shared.settings.max_cached_object_bytes,
             Some(memory_budget(&shared, &name)),
         )
-        .resuming_on(reachability.back()),
+        .resuming_on(reachability.back())
+        .resuming_host_on(shared.host_reachability.back()),
         shared,
         reachability,
         startup: Startup::default(),

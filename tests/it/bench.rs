@@ -223,6 +223,7 @@ fn chaos_keeps_its_invariants_on_several_seeds() {
             "tenants_served_twice",
             "live_objects_swept",
             "shared_crds_deleted",
+            "install_jobs_made_twice",
         ] {
             assert_eq!(
                 report[invariant].as_array().map(Vec::len),
@@ -236,6 +237,7 @@ fn chaos_keeps_its_invariants_on_several_seeds() {
             "leader_partitioned",
             "parents_burst",
             "concurrent_uninstalls",
+            "host_restart",
         ] {
             assert!(
                 report["faults"][fault].as_u64().unwrap_or(0) > 0,

@@ -26,6 +26,7 @@ mod examples;
 mod fidelity;
 mod finalizer;
 mod harness;
+mod host_outage;
 mod inventory;
 mod kubectl;
 mod logs;

@@ -83,13 +83,14 @@ async fn a_tenant_refused_before_the_status_writer_starts_has_its_status_written
         secret_namespaces: [SECRETS_NAMESPACE.to_string()].into(),
         template: NamespaceTemplate::default(),
     };
-    let (view, _changes, _source) = objects::start(fleet.host_client.clone(), settings, cancel.clone());
+    let (view, _changes, _source) = objects::start(fleet.host_client.clone(), settings, None, cancel.clone());
     until("the source to refuse the Tenant", SOON, &NoDaemon, || async {
         matches!(view.registration("acme"), Registration::Refused(_))
     })
     .await;
     let writer = StatusWriter {
         host: fleet.host_client.clone(),
+        host_reachability: None,
         view,
         health: Arc::new(Health::default()),
         metrics: Arc::new(Metrics::new()),

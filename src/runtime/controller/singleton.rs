@@ -14,9 +14,9 @@ use kube::Resource;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, warn};
+use tracing::{Instrument, debug, warn};
 
-use super::{Permit, ReconcileError, Tenant, observe, reconcile_span};
+use super::{Permit, ReconcileError, Tenant, observe, reconcile_span, servers};
 use crate::runtime::cache::is_filled;
 use crate::runtime::deadline::sleep_until;
 use crate::runtime::panics;
@@ -99,7 +99,11 @@ impl<T: Tenant> Singleton<T> {
                     // Every watch retries on its own backoff; none ends while the tenant runs.
                     None => return,
                     Some(Err(err)) => {
-                        warn!(tenant = %self.tenant.name(), controller = %self.name, error = %err, "watch failed; retrying");
+                        if retry::is_quiet_watch_failure(&err, &servers(self.tenant.as_ref())) {
+                            debug!(tenant = %self.tenant.name(), controller = %self.name, error = %err, "watch failed; retrying");
+                        } else {
+                            warn!(tenant = %self.tenant.name(), controller = %self.name, error = %err, "watch failed; retrying");
+                        }
                         continue;
                     }
                     Some(Ok(())) => {}
@@ -122,7 +126,11 @@ impl<T: Tenant> Singleton<T> {
                 }
                 Err(err) => {
                     let logged = (self.tenant.name(), self.name.as_str(), self.name.as_str());
-                    let delay = retry::after_failure(self.tenant.object_backoff(), &self.name, logged, &err);
+                    // Nothing to hold: a singleton retries on its own, within a probe's interval
+                    // while a server is in doubt.
+                    let servers = servers(self.tenant.as_ref());
+                    let backoff = self.tenant.object_backoff();
+                    let delay = retry::after_tenant_failure(backoff, &self.name, logged, &err, (&servers, || false));
                     Some(tokio::time::Instant::now() + delay)
                 }
             };

@@ -2,9 +2,11 @@
 //! the applied package → the install Job settled to the current package → by the Job's state: still
 //! running, failed (retried with backoff), or complete (its verified output judged, then applied by
 //! `complete`). Each step hands the next its value, or the reconcile's result: when to look again
-//! and the report for the status.
+//! and the report for the status. A Job whose output the host or its node does not answer for is
+//! kept: only a Job that failed, whose pod is gone or whose package changed is made again.
 
 use std::ops::ControlFlow::{Break, Continue};
+use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
@@ -13,8 +15,9 @@ use kube::runtime::controller::Action;
 use super::job::{self, JobState};
 use super::job_lifecycle::{Failure, completion_time, copy_pull_secrets, retry, running, settle_job};
 use super::object::{Reconciled, Report, parent_of};
+use super::output::Unanswered;
 use super::unpacked::Read;
-use super::{InstallContext, InstallError, InstallKind, SAFETY_NET, admission, applied, complete, output};
+use super::{InstallContext, InstallError, InstallKind, SAFETY_NET, admission, applied, complete, output, status};
 use crate::api::common::HostObjectRef;
 use crate::host::Parent;
 
@@ -98,7 +101,11 @@ async fn complete<K: InstallKind>(
         reason: "InvalidPackage",
         message,
     };
-    let (outline, kept) = match output::package_read(install, ctx, observed).await {
+    let read = match output::package_read(install, ctx, observed).await {
+        Ok(read) => read,
+        Err(unanswered) => return unanswered_read(install, ctx, observed, unanswered).await,
+    };
+    let (outline, kept) = match read {
         Read::Verified { outline, contents } => (outline, contents),
         Read::Refused { reason, message } => {
             let mut report = Report::failed(reason, message);
@@ -117,15 +124,18 @@ async fn complete<K: InstallKind>(
     let contents = match kept {
         Some(contents) => contents,
         None => match output::read_package::<K>(ctx, observed).await {
-            (
+            Err(unanswered) => return unanswered_read(install, ctx, observed, unanswered).await,
+            Ok((
                 Read::Verified {
                     contents: Some(contents),
                     ..
                 },
                 _,
-            ) => contents,
-            (Read::Unreadable(message), _) => return retry(install, ctx, parent, observed, unreadable(message)).await,
-            (_, _) => {
+            )) => contents,
+            Ok((Read::Unreadable(message), _)) => {
+                return retry(install, ctx, parent, observed, unreadable(message)).await;
+            }
+            Ok((_, _)) => {
                 let message = format!(
                     "the output of install Job {} changed since it was read",
                     observed.name_any()
@@ -135,4 +145,37 @@ async fn complete<K: InstallKind>(
         },
     };
     complete::run(install, ctx, contents, job_ref, package).await
+}
+
+/// The shortest and longest wait before the output of a Job is read again after the kubelet did
+/// not answer.
+const READ_AGAIN_MIN: Duration = Duration::from_secs(1);
+const READ_AGAIN_MAX: Duration = Duration::from_secs(60);
+
+/// The completed Job's output went unanswered: the Job is kept, the install says what does not
+/// answer, and the output is read again. When the host API server does not answer, the reconcile
+/// fails with its error, so that it is the host's outage to tell and the install runs again the
+/// moment the host answers; when only the kubelet does not, it is read again after a wait that
+/// grows with the time since the Job completed (half of it): no state to keep, and no log line.
+async fn unanswered_read<K: InstallKind>(
+    install: &K,
+    ctx: &InstallContext,
+    observed: &Job,
+    unanswered: Unanswered,
+) -> Result<Reconciled, InstallError> {
+    let mut report = Report::waiting(unanswered.reason, unanswered.message);
+    report.install_job = Some(HostObjectRef {
+        namespace: ctx.tenant.host_namespace.clone(),
+        name: observed.name_any(),
+    });
+    if unanswered.reason == output::HOST_UNREACHABLE {
+        status::publish(install, ctx, report).await?;
+        return Err(InstallError::HostApi(unanswered.error));
+    }
+    let since_completion = completion_time(observed)
+        .map(|at| jiff::Timestamp::now().duration_since(at).unsigned_abs())
+        .unwrap_or_default();
+    tracing::debug!(reason = unanswered.reason, error = %unanswered.error, "install output unanswered; reading it again");
+    let again = (since_completion / 2).clamp(READ_AGAIN_MIN, READ_AGAIN_MAX);
+    Ok((Action::requeue(again), Some(report)))
 }

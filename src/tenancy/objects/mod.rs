@@ -37,7 +37,9 @@ use crate::api::tenancy::{KubeconfigSecretRef, Tenant};
 use crate::context::namespace_template::NamespaceTemplate;
 use crate::runtime::cause::diagnose;
 use crate::runtime::deadline::sleep_until;
+use crate::runtime::reachability::Reachability;
 use crate::runtime::recovery::{WatchBackoff, retry_watch};
+use crate::runtime::retry::is_quiet_watch_failure;
 
 /// How long the first batch waits for the Secrets of the namespaces Tenants name to be listed.
 const FIRST_BATCH_WAIT: Duration = Duration::from_secs(10);
@@ -171,9 +173,11 @@ impl TenantObjects {
 
 /// Starts the source: its changes arrive on the receiver, the first batch once the Tenants are
 /// listed (or could not be, so that the tenants directory is not held up).
+/// Failures to reach the host while `host_reachability` is in doubt are its to tell.
 pub fn start(
     host: Client,
     settings: ObjectSettings,
+    host_reachability: Option<Arc<Reachability>>,
     cancel: CancellationToken,
 ) -> (
     Arc<TenantObjects>,
@@ -185,8 +189,9 @@ pub fn start(
     let (changes_tx, changes) = mpsc::channel(16);
     let wake = Arc::new(Notify::new());
     let source = ObjectSource {
-        secrets: SecretWatches::new(host.clone(), wake.clone()),
+        secrets: SecretWatches::new(host.clone(), wake.clone(), host_reachability.clone()),
         host,
+        host_reachability,
         settings,
         view: view.clone(),
         wake,
@@ -225,6 +230,7 @@ enum Verdict {
 
 struct ObjectSource {
     host: Client,
+    host_reachability: Option<Arc<Reachability>>,
     settings: ObjectSettings,
     view: Arc<TenantObjects>,
     secrets: SecretWatches,
@@ -249,8 +255,9 @@ struct WatchState {
 }
 
 impl WatchState {
-    /// Notes a watch event; whether the Tenants may have changed.
-    fn note(&mut self, event: Result<Event<Tenant>, watcher::Error>) -> bool {
+    /// Notes a watch event; whether the Tenants may have changed. A failure while the host is in
+    /// doubt (`host`) is its outage, told by its probe.
+    fn note(&mut self, event: Result<Event<Tenant>, watcher::Error>, host: Option<&Reachability>) -> bool {
         match event {
             // Before every attempt to list: nothing is known yet.
             Ok(Event::Init) => false,
@@ -266,7 +273,7 @@ impl WatchState {
             }
             Err(err) => {
                 let cause = diagnose(&err);
-                if self.failing {
+                if self.failing || host.is_some_and(|host| is_quiet_watch_failure(&err, &[host])) {
                     debug!(%cause, "cannot watch Tenant objects; retrying");
                 } else {
                     warn!(%cause, "cannot list Tenant objects on the host; until it can, only the tenants directory is served (install the Tenant CRD with the controllers chart or `stackd crds --host | kubectl apply -f -`, and let the daemon list and watch tenants.tenancy.stackd.dev)");
@@ -288,7 +295,8 @@ impl ObjectSource {
         let api: Api<Tenant> = Api::all(self.host.clone());
         // Retried ever more slowly: a host without the Tenant CRD lists again every 30 s at most.
         let events = watcher(api, watcher::Config::default()).reflect(writer).boxed();
-        let mut events = retry_watch(events, None, WatchBackoff::up_to(LIST_RETRY_MAX));
+        let back = self.host_reachability.as_ref().map(|host| host.back());
+        let mut events = retry_watch(events, back, WatchBackoff::up_to(LIST_RETRY_MAX));
         let mut state = WatchState::default();
         loop {
             let retry_at = self.retry_at;
@@ -296,7 +304,7 @@ impl ObjectSource {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 event = events.next() => match event {
-                    Some(event) => touched = state.note(event),
+                    Some(event) => touched = state.note(event, self.host_reachability.as_deref()),
                     None => return,
                 },
                 _ = self.wake.notified() => {}
@@ -304,7 +312,7 @@ impl ObjectSource {
             }
             // A burst of events makes one pass.
             while let Some(Some(event)) = events.next().now_or_never() {
-                touched |= state.note(event);
+                touched |= state.note(event, self.host_reachability.as_deref());
             }
             if state.failing && !state.first_sent {
                 state.first_sent = true;

@@ -16,7 +16,9 @@ use tracing::{debug, warn};
 
 use super::LIST_RETRY_MAX;
 use crate::runtime::cause::diagnose;
+use crate::runtime::reachability::Reachability;
 use crate::runtime::recovery::{WatchBackoff, retry_watch};
+use crate::runtime::retry::is_quiet_watch_failure;
 
 /// A Secret's identity and version: a change of either means its data may have changed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,6 +74,8 @@ impl SecretIndex {
 /// The metadata watches of the namespaces Tenants name, started and stopped as they are named.
 pub(super) struct SecretWatches {
     host: Client,
+    /// Whose probe tells a failure to reach the host (none: each namespace's watch tells its own).
+    host_reachability: Option<Arc<Reachability>>,
     index: Arc<SecretIndex>,
     /// Woken whenever a watched Secret changes.
     wake: Arc<Notify>,
@@ -79,9 +83,10 @@ pub(super) struct SecretWatches {
 }
 
 impl SecretWatches {
-    pub(super) fn new(host: Client, wake: Arc<Notify>) -> Self {
+    pub(super) fn new(host: Client, wake: Arc<Notify>, host_reachability: Option<Arc<Reachability>>) -> Self {
         SecretWatches {
             host,
+            host_reachability,
             index: Arc::default(),
             wake,
             watches: BTreeMap::new(),
@@ -108,6 +113,7 @@ impl SecretWatches {
                 namespace.clone(),
                 self.index.clone(),
                 self.wake.clone(),
+                self.host_reachability.clone(),
             ));
             self.watches.insert(namespace.clone(), AbortOnDropHandle::new(task));
         }
@@ -121,10 +127,13 @@ async fn watch_namespace(
     namespace: String,
     index: Arc<SecretIndex>,
     wake: Arc<Notify>,
+    host: Option<Arc<Reachability>>,
 ) {
-    // Retried ever more slowly: a namespace the daemon may not list stays so until an admin acts.
+    // Retried ever more slowly: a namespace the daemon may not list stays so until an admin acts
+    // (at once when the host answers again after an outage).
     let events = watcher(api, watcher::Config::default()).boxed();
-    let mut events = retry_watch(events, None, WatchBackoff::up_to(LIST_RETRY_MAX));
+    let back = host.as_ref().map(|host| host.back());
+    let mut events = retry_watch(events, back, WatchBackoff::up_to(LIST_RETRY_MAX));
     let mut listing = BTreeMap::new();
     let mut failures_told = false;
     while let Some(event) = events.next().await {
@@ -148,7 +157,10 @@ async fn watch_namespace(
             }
             Err(err) => {
                 let cause = diagnose(&err);
-                if failures_told {
+                let host_away = host
+                    .as_deref()
+                    .is_some_and(|host| is_quiet_watch_failure(&err, &[host]));
+                if failures_told || host_away {
                     debug!(%namespace, %cause, "cannot watch the Secrets of Tenant objects; retrying");
                 } else {
                     warn!(%namespace, %cause, "cannot watch the Secrets of Tenant objects; retrying");

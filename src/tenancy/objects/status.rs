@@ -28,6 +28,7 @@ use crate::runtime::deadline::sleep_until;
 use crate::runtime::events::{event, log_unpublished};
 use crate::runtime::health::{Health, TenantFacts, TenantHealth};
 use crate::runtime::metrics::{ErrorLabels, Metrics};
+use crate::runtime::reachability::Reachability;
 use crate::runtime::shards::{Board, slot_of};
 use crate::runtime::status_writer::apply_whole_status;
 use crate::runtime::written::Written;
@@ -241,6 +242,8 @@ pub fn transitions(before: &TenantStatus, after: &TenantStatus) -> Vec<Event> {
 /// Writes the status of the Tenants this replica serves.
 pub struct StatusWriter {
     pub host: Client,
+    /// Whose probe tells a failure to reach the host (none: each Tenant's failed write is told).
+    pub host_reachability: Option<Arc<Reachability>>,
     pub view: Arc<TenantObjects>,
     pub health: Arc<Health>,
     pub metrics: Arc<Metrics>,
@@ -331,7 +334,13 @@ impl StatusWriter {
                         failed = true;
                         let cause = diagnose(&err);
                         self.count_failure(&name, &cause);
-                        writes.failed(&name, &cause.message);
+                        let host_away = cause.kind.is_outage()
+                            && self.host_reachability.as_ref().is_some_and(|host| host.in_doubt());
+                        if host_away {
+                            debug!(tenant = %name, %cause, "the Tenant's status waits for the host");
+                        } else {
+                            writes.failed(&name, &cause.message);
+                        }
                     }
                 }
             }
