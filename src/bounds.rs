@@ -222,28 +222,9 @@ pub(crate) fn written_bytes(field: impl FnOnce() -> String, bytes: usize) -> Res
     Ok(())
 }
 
-/// kube-apiserver's limit on an events.k8s.io/v1 Event's `note`, in bytes: a longer one is refused
-/// (422), and an Event refused is one nobody reads.
-pub const MAX_EVENT_NOTE_BYTES: usize = 1024;
-/// kube-apiserver's limit on a `metav1.Condition` message, in bytes.
-pub const MAX_CONDITION_MESSAGE_BYTES: usize = 32 * 1024;
-/// What a cut text ends with, so a reader knows there was more.
-pub(crate) const CUT_MARK: &str = " …";
-
-/// `text` itself when it is at most `max` bytes, else its longest prefix that fits with a mark of
-/// the cut after it, cut on a character boundary.
-pub fn fit_text(mut text: String, max: usize) -> String {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max.saturating_sub(CUT_MARK.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text.truncate(end);
-    text.push_str(CUT_MARK);
-    text
-}
+/// What stackd tells users (condition messages, Event notes) fits kube-apiserver's limits; defined
+/// beside the runtime that writes them, which this module sits above.
+pub use crate::runtime::text_bounds::{CUT_MARK, MAX_CONDITION_MESSAGE_BYTES, MAX_EVENT_NOTE_BYTES, fit_text};
 
 /// The largest install output stream of a stack package, both when it is written and when it is
 /// read: its CRDs, its controller's Deployment, its metadata.
@@ -583,7 +564,10 @@ mod tests {
         assert_eq!(builders, ["runtime/conditions.rs", "runtime/events.rs"]);
         for file in builders {
             let text = std::fs::read_to_string(src.join(&file)).unwrap();
-            assert!(text.contains("bounds::"), "{file} builds text without crate::bounds");
+            assert!(
+                text.contains("text_bounds::"),
+                "{file} builds text without runtime::text_bounds"
+            );
         }
     }
 

@@ -3,6 +3,8 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+use super::text_bounds::{MAX_CONDITION_MESSAGE_BYTES, fit_text};
+
 /// What a condition should say.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DesiredCondition<'a> {
@@ -18,7 +20,7 @@ pub struct DesiredCondition<'a> {
 /// Sets `desired` in `conditions`, its message cut to what kube-apiserver accepts; returns whether
 /// anything changed.
 pub fn set_condition(conditions: &mut Vec<Condition>, mut desired: DesiredCondition<'_>, now: Time) -> bool {
-    desired.message = crate::bounds::fit_text(desired.message, crate::bounds::MAX_CONDITION_MESSAGE_BYTES);
+    desired.message = fit_text(desired.message, MAX_CONDITION_MESSAGE_BYTES);
     let status = if desired.status { "True" } else { "False" };
     match conditions.iter_mut().find(|c| c.type_ == desired.type_) {
         Some(existing) => {
@@ -91,7 +93,7 @@ mod tests {
             ..ready(false, "InvalidPackage")
         };
         set_condition(&mut conditions, long(), time(10));
-        assert!(conditions[0].message.len() <= crate::bounds::MAX_CONDITION_MESSAGE_BYTES);
+        assert!(conditions[0].message.len() <= MAX_CONDITION_MESSAGE_BYTES);
         assert!(!set_condition(&mut conditions, long(), time(20)));
     }
 

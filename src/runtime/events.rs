@@ -8,7 +8,7 @@
 use kube::runtime::events::{Event, EventType};
 use tracing::{debug, warn};
 
-pub use crate::bounds::MAX_EVENT_NOTE_BYTES as MAX_NOTE_BYTES;
+pub use crate::runtime::text_bounds::MAX_EVENT_NOTE_BYTES as MAX_NOTE_BYTES;
 
 /// An Event whose note fits kube-apiserver's limit.
 pub fn event(type_: EventType, reason: &str, action: &str, note: impl Into<String>) -> Event {
@@ -24,7 +24,7 @@ pub fn event(type_: EventType, reason: &str, action: &str, note: impl Into<Strin
 /// `note` itself when it fits, else its longest prefix that fits with a mark of the cut after it
 /// (the object's conditions say it whole).
 pub fn fit_note(note: String) -> String {
-    crate::bounds::fit_text(note, MAX_NOTE_BYTES)
+    crate::runtime::text_bounds::fit_text(note, MAX_NOTE_BYTES)
 }
 
 /// Logs an Event that could not be published: a refusal (the Event itself was wrong) is a warning,
@@ -42,7 +42,7 @@ pub fn log_unpublished(error: &kube::Error) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bounds::CUT_MARK;
+    use crate::runtime::text_bounds::CUT_MARK;
 
     #[test]
     fn a_note_that_fits_is_kept_whole() {

@@ -27,6 +27,7 @@ pub mod shards;
 pub mod shutdown;
 pub mod startup;
 pub mod status_writer;
+pub mod text_bounds;
 pub mod transport;
 pub mod untrusted_kubeconfig;
 pub mod untrusted_server;

@@ -17,6 +17,7 @@ use crate::runtime::events::{event, log_unpublished};
 use crate::runtime::informers::refusals::{Cause, Refusal};
 use crate::runtime::informers::report::NAMESPACE_OVER_BUDGET;
 use crate::runtime::memory_budget::ByteSize;
+use crate::runtime::text_bounds::{MAX_CONDITION_MESSAGE_BYTES, fit_text};
 
 use super::Tenant;
 
@@ -63,7 +64,7 @@ where
         return true;
     };
     let (reason, message) = why(refusal);
-    let message = crate::bounds::fit_text(message, crate::bounds::MAX_CONDITION_MESSAGE_BYTES);
+    let message = fit_text(message, MAX_CONDITION_MESSAGE_BYTES);
     let condition = json!({
         "type": HELD,
         "status": "True",
