@@ -115,6 +115,25 @@ impl TenantContext {
             .check(quota, workloads, what, namespace, desired, current)
     }
 
+    /// Drops the record of each workload admitted to its share once the host caches show it
+    /// ([`quota_share::Admitted`]); runs until `cancel`.
+    pub async fn forget_admitted_when_seen(self: Arc<Self>, cancel: tokio_util::sync::CancellationToken) {
+        use futures::StreamExt;
+        use kube::ResourceExt;
+        let jobs = self.caches.host::<Job>().touched().map(|job| job.name_any());
+        let deployments = self.caches.host::<Deployment>().touched().map(|d| d.name_any());
+        let mut seen = futures::stream::select(jobs, deployments);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                name = seen.next() => match name {
+                    Some(name) => self.quota_admitted.seen(&name),
+                    None => return,
+                },
+            }
+        }
+    }
+
     /// Watches of host objects see only this tenant's (label selector), never another tenant's.
     pub fn host_watch_config(&self) -> watcher::Config {
         watcher::Config::default().labels(&tenant_selector(&self.name))

@@ -79,3 +79,67 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for CountedIo<I> {
         Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
+
+/// A plain TCP listener that, when `stop` fires, closes its socket before it tells the server to
+/// stop ([`ClosingListener::closed`]): a stopping server sends its connections GOAWAY only once new
+/// connections are refused, as Go's servers do, so a client that asks again at once is refused
+/// rather than let into the backlog and cut off.
+pub(super) struct ClosingListener {
+    inner: Option<tokio::net::TcpListener>,
+    stop: tokio_util::sync::CancellationToken,
+    closed: tokio_util::sync::CancellationToken,
+    address: std::net::SocketAddr,
+}
+
+impl ClosingListener {
+    pub(super) fn new(
+        inner: tokio::net::TcpListener,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> io::Result<ClosingListener> {
+        Ok(ClosingListener {
+            address: inner.local_addr()?,
+            inner: Some(inner),
+            stop,
+            closed: tokio_util::sync::CancellationToken::new(),
+        })
+    }
+
+    /// Cancelled once the socket is closed.
+    pub(super) fn closed(&self) -> tokio_util::sync::CancellationToken {
+        self.closed.clone()
+    }
+}
+
+impl Listener for ClosingListener {
+    type Io = tokio::net::TcpStream;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            let Some(listener) = &self.inner else {
+                return std::future::pending().await;
+            };
+            let accepted = tokio::select! {
+                _ = self.stop.cancelled() => {
+                    self.inner = None;
+                    self.closed.cancel();
+                    continue;
+                }
+                accepted = listener.accept() => accepted,
+            };
+            match accepted {
+                Ok((stream, address)) => {
+                    // As Go's servers (kube-apiserver's) do on every connection.
+                    let _ = stream.set_nodelay(true);
+                    return (stream, address);
+                }
+                // Transient accept errors (e.g. out of descriptors): back off briefly and retry.
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        Ok(self.address)
+    }
+}

@@ -87,7 +87,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::http::HeaderMap;
-use axum::serve::ListenerExt;
 use kube::config::{AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -211,7 +210,6 @@ impl Serving {
         let address = listener.local_addr()?;
         let router = axum::Router::new().fallback(http::handle).with_state(shared.clone());
         let stop = shared.shutdown.child_token();
-        let graceful = stop.clone().cancelled_owned();
         let open = shared.open_connections.clone();
         let task = match tls.clone() {
             Some(config) => {
@@ -223,13 +221,9 @@ impl Serving {
                 tokio::spawn(async move { log_exit(serve.await) })
             }
             None => {
-                let listener = connections::Counted {
-                    inner: listener.tap_io(|tcp| {
-                        // As Go's servers (kube-apiserver's) do on every connection.
-                        let _ = tcp.set_nodelay(true);
-                    }),
-                    open,
-                };
+                let inner = connections::ClosingListener::new(listener, stop.clone())?;
+                let graceful = inner.closed().cancelled_owned();
+                let listener = connections::Counted { inner, open };
                 let serve = axum::serve(listener, router).with_graceful_shutdown(graceful);
                 tokio::spawn(async move { log_exit(serve.await) })
             }

@@ -268,7 +268,7 @@ where
     admit(quota, what, namespace, &label, &desired.name_any(), wanted, &others())
 }
 
-/// How long a workload admitted counts on its own, before the caches show it.
+/// How long a workload admitted counts on its own if the caches never show it (its create failed).
 const ADMITTED_KEPT: Duration = Duration::from_secs(30);
 
 /// The workloads one tenant's controllers admitted lately: counted with those the caches show, since
@@ -307,6 +307,15 @@ impl Admitted {
         admitted.retain(|(_, w)| w.name != name);
         admitted.push((now, workload(desired, &quota.container_defaults)));
         Ok(())
+    }
+
+    /// The caches showed the workload `name` (made, changed or gone): from now on they tell what it
+    /// takes, so the record of its admission is dropped.
+    pub fn seen(&self, name: &str) {
+        let mut admitted = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !admitted.is_empty() {
+            admitted.retain(|(_, w)| w.name != name);
+        }
     }
 }
 

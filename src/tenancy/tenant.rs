@@ -116,6 +116,8 @@ pub async fn run(
         return stopped;
     }
     move_legacy_names(&context).await?;
+    // Ends with the caches (or `cancel`): not one of the controllers whose end stops the tenant.
+    tokio::spawn(context.clone().forget_admitted_when_seen(cancel.clone()));
     controllers.spawn(super::budget::watch(context.clone(), cancel.clone()));
     controllers.spawn(orphan_sweeper(context.clone(), cancel.clone()));
     controllers.spawn(crate::stacks::install::run(context.clone(), cancel.clone()));
