@@ -22,8 +22,8 @@ const RBAC_GROUP: &str = "rbac.authorization.k8s.io";
 pub fn validate_spec(info: &ResourceInfo, object: &Value) -> Vec<Cause> {
     match (info.group.as_str(), info.plural.as_str()) {
         ("", "pods") => validate_pod_spec("spec", &object["spec"]),
-        ("", "configmaps") => validate_config_data(object, &["data", "binaryData"]),
-        ("", "secrets") => validate_config_data(object, &["data"]),
+        ("", "configmaps") => validate_config_data(object, &["data", "binaryData"], &["binaryData"]),
+        ("", "secrets") => validate_config_data(object, &["data"], &["data"]),
         ("batch", "jobs") => validate_job(object),
         ("apps", "deployments" | "replicasets") => validate_replicated(object),
         (RBAC_GROUP, "roles" | "clusterroles") => validate_rules(object),
@@ -173,7 +173,9 @@ fn validate_replicated(object: &Value) -> Vec<Cause> {
     causes
 }
 
-fn validate_config_data(object: &Value, fields: &[&str]) -> Vec<Cause> {
+/// Keys and total size of the data `fields` of a ConfigMap or Secret; those in `base64` are counted
+/// as the bytes they decode to, as kube-apiserver counts them (it holds them decoded).
+fn validate_config_data(object: &Value, fields: &[&str], base64: &[&str]) -> Vec<Cause> {
     let mut causes = Vec::new();
     let mut total = 0;
     for field in fields {
@@ -181,13 +183,24 @@ fn validate_config_data(object: &Value, fields: &[&str]) -> Vec<Cause> {
             if !CONFIG_KEY.is_match(key) || key == "." || key == ".." {
                 causes.push(Cause::invalid(&format!("{field}[{key}]"), &json!(key), CONFIG_KEY_MSG));
             }
-            total += value.as_str().map_or(0, str::len);
+            let text = value.as_str().unwrap_or_default();
+            total += if base64.contains(field) {
+                base64_decoded_len(text)
+            } else {
+                text.len()
+            };
         }
     }
     if total > MAX_CONFIG_BYTES {
         causes.push(Cause::too_long(fields[0], MAX_CONFIG_BYTES));
     }
     causes
+}
+
+/// The bytes base64 `text` decodes to (its padding not counted).
+fn base64_decoded_len(text: &str) -> usize {
+    let padding = text.bytes().rev().take_while(|b| *b == b'=').count().min(2);
+    (text.len() / 4 * 3 + (text.len() % 4) * 3 / 4).saturating_sub(padding)
 }
 
 /// events.k8s.io/v1 refuses a `note` over 1 KiB, on create and update alike (core/v1 Events keep
@@ -285,7 +298,11 @@ mod tests {
 
     #[test]
     fn config_keys_are_checked() {
-        let causes = validate_config_data(&json!({"data": {"ok.key": "", "bad key": ""}}), &["data"]);
+        let causes = validate_config_data(&json!({"data": {"ok.key": "", "bad key": ""}}), &["data"], &["data"]);
+        // A Secret of 1,000,000 bytes is 1,333,336 characters of base64, and within the limit.
+        let encoded = "YWFh".repeat(333_333) + "YQ==";
+        assert_eq!(base64_decoded_len(&encoded), 1_000_000);
+        assert!(validate_config_data(&json!({"data": {"password": encoded}}), &["data"], &["data"]).is_empty());
         assert_eq!(causes.len(), 1);
         assert_eq!(causes[0].field, "data[bad key]");
     }
