@@ -398,10 +398,15 @@ impl<T: Tenant, C, F> Runner<T, C, F> {
             let still_held = || self.held_up(&namespace).is_some();
             if let Some(newly) = self.held_up.hold_while(&key, still_held) {
                 debug!(refused = %refused.describe(), "held up by an object stackd could not cache (too large, or over its namespace's memory share)");
-                if newly && !held::tell(self.tenant.as_ref(), object.as_ref(), &refused).await {
-                    // Told at the next look, which nothing else would bring.
-                    self.held_up.forget(&key);
-                    return Ok(Action::requeue(HELD_UNTOLD_RETRY));
+                if newly {
+                    // Telling writes to the tenant: it waits for its namespace's turn as a reconcile
+                    // does, so a namespace of thousands of held objects cannot crowd out the others.
+                    let _permit = self.tenant.permits().acquire(&namespace).await;
+                    if !held::tell(self.tenant.as_ref(), object.as_ref(), &refused).await {
+                        // Told at the next look, which nothing else would bring.
+                        self.held_up.forget(&key);
+                        return Ok(Action::requeue(HELD_UNTOLD_RETRY));
+                    }
                 }
                 return Ok(Action::await_change());
             }

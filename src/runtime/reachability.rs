@@ -223,26 +223,15 @@ impl Reachability {
         self.health
             .set_tenant(&self.tenant, TenantHealth::Down(cause.message.clone()));
         let tenant = &self.tenant;
-        match &mut state.outage {
-            None => {
-                warn!(%tenant, %cause, "tenant API server unavailable; serving it again as soon as it answers");
-                state.outage = Some(Outage {
-                    cause,
-                    since: now,
-                    told: now,
-                });
+        match record_outage(&mut state.outage, &cause, now) {
+            Some((News::Down, _)) => {
+                warn!(%tenant, %cause, "tenant API server unavailable; serving it again as soon as it answers")
             }
-            Some(outage) => {
-                let down_for = seconds(now - outage.since);
-                if outage.cause.kind != cause.kind {
-                    warn!(%tenant, %cause, down_for, "tenant API server still unavailable, now for another reason");
-                    outage.told = now;
-                } else if now - outage.told >= REMINDER_INTERVAL {
-                    warn!(%tenant, %cause, down_for, "tenant API server still unavailable");
-                    outage.told = now;
-                }
-                outage.cause = cause;
+            Some((News::OtherCause, down_for)) => {
+                warn!(%tenant, %cause, down_for, "tenant API server still unavailable, now for another reason")
             }
+            Some((News::Reminder, down_for)) => warn!(%tenant, %cause, down_for, "tenant API server still unavailable"),
+            None => {}
         }
     }
 
@@ -250,23 +239,12 @@ impl Reachability {
     fn report_host_down(&self, state: &mut State, cause: Cause, now: Instant) {
         self.metrics.set_host_up(Some(cause.kind.label()));
         self.health.set_host(TenantHealth::Down(cause.message.clone()));
-        match &mut state.outage {
-            None => {
-                warn!(%cause, "host API server unavailable; host work resumes as soon as it answers");
-                state.outage = Some(Outage {
-                    cause,
-                    since: now,
-                    told: now,
-                });
+        match record_outage(&mut state.outage, &cause, now) {
+            Some((News::Down, _)) => {
+                warn!(%cause, "host API server unavailable; host work resumes as soon as it answers")
             }
-            Some(outage) => {
-                let down_for = seconds(now - outage.since);
-                if outage.cause.kind != cause.kind || now - outage.told >= REMINDER_INTERVAL {
-                    warn!(%cause, down_for, "host API server still unavailable");
-                    outage.told = now;
-                }
-                outage.cause = cause;
-            }
+            Some((_, down_for)) => warn!(%cause, down_for, "host API server still unavailable"),
+            None => {}
         }
     }
 
@@ -371,6 +349,40 @@ async fn probe(client: &Client) -> Result<(), Cause> {
 }
 
 /// Whole seconds, for log lines.
+/// What an outage's latest cause is news of, for the log.
+enum News {
+    Down,
+    OtherCause,
+    Reminder,
+}
+
+/// Records `cause` as the outage's (starting one if there is none): what of it the log should hear,
+/// with how long the outage has lasted in seconds. It hears of a new outage, of a new kind of
+/// trouble, and of one that lasts, every [`REMINDER_INTERVAL`].
+fn record_outage(outage: &mut Option<Outage>, cause: &Cause, now: Instant) -> Option<(News, u64)> {
+    let Some(outage) = outage else {
+        *outage = Some(Outage {
+            cause: cause.clone(),
+            since: now,
+            told: now,
+        });
+        return Some((News::Down, 0));
+    };
+    let down_for = seconds(now - outage.since);
+    let news = if outage.cause.kind != cause.kind {
+        Some(News::OtherCause)
+    } else if now - outage.told >= REMINDER_INTERVAL {
+        Some(News::Reminder)
+    } else {
+        None
+    };
+    if news.is_some() {
+        outage.told = now;
+    }
+    outage.cause = cause.clone();
+    news.map(|news| (news, down_for))
+}
+
 fn seconds(duration: Duration) -> u64 {
     duration.as_secs()
 }
