@@ -189,6 +189,10 @@ pub struct Sources {
     objects: Option<mpsc::Receiver<Vec<TenantChange>>>,
     merger: Merger,
     started: bool,
+    /// Each source's first batch, kept as it comes until both are in: [`Sources::next`] may be
+    /// dropped between them (the daemon waits on it in a `select!`).
+    first_files: Option<Vec<TenantChange>>,
+    first_objects: Option<Vec<TenantChange>>,
 }
 
 impl Sources {
@@ -202,13 +206,15 @@ impl Sources {
             objects: Some(objects),
             merger: Merger::new(view),
             started: false,
+            first_files: None,
+            first_objects: None,
         }
     }
 
     /// The next changes for the registry (possibly none); `None` once both sources ended.
+    /// Cancel-safe: a call dropped before it returns loses no batch.
     pub async fn next(&mut self) -> Option<Vec<TenantChange>> {
         if !self.started {
-            self.started = true;
             return Some(self.first().await);
         }
         loop {
@@ -233,9 +239,24 @@ impl Sources {
 
     /// Both sources' first batches, merged: the directory's first, then the objects'.
     async fn first(&mut self) -> Vec<TenantChange> {
-        let (files, objects) = tokio::join!(first(&mut self.directory), first(&mut self.objects));
-        let mut out = self.merger.apply(Side::Directory, files.unwrap_or_default());
-        out.extend(self.merger.apply(Side::Objects, objects.unwrap_or_default()));
+        while self.first_files.is_none() || self.first_objects.is_none() {
+            tokio::select! {
+                files = first(&mut self.directory), if self.first_files.is_none() => {
+                    self.first_files = Some(files.unwrap_or_default());
+                }
+                objects = first(&mut self.objects), if self.first_objects.is_none() => {
+                    self.first_objects = Some(objects.unwrap_or_default());
+                }
+            }
+        }
+        self.started = true;
+        let mut out = self
+            .merger
+            .apply(Side::Directory, self.first_files.take().unwrap_or_default());
+        out.extend(
+            self.merger
+                .apply(Side::Objects, self.first_objects.take().unwrap_or_default()),
+        );
         out
     }
 }
@@ -308,6 +329,21 @@ mod tests {
 
     fn merger() -> Merger {
         Merger::new(TenantObjects::detached())
+    }
+
+    #[tokio::test]
+    async fn a_first_batch_is_kept_when_the_wait_for_the_other_one_is_dropped() {
+        let (files_tx, files) = mpsc::channel(4);
+        let (objects_tx, objects) = mpsc::channel(4);
+        let mut sources = Sources::new(Some(files), objects, TenantObjects::detached());
+        let start = vec![TenantChange::Start(file("a", Side::Directory, "1"))];
+        files_tx.send(start).await.expect("sent");
+        // The daemon's select! drops the call while the objects' first batch is still to come.
+        let dropped = tokio::time::timeout(std::time::Duration::from_millis(50), sources.next()).await;
+        assert!(dropped.is_err(), "no batch before both first ones are in");
+        objects_tx.send(Vec::new()).await.expect("sent");
+        let batch = sources.next().await.expect("a batch");
+        assert_eq!(said(&batch), ["start a 1"], "the directory's first batch is not lost");
     }
 
     #[test]
