@@ -233,8 +233,8 @@ fn watch_directory(
     (changes, watch)
 }
 
-/// With `--shards`: the tenants of the slots this replica holds, until `shutdown`; then every
-/// tenant stops and the slots are released so that the other replicas take them at once.
+/// With `--shards`: the tenants the shard map gives this replica, until `shutdown`; then every
+/// tenant stops and the member Lease is released so that the other replicas take them at once.
 async fn run_sharded(
     (host, host_reachability): (Client, Arc<Reachability>),
     settings: DaemonSettings,
@@ -245,11 +245,9 @@ async fn run_sharded(
     let Some(shard_settings) = settings.shards.clone() else {
         return Ok(());
     };
-    let count = shard_settings.shards;
-    info!(shards = count, namespace = %shard_settings.namespace, identity = %shard_settings.identity, "sharding tenants over shard leases");
+    info!(namespace = %shard_settings.namespace, identity = %shard_settings.identity, "sharing the tenants with the other replicas");
     let mut shards = Shards::start(shard_settings)?;
     let board = shards.board.clone();
-    metrics.shards.set(i64::from(count));
     let watch_cancel = shutdown.child_token();
     let (mut sources, view, watches) = start_sources((&host, &host_reachability), &settings, watch_cancel.clone());
     let shared = Arc::new(Shared {
@@ -260,23 +258,24 @@ async fn run_sharded(
         metrics,
         health,
     });
-    let serving = Serving::Shards {
-        board: board.clone(),
-        shards: count,
-    };
+    let serving = Serving::Shards { board: board.clone() };
     let status = start_status_writer(&shared, view, serving, watch_cancel.clone());
-    let mut tenants = ShardedTenants::new(shared, board.clone(), count);
+    let mut tenants = ShardedTenants::new(shared, board.clone());
     let outcome = loop {
         let wake = tenants.next_deadline();
         tokio::select! {
             _ = shutdown.cancelled() => break Ok(()),
             _ = shards.ended() => break Err(DaemonError::ShardsStopped),
             batch = sources.next() => match batch {
-                // Synced after each change: a long batch must not delay aborting a lost slot.
-                Some(batch) => for change in batch {
-                    tenants.apply(change).await;
-                    tenants.sync().await;
-                },
+                // Synced after each change: a long batch must not delay aborting every tenant
+                // when the Lease is not renewed.
+                Some(batch) => {
+                    for change in batch {
+                        tenants.apply(change).await;
+                        tenants.sync().await;
+                    }
+                    tenants.loaded();
+                }
                 None => break Ok(()),
             },
             _ = board.to_daemon.notified() => {}

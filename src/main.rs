@@ -54,7 +54,7 @@ enum Command {
     /// Measure scale, speed and fault tolerance against embedded API servers.
     Bench(BenchArgs),
     /// Show the Tenant objects on the host (ready, why not, which replica serves each) and, with
-    /// `run --shards`, which replica holds each shard slot and so serves which tenants.
+    /// `run --shards`, which replica serves which tenants.
     Status(StatusArgs),
     /// Print the version.
     Version,
@@ -174,16 +174,16 @@ struct RunArgs {
     /// Seconds the leader lease stays valid without renewal; a standby takes over after that.
     #[arg(long, default_value_t = 15, value_name = "SECONDS")]
     leader_elect_lease_duration: u64,
-    /// Share the tenants among replicas: tenants map to N shard slots by a stable hash of their
-    /// name, each slot a Lease this replica must hold to run the slot's tenants. Every replica
-    /// must use the same N; several slots per replica (N ≥ 4 × the most replicas) keeps
-    /// rebalancing smooth.
-    #[arg(long, value_name = "N", conflicts_with = "leader_elect", value_parser = clap::value_parser!(u32).range(1..=1024))]
-    shards: Option<u32>,
-    /// Namespace of the shard Leases (`stackd-shard-<i>`, `stackd-member-<identity>`).
+    /// Share the tenants among the replicas that run with it: each serves an equal share (to
+    /// within one tenant), given by the shard map every replica reads and the live one with the
+    /// least identity writes; no tenant is ever served by two.
+    #[arg(long, conflicts_with = "leader_elect")]
+    shards: bool,
+    /// Namespace of the replicas' member Leases (`stackd-member-<identity>`) and the shard map
+    /// (the ConfigMap `stackd-shard-map`).
     #[arg(long, default_value = "stackd-system", value_name = "NAMESPACE")]
     shard_namespace: String,
-    /// Seconds a shard Lease stays valid without renewal: a killed replica's tenants are served
+    /// Seconds a member Lease stays valid without renewal: a killed replica's tenants are served
     /// elsewhere about this long after it died.
     #[arg(long, default_value_t = 15, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(3..=3600))]
     shard_lease_duration: u64,
@@ -360,16 +360,13 @@ struct StatusArgs {
     /// Kubeconfig of the host cluster. Without it: in-cluster config, then $KUBECONFIG.
     #[arg(long, value_name = "FILE")]
     host_kubeconfig: Option<PathBuf>,
-    /// Namespace of the shard Leases (`run --shard-namespace`).
+    /// Namespace of the member Leases and the shard map (`run --shard-namespace`).
     #[arg(long, default_value = "stackd-system", value_name = "NAMESPACE")]
     namespace: String,
-    /// The tenants directory (`run --tenants-dir`), to list each slot's tenants besides the Tenant
-    /// objects'.
+    /// The tenants directory (`run --tenants-dir`), to list the tenants no replica serves besides
+    /// the Tenant objects'.
     #[arg(long, value_name = "DIR")]
     tenants_dir: Option<PathBuf>,
-    /// The slot count; by default the one the live replicas announce.
-    #[arg(long, value_name = "N")]
-    shards: Option<u32>,
 }
 
 #[derive(Args, Debug)]
@@ -430,7 +427,7 @@ struct BenchArgs {
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum BenchScenario {
-    /// Three replicas sharing the tenants over shard Leases.
+    /// Three replicas sharing the tenants (`--shards`), then a fourth joining.
     Shards,
     /// Stack installs in several tenants at once: requests per install and where the time goes.
     Stacks,
@@ -614,8 +611,7 @@ async fn run(args: RunArgs) -> ExitCode {
         allowed_registries: args.allowed_registries,
         metrics_addr: args.metrics_addr,
         health_addr: args.health_addr,
-        shards: args.shards.map(|shards| stackd::runtime::shards::ShardSettings {
-            shards,
+        shards: args.shards.then(|| stackd::runtime::shards::ShardSettings {
             namespace: args.shard_namespace.clone(),
             identity: identity.clone(),
             duration_seconds: args.shard_lease_duration,
@@ -874,21 +870,21 @@ async fn status(args: StatusArgs) -> ExitCode {
         tenants.sort();
         tenants.dedup();
     }
-    match stackd::runtime::shards::status::read(host, &args.namespace, args.shards, &tenants).await {
+    match stackd::runtime::shards::status::read(host, &args.namespace, &tenants).await {
         // Not sharded: the Tenants' table is the whole answer.
-        Ok((0, _)) if objects.is_some() => ExitCode::SUCCESS,
-        Ok((0, _)) => fail(
+        Ok(None) if objects.is_some() => ExitCode::SUCCESS,
+        Ok(None) => fail(
             "stackd status",
             format!(
-                "the host serves no Tenant objects and no live replica announces --shards in {}; pass --shards",
+                "the host serves no Tenant objects and there is no shard map in {} (run --shards); pass --namespace",
                 args.namespace
             ),
         ),
-        Ok((shards, rows)) => {
+        Ok(Some(table)) => {
             if objects.is_some() {
                 println!();
             }
-            print!("{}", stackd::runtime::shards::status::render(shards, &rows));
+            print!("{}", stackd::runtime::shards::status::render(&table));
             ExitCode::SUCCESS
         }
         Err(err) => fail("stackd status", err),

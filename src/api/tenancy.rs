@@ -94,9 +94,6 @@ pub struct TenantStatus {
     /// The replica serving the tenant (its pod name and a suffix, as in its Leases).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub served_by: Option<String>,
-    /// With `--shards`: the shard slot the tenant belongs to.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shard: Option<i32>,
     /// The tenant's namespace on the host, where its stacks' controllers and installers run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_namespace: Option<String>,

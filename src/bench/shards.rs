@@ -1,9 +1,10 @@
-//! Sharding (issue 19): replicas of the daemon share the tenants over shard Leases. Each replica
-//! reaches the host and every tenant through proxies of its own, so every tenant server's
-//! requests are known by replica. Figures: time until every tenant is up, tenants per replica,
-//! time until a `kill -9`ed replica's tenants are up elsewhere, tenants served by two replicas at
-//! once (from the daemons' own start/stop records and from the tenant servers' requests), and
-//! Lease writes on the host.
+//! Sharding (issues 19 and 48): replicas of the daemon share the tenants (`--shards`). Each
+//! replica reaches the host and every tenant through proxies of its own, so every tenant server's
+//! requests are known by replica. Figures: time until every tenant is up, tenants per replica
+//! (each must come to ⌊N/R⌋ or ⌈N/R⌉), tenants moved when a fourth replica joins and when the
+//! busiest is `kill -9`ed, the time until its tenants are up elsewhere, tenants served by two
+//! replicas at once (from the daemons' own start/stop records and from the tenant servers'
+//! requests), and Lease writes on the host.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -21,14 +22,26 @@ use super::partition::{Partition, upstream_of};
 pub struct ShardFigures {
     pub replicas: usize,
     pub tenants: usize,
-    pub shards: u32,
     pub lease_duration_s: u64,
-    /// Seconds from starting the replicas until every tenant is up on exactly one of them.
+    /// Seconds from starting the replicas until every tenant is up on exactly one of them, each
+    /// replica serving ⌊N/R⌋ or ⌈N/R⌉.
     pub all_up_s: f64,
     /// Tenants each replica serves once all are up, largest first.
     pub tenants_per_replica: Vec<usize>,
-    /// Largest over smallest of `tenants_per_replica` (goal ≤ 1.5).
+    /// Largest over smallest of `tenants_per_replica`.
     pub balance_max_over_min: f64,
+    /// Once a replica more joined: tenants each serves, largest first.
+    #[serde(default)]
+    pub tenants_per_replica_after_join: Vec<usize>,
+    /// Tenants started anew when it joined (goal: only those it takes, ⌊N/(R+1)⌋ or one more).
+    #[serde(default)]
+    pub moved_on_join: usize,
+    /// Tenants started anew when the busiest replica was killed (goal: only those it had).
+    #[serde(default)]
+    pub moved_on_kill: usize,
+    /// The tenants the killed replica had.
+    #[serde(default)]
+    pub killed_had: usize,
     /// Seconds from `kill -9` of the busiest replica until its tenants are up elsewhere (goal ≤
     /// the lease duration + 5 s).
     pub takeover_s: f64,
@@ -41,17 +54,18 @@ pub struct ShardFigures {
     /// it reads it, up to this late, so requests are matched to records with this much slack.
     #[serde(default)]
     pub scheduling_lag_max_ms: f64,
-    /// Writes (create, update) to Leases on the host per minute while nothing moves.
+    /// Writes (create, update) to Leases and the shard map on the host per minute while nothing
+    /// moves.
     pub lease_writes_per_minute: f64,
-    /// The same per slot per lease duration, member Leases included (goal < 2).
-    pub lease_writes_per_slot_per_lease_duration: f64,
+    /// The same per replica per lease duration (goal < 2).
+    #[serde(default)]
+    pub lease_writes_per_replica_per_lease_duration: f64,
 }
 
 /// What one run is made of.
 pub struct ShardLoad {
     pub replicas: usize,
     pub tenants: usize,
-    pub shards: u32,
     pub lease_duration_s: u64,
     /// How long Lease writes are counted while nothing moves.
     pub steady_window: Duration,
@@ -86,8 +100,7 @@ pub async fn measure(load: &ShardLoad, keep_logs: Option<&Path>) -> Result<Shard
     }
     let served = wait_served(&replicas, load.tenants, Duration::from_secs(120)).await?;
     let all_up_s = started.elapsed().as_secs_f64();
-    let mut per_replica: Vec<usize> = served.iter().map(BTreeSet::len).collect();
-    per_replica.sort_unstable_by(|a, b| b.cmp(a));
+    let per_replica = largest_first(&served);
     let balance =
         per_replica.first().copied().unwrap_or(0) as f64 / per_replica.last().copied().unwrap_or(1).max(1) as f64;
 
@@ -96,49 +109,81 @@ pub async fn measure(load: &ShardLoad, keep_logs: Option<&Path>) -> Result<Shard
     let after = fleet.host.counters().since(&before);
     let writes = ["create", "update"]
         .iter()
-        .map(|verb| lease_count(&after, verb))
+        .map(|verb| write_count(&after, verb))
         .sum::<u64>() as f64;
     let minutes = load.steady_window.as_secs_f64() / 60.0;
     let durations = load.steady_window.as_secs_f64() / load.lease_duration_s as f64;
 
-    let victim = (0..served.len()).max_by_key(|i| served[*i].len()).unwrap_or(0);
+    let joined_at = jiff::Timestamp::now();
+    replicas.push(replica(&fleet, load.replicas, load).await?);
+    let joined = wait_served(&replicas, load.tenants, Duration::from_secs(120)).await?;
+    let moved_on_join = started_after(&replicas, joined_at);
+
+    let victim = (0..joined.len()).max_by_key(|i| joined[*i].len()).unwrap_or(0);
     let killed = Instant::now();
-    replicas[victim].killed_at = Some(jiff::Timestamp::now());
+    let killed_wall = jiff::Timestamp::now();
+    replicas[victim].killed_at = Some(killed_wall);
     if let Some(daemon) = replicas[victim].daemon.take() {
         daemon.kill().await;
     }
     wait_served(&replicas, load.tenants, Duration::from_secs(120)).await?;
     let takeover_s = killed.elapsed().as_secs_f64();
+    let moved_on_kill = started_after(&replicas, killed_wall);
 
     let lag_max = lag.max();
     let (by_records, by_requests) = served_twice(&replicas, &clock, lag_max + Duration::from_millis(50));
     let figures = ShardFigures {
         replicas: load.replicas,
         tenants: load.tenants,
-        shards: load.shards,
         lease_duration_s: load.lease_duration_s,
         all_up_s,
         tenants_per_replica: per_replica,
         balance_max_over_min: balance,
+        tenants_per_replica_after_join: largest_first(&joined),
+        moved_on_join,
+        moved_on_kill,
+        killed_had: joined[victim].len(),
         takeover_s,
         served_twice_by_records: by_records,
         served_twice_by_requests: by_requests,
         scheduling_lag_max_ms: lag_max.as_secs_f64() * 1000.0,
         lease_writes_per_minute: writes / minutes,
-        lease_writes_per_slot_per_lease_duration: writes / f64::from(load.shards) / durations,
+        lease_writes_per_replica_per_lease_duration: writes / load.replicas as f64 / durations,
     };
     drop(replicas);
     fleet.shutdown().await;
     Ok(figures)
 }
 
-fn lease_count(counts: &crate::embedded::counters::RequestCounts, verb: &str) -> u64 {
+/// Writes to the sharding objects: Leases and the shard map's ConfigMap (the host has no other).
+fn write_count(counts: &crate::embedded::counters::RequestCounts, verb: &str) -> u64 {
     counts
         .counts
         .iter()
-        .filter(|(key, _)| key.verb.as_str() == verb && key.resource.starts_with("leases"))
+        .filter(|(key, _)| key.verb.as_str() == verb)
+        .filter(|(key, _)| key.resource.starts_with("leases") || key.resource.starts_with("configmaps"))
         .map(|(_, n)| *n)
         .sum()
+}
+
+fn largest_first(served: &[BTreeSet<String>]) -> Vec<usize> {
+    let mut counts: Vec<usize> = served.iter().map(BTreeSet::len).filter(|n| *n > 0).collect();
+    counts.sort_unstable_by(|a, b| b.cmp(a));
+    counts
+}
+
+/// Tenants some replica started, by its own records, after `after`.
+fn started_after(replicas: &[Replica], after: jiff::Timestamp) -> usize {
+    let mut started = BTreeSet::new();
+    for replica in replicas {
+        let text = std::fs::read_to_string(&replica.log).unwrap_or_default();
+        for (tenant, intervals) in serving_intervals(&text, jiff::Timestamp::MAX) {
+            if intervals.iter().any(|(start, _)| *start > after) {
+                started.insert(tenant);
+            }
+        }
+    }
+    started.len()
 }
 
 /// A replica's directory (its host kubeconfig and tenant kubeconfigs, each through a proxy of its
@@ -159,11 +204,9 @@ async fn replica(fleet: &Fleet, index: usize, load: &ShardLoad) -> Result<Replic
         )?;
         proxies.insert(name.clone(), tenant);
     }
-    let shards = load.shards.to_string();
     let lease = load.lease_duration_s.to_string();
     let args = [
         "--shards",
-        &shards,
         "--shard-lease-duration",
         &lease,
         "--log-format",
@@ -187,7 +230,8 @@ async fn proxy(url: &str) -> Result<Partition, BenchError> {
     Ok(Partition::start(upstream).await?)
 }
 
-/// Waits until every tenant is up on exactly one live replica; returns each replica's tenants.
+/// Waits until every tenant is up on exactly one live replica, each serving ⌊N/R⌋ or ⌈N/R⌉ of
+/// them; returns each replica's tenants.
 async fn wait_served(
     replicas: &[Replica],
     tenants: usize,
@@ -204,12 +248,19 @@ async fn wait_served(
         }
         let total: usize = served.iter().map(BTreeSet::len).sum();
         let union: BTreeSet<&String> = served.iter().flatten().collect();
-        if total == tenants && union.len() == tenants {
+        let live = replicas.iter().filter(|r| r.daemon.is_some()).count().max(1);
+        let share = (tenants / live)..=tenants.div_ceil(live);
+        let balanced = replicas
+            .iter()
+            .zip(&served)
+            .all(|(replica, served)| replica.daemon.is_none() || share.contains(&served.len()));
+        if total == tenants && union.len() == tenants && balanced {
             return Ok(served);
         }
         if started.elapsed() > within {
+            let counts: Vec<usize> = served.iter().map(BTreeSet::len).collect();
             return Err(BenchError::Timeout(format!(
-                "{} of {tenants} tenants up ({total} servings) after {within:?}",
+                "{} of {tenants} tenants up ({total} servings, per replica {counts:?}, each to serve {share:?}) after {within:?}",
                 union.len()
             )));
         }

@@ -52,12 +52,6 @@ pub struct ErrorLabels {
     pub kind: String,
 }
 
-/// A shard slot (`--shards`): bounded by the slot count.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SlotLabels {
-    pub slot: String,
-}
-
 /// A tenant's objects of one kind by readiness: `kind` is a stackd kind (StackInstall,
 /// ClusterStackInstall, Stack, ClusterPool), `ready` is `true` or `false`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -118,10 +112,10 @@ pub struct Metrics {
     pub reconcile_duration: Family<ControllerLabels, Histogram, fn() -> Histogram>,
     /// Per pool: clusters by state and inventory entries by state.
     pub pool_clusters: Family<PoolLabels, Gauge>,
-    /// 1 for each shard slot this replica holds (`--shards`); absent otherwise.
-    pub shard_held: Family<SlotLabels, Gauge>,
-    /// The slot count (`--shards`), 0 without sharding: with `shard_held`, whether every slot is held.
-    pub shards: Gauge,
+    /// With `--shards`: the tenants this replica serves.
+    pub shard_tenants: Gauge,
+    /// With `--shards`: the tenants this replica knows of that no live replica owns.
+    pub shard_unserved_tenants: Gauge,
     /// A tenant's objects by kind and readiness, from its caches.
     pub tenant_objects: Family<TenantObjectLabels, Gauge>,
     /// The daemon's resident memory, read when `/metrics` is asked for.
@@ -207,17 +201,17 @@ impl Metrics {
             "Clusters of a pool by state, and its inventory entries by state",
             pool_clusters.clone(),
         );
-        let shard_held = Family::<SlotLabels, Gauge>::default();
+        let shard_tenants = Gauge::default();
         registry.register(
-            "shard_held",
-            "Shard slots this replica holds (1); its tenants are those of these slots",
-            shard_held.clone(),
+            "shard_tenants",
+            "Tenants the shard map gives this replica and it serves (--shards)",
+            shard_tenants.clone(),
         );
-        let shards = Gauge::default();
+        let shard_unserved_tenants = Gauge::default();
         registry.register(
-            "shards",
-            "Shard slots the tenants map to (--shards); 0 without sharding",
-            shards.clone(),
+            "shard_unserved_tenants",
+            "Tenants this replica knows of that the shard map gives to no live replica (--shards)",
+            shard_unserved_tenants.clone(),
         );
         let tenant_objects = Family::<TenantObjectLabels, Gauge>::default();
         registry.register(
@@ -233,8 +227,8 @@ impl Metrics {
         );
         Metrics {
             registry: Mutex::new(registry),
-            shard_held,
-            shards,
+            shard_tenants,
+            shard_unserved_tenants,
             tenant_objects,
             resident_memory,
             tenant_up,
@@ -292,16 +286,6 @@ impl Metrics {
                 cause: cause.to_string(),
             };
             self.host_down_cause.get_or_create(&labels).set(1);
-        }
-    }
-
-    /// Whether this replica holds a shard slot: a series while it does, none otherwise.
-    pub fn set_shard_held(&self, slot: u32, held: bool) {
-        let labels = SlotLabels { slot: slot.to_string() };
-        if held {
-            self.shard_held.get_or_create(&labels).set(1);
-        } else {
-            self.shard_held.remove(&labels);
         }
     }
 

@@ -115,15 +115,27 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
     let shards = &report["shards"];
     assert_eq!(shards["served_twice_by_records"], 0, "{shards:#}");
     assert_eq!(shards["served_twice_by_requests"], 0, "{shards:#}");
+    // 13 tenants: 5/4/4 over three replicas, 4/3/3/3 once a fourth joins, which moves only the
+    // three or four it takes; a killed replica's tenants alone move.
     assert_eq!(
-        shards["tenants_per_replica"].as_array().map(Vec::len),
-        Some(3),
+        shards["tenants_per_replica"],
+        serde_json::json!([5, 4, 4]),
         "{shards:#}"
     );
+    assert_eq!(
+        shards["tenants_per_replica_after_join"],
+        serde_json::json!([4, 3, 3, 3]),
+        "{shards:#}"
+    );
+    assert!(
+        (3..=4).contains(&shards["moved_on_join"].as_u64().unwrap()),
+        "{shards:#}"
+    );
+    assert_eq!(shards["moved_on_kill"], shards["killed_had"], "{shards:#}");
     let lease = shards["lease_duration_s"].as_f64().unwrap();
     assert!(shards["takeover_s"].as_f64().unwrap() <= lease + 5.0, "{shards:#}");
     assert!(
-        shards["lease_writes_per_slot_per_lease_duration"].as_f64().unwrap() < 2.0,
+        shards["lease_writes_per_replica_per_lease_duration"].as_f64().unwrap() < 2.0,
         "{shards:#}"
     );
     // Many idle tenants on one replica (issue 32): up, no requests at rest but renewals and

@@ -203,13 +203,13 @@ async fn both_charts_render_with_their_default_values() {
 }
 
 #[tokio::test]
-async fn the_host_chart_with_sharding_runs_replicas_on_shard_leases_without_a_leader() {
-    let values = "replicas: 3\nsharding: {enabled: true, shards: 24, leaseDuration: 12}\n";
+async fn the_host_chart_with_sharding_runs_replicas_on_a_shard_map_without_a_leader() {
+    let values = "replicas: 3\nsharding: {enabled: true, leaseDuration: 12}\n";
     let (_, controllers) = render("stackd-controllers", values).await;
     let deployment = find(&controllers, "Deployment", "stackd");
     let args = deployment_args(deployment);
     for expected in [
-        "--shards=24",
+        "--shards",
         "--shard-namespace=stackd-system",
         "--shard-lease-duration=12",
     ] {
@@ -225,6 +225,8 @@ async fn the_host_chart_with_sharding_runs_replicas_on_shard_leases_without_a_le
     );
     let role = find(&controllers, "Role", "stackd-shards");
     assert_eq!(role["rules"][0]["resources"], json!(["leases"]));
+    assert_eq!(role["rules"][1]["resources"], json!(["configmaps"]));
+    assert_eq!(role["rules"][1]["verbs"], json!(["create", "list", "watch", "update"]));
     find(&controllers, "RoleBinding", "stackd-shards");
     assert!(
         !controllers
@@ -500,7 +502,7 @@ async fn the_host_chart_renders_monitoring_and_secret_grants_when_asked() {
         [
             "StackdTenantDown",
             "StackdReconcileErrorsRising",
-            "StackdShardSlotUnheld",
+            "StackdShardTenantsUnserved",
             "StackdInstallNotReady"
         ]
     );
@@ -581,7 +583,7 @@ fn exposes(metrics: &str, name: &str) -> bool {
 
 /// Issue 31: every metric the alerts and the dashboard use is one a running daemon serves, in the
 /// situations they watch for: a tenant served with its objects counted, one down (restarted, its
-/// cause told), a reconcile failing, and a shard slot held.
+/// cause told), a reconcile failing, and the tenants shared (`--shards`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_the_alerts_and_the_dashboard_use_is_on_a_running_daemons_metrics() {
     let (yaml, _) = render("stackd-controllers", MONITORING_VALUES).await;
@@ -601,7 +603,7 @@ async fn every_metric_the_alerts_and_the_dashboard_use_is_on_a_running_daemons_m
         .verb(stackd::embedded::Verb::Create)
         .resource("namespaces");
     fleet.host().faults().fail_next(1, create_namespace, 500);
-    let daemon = fleet.daemon(&["--shards", "1", "--shard-namespace", "stackd-system"]);
+    let daemon = fleet.daemon(&["--shards", "--shard-namespace", "stackd-system"]);
     until(
         "every metric the alerts and dashboard use on /metrics",
         Duration::from_secs(30),
@@ -887,8 +889,9 @@ enum Scenario {
     OrphanSweep,
     /// Replicas elect a leader on a Lease.
     LeaderElection,
-    /// Replicas share the tenants over shard Leases (`sharding.enabled`): they join, take slots,
-    /// give some up to a replica that joins, and leave.
+    /// Replicas share the tenants (`sharding.enabled`): one places them in the shard map, another
+    /// joins, the first is killed and the second deletes its expired member Lease and takes its
+    /// tenants.
     Sharding,
     /// A create answered AlreadyExists reads the object instead (src/host/namespace.rs): another
     /// writer was first, or the daemon's own earlier write had not reached its watch cache yet.
@@ -974,6 +977,7 @@ const HOST_USES: &[Use] = &[
     uses(TENANT_EVENTS_ROLE, "events.k8s.io", &["events"], &["patch"], RarePaths),
     uses(LEADER_ROLE, "coordination.k8s.io", &["leases"], &["get", "list", "watch", "create", "patch"], LeaderElection),
     uses(SHARDS_ROLE, "coordination.k8s.io", &["leases"], &["list", "watch", "create", "update", "delete"], Sharding),
+    uses(SHARDS_ROLE, "", &["configmaps"], &["create", "list", "watch", "update"], Sharding),
     uses(NAMESPACE_ROLE, "batch", &["jobs"], &["list", "delete"], OrphanSweep),
     uses(NAMESPACE_ROLE, "batch", &["jobs"], &["watch", "create"], StackInstall),
     uses(NAMESPACE_ROLE, "batch", &["jobs"], &["get"], CreateRace),
@@ -1429,21 +1433,23 @@ async fn daemon_startup_repair_sweep_and_leader_election(installation: &Installa
     }
 }
 
-/// Two replicas with the chart's sharding on: the first takes every slot, gives half up when the
-/// second joins, and both release theirs and delete their member Lease when they stop.
+/// Two replicas with the chart's sharding on: the first places the tenants in the shard map, the
+/// second joins, the first is killed, and the second deletes its expired member Lease and takes
+/// its tenants.
 async fn sharding(installation: &Installation) -> ScenarioRun {
-    let values = format!("{LEAST_PRIVILEGE_HOST_VALUES}sharding: {{enabled: true, shards: 4}}\n");
+    let values = format!("{LEAST_PRIVILEGE_HOST_VALUES}sharding: {{enabled: true}}\n");
     let (yaml, objects) = render("stackd-controllers", &values).await;
     apply(&installation.host, &yaml).await;
     let args = deployment_args(find(&objects, "Deployment", "stackd"));
     let (host_window, tenant_window) = (Window::open(&installation.host), Window::open(&installation.tenant));
     let timing = ["--shard-lease-duration", "3"];
     let mut first = installation.daemon_with(&args, &timing);
-    wait_for_log(&first, "acquired a shard slot").await;
+    wait_for_log(&first, "wrote the shard map").await;
     let mut second = installation.daemon_with(&args, &timing);
-    wait_for_log(&first, "released a shard slot").await;
-    wait_for_log(&second, "acquired a shard slot").await;
-    stop(&mut first).await;
+    wait_for_log(&second, "registered this replica's member lease").await;
+    first.kill();
+    wait_for_log(&second, "deleted the expired member lease of a replica").await;
+    wait_for_log(&second, "serving tenants the shard map gives this replica").await;
     stop(&mut second).await;
     ScenarioRun {
         covers: &[Sharding],

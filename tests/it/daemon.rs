@@ -407,7 +407,7 @@ async fn a_missing_leader_election_namespace_is_named_in_the_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_shard_namespace_is_named_in_the_error() {
     let fleet = Fleet::start(&["acme"]).await;
-    let daemon = fleet.daemon(&["--shards", "2", "--shard-namespace", "nowhere"]);
+    let daemon = fleet.daemon(&["--shards", "--shard-namespace", "nowhere"]);
     let named = "the namespace nowhere of the shard Leases does not exist on the host";
     crate::harness::until("the missing namespace named", SOON, &daemon, || async {
         daemon.log_text().contains(named)

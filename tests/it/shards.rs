@@ -1,5 +1,5 @@
-//! Daemons sharing the tenants (`stackd run --shards`, issue 19): real daemon binaries against
-//! embedded servers, each replica talking to the host and to every tenant through proxies of its
+//! Daemons sharing the tenants (`stackd run --shards`, issues 19 and 48): real daemon binaries
+//! against embedded servers, each replica talking to the host and to every tenant through proxies of its
 //! own, so that a replica can be cut off from the host and every tenant server's requests can be
 //! told apart by replica.
 
@@ -12,7 +12,6 @@ use stackd::bench::shards::serving_intervals;
 
 use crate::harness::{Daemon, Explain, Fleet, LastSeen, holds_for, until, wait_until};
 
-const SHARDS: u32 = 8;
 /// `--shard-lease-duration`: short, so takeovers fit a test; long enough that a renewal on a
 /// loaded machine is stored before the renew deadline.
 const LEASE_SECONDS: u64 = 6;
@@ -22,14 +21,14 @@ fn lease() -> Duration {
     Duration::from_secs(LEASE_SECONDS)
 }
 
-/// How soon a slot's Lease is renewed (`ShardSettings::renew_interval`).
+/// How soon a member Lease is renewed (`ShardSettings::renew_interval`).
 fn renew_interval() -> Duration {
     lease() * 5 / 9
 }
 
 /// Three daemons starting at once, their Leases and tenants settling.
 const SETTLE: Duration = Duration::from_secs(30);
-/// A tenant's controllers starting once its slot is held.
+/// A tenant's controllers starting once the map gives it to a replica.
 const TENANT_START: Duration = Duration::from_secs(10);
 
 struct Replica {
@@ -44,6 +43,8 @@ struct Replica {
 struct ShardedFleet {
     fleet: Fleet,
     replicas: Vec<Replica>,
+    /// The tenants every replica's directory holds.
+    tenants: usize,
 }
 
 fn tenant_names() -> Vec<String> {
@@ -65,6 +66,7 @@ impl ShardedFleet {
         let mut sharded = ShardedFleet {
             fleet,
             replicas: Vec::new(),
+            tenants: TENANTS,
         };
         for index in 0..replicas {
             let replica = sharded.replica(index).await;
@@ -107,10 +109,13 @@ impl ShardedFleet {
         }
     }
 
-    /// Waits until every tenant is up on exactly one replica (of those not excluded) and every slot
-    /// is held; returns each replica's tenants.
+    /// Waits until every tenant is up on exactly one replica (of those not excluded), each
+    /// serving its share (⌊N/R⌋ or ⌈N/R⌉); returns each replica's tenants.
     async fn wait_settled(&self, excluded: &[usize], within: Duration) -> Vec<BTreeSet<String>> {
         let last = LastSeen::new(self);
+        let expected = self.tenants;
+        let live = self.replicas.len() - excluded.len();
+        let share = (expected / live)..=expected.div_ceil(live);
         wait_until(&format!("settled within {within:?}"), within, &last, || async {
             let served: Vec<BTreeSet<String>> = self
                 .replicas
@@ -124,37 +129,57 @@ impl ShardedFleet {
                     }
                 })
                 .collect();
-            let slots: usize = self
-                .replicas
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !excluded.contains(i))
-                .map(|(_, r)| held_slots(&r.daemon).len())
-                .sum();
             let total: usize = served.iter().map(BTreeSet::len).sum();
             let union: BTreeSet<&String> = served.iter().flatten().collect();
-            last.saw(&(&served, slots));
-            (total == TENANTS && union.len() == TENANTS && slots == SHARDS as usize).then_some(served)
+            let balanced = served
+                .iter()
+                .enumerate()
+                .all(|(i, s)| excluded.contains(&i) || share.contains(&s.len()));
+            last.saw(&served);
+            (total == expected && union.len() == expected && balanced).then_some(served)
         })
         .await
     }
 
-    /// Waits until the replicas not excluded hold every slot; returns how long it took.
-    async fn wait_all_slots_held(&self, excluded: &[usize], within: Duration) -> Duration {
+    /// Waits until the replicas not excluded were given every tenant (started, not yet up);
+    /// returns how long it took.
+    async fn wait_all_given(&self, excluded: &[usize], within: Duration) -> Duration {
         let started = Instant::now();
         let last = LastSeen::new(self);
-        wait_until("every slot held", within, &last, || async {
-            let slots: BTreeSet<u32> = self
+        wait_until("every tenant given to a replica", within, &last, || async {
+            let given: usize = self
                 .replicas
                 .iter()
                 .enumerate()
                 .filter(|(i, _)| !excluded.contains(i))
-                .flat_map(|(_, r)| held_slots(&r.daemon))
-                .collect();
-            last.saw(&slots);
-            (slots.len() == SHARDS as usize).then(|| started.elapsed())
+                .map(|(_, r)| shard_tenants(&r.daemon))
+                .sum();
+            last.saw(&given);
+            (given == self.tenants).then(|| started.elapsed())
         })
         .await
+    }
+
+    /// A new tenant server, and its file in every replica's directory (each through a proxy of
+    /// its own); returns the proxies, by replica.
+    async fn add_tenant_file(&mut self, name: &str) -> Vec<Partition> {
+        let fleet_dir = self.fleet.dir.path().to_path_buf();
+        self.fleet.add_tenant(name).await;
+        // The harness wrote it for no daemon; each replica gets it through a proxy of its own.
+        std::fs::remove_file(fleet_dir.join(format!("tenants/{name}.yaml"))).ok();
+        let (_, server) = self.fleet.tenants.last().expect("the new tenant");
+        let server = server.as_ref().expect("its server");
+        let mut proxies = Vec::new();
+        for replica in &self.replicas {
+            let tenant_proxy = proxy(&server.url()).await;
+            let yaml = tenant_proxy
+                .kubeconfig(&server.kubeconfig_yaml())
+                .expect("tenant kubeconfig");
+            std::fs::write(replica.dir.join(format!("tenants/{name}.yaml")), yaml).expect("tenant file");
+            proxies.push(tenant_proxy);
+        }
+        self.tenants += 1;
+        proxies
     }
 
     fn logs(&self) -> String {
@@ -174,11 +199,12 @@ impl ShardedFleet {
             .iter()
             .map(|r| serving_intervals(&r.daemon.log_text(), r.killed_at.unwrap_or(now)))
             .collect();
-        for tenant in tenant_names() {
+        let tenants: BTreeSet<&String> = intervals.iter().flat_map(BTreeMap::keys).collect();
+        for tenant in tenants {
             for (a, mine) in intervals.iter().enumerate() {
                 for (b, theirs) in intervals.iter().enumerate().skip(a + 1) {
-                    for (start, stop) in mine.get(&tenant).into_iter().flatten() {
-                        for (their_start, their_stop) in theirs.get(&tenant).into_iter().flatten() {
+                    for (start, stop) in mine.get(tenant).into_iter().flatten() {
+                        for (their_start, their_stop) in theirs.get(tenant).into_iter().flatten() {
                             assert!(
                                 !(start < their_stop && their_start < stop),
                                 "{tenant} served by replicas {a} ({start}..{stop}) and {b} ({their_start}..{their_stop}) at once\n{}",
@@ -195,7 +221,6 @@ impl ShardedFleet {
 fn daemon_args() -> Vec<&'static str> {
     vec![
         "--shards",
-        "8",
         "--shard-lease-duration",
         "6",
         "--log-format",
@@ -220,12 +245,22 @@ fn tenants_up(daemon: &Daemon) -> BTreeSet<String> {
         .collect()
 }
 
-fn held_slots(daemon: &Daemon) -> BTreeSet<u32> {
+/// The tenants the shard map gives the replica and it runs (`stackd_shard_tenants`).
+fn shard_tenants(daemon: &Daemon) -> usize {
     let metrics = daemon.http_get("/metrics").unwrap_or_default();
     metrics
         .lines()
-        .filter(|line| line.starts_with("stackd_shard_held{") && line.ends_with(" 1"))
-        .filter_map(|line| line.split('"').nth(1)?.parse().ok())
+        .find_map(|line| line.strip_prefix("stackd_shard_tenants "))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Tenants a replica started, by its own records, after `after`.
+fn started_after(daemon: &Daemon, after: jiff::Timestamp) -> BTreeSet<String> {
+    serving_intervals(&daemon.log_text(), jiff::Timestamp::MAX)
+        .into_iter()
+        .filter(|(_, intervals)| intervals.iter().any(|(start, _)| *start > after))
+        .map(|(tenant, _)| tenant)
         .collect()
 }
 
@@ -252,92 +287,84 @@ fn replica_dir_status(dir: &Path) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_sharded_daemons_share_the_slots_fairly_and_serve_each_tenant_once() {
-    let fleet = ShardedFleet::start(3).await;
-    fleet.wait_settled(&[], SETTLE).await;
-    // Every slot held is not yet every replica holding its share: one that came up after the others
-    // had taken every slot (a loaded machine) gets its share handed over by them, as a joiner does.
-    until(
-        "every replica to hold its fair share of the slots",
-        SETTLE,
-        &fleet,
-        || async {
-            fleet
-                .replicas
-                .iter()
-                .all(|replica| (2..=3).contains(&held_slots(&replica.daemon).len()))
-        },
-    )
-    .await;
+async fn three_sharded_daemons_serve_four_of_twelve_tenants_each_and_five_four_four_of_thirteen() {
+    let mut fleet = ShardedFleet::start(3).await;
     let served = fleet.wait_settled(&[], SETTLE).await;
     for (index, replica) in fleet.replicas.iter().enumerate() {
-        let slots = held_slots(&replica.daemon).len();
-        assert!(
-            (2..=3).contains(&slots),
-            "replica {index} holds {slots} of 8 slots (fair share: ceil(8/3) = 3); tenants {served:?}"
-        );
+        assert_eq!(served[index].len(), 4, "replica {index}: {served:?}");
         let detail = replica.daemon.http_get("/readyz?verbose").unwrap_or_default();
         assert!(
-            detail.contains(&format!("shards {slots} held of 8, 3 live replicas")),
+            detail.contains("shards serving 4 of 12 tenants, 3 live replicas, fair share 4"),
             "{detail}"
         );
     }
     let status = replica_dir_status(&fleet.replicas[0].dir);
-    assert!(status.starts_with("8 shard slots"), "{status}");
-    let holders: BTreeSet<&str> = status
+    assert!(status.starts_with("12 tenants over 3 replicas"), "{status}");
+    let counts: Vec<&str> = status
         .lines()
         .skip(2)
-        .take(8)
-        .filter_map(|line| line.split_whitespace().nth(1))
+        .filter_map(|line| line.split_whitespace().nth(3))
         .collect();
-    assert_eq!(holders.len(), 3, "every slot held, by three replicas:\n{status}");
-    assert!(!holders.contains("-"), "{status}");
+    assert_eq!(counts, ["4", "4", "4"], "{status}");
     for tenant in tenant_names() {
         assert!(status.contains(&tenant), "{tenant} listed:\n{status}");
     }
+
+    // A thirteenth tenant goes to one replica; nothing else moves.
+    let before = jiff::Timestamp::now();
+    let _t12 = fleet.add_tenant_file("t12").await;
+    let served = fleet.wait_settled(&[], SETTLE).await;
+    let mut shares: Vec<usize> = served.iter().map(BTreeSet::len).collect();
+    shares.sort_unstable();
+    assert_eq!(shares, [4, 4, 5], "{served:?}");
+    let started: BTreeSet<String> = fleet
+        .replicas
+        .iter()
+        .flat_map(|r| started_after(&r.daemon, before))
+        .collect();
+    assert_eq!(
+        started,
+        BTreeSet::from(["t12".to_string()]),
+        "only the new tenant started"
+    );
     fleet.assert_never_served_twice();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_joining_daemon_takes_its_share_and_a_stopping_one_hands_its_slots_over_at_once() {
-    let mut fleet = ShardedFleet::start(2).await;
-    fleet.wait_settled(&[], SETTLE).await;
-    let before: Vec<BTreeSet<u32>> = fleet.replicas.iter().map(|r| held_slots(&r.daemon)).collect();
-    let joiner = fleet.replica(2).await;
+async fn a_fourth_daemon_joining_moves_only_the_tenants_it_takes_and_a_stopping_one_hands_over_at_once() {
+    let mut fleet = ShardedFleet::start(3).await;
+    let before = fleet.wait_settled(&[], SETTLE).await;
+    let joined_at = jiff::Timestamp::now();
+    let joiner = fleet.replica(3).await;
     fleet.replicas.push(joiner);
-    until("the joiner to get slots", SETTLE, &fleet, || async {
-        held_slots(&fleet.replicas[2].daemon).len() >= 2
-    })
-    .await;
-    fleet.wait_settled(&[], SETTLE).await;
-    let after: Vec<BTreeSet<u32>> = fleet.replicas.iter().map(|r| held_slots(&r.daemon)).collect();
-    assert!(
-        (2..=3).contains(&after[2].len()),
-        "the joiner holds its share: {after:?}"
-    );
+    let after = fleet.wait_settled(&[], SETTLE).await;
+    assert_eq!(after.iter().map(BTreeSet::len).collect::<Vec<_>>(), [3, 3, 3, 3]);
     for (old, new) in before.iter().zip(&after) {
         assert!(
             new.is_subset(old),
-            "the others only gave slots up: {before:?} -> {after:?}"
+            "the others only gave tenants up: {before:?} -> {after:?}"
         );
     }
-    // SIGTERM: its tenants stop, its slots are released and taken at once, not after the lease.
+    let moved: BTreeSet<String> = fleet
+        .replicas
+        .iter()
+        .flat_map(|r| started_after(&r.daemon, joined_at))
+        .collect();
+    assert_eq!(moved, after[3], "only the joiner's three moved");
+
+    // SIGTERM: its tenants stop, its Lease is released and its tenants given at once, not after
+    // the lease duration.
     let leaving = 0;
     fleet.replicas[leaving].daemon.terminate();
-    let took = fleet.wait_all_slots_held(&[leaving], lease()).await;
-    eprintln!("slots of the stopped replica taken after {took:?}");
+    let took = fleet.wait_all_given(&[leaving], lease()).await;
+    eprintln!("tenants of the stopped replica given after {took:?}");
     fleet.replicas[leaving]
         .daemon
         .wait_exit(TENANT_START)
         .await
         .expect("it exits");
     let log = fleet.replicas[leaving].daemon.log_text();
-    let released = log.matches("released a shard slot").count();
-    assert!(
-        released >= after[leaving].len(),
-        "it released its {} slots:\n{log}",
-        after[leaving].len()
-    );
+    assert!(log.contains("released this replica's member lease"), "{log}");
     fleet.wait_settled(&[leaving], TENANT_START).await;
     fleet.assert_never_served_twice();
 }
@@ -346,21 +373,7 @@ async fn a_joining_daemon_takes_its_share_and_a_stopping_one_hands_its_slots_ove
 async fn a_tenant_file_added_at_runtime_is_served_by_one_replica_and_suspended_by_it_when_removed() {
     let mut fleet = ShardedFleet::start(2).await;
     fleet.wait_settled(&[], SETTLE).await;
-    let fleet_dir = fleet.fleet.dir.path().to_path_buf();
-    fleet.fleet.add_tenant("late").await;
-    // The harness wrote it for no daemon; each replica gets it through a proxy of its own.
-    std::fs::remove_file(fleet_dir.join("tenants/late.yaml")).ok();
-    let (_, server) = fleet.fleet.tenants.last().expect("the new tenant");
-    let server = server.as_ref().expect("its server");
-    let mut proxies = Vec::new();
-    for replica in &fleet.replicas {
-        let tenant_proxy = proxy(&server.url()).await;
-        let yaml = tenant_proxy
-            .kubeconfig(&server.kubeconfig_yaml())
-            .expect("tenant kubeconfig");
-        std::fs::write(replica.dir.join("tenants/late.yaml"), yaml).expect("tenant file");
-        proxies.push(tenant_proxy);
-    }
+    let proxies = fleet.add_tenant_file("late").await;
     let servers = wait_until("the new tenant to come up", TENANT_START, &fleet, || async {
         let servers: Vec<usize> = (0..2)
             .filter(|i| tenants_up(&fleet.replicas[*i].daemon).contains("late"))
@@ -381,7 +394,7 @@ async fn a_tenant_file_added_at_runtime_is_served_by_one_replica_and_suspended_b
     .await;
     assert!(fleet.replicas[holder].daemon.log_text().contains("suspending tenant"));
     assert!(proxies[other].sent().is_none(), "the other replica never talked to it");
-    // A file that cannot be used is reported by the replica holding its slot alone.
+    // A file that cannot be used is reported by the replica it is given to alone.
     for replica in &fleet.replicas {
         std::fs::write(replica.dir.join("tenants/broken.yaml"), "not: [a kubeconfig").expect("broken file");
     }
@@ -408,44 +421,61 @@ async fn a_sharded_daemon_cut_off_from_the_host_takes_its_share_again_once_it_re
     fleet.wait_settled(&[], SETTLE).await;
     fleet.replicas[0].host_proxy.pause();
     fleet
-        .wait_all_slots_held(&[0], lease() + renew_interval() + Duration::from_secs(1))
+        .wait_all_given(&[0], lease() + renew_interval() + Duration::from_secs(1))
         .await;
     fleet.wait_settled(&[0], TENANT_START).await;
     fleet.replicas[0].host_proxy.heal();
-    until("it to get slots back", SETTLE, &fleet, || async {
-        held_slots(&fleet.replicas[0].daemon).len() >= 2
-    })
-    .await;
     fleet.wait_settled(&[], SETTLE).await;
     fleet.assert_never_served_twice();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replicas_disagreeing_on_the_slot_count_serve_nothing_until_one_count_is_left() {
-    let mut fleet = ShardedFleet::start(2).await;
+async fn replicas_serve_nothing_while_a_replica_of_an_earlier_stackd_holds_slot_leases() {
+    let fleet = ShardedFleet::start(2).await;
     fleet.wait_settled(&[], SETTLE).await;
-    let mut other_count = daemon_args();
-    let at = other_count.iter().position(|a| *a == "--shards").expect("--shards") + 1;
-    other_count[at] = "4";
-    let odd = fleet.replica_with(2, &other_count).await;
-    fleet.replicas.push(odd);
-    until(
-        "replicas with two slot counts to stop serving",
-        SETTLE,
-        &fleet,
-        || async {
-            !fleet
-                .replicas
-                .iter()
-                .any(|r| !tenants_up(&r.daemon).is_empty() || !held_slots(&r.daemon).is_empty())
-        },
-    )
+    // An earlier stackd's replica, as a rolling update finds it: a slot Lease it keeps renewing.
+    let host = fleet.fleet.host().client().await;
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> = kube::Api::namespaced(host, "stackd-system");
+    let slot: k8s_openapi::api::coordination::v1::Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "stackd-shard-0", "labels": {"stackd.dev/shard-lease": "slot"}},
+        "spec": {"holderIdentity": "stackd-old-0", "leaseDurationSeconds": LEASE_SECONDS},
+    }))
+    .expect("a Lease");
+    leases
+        .create(&kube::api::PostParams::default(), &slot)
+        .await
+        .expect("the old replica's slot Lease");
+    let renewing = tokio::spawn({
+        let leases = leases.clone();
+        async move {
+            let mut every = tokio::time::interval(renew_interval() / 2);
+            loop {
+                every.tick().await;
+                let patch = serde_json::json!({"spec": {"renewTime": jiff::Timestamp::now().to_string()}});
+                let _ = leases
+                    .patch(
+                        "stackd-shard-0",
+                        &kube::api::PatchParams::default(),
+                        &kube::api::Patch::Merge(patch),
+                    )
+                    .await;
+            }
+        }
+    });
+    until("the replicas to stop serving", SETTLE, &fleet, || async {
+        fleet
+            .replicas
+            .iter()
+            .all(|r| tenants_up(&r.daemon).is_empty() && shard_tenants(&r.daemon) == 0)
+    })
     .await;
-    fleet.replicas[2].killed_at = Some(jiff::Timestamp::now());
-    fleet.replicas[2].daemon.kill();
-    fleet
-        .wait_settled(&[2], lease() + renew_interval() + TENANT_START)
-        .await;
+    for replica in &fleet.replicas {
+        let detail = replica.daemon.http_get("/readyz?verbose").unwrap_or_default();
+        assert!(detail.contains("shard slot Leases"), "{detail}");
+    }
+    // The old replica is gone: its Lease runs out, and the tenants are served again.
+    renewing.abort();
+    fleet.wait_settled(&[], lease() + renew_interval() + TENANT_START).await;
     fleet.assert_never_served_twice();
 }
 
@@ -456,11 +486,10 @@ async fn a_killed_sharded_daemons_tenants_are_served_elsewhere_within_the_lease_
     let victim = (0..3).max_by_key(|i| served[*i].len()).expect("a replica");
     fleet.replicas[victim].killed_at = Some(jiff::Timestamp::now());
     fleet.replicas[victim].daemon.kill();
-    // Its Leases run out a lease duration after their last renewal was seen; its member Lease
-    // (what makes the others' fair share grow) within one renew interval of them.
+    // Its member Lease runs out a lease duration after its last renewal was seen.
     let bound = lease() + renew_interval() + Duration::from_secs(1);
-    let took = fleet.wait_all_slots_held(&[victim], bound).await;
-    eprintln!("slots of the killed replica taken after {took:?} (bound {bound:?})");
+    let took = fleet.wait_all_given(&[victim], bound).await;
+    eprintln!("tenants of the killed replica given after {took:?} (bound {bound:?})");
     let after = fleet.wait_settled(&[victim], TENANT_START).await;
     for tenant in &served[victim] {
         assert!(after.iter().any(|s| s.contains(tenant)), "{tenant} served again");
@@ -476,19 +505,19 @@ async fn a_sharded_daemon_cut_off_from_the_host_stops_its_tenants_before_others_
     let cut_at = Instant::now();
     fleet.replicas[cut].host_proxy.cut();
     let bound = lease() + renew_interval() + Duration::from_secs(1);
-    fleet.wait_all_slots_held(&[cut], bound).await;
+    fleet.wait_all_given(&[cut], bound).await;
     let after = fleet.wait_settled(&[cut], TENANT_START).await;
     let isolated = &fleet.replicas[cut];
     assert!(
         tenants_up(&isolated.daemon).is_empty(),
         "the cut-off replica serves nothing"
     );
-    assert!(held_slots(&isolated.daemon).is_empty(), "and holds no slot");
+    assert_eq!(shard_tenants(&isolated.daemon), 0, "and runs none");
     let log = isolated.daemon.log_text();
     for tenant in &served[cut] {
         let taker = after.iter().position(|s| s.contains(tenant)).expect("served elsewhere");
         let taker = &fleet.replicas[taker];
-        // Its own records: stopped before the new holder started it.
+        // Its own records: stopped before the new replica started it.
         let stopped = stopped_at(&log, tenant).unwrap_or_else(|| panic!("{tenant} never stopped:\n{log}"));
         let started = serving_intervals(&taker.daemon.log_text(), jiff::Timestamp::MAX)
             .remove(tenant)

@@ -1,6 +1,6 @@
-//! The lease thread: watches the sharding Leases, keeps this replica's member Lease, takes free
-//! slots up to its fair share, renews what it holds, gives up extras once the daemon has stopped
-//! their tenants, and marks a slot lost when its renew deadline passes.
+//! The lease thread: keeps this replica's member Lease, watches the others' and the shard map,
+//! tells the daemon what the map gives this replica, hands tenants over once the daemon stopped
+//! them, and, while this replica coordinates, places the tenants (`assign::plan`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::watcher;
@@ -16,9 +17,9 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use super::assign::{fair_share, surplus, wanted};
+use super::assign::{Epoch, ShardMap, plan};
 use super::{
-    Board, LEASE_ROLE_LABEL, SHARDS_ANNOTATION, ShardSettings, Slot, SlotLease, member_lease_name, slot_lease_name,
+    Board, LEASE_ROLE_LABEL, MAP_KEY, MAP_NAME, MAP_SCHEME, SHARDS_ANNOTATION, ShardSettings, member_lease_name,
 };
 use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::recovery::{WatchBackoff, retry_watch};
@@ -29,14 +30,40 @@ struct Observed {
     changed: Instant,
 }
 
-/// A Lease this replica holds.
-struct Holding {
+/// This replica's member Lease.
+struct Member {
     /// As the server stored it after our last write.
     lease: Lease,
+    epoch: Epoch,
     /// When our last stored write was sent: the renew deadline runs from here.
     sent: Instant,
     /// No renewal attempt before this (after a failed one).
     next_try: Instant,
+}
+
+/// The shard map as last seen.
+enum MapView {
+    /// Not listed yet.
+    Unknown,
+    Absent,
+    Present {
+        map: ShardMap,
+        version: String,
+    },
+    /// Cannot be read: nobody serves by it, and nobody overwrites it, until an admin fixes it.
+    Broken {
+        version: String,
+        why: String,
+    },
+}
+
+impl MapView {
+    fn version(&self) -> Option<&str> {
+        match self {
+            MapView::Present { version, .. } | MapView::Broken { version, .. } => Some(version),
+            MapView::Unknown | MapView::Absent => None,
+        }
+    }
 }
 
 pub(super) fn run_thread(settings: ShardSettings, board: Arc<Board>, shutdown: oneshot::Receiver<()>) {
@@ -58,22 +85,33 @@ async fn run(settings: ShardSettings, board: Arc<Board>, mut shutdown: oneshot::
             return;
         }
     };
-    let api: Api<Lease> = Api::namespaced(client, &settings.namespace);
-    let config = watcher::Config::default().labels(LEASE_ROLE_LABEL);
-    let mut events = retry_watch(
-        watcher::watcher(api.clone(), config).boxed(),
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
+    let maps: Api<ConfigMap> = Api::namespaced(client, &settings.namespace);
+    let mut lease_events = retry_watch(
+        watcher::watcher(leases.clone(), watcher::Config::default().labels(LEASE_ROLE_LABEL)).boxed(),
         None,
         WatchBackoff::default(),
     );
-    let mut keeper = Keeper::new(settings, board.clone(), api);
-    info!(identity = %keeper.settings.identity, shards = keeper.settings.shards, "joining the shard leases");
+    let only_map = watcher::Config::default().fields(&format!("metadata.name={MAP_NAME}"));
+    let mut map_events = retry_watch(
+        watcher::watcher(maps.clone(), only_map).boxed(),
+        None,
+        WatchBackoff::default(),
+    );
+    let mut keeper = Keeper::new(settings, board.clone(), leases, maps);
+    info!(identity = %keeper.settings.identity, "joining the shard leases");
     loop {
         let wake = keeper.next_wake();
         tokio::select! {
             _ = &mut shutdown => break,
-            event = events.next() => match event {
+            event = lease_events.next() => match event {
                 Some(Ok(event)) => keeper.observe(event),
                 Some(Err(err)) => debug!(%err, "shard lease watch failed; retrying"),
+                None => break,
+            },
+            event = map_events.next() => match event {
+                Some(Ok(event)) => keeper.observe_map(event),
+                Some(Err(err)) => debug!(%err, "shard map watch failed; retrying"),
                 None => break,
             },
             _ = board.to_keeper.notified() => {}
@@ -87,47 +125,57 @@ async fn run(settings: ShardSettings, board: Arc<Board>, mut shutdown: oneshot::
 struct Keeper {
     settings: ShardSettings,
     board: Arc<Board>,
-    api: Api<Lease>,
+    leases: Api<Lease>,
+    maps: Api<ConfigMap>,
     seen: BTreeMap<String, Observed>,
-    /// Slot Leases seen deleted (or gone from a relist), and when: the holder may serve until its
-    /// next renewal finds the Lease gone, so the slot counts as taken for a lease duration more.
-    vanished: BTreeMap<String, Instant>,
-    /// Names seen since a (re)list started; `None` outside of one.
+    /// Names seen since a (re)list of the Leases started; `None` outside of one.
     relisting: Option<BTreeSet<String>>,
-    /// The first list is done: free slots are known.
+    /// The first list of the Leases is done.
     listed: bool,
-    /// When the watch last delivered anything. Our own writes come back through it at least once
-    /// a renew interval, so a longer silence means the view of the others is stale.
+    /// When the Lease watch last delivered anything. Our own renewals come back through it at
+    /// least once a renew interval, so a longer silence means the view of the others is stale.
     heard: Instant,
-    member: Option<Holding>,
+    map: MapView,
+    /// Whether the map's (re)list found it; `None` outside of one.
+    map_relisting: Option<bool>,
+    member: Option<Member>,
     /// No member Lease write before this while `member` is unknown (after a failed one).
     member_retry: Instant,
-    /// Why the member Lease could not be written, as last logged: the same reason is not logged
-    /// again on every retry.
+    /// Why the member Lease could not be written, as last logged: not logged again on each retry.
     member_trouble: Option<String>,
     registered: Option<Instant>,
-    held: BTreeMap<u32, Holding>,
-    /// Slots being given up: renewed until the daemon stops their tenants.
-    releasing: BTreeSet<u32>,
+    /// Epochs known to be gone: their tenants may be given to others.
+    dead: BTreeSet<Epoch>,
+    /// Epochs whose Lease was found gone without being released, and when: the holder may serve
+    /// until its deadline, so they count as gone a lease duration later.
+    vanished: BTreeMap<Epoch, Instant>,
+    /// Why this replica waits, as last logged.
+    waiting: Option<String>,
+    /// Why this replica, the one to coordinate, does not yet, as last logged.
+    not_coordinating: Option<&'static str>,
 }
 
 impl Keeper {
-    fn new(settings: ShardSettings, board: Arc<Board>, api: Api<Lease>) -> Keeper {
+    fn new(settings: ShardSettings, board: Arc<Board>, leases: Api<Lease>, maps: Api<ConfigMap>) -> Keeper {
         Keeper {
             settings,
             board,
-            api,
+            leases,
+            maps,
             seen: BTreeMap::new(),
-            vanished: BTreeMap::new(),
             relisting: None,
             listed: false,
             heard: Instant::now(),
+            map: MapView::Unknown,
+            map_relisting: None,
             member: None,
             member_retry: Instant::now(),
             member_trouble: None,
             registered: None,
-            held: BTreeMap::new(),
-            releasing: BTreeSet::new(),
+            dead: BTreeSet::new(),
+            vanished: BTreeMap::new(),
+            waiting: None,
+            not_coordinating: None,
         }
     }
 
@@ -143,30 +191,57 @@ impl Keeper {
             }
             watcher::Event::InitDone => {
                 if let Some(names) = self.relisting.take() {
-                    let gone: Vec<String> = self
-                        .seen
-                        .keys()
-                        .filter(|name| !names.contains(*name))
-                        .cloned()
-                        .collect();
-                    for name in gone {
-                        self.forget(&name);
-                    }
+                    self.seen.retain(|name, _| names.contains(name));
                 }
                 self.listed = true;
             }
             watcher::Event::Apply(lease) => self.remember(lease),
-            watcher::Event::Delete(lease) => self.forget(&lease.metadata.name.unwrap_or_default()),
+            watcher::Event::Delete(lease) => {
+                self.seen.remove(&lease.metadata.name.unwrap_or_default());
+            }
         }
     }
 
-    /// A Lease gone from the server: one that had a holder leaves a tombstone (see `vanished`).
-    fn forget(&mut self, name: &str) {
-        if let Some(observed) = self.seen.remove(name)
-            && holder(&observed.lease).is_some()
-        {
-            self.vanished.insert(name.to_string(), Instant::now());
+    fn observe_map(&mut self, event: watcher::Event<ConfigMap>) {
+        match event {
+            watcher::Event::Init => self.map_relisting = Some(false),
+            watcher::Event::InitApply(map) => {
+                self.map_relisting = Some(true);
+                self.remember_map(&map);
+            }
+            watcher::Event::InitDone => {
+                if self.map_relisting.take() == Some(false) {
+                    self.map = MapView::Absent;
+                }
+            }
+            watcher::Event::Apply(map) => self.remember_map(&map),
+            watcher::Event::Delete(_) => self.map = MapView::Absent,
         }
+    }
+
+    fn remember_map(&mut self, stored: &ConfigMap) {
+        let version = stored.metadata.resource_version.clone().unwrap_or_default();
+        if let Some(known) = self.map.version()
+            && older_version(&version, known)
+        {
+            return;
+        }
+        let text = stored
+            .data
+            .as_ref()
+            .and_then(|data| data.get(MAP_KEY))
+            .map_or("", String::as_str);
+        self.map = match ShardMap::from_json(text) {
+            Ok(map) => MapView::Present { map, version },
+            Err(why) => {
+                error!(
+                    map = MAP_NAME,
+                    %why,
+                    "the shard map cannot be read; no replica serves by it until it is fixed (scale the replicas to zero and delete it)"
+                );
+                MapView::Broken { version, why }
+            }
+        };
     }
 
     /// How long after its last change another's Lease may be taken: the longer of our duration and
@@ -184,7 +259,6 @@ impl Keeper {
 
     fn remember(&mut self, lease: Lease) {
         let name = lease.metadata.name.clone().unwrap_or_default();
-        self.vanished.remove(&name);
         let version = lease.metadata.resource_version.clone();
         match self.seen.get_mut(&name) {
             Some(known) if known.lease.metadata.resource_version == version => {}
@@ -201,32 +275,27 @@ impl Keeper {
         }
     }
 
-    /// When the next step is due without an event: a renewal, a deadline, another replica's
-    /// Lease running out, or the end of the settling time.
+    /// When the next step is due without an event: a renewal, the deadline, another replica's
+    /// Lease running out, a vanished one counting as gone, or the end of the settling time.
     fn next_wake(&self) -> Instant {
         let now = Instant::now();
         let renew = self.settings.renew_interval();
-        let deadline = self.settings.renew_deadline();
-        let duration = self.settings.duration();
         let mut wake = now + renew;
-        for holding in self.held.values() {
-            wake = wake.min((holding.sent + renew).max(holding.next_try));
-            wake = wake.min(holding.sent + deadline);
-        }
         match &self.member {
-            Some(member) => wake = wake.min((member.sent + self.member_interval()).max(member.next_try)),
+            Some(member) => {
+                wake = wake.min((member.sent + renew).max(member.next_try));
+                wake = wake.min(member.sent + self.settings.renew_deadline());
+            }
             None => wake = wake.min(self.member_retry),
         }
-        for observed in self.seen.values() {
-            let expires = observed.changed + self.expiry(&observed.lease);
-            if expires > now {
-                wake = wake.min(expires + Duration::from_millis(10));
-            }
-        }
-        for vanished in self.vanished.values() {
-            let expires = *vanished + duration;
-            if expires > now {
-                wake = wake.min(expires + Duration::from_millis(10));
+        let expiries = self
+            .seen
+            .values()
+            .map(|observed| observed.changed + self.expiry(&observed.lease));
+        let gone = self.vanished.values().map(|at| *at + self.settings.duration());
+        for at in expiries.chain(gone) {
+            if at > now {
+                wake = wake.min(at + Duration::from_millis(10));
             }
         }
         if let Some(registered) = self.registered {
@@ -238,66 +307,28 @@ impl Keeper {
         wake.max(now + Duration::from_millis(10))
     }
 
-    /// Renewals first; everything else (member Lease, taking and giving up slots, collecting)
-    /// only until the next renewal is due, so that a slow or hung request there never makes a
-    /// held slot miss its renewal. Work cut short is safe to drop: a slot counts as held only
-    /// after its write returned, and is taken off the books before its release is sent.
+    /// The renewal first; everything else (handing over, coordinating, collecting) only until
+    /// the next renewal is due, so that a slow or hung request there never makes the Lease miss
+    /// its renewal. Work cut short is safe to drop: every map write is one optimistic write.
     async fn step(&mut self) {
-        self.expire();
-        self.renew_slots().await;
-        let budget = self.next_renewal().saturating_duration_since(Instant::now());
+        self.renew_member().await;
+        self.publish();
+        let due = self.member.as_ref().map_or_else(Instant::now, |m| {
+            (m.sent + self.settings.renew_interval()).max(m.next_try)
+        });
+        let budget = due.saturating_duration_since(Instant::now());
         let rest = async {
-            self.renew_member().await;
-            self.rebalance().await;
-            self.settle_board().await;
+            self.hand_over().await;
+            self.coordinate().await;
+            self.collect().await;
         };
         if tokio::time::timeout(budget.max(Duration::from_millis(100)), rest)
             .await
             .is_err()
         {
-            debug!("shard lease work cut short by a renewal due");
+            debug!("shard work cut short by a renewal due");
         }
         self.publish();
-    }
-
-    /// When the next renewal of a held slot is due (or retried).
-    fn next_renewal(&self) -> Instant {
-        let renew = self.settings.renew_interval();
-        self.held
-            .values()
-            .map(|holding| (holding.sent + renew).max(holding.next_try))
-            .min()
-            .unwrap_or_else(|| Instant::now() + renew)
-    }
-
-    /// Slots whose renew deadline passed are lost: the daemon aborts their tenants at once.
-    fn expire(&mut self) {
-        let now = Instant::now();
-        let duration = self.settings.duration();
-        self.vanished.retain(|_, vanished| now < *vanished + duration);
-        let deadline = self.settings.renew_deadline();
-        let expired: Vec<u32> = self
-            .held
-            .iter()
-            .filter(|(_, holding)| holding.sent + deadline <= now)
-            .map(|(slot, _)| *slot)
-            .collect();
-        if expired.is_empty() {
-            return;
-        }
-        let mut table = self.board.lock();
-        for slot in expired {
-            error!(
-                slot,
-                ?deadline,
-                "shard lease not renewed within its renew deadline; stopping its tenants"
-            );
-            self.held.remove(&slot);
-            self.releasing.remove(&slot);
-            if let Some(entry) = table.slots.get_mut(&slot) {
-                entry.lease = SlotLease::Lost;
-            }
-        }
     }
 
     async fn renew_member(&mut self) {
@@ -305,29 +336,35 @@ impl Keeper {
         let name = member_lease_name(&self.settings.identity);
         let due = match &self.member {
             None => now >= self.member_retry,
-            Some(member) => now >= member.sent + self.member_interval() && now >= member.next_try,
+            Some(member) => now >= member.sent + self.settings.renew_interval() && now >= member.next_try,
         };
         if !due {
             return;
         }
-        // Ours as last stored, else as the watch shows it (an earlier create that timed out, or
-        // after a conflict), else a new one.
-        let known = self.member.as_ref().map(|m| m.lease.clone());
-        let known = known.or_else(|| self.seen.get(&name).map(|o| o.lease.clone()));
-        let mut lease = known.unwrap_or_else(|| self.new_lease(&name, "member"));
+        let mut lease = match &self.member {
+            Some(member) => member.lease.clone(),
+            None => self.new_lease(&name),
+        };
         let create = lease.metadata.resource_version.is_none();
-        lease
-            .metadata
-            .annotations
-            .get_or_insert_default()
-            .insert(SHARDS_ANNOTATION.to_string(), self.settings.shards.to_string());
         stamp(&mut lease, &self.settings, create);
         let sent = Instant::now();
         match self.write(&name, &lease, create, self.settings.renew_interval()).await {
             Ok(stored) => {
+                let epoch = Epoch {
+                    id: self.settings.identity.clone(),
+                    uid: stored.metadata.uid.clone().unwrap_or_default(),
+                };
+                if create {
+                    info!(uid = %epoch.uid, "registered this replica's member lease");
+                }
                 self.remember(stored.clone());
                 self.registered.get_or_insert(sent);
-                self.member = Some(held_from(&stored, sent));
+                self.member = Some(Member {
+                    lease: stored,
+                    epoch,
+                    sent,
+                    next_try: sent,
+                });
                 self.member_trouble = None;
             }
             Err(err) => {
@@ -341,9 +378,12 @@ impl Keeper {
                 let retry = Instant::now() + self.retry_delay();
                 self.member_retry = retry;
                 if matches!(err, WriteError::Conflict | WriteError::NotFound) {
-                    // Changed or deleted by another replica (collected while this one was cut
-                    // off): start again from what the watch shows.
-                    self.member = None;
+                    // Deleted (or changed) by another replica, which found it expired: every
+                    // tenant of this epoch is being given away. A new Lease is a new epoch.
+                    if let Some(member) = self.member.take() {
+                        error!("this replica's member lease was taken; stopping its tenants");
+                        self.dead.insert(member.epoch);
+                    }
                 } else if let Some(member) = &mut self.member {
                     member.next_try = retry;
                 }
@@ -351,212 +391,225 @@ impl Keeper {
         }
     }
 
-    async fn renew_slots(&mut self) {
-        let now = Instant::now();
-        let renew = self.settings.renew_interval();
-        let due: Vec<(u32, Lease, Instant)> = self
-            .held
-            .iter()
-            .filter(|(_, h)| now >= h.sent + renew && now >= h.next_try)
-            .map(|(slot, h)| (*slot, h.lease.clone(), h.sent + self.settings.renew_deadline()))
-            .collect();
-        let keeper = &*self;
-        let writes = due.into_iter().map(|(slot, mut lease, deadline)| {
-            stamp(&mut lease, &keeper.settings, false);
-            async move {
-                let sent = Instant::now();
-                let within = deadline.saturating_duration_since(sent);
-                let outcome = keeper.write(&slot_lease_name(slot), &lease, false, within).await;
-                (slot, sent, outcome)
-            }
-        });
-        let outcomes = futures::future::join_all(writes).await;
-        for (slot, sent, outcome) in outcomes {
-            match outcome {
-                Ok(stored) => {
-                    self.remember(stored.clone());
-                    if let Some(holding) = self.held.get_mut(&slot) {
-                        holding.lease = stored;
-                        holding.sent = sent;
-                    }
-                }
-                Err(WriteError::Conflict | WriteError::NotFound) => {
-                    // Someone else wrote or deleted it: we no longer hold it, whatever we believed.
-                    error!(slot, "shard lease was taken by another replica; stopping its tenants");
-                    self.lose(slot);
-                }
-                Err(err) => {
-                    warn!(slot, %err, "cannot renew a shard lease; retrying");
-                    let retry = Instant::now() + self.retry_delay();
-                    if let Some(holding) = self.held.get_mut(&slot) {
-                        holding.next_try = retry;
-                    }
-                }
-            }
-        }
-    }
-
-    fn lose(&mut self, slot: u32) {
-        self.held.remove(&slot);
-        self.releasing.remove(&slot);
-        if let Some(entry) = self.board.lock().slots.get_mut(&slot) {
-            entry.lease = SlotLease::Lost;
-        }
-    }
-
-    /// A replica holding slots is seen live through their renewals, so its member Lease (which
-    /// keeps announcing its `--shards`) is not renewed then: Lease writes stay at 1.8 per slot
-    /// per lease duration. Without slots (joining, or all given up) it is renewed like a slot.
-    fn member_interval(&self) -> Duration {
-        if self.held.is_empty() {
-            self.settings.renew_interval()
-        } else {
-            Duration::from_secs(86_400)
-        }
-    }
-
     fn retry_delay(&self) -> Duration {
         (self.settings.duration() / 12).max(Duration::from_millis(200))
     }
 
-    /// The live replicas' identities, this one included: holders of member or slot Leases seen
-    /// changing within a lease duration; and whether all of them announce our slot count.
-    fn live_members(&self) -> (BTreeSet<String>, bool) {
+    /// The live replicas' epochs, this one's included, by identity; and why this replica must
+    /// wait instead, if a replica of an earlier stackd (slot Leases) is alive.
+    fn live_members(&self) -> (Vec<Epoch>, Option<String>) {
         let now = Instant::now();
-        let mut live = BTreeSet::from([self.settings.identity.clone()]);
+        let mut live = Vec::new();
+        let mut waiting = None;
         for observed in self.seen.values() {
-            if now < observed.changed + self.settings.duration()
-                && let Some(holder) = holder(&observed.lease)
-            {
-                live.insert(holder.to_string());
+            let lease = &observed.lease;
+            if now >= observed.changed + self.expiry(lease) {
+                continue;
             }
+            let Some(holder) = holder(lease) else { continue };
+            let announced = lease
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|annotations| annotations.get(SHARDS_ANNOTATION));
+            if role(lease) != Some("member") || announced.map(String::as_str) != Some(MAP_SCHEME) {
+                waiting = Some(format!(
+                    "replica {holder} runs a stackd that shares tenants over shard slot Leases; this one serves no tenant until it is gone"
+                ));
+                continue;
+            }
+            if holder == self.settings.identity {
+                continue;
+            }
+            live.push(Epoch {
+                id: holder.to_string(),
+                uid: lease.metadata.uid.clone().unwrap_or_default(),
+            });
         }
-        let ours = self.settings.shards.to_string();
-        let agree = self
-            .seen
-            .values()
-            .filter(|o| role(&o.lease) == Some("member"))
-            .filter(|o| holder(&o.lease).is_some_and(|h| live.contains(h)))
-            .filter_map(|o| o.lease.metadata.annotations.as_ref()?.get(SHARDS_ANNOTATION))
-            .all(|shards| *shards == ours);
-        (live, agree)
+        if let Some(member) = &self.member {
+            live.push(member.epoch.clone());
+        }
+        live.sort();
+        (live, waiting)
     }
 
-    /// Gives up slots over the fair share, takes free ones under it.
-    async fn rebalance(&mut self) {
-        let Some(registered) = self.registered else { return };
-        let now = Instant::now();
-        if !self.listed || now < registered + self.settings.settle() {
-            return;
+    /// The board gets what the map gives this replica and until when it may serve it.
+    fn publish(&mut self) {
+        let (live, waiting) = self.live_members();
+        if waiting != self.waiting {
+            if let Some(why) = &waiting {
+                warn!("{why}");
+            }
+            self.waiting = waiting.clone();
         }
-        if now > self.heard + self.settings.renew_interval() * 3 / 2 {
-            // A stale view makes the others look dead: take nothing, give nothing up, collect
-            // no member Lease until the watch catches up (held slots are still renewed).
-            debug!("the shard lease watch is behind; not rebalancing");
-            return;
-        }
-        let (live, agree) = self.live_members();
-        let cap = if agree {
-            fair_share(self.settings.shards, live.len())
-        } else {
-            // Replicas with another --shards map tenants to other slots: holding nothing is the
-            // only way to never serve a tenant twice (during a change of --shards).
-            warn!("a live replica uses another --shards; holding no slot until it is gone");
-            0
-        };
+        let deadline = self.settings.renew_deadline();
         {
             let mut table = self.board.lock();
+            table.alive_until = self
+                .member
+                .as_ref()
+                .filter(|_| waiting.is_none())
+                .map(|member| member.sent + deadline);
+            let (assigned, releasing) = match (&self.map, &self.member) {
+                (MapView::Present { map, .. }, Some(member)) => map.owned_by(&member.epoch),
+                _ => Default::default(),
+            };
+            table.assigned = assigned;
+            table.releasing = releasing;
             table.live = live.len();
-            table.cap = cap;
+            table.unserved = match (&self.map, &table.known) {
+                (MapView::Present { map, .. }, Some(known)) => map.unserved(&live, known),
+                (_, Some(known)) => known.len(),
+                (_, None) => 0,
+            };
+            table.waiting = match &self.map {
+                MapView::Broken { why, .. } => Some(format!("the shard map {MAP_NAME} cannot be read: {why}")),
+                _ => waiting,
+            };
         }
-        let kept: Vec<u32> = self
-            .held
-            .keys()
-            .filter(|slot| !self.releasing.contains(slot))
-            .copied()
-            .collect();
-        for slot in surplus(&kept, &self.settings.identity, cap) {
-            info!(
-                slot,
-                cap,
-                live = live.len(),
-                "giving up a shard slot over this replica's fair share"
-            );
-            self.releasing.insert(slot);
-        }
-        let room = cap.saturating_sub(self.held.len());
-        if room > 0 {
-            self.acquire(room).await;
-        }
-        self.collect_dead_members(&live).await;
+        self.board.to_daemon.notify_one();
     }
 
-    fn free_slots(&self) -> Vec<u32> {
+    /// The owner's part of a handover: the tenants the map asks this replica to give, once the
+    /// daemon stopped them, go where they were moving.
+    async fn hand_over(&mut self) {
+        let (Some(member), MapView::Present { map, version }) = (&self.member, &self.map) else {
+            return;
+        };
+        let stopped: BTreeSet<String> = {
+            let table = self.board.lock();
+            let (_, moving) = map.owned_by(&member.epoch);
+            moving.into_iter().filter(|t| !table.running.contains(t)).collect()
+        };
+        if stopped.is_empty() {
+            return;
+        }
+        let mut next = map.clone();
+        next.hand_over(&member.epoch, &stopped);
+        let version = version.clone();
+        if self.write_map(&next, Some(version)).await {
+            info!(tenants = stopped.len(), "handed tenants over to their new replicas");
+        }
+    }
+
+    /// While this replica is the live one with the least identity: confirms which owners are
+    /// gone, and writes the plan if it differs from the map.
+    async fn coordinate(&mut self) {
+        let Some(registered) = self.registered else { return };
         let now = Instant::now();
-        let busy = self.board.lock().slots.keys().copied().collect::<BTreeSet<u32>>();
-        (0..self.settings.shards)
-            .filter(|slot| !self.held.contains_key(slot) && !busy.contains(slot))
-            .filter(|slot| {
-                let name = slot_lease_name(*slot);
-                match self.seen.get(&name) {
-                    None => self
-                        .vanished
-                        .get(&name)
-                        .is_none_or(|vanished| now >= *vanished + self.settings.duration()),
-                    Some(observed) => match holder(&observed.lease) {
-                        None => true,
-                        Some(holder) if holder == self.settings.identity => true,
-                        Some(_) => now >= observed.changed + self.expiry(&observed.lease),
-                    },
-                }
-            })
-            .collect()
+        let (live, waiting) = self.live_members();
+        if self.member.is_none()
+            || waiting.is_some()
+            || live.first().map(|epoch| epoch.id.as_str()) != Some(self.settings.identity.as_str())
+        {
+            self.not_coordinating = None;
+            return;
+        }
+        let blocked = if !self.listed || now < registered + self.settings.settle() {
+            Some("the other replicas' member Leases are not listed yet")
+        } else if now > self.heard + self.settings.renew_interval() * 3 / 2 {
+            // A stale view makes the others look dead: coordinate nothing until it catches up.
+            Some("the member Lease watch is behind")
+        } else if self.board.lock().known.is_none() {
+            Some("the tenants are not read yet")
+        } else if matches!(self.map, MapView::Unknown) {
+            Some("the shard map is not read yet")
+        } else {
+            None
+        };
+        if blocked != self.not_coordinating {
+            if let Some(why) = blocked {
+                info!(why, "this replica coordinates the shard map, but not yet");
+            }
+            self.not_coordinating = blocked;
+        }
+        if blocked.is_some() {
+            return;
+        }
+        let Some(known) = self.board.lock().known.clone() else {
+            return;
+        };
+        let (current, version) = match &self.map {
+            MapView::Present { map, version } => (map.clone(), Some(version.clone())),
+            MapView::Absent => (ShardMap::default(), None),
+            MapView::Unknown | MapView::Broken { .. } => return,
+        };
+        for suspect in current.suspects(&live, &self.dead) {
+            self.confirm(&suspect).await;
+        }
+        let next = plan(&current, &live, &self.dead, &known);
+        if next != current && self.write_map(&next, version).await {
+            let placed = next.tenants.len();
+            let moving = next.tenants.values().filter(|entry| entry.moving.is_some()).count();
+            info!(placed, moving, live = live.len(), "wrote the shard map");
+        }
+        // What the map no longer names need not be remembered.
+        let named: BTreeSet<&Epoch> = next.tenants.values().map(|entry| &entry.owner).collect();
+        self.dead.retain(|epoch| named.contains(epoch));
+        self.vanished.retain(|epoch, _| named.contains(epoch));
     }
 
-    async fn acquire(&mut self, room: usize) {
-        let candidates = wanted(&self.free_slots(), &self.settings.identity, room);
-        let keeper = &*self;
-        let attempts = candidates.into_iter().map(|slot| {
-            let name = slot_lease_name(slot);
-            let previous = keeper.seen.get(&name).map(|o| o.lease.clone());
-            let create = previous.is_none();
-            let mut lease = previous.unwrap_or_else(|| keeper.new_lease(&name, "slot"));
-            stamp(&mut lease, &keeper.settings, true);
-            async move {
-                let sent = Instant::now();
-                let outcome = keeper
-                    .write(&name, &lease, create, keeper.settings.renew_interval())
-                    .await;
-                (slot, sent, outcome)
-            }
-        });
-        let outcomes = futures::future::join_all(attempts).await;
-        for (slot, sent, outcome) in outcomes {
-            match outcome {
-                Ok(stored) => {
-                    info!(slot, "acquired a shard slot");
-                    self.remember(stored.clone());
-                    self.held.insert(slot, held_from(&stored, sent));
+    /// Finds out whether an owner the map names, not seen live, is gone: its Lease released, or
+    /// deleted here once expired (with preconditions: a renewal in between keeps it), or not in
+    /// view for a lease duration.
+    async fn confirm(&mut self, suspect: &Epoch) {
+        let name = member_lease_name(&suspect.id);
+        let now = Instant::now();
+        if let Some(observed) = self.seen.get(&name)
+            && observed.lease.metadata.uid.as_deref() == Some(suspect.uid.as_str())
+        {
+            if holder(&observed.lease).is_none() {
+                // Released by a replica that stopped its tenants first.
+                self.dead.insert(suspect.clone());
+            } else if now >= observed.changed + self.expiry(&observed.lease) {
+                let params = DeleteParams {
+                    preconditions: Some(Preconditions {
+                        resource_version: observed.lease.metadata.resource_version.clone(),
+                        uid: Some(suspect.uid.clone()),
+                    }),
+                    ..DeleteParams::default()
+                };
+                match self.leases.delete(&name, &params).await {
+                    Ok(_) => {
+                        warn!(replica = %suspect.id, "deleted the expired member lease of a replica; its tenants go to the others");
+                        self.seen.remove(&name);
+                        self.dead.insert(suspect.clone());
+                    }
+                    Err(err) if is_not_found(&err) => {
+                        self.vanished.entry(suspect.clone()).or_insert(now);
+                    }
+                    Err(err) => debug!(lease = %name, %err, "expired member lease not deleted"),
                 }
-                Err(WriteError::Conflict) => debug!(slot, "another replica took the shard slot first"),
-                Err(err) => warn!(slot, %err, "cannot take a shard slot"),
             }
+            return;
+        }
+        // Not in view: deleted (or never seen, if the map came before its Lease). Its holder may
+        // serve until its renew deadline, and the view, fresh within a renew interval and a half,
+        // would show a Lease still renewed: after a lease duration unseen, it is gone.
+        let since = *self.vanished.entry(suspect.clone()).or_insert(now);
+        if now >= since + self.settings.duration() {
+            self.dead.insert(suspect.clone());
         }
     }
 
-    /// Member Leases of replicas gone for two lease durations are deleted, so that restarts do
-    /// not pile them up (any replica may; the precondition makes a late delete harmless).
-    async fn collect_dead_members(&mut self, live: &BTreeSet<String>) {
+    /// Member Leases of replicas gone for two lease durations and owning nothing, and the slot
+    /// Leases of an earlier stackd that nobody holds, are deleted so that they do not pile up (any
+    /// replica may; the precondition makes a late delete harmless).
+    async fn collect(&mut self) {
         let now = Instant::now();
-        let dead: Vec<(String, Option<String>)> = self
+        let named: BTreeSet<String> = match &self.map {
+            MapView::Present { map, .. } => map.tenants.values().map(|entry| entry.owner.id.clone()).collect(),
+            MapView::Absent => BTreeSet::new(),
+            MapView::Unknown | MapView::Broken { .. } => return,
+        };
+        let stale: Vec<(String, Option<String>)> = self
             .seen
             .iter()
-            .filter(|(_, o)| role(&o.lease) == Some("member"))
-            .filter(|(_, o)| holder(&o.lease).is_none_or(|h| !live.contains(h)))
-            .filter(|(_, o)| now >= o.changed + self.settings.duration() * 2)
+            .filter(|(_, o)| now >= o.changed + self.expiry(&o.lease) * 2)
+            .filter(|(_, o)| holder(&o.lease).is_none_or(|h| h != self.settings.identity && !named.contains(h)))
             .map(|(name, o)| (name.clone(), o.lease.metadata.resource_version.clone()))
             .collect();
-        for (name, version) in dead {
+        for (name, version) in stale {
             let params = DeleteParams {
                 preconditions: Some(Preconditions {
                     resource_version: version,
@@ -564,98 +617,98 @@ impl Keeper {
                 }),
                 ..DeleteParams::default()
             };
-            match self.api.delete(&name, &params).await {
-                Ok(_) => info!(lease = %name, "deleted the member lease of a replica gone for good"),
-                Err(err) => debug!(lease = %name, %err, "member lease not deleted"),
+            match self.leases.delete(&name, &params).await {
+                Ok(_) => info!(lease = %name, "deleted the lease of a replica gone for good"),
+                Err(err) => debug!(lease = %name, %err, "lease not deleted"),
             }
             self.seen.remove(&name);
         }
     }
 
-    /// Slots the daemon no longer serves: lost ones are forgotten, released ones given back.
-    async fn settle_board(&mut self) {
-        let mut release = Vec::new();
+    /// On shutdown, after the daemon stopped every tenant: the member Lease is released (no
+    /// holder), which tells the coordinator at once that this replica's tenants may go, then
+    /// deleted.
+    async fn leave(&mut self) {
+        let Some(member) = self.member.take() else { return };
         {
             let mut table = self.board.lock();
-            table
-                .slots
-                .retain(|_, entry| entry.serving || entry.lease != SlotLease::Lost);
-            for slot in self.releasing.clone() {
-                let serving = table.slots.get(&slot).is_some_and(|entry| entry.serving);
-                if !serving {
-                    table.slots.remove(&slot);
-                    self.releasing.remove(&slot);
-                    if let Some(holding) = self.held.remove(&slot) {
-                        release.push((slot, holding.lease));
-                    }
-                }
-            }
-        }
-        let writes = release.into_iter().map(|(slot, lease)| self.release(slot, lease));
-        futures::future::join_all(writes).await;
-    }
-
-    /// Clears the holder so that another replica takes the slot at once.
-    async fn release(&self, slot: u32, mut lease: Lease) {
-        let spec = lease.spec.get_or_insert_default();
-        spec.holder_identity = None;
-        spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
-        match self
-            .write(&slot_lease_name(slot), &lease, false, Duration::from_secs(2))
-            .await
-        {
-            Ok(_) => info!(slot, "released a shard slot"),
-            Err(err) => warn!(slot, %err, "cannot release a shard slot; it expires instead"),
-        }
-    }
-
-    /// The board gets the held slots and their deadlines; the daemon is woken.
-    fn publish(&self) {
-        let deadline = self.settings.renew_deadline();
-        {
-            let mut table = self.board.lock();
-            for (slot, holding) in &self.held {
-                let until = holding.sent + deadline;
-                let lease = if self.releasing.contains(slot) {
-                    SlotLease::Releasing { deadline: until }
-                } else {
-                    SlotLease::Held { deadline: until }
-                };
-                table
-                    .slots
-                    .entry(*slot)
-                    .and_modify(|entry| entry.lease = lease)
-                    .or_insert(Slot { lease, serving: false });
-            }
+            table.alive_until = None;
+            table.assigned.clear();
+            table.releasing.clear();
         }
         self.board.to_daemon.notify_one();
-    }
-
-    /// On shutdown, after the daemon stopped every tenant: every slot and the member Lease go.
-    async fn leave(&mut self) {
-        self.releasing.extend(self.held.keys().copied());
-        self.settle_board().await;
         let name = member_lease_name(&self.settings.identity);
-        let params = DeleteParams::default();
-        let deleted = tokio::time::timeout(Duration::from_secs(2), self.api.delete(&name, &params)).await;
-        if !matches!(deleted, Ok(Ok(_))) {
-            warn!("cannot delete this replica's member lease; it expires instead");
+        let mut lease = member.lease;
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.holder_identity = None;
+            spec.renew_time = Some(MicroTime(jiff::Timestamp::now()));
         }
-        self.publish();
+        match self.write(&name, &lease, false, Duration::from_secs(2)).await {
+            Ok(_) => info!("released this replica's member lease; the others take its tenants"),
+            Err(err) => warn!(%err, "cannot release this replica's member lease; it expires instead"),
+        }
     }
 
-    fn new_lease(&self, name: &str, role: &str) -> Lease {
+    fn new_lease(&self, name: &str) -> Lease {
         Lease {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
                 namespace: Some(self.settings.namespace.clone()),
                 labels: Some(BTreeMap::from([
-                    (LEASE_ROLE_LABEL.to_string(), role.to_string()),
+                    (LEASE_ROLE_LABEL.to_string(), "member".to_string()),
                     ("app.kubernetes.io/managed-by".to_string(), "stackd".to_string()),
                 ])),
+                annotations: Some(BTreeMap::from([(
+                    SHARDS_ANNOTATION.to_string(),
+                    MAP_SCHEME.to_string(),
+                )])),
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec::default()),
+        }
+    }
+
+    /// One optimistic write of the map: at `version`, or a create when there is none. Whether it
+    /// was stored (what was stored is remembered).
+    async fn write_map(&mut self, map: &ShardMap, version: Option<String>) -> bool {
+        let object = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(MAP_NAME.to_string()),
+                namespace: Some(self.settings.namespace.clone()),
+                resource_version: version.clone(),
+                labels: Some(BTreeMap::from([(
+                    "app.kubernetes.io/managed-by".to_string(),
+                    "stackd".to_string(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            data: Some(BTreeMap::from([(MAP_KEY.to_string(), map.to_json())])),
+            ..ConfigMap::default()
+        };
+        let params = PostParams::default();
+        let request = async {
+            match version {
+                Some(_) => self.maps.replace(MAP_NAME, &params, &object).await,
+                None => self.maps.create(&params, &object).await,
+            }
+        };
+        match tokio::time::timeout(self.settings.renew_interval(), request).await {
+            Ok(Ok(stored)) => {
+                self.remember_map(&stored);
+                true
+            }
+            Ok(Err(err)) if is_conflict(&err) => {
+                debug!("the shard map changed since it was read; trying again on the next change");
+                false
+            }
+            Ok(Err(err)) => {
+                warn!(%err, "cannot write the shard map; retrying");
+                false
+            }
+            Err(_) => {
+                warn!("the host did not answer a shard map write in time; retrying");
+                false
+            }
         }
     }
 
@@ -664,9 +717,9 @@ impl Keeper {
         let params = PostParams::default();
         let request = async {
             if create {
-                self.api.create(&params, lease).await
+                self.leases.create(&params, lease).await
             } else {
-                self.api.replace(name, &params, lease).await
+                self.leases.replace(name, &params, lease).await
             }
         };
         match tokio::time::timeout(within, request).await {
@@ -699,23 +752,11 @@ enum WriteError {
     Api(String),
 }
 
-fn held_from(lease: &Lease, sent: Instant) -> Holding {
-    Holding {
-        lease: lease.clone(),
-        sent,
-        next_try: sent,
-    }
-}
-
-/// Sets us as holder with a fresh renew time; `acquire` also sets the acquire time and counts a
-/// transition when the holder changes.
-fn stamp(lease: &mut Lease, settings: &ShardSettings, acquire: bool) {
+/// Sets us as holder with a fresh renew time; a create also sets the acquire time.
+fn stamp(lease: &mut Lease, settings: &ShardSettings, create: bool) {
     let now = MicroTime(jiff::Timestamp::now());
     let spec = lease.spec.get_or_insert_default();
-    if acquire {
-        if spec.holder_identity.as_deref() != Some(settings.identity.as_str()) {
-            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
-        }
+    if create {
         spec.acquire_time = Some(now.clone());
     }
     spec.holder_identity = Some(settings.identity.clone());
@@ -741,16 +782,18 @@ fn role(lease: &Lease) -> Option<&str> {
 }
 
 /// Whether `lease` is an older version than `known` (a watch event arriving after our own write
-/// was remembered). Resource versions are opaque, but both come from one server: compare as
-/// numbers when they are, else take the event.
+/// was remembered).
 fn older(lease: &Lease, known: &Lease) -> bool {
-    let number = |l: &Lease| {
-        l.metadata
-            .resource_version
-            .as_deref()
-            .and_then(|v| v.parse::<u64>().ok())
-    };
-    matches!((number(lease), number(known)), (Some(a), Some(b)) if a < b)
+    match (&lease.metadata.resource_version, &known.metadata.resource_version) {
+        (Some(a), Some(b)) => older_version(a, b),
+        _ => false,
+    }
+}
+
+/// Resource versions are opaque, but both come from one server: compare as numbers when they
+/// are, else take the newer event.
+fn older_version(version: &str, known: &str) -> bool {
+    matches!((version.parse::<u64>(), known.parse::<u64>()), (Ok(a), Ok(b)) if a < b)
 }
 
 #[cfg(test)]
@@ -759,7 +802,6 @@ mod tests {
 
     fn settings(identity: &str) -> ShardSettings {
         ShardSettings {
-            shards: 8,
             namespace: "stackd-system".to_string(),
             identity: identity.to_string(),
             duration_seconds: 6,
@@ -775,26 +817,9 @@ mod tests {
             },
             spec: Some(LeaseSpec {
                 holder_identity: holder.map(str::to_string),
-                lease_transitions: Some(2),
                 ..LeaseSpec::default()
             }),
         }
-    }
-
-    #[test]
-    fn taking_a_slot_from_another_holder_counts_a_transition_and_a_renewal_does_not() {
-        let mut taken = lease(Some("b"), "7");
-        stamp(&mut taken, &settings("a"), true);
-        let spec = taken.spec.expect("a spec");
-        assert_eq!(spec.holder_identity.as_deref(), Some("a"));
-        assert_eq!(spec.lease_transitions, Some(3));
-        assert_eq!(spec.lease_duration_seconds, Some(6));
-        assert!(spec.acquire_time.is_some() && spec.renew_time.is_some());
-        let mut renewed = lease(Some("a"), "8");
-        stamp(&mut renewed, &settings("a"), false);
-        let spec = renewed.spec.expect("a spec");
-        assert_eq!(spec.lease_transitions, Some(2));
-        assert!(spec.acquire_time.is_none(), "a renewal keeps the acquire time");
     }
 
     fn keeper(identity: &str) -> Keeper {
@@ -803,53 +828,40 @@ mod tests {
         Keeper::new(
             settings,
             Arc::new(Board::default()),
+            Api::namespaced(client.clone(), "stackd-system"),
             Api::namespaced(client, "stackd-system"),
         )
     }
 
-    fn slot_lease(slot: u32, holder: &str, duration_seconds: i32) -> Lease {
+    fn member_lease(holder: &str, role: &str, scheme: Option<&str>) -> Lease {
         let mut held = lease(Some(holder), "5");
-        held.metadata.name = Some(slot_lease_name(slot));
-        if let Some(spec) = held.spec.as_mut() {
-            spec.lease_duration_seconds = Some(duration_seconds);
-        }
+        held.metadata.name = Some(member_lease_name(holder));
+        held.metadata.uid = Some(format!("uid-{holder}"));
+        held.metadata.labels = Some(BTreeMap::from([(LEASE_ROLE_LABEL.to_string(), role.to_string())]));
+        held.metadata.annotations = scheme.map(|s| BTreeMap::from([(SHARDS_ANNOTATION.to_string(), s.to_string())]));
         held
     }
 
     #[tokio::test]
-    async fn a_deleted_slot_lease_stays_taken_for_a_lease_duration() {
+    async fn live_replicas_are_those_renewing_and_one_of_an_earlier_stackd_makes_this_one_wait() {
         let mut keeper = keeper("a");
-        keeper.observe(watcher::Event::Apply(slot_lease(3, "b", 6)));
-        keeper.observe(watcher::Event::Delete(slot_lease(3, "b", 6)));
-        assert!(
-            !keeper.free_slots().contains(&3),
-            "b may serve until its renewal finds it gone"
-        );
-        if let Some(vanished) = keeper.vanished.get_mut(&slot_lease_name(3)) {
-            *vanished -= keeper.settings.duration();
+        keeper.observe(watcher::Event::Apply(member_lease("b", "member", Some(MAP_SCHEME))));
+        let (live, waiting) = keeper.live_members();
+        assert_eq!(live.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ["b"]);
+        assert!(waiting.is_none());
+        if let Some(observed) = keeper.seen.get_mut(&member_lease_name("b")) {
+            observed.changed -= keeper.settings.duration();
         }
-        assert!(keeper.free_slots().contains(&3));
-    }
-
-    #[tokio::test]
-    async fn a_lease_written_with_a_longer_duration_is_waited_out_in_full() {
-        let mut keeper = keeper("a");
-        keeper.observe(watcher::Event::Apply(slot_lease(2, "b", 30)));
-        if let Some(observed) = keeper.seen.get_mut(&slot_lease_name(2)) {
-            observed.changed -= Duration::from_secs(10);
-        }
-        assert!(
-            !keeper.free_slots().contains(&2),
-            "b serves by its own 30 s, not our 6 s"
-        );
-        if let Some(observed) = keeper.seen.get_mut(&slot_lease_name(2)) {
-            observed.changed -= Duration::from_secs(21);
-        }
-        assert!(keeper.free_slots().contains(&2));
+        assert!(keeper.live_members().0.is_empty(), "not renewed for a lease duration");
+        keeper.observe(watcher::Event::Apply(member_lease("old", "member", Some("32"))));
+        assert!(keeper.live_members().1.is_some(), "a replica announcing slots");
+        let mut keeper = self::keeper("a");
+        keeper.observe(watcher::Event::Apply(member_lease("old", "slot", None)));
+        assert!(keeper.live_members().1.is_some(), "a slot Lease held");
     }
 
     #[test]
-    fn a_released_slot_has_no_holder_and_a_late_watch_event_is_older() {
+    fn a_released_lease_has_no_holder_and_a_late_watch_event_is_older() {
         assert_eq!(holder(&lease(None, "1")), None);
         assert_eq!(holder(&lease(Some(""), "1")), None);
         assert_eq!(holder(&lease(Some("a"), "1")), Some("a"));

@@ -1,44 +1,47 @@
-//! Sharding (`stackd run --shards N`): tenants map to N slots by a stable hash of their name, each
-//! slot is a `coordination.k8s.io` Lease `stackd-shard-<i>` on the host, and a replica runs a
-//! tenant only while it holds the tenant's slot.
+//! Sharding (`stackd run --shards`): the replicas share the tenants, each of R replicas serving
+//! ⌊N/R⌋ or ⌈N/R⌉ of the N tenants, and no tenant ever served by two.
 //!
-//! Replicas coordinate only through Leases: each keeps a member Lease (`stackd-member-<identity>`)
-//! so that the others can count the live replicas, and holds at most its fair share of slot Leases
-//! (`ceil(N / live)`), taking free or expired ones and giving up its least preferred extras when a
-//! replica joins. The Leases are kept on a thread of their own with its own runtime and host
-//! connection, as the leader lease is (`runtime::leader`): tenant load must not delay a renewal.
+//! Replicas coordinate only through objects in `--shard-namespace`. Each keeps a member Lease
+//! (`stackd-member-<identity>`): while it renews it in time, it may serve what the shard map gives
+//! it. The shard map (the ConfigMap `stackd-shard-map`, see [`assign`]) names each tenant's owner,
+//! written with optimistic concurrency: the coordinator (the live replica with the least identity)
+//! places new tenants, asks replicas over their share to hand tenants over, and gives away the
+//! tenants of a replica whose member Lease it deleted once it had expired; an owner hands a tenant
+//! over only after it stopped it. The Leases are kept on a thread of their own with its own
+//! runtime and host connection, as the leader lease is (`runtime::leader`): tenant load must not
+//! delay a renewal.
 //!
-//! Timing follows `runtime::leader`, with fewer writes: a held slot is renewed 5/9 of the lease
-//! duration after its last renewal (under 2 writes per slot per lease duration, which matters with
-//! dozens of slots), and counts as lost at a local renew deadline (the duration less a sixth),
-//! measured from the moment the renewal was *sent*, so that another replica, which counts the
-//! duration from when it *saw* the renewal, can take the slot only after the holder's tenants are
-//! gone. The [`Board`] is where the lease thread and the daemon meet: a slot is released only once
-//! the daemon says it runs none of the slot's tenants, and the daemon starts a slot's tenants only
-//! while the board says the slot is held, both decided under one lock.
+//! Timing follows `runtime::leader`: the member Lease is renewed 5/9 of the lease duration after
+//! its last renewal, and this replica stops serving at its renew deadline (the duration less a
+//! sixth), measured from the moment the renewal was *sent*, so that another replica, which counts
+//! the duration from when it *saw* the renewal, can delete the Lease only after the holder's
+//! tenants are gone. The [`Board`] is where the lease thread and the daemon meet: a tenant is
+//! handed over only once the daemon says it no longer runs it, and the daemon starts a tenant
+//! only while the board says it is this replica's, both decided under one lock.
 
 pub mod assign;
 mod keeper;
 pub mod status;
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-pub use assign::slot_of;
-
-/// Label on every Lease of the sharding scheme: `member` or `slot`.
+/// Label on every Lease of the sharding scheme: `member` (and `slot` on those of stackd before
+/// the shard map, which replicas of this version wait out).
 pub const LEASE_ROLE_LABEL: &str = "stackd.dev/shard-lease";
-/// Annotation on member Leases: the replica's `--shards`.
+/// Annotation on member Leases: `map` for this scheme (stackd before it wrote its slot count,
+/// and holds no slot while a live replica announces another).
 pub const SHARDS_ANNOTATION: &str = "stackd.dev/shards";
-
-/// Name of slot `slot`'s Lease.
-pub fn slot_lease_name(slot: u32) -> String {
-    format!("stackd-shard-{slot}")
-}
+/// The value of [`SHARDS_ANNOTATION`] this scheme writes.
+pub const MAP_SCHEME: &str = "map";
+/// The ConfigMap holding the shard map.
+pub const MAP_NAME: &str = "stackd-shard-map";
+/// The key of the map in it.
+pub const MAP_KEY: &str = "map.json";
 
 /// Name of a replica's member Lease.
 pub fn member_lease_name(identity: &str) -> String {
@@ -48,8 +51,6 @@ pub fn member_lease_name(identity: &str) -> String {
 /// How this replica takes part.
 #[derive(Clone, Debug)]
 pub struct ShardSettings {
-    /// The slot count (`--shards`); every replica must use the same.
-    pub shards: u32,
     pub namespace: String,
     /// Unique per daemon process (pod name and a random suffix).
     pub identity: String,
@@ -71,13 +72,13 @@ impl ShardSettings {
         self.duration() * 5 / 9
     }
 
-    /// How long a new replica waits for the others' member Leases before taking slots, so that
-    /// replicas started together do not each take everything and give most of it back.
+    /// How long a replica waits for the others' member Leases before it coordinates, so that
+    /// replicas started together are placed together instead of one after the other.
     pub fn settle(&self) -> Duration {
         self.duration() / 6
     }
 
-    /// How long after a renewal was sent the slot still counts as held.
+    /// How long after a renewal was sent this replica may still serve.
     pub fn renew_deadline(&self) -> Duration {
         self.duration() - self.duration() / 6
     }
@@ -85,7 +86,7 @@ impl ShardSettings {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ShardError {
-    #[error("sharding needs --shards of at least 1 and a lease duration of at least 3 seconds")]
+    #[error("sharding needs a lease duration of at least 3 seconds")]
     Settings,
     #[error("cannot start the shard leases' thread: {0}")]
     Thread(std::io::Error),
@@ -93,50 +94,42 @@ pub enum ShardError {
     Client(String),
 }
 
-/// What the lease thread knows of a slot it holds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SlotLease {
-    /// Held until `deadline` unless renewed.
-    Held { deadline: Instant },
-    /// Held, and to be given up once the daemon runs none of its tenants.
-    Releasing { deadline: Instant },
-    /// Not renewed in time: the daemon must stop its tenants at once.
-    Lost,
-}
-
-impl SlotLease {
-    /// Whether the slot's tenants may run now.
-    pub fn may_serve(&self, now: Instant) -> bool {
-        match self {
-            SlotLease::Held { deadline } | SlotLease::Releasing { deadline } => *deadline > now,
-            SlotLease::Lost => false,
-        }
-    }
-
-    pub fn deadline(&self) -> Option<Instant> {
-        match self {
-            SlotLease::Held { deadline } | SlotLease::Releasing { deadline } => Some(*deadline),
-            SlotLease::Lost => None,
-        }
-    }
-}
-
-/// One slot on the board.
-#[derive(Clone, Copy, Debug)]
-pub struct Slot {
-    pub lease: SlotLease,
-    /// Set by the daemon before it starts any of the slot's tenants, cleared once none runs.
-    pub serving: bool,
-}
-
-/// The slots this replica holds or is giving up, and what it sees of the others.
+/// What this replica serves and what it sees of the others.
 #[derive(Clone, Debug, Default)]
 pub struct Table {
-    pub slots: BTreeMap<u32, Slot>,
+    /// Set by the lease thread: until when this replica may serve (its member Lease's renew
+    /// deadline); `None` while it has no Lease it renewed in time.
+    pub alive_until: Option<Instant>,
+    /// Set by the lease thread: the tenants the shard map gives this replica.
+    pub assigned: BTreeSet<String>,
+    /// Set by the lease thread: of those, the ones to stop and hand over.
+    pub releasing: BTreeSet<String>,
+    /// Set by the daemon before it starts a tenant, cleared once it stopped it: a tenant in here
+    /// is never handed over.
+    pub running: BTreeSet<String>,
+    /// Set by the daemon once its sources were first read: every tenant it knows of, which the
+    /// coordinator places.
+    pub known: Option<BTreeSet<String>>,
     /// Live replicas, this one included.
     pub live: usize,
-    /// This replica's fair share.
-    pub cap: usize,
+    /// Tenants this replica knows of that no live replica owns.
+    pub unserved: usize,
+    /// Why this replica serves nothing although its Lease is renewed, if it does not.
+    pub waiting: Option<String>,
+}
+
+impl Table {
+    /// Whether `tenant` may run here now.
+    pub fn may_run(&self, tenant: &str, now: Instant) -> bool {
+        self.alive_until.is_some_and(|until| until > now)
+            && self.assigned.contains(tenant)
+            && !self.releasing.contains(tenant)
+    }
+
+    /// Whether this replica serves `tenant` now: it may, and the daemon runs it.
+    pub fn serves(&self, tenant: &str, now: Instant) -> bool {
+        self.may_run(tenant, now) && self.running.contains(tenant)
+    }
 }
 
 /// Shared between the lease thread and the daemon.
@@ -145,7 +138,7 @@ pub struct Board {
     table: Mutex<Table>,
     /// The lease thread changed the table.
     pub to_daemon: Notify,
-    /// The daemon stopped serving a slot.
+    /// The daemon stopped a tenant, or its tenants changed.
     pub to_keeper: Notify,
 }
 
@@ -170,9 +163,9 @@ pub struct Shards {
 }
 
 impl Shards {
-    /// Starts the lease thread: it registers this replica and takes slots as they come free.
+    /// Starts the lease thread: it registers this replica and serves what the map gives it.
     pub fn start(settings: ShardSettings) -> Result<Shards, ShardError> {
-        if settings.shards == 0 || settings.duration_seconds < 3 {
+        if settings.duration_seconds < 3 {
             return Err(ShardError::Settings);
         }
         let board = Arc::new(Board::default());
@@ -197,7 +190,7 @@ impl Shards {
     }
 
     /// Resolves if the lease thread ends on its own (it could not start its runtime or host
-    /// client): this replica can then hold no slot, and should exit rather than idle.
+    /// client): this replica can then serve nothing, and should exit rather than idle.
     pub async fn ended(&mut self) {
         if !self.ended {
             let _ = (&mut self.stopped).await;
@@ -205,8 +198,8 @@ impl Shards {
         }
     }
 
-    /// Releases every slot the daemon no longer serves and the member Lease, and waits (a few
-    /// seconds at most) until the host was told, so that the others take over at once.
+    /// Hands over every tenant the daemon no longer runs and deletes the member Lease, and waits
+    /// (a few seconds at most) until the host was told, so that the others take over at once.
     pub async fn release(mut self) {
         if let Some(shutdown) = self.shutdown.take() {
             let _ = shutdown.send(());
@@ -223,7 +216,6 @@ mod tests {
 
     fn settings(duration_seconds: u64) -> ShardSettings {
         ShardSettings {
-            shards: 32,
             namespace: "stackd-system".to_string(),
             identity: "a".to_string(),
             duration_seconds,
@@ -232,7 +224,7 @@ mod tests {
     }
 
     #[test]
-    fn a_slot_is_written_under_twice_a_lease_duration_with_time_left_to_retry_and_to_stop() {
+    fn a_member_lease_is_written_under_twice_a_lease_duration_with_time_left_to_retry_and_to_stop() {
         for duration in 3..=120 {
             let settings = settings(duration);
             let lease = settings.duration();
@@ -256,13 +248,22 @@ mod tests {
     }
 
     #[test]
-    fn a_slot_may_be_served_only_while_held_and_before_its_deadline() {
+    fn a_tenant_may_run_only_while_assigned_not_handed_over_and_before_the_deadline() {
         let now = Instant::now();
-        let later = now + Duration::from_secs(1);
-        assert!(SlotLease::Held { deadline: later }.may_serve(now));
-        assert!(SlotLease::Releasing { deadline: later }.may_serve(now));
-        assert!(!SlotLease::Held { deadline: now }.may_serve(now));
-        assert!(!SlotLease::Lost.may_serve(now));
-        assert_eq!(SlotLease::Lost.deadline(), None);
+        let mut table = Table {
+            alive_until: Some(now + Duration::from_secs(1)),
+            assigned: BTreeSet::from(["a".to_string(), "b".to_string()]),
+            releasing: BTreeSet::from(["b".to_string()]),
+            ..Table::default()
+        };
+        assert!(table.may_run("a", now));
+        assert!(!table.may_run("b", now), "being handed over");
+        assert!(!table.may_run("c", now), "not assigned");
+        assert!(!table.serves("a", now), "not running yet");
+        table.running.insert("a".to_string());
+        assert!(table.serves("a", now));
+        assert!(!table.may_run("a", now + Duration::from_secs(1)), "past the deadline");
+        table.alive_until = None;
+        assert!(!table.may_run("a", now));
     }
 }

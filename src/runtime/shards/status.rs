@@ -1,94 +1,129 @@
-//! `stackd status`: the slot → replica → tenants table, read from the Leases.
+//! `stackd status`: the replica → tenants table, read from the member Leases and the shard map.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::ListParams;
 use kube::{Api, Client};
 
-use super::{LEASE_ROLE_LABEL, SHARDS_ANNOTATION, slot_of};
+use super::assign::{Move, ShardMap};
+use super::{LEASE_ROLE_LABEL, MAP_KEY, MAP_NAME};
 
-/// One slot's line.
+/// One replica's line.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SlotRow {
-    pub slot: u32,
-    /// The holder, if the Lease names one (it may have expired: see `renewed`).
-    pub holder: Option<String>,
-    /// Seconds since the holder's last renewal, by the holder's clock.
+pub struct ReplicaRow {
+    pub replica: String,
+    /// Seconds since its last renewal, by its own clock; `None`: no member Lease (gone).
     pub renewed_ago: Option<i64>,
     pub tenants: Vec<String>,
+    /// Tenants it is handing over, and to whom (`-` when they are dropped).
+    pub moving: Vec<(String, String)>,
 }
 
-/// Reads the member and slot Leases in `namespace`; `tenants` are mapped to slots with the slot
-/// count the members announce (or `shards` when given).
-pub async fn read(
-    host: Client,
-    namespace: &str,
-    shards: Option<u32>,
-    tenants: &[String],
-) -> Result<(u32, Vec<SlotRow>), kube::Error> {
-    let api: Api<Lease> = Api::namespaced(host, namespace);
-    let leases = api.list(&ListParams::default().labels(LEASE_ROLE_LABEL)).await?.items;
-    let role = |l: &Lease| {
-        l.metadata
-            .labels
-            .as_ref()
-            .and_then(|m| m.get(LEASE_ROLE_LABEL))
-            .cloned()
+/// The sharding table: one row per replica in the map or with a member Lease, and the tenants
+/// of `tenants` the map gives to nobody. `None` when nothing is sharded in `namespace`.
+pub struct ShardTable {
+    pub rows: Vec<ReplicaRow>,
+    pub unplaced: Vec<String>,
+}
+
+/// Reads the member Leases and the shard map in `namespace`.
+pub async fn read(host: Client, namespace: &str, tenants: &[String]) -> Result<Option<ShardTable>, String> {
+    let leases: Api<Lease> = Api::namespaced(host.clone(), namespace);
+    let leases = leases
+        .list(&ListParams::default().labels(LEASE_ROLE_LABEL))
+        .await
+        .map_err(|err| err.to_string())?
+        .items;
+    let maps: Api<ConfigMap> = Api::namespaced(host, namespace);
+    let stored = maps.get_opt(MAP_NAME).await.map_err(|err| err.to_string())?;
+    let Some(stored) = stored else {
+        return Ok(None);
     };
-    let announced = leases
-        .iter()
-        .filter(|l| role(l).as_deref() == Some("member"))
-        .filter_map(|l| l.metadata.annotations.as_ref()?.get(SHARDS_ANNOTATION)?.parse().ok())
-        .max();
-    let shards = shards.or(announced).unwrap_or(0);
-    let mut by_slot: BTreeMap<u32, Vec<String>> = BTreeMap::new();
-    for tenant in tenants {
-        by_slot.entry(slot_of(tenant, shards)).or_default().push(tenant.clone());
-    }
+    let text = stored
+        .data
+        .as_ref()
+        .and_then(|d| d.get(MAP_KEY))
+        .map_or("", String::as_str);
+    let map = ShardMap::from_json(text).map_err(|why| format!("the shard map {MAP_NAME} cannot be read: {why}"))?;
     let now = jiff::Timestamp::now();
-    let rows = (0..shards)
-        .map(|slot| {
-            let lease = leases
-                .iter()
-                .find(|l| l.metadata.name.as_deref() == Some(super::slot_lease_name(slot).as_str()));
-            let spec = lease.and_then(|l| l.spec.clone()).unwrap_or_default();
-            SlotRow {
-                slot,
-                holder: spec.holder_identity.filter(|h| !h.is_empty()),
-                renewed_ago: spec.renew_time.map(|t| now.duration_since(t.0).as_secs()),
-                tenants: by_slot.remove(&slot).unwrap_or_default(),
+    let mut rows: BTreeMap<String, ReplicaRow> = BTreeMap::new();
+    let row = |rows: &mut BTreeMap<String, ReplicaRow>, replica: &str| {
+        rows.entry(replica.to_string())
+            .or_insert_with(|| ReplicaRow {
+                replica: replica.to_string(),
+                renewed_ago: None,
+                tenants: Vec::new(),
+                moving: Vec::new(),
+            })
+            .replica
+            .clone()
+    };
+    for lease in &leases {
+        let Some(spec) = &lease.spec else { continue };
+        let Some(holder) = spec.holder_identity.as_deref().filter(|h| !h.is_empty()) else {
+            continue;
+        };
+        let key = row(&mut rows, holder);
+        if let Some(entry) = rows.get_mut(&key) {
+            entry.renewed_ago = spec.renew_time.as_ref().map(|t| now.duration_since(t.0).as_secs());
+        }
+    }
+    for (tenant, entry) in &map.tenants {
+        let key = row(&mut rows, &entry.owner.id);
+        if let Some(owner) = rows.get_mut(&key) {
+            owner.tenants.push(tenant.clone());
+            match &entry.moving {
+                None => {}
+                Some(Move::To(to)) => owner.moving.push((tenant.clone(), to.id.clone())),
+                Some(Move::Drop) => owner.moving.push((tenant.clone(), "-".to_string())),
             }
-        })
+        }
+    }
+    let unplaced = tenants
+        .iter()
+        .filter(|tenant| !map.tenants.contains_key(*tenant))
+        .cloned()
         .collect();
-    Ok((shards, rows))
+    Ok(Some(ShardTable {
+        rows: rows.into_values().collect(),
+        unplaced,
+    }))
 }
 
 /// The table as `stackd status` prints it.
-pub fn render(shards: u32, rows: &[SlotRow]) -> String {
+pub fn render(table: &ShardTable) -> String {
+    let total: usize = table.rows.iter().map(|row| row.tenants.len()).sum();
     let mut out = format!(
-        "{shards} shard slots\n{:<6} {:<32} {:>9}  TENANTS\n",
-        "SLOT", "HOLDER", "RENEWED"
+        "{} tenants over {} replicas\n{:<32} {:>9} {:>7}  TENANTS\n",
+        total,
+        table.rows.iter().filter(|row| row.renewed_ago.is_some()).count(),
+        "REPLICA",
+        "RENEWED",
+        "COUNT"
     );
-    for row in rows {
-        let holder = row.holder.as_deref().unwrap_or("-");
-        let renewed = row.renewed_ago.map_or("-".to_string(), |s| format!("{s}s ago"));
+    for row in &table.rows {
+        let renewed = row.renewed_ago.map_or("gone".to_string(), |s| format!("{s}s ago"));
         let tenants = if row.tenants.is_empty() {
             "-".to_string()
         } else {
             row.tenants.join(",")
         };
-        let _ = writeln!(out, "{:<6} {:<32} {:>9}  {tenants}", row.slot, holder, renewed);
+        let _ = writeln!(
+            out,
+            "{:<32} {:>9} {:>7}  {tenants}",
+            row.replica,
+            renewed,
+            row.tenants.len()
+        );
+        for (tenant, to) in &row.moving {
+            let _ = writeln!(out, "  handing {tenant} over to {to}");
+        }
     }
-    let mut per_holder: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
-    for row in rows {
-        let entry = per_holder.entry(row.holder.as_deref().unwrap_or("(none)")).or_default();
-        entry.0 += 1;
-        entry.1 += row.tenants.len();
-    }
-    for (holder, (slots, tenants)) in per_holder {
-        let _ = writeln!(out, "{holder}: {slots} slots, {tenants} tenants");
+    if !table.unplaced.is_empty() {
+        let _ = writeln!(out, "served by no replica: {}", table.unplaced.join(","));
     }
     out
 }
@@ -98,25 +133,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_table_names_each_slots_holder_and_tenants() {
-        let rows = vec![
-            SlotRow {
-                slot: 0,
-                holder: Some("a-1".into()),
-                renewed_ago: Some(2),
-                tenants: vec!["acme".into(), "globex".into()],
-            },
-            SlotRow {
-                slot: 1,
-                holder: None,
-                renewed_ago: None,
-                tenants: vec![],
-            },
-        ];
-        let text = render(2, &rows);
-        assert!(text.contains("0      a-1"), "{text}");
+    fn the_table_names_each_replica_its_tenants_and_what_moves() {
+        let table = ShardTable {
+            rows: vec![
+                ReplicaRow {
+                    replica: "a-1".into(),
+                    renewed_ago: Some(2),
+                    tenants: vec!["acme".into(), "globex".into()],
+                    moving: vec![("globex".into(), "b-2".into())],
+                },
+                ReplicaRow {
+                    replica: "b-2".into(),
+                    renewed_ago: Some(1),
+                    tenants: vec![],
+                    moving: vec![],
+                },
+            ],
+            unplaced: vec!["initech".into()],
+        };
+        let text = render(&table);
+        assert!(text.starts_with("2 tenants over 2 replicas"), "{text}");
         assert!(text.contains("acme,globex"), "{text}");
-        assert!(text.contains("a-1: 1 slots, 2 tenants"), "{text}");
-        assert!(text.contains("(none): 1 slots, 0 tenants"), "{text}");
+        assert!(text.contains("handing globex over to b-2"), "{text}");
+        assert!(text.contains("served by no replica: initech"), "{text}");
     }
 }

@@ -1,5 +1,5 @@
 //! The status of Tenant objects, written by the replica serving each tenant: unsharded, the one
-//! daemon (the leader); with `--shards`, the holder of the tenant's slot alone. It says what
+//! daemon (the leader); with `--shards`, the replica the shard map gives the tenant to alone. It says what
 //! `/readyz?verbose` says of the tenant (`Ready`: Up, Degraded or Down with the root cause), which
 //! replica serves it or why none does (`Served`), its host namespace, its API server's version and
 //! its objects by readiness (from the tenant's caches, no extra request to it). Written by
@@ -29,7 +29,7 @@ use crate::runtime::events::{event, log_unpublished};
 use crate::runtime::health::{Health, TenantFacts, TenantHealth};
 use crate::runtime::metrics::{ErrorLabels, Metrics};
 use crate::runtime::reachability::Reachability;
-use crate::runtime::shards::{Board, slot_of};
+use crate::runtime::shards::Board;
 use crate::runtime::status_writer::apply_whole_status;
 use crate::runtime::written::Written;
 
@@ -51,22 +51,16 @@ const DETAIL_INTERVAL: Duration = Duration::from_secs(10);
 pub enum Serving {
     /// Every Tenant: the one daemon, or the leader.
     All,
-    /// The Tenants of the shard slots this replica serves.
-    Shards { board: Arc<Board>, shards: u32 },
+    /// The Tenants the shard map gives this replica and it runs.
+    Shards { board: Arc<Board> },
 }
 
 impl Serving {
-    /// The tenant's slot (and the slot count) when sharded; `None` when this replica does not
-    /// serve it.
-    fn serves(&self, tenant: &str) -> Option<Option<(u32, u32)>> {
+    /// Whether this replica serves the tenant.
+    fn serves(&self, tenant: &str) -> bool {
         match self {
-            Serving::All => Some(None),
-            Serving::Shards { board, shards } => {
-                let slot = slot_of(tenant, *shards);
-                let table = board.lock();
-                let entry = table.slots.get(&slot)?;
-                (entry.serving && entry.lease.may_serve(Instant::now())).then_some(Some((slot, *shards)))
-            }
+            Serving::All => true,
+            Serving::Shards { board } => board.lock().serves(tenant, Instant::now()),
         }
     }
 }
@@ -84,8 +78,6 @@ pub struct Inputs {
     pub host_namespace: Option<String>,
     /// This replica's identity.
     pub replica: String,
-    /// The slot and the slot count, when sharded.
-    pub shard: Option<(u32, u32)>,
 }
 
 impl Inputs {
@@ -144,10 +136,7 @@ fn served(name: &str, inputs: &Inputs) -> Said {
         ),
         Registration::Refused(refusal) => Said::new(false, refusal.reason, refusal.message.clone()),
         Registration::Accepted { kept } => {
-            let by = match inputs.shard {
-                Some((slot, shards)) => format!("served by replica {} (shard slot {slot} of {shards})", inputs.replica),
-                None => format!("served by replica {}", inputs.replica),
-            };
+            let by = format!("served by replica {}", inputs.replica);
             match kept {
                 None => Said::new(true, "Served", by),
                 Some(refusal) => Said::new(
@@ -205,7 +194,6 @@ pub fn desired(tenant: &Tenant, current: &TenantStatus, inputs: &Inputs, now: Ti
         set_condition(&mut status.conditions, condition, now.clone());
     }
     status.observed_generation = generation;
-    status.shard = inputs.shard.and_then(|(slot, _)| i32::try_from(slot).ok());
     status.host_namespace.clone_from(&inputs.host_namespace);
     let facts = served.status.then_some(&inputs.facts);
     status.served_by = served.status.then(|| inputs.replica.clone());
@@ -306,14 +294,14 @@ impl StatusWriter {
             let uid = tenant.uid().unwrap_or_default();
             present.insert(uid.clone());
             names.insert(name.clone());
-            let Some(shard) = self.serving.serves(&name) else {
+            if !self.serving.serves(&name) {
                 continue;
-            };
+            }
             let started = Instant::now();
             let labels = Metrics::controller(&name, CONTROLLER);
             let cached = tenant.status.clone().unwrap_or_default();
             let current = written.current(&uid, tenant.resource_version().as_deref(), cached);
-            let inputs = self.inputs(&name, shard);
+            let inputs = self.inputs(&name);
             let status = desired(&tenant, &current, &inputs, Time(Timestamp::now()));
             let pending = inputs.registration == Registration::Pending && inputs.conflict.is_none();
             let holds = pending || (inputs.is_undecided() && tenant.status.is_some());
@@ -366,7 +354,7 @@ impl StatusWriter {
         self.metrics.reconcile_errors_by_kind.get_or_create(&by_kind).inc();
     }
 
-    fn inputs(&self, name: &str, shard: Option<(u32, u32)>) -> Inputs {
+    fn inputs(&self, name: &str) -> Inputs {
         Inputs {
             registration: self.view.registration(name),
             conflict: self.view.conflict(name),
@@ -375,7 +363,6 @@ impl StatusWriter {
             facts: self.health.tenant_facts(name),
             host_namespace: self.template.namespace_for(name).ok(),
             replica: self.replica.clone(),
-            shard,
         }
     }
 
@@ -475,7 +462,6 @@ mod tests {
             },
             host_namespace: Some("tenant-acme-controllers".into()),
             replica: "stackd-0-42".into(),
-            shard: None,
         }
     }
 
@@ -574,18 +560,16 @@ mod tests {
     }
 
     #[test]
-    fn a_sharded_tenant_names_its_slot_and_a_kept_kubeconfig_is_told() {
+    fn a_served_tenant_names_its_replica_and_a_kept_kubeconfig_is_told() {
         let kept = Registration::Accepted {
             kept: Some(Refusal::new("InvalidKubeconfig", "Secret x: line 3")),
         };
-        let mut sharded = inputs(kept, Some(TenantHealth::Up));
-        sharded.shard = Some((5, 32));
-        let status = desired(&tenant(), &TenantStatus::default(), &sharded, time(1));
-        assert_eq!(status.shard, Some(5));
+        let served = inputs(kept, Some(TenantHealth::Up));
+        let status = desired(&tenant(), &TenantStatus::default(), &served, time(1));
         let (state, reason, message) = condition(&status, "Served");
         assert_eq!((state, reason), ("True", "ServedWithPreviousKubeconfig"));
         assert!(
-            message.contains("shard slot 5 of 32") && message.contains("line 3"),
+            message.contains(&format!("served by replica {}", served.replica)) && message.contains("line 3"),
             "{message}"
         );
     }
