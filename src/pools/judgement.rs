@@ -74,12 +74,6 @@ impl Judgement {
         matches!(self, Judgement::BrokenByCloud | Judgement::Free)
     }
 
-    /// Whether `InventoryValid` names the entry as one the pool cannot use now. A BrokenByCloud
-    /// entry is named (as Hive names it) though it still backs a cluster: it is tried again last.
-    pub(super) fn usable(&self) -> bool {
-        matches!(self, Judgement::Reserved { .. } | Judgement::Free)
-    }
-
     /// The entry's state in the pool's status. (A Reserved entry whose CDC was edited since its
     /// cluster was built shows `ToBeUpdated` instead: the status decides that.)
     pub(super) fn state(&self) -> InventoryEntryState {
@@ -121,11 +115,11 @@ mod tests {
     }
 
     #[test]
-    fn a_cdc_being_deleted_that_nobody_holds_backs_nothing_and_is_not_usable() {
+    fn a_cdc_being_deleted_that_nobody_holds_backs_nothing_and_is_never_leased() {
         let judged = of(Some(&deleting(json!({}))), "p");
         assert_eq!(judged, Judgement::Deleting);
         assert_eq!(judged.state(), InventoryEntryState::Deleting);
-        assert!(!judged.backs_a_cluster() && !judged.leasable() && !judged.usable());
+        assert!(!judged.backs_a_cluster() && !judged.leasable());
         // However broken it was, it is going.
         assert_eq!(
             of(Some(&deleting(verdict("BrokenByCloud", OLD, 1))), "p"),
@@ -138,7 +132,7 @@ mod tests {
         let held = deleting(leased("p", "p-1"));
         let judged = of(Some(&held), "p");
         assert_eq!(judged, Judgement::Reserved { cluster: "p-1".into() });
-        assert!(judged.backs_a_cluster() && judged.usable() && !judged.leasable());
+        assert!(judged.backs_a_cluster() && !judged.leasable());
         assert_eq!(
             of(Some(&held), "q"),
             Judgement::Unavailable(Holder::Pool(Some("p".into())))
@@ -175,7 +169,7 @@ mod tests {
         );
         let cloud = judge(verdict("BrokenByCloud", OLD, 1));
         assert_eq!(cloud, Judgement::BrokenByCloud);
-        assert!(cloud.backs_a_cluster() && cloud.leasable() && !cloud.usable());
+        assert!(cloud.backs_a_cluster() && cloud.leasable());
         assert_eq!(of(None, "p"), Judgement::Missing);
         assert!(!Judgement::BrokenBySyntax.backs_a_cluster() && !Judgement::Missing.backs_a_cluster());
     }

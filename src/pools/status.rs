@@ -236,12 +236,11 @@ fn inventory_valid(
 }
 
 /// How `InventoryValid` names an entry the pool cannot use now, and what to do about it; `None`
-/// for a usable one.
+/// for one it uses. A BrokenByCloud entry is named (as Hive names it) though it still backs a
+/// cluster: it is tried again last.
 fn trouble(judgement: &Judgement) -> Option<(&'static str, &'static str)> {
-    if judgement.usable() {
-        return None;
-    }
     Some(match judgement {
+        Judgement::Reserved { .. } | Judgement::Free => return None,
         Judgement::BrokenByCloud => (
             "BrokenByCloud",
             "BrokenByCloud ones are tried again, last, after a backoff",
@@ -255,7 +254,7 @@ fn trouble(judgement: &Judgement) -> Option<(&'static str, &'static str)> {
             "Deleting ones are being deleted and will not be used: remove them from spec.inventory",
         ),
         Judgement::Missing => ("Missing", "create Missing ones or remove them from spec.inventory"),
-        _ => (
+        Judgement::Unavailable(_) => (
             "Unavailable",
             "Unavailable ones are leased by another pool or hold an interrupted lease",
         ),
