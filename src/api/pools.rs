@@ -511,6 +511,9 @@ pub enum InventoryEntryState {
     BrokenByCloud,
     /// The ClusterDeploymentCustomization does not exist.
     Missing,
+    /// The ClusterDeploymentCustomization is being deleted (a finalizer still holds it): no
+    /// cluster is built from it again.
+    Deleting,
     /// Leased by another pool, or holding an interrupted lease (`Available=False` without a
     /// `clusterDeploymentRef`) until it is released after `--lease-min-age`.
     Unavailable,

@@ -1,5 +1,7 @@
 //! Connections open to the server right now, counted as they are accepted and closed: how a test
-//! sees whether a client multiplexes its requests over one connection or opens one per watch.
+//! sees whether a client multiplexes its requests over one connection or opens one per watch. And
+//! the bytes read from and written to them: how a test sees that a request is on its way, or that
+//! what flow control allows was sent, without waiting on time.
 
 use std::io;
 use std::pin::Pin;
@@ -14,6 +16,14 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 pub(super) struct Counted<L> {
     pub inner: L,
     pub open: Arc<AtomicU64>,
+    pub traffic: Arc<Traffic>,
+}
+
+/// Bytes read from and written to the server's connections so far (TLS: as plain text).
+#[derive(Debug, Default)]
+pub(super) struct Traffic {
+    pub received: AtomicU64,
+    pub sent: AtomicU64,
 }
 
 impl<L> Listener for Counted<L>
@@ -27,8 +37,8 @@ where
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         let (io, address) = self.inner.accept().await;
         self.open.fetch_add(1, Ordering::Relaxed);
-        let open = self.open.clone();
-        (CountedIo { io, open }, address)
+        let (open, traffic) = (self.open.clone(), self.traffic.clone());
+        (CountedIo { io, open, traffic }, address)
     }
 
     fn local_addr(&self) -> io::Result<Self::Addr> {
@@ -40,6 +50,15 @@ where
 pub(super) struct CountedIo<I> {
     io: I,
     open: Arc<AtomicU64>,
+    traffic: Arc<Traffic>,
+}
+
+impl<I> CountedIo<I> {
+    fn sent(&self, written: &Poll<io::Result<usize>>) {
+        if let Poll::Ready(Ok(bytes)) = written {
+            self.traffic.sent.fetch_add(*bytes as u64, Ordering::Relaxed);
+        }
+    }
 }
 
 impl<I> Drop for CountedIo<I> {
@@ -50,13 +69,19 @@ impl<I> Drop for CountedIo<I> {
 
 impl<I: AsyncRead + Unpin> AsyncRead for CountedIo<I> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.io).poll_read(cx, buf);
+        let bytes = buf.filled().len().saturating_sub(before);
+        self.traffic.received.fetch_add(bytes as u64, Ordering::Relaxed);
+        read
     }
 }
 
 impl<I: AsyncWrite + Unpin> AsyncWrite for CountedIo<I> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let written = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.sent(&written);
+        written
     }
 
     fn poll_write_vectored(
@@ -64,7 +89,9 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for CountedIo<I> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let written = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.sent(&written);
+        written
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -148,6 +148,8 @@ pub(crate) struct Shared {
     open_watches: Arc<AtomicU64>,
     /// Connections open right now (TCP, TLS or not).
     open_connections: Arc<AtomicU64>,
+    /// Bytes read from and written to connections so far.
+    traffic: Arc<connections::Traffic>,
     faults: Faults,
     admission: Arc<Admission>,
     /// Tokens of filled service-account token Secrets, also accepted as bearer tokens.
@@ -210,20 +212,20 @@ impl Serving {
         let address = listener.local_addr()?;
         let router = axum::Router::new().fallback(http::handle).with_state(shared.clone());
         let stop = shared.shutdown.child_token();
-        let open = shared.open_connections.clone();
+        let (open, traffic) = (shared.open_connections.clone(), shared.traffic.clone());
         let task = match tls.clone() {
             Some(config) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(config);
                 let inner = tls::TlsListener::new(listener, acceptor, stop.clone())?;
                 let graceful = inner.closed().cancelled_owned();
-                let listener = connections::Counted { inner, open };
+                let listener = connections::Counted { inner, open, traffic };
                 let serve = axum::serve(listener, router).with_graceful_shutdown(graceful);
                 tokio::spawn(async move { log_exit(serve.await) })
             }
             None => {
                 let inner = connections::ClosingListener::new(listener, stop.clone())?;
                 let graceful = inner.closed().cancelled_owned();
-                let listener = connections::Counted { inner, open };
+                let listener = connections::Counted { inner, open, traffic };
                 let serve = axum::serve(listener, router).with_graceful_shutdown(graceful);
                 tokio::spawn(async move { log_exit(serve.await) })
             }
@@ -256,6 +258,7 @@ impl ApiServer {
             counters: Counters::default(),
             open_watches: Arc::default(),
             open_connections: Arc::default(),
+            traffic: Arc::default(),
             service_account_tokens: Arc::default(),
         });
         let (tls_config, url, ca_pem) = if options.tls {
@@ -340,6 +343,18 @@ impl ApiServer {
     /// Connections clients hold open to the server now.
     pub fn open_connections(&self) -> u64 {
         self.shared.open_connections.load(Ordering::Relaxed)
+    }
+
+    /// Bytes the server has read from its connections so far (over TLS: decrypted): a request
+    /// sent in part is seen on its way once this grows.
+    pub fn bytes_received(&self) -> u64 {
+        self.shared.traffic.received.load(Ordering::Relaxed)
+    }
+
+    /// Bytes the server has written to its connections so far (over TLS: before encryption), all
+    /// HTTP/2 framing included: what flow control let through.
+    pub fn bytes_sent(&self) -> u64 {
+        self.shared.traffic.sent.load(Ordering::Relaxed)
     }
 
     /// Fault injection on this server.

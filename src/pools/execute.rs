@@ -21,7 +21,7 @@ use super::create::{
     Inputs, NewCluster, Read, cluster_name, config_data, create_cluster, missing_recheck, read_inputs,
 };
 use super::host_selection;
-use super::hosts::{self, Taken};
+use super::hosts::{self, Taken, Unrendered};
 use super::install_config;
 use super::lease_state::{BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX};
 use super::leases;
@@ -212,7 +212,7 @@ pub(super) async fn run(
                 }
             };
             executed.hosts_taken.extend(chosen.iter().map(|(a, _)| a.name_any()));
-            if let Err(refused) = place_on_hosts(pool, ctx, &mut config, &chosen, &mut machines).await? {
+            if let Placement::Refused(refused) = place_on_hosts(pool, ctx, &mut config, &chosen, &mut machines).await? {
                 // The Secrets changed since the precheck.
                 hosts::give_back(pool, ctx, &cd_name, &chosen).await;
                 give_back(pool, ctx, &cd_name, leased.as_ref()).await?;
@@ -381,27 +381,37 @@ async fn give_back(pool: &ClusterPool, ctx: &Ctx, cd_name: &str, leased: Option<
     }
 }
 
-/// Renders the chosen hosts into the install config and the cluster's machine plan. `Ok(Err(_))`:
-/// a bound refuses it (why).
+/// Whether a new cluster's hosts went into its install config.
+enum Placement {
+    Placed,
+    /// A bound refused the config with its hosts (why).
+    Refused(String),
+}
+
+/// Renders the chosen hosts into the install config and the cluster's machine plan.
 async fn place_on_hosts(
     pool: &ClusterPool,
     ctx: &Ctx,
     config: &mut Value,
     chosen: &[(Arc<BareMetalAsset>, HostRole)],
     plan: &mut MachinePlan,
-) -> Result<Result<(), String>, PoolError> {
+) -> Result<Placement, PoolError> {
     let secrets = Api::<Secret>::namespaced(ctx.tenant.client.clone(), &pool.namespace().unwrap_or_default());
     let limits = &ctx.tenant.shared.settings.document_limits;
-    if let Err(refused) = hosts::render(config, chosen, &secrets, limits).await? {
-        return Ok(Err(refused.to_string()));
+    match hosts::render(config, chosen, &secrets, limits).await {
+        Ok(()) => {}
+        Err(Unrendered::Refused(refused)) => return Ok(Placement::Refused(refused.to_string())),
+        Err(Unrendered::Unreadable(err)) => return Err(err.into()),
     }
     // The hosts grew the config: measured again before it is rendered as YAML.
     if let Err(exceeded) = bounds::measure(config, INSTALL_CONFIG) {
-        return Ok(Err(format!("The install config with its hosts is refused: {exceeded}")));
+        return Ok(Placement::Refused(format!(
+            "The install config with its hosts is refused: {exceeded}"
+        )));
     }
     plan.records = host_selection::records(chosen);
     plan.hosts = host_selection::cluster_hosts(chosen);
-    Ok(Ok(()))
+    Ok(Placement::Placed)
 }
 
 /// Creates the cluster `new` with its `rendered` install-config Secret.

@@ -116,18 +116,12 @@ impl<'a> BmcCredentials<'a> {
         }
     }
 
-    /// The credentials `asset` inlines, charged to the render; `Ok(Err(_))` past a bound.
-    async fn of(
-        &mut self,
-        asset: &BareMetalAsset,
-    ) -> Result<Result<Option<&BTreeMap<&'static str, String>>, Refused>, kube::Error> {
+    /// The credentials `asset` inlines, charged to the render.
+    async fn of(&mut self, asset: &BareMetalAsset) -> Result<Option<&BTreeMap<&'static str, String>>, Unrendered> {
         let name = &asset.spec.bmc.credentials_name;
         if !self.read.contains_key(name) {
             let credentials = match self.secrets.get_opt(name).await? {
-                Some(secret) => match bmc_keys(&self.namespace, secret, self.limits) {
-                    Ok(credentials) => credentials,
-                    Err(refused) => return Ok(Err(refused)),
-                },
+                Some(secret) => bmc_keys(&self.namespace, secret, self.limits).map_err(Unrendered::Refused)?,
                 None => BTreeMap::new(),
             };
             self.read.insert(name.clone(), credentials);
@@ -141,7 +135,23 @@ impl<'a> BmcCredentials<'a> {
                 asset.name_any()
             )
         };
-        Ok(self.budget.charge(inlined, field).map(|()| credentials))
+        self.budget.charge(inlined, field).map_err(Unrendered::Refused)?;
+        Ok(credentials)
+    }
+}
+
+/// Why the hosts' credentials were not rendered.
+#[derive(Debug)]
+pub(crate) enum Unrendered {
+    /// A bound refused them; nothing is rendered.
+    Refused(Refused),
+    /// A credentials Secret could not be read.
+    Unreadable(kube::Error),
+}
+
+impl From<kube::Error> for Unrendered {
+    fn from(err: kube::Error) -> Self {
+        Unrendered::Unreadable(err)
     }
 }
 
@@ -167,14 +177,12 @@ async fn check_credentials(
     chosen: &[(Arc<BareMetalAsset>, HostRole)],
     secrets: &Api<Secret>,
     limits: &DocumentLimits,
-) -> Result<Result<(), Refused>, kube::Error> {
+) -> Result<(), Unrendered> {
     let mut credentials = BmcCredentials::new(secrets, limits);
     for (asset, _) in chosen {
-        if let Err(refused) = credentials.of(asset).await? {
-            return Ok(Err(refused));
-        }
+        credentials.of(asset).await?;
     }
-    Ok(Ok(()))
+    Ok(())
 }
 
 /// The bound the credentials of the hosts cluster `cd` would get pass, if they pass one: the hosts
@@ -193,25 +201,25 @@ pub(super) async fn precheck(
     };
     let secrets = Api::<Secret>::namespaced(ctx.tenant.client.clone(), &pool.namespace().unwrap_or_default());
     let limits = &ctx.tenant.shared.settings.document_limits;
-    Ok(check_credentials(&chosen, &secrets, limits).await?.err())
+    match check_credentials(&chosen, &secrets, limits).await {
+        Ok(()) => Ok(None),
+        Err(Unrendered::Refused(refused)) => Ok(Some(refused)),
+        Err(Unrendered::Unreadable(err)) => Err(err.into()),
+    }
 }
 
 /// `platform.baremetal.hosts` of the install config: each host with its BMC (credentials from its
-/// Secret when it exists, within the bounds of [`BmcCredentials`]) and boot MAC. `Ok(Err(_))`:
-/// refused, nothing rendered.
+/// Secret when it exists, within the bounds of [`BmcCredentials`]) and boot MAC.
 pub(crate) async fn render(
     config: &mut Value,
     chosen: &[(Arc<BareMetalAsset>, HostRole)],
     secrets: &Api<Secret>,
     limits: &DocumentLimits,
-) -> Result<Result<(), Refused>, kube::Error> {
+) -> Result<(), Unrendered> {
     let mut credentials = BmcCredentials::new(secrets, limits);
     let mut hosts = Vec::new();
     for (asset, role) in chosen {
-        let inlined = match credentials.of(asset).await? {
-            Ok(inlined) => inlined,
-            Err(refused) => return Ok(Err(refused)),
-        };
+        let inlined = credentials.of(asset).await?;
         let mut bmc = json!({"address": asset.spec.bmc.address});
         for (key, value) in inlined.into_iter().flatten() {
             bmc[*key] = json!(value);
@@ -231,7 +239,7 @@ pub(crate) async fn render(
         let platform = install_config::mapping_at(object, "platform");
         install_config::mapping_at(platform, "baremetal").insert("hosts".into(), json!(hosts));
     }
-    Ok(Ok(()))
+    Ok(())
 }
 
 /// What taking a new cluster's hosts came to.

@@ -95,16 +95,12 @@ pub(crate) enum Rank {
     Broken(i64),
 }
 
-/// The rank of a CDC that may be leased now, or `None` if it may not: deleting, leased, broken by
-/// syntax at this generation, or broken by cloud and still inside its backoff.
+/// The rank of a CDC the pool may lease (judged so by `judgement::of`), or `None` while it is
+/// broken by cloud and still inside its backoff.
 pub(crate) fn rank(cdc: &Cdc, broken_backoff: impl Fn() -> Duration) -> Option<Rank> {
-    if cdc.metadata.deletion_timestamp.is_some() || lease_holder(cdc).is_some() {
-        return None;
-    }
     let since = apply_since(cdc).unwrap_or_default();
     match apply_reason(cdc) {
         Some(SUCCEEDED) => Some(Rank::PastSuccess(-(since.as_secs() as i64))),
-        Some(BROKEN_BY_SYNTAX) => None,
         Some(BROKEN_BY_CLOUD) => (since >= broken_backoff()).then_some(Rank::Broken(-(since.as_secs() as i64))),
         _ => Some(Rank::NeverUsed),
     }
@@ -162,23 +158,7 @@ mod tests {
     }
 
     #[test]
-    fn leased_syntax_broken_and_backing_off_cdcs_are_not_leasable() {
-        let leased = cdc(
-            "l",
-            json!([cond(AVAILABLE, "False", "Reserved", "2020-01-01T00:00:00Z", 2)]),
-        );
-        assert_eq!(rank(&leased, || Duration::ZERO), None);
-        let syntax = cdc(
-            "s",
-            json!([cond(
-                APPLY_SUCCEEDED,
-                "False",
-                BROKEN_BY_SYNTAX,
-                "2020-01-01T00:00:00Z",
-                2
-            )]),
-        );
-        assert_eq!(rank(&syntax, || Duration::ZERO), None);
+    fn a_cdc_broken_by_cloud_ranks_only_after_its_backoff_and_an_edited_one_as_never_used() {
         let edited = cdc(
             "e",
             json!([cond(

@@ -12,6 +12,7 @@ mod host_selection;
 mod hosts;
 mod install_config;
 mod installer_image;
+mod judgement;
 mod lease_state;
 mod leases;
 mod limits;

@@ -11,7 +11,8 @@ use kube::ResourceExt;
 
 use super::buckets::{Bucket, Buckets, Stale, cdc_of, created, invalid_machine_spec, stale_reason};
 use super::host_selection as hosts;
-use super::lease_state::{self as leases, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX};
+use super::judgement;
+use super::lease_state as leases;
 use super::pass::Fresh;
 use crate::api::inventory::BareMetalAsset;
 use crate::api::pools::{ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus};
@@ -291,9 +292,8 @@ struct Ranking {
     wake: Option<Duration>,
 }
 
-/// §4.3.3: an entry counts when its CDC exists, is not leased by another pool, is not broken by
-/// syntax, and is not deleting unless we hold it; it is free when nobody holds it and no backoff
-/// keeps it.
+/// §4.3.3: an entry counts when it backs a cluster as [`judgement::of`] judges it (as the status
+/// reports it); it is free when the pool may lease it and no backoff keeps it.
 fn rank_entries(inputs: &Inputs, broken_entries: &BTreeSet<String>) -> Ranking {
     let mut ranking = Ranking::default();
     if inputs.pool.spec.inventory.is_none() {
@@ -302,40 +302,25 @@ fn rank_entries(inputs: &Inputs, broken_entries: &BTreeSet<String>) -> Ranking {
     let name = inputs.pool.name_any();
     let mut free: Vec<(leases::Rank, String)> = Vec::new();
     for entry in inputs.inventory {
-        let Some(cdc) = inputs.fresh.get(entry).or_else(|| inputs.cdcs.get(entry).map(|c| &**c)) else {
+        let cdc = inputs.fresh.get(entry).or_else(|| inputs.cdcs.get(entry).map(|c| &**c));
+        let judged = judgement::of(cdc, &name);
+        if !judged.backs_a_cluster() {
             continue;
-        };
-        // An interrupted lease backs nothing until it is repaired (§4.3.1).
-        if leases::interrupted(cdc) {
-            continue;
-        }
-        let holder = leases::lease_holder(cdc);
-        let ours = holder
-            .as_ref()
-            .is_some_and(|(p, _)| p.as_deref() == Some(name.as_str()));
-        if cdc.metadata.deletion_timestamp.is_some() && !ours {
-            continue;
-        }
-        if holder.is_some() && !ours {
-            continue;
-        }
-        if holder.is_none() && leases::apply_reason(cdc) == Some(BROKEN_BY_SYNTAX) {
-            continue;
-        }
-        let attempts = attempts(inputs.previous, entry) + i32::from(broken_entries.contains(entry));
-        let wait = entry_backoff(inputs.backoff, attempts);
-        if holder.is_none() {
-            match leases::rank(cdc, || wait) {
-                Some(rank) => free.push((rank, entry.clone())),
-                None if leases::apply_reason(cdc) == Some(BROKEN_BY_CLOUD) => {
-                    let since = leases::apply_since(cdc).unwrap_or_default();
-                    let left = wait.saturating_sub(since);
-                    ranking.wake = Some(ranking.wake.map_or(left, |w| w.min(left)));
-                }
-                None => {}
-            }
         }
         ranking.backing += 1;
+        let Some(cdc) = cdc.filter(|_| judged.leasable()) else {
+            continue;
+        };
+        let attempts = attempts(inputs.previous, entry) + i32::from(broken_entries.contains(entry));
+        let wait = entry_backoff(inputs.backoff, attempts);
+        match leases::rank(cdc, || wait) {
+            Some(rank) => free.push((rank, entry.clone())),
+            None => {
+                let since = leases::apply_since(cdc).unwrap_or_default();
+                let left = wait.saturating_sub(since);
+                ranking.wake = Some(ranking.wake.map_or(left, |w| w.min(left)));
+            }
+        }
     }
     free.sort();
     ranking.free = free.into_iter().map(|(_, entry)| entry).collect();

@@ -10,7 +10,8 @@ use kube::ResourceExt;
 
 use super::CDC_GENERATION_ANNOTATION;
 use super::buckets::{Bucket, Buckets, Stale, cdc_of};
-use super::lease_state::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX, SUCCEEDED};
+use super::judgement::{self, Holder, Judgement};
+use super::lease_state::{self, SUCCEEDED};
 use super::pass::{Executed, Observed};
 use super::plan::Plan;
 use crate::api::pools::{
@@ -65,7 +66,15 @@ pub(super) fn build(report: &Report, now: Time) -> ClusterPoolStatus {
         .filter(|b| matches!(b, Bucket::Installing | Bucket::Ready | Bucket::Broken))
         .collect();
     let count = |bucket: Bucket| unclaimed.iter().filter(|b| **b == bucket).count() as i32;
-    let cdc_now = |entry: &str| -> Option<Cdc> { report.cdcs.get(entry).map(|c| (**c).clone()) };
+    let pool_name = pool.name_any();
+    let judged: Vec<Judged> = observed
+        .inventory
+        .iter()
+        .map(|entry| {
+            let cdc = report.cdcs.get(entry).map(|c| &**c);
+            (entry.clone(), judgement::of(cdc, &pool_name))
+        })
+        .collect();
     let cd_by_name: BTreeMap<String, Arc<ClusterDeployment>> =
         observed.cds.iter().map(|cd| (cd.name_any(), cd.clone())).collect();
     let mut status = observed.previous.clone();
@@ -77,14 +86,13 @@ pub(super) fn build(report: &Report, now: Time) -> ClusterPoolStatus {
     status.failure_domains = observed.domains.clone();
     status.inventory = entry_statuses(
         &observed.previous,
-        &observed.inventory,
-        &cdc_now,
+        &judged,
+        report.cdcs,
         &cd_by_name,
         &report.executed.leased,
         report.plan,
-        &pool.name_any(),
     );
-    let wanted = conditions(report, &status.inventory, &cdc_now);
+    let wanted = conditions(report, &judged);
     // A condition the pool no longer computes goes, so none outlives what it was about (an
     // `InventoryValid` after the inventory was removed, say).
     status
@@ -119,12 +127,11 @@ pub(super) const FAILURE_DOMAINS_VALID: &str = "FailureDomainsValid";
 /// Its reason when they do, the reason a cluster built from them would be stopped with.
 pub(super) const INVALID_MACHINE_SPEC: &str = "InvalidMachineSpec";
 
+/// An inventory entry, each once in spec order, and what the pool makes of it.
+type Judged = (String, Judgement);
+
 /// The pool's conditions, in the order they are listed when new.
-fn conditions(
-    report: &Report,
-    entries: &[InventoryEntryStatus],
-    cdc_now: &dyn Fn(&str) -> Option<Cdc>,
-) -> Vec<DesiredCondition<'static>> {
+fn conditions(report: &Report, judged: &[Judged]) -> Vec<DesiredCondition<'static>> {
     let (pool, executed, domains) = (report.pool, report.executed, &report.observed.domains);
     let mut conditions = vec![missing_dependencies(
         &executed.missing_dependencies,
@@ -132,7 +139,7 @@ fn conditions(
     )];
     if pool.spec.inventory.is_some() {
         let listed = report.observed.inventory.len();
-        conditions.push(inventory_valid(entries, &executed.syntax_errors, listed, cdc_now));
+        conditions.push(inventory_valid(judged, &executed.syntax_errors, listed));
     }
     conditions.push(capacity_available(report));
     if pool.spec.platform.vsphere.is_some() {
@@ -178,26 +185,30 @@ fn missing_dependencies(missing: &[String], ns: &str) -> DesiredCondition<'stati
     )
 }
 
-/// §4.3.4: every entry that cannot be used, by state, with the patch error of BrokenBySyntax ones
-/// and who holds Unavailable ones (the merged seed: an unavailable entry makes the inventory
-/// invalid).
+/// §4.3.4: every entry the pool cannot use now, by state, with the patch error of BrokenBySyntax
+/// ones and who holds Unavailable ones (the merged seed: an unavailable entry makes the inventory
+/// invalid), and what to do about each state.
 fn inventory_valid(
-    entries: &[InventoryEntryStatus],
+    judged: &[Judged],
     syntax_errors: &BTreeMap<String, String>,
     listed: usize,
-    cdc_now: &dyn Fn(&str) -> Option<Cdc>,
 ) -> DesiredCondition<'static> {
-    let mut problems: BTreeMap<&str, Vec<String>> = BTreeMap::new();
-    for entry in entries {
-        let (state, detail) = match entry.status {
-            InventoryEntryState::BrokenBySyntax => ("BrokenBySyntax", syntax_errors.get(&entry.name).cloned()),
-            InventoryEntryState::BrokenByCloud => ("BrokenByCloud", None),
-            InventoryEntryState::Missing => ("Missing", None),
-            InventoryEntryState::Unavailable => ("Unavailable", cdc_now(&entry.name).map(|c| held_by(&c))),
-            _ => continue,
+    let mut problems: BTreeMap<&str, (Vec<String>, &str)> = BTreeMap::new();
+    for (entry, judgement) in judged {
+        let Some((state, hint)) = trouble(judgement) else {
+            continue;
         };
-        let named = detail.map_or_else(|| entry.name.clone(), |d| format!("{} ({d})", entry.name));
-        problems.entry(state).or_default().push(named);
+        let detail = match judgement {
+            Judgement::BrokenBySyntax => syntax_errors.get(entry).cloned(),
+            Judgement::Unavailable(holder) => Some(held_by(holder)),
+            _ => None,
+        };
+        let named = detail.map_or_else(|| entry.clone(), |d| format!("{entry} ({d})"));
+        problems
+            .entry(state)
+            .or_insert_with(|| (Vec::new(), hint))
+            .0
+            .push(named);
     }
     if problems.is_empty() {
         return condition(
@@ -207,27 +218,58 @@ fn inventory_valid(
             format!("All {listed} inventory entries are usable"),
         );
     }
-    let listing: Vec<String> = problems.iter().map(|(k, v)| format!("{k}: {}", v.join(", "))).collect();
+    let listing: Vec<String> = problems
+        .iter()
+        .map(|(k, (v, _))| format!("{k}: {}", v.join(", ")))
+        .collect();
+    let hints: Vec<&str> = problems.values().map(|(_, hint)| *hint).collect();
     condition(
         "InventoryValid",
         false,
         "Invalid",
         format!(
-            "Some inventory entries cannot be used ({}); fix the patches of BrokenBySyntax entries, create Missing ones, or remove them from spec.inventory; Unavailable ones are leased by another pool or hold an interrupted lease",
-            listing.join("; ")
+            "Some inventory entries cannot be used now ({}); {}",
+            listing.join("; "),
+            hints.join("; ")
         ),
     )
 }
 
+/// How `InventoryValid` names an entry the pool cannot use now, and what to do about it; `None`
+/// for one it uses. A BrokenByCloud entry is named (as Hive names it) though it still backs a
+/// cluster: it is tried again last.
+fn trouble(judgement: &Judgement) -> Option<(&'static str, &'static str)> {
+    Some(match judgement {
+        Judgement::Reserved { .. } | Judgement::Free => return None,
+        Judgement::BrokenByCloud => (
+            "BrokenByCloud",
+            "BrokenByCloud ones are tried again, last, after a backoff",
+        ),
+        Judgement::BrokenBySyntax => (
+            "BrokenBySyntax",
+            "fix the patches of BrokenBySyntax ones or remove them from spec.inventory",
+        ),
+        Judgement::Deleting => (
+            "Deleting",
+            "Deleting ones are being deleted and will not be used: remove them from spec.inventory",
+        ),
+        Judgement::Missing => ("Missing", "create Missing ones or remove them from spec.inventory"),
+        Judgement::Unavailable(_) => (
+            "Unavailable",
+            "Unavailable ones are leased by another pool or hold an interrupted lease",
+        ),
+    })
+}
+
 /// Who keeps an Unavailable entry from this pool.
-fn held_by(cdc: &Cdc) -> String {
-    match lease_state::lease_holder(cdc) {
-        _ if lease_state::interrupted(cdc) => {
+fn held_by(holder: &Holder) -> String {
+    match holder {
+        Holder::InterruptedLease => {
             "an interrupted lease: Available=False with no clusterDeploymentRef; released after --lease-min-age".into()
         }
         // The name is read from the CDC's status, anyone's to write: shown only when it can be a name.
-        Some((Some(pool), _)) if is_dns_label(&pool) => format!("leased by ClusterPool {pool}"),
-        _ => "leased by another pool".into(),
+        Holder::Pool(Some(pool)) if is_dns_label(pool) => format!("leased by ClusterPool {pool}"),
+        Holder::Pool(_) => "leased by another pool".into(),
     }
 }
 
@@ -372,12 +414,11 @@ pub(super) fn deletion_pending(pool: &ClusterPool, clusters: &[String], now: Tim
 /// The per-entry inventory status of the status-revision seed.
 pub(super) fn entry_statuses(
     base: &ClusterPoolStatus,
-    inventory: &[String],
-    cdc_now: &dyn Fn(&str) -> Option<Cdc>,
+    judged: &[Judged],
+    cdcs: &BTreeMap<String, Arc<Cdc>>,
     cds: &BTreeMap<String, Arc<ClusterDeployment>>,
     leased: &BTreeMap<String, i64>,
     plan: &Plan,
-    pool_name: &str,
 ) -> Vec<InventoryEntryStatus> {
     let stale = &plan.stale;
     let old: BTreeMap<String, InventoryEntryStatus> =
@@ -386,7 +427,7 @@ pub(super) fn entry_statuses(
         cds.values().find(|cd| cdc_of(cd).as_deref() == Some(entry))
     };
     let mut out = Vec::new();
-    for entry in inventory {
+    for (entry, judgement) in judged {
         let previous = old.get(entry).cloned().unwrap_or_default();
         // The generation a live cluster was built from is the durable record of what was applied.
         let built = built_from(entry)
@@ -395,23 +436,21 @@ pub(super) fn entry_statuses(
         let mut status = InventoryEntryStatus {
             name: entry.clone(),
             version: leased.get(entry).copied().or(built).or(previous.version),
+            status: judgement.state(),
             attempts: previous.attempts + i32::from(plan.broken_entries.contains(entry)),
             ..Default::default()
         };
-        match cdc_now(entry) {
-            Some(cdc) => {
-                let stale_edit = stale
-                    .iter()
-                    .any(|(s, why)| *why == Stale::EntryEdited && cdc_of(s).as_deref() == Some(entry.as_str()));
-                set_state(&mut status, &cdc, stale_edit, pool_name);
-            }
-            None => status.status = InventoryEntryState::Missing,
+        if let Some(cdc) = cdcs.get(entry) {
+            let stale_edit = stale
+                .iter()
+                .any(|(s, why)| *why == Stale::EntryEdited && cdc_of(s).as_deref() == Some(entry.as_str()));
+            track_generation(&mut status, cdc, judgement, stale_edit);
         }
         out.push(status);
     }
     // Entries removed from the inventory stay listed while a cluster built from them exists.
     for (entry, previous) in old {
-        if inventory.contains(&entry) {
+        if judged.iter().any(|(listed, _)| *listed == entry) {
             continue;
         }
         if let Some(cd) = built_from(&entry) {
@@ -426,42 +465,31 @@ pub(super) fn entry_statuses(
     out
 }
 
-/// The state of an entry whose CDC exists; `stale_edit` when an unclaimed cluster built from an
-/// older generation of it is stale.
-fn set_state(status: &mut InventoryEntryStatus, cdc: &Cdc, stale_edit: bool, pool_name: &str) {
-    let holder = lease_state::lease_holder(cdc);
-    let reason = lease_state::apply_reason(cdc);
-    if reason == Some(SUCCEEDED) {
+/// What an entry whose CDC exists records of its generations: a success restarts its attempts; a
+/// Reserved entry names its cluster and is ToBeUpdated once its CDC was edited since (or an
+/// unclaimed cluster built from an older generation of it is stale, `stale_edit`); an entry
+/// nobody holds that was edited starts over.
+fn track_generation(status: &mut InventoryEntryStatus, cdc: &Cdc, judgement: &Judgement, stale_edit: bool) {
+    if lease_state::apply_reason(cdc) == Some(SUCCEEDED) {
         status.attempts = 0;
     }
     let edited = status.version.is_some() && status.version != cdc.metadata.generation;
-    status.status = match holder {
-        // Reserved for no cluster is not Reserved: it backs nothing until it is repaired.
-        Some(_) if lease_state::interrupted(cdc) => InventoryEntryState::Unavailable,
-        Some((Some(p), _)) if p != pool_name => InventoryEntryState::Unavailable,
-        Some((_, cd)) => {
-            status.cluster_deployment = cd;
+    match judgement {
+        Judgement::Reserved { cluster } => {
+            status.cluster_deployment = Some(cluster.clone());
             if edited || stale_edit {
-                InventoryEntryState::ToBeUpdated
-            } else {
-                InventoryEntryState::Reserved
+                status.status = InventoryEntryState::ToBeUpdated;
             }
         }
-        None => {
-            if edited {
-                // The status-revision seed's "Updating Inventory Resource": an entry nobody holds
-                // that was edited starts over: its failures no longer count, and its version is the
-                // new generation.
-                status.attempts = 0;
-                status.version = cdc.metadata.generation;
-            }
-            match reason {
-                Some(BROKEN_BY_SYNTAX) => InventoryEntryState::BrokenBySyntax,
-                Some(BROKEN_BY_CLOUD) => InventoryEntryState::BrokenByCloud,
-                _ => InventoryEntryState::Available,
-            }
+        // The status-revision seed's "Updating Inventory Resource": an entry nobody holds that
+        // was edited starts over: its failures no longer count, and its version is the new
+        // generation.
+        Judgement::Deleting | Judgement::BrokenBySyntax | Judgement::BrokenByCloud | Judgement::Free if edited => {
+            status.attempts = 0;
+            status.version = cdc.metadata.generation;
         }
-    };
+        _ => {}
+    }
 }
 
 #[cfg(test)]
@@ -720,7 +748,36 @@ mod tests {
             (
                 "False".into(),
                 "Invalid".into(),
-                "Some inventory entries cannot be used (BrokenByCloud: cloud; BrokenBySyntax: syntax (bad path /x); Missing: missing; Unavailable: theirs (leased by ClusterPool q)); fix the patches of BrokenBySyntax entries, create Missing ones, or remove them from spec.inventory; Unavailable ones are leased by another pool or hold an interrupted lease".into()
+                "Some inventory entries cannot be used now (BrokenByCloud: cloud; BrokenBySyntax: syntax (bad path /x); Missing: missing; Unavailable: theirs (leased by ClusterPool q)); BrokenByCloud ones are tried again, last, after a backoff; fix the patches of BrokenBySyntax ones or remove them from spec.inventory; create Missing ones or remove them from spec.inventory; Unavailable ones are leased by another pool or hold an interrupted lease".into()
+            )
+        );
+    }
+
+    /// Hive's case of a CDC deleted while a finalizer holds it (issue 48): the plan never leases
+    /// it, so neither its entry nor `InventoryValid` may call it usable.
+    #[test]
+    fn a_cdc_being_deleted_is_deleting_and_the_inventory_says_it_will_not_be_used() {
+        let mut scene = Scene::new(json!({"size": 1, "inventory": entries(&["going", "held"])}));
+        let deleting = |status: Value| {
+            let mut cdc = Cdc::clone(&cdc("going", 1, status));
+            cdc.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+            cdc.metadata.finalizers = Some(vec!["example.com/keep".into()]);
+            Arc::new(cdc)
+        };
+        scene.cdcs.insert("going".into(), deleting(json!({})));
+        // One this pool holds stays its cluster's until it is released.
+        let mut held = Cdc::clone(&deleting(leased("p", "p-1")));
+        held.metadata.name = Some("held".into());
+        scene.cdcs.insert("held".into(), Arc::new(held));
+        let status = scene.build();
+        assert_eq!(entry(&status, "going").status, InventoryEntryState::Deleting);
+        assert_eq!(entry(&status, "held").status, InventoryEntryState::Reserved);
+        assert_eq!(
+            condition(&status, "InventoryValid"),
+            (
+                "False".into(),
+                "Invalid".into(),
+                "Some inventory entries cannot be used now (Deleting: going); Deleting ones are being deleted and will not be used: remove them from spec.inventory".into()
             )
         );
     }
@@ -728,8 +785,8 @@ mod tests {
     #[test]
     fn a_holder_name_that_cannot_be_a_pool_name_is_not_echoed() {
         let long = "x".repeat(300);
-        assert_eq!(held_by(&cdc("a", 1, leased(&long, "c"))), "leased by another pool");
-        assert_eq!(held_by(&cdc("a", 1, leased("q", "c"))), "leased by ClusterPool q");
+        assert_eq!(held_by(&Holder::Pool(Some(long))), "leased by another pool");
+        assert_eq!(held_by(&Holder::Pool(Some("q".into()))), "leased by ClusterPool q");
     }
 
     /// `Available=False` without a `clusterDeploymentRef`, naming pool `p`.

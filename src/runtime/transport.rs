@@ -61,7 +61,7 @@ const PING_TIMEOUT: Duration = Duration::from_secs(15);
 /// to be read (a busy controller behind them) hold back only themselves, never the tenant's other
 /// requests; each stream's own window still bounds what it buffers. Go's HTTP/2 transport, which
 /// client-go uses, does the same (4 MiB per stream, 1 GiB per connection).
-const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
+pub const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
 const CONNECTION_WINDOW: u32 = 1024 * 1024 * 1024;
 
 /// Idle tenant connections kept for the next request where the server speaks HTTP/1.1 only; kept

@@ -180,6 +180,7 @@ fn enums_are_declared_in_the_schema() {
                 "BrokenBySyntax",
                 "BrokenByCloud",
                 "Missing",
+                "Deleting",
                 "Unavailable",
                 "ToBeDeleted",
                 "ToBeUpdated",

@@ -507,10 +507,15 @@ async fn a_watch_asked_for_on_a_busy_connection_after_a_graceful_stop_ends_at_it
     t.namespace("ns").await;
     let address = t.server.url().trim_start_matches("http://").to_string();
     let mut connection = tokio::net::TcpStream::connect(&address).await.unwrap();
-    // Half of the request's head is sent before the stop, the rest after it.
+    // Half of the request's head is sent before the stop, the rest after it: the connection is
+    // busy once the server has read some of it.
+    let received = t.server.bytes_received();
     let head = "GET /api/v1/namespaces/ns/configmaps?watch=true HTTP/1.1\r\nHost: stackd\r\n";
     connection.write_all(head.as_bytes()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until("the server to read the first half", WAIT, &NoDaemon, || async {
+        t.server.bytes_received() > received
+    })
+    .await;
     t.server.stop_gracefully(KEPT).await;
     let stopped = Instant::now();
     connection.write_all(b"Accept: application/json\r\n\r\n").await.unwrap();

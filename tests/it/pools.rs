@@ -1478,6 +1478,66 @@ async fn a_leased_cdc_is_deleted_only_after_its_release_and_pool_deletion_strips
     }
 }
 
+/// Hive's ClusterPool case of a CDC deleted while a finalizer still holds it (issue 48): the pool
+/// never leases it and fills from its other entry, and every part of its status says the same:
+/// the entry is `Deleting`, `InventoryValid` names it, and `CapacityAvailable` counts it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cdc_being_deleted_is_neither_leased_nor_reported_usable() {
+    let (fleet, tenant) = setup().await;
+    named_cdc(&tenant, "going").await;
+    named_cdc(&tenant, "kept").await;
+    // Someone else's finalizer keeps it while it is being deleted.
+    cdcs(&tenant)
+        .patch(
+            "going",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/keep"]}})),
+        )
+        .await
+        .expect("a finalizer");
+    cdcs(&tenant).delete("going", &DeleteParams::default()).await.unwrap();
+    assert!(cdc(&tenant, "going").await.metadata.deletion_timestamp.is_some());
+    create_pool(&tenant, pool_json("p", 2, Some(&["going", "kept"]))).await;
+    let daemon = daemon(&fleet, &[]);
+    until(
+        "one cluster, from kept, and the inventory said to back only 1",
+        WITHIN,
+        &daemon,
+        || async {
+            let clusters = cds(&tenant, "p").await;
+            let from: Vec<Option<String>> = live(&clusters).iter().map(|cd| cdc_of(cd)).collect();
+            let capacity = pool_condition(&pool(&tenant, "p").await, "CapacityAvailable");
+            from == [Some("kept".to_string())]
+                && capacity.is_some_and(|(_, r, m)| r == "InventoryExhausted" && m.contains("can back only 1"))
+        },
+    )
+    .await;
+    let p = pool(&tenant, "p").await;
+    let states: Vec<(String, InventoryEntryState)> = ["going", "kept"]
+        .iter()
+        .map(|name| (name.to_string(), entry(&p, name).expect("an entry").status))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("going".to_string(), InventoryEntryState::Deleting),
+            ("kept".to_string(), InventoryEntryState::Reserved)
+        ]
+    );
+    let (valid, reason, message) = pool_condition(&p, "InventoryValid").expect("InventoryValid");
+    assert_eq!((valid.as_str(), reason.as_str()), ("False", "Invalid"), "{message}");
+    assert!(
+        message.contains("(Deleting: going)") && message.contains("being deleted and will not be used"),
+        "{message}"
+    );
+    assert!(lease(&cdc(&tenant, "going").await).is_none());
+    assert_eq!(
+        cdc(&tenant, "going").await.finalizers(),
+        ["example.com/keep"],
+        "the pool adds no finalizer"
+    );
+}
+
 /// §4.3 items 7 and 11: a failing installer is retried up to `installAttemptsLimit`; past it the
 /// cluster is broken, deleted and replaced, and its CDC is BrokenByCloud with one attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,7 +15,7 @@ use stackd::tenancy::objects::status::{Serving, StatusWriter};
 use stackd::tenancy::objects::{self, ObjectSettings, Registration};
 use tokio_util::sync::CancellationToken;
 
-use crate::harness::{Fleet, NoDaemon, until};
+use crate::harness::{Fleet, NoDaemon, until, wait_until};
 use crate::tenant_objects::{
     HostKubectl, SECRETS_NAMESPACE, condition, event_reasons, install_tenant_crd, registration, wait_condition,
 };
@@ -99,17 +99,17 @@ async fn a_tenant_refused_before_the_status_writer_starts_has_its_status_written
         serving: Serving::All,
     };
     let _writer = tokio::spawn(writer.run(cancel.clone()));
-    let written = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            if let Some((status, reason, _)) = condition(&fleet, "acme", "Served").await {
-                return (status, reason);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
+    let (status, reason) = wait_until(
+        "the Tenant's status written within 10 s of the writer's start",
+        Duration::from_secs(10),
+        &NoDaemon,
+        || async {
+            let served = condition(&fleet, "acme", "Served").await;
+            served.map(|(status, reason, _)| (status, reason))
+        },
+    )
     .await;
     cancel.cancel();
-    let (status, reason) = written.expect("the Tenant's status written within 10 s of the writer's start");
     assert_eq!(
         (status.as_str(), reason.as_str()),
         ("False", "SecretNamespaceNotAllowed")

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, ListParams, WatchEvent, WatchParams};
 use stackd::embedded::discovery::Resources;
 use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::samples::{SampleImages, register_sample_runners};
@@ -175,18 +175,29 @@ async fn watches_left_unread_do_not_hold_up_the_other_requests_on_their_connecti
     for _ in 0..UNREAD_WATCHES {
         unread.push(configmaps.watch(&WatchParams::default(), "0").await.expect("a watch"));
     }
-    // Written over another connection: each unread watch is sent all of it, far more than its window.
-    let writer: Api<ConfigMap> = Api::namespaced(acme.client().await, "default");
+    // Written in-process, so that all the server sends from here on goes to the watches: each is
+    // sent all of it, far more than its window.
+    let sent = acme.bytes_sent();
+    let store = acme.store();
+    let info = Resources::current(&store)
+        .find("", "v1", "configmaps")
+        .expect("configmaps");
     for index in 0..BIG_OBJECTS {
-        let big = serde_json::from_value(serde_json::json!({
+        let big = serde_json::json!({
             "metadata": {"name": format!("big-{index}")},
             "data": {"blob": "x".repeat(900 * 1024)},
-        }))
-        .expect("a ConfigMap");
-        writer.create(&PostParams::default(), &big).await.expect("create");
+        });
+        verbs::create(&store, &info, "default", big, Default::default()).expect("create");
     }
-    // Let the server send what the windows allow.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A connection window smaller than the watches' together stops the server short of this.
+    let windows = UNREAD_WATCHES as u64 * u64::from(transport::STREAM_WINDOW);
+    until(
+        "the server to send what the watches' windows allow",
+        SOON,
+        &NoDaemon,
+        || async { acme.bytes_sent() - sent >= windows },
+    )
+    .await;
     let listed = tokio::time::timeout(SOON, configmaps.list_metadata(&ListParams::default())).await;
     let listed = listed.expect("the list answered while watches on its connection are left unread");
     assert_eq!(listed.expect("a list").items.len(), BIG_OBJECTS);

@@ -260,19 +260,20 @@ pub(super) async fn ensure_installer_identity(ctx: &Ctx, parent: &Parent, names:
 /// The installer succeeded: copy the admin kubeconfig to the tenant and record the cluster installed.
 async fn installed(cd: &ClusterDeployment, ctx: &Ctx, names: &Names) -> Result<Action, DeploymentError> {
     let tenant = &ctx.tenant;
-    let mut output = match finished_output(cd, ctx, names, Look::Cached).await? {
-        Ok(output) => output,
-        Err(action) => return Ok(action),
-    };
-    if matches!(plan::output(output.as_deref()), Output::Accepted { .. }) {
+    let mut output = finished_output(cd, ctx, names, Look::Cached).await?;
+    if output.accepted() {
         // About to be read for good, so as the server has it: the installer's last change (its
         // labels stripped, say) may not have reached the cache, whose watch is not the Job's. One
         // GET per finished installer: the cluster is installed next.
-        output = match finished_output(cd, ctx, names, Look::Server).await? {
-            Ok(output) => output,
-            Err(action) => return Ok(action),
-        };
+        output = finished_output(cd, ctx, names, Look::Server).await?;
     }
+    let output = match output {
+        FinishedOutput::Readable(found) => Some(found),
+        FinishedOutput::Missing => None,
+        // The Secret's watch event brings us back; the requeue is a safety net.
+        FinishedOutput::Restoring => return Ok(Action::requeue(Duration::from_secs(5))),
+        FinishedOutput::Refused => return Ok(Action::await_change()),
+    };
     let secret = admin_kubeconfig::name(cd);
     let (kubeconfig, infra_id) = match plan::output(output.as_deref()) {
         // The Secret's watch event brings us back; the requeue is a safety net.
@@ -305,31 +306,51 @@ async fn installed(cd: &ClusterDeployment, ctx: &Ctx, names: &Names) -> Result<A
     Ok(Action::await_change())
 }
 
-/// The finished installer's output Secret as `look` finds it (none when there is none), or what to
-/// do instead of reading it: wait for it restored, or stop at one that is not stackd's.
+/// What a finished installer left, as `look` finds it.
+enum FinishedOutput {
+    /// Its output Secret, stackd's own and within its bound: to be read.
+    Readable(Arc<Secret>),
+    /// There is no output Secret.
+    Missing,
+    /// The output Secret is being restored: wait for it.
+    Restoring,
+    /// Refused (too large, or not stackd's) and reported: nothing to do until it changes.
+    Refused,
+}
+
+impl FinishedOutput {
+    /// Whether it holds what an installed cluster needs.
+    fn accepted(&self) -> bool {
+        let FinishedOutput::Readable(secret) = self else {
+            return false;
+        };
+        matches!(plan::output(Some(secret)), Output::Accepted { .. })
+    }
+}
+
+/// The finished installer's output Secret as `look` finds it; one that is refused is reported.
 async fn finished_output(
     cd: &ClusterDeployment,
     ctx: &Ctx,
     names: &Names,
     look: Look,
-) -> Result<Result<Option<Arc<Secret>>, Action>, DeploymentError> {
+) -> Result<FinishedOutput, DeploymentError> {
     match output::find(ctx, cd, &parent(cd), names, look).await? {
         Found::Trusted(secret) => {
             // Measured before anything of it is read.
             let limits = &ctx.tenant.shared.settings.document_limits;
             if let Err(refused) = limits.installer_output(&ctx.tenant.host_namespace, &secret) {
                 report(cd, ctx, &Outcome::OutputRefused(refused.to_string())).await?;
-                return Ok(Err(Action::await_change()));
+                return Ok(FinishedOutput::Refused);
             }
-            Ok(Ok(Some(secret)))
+            Ok(FinishedOutput::Readable(secret))
         }
-        // The Secret's watch event brings us back; the requeue is a safety net.
-        Found::Restored { .. } => Ok(Err(Action::requeue(Duration::from_secs(5)))),
-        Found::Missing => Ok(Ok(None)),
+        Found::Restored { .. } => Ok(FinishedOutput::Restoring),
+        Found::Missing => Ok(FinishedOutput::Missing),
         Found::Foreign(reason) => {
             let refusal = format!("host Secret {}/{}: {reason}", ctx.tenant.host_namespace, names.output);
             report(cd, ctx, &Outcome::OutputRefused(refusal)).await?;
-            Ok(Err(Action::await_change()))
+            Ok(FinishedOutput::Refused)
         }
     }
 }
