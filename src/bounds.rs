@@ -602,6 +602,10 @@ mod tests {
             "inventory/delivery.rs",
             "BMC credentials whose Secret the asset's CredentialsFound held to --max-render-secret-bytes",
         ),
+        (
+            "runtime/shards/keeper.rs",
+            "the shard map, which runtime::shards::assign::plan keeps under its MAX_MAP_BYTES; its names come from the operator's tenants directory and Tenant objects, not from a tenant",
+        ),
     ];
 
     /// Every file of `src/` (but the test-only and embedded-server ones) that builds a document
