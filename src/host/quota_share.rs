@@ -242,32 +242,6 @@ pub fn workload<K: kube::Resource + RunsPods>(object: &K, defaults: &ContainerDe
     }
 }
 
-/// Whether `desired` (a Deployment or Job stackd is about to create, or to replace `current` with,
-/// for tenant namespace `namespace`, stamped with its parent's labels) fits the namespace's share of
-/// the tenant's host quota beside the tenant's host workloads `others` (read only when it grows).
-/// What asks no more than it has now is never refused. `what` names it in the refusal.
-pub fn check<K>(
-    quota: &TenantQuota,
-    others: impl FnOnce() -> Vec<Workload>,
-    what: &str,
-    namespace: &str,
-    desired: &K,
-    current: Option<&K>,
-) -> Result<(), Box<ShareExceeded>>
-where
-    K: kube::Resource + RunsPods,
-{
-    let wanted = desired.requests(&quota.container_defaults);
-    if let Some(current) = current {
-        let has = current.requests(&quota.container_defaults);
-        if wanted.iter().zip(has).all(|(wanted, has)| *wanted <= has) {
-            return Ok(());
-        }
-    }
-    let label = share_label(desired.labels()).unwrap_or_default();
-    admit(quota, what, namespace, &label, &desired.name_any(), wanted, &others())
-}
-
 /// How long a workload admitted counts on its own if the caches never show it (its create failed).
 const ADMITTED_KEPT: Duration = Duration::from_secs(30);
 
@@ -278,8 +252,12 @@ const ADMITTED_KEPT: Duration = Duration::from_secs(30);
 pub struct Admitted(Mutex<Vec<(Instant, Workload)>>);
 
 impl Admitted {
-    /// [`check`], counting the workloads admitted lately that `cached` does not show yet; what is
-    /// admitted is recorded.
+    /// Whether `desired` (a Deployment or Job stackd is about to create, or to replace `current`
+    /// with, for tenant namespace `namespace`, stamped with its parent's labels) fits the
+    /// namespace's share of the tenant's host quota beside the tenant's host workloads: those
+    /// `cached` shows (read only when it grows), and those admitted lately that it does not show
+    /// yet. What asks no more than it has now is never refused; what is admitted is recorded.
+    /// `what` names it in the refusal.
     pub fn check<K>(
         &self,
         quota: &TenantQuota,
@@ -292,18 +270,23 @@ impl Admitted {
     where
         K: kube::Resource + RunsPods,
     {
+        let wanted = desired.requests(&quota.container_defaults);
+        if let Some(current) = current {
+            let has = current.requests(&quota.container_defaults);
+            if wanted.iter().zip(has).all(|(wanted, has)| *wanted <= has) {
+                return Ok(());
+            }
+        }
         let mut admitted = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let now = Instant::now();
         admitted.retain(|(at, _)| now.duration_since(*at) < ADMITTED_KEPT);
-        let others = || {
-            let mut others = cached();
-            let shown: HashSet<String> = others.iter().map(|w| w.name.clone()).collect();
-            let pending = admitted.iter().filter(|(_, w)| !shown.contains(&w.name));
-            others.extend(pending.map(|(_, w)| w.clone()));
-            others
-        };
-        check(quota, others, what, namespace, desired, current)?;
+        let mut others = cached();
+        let shown: HashSet<String> = others.iter().map(|w| w.name.clone()).collect();
+        let pending = admitted.iter().filter(|(_, w)| !shown.contains(&w.name));
+        others.extend(pending.map(|(_, w)| w.clone()));
+        let label = share_label(desired.labels()).unwrap_or_default();
         let name = desired.name_any();
+        admit(quota, what, namespace, &label, &name, wanted, &others)?;
         admitted.retain(|(_, w)| w.name != name);
         admitted.push((now, workload(desired, &quota.container_defaults)));
         Ok(())
