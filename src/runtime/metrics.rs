@@ -126,6 +126,8 @@ pub struct Metrics {
     pub tenant_objects: Family<TenantObjectLabels, Gauge>,
     /// The daemon's resident memory, read when `/metrics` is asked for.
     pub resident_memory: Gauge,
+    /// Lookups of tenant Secrets objects wait on (paced per Secret and namespace, not per object).
+    pub secret_lookups: Family<TenantLabels, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -231,8 +233,15 @@ impl Metrics {
             "Resident memory of the daemon process",
             resident_memory.clone(),
         );
+        let secret_lookups = Family::<TenantLabels, Counter>::default();
+        registry.register(
+            "secret_lookups",
+            "Lookups of tenant Secrets that objects wait on (at most 10 per namespace per interval)",
+            secret_lookups.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
+            secret_lookups,
             shard_held,
             shards,
             tenant_objects,
@@ -319,6 +328,7 @@ impl Metrics {
     pub fn remove_tenant(&self, tenant: &str) {
         self.tenant_up.remove(&Metrics::tenant(tenant));
         self.tenant_cached_bytes.remove(&Metrics::tenant(tenant));
+        self.secret_lookups.remove(&Metrics::tenant(tenant));
         self.clear_down_causes(tenant);
         self.clear_tenant_suspended(tenant);
         for kind in COUNTED_KINDS {
