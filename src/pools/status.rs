@@ -12,6 +12,7 @@ use super::CDC_GENERATION_ANNOTATION;
 use super::buckets::{Bucket, Buckets, Stale, cdc_of};
 use super::lease_state::{self, BROKEN_BY_CLOUD, BROKEN_BY_SYNTAX, SUCCEEDED};
 use super::pass::{Executed, Observed};
+use super::patch_share::NAMESPACE_PATCH_SHARE_USED;
 use super::plan::Plan;
 use crate::api::pools::{
     ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus, FailureDomainStatus,
@@ -267,6 +268,9 @@ fn capacity_available(report: &Report) -> DesiredCondition<'static> {
     }
     if let Some(message) = &report.executed.too_large {
         return condition("CapacityAvailable", false, DOCUMENT_TOO_LARGE, message.clone());
+    }
+    if let Some(message) = &report.executed.patch_share_used {
+        return condition("CapacityAvailable", false, NAMESPACE_PATCH_SHARE_USED, message.clone());
     }
     if let Some(max) = pool.spec.max_size.filter(|m| capacity.live >= i64::from(*m)) {
         return condition(

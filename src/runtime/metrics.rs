@@ -128,6 +128,9 @@ pub struct Metrics {
     pub resident_memory: Gauge,
     /// Lookups of tenant Secrets objects wait on (paced per Secret and namespace, not per object).
     pub secret_lookups: Family<TenantLabels, Counter>,
+    /// The work of applying ClusterDeploymentCustomization patches: install-config bytes measured
+    /// after each patch (each namespace's share of it is bounded).
+    pub patch_bytes: Family<TenantLabels, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -239,9 +242,16 @@ impl Metrics {
             "Lookups of tenant Secrets that objects wait on (at most 10 per namespace per interval)",
             secret_lookups.clone(),
         );
+        let patch_bytes = Family::<TenantLabels, Counter>::default();
+        registry.register(
+            "patch_bytes",
+            "Install-config bytes measured after each ClusterDeploymentCustomization patch applied (the work patches cost)",
+            patch_bytes.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             secret_lookups,
+            patch_bytes,
             shard_held,
             shards,
             tenant_objects,
@@ -329,6 +339,7 @@ impl Metrics {
         self.tenant_up.remove(&Metrics::tenant(tenant));
         self.tenant_cached_bytes.remove(&Metrics::tenant(tenant));
         self.secret_lookups.remove(&Metrics::tenant(tenant));
+        self.patch_bytes.remove(&Metrics::tenant(tenant));
         self.clear_down_causes(tenant);
         self.clear_tenant_suspended(tenant);
         for kind in COUNTED_KINDS {
