@@ -28,8 +28,8 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{Store, store::Writer};
+use kube::runtime::watcher::watcher;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::{WatchStreamExt, watcher::watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
@@ -348,16 +348,12 @@ impl Informers {
         self.cache(key, self.parts(false), raw_watch(api, config))
     }
 
-    /// The tenant's CRDs, cached slim (see [`crate::api::crds::slim`]): no size cap, since a
-    /// package's CRDs may be large and only their names, versions and conditions are kept.
+    /// The tenant's CRDs, without their schemas (see [`super::raw_object`]): measured and charged
+    /// as they are kept, and never decoded whole, since a package's CRDs may be large.
     pub fn tenant_crds(&self) -> SharedCache<CustomResourceDefinition> {
-        let api = Api::<CustomResourceDefinition>::all(self.tenant.clone());
-        let config = self.renewed("tenant crds", watcher::Config::default().page_size(LIST_PAGE_SIZE));
-        let events = watcher(api, config)
-            .modify(crate::api::crds::slim)
-            .map(|event| event.map(|event| map_event(event, Incoming::Decoded)))
-            .boxed();
-        self.cache("tenant crds".to_string(), self.parts(false), events)
+        let api = Api::<RawObject<CustomResourceDefinition>>::all(self.tenant.clone());
+        let config = self.renewed("tenant crds", watcher::Config::default());
+        self.cache("tenant crds".to_string(), self.parts(false), raw_watch(api, config))
     }
 
     /// This tenant's objects of a kind in its host namespace: malformed and oversized ones are
