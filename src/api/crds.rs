@@ -169,21 +169,8 @@ pub fn is_established(crd: &CustomResourceDefinition) -> bool {
         })
 }
 
-/// Drops what a cached CRD does not need (per-version schemas, managed fields, kubectl's
-/// last-applied copy): they are most of its size, and every tenant caches every CRD it serves.
-/// Callers that compare specs use [`SPEC_HASH_ANNOTATION`] instead.
-pub fn slim(crd: &mut CustomResourceDefinition) {
-    for version in &mut crd.spec.versions {
-        version.schema = None;
-    }
-    crd.metadata.managed_fields = None;
-    if let Some(annotations) = crd.metadata.annotations.as_mut() {
-        annotations.remove("kubectl.kubernetes.io/last-applied-configuration");
-    }
-}
-
-/// Annotation on a CRD stackd wrote: the SHA-256 of the spec it wrote, so a slim cached copy can
-/// be compared with a package's CRD.
+/// Annotation on a CRD stackd wrote: the SHA-256 of the spec it wrote, so a cached copy (kept
+/// without schemas, `runtime::raw_object`) can be compared with a package's CRD.
 pub const SPEC_HASH_ANNOTATION: &str = "stacks.stackd.dev/spec-sha256";
 
 /// The value of [`SPEC_HASH_ANNOTATION`] for `crd`'s spec.

@@ -28,6 +28,7 @@ use super::leases;
 use super::machines::{self, MachinePlan};
 use super::membership::{self, PoolIdentity};
 use super::pass::{AFTER_A_LOST_RACE, Ctx, Executed, FIELD_MANAGER, Fresh, Observed, PoolError, RESYNC, Wake};
+use super::patch_share;
 use super::plan::{self, Delete, Plan, Why};
 use super::set_finalizers;
 use super::status;
@@ -38,7 +39,7 @@ use crate::bounds::{self, INSTALL_CONFIG};
 use crate::context::events::publish;
 use crate::runtime::api_errors::{is_conflict, is_not_found};
 use crate::runtime::finalizer::Cleanup;
-use crate::runtime::metrics::PoolLabels;
+use crate::runtime::metrics::{Metrics, PoolLabels};
 use crate::runtime::status_writer::apply_status;
 
 type Cdc = ClusterDeploymentCustomization;
@@ -275,7 +276,20 @@ async fn lease_entry(
         let Some(cdc) = executed.fresh.newest(entry, cached.as_ref()) else {
             continue;
         };
-        let patched = match patch(config, config_limit, &cdc).await {
+        if let Err(wait) = ctx.patch_shares.admit(&ns) {
+            // Tried again, the newest generation then, once the namespace's share is back.
+            executed.patch_share_used = Some(patch_share::share_used(&ns, wait));
+            executed.wake.soon(wait);
+            return Ok(None);
+        }
+        let (patched, work) = patch(config, config_limit, &cdc).await;
+        ctx.patch_shares.charge(&ns, work);
+        let metrics = &tenant.shared.metrics;
+        metrics
+            .patch_bytes
+            .get_or_create(&Metrics::tenant(&tenant.name))
+            .inc_by(work);
+        let patched = match patched {
             Ok(patched) => patched,
             Err(error) => {
                 refuse_patches(pool, ctx, &cdc_api, &cdc, error, executed).await?;
@@ -311,21 +325,28 @@ async fn lease_entry(
     Ok(None)
 }
 
-/// The generated `config` with `cdc`'s patches applied, on the blocking pool: tenant-sized work.
-async fn patch(config: &Arc<Value>, config_limit: usize, cdc: &Cdc) -> Result<Value, String> {
+/// The generated `config` with `cdc`'s patches applied, on the blocking pool: tenant-sized work;
+/// and what it cost (the bytes measured after each patch).
+async fn patch(config: &Arc<Value>, config_limit: usize, cdc: &Cdc) -> (Result<Value, String>, u64) {
     let patches = &cdc.spec.install_config_patches;
-    install_config::count_patches(patches)?;
+    if let Err(refused) = install_config::count_patches(patches) {
+        return (Err(refused), 0);
+    }
     let (config, patches) = (config.clone(), patches.clone());
     super::off_the_async_workers(move || {
         let mut patched = Value::clone(&config);
-        install_config::apply_patches(&mut patched, &patches)?;
+        let mut work = 0;
+        if let Err(failed) = install_config::apply_patches_counted(&mut patched, &patches, &mut work) {
+            return (Err(failed), work);
+        }
         // Within the install config's bounds as JSON, it may still be too long as YAML (deep
         // lists) for the Secrets it goes into: refused here, before the lease, as the patches'
         // doing.
         if install_config::to_yaml(&patched, config_limit).is_none() {
-            return Err(bounds::rendered_too_long("the patched install config".into(), config_limit).to_string());
+            let refused = bounds::rendered_too_long("the patched install config".into(), config_limit);
+            return (Err(refused.to_string()), work);
         }
-        Ok(patched)
+        (Ok(patched), work)
     })
     .await
 }

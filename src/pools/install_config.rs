@@ -120,19 +120,28 @@ fn platform_fields(platform: &Platform) -> (Option<&'static str>, Vec<(&'static 
 }
 
 /// Applies `patches` in order. The error names the failing patch (1-based) and how to fix it.
+#[cfg(test)]
+pub(crate) fn apply_patches(config: &mut Value, patches: &[PatchEntity]) -> Result<(), String> {
+    apply_patches_counted(config, patches, &mut 0)
+}
+
+/// Applies `patches` in order, adding to `work` the bytes measured after each one (what the
+/// application cost, charged to the namespace's share). The error names the failing patch
+/// (1-based) and how to fix it.
 ///
 /// The patches are tenant-written, and a few of them can double the document again and again
 /// (`copy` of a value into itself) or nest it deeper one level at a time (`move`): after every
 /// patch the document is measured against the install config's bounds, before the next one can
 /// grow it further. One patch at most doubles the document, so it never gets far past them.
-pub(crate) fn apply_patches(config: &mut Value, patches: &[PatchEntity]) -> Result<(), String> {
+pub(crate) fn apply_patches_counted(config: &mut Value, patches: &[PatchEntity], work: &mut u64) -> Result<(), String> {
     count_patches(patches)?;
     for (index, entity) in patches.iter().enumerate() {
         let number = index + 1;
         let op = to_operation(entity).map_err(|e| format!("patch {number}: {e}"))?;
         json_patch::patch(config, &[op]).map_err(|e| format!("patch {number} ({}): {e}", describe(entity)))?;
-        bounds::measure(config, INSTALL_CONFIG)
+        let measured = bounds::measure(config, INSTALL_CONFIG)
             .map_err(|e| format!("patch {number} ({}) is refused: {e}", describe(entity)))?;
+        *work = work.saturating_add(measured.bytes as u64);
     }
     Ok(())
 }

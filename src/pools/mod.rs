@@ -21,6 +21,7 @@ mod membership;
 mod metrics;
 mod observe;
 mod pass;
+mod patch_share;
 mod plan;
 pub mod pool;
 mod record;

@@ -96,6 +96,8 @@ pub(super) struct Ctx {
     pub(super) refusals: Refusals,
     /// The parsed install-config templates, shared by the pools naming one.
     pub(super) templates: super::templates::Templates,
+    /// What applying CDC patches lately cost each namespace.
+    pub(super) patch_shares: super::patch_share::PatchShares,
 }
 
 /// The caches [`Ctx`] reads.
@@ -123,6 +125,7 @@ impl Ctx {
             written: Written::default(),
             refusals: Mutex::default(),
             templates: super::templates::Templates::default(),
+            patch_shares: super::patch_share::PatchShares::default(),
         }
     }
 
@@ -283,6 +286,8 @@ pub(super) struct Executed {
     pub(super) too_large: Option<String>,
     /// Why a new cluster's machines cannot be placed, found while placing them: no cluster is added.
     pub(super) contradiction: Option<String>,
+    /// The namespace used its share of the work of applying patches: no entry is tried until it is back.
+    pub(super) patch_share_used: Option<String>,
     /// The CDC copies written so far in the pass, these steps' included.
     pub(super) fresh: Fresh,
     pub(super) wake: Wake,

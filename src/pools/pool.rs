@@ -25,6 +25,7 @@ use super::membership::PoolIdentity;
 use super::metrics::record_metrics;
 use super::observe::observe;
 use super::pass::{Caches, Ctx, FIELD_MANAGER, Observed, PoolError, RESYNC, Wake};
+use super::patch_share::NAMESPACE_PATCH_SHARE_USED;
 use super::plan::{self, Plan, Progress};
 use super::repair::{self, Repaired, Scope};
 use super::status;
@@ -344,6 +345,18 @@ async fn announce(pool: &ClusterPool, ctx: &Ctx, previous: &ClusterPoolStatus, s
     {
         warn!(%message, "a document of the pool is past its bound; nothing is built from it");
         publish(tenant, pool, true, DOCUMENT_TOO_LARGE, message).await;
+    }
+    // Told when the wait begins, not for every second it names.
+    let paced = |s: &ClusterPoolStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "CapacityAvailable" && c.reason == NAMESPACE_PATCH_SHARE_USED)
+            .map(|c| c.message.clone())
+    };
+    if let Some(message) = paced(status)
+        && paced(previous).is_none()
+    {
+        publish(tenant, pool, true, NAMESPACE_PATCH_SHARE_USED, message).await;
     }
 }
 

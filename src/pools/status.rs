@@ -13,6 +13,7 @@ use super::buckets::{Bucket, Buckets, Stale, cdc_of};
 use super::judgement::{self, Holder, Judgement};
 use super::lease_state::{self, SUCCEEDED};
 use super::pass::{Executed, Observed};
+use super::patch_share::NAMESPACE_PATCH_SHARE_USED;
 use super::plan::Plan;
 use crate::api::pools::{
     ClusterDeployment, ClusterDeploymentCustomization, ClusterPool, ClusterPoolStatus, FailureDomainStatus,
@@ -309,6 +310,9 @@ fn capacity_available(report: &Report) -> DesiredCondition<'static> {
     }
     if let Some(message) = &report.executed.too_large {
         return condition("CapacityAvailable", false, DOCUMENT_TOO_LARGE, message.clone());
+    }
+    if let Some(message) = &report.executed.patch_share_used {
+        return condition("CapacityAvailable", false, NAMESPACE_PATCH_SHARE_USED, message.clone());
     }
     if let Some(max) = pool.spec.max_size.filter(|m| capacity.live >= i64::from(*m)) {
         return condition(

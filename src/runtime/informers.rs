@@ -28,8 +28,8 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{Store, store::Writer};
+use kube::runtime::watcher::watcher;
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::{WatchStreamExt, watcher::watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
@@ -52,6 +52,8 @@ use report::{HostParentOf, Reporter};
 
 /// Objects per list page: a list holds at most this many objects' JSON in memory at once.
 pub const LIST_PAGE_SIZE: u32 = 50;
+/// CRDs per list page: a package's CRD may be hundreds of KiB as JSON, of which a few are kept.
+pub const CRD_LIST_PAGE_SIZE: u32 = 10;
 
 /// Changes a subscriber may fall behind by before the watch waits for it.
 const SUBSCRIBER_BUFFER: usize = 1024;
@@ -348,16 +350,16 @@ impl Informers {
         self.cache(key, self.parts(false), raw_watch(api, config))
     }
 
-    /// The tenant's CRDs, cached slim (see [`crate::api::crds::slim`]): no size cap, since a
-    /// package's CRDs may be large and only their names, versions and conditions are kept.
+    /// The tenant's CRDs, without their schemas (see [`super::raw_object`]): charged as they are
+    /// kept and never decoded whole, in pages of [`CRD_LIST_PAGE_SIZE`]. No size cap: a package's
+    /// CRDs are bounded by its package, and one left out would hold the work of every install.
     pub fn tenant_crds(&self) -> SharedCache<CustomResourceDefinition> {
-        let api = Api::<CustomResourceDefinition>::all(self.tenant.clone());
-        let config = self.renewed("tenant crds", watcher::Config::default().page_size(LIST_PAGE_SIZE));
-        let events = watcher(api, config)
-            .modify(crate::api::crds::slim)
-            .map(|event| event.map(|event| map_event(event, Incoming::Decoded)))
-            .boxed();
-        self.cache("tenant crds".to_string(), self.parts(false), events)
+        let api = Api::<RawObject<CustomResourceDefinition>>::all(self.tenant.clone());
+        let config = self.renewed("tenant crds", watcher::Config::default());
+        let mut parts = self.parts(false);
+        parts.limits.max_object_bytes = u64::MAX;
+        let events = raw_watch_paged(api, config, CRD_LIST_PAGE_SIZE);
+        self.cache("tenant crds".to_string(), parts, events)
     }
 
     /// This tenant's objects of a kind in its host namespace: malformed and oversized ones are
@@ -438,7 +440,19 @@ fn raw_watch<K>(
 where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
-    watcher(api, config.page_size(LIST_PAGE_SIZE))
+    raw_watch_paged(api, config, LIST_PAGE_SIZE)
+}
+
+/// A watch of raw objects, in pages of `page_size`.
+fn raw_watch_paged<K>(
+    api: Api<RawObject<K>>,
+    config: watcher::Config,
+    page_size: u32,
+) -> BoxStream<'static, Result<Event<Incoming<K>>, watcher::Error>>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    watcher(api, config.page_size(page_size))
         .map(|event| event.map(|event| map_event(event, |raw| Incoming::Raw(Box::new(raw)))))
         .boxed()
 }

@@ -120,6 +120,11 @@ pub struct Metrics {
     pub tenant_objects: Family<TenantObjectLabels, Gauge>,
     /// The daemon's resident memory, read when `/metrics` is asked for.
     pub resident_memory: Gauge,
+    /// Lookups of tenant Secrets objects wait on (paced per Secret and namespace, not per object).
+    pub secret_lookups: Family<TenantLabels, Counter>,
+    /// The work of applying ClusterDeploymentCustomization patches: install-config bytes measured
+    /// after each patch (each namespace's share of it is bounded).
+    pub patch_bytes: Family<TenantLabels, Counter>,
 }
 
 fn duration_histogram() -> Histogram {
@@ -225,8 +230,22 @@ impl Metrics {
             "Resident memory of the daemon process",
             resident_memory.clone(),
         );
+        let secret_lookups = Family::<TenantLabels, Counter>::default();
+        registry.register(
+            "secret_lookups",
+            "Lookups of tenant Secrets that objects wait on (at most 10 per namespace per interval)",
+            secret_lookups.clone(),
+        );
+        let patch_bytes = Family::<TenantLabels, Counter>::default();
+        registry.register(
+            "patch_bytes",
+            "Install-config bytes measured after each ClusterDeploymentCustomization patch applied (the work patches cost)",
+            patch_bytes.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
+            secret_lookups,
+            patch_bytes,
             shard_tenants,
             shard_unserved_tenants,
             tenant_objects,
@@ -303,6 +322,8 @@ impl Metrics {
     pub fn remove_tenant(&self, tenant: &str) {
         self.tenant_up.remove(&Metrics::tenant(tenant));
         self.tenant_cached_bytes.remove(&Metrics::tenant(tenant));
+        self.secret_lookups.remove(&Metrics::tenant(tenant));
+        self.patch_bytes.remove(&Metrics::tenant(tenant));
         self.clear_down_causes(tenant);
         self.clear_tenant_suspended(tenant);
         for kind in COUNTED_KINDS {

@@ -14,6 +14,12 @@
 //! transform does): no controller reads it from a cache, and on a real API server it is often a
 //! third of an object's JSON, decoded and kept for every cached object and every watch event. The
 //! status writer, which does need it, reads it from the answer to its own write.
+//!
+//! A CustomResourceDefinition loses its per-version `schema` and kubectl's last-applied copy too:
+//! they are most of its size (a typed schema decodes to many times its JSON), and no controller
+//! reads them from the cache (specs are compared by `crate::api::crds::SPEC_HASH_ANNOTATION`). So
+//! what the CRD cache keeps is measured, and charged, as it is kept, and a package's schemas are
+//! never decoded by a watch at all.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -59,7 +65,10 @@ pub struct RawObject<K> {
 
 impl<K> RawObject<K> {
     /// Reads `json` (tests, and objects read by other means than a watch).
-    pub fn from_json(json: &[u8]) -> serde_json::Result<RawObject<K>> {
+    pub fn from_json(json: &[u8]) -> serde_json::Result<RawObject<K>>
+    where
+        K: Resource<DynamicType = ()>,
+    {
         serde_json::from_slice(json)
     }
 
@@ -118,16 +127,18 @@ impl<K: Resource> Resource for RawObject<K> {
     }
 }
 
-impl<'de, K> Deserialize<'de> for RawObject<K> {
+impl<'de, K: Resource<DynamicType = ()>> Deserialize<'de> for RawObject<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let mut json = Vec::new();
         let mut footprint = Footprint::default();
         let mut metadata_span = None;
+        let crd = K::group(&()) == "apiextensions.k8s.io" && K::kind(&()) == "CustomResourceDefinition";
         Transcode {
             out: &mut json,
             footprint: &mut footprint,
             at: Position::Object,
             metadata_span: &mut metadata_span,
+            crd,
         }
         .deserialize(deserializer)?;
         if json.first() != Some(&b'{') {
@@ -157,27 +168,50 @@ struct Transcode<'a> {
     at: Position,
     /// Where the object's `metadata` was written in `out`.
     metadata_span: &'a mut Option<Range<usize>>,
+    /// The object is a CRD: its schemas and last-applied copy are left out.
+    crd: bool,
 }
 
-/// Where in the object a value is: its `metadata` loses its `managedFields`.
+/// Where in the object a value is: its `metadata` loses its `managedFields`; a CRD's versions lose
+/// their `schema`, its annotations kubectl's last-applied copy.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Position {
     Object,
     Metadata,
+    Annotations,
+    Spec,
+    Versions,
+    Version,
     Within,
 }
 
-impl Transcode<'_> {
-    fn again(&mut self) -> Transcode<'_> {
-        self.at(Position::Within)
-    }
+/// What a CRD's cached copy leaves out of its annotations.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
+impl Position {
+    /// Where the value of `key` in a mapping at this position is (`None`: left out).
+    fn of(self, key: &str, crd: bool) -> Option<Position> {
+        match (self, key) {
+            (Position::Metadata, "managedFields") => None,
+            (Position::Object, "metadata") => Some(Position::Metadata),
+            (Position::Metadata, "annotations") if crd => Some(Position::Annotations),
+            (Position::Annotations, LAST_APPLIED) => None,
+            (Position::Object, "spec") if crd => Some(Position::Spec),
+            (Position::Spec, "versions") => Some(Position::Versions),
+            (Position::Version, "schema") => None,
+            _ => Some(Position::Within),
+        }
+    }
+}
+
+impl Transcode<'_> {
     fn at(&mut self, at: Position) -> Transcode<'_> {
         Transcode {
             out: self.out,
             footprint: self.footprint,
             at,
             metadata_span: self.metadata_span,
+            crd: self.crd,
         }
     }
 
@@ -263,7 +297,11 @@ impl<'de> Visitor<'de> for Transcode<'_> {
             if !first {
                 self.out.push(b',');
             }
-            if seq.next_element_seed(self.again())?.is_none() {
+            let at = match self.at {
+                Position::Versions => Position::Version,
+                _ => Position::Within,
+            };
+            if seq.next_element_seed(self.at(at))?.is_none() {
                 self.out.truncate(mark);
                 break;
             }
@@ -278,22 +316,20 @@ impl<'de> Visitor<'de> for Transcode<'_> {
         self.out.push(b'{');
         let mut first = true;
         while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-            if self.at == Position::Metadata && key == "managedFields" {
+            let Some(at) = self.at.of(&key, self.crd) else {
                 map.next_value::<de::IgnoredAny>()?;
                 continue;
-            }
+            };
             if !first {
                 self.out.push(b',');
             }
             first = false;
             self.string(&key);
             self.out.push(b':');
-            if self.at == Position::Object && key == "metadata" {
-                let start = self.out.len();
-                map.next_value_seed(self.at(Position::Metadata))?;
+            let start = self.out.len();
+            map.next_value_seed(self.at(at))?;
+            if at == Position::Metadata {
                 *self.metadata_span = Some(start..self.out.len());
-            } else {
-                map.next_value_seed(self.again())?;
             }
         }
         self.out.push(b'}');
@@ -340,6 +376,37 @@ mod tests {
         let only = json!({"metadata": {"managedFields": [entry]}});
         let raw = RawObject::<ConfigMap>::from_json(&serde_json::to_vec(&only).unwrap()).unwrap();
         assert_eq!(raw.json, br#"{"metadata":{}}"#);
+    }
+
+    #[test]
+    fn a_crd_is_kept_and_measured_without_its_schemas_and_last_applied_copy() {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        let text = include_str!("../../crds/pools.stackd.dev_clusterpools.yaml");
+        let mut crd: serde_json::Value = serde_saphyr::from_str(text).unwrap();
+        crd["metadata"]["annotations"] = json!({LAST_APPLIED: text, "kept": "yes"});
+        let full = serde_json::to_vec(&crd).unwrap();
+        let raw = RawObject::<CustomResourceDefinition>::from_json(&full).unwrap();
+        let kept = raw.decode().unwrap();
+        assert!(!kept.spec.versions.is_empty());
+        assert!(
+            kept.spec.versions.iter().all(|v| v.schema.is_none()),
+            "no schema is kept"
+        );
+        let annotations = kept.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(annotations.keys().collect::<Vec<_>>(), ["kept"]);
+        assert_eq!(raw.metadata.annotations, kept.metadata.annotations);
+        assert_eq!(kept.spec.names.kind, "ClusterPool");
+        // Charged what is kept, not what came: within a small factor of the kept copy's JSON.
+        let kept_json = serde_json::to_vec(&kept).unwrap().len() as u64;
+        let charged = raw.footprint.bytes();
+        assert!(
+            charged >= kept_json && charged < 10 * kept_json,
+            "{charged} for {kept_json}"
+        );
+        assert!(raw.json.len() * 20 < full.len(), "{} of {}", raw.json.len(), full.len());
+        // Another kind keeps fields of those names.
+        let other = RawObject::<ConfigMap>::from_json(&full).unwrap();
+        assert_eq!(other.json.len(), full.len());
     }
 
     #[test]

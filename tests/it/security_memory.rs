@@ -6,7 +6,8 @@
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use stackd::embedded::samples::{SampleImages, register_sample_runners};
@@ -299,4 +300,79 @@ fn stackd_host_kinds() -> Vec<kube::api::ApiResource> {
         kube::api::ApiResource::erase::<Job>(&()),
         kube::api::ApiResource::erase::<Secret>(&()),
     ]
+}
+
+/// `stackd_tenant_cached_bytes` of `acme` (0 while it has none).
+fn cached_bytes(daemon: &Daemon) -> u64 {
+    let needle = "stackd_tenant_cached_bytes{tenant=\"acme\"} ";
+    daemon
+        .http_get("/metrics")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix(needle).and_then(|n| n.trim().parse().ok()))
+        .unwrap_or(0)
+}
+
+/// A real CRD (stackd's ClusterPool) in group `g<i>.example.com`, its schema's `spec` copied under
+/// `extra` more names (about 14 KiB each).
+fn package_crd(i: usize, extra: usize) -> CustomResourceDefinition {
+    let text = include_str!("../../crds/pools.stackd.dev_clusterpools.yaml");
+    let mut crd: Value = serde_saphyr::from_str(text).expect("crd yaml");
+    let group = format!("g{i}.example.com");
+    crd["metadata"] = json!({"name": format!("clusterpools.{group}")});
+    crd["spec"]["group"] = json!(group);
+    let properties = &mut crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"];
+    let spec = properties["spec"].clone();
+    for n in 0..extra {
+        properties[format!("spec{n}")] = spec.clone();
+    }
+    serde_json::from_value(crd).expect("crd")
+}
+
+/// Issue 51: 6 installs' 168 CRDs grew the daemon by 99 MiB while its tenant was charged 0.49 MB:
+/// the CRD cache was charged nothing, and a watch decoded every CRD's schemas whole before
+/// dropping them. Each CRD kept is now charged, and a daemon that lists 100 CRDs of ~130 KiB
+/// grows by no more than twice what they are charged (plus a relist's page).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_crds_a_tenant_serves_are_charged_what_the_daemon_keeps_of_them() {
+    const CRDS: usize = 100;
+    /// A relist's page of 10 CRDs as JSON, what the daemon's start and a reading of them leave
+    /// (measured: 4 MiB; the CRDs decoded whole before grew it by 118 MiB).
+    const SLACK: u64 = 12 << 20;
+    let fleet = Fleet::start(&["acme"]).await;
+    let tenant = fleet.tenant_server("acme").client().await;
+    crate::harness::install_crds(&tenant).await;
+    let first = daemon(&fleet, &[]);
+    first
+        .wait_for("/metrics", "stackd_tenant_up{tenant=\"acme\"} 1", WITHIN)
+        .await;
+    let charged_before = cached_bytes(&first);
+    let crds = Api::<CustomResourceDefinition>::all(tenant.clone());
+    for i in 0..CRDS {
+        crds.create(&PostParams::default(), &package_crd(i, 7))
+            .await
+            .expect("create crd");
+    }
+    until("every CRD kept is charged", WITHIN, &first, || async {
+        cached_bytes(&first) >= charged_before + CRDS as u64 * 1024
+    })
+    .await;
+    let charged = cached_bytes(&first) - charged_before;
+    let baseline = first.peak_resident_bytes().expect("the daemon's memory");
+    drop(first);
+
+    // A daemon started with the CRDs there reads them in pages as it starts.
+    let second = daemon(&fleet, &[]);
+    until("the restarted daemon charges them again", WITHIN, &second, || async {
+        cached_bytes(&second) >= charged_before + charged * 9 / 10
+    })
+    .await;
+    let peak = second.peak_resident_bytes().expect("the daemon's memory");
+    let growth = peak.saturating_sub(baseline);
+    assert!(
+        growth <= 2 * charged + SLACK,
+        "listing {CRDS} CRDs grew the daemon's peak by {:.1} MiB; they are charged {:.1} MiB",
+        mib(growth),
+        mib(charged)
+    );
 }

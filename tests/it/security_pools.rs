@@ -942,3 +942,91 @@ async fn event_versions(tenant: &Client, name: &str) -> Vec<(String, u64)> {
     seen.sort_by_key(|(_, v)| *v);
     seen
 }
+
+/// 100 patches that add a 400 KiB subtree and copy it and drop the copy 49 times, then fail their
+/// last `test` (the customization stays unleased, so every edit would be applied in full again).
+fn heavy_patches(edit: &str) -> Value {
+    let big: Vec<String> = (0..40).map(|i| format!("{i}{}", "x".repeat(10 * 1024))).collect();
+    let mut patches = vec![json!({"op": "add", "path": "/big", "value": big})];
+    for _ in 0..49 {
+        patches.push(json!({"op": "copy", "from": "/big", "path": "/c"}));
+        patches.push(json!({"op": "remove", "path": "/c"}));
+    }
+    patches.push(json!({"op": "test", "path": "/metadata/name", "value": edit}));
+    Value::Array(patches)
+}
+
+/// The generation the CDC's `ApplySucceeded=False/BrokenBySyntax` was reached at, if it is so.
+async fn broken_at(tenant: &Client, name: &str) -> Option<i64> {
+    let cdc = crate::pools::cdc(tenant, name).await;
+    let conditions = cdc.status.map(|s| s.conditions).unwrap_or_default();
+    let broken = conditions
+        .iter()
+        .find(|c| c.type_ == "ApplySucceeded" && c.reason == "BrokenBySyntax")?;
+    broken.observed_generation
+}
+
+/// Issue 51: every bound on size holds for one application of a customization's patches, but each
+/// edit paid for a full one again (8 such CDCs edited 4 times a second took 1.2 cores). A namespace
+/// past its share of the work of applying patches waits, its pool saying so
+/// (`CapacityAvailable=False`/NamespacePatchShareUsed and an Event); the edit is applied once the
+/// share is back, and another namespace's pool fills from its inventory meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_editing_heavy_customizations_waits_for_its_patch_share_and_others_do_not() {
+    let (fleet, tenant) = setup().await;
+    crate::pools::create_cdc(&tenant, "heavy", heavy_patches("first")).await;
+    create_pool(&tenant, pool_json("p", 1, Some(&["heavy"]))).await;
+    pool_namespace(&tenant, "other").await;
+    let daemon = daemon(&fleet, &[]);
+    until("the heavy customization refused", WITHIN, &daemon, || async {
+        broken_at(&tenant, "heavy").await == Some(1)
+    })
+    .await;
+
+    let edit = json!({"spec": {"installConfigPatches": heavy_patches("second")}});
+    crate::pools::cdcs(&tenant)
+        .patch("heavy", &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .expect("edit heavy");
+    until("the pool waits for its namespace's share", WITHIN, &daemon, || async {
+        crate::pools::pool_condition(&pool(&tenant, "p").await, "CapacityAvailable").is_some_and(|(s, r, m)| {
+            s == "False" && r == "NamespacePatchShareUsed" && m.contains("Namespace team used its share")
+        })
+    })
+    .await;
+    until("an Event says so", WITHIN, &daemon, || async {
+        events(&tenant, NS, "p")
+            .await
+            .iter()
+            .any(|(r, _)| r == "NamespacePatchShareUsed")
+    })
+    .await;
+
+    let mut victim = pool_json("v", 1, Some(&["light"]));
+    victim["metadata"]["namespace"] = json!("other");
+    let light: stackd::api::pools::ClusterDeploymentCustomization = serde_json::from_value(json!({
+        "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterDeploymentCustomization",
+        "metadata": {"name": "light", "namespace": "other"},
+        "spec": {"installConfigPatches": [{"op": "replace", "path": "/metadata/name", "value": "light"}]},
+    }))
+    .expect("cdc");
+    Api::<stackd::api::pools::ClusterDeploymentCustomization>::namespaced(tenant.clone(), "other")
+        .create(&PostParams::default(), &light)
+        .await
+        .expect("light");
+    create_pool_in(&tenant, "other", victim).await;
+    until(
+        "another namespace's pool fills from its inventory",
+        WITHIN,
+        &daemon,
+        || other_ready(&tenant, &["v"]),
+    )
+    .await;
+    until(
+        "the edit is applied once the share is back",
+        WITHIN,
+        &daemon,
+        || async { broken_at(&tenant, "heavy").await == Some(2) },
+    )
+    .await;
+}

@@ -8,6 +8,7 @@
 //! (`reach`); the managed cluster is talked to in the background (`remote`), never while a
 //! reconcile waits.
 
+mod awaited;
 mod plan;
 mod reach;
 mod remote;
@@ -26,8 +27,10 @@ use kube::{Api, ResourceExt};
 use serde_json::Value;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::warn;
 
+use self::awaited::{AwaitedSecrets, Lookups};
 use self::plan::{DELIVERED_TO_ANNOTATION, Delivery, Detach, HostReport, Snapshot, Step};
 use self::remote::{Intent, Outcome, Poll, RemoteWork, cluster_at_fault};
 use super::delivery;
@@ -74,6 +77,8 @@ struct Ctx {
     remote: RemoteWork,
     /// Clusters too large to cache: not destroyed ones (see `runtime::informers::refusals`).
     refused_cds: Refusals,
+    /// Credentials Secrets assets wait on, looked at again once per Secret, not per asset.
+    awaited: Arc<AwaitedSecrets>,
 }
 
 /// Runs the controller until `cancel` fires.
@@ -83,12 +88,21 @@ pub(crate) async fn run(context: Arc<TenantContext>, cancel: CancellationToken) 
     // The pool controller's watch of its clusters' namespaces, shared.
     let namespaces = context.caches.tenant::<Namespace>(POOL_NAME_LABEL);
     let (wake, woken) = tokio::sync::mpsc::unbounded_channel();
+    let awaited = Arc::new(AwaitedSecrets::default());
+    let lookups = Lookups {
+        tenant: context.clone(),
+        assets: assets.store(),
+        wake: wake.clone(),
+    };
+    let interval = credentials_recheck(&context);
+    let _lookups = AbortOnDropHandle::new(tokio::spawn(awaited.clone().run(lookups, interval, cancel.clone())));
     let ctx = Arc::new(Ctx {
         tenant: context.clone(),
         cds: cds.store(),
         namespaces: namespaces.store(),
         remote: RemoteWork::new(context.shared.settings.backoff, wake, cancel.child_token()),
         refused_cds: cds.refusals(),
+        awaited,
     });
     let (assets_of_cd, assets_of_namespace) = (assets.store(), assets.store());
     Scaffold::new(CONTROLLER, context, &assets)
@@ -176,7 +190,8 @@ async fn patch_metadata(
     }
 }
 
-/// Tenant Secrets are not watched (there are too many): how soon to look at the credentials again.
+/// Tenant Secrets are not watched (there are too many): how often the Secrets assets wait on are
+/// looked at again (`awaited`).
 fn credentials_recheck(tenant: &TenantContext) -> Duration {
     let settings = &tenant.shared.settings;
     settings.backoff.base.saturating_mul(10).min(Duration::from_secs(30))
@@ -192,7 +207,11 @@ async fn report(
 ) -> Result<Action, AssetError> {
     let credentials = observe_credentials(asset, ctx).await?;
     adopt_credentials(asset, &credentials).await?;
-    let mut requeue = (!credentials.verdict.ok).then(|| credentials_recheck(&ctx.tenant));
+    if !credentials.verdict.ok {
+        // The lookups of `awaited` wake the asset when the Secret changes.
+        await_credentials(asset, ctx, credentials.secret.as_ref());
+    }
+    let mut requeue = None;
     let host = match plan::delivery(snapshot, credentials.verdict.ok) {
         Delivery::NoCluster => None,
         Delivery::Held(host) => Some(host),
@@ -200,7 +219,7 @@ async fn report(
         Delivery::Deliver { cluster, cd } => match deliver(asset, ctx, cd, cluster, credentials.secret.as_ref()) {
             None => return Ok(Action::await_change()),
             Some((host, after)) => {
-                requeue = Some(after);
+                requeue = after;
                 Some(host)
             }
         },
@@ -224,12 +243,16 @@ struct Credentials {
     secrets: Api<Secret>,
 }
 
-/// Reads the credentials Secret (tenant Secrets are not cached: there are too many).
+/// Reads the credentials Secret (tenant Secrets are not cached: there are too many), unless it is
+/// known to be missing.
 async fn observe_credentials(asset: &BareMetalAsset, ctx: &Ctx) -> Result<Credentials, AssetError> {
     let namespace = asset.namespace().unwrap_or_default();
     let secrets = Api::<Secret>::namespaced(ctx.tenant.client.clone(), &namespace);
     let name = &asset.spec.bmc.credentials_name;
-    let secret = secrets.get_opt(name).await?;
+    let secret = match ctx.awaited.known_missing(&namespace, name) {
+        true => None,
+        false => secrets.get_opt(name).await?,
+    };
     let limits = &ctx.tenant.shared.settings.document_limits;
     let verdict = plan::credentials(secret.as_ref(), name, &namespace, limits);
     Ok(Credentials {
@@ -237,6 +260,14 @@ async fn observe_credentials(asset: &BareMetalAsset, ctx: &Ctx) -> Result<Creden
         verdict,
         secrets,
     })
+}
+
+/// The asset waits for its credentials Secret, as read (`None`: missing), to change.
+fn await_credentials(asset: &BareMetalAsset, ctx: &Ctx, secret: Option<&Secret>) {
+    let version = secret.and_then(|s| s.metadata.resource_version.clone());
+    let namespace = asset.namespace().unwrap_or_default();
+    ctx.awaited
+        .await_change(&namespace, &asset.spec.bmc.credentials_name, version);
 }
 
 /// Makes the asset the credentials Secret's owner when the plan says so.
@@ -274,14 +305,14 @@ async fn write_report(
 }
 
 /// The delivery of the host to the installed cluster: what to report and when to look again once
-/// it ended; `None` while it runs (it was started now, or earlier).
+/// it ended (`None`: at a change); `None` while it runs (it was started now, or earlier).
 fn deliver(
     asset: &BareMetalAsset,
     ctx: &Ctx,
     cd: &ClusterDeployment,
     cluster: &str,
     secret: Option<&Secret>,
-) -> Option<(HostReport, Duration)> {
+) -> Option<(HostReport, Option<Duration>)> {
     let secret_version = secret.and_then(|s| s.metadata.resource_version.clone());
     let intent = Intent {
         detach: false,
@@ -306,16 +337,22 @@ fn deliver(
     let name = asset.name_any();
     match ctx.remote.poll(ObjectRef::from_obj(asset), intent, start) {
         Poll::Running => None,
-        Poll::ClusterBackingOff { failures, left } => Some((plan::backing_off(asset, cluster, failures), left)),
+        Poll::ClusterBackingOff { failures, left } => Some((plan::backing_off(asset, cluster, failures), Some(left))),
         Poll::Done(outcome) => {
-            let after = after_delivery(asset, ctx, cluster, &outcome);
+            let after = after_delivery(asset, ctx, cluster, &outcome, secret);
             Some((plan::delivered(&outcome, &name, cluster), after))
         }
     }
 }
 
-/// When to look at a delivered asset again.
-fn after_delivery(asset: &BareMetalAsset, ctx: &Ctx, cluster: &str, outcome: &Outcome) -> Duration {
+/// When to look at a delivered asset again (`None`: when its credentials change).
+fn after_delivery(
+    asset: &BareMetalAsset,
+    ctx: &Ctx,
+    cluster: &str,
+    outcome: &Outcome,
+    secret: Option<&Secret>,
+) -> Option<Duration> {
     let tenant = &ctx.tenant;
     let key = format!(
         "bma-delivery/{}/{}",
@@ -325,15 +362,16 @@ fn after_delivery(asset: &BareMetalAsset, ctx: &Ctx, cluster: &str, outcome: &Ou
     match outcome {
         Ok(true) => {
             tenant.object_backoff.succeeded(&key);
-            // The credentials may change: they are propagated on the recheck.
-            credentials_recheck(tenant)
+            // The credentials may change: they are propagated when they do.
+            await_credentials(asset, ctx, secret);
+            None
         }
-        Ok(false) => Duration::from_millis(500),
+        Ok(false) => Some(Duration::from_millis(500)),
         // The cluster's own backoff, shared by all its assets, grows with every failure.
-        Err(err) if cluster_at_fault(err) => cluster_retry(ctx, cluster, err),
+        Err(err) if cluster_at_fault(err) => Some(cluster_retry(ctx, cluster, err)),
         Err(err) => {
             let logged = (tenant.name.as_str(), "baremetalasset-delivery", key.as_str());
-            retry::after_failure(&tenant.object_backoff, &key, logged, err)
+            Some(retry::after_failure(&tenant.object_backoff, &key, logged, err))
         }
     }
 }

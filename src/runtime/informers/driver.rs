@@ -29,8 +29,8 @@ const DECODE_INLINE_MAX: usize = 64 * 1024;
 /// What a refused object is charged (its record), so that floods of them count too.
 const REFUSAL_BYTES: u64 = 512;
 
-/// An object as a watch brings it: raw JSON to measure and decode, or decoded already (the slim
-/// CRD cache, caches fed by tests).
+/// An object as a watch brings it: raw JSON to measure and decode, or decoded already (caches fed
+/// by tests).
 pub enum Incoming<K> {
     Raw(Box<RawObject<K>>),
     Decoded(K),
