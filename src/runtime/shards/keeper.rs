@@ -341,9 +341,15 @@ impl Keeper {
         if !due {
             return;
         }
+        // Ours as last stored, else as the watch shows it (an earlier create whose answer was lost,
+        // which a create again would find taken for ever), else a new one.
         let mut lease = match &self.member {
             Some(member) => member.lease.clone(),
-            None => self.new_lease(&name),
+            None => self
+                .seen
+                .get(&name)
+                .map(|observed| observed.lease.clone())
+                .unwrap_or_else(|| self.new_lease(&name)),
         };
         let create = lease.metadata.resource_version.is_none();
         stamp(&mut lease, &self.settings, create);
