@@ -246,7 +246,7 @@ fn unanswered_by(cause: &Cause) -> Option<&'static str> {
 }
 
 /// True when `pod` is controlled by the Job with `job_uid`.
-fn made_by(pod: &Pod, job_uid: &str) -> bool {
+pub(super) fn made_by(pod: &Pod, job_uid: &str) -> bool {
     pod.owner_references()
         .iter()
         .any(|o| o.controller == Some(true) && o.kind == "Job" && o.api_version == "batch/v1" && o.uid == job_uid)
