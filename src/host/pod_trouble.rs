@@ -5,8 +5,12 @@
 //! condition): never a pod's spec, env or args, so no host secret can reach the tenant. What comes
 //! from the host is cut to [`MAX_POD_MESSAGE_BYTES`] before it is put in a message.
 
+use std::sync::Arc;
+
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::host::labels::TENANT_LABEL;
 use crate::host::names::label_value;
@@ -116,6 +120,39 @@ impl PodTrouble {
     pub fn describe(&self, image_field: &str) -> String {
         format!("{} ({})", self.advice(image_field), self.said())
     }
+}
+
+/// True when `pod` is controlled by the Job with `job_uid` (a label alone proves nothing: whoever
+/// may create pods in the host namespace can set it).
+pub fn made_by_job(pod: &Pod, job_uid: &str) -> bool {
+    pod.owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && o.kind == "Job" && o.api_version == "batch/v1" && o.uid == job_uid)
+}
+
+/// The trouble of the newest unfinished pod `job` made, from a pod cache.
+pub fn of_job(pods: &Store<Pod>, job: &Job) -> Option<PodTrouble> {
+    let uid = job.metadata.uid.as_deref()?;
+    let pods = pods.state();
+    let finished = |pod: &Pod| {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        matches!(phase, Some("Succeeded" | "Failed"))
+    };
+    let newest = pods
+        .iter()
+        .filter(|pod| made_by_job(pod, uid) && !finished(pod))
+        .max_by_key(|pod| pod.metadata.creation_timestamp.clone().map(|t| t.0))?;
+    PodTrouble::of(newest)
+}
+
+/// The cached Job that controls `pod`, for waking the Job's tenant object on a pod's event.
+pub fn job_of(jobs: &Store<Job>, pod: &Pod) -> Option<Arc<Job>> {
+    let owner = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "Job" && o.api_version == "batch/v1")?;
+    let job = jobs.get(&ObjectRef::new(&owner.name).within(&pod.namespace().unwrap_or_default()))?;
+    (job.metadata.uid.as_deref() == Some(owner.uid.as_str())).then_some(job)
 }
 
 fn container_trouble(pod: &str, container: &ContainerStatus) -> Option<PodTrouble> {

@@ -285,7 +285,7 @@ async fn run_kind<K: InstallKind>(
         })
         // What the kubelet says of an install Job's pod is the install's status.
         .watches(&pods, move |pod| {
-            pod_wait::job_of(&pod_jobs, pod.as_ref()).and_then(|job| install_of::<K>(job.as_ref()))
+            crate::host::pod_trouble::job_of(&pod_jobs, pod.as_ref()).and_then(|job| install_of::<K>(job.as_ref()))
         })
         // By name, not owner reference: a Stack at the install's name that another controls, or
         // one whose owner reference was removed, concerns the install as much as its own.

@@ -7,18 +7,15 @@
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
 
 use super::job_lifecycle::{Failure, retry};
 use super::object::{Reconciled, Report};
-use super::output::made_by;
 use super::{InstallContext, InstallError, InstallKind, SAFETY_NET};
 use crate::api::common::HostObjectRef;
 use crate::host::Parent;
-use crate::host::pod_trouble::{PodTrouble, TroubleKind};
+use crate::host::pod_trouble::{self, TroubleKind};
 
 /// `Ready=False` while the install Job's pod does not start (a Warning Event per change).
 pub const INSTALL_POD_WAITING: &str = "InstallPodWaiting";
@@ -33,7 +30,7 @@ pub(super) async fn not_starting<K: InstallKind>(
     observed: &Job,
     attempt: u32,
 ) -> Result<Option<Reconciled>, InstallError> {
-    let Some(trouble) = trouble_of(ctx, observed) else {
+    let Some(trouble) = pod_trouble::of_job(&ctx.pods, observed) else {
         return Ok(None);
     };
     let job_name = observed.name_any();
@@ -87,20 +84,6 @@ pub(super) async fn not_starting<K: InstallKind>(
     Ok(Some((Action::requeue(left), Some(report))))
 }
 
-/// The trouble of the newest unfinished pod the install Job made, from the host pod cache.
-fn trouble_of(ctx: &InstallContext, job: &Job) -> Option<PodTrouble> {
-    let uid = job.metadata.uid.as_deref()?;
-    let pods = ctx.pods.state();
-    let mut own: Vec<_> = pods.iter().filter(|pod| made_by(pod, uid) && !finished(pod)).collect();
-    own.sort_by_key(|pod| pod.metadata.creation_timestamp.clone().map(|t| t.0));
-    PodTrouble::of(own.last()?)
-}
-
-fn finished(pod: &Pod) -> bool {
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-    matches!(phase, Some("Succeeded" | "Failed"))
-}
-
 fn ready_reason<K: InstallKind>(install: &K) -> Option<&str> {
     let conditions = &install.install_status()?.conditions;
     let ready = conditions.iter().find(|c| c.type_ == "Ready")?;
@@ -109,14 +92,4 @@ fn ready_reason<K: InstallKind>(install: &K) -> Option<&str> {
 
 fn observed_generation<K: InstallKind>(install: &K) -> Option<i64> {
     install.install_status()?.observed_generation
-}
-
-/// The install Job a host pod belongs to (its controller), when the cache holds that Job.
-pub(super) fn job_of(jobs: &kube::runtime::reflector::Store<Job>, pod: &Pod) -> Option<std::sync::Arc<Job>> {
-    let owner = pod
-        .owner_references()
-        .iter()
-        .find(|o| o.controller == Some(true) && o.kind == "Job" && o.api_version == "batch/v1")?;
-    let job = jobs.get(&ObjectRef::new(&owner.name).within(&pod.namespace().unwrap_or_default()))?;
-    (job.metadata.uid.as_deref() == Some(owner.uid.as_str())).then_some(job)
 }
