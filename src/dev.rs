@@ -303,6 +303,7 @@ async fn run_daemon(
         lease_min_age: Duration::from_secs(10),
         managed_cluster_timeout: Duration::from_secs(15),
         installer_deadline: Duration::from_secs(3 * 60 * 60),
+        pull_failure_grace: Duration::from_secs(3 * 60),
         namespace_max_pools: 50,
         namespace_max_clusters: 100,
         sweep_interval: Duration::from_secs(60),

@@ -217,6 +217,11 @@ struct RunArgs {
     /// 30 to 60 for bootstrap, 40 for the cluster to initialize, plus creating the infrastructure).
     #[arg(long, default_value = "3h", value_parser = humantime::parse_duration, value_name = "DURATION")]
     installer_deadline: Duration,
+    /// How long an install Job's pod may fail to pull its package image (`ErrImagePull`,
+    /// `ImagePullBackOff`) before the install fails with reason PackagePullFailed and its Job is
+    /// made again with backoff: a registry that was briefly away is waited out, a wrong image is not.
+    #[arg(long, default_value = "3m", value_parser = humantime::parse_duration, value_name = "DURATION")]
+    pull_failure_grace: Duration,
     /// ClusterPools served per tenant namespace, the oldest first; the newer ones get
     /// `CapacityAvailable=False` (reason TooManyPools) and create nothing. 0 means no limit. A
     /// team's pools are a handful (one per platform or version); the limit keeps one namespace from
@@ -631,6 +636,7 @@ async fn run(args: RunArgs) -> ExitCode {
         lease_min_age: args.lease_min_age,
         managed_cluster_timeout: args.managed_cluster_timeout,
         installer_deadline: args.installer_deadline,
+        pull_failure_grace: args.pull_failure_grace,
         namespace_max_pools: args.namespace_max_pools,
         namespace_max_clusters: args.namespace_max_clusters,
         sweep_interval: args.sweep_interval,

@@ -72,6 +72,9 @@ pub struct DaemonSettings {
     pub managed_cluster_timeout: Duration,
     /// `activeDeadlineSeconds` of every installer Job, install and destroy (`--installer-deadline`).
     pub installer_deadline: Duration,
+    /// How long an install Job's pod may fail to pull its package image before the install says it
+    /// failed (`PackagePullFailed`) and retries with backoff (`--pull-failure-grace`).
+    pub pull_failure_grace: Duration,
     /// ClusterPools served per tenant namespace, the oldest first; 0 for no limit
     /// (`--namespace-max-pools`).
     pub namespace_max_pools: usize,

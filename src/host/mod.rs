@@ -10,6 +10,7 @@ pub mod namespace;
 pub mod namespace_watch;
 pub mod network_policy;
 pub mod ownership;
+pub mod pod_trouble;
 pub mod purge;
 pub mod quota;
 pub mod quota_share;

@@ -380,6 +380,24 @@ impl Informers {
         self.cache(key, self.parts(true), raw_watch(api, config))
     }
 
+    /// This tenant's objects of a kind in its host namespace selected by `labels` instead of
+    /// stackd's own: the pods a Job or Deployment makes carry only their template's labels.
+    pub fn host_selected<K>(&self, labels: &str) -> SharedCache<K>
+    where
+        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+            + Clone
+            + Debug
+            + DeserializeOwned
+            + Send
+            + Sync
+            + 'static,
+    {
+        let key = format!("host {}/{} {labels}", K::api_version(&()), K::plural(&()));
+        let api = Api::<RawObject<K>>::namespaced(self.host.clone(), &self.host_namespace);
+        let config = self.renewed(&key, selected(labels));
+        self.cache(key, self.parts(true), raw_watch(api, config))
+    }
+
     /// `config` with its watch's server-side timeout spread by tenant and cache: a watch is
     /// renewed when it times out, and a replica's tenants, started together, would otherwise
     /// renew every watch in the same second every 290 s (client-go's reflector picks its

@@ -17,7 +17,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use stackd::api::inventory::BareMetalAsset;
 use stackd::api::pools::{ClusterDeployment, ClusterHost, ClusterPool, HostRole};
-use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
+use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome, PodFault};
 
 use crate::harness::{Fleet, holds_for, until, wait_until};
 use crate::pools::{
@@ -778,6 +778,52 @@ async fn an_installer_past_its_deadline_is_stopped_and_counted_as_a_failed_attem
     })
     .await;
     assert_eq!(retried.spec.and_then(|s| s.active_deadline_seconds), Some(2));
+}
+
+const UNPULLABLE_INSTALLER: &str = "quay.io/example/no-such-installer:1";
+
+/// An installer image that cannot be pulled: the cluster says so, with what to do and a Warning
+/// Event, instead of "Installer Job … is running" (issue 52).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_installer_image_that_cannot_be_pulled_is_in_the_cluster_s_status() {
+    let (fleet, tenant) = setup().await;
+    fleet
+        .host()
+        .runners()
+        .fault(ImageMatch::Exact(UNPULLABLE_INSTALLER.into()), PodFault::Unpullable);
+    create_pool(&tenant, installer_pool("typo", UNPULLABLE_INSTALLER)).await;
+    let daemon = daemon(&fleet, &[]);
+    let name = first_cluster(&tenant, "typo", &daemon).await;
+    until(
+        "the cluster saying the installer image cannot be pulled",
+        WITHIN,
+        &daemon,
+        || async {
+            cluster(&tenant, &name, &name).await.is_some_and(|cd| {
+                cd.status.unwrap_or_default().conditions.iter().any(|c| {
+                    c.type_ == "Provisioned"
+                        && c.status == "False"
+                        && c.reason == "InstallerPodWaiting"
+                        && c.message
+                            .contains("the image cannot be pulled: check the pool's spec.installerImage")
+                        && c.message.contains("ImagePullBackOff")
+                })
+            })
+        },
+    )
+    .await;
+    until(
+        "an InstallerPodWaiting Event on the cluster",
+        WITHIN,
+        &daemon,
+        || async {
+            events(&tenant, &name, &name)
+                .await
+                .iter()
+                .any(|(r, n)| r == "InstallerPodWaiting" && n.contains("cannot be pulled"))
+        },
+    )
+    .await;
 }
 
 const SLY_INSTALLER: &str = "quay.io/example/sly-installer:1";

@@ -15,7 +15,7 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use stackd::api::stacks::Stack;
-use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
+use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome, PodFault};
 use stackd::embedded::faults::RequestMatch;
 use stackd::embedded::{ApiServer, ServerOptions, Verb};
 use stackd::host::names::{NameKind, host_name};
@@ -1601,4 +1601,61 @@ async fn a_stack_gone_while_its_cleanup_finishes_is_no_failed_reconcile() {
     assert!(env.stacks().get_opt("widgets").await.expect("get").is_none());
     assert_eq!(errors(&env), failed, "a failed reconcile:\n{}", env.log());
     assert!(!env.log().contains("reconcile failed"), "{}", env.log());
+}
+
+/// What the kubelet says of a controller pod that does not run is the Stack's status, with what to
+/// do, and a Warning Event; never only "Deployment does not have minimum availability" (issue 52).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_the_kubelet_says_of_a_controller_pod_reaches_the_stack() {
+    let env = Env::servers().await;
+    let runners = env.host.runners();
+    let image = |name: &str| ImageMatch::Exact(format!("example/{name}:1"));
+    runners.fault(image("no-such"), PodFault::Unpullable);
+    runners.fault(
+        image("crashes"),
+        PodFault::CrashLoop {
+            exit_code: 2,
+            reason: "Error",
+        },
+    );
+    runners.fault(
+        image("too-big"),
+        PodFault::CrashLoop {
+            exit_code: 137,
+            reason: "OOMKilled",
+        },
+    );
+    let mut env = env;
+    env.start_daemon(INSECURE);
+    let cases = [
+        (
+            "no-such",
+            "ControllerImagePullFailed",
+            "the image cannot be pulled",
+            "ImagePullBackOff",
+        ),
+        (
+            "crashes",
+            "ControllerCrashLooping",
+            "keeps exiting",
+            "CrashLoopBackOff (last exit code 2)",
+        ),
+        ("too-big", "ControllerOutOfMemory", "ran out of memory", "OOMKilled"),
+    ];
+    for (name, _, _, _) in cases {
+        let pod = json!({"containers": [{"name": "manager", "image": format!("example/{name}:1"),
+            "env": [{"name": "API_KEY", "value": "host-secret-value"}]}]});
+        env.create_stack(name, stack_spec("Namespaced", pod)).await;
+    }
+    for (name, reason, advice, said) in cases {
+        let stack = env.wait_ready(name, "False", reason).await;
+        let ready = condition(&stack, "Ready").expect("ready");
+        let message = ready["message"].as_str().unwrap_or_default();
+        assert!(message.contains(advice) && message.contains(said), "{name}: {message}");
+        assert!(!message.contains("host-secret-value"), "{name}: {message}");
+        env.until(&format!("{name}: a {reason} Event"), || async {
+            env.event_reasons(name).await.iter().any(|r| r == reason)
+        })
+        .await;
+    }
 }

@@ -1,7 +1,8 @@
 //! The Deployment and ReplicaSet controllers, simplified: a Deployment's current template gets a
 //! ReplicaSet `<deployment>-<pod-template-hash>` with all the replicas at once (older ReplicaSets are
 //! scaled to zero at the same moment), and each ReplicaSet keeps its Pods, which are Running and Ready
-//! at once unless [`Runners::never_ready`] names their image. Deployment status then reports
+//! at once unless [`Runners::never_ready`] names their image (or [`Runners::fault`], whose pods
+//! report the kubelet's waiting reason instead). Deployment status then reports
 //! `replicas`, `updatedReplicas`, `readyReplicas`, `availableReplicas` and `Available`/`Progressing`.
 //!
 //! A pass looks at the Deployments and ReplicaSets whose events arrived since the last one (a Pod's
@@ -15,7 +16,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::{Runners, all_keys, controller_ref, info, is_deleting, key_of, modify, owners_of, text};
+use super::{PodFault, Runners, all_keys, controller_ref, info, is_deleting, key_of, modify, owners_of, text};
 use crate::embedded::discovery::ResourceTable;
 use crate::embedded::object_meta::now_timestamp;
 use crate::embedded::passes::{self, Controller};
@@ -312,26 +313,39 @@ fn create_pod(
         .enumerate()
         .map(|(i, (_, image))| runners.runs_as_root(image) && refuses_root(&pod["spec"], i))
         .collect();
-    let ready = images.iter().all(|(_, image)| runners.is_ready(image)) && !refused.contains(&true);
+    let faults: Vec<Option<PodFault>> = images.iter().map(|(_, image)| runners.fault_of(image)).collect();
+    let ready = images.iter().all(|(_, image)| runners.is_ready(image))
+        && !refused.contains(&true)
+        && faults.iter().all(Option::is_none);
     let now = now_timestamp();
     let flag = if ready { "True" } else { "False" };
+    let pod_name = text(pod, "name");
     let statuses: Vec<Value> = images
         .iter()
-        .zip(&refused)
-        .map(|((name, image), refused)| {
-            // The kubelet's words for an image without USER under runAsNonRoot.
-            let state = if *refused {
-                json!({"waiting": {"reason": "CreateContainerConfigError",
-                    "message": "container has runAsNonRoot and image will run as root"}})
-            } else {
-                json!({"running": {"startedAt": now}})
+        .zip(refused.iter().zip(&faults))
+        .map(|((name, image), (refused, fault))| {
+            let mut status = match fault {
+                // A Deployment's pod is past its first pull, or has restarted a few times.
+                Some(fault) => fault.status(image, pod_name, name, 1),
+                // The kubelet's words for an image without USER under runAsNonRoot.
+                None if *refused => json!({"state": {"waiting": {"reason": "CreateContainerConfigError",
+                    "message": "container has runAsNonRoot and image will run as root"}}, "restartCount": 0}),
+                None => json!({"state": {"running": {"startedAt": now}}, "restartCount": 0}),
             };
-            json!({
-                "name": name, "image": image, "imageID": "", "ready": ready && !refused,
-                "started": !refused, "restartCount": 0, "state": state,
-            })
+            let started = !refused && fault.is_none();
+            for (field, value) in [
+                ("name", json!(name)),
+                ("image", json!(image)),
+                ("imageID", json!("")),
+                ("ready", json!(ready && started)),
+                ("started", json!(started)),
+            ] {
+                status[field] = value;
+            }
+            status
         })
         .collect();
+    let unpulled = faults.contains(&Some(PodFault::Unpullable));
     let conditions: Vec<Value> = ["Initialized", "Ready", "ContainersReady", "PodScheduled"]
         .iter()
         .map(|t| {
@@ -345,7 +359,8 @@ fn create_pod(
         .collect();
     modify(store, &pods(), text(pod, "namespace"), text(pod, "name"), |pod| {
         pod["status"] = json!({
-            "phase": "Running", "startTime": now, "conditions": conditions, "containerStatuses": statuses,
+            "phase": if unpulled { "Pending" } else { "Running" },
+            "startTime": now, "conditions": conditions, "containerStatuses": statuses,
         });
     })?;
     Ok(())

@@ -4,7 +4,8 @@
 //! main ones (one without a runner fails with "no runner for image X"). The Pod then ends Succeeded or
 //! Failed with terminated container statuses and the scripted logs, and the Job gets `succeeded`/
 //! `failed` counts and a `Complete` or `Failed` condition, retrying up to `backoffLimit` and stopping
-//! at `activeDeadlineSeconds`.
+//! at `activeDeadlineSeconds`. A container whose image [`Runners::fault`] names does not run: an
+//! unpullable one leaves the pod Pending with the kubelet's pull errors, a crashing one fails it.
 //!
 //! A pass looks at the Jobs whose events (or whose Pods' events) arrived since the last one, and at
 //! still-running Jobs with a deadline every [`RESCAN`]; each Job's Pods come from the store's owner
@@ -21,7 +22,8 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    JobContext, JobOutcome, Runners, all_keys, controller_ref, info, is_deleting, key_of, modify, owners_of, text,
+    JobContext, JobOutcome, PodFault, Runners, all_keys, controller_ref, info, is_deleting, key_of, modify, owners_of,
+    text,
 };
 use crate::embedded::discovery::ResourceTable;
 use crate::embedded::object_meta::now_timestamp;
@@ -360,7 +362,63 @@ fn running_statuses(pod: &Value, started: &str) -> Vec<Value> {
         .collect()
 }
 
+/// A pod whose container cannot be pulled stays Pending: that container waits with the kubelet's
+/// `ErrImagePull`, then `ImagePullBackOff`, and those after it wait on it (`PodInitializing` behind an
+/// init container, `ContainerCreating` otherwise). False when no container is unpullable.
+async fn stay_unpulled(store: &Store, runners: &Runners, pod: &Value) -> bool {
+    let all = containers(pod);
+    let Some(stuck) = all
+        .iter()
+        .position(|c| runners.fault_of(&c.image) == Some(PodFault::Unpullable))
+    else {
+        return false;
+    };
+    let (namespace, name) = (text(pod, "namespace"), text(pod, "name"));
+    for attempt in 0..2 {
+        let status = |i: usize, c: &Container| {
+            let mut status = if i == stuck {
+                PodFault::Unpullable.status(&c.image, name, &c.name, attempt)
+            } else {
+                let waiting = if all[stuck].init {
+                    "PodInitializing"
+                } else {
+                    "ContainerCreating"
+                };
+                json!({"state": {"waiting": {"reason": waiting}}, "restartCount": 0})
+            };
+            status["name"] = json!(c.name);
+            status["image"] = json!(c.image);
+            status["imageID"] = json!("");
+            status["ready"] = json!(false);
+            status
+        };
+        let statuses = |init: bool| -> Vec<Value> {
+            all.iter()
+                .enumerate()
+                .filter(|(i, c)| c.init == init && (!init || *i <= stuck))
+                .map(|(i, c)| status(i, c))
+                .collect()
+        };
+        let (init_statuses, main_statuses) = (statuses(true), statuses(false));
+        let _ = modify(store, &pods(), namespace, name, |pod| {
+            if phase(pod) != "Pending" {
+                return;
+            }
+            if !init_statuses.is_empty() {
+                pod["status"]["initContainerStatuses"] = json!(init_statuses);
+            }
+            pod["status"]["containerStatuses"] = json!(main_statuses);
+        });
+        // The kubelet backs off after the first failed pull.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    true
+}
+
 async fn run_pod(store: &Arc<Store>, resources: &Arc<ResourceTable>, runners: &Runners, job: Value, pod: Value) {
+    if stay_unpulled(store, runners, &pod).await {
+        return;
+    }
     let (namespace, name) = (text(&pod, "namespace").to_string(), text(&pod, "name").to_string());
     let started = now_timestamp();
     let running = running_statuses(&pod, &started);
@@ -396,7 +454,13 @@ async fn run_pod(store: &Arc<Store>, resources: &Arc<ResourceTable>, runners: &R
             None if container.init => None,
             None => runners.default_runner(),
         };
+        let crash = match runners.fault_of(&container.image) {
+            Some(PodFault::CrashLoop { exit_code, reason }) => Some((exit_code, reason)),
+            _ => None,
+        };
         let outcome = match runner {
+            // A Job's pod does not restart: the crash ends it (`restartPolicy: Never`).
+            _ if crash.is_some() => JobOutcome::failure(crash.map_or(1, |c| c.0), ""),
             Some(runner) => tokio::task::spawn_blocking(move || runner.run(&ctx))
                 .await
                 .unwrap_or_else(|e| JobOutcome::failure(2, format!("the runner for this image panicked: {e}\n"))),
@@ -411,7 +475,7 @@ async fn run_pod(store: &Arc<Store>, resources: &Arc<ResourceTable>, runners: &R
             "name": container.name, "image": container.image, "imageID": "", "ready": false, "restartCount": 0,
             "state": {"terminated": {
                 "exitCode": outcome.exit_code,
-                "reason": if failed { "Error" } else { "Completed" },
+                "reason": crash.map_or(if failed { "Error" } else { "Completed" }, |c| c.1),
                 "startedAt": started, "finishedAt": finished,
             }},
         });

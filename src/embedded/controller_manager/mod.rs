@@ -167,6 +167,42 @@ pub struct Runners {
     fallback: RwLock<Option<Arc<dyn JobRunner>>>,
     never_ready: RwLock<Vec<ImageMatch>>,
     without_user: RwLock<Vec<ImageMatch>>,
+    faults: RwLock<Vec<(ImageMatch, PodFault)>>,
+}
+
+/// What the kubelet stand-in reports for a container of a matching image instead of running it,
+/// in the fields a kubelet writes (`state.waiting`, `lastState.terminated`, `restartCount`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodFault {
+    /// The image cannot be pulled: `ErrImagePull`, then `ImagePullBackOff`; the pod stays Pending.
+    Unpullable,
+    /// The container exits each time it starts: `CrashLoopBackOff`, the last run terminated with
+    /// `exit_code` and `reason` (`Error`, or `OOMKilled` for a container over its memory limit).
+    CrashLoop { exit_code: i32, reason: &'static str },
+}
+
+impl PodFault {
+    /// The container's status fields for this fault (`attempt` 0 is the first the kubelet writes).
+    pub fn status(&self, image: &str, pod_name: &str, container: &str, attempt: u32) -> Value {
+        match self {
+            PodFault::Unpullable if attempt == 0 => json!({
+                "state": {"waiting": {"reason": "ErrImagePull", "message": format!(
+                    "rpc error: code = NotFound desc = failed to pull and unpack image \"{image}\": not found")}},
+                "restartCount": 0,
+            }),
+            PodFault::Unpullable => json!({
+                "state": {"waiting": {"reason": "ImagePullBackOff",
+                    "message": format!("Back-off pulling image \"{image}\"")}},
+                "restartCount": 0,
+            }),
+            PodFault::CrashLoop { exit_code, reason } => json!({
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": format!(
+                    "back-off 40s restarting failed container={container} pod={pod_name}")}},
+                "lastState": {"terminated": {"exitCode": exit_code, "reason": reason}},
+                "restartCount": 3,
+            }),
+        }
+    }
 }
 
 impl Runners {
@@ -214,6 +250,20 @@ impl Runners {
 
     pub fn runs_as_root(&self, image: &str) -> bool {
         read(&self.without_user).iter().any(|m| m.matches(image))
+    }
+
+    /// Containers of a matching image, in Job and Deployment pods, do not run: the kubelet
+    /// stand-in reports `fault` for them (a later registration wins).
+    pub fn fault(&self, images: ImageMatch, fault: PodFault) {
+        write(&self.faults).push((images, fault));
+    }
+
+    pub fn fault_of(&self, image: &str) -> Option<PodFault> {
+        read(&self.faults)
+            .iter()
+            .rev()
+            .find(|(images, _)| images.matches(image))
+            .map(|(_, fault)| fault.clone())
     }
 }
 

@@ -101,6 +101,7 @@ async fn start_destroy(
         deadline,
     );
     stamp(&mut job, &tenant.name, parent);
+    installer::label_pods(&mut job);
     let jobs = Api::<Job>::namespaced(tenant.host.clone(), host_ns);
     if ensure(&jobs, &job, None, &tenant.name, parent, Update::Never)
         .await?

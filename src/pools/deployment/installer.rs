@@ -203,6 +203,15 @@ pub(crate) fn installer_job(
     }
 }
 
+/// Gives the Job's pods the Job's (stamped) labels, so that the tenant's pod watch sees them and
+/// what the kubelet says of them reaches the cluster's status.
+pub(crate) fn label_pods(job: &mut Job) {
+    let labels = job.metadata.labels.clone();
+    if let Some(spec) = job.spec.as_mut() {
+        spec.template.metadata.get_or_insert_default().labels = labels;
+    }
+}
+
 /// The installer's container: the tenant's image, told where its output Secret is.
 fn installer_container(
     namespace: &str,

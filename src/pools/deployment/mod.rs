@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -74,6 +74,8 @@ pub(crate) enum DeploymentError {
 struct Ctx {
     tenant: Arc<TenantContext>,
     jobs: Store<Job>,
+    /// The pods of the tenant's host objects, for what the kubelet says of an installer pod.
+    pods: Store<Pod>,
     secrets: Store<Secret>,
     /// The host Secrets the cache refused (over `--max-cached-object-bytes`): each fails only its
     /// own cluster ([`refused_host_secret`]).
@@ -97,9 +99,12 @@ pub(crate) async fn run(context: Arc<TenantContext>, cancel: CancellationToken) 
     let caches = &context.caches;
     let cds = caches.tenant_guarded::<ClusterDeployment>();
     let (jobs, secrets) = (caches.host::<Job>(), caches.host::<Secret>());
+    let pods = caches.host_selected::<Pod>(&crate::host::pod_trouble::pods_selector(&context.name));
+    let pod_jobs = jobs.store();
     let ctx = Arc::new(Ctx {
         tenant: context.clone(),
         jobs: jobs.store(),
+        pods: pods.store(),
         secrets: secrets.store(),
         refused_secrets: secrets.refusals(),
     });
@@ -112,6 +117,10 @@ pub(crate) async fn run(context: Arc<TenantContext>, cancel: CancellationToken) 
     let on_secret = context.clone();
     Scaffold::new(CONTROLLER, context, &cds)
         .watches(&jobs, |job| owner_of(job.as_ref()))
+        // What the kubelet says of an installer pod is its cluster's status.
+        .watches(&pods, move |pod| {
+            crate::host::pod_trouble::job_of(&pod_jobs, pod.as_ref()).and_then(|job| owner_of(job.as_ref()))
+        })
         .watches_unheld(&secrets, move |secret| {
             on_secret.host_writes.seen(secret.as_ref());
             owner_of(secret.as_ref())

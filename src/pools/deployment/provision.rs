@@ -25,6 +25,7 @@ use crate::bounds;
 use crate::context::events::publish;
 use crate::host::Parent;
 use crate::host::apply::{self, HostWriteError, Update, ensure, ensure_created, stamp};
+use crate::host::pod_trouble;
 use crate::host::quota_share::SHARE_NAMESPACE_LABEL;
 use crate::pools::{POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, record};
 
@@ -56,7 +57,18 @@ pub(super) async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Actio
         apply::delete(&host_jobs, job).await.map_err(DeploymentError::HostApi)?;
     }
     match next {
-        AttemptStep::Wait => Ok(Action::await_change()),
+        AttemptStep::Wait => {
+            // The pod's events bring the cluster back when the kubelet says something else.
+            if let Some(trouble) = current.as_deref().and_then(|job| pod_trouble::of_job(&ctx.pods, job)) {
+                let message = format!(
+                    "Installer Job {}/{job_name} cannot start: {}",
+                    tenant.host_namespace,
+                    trouble.describe("the pool's spec.installerImage and spec.pullSecretRef")
+                );
+                report(cd, ctx, &Outcome::InstallerPodWaiting(message)).await?;
+            }
+            Ok(Action::await_change())
+        }
         AttemptStep::Succeeded => installed(cd, ctx, &names).await,
         // Not written (a newer copy exists): its watch event brings this attempt back to be
         // counted once.
@@ -116,6 +128,7 @@ async fn start(cd: &ClusterDeployment, ctx: &Ctx, names: &Names, job_name: &str)
     let deadline = tenant.shared.settings.installer_deadline;
     let mut job = installer::installer_job(job_name, host_ns, names, &image, &cd.spec.cluster_name, false, deadline);
     stamp(&mut job, &tenant.name, &parent);
+    installer::label_pods(&mut job);
     // Before anything is written for it: a Job its namespace has no share of the host quota for.
     let what = format!("the installer Job {host_ns}/{job_name}");
     let namespace = share_namespace(cd, ctx);

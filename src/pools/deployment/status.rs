@@ -46,6 +46,8 @@ pub(crate) enum Outcome {
     InputsTooLarge(String),
     /// A Secret of the admin kubeconfig's name belongs to someone else.
     KubeconfigConflict { secret: String },
+    /// The installer Job's pod does not start: what the kubelet says, with what to do.
+    InstallerPodWaiting(String),
     /// Installed; the admin kubeconfig is in `secret`.
     Installed { secret: String, infra_id: Option<String> },
 }
@@ -121,6 +123,7 @@ impl Outcome {
                  admin kubeconfig there"
             ),
             Outcome::Installed { secret, .. } => format!("Installed; the admin kubeconfig is in Secret {secret}"),
+            Outcome::InstallerPodWaiting(trouble) => trouble.clone(),
         }
     }
 
@@ -142,6 +145,7 @@ impl Outcome {
             Outcome::OutputRefused(_) => (Some("InstallerOutputRefused"), Some("InstallerOutputRefused")),
             Outcome::KubeconfigConflict { .. } => (Some("AdminKubeconfigConflict"), None),
             Outcome::Installed { .. } => (Some("Provisioned"), None),
+            Outcome::InstallerPodWaiting(_) => (Some("InstallerPodWaiting"), None),
         }
     }
 
@@ -196,7 +200,8 @@ impl Outcome {
             | Outcome::MissingInputs(_)
             | Outcome::KubeconfigRefused { .. }
             | Outcome::OutputRefused(_)
-            | Outcome::KubeconfigConflict { .. } => false,
+            | Outcome::KubeconfigConflict { .. }
+            | Outcome::InstallerPodWaiting(_) => false,
         }
     }
 
@@ -222,6 +227,7 @@ impl Outcome {
             Outcome::KubeconfigRefused { .. } => warning("AdminKubeconfigRefused"),
             Outcome::OutputRefused(_) => warning("InstallerOutputRefused"),
             Outcome::KubeconfigConflict { .. } => warning("AdminKubeconfigConflict"),
+            Outcome::InstallerPodWaiting(_) => warning("InstallerPodWaiting"),
             Outcome::Installed { secret, .. } => Some(Note {
                 warning: false,
                 reason: "Installed",

@@ -457,4 +457,27 @@ mod tests {
         let ready = applied_report(Some(&stack), Some(job), "pkg:1", "db");
         assert_eq!((ready.ready.0, ready.ready.1), (true, "Available"));
     }
+
+    #[test]
+    fn what_the_kubelet_says_of_the_stack_s_controller_pod_is_in_the_install_s_status() {
+        let mut stack = stack_of(Some(&install()), "db");
+        stack.status = Some(crate::api::stacks::StackStatus {
+            conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: "Ready".into(),
+                status: "False".into(),
+                reason: "ControllerCrashLooping".into(),
+                message: "the container keeps exiting (pod p container c: CrashLoopBackOff (last exit code 2))".into(),
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+                observed_generation: None,
+            }],
+            ..Default::default()
+        });
+        let report = stack_readiness(&stack);
+        assert_eq!(report.ready.1, "WaitingForStack");
+        assert!(
+            report.ready.2.contains("CrashLoopBackOff (last exit code 2)"),
+            "{}",
+            report.ready.2
+        );
+    }
 }

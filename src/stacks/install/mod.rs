@@ -11,6 +11,7 @@ mod job_lifecycle;
 mod object;
 mod output;
 pub mod package;
+pub mod pod_wait;
 mod reconcile;
 mod status;
 mod uninstall;
@@ -22,6 +23,7 @@ use std::time::Duration;
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -117,6 +119,7 @@ pub const FAILURE_REASONS: &[&str] = &[
     "TooManyCRDs",
     "TooManyInstalls",
     "RegistryNotAllowed",
+    pod_wait::PACKAGE_PULL_FAILED,
     crate::host::quota_share::REASON,
 ];
 
@@ -125,6 +128,8 @@ pub const FAILURE_REASONS: &[&str] = &[
 pub struct InstallContext {
     pub tenant: Arc<TenantContext>,
     pub jobs: Store<Job>,
+    /// The pods of the tenant's host objects, for what the kubelet says of an install Job's pod.
+    pub pods: Store<Pod>,
     pub crds: Store<CustomResourceDefinition>,
     pub stacks: Store<Stack>,
     pub stack_installs: Store<StackInstall>,
@@ -240,6 +245,7 @@ async fn run_kind<K: InstallKind>(
         caches.tenant_guarded::<Stack>(),
     );
     let installs = caches.tenant_guarded::<K>();
+    let pods = caches.host_selected::<Pod>(&crate::host::pod_trouble::pods_selector(&context.name));
     let (stack_installs, cluster_stack_installs) = (
         caches.tenant_guarded::<StackInstall>(),
         caches.tenant_guarded::<ClusterStackInstall>(),
@@ -255,6 +261,7 @@ async fn run_kind<K: InstallKind>(
     let ctx = Arc::new(InstallContext {
         tenant: context.clone(),
         jobs: jobs.store(),
+        pods: pods.store(),
         crds: crds.store(),
         stacks: stacks.store(),
         stack_installs: stack_installs.store(),
@@ -267,6 +274,7 @@ async fn run_kind<K: InstallKind>(
     let (install_store, applied_stacks, crd_store) = (installs.store(), stacks.store(), crds.store());
     let crd_changes = CrdChanges::default();
     let on_job = context.clone();
+    let pod_jobs = jobs.store();
     let (refused_stacks, refused_clusters) = (install_store.clone(), install_store.clone());
     let (stack_store, cluster_store) = (stack_installs.store(), cluster_stack_installs.store());
     Scaffold::ignoring_own_writes(K::CONTROLLER, context, &installs, written)
@@ -274,6 +282,10 @@ async fn run_kind<K: InstallKind>(
             // The cache has shown this Job: its creation is no longer pending.
             on_job.host_writes.seen(job.as_ref());
             install_of::<K>(job.as_ref())
+        })
+        // What the kubelet says of an install Job's pod is the install's status.
+        .watches(&pods, move |pod| {
+            crate::host::pod_trouble::job_of(&pod_jobs, pod.as_ref()).and_then(|job| install_of::<K>(job.as_ref()))
         })
         // By name, not owner reference: a Stack at the install's name that another controls, or
         // one whose owner reference was removed, concerns the install as much as its own.

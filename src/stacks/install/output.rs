@@ -15,6 +15,7 @@ use super::job;
 use super::package::{self, Outline, PackageRules};
 use super::unpacked::Read;
 use super::{InstallContext, InstallKind};
+use crate::host::pod_trouble::made_by_job;
 use crate::runtime::cause::{Cause, CauseKind, diagnose};
 use crate::stacks::install::crd_policy::CrdRules;
 use crate::stacks::stream::{self, LOG_LIMIT_BYTES, StreamError};
@@ -196,7 +197,7 @@ async fn unpack_log(ctx: &InstallContext, job: &Job, params: &LogParams) -> Resu
     // The label alone proves nothing: whoever may create pods in the host namespace (an installer, a
     // stack's controller) can label one with this Job's uid. The Job's controller reference names
     // the pods its controller made.
-    let mut candidates: Vec<&Pod> = list.items.iter().filter(|pod| made_by(pod, &uid)).collect();
+    let mut candidates: Vec<&Pod> = list.items.iter().filter(|pod| made_by_job(pod, &uid)).collect();
     // The succeeded pod when there is one, else the newest.
     candidates.sort_by_key(|p| {
         let succeeded = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded");
@@ -243,13 +244,6 @@ fn unanswered_by(cause: &Cause) -> Option<&'static str> {
         kind if kind.is_outage() => Some(HOST_UNREACHABLE),
         _ => None,
     }
-}
-
-/// True when `pod` is controlled by the Job with `job_uid`.
-fn made_by(pod: &Pod, job_uid: &str) -> bool {
-    pod.owner_references()
-        .iter()
-        .any(|o| o.controller == Some(true) && o.kind == "Job" && o.api_version == "batch/v1" && o.uid == job_uid)
 }
 
 fn last_lines(log: &str, count: usize) -> String {

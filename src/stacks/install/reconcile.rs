@@ -1,6 +1,6 @@
 //! One reconcile of an install not being deleted (§3.2 steps 2–6), as named steps: admission →
 //! the applied package → the install Job settled to the current package → by the Job's state: still
-//! running, failed (retried with backoff), or complete (its verified output judged, then applied by
+//! running (or its pod not starting, see `pod_wait`), failed (retried with backoff), or complete (its verified output judged, then applied by
 //! `complete`). Each step hands the next its value, or the reconcile's result: when to look again
 //! and the report for the status. A Job whose output the host or its node does not answer for is
 //! kept: only a Job that failed, whose pod is gone or whose package changed is made again.
@@ -17,7 +17,9 @@ use super::job_lifecycle::{Failure, completion_time, copy_pull_secrets, retry, r
 use super::object::{Reconciled, Report, parent_of};
 use super::output::Unanswered;
 use super::unpacked::Read;
-use super::{InstallContext, InstallError, InstallKind, SAFETY_NET, admission, applied, complete, output, status};
+use super::{
+    InstallContext, InstallError, InstallKind, SAFETY_NET, admission, applied, complete, output, pod_wait, status,
+};
 use crate::api::common::HostObjectRef;
 use crate::host::Parent;
 
@@ -46,6 +48,9 @@ pub(super) async fn apply<K: InstallKind>(install: &K, ctx: &InstallContext) -> 
     match job::state(&observed) {
         JobState::Running => {
             copy_pull_secrets(install, ctx, &parent, &observed).await?;
+            if let Some(reconciled) = pod_wait::not_starting(install, ctx, &parent, &observed, attempt).await? {
+                return Ok(reconciled);
+            }
             let report = running(ctx, &observed.name_any(), &package);
             Ok((Action::requeue(SAFETY_NET), Some(report)))
         }

@@ -6,6 +6,7 @@ use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 
 use super::object::{Report, event};
+use super::pod_wait::INSTALL_POD_WAITING;
 use super::{FAILURE_REASONS, FIELD_MANAGER, InstallContext, InstallError, InstallKind};
 use crate::api::common::LocalObjectReference;
 use crate::api::stacks::StackInstallStatus;
@@ -13,7 +14,8 @@ use crate::runtime::api_errors::is_not_found;
 use crate::runtime::conditions::{DesiredCondition, set_condition};
 use crate::runtime::status_writer::apply_status;
 
-/// Writes the status when the report changes it, with an Event for each change of `Ready`.
+/// Writes the status when the report changes it, with an Event for each change of `Ready` (a
+/// Warning for a failure or a pod that does not start).
 pub(super) async fn publish<K: InstallKind>(
     install: &K,
     ctx: &InstallContext,
@@ -36,7 +38,7 @@ pub(super) async fn publish<K: InstallKind>(
     }
     for (reason, message) in changed {
         tracing::debug!(reason, message, "install Ready changed");
-        let type_ = if FAILURE_REASONS.contains(&reason) {
+        let type_ = if FAILURE_REASONS.contains(&reason) || reason == INSTALL_POD_WAITING {
             EventType::Warning
         } else {
             EventType::Normal

@@ -26,6 +26,7 @@ use crate::bounds::DOCUMENT_TOO_LARGE;
 use crate::host::apply::stamp;
 use crate::host::labels::Parent;
 use crate::host::names::{NameKind, host_name};
+use crate::host::pod_trouble::PodTrouble;
 use crate::stacks::pull_secrets;
 
 /// What the Stack's objects are built from, read before anything is written.
@@ -43,6 +44,8 @@ pub(super) struct Observed {
     /// The cached host Deployment and host Secrets.
     pub deployment: Option<Arc<Deployment>>,
     pub host_secrets: Vec<Arc<Secret>>,
+    /// What the kubelet says of the controller Deployment's pods, when one does not run.
+    pub pod_trouble: Option<PodTrouble>,
     /// A templating Stack's StackDefinition on the tenant, as it is now.
     pub stack_definition: Option<StackDefinition>,
 }
@@ -310,7 +313,12 @@ fn running(
         token_copy,
         pull_copies,
         stale_pull_copies,
-        readiness: readiness(&host.namespace, &host.deployment, current),
+        readiness: readiness(
+            &host.namespace,
+            &host.deployment,
+            current,
+            observed.pod_trouble.as_ref(),
+        ),
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::runtime::reflector::Store;
@@ -40,6 +40,8 @@ pub(super) struct Caches {
     pub crds: Store<CustomResourceDefinition>,
     pub deployments: Store<Deployment>,
     pub host_secrets: Store<Secret>,
+    /// The pods of the tenant's host objects (see [`crate::host::pod_trouble::pods_selector`]).
+    pub pods: Store<Pod>,
 }
 
 pub(super) struct StackContext {

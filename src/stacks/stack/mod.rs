@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -64,6 +64,8 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
     let cluster_role_bindings = shared.tenant::<ClusterRoleBinding>(&ours);
     let crds = shared.tenant_crds();
     let (deployments, host_secrets) = (shared.host::<Deployment>(), shared.host::<Secret>());
+    let pods = shared.host_selected::<Pod>(&crate::host::pod_trouble::pods_selector(&context.name));
+    let pod_deployments = deployments.store();
     let stack_installs = shared.tenant_guarded::<StackInstall>();
     let cluster_stack_installs = shared.tenant_guarded::<ClusterStackInstall>();
     let stacks = shared.tenant_guarded::<Stack>();
@@ -85,6 +87,10 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
         .watches(&deployments, move |o| {
             on_deployment.host_writes.seen(o.as_ref());
             host_parent(o.as_ref())
+        })
+        // What the kubelet says of a controller pod is its Stack's status.
+        .watches(&pods, move |pod| {
+            deployment_of(&pod_deployments, pod.as_ref()).and_then(|d| host_parent(d.as_ref()))
         })
         .watches(&host_secrets, move |o| {
             on_secret.host_writes.seen(o.as_ref());
@@ -111,6 +117,7 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
             crds: crds.store(),
             deployments: deployments.store(),
             host_secrets: host_secrets.store(),
+            pods: pods.store(),
         },
         installs: Installs {
             stack_installs: stack_installs.store(),
@@ -119,6 +126,25 @@ pub async fn run(context: Arc<TenantContext>, cancel: CancellationToken) -> Resu
     });
     scaffold.run(ctx, reconcile, &cancel).await;
     Ok(())
+}
+
+/// The cached controller Deployment whose pod `pod` is: its controller is the ReplicaSet
+/// `<deployment>-<pod-template-hash>`, and it carries the Deployment's selector labels. (No
+/// ReplicaSet is cached to prove more: a pod only adds words to its Stack's status.)
+pub(super) fn deployment_of(deployments: &Store<Deployment>, pod: &Pod) -> Option<Arc<Deployment>> {
+    let owner = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "ReplicaSet" && o.api_version == "apps/v1")?;
+    let hash = pod.labels().get("pod-template-hash")?;
+    let name = owner.name.strip_suffix(hash.as_str())?.strip_suffix('-')?;
+    let deployment = deployments.get(&ObjectRef::new(name).within(&pod.namespace().unwrap_or_default()))?;
+    let selector = deployment.spec.as_ref()?.selector.match_labels.as_ref()?;
+    let labels = pod.labels();
+    selector
+        .iter()
+        .all(|(key, value)| labels.get(key) == Some(value))
+        .then_some(deployment)
 }
 
 /// The Stack a host object belongs to, from its identity annotations.

@@ -2,8 +2,9 @@
 //! the watches keep, the token Secret's data when it moved, and the tenant pull secrets the
 //! controller names.
 
-use kube::Api;
+use k8s_openapi::api::apps::v1::Deployment;
 use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
 
 use super::build::{HostNames, Observed};
 use super::context::{StackContext, StackError};
@@ -12,6 +13,7 @@ use super::tenant::TenantIdentity;
 use super::token;
 use super::validate::CheckedController;
 use crate::api::stacks::StackDefinition;
+use crate::host::pod_trouble::PodTrouble;
 use crate::stacks::pull_secrets;
 
 /// Reads what [`super::build::build`] needs for `identity`'s Stack and its host objects `host`.
@@ -43,16 +45,31 @@ pub(super) async fn observe(
         }
         None => None,
     };
+    let deployment = caches
+        .deployments
+        .get(&ObjectRef::new(&host.deployment).within(&host.namespace));
+    let pod_trouble = deployment.as_ref().and_then(|d| pod_trouble(ctx, d));
     Ok(Observed {
         crds: caches.crds.state(),
         role_binding: caches.role_bindings.get(&ObjectRef::new(&binding).within(ns)),
         cluster_role_binding: caches.cluster_role_bindings.get(&ObjectRef::new(&binding)),
         token_secret,
         pull_secrets,
-        deployment: caches
-            .deployments
-            .get(&ObjectRef::new(&host.deployment).within(&host.namespace)),
+        deployment,
+        pod_trouble,
         host_secrets: caches.host_secrets.state(),
         stack_definition,
     })
+}
+
+/// What the kubelet says of the newest of the Deployment's pods that has trouble, if one has.
+fn pod_trouble(ctx: &StackContext, deployment: &Deployment) -> Option<PodTrouble> {
+    let pods = ctx.caches.pods.state();
+    let mut own: Vec<_> = pods
+        .iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+        .filter(|pod| super::deployment_of(&ctx.caches.deployments, pod).is_some_and(|d| d.uid() == deployment.uid()))
+        .collect();
+    own.sort_by_key(|pod| std::cmp::Reverse(pod.metadata.creation_timestamp.clone().map(|t| t.0)));
+    own.into_iter().find_map(|pod| PodTrouble::of(pod))
 }

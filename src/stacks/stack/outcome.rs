@@ -10,6 +10,7 @@ use kube::runtime::events::EventType;
 use super::deployment;
 use crate::api::common::HostObjectRef;
 use crate::host::apply::HostWriteError;
+use crate::host::pod_trouble::{PodTrouble, TroubleKind};
 
 /// A step's result: the value handed to the next step, or the outcome the reconcile stops with.
 pub(super) type Step<T> = ControlFlow<Outcome, T>;
@@ -91,12 +92,20 @@ impl Notes {
     }
 }
 
-/// Ready when the controller Deployment `namespace/name` has an available replica.
-pub(super) fn readiness(namespace: &str, name: &str, current: &Deployment) -> Outcome {
+/// Ready when the controller Deployment `namespace/name` has an available replica; else what the
+/// kubelet says of its pod when it says something (`trouble`), else what the Deployment says.
+pub(super) fn readiness(namespace: &str, name: &str, current: &Deployment, trouble: Option<&PodTrouble>) -> Outcome {
     if deployment::is_available(current) {
         return Outcome::ready(
             "Available",
             format!("the controller Deployment {namespace}/{name} has an available replica"),
+        );
+    }
+    if let Some(trouble) = trouble {
+        let why = trouble.describe("the controller image of the stack's package");
+        return Outcome::waiting(
+            pod_trouble_reason(trouble.kind),
+            unavailable_message(namespace, name, &why),
         );
     }
     let why = current
@@ -116,6 +125,27 @@ pub(super) fn not_running_yet(namespace: &str, name: &str) -> Outcome {
         "DeploymentUnavailable",
         unavailable_message(namespace, name, NO_REPLICA_YET),
     )
+}
+
+/// The Stack's `Ready` reasons for a controller pod the kubelet does not run (Warning Events).
+pub(super) const POD_TROUBLE_REASONS: &[&str] = &[
+    "ControllerImagePullFailed",
+    "ControllerConfigError",
+    "ControllerCrashLooping",
+    "ControllerOutOfMemory",
+    "ControllerUnschedulable",
+    "ControllerNotStarting",
+];
+
+fn pod_trouble_reason(kind: TroubleKind) -> &'static str {
+    match kind {
+        TroubleKind::Pull => "ControllerImagePullFailed",
+        TroubleKind::Config => "ControllerConfigError",
+        TroubleKind::Crash => "ControllerCrashLooping",
+        TroubleKind::OutOfMemory => "ControllerOutOfMemory",
+        TroubleKind::Unschedulable => "ControllerUnschedulable",
+        TroubleKind::Other => "ControllerNotStarting",
+    }
 }
 
 const NO_REPLICA_YET: &str = "no replica is available yet";

@@ -10,7 +10,7 @@ use kube::{Api, Resource, ResourceExt};
 use tracing::info;
 
 use super::context::{FIELD_MANAGER, StackContext, StackError};
-use super::outcome::{Notes, Outcome};
+use super::outcome::{Notes, Outcome, POD_TROUBLE_REASONS};
 use crate::api::common::HostObjectRef;
 use crate::api::stacks::{Stack, StackStatus};
 use crate::context::tenant::TenantContext;
@@ -64,7 +64,7 @@ pub(super) async fn report(
         .is_none_or(|(ready, reason)| reason != outcome.reason || *ready != outcome.ready);
     // A conflict already has its own event with the host object named.
     if ready_changed && outcome.reason != "HostObjectConflict" {
-        let type_ = if outcome.ready || outcome.synced {
+        let type_ = if outcome.ready || (outcome.synced && !POD_TROUBLE_REASONS.contains(&outcome.reason)) {
             EventType::Normal
         } else {
             EventType::Warning

@@ -1,0 +1,272 @@
+//! What the kubelet says about a pod stackd runs for a tenant (an install Job's, a stack
+//! controller's, a pool installer's) that does not start or keeps stopping, in words the tenant can
+//! act on. Only the fields a kubelet or scheduler sets for that purpose are read (a container's
+//! `state.waiting` / `lastState.terminated` reason, message and exit code, the `PodScheduled`
+//! condition): never a pod's spec, env or args, so no host secret can reach the tenant. What comes
+//! from the host is cut to [`MAX_POD_MESSAGE_BYTES`] before it is put in a message.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::host::labels::TENANT_LABEL;
+use crate::host::names::label_value;
+use crate::runtime::text_bounds::fit_text;
+
+/// The selector of the pods stackd's Jobs and Deployments make for `tenant` in its host namespace:
+/// every pod template stackd writes carries the tenant label (not always stackd's own).
+pub fn pods_selector(tenant: &str) -> String {
+    format!("{TENANT_LABEL}={}", label_value(tenant))
+}
+
+/// The most of one kubelet message (or reason) stackd passes on.
+pub const MAX_POD_MESSAGE_BYTES: usize = 512;
+
+/// Waiting reasons of a container on its way to start, not a trouble.
+const STARTING: &[&str] = &["ContainerCreating", "PodInitializing"];
+
+/// What kind of trouble the kubelet reports, for what the user should do about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TroubleKind {
+    /// `ErrImagePull`, `ImagePullBackOff`, `InvalidImageName`, `ErrImageNeverPull`.
+    Pull,
+    /// `CreateContainerConfigError`, `CreateContainerError`, `RunContainerError`.
+    Config,
+    /// `CrashLoopBackOff`, or a container terminated with an error.
+    Crash,
+    /// The last run was killed for its memory (`OOMKilled`).
+    OutOfMemory,
+    /// The scheduler cannot place the pod (`Unschedulable`).
+    Unschedulable,
+    /// Any other waiting reason.
+    Other,
+}
+
+/// One pod's trouble as the kubelet (or scheduler) reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodTrouble {
+    pub kind: TroubleKind,
+    pub pod: String,
+    pub container: Option<String>,
+    /// The kubelet's reason, e.g. `ImagePullBackOff` (bounded).
+    pub reason: String,
+    /// The kubelet's message (bounded; may be empty).
+    pub message: String,
+    /// The exit code of the container's last run, when it ran.
+    pub last_exit_code: Option<i32>,
+}
+
+impl PodTrouble {
+    /// The first trouble of `pod`: its init containers in order, then its containers, then its
+    /// scheduling; none while it is starting, running or finished.
+    pub fn of(pod: &Pod) -> Option<PodTrouble> {
+        let status = pod.status.as_ref()?;
+        let statuses = status.init_container_statuses.iter().flatten();
+        let statuses = statuses.chain(status.container_statuses.iter().flatten());
+        if let Some(trouble) = statuses.filter_map(|c| container_trouble(&pod.name_any(), c)).next() {
+            return Some(trouble);
+        }
+        let unschedulable = status.conditions.iter().flatten().find(|c| {
+            c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
+        })?;
+        Some(PodTrouble {
+            kind: TroubleKind::Unschedulable,
+            pod: pod.name_any(),
+            container: None,
+            reason: "Unschedulable".into(),
+            message: bounded(unschedulable.message.as_deref().unwrap_or_default()),
+            last_exit_code: None,
+        })
+    }
+
+    /// What to do, in the words of the object the pod runs for: `image_field` names where the
+    /// tenant set the image (e.g. `spec.package`).
+    pub fn advice(&self, image_field: &str) -> String {
+        match self.kind {
+            TroubleKind::Pull => format!("the image cannot be pulled: check {image_field} and its imagePullSecrets"),
+            TroubleKind::Config => {
+                "the container cannot be created as specified: fix what the kubelet names (e.g. an image that runs as root under runAsNonRoot needs a USER)".into()
+            }
+            TroubleKind::Crash => "the container keeps exiting: check its log and its configuration".into(),
+            TroubleKind::OutOfMemory => "the container ran out of memory: give it a larger memory limit".into(),
+            TroubleKind::Unschedulable => {
+                "the pod cannot be scheduled: the host has no node with room for it (ask the platform team)".into()
+            }
+            TroubleKind::Other => "the container does not start".into(),
+        }
+    }
+
+    /// What the kubelet said, e.g. `container unpack-package: ImagePullBackOff: Back-off pulling
+    /// image "x"` (with the last exit code when the container ran).
+    pub fn said(&self) -> String {
+        let mut said = match &self.container {
+            Some(container) => format!("pod {} container {container}: {}", self.pod, self.reason),
+            None => format!("pod {}: {}", self.pod, self.reason),
+        };
+        if let Some(code) = self.last_exit_code {
+            said.push_str(&format!(" (last exit code {code})"));
+        }
+        if !self.message.is_empty() {
+            said.push_str(": ");
+            said.push_str(&self.message);
+        }
+        said
+    }
+
+    /// Advice first, then what the kubelet said.
+    pub fn describe(&self, image_field: &str) -> String {
+        format!("{} ({})", self.advice(image_field), self.said())
+    }
+}
+
+/// True when `pod` is controlled by the Job with `job_uid` (a label alone proves nothing: whoever
+/// may create pods in the host namespace can set it).
+pub fn made_by_job(pod: &Pod, job_uid: &str) -> bool {
+    pod.owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && o.kind == "Job" && o.api_version == "batch/v1" && o.uid == job_uid)
+}
+
+/// The trouble of the newest unfinished pod `job` made, from a pod cache.
+pub fn of_job(pods: &Store<Pod>, job: &Job) -> Option<PodTrouble> {
+    let uid = job.metadata.uid.as_deref()?;
+    let pods = pods.state();
+    let finished = |pod: &Pod| {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        matches!(phase, Some("Succeeded" | "Failed"))
+    };
+    let newest = pods
+        .iter()
+        .filter(|pod| made_by_job(pod, uid) && !finished(pod))
+        .max_by_key(|pod| pod.metadata.creation_timestamp.clone().map(|t| t.0))?;
+    PodTrouble::of(newest)
+}
+
+/// The cached Job that controls `pod`, for waking the Job's tenant object on a pod's event.
+pub fn job_of(jobs: &Store<Job>, pod: &Pod) -> Option<Arc<Job>> {
+    let owner = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true) && o.kind == "Job" && o.api_version == "batch/v1")?;
+    let job = jobs.get(&ObjectRef::new(&owner.name).within(&pod.namespace().unwrap_or_default()))?;
+    (job.metadata.uid.as_deref() == Some(owner.uid.as_str())).then_some(job)
+}
+
+fn container_trouble(pod: &str, container: &ContainerStatus) -> Option<PodTrouble> {
+    let state = container.state.as_ref()?;
+    let last = container.last_state.as_ref().and_then(|last| last.terminated.as_ref());
+    let trouble = |kind, reason: &str, message: Option<&str>, last_exit_code| PodTrouble {
+        kind,
+        pod: pod.to_string(),
+        container: Some(bounded(&container.name)),
+        reason: bounded(reason),
+        message: bounded(message.unwrap_or_default()),
+        last_exit_code,
+    };
+    if let Some(waiting) = &state.waiting {
+        let reason = waiting.reason.as_deref().unwrap_or_default();
+        if reason.is_empty() || STARTING.contains(&reason) {
+            return None;
+        }
+        let out_of_memory = last.is_some_and(|t| t.reason.as_deref() == Some("OOMKilled"));
+        let kind = match reason {
+            "ErrImagePull" | "ImagePullBackOff" | "InvalidImageName" | "ErrImageNeverPull" => TroubleKind::Pull,
+            "CreateContainerConfigError" | "CreateContainerError" | "RunContainerError" => TroubleKind::Config,
+            "CrashLoopBackOff" if out_of_memory => TroubleKind::OutOfMemory,
+            "CrashLoopBackOff" => TroubleKind::Crash,
+            _ => TroubleKind::Other,
+        };
+        let reason = if out_of_memory {
+            format!("{reason}, last terminated OOMKilled")
+        } else {
+            reason.to_string()
+        };
+        return Some(trouble(
+            kind,
+            &reason,
+            waiting.message.as_deref(),
+            last.map(|t| t.exit_code),
+        ));
+    }
+    let terminated = state.terminated.as_ref()?;
+    match terminated.reason.as_deref() {
+        Some("OOMKilled") => Some(trouble(
+            TroubleKind::OutOfMemory,
+            "OOMKilled",
+            terminated.message.as_deref(),
+            Some(terminated.exit_code),
+        )),
+        _ => None,
+    }
+}
+
+/// Host text cut to [`MAX_POD_MESSAGE_BYTES`] before it goes anywhere.
+fn bounded(text: &str) -> String {
+    // Copied no further than one character past the bound: enough for `fit_text` to see the cut.
+    let end = text
+        .char_indices()
+        .map(|(at, _)| at)
+        .find(|&at| at > MAX_POD_MESSAGE_BYTES)
+        .unwrap_or(text.len());
+    fit_text(text[..end].to_string(), MAX_POD_MESSAGE_BYTES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(status: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "p"}, "status": status})).unwrap()
+    }
+
+    #[test]
+    fn a_pull_back_off_of_an_init_container_is_a_pull_trouble() {
+        let pod = pod(json!({"phase": "Pending",
+            "initContainerStatuses": [{"name": "package", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"x\""}}}],
+            "containerStatuses": [{"name": "unpack", "image": "s", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"waiting": {"reason": "PodInitializing"}}}]}));
+        let trouble = PodTrouble::of(&pod).unwrap();
+        assert_eq!(trouble.kind, TroubleKind::Pull);
+        assert_eq!(
+            trouble.describe("spec.package"),
+            "the image cannot be pulled: check spec.package and its imagePullSecrets (pod p container package: ImagePullBackOff: Back-off pulling image \"x\")"
+        );
+    }
+
+    #[test]
+    fn a_crash_loop_says_its_last_exit_code_and_an_oom_kill_is_named() {
+        let crashing = |reason: &str| {
+            pod(
+                json!({"containerStatuses": [{"name": "c", "image": "i", "imageID": "", "ready": false, "restartCount": 3,
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}},
+                "lastState": {"terminated": {"exitCode": 137, "reason": reason}}}]}),
+            )
+        };
+        let crash = PodTrouble::of(&crashing("Error")).unwrap();
+        assert_eq!((crash.kind, crash.last_exit_code), (TroubleKind::Crash, Some(137)));
+        assert!(crash.said().contains("CrashLoopBackOff (last exit code 137)"));
+        let oom = PodTrouble::of(&crashing("OOMKilled")).unwrap();
+        assert_eq!(oom.kind, TroubleKind::OutOfMemory);
+        assert!(oom.said().contains("OOMKilled"), "{}", oom.said());
+    }
+
+    #[test]
+    fn a_starting_or_running_pod_has_no_trouble_and_host_text_is_bounded() {
+        let starting = pod(
+            json!({"containerStatuses": [{"name": "c", "image": "i", "imageID": "", "ready": false,
+            "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]}),
+        );
+        assert_eq!(PodTrouble::of(&starting), None);
+        let long = "é".repeat(4096);
+        let unschedulable = pod(json!({"conditions": [{"type": "PodScheduled", "status": "False",
+            "reason": "Unschedulable", "message": long}]}));
+        let trouble = PodTrouble::of(&unschedulable).unwrap();
+        assert_eq!(trouble.kind, TroubleKind::Unschedulable);
+        assert!(trouble.message.len() <= MAX_POD_MESSAGE_BYTES);
+    }
+}
