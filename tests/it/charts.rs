@@ -981,7 +981,7 @@ const HOST_USES: &[Use] = &[
     uses(NAMESPACE_ROLE, "batch", &["jobs"], &["list", "delete"], OrphanSweep),
     uses(NAMESPACE_ROLE, "batch", &["jobs"], &["watch", "create"], StackInstall),
     uses(NAMESPACE_ROLE, "batch", &["jobs"], &["get"], CreateRace),
-    uses(NAMESPACE_ROLE, "", &["pods"], &["list"], StackInstall),
+    uses(NAMESPACE_ROLE, "", &["pods"], &["list", "watch"], StackInstall),
     uses(NAMESPACE_ROLE, "", &["pods/log"], &["get"], StackInstall),
     uses(NAMESPACE_ROLE, "apps", &["deployments"], &["list", "delete"], OrphanSweep),
     uses(NAMESPACE_ROLE, "apps", &["deployments"], &["watch", "create"], StackInstall),
