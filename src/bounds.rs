@@ -38,6 +38,9 @@ pub const DEFAULT_RENDER_SECRET_BYTES: &str = "512Ki";
 /// `--max-render-bytes` when not given: the install config's own bound, which what a render inlines
 /// must fit in anyway.
 pub const DEFAULT_RENDER_BYTES: &str = "1Mi";
+/// `--namespace-render-bytes-per-second` and `--namespace-render-burst-bytes`.
+pub const DEFAULT_RENDER_SHARE_PER_SECOND: &str = "4Mi";
+pub const DEFAULT_RENDER_SHARE_BURST: &str = "32Mi";
 /// `--max-installer-output-bytes` when not given: the keys stackd reads ([`OUTPUT_KEYS`]) at their
 /// most, where a real installer writes some 10 KiB.
 pub const DEFAULT_INSTALLER_OUTPUT_BYTES: &str = "320Ki";
@@ -63,6 +66,11 @@ pub struct DocumentLimits {
     pub installer_output_bytes: usize,
     /// Keys of the installer's output Secret (`--max-installer-output-keys`).
     pub installer_output_keys: usize,
+    /// The render work (Secret bytes read, install-config bytes measured after each patch) one
+    /// tenant namespace may cause a second on average (`--namespace-render-bytes-per-second`),
+    /// and at once (`--namespace-render-burst-bytes`).
+    pub render_share_per_second: u64,
+    pub render_share_burst: u64,
 }
 
 impl Default for DocumentLimits {
@@ -72,6 +80,8 @@ impl Default for DocumentLimits {
             render_bytes: MAX_CONFIG_BYTES,
             installer_output_bytes: 320 << 10,
             installer_output_keys: DEFAULT_INSTALLER_OUTPUT_KEYS,
+            render_share_per_second: 4 << 20,
+            render_share_burst: 32 << 20,
         }
     }
 }

@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use stackd::api::stacks::PermissionScope;
 use stackd::bounds::{
     DEFAULT_INSTALLER_OUTPUT_BYTES, DEFAULT_INSTALLER_OUTPUT_KEYS, DEFAULT_RENDER_BYTES, DEFAULT_RENDER_SECRET_BYTES,
-    DocumentLimits,
+    DEFAULT_RENDER_SHARE_BURST, DEFAULT_RENDER_SHARE_PER_SECOND, DocumentLimits,
 };
 use stackd::context::crd_groups::{CrdGroups, PLATFORM_TYPE_GROUPS};
 use stackd::context::namespace_template::NamespaceTemplate;
@@ -273,6 +273,15 @@ struct RunArgs {
     /// cluster, say), added up before anything is built; past it, as for one Secret.
     #[arg(long, default_value = DEFAULT_RENDER_BYTES, value_name = "SIZE")]
     max_render_bytes: ByteSize,
+    /// The render work one tenant namespace may cause a second on average: the pool's Secret bytes
+    /// read and the install-config bytes measured after each ClusterDeploymentCustomization patch.
+    /// Past its share a namespace's pools wait (`CapacityAvailable=False`, NamespacePatchShareUsed);
+    /// other namespaces are not held.
+    #[arg(long, default_value = DEFAULT_RENDER_SHARE_PER_SECOND, value_name = "SIZE")]
+    namespace_render_bytes_per_second: ByteSize,
+    /// The render work one tenant namespace may cause at once, before its share is paced.
+    #[arg(long, default_value = DEFAULT_RENDER_SHARE_BURST, value_name = "SIZE")]
+    namespace_render_burst_bytes: ByteSize,
     /// The most data stackd reads from an installer's output Secret, measured before it is read; a
     /// larger one fails its own ClusterDeployment only (`InstallerOutputRefused`).
     #[arg(long, default_value = DEFAULT_INSTALLER_OUTPUT_BYTES, value_name = "SIZE")]
@@ -651,6 +660,8 @@ async fn run(args: RunArgs) -> ExitCode {
             render_bytes: bytes(args.max_render_bytes),
             installer_output_bytes: bytes(args.max_installer_output_bytes),
             installer_output_keys: args.max_installer_output_keys,
+            render_share_per_second: args.namespace_render_bytes_per_second.0,
+            render_share_burst: args.namespace_render_burst_bytes.0,
         },
         namespace_memory_budget: args
             .namespace_memory_budget

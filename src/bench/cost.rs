@@ -78,7 +78,7 @@ impl Snapshot {
 
 /// User and system CPU seconds of a process (`self` or a pid), from `/proc/<pid>/stat`; 0 where
 /// there is no procfs.
-fn cpu_seconds(pid: &str) -> f64 {
+pub(super) fn cpu_seconds(pid: &str) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0.0;
     };

@@ -69,6 +69,15 @@ impl RequestCounts {
             .sum()
     }
 
+    /// Requests of any verb to any resource in `namespace`.
+    pub fn in_namespace(&self, namespace: &str) -> u64 {
+        self.counts
+            .iter()
+            .filter(|(key, _)| key.namespace == namespace)
+            .map(|(_, count)| count)
+            .sum()
+    }
+
     /// All requests counted.
     pub fn total(&self) -> u64 {
         self.counts.values().sum()

@@ -5,6 +5,8 @@ mod asset;
 mod delivery;
 mod remote_host;
 
+pub(crate) use asset::{LOOKUPS_PER_NAMESPACE, credentials_recheck};
+
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;

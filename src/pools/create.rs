@@ -45,6 +45,9 @@ pub(super) struct Inputs {
     /// Secret on the host holds ([`bounds::host_secret_limit`]) less the pull secret and the
     /// credentials copied beside it.
     pub(super) config_limit: usize,
+    /// The bytes of the three Secrets read (and the template's rendered for each cluster): work
+    /// charged to the namespace's share.
+    pub(super) read_bytes: u64,
     pull: Option<Secret>,
     credentials: Option<Secret>,
 }
@@ -148,6 +151,7 @@ pub(super) async fn read_inputs(pool: &ClusterPool, ctx: &Ctx) -> Result<Read, P
     Ok(Read::Found(Box::new(Inputs {
         template,
         config_limit: host_limit.saturating_sub(copied),
+        read_bytes: template_bytes.saturating_add(copied) as u64,
         pull,
         credentials,
     })))

@@ -28,7 +28,6 @@ use super::leases;
 use super::machines::{self, MachinePlan};
 use super::membership::{self, PoolIdentity};
 use super::pass::{AFTER_A_LOST_RACE, Ctx, Executed, FIELD_MANAGER, Fresh, Observed, PoolError, RESYNC, Wake};
-use super::patch_share;
 use super::plan::{self, Delete, Plan, Why};
 use super::set_finalizers;
 use super::status;
@@ -146,8 +145,19 @@ pub(super) async fn run(
     let Some(add) = &plan.add else {
         return Ok(executed);
     };
+    // Reading the pool's Secrets and rendering from them is the namespace's work as much as
+    // applying patches is: a namespace past its share reads nothing until it is back.
+    let ns = pool.namespace().unwrap_or_default();
+    if let Err(wait) = ctx.patch_shares.admit(&ns) {
+        executed.patch_share_used = Some(ctx.patch_shares.share_used(&ns));
+        executed.wake.soon(wait);
+        return Ok(executed);
+    }
     let inputs = match read_inputs(pool, ctx).await? {
-        Read::Found(inputs) => inputs,
+        Read::Found(inputs) => {
+            ctx.patch_shares.charge(&ns, inputs.read_bytes);
+            inputs
+        }
         Read::Missing(missing) => {
             executed.missing_dependencies = missing;
             executed.wake.soon(missing_recheck(ctx));
@@ -278,7 +288,7 @@ async fn lease_entry(
         };
         if let Err(wait) = ctx.patch_shares.admit(&ns) {
             // Tried again, the newest generation then, once the namespace's share is back.
-            executed.patch_share_used = Some(patch_share::share_used(&ns, wait));
+            executed.patch_share_used = Some(ctx.patch_shares.share_used(&ns));
             executed.wake.soon(wait);
             return Ok(None);
         }

@@ -112,6 +112,9 @@ pub(super) struct Caches {
 
 impl Ctx {
     pub(super) fn new(tenant: Arc<TenantContext>, caches: Caches) -> Ctx {
+        let limits = &tenant.shared.settings.document_limits;
+        let patch_shares =
+            super::patch_share::PatchShares::new(limits.render_share_per_second, limits.render_share_burst);
         Ctx {
             tenant,
             pools: caches.pools,
@@ -125,7 +128,7 @@ impl Ctx {
             written: Written::default(),
             refusals: Mutex::default(),
             templates: super::templates::Templates::default(),
-            patch_shares: super::patch_share::PatchShares::default(),
+            patch_shares,
         }
     }
 
@@ -286,7 +289,7 @@ pub(super) struct Executed {
     pub(super) too_large: Option<String>,
     /// Why a new cluster's machines cannot be placed, found while placing them: no cluster is added.
     pub(super) contradiction: Option<String>,
-    /// The namespace used its share of the work of applying patches: no entry is tried until it is back.
+    /// The namespace used its share of the work of rendering: no entry is tried until it is back.
     pub(super) patch_share_used: Option<String>,
     /// The CDC copies written so far in the pass, these steps' included.
     pub(super) fresh: Fresh,

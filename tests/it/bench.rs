@@ -185,6 +185,23 @@ fn assert_blast_radius_contained(blast: &serde_json::Value) {
         blast["attack_writes_during_round"].as_u64().unwrap_or(0) > 0,
         "{blast:#}"
     );
+    // Issue 51: what A's objects cost over time, each measured alone.
+    let costs = &blast["costs"];
+    let growth = costs["crd_growth_of_charged"].as_f64().expect("CRD growth");
+    assert!(
+        costs["crd_charged_mib"].as_f64().unwrap_or(0.0) > 0.0 && growth <= 2.0,
+        "the daemon grew by more than twice what the tenant's CRDs are charged: {costs:#}"
+    );
+    let edit_cores = costs["edit_cores"].as_f64().expect("edit cores");
+    assert!(
+        edit_cores <= costs["edit_cores_bound"].as_f64().expect("bound"),
+        "one namespace's edited customizations took {edit_cores} cores: {costs:#}"
+    );
+    let requests = costs["asset_requests_per_s"].as_f64().expect("asset requests");
+    assert!(
+        requests <= costs["asset_requests_bound_per_s"].as_f64().expect("bound"),
+        "assets naming a missing Secret cost {requests} requests a second: {costs:#}"
+    );
     // The goal is 2× (full size, release). A few installs' p50 in a debug build on a loaded
     // machine is noisy, so the bound is looser; a daemon that A's attacks stall (a crash loop, a
     // tenant-wide backlog, megabytes of log reads per CRD event) costs B many times more.

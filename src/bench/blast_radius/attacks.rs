@@ -450,11 +450,11 @@ fn filler(bytes: usize, variant: usize) -> String {
     std::iter::repeat_n(letter, bytes).collect()
 }
 
-fn from_json<T: DeserializeOwned>(value: Value) -> Result<T, BenchError> {
+pub(super) fn from_json<T: DeserializeOwned>(value: Value) -> Result<T, BenchError> {
     serde_json::from_value(value).map_err(|e| BenchError::Io(std::io::Error::other(e)))
 }
 
-async fn create_namespace(tenant: &Client, name: &str) -> Result<(), BenchError> {
+pub(super) async fn create_namespace(tenant: &Client, name: &str) -> Result<(), BenchError> {
     let namespace: Namespace = from_json(json!({"metadata": {"name": name}}))?;
     Api::<Namespace>::all(tenant.clone())
         .create(&PostParams::default(), &namespace)
@@ -463,7 +463,7 @@ async fn create_namespace(tenant: &Client, name: &str) -> Result<(), BenchError>
 }
 
 /// A namespace with the Secrets a vSphere pool names.
-async fn pool_namespace(tenant: &Client, name: &str) -> Result<(), BenchError> {
+pub(super) async fn pool_namespace(tenant: &Client, name: &str) -> Result<(), BenchError> {
     create_namespace(tenant, name).await?;
     let secrets: Api<Secret> = Api::namespaced(tenant.clone(), name);
     for secret in [
@@ -477,7 +477,7 @@ async fn pool_namespace(tenant: &Client, name: &str) -> Result<(), BenchError> {
     Ok(())
 }
 
-async fn create_cdc(tenant: &Client, namespace: &str, name: &str, patches: Value) -> Result<(), BenchError> {
+pub(super) async fn create_cdc(tenant: &Client, namespace: &str, name: &str, patches: Value) -> Result<(), BenchError> {
     let cdc: ClusterDeploymentCustomization = from_json(json!({
         "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterDeploymentCustomization",
         "metadata": {"name": name},
@@ -490,7 +490,7 @@ async fn create_cdc(tenant: &Client, namespace: &str, name: &str, patches: Value
 }
 
 /// A vSphere pool of `size` named `name`, from the Secrets [`pool_namespace`] makes.
-fn pool_json(name: &str, size: i32) -> Value {
+pub(super) fn pool_json(name: &str, size: i32) -> Value {
     json!({
         "apiVersion": "pools.stackd.dev/v1alpha1", "kind": "ClusterPool",
         "metadata": {"name": name},
@@ -506,7 +506,7 @@ fn pool_json(name: &str, size: i32) -> Value {
     })
 }
 
-async fn create_pool(
+pub(super) async fn create_pool(
     tenant: &Client,
     namespace: &str,
     name: &str,

@@ -8,6 +8,7 @@
 //! 2× each); and what the daemon refused of each attack.
 
 mod attacks;
+mod costs;
 mod fixtures;
 mod supervisor;
 mod victim;
@@ -27,6 +28,7 @@ use crate::api::stacks::StackInstall;
 use crate::runtime::conditions::is_true;
 use crate::runtime::memory_budget::ByteSize;
 pub use attacks::AttackLoad;
+pub use costs::{CostFigures, CostLoad};
 pub use victim::VictimTimes;
 
 /// The daemon's address space, as in the patch-bomb test: an unbounded allocation aborts it (as a
@@ -39,6 +41,8 @@ const CHART_VALUES: &str = include_str!("../../../charts/stackd-controllers/valu
 #[derive(Clone, Copy, Debug)]
 pub struct BlastLoad {
     pub attacks: AttackLoad,
+    /// Issue 51's three costs, measured alone before the other attacks.
+    pub costs: CostLoad,
     /// B's installs per round.
     pub installs: usize,
     /// B's pool size per round.
@@ -77,6 +81,7 @@ impl BlastLoad {
         };
         BlastLoad {
             attacks,
+            costs: CostLoad::new(quick),
             installs: if quick { 3 } else { 10 },
             pool_size: if quick { 1 } else { 5 },
             refusal_wait: Duration::from_secs(if quick { 90 } else { 240 }),
@@ -120,6 +125,10 @@ pub struct BlastRadiusFigures {
     pub neighbour_install_p50_ratio: f64,
     #[serde(default)]
     pub neighbour_pool_fill_ratio: f64,
+    /// What package CRDs, heavily edited customizations and assets naming a missing Secret cost
+    /// (issue 51).
+    #[serde(default)]
+    pub costs: CostFigures,
 }
 
 pub async fn measure(load: &BlastLoad, keep_logs: Option<&std::path::Path>) -> Result<BlastRadiusFigures, BenchError> {
@@ -143,12 +152,22 @@ pub async fn measure(load: &BlastLoad, keep_logs: Option<&std::path::Path>) -> R
         victim::run(&attacker, "nb-idle", load.installs, load.pool_size),
     );
     let (idle, neighbour_idle) = (idle?, neighbour_idle?);
+    eprintln!("bench:   what tenant A's objects cost over time, each alone");
+    let stop = Arc::new(AtomicBool::new(false));
+    let (costs, edits) = costs::measure(
+        &attacker,
+        &fleet.tenants[0].1,
+        &a_name,
+        &daemon,
+        load.costs,
+        stop.clone(),
+    )
+    .await?;
     eprintln!("bench:   tenant A's attacks");
     attacks::launch(&attacker, load.attacks).await?;
     let refused = attacks::wait_refused(&attacker, load.attacks, load.refusal_wait).await?;
     eprintln!("bench:   refused before B's round: {refused:?}");
     eprintln!("bench:   tenant B's round, and A's neighbour namespace's, under attack");
-    let stop = Arc::new(AtomicBool::new(false));
     let churn = tokio::spawn(attacks::churn(attacker.clone(), load.attacks, stop.clone()));
     let (attacked, neighbour_attacked) = tokio::join!(
         victim::run(&victim, "attacked", load.installs, load.pool_size),
@@ -156,6 +175,7 @@ pub async fn measure(load: &BlastLoad, keep_logs: Option<&std::path::Path>) -> R
     );
     stop.store(true, Ordering::SeqCst);
     let attack_writes_during_round = churn.await.map_err(std::io::Error::other)??;
+    edits.await.map_err(std::io::Error::other)??;
     let (attacked, neighbour_attacked) = (attacked?, neighbour_attacked?);
 
     let metrics = daemon.metrics().await;
@@ -182,6 +202,7 @@ pub async fn measure(load: &BlastLoad, keep_logs: Option<&std::path::Path>) -> R
         neighbour_pool_fill_ratio: neighbour_attacked.pool_fill_s / neighbour_idle.pool_fill_s.max(1e-6),
         neighbour_idle,
         neighbour_attacked,
+        costs,
     })
 }
 
@@ -232,7 +253,10 @@ pub fn lines(f: &BlastRadiusFigures) -> String {
          refused (of made): {}\n\
          daemon restarts {} (goal 0){exits}; peak RSS {:.1} MiB of the chart's {:.0} MiB limit ({:.2}; goal at most 1); A suspended: {}, B suspended: {}\n\
          tenant B install p50 {:.2} s under attack vs {:.2} s with A idle ({:.2}x; goal at most 2x); slowest {:.2} s vs {:.2} s; pool filled in {:.2} s vs {:.2} s ({:.2}x)\n\
-         tenant A's neighbour namespace install p50 {:.2} s under attack vs {:.2} s idle ({:.2}x; goal at most 2x); pool filled in {:.2} s vs {:.2} s ({:.2}x)\n",
+         tenant A's neighbour namespace install p50 {:.2} s under attack vs {:.2} s idle ({:.2}x; goal at most 2x); pool filled in {:.2} s vs {:.2} s ({:.2}x)\n\
+         {} package CRDs: charged {:.2} MiB, the daemon grew {:.2} MiB ({:.2}x; goal at most 2x)\n\
+         customizations edited {:.0} times a second: {:.3} cores over {:.3} idle (goal at most {:.2})\n\
+         {} assets naming a missing Secret: {:.2} requests a second in their namespace (bound {:.0})\n",
         f.attack_writes_during_round,
         f.idle.installs,
         f.idle.pool_size,
@@ -257,6 +281,17 @@ pub fn lines(f: &BlastRadiusFigures) -> String {
         f.neighbour_attacked.pool_fill_s,
         f.neighbour_idle.pool_fill_s,
         f.neighbour_pool_fill_ratio,
+        f.costs.crds,
+        f.costs.crd_charged_mib,
+        f.costs.crd_rss_growth_mib,
+        f.costs.crd_growth_of_charged,
+        f.costs.edits_per_s,
+        f.costs.edit_cores,
+        f.costs.idle_cores,
+        f.costs.edit_cores_bound,
+        f.costs.assets,
+        f.costs.asset_requests_per_s,
+        f.costs.asset_requests_bound_per_s,
     )
 }
 

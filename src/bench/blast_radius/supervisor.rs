@@ -107,6 +107,16 @@ impl Supervised {
             .unwrap_or_default()
     }
 
+    /// The current process's CPU seconds (user and system) and resident memory in MiB.
+    pub(super) async fn usage(&self) -> (f64, f64) {
+        let state = self.state.lock().await;
+        let pid = state.daemon.child.id().map(|p| p.to_string()).unwrap_or_default();
+        (
+            super::super::cost::cpu_seconds(&pid),
+            state.daemon.rss_mib().unwrap_or(0.0),
+        )
+    }
+
     /// The current process's log.
     pub(super) async fn log(&self) -> PathBuf {
         self.state.lock().await.daemon.log.clone()

@@ -9,6 +9,7 @@
 //! reconcile waits.
 
 mod awaited;
+pub(crate) use awaited::LOOKUPS_PER_NAMESPACE;
 mod plan;
 mod reach;
 mod remote;
@@ -94,7 +95,7 @@ pub(crate) async fn run(context: Arc<TenantContext>, cancel: CancellationToken) 
         assets: assets.store(),
         wake: wake.clone(),
     };
-    let interval = credentials_recheck(&context);
+    let interval = credentials_recheck(context.shared.settings.backoff.base);
     let _lookups = AbortOnDropHandle::new(tokio::spawn(awaited.clone().run(lookups, interval, cancel.clone())));
     let ctx = Arc::new(Ctx {
         tenant: context.clone(),
@@ -192,9 +193,8 @@ async fn patch_metadata(
 
 /// Tenant Secrets are not watched (there are too many): how often the Secrets assets wait on are
 /// looked at again (`awaited`).
-fn credentials_recheck(tenant: &TenantContext) -> Duration {
-    let settings = &tenant.shared.settings;
-    settings.backoff.base.saturating_mul(10).min(Duration::from_secs(30))
+pub(crate) fn credentials_recheck(backoff_base: Duration) -> Duration {
+    backoff_base.saturating_mul(10).min(Duration::from_secs(30))
 }
 
 /// Checks the credentials and the cluster, delivers the host, and writes what it found. While the
