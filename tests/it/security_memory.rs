@@ -376,3 +376,120 @@ async fn the_crds_a_tenant_serves_are_charged_what_the_daemon_keeps_of_them() {
         mib(charged)
     );
 }
+
+/// One tenant kind's objects for [`each_cached_kind_is_charged_about_what_it_takes`]: its
+/// resource, and the object numbered `i` (each some tens of KiB decoded).
+struct CachedKind {
+    resource: kube::api::ApiResource,
+    count: usize,
+    object: fn(usize) -> Value,
+}
+
+fn cached_kinds() -> Vec<CachedKind> {
+    let resource = |group: &str, kind: &str| {
+        kube::api::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(group, "v1alpha1", kind))
+    };
+    vec![
+        CachedKind {
+            resource: resource("pools.stackd.dev", "ClusterDeploymentCustomization"),
+            count: 40,
+            // Small numbers: two bytes of JSON each, many times that decoded.
+            object: |i| json!({"metadata": {"name": format!("c{i}")}, "spec": {"installConfigPatches": bulky_patches(4_000)}}),
+        },
+        CachedKind {
+            resource: resource("pools.stackd.dev", "ClusterPool"),
+            count: 40,
+            // A size-0 pool whose inventory names 400 customizations: nothing to make, all to keep.
+            object: |i| {
+                let inventory: Vec<Value> = (0..400).map(|e| json!({"name": format!("entry-{e:03}")})).collect();
+                let mut pool = pool_json(&format!("p{i}"), 0, None);
+                pool["metadata"].as_object_mut().map(|m| m.remove("namespace"));
+                pool["spec"]["inventory"] = json!(inventory);
+                pool
+            },
+        },
+        CachedKind {
+            resource: resource("inventory.stackd.dev", "BareMetalAsset"),
+            count: 800,
+            // Labels and annotations are kept with every object.
+            object: |i| {
+                let labels: serde_json::Map<String, Value> = (0..30)
+                    .map(|l| (format!("example.org/label-{l}"), json!(format!("value-{l}"))))
+                    .collect();
+                json!({
+                    "metadata": {"name": format!("a{i}"), "labels": labels,
+                        "annotations": {"example.org/notes": "x".repeat(2_000)}},
+                    "spec": {"bmc": {"address": format!("ipmi://10.2.{}.{}", i / 250, i % 250), "credentialsName": "bmc"},
+                        "bootMACAddress": format!("00:1d:44:11:{:02x}:{:02x}", i / 256, i % 256)},
+                })
+            },
+        },
+    ]
+}
+
+/// Issue 51: the budget must see what the caches take. For each kind the tenant's namespaces fill
+/// (a namespace of its own each), the daemon's resident growth once the objects are cached is at
+/// most twice what its tenant is charged for them, plus what any start of work leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_cached_kind_is_charged_about_what_it_takes() {
+    /// Reconciles, Events and status writes of a few hundred objects, and the allocator's pages.
+    const SLACK: u64 = 8 << 20;
+    let fleet = Fleet::start(&["acme"]).await;
+    let tenant = fleet.tenant_server("acme").client().await;
+    prepare(&tenant).await;
+    let daemon = daemon(
+        &fleet,
+        &["--tenant-memory-budget", "512Mi", "--namespace-memory-budget", "128Mi"],
+    );
+    daemon
+        .wait_for("/metrics", "stackd_tenant_up{tenant=\"acme\"} 1", WITHIN)
+        .await;
+    for kind in cached_kinds() {
+        let namespace = format!("k-{}", kind.resource.plural);
+        let ns: k8s_openapi::api::core::v1::Namespace =
+            serde_json::from_value(json!({"metadata": {"name": namespace}})).expect("namespace");
+        Api::all(tenant.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("create namespace");
+        let (charged_before, resident_before) = (cached_bytes(&daemon), daemon.rss_bytes());
+        let api: Api<kube::api::DynamicObject> = Api::namespaced_with(tenant.clone(), &namespace, &kind.resource);
+        for i in 0..kind.count {
+            let mut object = (kind.object)(i);
+            object["apiVersion"] = json!(kind.resource.api_version);
+            object["kind"] = json!(kind.resource.kind);
+            let object: kube::api::DynamicObject = serde_json::from_value(object).expect("object");
+            api.create(&PostParams::default(), &object).await.expect("create");
+        }
+        // Charged: every object in and its status written (a pool's names each inventory entry),
+        // the charge unchanged for three seconds.
+        let seen = std::cell::Cell::new((0, std::time::Instant::now()));
+        until("the objects are charged", WITHIN, &daemon, || async {
+            let now = cached_bytes(&daemon);
+            let (last, since) = seen.get();
+            if now != last {
+                seen.set((now, std::time::Instant::now()));
+            }
+            now > charged_before && now == last && since.elapsed() >= std::time::Duration::from_secs(3)
+        })
+        .await;
+        let last = seen.get().0;
+        let charged = last - charged_before;
+        let growth = daemon.rss_bytes().saturating_sub(resident_before);
+        eprintln!(
+            "{}: {} objects charged {:.2} MiB, the daemon grew {:.2} MiB",
+            kind.resource.kind,
+            kind.count,
+            mib(charged),
+            mib(growth)
+        );
+        assert!(
+            growth <= 2 * charged + SLACK,
+            "{} {}: the daemon grew by {:.1} MiB; they are charged {:.1} MiB",
+            kind.count,
+            kind.resource.kind,
+            mib(growth),
+            mib(charged)
+        );
+    }
+}
