@@ -379,7 +379,13 @@ enum PackageCommand {
     },
     /// Judge the package in DIR as the daemon would judge an install of it, every problem at once;
     /// exit 1 when there is any.
-    Check(PackageCheckArgs),
+    Check {
+        #[command(flatten)]
+        check: PackageCheckArgs,
+        /// How to print the verdict.
+        #[arg(long, value_enum, default_value = "text", value_name = "FORMAT")]
+        output: CheckOutput,
+    },
     /// Check the package in DIR, then write its image (FROM scratch, /.registry) as an OCI archive;
     /// the same package gives the same digest.
     Build {
@@ -390,7 +396,7 @@ enum PackageCommand {
         tag: String,
         /// The archive to write (default: <DIR's name>.oci.tar).
         #[arg(short = 'o', long = "output", value_name = "FILE")]
-        output: Option<PathBuf>,
+        archive: Option<PathBuf>,
     },
 }
 
@@ -426,9 +432,6 @@ struct PackageCheckArgs {
     /// The host's --stack-toleration; repeat.
     #[arg(long, value_name = "KEY[=VALUE][:EFFECT]")]
     stack_toleration: Vec<AllowedToleration>,
-    /// How to print the verdict.
-    #[arg(long, value_enum, default_value = "text", value_name = "FORMAT")]
-    output: CheckOutput,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -1052,9 +1055,9 @@ fn package(command: PackageCommand) -> ExitCode {
                 Err(err) => fail("stackd package init", err),
             }
         }
-        PackageCommand::Check(args) => {
+        PackageCommand::Check { check: args, output } => {
             let report = check::check(&args.options());
-            match args.output {
+            match output {
                 CheckOutput::Text => print!("{}", report.to_text()),
                 CheckOutput::Json => match serde_json::to_string_pretty(&report) {
                     Ok(json) => println!("{json}"),
@@ -1070,7 +1073,7 @@ fn package(command: PackageCommand) -> ExitCode {
         PackageCommand::Build {
             check: args,
             tag,
-            output,
+            archive,
         } => {
             let report = check::check(&args.options());
             if !report.passed() {
@@ -1078,7 +1081,7 @@ fn package(command: PackageCommand) -> ExitCode {
                 return fail("stackd package build", "the package fails its check: nothing was built");
             }
             let name = args.dir.file_name().and_then(|n| n.to_str()).unwrap_or("package");
-            let output = output.unwrap_or_else(|| PathBuf::from(format!("{name}.oci.tar")));
+            let output = archive.unwrap_or_else(|| PathBuf::from(format!("{name}.oci.tar")));
             let built = build::build(&report.registry_dir, &tag)
                 .and_then(|image| Ok((build::archive(&image)?, image.digest())))
                 .and_then(|(archive, digest)| build::write_file(&output, &archive).map(|()| digest));
