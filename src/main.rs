@@ -398,6 +398,21 @@ enum PackageCommand {
         #[arg(short = 'o', long = "output", value_name = "FILE")]
         archive: Option<PathBuf>,
     },
+    /// Push an archive `build` wrote to an OCI registry as IMAGE (the same digest), with the
+    /// credentials of a docker config file.
+    Push {
+        /// The archive.
+        file: PathBuf,
+        /// Where to push it: registry/repository:tag.
+        image: String,
+        /// The docker config file holding the registry's credentials (default:
+        /// $DOCKER_CONFIG/config.json, else ~/.docker/config.json; none: anonymous).
+        #[arg(long, value_name = "PATH")]
+        registry_config: Option<PathBuf>,
+        /// Speak plain HTTP to the registry (only one on loopback).
+        #[arg(long)]
+        plain_http: bool,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -1092,6 +1107,28 @@ fn package(command: PackageCommand) -> ExitCode {
                 }
                 Err(err) => fail("stackd package build", err),
             }
+        }
+        PackageCommand::Push {
+            file,
+            image,
+            registry_config,
+            plain_http,
+        } => {
+            let options = stackd::package::push::PushOptions {
+                archive: file,
+                image: image.clone(),
+                registry_config,
+                plain_http,
+            };
+            block_on(async move {
+                match stackd::package::push::push(&options).await {
+                    Ok(digest) => {
+                        println!("{image}@{digest}");
+                        ExitCode::SUCCESS
+                    }
+                    Err(err) => fail("stackd package push", err),
+                }
+            })
         }
     }
 }
