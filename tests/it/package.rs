@@ -424,3 +424,185 @@ fn a_built_image_is_reproducible_and_unpacks_as_the_install_job_unpacks_it() {
     assert!(text(&out.stderr).contains("install.yaml"), "{}", text(&out.stderr));
     assert!(!refused.exists(), "nothing was built");
 }
+
+/// The distribution registry Debian packages (`docker-registry`), which scripts/test installs.
+const REGISTRY_BINARY: &str = "/usr/bin/docker-registry";
+/// The user that may push, and a bcrypt hash of its password (`mkpasswd -m bcrypt`).
+const PUSHER: (&str, &str, &str) = (
+    "pusher",
+    "stackd-push-test",
+    "$2b$05$D3Ui50eVf9PEt1RLqjvpxORVvvCmXYybpz87A6Nt9QtTITsIhuOi2",
+);
+
+/// A registry on a free loopback port, with its storage and config in a temp dir; stopped on drop.
+struct LocalRegistry {
+    child: std::process::Child,
+    address: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for LocalRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl LocalRegistry {
+    /// Starts the registry, with htpasswd (basic) auth. A port taken between being found free and
+    /// the registry binding it makes the registry exit: then another port is tried.
+    async fn start() -> LocalRegistry {
+        assert!(
+            Path::new(REGISTRY_BINARY).exists(),
+            "{REGISTRY_BINARY} is missing: run scripts/test, which installs Debian's docker-registry package"
+        );
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("htpasswd"), format!("{}:{}\n", PUSHER.0, PUSHER.2)).expect("htpasswd");
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            let address = format!("127.0.0.1:{port}");
+            let config = format!(
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root}\nhttp:\n  addr: {address}\n  secret: stackd-test\nauth:\n  htpasswd:\n    realm: {realm}\n    path: {htpasswd}\n",
+                realm = realm(&address),
+                root = dir.path().join("storage").display(),
+                htpasswd = dir.path().join("htpasswd").display(),
+            );
+            let config_path = dir.path().join("config.yml");
+            std::fs::write(&config_path, config).expect("config");
+            let log = std::fs::File::create(dir.path().join("registry.log")).expect("log");
+            let mut child = Command::new(REGISTRY_BINARY)
+                .arg("serve")
+                .arg(&config_path)
+                .stdout(log.try_clone().expect("log"))
+                .stderr(log)
+                .spawn()
+                .expect("start the registry");
+            if answers(&mut child, &address).await {
+                return LocalRegistry {
+                    child,
+                    address,
+                    _dir: dir,
+                };
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("the registry did not start on any of 5 free ports");
+    }
+}
+
+/// Waits until the registry takes connections; false when it exited (its port was taken).
+/// The registry's realm: its own, so that it is told from another listener on its port.
+fn realm(address: &str) -> String {
+    format!("stackd-test-{}-{address}", std::process::id())
+}
+
+async fn answers(child: &mut std::process::Child, address: &str) -> bool {
+    for _ in 0..200 {
+        if child.try_wait().ok().flatten().is_some() {
+            return false;
+        }
+        // Ours, not whatever else took the port: it asks for credentials in its own realm.
+        if let Ok(mut stream) = tokio::net::TcpStream::connect(address).await {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut answer = String::new();
+            let asked = stream.write_all(b"GET /v2/ HTTP/1.0\r\n\r\n").await.is_ok()
+                && stream.read_to_string(&mut answer).await.is_ok();
+            if asked && answer.contains(&format!("realm=\"{}\"", realm(address))) {
+                return true;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_package_goes_from_init_to_a_registry_and_back_to_unpack() {
+    let registry = LocalRegistry::start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let package = dir.path().join("my-stack");
+    init(&package, &[]);
+    let out = stackd(&["package", "check", package.to_str().expect("utf-8")]);
+    assert!(out.status.success(), "check: {}", text(&out.stdout));
+    let image = format!("{}/team/my-stack:v0.1.0", registry.address);
+    let archive = dir.path().join("my-stack.oci.tar");
+    let out = stackd(&[
+        "package",
+        "build",
+        package.to_str().expect("utf-8"),
+        "-t",
+        &image,
+        "-o",
+        archive.to_str().expect("utf-8"),
+    ]);
+    assert!(out.status.success(), "build: {}", text(&out.stderr));
+    let built = text(&out.stdout);
+    let digest = built.trim_end().rsplit('@').next().expect("digest").to_string();
+
+    // Without credentials the registry refuses, and says so.
+    let push = |config: &Path| {
+        stackd(&[
+            "package",
+            "push",
+            archive.to_str().expect("utf-8"),
+            &image,
+            "--registry-config",
+            config.to_str().expect("utf-8"),
+            "--plain-http",
+        ])
+    };
+    let anonymous = dir.path().join("anonymous.json");
+    std::fs::write(&anonymous, r#"{"auths": {}}"#).expect("config");
+    let out = push(&anonymous);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    assert!(text(&out.stderr).contains(&registry.address), "{}", text(&out.stderr));
+
+    // With the credentials `docker login` would have written.
+    use base64::Engine;
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", PUSHER.0, PUSHER.1));
+    let config = dir.path().join("config.json");
+    std::fs::write(
+        &config,
+        json!({"auths": {registry.address.clone(): {"auth": basic}}}).to_string(),
+    )
+    .expect("config");
+    let out = push(&config);
+    assert!(out.status.success(), "push: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim_end(), format!("{image}@{digest}"));
+    assert!(!text(&out.stderr).contains(PUSHER.1), "no secret in the output");
+
+    // Pulled back: the same manifest, and a layer the install Job unpacks.
+    let client = stackd::package::push::client(&registry.address, true).expect("client");
+    let reference: oci_client::Reference = image.parse().expect("reference");
+    let auth = oci_client::secrets::RegistryAuth::Basic(PUSHER.0.into(), PUSHER.1.into());
+    let (manifest, pulled_digest) = client
+        .pull_manifest_raw(&reference, &auth, &[stackd::package::build::MANIFEST_MEDIA_TYPE])
+        .await
+        .expect("pull the manifest");
+    assert_eq!(pulled_digest, digest);
+    let manifest: Value = serde_json::from_slice(&manifest).expect("manifest");
+    let layer_digest = manifest["layers"][0]["digest"].as_str().expect("layer").to_string();
+    let mut layer = Vec::new();
+    client
+        .pull_blob(&reference, layer_digest.as_str(), &mut layer)
+        .await
+        .expect("pull the layer");
+    let root = tempfile::tempdir().expect("temp dir");
+    extract(&layer, root.path());
+    let out = stackd(&[
+        "unpack",
+        "--content-dir",
+        root.path().join(".registry").to_str().expect("utf-8"),
+        "--permission-scope",
+        "Namespaced",
+        "--package-image",
+        &image,
+    ]);
+    assert!(out.status.success(), "unpack: {}", text(&out.stderr));
+    let contents = stream::decode(&text(&out.stdout), 10).expect("the install output");
+    assert_eq!(contents.crds.len(), 1);
+}
