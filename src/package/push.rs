@@ -172,6 +172,21 @@ pub fn target(options: &PushOptions) -> Result<(Reference, RegistryAuth), PushEr
     Ok((reference, auth))
 }
 
+/// The registry's answer, with what to do about the usual ones.
+fn with_hint(message: String, registry: &str, plain_http: bool) -> String {
+    let hint = if ["401", "403", "UNAUTHORIZED", "DENIED"]
+        .iter()
+        .any(|m| message.contains(m))
+    {
+        "; give the registry's credentials in a docker config file (--registry-config, default ~/.docker/config.json), e.g. with `docker login`"
+    } else if !plain_http && on_loopback(registry) && message.contains("error sending request") {
+        "; a registry on loopback that speaks plain HTTP needs --plain-http"
+    } else {
+        ""
+    };
+    format!("{message}{hint}")
+}
+
 /// Pushes the archive's image; its digest.
 pub async fn push(options: &PushOptions) -> Result<String, PushError> {
     let bytes = std::fs::read(&options.archive).map_err(|source| PushError::Read {
@@ -184,7 +199,7 @@ pub async fn push(options: &PushOptions) -> Result<String, PushError> {
     let client = client(&registry, options.plain_http)?;
     let refused = |err: oci_client::errors::OciDistributionError| PushError::Registry {
         registry: registry.clone(),
-        message: err.to_string(),
+        message: with_hint(err.to_string(), &registry, options.plain_http),
     };
     client
         .auth(&reference, &auth, RegistryOperation::Push)

@@ -559,7 +559,11 @@ async fn a_package_goes_from_init_to_a_registry_and_back_to_unpack() {
     std::fs::write(&anonymous, r#"{"auths": {}}"#).expect("config");
     let out = push(&anonymous);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
-    assert!(text(&out.stderr).contains(&registry.address), "{}", text(&out.stderr));
+    let refused = text(&out.stderr);
+    assert!(
+        refused.contains(&registry.address) && refused.contains("--registry-config"),
+        "{refused}"
+    );
 
     // With the credentials `docker login` would have written.
     use base64::Engine;
