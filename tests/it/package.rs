@@ -14,6 +14,7 @@ use stackd::package::check::{CheckOptions, check};
 use stackd::stacks::install::FAILURE_REASONS;
 use stackd::stacks::stream;
 
+use super::stacks_crossplane::{install_platform_types, write_provider, write_templating_stack};
 use super::stacks_install::{StackFleet, crd_names, create_install, create_namespace, wait_for_reason};
 use crate::harness::{Daemon, wait_until};
 
@@ -287,12 +288,24 @@ async fn check_gives_the_daemons_verdict_on_every_package_of_the_suite() {
         "{message}\n{}",
         report.to_text()
     );
-    // The next version of the sample, in a tenant of its own (in acme the sample holds its group).
+    // The next version of the sample, and the Crossplane packages (whose CRDs share groups with
+    // packages above), in a tenant of their own: in acme another package holds their groups.
+    write_provider(&fleet);
+    write_templating_stack(&fleet);
+    install_platform_types(&fleet.tenant("beta")).await;
+    let beta: Vec<String> = ["sample-stack-next", "xp-provider", "xp-sample"]
+        .into_iter()
+        .map(image)
+        .collect();
     agree(
         &fleet,
         "beta",
         &daemon,
-        &[("sample-stack-next", &image("sample-stack-next"), &[])],
+        &[
+            ("sample-stack-next", &beta[0], &[]),
+            ("xp-provider", &beta[1], &[]),
+            ("xp-sample", &beta[2], &[]),
+        ],
     )
     .await;
 }
