@@ -45,7 +45,7 @@ enum Command {
     /// Turn a stack package's `.registry` directory into the YAML stream the daemon applies (the
     /// install Job's main container).
     Unpack(UnpackArgs),
-    /// Author stack packages: write a new one, check it as the daemon would, build its image.
+    /// Author stack packages: write a new one, check it as the daemon would, build its image, push it.
     #[command(subcommand)]
     Package(PackageCommand),
     /// Print the CustomResourceDefinitions generated from the Rust types (the tenants'; `--host`: the
@@ -1095,7 +1095,9 @@ fn package(command: PackageCommand) -> ExitCode {
                 eprint!("{}", report.to_text());
                 return fail("stackd package build", "the package fails its check: nothing was built");
             }
-            let name = args.dir.file_name().and_then(|n| n.to_str()).unwrap_or("package");
+            // The package directory's name, also when DIR is its .registry.
+            let package_dir = report.registry_dir.parent().unwrap_or(&report.registry_dir);
+            let name = package_dir.file_name().and_then(|n| n.to_str()).unwrap_or("package");
             let output = archive.unwrap_or_else(|| PathBuf::from(format!("{name}.oci.tar")));
             let built = build::build(&report.registry_dir, &tag)
                 .and_then(|image| Ok((build::archive(&image)?, image.digest())))
