@@ -8,6 +8,7 @@ pub mod dev;
 pub mod embedded;
 pub mod host;
 pub mod inventory;
+pub mod package;
 pub mod pools;
 pub mod runtime;
 pub mod stacks;

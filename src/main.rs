@@ -45,6 +45,9 @@ enum Command {
     /// Turn a stack package's `.registry` directory into the YAML stream the daemon applies (the
     /// install Job's main container).
     Unpack(UnpackArgs),
+    /// Author stack packages: write a new one, check it as the daemon would, build its image, push it.
+    #[command(subcommand)]
+    Package(PackageCommand),
     /// Print the CustomResourceDefinitions generated from the Rust types (the tenants'; `--host`: the
     /// host's).
     Crds(CrdsArgs),
@@ -369,6 +372,120 @@ struct UnpackArgs {
     templating_controller_image: String,
 }
 
+#[derive(Subcommand, Debug)]
+enum PackageCommand {
+    /// Write a new package into DIR (created, or empty): app.yaml, one CRD, the controller
+    /// (install.yaml, or behavior.yaml with --templating) and a README.
+    Init {
+        /// The package directory; its name names the package.
+        dir: PathBuf,
+        /// The install kind that installs it: Namespaced (StackInstall) or Cluster (ClusterStackInstall).
+        #[arg(long, default_value = "Namespaced", value_name = "SCOPE")]
+        scope: PermissionScope,
+        /// A templating stack: behavior.yaml and a kustomization, no controller of its own.
+        #[arg(long)]
+        templating: bool,
+    },
+    /// Judge the package in DIR as the daemon would judge an install of it, every problem at once;
+    /// exit 1 when there is any.
+    Check {
+        #[command(flatten)]
+        check: PackageCheckArgs,
+        /// How to print the verdict.
+        #[arg(long, value_enum, default_value = "text", value_name = "FORMAT")]
+        output: CheckOutput,
+    },
+    /// Check the package in DIR, then write its image (FROM scratch, /.registry) as an OCI archive;
+    /// the same package gives the same digest.
+    Build {
+        #[command(flatten)]
+        check: PackageCheckArgs,
+        /// The image name the archive carries.
+        #[arg(short = 't', long = "tag", value_name = "IMAGE")]
+        tag: String,
+        /// The archive to write (default: <DIR's name>.oci.tar).
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        archive: Option<PathBuf>,
+    },
+    /// Push an archive `build` wrote to an OCI registry as IMAGE (the same digest), with the
+    /// credentials of a docker config file.
+    Push {
+        /// The archive.
+        file: PathBuf,
+        /// Where to push it: registry/repository:tag.
+        image: String,
+        /// The docker config file holding the registry's credentials (default:
+        /// $DOCKER_CONFIG/config.json, else ~/.docker/config.json; none: anonymous).
+        #[arg(long, value_name = "PATH")]
+        registry_config: Option<PathBuf>,
+        /// Speak plain HTTP to the registry (only one on loopback).
+        #[arg(long)]
+        plain_http: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+struct PackageCheckArgs {
+    /// The package directory (holding .registry) or its .registry directory.
+    dir: PathBuf,
+    /// The install kind's scope; the one app.yaml declares when not given.
+    #[arg(long, value_name = "SCOPE")]
+    scope: Option<PermissionScope>,
+    /// The package image the install will name (checked against --registries, run by containers
+    /// that name no image).
+    #[arg(long, value_name = "IMAGE")]
+    image: Option<String>,
+    /// The host's --allowed-registries. Without it, any registry.
+    #[arg(long, default_value = "", value_name = "HOST[/PATH],...", requires = "image")]
+    registries: AllowedRegistries,
+    /// The host's --platform-dependency-groups: the platform types dependsOn may name.
+    #[arg(long, default_value = PLATFORM_TYPE_GROUPS, value_name = "GROUP,*.DOMAIN,...")]
+    types: CrdGroups,
+    /// The host's --stack-crd-groups.
+    #[arg(long, default_value = "*", value_name = "GROUP,*.DOMAIN,...")]
+    stack_crd_groups: CrdGroups,
+    /// An API group whose CRDs another stack installed on the tenant (dependsOn may name it); repeat.
+    #[arg(long, value_name = "GROUP")]
+    installed_group: Vec<String>,
+    /// The host's --max-package-crds.
+    #[arg(long, default_value_t = DEFAULT_MAX_PACKAGE_CRDS, value_name = "N")]
+    max_package_crds: usize,
+    /// The host's --stack-node-selector; repeat.
+    #[arg(long, value_name = "KEY=VALUE")]
+    stack_node_selector: Vec<NodeLabel>,
+    /// The host's --stack-toleration; repeat.
+    #[arg(long, value_name = "KEY[=VALUE][:EFFECT]")]
+    stack_toleration: Vec<AllowedToleration>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum CheckOutput {
+    Text,
+    Json,
+}
+
+impl PackageCheckArgs {
+    fn options(&self) -> stackd::package::check::CheckOptions {
+        let mut options = stackd::package::check::CheckOptions::new(&self.dir);
+        options.scope = self.scope;
+        options.image = self.image.clone();
+        options.registries = self.registries.clone();
+        options.types = self.types.clone();
+        options.crd_groups = self.stack_crd_groups.clone();
+        options.installed_groups = self.installed_group.clone();
+        options.max_crds = self.max_package_crds;
+        options.pod_policy = PodPolicy {
+            node_selector: self
+                .stack_node_selector
+                .iter()
+                .map(|label| (label.key.clone(), label.value.clone()))
+                .collect(),
+            tolerations: self.stack_toleration.clone(),
+        };
+        options
+    }
+}
+
 #[derive(Args, Debug)]
 struct StatusArgs {
     /// Kubeconfig of the host cluster. Without it: in-cluster config, then $KUBECONFIG.
@@ -471,6 +588,7 @@ fn main() -> ExitCode {
         Command::Run(args) => block_on(run(*args)),
         Command::Dev(args) => block_on(dev(args)),
         Command::Unpack(args) => unpack(args),
+        Command::Package(command) => package(command),
         Command::Tenant(TenantCommand::Purge { name, host }) => block_on(purge(name, host)),
         Command::Bench(args) => block_on(bench(args)),
         Command::Status(args) => block_on(status(args)),
@@ -945,6 +1063,85 @@ fn unpack(args: UnpackArgs) -> ExitCode {
         Err(err) => {
             eprintln!("stackd unpack: {err}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+fn package(command: PackageCommand) -> ExitCode {
+    use stackd::package::{build, check, init};
+    match command {
+        PackageCommand::Init { dir, scope, templating } => {
+            match init::init(&init::InitOptions { dir, scope, templating }) {
+                Ok(written) => {
+                    for path in written {
+                        println!("wrote {}", path.display());
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(err) => fail("stackd package init", err),
+            }
+        }
+        PackageCommand::Check { check: args, output } => {
+            let report = check::check(&args.options());
+            match output {
+                CheckOutput::Text => print!("{}", report.to_text()),
+                CheckOutput::Json => match serde_json::to_string_pretty(&report) {
+                    Ok(json) => println!("{json}"),
+                    Err(err) => return fail("stackd package check", err),
+                },
+            }
+            if report.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        PackageCommand::Build {
+            check: args,
+            tag,
+            archive,
+        } => {
+            let report = check::check(&args.options());
+            if !report.passed() {
+                eprint!("{}", report.to_text());
+                return fail("stackd package build", "the package fails its check: nothing was built");
+            }
+            // The package directory's name, also when DIR is its .registry.
+            let package_dir = report.registry_dir.parent().unwrap_or(&report.registry_dir);
+            let name = package_dir.file_name().and_then(|n| n.to_str()).unwrap_or("package");
+            let output = archive.unwrap_or_else(|| PathBuf::from(format!("{name}.oci.tar")));
+            let built = build::build(&report.registry_dir, &tag)
+                .and_then(|image| Ok((build::archive(&image)?, image.digest())))
+                .and_then(|(archive, digest)| build::write_file(&output, &archive).map(|()| digest));
+            match built {
+                Ok(digest) => {
+                    println!("{} {tag}@{digest}", output.display());
+                    ExitCode::SUCCESS
+                }
+                Err(err) => fail("stackd package build", err),
+            }
+        }
+        PackageCommand::Push {
+            file,
+            image,
+            registry_config,
+            plain_http,
+        } => {
+            let options = stackd::package::push::PushOptions {
+                archive: file,
+                image: image.clone(),
+                registry_config,
+                plain_http,
+            };
+            block_on(async move {
+                match stackd::package::push::push(&options).await {
+                    Ok(digest) => {
+                        println!("{image}@{digest}");
+                        ExitCode::SUCCESS
+                    }
+                    Err(err) => fail("stackd package push", err),
+                }
+            })
         }
     }
 }

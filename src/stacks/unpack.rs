@@ -211,6 +211,16 @@ pub fn unpack(options: &UnpackOptions) -> Result<PackageContents, UnpackError> {
     Ok(PackageContents { crds, stack })
 }
 
+/// The permission scope the package in `dir` declares (the default when app.yaml cannot be read:
+/// [`unpack`] reports why), for `stackd package check`, which judges a package as the install of
+/// its own scope would.
+pub fn declared_scope(dir: &Path) -> PermissionScope {
+    parse_file::<AppFile>(&dir.join("app.yaml"), "app.yaml")
+        .ok()
+        .and_then(|app| app.permission_scope)
+        .unwrap_or_default()
+}
+
 /// app.yaml as Crossplane defined it; unknown fields (icons, ...) are ignored.
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]

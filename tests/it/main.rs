@@ -30,6 +30,7 @@ mod host_outage;
 mod inventory;
 mod kubectl;
 mod logs;
+mod package;
 mod pod_troubles;
 mod pools;
 mod pools_seeds;

@@ -96,7 +96,7 @@ fn write(root: &Path, files: &[(&str, &str)]) {
 /// A provider package: CRDs in `resources/<group>/<plural>.crd.yaml` and `resources/<file>.crd.yaml`,
 /// a dependency on the types chart's claim groups, Crossplane's label in the template and the
 /// selector, no image (the package image runs), and UI metadata.
-fn write_provider(fleet: &StackFleet) {
+pub(crate) fn write_provider(fleet: &StackFleet) {
     let root = fleet.dir.path().join("packages/xp-provider/.registry");
     write(
         &root,
@@ -131,7 +131,7 @@ fn write_provider(fleet: &StackFleet) {
 }
 
 /// The claim kinds Crossplane's types chart puts into every tenant: not a stack's.
-async fn install_platform_types(tenant: &Client) {
+pub(crate) async fn install_platform_types(tenant: &Client) {
     let crd: CustomResourceDefinition = serde_json::from_value(json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
         "metadata": {"name": "mysqlinstances.database.crossplane.io"},
@@ -366,7 +366,7 @@ async fn a_dependency_the_host_does_not_list_is_refused_once_with_the_fix() {
 /// A kustomize templating stack as stack-gcp-sample published it: behavior.yaml names the kind to
 /// reconcile and the templating controller; the CRD (`resources/<group>_<plural>.crd.yaml`) keeps
 /// unknown fields and has no schema.
-fn write_templating_stack(fleet: &StackFleet) {
+pub(crate) fn write_templating_stack(fleet: &StackFleet) {
     let root = fleet.dir.path().join("packages/xp-sample/.registry");
     write(
         &root,

@@ -87,11 +87,22 @@ pub struct PackageRules<'a> {
 
 /// Checks what a package is, before anything is written: its scope, its controller, its CRDs'
 /// definitions. Nothing the tenant holds changes the outcome, so a refusal stands until the package
-/// changes.
+/// changes. The first of [`package_problems`].
 pub fn check_package(contents: &PackageContents, rules: &PackageRules<'_>) -> Result<(), PackageError> {
+    match package_problems(contents, rules).into_iter().next() {
+        Some(problem) => Err(problem),
+        None => Ok(()),
+    }
+}
+
+/// Every reason [`check_package`] has to refuse a package, in the order it judges them (one per
+/// check: its scope, its controller's spec, pod and images, each CRD); `stackd package check` lists
+/// them all.
+pub fn package_problems(contents: &PackageContents, rules: &PackageRules<'_>) -> Vec<PackageError> {
+    let mut problems = Vec::new();
     let found = contents.stack.spec.permission_scope;
     if found != rules.scope {
-        return Err(PackageError::WrongScope {
+        problems.push(PackageError::WrongScope {
             found: found.as_str(),
             expected: rules.scope.as_str(),
             kind: rules.kind.to_string(),
@@ -103,16 +114,26 @@ pub fn check_package(contents: &PackageContents, rules: &PackageRules<'_>) -> Re
     }
     if let Some(deployment) = &contents.stack.spec.controller.deployment {
         // The same rules the Stack controller applies, so a refused pod is refused before anything exists.
-        let spec = stack_deployment::parse(&deployment.spec).map_err(PackageError::Controller)?;
-        if !rules.pass_full_deployment {
-            stack_deployment::check_safe(&spec, rules.pod_policy).map_err(PackageError::Controller)?;
+        match stack_deployment::parse(&deployment.spec) {
+            Err(err) => problems.push(PackageError::Controller(err)),
+            Ok(spec) => {
+                if !rules.pass_full_deployment
+                    && let Err(err) = stack_deployment::check_safe(&spec, rules.pod_policy)
+                {
+                    problems.push(PackageError::Controller(err));
+                }
+                if let Err(err) = stack_deployment::check_images(&spec, rules.registries) {
+                    problems.push(PackageError::Controller(err));
+                }
+            }
         }
-        stack_deployment::check_images(&spec, rules.registries).map_err(PackageError::Controller)?;
     }
     for crd in &contents.crds {
-        crd_policy::check_definition(crd, &rules.crd_rules).map_err(PackageError::Crd)?;
+        if let Err(refusal) = crd_policy::check_definition(crd, &rules.crd_rules) {
+            problems.push(PackageError::Crd(refusal));
+        }
     }
-    Ok(())
+    problems
 }
 
 /// What the checks against the tenant's CRDs need of a package: its CRDs, outlined.
