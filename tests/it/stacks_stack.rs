@@ -4,6 +4,7 @@
 //! decides the Stack's spec.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -17,6 +18,7 @@ use serde_json::{Value, json};
 use stackd::api::stacks::Stack;
 use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome, PodFault};
 use stackd::embedded::faults::RequestMatch;
+use stackd::embedded::store::GroupResource;
 use stackd::embedded::{ApiServer, ServerOptions, Verb};
 use stackd::host::names::{NameKind, host_name};
 use stackd::stacks::{STACK_FINALIZER, crd_parent_label};
@@ -1658,4 +1660,63 @@ async fn what_the_kubelet_says_of_a_controller_pod_reaches_the_stack() {
         })
         .await;
     }
+}
+
+/// The controller's token and pull-secret copies exist on the host before its Deployment does, so
+/// no pod of it waits on a missing volume (the kubelet's FailedMount, issue 52); once the
+/// Deployment exists they are owned by it, which tells the user nothing new (no Recopied Event).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_copies_exist_before_the_controller_deployment_and_are_owned_by_it() {
+    let mut env = Env::servers().await;
+    // What the Deployment's pods would mount or pull with that is missing, at its creation (the
+    // first write of it the host admits).
+    let missing: Arc<Mutex<Option<Vec<String>>>> = Arc::default();
+    let (store, seen) = (env.host.store(), missing.clone());
+    env.host.admission().mutate("apps", "deployments", move |deployment| {
+        let mut seen = seen.lock().unwrap();
+        if seen.is_some() {
+            return;
+        }
+        let pod = &deployment["spec"]["template"]["spec"];
+        let names = |list: &str, field: &[&str]| -> Vec<String> {
+            let all = pod[list].as_array().cloned().unwrap_or_default();
+            let name = |v: &Value| field.iter().fold(v.clone(), |v, f| v[f].clone());
+            all.iter().filter_map(|v| name(v).as_str().map(String::from)).collect()
+        };
+        let mut wanted = names("volumes", &["secret", "secretName"]);
+        wanted.extend(names("imagePullSecrets", &["name"]));
+        let secrets = GroupResource::new("", "secrets");
+        *seen = Some(
+            wanted
+                .into_iter()
+                .filter(|name| !store.contains(&secrets, HOST_NS, name))
+                .collect(),
+        );
+    });
+    env.start_daemon(INSECURE);
+    create_pull_secret(&env, "regcred").await;
+    env.create_stack("widgets", with_pull_secrets(&["regcred"])).await;
+    env.wait_ready("widgets", "True", "Available").await;
+    assert_eq!(
+        missing.lock().unwrap().clone(),
+        Some(vec![]),
+        "Secrets the controller's pods use were missing when its Deployment was created"
+    );
+    let deployment = env.host_deployments().get("team-a.widgets").await.expect("deployment");
+    let uid = deployment.uid().expect("uid");
+    let copies = ListParams::default().labels("stackd.dev/parent-kind=Stack");
+    env.until("the token and pull-secret copies owned by the Deployment", || async {
+        let secrets = env.host_secrets().list(&copies).await.expect("list").items;
+        secrets.len() == 2
+            && secrets
+                .iter()
+                .all(|s| s.owner_references().iter().any(|o| o.uid == uid))
+    })
+    .await;
+    let reasons = env.event_reasons("widgets").await;
+    assert!(reasons.contains(&"CopiedToken".to_string()), "{reasons:?}");
+    assert!(
+        !reasons.iter().any(|r| r.starts_with("Recopied")),
+        "owning the copies is no new copy: {reasons:?}"
+    );
 }
