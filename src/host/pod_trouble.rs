@@ -87,6 +87,9 @@ impl PodTrouble {
     pub fn advice(&self, image_field: &str) -> String {
         match self.kind {
             TroubleKind::Pull => format!("the image cannot be pulled: check {image_field} and its imagePullSecrets"),
+            TroubleKind::Config if self.message.contains("runAsNonRoot") => {
+                "the image runs as root, which runAsNonRoot forbids: build it with a numeric non-root USER, or set runAsUser in the pod's securityContext".into()
+            }
             TroubleKind::Config => {
                 "the container cannot be created as specified: fix what the kubelet names (e.g. an image that runs as root under runAsNonRoot needs a USER)".into()
             }

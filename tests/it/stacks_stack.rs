@@ -210,6 +210,17 @@ impl Env {
             .collect()
     }
 
+    /// How often an Event of `reason` was recorded for the Stack (a repeat is counted in its series).
+    async fn event_count(&self, stack: &str, reason: &str) -> i32 {
+        let events: Api<Event> = Api::namespaced(self.tenant_client.clone(), NS);
+        let list = events.list(&ListParams::default()).await.expect("events").items;
+        list.into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(stack))
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .map(|e| e.series.map(|s| s.count).or(e.deprecated_count).unwrap_or(1).max(1))
+            .sum()
+    }
+
     /// Host objects of this tenant that name a parent: none may outlive their Stack.
     async fn parented_host_objects(&self) -> Vec<String> {
         let selector = format!("stackd.dev/tenant={TENANT},stackd.dev/parent-kind");
@@ -1627,8 +1638,12 @@ async fn what_the_kubelet_says_of_a_controller_pod_reaches_the_stack() {
             reason: "OOMKilled",
         },
     );
+    runners.without_user(image("runs-as-root"));
+    runners.fault(image("no-room"), PodFault::Unschedulable);
     let mut env = env;
-    env.start_daemon(INSECURE);
+    // Only a pod passed unchecked can meet runAsNonRoot with an image that runs as root: stackd
+    // otherwise names a non-root user for it.
+    env.start_daemon(&[INSECURE[0], "--insecure-pass-full-deployment"]);
     let cases = [
         (
             "no-such",
@@ -1643,9 +1658,22 @@ async fn what_the_kubelet_says_of_a_controller_pod_reaches_the_stack() {
             "CrashLoopBackOff (last exit code 2)",
         ),
         ("too-big", "ControllerOutOfMemory", "ran out of memory", "OOMKilled"),
+        (
+            "runs-as-root",
+            "ControllerConfigError",
+            "the image runs as root, which runAsNonRoot forbids: build it with a numeric non-root USER",
+            "CreateContainerConfigError: container has runAsNonRoot and image will run as root",
+        ),
+        (
+            "no-room",
+            "ControllerUnschedulable",
+            "the pod cannot be scheduled",
+            "Unschedulable: 0/1 nodes are available: 1 Insufficient memory",
+        ),
     ];
     for (name, _, _, _) in cases {
-        let pod = json!({"containers": [{"name": "manager", "image": format!("example/{name}:1"),
+        let pod = json!({"securityContext": {"runAsNonRoot": true},
+            "containers": [{"name": "manager", "image": format!("example/{name}:1"),
             "env": [{"name": "API_KEY", "value": "host-secret-value"}]}]});
         env.create_stack(name, stack_spec("Namespaced", pod)).await;
     }
@@ -1659,6 +1687,15 @@ async fn what_the_kubelet_says_of_a_controller_pod_reaches_the_stack() {
             env.event_reasons(name).await.iter().any(|r| r == reason)
         })
         .await;
+    }
+    // A trouble that does not change is told once, however often the Stack is reconciled.
+    for (name, reason, _, _) in cases {
+        for poke in ["1", "2"] {
+            env.reconcile_again(name, poke).await;
+        }
+        assert_eq!(env.event_count(name, reason).await, 1, "{name}: {reason} Events");
+        let ready = condition(&env.stacks().get(name).await.expect("stack"), "Ready").expect("ready");
+        assert_eq!(ready["reason"], reason, "{name}");
     }
 }
 

@@ -314,6 +314,12 @@ fn create_pod(
         .map(|(i, (_, image))| runners.runs_as_root(image) && refuses_root(&pod["spec"], i))
         .collect();
     let faults: Vec<Option<PodFault>> = images.iter().map(|(_, image)| runners.fault_of(image)).collect();
+    if faults.contains(&Some(PodFault::Unschedulable)) {
+        modify(store, &pods(), text(pod, "namespace"), text(pod, "name"), |pod| {
+            pod["status"] = super::unscheduled();
+        })?;
+        return Ok(());
+    }
     let ready = images.iter().all(|(_, image)| runners.is_ready(image))
         && !refused.contains(&true)
         && faults.iter().all(Option::is_none);
