@@ -207,7 +207,7 @@ fn container_trouble(pod: &str, container: &ContainerStatus) -> Option<PodTroubl
 }
 
 /// Host text cut to [`MAX_POD_MESSAGE_BYTES`] before it goes anywhere.
-fn bounded(text: &str) -> String {
+pub fn bounded(text: &str) -> String {
     // Copied no further than one character past the bound: enough for `fit_text` to see the cut.
     let end = text
         .char_indices()

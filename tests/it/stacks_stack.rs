@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -1756,4 +1756,49 @@ async fn the_copies_exist_before_the_controller_deployment_and_are_owned_by_it()
         !reasons.iter().any(|r| r.starts_with("Recopied")),
         "owning the copies is no new copy: {reasons:?}"
     );
+}
+
+/// A controller pod the host's quota refuses (kube's ReplicaSet `ReplicaFailure` `FailedCreate`)
+/// is the Stack's status, with the API server's words and what to do, and a Warning Event; not
+/// "no replica is available yet" for ever (issue 52).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_pod_the_host_quota_refuses_is_in_the_stack_s_status() {
+    let env = Env::start(&[
+        INSECURE[0],
+        "--tenant-quota",
+        "pods=0,requests.cpu=8,requests.memory=16Gi,limits.cpu=16,limits.memory=32Gi",
+    ])
+    .await;
+    let quotas: Api<ResourceQuota> = Api::namespaced(env.host_client.clone(), HOST_NS);
+    env.until("the tenant's host quota", || async {
+        quotas.get_opt("stackd-tenant-quota").await.ok().flatten().is_some()
+    })
+    .await;
+    env.create_stack("widgets", default_spec()).await;
+    let stack = env.wait_ready("widgets", "False", "ControllerPodRefused").await;
+    let message = condition(&stack, "Ready").expect("ready")["message"].clone();
+    let message = message.as_str().unwrap_or_default();
+    assert!(
+        message.contains("the host refuses to create its pod: if a quota is used up")
+            && message
+                .contains("exceeded quota: stackd-tenant-quota, requested: pods=1, used: pods=0, limited: pods=0"),
+        "{message}"
+    );
+    env.until("a ControllerPodRefused Event", || async {
+        env.event_reasons("widgets")
+            .await
+            .iter()
+            .any(|r| r == "ControllerPodRefused")
+    })
+    .await;
+    // Room again: the pod is made and the Stack is ready.
+    quotas
+        .patch(
+            "stackd-tenant-quota",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"hard": {"pods": "10"}}})),
+        )
+        .await
+        .expect("more room");
+    env.wait_ready("widgets", "True", "Available").await;
 }
