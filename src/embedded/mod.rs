@@ -65,6 +65,7 @@ pub mod openapi;
 pub mod passes;
 pub mod patch;
 pub mod patch_engine;
+mod pod_quota;
 pub mod protobuf;
 pub mod samples;
 pub mod schema;

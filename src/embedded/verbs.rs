@@ -225,6 +225,7 @@ pub(super) fn create_with<'a>(
     let name = meta_str(&body, "name").unwrap_or("").to_string();
     check_namespace_accepts(store, info, namespace, &name)?;
     check_accepts_creates(store, info)?;
+    super::pod_quota::admit(store, info, namespace, &name)?;
     let uid = new_uid();
     let mut object = new_object(info, body, &uid);
     admit(info, &mut object, &uid, options.admission.as_deref())?;

@@ -82,11 +82,41 @@ impl PodTrouble {
         })
     }
 
+    /// The first container of an ended `pod` that failed: its reason (`Error`, `OOMKilled`) and
+    /// exit code.
+    pub fn failed_run(pod: &Pod) -> Option<PodTrouble> {
+        let status = pod.status.as_ref()?;
+        let statuses = status.init_container_statuses.iter().flatten();
+        let mut statuses = statuses.chain(status.container_statuses.iter().flatten());
+        statuses.find_map(|container| {
+            let ended = container.state.as_ref()?.terminated.as_ref()?;
+            if ended.exit_code == 0 {
+                return None;
+            }
+            let reason = ended.reason.as_deref().unwrap_or("Error");
+            Some(PodTrouble {
+                kind: if reason == "OOMKilled" {
+                    TroubleKind::OutOfMemory
+                } else {
+                    TroubleKind::Crash
+                },
+                pod: pod.name_any(),
+                container: Some(bounded(&container.name)),
+                reason: bounded(reason),
+                message: bounded(ended.message.as_deref().unwrap_or_default()),
+                last_exit_code: Some(ended.exit_code),
+            })
+        })
+    }
+
     /// What to do, in the words of the object the pod runs for: `image_field` names where the
     /// tenant set the image (e.g. `spec.package`).
     pub fn advice(&self, image_field: &str) -> String {
         match self.kind {
             TroubleKind::Pull => format!("the image cannot be pulled: check {image_field} and its imagePullSecrets"),
+            TroubleKind::Config if self.message.contains("runAsNonRoot") => {
+                "the image runs as root, which runAsNonRoot forbids: build it with a numeric non-root USER, or set runAsUser in the pod's securityContext".into()
+            }
             TroubleKind::Config => {
                 "the container cannot be created as specified: fix what the kubelet names (e.g. an image that runs as root under runAsNonRoot needs a USER)".into()
             }
@@ -143,6 +173,35 @@ pub fn of_job(pods: &Store<Pod>, job: &Job) -> Option<PodTrouble> {
         .filter(|pod| made_by_job(pod, uid) && !finished(pod))
         .max_by_key(|pod| pod.metadata.creation_timestamp.clone().map(|t| t.0))?;
     PodTrouble::of(newest)
+}
+
+/// How a failed Job's newest pod ended, as the cache shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobEnd {
+    /// The cache does not show that pod ended yet: its event comes.
+    Pending,
+    /// What the kubelet said of its failed container, if anything (a pod gone says nothing).
+    Ended(Option<PodTrouble>),
+}
+
+/// How the failed `job` ended: the exit code (or OOM kill) of its newest pod's failed container.
+pub fn end_of_job(pods: &Store<Pod>, job: &Job) -> JobEnd {
+    let Some(uid) = job.metadata.uid.as_deref() else {
+        return JobEnd::Ended(None);
+    };
+    let pods = pods.state();
+    let Some(newest) = pods
+        .iter()
+        .filter(|pod| made_by_job(pod, uid))
+        .max_by_key(|pod| pod.metadata.creation_timestamp.clone().map(|t| t.0))
+    else {
+        return JobEnd::Ended(None);
+    };
+    let phase = newest.status.as_ref().and_then(|s| s.phase.as_deref());
+    if !matches!(phase, Some("Succeeded" | "Failed")) {
+        return JobEnd::Pending;
+    }
+    JobEnd::Ended(PodTrouble::failed_run(newest))
 }
 
 /// The cached Job that controls `pod`, for waking the Job's tenant object on a pod's event.
@@ -204,7 +263,7 @@ fn container_trouble(pod: &str, container: &ContainerStatus) -> Option<PodTroubl
 }
 
 /// Host text cut to [`MAX_POD_MESSAGE_BYTES`] before it goes anywhere.
-fn bounded(text: &str) -> String {
+pub fn bounded(text: &str) -> String {
     // Copied no further than one character past the bound: enough for `fit_text` to see the cut.
     let end = text
         .char_indices()

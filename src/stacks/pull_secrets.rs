@@ -173,7 +173,8 @@ pub struct CopyTarget<'a> {
     pub parent: &'a Parent,
     pub host_namespace: &'a str,
     pub name: &'a str,
-    pub owner: OwnerReference,
+    /// None while the pod's owner does not exist yet (the copy comes first).
+    pub owner: Option<OwnerReference>,
 }
 
 /// The host copy of a pull secret: its type and credentials key only, owned by `target.owner` so it
@@ -193,7 +194,7 @@ pub fn host_copy(target: &CopyTarget<'_>, source: &Secret) -> Secret {
                 SOURCE_ANNOTATION.to_string(),
                 source.metadata.name.clone().unwrap_or_default(),
             )])),
-            owner_references: Some(vec![target.owner.clone()]),
+            owner_references: target.owner.clone().map(|owner| vec![owner]),
             ..ObjectMeta::default()
         },
         type_: Some(type_.into()),
@@ -283,7 +284,7 @@ mod tests {
                 parent: &parent,
                 host_namespace: "tenant-acme-controllers",
                 name: "team-a.s-pull-0-abc",
-                owner: OwnerReference::default(),
+                owner: None,
             },
             &source,
         );

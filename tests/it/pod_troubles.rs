@@ -107,4 +107,46 @@ async fn an_install_whose_package_cannot_be_pulled_says_so_then_fails_and_is_ret
         .unwrap();
     let (status, _, message) = wait_for_reason(&tenant, "team-a", "typo", &daemon, "Available").await;
     assert_eq!(status, "True", "{message}");
+    // The waiting was told once (ErrImagePull then ImagePullBackOff is no change of reason), and
+    // each attempt's pull failure was not told again on every reconcile.
+    let events = events_of(&tenant, "team-a", "typo").await;
+    let told = |reason: &str| events.iter().filter(|(r, _)| r == reason).count();
+    assert_eq!(told("InstallPodWaiting"), 1, "{events:?}");
+}
+
+/// An install Job whose pod no node has room for says so, with what to do, and a Warning Event,
+/// not "unpacking" (issue 52).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_install_whose_pod_cannot_be_scheduled_says_so() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    fleet._host.runners().fault(
+        ImageMatch::Predicate(std::sync::Arc::new(|image| image.contains("huge-package"))),
+        PodFault::Unschedulable,
+    );
+    let tenant = fleet.tenant("acme");
+    let daemon = fleet.daemon(&[]);
+    create_install(
+        &tenant,
+        "team-a",
+        "huge",
+        json!({"package": "examples/huge-package:v1"}),
+    )
+    .await;
+    let at = ("team-a", "huge");
+    let message = wait_for_message(&fleet, &daemon, at, "InstallPodWaiting", "Unschedulable").await;
+    assert!(
+        message.contains("the pod cannot be scheduled") && message.contains("0/1 nodes are available"),
+        "{message}"
+    );
+    wait_until("a Warning Event for the pod", Duration::from_secs(10), &daemon, || {
+        let tenant = tenant.clone();
+        async move {
+            let events = events_of(&tenant, "team-a", "huge").await;
+            events
+                .iter()
+                .any(|(reason, note)| reason == "InstallPodWaiting" && note.contains("cannot be scheduled"))
+                .then_some(())
+        }
+    })
+    .await;
 }

@@ -826,6 +826,42 @@ async fn an_installer_image_that_cannot_be_pulled_is_in_the_cluster_s_status() {
     .await;
 }
 
+const OOM_INSTALLER: &str = "quay.io/example/greedy-installer:1";
+
+/// An installer killed for its memory: the failed attempt says so, with the exit code and what to
+/// do, not only "The installer failed" (issue 52).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_installer_killed_for_its_memory_says_so_in_the_failed_attempt() {
+    let (fleet, tenant) = setup().await;
+    fleet.host().runners().fault(
+        ImageMatch::Exact(OOM_INSTALLER.into()),
+        PodFault::CrashLoop {
+            exit_code: 137,
+            reason: "OOMKilled",
+        },
+    );
+    create_pool(&tenant, installer_pool("greedy", OOM_INSTALLER)).await;
+    let daemon = daemon(&fleet, &[]);
+    let name = first_cluster(&tenant, "greedy", &daemon).await;
+    let said = |message: &str| {
+        message.contains("The installer failed (attempt 1 of")
+            && message.contains("the container ran out of memory: give it a larger memory limit")
+            && message.contains("container installer: OOMKilled (last exit code 137)")
+    };
+    until(
+        "the failed attempt saying how the installer ended",
+        WITHIN,
+        &daemon,
+        || async {
+            events(&tenant, &name, &name)
+                .await
+                .iter()
+                .any(|(r, n)| r == "InstallFailed" && said(n))
+        },
+    )
+    .await;
+}
+
 const SLY_INSTALLER: &str = "quay.io/example/sly-installer:1";
 
 /// The installer [`SLY_INSTALLER`] plays: it installs like the sample installer, then strips the

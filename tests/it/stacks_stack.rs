@@ -4,10 +4,11 @@
 //! decides the Stack's spec.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, ResourceQuota, Secret, ServiceAccount};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -17,6 +18,7 @@ use serde_json::{Value, json};
 use stackd::api::stacks::Stack;
 use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome, PodFault};
 use stackd::embedded::faults::RequestMatch;
+use stackd::embedded::store::GroupResource;
 use stackd::embedded::{ApiServer, ServerOptions, Verb};
 use stackd::host::names::{NameKind, host_name};
 use stackd::stacks::{STACK_FINALIZER, crd_parent_label};
@@ -206,6 +208,17 @@ impl Env {
             .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(stack))
             .filter_map(|e| e.reason)
             .collect()
+    }
+
+    /// How often an Event of `reason` was recorded for the Stack (a repeat is counted in its series).
+    async fn event_count(&self, stack: &str, reason: &str) -> i32 {
+        let events: Api<Event> = Api::namespaced(self.tenant_client.clone(), NS);
+        let list = events.list(&ListParams::default()).await.expect("events").items;
+        list.into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(stack))
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .map(|e| e.series.map(|s| s.count).or(e.deprecated_count).unwrap_or(1).max(1))
+            .sum()
     }
 
     /// Host objects of this tenant that name a parent: none may outlive their Stack.
@@ -1625,8 +1638,12 @@ async fn what_the_kubelet_says_of_a_controller_pod_reaches_the_stack() {
             reason: "OOMKilled",
         },
     );
+    runners.without_user(image("runs-as-root"));
+    runners.fault(image("no-room"), PodFault::Unschedulable);
     let mut env = env;
-    env.start_daemon(INSECURE);
+    // Only a pod passed unchecked can meet runAsNonRoot with an image that runs as root: stackd
+    // otherwise names a non-root user for it.
+    env.start_daemon(&[INSECURE[0], "--insecure-pass-full-deployment"]);
     let cases = [
         (
             "no-such",
@@ -1641,9 +1658,22 @@ async fn what_the_kubelet_says_of_a_controller_pod_reaches_the_stack() {
             "CrashLoopBackOff (last exit code 2)",
         ),
         ("too-big", "ControllerOutOfMemory", "ran out of memory", "OOMKilled"),
+        (
+            "runs-as-root",
+            "ControllerConfigError",
+            "the image runs as root, which runAsNonRoot forbids: build it with a numeric non-root USER",
+            "CreateContainerConfigError: container has runAsNonRoot and image will run as root",
+        ),
+        (
+            "no-room",
+            "ControllerUnschedulable",
+            "the pod cannot be scheduled",
+            "Unschedulable: 0/1 nodes are available: 1 Insufficient memory",
+        ),
     ];
     for (name, _, _, _) in cases {
-        let pod = json!({"containers": [{"name": "manager", "image": format!("example/{name}:1"),
+        let pod = json!({"securityContext": {"runAsNonRoot": true},
+            "containers": [{"name": "manager", "image": format!("example/{name}:1"),
             "env": [{"name": "API_KEY", "value": "host-secret-value"}]}]});
         env.create_stack(name, stack_spec("Namespaced", pod)).await;
     }
@@ -1658,4 +1688,117 @@ async fn what_the_kubelet_says_of_a_controller_pod_reaches_the_stack() {
         })
         .await;
     }
+    // A trouble that does not change is told once, however often the Stack is reconciled.
+    for (name, reason, _, _) in cases {
+        for poke in ["1", "2"] {
+            env.reconcile_again(name, poke).await;
+        }
+        assert_eq!(env.event_count(name, reason).await, 1, "{name}: {reason} Events");
+        let ready = condition(&env.stacks().get(name).await.expect("stack"), "Ready").expect("ready");
+        assert_eq!(ready["reason"], reason, "{name}");
+    }
+}
+
+/// The controller's token and pull-secret copies exist on the host before its Deployment does, so
+/// no pod of it waits on a missing volume (the kubelet's FailedMount, issue 52); once the
+/// Deployment exists they are owned by it, which tells the user nothing new (no Recopied Event).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_copies_exist_before_the_controller_deployment_and_are_owned_by_it() {
+    let mut env = Env::servers().await;
+    // What the Deployment's pods would mount or pull with that is missing, at its creation (the
+    // first write of it the host admits).
+    let missing: Arc<Mutex<Option<Vec<String>>>> = Arc::default();
+    let (store, seen) = (env.host.store(), missing.clone());
+    env.host.admission().mutate("apps", "deployments", move |deployment| {
+        let mut seen = seen.lock().unwrap();
+        if seen.is_some() {
+            return;
+        }
+        let pod = &deployment["spec"]["template"]["spec"];
+        let names = |list: &str, field: &[&str]| -> Vec<String> {
+            let all = pod[list].as_array().cloned().unwrap_or_default();
+            let name = |v: &Value| field.iter().fold(v.clone(), |v, f| v[f].clone());
+            all.iter().filter_map(|v| name(v).as_str().map(String::from)).collect()
+        };
+        let mut wanted = names("volumes", &["secret", "secretName"]);
+        wanted.extend(names("imagePullSecrets", &["name"]));
+        let secrets = GroupResource::new("", "secrets");
+        *seen = Some(
+            wanted
+                .into_iter()
+                .filter(|name| !store.contains(&secrets, HOST_NS, name))
+                .collect(),
+        );
+    });
+    env.start_daemon(INSECURE);
+    create_pull_secret(&env, "regcred").await;
+    env.create_stack("widgets", with_pull_secrets(&["regcred"])).await;
+    env.wait_ready("widgets", "True", "Available").await;
+    assert_eq!(
+        missing.lock().unwrap().clone(),
+        Some(vec![]),
+        "Secrets the controller's pods use were missing when its Deployment was created"
+    );
+    let deployment = env.host_deployments().get("team-a.widgets").await.expect("deployment");
+    let uid = deployment.uid().expect("uid");
+    let copies = ListParams::default().labels("stackd.dev/parent-kind=Stack");
+    env.until("the token and pull-secret copies owned by the Deployment", || async {
+        let secrets = env.host_secrets().list(&copies).await.expect("list").items;
+        secrets.len() == 2
+            && secrets
+                .iter()
+                .all(|s| s.owner_references().iter().any(|o| o.uid == uid))
+    })
+    .await;
+    let reasons = env.event_reasons("widgets").await;
+    assert!(reasons.contains(&"CopiedToken".to_string()), "{reasons:?}");
+    assert!(
+        !reasons.iter().any(|r| r.starts_with("Recopied")),
+        "owning the copies is no new copy: {reasons:?}"
+    );
+}
+
+/// A controller pod the host's quota refuses (kube's ReplicaSet `ReplicaFailure` `FailedCreate`)
+/// is the Stack's status, with the API server's words and what to do, and a Warning Event; not
+/// "no replica is available yet" for ever (issue 52).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_pod_the_host_quota_refuses_is_in_the_stack_s_status() {
+    let env = Env::start(&[
+        INSECURE[0],
+        "--tenant-quota",
+        "pods=0,requests.cpu=8,requests.memory=16Gi,limits.cpu=16,limits.memory=32Gi",
+    ])
+    .await;
+    let quotas: Api<ResourceQuota> = Api::namespaced(env.host_client.clone(), HOST_NS);
+    env.until("the tenant's host quota", || async {
+        quotas.get_opt("stackd-tenant-quota").await.ok().flatten().is_some()
+    })
+    .await;
+    env.create_stack("widgets", default_spec()).await;
+    let stack = env.wait_ready("widgets", "False", "ControllerPodRefused").await;
+    let message = condition(&stack, "Ready").expect("ready")["message"].clone();
+    let message = message.as_str().unwrap_or_default();
+    assert!(
+        message.contains("the host refuses to create its pod: if a quota is used up")
+            && message
+                .contains("exceeded quota: stackd-tenant-quota, requested: pods=1, used: pods=0, limited: pods=0"),
+        "{message}"
+    );
+    env.until("a ControllerPodRefused Event", || async {
+        env.event_reasons("widgets")
+            .await
+            .iter()
+            .any(|r| r == "ControllerPodRefused")
+    })
+    .await;
+    // Room again: the pod is made and the Stack is ready.
+    quotas
+        .patch(
+            "stackd-tenant-quota",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"hard": {"pods": "10"}}})),
+        )
+        .await
+        .expect("more room");
+    env.wait_ready("widgets", "True", "Available").await;
 }

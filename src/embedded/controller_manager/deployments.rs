@@ -3,7 +3,9 @@
 //! scaled to zero at the same moment), and each ReplicaSet keeps its Pods, which are Running and Ready
 //! at once unless [`Runners::never_ready`] names their image (or [`Runners::fault`], whose pods
 //! report the kubelet's waiting reason instead). Deployment status then reports
-//! `replicas`, `updatedReplicas`, `readyReplicas`, `availableReplicas` and `Available`/`Progressing`.
+//! `replicas`, `updatedReplicas`, `readyReplicas`, `availableReplicas` and `Available`/`Progressing`,
+//! and `ReplicaFailure` (`FailedCreate`) while its ReplicaSet cannot create a pod (e.g. a quota
+//! refuses it).
 //!
 //! A pass looks at the Deployments and ReplicaSets whose events arrived since the last one (a Pod's
 //! event names its ReplicaSet, a ReplicaSet's its Deployment), each one's dependents coming from the
@@ -227,14 +229,15 @@ fn sync_replica_set(
     }
     let mine = owned(store, &rs, &pods());
     let want = replicas(&rs) as usize;
-    let mut again = false;
+    let mut refused = None;
     for _ in mine.len()..want {
         if let Err(e) = create_pod(store, resources, runners, &rs) {
             tracing::warn!(namespace, replicaset = name, error = %e.message, "creating a pod");
-            again = true;
+            refused = Some(e.message);
             break;
         }
     }
+    let again = refused.is_some();
     if let Ok(pod_info) = info(resources, "", "v1", "pods") {
         for pod in mine.iter().skip(want) {
             let _ = verbs::delete(
@@ -257,9 +260,25 @@ fn sync_replica_set(
             status["readyReplicas"] = json!(ready);
             status["availableReplicas"] = json!(ready);
         }
+        // kube's ReplicaSet controller says why it could not create a pod (e.g. a quota refused
+        // it) until a pass creates what it wants.
+        if let Some(message) = &refused {
+            let failure = replica_failure(&rs["status"]);
+            let since = failure.map_or_else(|| json!(now_timestamp()), |c| c["lastTransitionTime"].clone());
+            status["conditions"] = json!([{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+                "message": message, "lastTransitionTime": since}]);
+        }
         rs["status"] = status;
     });
     (owning_deployments(store, &rs), again)
+}
+
+/// The `ReplicaFailure` condition of a ReplicaSet's (or Deployment's) status.
+fn replica_failure(status: &Value) -> Option<&Value> {
+    status["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "ReplicaFailure" && c["status"] == "True")
 }
 
 /// The Deployments among an object's owners.
@@ -314,6 +333,12 @@ fn create_pod(
         .map(|(i, (_, image))| runners.runs_as_root(image) && refuses_root(&pod["spec"], i))
         .collect();
     let faults: Vec<Option<PodFault>> = images.iter().map(|(_, image)| runners.fault_of(image)).collect();
+    if faults.contains(&Some(PodFault::Unschedulable)) {
+        modify(store, &pods(), text(pod, "namespace"), text(pod, "name"), |pod| {
+            pod["status"] = super::unscheduled();
+        })?;
+        return Ok(());
+    }
     let ready = images.iter().all(|(_, image)| runners.is_ready(image))
         && !refused.contains(&true)
         && faults.iter().all(Option::is_none);
@@ -390,6 +415,8 @@ struct Rollout {
     updated: i64,
     ready: i64,
     available: i64,
+    /// The current ReplicaSet's `ReplicaFailure`, which kube's Deployment controller copies.
+    failure: Option<Value>,
 }
 
 impl Rollout {
@@ -402,10 +429,9 @@ impl Rollout {
                 .map(|rs| rs["status"][field].as_i64().unwrap_or(0))
                 .sum::<i64>()
         };
-        let updated = mine
-            .iter()
-            .find(|rs| text(rs, "name") == current)
-            .map_or(0, |rs| rs["status"]["replicas"].as_i64().unwrap_or(0));
+        let newest = mine.iter().find(|rs| text(rs, "name") == current);
+        let updated = newest.map_or(0, |rs| rs["status"]["replicas"].as_i64().unwrap_or(0));
+        let failure = newest.and_then(|rs| replica_failure(&rs["status"]).cloned());
         Rollout {
             current,
             desired: replicas(deployment),
@@ -413,6 +439,7 @@ impl Rollout {
             updated,
             ready: sum("readyReplicas"),
             available: sum("availableReplicas"),
+            failure,
         }
     }
 
@@ -451,10 +478,14 @@ impl Rollout {
             "ReplicaSetUpdated"
         };
         let progressing = format!("ReplicaSet \"{}\" is progressing.", self.current);
-        let conditions = [
+        let mut conditions = vec![
             condition(previous, "Available", available.0, available.1, available.2),
             condition(previous, "Progressing", "True", progressing_reason, &progressing),
         ];
+        if let Some(failure) = &self.failure {
+            let message = failure["message"].as_str().unwrap_or_default();
+            conditions.push(condition(previous, "ReplicaFailure", "True", "FailedCreate", message));
+        }
         status.insert("conditions".into(), json!(conditions));
         Value::Object(status)
     }

@@ -5,7 +5,8 @@
 //! Failed with terminated container statuses and the scripted logs, and the Job gets `succeeded`/
 //! `failed` counts and a `Complete` or `Failed` condition, retrying up to `backoffLimit` and stopping
 //! at `activeDeadlineSeconds`. A container whose image [`Runners::fault`] names does not run: an
-//! unpullable one leaves the pod Pending with the kubelet's pull errors, a crashing one fails it.
+//! unpullable one leaves the pod Pending with the kubelet's pull errors, a crashing one fails it, an
+//! unschedulable one leaves it Pending with the scheduler's `Unschedulable`.
 //!
 //! A pass looks at the Jobs whose events (or whose Pods' events) arrived since the last one, and at
 //! still-running Jobs with a deadline every [`RESCAN`]; each Job's Pods come from the store's owner
@@ -416,6 +417,16 @@ async fn stay_unpulled(store: &Store, runners: &Runners, pod: &Value) -> bool {
 }
 
 async fn run_pod(store: &Arc<Store>, resources: &Arc<ResourceTable>, runners: &Runners, job: Value, pod: Value) {
+    let unschedulable = |c: &Container| runners.fault_of(&c.image) == Some(PodFault::Unschedulable);
+    if containers(&pod).iter().any(unschedulable) {
+        // No node takes it: it stays Pending until the Job's deadline ends it.
+        let _ = modify(store, &pods(), text(&pod, "namespace"), text(&pod, "name"), |pod| {
+            if phase(pod) == "Pending" {
+                pod["status"] = super::unscheduled();
+            }
+        });
+        return;
+    }
     if stay_unpulled(store, runners, &pod).await {
         return;
     }

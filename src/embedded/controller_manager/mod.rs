@@ -179,6 +179,9 @@ pub enum PodFault {
     /// The container exits each time it starts: `CrashLoopBackOff`, the last run terminated with
     /// `exit_code` and `reason` (`Error`, or `OOMKilled` for a container over its memory limit).
     CrashLoop { exit_code: i32, reason: &'static str },
+    /// No node has room for the pod: the scheduler leaves it Pending with `PodScheduled=False`
+    /// (`Unschedulable`) and no container is created.
+    Unschedulable,
 }
 
 impl PodFault {
@@ -195,6 +198,10 @@ impl PodFault {
                     "message": format!("Back-off pulling image \"{image}\"")}},
                 "restartCount": 0,
             }),
+            // Never reported: an unscheduled pod has no container statuses (see `unscheduled`).
+            PodFault::Unschedulable => {
+                json!({"state": {"waiting": {"reason": "ContainerCreating"}}, "restartCount": 0})
+            }
             PodFault::CrashLoop { exit_code, reason } => json!({
                 "state": {"waiting": {"reason": "CrashLoopBackOff", "message": format!(
                     "back-off 40s restarting failed container={container} pod={pod_name}")}},
@@ -203,6 +210,16 @@ impl PodFault {
             }),
         }
     }
+}
+
+/// The status the scheduler leaves a pod no node has room for.
+pub(crate) fn unscheduled() -> Value {
+    json!({"phase": "Pending", "conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "lastProbeTime": null, "lastTransitionTime": crate::embedded::object_meta::now_timestamp(),
+        "message": "0/1 nodes are available: 1 Insufficient memory. preemption: 0/1 nodes are available: \
+            1 No preemption victims found for incoming pod.",
+    }]})
 }
 
 impl Runners {

@@ -99,6 +99,7 @@ fn failed_attempt(cd: &ClusterDeployment, timed_out: bool) -> Outcome {
         attempts: attempt(cd) + 1,
         limit,
         timed_out,
+        ended: None,
     }
 }
 
@@ -471,7 +472,8 @@ mod tests {
             AttemptStep::Failed(Outcome::InstallFailed {
                 attempts: 1,
                 limit: 3,
-                timed_out: false
+                timed_out: false,
+                ended: None,
             })
         );
         let mut late = job("j", Some("Failed"));
@@ -481,7 +483,8 @@ mod tests {
             AttemptStep::Failed(Outcome::InstallFailed {
                 attempts: 1,
                 limit: 3,
-                timed_out: true
+                timed_out: true,
+                ended: None,
             })
         );
     }
@@ -495,6 +498,7 @@ mod tests {
             attempts,
             limit,
             timed_out: false,
+            ended: None,
         };
         assert_eq!(failed_attempt(&cd, false), failed(2, 2));
         cd.spec.install_attempts_limit = Some(0);

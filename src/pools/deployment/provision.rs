@@ -25,7 +25,7 @@ use crate::bounds;
 use crate::context::events::publish;
 use crate::host::Parent;
 use crate::host::apply::{self, HostWriteError, Update, ensure, ensure_created, stamp};
-use crate::host::pod_trouble;
+use crate::host::pod_trouble::{self, JobEnd, TroubleKind};
 use crate::host::quota_share::SHARE_NAMESPACE_LABEL;
 use crate::pools::{POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, record};
 
@@ -72,7 +72,21 @@ pub(super) async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Actio
         AttemptStep::Succeeded => installed(cd, ctx, &names).await,
         // Not written (a newer copy exists): its watch event brings this attempt back to be
         // counted once.
-        AttemptStep::Failed(outcome) => report(cd, ctx, &outcome).await.map(|_| Action::await_change()),
+        AttemptStep::Failed(mut outcome) => {
+            // How its pod ended is part of the failure: counted once, so not before the cache
+            // shows it (the pod's event brings the cluster back).
+            let end = current.as_deref().map(|job| pod_trouble::end_of_job(&ctx.pods, job));
+            if end == Some(JobEnd::Pending) {
+                return Ok(Action::await_change());
+            }
+            if let (Outcome::InstallFailed { ended, .. }, Some(JobEnd::Ended(Some(trouble)))) = (&mut outcome, end) {
+                *ended = Some(match trouble.kind {
+                    TroubleKind::OutOfMemory => trouble.describe(""),
+                    _ => trouble.said(),
+                });
+            }
+            report(cd, ctx, &outcome).await.map(|_| Action::await_change())
+        }
         AttemptStep::Start => start(cd, ctx, &names, &job_name).await,
     }
 }

@@ -35,8 +35,13 @@ pub(crate) enum Outcome {
     /// quota (`crate::host::quota_share`); tried again as the namespace's workloads go.
     QuotaShareExceeded(String),
     /// The installer failed its `attempts`-th time of at most `limit`; `timed_out` when its Job
-    /// ran past the installer deadline.
-    InstallFailed { attempts: i32, limit: i32, timed_out: bool },
+    /// ran past the installer deadline; `ended`: how its pod ended, as the kubelet said.
+    InstallFailed {
+        attempts: i32,
+        limit: i32,
+        timed_out: bool,
+        ended: Option<String>,
+    },
     /// The installer wrote an admin kubeconfig stackd will not use or hand on.
     KubeconfigRefused { secret: String, refusal: String },
     /// The installer's output Secret is not read: a key is too large, or the Secret is not the one
@@ -59,6 +64,11 @@ fn timed_out_note(timed_out: bool) -> &'static str {
     } else {
         ""
     }
+}
+
+/// How the installer's pod ended, as the kubelet said (bounded by `pod_trouble`).
+fn ended_note(ended: Option<&str>) -> String {
+    ended.map(|ended| format!(": {ended}")).unwrap_or_default()
 }
 
 /// An Event to publish once the status carrying it is written.
@@ -96,17 +106,21 @@ impl Outcome {
                 attempts,
                 limit,
                 timed_out,
+                ended,
             } if attempts >= limit => format!(
-                "The installer failed {attempts} times (installAttemptsLimit {limit}){}; the cluster is broken and its pool replaces it",
-                timed_out_note(*timed_out)
+                "The installer failed {attempts} times (installAttemptsLimit {limit}){}{}; the cluster is broken and its pool replaces it",
+                timed_out_note(*timed_out),
+                ended_note(ended.as_deref())
             ),
             Outcome::InstallFailed {
                 attempts,
                 limit,
                 timed_out,
+                ended,
             } => format!(
-                "The installer failed (attempt {attempts} of {limit}){}; retrying",
-                timed_out_note(*timed_out)
+                "The installer failed (attempt {attempts} of {limit}){}{}; retrying",
+                timed_out_note(*timed_out),
+                ended_note(ended.as_deref())
             ),
             Outcome::KubeconfigRefused { secret, refusal } => format!(
                 "The installer's admin kubeconfig was refused and not copied to Secret {secret}: {refusal}. \
@@ -341,6 +355,7 @@ mod tests {
             attempts: 1,
             limit: 3,
             timed_out: false,
+            ended: None,
         };
         let (status, write) = recorded(&outcome);
         assert!(write);
@@ -360,6 +375,7 @@ mod tests {
             attempts: 3,
             limit: 3,
             timed_out: true,
+            ended: None,
         };
         let (status, _) = recorded(&outcome);
         assert!(

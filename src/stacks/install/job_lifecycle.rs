@@ -280,7 +280,7 @@ fn pull_secret_copy(ctx: &InstallContext, parent: &Parent, job: &Job, host_name:
         parent,
         host_namespace: &ctx.tenant.host_namespace,
         name: host_name,
-        owner: job::owner_reference(job),
+        owner: Some(job::owner_reference(job)),
     };
     pull_secrets::host_copy(&target, source)
 }

@@ -1,22 +1,23 @@
-//! §3.3 steps 3–4 written: the host objects [`super::build`] made (the controller Deployment, then
-//! the token and pull-secret copies it owns, the copies of pull secrets no longer named removed),
-//! each created or repaired from its cached copy, and the removal of them all.
+//! §3.3 steps 3–4 written: the host objects [`super::build`] made (the token and pull-secret copies,
+//! the copies of pull secrets no longer named removed, then the controller Deployment that mounts
+//! and owns them), each created or repaired from its cached copy, and the removal of them all.
 
 use std::ops::ControlFlow::{Break, Continue};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 
-use super::build::{HostNames, Running};
+use super::build::{Copies, HostNames};
 use super::context::{StackContext, StackError};
 use super::outcome::{Notes, Step, not_running_yet};
 use crate::host::apply::{self, Applied, HostWriteError, Update};
 use crate::host::labels::Parent;
 
 /// Creates or repairs the host Deployment (`observed`: its cached copy); stops when it was just
-/// created (its watch event brings the copy whose uid the copies' owner reference needs).
+/// created (its watch event brings the uid the copies' owner reference needs).
 pub(super) async fn write_deployment(
     ctx: &StackContext,
     host: &HostNames,
@@ -60,18 +61,17 @@ pub(super) async fn write_deployment(
 pub(super) async fn write_copies(
     ctx: &StackContext,
     host: &HostNames,
-    running: &Running,
+    copies: &Copies,
     notes: &mut Notes,
 ) -> Result<(), StackError> {
-    write_token_copy(ctx, host, &running.token_copy, notes).await?;
+    write_token_copy(ctx, host, &copies.token_copy, notes).await?;
     let (mut created, mut updated) = (Vec::new(), Vec::new());
-    for (source, copy) in &running.pull_copies {
-        let applied = ensure_host_secret(ctx, host, copy, notes).await?;
+    for (source, copy) in &copies.pull_copies {
         let copied = format!("{source} as {}/{}", host.namespace, copy.name_any());
-        match applied {
-            Applied::Created => created.push(copied),
-            Applied::Updated => updated.push(copied),
-            Applied::Unchanged => {}
+        match ensure_host_secret(ctx, host, copy, notes).await? {
+            Copied::Created => created.push(copied),
+            Copied::Updated => updated.push(copied),
+            Copied::Owned | Copied::Unchanged => {}
         }
     }
     if !created.is_empty() {
@@ -87,7 +87,7 @@ pub(super) async fn write_copies(
         );
     }
     let api: Api<Secret> = Api::namespaced(ctx.tenant.host.clone(), &host.namespace);
-    let removed = apply::delete_all(&api, &running.stale_pull_copies, &host.tenant, &host.parent)
+    let removed = apply::delete_all(&api, &copies.stale_pull_copies, &host.tenant, &host.parent)
         .await
         .map_err(HostWriteError::from)?;
     if removed > 0 {
@@ -106,21 +106,31 @@ async fn write_token_copy(
     copy: &Secret,
     notes: &mut Notes,
 ) -> Result<(), StackError> {
-    let applied = ensure_host_secret(ctx, host, copy, notes).await?;
+    let copied = ensure_host_secret(ctx, host, copy, notes).await?;
     notes.token_secret_ref = Some(host.token_copy_ref());
     let (namespace, name) = (&host.namespace, &host.secret);
-    match applied {
-        Applied::Created => notes.normal(
+    match copied {
+        Copied::Created => notes.normal(
             "CopiedToken",
             format!("copied the controller's token to the host Secret {namespace}/{name}"),
         ),
-        Applied::Updated => notes.normal(
+        Copied::Updated => notes.normal(
             "RecopiedToken",
             format!("copied the controller's changed token to the host Secret {namespace}/{name}"),
         ),
-        Applied::Unchanged => {}
+        Copied::Owned | Copied::Unchanged => {}
     }
     Ok(())
+}
+
+/// What writing a host copy did.
+enum Copied {
+    Created,
+    /// Its content changed.
+    Updated,
+    /// Only its owner reference was added (the Deployment exists now): nothing to tell the user.
+    Owned,
+    Unchanged,
 }
 
 /// Creates `copy` in the host namespace, or replaces the cached one when it differs (a replace the
@@ -130,7 +140,7 @@ async fn ensure_host_secret(
     host: &HostNames,
     copy: &Secret,
     notes: &mut Notes,
-) -> Result<Applied, StackError> {
+) -> Result<Copied, StackError> {
     let api: Api<Secret> = Api::namespaced(ctx.tenant.host.clone(), &host.namespace);
     let observed = ctx
         .caches
@@ -146,7 +156,20 @@ async fn ensure_host_secret(
     )
     .await
     .inspect_err(|err| notes.conflict(err))?;
-    Ok(applied)
+    let unowned = Secret {
+        metadata: ObjectMeta {
+            owner_references: None,
+            ..copy.metadata.clone()
+        },
+        ..copy.clone()
+    };
+    let only_owner = observed.is_some_and(|observed| apply::changed_field(observed.as_ref(), &unowned).is_none());
+    Ok(match applied {
+        Applied::Created => Copied::Created,
+        Applied::Updated if only_owner => Copied::Owned,
+        Applied::Updated => Copied::Updated,
+        Applied::Unchanged => Copied::Unchanged,
+    })
 }
 
 /// Deletes the Stack's host Deployment (in the background, so its ReplicaSets go too), then its host

@@ -133,19 +133,20 @@ pub(super) enum HostPlan {
 /// The controller Deployment and what its pods use.
 pub(super) struct HostObjects {
     pub deployment: Deployment,
-    /// The copies its pods mount and its readiness, once the cache shows the Deployment (its uid
-    /// owns the copies); until then, the wait for it.
-    pub running: Step<Running>,
+    /// The copies its pods mount, written before it (a pod never starts on a missing volume).
+    pub copies: Copies,
+    /// Its readiness once the cache shows it; until then, the wait for it.
+    pub readiness: Outcome,
 }
 
-/// The host side of a Deployment the cache shows.
-pub(super) struct Running {
+/// The host copies the Deployment's pods use: owned by the Deployment once the cache shows it (its
+/// uid), and until then by no one (their labels are what cleanup and the sweep go by).
+pub(super) struct Copies {
     pub token_copy: Secret,
     /// Each pull-secret copy, with the name of the tenant Secret it copies.
     pub pull_copies: Vec<(String, Secret)>,
     /// Host copies of pull secrets the Stack no longer names.
     pub stale_pull_copies: Vec<Secret>,
-    pub readiness: Outcome,
 }
 
 /// Builds the Stack's objects, or stops: a pull secret that cannot be copied or a Stack without a
@@ -267,24 +268,31 @@ fn host_objects(
         },
     );
     stamp(&mut desired, &host.tenant, &host.parent);
-    let running = match observed.deployment.as_deref() {
-        None => Break(not_running_yet(&host.namespace, &host.deployment)),
-        Some(current) => Continue(running(host, observed, current, sources, &pull_names)),
+    let current = observed.deployment.as_deref();
+    let readiness = match current {
+        None => not_running_yet(&host.namespace, &host.deployment),
+        Some(current) => readiness(
+            &host.namespace,
+            &host.deployment,
+            current,
+            observed.pod_trouble.as_ref(),
+        ),
     };
     HostObjects {
         deployment: desired,
-        running,
+        copies: copies(host, observed, current, sources, &pull_names),
+        readiness,
     }
 }
 
-/// The copies owned by the cached Deployment `current`, and its readiness.
-fn running(
+/// The copies, owned by the cached Deployment `current` when there is one.
+fn copies(
     host: &HostNames,
     observed: &Observed,
-    current: &Deployment,
+    current: Option<&Deployment>,
     sources: HostSources,
     pull_names: &[String],
-) -> Running {
+) -> Copies {
     let mut token_copy = token::host_secret(&host.secret, &host.namespace, sources.token, current);
     stamp(&mut token_copy, &host.tenant, &host.parent);
     let pull_copies = pull_names
@@ -296,7 +304,7 @@ fn running(
                 parent: &host.parent,
                 host_namespace: &host.namespace,
                 name,
-                owner: token::owner_reference(current),
+                owner: current.map(token::owner_reference),
             };
             (source.name_any(), pull_secrets::host_copy(&target, source))
         })
@@ -309,16 +317,10 @@ fn running(
         })
         .map(|s| (**s).clone())
         .collect();
-    Running {
+    Copies {
         token_copy,
         pull_copies,
         stale_pull_copies,
-        readiness: readiness(
-            &host.namespace,
-            &host.deployment,
-            current,
-            observed.pod_trouble.as_ref(),
-        ),
     }
 }
 
@@ -557,7 +559,7 @@ mod tests {
     }
 
     #[test]
-    fn the_copies_wait_for_the_cached_deployment_and_are_owned_by_it() {
+    fn the_copies_come_before_the_deployment_and_are_owned_by_it_once_cached() {
         let stack = stack(PermissionScope::Namespaced);
         let host = host(&stack);
         let endpoint = endpoint();
@@ -573,8 +575,12 @@ mod tests {
             first.deployment.metadata.name.as_deref(),
             Some(host.deployment.as_str())
         );
-        let waiting = stopped_with(first.running);
-        assert_eq!(waiting.reason, "DeploymentUnavailable");
+        assert_eq!(first.readiness.reason, "DeploymentUnavailable");
+        assert_eq!(
+            first.copies.token_copy.metadata.name.as_deref(),
+            Some(host.secret.as_str())
+        );
+        assert_eq!(first.copies.token_copy.metadata.owner_references, None);
         let mut cached = first.deployment.clone();
         cached.metadata.uid = Some("deployment-uid".into());
         cached.status = Some(DeploymentStatus {
@@ -586,16 +592,18 @@ mod tests {
             ..settled(&stack)
         };
         let objects = host_objects(desired(build(&stack, Some(&controller), &observed, &host, false)));
-        let Continue(running) = objects.running else {
-            panic!("the cache shows the Deployment");
-        };
-        let owner = &running.token_copy.metadata.owner_references.as_ref().expect("owner")[0];
+        let owner = &objects
+            .copies
+            .token_copy
+            .metadata
+            .owner_references
+            .as_ref()
+            .expect("owner")[0];
         assert_eq!(
             (owner.kind.as_str(), owner.uid.as_str()),
             ("Deployment", "deployment-uid")
         );
-        assert_eq!(running.token_copy.metadata.name.as_deref(), Some(host.secret.as_str()));
-        assert_eq!(running.readiness.reason, "Available", "{:?}", running.readiness);
+        assert_eq!(objects.readiness.reason, "Available", "{:?}", objects.readiness);
     }
 
     #[test]
@@ -650,16 +658,14 @@ mod tests {
         let objects = host_objects(desired(build(&stack, Some(&controller), &observed, &host, false)));
         let pod = objects.deployment.spec.and_then(|s| s.template.spec).expect("pod");
         assert_eq!(pull_secrets::referenced(Some(&pod)), ["in-use"]);
-        let Continue(running) = objects.running else {
-            panic!("the cache shows the Deployment");
-        };
-        let copies: Vec<_> = running
+        let copies: Vec<_> = objects
+            .copies
             .pull_copies
             .iter()
             .map(|(source, c)| (source.as_str(), c.name_any()))
             .collect();
         assert_eq!(copies, [("regcred", "in-use".to_string())]);
-        let stale: Vec<_> = running.stale_pull_copies.iter().map(|s| s.name_any()).collect();
+        let stale: Vec<_> = objects.copies.stale_pull_copies.iter().map(|s| s.name_any()).collect();
         assert_eq!(stale, ["dropped"]);
     }
 

@@ -10,7 +10,7 @@ use kube::runtime::events::EventType;
 use super::deployment;
 use crate::api::common::HostObjectRef;
 use crate::host::apply::HostWriteError;
-use crate::host::pod_trouble::{PodTrouble, TroubleKind};
+use crate::host::pod_trouble::{self, PodTrouble, TroubleKind};
 
 /// A step's result: the value handed to the next step, or the outcome the reconcile stops with.
 pub(super) type Step<T> = ControlFlow<Outcome, T>;
@@ -101,6 +101,12 @@ pub(super) fn readiness(namespace: &str, name: &str, current: &Deployment, troub
             format!("the controller Deployment {namespace}/{name} has an available replica"),
         );
     }
+    if let Some(refused) = pod_refused(current) {
+        let why = format!(
+            "the host refuses to create its pod: if a quota is used up, free some of it or ask the platform team for more ({refused})"
+        );
+        return Outcome::waiting("ControllerPodRefused", unavailable_message(namespace, name, &why));
+    }
     if let Some(trouble) = trouble {
         let why = trouble.describe("the controller image of the stack's package");
         return Outcome::waiting(
@@ -116,6 +122,16 @@ pub(super) fn readiness(namespace: &str, name: &str, current: &Deployment, troub
         .and_then(|c| c.message.clone())
         .unwrap_or_else(|| NO_REPLICA_YET.into());
     Outcome::waiting("DeploymentUnavailable", unavailable_message(namespace, name, &why))
+}
+
+/// Why the Deployment's ReplicaSet cannot create a pod (its `ReplicaFailure` condition, e.g. a
+/// ResourceQuota's `exceeded quota`), bounded like what the kubelet says.
+fn pod_refused(deployment: &Deployment) -> Option<String> {
+    let conditions = deployment.status.as_ref()?.conditions.as_ref()?;
+    let failure = conditions
+        .iter()
+        .find(|c| c.type_ == "ReplicaFailure" && c.status == "True")?;
+    Some(pod_trouble::bounded(failure.message.as_deref().unwrap_or_default()))
 }
 
 /// The wait for a Deployment the cache does not show yet, said as the Deployment's own first
@@ -135,6 +151,7 @@ pub(super) const POD_TROUBLE_REASONS: &[&str] = &[
     "ControllerOutOfMemory",
     "ControllerUnschedulable",
     "ControllerNotStarting",
+    "ControllerPodRefused",
 ];
 
 fn pod_trouble_reason(kind: TroubleKind) -> &'static str {

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 
@@ -93,7 +94,7 @@ async fn apply(stack: &Stack, ctx: &StackContext) -> Result<Action, StackError> 
 }
 
 /// §3.3 in order: validate, read, build; the tenant identity and permissions and the filled token;
-/// the host Deployment, then the token and pull-secret copies it owns; readiness.
+/// the token and pull-secret copies, then the host Deployment that owns them; readiness.
 async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Result<Outcome, StackError> {
     let tenant = &ctx.tenant;
     // 1. Validate everything before writing anything.
@@ -128,8 +129,8 @@ async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Resul
     let HostPlan::Run(objects) = plan else {
         return remove_controller(ctx, &host, notes).await;
     };
-    // 3–4. The controller Deployment on the host, within its namespace's share of the tenant's
-    // host quota, then the token and pull-secret copies (owned by it).
+    // 3–4. Within its namespace's share of the tenant's host quota: the token and pull-secret
+    // copies, then the controller Deployment that mounts them (so no pod waits on a missing volume).
     let observed_deployment = observed.deployment.as_deref();
     let what = format!(
         "the stack's controller Deployment {}/{}",
@@ -139,11 +140,18 @@ async fn converge(stack: &Stack, ctx: &StackContext, notes: &mut Notes) -> Resul
     if let Err(refused) = tenant.check_quota_share(&what, &namespace, &objects.deployment, observed_deployment) {
         return Ok(Outcome::refused(refused.reason(), refused.to_string()));
     }
+    // A Deployment created moments ago and not cached yet had its copies written just before it:
+    // they are owned by it once its watch event brings its uid.
+    let just_created = observed_deployment.is_none()
+        && tenant
+            .host_writes
+            .was_created::<Deployment>(&host.namespace, &host.deployment);
+    if !just_created {
+        apply_host::write_copies(ctx, &host, &objects.copies, notes).await?;
+    }
     proceed!(apply_host::write_deployment(ctx, &host, &objects.deployment, observed_deployment, notes).await?);
-    let running = proceed!(objects.running);
-    apply_host::write_copies(ctx, &host, &running, notes).await?;
     // 5. Ready when the Deployment has an available replica.
-    Ok(running.readiness)
+    Ok(objects.readiness)
 }
 
 /// A refused Stack keeps what it has, except one no install controls that was reconciled once (by

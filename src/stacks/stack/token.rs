@@ -70,13 +70,19 @@ pub fn filled_keys(
     Some(Ok(keys))
 }
 
-/// The host copy: Opaque, owned by the host Deployment so it goes with it.
-pub fn host_secret(name: &str, namespace: &str, data: BTreeMap<String, ByteString>, owner: &Deployment) -> Secret {
+/// The host copy: Opaque, owned by the host Deployment so it goes with it (once the Deployment
+/// exists: the copy is written first, so its pods never wait on the volume).
+pub fn host_secret(
+    name: &str,
+    namespace: &str,
+    data: BTreeMap<String, ByteString>,
+    owner: Option<&Deployment>,
+) -> Secret {
     Secret {
         metadata: ObjectMeta {
             name: Some(name.into()),
             namespace: Some(namespace.into()),
-            owner_references: Some(vec![owner_reference(owner)]),
+            owner_references: owner.map(|owner| vec![owner_reference(owner)]),
             ..Default::default()
         },
         type_: Some("Opaque".into()),
