@@ -306,6 +306,7 @@ async fn run_daemon(
         pull_failure_grace: Duration::from_secs(3 * 60),
         namespace_max_pools: 50,
         namespace_max_clusters: 100,
+        namespace_secret_lookups: crate::inventory::LOOKUPS_PER_NAMESPACE,
         sweep_interval: Duration::from_secs(60),
         backoff: Backoff::new(Duration::from_millis(500), Duration::from_secs(30)),
         debounce: Duration::from_millis(200),

@@ -236,6 +236,12 @@ struct RunArgs {
     /// (`CapacityAvailable=False`, reason NamespaceMaxClusters). 0 means no limit.
     #[arg(long, default_value_t = 100, value_name = "N")]
     namespace_max_clusters: usize,
+    /// Lookups of the credentials Secrets a tenant namespace's BareMetalAssets wait on (missing,
+    /// unusable or delivered), per recheck interval (`--backoff-base` × 10, at most 30 s): once per
+    /// Secret however many assets name it, the least lately looked at first. Bounds the requests a
+    /// namespace's assets cost its tenant's API server, whatever their number.
+    #[arg(long, default_value_t = 10, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    namespace_secret_lookups: u16,
     /// Interval of the orphan sweep over host objects, and of the check that puts back each tenant's
     /// host ResourceQuota and LimitRange (which are not watched): each tenant's fall at its own
     /// point of the interval, so tenants started together do not sweep together.
@@ -766,6 +772,7 @@ async fn run(args: RunArgs) -> ExitCode {
         pull_failure_grace: args.pull_failure_grace,
         namespace_max_pools: args.namespace_max_pools,
         namespace_max_clusters: args.namespace_max_clusters,
+        namespace_secret_lookups: usize::from(args.namespace_secret_lookups),
         sweep_interval: args.sweep_interval,
         backoff: stackd::runtime::backoff::Backoff::new(args.backoff_base, Duration::from_secs(300)),
         debounce: args.debounce,

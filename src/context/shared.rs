@@ -81,6 +81,9 @@ pub struct DaemonSettings {
     /// Clusters the pools of one tenant namespace may have at once (`--namespace-max-clusters`;
     /// 0 for no limit).
     pub namespace_max_clusters: usize,
+    /// Lookups of the Secrets a namespace's BareMetalAssets wait on, per recheck interval
+    /// (`--namespace-secret-lookups`).
+    pub namespace_secret_lookups: usize,
     pub sweep_interval: Duration,
     pub backoff: Backoff,
     pub debounce: Duration,

@@ -1,7 +1,7 @@
 //! The credentials Secrets assets wait on. Tenant Secrets are not watched (there are too many), so
 //! a Secret an asset cannot use yet (missing, lacking keys, too large) or has delivered (its
 //! credentials are propagated when it changes) is looked at again here, by metadata: one lookup per
-//! Secret per interval however many assets name it, and at most [`LOOKUPS_PER_NAMESPACE`] per
+//! Secret per interval however many assets name it, and at most `--namespace-secret-lookups` per
 //! namespace per interval, least lately looked at first. When one changes, every asset naming it
 //! is woken. Counted in `stackd_secret_lookups_total{tenant}`.
 
@@ -19,8 +19,9 @@ use crate::api::inventory::BareMetalAsset;
 use crate::context::tenant::TenantContext;
 use crate::runtime::metrics::Metrics;
 
-/// The Secret lookups one namespace's assets may cause per interval, whatever they name: a
-/// namespace naming more Secrets has each looked at less often.
+/// The Secret lookups one namespace's assets may cause per interval by default
+/// (`--namespace-secret-lookups`), whatever they name: a namespace naming more Secrets has each
+/// looked at less often.
 pub(crate) const LOOKUPS_PER_NAMESPACE: usize = 10;
 
 /// A Secret by namespace and name.
@@ -69,8 +70,8 @@ impl AwaitedSecrets {
     }
 
     /// Starts a round: forgets the Secrets no asset names any more, and picks those to look at now
-    /// (at most [`LOOKUPS_PER_NAMESPACE`] per namespace, least lately looked at first).
-    fn next_round(&self, named: &BTreeSet<SecretKey>) -> Vec<(SecretKey, Option<String>)> {
+    /// (at most `per_namespace` per namespace, least lately looked at first).
+    fn next_round(&self, named: &BTreeSet<SecretKey>, per_namespace: usize) -> Vec<(SecretKey, Option<String>)> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.round += 1;
         let round = state.round;
@@ -82,7 +83,7 @@ impl AwaitedSecrets {
         let mut picked = Vec::new();
         for entries in by_namespace.values_mut() {
             entries.sort_by_key(|(_, entry)| entry.looked_at);
-            let taken = entries.iter().take(LOOKUPS_PER_NAMESPACE);
+            let taken = entries.iter().take(per_namespace.max(1));
             picked.extend(taken.map(|(key, entry)| ((*key).clone(), entry.version.clone())));
         }
         for (key, _) in &picked {
@@ -118,7 +119,8 @@ impl AwaitedSecrets {
                 .iter()
                 .filter_map(|a| credentials_key(a))
                 .collect();
-            for (key, awaited) in self.next_round(&named) {
+            let per_namespace = lookups.tenant.shared.settings.namespace_secret_lookups;
+            for (key, awaited) in self.next_round(&named, per_namespace) {
                 let Ok(seen) = lookups.version(&key).await else {
                     // The tenant does not answer (reachability tells it): try again next round.
                     break;
@@ -187,7 +189,7 @@ mod tests {
         named.insert(key("other", "bmc"));
         let mut seen = BTreeSet::new();
         for _ in 0..3 {
-            let picked = awaited.next_round(&named);
+            let picked = awaited.next_round(&named, LOOKUPS_PER_NAMESPACE);
             let attacker: Vec<_> = picked.iter().filter(|(k, _)| k.0 == "attacker").collect();
             assert!(attacker.len() <= LOOKUPS_PER_NAMESPACE);
             assert!(
@@ -205,7 +207,7 @@ mod tests {
         awaited.await_change("team", "gone", None);
         awaited.await_change("team", "bmc", None);
         assert!(awaited.known_missing("team", "bmc"));
-        let picked = awaited.next_round(&BTreeSet::from([key("team", "bmc")]));
+        let picked = awaited.next_round(&BTreeSet::from([key("team", "bmc")]), LOOKUPS_PER_NAMESPACE);
         assert_eq!(picked, vec![(key("team", "bmc"), None)]);
         assert_eq!(awaited.len(), 1);
         awaited.changed(&key("team", "bmc"), &None);
