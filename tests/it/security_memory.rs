@@ -313,6 +313,17 @@ fn cached_bytes(daemon: &Daemon) -> u64 {
         .unwrap_or(0)
 }
 
+/// Reconciles the daemon has run, all controllers and tenants.
+fn reconciles(daemon: &Daemon) -> u64 {
+    daemon
+        .http_get("/metrics")
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| line.starts_with("stackd_reconciles_total{"))
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum()
+}
+
 /// A real CRD (stackd's ClusterPool) in group `g<i>.example.com`, its schema's `spec` copied under
 /// `extra` more names (about 14 KiB each).
 fn package_crd(i: usize, extra: usize) -> CustomResourceDefinition {
@@ -398,14 +409,30 @@ fn cached_kinds() -> Vec<CachedKind> {
         },
         CachedKind {
             resource: resource("pools.stackd.dev", "ClusterPool"),
-            count: 40,
-            // A size-0 pool whose inventory names 400 customizations: nothing to make, all to keep.
+            count: 20,
+            // A size-0 pool whose inventory names 400 customizations: nothing to make, all to keep
+            // (and its status names each entry).
             object: |i| {
                 let inventory: Vec<Value> = (0..400).map(|e| json!({"name": format!("entry-{e:03}")})).collect();
                 let mut pool = pool_json(&format!("p{i}"), 0, None);
                 pool["metadata"].as_object_mut().map(|m| m.remove("namespace"));
                 pool["spec"]["inventory"] = json!(inventory);
                 pool
+            },
+        },
+        CachedKind {
+            resource: resource("pools.stackd.dev", "ClusterClaim"),
+            count: 600,
+            // Claims of a pool that does not exist, waiting: labels and annotations kept.
+            object: |i| {
+                let labels: serde_json::Map<String, Value> = (0..20)
+                    .map(|l| (format!("example.org/label-{l}"), json!(format!("value-{l}"))))
+                    .collect();
+                json!({
+                    "metadata": {"name": format!("claim-{i}"), "labels": labels,
+                        "annotations": {"example.org/notes": "x".repeat(3_000)}},
+                    "spec": {"clusterPoolName": "none"},
+                })
             },
         },
         CachedKind {
@@ -427,13 +454,16 @@ fn cached_kinds() -> Vec<CachedKind> {
     ]
 }
 
-/// Issue 51: the budget must see what the caches take. For each kind the tenant's namespaces fill
-/// (a namespace of its own each), the daemon's resident growth once the objects are cached is at
-/// most twice what its tenant is charged for them, plus what any start of work leaves.
+/// Issue 51: the budget must see what the caches take. For each kind a tenant's namespaces hold in
+/// numbers (customizations, pools, claims, assets, each in a namespace of its own; CRDs have a
+/// test of their own), the daemon's resident growth once the objects are cached is at most twice
+/// what its tenant is charged for them, plus what any start of work leaves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_cached_kind_is_charged_about_what_it_takes() {
     /// Reconciles, Events and status writes of a few hundred objects, and the allocator's pages.
     const SLACK: u64 = 8 << 20;
+    /// Every object's status written, on a loaded machine.
+    const SETTLED_WITHIN: std::time::Duration = std::time::Duration::from_secs(90);
     let fleet = Fleet::start(&["acme"]).await;
     let tenant = fleet.tenant_server("acme").client().await;
     prepare(&tenant).await;
@@ -462,18 +492,18 @@ async fn each_cached_kind_is_charged_about_what_it_takes() {
             api.create(&PostParams::default(), &object).await.expect("create");
         }
         // Charged: every object in and its status written (a pool's names each inventory entry),
-        // the charge unchanged for three seconds.
-        let seen = std::cell::Cell::new((0, std::time::Instant::now()));
-        until("the objects are charged", WITHIN, &daemon, || async {
-            let now = cached_bytes(&daemon);
+        // and the daemon done with them: its charge and its reconciles unchanged for three seconds.
+        let seen = std::cell::Cell::new(((0, 0), std::time::Instant::now()));
+        until("the objects are charged", SETTLED_WITHIN, &daemon, || async {
+            let now = (cached_bytes(&daemon), reconciles(&daemon));
             let (last, since) = seen.get();
             if now != last {
                 seen.set((now, std::time::Instant::now()));
             }
-            now > charged_before && now == last && since.elapsed() >= std::time::Duration::from_secs(3)
+            now.0 > charged_before && now == last && since.elapsed() >= std::time::Duration::from_secs(3)
         })
         .await;
-        let last = seen.get().0;
+        let last = seen.get().0.0;
         let charged = last - charged_before;
         let growth = daemon.rss_bytes().saturating_sub(resident_before);
         eprintln!(
