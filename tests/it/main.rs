@@ -31,6 +31,7 @@ mod inventory;
 mod kubectl;
 mod logs;
 mod package;
+mod package_token;
 mod pod_troubles;
 mod pools;
 mod pools_seeds;

@@ -20,18 +20,18 @@ use crate::harness::{Daemon, wait_until};
 
 const REGISTRY: &str = "registry.example.com";
 
-fn stackd(args: &[&str]) -> Output {
+pub(crate) fn stackd(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_stackd"))
         .args(args)
         .output()
         .expect("run stackd")
 }
 
-fn text(bytes: &[u8]) -> String {
+pub(crate) fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn init(dir: &Path, extra: &[&str]) {
+pub(crate) fn init(dir: &Path, extra: &[&str]) {
     let mut args = vec!["package", "init", dir.to_str().expect("utf-8")];
     args.extend_from_slice(extra);
     let out = stackd(&args);
@@ -441,16 +441,16 @@ fn a_built_image_is_reproducible_and_unpacks_as_the_install_job_unpacks_it() {
 /// The distribution registry Debian packages (`docker-registry`), which scripts/test installs.
 const REGISTRY_BINARY: &str = "/usr/bin/docker-registry";
 /// The user that may push, and a bcrypt hash of its password (`mkpasswd -m bcrypt`).
-const PUSHER: (&str, &str, &str) = (
+pub(crate) const PUSHER: (&str, &str, &str) = (
     "pusher",
     "stackd-push-test",
     "$2b$05$D3Ui50eVf9PEt1RLqjvpxORVvvCmXYybpz87A6Nt9QtTITsIhuOi2",
 );
 
 /// A registry on a free loopback port, with its storage and config in a temp dir; stopped on drop.
-struct LocalRegistry {
+pub(crate) struct LocalRegistry {
     child: std::process::Child,
-    address: String,
+    pub(crate) address: String,
     _dir: tempfile::TempDir,
 }
 
@@ -462,15 +462,32 @@ impl Drop for LocalRegistry {
 }
 
 impl LocalRegistry {
-    /// Starts the registry, with htpasswd (basic) auth. A port taken between being found free and
-    /// the registry binding it makes the registry exit: then another port is tried.
+    /// Starts the registry, with htpasswd (basic) auth.
     async fn start() -> LocalRegistry {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let htpasswd = dir.path().join("htpasswd");
+        std::fs::write(&htpasswd, format!("{}:{}\n", PUSHER.0, PUSHER.2)).expect("htpasswd");
+        let realm = realm();
+        let auth = format!(
+            "auth:\n  htpasswd:\n    realm: {realm}\n    path: {}\n",
+            htpasswd.display()
+        );
+        LocalRegistry::start_in(dir, &auth, &format!("realm=\"{realm}\"")).await
+    }
+
+    /// Starts the registry with `auth` (its config's `auth:` section), told from whatever else
+    /// listens on its port by `challenge` in the credentials it asks for.
+    pub(crate) async fn start_with(auth: &str, challenge: &str) -> LocalRegistry {
+        LocalRegistry::start_in(tempfile::tempdir().expect("temp dir"), auth, challenge).await
+    }
+
+    /// A port taken between being found free and the registry binding it makes the registry exit:
+    /// then another port is tried.
+    async fn start_in(dir: tempfile::TempDir, auth: &str, challenge: &str) -> LocalRegistry {
         assert!(
             Path::new(REGISTRY_BINARY).exists(),
             "{REGISTRY_BINARY} is missing: run scripts/test, which installs Debian's docker-registry package"
         );
-        let dir = tempfile::tempdir().expect("temp dir");
-        std::fs::write(dir.path().join("htpasswd"), format!("{}:{}\n", PUSHER.0, PUSHER.2)).expect("htpasswd");
         for _ in 0..5 {
             let port = std::net::TcpListener::bind("127.0.0.1:0")
                 .and_then(|l| l.local_addr())
@@ -478,10 +495,8 @@ impl LocalRegistry {
                 .port();
             let address = format!("127.0.0.1:{port}");
             let config = format!(
-                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root}\nhttp:\n  addr: {address}\n  secret: stackd-test\nauth:\n  htpasswd:\n    realm: {realm}\n    path: {htpasswd}\n",
-                realm = realm(&address),
+                "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root}\nhttp:\n  addr: {address}\n  secret: stackd-test\n{auth}",
                 root = dir.path().join("storage").display(),
-                htpasswd = dir.path().join("htpasswd").display(),
             );
             let config_path = dir.path().join("config.yml");
             std::fs::write(&config_path, config).expect("config");
@@ -493,7 +508,7 @@ impl LocalRegistry {
                 .stderr(log)
                 .spawn()
                 .expect("start the registry");
-            if answers(&mut child, &address).await {
+            if answers(&mut child, &address, challenge).await {
                 return LocalRegistry {
                     child,
                     address,
@@ -507,13 +522,16 @@ impl LocalRegistry {
     }
 }
 
-/// Waits until the registry takes connections; false when it exited (its port was taken).
-/// The registry's realm: its own, so that it is told from another listener on its port.
-fn realm(address: &str) -> String {
-    format!("stackd-test-{}-{address}", std::process::id())
+/// The basic-auth registry's realm: its own, so that it is told from another listener on its port.
+fn realm() -> String {
+    static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let started = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("stackd-test-{}-{started}", std::process::id())
 }
 
-async fn answers(child: &mut std::process::Child, address: &str) -> bool {
+/// Waits until the registry takes connections and asks for credentials with `challenge`; false
+/// when it exited (its port was taken).
+async fn answers(child: &mut std::process::Child, address: &str, challenge: &str) -> bool {
     for _ in 0..200 {
         if child.try_wait().ok().flatten().is_some() {
             return false;
@@ -524,7 +542,7 @@ async fn answers(child: &mut std::process::Child, address: &str) -> bool {
             let mut answer = String::new();
             let asked = stream.write_all(b"GET /v2/ HTTP/1.0\r\n\r\n").await.is_ok()
                 && stream.read_to_string(&mut answer).await.is_ok();
-            if asked && answer.contains(&format!("realm=\"{}\"", realm(address))) {
+            if asked && answer.contains(challenge) {
                 return true;
             }
         }
