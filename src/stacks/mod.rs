@@ -1,5 +1,6 @@
 //! Stacks (DESIGN.md §3): the package format, the install controller and the stack controller.
 
+pub mod copy;
 pub(crate) mod crd_changes;
 pub mod crd_v1beta1;
 pub mod install;
