@@ -157,6 +157,7 @@ pub fn check(options: &CheckOptions) -> Report {
         permission_scope: scope,
         package_image: Some(options.image.clone().unwrap_or_else(|| UNNAMED_PACKAGE_IMAGE.into())),
         templating_controller_image: unpack::DEFAULT_TEMPLATING_CONTROLLER_IMAGE.into(),
+        stackd_image: crate::stacks::install::default_stackd_image(),
     });
     // The Job prints the stream; the daemon reads it back with its limits.
     let contents = match unpacked.and_then(|contents| Ok(stream::encode(&contents)?)) {

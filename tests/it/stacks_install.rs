@@ -208,6 +208,10 @@ fn copy_dir(from: &Path, to: &Path) {
 
 /// What the stackd image "prints" in the install pod, chosen by the package image.
 fn unpack_runner(packages: &Path, ctx: &JobContext) -> JobOutcome {
+    // The install pod's first init container copies the binary for the package image's.
+    if ctx.args.first().is_some_and(|a| a == "copy-self") {
+        return JobOutcome::success("");
+    }
     let package = ctx.env("STACK_IMAGE").unwrap_or_default().to_string();
     let scope = if ctx.args.iter().any(|a| a == "Cluster") {
         PermissionScope::Cluster
@@ -220,6 +224,7 @@ fn unpack_runner(packages: &Path, ctx: &JobContext) -> JobOutcome {
             permission_scope: PermissionScope::Namespaced,
             package_image: Some(package.clone()),
             templating_controller_image: unpack::DEFAULT_TEMPLATING_CONTROLLER_IMAGE.into(),
+            stackd_image: ctx.image.clone(),
         };
         unpack::unpack(&options).expect("sample unpacks")
     };
@@ -251,6 +256,7 @@ fn unpack_runner(packages: &Path, ctx: &JobContext) -> JobOutcome {
                 permission_scope: scope,
                 package_image: Some(package.clone()),
                 templating_controller_image: unpack::DEFAULT_TEMPLATING_CONTROLLER_IMAGE.into(),
+                stackd_image: ctx.image.clone(),
             };
             match unpack::unpack(&options).map(|c| stream::encode(&c).expect("encode")) {
                 Ok(log) => JobOutcome::success(log),
