@@ -45,6 +45,7 @@ fn job_copying_with(name: &str, package: &str, scope: &str, command: serde_json:
             ],
             "containers": [{"name": "unpack", "image": STACKD_IMAGE,
                 "args": ["unpack", "--content-dir", "/ext-pkg/.registry", "--permission-scope", scope],
+                "env": [{"name": "STACK_IMAGE", "value": package}],
                 "volumeMounts": [pkg]}],
         }}},
     }))
