@@ -459,7 +459,7 @@ async fn a_templating_stack_runs_the_templating_controller_with_its_stack_defini
     for container in inits {
         let context = container.security_context.as_ref().expect("security context");
         assert_eq!(context.allow_privilege_escalation, Some(false), "{}", container.name);
-        assert_eq!(context.read_only_root_filesystem, Some(true), "{}", container.name);
+        assert_eq!(context.run_as_non_root, Some(true), "{}", container.name);
     }
     let manager = &pod.containers[0];
     assert!(

@@ -470,10 +470,18 @@ async fn install_runs_a_restricted_job_then_applies_crds_before_the_stack() {
     let pod_security = pod.security_context.as_ref().unwrap();
     assert_eq!(pod_security.run_as_non_root, Some(true));
     assert_eq!(pod_security.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
-    let init = &pod.init_containers.as_ref().unwrap()[0];
+    // stackd's binary is copied first, and the package image runs it: a package image needs no `cp`.
+    let inits = pod.init_containers.as_ref().unwrap();
+    let (tools, init) = (&inits[0], &inits[1]);
+    assert_eq!(tools.image.as_deref(), Some(STACKD_TEST_IMAGE));
+    assert_eq!(tools.args.as_ref().unwrap()[..], ["copy-self", "/stackd-tools/stackd"]);
     assert_eq!(
         init.image.as_deref(),
         Some("registry.example.com/examples/sample-stack:v1")
+    );
+    assert_eq!(
+        init.command.as_ref().unwrap()[..],
+        ["/stackd-tools/stackd", "copy", "/.registry", "/ext-pkg/.registry"]
     );
     // The install asked for IfNotPresent: a tenant's image is pulled `Always` all the same, so no
     // tenant runs another's private image from the node's cache.
@@ -488,10 +496,12 @@ async fn install_runs_a_restricted_job_then_applies_crds_before_the_stack() {
             "--content-dir",
             "/ext-pkg/.registry",
             "--permission-scope",
-            "Namespaced"
+            "Namespaced",
+            "--stackd-image",
+            STACKD_TEST_IMAGE
         ]
     );
-    for container in [init, unpack] {
+    for container in [tools, init, unpack] {
         let security = container.security_context.as_ref().unwrap();
         assert_eq!(security.allow_privilege_escalation, Some(false));
         assert_eq!(security.capabilities.as_ref().unwrap().drop.as_ref().unwrap(), &["ALL"]);
@@ -611,7 +621,10 @@ async fn cluster_stack_install_installs_a_cluster_scoped_stack() {
         .args
         .clone()
         .unwrap();
-    assert_eq!(args.last().map(String::as_str), Some("Cluster"));
+    assert!(
+        args.windows(2).any(|pair| pair == ["--permission-scope", "Cluster"]),
+        "{args:?}"
+    );
     assert_eq!(job.labels()["stackd.dev/parent-kind"], "ClusterStackInstall");
 }
 
