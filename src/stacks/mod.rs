@@ -14,6 +14,12 @@ pub mod unpack;
 
 use sha2::{Digest, Sha256};
 
+/// The image of the install Job's containers (and of templating stacks' `stackd-tools`) when
+/// `--stackd-image` is not given.
+pub fn default_stackd_image() -> String {
+    format!("stackd:{}", env!("CARGO_PKG_VERSION"))
+}
+
 /// Finalizer of StackInstall and ClusterStackInstall.
 pub const INSTALL_FINALIZER: &str = "stacks.stackd.dev/install";
 /// Finalizer of Stack.
