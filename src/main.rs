@@ -1,7 +1,7 @@
 //! The `stackd` command line: wiring only; the work happens in the library.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -45,6 +45,14 @@ enum Command {
     /// Turn a stack package's `.registry` directory into the YAML stream the daemon applies (the
     /// install Job's main container).
     Unpack(UnpackArgs),
+    /// Copy a directory tree within the bounds on a package, never following a link (an install
+    /// pod's package container runs it, from the binary `copy-self` copied).
+    #[command(hide = true)]
+    Copy { src: PathBuf, dest: PathBuf },
+    /// Copy this binary to DEST, for the containers of images without it (an install pod's first
+    /// init container).
+    #[command(hide = true)]
+    CopySelf { dest: PathBuf },
     /// Author stack packages: write a new one, check it as the daemon would, build its image, push it.
     #[command(subcommand)]
     Package(PackageCommand),
@@ -376,6 +384,10 @@ struct UnpackArgs {
     /// The controller of templating stacks (behavior.yaml) whose behavior names none.
     #[arg(long, default_value = stackd::stacks::unpack::DEFAULT_TEMPLATING_CONTROLLER_IMAGE, value_name = "IMAGE")]
     templating_controller_image: String,
+    /// stackd's image (the install Job's own), whose binary a templating stack's pod copies its
+    /// behaviors with; `stackd:<version>` when not given.
+    #[arg(long, value_name = "IMAGE")]
+    stackd_image: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -594,6 +606,8 @@ fn main() -> ExitCode {
         Command::Run(args) => block_on(run(*args)),
         Command::Dev(args) => block_on(dev(args)),
         Command::Unpack(args) => unpack(args),
+        Command::Copy { src, dest } => copy(&src, &dest),
+        Command::CopySelf { dest } => copy_self(&dest),
         Command::Package(command) => package(command),
         Command::Tenant(TenantCommand::Purge { name, host }) => block_on(purge(name, host)),
         Command::Bench(args) => block_on(bench(args)),
@@ -1063,12 +1077,36 @@ fn unpack(args: UnpackArgs) -> ExitCode {
         permission_scope: args.permission_scope,
         package_image: args.package_image,
         templating_controller_image: args.templating_controller_image,
+        stackd_image: args
+            .stackd_image
+            .unwrap_or_else(stackd::stacks::install::default_stackd_image),
     };
     // Only the stream goes to stdout: the daemon reads it back from the pod log.
     match stackd::stacks::unpack::run(&options, &mut std::io::stdout().lock()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("stackd unpack: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn copy(src: &Path, dest: &Path) -> ExitCode {
+    use stackd::stacks::copy::{Limits, copy_tree};
+    match copy_tree(src, dest, &Limits::PACKAGE) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("stackd copy: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn copy_self(dest: &Path) -> ExitCode {
+    match stackd::stacks::copy::copy_self(dest) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("stackd copy-self: {err}");
             ExitCode::FAILURE
         }
     }

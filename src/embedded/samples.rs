@@ -1,15 +1,19 @@
 //! Job runners for the sample images `stackd dev` serves (DESIGN §3.2, §4.2), so install and
 //! provisioning Jobs complete without a container runtime.
 //!
-//! The mapping from images to behaviour:
+//! The mapping from images to behaviour, with a pod's emptyDir volumes as real directories
+//! ([`JobContext::volume_path`]):
 //! - **Stack package images** — an image whose repository's last path segment names a directory of
-//!   the packages directory (`stackd-examples/sample-stack:v0.1.0` → `examples/packages/sample-stack`):
-//!   the init container that copies `/.registry` succeeds with an empty log.
-//! - **The stackd image** (the daemon's `--stackd-image`) run as `unpack --content-dir DIR
-//!   --permission-scope S`: the package is the first init container image of the pod that maps to a
-//!   package directory (else the container's `STACKD_PACKAGE_IMAGE` env); `DIR` inside the container is
-//!   ignored and the package's `.registry` is unpacked with [`crate::stacks::unpack`]. The log is the
-//!   stream the real container prints (exit 0), or the error it would print (exit 1).
+//!   the packages directory (`stackd-examples/sample-stack:v0.1.0` → `examples/packages/sample-stack`,
+//!   which holds `.registry`) has that directory as its root filesystem, and nothing else: no `cp`,
+//!   as in an image `stackd package build` wrote. A command is found on the pod's volumes or in that
+//!   root (else the container fails as a runtime fails it, exit 128); the one it runs is stackd's
+//!   binary as `stackd-tools` copied it: `copy SRC DEST`, run by [`crate::stacks::copy::copy_tree`].
+//! - **The stackd image** (the daemon's `--stackd-image`): `copy-self DEST` puts a stand-in for
+//!   the binary at DEST (the real one would copy this whole process's executable); `unpack
+//!   --content-dir DIR --permission-scope S` unpacks what the package container copied to DIR with
+//!   [`crate::stacks::unpack`], the package image being `STACK_IMAGE`. The log is the stream the real
+//!   container prints (exit 0), or the error it would print (exit 1).
 //! - **Installer images** — by default an image whose repository's last segment is `installer`
 //!   (`quay.io/example/installer:4.14`, as in `examples/pools`): `create cluster --dir /installer` writes
 //!   `kubeconfig` and `metadata.json` (with `infraID`) into the existing Secret named by
@@ -25,7 +29,7 @@ use serde_json::json;
 use super::controller_manager::{ImageMatch, JobContext, JobOutcome, JobRunner, Runners};
 use super::store::GroupResource;
 use crate::api::stacks::PermissionScope;
-use crate::stacks::{stream, unpack};
+use crate::stacks::{copy, stream, unpack};
 
 /// Which images the sample runners answer, and where the packages are.
 #[derive(Clone)]
@@ -54,7 +58,15 @@ pub fn slow_down(runners: &Runners, image: &str, delay: std::time::Duration) -> 
     let Some(inner) = runners.runner_for(image) else {
         return false;
     };
-    let slowed = move |ctx: &JobContext| inner.run(ctx).after(delay);
+    // The main container takes it: the pod's init containers (copy-self) do not add to it.
+    let slowed = move |ctx: &JobContext| {
+        let outcome = inner.run(ctx);
+        if ctx.init_container {
+            outcome
+        } else {
+            outcome.after(delay)
+        }
+    };
     runners.register(ImageMatch::Exact(image.to_string()), slowed);
     true
 }
@@ -71,14 +83,14 @@ pub fn sample_runners(images: &SampleImages) -> Vec<(ImageMatch, Arc<dyn JobRunn
     let dir = images.packages_dir.clone();
     let is_package = ImageMatch::Predicate(Arc::new(move |image| package_dir(&dir, image).is_some()));
     vec![
-        (is_package, Arc::new(PackageCopy)),
-        (images.installer_images.clone(), Arc::new(Installer)),
         (
-            ImageMatch::Exact(images.stackd_image.clone()),
-            Arc::new(Unpack {
+            is_package,
+            Arc::new(PackageImage {
                 packages_dir: images.packages_dir.clone(),
             }),
         ),
+        (images.installer_images.clone(), Arc::new(Installer)),
+        (ImageMatch::Exact(images.stackd_image.clone()), Arc::new(StackdImage)),
     ]
 }
 
@@ -89,74 +101,119 @@ pub fn register_sample_runners(runners: &Runners, images: &SampleImages) {
     }
 }
 
+/// The root filesystem of a package image: the package directory holding its `.registry`.
 fn package_dir(packages_dir: &Path, image: &str) -> Option<PathBuf> {
     let name = repository_name(image);
     if name.is_empty() || name.starts_with('.') {
         return None;
     }
-    let dir = packages_dir.join(name).join(".registry");
-    dir.is_dir().then_some(dir)
+    let root = packages_dir.join(name);
+    root.join(".registry").is_dir().then_some(root)
 }
 
-/// The package image's init container: copying `/.registry` always works here.
-struct PackageCopy;
+/// What [`StackdImage`]'s `copy-self` leaves where the binary would be.
+const STACKD_STAND_IN: &str = "#!stackd (stand-in written by the embedded server's copy-self)\n";
 
-impl JobRunner for PackageCopy {
-    fn run(&self, _ctx: &JobContext) -> JobOutcome {
-        JobOutcome::success("")
+/// A package image: its package directory and nothing else.
+struct PackageImage {
+    packages_dir: PathBuf,
+}
+
+impl JobRunner for PackageImage {
+    fn run(&self, ctx: &JobContext) -> JobOutcome {
+        let Some(root) = package_dir(&self.packages_dir, &ctx.image) else {
+            return JobOutcome::failure(128, format!("no sample package for {}\n", ctx.image));
+        };
+        // In the image or on a volume: `/x` is `root/x` unless a volume is mounted there.
+        let locate = |path: &str| {
+            ctx.volume_path(path)
+                .unwrap_or_else(|| root.join(path.trim_start_matches('/')))
+        };
+        let mut argv = ctx.command.iter().chain(&ctx.args);
+        let program = argv.next().map(String::as_str).unwrap_or_default();
+        let is_stackd = std::fs::read_to_string(locate(program)).is_ok_and(|text| text == STACKD_STAND_IN);
+        if !is_stackd {
+            return JobOutcome::failure(
+                128,
+                format!("exec: {program:?}: executable file not found: the image holds only its package\n"),
+            );
+        }
+        let rest: Vec<&str> = argv.map(String::as_str).collect();
+        let ["copy", from, to] = rest.as_slice() else {
+            return JobOutcome::failure(
+                2,
+                format!("the sample package image runs only `stackd copy SRC DEST`, not {rest:?}\n"),
+            );
+        };
+        match copy::copy_tree(&locate(from), &locate(to), &copy::Limits::PACKAGE) {
+            Ok(_) => JobOutcome::success(""),
+            Err(e) => JobOutcome::failure(1, format!("stackd copy: {e}\n")),
+        }
     }
 }
 
-struct Unpack {
-    packages_dir: PathBuf,
-}
+/// stackd's image: `copy-self` and `unpack`.
+struct StackdImage;
 
 fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
     let at = args.iter().position(|a| a == name)?;
     args.get(at + 1).map(String::as_str)
 }
 
-impl JobRunner for Unpack {
+impl JobRunner for StackdImage {
     fn run(&self, ctx: &JobContext) -> JobOutcome {
         let args: Vec<String> = ctx.command.iter().chain(&ctx.args).cloned().collect();
-        if !args.iter().any(|a| a == "unpack") {
-            return JobOutcome::failure(2, format!("the sample stackd image only runs `unpack`, not {args:?}\n"));
+        match args.first().map(String::as_str) {
+            Some("copy-self") => copy_self(ctx, &args),
+            Some("unpack") => unpack(ctx, &args),
+            _ => JobOutcome::failure(
+                2,
+                format!("the sample stackd image runs `copy-self` and `unpack`, not {args:?}\n"),
+            ),
         }
-        let scope = match flag(&args, "--permission-scope").map(str::parse::<PermissionScope>) {
-            Some(Ok(scope)) => scope,
-            Some(Err(e)) => return JobOutcome::failure(2, format!("error: invalid --permission-scope: {e}\n")),
-            None => return JobOutcome::failure(2, "error: --permission-scope is required\n"),
-        };
-        let init_images = ctx.pod["spec"]["initContainers"]
-            .as_array()
-            .map(|all| all.iter().filter_map(|c| c["image"].as_str()).collect::<Vec<_>>())
-            .unwrap_or_default();
-        let package = init_images
-            .into_iter()
-            .chain(ctx.env("STACKD_PACKAGE_IMAGE"))
-            .find_map(|image| Some((image.to_string(), package_dir(&self.packages_dir, image)?)));
-        let Some((image, content_dir)) = package else {
-            return JobOutcome::failure(
-                1,
-                format!(
-                    "error: no sample package for this pod's images under {}\n",
-                    self.packages_dir.display()
-                ),
-            );
-        };
-        let options = unpack::UnpackOptions {
-            content_dir,
-            permission_scope: scope,
-            package_image: Some(image),
-            templating_controller_image: unpack::DEFAULT_TEMPLATING_CONTROLLER_IMAGE.into(),
-        };
-        match unpack::unpack(&options)
-            .map_err(|e| e.to_string())
-            .and_then(|contents| stream::encode(&contents).map_err(|e| e.to_string()))
-        {
-            Ok(log) => JobOutcome::success(log),
-            Err(e) => JobOutcome::failure(1, format!("error: {e}\n")),
-        }
+    }
+}
+
+fn copy_self(ctx: &JobContext, args: &[String]) -> JobOutcome {
+    let Some(dest) = args.get(1).and_then(|dest| ctx.volume_path(dest)) else {
+        return JobOutcome::failure(
+            1,
+            "stackd copy-self: the destination is on no volume: the root filesystem is read-only\n",
+        );
+    };
+    match std::fs::write(&dest, STACKD_STAND_IN) {
+        Ok(()) => JobOutcome::success(""),
+        Err(e) => JobOutcome::failure(1, format!("stackd copy-self: cannot copy {}: {e}\n", dest.display())),
+    }
+}
+
+fn unpack(ctx: &JobContext, args: &[String]) -> JobOutcome {
+    let scope = match flag(args, "--permission-scope").map(str::parse::<PermissionScope>) {
+        Some(Ok(scope)) => scope,
+        Some(Err(e)) => return JobOutcome::failure(2, format!("error: invalid --permission-scope: {e}\n")),
+        None => return JobOutcome::failure(2, "error: --permission-scope is required\n"),
+    };
+    let Some(content_dir) = flag(args, "--content-dir").and_then(|dir| ctx.volume_path(dir)) else {
+        return JobOutcome::failure(
+            1,
+            "stackd unpack: --content-dir names no volume of this pod: stackd's image holds no package\n",
+        );
+    };
+    let options = unpack::UnpackOptions {
+        content_dir,
+        permission_scope: scope,
+        package_image: flag(args, "--package-image")
+            .or(ctx.env("STACK_IMAGE"))
+            .map(str::to_string),
+        templating_controller_image: unpack::DEFAULT_TEMPLATING_CONTROLLER_IMAGE.into(),
+        stackd_image: flag(args, "--stackd-image").unwrap_or(&ctx.image).to_string(),
+    };
+    match unpack::unpack(&options)
+        .map_err(|e| e.to_string())
+        .and_then(|contents| stream::encode(&contents).map_err(|e| e.to_string()))
+    {
+        Ok(log) => JobOutcome::success(log),
+        Err(e) => JobOutcome::failure(1, format!("stackd unpack: {e}\n")),
     }
 }
 

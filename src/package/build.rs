@@ -13,11 +13,8 @@ use flate2::{Compression, GzBuilder};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-/// What the layer may hold: a package is YAML, and the daemon reads at most 8 MiB of its
-/// unpacked output; this leaves room for icons and README files.
-pub const MAX_PACKAGE_BYTES: u64 = 64 * 1024 * 1024;
-/// Files and directories a package may have.
-pub const MAX_PACKAGE_ENTRIES: usize = 10_000;
+/// What the layer may hold: what the install pod's `stackd copy` copies out of it.
+pub use crate::stacks::copy::{MAX_PACKAGE_BYTES, MAX_PACKAGE_ENTRIES};
 
 pub const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.image.config.v1+json";

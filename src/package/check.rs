@@ -157,6 +157,7 @@ pub fn check(options: &CheckOptions) -> Report {
         permission_scope: scope,
         package_image: Some(options.image.clone().unwrap_or_else(|| UNNAMED_PACKAGE_IMAGE.into())),
         templating_controller_image: unpack::DEFAULT_TEMPLATING_CONTROLLER_IMAGE.into(),
+        stackd_image: crate::stacks::default_stackd_image(),
     });
     // The Job prints the stream; the daemon reads it back with its limits.
     let contents = match unpacked.and_then(|contents| Ok(stream::encode(&contents)?)) {
@@ -186,6 +187,7 @@ pub fn check(options: &CheckOptions) -> Report {
         },
         pod_policy: &options.pod_policy,
         registries: &options.registries,
+        stackd_image: &crate::stacks::default_stackd_image(),
     };
     let crd_files = CrdFiles::read(&dir);
     for err in package::package_problems(&contents, &rules) {

@@ -1,5 +1,6 @@
 //! Stacks (DESIGN.md §3): the package format, the install controller and the stack controller.
 
+pub mod copy;
 pub(crate) mod crd_changes;
 pub mod crd_v1beta1;
 pub mod install;
@@ -12,6 +13,12 @@ pub mod ui_metadata;
 pub mod unpack;
 
 use sha2::{Digest, Sha256};
+
+/// The image of the install Job's containers (and of templating stacks' `stackd-tools`) when
+/// `--stackd-image` is not given.
+pub fn default_stackd_image() -> String {
+    format!("stackd:{}", env!("CARGO_PKG_VERSION"))
+}
 
 /// Finalizer of StackInstall and ClusterStackInstall.
 pub const INSTALL_FINALIZER: &str = "stacks.stackd.dev/install";

@@ -19,6 +19,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::copy;
 use super::crd_v1beta1::{self, ConversionError};
 use super::rbac_verbs::ALLOWED_VERBS;
 use super::stream::{self, PackageContents, StreamError};
@@ -40,6 +41,8 @@ pub struct UnpackOptions {
     pub package_image: Option<String>,
     /// The controller of templating stacks whose behavior names none.
     pub templating_controller_image: String,
+    /// stackd's image, whose binary a templating stack's pod copies its behaviors with.
+    pub stackd_image: String,
 }
 
 /// `--templating-controller-image` when not given: the last templating controller Crossplane
@@ -455,7 +458,8 @@ fn read_behavior(path: &Path, crds: &[CustomResourceDefinition]) -> Result<Behav
 /// The controller of a templating stack, as Crossplane's stack manager generated it: an init
 /// container of the package image copies the behavior's resources into an emptyDir, where the
 /// templating controller reads them; the controller finds its StackDefinition by the `SD_NAMESPACE`
-/// and `SD_NAME` the Stack controller sets.
+/// and `SD_NAME` the Stack controller sets. The package image needs no `cp`: the copy runs stackd's
+/// binary, which a first init container of stackd's image copies for it.
 fn templating_deployment(behavior: &Behavior, options: &UnpackOptions) -> ControllerDeployment {
     let controller_image = behavior
         .engine
@@ -476,12 +480,12 @@ fn templating_deployment(behavior: &Behavior, options: &UnpackOptions) -> Contro
         "template": {
             "metadata": {"labels": {"app": "stack-behavior-manager"}},
             "spec": {
-                "volumes": [{"name": "behaviors", "emptyDir": {}}],
-                "initContainers": [{
+                "volumes": [{"name": "behaviors", "emptyDir": {}}, copy::tools_volume()],
+                "initContainers": [copy::copy_self_container(&options.stackd_image), {
                     "name": "stack-behavior-copy-to-manager",
                     "image": source_image,
-                    "command": ["cp", "-R", format!("{source}/."), BEHAVIOR_DIR],
-                    "volumeMounts": [{"name": "behaviors", "mountPath": BEHAVIOR_DIR}],
+                    "command": copy::copy_command(source, BEHAVIOR_DIR),
+                    "volumeMounts": [{"name": "behaviors", "mountPath": BEHAVIOR_DIR}, copy::tools_mount(true)],
                 }],
                 "containers": [{
                     "name": "stack-behavior-manager",
@@ -678,6 +682,7 @@ mod tests {
             permission_scope: PermissionScope::Namespaced,
             package_image: Some("example.org/stack:v1".into()),
             templating_controller_image: DEFAULT_TEMPLATING_CONTROLLER_IMAGE.into(),
+            stackd_image: "stackd:test".into(),
         })
     }
 

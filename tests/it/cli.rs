@@ -223,3 +223,32 @@ fn unpack_refuses_a_controller_container_without_an_image_when_no_package_image_
         "{stderr}"
     );
 }
+
+#[test]
+fn copy_copies_a_package_tree_and_refuses_a_link_out_of_it_naming_the_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, dest) = (dir.path().join("src"), dir.path().join("dest"));
+    std::fs::create_dir_all(src.join("resources")).unwrap();
+    std::fs::write(src.join("app.yaml"), "title: t\n").unwrap();
+    std::fs::write(src.join("resources/w.crd.yaml"), "kind: CRD\n").unwrap();
+    let out = stackd(&["copy", src.to_str().unwrap(), dest.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        std::fs::read_to_string(dest.join("resources/w.crd.yaml")).unwrap(),
+        "kind: CRD\n"
+    );
+
+    std::os::unix::fs::symlink("../../etc-passwd", src.join("resources/secret")).unwrap();
+    let out = stackd(&[
+        "copy",
+        src.to_str().unwrap(),
+        dir.path().join("again").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.starts_with("stackd copy: "), "{stderr}");
+    assert!(
+        stderr.contains("resources/secret") && stderr.contains("points outside the tree"),
+        "{stderr}"
+    );
+}

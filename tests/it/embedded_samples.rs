@@ -23,15 +23,30 @@ async fn with_samples() -> TestServer {
     t
 }
 
+/// An install Job as the daemon builds it (src/stacks/install/job.rs): stackd's binary is copied
+/// for the package image, which copies its `.registry` out with it.
 fn install_job(name: &str, package: &str, scope: &str) -> Job {
+    let copy = json!(stackd::stacks::copy::copy_command("/.registry", "/ext-pkg/.registry"));
+    job_copying_with(name, package, scope, copy)
+}
+
+fn job_copying_with(name: &str, package: &str, scope: &str, command: serde_json::Value) -> Job {
+    let tools = json!({"name": "stackd-tools", "mountPath": "/stackd-tools"});
+    let pkg = json!({"name": "package", "mountPath": "/ext-pkg"});
     serde_json::from_value(json!({
         "metadata": {"name": name},
         "spec": {"backoffLimit": 0, "activeDeadlineSeconds": 600, "template": {"spec": {
             "restartPolicy": "Never",
-            "initContainers": [{"name": "package", "image": package,
-                "command": ["cp", "-R", "/.registry", "/ext-pkg/"]}],
+            "volumes": [{"name": "stackd-tools", "emptyDir": {}}, {"name": "package", "emptyDir": {}}],
+            "initContainers": [
+                {"name": "stackd-tools", "image": STACKD_IMAGE, "args": ["copy-self", "/stackd-tools/stackd"],
+                 "volumeMounts": [tools]},
+                {"name": "package", "image": package, "command": command, "volumeMounts": [pkg, tools]},
+            ],
             "containers": [{"name": "unpack", "image": STACKD_IMAGE,
-                "args": ["unpack", "--content-dir", "/ext-pkg/.registry", "--permission-scope", scope]}],
+                "args": ["unpack", "--content-dir", "/ext-pkg/.registry", "--permission-scope", scope],
+                "env": [{"name": "STACK_IMAGE", "value": package}],
+                "volumeMounts": [pkg]}],
         }}},
     }))
     .unwrap()
@@ -91,6 +106,26 @@ async fn sample_runners_turn_the_sample_package_job_into_a_log_the_stream_decode
         "",
         "the copying init container succeeded silently"
     );
+}
+
+#[tokio::test]
+async fn a_package_image_has_no_cp_so_only_stackds_copy_gets_its_files_out() {
+    let t = with_samples().await;
+    let jobs: Api<Job> = Api::namespaced(t.client.clone(), "ns");
+    let cp = json!(["cp", "-R", "/.registry", "/ext-pkg/"]);
+    let package = "stackd-examples/sample-stack:v0.1.0";
+    jobs.create(
+        &PostParams::default(),
+        &job_copying_with("cp", package, "Namespaced", cp),
+    )
+    .await
+    .unwrap();
+    let (pod, succeeded) = finished(&t, "cp").await;
+    assert!(!succeeded);
+    let status = &pod.status.clone().unwrap().init_container_statuses.unwrap()[1];
+    let terminated = status.state.as_ref().unwrap().terminated.as_ref().unwrap();
+    assert_eq!(terminated.exit_code, 128);
+    assert!(log(&t, &pod, "package").await.contains("\"cp\""));
 }
 
 #[tokio::test]

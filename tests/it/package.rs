@@ -10,12 +10,15 @@ use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 use stackd::api::stacks::{ClusterStackInstall, PermissionScope, Stack, StackInstall};
 use stackd::embedded::controller_manager::ImageMatch;
+use stackd::embedded::samples::{SampleImages, register_sample_runners};
 use stackd::package::check::{CheckOptions, check};
 use stackd::stacks::install::FAILURE_REASONS;
 use stackd::stacks::stream;
 
 use super::stacks_crossplane::{install_platform_types, write_provider, write_templating_stack};
-use super::stacks_install::{StackFleet, crd_names, create_install, create_namespace, wait_for_reason};
+use super::stacks_install::{
+    STACKD_TEST_IMAGE, StackFleet, crd_names, create_install, create_namespace, wait_for_reason,
+};
 use crate::harness::{Daemon, wait_until};
 
 const REGISTRY: &str = "registry.example.com";
@@ -436,6 +439,46 @@ fn a_built_image_is_reproducible_and_unpacks_as_the_install_job_unpacks_it() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("install.yaml"), "{}", text(&out.stderr));
     assert!(!refused.exists(), "nothing was built");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_built_image_holding_only_its_package_installs_through_the_install_job() {
+    let fleet = StackFleet::start(&["acme"]).await;
+    let packages = fleet.dir.path().join("packages");
+    // The host runs images as a node does: a package image's root filesystem is its layer, no `cp`.
+    let images = SampleImages {
+        packages_dir: packages.clone(),
+        stackd_image: STACKD_TEST_IMAGE.into(),
+        installer_images: ImageMatch::Exact("no-installer".into()),
+    };
+    register_sample_runners(&fleet._host.runners(), &images);
+    let source = fleet.dir.path().join("authoring").join("built-stack");
+    init(&source, &[]);
+    let image = format!("{REGISTRY}/built-stack:v0.1.0");
+    let archive = fleet.dir.path().join("built.oci.tar");
+    let out = stackd(&[
+        "package",
+        "build",
+        source.to_str().expect("utf-8"),
+        "-t",
+        &image,
+        "-o",
+        archive.to_str().expect("utf-8"),
+    ]);
+    assert!(out.status.success(), "build: {}", text(&out.stderr));
+    let built = stackd::package::build::read_archive(&std::fs::read(&archive).expect("archive")).expect("OCI archive");
+    extract(&built.layer, &packages.join("built-stack"));
+
+    let tenant = fleet.tenant("acme");
+    let daemon = fleet.daemon(&[]);
+    create_install(&tenant, "team-a", "built", json!({ "package": image })).await;
+    let (status, _, message) = wait_for_reason(&tenant, "team-a", "built", &daemon, "Available").await;
+    assert_eq!(status, "True", "{message}");
+    let crds = crd_names(&tenant).await;
+    assert!(
+        crds.iter().any(|c| c == "builtstacks.built-stack.example.org"),
+        "{crds:?}"
+    );
 }
 
 /// The distribution registry Debian packages (`docker-registry`), which scripts/test installs.

@@ -456,7 +456,11 @@ async fn a_stacks_images_are_always_pulled_whatever_the_install_asks() {
     wait_for_reason(&tenant, "team-a", "cached", &daemon, "Available").await;
     let job = seen_jobs.first("team-a.cached-install", &daemon).await;
     let job_pod = job.spec.and_then(|s| s.template.spec).expect("Job pod");
-    let package = &job_pod.init_containers.as_ref().expect("init containers")[0];
+    let inits = job_pod.init_containers.as_ref().expect("init containers");
+    let package = inits
+        .iter()
+        .find(|c| c.name == "package")
+        .expect("the package container");
     assert_eq!(package.image.as_deref(), Some("examples/cached:v1"));
     assert_eq!(package.image_pull_policy.as_deref(), Some("Always"));
     let api: Api<Deployment> = Api::namespaced(fleet.host_client.clone(), HOST_NS);

@@ -19,7 +19,7 @@ use stackd::runtime::events::MAX_NOTE_BYTES;
 use stackd::stacks::NON_ROOT_ID;
 
 use crate::harness::{Daemon, wait_until};
-use crate::stacks_install::{StackFleet, condition, create_install, events_of, wait_for_reason};
+use crate::stacks_install::{STACKD_TEST_IMAGE, StackFleet, condition, create_install, events_of, wait_for_reason};
 
 const TENANT: &str = "acme";
 const HOST_NS: &str = "tenant-acme-controllers";
@@ -438,7 +438,14 @@ async fn a_templating_stack_runs_the_templating_controller_with_its_stack_defini
     // On the host: the package image copies the resources, the behavior's controller reads them.
     let deployment = host_deployment(&fleet, "team-a.sample", &daemon).await;
     let pod = deployment.spec.expect("spec").template.spec.expect("pod");
-    let init = &pod.init_containers.as_ref().expect("init containers")[0];
+    // stackd's image copies its binary first: the package image may have no `cp`.
+    let inits = pod.init_containers.as_ref().expect("init containers");
+    assert_eq!(inits[0].image.as_deref(), Some(STACKD_TEST_IMAGE), "{inits:?}");
+    assert_eq!(
+        inits[0].args.as_deref(),
+        Some(&["copy-self", "/stackd-tools/stackd"].map(String::from)[..])
+    );
+    let init = &inits[1];
     assert!(
         init.image
             .as_deref()
@@ -447,8 +454,13 @@ async fn a_templating_stack_runs_the_templating_controller_with_its_stack_defini
     );
     assert_eq!(
         init.command.as_deref(),
-        Some(&["cp", "-R", "kustomize/.", "/behaviors"].map(String::from)[..])
+        Some(&["/stackd-tools/stackd", "copy", "kustomize", "/behaviors"].map(String::from)[..])
     );
+    for container in inits {
+        let context = container.security_context.as_ref().expect("security context");
+        assert_eq!(context.allow_privilege_escalation, Some(false), "{}", container.name);
+        assert_eq!(context.run_as_non_root, Some(true), "{}", container.name);
+    }
     let manager = &pod.containers[0];
     assert!(
         manager

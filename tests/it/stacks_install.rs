@@ -208,6 +208,10 @@ fn copy_dir(from: &Path, to: &Path) {
 
 /// What the stackd image "prints" in the install pod, chosen by the package image.
 fn unpack_runner(packages: &Path, ctx: &JobContext) -> JobOutcome {
+    // The install pod's first init container copies the binary for the package image's.
+    if ctx.args.first().is_some_and(|a| a == "copy-self") {
+        return JobOutcome::success("");
+    }
     let package = ctx.env("STACK_IMAGE").unwrap_or_default().to_string();
     let scope = if ctx.args.iter().any(|a| a == "Cluster") {
         PermissionScope::Cluster
@@ -220,6 +224,7 @@ fn unpack_runner(packages: &Path, ctx: &JobContext) -> JobOutcome {
             permission_scope: PermissionScope::Namespaced,
             package_image: Some(package.clone()),
             templating_controller_image: unpack::DEFAULT_TEMPLATING_CONTROLLER_IMAGE.into(),
+            stackd_image: ctx.image.clone(),
         };
         unpack::unpack(&options).expect("sample unpacks")
     };
@@ -251,6 +256,7 @@ fn unpack_runner(packages: &Path, ctx: &JobContext) -> JobOutcome {
                 permission_scope: scope,
                 package_image: Some(package.clone()),
                 templating_controller_image: unpack::DEFAULT_TEMPLATING_CONTROLLER_IMAGE.into(),
+                stackd_image: ctx.image.clone(),
             };
             match unpack::unpack(&options).map(|c| stream::encode(&c).expect("encode")) {
                 Ok(log) => JobOutcome::success(log),
@@ -464,10 +470,18 @@ async fn install_runs_a_restricted_job_then_applies_crds_before_the_stack() {
     let pod_security = pod.security_context.as_ref().unwrap();
     assert_eq!(pod_security.run_as_non_root, Some(true));
     assert_eq!(pod_security.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
-    let init = &pod.init_containers.as_ref().unwrap()[0];
+    // stackd's binary is copied first, and the package image runs it: a package image needs no `cp`.
+    let inits = pod.init_containers.as_ref().unwrap();
+    let (tools, init) = (&inits[0], &inits[1]);
+    assert_eq!(tools.image.as_deref(), Some(STACKD_TEST_IMAGE));
+    assert_eq!(tools.args.as_ref().unwrap()[..], ["copy-self", "/stackd-tools/stackd"]);
     assert_eq!(
         init.image.as_deref(),
         Some("registry.example.com/examples/sample-stack:v1")
+    );
+    assert_eq!(
+        init.command.as_ref().unwrap()[..],
+        ["/stackd-tools/stackd", "copy", "/.registry", "/ext-pkg/.registry"]
     );
     // The install asked for IfNotPresent: a tenant's image is pulled `Always` all the same, so no
     // tenant runs another's private image from the node's cache.
@@ -482,10 +496,12 @@ async fn install_runs_a_restricted_job_then_applies_crds_before_the_stack() {
             "--content-dir",
             "/ext-pkg/.registry",
             "--permission-scope",
-            "Namespaced"
+            "Namespaced",
+            "--stackd-image",
+            STACKD_TEST_IMAGE
         ]
     );
-    for container in [init, unpack] {
+    for container in [tools, init, unpack] {
         let security = container.security_context.as_ref().unwrap();
         assert_eq!(security.allow_privilege_escalation, Some(false));
         assert_eq!(security.capabilities.as_ref().unwrap().drop.as_ref().unwrap(), &["ALL"]);
@@ -605,7 +621,10 @@ async fn cluster_stack_install_installs_a_cluster_scoped_stack() {
         .args
         .clone()
         .unwrap();
-    assert_eq!(args.last().map(String::as_str), Some("Cluster"));
+    assert!(
+        args.windows(2).any(|pair| pair == ["--permission-scope", "Cluster"]),
+        "{args:?}"
+    );
     assert_eq!(job.labels()["stackd.dev/parent-kind"], "ClusterStackInstall");
 }
 

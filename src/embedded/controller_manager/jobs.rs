@@ -6,7 +6,9 @@
 //! `failed` counts and a `Complete` or `Failed` condition, retrying up to `backoffLimit` and stopping
 //! at `activeDeadlineSeconds`. A container whose image [`Runners::fault`] names does not run: an
 //! unpullable one leaves the pod Pending with the kubelet's pull errors, a crashing one fails it, an
-//! unschedulable one leaves it Pending with the scheduler's `Unschedulable`.
+//! unschedulable one leaves it Pending with the scheduler's `Unschedulable`. A pod's emptyDir
+//! volumes are directories of this machine while it runs, so its containers hand each other files
+//! as real ones do ([`super::JobContext::volume_path`]).
 //!
 //! A pass looks at the Jobs whose events (or whose Pods' events) arrived since the last one, and at
 //! still-running Jobs with a deadline every [`RESCAN`]; each Job's Pods come from the store's owner
@@ -443,6 +445,7 @@ async fn run_pod(store: &Arc<Store>, resources: &Arc<ResourceTable>, runners: &R
     let mut init_statuses = Vec::new();
     let mut statuses = Vec::new();
     let mut failed = false;
+    let volumes = Arc::new(super::PodVolumes::new(text(&pod, "uid")));
     for container in containers(&pod) {
         if failed {
             break;
@@ -459,6 +462,7 @@ async fn run_pod(store: &Arc<Store>, resources: &Arc<ResourceTable>, runners: &R
             env: literal_env(&container.spec["env"]),
             store: store.clone(),
             resources: resources.clone(),
+            volumes: volumes.clone(),
         };
         let runner = match runners.runner_for(&container.image) {
             Some(runner) => Some(runner),

@@ -14,6 +14,7 @@ pub(crate) mod testing;
 pub mod tokens;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -71,11 +72,67 @@ pub struct JobContext {
     /// The server's store, for side effects (see [`JobContext::write_secret_data`]).
     pub store: Arc<Store>,
     pub(crate) resources: Arc<ResourceTable>,
+    /// The pod's emptyDir volumes (see [`JobContext::volume_path`]).
+    pub(crate) volumes: Arc<PodVolumes>,
+}
+
+/// A pod's emptyDir volumes as directories of this machine, under one directory per pod that is
+/// made on first use and removed with the pod's run: what the containers of a pod share.
+pub(crate) struct PodVolumes {
+    root: PathBuf,
+}
+
+impl PodVolumes {
+    pub(crate) fn new(pod_uid: &str) -> PodVolumes {
+        PodVolumes {
+            root: std::env::temp_dir().join(format!("stackd-embedded-pod-{pod_uid}")),
+        }
+    }
+}
+
+impl Drop for PodVolumes {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
 }
 
 impl JobContext {
     pub fn env(&self, name: &str) -> Option<&str> {
         self.env.get(name).map(String::as_str)
+    }
+
+    /// Where `path`, as the running container sees it, is on this machine when it is on an
+    /// emptyDir volume the container mounts (the volume's directory is made then); `None` when it
+    /// is in the container's image (or climbs out of its volume with `..`).
+    pub fn volume_path(&self, path: &str) -> Option<PathBuf> {
+        let list = if self.init_container {
+            "initContainers"
+        } else {
+            "containers"
+        };
+        let spec = &self.pod["spec"];
+        let container = spec[list]
+            .as_array()?
+            .iter()
+            .find(|c| c["name"] == self.container.as_str())?;
+        let path = Path::new(path);
+        if path.components().any(|c| c == Component::ParentDir) {
+            return None;
+        }
+        let (volume, rest) = container["volumeMounts"]
+            .as_array()?
+            .iter()
+            .filter_map(|mount| {
+                let rest = path.strip_prefix(mount["mountPath"].as_str()?).ok()?;
+                Some((mount["name"].as_str()?, rest))
+            })
+            .max_by_key(|(_, rest)| std::cmp::Reverse(rest.components().count()))?;
+        let is_empty_dir = spec["volumes"]
+            .as_array()?
+            .iter()
+            .any(|v| v["name"] == volume && v["emptyDir"].is_object());
+        let dir = self.volumes.root.join(volume);
+        (is_empty_dir && std::fs::create_dir_all(&dir).is_ok()).then(|| dir.join(rest))
     }
 
     /// Merges `data` (plain text values) into a Secret, creating it when missing — what a container

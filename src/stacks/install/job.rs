@@ -1,5 +1,7 @@
-//! The host install Job of DESIGN.md §3.2: the package image copies its `.registry` into an emptyDir,
-//! then stackd's own image runs `stackd unpack` over it and prints the install stream to its log.
+//! The host install Job of DESIGN.md §3.2: stackd's image copies its binary into an emptyDir, the
+//! package image runs that binary to copy its `.registry` into another (so a package image needs no
+//! `cp`: one `stackd package build` wrote holds its files only), then stackd's image runs
+//! `stackd unpack` over it and prints the install stream to its log.
 
 use std::collections::BTreeMap;
 
@@ -14,6 +16,7 @@ use crate::api::stacks::{InstallSpec, PermissionScope};
 use crate::host::Parent;
 use crate::host::apply::stamp;
 use crate::host::names::{NameKind, host_name};
+use crate::stacks::copy::{copy_command, copy_self_container, tools_mount, tools_volume};
 use crate::stacks::{NON_ROOT_ID, pull_secrets};
 
 /// Annotation on the Job: the package image it installs (a different one means an upgrade).
@@ -93,13 +96,18 @@ pub fn desired_job(inputs: &JobInputs<'_>) -> Job {
     job
 }
 
-/// The install pod: the package image copies its `.registry` to an emptyDir, then `stackd unpack`
-/// reads it; no service account token, restricted on every level.
+/// The install pod: stackd's binary is copied for the package image, which copies its `.registry` to
+/// an emptyDir with it, then `stackd unpack` reads it; no service account token, restricted on every
+/// level.
 fn pod_spec(inputs: &JobInputs<'_>, package: &str) -> PodSpec {
     let mount = VolumeMount {
         name: "package".into(),
         mount_path: PACKAGE_MOUNT.into(),
         ..VolumeMount::default()
+    };
+    let tools = Container {
+        security_context: Some(restricted_container()),
+        ..copy_self_container(inputs.stackd_image)
     };
     let copy = Container {
         name: "package".into(),
@@ -107,13 +115,8 @@ fn pod_spec(inputs: &JobInputs<'_>, package: &str) -> PodSpec {
         // Whatever the install asks for (DESIGN.md §8): the node's image cache is shared by every
         // tenant, so anything else would let one tenant run another's private package image.
         image_pull_policy: Some("Always".into()),
-        command: Some(vec![
-            "cp".into(),
-            "-R".into(),
-            "/.registry".into(),
-            format!("{PACKAGE_MOUNT}/"),
-        ]),
-        volume_mounts: Some(vec![mount.clone()]),
+        command: Some(copy_command("/.registry", &format!("{PACKAGE_MOUNT}/.registry"))),
+        volume_mounts: Some(vec![mount.clone(), tools_mount(true)]),
         security_context: Some(restricted_container()),
         ..Container::default()
     };
@@ -126,6 +129,8 @@ fn pod_spec(inputs: &JobInputs<'_>, package: &str) -> PodSpec {
             format!("{PACKAGE_MOUNT}/.registry"),
             "--permission-scope".into(),
             inputs.scope.as_str().into(),
+            "--stackd-image".into(),
+            inputs.stackd_image.into(),
         ]),
         env: Some(vec![EnvVar {
             name: "STACK_IMAGE".into(),
@@ -142,12 +147,15 @@ fn pod_spec(inputs: &JobInputs<'_>, package: &str) -> PodSpec {
         enable_service_links: Some(false),
         security_context: Some(restricted_pod()),
         image_pull_secrets: pull_secrets::references(inputs.pull_secrets),
-        volumes: Some(vec![Volume {
-            name: "package".into(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Volume::default()
-        }]),
-        init_containers: Some(vec![copy]),
+        volumes: Some(vec![
+            tools_volume(),
+            Volume {
+                name: "package".into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Volume::default()
+            },
+        ]),
+        init_containers: Some(vec![tools, copy]),
         containers: vec![unpack],
         ..PodSpec::default()
     }
@@ -296,5 +304,29 @@ mod tests {
         assert_eq!(pod.automount_service_account_token, Some(false));
         assert_eq!(pod.containers[0].name, UNPACK_CONTAINER);
         assert_eq!(state(&job), JobState::Running);
+        // The package image needs no `cp`: stackd's binary is copied for it first.
+        let init = pod.init_containers.as_deref().unwrap_or_default();
+        let commands: Vec<(&str, Vec<String>)> = init
+            .iter()
+            .map(|c| {
+                let command = c.command.iter().chain(&c.args).flatten().cloned().collect();
+                (c.image.as_deref().unwrap_or_default(), command)
+            })
+            .collect();
+        assert_eq!(
+            commands,
+            [
+                ("stackd:dev", vec!["copy-self".into(), "/stackd-tools/stackd".into()]),
+                ("org/stack:v1", copy_command("/.registry", "/ext-pkg/.registry")),
+            ]
+        );
+        for container in init.iter().chain(&pod.containers) {
+            assert_eq!(
+                container.security_context,
+                Some(restricted_container()),
+                "{}",
+                container.name
+            );
+        }
     }
 }

@@ -213,10 +213,7 @@ async fn reconcile<K: InstallKind>(
     outcome
 }
 
-/// The image of the install Job's `unpack` container when `--stackd-image` is not given.
-pub fn default_stackd_image() -> String {
-    format!("stackd:{}", env!("CARGO_PKG_VERSION"))
-}
+pub use super::default_stackd_image;
 
 /// The controllers [`run`] starts.
 pub const CONTROLLERS: [&str; 2] = [StackInstall::CONTROLLER, ClusterStackInstall::CONTROLLER];

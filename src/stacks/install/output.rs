@@ -118,6 +118,7 @@ pub(super) async fn read_package<K: InstallKind>(ctx: &InstallContext, job: &Job
         settings.stack_pod_policy.clone(),
         settings.allowed_registries.clone(),
     );
+    let stackd_image = ctx.stackd_image.clone();
     let (pass_full_deployment, allow_conversion_webhooks, max_crds) = (
         settings.insecure_pass_full_deployment,
         settings.insecure_allow_conversion_webhooks,
@@ -145,6 +146,7 @@ pub(super) async fn read_package<K: InstallKind>(ctx: &InstallContext, job: &Job
             },
             pod_policy: &pod_policy,
             registries: &registries,
+            stackd_image: &stackd_image,
         };
         match package::check_package(&contents, &rules) {
             Err(err) => Read::Refused {

@@ -83,6 +83,8 @@ pub struct PackageRules<'a> {
     pub crd_rules: CrdRules<'a>,
     pub pod_policy: &'a PodPolicy,
     pub registries: &'a AllowedRegistries,
+    /// The daemon's `--stackd-image`, which registries do not judge.
+    pub stackd_image: &'a str,
 }
 
 /// Checks what a package is, before anything is written: its scope, its controller, its CRDs'
@@ -122,7 +124,7 @@ pub fn package_problems(contents: &PackageContents, rules: &PackageRules<'_>) ->
                 {
                     problems.push(PackageError::Controller(err));
                 }
-                if let Err(err) = stack_deployment::check_images(&spec, rules.registries) {
+                if let Err(err) = stack_deployment::check_images(&spec, rules.registries, rules.stackd_image) {
                     problems.push(PackageError::Controller(err));
                 }
             }

@@ -82,8 +82,14 @@ pub fn check_safe(spec: &DeploymentSpec, policy: &PodPolicy) -> Result<(), SpecE
 }
 
 /// Refuses a pod whose container images (init containers included) are not from a registry the
-/// host allows; the message names each such container and image.
-pub fn check_images(spec: &DeploymentSpec, registries: &AllowedRegistries) -> Result<(), SpecError> {
+/// host allows; the message names each such container and image. `stackd_image` (the daemon's
+/// `--stackd-image`, whose binary copies a templating stack's behaviors) is the operator's own, which
+/// every install Job runs already.
+pub fn check_images(
+    spec: &DeploymentSpec,
+    registries: &AllowedRegistries,
+    stackd_image: &str,
+) -> Result<(), SpecError> {
     let Some(pod) = spec.template.spec.as_ref() else {
         return Ok(());
     };
@@ -91,6 +97,9 @@ pub fn check_images(spec: &DeploymentSpec, registries: &AllowedRegistries) -> Re
     let refused: Vec<String> = containers
         .filter_map(|c| {
             let image = c.image.as_deref().unwrap_or_default();
+            if image == stackd_image {
+                return None;
+            }
             registries.refusal(&format!("container {:?} image", c.name), image)
         })
         .collect();
@@ -310,6 +319,17 @@ mod tests {
             Err(SpecError::Invalid(_))
         ));
         assert!(parse(&spec(json!({"containers": [container()]}))).is_ok());
+    }
+
+    #[test]
+    fn registries_judge_every_image_but_the_daemons_own_stackd_image() {
+        let registries: AllowedRegistries = "registry.example.com".parse().expect("registries");
+        let pod = json!({"initContainers": [{"name": "stackd-tools", "image": "ghcr.io/x/stackd:1"}],
+                         "containers": [{"name": "c", "image": "registry.example.com/c:1"}]});
+        let parsed = parse(&spec(pod)).expect("parses");
+        assert!(check_images(&parsed, &registries, "ghcr.io/x/stackd:1").is_ok());
+        let err = check_images(&parsed, &registries, "ghcr.io/x/stackd:2").expect_err("another stackd image");
+        assert!(err.to_string().contains("\"stackd-tools\""), "{err}");
     }
 
     #[test]
