@@ -1115,7 +1115,7 @@ async fn objects_of_kind(fleet: &StackFleet, kind: &str) -> (Vec<Job>, Vec<Secre
     (jobs, secrets)
 }
 
-async fn pull_secret(tenant: &Client, namespace: &str) {
+pub(crate) async fn pull_secret(tenant: &Client, namespace: &str) {
     create_namespace(tenant, namespace).await;
     let pull: Secret = serde_json::from_value(json!({
         "metadata": {"name": "creds"},
