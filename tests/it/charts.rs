@@ -983,6 +983,8 @@ const HOST_USES: &[Use] = &[
     uses(NAMESPACE_ROLE, "batch", &["jobs"], &["get"], CreateRace),
     uses(NAMESPACE_ROLE, "", &["pods"], &["list", "watch"], StackInstall),
     uses(NAMESPACE_ROLE, "", &["pods/log"], &["get"], StackInstall),
+    // Only while an install Job's pod is refused.
+    uses(NAMESPACE_ROLE, "", &["events"], &["list"], RarePaths),
     uses(NAMESPACE_ROLE, "apps", &["deployments"], &["list", "delete"], OrphanSweep),
     uses(NAMESPACE_ROLE, "apps", &["deployments"], &["watch", "create"], StackInstall),
     uses(NAMESPACE_ROLE, "apps", &["deployments"], &["update"], HostDriftRepair),

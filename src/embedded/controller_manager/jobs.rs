@@ -6,9 +6,11 @@
 //! `failed` counts and a `Complete` or `Failed` condition, retrying up to `backoffLimit` and stopping
 //! at `activeDeadlineSeconds`. A container whose image [`Runners::fault`] names does not run: an
 //! unpullable one leaves the pod Pending with the kubelet's pull errors, a crashing one fails it, an
-//! unschedulable one leaves it Pending with the scheduler's `Unschedulable`. A pod's emptyDir
-//! volumes are directories of this machine while it runs, so its containers hand each other files
-//! as real ones do ([`super::JobContext::volume_path`]).
+//! unschedulable one leaves it Pending with the scheduler's `Unschedulable`, one the kubelet cannot
+//! create leaves it Pending with `CreateContainerConfigError`. A pod the API server refuses (a
+//! used-up quota) is a Warning Event `FailedCreate` on the Job, which stays active with no pod. A
+//! pod's emptyDir volumes are directories of this machine while it runs, so its containers hand
+//! each other files as real ones do ([`super::JobContext::volume_path`]).
 //!
 //! A pass looks at the Jobs whose events (or whose Pods' events) arrived since the last one, and at
 //! still-running Jobs with a deadline every [`RESCAN`]; each Job's Pods come from the store's owner
@@ -36,6 +38,8 @@ use crate::embedded::verbs;
 
 const RESCAN: Duration = Duration::from_millis(200);
 const DEFAULT_BACKOFF_LIMIT: i64 = 6;
+/// How often a repeated refusal of a Job's pod is counted again on its Event.
+const FAILED_CREATE_EVERY: Duration = Duration::from_secs(10);
 
 fn jobs() -> GroupResource {
     GroupResource::new("batch", "jobs")
@@ -153,6 +157,7 @@ impl JobController {
                 }
                 Err(e) => {
                     tracing::warn!(namespace, job = name, error = %e.message, "creating the Job's pod");
+                    self.failed_create(job, &e.message);
                     again = Again::Later;
                 }
             }
@@ -174,6 +179,44 @@ impl JobController {
             write_status(job, &start_time, counts, outcome)
         });
         again
+    }
+
+    /// kube's Job controller records a refused pod create (e.g. a used-up quota) as a Warning Event
+    /// `FailedCreate` on the Job; a repeat counts on the same Event, at most every
+    /// [`FAILED_CREATE_EVERY`] like kube's event aggregation.
+    fn failed_create(&self, job: &Value, message: &str) {
+        let Ok(info) = info(&self.resources, "", "v1", "events") else {
+            return;
+        };
+        let (namespace, name, uid) = (text(job, "namespace"), text(job, "name"), text(job, "uid"));
+        let event_name = format!("{name}.{}", uid.get(..8).unwrap_or(uid));
+        let note = format!("Error creating: {message}");
+        let now = now_timestamp();
+        let events = GroupResource::new("", "events");
+        if let Some(existing) = self.store.get_shared(&events, namespace, &event_name) {
+            let recent = existing["lastTimestamp"]
+                .as_str()
+                .and_then(seconds_since)
+                .is_some_and(|s| s < FAILED_CREATE_EVERY.as_secs() as i64);
+            if recent && existing["message"] == note.as_str() {
+                return;
+            }
+            let _ = modify(&self.store, &events, namespace, &event_name, |event| {
+                event["count"] = json!(event["count"].as_i64().unwrap_or(1) + 1);
+                event["message"] = json!(note);
+                event["lastTimestamp"] = json!(now);
+            });
+            return;
+        }
+        let event = json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": event_name, "namespace": namespace},
+            "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "namespace": namespace, "name": name, "uid": uid},
+            "reason": "FailedCreate", "message": note, "type": "Warning", "count": 1,
+            "source": {"component": "job-controller"}, "reportingComponent": "job-controller",
+            "firstTimestamp": now, "lastTimestamp": now,
+        });
+        let _ = verbs::create(&self.store, &info, namespace, event, Default::default());
     }
 
     fn create_pod(&self, job: &Value) -> Result<Value, crate::embedded::status::ApiError> {
@@ -365,22 +408,25 @@ fn running_statuses(pod: &Value, started: &str) -> Vec<Value> {
         .collect()
 }
 
-/// A pod whose container cannot be pulled stays Pending: that container waits with the kubelet's
-/// `ErrImagePull`, then `ImagePullBackOff`, and those after it wait on it (`PodInitializing` behind an
-/// init container, `ContainerCreating` otherwise). False when no container is unpullable.
+/// A pod whose container cannot be pulled (or created) stays Pending: that container waits with the
+/// kubelet's `ErrImagePull`, then `ImagePullBackOff` (or `CreateContainerConfigError`), and those
+/// after it wait on it (`PodInitializing` behind an init container, `ContainerCreating` otherwise).
+/// False when every container can start.
 async fn stay_unpulled(store: &Store, runners: &Runners, pod: &Value) -> bool {
     let all = containers(pod);
-    let Some(stuck) = all
-        .iter()
-        .position(|c| runners.fault_of(&c.image) == Some(PodFault::Unpullable))
-    else {
+    let stuck_fault = |c: &Container| {
+        runners
+            .fault_of(&c.image)
+            .filter(|f| matches!(f, PodFault::Unpullable | PodFault::ConfigError { .. }))
+    };
+    let Some((stuck, fault)) = all.iter().enumerate().find_map(|(i, c)| Some((i, stuck_fault(c)?))) else {
         return false;
     };
     let (namespace, name) = (text(pod, "namespace"), text(pod, "name"));
     for attempt in 0..2 {
         let status = |i: usize, c: &Container| {
             let mut status = if i == stuck {
-                PodFault::Unpullable.status(&c.image, name, &c.name, attempt)
+                fault.status(&c.image, name, &c.name, attempt)
             } else {
                 let waiting = if all[stuck].init {
                     "PodInitializing"

@@ -239,6 +239,9 @@ pub enum PodFault {
     /// No node has room for the pod: the scheduler leaves it Pending with `PodScheduled=False`
     /// (`Unschedulable`) and no container is created.
     Unschedulable,
+    /// The kubelet cannot create the container as specified (`CreateContainerConfigError` with
+    /// `message`, e.g. a root image under `runAsNonRoot`); the pod stays Pending.
+    ConfigError { message: &'static str },
 }
 
 impl PodFault {
@@ -259,6 +262,10 @@ impl PodFault {
             PodFault::Unschedulable => {
                 json!({"state": {"waiting": {"reason": "ContainerCreating"}}, "restartCount": 0})
             }
+            PodFault::ConfigError { message } => json!({
+                "state": {"waiting": {"reason": "CreateContainerConfigError", "message": message}},
+                "restartCount": 0,
+            }),
             PodFault::CrashLoop { exit_code, reason } => json!({
                 "state": {"waiting": {"reason": "CrashLoopBackOff", "message": format!(
                     "back-off 40s restarting failed container={container} pod={pod_name}")}},

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -199,6 +200,12 @@ async fn start_job<K: InstallKind>(
     if let Err(refused) = tenant.check_quota_share(&what, &namespace, &desired, None) {
         return Ok(Break(Report::failed(refused.reason(), refused.to_string())));
     }
+    // The copies first, so the pod's first pull has its credentials; owned by the Job once it exists.
+    let secrets: Api<Secret> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
+    for (host_name, source) in pull.iter().zip(&sources) {
+        let copy = pull_secret_copy(ctx, parent, None, host_name, source);
+        apply::ensure(&secrets, &copy, None, &tenant.name, parent, apply::Update::Never).await?;
+    }
     let jobs: Api<Job> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
     // Marked before the request: the Job's watch event may be handled before the response.
     tenant.host_writes.creating(&desired);
@@ -211,10 +218,9 @@ async fn start_job<K: InstallKind>(
         Err(err @ apply::HostWriteError::Conflict { .. }) => return Ok(Break(job_conflict(install, ctx, &err))),
         Err(err) => return Err(err.into()),
     };
-    let secrets: Api<Secret> = Api::namespaced(tenant.host.clone(), &tenant.host_namespace);
-    for (host_name, source) in job::pull_secrets_of(&created).iter().zip(&sources) {
-        let copy = pull_secret_copy(ctx, parent, &created, host_name, source);
-        apply::ensure(&secrets, &copy, None, &tenant.name, parent, apply::Update::Never).await?;
+    for (host_name, source) in pull.iter().zip(&sources) {
+        let copy = pull_secret_copy(ctx, parent, Some(&created), host_name, source);
+        own_copy(&secrets, &copy).await?;
     }
     event(
         install,
@@ -273,16 +279,46 @@ async fn pull_secret_sources<K: InstallKind>(
     })
 }
 
-/// The host copy of `source` for the install Job `job`.
-fn pull_secret_copy(ctx: &InstallContext, parent: &Parent, job: &Job, host_name: &str, source: &Secret) -> Secret {
+/// The host copy of `source` for the install Job `job` (none while the Job is not created yet).
+fn pull_secret_copy(
+    ctx: &InstallContext,
+    parent: &Parent,
+    job: Option<&Job>,
+    host_name: &str,
+    source: &Secret,
+) -> Secret {
     let target = pull_secrets::CopyTarget {
         tenant: &ctx.tenant.name,
         parent,
         host_namespace: &ctx.tenant.host_namespace,
         name: host_name,
-        owner: Some(job::owner_reference(job)),
+        owner: job.map(job::owner_reference),
     };
     pull_secrets::host_copy(&target, source)
+}
+
+/// Gives the copy written before its Job that Job as owner (so it goes with the Job), and the
+/// credentials read now: a copy left by an earlier attempt may hold older ones.
+async fn own_copy(secrets: &Api<Secret>, copy: &Secret) -> Result<(), InstallError> {
+    let patch = serde_json::json!({
+        "metadata": {"ownerReferences": copy.metadata.owner_references},
+        "data": copy.data,
+    });
+    match secrets
+        .patch(&copy.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        // The earlier attempt's copy, gone with its Job meanwhile: made again, owned.
+        Err(err) if crate::runtime::api_errors::is_not_found(&err) => {
+            secrets
+                .create(&Default::default(), copy)
+                .await
+                .map_err(InstallError::HostApi)?;
+            Ok(())
+        }
+        Err(err) => Err(InstallError::HostApi(err)),
+    }
 }
 
 /// Makes sure every pull secret a running Job refers to was copied (the daemon may have stopped
@@ -313,7 +349,7 @@ pub(super) async fn copy_pull_secrets<K: InstallKind>(
     };
     for (host_name, source) in names.iter().zip(&sources) {
         if absent.contains(&host_name) {
-            let copy = pull_secret_copy(ctx, parent, observed, host_name, source);
+            let copy = pull_secret_copy(ctx, parent, Some(observed), host_name, source);
             apply::ensure(&secrets, &copy, None, &tenant.name, parent, apply::Update::Never).await?;
         }
     }

@@ -120,6 +120,7 @@ pub const FAILURE_REASONS: &[&str] = &[
     "TooManyInstalls",
     "RegistryNotAllowed",
     pod_wait::PACKAGE_PULL_FAILED,
+    pod_wait::INSTALL_OUT_OF_MEMORY,
     crate::host::quota_share::REASON,
 ];
 

@@ -22,6 +22,7 @@ use super::{
 };
 use crate::api::common::HostObjectRef;
 use crate::host::Parent;
+use crate::host::pod_trouble::{self, JobEnd, TroubleKind};
 
 /// §3.2 steps 2–6 for an install that is not being deleted (the finalizer is in place).
 pub(super) async fn apply<K: InstallKind>(install: &K, ctx: &InstallContext) -> Result<Reconciled, InstallError> {
@@ -77,11 +78,23 @@ async fn failed<K: InstallKind>(
     mut failure: Failure,
 ) -> Result<Reconciled, InstallError> {
     let job_name = observed.name_any();
+    // How its pod ended is part of the failure, told once: not before the cache shows it (the
+    // pod's event brings the install back).
+    let ended = match pod_trouble::end_of_job(&ctx.pods, observed) {
+        JobEnd::Pending => return Ok((Action::await_change(), None)),
+        JobEnd::Ended(trouble) => trouble,
+    };
     let detail = output::failure_detail(install, ctx, observed).await;
-    failure.message = if detail.is_empty() {
-        format!("install Job {job_name} failed: {}", failure.message)
-    } else {
-        format!("install Job {job_name} failed: {}: {detail}", failure.message)
+    failure.message = match ended {
+        Some(trouble) if trouble.kind == TroubleKind::OutOfMemory => {
+            failure.reason = pod_wait::INSTALL_OUT_OF_MEMORY;
+            format!(
+                "install Job {job_name} ran out of memory unpacking the package: make the package smaller (fewer or smaller resources), or ask the operator for a larger install Job memory limit ({})",
+                trouble.said()
+            )
+        }
+        _ if detail.is_empty() => format!("install Job {job_name} failed: {}", failure.message),
+        _ => format!("install Job {job_name} failed: {}: {detail}", failure.message),
     };
     retry(install, ctx, parent, observed, failure).await
 }

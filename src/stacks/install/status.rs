@@ -6,7 +6,7 @@ use kube::runtime::events::EventType;
 use kube::{Api, ResourceExt};
 
 use super::object::{Report, event};
-use super::pod_wait::INSTALL_POD_WAITING;
+use super::pod_wait::{INSTALL_POD_REFUSED, INSTALL_POD_WAITING};
 use super::{FAILURE_REASONS, FIELD_MANAGER, InstallContext, InstallError, InstallKind};
 use crate::api::common::LocalObjectReference;
 use crate::api::stacks::StackInstallStatus;
@@ -38,7 +38,8 @@ pub(super) async fn publish<K: InstallKind>(
     }
     for (reason, message) in changed {
         tracing::debug!(reason, message, "install Ready changed");
-        let type_ = if FAILURE_REASONS.contains(&reason) || reason == INSTALL_POD_WAITING {
+        let type_ = if FAILURE_REASONS.contains(&reason) || [INSTALL_POD_WAITING, INSTALL_POD_REFUSED].contains(&reason)
+        {
             EventType::Warning
         } else {
             EventType::Normal
