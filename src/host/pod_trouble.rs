@@ -184,6 +184,26 @@ pub enum JobEnd {
     Ended(Option<PodTrouble>),
 }
 
+/// How long after a Job ended its pod is waited for in the pod cache: its watch lags the Job's.
+pub const POD_CACHE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether `job` reached its Failed or Complete condition less than `grace` ago.
+fn ended_within(job: &Job, grace: std::time::Duration) -> bool {
+    let conditions = job
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    conditions
+        .iter()
+        .filter(|c| matches!(c.type_.as_str(), "Failed" | "Complete") && c.status == "True")
+        .filter_map(|c| c.last_transition_time.as_ref())
+        .any(|at| {
+            let age = jiff::Timestamp::now().duration_since(at.0);
+            age < jiff::SignedDuration::try_from(grace).unwrap_or(jiff::SignedDuration::MAX)
+        })
+}
+
 /// How the failed `job` ended: the exit code (or OOM kill) of its newest pod's failed container.
 pub fn end_of_job(pods: &Store<Pod>, job: &Job) -> JobEnd {
     let Some(uid) = job.metadata.uid.as_deref() else {
@@ -195,7 +215,13 @@ pub fn end_of_job(pods: &Store<Pod>, job: &Job) -> JobEnd {
         .filter(|pod| made_by_job(pod, uid))
         .max_by_key(|pod| pod.metadata.creation_timestamp.clone().map(|t| t.0))
     else {
-        return JobEnd::Ended(None);
+        // The Job's watch may be ahead of the Pods': a Job that ended lately whose pod is not
+        // cached yet is waited for (its event wakes the caller), one that ended long ago lost it.
+        return if ended_within(job, POD_CACHE_GRACE) {
+            JobEnd::Pending
+        } else {
+            JobEnd::Ended(None)
+        };
     };
     let phase = newest.status.as_ref().and_then(|s| s.phase.as_deref());
     if !matches!(phase, Some("Succeeded" | "Failed")) {
@@ -327,5 +353,23 @@ mod tests {
         let trouble = PodTrouble::of(&unschedulable).unwrap();
         assert_eq!(trouble.kind, TroubleKind::Unschedulable);
         assert!(trouble.message.len() <= MAX_POD_MESSAGE_BYTES);
+    }
+
+    #[test]
+    fn a_job_that_failed_lately_waits_for_its_pod_in_the_cache_and_one_long_failed_does_not() {
+        let failed_at = |at: jiff::Timestamp| -> Job {
+            serde_json::from_value(json!({"metadata": {"name": "j", "uid": "u"}, "status": {"conditions": [
+                {"type": "Failed", "status": "True", "lastTransitionTime": at.to_string()}]}}))
+            .unwrap()
+        };
+        let (no_pods, _writer) = kube::runtime::reflector::store::<Pod>();
+        let lately = failed_at(jiff::Timestamp::now());
+        assert_eq!(
+            end_of_job(&no_pods, &lately),
+            JobEnd::Pending,
+            "its pod may not be cached yet"
+        );
+        let long_ago = failed_at(jiff::Timestamp::now() - jiff::SignedDuration::from_secs(60));
+        assert_eq!(end_of_job(&no_pods, &long_ago), JobEnd::Ended(None), "its pod is gone");
     }
 }

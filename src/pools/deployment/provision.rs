@@ -77,7 +77,8 @@ pub(super) async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Actio
             // shows it (the pod's event brings the cluster back).
             let end = current.as_deref().map(|job| pod_trouble::end_of_job(&ctx.pods, job));
             if end == Some(JobEnd::Pending) {
-                return Ok(Action::await_change());
+                // Woken by the pod's event; looked at again after the grace should it be gone.
+                return Ok(Action::requeue(pod_trouble::POD_CACHE_GRACE));
             }
             if let (Outcome::InstallFailed { ended, .. }, Some(JobEnd::Ended(Some(trouble)))) = (&mut outcome, end) {
                 *ended = Some(match trouble.kind {

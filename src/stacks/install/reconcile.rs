@@ -81,7 +81,8 @@ async fn failed<K: InstallKind>(
     // How its pod ended is part of the failure, told once: not before the cache shows it (the
     // pod's event brings the install back).
     let ended = match pod_trouble::end_of_job(&ctx.pods, observed) {
-        JobEnd::Pending => return Ok((Action::await_change(), None)),
+        // Woken by the pod's event; looked at again after the grace should the pod be gone.
+        JobEnd::Pending => return Ok((Action::requeue(pod_trouble::POD_CACHE_GRACE), None)),
         JobEnd::Ended(trouble) => trouble,
     };
     let detail = output::failure_detail(install, ctx, observed).await;
