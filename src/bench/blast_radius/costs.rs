@@ -40,8 +40,9 @@ const SUBTREE_ELEMENTS: usize = 100_000;
 const EDIT_CORES_BOUND: f64 = 0.5;
 /// The bench daemon's `--backoff-base` (see `fleet`), from which the Secret recheck interval follows.
 const BENCH_BACKOFF_BASE: Duration = Duration::from_millis(100);
-/// How long a wait for the daemon to take in what was made may last.
-const SETTLE_WITHIN: Duration = Duration::from_secs(120);
+/// How long a wait for the daemon to take in what was made may last: each of 3,000 assets gets a
+/// status write and an Event, some minutes on a loaded machine.
+const SETTLE_WITHIN: Duration = Duration::from_secs(600);
 
 /// How large the three are.
 #[derive(Clone, Copy, Debug)]
