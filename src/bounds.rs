@@ -346,6 +346,8 @@ pub(crate) struct Measured {
     pub(crate) bytes: usize,
     /// Levels of lists and mappings: 0 for a scalar, 1 for `{"a": 1}`.
     pub(crate) depth: usize,
+    /// Values in it (scalars, lists and mappings): what copying or walking it costs beside its bytes.
+    pub(crate) nodes: usize,
 }
 
 /// Where the walk is inside one list or mapping.
@@ -361,6 +363,7 @@ pub(crate) fn measure(value: &Value, bounds: Bounds) -> Result<Measured, Exceede
         bounds,
         bytes: 0,
         depth: 0,
+        nodes: 0,
         stack: Vec::new(),
     };
     walk.enter(value)?;
@@ -383,6 +386,7 @@ pub(crate) fn measure(value: &Value, bounds: Bounds) -> Result<Measured, Exceede
     Ok(Measured {
         bytes: walk.bytes,
         depth: walk.depth,
+        nodes: walk.nodes,
     })
 }
 
@@ -390,6 +394,7 @@ struct Walk<'a> {
     bounds: Bounds,
     bytes: usize,
     depth: usize,
+    nodes: usize,
     stack: Vec<Frame<'a>>,
 }
 
@@ -411,6 +416,7 @@ impl<'a> Walk<'a> {
                 2 + entries.len().saturating_sub(1)
             }
         };
+        self.nodes += 1;
         self.depth = self.depth.max(self.stack.len());
         if self.stack.len() > self.bounds.max_depth {
             return Err(Exceeded::Depth {

@@ -291,7 +291,8 @@ struct RunArgs {
     #[arg(long, default_value = DEFAULT_RENDER_BYTES, value_name = "SIZE")]
     max_render_bytes: ByteSize,
     /// The render work one tenant namespace may cause a second on average: the pool's Secret bytes
-    /// read and the install-config bytes measured after each ClusterDeploymentCustomization patch.
+    /// read and the install config measured after each ClusterDeploymentCustomization patch (its bytes and
+    /// 32 per value).
     /// Past its share a namespace's pools wait (`CapacityAvailable=False`, NamespacePatchShareUsed);
     /// other namespaces are not held.
     #[arg(long, default_value = DEFAULT_RENDER_SHARE_PER_SECOND, value_name = "SIZE")]

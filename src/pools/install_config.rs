@@ -141,7 +141,10 @@ pub(crate) fn apply_patches_counted(config: &mut Value, patches: &[PatchEntity],
         json_patch::patch(config, &[op]).map_err(|e| format!("patch {number} ({}): {e}", describe(entity)))?;
         let measured = bounds::measure(config, INSTALL_CONFIG)
             .map_err(|e| format!("patch {number} ({}) is refused: {e}", describe(entity)))?;
-        *work = work.saturating_add(measured.bytes as u64);
+        // A value costs its bytes and its node: a list of small numbers is few bytes but as many
+        // values to copy and walk, each the size of a `Value`.
+        let nodes = measured.nodes.saturating_mul(std::mem::size_of::<Value>());
+        *work = work.saturating_add(measured.bytes.saturating_add(nodes) as u64);
     }
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! Secrets and applying ClusterDeploymentCustomization patches. Every bound on size holds for one
 //! rendering, but a namespace editing large customizations many times a second pays for a full
 //! one per edit: size × patches × edits. The work is counted as the Secret bytes read and the
-//! install-config bytes measured after every patch (what copying and checking a patched document
+//! install config measured after every patch, its bytes and the size of a value per value (what copying and checking a patched document
 //! costs), and a namespace that used more than its share waits, its pools saying so, until it is
 //! back.
 

@@ -256,7 +256,7 @@ pub fn lines(f: &BlastRadiusFigures) -> String {
          tenant A's neighbour namespace install p50 {:.2} s under attack vs {:.2} s idle ({:.2}x; goal at most 2x); pool filled in {:.2} s vs {:.2} s ({:.2}x)\n\
          {} package CRDs: charged {:.2} MiB, the daemon grew {:.2} MiB ({:.2}x; goal at most 2x)\n\
          customizations edited {:.0} times a second: {:.3} cores over {:.3} idle (goal at most {:.2})\n\
-         {} assets naming a missing Secret: {:.2} requests a second in their namespace (bound {:.0})\n",
+         {} assets naming a missing Secret ({} served, the rest past the namespace's memory share): {:.2} requests a second in their namespace (bound {:.0})\n",
         f.attack_writes_during_round,
         f.idle.installs,
         f.idle.pool_size,
@@ -290,6 +290,7 @@ pub fn lines(f: &BlastRadiusFigures) -> String {
         f.costs.idle_cores,
         f.costs.edit_cores_bound,
         f.costs.assets,
+        f.costs.assets_served,
         f.costs.asset_requests_per_s,
         f.costs.asset_requests_bound_per_s,
     )
