@@ -6,11 +6,13 @@
 //! from the host is cut to [`MAX_POD_MESSAGE_BYTES`] before it is put in a message.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use kube::ResourceExt;
+use k8s_openapi::api::core::v1::{ContainerStatus, Event, Pod};
+use kube::api::ListParams;
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, ResourceExt};
 
 use crate::host::labels::TENANT_LABEL;
 use crate::host::names::label_value;
@@ -228,6 +230,66 @@ pub fn end_of_job(pods: &Store<Pod>, job: &Job) -> JobEnd {
         return JobEnd::Pending;
     }
     JobEnd::Ended(PodTrouble::failed_run(newest))
+}
+
+/// How long a Job may have no pod before the host's Events on it are read: a pod is created in
+/// moments unless the host refuses it.
+const NO_POD_GRACE: Duration = Duration::from_secs(2);
+/// How often the Events of a Job that still has no pod are read again.
+pub const REFUSAL_LOOK_EVERY: Duration = Duration::from_secs(15);
+/// The most Events of one Job read at a look.
+const REFUSAL_EVENTS: u32 = 5;
+
+/// Whether the host refuses to create a Job's pod, as its Job controller said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodRefusal {
+    /// The Job has a pod (the kubelet's words are [`of_job`]'s).
+    HasPod,
+    /// The Job is too young to tell: looked at again after this.
+    TooSoon(Duration),
+    /// No pod and no refusal said yet: looked at again after [`REFUSAL_LOOK_EVERY`].
+    Unsaid,
+    /// The host refuses it: what to do, then its words (bounded).
+    Refused(String),
+}
+
+/// Whether the host refuses to create `job`'s pod (an exceeded quota, an admission webhook): the
+/// Job controller's newest Warning Event `FailedCreate` on the Job, read from the host only when
+/// the pod cache shows the Job has had no pod for [`NO_POD_GRACE`], at most [`REFUSAL_EVENTS`] of
+/// them (field-selected by the Job's uid, so another object's Events cannot pose as its).
+pub async fn refusal_of_job(host: &Client, pods: &Store<Pod>, job: &Job) -> Result<PodRefusal, kube::Error> {
+    let (Some(uid), Some(namespace)) = (job.metadata.uid.as_deref(), job.metadata.namespace.as_deref()) else {
+        return Ok(PodRefusal::Unsaid);
+    };
+    if pods.state().iter().any(|pod| made_by_job(pod, uid)) {
+        return Ok(PodRefusal::HasPod);
+    }
+    let created = job.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let age = created.map_or(Duration::MAX, |created| {
+        Duration::try_from(created.duration_until(jiff::Timestamp::now())).unwrap_or_default()
+    });
+    if age < NO_POD_GRACE {
+        return Ok(PodRefusal::TooSoon(NO_POD_GRACE - age));
+    }
+    let events: Api<Event> = Api::namespaced(host.clone(), namespace);
+    let params = ListParams::default()
+        .fields(&format!("involvedObject.uid={uid},reason=FailedCreate"))
+        .limit(REFUSAL_EVENTS);
+    let listed = events.list(&params).await?;
+    let newest = listed
+        .items
+        .iter()
+        .filter(|e| e.type_.as_deref() == Some("Warning"))
+        .max_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0));
+    let Some(said) = newest.and_then(|e| e.message.as_deref()) else {
+        return Ok(PodRefusal::Unsaid);
+    };
+    let advice = if said.contains("exceeded quota") {
+        "the tenant's host quota is used up: remove workloads (Stacks, installs, clusters being installed) or ask the operator to raise it"
+    } else {
+        "ask the operator what the host refuses"
+    };
+    Ok(PodRefusal::Refused(format!("{advice} ({})", bounded(said))))
 }
 
 /// The cached Job that controls `pod`, for waking the Job's tenant object on a pod's event.

@@ -33,6 +33,7 @@ mod logs;
 mod package;
 mod package_token;
 mod pod_troubles;
+mod pool_pod_troubles;
 mod pools;
 mod pools_seeds;
 mod races;

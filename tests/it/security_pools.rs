@@ -17,7 +17,7 @@ use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use stackd::api::inventory::BareMetalAsset;
 use stackd::api::pools::{ClusterDeployment, ClusterHost, ClusterPool, HostRole};
-use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome, PodFault};
+use stackd::embedded::controller_manager::{ImageMatch, JobContext, JobOutcome};
 
 use crate::harness::{Fleet, holds_for, until, wait_until};
 use crate::pools::{
@@ -79,7 +79,7 @@ async fn create_cluster(tenant: &Client, cd: &ClusterDeployment) -> ClusterDeplo
         .expect("create cluster deployment")
 }
 
-async fn cluster(tenant: &Client, namespace: &str, name: &str) -> Option<ClusterDeployment> {
+pub(crate) async fn cluster(tenant: &Client, namespace: &str, name: &str) -> Option<ClusterDeployment> {
     Api::<ClusterDeployment>::namespaced(tenant.clone(), namespace)
         .get_opt(name)
         .await
@@ -104,7 +104,7 @@ async fn own_clusters(tenant: &Client, pool: &str) -> Vec<ClusterDeployment> {
     out
 }
 
-fn installed(cd: &ClusterDeployment) -> bool {
+pub(crate) fn installed(cd: &ClusterDeployment) -> bool {
     cd.status.as_ref().is_some_and(|s| s.installed)
 }
 
@@ -702,17 +702,17 @@ async fn other_ready(tenant: &Client, names: &[&str]) -> bool {
     true
 }
 
-const HOST_NAMESPACE: &str = "tenant-acme-controllers";
+pub(crate) const HOST_NAMESPACE: &str = "tenant-acme-controllers";
 
 /// A pool of one cluster whose installer runs `image`.
-fn installer_pool(name: &str, image: &str) -> Value {
+pub(crate) fn installer_pool(name: &str, image: &str) -> Value {
     let mut pool = pool_json(name, 1, None);
     pool["spec"]["installerImage"] = json!(image);
     pool
 }
 
 /// The name of the first cluster of `pool`, once there is one.
-async fn first_cluster(tenant: &Client, pool: &str, daemon: &crate::harness::Daemon) -> String {
+pub(crate) async fn first_cluster(tenant: &Client, pool: &str, daemon: &crate::harness::Daemon) -> String {
     let cd = wait_until("the pool's cluster", WITHIN, daemon, || async {
         own_clusters(tenant, pool).await.into_iter().next()
     })
@@ -778,88 +778,6 @@ async fn an_installer_past_its_deadline_is_stopped_and_counted_as_a_failed_attem
     })
     .await;
     assert_eq!(retried.spec.and_then(|s| s.active_deadline_seconds), Some(2));
-}
-
-const UNPULLABLE_INSTALLER: &str = "quay.io/example/no-such-installer:1";
-
-/// An installer image that cannot be pulled: the cluster says so, with what to do and a Warning
-/// Event, instead of "Installer Job … is running" (issue 52).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_installer_image_that_cannot_be_pulled_is_in_the_cluster_s_status() {
-    let (fleet, tenant) = setup().await;
-    fleet
-        .host()
-        .runners()
-        .fault(ImageMatch::Exact(UNPULLABLE_INSTALLER.into()), PodFault::Unpullable);
-    create_pool(&tenant, installer_pool("typo", UNPULLABLE_INSTALLER)).await;
-    let daemon = daemon(&fleet, &[]);
-    let name = first_cluster(&tenant, "typo", &daemon).await;
-    until(
-        "the cluster saying the installer image cannot be pulled",
-        WITHIN,
-        &daemon,
-        || async {
-            cluster(&tenant, &name, &name).await.is_some_and(|cd| {
-                cd.status.unwrap_or_default().conditions.iter().any(|c| {
-                    c.type_ == "Provisioned"
-                        && c.status == "False"
-                        && c.reason == "InstallerPodWaiting"
-                        && c.message
-                            .contains("the image cannot be pulled: check the pool's spec.installerImage")
-                        && c.message.contains("ImagePullBackOff")
-                })
-            })
-        },
-    )
-    .await;
-    until(
-        "an InstallerPodWaiting Event on the cluster",
-        WITHIN,
-        &daemon,
-        || async {
-            events(&tenant, &name, &name)
-                .await
-                .iter()
-                .any(|(r, n)| r == "InstallerPodWaiting" && n.contains("cannot be pulled"))
-        },
-    )
-    .await;
-}
-
-const OOM_INSTALLER: &str = "quay.io/example/greedy-installer:1";
-
-/// An installer killed for its memory: the failed attempt says so, with the exit code and what to
-/// do, not only "The installer failed" (issue 52).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_installer_killed_for_its_memory_says_so_in_the_failed_attempt() {
-    let (fleet, tenant) = setup().await;
-    fleet.host().runners().fault(
-        ImageMatch::Exact(OOM_INSTALLER.into()),
-        PodFault::CrashLoop {
-            exit_code: 137,
-            reason: "OOMKilled",
-        },
-    );
-    create_pool(&tenant, installer_pool("greedy", OOM_INSTALLER)).await;
-    let daemon = daemon(&fleet, &[]);
-    let name = first_cluster(&tenant, "greedy", &daemon).await;
-    let said = |message: &str| {
-        message.contains("The installer failed (attempt 1 of")
-            && message.contains("the container ran out of memory: give it a larger memory limit")
-            && message.contains("container installer: OOMKilled (last exit code 137)")
-    };
-    until(
-        "the failed attempt saying how the installer ended",
-        WITHIN,
-        &daemon,
-        || async {
-            events(&tenant, &name, &name)
-                .await
-                .iter()
-                .any(|(r, n)| r == "InstallFailed" && said(n))
-        },
-    )
-    .await;
 }
 
 const SLY_INSTALLER: &str = "quay.io/example/sly-installer:1";

@@ -25,7 +25,7 @@ use crate::bounds;
 use crate::context::events::publish;
 use crate::host::Parent;
 use crate::host::apply::{self, HostWriteError, Update, ensure, ensure_created, stamp};
-use crate::host::pod_trouble::{self, JobEnd, TroubleKind};
+use crate::host::pod_trouble::{self, JobEnd, PodRefusal, TroubleKind};
 use crate::host::quota_share::SHARE_NAMESPACE_LABEL;
 use crate::pools::{POOL_NAME_LABEL, POOL_NAMESPACE_LABEL, record};
 
@@ -58,16 +58,35 @@ pub(super) async fn provision(cd: &ClusterDeployment, ctx: &Ctx) -> Result<Actio
     }
     match next {
         AttemptStep::Wait => {
+            let Some(job) = current.as_deref() else {
+                return Ok(Action::await_change());
+            };
             // The pod's events bring the cluster back when the kubelet says something else.
-            if let Some(trouble) = current.as_deref().and_then(|job| pod_trouble::of_job(&ctx.pods, job)) {
+            if let Some(trouble) = pod_trouble::of_job(&ctx.pods, job) {
                 let message = format!(
                     "Installer Job {}/{job_name} cannot start: {}",
                     tenant.host_namespace,
                     trouble.describe("the pool's spec.installerImage and spec.pullSecretRef")
                 );
                 report(cd, ctx, &Outcome::InstallerPodWaiting(message)).await?;
+                return Ok(Action::await_change());
             }
-            Ok(Action::await_change())
+            let refusal = pod_trouble::refusal_of_job(&tenant.host, &ctx.pods, job)
+                .await
+                .map_err(DeploymentError::HostApi)?;
+            match refusal {
+                PodRefusal::HasPod => Ok(Action::await_change()),
+                PodRefusal::TooSoon(again) => Ok(Action::requeue(again)),
+                PodRefusal::Unsaid => Ok(Action::requeue(pod_trouble::REFUSAL_LOOK_EVERY)),
+                PodRefusal::Refused(said) => {
+                    let message = format!(
+                        "The host refuses to create the pod of installer Job {}/{job_name}: {said}",
+                        tenant.host_namespace
+                    );
+                    report(cd, ctx, &Outcome::InstallerPodRefused(message)).await?;
+                    Ok(Action::requeue(pod_trouble::REFUSAL_LOOK_EVERY))
+                }
+            }
         }
         AttemptStep::Succeeded => installed(cd, ctx, &names).await,
         // Not written (a newer copy exists): its watch event brings this attempt back to be

@@ -53,6 +53,9 @@ pub(crate) enum Outcome {
     KubeconfigConflict { secret: String },
     /// The installer Job's pod does not start: what the kubelet says, with what to do.
     InstallerPodWaiting(String),
+    /// The host refuses to create the installer Job's pod (e.g. a used-up quota): its words, with
+    /// what to do.
+    InstallerPodRefused(String),
     /// Installed; the admin kubeconfig is in `secret`.
     Installed { secret: String, infra_id: Option<String> },
 }
@@ -137,7 +140,7 @@ impl Outcome {
                  admin kubeconfig there"
             ),
             Outcome::Installed { secret, .. } => format!("Installed; the admin kubeconfig is in Secret {secret}"),
-            Outcome::InstallerPodWaiting(trouble) => trouble.clone(),
+            Outcome::InstallerPodWaiting(said) | Outcome::InstallerPodRefused(said) => said.clone(),
         }
     }
 
@@ -160,6 +163,7 @@ impl Outcome {
             Outcome::KubeconfigConflict { .. } => (Some("AdminKubeconfigConflict"), None),
             Outcome::Installed { .. } => (Some("Provisioned"), None),
             Outcome::InstallerPodWaiting(_) => (Some("InstallerPodWaiting"), None),
+            Outcome::InstallerPodRefused(_) => (Some("InstallerPodRefused"), None),
         }
     }
 
@@ -215,7 +219,8 @@ impl Outcome {
             | Outcome::KubeconfigRefused { .. }
             | Outcome::OutputRefused(_)
             | Outcome::KubeconfigConflict { .. }
-            | Outcome::InstallerPodWaiting(_) => false,
+            | Outcome::InstallerPodWaiting(_)
+            | Outcome::InstallerPodRefused(_) => false,
         }
     }
 
@@ -242,6 +247,7 @@ impl Outcome {
             Outcome::OutputRefused(_) => warning("InstallerOutputRefused"),
             Outcome::KubeconfigConflict { .. } => warning("AdminKubeconfigConflict"),
             Outcome::InstallerPodWaiting(_) => warning("InstallerPodWaiting"),
+            Outcome::InstallerPodRefused(_) => warning("InstallerPodRefused"),
             Outcome::Installed { secret, .. } => Some(Note {
                 warning: false,
                 reason: "Installed",

@@ -7,17 +7,15 @@
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Event;
-use kube::api::ListParams;
+use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use kube::{Api, ResourceExt};
 
 use super::job_lifecycle::{Failure, retry};
 use super::object::{Reconciled, Report};
 use super::{InstallContext, InstallError, InstallKind, SAFETY_NET};
 use crate::api::common::HostObjectRef;
 use crate::host::Parent;
-use crate::host::pod_trouble::{self, TroubleKind};
+use crate::host::pod_trouble::{self, PodRefusal, TroubleKind};
 
 /// `Ready=False` while the install Job's pod does not start (a Warning Event per change).
 pub const INSTALL_POD_WAITING: &str = "InstallPodWaiting";
@@ -93,62 +91,29 @@ pub(super) async fn not_starting<K: InstallKind>(
     Ok(Some((Action::requeue(left), Some(report))))
 }
 
-/// How long an install Job may have no pod before the host's Events on it are read: a pod is
-/// created in moments unless the host refuses it.
-const NO_POD_GRACE: Duration = Duration::from_secs(2);
-/// How often the Events of a Job that still has no pod are read again.
-const REFUSAL_LOOK_EVERY: Duration = Duration::from_secs(15);
-/// The most Events of one Job read at a look.
-const REFUSAL_EVENTS: u32 = 5;
-
-/// The install's report while its Job has no pod: the host's refusal of it, as the Job controller
-/// recorded it (a Warning Event `FailedCreate` on the Job, e.g. an exceeded quota), read from the
-/// host only while the Job has had no pod for [`NO_POD_GRACE`], at most every
-/// [`REFUSAL_LOOK_EVERY`] unless something else wakes the install. None while it has a pod.
+/// The install's report while its Job has no pod: the host's refusal of it (see
+/// [`pod_trouble::refusal_of_job`]); none while it has a pod.
 async fn pod_refused(ctx: &InstallContext, observed: &Job) -> Result<Option<Reconciled>, InstallError> {
-    let Some(uid) = observed.metadata.uid.as_deref() else {
-        return Ok(None);
-    };
-    if ctx.pods.state().iter().any(|pod| pod_trouble::made_by_job(pod, uid)) {
-        return Ok(None);
-    }
+    let refusal = pod_trouble::refusal_of_job(&ctx.tenant.host, &ctx.pods, observed)
+        .await
+        .map_err(InstallError::HostApi)?;
     let job_name = observed.name_any();
     let package = super::job::annotation(observed, super::job::PACKAGE_ANNOTATION).unwrap_or_default();
     let running = super::job_lifecycle::running(ctx, &job_name, package);
-    let created = observed.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    let age = created.map_or(Duration::MAX, |created| {
-        Duration::try_from(created.duration_until(jiff::Timestamp::now())).unwrap_or_default()
-    });
-    if age < NO_POD_GRACE {
-        return Ok(Some((Action::requeue(NO_POD_GRACE - age), Some(running))));
-    }
-    let events: Api<Event> = Api::namespaced(ctx.tenant.host.clone(), &ctx.tenant.host_namespace);
-    let params = ListParams::default()
-        .fields(&format!("involvedObject.uid={uid},reason=FailedCreate"))
-        .limit(REFUSAL_EVENTS);
-    let listed = events.list(&params).await.map_err(InstallError::HostApi)?;
-    let newest = listed
-        .items
-        .iter()
-        .filter(|e| e.type_.as_deref() == Some("Warning"))
-        .max_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0));
-    let Some(said) = newest.and_then(|e| e.message.as_deref()) else {
-        return Ok(Some((Action::requeue(REFUSAL_LOOK_EVERY), Some(running))));
+    let (again, report) = match refusal {
+        PodRefusal::HasPod => return Ok(None),
+        PodRefusal::TooSoon(again) => (again, running),
+        PodRefusal::Unsaid => (pod_trouble::REFUSAL_LOOK_EVERY, running),
+        PodRefusal::Refused(said) => {
+            let mut report = Report::waiting(
+                INSTALL_POD_REFUSED,
+                format!("the host refuses to create install Job {job_name}'s pod: {said}"),
+            );
+            report.install_job = running.install_job;
+            (pod_trouble::REFUSAL_LOOK_EVERY, report)
+        }
     };
-    let advice = if said.contains("exceeded quota") {
-        "the tenant's host quota is used up: remove workloads (Stacks, installs) or ask the operator to raise it"
-    } else {
-        "ask the operator what the host refuses"
-    };
-    let mut report = Report::waiting(
-        INSTALL_POD_REFUSED,
-        format!(
-            "the host refuses to create install Job {job_name}'s pod: {advice} ({})",
-            pod_trouble::bounded(said)
-        ),
-    );
-    report.install_job = running.install_job;
-    Ok(Some((Action::requeue(REFUSAL_LOOK_EVERY), Some(report))))
+    Ok(Some((Action::requeue(again), Some(report))))
 }
 
 fn ready_reason<K: InstallKind>(install: &K) -> Option<&str> {
