@@ -289,7 +289,27 @@ pub async fn refusal_of_job(host: &Client, pods: &Store<Pod>, job: &Job) -> Resu
     } else {
         "ask the operator what the host refuses"
     };
-    Ok(PodRefusal::Refused(format!("{advice} ({})", bounded(said))))
+    let said = without_pod_names(&bounded(said), &job.name_any());
+    Ok(PodRefusal::Refused(format!("{advice} ({said})")))
+}
+
+/// `said` with the names of `job`'s pods (the Job's name, `-` and a random suffix, new at each of
+/// the Job controller's tries) as `job-…`: the same refusal reads the same, and is told once.
+fn without_pod_names(said: &str, job: &str) -> String {
+    let prefix = format!("{job}-");
+    let mut out = String::with_capacity(said.len());
+    let mut rest = said;
+    while let Some(at) = rest.find(&prefix) {
+        let after = &rest[at + prefix.len()..];
+        let suffix = after.bytes().take_while(u8::is_ascii_alphanumeric).count();
+        out.push_str(&rest[..at + prefix.len()]);
+        if suffix > 0 {
+            out.push('…');
+        }
+        rest = &after[suffix..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The cached Job that controls `pod`, for waking the Job's tenant object on a pod's event.
@@ -368,6 +388,20 @@ mod tests {
 
     fn pod(status: serde_json::Value) -> Pod {
         serde_json::from_value(json!({"metadata": {"name": "p"}, "status": status})).unwrap()
+    }
+
+    #[test]
+    fn a_refusal_reads_the_same_whichever_pod_the_job_controller_tried() {
+        let said = |pod: &str| {
+            format!("Error creating: pods \"x.x-install-0-{pod}\" is forbidden: exceeded quota: q, requested: pods=1")
+        };
+        let stable = without_pod_names(&said("fkfv2"), "x.x-install-0");
+        assert_eq!(stable, without_pod_names(&said("9qwd7"), "x.x-install-0"));
+        assert_eq!(
+            stable,
+            "Error creating: pods \"x.x-install-0-…\" is forbidden: exceeded quota: q, requested: pods=1"
+        );
+        assert_eq!(without_pod_names("job- and job-", "job"), "job- and job-");
     }
 
     #[test]

@@ -34,6 +34,12 @@ pub(crate) fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// `stackd package build DIR -t IMAGE -o OUT`: its output, whatever it came to.
+pub(crate) fn build(dir: &Path, image: &str, out: &Path) -> Output {
+    let (dir, out) = (dir.to_str().expect("utf-8"), out.to_str().expect("utf-8"));
+    stackd(&["package", "build", dir, "-t", image, "-o", out])
+}
+
 pub(crate) fn init(dir: &Path, extra: &[&str]) {
     let mut args = vec!["package", "init", dir.to_str().expect("utf-8")];
     args.extend_from_slice(extra);
@@ -365,16 +371,8 @@ fn a_built_image_is_reproducible_and_unpacks_as_the_install_job_unpacks_it() {
     let package = dir.path().join("my-stack");
     init(&package, &[]);
     let image = format!("{REGISTRY}/my-stack:v0.1.0");
-    let build = |out: &Path| {
-        let out = stackd(&[
-            "package",
-            "build",
-            package.to_str().expect("utf-8"),
-            "-t",
-            &image,
-            "-o",
-            out.to_str().expect("utf-8"),
-        ]);
+    let built = |out: &Path| {
+        let out = build(&package, &image, out);
         assert!(
             out.status.success(),
             "build: {}{}",
@@ -384,7 +382,7 @@ fn a_built_image_is_reproducible_and_unpacks_as_the_install_job_unpacks_it() {
         text(&out.stdout)
     };
     let (first, second) = (dir.path().join("first.oci.tar"), dir.path().join("second.oci.tar"));
-    let printed = build(&first);
+    let printed = built(&first);
     let later = std::time::SystemTime::now() + Duration::from_secs(7200);
     for file in ["app.yaml", "install.yaml"] {
         let file = std::fs::File::options()
@@ -393,7 +391,7 @@ fn a_built_image_is_reproducible_and_unpacks_as_the_install_job_unpacks_it() {
             .expect("open");
         file.set_modified(later).expect("touch");
     }
-    assert_eq!(build(&second), printed.replace("first", "second"), "the same digest");
+    assert_eq!(built(&second), printed.replace("first", "second"), "the same digest");
     let bytes = std::fs::read(&first).expect("archive");
     assert_eq!(bytes, std::fs::read(&second).expect("archive"), "the same bytes");
     let built = stackd::package::build::read_archive(&bytes).expect("an OCI archive");
@@ -427,15 +425,7 @@ fn a_built_image_is_reproducible_and_unpacks_as_the_install_job_unpacks_it() {
     )
     .expect("break");
     let refused = dir.path().join("refused.oci.tar");
-    let out = stackd(&[
-        "package",
-        "build",
-        package.to_str().expect("utf-8"),
-        "-t",
-        &image,
-        "-o",
-        refused.to_str().expect("utf-8"),
-    ]);
+    let out = build(&package, &image, &refused);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("install.yaml"), "{}", text(&out.stderr));
     assert!(!refused.exists(), "nothing was built");
@@ -456,15 +446,7 @@ async fn a_built_image_holding_only_its_package_installs_through_the_install_job
     init(&source, &[]);
     let image = format!("{REGISTRY}/built-stack:v0.1.0");
     let archive = fleet.dir.path().join("built.oci.tar");
-    let out = stackd(&[
-        "package",
-        "build",
-        source.to_str().expect("utf-8"),
-        "-t",
-        &image,
-        "-o",
-        archive.to_str().expect("utf-8"),
-    ]);
+    let out = build(&source, &image, &archive);
     assert!(out.status.success(), "build: {}", text(&out.stderr));
     let built = stackd::package::build::read_archive(&std::fs::read(&archive).expect("archive")).expect("OCI archive");
     extract(&built.layer, &packages.join("built-stack"));
@@ -604,15 +586,7 @@ async fn a_package_goes_from_init_to_a_registry_and_back_to_unpack() {
     assert!(out.status.success(), "check: {}", text(&out.stdout));
     let image = format!("{}/team/my-stack:v0.1.0", registry.address);
     let archive = dir.path().join("my-stack.oci.tar");
-    let out = stackd(&[
-        "package",
-        "build",
-        package.to_str().expect("utf-8"),
-        "-t",
-        &image,
-        "-o",
-        archive.to_str().expect("utf-8"),
-    ]);
+    let out = build(&package, &image, &archive);
     assert!(out.status.success(), "build: {}", text(&out.stderr));
     let built = text(&out.stdout);
     let digest = built.trim_end().rsplit('@').next().expect("digest").to_string();

@@ -15,7 +15,7 @@ use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::package::{LocalRegistry, PUSHER, init, stackd, text};
+use crate::package::{LocalRegistry, PUSHER, build, init, stackd, text};
 
 const ISSUER: &str = "stackd-test-token-issuer";
 const SERVICE: &str = "stackd-test-registry";
@@ -161,7 +161,7 @@ async fn a_package_is_pushed_to_a_registry_that_wants_a_bearer_token() {
     let image = format!("{}/team/my-stack:v0.1.0", registry.address);
     let archive = dir.path().join("my-stack.oci.tar");
     let path = |p: &std::path::Path| p.to_str().expect("utf-8").to_string();
-    let out = stackd(&["package", "build", &path(&package), "-t", &image, "-o", &path(&archive)]);
+    let out = build(&package, &image, &archive);
     assert!(out.status.success(), "build: {}", text(&out.stderr));
     let digest = text(&out.stdout)
         .trim_end()

@@ -4,12 +4,13 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::ResourceQuota;
 use kube::Api;
 use serde_json::json;
 use stackd::api::stacks::StackInstall;
 use stackd::embedded::controller_manager::{ImageMatch, PodFault};
 
-use crate::harness::{LastSeen, wait_until};
+use crate::harness::{Daemon, LastSeen, wait_until};
 use crate::stacks_install::{StackFleet, condition, create_install, events_of, wait_for_reason};
 
 /// Waits until the install's `Ready` condition has `reason` and a message containing `fragment`.
@@ -325,27 +326,32 @@ async fn the_pull_secret_copies_exist_before_the_install_job_and_are_owned_by_it
     );
 }
 
+/// The operator's own quota in acme's host namespace (`operator-pods`), used up: made once the
+/// daemon has made the namespace.
+pub(crate) async fn used_up_quota(host: &kube::Client, daemon: &Daemon) -> Api<ResourceQuota> {
+    let quotas: Api<ResourceQuota> = Api::namespaced(host.clone(), "tenant-acme-controllers");
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "operator-pods"}, "spec": {"hard": {"pods": "0"}}
+    }))
+    .expect("a quota");
+    wait_until("the tenant's host namespace", Duration::from_secs(20), daemon, || {
+        let (quotas, quota) = (quotas.clone(), quota.clone());
+        async move { quotas.create(&Default::default(), &quota).await.ok().map(|_| ()) }
+    })
+    .await;
+    quotas
+}
+
 /// An install Job whose pod the host's quota refuses (the Job controller's Warning Event
 /// `FailedCreate` on the Job; the Job stays active with no pod) says so in the install's status
 /// with the API server's words and what to do, and a Warning Event once; with room again the
 /// pod is made and the install goes on (issue 52).
 #[tokio::test(flavor = "multi_thread")]
 async fn an_install_whose_pod_the_host_quota_refuses_says_so() {
-    use k8s_openapi::api::core::v1::ResourceQuota;
     let fleet = StackFleet::start(&["acme"]).await;
     let tenant = fleet.tenant("acme");
     let daemon = fleet.daemon(&[]);
-    // The operator's own quota in the tenant's host namespace, used up.
-    let quotas: Api<ResourceQuota> = Api::namespaced(fleet.host_client.clone(), "tenant-acme-controllers");
-    let quota: ResourceQuota = serde_json::from_value(json!({
-        "metadata": {"name": "operator-pods"}, "spec": {"hard": {"pods": "0"}}
-    }))
-    .unwrap();
-    wait_until("the tenant's host namespace", Duration::from_secs(20), &daemon, || {
-        let (quotas, quota) = (quotas.clone(), quota.clone());
-        async move { quotas.create(&Default::default(), &quota).await.ok().map(|_| ()) }
-    })
-    .await;
+    let quotas = used_up_quota(&fleet.host_client, &daemon).await;
     create_install(
         &tenant,
         "team-a",
