@@ -317,8 +317,8 @@ async fn orphan_sweeper(context: Arc<TenantContext>, cancel: CancellationToken) 
             _ = sweeps.tick() => {}
         }
         at_start = false;
-        if context.reachability.is_down() {
-            debug!(tenant = %context.name, "orphan sweep skipped: the tenant API server is down");
+        if context.reachability.is_down() || context.shared.host_reachability.is_down() {
+            debug!(tenant = %context.name, "orphan sweep skipped: the tenant or host API server is down");
             continue;
         }
         let sweep = sweep_once(
@@ -331,7 +331,9 @@ async fn orphan_sweeper(context: Arc<TenantContext>, cancel: CancellationToken) 
         );
         if let Err(err) = sweep.await {
             let cause = diagnose(&err);
-            if cause.kind.is_outage() && context.reachability.in_doubt() {
+            // It reads both servers: an outage of either is its probe's to tell.
+            let servers = [&context.reachability, &context.shared.host_reachability];
+            if cause.kind.is_outage() && servers.iter().any(|server| server.in_doubt()) {
                 debug!(tenant = %context.name, %cause, "orphan sweep failed; retrying at the next interval");
             } else {
                 warn!(tenant = %context.name, error = %err, "orphan sweep failed; retrying at the next interval");
