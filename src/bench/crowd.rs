@@ -16,6 +16,7 @@ use super::fleet::{DaemonProcess, Fleet};
 use super::idle::{RequestRates, add_rates, wait_until_quiet};
 use super::{BenchError, HostWatches};
 use crate::embedded::Verb;
+use crate::embedded::counters::RequestCounts;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -59,10 +60,51 @@ pub struct CrowdFigures {
     pub idle_requests_per_minute_per_tenant: RequestRates,
     pub window_s: f64,
     pub samples: Vec<SteadySample>,
+    /// Requests (watches left out) from the daemon's start until the crowd was quiet, per tenant:
+    /// what a start costs each server, by `server verb resource` (issue 50).
+    #[serde(default)]
+    pub start_requests: StartRequests,
     /// Largest RSS over the smallest, minus 1, across the samples (goal: within 0.05).
     pub rss_spread: f64,
     /// The same for the daemon's open sockets.
     pub sockets_spread: f64,
+}
+
+/// What starting the crowd cost the servers, per tenant (watches left out: they are counted as
+/// watches per tenant).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct StartRequests {
+    pub host: f64,
+    pub tenant: f64,
+    /// `host list jobs` → requests per tenant; every row of both servers.
+    pub by_request: std::collections::BTreeMap<String, f64>,
+}
+
+impl StartRequests {
+    /// Counts of the host (first) and tenant servers since `before`, over `tenants`.
+    fn between(now: &[RequestCounts], before: &[RequestCounts], tenants: usize) -> StartRequests {
+        let mut start = StartRequests::default();
+        let per = tenants.max(1) as f64;
+        for (at, (now, then)) in now.iter().zip(before).enumerate() {
+            let server = if at == 0 { "host" } else { "tenant" };
+            for (key, n) in now.since(then).counts {
+                if key.verb == Verb::Watch {
+                    continue;
+                }
+                let share = n as f64 / per;
+                *start
+                    .by_request
+                    .entry(format!("{server} {} {}", key.verb.as_str(), key.resource))
+                    .or_default() += share;
+                if at == 0 {
+                    start.host += share;
+                } else {
+                    start.tenant += share;
+                }
+            }
+        }
+        start
+    }
 }
 
 /// The steady state at one moment of the window.
@@ -121,6 +163,7 @@ pub async fn measure(load: &CrowdLoad) -> Result<CrowdFigures, BenchError> {
             other: rates.other / per,
         },
         window_s,
+        start_requests: crowd.start_requests.clone(),
         rss_spread: spread(samples.iter().map(|s| s.rss_mb)),
         sockets_spread: spread(samples.iter().map(|s| s.sockets as f64)),
         samples,
@@ -152,6 +195,7 @@ struct Settled {
     rss_mb: f64,
     sockets: u64,
     tenant_watches: u64,
+    start_requests: StartRequests,
 }
 
 impl Settled {
@@ -164,6 +208,7 @@ impl Settled {
 async fn settle(tenants: usize) -> Result<Settled, BenchError> {
     eprintln!("bench:   starting {tenants} tenant API server(s)");
     let fleet = Fleet::start(tenants).await?;
+    let before = fleet.counters();
     let started = Instant::now();
     let daemon = fleet.daemon(&[])?;
     let within = Duration::from_secs(60 + tenants as u64 / 4);
@@ -173,7 +218,9 @@ async fn settle(tenants: usize) -> Result<Settled, BenchError> {
     let started_s = started.elapsed().as_secs_f64();
     eprintln!("bench:   {tenants} tenant(s) answering in {startup_s:.2} s, started in {started_s:.2} s");
     wait_until_quiet(&fleet, Duration::from_secs(2), within).await?;
+    let start_requests = StartRequests::between(&fleet.counters(), &before, tenants);
     Ok(Settled {
+        start_requests,
         startup_s,
         started_s,
         rss_mb: daemon.rss_mib().unwrap_or(0.0),

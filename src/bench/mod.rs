@@ -352,6 +352,22 @@ pub fn crowd_lines(c: &CrowdFigures) -> String {
             c.sockets_spread * 100.0
         ),
     );
+    let start = &c.start_requests;
+    let rows: Vec<String> = start
+        .by_request
+        .iter()
+        .filter(|(_, n)| **n >= 0.05)
+        .map(|(request, n)| format!("{request} {n:.1}"))
+        .collect();
+    line(
+        &mut out,
+        format!(
+            "crowd start: requests per tenant host {:.1}, tenant {:.1} ({})",
+            start.host,
+            start.tenant,
+            rows.join(", ")
+        ),
+    );
     out
 }
 

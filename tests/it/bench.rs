@@ -154,6 +154,15 @@ fn the_quick_benchmark_reports_its_figures_as_json() {
         Some(0.0),
         "{crowd:#}"
     );
+    // What a start costs each server, per tenant and by request (issue 50): no start asks more of
+    // either than it does now (host 32.1 to 32.5, tenant 24 on fresh host namespaces).
+    let start = &crowd["start_requests"];
+    assert!(
+        start["by_request"]["host list jobs.batch"].as_f64().unwrap() >= 1.0,
+        "{start:#}"
+    );
+    assert!(start["host"].as_f64().unwrap() <= 34.0, "{start:#}");
+    assert!(start["tenant"].as_f64().unwrap() <= 24.5, "{start:#}");
     assert!(crowd["samples"].as_array().unwrap().len() >= 2, "{crowd:#}");
     assert!(crowd["samples"][0]["sockets"].as_u64().unwrap() > 0, "{crowd:#}");
     assert_blast_radius_contained(&report["blast_radius"]);
