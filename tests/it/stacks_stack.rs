@@ -1801,4 +1801,6 @@ async fn a_controller_pod_the_host_quota_refuses_is_in_the_stack_s_status() {
         .await
         .expect("more room");
     env.wait_ready("widgets", "True", "Available").await;
+    // The ReplicaSet's later tries (other pod names) are the same refusal: told once.
+    assert_eq!(env.event_count("widgets", "ControllerPodRefused").await, 1);
 }

@@ -261,12 +261,14 @@ fn sync_replica_set(
             status["availableReplicas"] = json!(ready);
         }
         // kube's ReplicaSet controller says why it could not create a pod (e.g. a quota refused
-        // it) until a pass creates what it wants.
+        // it) until a pass creates what it wants; as kube's, it keeps the first failure's words
+        // (the pod name of that try included) while the condition stands.
         if let Some(message) = &refused {
-            let failure = replica_failure(&rs["status"]);
-            let since = failure.map_or_else(|| json!(now_timestamp()), |c| c["lastTransitionTime"].clone());
-            status["conditions"] = json!([{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
-                "message": message, "lastTransitionTime": since}]);
+            status["conditions"] = match replica_failure(&rs["status"]) {
+                Some(failure) => json!([failure]),
+                None => json!([{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+                    "message": message, "lastTransitionTime": now_timestamp()}]),
+            };
         }
         rs["status"] = status;
     });
