@@ -202,6 +202,9 @@ struct Serving {
     tls: Option<Arc<rustls::ServerConfig>>,
     stop: CancellationToken,
     task: JoinHandle<()>,
+    /// The address, bound but not listening, while stopped: connections are refused, and no other
+    /// server of the process (another test's) can take the port before this one serves again.
+    held: Option<tokio::net::TcpSocket>,
 }
 
 impl Serving {
@@ -236,6 +239,7 @@ impl Serving {
             tls,
             stop,
             task,
+            held: None,
         })
     }
 }
@@ -389,13 +393,14 @@ impl ApiServer {
         if tokio::time::timeout(Duration::from_secs(5), task).await.is_err() {
             tracing::warn!("the embedded API server did not stop within 5s; rebinding anyway");
         }
+        let held = hold_address(serving.address).await?;
         match state {
             RestartState::Keep => {}
             RestartState::FreshWatchCache => self.shared.store.forget_history(),
             RestartState::Lose => self.shared.store.reset(),
         }
         tokio::time::sleep(downtime).await;
-        let listener = bind_again(serving.address).await?;
+        let listener = held.listen(LISTEN_BACKLOG).map_err(Error::Bind)?;
         *serving = Serving::start(listener, &self.shared, serving.tls.clone())?;
         Ok(())
     }
@@ -430,6 +435,8 @@ impl ApiServer {
         serving.stop.cancel();
         // The old listener's task ends once its last watch does; it holds no address.
         drop(std::mem::replace(&mut serving.task, tokio::spawn(async {})));
+        // Refused, and kept for this server, until it serves again (bound again then if not now).
+        serving.held = hold_address(serving.address).await.ok();
         tokio::spawn(async move {
             tokio::select! {
                 _ = tokio::time::sleep(keep_watches) => open_watches.cancel(),
@@ -445,7 +452,11 @@ impl ApiServer {
         if !serving.stop.is_cancelled() {
             return Ok(());
         }
-        let listener = bind_again(serving.address).await?;
+        let held = match serving.held.take() {
+            Some(held) => held,
+            None => hold_address(serving.address).await?,
+        };
+        let listener = held.listen(LISTEN_BACKLOG).map_err(Error::Bind)?;
         // The watches kept from the stop go on until its deadline; new ones are the new server's.
         drop(self.shared.faults.detach_watches());
         *serving = Serving::start(listener, &self.shared, serving.tls.clone())?;
@@ -526,11 +537,26 @@ impl ApiServer {
 }
 
 /// Binds the address a stopped server used, retrying briefly while the old socket is released.
-async fn bind_again(address: SocketAddr) -> Result<TcpListener, Error> {
+/// The listen backlog of a server serving again (tokio's `TcpListener::bind` uses the same).
+const LISTEN_BACKLOG: u32 = 1024;
+
+/// Binds `address` again without listening (see [`Serving::held`]), once the stopped listener has
+/// let go of it; with `SO_REUSEADDR`, as `TcpListener::bind` sets it, for the connections the stop
+/// left in TIME_WAIT.
+async fn hold_address(address: SocketAddr) -> Result<tokio::net::TcpSocket, Error> {
+    let bound = || -> std::io::Result<tokio::net::TcpSocket> {
+        let socket = match address {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.set_reuseaddr(true)?;
+        socket.bind(address)?;
+        Ok(socket)
+    };
     let mut attempts = 0;
     loop {
-        match TcpListener::bind(address).await {
-            Ok(listener) => return Ok(listener),
+        match bound() {
+            Ok(socket) => return Ok(socket),
             Err(e) if attempts < 50 => {
                 attempts += 1;
                 tracing::debug!(error = %e, "rebinding the embedded API server");

@@ -592,11 +592,11 @@ async fn every_metric_the_alerts_and_the_dashboard_use_is_on_a_running_daemons_m
     let fleet = crate::harness::Fleet::start(&["acme"]).await;
     fleet.leader_election_namespace().await;
     crate::harness::install_crds(&fleet.tenant_server("acme").client().await).await;
-    let dead = crate::harness::free_port();
+    let dead = crate::harness::dead_address();
     let ghost = fleet
         .tenant_server("acme")
         .kubeconfig_yaml()
-        .replace(&fleet.tenant_server("acme").url(), &format!("http://{dead}"));
+        .replace(&fleet.tenant_server("acme").url(), &format!("http://{}", dead.address));
     std::fs::write(fleet.tenant_file("ghost"), ghost).expect("ghost's kubeconfig");
     // acme's host namespace cannot be made at first: a reconcile fails.
     let create_namespace = stackd::embedded::faults::RequestMatch::any()

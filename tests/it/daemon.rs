@@ -8,7 +8,7 @@ use serde_json::json;
 use stackd::embedded::Verb;
 use stackd::embedded::faults::RequestMatch;
 
-use crate::harness::{Fleet, free_port, holds_for, install_crds, settled, until};
+use crate::harness::{Fleet, dead_address, holds_for, install_crds, settled, until};
 
 const SOON: Duration = Duration::from_secs(10);
 
@@ -273,9 +273,10 @@ async fn a_tenant_failing_every_request_is_reported_and_recovers_when_the_faults
 async fn a_tenant_that_cannot_be_reached_at_start_is_retried_with_backoff() {
     let fleet = Fleet::start(&[]).await;
     // A kubeconfig pointing at a port nobody listens on.
-    let dead = free_port();
+    let dead = dead_address();
     let kubeconfig = format!(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts:\n- name: c\n  context: {{cluster: k, user: u}}\nclusters:\n- name: k\n  cluster: {{server: \"http://{dead}\"}}\nusers:\n- name: u\n  user: {{token: t}}\n"
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\ncontexts:\n- name: c\n  context: {{cluster: k, user: u}}\nclusters:\n- name: k\n  cluster: {{server: \"http://{}\"}}\nusers:\n- name: u\n  user: {{token: t}}\n",
+        dead.address
     );
     std::fs::write(fleet.tenant_file("ghost"), kubeconfig).expect("write");
     let daemon = fleet.daemon(&[]);

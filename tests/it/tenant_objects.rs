@@ -15,7 +15,7 @@ use stackd::embedded::Verb;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use crate::harness::{self, Daemon, Fleet, free_port, install_crds, until, wait_until};
+use crate::harness::{self, Daemon, Fleet, dead_address, install_crds, until, wait_until};
 
 const SOON: Duration = Duration::from_secs(20);
 /// The namespace the daemon reads Tenant Secrets in by default (`--tenant-secret-namespaces`).
@@ -438,8 +438,9 @@ async fn a_changed_secret_takes_effect_at_once_and_a_broken_one_keeps_the_old_ku
     let new = fleet.add_tenant_server("acme").await;
     install_crds(&fleet.tenant_server("acme").client().await).await;
     // First the Secret names an address nobody listens on.
+    let dead = dead_address();
     let mut old: serde_json::Value = serde_saphyr::from_str(&new).expect("kubeconfig YAML");
-    old["clusters"][0]["cluster"]["server"] = format!("http://{}", free_port()).into();
+    old["clusters"][0]["cluster"]["server"] = format!("http://{}", dead.address).into();
     let old = serde_saphyr::to_string(&old).expect("YAML");
     let kubectl = HostKubectl::new(&fleet);
     install_tenant_crd(&kubectl).await;

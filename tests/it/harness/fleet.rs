@@ -2,7 +2,7 @@
 //! kubeconfigs in a temp dir, and daemon processes with their logs and metrics.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -360,9 +360,19 @@ impl Drop for Daemon {
     }
 }
 
-pub(crate) fn free_port() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("addr")
+/// An address nobody listens on while it is held: its port is bound, so no other test's server can
+/// take it (a port merely found free can be, by a test running beside this one), but not listening,
+/// so every connection to it is refused.
+pub(crate) struct DeadAddress {
+    _held: tokio::net::TcpSocket,
+    pub(crate) address: SocketAddr,
+}
+
+pub(crate) fn dead_address() -> DeadAddress {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind("127.0.0.1:0".parse().expect("address")).expect("bind");
+    let address = socket.local_addr().expect("addr");
+    DeadAddress { _held: socket, address }
 }
 
 /// The whole response (status line and headers included) to a GET of `path` at `address`, or None

@@ -7,7 +7,7 @@ mod settle;
 mod tools;
 mod wait;
 
-pub(crate) use fleet::{Daemon, Fleet, free_port, http_get_at};
+pub(crate) use fleet::{Daemon, Fleet, dead_address, http_get_at};
 pub(crate) use settle::{Reconciles, quiet, settled};
 pub(crate) use tools::{kubectl, tool};
 pub(crate) use wait::{Explain, LastSeen, NoDaemon, holds_for, until, wait_until};
