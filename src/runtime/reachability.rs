@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::cause::{Cause, diagnose};
+use super::cause::{Cause, CauseKind, diagnose};
 use super::health::{Health, TenantHealth};
 use super::metrics::Metrics;
 
@@ -341,10 +341,18 @@ impl Reachability {
 /// while the API does not.) `client` opens a new connection for it
 /// ([`super::transport::new_connection_client`]).
 async fn probe(client: &Client) -> Result<(), Cause> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    match crds.list_metadata(&ListParams::default().limit(1)).await {
-        Ok(_) => Ok(()),
-        Err(err) => Err(diagnose(&err)),
+    let ask = || async {
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        match crds.list_metadata(&ListParams::default().limit(1)).await {
+            Ok(_) => Ok(()),
+            Err(err) => Err(diagnose(&err)),
+        }
+    };
+    match ask().await {
+        // A connection that broke under the request (the server stopping while it was asked)
+        // says nothing of the server now: asked again, on a new connection, it says what is.
+        Err(cause) if cause.kind == CauseKind::Reset => ask().await,
+        answer => answer,
     }
 }
 
