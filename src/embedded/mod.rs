@@ -536,12 +536,11 @@ impl ApiServer {
     }
 }
 
-/// Binds the address a stopped server used, retrying briefly while the old socket is released.
 /// The listen backlog of a server serving again (tokio's `TcpListener::bind` uses the same).
 const LISTEN_BACKLOG: u32 = 1024;
 
-/// Binds `address` again without listening (see [`Serving::held`]), once the stopped listener has
-/// let go of it; with `SO_REUSEADDR`, as `TcpListener::bind` sets it, for the connections the stop
+/// Binds the address a stopped server used again, without listening (see [`Serving::held`]),
+/// retrying briefly while the stopped listener lets go of it; with `SO_REUSEADDR`, as `TcpListener::bind` sets it, for the connections the stop
 /// left in TIME_WAIT.
 async fn hold_address(address: SocketAddr) -> Result<tokio::net::TcpSocket, Error> {
     let bound = || -> std::io::Result<tokio::net::TcpSocket> {
