@@ -280,7 +280,7 @@ async fn run_daemon(
         tenant_secret_namespaces: [TENANT_SECRETS_NAMESPACE.to_string()].into(),
         identity: "stackd-dev".to_string(),
         namespace_template: NamespaceTemplate::default(),
-        stackd_image: Some(STACKD_DEV_IMAGE.to_string()),
+        stackd_image: STACKD_DEV_IMAGE.to_string(),
         allow_insecure_tenant_endpoint: true,
         insecure_allow_all_apigroups: false,
         insecure_pass_full_deployment: false,

@@ -734,7 +734,7 @@ async fn run(args: RunArgs) -> ExitCode {
         tenant_secret_namespaces: args.tenant_secret_namespaces.into_iter().collect(),
         identity: identity.clone(),
         namespace_template: template,
-        stackd_image: args.stackd_image,
+        stackd_image: args.stackd_image.unwrap_or_else(stackd::stacks::default_stackd_image),
         allow_insecure_tenant_endpoint: args.allow_insecure_tenant_endpoint,
         insecure_allow_all_apigroups: args.insecure_allow_all_apigroups,
         insecure_pass_full_deployment: args.insecure_pass_full_deployment,
@@ -1078,9 +1078,7 @@ fn unpack(args: UnpackArgs) -> ExitCode {
         permission_scope: args.permission_scope,
         package_image: args.package_image,
         templating_controller_image: args.templating_controller_image,
-        stackd_image: args
-            .stackd_image
-            .unwrap_or_else(stackd::stacks::install::default_stackd_image),
+        stackd_image: args.stackd_image.unwrap_or_else(stackd::stacks::default_stackd_image),
     };
     // Only the stream goes to stdout: the daemon reads it back from the pod log.
     match stackd::stacks::unpack::run(&options, &mut std::io::stdout().lock()) {

@@ -36,8 +36,9 @@ pub struct DaemonSettings {
     /// replica a Tenant's status names.
     pub identity: String,
     pub namespace_template: NamespaceTemplate,
-    /// Image of the install Job's unpack container.
-    pub stackd_image: Option<String>,
+    /// stackd's image: the install Job's, and the one whose binary templating stacks' pods copy
+    /// (`--stackd-image`, else [`crate::stacks::default_stackd_image`]).
+    pub stackd_image: String,
     pub allow_insecure_tenant_endpoint: bool,
     pub insecure_allow_all_apigroups: bool,
     pub insecure_pass_full_deployment: bool,

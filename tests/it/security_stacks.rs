@@ -1700,7 +1700,7 @@ async fn a_pod_labelled_as_an_install_pod_that_the_job_does_not_control_is_not_r
         permission_scope: stackd::api::stacks::PermissionScope::Namespaced,
         package_image: Some("examples/slow-stack:v1".into()),
         templating_controller_image: stackd::stacks::unpack::DEFAULT_TEMPLATING_CONTROLLER_IMAGE.into(),
-        stackd_image: stackd::stacks::install::default_stackd_image(),
+        stackd_image: stackd::stacks::default_stackd_image(),
     })
     .expect("the sample unpacks");
     let mut forged = sample.clone();

@@ -58,7 +58,7 @@ impl Env {
         let host = start("host").await.expect("host");
         // The install pods of the installs that own the test's Stacks run until the test ends.
         host.runners().register(
-            ImageMatch::Exact(stackd::stacks::install::default_stackd_image()),
+            ImageMatch::Exact(stackd::stacks::default_stackd_image()),
             |_: &JobContext| JobOutcome::success("").after(Duration::from_secs(3600)),
         );
         let tenant = start(TENANT).await.expect("tenant");

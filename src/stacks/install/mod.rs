@@ -214,8 +214,6 @@ async fn reconcile<K: InstallKind>(
     outcome
 }
 
-pub use super::default_stackd_image;
-
 /// The controllers [`run`] starts.
 pub const CONTROLLERS: [&str; 2] = [StackInstall::CONTROLLER, ClusterStackInstall::CONTROLLER];
 
@@ -248,12 +246,7 @@ async fn run_kind<K: InstallKind>(
         caches.tenant_guarded::<StackInstall>(),
         caches.tenant_guarded::<ClusterStackInstall>(),
     );
-    let stackd_image = context
-        .shared
-        .settings
-        .stackd_image
-        .clone()
-        .unwrap_or_else(default_stackd_image);
+    let stackd_image = context.shared.settings.stackd_image.clone();
     let reads = Arc::new(unpacked::Reads::default());
     let written = Arc::new(Written::default());
     let ctx = Arc::new(InstallContext {

@@ -64,11 +64,7 @@ pub(super) fn validate<'a>(stack: &Stack, judge: &Judge<'a>) -> Result<Option<Ch
             if !settings.insecure_pass_full_deployment {
                 deployment::check_safe(&spec, &settings.stack_pod_policy)?;
             }
-            let stackd_image = settings
-                .stackd_image
-                .clone()
-                .unwrap_or_else(crate::stacks::default_stackd_image);
-            deployment::check_images(&spec, &settings.allowed_registries, &stackd_image)?;
+            deployment::check_images(&spec, &settings.allowed_registries, &settings.stackd_image)?;
             Ok(spec)
         })
         .map_err(|err| Outcome::refused(err.reason(), err.to_string()))?;
