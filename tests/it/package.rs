@@ -19,7 +19,7 @@ use super::stacks_crossplane::{install_platform_types, write_provider, write_tem
 use super::stacks_install::{
     STACKD_TEST_IMAGE, StackFleet, crd_names, create_install, create_namespace, wait_for_reason,
 };
-use crate::harness::{Daemon, wait_until};
+use crate::harness::{Daemon, NoDaemon, wait_until};
 
 const REGISTRY: &str = "registry.example.com";
 
@@ -557,23 +557,23 @@ fn realm() -> String {
 /// Waits until the registry takes connections and asks for credentials with `challenge`; false
 /// when it exited (its port was taken).
 async fn answers(child: &mut std::process::Child, address: &str, challenge: &str) -> bool {
-    for _ in 0..200 {
-        if child.try_wait().ok().flatten().is_some() {
-            return false;
-        }
-        // Ours, not whatever else took the port: it asks for credentials in its own realm.
-        if let Ok(mut stream) = tokio::net::TcpStream::connect(address).await {
+    wait_until("the registry answering", Duration::from_secs(10), &NoDaemon, || {
+        let exited = child.try_wait().ok().flatten().is_some();
+        let (address, challenge) = (address.to_string(), challenge.to_string());
+        async move {
+            if exited {
+                return Some(false);
+            }
+            // Ours, not whatever else took the port: it asks for credentials in its own realm.
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut stream = tokio::net::TcpStream::connect(&address).await.ok()?;
             let mut answer = String::new();
             let asked = stream.write_all(b"GET /v2/ HTTP/1.0\r\n\r\n").await.is_ok()
                 && stream.read_to_string(&mut answer).await.is_ok();
-            if asked && answer.contains(challenge) {
-                return true;
-            }
+            (asked && answer.contains(&challenge)).then_some(true)
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread")]

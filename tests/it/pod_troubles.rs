@@ -10,7 +10,7 @@ use serde_json::json;
 use stackd::api::stacks::StackInstall;
 use stackd::embedded::controller_manager::{ImageMatch, PodFault};
 
-use crate::harness::{Daemon, LastSeen, wait_until};
+use crate::harness::{Daemon, LastSeen, holds_for, wait_until};
 use crate::stacks_install::{StackFleet, condition, create_install, events_of, wait_for_reason};
 
 /// Waits until the install's `Ready` condition has `reason` and a message containing `fragment`.
@@ -209,13 +209,14 @@ async fn an_install_whose_container_cannot_be_created_says_so() {
         )
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let events = events_of(&tenant, "team-a", "rooted").await;
-    assert_eq!(
-        events.iter().filter(|(r, _)| r == "InstallPodWaiting").count(),
-        1,
-        "{events:?}"
-    );
+    holds_for("the trouble told once", Duration::from_millis(500), &daemon, || {
+        let tenant = tenant.clone();
+        async move {
+            let events = events_of(&tenant, "team-a", "rooted").await;
+            events.iter().filter(|(r, _)| r == "InstallPodWaiting").count() == 1
+        }
+    })
+    .await;
 }
 
 /// An install Job whose unpack container is killed for its memory fails as `InstallOutOfMemory`
