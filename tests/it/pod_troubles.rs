@@ -37,22 +37,30 @@ async fn wait_for_message(
     .await
 }
 
+/// A daemon (with `args`) serving acme, and its install team-a/`name` of `package`, an image whose
+/// pod meets `fault`.
+async fn faulty_install(
+    name: &str,
+    package: &str,
+    fault: PodFault,
+    args: &[&str],
+) -> (StackFleet, kube::Client, Daemon) {
+    let fleet = StackFleet::start(&["acme"]).await;
+    // The Job names the image as the host pulls it (with the default registry, if any).
+    let named = package.to_string();
+    let image = ImageMatch::Predicate(std::sync::Arc::new(move |image| image.ends_with(&named)));
+    fleet._host.runners().fault(image, fault);
+    let tenant = fleet.tenant("acme");
+    let daemon = fleet.daemon(args);
+    create_install(&tenant, "team-a", name, json!({ "package": package })).await;
+    (fleet, tenant, daemon)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn an_install_whose_package_cannot_be_pulled_says_so_then_fails_and_is_retried() {
-    let fleet = StackFleet::start(&["acme"]).await;
-    fleet._host.runners().fault(
-        ImageMatch::Predicate(std::sync::Arc::new(|image| image.contains("no-such-package"))),
-        PodFault::Unpullable,
-    );
-    let tenant = fleet.tenant("acme");
-    let daemon = fleet.daemon(&["--pull-failure-grace", "3s"]);
-    create_install(
-        &tenant,
-        "team-a",
-        "typo",
-        json!({"package": "examples/no-such-package:v1"}),
-    )
-    .await;
+    let args = ["--pull-failure-grace", "3s"];
+    let package = "examples/no-such-package:v1";
+    let (fleet, tenant, daemon) = faulty_install("typo", package, PodFault::Unpullable, &args).await;
     let at = ("team-a", "typo");
     // Not "unpacking": what the kubelet says, and what to do about it.
     let message = wait_for_message(&fleet, &daemon, at, "InstallPodWaiting", "ImagePullBackOff").await;
@@ -61,16 +69,13 @@ async fn an_install_whose_package_cannot_be_pulled_says_so_then_fails_and_is_ret
         "{message}"
     );
     assert!(message.contains("examples/no-such-package:v1"), "{message}");
-    wait_until("a Warning Event for the pull", Duration::from_secs(10), &daemon, || {
-        let tenant = tenant.clone();
-        async move {
-            let events = events_of(&tenant, "team-a", "typo").await;
-            events
-                .iter()
-                .any(|(reason, note)| reason == "InstallPodWaiting" && note.contains("the image cannot be pulled"))
-                .then_some(())
-        }
-    })
+    wait_for_event(
+        &tenant,
+        &daemon,
+        "typo",
+        "InstallPodWaiting",
+        "the image cannot be pulled",
+    )
     .await;
     // After the grace, the attempt is final, with its own reason, and retried with backoff.
     let (status, _, message) = wait_for_reason(&tenant, "team-a", "typo", &daemon, "PackagePullFailed").await;
@@ -119,37 +124,15 @@ async fn an_install_whose_package_cannot_be_pulled_says_so_then_fails_and_is_ret
 /// not "unpacking" (issue 52).
 #[tokio::test(flavor = "multi_thread")]
 async fn an_install_whose_pod_cannot_be_scheduled_says_so() {
-    let fleet = StackFleet::start(&["acme"]).await;
-    fleet._host.runners().fault(
-        ImageMatch::Predicate(std::sync::Arc::new(|image| image.contains("huge-package"))),
-        PodFault::Unschedulable,
-    );
-    let tenant = fleet.tenant("acme");
-    let daemon = fleet.daemon(&[]);
-    create_install(
-        &tenant,
-        "team-a",
-        "huge",
-        json!({"package": "examples/huge-package:v1"}),
-    )
-    .await;
+    let package = "examples/huge-package:v1";
+    let (fleet, tenant, daemon) = faulty_install("huge", package, PodFault::Unschedulable, &[]).await;
     let at = ("team-a", "huge");
     let message = wait_for_message(&fleet, &daemon, at, "InstallPodWaiting", "Unschedulable").await;
     assert!(
         message.contains("the pod cannot be scheduled") && message.contains("0/1 nodes are available"),
         "{message}"
     );
-    wait_until("a Warning Event for the pod", Duration::from_secs(10), &daemon, || {
-        let tenant = tenant.clone();
-        async move {
-            let events = events_of(&tenant, "team-a", "huge").await;
-            events
-                .iter()
-                .any(|(reason, note)| reason == "InstallPodWaiting" && note.contains("cannot be scheduled"))
-                .then_some(())
-        }
-    })
-    .await;
+    wait_for_event(&tenant, &daemon, "huge", "InstallPodWaiting", "cannot be scheduled").await;
 }
 
 /// Waits until the install's Events hold one of `reason` whose note contains `fragment`.
@@ -177,22 +160,10 @@ async fn wait_for_event(
 /// Job's runAsNonRoot) says so with what to do, not "unpacking", and tells it once (issue 52).
 #[tokio::test(flavor = "multi_thread")]
 async fn an_install_whose_container_cannot_be_created_says_so() {
-    let fleet = StackFleet::start(&["acme"]).await;
-    fleet._host.runners().fault(
-        ImageMatch::Predicate(std::sync::Arc::new(|image| image.contains("rooted-package"))),
-        PodFault::ConfigError {
-            message: "container has runAsNonRoot and image will run as root (pod: \"x\", container: package)",
-        },
-    );
-    let tenant = fleet.tenant("acme");
-    let daemon = fleet.daemon(&[]);
-    create_install(
-        &tenant,
-        "team-a",
-        "rooted",
-        json!({"package": "examples/rooted-package:v1"}),
-    )
-    .await;
+    let fault = PodFault::ConfigError {
+        message: "container has runAsNonRoot and image will run as root (pod: \"x\", container: package)",
+    };
+    let (fleet, tenant, daemon) = faulty_install("rooted", "examples/rooted-package:v1", fault, &[]).await;
     let at = ("team-a", "rooted");
     let message = wait_for_message(&fleet, &daemon, at, "InstallPodWaiting", "CreateContainerConfigError").await;
     assert!(
