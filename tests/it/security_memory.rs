@@ -388,6 +388,13 @@ async fn the_crds_a_tenant_serves_are_charged_what_the_daemon_keeps_of_them() {
     );
 }
 
+/// `count` labels `example.org/label-N: value-N`, which every cached object keeps.
+fn labels(count: usize) -> serde_json::Map<String, Value> {
+    (0..count)
+        .map(|l| (format!("example.org/label-{l}"), json!(format!("value-{l}"))))
+        .collect()
+}
+
 /// One tenant kind's objects for [`each_cached_kind_is_charged_about_what_it_takes`]: its
 /// resource, and the object numbered `i` (each some tens of KiB decoded).
 struct CachedKind {
@@ -425,11 +432,8 @@ fn cached_kinds() -> Vec<CachedKind> {
             count: 600,
             // Claims of a pool that does not exist, waiting: labels and annotations kept.
             object: |i| {
-                let labels: serde_json::Map<String, Value> = (0..20)
-                    .map(|l| (format!("example.org/label-{l}"), json!(format!("value-{l}"))))
-                    .collect();
                 json!({
-                    "metadata": {"name": format!("claim-{i}"), "labels": labels,
+                    "metadata": {"name": format!("claim-{i}"), "labels": labels(20),
                         "annotations": {"example.org/notes": "x".repeat(3_000)}},
                     "spec": {"clusterPoolName": "none"},
                 })
@@ -440,11 +444,8 @@ fn cached_kinds() -> Vec<CachedKind> {
             count: 800,
             // Labels and annotations are kept with every object.
             object: |i| {
-                let labels: serde_json::Map<String, Value> = (0..30)
-                    .map(|l| (format!("example.org/label-{l}"), json!(format!("value-{l}"))))
-                    .collect();
                 json!({
-                    "metadata": {"name": format!("a{i}"), "labels": labels,
+                    "metadata": {"name": format!("a{i}"), "labels": labels(30),
                         "annotations": {"example.org/notes": "x".repeat(2_000)}},
                     "spec": {"bmc": {"address": format!("ipmi://10.2.{}.{}", i / 250, i % 250), "credentialsName": "bmc"},
                         "bootMACAddress": format!("00:1d:44:11:{:02x}:{:02x}", i / 256, i % 256)},
